@@ -1,0 +1,1 @@
+"""gpuq: remote GPU job orchestrator and queue runner (the controller)."""

@@ -1,0 +1,134 @@
+"""Every error gpuq raises on purpose, in one tree.
+
+The CLI catches :class:`GpuqError` in exactly one place, prints ``str(err)``
+(one clear line, or a few for multi-error reports) and exits with
+``err.exit_code``.  Anything that is not a ``GpuqError`` is a bug and shows
+its traceback.  Foreign exceptions (sqlite3, SQLAlchemy, OSError from a
+subprocess, paramiko, httpx) are translated at the module that touches them.
+
+::
+
+    GpuqError                      exit 1
+    ├── UsageError                 exit 2   the user asked for something malformed
+    │   ├── ConfigError                     settings / profile file problems
+    │   ├── QueueParseError                 every problem of one queue file at once
+    │   └── JobNotFound                     a job reference matches nothing / is ambiguous
+    ├── LedgerError                         the SQLite ledger cannot do what was asked
+    │   ├── IllegalTransition               a state change not in states.ALLOWED
+    │   └── LedgerVersionError              ledger written by a newer gpuq
+    ├── HostError                           a host could not do what was asked
+    │   ├── HostUnreachable                 transport failed (never a verdict on a job)
+    │   └── CommandFailed                   a remote command exited non-zero
+    ├── AgentError                          the host agent refused or failed
+    └── BundleError                         the bundle could not be built or placed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class GpuqError(Exception):
+    """Base of every deliberate gpuq error."""
+
+    exit_code = 1
+
+
+class UsageError(GpuqError):
+    """The user asked for something malformed; nothing was changed."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A settings or profile file is invalid."""
+
+
+@dataclass(frozen=True)
+class QueueIssue:
+    """One problem on one line of a queue file (``line`` 0 = the whole file)."""
+
+    line: int
+    column: int | None
+    message: str
+
+    def render(self, label: str) -> str:
+        if self.line <= 0:
+            return f"{label}: {self.message}"
+        if self.column is None:
+            return f"{label}:{self.line}: {self.message}"
+        return f"{label}:{self.line}:{self.column}: {self.message}"
+
+
+class QueueParseError(UsageError):
+    """All problems of a queue file, reported together (``path:line:col: message``)."""
+
+    def __init__(self, path: Path | str, issues: Sequence[QueueIssue]) -> None:
+        self.path = Path(path)
+        self.label = str(path)
+        self.issues = list(issues)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [issue.render(self.label) for issue in self.issues]
+        count = len(self.issues)
+        tail = f"{count} error{'s' if count != 1 else ''} in {self.label}; nothing was submitted"
+        return "\n".join([*lines, tail])
+
+    @property
+    def first(self) -> QueueIssue:
+        return self.issues[0]
+
+
+class JobNotFound(UsageError):
+    """A job reference (id, prefix, ``queue:name``) matched nothing or several jobs."""
+
+
+class LedgerError(GpuqError):
+    """The ledger could not do what was asked."""
+
+
+class IllegalTransition(LedgerError):
+    """A state change that states.ALLOWED does not permit."""
+
+    def __init__(self, kind: str, ident: str, old: str, new: str) -> None:
+        self.kind, self.ident, self.old, self.new = kind, ident, old, new
+        super().__init__(f"{kind} {ident}: cannot go from {old} to {new}")
+
+
+class LedgerVersionError(LedgerError):
+    """The ledger was written by a newer gpuq than this one."""
+
+
+class HostError(GpuqError):
+    """A host could not do what was asked."""
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(f"host {host}: {message}")
+
+
+class HostUnreachable(HostError):
+    """Transport to the host failed.  Says nothing about the jobs on it."""
+
+
+class CommandFailed(HostError):
+    """A command on a host exited non-zero."""
+
+    def __init__(self, host: str, argv: Sequence[str], exit_code: int, stderr: str) -> None:
+        self.argv = list(argv)
+        self.returncode = exit_code
+        self.stderr = stderr
+        tail = stderr.strip().splitlines()[-3:]
+        detail = ("; ".join(tail)) if tail else "no output"
+        super().__init__(host, f"{self.argv[0] if argv else 'command'} exited {exit_code}: {detail}")
+
+
+class AgentError(GpuqError):
+    """The host agent refused a request or failed to start."""
+
+
+class BundleError(GpuqError):
+    """The bundle could not be built or placed on a host."""
