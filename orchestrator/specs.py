@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_EPOCHS = 20
@@ -41,3 +44,73 @@ class ParsedQueue(BaseModel):
     workdir: str
     jobs: tuple[JobSpec, ...]
     warnings: tuple[str, ...] = Field(default_factory=tuple)
+
+
+class CommandResult(BaseModel):
+    """What one command on a host did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+class HostSlots(BaseModel):
+    """A host's capacity as the scheduler sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    total: int
+    busy: int = 0
+    usable: bool = True
+
+
+class Assignment(BaseModel):
+    """The scheduler's decision: this job goes to this host."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    host: str
+
+
+# --- identity (DOMAIN.md 2.6) -----------------------------------------------------
+
+_B32 = "abcdefghijklmnopqrstuvwxyz234567"
+
+
+def new_queue_id(entropy: bytes) -> str:
+    """``q`` + 6 lowercase base32 characters drawn from ``entropy`` (>= 4 bytes)."""
+    value = int.from_bytes(entropy[:4], "big")
+    chars = []
+    for _ in range(6):
+        chars.append(_B32[value & 31])
+        value >>= 5
+    return "q" + "".join(chars)
+
+
+def job_id_for(queue_id: str, name: str) -> str:
+    """Stable job id: ignores line numbers, neighbours and comments."""
+    digest = hashlib.sha256(f"{queue_id}/{name.casefold()}".encode()).hexdigest()
+    return "c" + digest[:12]
+
+
+def spec_hash_for(job: JobSpec) -> str:
+    """sha256 of the canonical JSON of the identity fields of a job."""
+    identity = {
+        "config": job.config,
+        "config_sha256": job.config_sha256,
+        "task": job.task,
+        "epochs": job.epochs,
+        "gpus": job.gpus,
+        "nodes": job.nodes,
+        "seed": job.seed,
+        "name": job.name,
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

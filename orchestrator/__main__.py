@@ -1,0 +1,5 @@
+"""``python -m orchestrator`` is ``gpuq``."""
+
+from orchestrator.cli.main import main
+
+main()

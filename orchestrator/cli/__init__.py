@@ -1,0 +1,1 @@
+"""The gpuq command line: click only; each command parses, calls one api function, renders."""

@@ -1,0 +1,155 @@
+"""``gpuq`` entry point.  Errors are caught once, here.
+
+Exit codes: 0 ok, 1 failure, 2 usage/config/queue error, 130 interrupted.
+Heavy modules (sqlmodel, rich) are imported inside commands so that
+``gpuq --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from orchestrator.api import Context
+
+
+class _State:
+    debug = False
+
+
+def _ctx(project_dir: Path | None = None) -> Context:
+    from orchestrator import api
+
+    return api.open_context(project_dir=project_dir)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks for gpuq errors.")
+@click.version_option(package_name="gpuq")
+def cli(debug: bool) -> None:
+    """gpuq: run ablation queues on GPU hosts, detached, checkpointed, verified."""
+    _State.debug = debug
+
+
+@cli.command()
+@click.argument("queue", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--host", "host", metavar="NAME", help="Place every job on this host (default: local).")
+@click.option("--dry-run", is_flag=True, help="Validate and plan; write nothing.")
+@click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
+def submit(queue: Path, host: str | None, dry_run: bool, wait_: bool) -> None:
+    """Validate QUEUE, record it in the ledger and start its jobs."""
+    from orchestrator import api
+    from orchestrator.cli import render
+
+    ctx = _ctx(queue.parent)
+    result = api.submit(ctx, queue, host=host, dry_run=dry_run)
+    render.submitted(result)
+    if result.launch_error:
+        sys.exit(1)
+    if wait_ and not dry_run:
+        snap = api.wait(ctx, sweep=result.sweep_id)
+        render.status_table(snap)
+        if any(j.state != "SUCCEEDED" for j in snap.jobs):
+            sys.exit(1)
+
+
+@cli.command()
+@click.option("--once", is_flag=True, help="Print one snapshot and exit (the default for now).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema in the README).")
+@click.option("--sweep", metavar="SWEEP", help="Only this sweep (id or prefix).")
+def status(once: bool, as_json: bool, sweep: str | None) -> None:
+    """Probe every host once, reconcile the ledger and show hosts and jobs."""
+    from orchestrator import api
+    from orchestrator.cli import render
+
+    snap = api.status(_ctx(), sweep=sweep)
+    if as_json:
+        render.status_json(snap)
+    else:
+        render.status_table(snap)
+
+
+@cli.command()
+@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: the newest).")
+@click.option("--timeout", "timeout_s", type=float, help="Give up after this many seconds.")
+def wait(sweep: str | None, timeout_s: float | None) -> None:
+    """Block until every job of the sweep has ended; exit 1 if any did not succeed."""
+    from orchestrator import api
+    from orchestrator.cli import render
+
+    snap = api.wait(_ctx(), sweep=sweep, timeout_s=timeout_s)
+    render.status_table(snap)
+    if any(j.state != "SUCCEEDED" for j in snap.jobs):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+def logs(job: str, follow: bool) -> None:
+    """Print the log of JOB's latest attempt (id, prefix >= 4, or QUEUE:NAME)."""
+    from orchestrator import api
+
+    for chunk in api.logs(_ctx(), job, follow=follow):
+        click.echo(chunk, nl=False)
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("--sweep", metavar="SWEEP", help="Cancel every unfinished job of this sweep.")
+def cancel(job: str | None, sweep: str | None) -> None:
+    """Cancel JOB, or every unfinished job of --sweep."""
+    from orchestrator import api
+
+    for item in api.cancel(_ctx(), ref=job, sweep=sweep):
+        click.echo(f"{item.job.id}  {item.job.name:<24} {item.outcome}")
+
+
+@cli.command()
+@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: the newest).")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
+def results(sweep: str | None, as_csv: bool) -> None:
+    """One row per job: state, final and best metrics."""
+    from orchestrator import api
+    from orchestrator.cli import render
+
+    rows = api.results(_ctx(), sweep=sweep)
+    if as_csv:
+        render.results_csv(rows)
+    else:
+        render.results_table(rows)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    from orchestrator.errors import GpuqError, QueueParseError
+
+    try:
+        return cli.main(args=argv, prog_name="gpuq", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except GpuqError as exc:
+        if _State.debug:
+            import traceback
+
+            traceback.print_exc()
+        prefix = "" if isinstance(exc, QueueParseError) else "gpuq: "
+        for line in str(exc).splitlines() or ["error"]:
+            click.echo(f"{prefix}{line}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

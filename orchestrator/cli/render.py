@@ -1,0 +1,180 @@
+"""Rendering of api results for people (rich tables) and scripts (JSON, CSV).
+
+``gpuq status --json`` prints one object (schema ``gpuq.cli.status/1``)::
+
+    {"schema", "generated_at",
+     "hosts": [{"name", "kind", "reachable", "error", "unreachable_since", "probe_s",
+                "agent_alive", "slots": {"kind", "total", "free"}, "gpus": [...],
+                "disk": {...}, "memory": {...}}],
+     "sweeps": [{"id", "queue_path", "created_at", "jobs", "states": {STATE: count}}],
+     "jobs": [{"id", "sweep_id", "name", "task", "epochs", "gpus", "state", "host", "attempt",
+               "step", "total_steps", "epoch", "loss", "heartbeat_age_s", "exit_code", "message"}]}
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from orchestrator.api import ResultRow, Snapshot, SubmitResult
+
+STATUS_SCHEMA = "gpuq.cli.status/1"
+STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "ASSIGNED": "blue",
+               "QUEUED": "white", "LOST": "magenta", "PREEMPTED": "magenta", "CANCELLED": "yellow"}
+
+
+def _console() -> Console:
+    # Not a terminal (a pipe, a CI log): do not squeeze tables to 80 columns and cut job ids.
+    width = None if sys.stdout.isatty() else 200
+    return Console(highlight=False, soft_wrap=False, width=width)
+
+
+def submitted(result: SubmitResult) -> None:
+    out = _console()
+    for warning in result.warnings:
+        out.print(f"[yellow]warning:[/] {warning}")
+    if result.dry_run:
+        out.print(f"dry run: {len(result.placements)} jobs valid; bundle {result.bundle.sha256[:12]} "
+                  f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
+        for job_id, host in result.placements.items():
+            out.print(f"  {job_id} -> {host}")
+        return
+    out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {result.queue_path} "
+              f"(bundle {result.bundle.sha256[:12]})")
+    for job in result.jobs:
+        out.print(f"  {job.id}  {job.name:<24} {job.task} {job.epochs}ep gpus={job.gpus} -> "
+                  f"{result.placements.get(job.id, '?')}")
+    if result.launch_error:
+        out.print(f"[red]launch failed:[/] {result.launch_error}\n"
+                  "the sweep is recorded; `gpuq status` retries the launch")
+
+
+def _age(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    seconds = max(0.0, now - ts)
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
+
+
+def status_table(snap: Snapshot) -> None:
+    out = _console()
+    now = snap.generated_at
+    hosts = Table(title="hosts", title_justify="left")
+    for col in ("host", "state", "slots", "gpus", "disk", "inodes", "memory"):
+        hosts.add_column(col)
+    for row in snap.hosts:
+        probe = snap.probes.get(row.name)
+        doc = probe.doc if probe and probe.ok else {}
+        slots = doc.get("slots", {})
+        disk = doc.get("disk", {})
+        mem = doc.get("memory", {})
+        state = "ok" if probe and probe.ok else (f"unreachable: {probe.error}" if probe else "not probed")
+        hosts.add_row(
+            row.name, state,
+            f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}",
+            str(len(doc.get("gpus", []))),
+            f"{disk.get('used_pct', '?')}%", f"{disk.get('inodes_used_pct', '?')}%",
+            f"{mem.get('used_pct', '?')}%",
+        )
+    out.print(hosts)
+    jobs = Table(title="jobs", title_justify="left")
+    for col in ("job", "sweep", "name", "state", "host", "try", "progress", "loss", "hb", "exit"):
+        jobs.add_column(col, no_wrap=col in ("job", "sweep", "state"))
+    for job in snap.jobs:
+        att = snap.attempts.get(job.id)
+        progress = "-"
+        if att is not None and att.step is not None:
+            total = f"/{att.total_steps}" if att.total_steps else ""
+            progress = f"ep {att.epoch}/{job.epochs} step {att.step}{total}"
+        style = STATE_STYLE.get(job.state, "")
+        jobs.add_row(
+            job.id, job.sweep_id, job.name, f"[{style}]{job.state}[/]", job.host or "-",
+            str(job.attempt_count), progress,
+            f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
+            _age(att.heartbeat_at if att else None, now),
+            "-" if att is None or att.exit_code is None else str(att.exit_code),
+        )
+    out.print(jobs)
+    counts = Counter(j.state for j in snap.jobs)
+    out.print("  ".join(f"{state}={n}" for state, n in sorted(counts.items())) or "no jobs")
+
+
+def status_doc(snap: Snapshot) -> dict[str, Any]:
+    now = snap.generated_at
+    hosts = []
+    for row in snap.hosts:
+        probe = snap.probes.get(row.name)
+        doc = probe.doc if probe and probe.ok else {}
+        hosts.append({
+            "name": row.name, "kind": row.kind, "reachable": bool(probe and probe.ok),
+            "error": probe.error if probe and not probe.ok else "",
+            "unreachable_since": row.unreachable_since, "probe_s": probe.duration_s if probe else None,
+            "agent_alive": bool(doc.get("agent", {}).get("alive")) if doc else None,
+            "slots": doc.get("slots", {}), "gpus": doc.get("gpus", []),
+            "disk": doc.get("disk", {}), "memory": doc.get("memory", {}),
+        })
+    jobs = []
+    for job in snap.jobs:
+        att = snap.attempts.get(job.id)
+        jobs.append({
+            "id": job.id, "sweep_id": job.sweep_id, "name": job.name, "task": job.task,
+            "epochs": job.epochs, "gpus": job.gpus, "state": job.state, "host": job.host,
+            "attempt": job.attempt_count,
+            "step": att.step if att else None, "total_steps": att.total_steps if att else None,
+            "epoch": att.epoch if att else None, "loss": att.loss if att else None,
+            "heartbeat_age_s": (now - att.heartbeat_at) if att and att.heartbeat_at else None,
+            "exit_code": att.exit_code if att else None, "message": att.message if att else "",
+        })
+    sweeps = []
+    for sweep in snap.sweeps:
+        states = Counter(j.state for j in snap.jobs if j.sweep_id == sweep.id)
+        sweeps.append({"id": sweep.id, "queue_path": sweep.queue_path, "created_at": sweep.created_at,
+                       "jobs": sweep.job_count, "states": dict(states)})
+    return {"schema": STATUS_SCHEMA, "generated_at": now, "hosts": hosts, "sweeps": sweeps, "jobs": jobs}
+
+
+def status_json(snap: Snapshot) -> None:
+    sys.stdout.write(json.dumps(status_doc(snap), indent=2, sort_keys=True) + "\n")
+
+
+def _metric_names(rows: list[ResultRow]) -> list[str]:
+    names: list[str] = []
+    for row in rows:
+        for name in [*row.final, *row.best]:
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def results_table(rows: list[ResultRow]) -> None:
+    names = _metric_names(rows)
+    table = Table(title=f"results of {rows[0].job.sweep_id}", title_justify="left")
+    for col in ["job", "name", "state", *[f"final {n}" for n in names], *[f"best {n}" for n in names]]:
+        table.add_column(col, no_wrap=col in ("job", "state"))
+    for row in rows:
+        style = STATE_STYLE.get(row.job.state, "")
+        cells = [row.job.id, row.job.name, f"[{style}]{row.job.state}[/]"]
+        cells += [f"{row.final[n]:.4f}" if n in row.final else "-" for n in names]
+        cells += [f"{row.best[n]:.4f}" if n in row.best else "-" for n in names]
+        table.add_row(*cells)
+    _console().print(table)
+
+
+def results_csv(rows: list[ResultRow]) -> None:
+    names = _metric_names(rows)
+    writer = csv.writer(sys.stdout)
+    writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
+                     *[f"final_{n}" for n in names], *[f"best_{n}" for n in names]])
+    for row in rows:
+        j = row.job
+        writer.writerow([j.id, j.sweep_id, j.name, j.task, j.epochs, j.state, j.attempt_count,
+                         *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names]])
+
+

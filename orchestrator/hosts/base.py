@@ -1,0 +1,49 @@
+"""The Host seam: "a machine I can run commands on".
+
+Commands are argument vectors, never shell strings: an implementation that
+needs a shell (SSH) quotes every element itself, so no value from a queue
+file or a spec can ever be interpreted by a remote shell.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.specs import CommandResult
+
+
+class Host(ABC):
+    """A machine that runs gpuq's host agent under ``root``."""
+
+    name: str
+    root: str
+    python: str
+
+    @abstractmethod
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+        """Run ``argv`` and return what it did, whatever its exit code.
+
+        Raises HostUnreachable when the command could not be run at all
+        (transport failure, timeout); never CommandFailed: callers decide what
+        a non-zero exit means.  Not idempotent in general: the command is.
+        """
+
+    @abstractmethod
+    def put(self, local: Path, remote: str) -> None:
+        """Copy one local file to ``remote`` (created or replaced atomically).
+
+        Raises HostUnreachable on transport failure.  Idempotent.
+        """
+
+    @abstractmethod
+    def get(self, remote: str, local: Path) -> None:
+        """Copy one remote file to ``local``.  Raises HostError if it is missing."""
+
+    def close(self) -> None:  # noqa: B027  (optional hook)
+        """Release connections.  Idempotent."""
+
+    def path(self, *parts: str) -> str:
+        """A path under this host's root (POSIX)."""
+        return "/".join([self.root.rstrip("/"), *parts])

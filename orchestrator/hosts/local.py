@@ -1,0 +1,67 @@
+"""LocalHost: this machine, through subprocess (the embedded default host)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.errors import HostError, HostUnreachable
+from orchestrator.hosts.base import Host
+from orchestrator.specs import CommandResult
+
+
+class LocalHost(Host):
+    """Runs commands on the controller's own machine."""
+
+    def __init__(self, root: Path, *, name: str = "local", python: str = "") -> None:
+        self.name = name
+        self.root = str(root)
+        self.python = python or sys.executable
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+        started = time.monotonic()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+        try:
+            proc = subprocess.run(
+                list(argv),
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                timeout=timeout,
+                env=env,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise HostUnreachable(self.name, f"{argv[0]} did not finish within {timeout:.0f} s") from exc
+        except OSError as exc:
+            raise HostUnreachable(self.name, f"cannot run {argv[0]}: {exc.strerror}") from exc
+        return CommandResult(
+            host=self.name,
+            argv=tuple(argv),
+            exit_code=proc.returncode,
+            stdout=proc.stdout.decode("utf-8", "replace"),
+            stderr=proc.stderr.decode("utf-8", "replace"),
+            duration_s=time.monotonic() - started,
+        )
+
+    def put(self, local: Path, remote: str) -> None:
+        target = Path(remote)
+        tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise HostError(self.name, f"cannot write {remote}: {exc.strerror}") from exc
+
+    def get(self, remote: str, local: Path) -> None:
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(remote, local)
+        except OSError as exc:
+            raise HostError(self.name, f"cannot read {remote}: {exc.strerror}") from exc

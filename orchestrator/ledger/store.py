@@ -1,0 +1,407 @@
+"""The Ledger: every read and write of gpuq's SQLite state goes through here.
+
+Rules this class enforces:
+
+* Only :meth:`Ledger.transition` changes a job's or an attempt's state; it
+  refuses changes not in ``states.JOB_ALLOWED``/``ATTEMPT_ALLOWED`` and
+  appends an Event for each change, in the same transaction.
+* :meth:`Ledger.add_sweep` inserts a sweep and all its jobs in one SQLite
+  transaction: killing gpuq at any moment leaves all of it or none of it.
+* The ledger file is created with mode 0600; it runs in WAL mode with a busy
+  timeout so a ``gpuq status`` and a ``gpuq submit`` can overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, func
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, col, create_engine, select
+
+from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.ledger.migrate import migrate
+from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Sweep
+from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
+from orchestrator.states import AttemptState, JobState, attempt_may, job_may
+
+BUSY_TIMEOUT_MS = 15_000
+
+
+def _create_private(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+
+
+class Ledger:
+    """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            _create_private(path)
+            raw = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            try:
+                raw.execute("PRAGMA journal_mode=WAL")
+                migrate(raw, str(path))
+            finally:
+                raw.close()
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
+        self.engine: Engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        event.listen(self.engine, "connect", _on_connect)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back on any error."""
+        try:
+            with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                yield session
+        except SQLAlchemyError as exc:
+            raise LedgerError(f"{self.path}: ledger error: {exc.__class__.__name__}: {exc}") from exc
+
+    # --- hosts ----------------------------------------------------------------------
+
+    def ensure_host(self, name: str, *, kind: str, root: str, python: str = "", target: str = "") -> Host:
+        with self.session() as s:
+            host = s.get(Host, name)
+            if host is None:
+                host = Host(name=name, kind=kind, root=root, python=python, target=target, created_at=time.time())
+                s.add(host)
+                _event(s, "host", name, "", "added", f"{kind} root={root}")
+            else:
+                host.root, host.python = root, python
+            return host
+
+    def host(self, name: str) -> Host | None:
+        with self.session() as s:
+            return s.get(Host, name)
+
+    def hosts(self) -> list[Host]:
+        with self.session() as s:
+            return list(s.exec(select(Host).order_by(Host.name)))
+
+    def update_host(self, name: str, **fields: Any) -> None:
+        with self.session() as s:
+            host = s.get(Host, name)
+            if host is None:
+                raise LedgerError(f"unknown host {name!r}")
+            for key, value in fields.items():
+                setattr(host, key, value)
+
+    # --- sweeps and jobs -----------------------------------------------------------
+
+    def add_sweep(
+        self,
+        *,
+        sweep_id: str,
+        queue_path: str,
+        workdir: str,
+        queue_text: str,
+        jobs: Sequence[JobSpec],
+        default_retries: int,
+        bundle_sha: str = "",
+    ) -> list[Job]:
+        """Insert a sweep and all its jobs (QUEUED) in one transaction."""
+        now = time.time()
+        rows: list[Job] = []
+        with self.session() as s:
+            if s.get(Sweep, sweep_id) is not None:
+                raise LedgerError(f"sweep {sweep_id} already exists")
+            s.add(
+                Sweep(
+                    id=sweep_id,
+                    queue_path=queue_path,
+                    workdir=workdir,
+                    queue_text=queue_text,
+                    bundle_sha=bundle_sha,
+                    job_count=len(jobs),
+                    created_at=now,
+                )
+            )
+            s.flush()
+            for spec in jobs:
+                row = Job(
+                    id=job_id_for(sweep_id, spec.name),
+                    sweep_id=sweep_id,
+                    name=spec.name,
+                    line=spec.line,
+                    raw=spec.raw,
+                    config=spec.config,
+                    config_sha256=spec.config_sha256,
+                    task=spec.task,
+                    epochs=spec.epochs,
+                    gpus=spec.gpus,
+                    nodes=spec.nodes,
+                    est_min=spec.est_min,
+                    seed=spec.seed,
+                    host_pin=spec.host,
+                    retries=default_retries if spec.retries is None else spec.retries,
+                    spec_hash=spec_hash_for(spec),
+                    state=JobState.QUEUED.value,
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(row)
+                rows.append(row)
+            _event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
+        return rows
+
+    def sweep_ids(self) -> set[str]:
+        with self.session() as s:
+            return set(s.exec(select(Sweep.id)))
+
+    def sweep(self, sweep_id: str) -> Sweep | None:
+        with self.session() as s:
+            return s.get(Sweep, sweep_id)
+
+    def sweeps(self) -> list[Sweep]:
+        with self.session() as s:
+            return list(s.exec(select(Sweep).order_by(col(Sweep.created_at))))
+
+    def resolve_sweep(self, ref: str | None) -> Sweep:
+        """A sweep id or unique prefix; None means the newest sweep."""
+        with self.session() as s:
+            if ref is None:
+                newest = s.exec(select(Sweep).order_by(col(Sweep.created_at).desc())).first()
+                if newest is None:
+                    raise JobNotFound("no sweeps yet; submit one with `gpuq submit QUEUE`")
+                return newest
+            found = list(s.exec(select(Sweep).where(col(Sweep.id).startswith(ref))))
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise JobNotFound(f"no sweep matches {ref!r}; `gpuq status` lists the sweeps")
+        raise JobNotFound(f"sweep prefix {ref!r} is ambiguous: {', '.join(sorted(x.id for x in found))}")
+
+    def job(self, job_id: str) -> Job:
+        with self.session() as s:
+            row = s.get(Job, job_id)
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return row
+
+    def resolve_job(self, ref: str) -> Job:
+        """A job id, a unique prefix of >= 4 characters, or ``<queue_id>:<name>``."""
+        with self.session() as s:
+            if ":" in ref:
+                queue_id, name = ref.split(":", 1)
+                found = list(
+                    s.exec(
+                        select(Job).where(Job.sweep_id == queue_id, func.lower(Job.name) == name.casefold())
+                    )
+                )
+            else:
+                if len(ref) < 4:
+                    raise JobNotFound(f"job reference {ref!r} is too short: give at least 4 characters")
+                found = list(s.exec(select(Job).where(col(Job.id).startswith(ref))))
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise JobNotFound(f"no job matches {ref!r}; `gpuq status` lists job ids")
+        ids = ", ".join(sorted(j.id for j in found)[:5])
+        raise JobNotFound(f"job reference {ref!r} is ambiguous ({ids}); give more characters")
+
+    def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]:
+        with self.session() as s:
+            query = select(Job)
+            if sweep_id is not None:
+                query = query.where(Job.sweep_id == sweep_id)
+            if states is not None:
+                query = query.where(col(Job.state).in_([st.value for st in states]))
+            return list(s.exec(query.order_by(col(Job.created_at), col(Job.line))))
+
+    # --- attempts ------------------------------------------------------------------
+
+    def start_attempt(self, job_id: str, *, host: str, bundle_sha: str, resume_from: str = "") -> Attempt:
+        """Create attempt n+1 (STARTING) and move the job to ASSIGNED, in one transaction."""
+        with self.session() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            self._transition_job(s, job, JobState.ASSIGNED, f"attempt {job.attempt_count + 1} on {host}")
+            job.attempt_count += 1
+            job.host = host
+            attempt = Attempt(
+                job_id=job_id,
+                number=job.attempt_count,
+                host=host,
+                state=AttemptState.STARTING.value,
+                bundle_sha=bundle_sha,
+                resume_from=resume_from,
+                created_at=time.time(),
+            )
+            s.add(attempt)
+            _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
+            return attempt
+
+    def attempt(self, job_id: str, number: int) -> Attempt | None:
+        with self.session() as s:
+            return s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)).first()
+
+    def attempts(self, job_id: str | None = None) -> list[Attempt]:
+        with self.session() as s:
+            query = select(Attempt)
+            if job_id is not None:
+                query = query.where(Attempt.job_id == job_id)
+            return list(s.exec(query.order_by(col(Attempt.job_id), col(Attempt.number))))
+
+    def update_attempt(self, job_id: str, number: int, **fields: Any) -> None:
+        """Progress fields only (step, loss, heartbeat...); never the state."""
+        if "state" in fields:
+            raise LedgerError("update_attempt cannot change a state; use Ledger.transition")
+        with self.session() as s:
+            row = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)).one()
+            for key, value in fields.items():
+                setattr(row, key, value)
+
+    # --- the one place states change ----------------------------------------------
+
+    def transition(
+        self,
+        job_id: str,
+        new: JobState | AttemptState,
+        *,
+        attempt: int | None = None,
+        message: str = "",
+    ) -> bool:
+        """Change a job's (or, with ``attempt``, an attempt's) state; append an Event.
+
+        Returns False when the subject is already in ``new`` (idempotent), True
+        when it changed.  Raises IllegalTransition for a change not allowed.
+        """
+        with self.session() as s:
+            if attempt is None:
+                if not isinstance(new, JobState):
+                    raise LedgerError(f"{new!r} is not a job state")
+                job = s.get(Job, job_id)
+                if job is None:
+                    raise JobNotFound(f"no job {job_id!r}")
+                return self._transition_job(s, job, new, message)
+            if not isinstance(new, AttemptState):
+                raise LedgerError(f"{new!r} is not an attempt state")
+            row = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)).first()
+            if row is None:
+                raise JobNotFound(f"no attempt {attempt} of job {job_id!r}")
+            old = AttemptState(row.state)
+            if old == new:
+                return False
+            if not attempt_may(old, new):
+                raise IllegalTransition("attempt", f"{job_id}/a{attempt}", old.value, new.value)
+            row.state = new.value
+            _event(s, "attempt", f"{job_id}/a{attempt}", old.value, new.value, message)
+            return True
+
+    @staticmethod
+    def _transition_job(s: Session, job: Job, new: JobState, message: str) -> bool:
+        old = JobState(job.state)
+        if old == new:
+            return False
+        if not job_may(old, new):
+            raise IllegalTransition("job", job.id, old.value, new.value)
+        job.state = new.value
+        job.updated_at = time.time()
+        _event(s, "job", job.id, old.value, new.value, message)
+        return True
+
+    # --- events, results -----------------------------------------------------------
+
+    def record_event(self, kind: str, subject: str, message: str) -> None:
+        with self.session() as s:
+            _event(s, kind, subject, "", "", message)
+
+    def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:
+        with self.session() as s:
+            query = select(Event)
+            if subject is not None:
+                query = query.where(col(Event.subject).startswith(subject))
+            return list(s.exec(query.order_by(col(Event.id).desc()).limit(limit)))[::-1]
+
+    def record_results(
+        self,
+        job_id: str,
+        attempt: int,
+        *,
+        metrics: Sequence[tuple[str, str, float, int | None, int | None]],
+        artifacts: Sequence[tuple[str, int, str]],
+        checkpoint: dict[str, Any] | None = None,
+    ) -> None:
+        """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch)."""
+        now = time.time()
+        with self.session() as s:
+            for old_metric in s.exec(select(Metric).where(Metric.job_id == job_id)):
+                s.delete(old_metric)
+            for old_artifact in s.exec(select(Artifact).where(Artifact.job_id == job_id)):
+                s.delete(old_artifact)
+            for scope, name, value, step, epoch in metrics:
+                s.add(Metric(job_id=job_id, attempt=attempt, scope=scope, name=name, value=value,
+                             step=step, epoch=epoch))
+            for path, size, sha in artifacts:
+                s.add(Artifact(job_id=job_id, attempt=attempt, path=path, bytes=size, sha256=sha,
+                               verified_at=now))
+            if checkpoint:
+                self._add_checkpoint(s, job_id, attempt, checkpoint)
+
+    def record_checkpoint(self, job_id: str, attempt: int, pointer: dict[str, Any]) -> None:
+        with self.session() as s:
+            self._add_checkpoint(s, job_id, attempt, pointer)
+
+    @staticmethod
+    def _add_checkpoint(s: Session, job_id: str, attempt: int, pointer: dict[str, Any]) -> None:
+        sha = str(pointer.get("sha256", ""))
+        if not sha:
+            return
+        seen = s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.sha256 == sha)).first()
+        if seen is not None:
+            return
+        s.add(
+            Checkpoint(
+                job_id=job_id,
+                attempt=attempt,
+                file=str(pointer.get("file", "")),
+                step=int(pointer.get("step", 0)),
+                epoch=pointer.get("epoch"),
+                sha256=sha,
+                bytes=int(pointer.get("bytes", 0)),
+                written_at=float(pointer.get("written_at", time.time())),
+            )
+        )
+
+    def metrics(self, job_ids: Iterable[str]) -> list[Metric]:
+        ids = list(job_ids)
+        with self.session() as s:
+            return list(s.exec(select(Metric).where(col(Metric.job_id).in_(ids)).order_by(col(Metric.id))))
+
+    def artifacts(self, job_id: str) -> list[Artifact]:
+        with self.session() as s:
+            return list(s.exec(select(Artifact).where(Artifact.job_id == job_id).order_by(col(Artifact.path))))
+
+    def checkpoints(self, job_id: str) -> list[Checkpoint]:
+        with self.session() as s:
+            return list(s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.step))))
+
+
+def _event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:
+    s.add(Event(time=time.time(), kind=kind, subject=subject, old=old, new=new, message=message))
+
+
+def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()

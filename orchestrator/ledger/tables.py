@@ -1,0 +1,122 @@
+"""Ledger tables.  Times are UTC epoch seconds (float); states are enum values."""
+
+from __future__ import annotations
+
+from sqlmodel import Field, SQLModel
+
+
+class Host(SQLModel, table=True):
+    name: str = Field(primary_key=True)
+    kind: str  # "local" | "ssh"
+    target: str = ""
+    root: str
+    python: str = ""
+    profile: str = ""
+    agent_bundle: str = ""  # sha of the bundle whose agent serves this host
+    slots_kind: str = ""  # "gpu" | "cpu" from the last probe
+    slots_total: int = 0
+    price_per_hour: float | None = None
+    unreachable_since: float | None = None
+    last_probe_at: float | None = None
+    created_at: float
+
+
+class Sweep(SQLModel, table=True):
+    id: str = Field(primary_key=True)
+    queue_path: str
+    workdir: str
+    queue_text: str  # the parsed copy: the file is never read again
+    bundle_sha: str = ""
+    job_count: int
+    created_at: float
+
+
+class Job(SQLModel, table=True):
+    id: str = Field(primary_key=True)
+    sweep_id: str = Field(foreign_key="sweep.id", index=True)
+    name: str
+    line: int
+    raw: str
+    config: str
+    config_sha256: str
+    task: str
+    epochs: int
+    gpus: int
+    nodes: int
+    est_min: float | None = None
+    seed: int | None = None
+    host_pin: str | None = None
+    retries: int
+    spec_hash: str
+    state: str = Field(index=True)
+    host: str | None = None
+    attempt_count: int = 0
+    created_at: float
+    updated_at: float
+
+
+class Attempt(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    number: int
+    host: str
+    state: str
+    bundle_sha: str
+    resume_from: str = ""
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    trainer_code: int | None = None
+    phase: str | None = None
+    message: str = ""
+    step: int | None = None
+    total_steps: int | None = None
+    epoch: int | None = None
+    loss: float | None = None
+    heartbeat_at: float | None = None
+    log_bytes: int | None = None
+
+
+class Event(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    time: float = Field(index=True)
+    kind: str  # "job" | "attempt" | "host" | "sweep"
+    subject: str = Field(index=True)
+    old: str = ""
+    new: str = ""
+    message: str = ""
+
+
+class Checkpoint(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    attempt: int
+    file: str
+    step: int
+    epoch: int | None = None
+    sha256: str
+    bytes: int
+    written_at: float
+    durable: bool = False
+
+
+class Artifact(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    attempt: int
+    path: str
+    bytes: int
+    sha256: str
+    verified_at: float
+
+
+class Metric(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    attempt: int
+    scope: str  # "final" | "best"
+    name: str
+    value: float
+    step: int | None = None
+    epoch: int | None = None

@@ -1,0 +1,142 @@
+"""Controller-facing agent commands: ``enqueue`` (write specs into the inbox) and ``collect``.
+
+stdlib only, Python >= 3.8.  Both run as one SSH round trip each.
+
+enqueue: reads a JSON list of job specs on stdin and prints {job_id: verdict}.  A spec is
+written (tmp + rename into inbox/) only if no copy of that job's attempt exists anywhere under
+the root: checked inbox -> claimed -> attempts, in that order, because the agent only ever moves
+a spec forward (inbox -> claimed -> attempts), so a spec cannot slip past the checks.  Verdicts:
+"queued", "exists" (already delivered), "withdrawn" (the user withdrew it).  Idempotent.
+
+collect: prints {job_id: {"attempt", "summary", "files": [{"path", "bytes", "sha256"}], "ckpt"}}
+for finished jobs: the summary, every result file and the best checkpoint, hashed on the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from typing import Any, Dict, List, Optional
+
+import gpuq_protocol as P
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _attempt_of(spec: Any) -> int:
+    try:
+        return int(spec.get("attempt", 1))
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _write_spec(root: str, job_id: str, spec: Dict[str, Any]) -> None:
+    inbox = os.path.join(root, P.INBOX_DIR)
+    os.makedirs(inbox, exist_ok=True)
+    tmp = os.path.join(inbox, ".%s.json.%d.tmp" % (job_id, os.getpid()))
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(spec, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, os.path.join(inbox, job_id + ".json"))
+
+
+def verdict_for(root: str, spec: Any) -> Optional[str]:
+    """None when the spec may be written; else why not."""
+    job_id = str(spec.get("job_id", ""))
+    n = _attempt_of(spec)
+    inbox = _read_json(os.path.join(root, P.INBOX_DIR, job_id + ".json"))
+    if isinstance(inbox, dict) and _attempt_of(inbox) >= n:
+        return "exists"
+    claimed = _read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
+    if isinstance(claimed, dict) and _attempt_of(claimed) >= n:
+        return "exists"
+    if os.path.exists(os.path.join(root, P.JOBS_DIR, job_id, P.ATTEMPTS_DIR, str(n))):
+        return "exists"
+    withdrawn = _read_json(os.path.join(root, P.WITHDRAWN_DIR, job_id + ".json"))
+    if isinstance(withdrawn, dict) and _attempt_of(withdrawn) >= n:
+        return "withdrawn"
+    return None
+
+
+def cmd_enqueue(root: str, stdin: Any) -> int:
+    try:
+        specs = json.load(stdin)
+    except ValueError as exc:
+        print("gpuq enqueue: stdin is not JSON: %s" % exc, file=sys.stderr)
+        return P.AGENT_EXIT_USAGE
+    if not isinstance(specs, list):
+        print("gpuq enqueue: expected a JSON list of job specs", file=sys.stderr)
+        return P.AGENT_EXIT_USAGE
+    bad = [s for s in specs if not isinstance(s, dict) or not JOB_ID_RE.match(str(s.get("job_id", "")))
+           or _attempt_of(s) < 1]
+    if bad:
+        print("gpuq enqueue: malformed spec (job_id/attempt): %r" % (bad[0],), file=sys.stderr)
+        return P.AGENT_EXIT_USAGE
+    verdicts: Dict[str, str] = {}
+    for spec in specs:
+        job_id = str(spec["job_id"])
+        why = verdict_for(root, spec)
+        if why is None:
+            _write_spec(root, job_id, spec)
+            why = "queued"
+        verdicts[job_id] = why
+    sys.stdout.write(json.dumps(verdicts, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: str, job_id: str) -> List[Dict[str, Any]]:
+    job_dir = os.path.join(root, P.JOBS_DIR, job_id)
+    found: List[Dict[str, Any]] = []
+    result_dir = os.path.join(job_dir, P.RESULT_DIR)
+    for dirpath, dirnames, filenames in os.walk(result_dir):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            if name.endswith(".tmp") or os.path.islink(full) or not os.path.isfile(full):
+                continue
+            found.append({"path": os.path.relpath(full, job_dir), "bytes": os.path.getsize(full),
+                          "sha256": _sha256(full)})
+    best = os.path.join(job_dir, P.CKPT_DIR, P.BEST_CKPT)
+    if os.path.isfile(best) and not os.path.islink(best):
+        found.append({"path": os.path.relpath(best, job_dir), "bytes": os.path.getsize(best),
+                      "sha256": _sha256(best)})
+    return found
+
+
+def cmd_collect(root: str, job_ids: List[str]) -> int:
+    out: Dict[str, Any] = {}
+    for job_id in job_ids:
+        if not JOB_ID_RE.match(job_id):
+            print("gpuq collect: bad job id %r" % job_id, file=sys.stderr)
+            return P.AGENT_EXIT_USAGE
+        spec = _read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
+        summary = _read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
+        out[job_id] = {
+            "attempt": _attempt_of(spec) if isinstance(spec, dict) else 0,
+            "summary": summary if isinstance(summary, dict) else None,
+            "files": _files(root, job_id),
+            "ckpt": _read_json(os.path.join(root, P.JOBS_DIR, job_id, P.CKPT_DIR, P.LATEST_POINTER)),
+        }
+    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    return 0

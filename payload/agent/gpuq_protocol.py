@@ -1,0 +1,170 @@
+"""The host agent's copy of the contract in ``orchestrator/protocol.py``.
+
+Standard library only, Python >= 3.8.  Same names, same values as the
+controller's module; ``tests/unit/test_protocol_copies.py`` compares them.
+Read ``orchestrator/protocol.py`` for the documentation of every document.
+"""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = "1.0"
+SPEC_SCHEMA = "gpuq.job/1"
+STATUS_SCHEMA = "gpuq.status/1"
+
+# --- layout (relative to GPUQ_ROOT) -------------------------------------------------
+AGENT_LOCK = "agent.lock"
+AGENT_PID = "agent.pid"
+AGENT_LOG = "agent.log"
+AGENT_OUT = "agent.out"
+BUNDLES_DIR = "bundles"
+INBOX_DIR = "inbox"
+CLAIMED_DIR = "claimed"
+WITHDRAWN_DIR = "withdrawn"
+JOBS_DIR = "jobs"
+CACHE_DIR = "cache"
+QUARANTINE_DIR = "quarantine"
+
+# per job (relative to jobs/<job_id>/)
+SPEC_FILE = "spec.json"
+CANCEL_FILE = "cancel"
+CKPT_DIR = "ckpt"
+ATTEMPTS_DIR = "attempts"
+RESULT_DIR = "result"
+
+# per attempt (relative to jobs/<job_id>/attempts/<n>/)
+LAUNCH_FILE = "launch.json"
+RUN_ENV_FILE = "run.env"
+JOB_LOG = "job.log"
+PGID_FILE = "pgid"
+HEARTBEAT_FILE = "heartbeat"
+WRAPPER_ALIVE = "wrapper.alive"
+MEM_FILE = "mem.tsv"
+EXIT_FILE = "exit.json"
+
+# checkpoint directory
+LATEST_POINTER = "LATEST"
+LATEST_CKPT = "latest.pt"
+BEST_CKPT = "best.pt"
+
+# result directory
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+# bundle layout (relative to bundles/<sha>/)
+BUNDLE_PAYLOAD = "payload"
+BUNDLE_WORKDIR = "workdir"
+BUNDLE_MANIFEST = "MANIFEST.json"
+AGENT_ENTRY = "payload/agent/gpuq_agent.py"
+TRAIN_ENTRY = "payload/train.py"
+
+# --- exit codes (DOMAIN.md section 4.3) ---------------------------------------------
+EXIT_OK = 0
+EXIT_TRANSIENT = 3
+EXIT_CONFIG = 4
+EXIT_SETUP = 80
+EXIT_DISK_GATE = 81
+EXIT_FINALIZE = 82
+EXIT_SIGNAL_BASE = 128
+
+EXIT_MEANINGS: dict[int, str] = {
+    EXIT_OK: "trained, artifacts verified",
+    EXIT_TRANSIENT: "transient failure, safe to resume",
+    EXIT_CONFIG: "configuration error (never retried)",
+    EXIT_SETUP: "setup failed before training",
+    EXIT_DISK_GATE: "disk gate refused; nothing ran",
+    EXIT_FINALIZE: "training exited 0 but artifact verification failed",
+}
+
+# agent CLI exit codes
+AGENT_EXIT_USAGE = 64
+AGENT_EXIT_NEWER_SPEC = 65
+
+# --- environment a job receives (DOMAIN.md section 4.1) -----------------------------
+ENV_JOB_ID = "GPUQ_JOB_ID"
+ENV_JOB_NAME = "GPUQ_JOB_NAME"
+ENV_QUEUE_ID = "GPUQ_QUEUE_ID"
+ENV_ATTEMPT = "GPUQ_ATTEMPT"
+ENV_CONFIG = "GPUQ_CONFIG"
+ENV_TASK = "GPUQ_TASK"
+ENV_EPOCHS = "GPUQ_EPOCHS"
+ENV_SEED = "GPUQ_SEED"
+ENV_CKPT_DIR = "GPUQ_CKPT_DIR"
+ENV_RESULT_DIR = "GPUQ_RESULT_DIR"
+ENV_LOG = "GPUQ_LOG"
+ENV_HEARTBEAT = "GPUQ_HEARTBEAT"
+ENV_HEARTBEAT_S = "GPUQ_HEARTBEAT_S"
+ENV_RESUME_FROM = "GPUQ_RESUME_FROM"
+ENV_CKPT_INTERVAL_S = "GPUQ_CKPT_INTERVAL_S"
+ENV_DURABLE_DIR = "GPUQ_DURABLE_DIR"
+ENV_SPEC_HASH = "GPUQ_SPEC_HASH"
+ENV_BUNDLE_SHA = "GPUQ_BUNDLE_SHA"
+ENV_DEVICE = "GPUQ_DEVICE"  # "cuda" or "cpu": what the slots of this attempt are
+
+JOB_ENV_NAMES = (
+    ENV_JOB_ID, ENV_JOB_NAME, ENV_QUEUE_ID, ENV_ATTEMPT, ENV_CONFIG, ENV_TASK, ENV_EPOCHS,
+    ENV_SEED, ENV_CKPT_DIR, ENV_RESULT_DIR, ENV_LOG, ENV_HEARTBEAT, ENV_HEARTBEAT_S,
+    ENV_RESUME_FROM, ENV_CKPT_INTERVAL_S, ENV_DURABLE_DIR, ENV_SPEC_HASH, ENV_BUNDLE_SHA,
+    ENV_DEVICE,
+)
+
+DEFAULT_HEARTBEAT_S = 30
+DEFAULT_CKPT_INTERVAL_S = 600
+DEFAULT_KILL_GRACE_S = 30
+
+# --- markers ------------------------------------------------------------------------
+RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e> sha256=<h>
+
+# --- JSON documents -----------------------------------------------------------------
+#
+# Job spec (inbox/<job_id>.json, then claimed/, then jobs/<job_id>/spec.json):
+#   schema        "gpuq.job/1"       an agent refuses a newer major (exit 65, clear message)
+#   job_id name queue_id             identity (job_id = "c" + 12 hex)
+#   attempt       int >= 1           the attempt this spec launches
+#   task epochs gpus nodes seed      seed is null when the queue line has no seed=
+#   config        str                POSIX path relative to bundles/<sha>/workdir/
+#   bundle_sha    str                bundles/<bundle_sha>/ must exist on the host
+#   entry         str                trainer path relative to the bundle root ("payload/train.py")
+#   launcher      "torchrun"|"python" torchrun: python -m torch.distributed.run --standalone
+#                                    --nnodes=1 --nproc-per-node=<gpus> <entry> ...; python: <entry> ...
+#   python        str                interpreter for the wrapper/trainer ("" = the agent's own)
+#   verify        list[str]          finalize checks: "metrics" (result/metrics.jsonl parses, non-empty),
+#                                    "best_ckpt" (ckpt/best.pt loads with torch weights_only=True)
+#   heartbeat_s ckpt_interval_s kill_grace_s min_free_gb scratch_gb durable_dir resume_from
+#   spec_hash     str                identity hash (DOMAIN.md 2.6)
+#   env           dict[str,str]      extra run.env entries (never secrets)
+#   created_at    float              UTC epoch seconds
+#
+# Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
+#
+# Heartbeat ($GPUQ_HEARTBEAT, written atomically by rank 0):
+#   {"time", "step", "total_steps", "epoch", "epochs", "loss", "lr", "phase": "train"|"eval"|"done",
+#    "steps_per_s"}
+#
+# LATEST pointer (ckpt/LATEST): {"file", "step", "epoch", "sha256", "bytes", "written_at"}
+#
+# result/metrics.jsonl: one JSON object per line; train lines {"kind": "train", "step", "epoch",
+#   "loss", "lr", "time"}; eval lines {"kind": "eval", "step", "epoch", "val_loss", "val_acc", "time"}
+# result/summary.json: {"metric": "val_acc", "mode": "max", "final": {...eval line...},
+#   "best": {...eval line...}, "weights_sha256", "world_size", "effective_batch", "steps"}
+#
+# pgid (attempt dir): {"pgid", "start_ticks", "boot_id"}  start_ticks = field 22 of /proc/<pgid>/stat
+#
+# exit.json (attempt dir, written atomically last): {"job_id", "attempt", "wrapper_code",
+#   "trainer_code", "signal", "phase": "setup"|"gate"|"train"|"finalize", "started_at", "ended_at",
+#   "last_step", "last_epoch", "best_sha256", "durable": "disabled"|"synced"|"failed", "message"}
+#
+# Status document (`gpuq_agent.py --root R status --json`, schema "gpuq.status/1"): one object
+#   {"schema", "protocol", "hostname", "root", "time", "boot_id", "uptime_s",
+#    "agent": {"alive", "pid"},
+#    "slots": {"kind": "gpu"|"cpu", "total", "free"},
+#    "gpus": [{"index", "name", "uuid", "util_pct", "mem_used_mib", "mem_total_mib", "temp_c"}],
+#    "disk": {"path", "total_bytes", "free_bytes", "used_pct", "inodes_total", "inodes_free",
+#             "inodes_used_pct"},
+#    "memory": {"source", "used_bytes", "limit_bytes", "used_pct", "oom_kill"},
+#    "bundles": [sha, ...],
+#    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
+#              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
+#              "ckpt", "cancel_requested"}]}
+#   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
+#                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
+#                gone, no exit.json)

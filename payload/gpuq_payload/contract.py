@@ -1,0 +1,56 @@
+"""Payload copy of the host contract (``orchestrator/protocol.py``).
+
+The payload runs on rented hosts where only the bundle exists, so it carries
+its own copy of the names it uses.  Values must equal those in
+``orchestrator/protocol.py``; ``tests/unit/test_protocol_copies.py`` checks them.
+"""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = "1.0"
+
+# checkpoint directory
+LATEST_POINTER = "LATEST"
+LATEST_CKPT = "latest.pt"
+BEST_CKPT = "best.pt"
+
+# result directory
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+# per attempt
+HEARTBEAT_FILE = "heartbeat"
+
+# exit codes (DOMAIN.md section 4.3)
+EXIT_OK = 0
+EXIT_TRANSIENT = 3
+EXIT_CONFIG = 4
+EXIT_SIGNAL_BASE = 128
+
+# environment a job receives (DOMAIN.md section 4.1)
+ENV_JOB_ID = "GPUQ_JOB_ID"
+ENV_JOB_NAME = "GPUQ_JOB_NAME"
+ENV_ATTEMPT = "GPUQ_ATTEMPT"
+ENV_SEED = "GPUQ_SEED"
+ENV_CKPT_DIR = "GPUQ_CKPT_DIR"
+ENV_RESULT_DIR = "GPUQ_RESULT_DIR"
+ENV_HEARTBEAT = "GPUQ_HEARTBEAT"
+ENV_HEARTBEAT_S = "GPUQ_HEARTBEAT_S"
+ENV_RESUME_FROM = "GPUQ_RESUME_FROM"
+ENV_CKPT_INTERVAL_S = "GPUQ_CKPT_INTERVAL_S"
+ENV_SPEC_HASH = "GPUQ_SPEC_HASH"
+ENV_BUNDLE_SHA = "GPUQ_BUNDLE_SHA"
+ENV_DEVICE = "GPUQ_DEVICE"
+
+DEFAULT_HEARTBEAT_S = 30
+DEFAULT_CKPT_INTERVAL_S = 600
+
+# markers
+RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e> sha256=<h>
+
+# payload-only knobs (not part of protocol.py)
+ENV_CKPT_ON_SIGTERM = "GPUQ_CKPT_ON_SIGTERM"  # "0" disables the last save on SIGTERM/SIGINT
+ENV_DIST_TIMEOUT_S = "GPUQ_DIST_TIMEOUT_S"  # collective timeout, seconds (default 600)
+DEFAULT_DIST_TIMEOUT_S = 600
+EXIT_SIGTERM = EXIT_SIGNAL_BASE + 15
+EXIT_DIVERGED = 1

@@ -1,0 +1,158 @@
+"""The ledger: transitions, events, atomic sweeps, 0600 file, schema versioning."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import IllegalTransition, JobNotFound, LedgerVersionError
+from orchestrator.ledger import Ledger
+from orchestrator.ledger.migrate import SCHEMA_VERSION
+from orchestrator.specs import JobSpec, job_id_for
+from orchestrator.states import ATTEMPT_ALLOWED, JOB_ALLOWED, AttemptState, JobState
+
+
+def _specs(n: int) -> list[JobSpec]:
+    return [JobSpec(name=f"job{i}", config=f"c{i}.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
+            for i in range(n)]
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "home" / "ledger.db")
+
+
+def _sweep(ledger: Ledger, sweep_id: str = "qaaaaaa", n: int = 3) -> list[str]:
+    rows = ledger.add_sweep(sweep_id=sweep_id, queue_path="q.txt", workdir="/w", queue_text="...",
+                            jobs=_specs(n), default_retries=1)
+    return [r.id for r in rows]
+
+
+def test_file_is_private_and_wal(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    Ledger(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_existing_loose_permissions_are_tightened(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    path.touch(mode=0o644)
+    path.chmod(0o644)
+    Ledger(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    Ledger(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerVersionError, match="newer than this gpuq"):
+        Ledger(path)
+
+
+def test_reopen_keeps_data(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    ids = _sweep(Ledger(path))
+    again = Ledger(path)
+    assert [j.id for j in again.jobs()] == ids
+
+
+def test_add_sweep_ids_are_stable_and_queued(ledger: Ledger) -> None:
+    ids = _sweep(ledger)
+    assert ids == [job_id_for("qaaaaaa", f"job{i}") for i in range(3)]
+    assert {j.state for j in ledger.jobs()} == {"QUEUED"}
+    assert [e.new for e in ledger.events()] == ["submitted"]
+
+
+def test_add_sweep_is_all_or_nothing(ledger: Ledger) -> None:
+    dup = [*_specs(2), _specs(1)[0]]  # the same name twice violates the primary key mid-insert
+    with pytest.raises(Exception):  # noqa: B017
+        ledger.add_sweep(sweep_id="qbbbbbb", queue_path="q", workdir="/w", queue_text="",
+                         jobs=dup, default_retries=1)
+    assert ledger.jobs() == []
+    assert ledger.sweeps() == []
+
+
+def test_transition_appends_events_and_refuses_illegal(ledger: Ledger) -> None:
+    job = _sweep(ledger, n=1)[0]
+    attempt = ledger.start_attempt(job, host="local", bundle_sha="s" * 64)
+    assert attempt.number == 1 and ledger.job(job).state == "ASSIGNED"
+    assert ledger.transition(job, AttemptState.RUNNING, attempt=1)
+    assert ledger.transition(job, JobState.RUNNING)
+    assert not ledger.transition(job, JobState.RUNNING)  # idempotent, no event
+    with pytest.raises(IllegalTransition, match="cannot go from RUNNING to QUEUED"):
+        ledger.transition(job, JobState.QUEUED)
+    ledger.transition(job, AttemptState.EXITED, attempt=1, message="exit 0")
+    ledger.transition(job, JobState.SUCCEEDED)
+    with pytest.raises(IllegalTransition):
+        ledger.transition(job, JobState.CANCELLED)
+    changes = [(e.kind, e.old, e.new) for e in ledger.events(job)]
+    assert changes == [
+        ("job", "QUEUED", "ASSIGNED"), ("attempt", "", "STARTING"), ("attempt", "STARTING", "RUNNING"),
+        ("job", "ASSIGNED", "RUNNING"), ("attempt", "RUNNING", "EXITED"), ("job", "RUNNING", "SUCCEEDED"),
+    ]
+
+
+@pytest.mark.parametrize("old", list(JobState))
+@pytest.mark.parametrize("new", list(JobState))
+def test_every_job_transition_follows_the_table(tmp_path: Path, old: JobState, new: JobState) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    job = _sweep(ledger, n=1)[0]
+    with ledger.session() as s:  # put the row in ``old`` directly, bypassing the rules on purpose
+        from orchestrator.ledger import Job
+
+        row = s.get(Job, job)
+        assert row is not None
+        row.state = old.value
+    if old == new:
+        assert ledger.transition(job, new) is False
+    elif new in JOB_ALLOWED[old]:
+        assert ledger.transition(job, new) is True
+        assert ledger.job(job).state == new.value
+    else:
+        with pytest.raises(IllegalTransition):
+            ledger.transition(job, new)
+        assert ledger.job(job).state == old.value
+
+
+def test_attempt_table_terminal_states_have_no_exit() -> None:
+    for state in AttemptState:
+        assert bool(ATTEMPT_ALLOWED[state]) != state.terminal
+
+
+def test_update_attempt_cannot_change_state(ledger: Ledger) -> None:
+    job = _sweep(ledger, n=1)[0]
+    ledger.start_attempt(job, host="local", bundle_sha="s")
+    with pytest.raises(Exception, match=r"use Ledger\.transition"):
+        ledger.update_attempt(job, 1, state="EXITED")
+
+
+def test_resolve_job_references(ledger: Ledger) -> None:
+    ids = _sweep(ledger)
+    assert ledger.resolve_job(ids[0]).name == "job0"
+    assert ledger.resolve_job("qaaaaaa:JOB1").id == ids[1]
+    with pytest.raises(JobNotFound, match="at least 4"):
+        ledger.resolve_job("c1")
+    with pytest.raises(JobNotFound, match="no job matches"):
+        ledger.resolve_job("cfffffffffff9")
+    with pytest.raises(JobNotFound, match="no sweeps yet"):
+        Ledger(ledger.path.parent / "other.db").resolve_sweep(None)
+
+
+def test_results_replace_previous(ledger: Ledger) -> None:
+    job = _sweep(ledger, n=1)[0]
+    ledger.record_results(job, 1, metrics=[("final", "val_acc", 0.5, 10, 1)], artifacts=[("a", 1, "x")])
+    ledger.record_results(job, 2, metrics=[("final", "val_acc", 0.9, 20, 2)], artifacts=[],
+                          checkpoint={"file": "latest.pt", "step": 20, "sha256": "ab", "bytes": 3})
+    assert [(m.attempt, m.value) for m in ledger.metrics([job])] == [(2, 0.9)]
+    assert ledger.artifacts(job) == []
+    assert [c.step for c in ledger.checkpoints(job)] == [20]
