@@ -99,7 +99,7 @@ def _new_sweep_id(ctx: Context) -> str:
 def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool = False) -> SubmitResult:
     """Validate the whole queue, record it in one transaction, place and start its jobs."""
     if host is not None and host != LOCAL_HOST and host not in _known_hosts(ctx):
-        raise UsageError(f"unknown host {host!r}; known hosts: {', '.join(sorted(_known_hosts(ctx)))}")
+        raise UsageError(f'unknown host "{host}"; known hosts: {", ".join(sorted(_known_hosts(ctx)))}')
     parsed = parse_queue(queue, known_hosts=_known_hosts(ctx), tasks=_payload_tasks())
     workdir = Path(parsed.workdir)
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,))
@@ -267,6 +267,7 @@ class CancelOutcome:
 
 
 def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None) -> list[CancelOutcome]:
+    """Cancel one job or a sweep's unfinished jobs: one agent call per host for all of them."""
     if (ref is None) == (sweep is None):
         raise UsageError("give a job or --sweep SWEEP, not both")
     if ref is not None:
@@ -274,19 +275,29 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None) ->
     else:
         targets = ctx.ledger.jobs(sweep_id=ctx.ledger.resolve_sweep(sweep).id)
     out: list[CancelOutcome] = []
+    by_host: dict[str, list[Job]] = {}
     for job in targets:
         if JobState(job.state).terminal:
             out.append(CancelOutcome(job, f"already {job.state}"))
-            continue
-        verdict = "cancelled before placement"
-        if job.host is not None and job.attempt_count:
-            host = _job_host(ctx, job)
-            row = ctx.ledger.host(job.host)
-            sha = row.agent_bundle if row else ""
-            result = host.run(agent_argv(host, sha, "cancel", job.id), timeout=120)
-            verdict = result.stdout.strip() or result.stderr.strip() or f"agent exit {result.exit_code}"
-        ctx.ledger.transition(job.id, JobState.CANCELLED, message=f"cancelled by user ({verdict})")
-        out.append(CancelOutcome(job, verdict))
+        elif job.host is not None and job.attempt_count:
+            by_host.setdefault(job.host, []).append(job)
+        else:
+            ctx.ledger.transition(job.id, JobState.CANCELLED, message="cancelled by user before placement")
+            out.append(CancelOutcome(job, "cancelled before placement"))
+    for host_name, jobs in by_host.items():
+        row = ctx.ledger.host(host_name)
+        host = _job_host(ctx, jobs[0])
+        argv = agent_argv(host, row.agent_bundle if row else "", "cancel", *[j.id for j in jobs])
+        result = host.run(argv, timeout=60 + ctx.settings.kill_grace_s * 2)
+        lines = result.stdout.strip().splitlines()
+        if len(jobs) == 1:
+            verdicts = {jobs[0].id: lines[0] if lines else ""}
+        else:
+            verdicts = dict(line.split(" ", 1) for line in lines if " " in line)
+        for job in jobs:
+            verdict = verdicts.get(job.id) or result.stderr.strip() or f"agent exit {result.exit_code}"
+            ctx.ledger.transition(job.id, JobState.CANCELLED, message=f"cancelled by user ({verdict})")
+            out.append(CancelOutcome(job, verdict))
     return out
 
 

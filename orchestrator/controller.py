@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from orchestrator import protocol

@@ -14,6 +14,7 @@ Exit codes: 0 done, 1 non-finite loss, 3 transient (collective failure), 4 confi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -149,5 +150,26 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) and any(m in text for m in markers)
 
 
+def record_exit(code: int) -> None:
+    """Leave the deliberate exit code where the wrapper finds it: torchrun reports any worker
+    failure as a bare 1, which would hide a configuration error (4) or a transient one (3)."""
+    path = os.environ.get(contract.ENV_EXIT_FILE)
+    if not path or code == 0:
+        return
+    doc = {"code": code, "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # first writer wins
+    except OSError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+
+
+def run() -> int:
+    code = main()
+    record_exit(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

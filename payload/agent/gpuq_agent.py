@@ -8,7 +8,7 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
                           wrapper per attempt, adopts live groups after a restart, exits when idle
   wrap JOB_ID ATTEMPT     internal: the per-attempt wrapper (DOMAIN.md 4.2)
   status --json           read-only probe, one "gpuq.status/1" document on stdout
-  cancel JOB_ID           withdraw a queued job or kill a running one (identity-checked)
+  cancel JOB_ID...        withdraw queued jobs, then kill running ones (identity-checked)
   enqueue [--serve ...]   write job specs (JSON list on stdin) into the inbox, idempotently;
                           with --serve, then make sure a detached agent runs (gpuq_inbox.py)
   collect JOB_ID...       summaries and sha256-hashed result files of finished jobs
@@ -1034,6 +1034,7 @@ class Wrapper:
             P.ENV_SPEC_HASH: str(spec.get("spec_hash", "")),
             P.ENV_BUNDLE_SHA: sha,
             P.ENV_DEVICE: "cuda" if kind == "gpu" else "cpu",
+            P.ENV_EXIT_FILE: os.path.join(self.adir, P.TRAINER_EXIT_FILE),
         })
         env.pop(P.ENV_SEED, None)
         if spec.get("seed") is not None:
@@ -1157,6 +1158,12 @@ class Wrapper:
             return self.finish(P.EXIT_SIGNAL_BASE + sig, "trainer killed by signal %d%s" % (
                 sig, self._why()), trainer_code=rc, sig=sig)
         if rc != 0:
+            told = read_json(os.path.join(self.adir, P.TRAINER_EXIT_FILE))
+            if isinstance(told, dict) and isinstance(told.get("code"), int) and 0 < told["code"] < 256:
+                # torchrun turns every worker failure into 1; the payload said what it meant
+                code = told["code"]
+                return self.finish(code, "trainer exited %d (rank %s exited %d)%s" % (
+                    rc, told.get("rank"), code, self._why()), trainer_code=code)
             return self.finish(rc, "trainer exited %d%s" % (rc, self._why()), trainer_code=rc)
         self.phase = "finalize"
         problem = self.verify(spec, env)
@@ -1383,39 +1390,30 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
 # --- cancel ---------------------------------------------------------------------------------------
 
 
-def cmd_cancel(lay: Layout, job_id: str) -> int:
-    if not job_id or "/" in job_id or job_id.startswith("."):
-        print(f"gpuq cancel: bad job id {job_id!r}", file=sys.stderr)
-        return 1
+def _withdraw(lay: Layout, job_id: str) -> bool:
     inbox = lay.p(P.INBOX_DIR, job_id + ".json")
-    if os.path.exists(inbox):
-        mkdirs(lay.p(P.WITHDRAWN_DIR))
-        try:
-            os.rename(inbox, lay.p(P.WITHDRAWN_DIR, job_id + ".json"))
-            print("withdrawn")
-            return 0
-        except FileNotFoundError:
-            pass  # the agent claimed it a moment ago: cancel it where it is now
-    claimed = lay.p(P.CLAIMED_DIR, job_id + ".json")
-    if not os.path.exists(claimed):
-        print(f"gpuq cancel: unknown job {job_id} (not in inbox/ or claimed/ under {lay.root})",
-              file=sys.stderr)
-        return 1
-    spec = read_json(claimed)
+    if not os.path.exists(inbox):
+        return False
+    mkdirs(lay.p(P.WITHDRAWN_DIR))
+    try:
+        os.rename(inbox, lay.p(P.WITHDRAWN_DIR, job_id + ".json"))
+        return True
+    except FileNotFoundError:
+        return False  # the agent claimed it a moment ago: cancel it where it is now
+
+
+def _kill_claimed(lay: Layout, job_id: str) -> str:
+    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
     spec = spec if isinstance(spec, dict) else {}
-    mkdirs(lay.job(job_id))
-    touch(lay.job(job_id, P.CANCEL_FILE))
     n = spec_attempt(spec)
     rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
     if not isinstance(rec, dict) or not group_alive(rec):
-        print("not running")
-        return 0
+        return "not running"
     pgid = rec["pgid"]
     leader = proc_stat(pgid)
     if leader is not None and leader[0] not in ("Z", "X") and (
             leader[2] != rec.get("start_ticks") or job_id not in " ".join(proc_cmdline(pgid))):
-        print(f"not running (recorded group {pgid} failed the identity check; nothing killed)")
-        return 0
+        return "not running (recorded group %d failed the identity check; nothing killed)" % pgid
     grace = float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
     signal_group(pgid, signal.SIGTERM)
     deadline = time.time() + grace
@@ -1423,8 +1421,39 @@ def cmd_cancel(lay: Layout, job_id: str) -> int:
         time.sleep(0.1)
     if group_alive(rec):
         signal_group(pgid, signal.SIGKILL)
-    print("killed")
-    return 0
+    return "killed"
+
+
+def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
+    """Three phases, so cancelling many jobs never lets a freed slot start one of them:
+    withdraw every job still in the inbox; mark every claimed one; only then kill."""
+    for job_id in job_ids:
+        if not job_id or "/" in job_id or job_id.startswith("."):
+            print(f"gpuq cancel: bad job id {job_id!r}", file=sys.stderr)
+            return 1
+    verdicts: dict[str, str] = {}
+    for job_id in job_ids:
+        if _withdraw(lay, job_id):
+            verdicts[job_id] = "withdrawn"
+    unknown = []
+    for job_id in job_ids:
+        if job_id in verdicts:
+            continue
+        if not os.path.exists(lay.p(P.CLAIMED_DIR, job_id + ".json")):
+            unknown.append(job_id)
+            continue
+        mkdirs(lay.job(job_id))
+        touch(lay.job(job_id, P.CANCEL_FILE))
+    for job_id in job_ids:
+        if job_id not in verdicts and job_id not in unknown:
+            verdicts[job_id] = _kill_claimed(lay, job_id)
+    for job_id in unknown:
+        print(f"gpuq cancel: unknown job {job_id} (not in inbox/ or claimed/ under {lay.root})",
+              file=sys.stderr)
+    for job_id in job_ids:
+        if job_id in verdicts:
+            print(verdicts[job_id] if len(job_ids) == 1 else "%s %s" % (job_id, verdicts[job_id]))
+    return 1 if unknown else 0
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -1445,7 +1474,7 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("status", help="read-only probe")
     st.add_argument("--json", action="store_true")
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
-    cp.add_argument("job_id")
+    cp.add_argument("job_ids", nargs="+")
     sub.add_parser("version", help="print the protocol version")
     ep = sub.add_parser("enqueue", help="write job specs (JSON list on stdin) into the inbox, idempotently")
     ep.add_argument("--serve", action="store_true", help="then make sure a detached agent runs")
@@ -1466,7 +1495,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "status":
         return cmd_status(lay, args)
     if args.cmd == "cancel":
-        return cmd_cancel(lay, args.job_id)
+        return cmd_cancel(lay, args.job_ids)
     if args.cmd == "version":
         print(P.PROTOCOL_VERSION)
         return 0

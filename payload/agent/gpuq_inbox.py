@@ -12,6 +12,7 @@ collect: prints {job_id: {"attempt", "summary", "files": [{"path", "bytes", "sha
 for finished jobs: the summary, every result file and the best checkpoint, hashed on the host.
 """
 
+# ruff: noqa: UP031  (%-formatting on purpose, as in gpuq_agent.py)
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,7 @@ import json
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import gpuq_protocol as P
 
@@ -41,7 +42,7 @@ def _attempt_of(spec: Any) -> int:
         return 0
 
 
-def _write_spec(root: str, job_id: str, spec: Dict[str, Any]) -> None:
+def _write_spec(root: str, job_id: str, spec: dict[str, Any]) -> None:
     inbox = os.path.join(root, P.INBOX_DIR)
     os.makedirs(inbox, exist_ok=True)
     tmp = os.path.join(inbox, ".%s.json.%d.tmp" % (job_id, os.getpid()))
@@ -52,7 +53,7 @@ def _write_spec(root: str, job_id: str, spec: Dict[str, Any]) -> None:
     os.rename(tmp, os.path.join(inbox, job_id + ".json"))
 
 
-def verdict_for(root: str, spec: Any) -> Optional[str]:
+def verdict_for(root: str, spec: Any) -> str | None:
     """None when the spec may be written; else why not."""
     job_id = str(spec.get("job_id", ""))
     n = _attempt_of(spec)
@@ -84,7 +85,7 @@ def cmd_enqueue(root: str, stdin: Any) -> int:
     if bad:
         print("gpuq enqueue: malformed spec (job_id/attempt): %r" % (bad[0],), file=sys.stderr)
         return P.AGENT_EXIT_USAGE
-    verdicts: Dict[str, str] = {}
+    verdicts: dict[str, str] = {}
     for spec in specs:
         job_id = str(spec["job_id"])
         why = verdict_for(root, spec)
@@ -105,9 +106,9 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _files(root: str, job_id: str) -> List[Dict[str, Any]]:
+def _files(root: str, job_id: str) -> list[dict[str, Any]]:
     job_dir = os.path.join(root, P.JOBS_DIR, job_id)
-    found: List[Dict[str, Any]] = []
+    found: list[dict[str, Any]] = []
     result_dir = os.path.join(job_dir, P.RESULT_DIR)
     for dirpath, dirnames, filenames in os.walk(result_dir):
         dirnames.sort()
@@ -124,8 +125,8 @@ def _files(root: str, job_id: str) -> List[Dict[str, Any]]:
     return found
 
 
-def cmd_collect(root: str, job_ids: List[str]) -> int:
-    out: Dict[str, Any] = {}
+def cmd_collect(root: str, job_ids: list[str]) -> int:
+    out: dict[str, Any] = {}
     for job_id in job_ids:
         if not JOB_ID_RE.match(job_id):
             print("gpuq collect: bad job id %r" % job_id, file=sys.stderr)

@@ -40,6 +40,7 @@ HEARTBEAT_FILE = "heartbeat"
 WRAPPER_ALIVE = "wrapper.alive"
 MEM_FILE = "mem.tsv"
 EXIT_FILE = "exit.json"
+TRAINER_EXIT_FILE = "trainer_exit.json"  # {"code", "rank", "message"}: first writer wins
 
 # checkpoint directory
 LATEST_POINTER = "LATEST"
@@ -98,13 +99,14 @@ ENV_CKPT_INTERVAL_S = "GPUQ_CKPT_INTERVAL_S"
 ENV_DURABLE_DIR = "GPUQ_DURABLE_DIR"
 ENV_SPEC_HASH = "GPUQ_SPEC_HASH"
 ENV_BUNDLE_SHA = "GPUQ_BUNDLE_SHA"
+ENV_EXIT_FILE = "GPUQ_EXIT_FILE"  # the payload records a deliberate exit code here
 ENV_DEVICE = "GPUQ_DEVICE"  # "cuda" or "cpu": what the slots of this attempt are
 
 JOB_ENV_NAMES = (
     ENV_JOB_ID, ENV_JOB_NAME, ENV_QUEUE_ID, ENV_ATTEMPT, ENV_CONFIG, ENV_TASK, ENV_EPOCHS,
     ENV_SEED, ENV_CKPT_DIR, ENV_RESULT_DIR, ENV_LOG, ENV_HEARTBEAT, ENV_HEARTBEAT_S,
     ENV_RESUME_FROM, ENV_CKPT_INTERVAL_S, ENV_DURABLE_DIR, ENV_SPEC_HASH, ENV_BUNDLE_SHA,
-    ENV_DEVICE,
+    ENV_DEVICE, ENV_EXIT_FILE,
 )
 
 DEFAULT_HEARTBEAT_S = 30

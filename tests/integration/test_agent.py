@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import shlex
@@ -201,7 +202,7 @@ def test_exactly_once_two_agents_gap_and_idle_exit(host: Host) -> None:
         assert len(host.runs_of(s["job_id"])) == 2  # one start + one end: ran exactly once
     # one slot: each job starts promptly after the previous wrapper wrote exit.json
     gaps = []
-    for prev, nxt in zip(specs, specs[1:]):
+    for prev, nxt in itertools.pairwise(specs):
         ended = iso(host.exit_of(prev["job_id"])["ended_at"])
         launched = iso(read_json(host.attempt(nxt["job_id"]) / "launch.json")["time"])
         assert launched >= ended - 0.005

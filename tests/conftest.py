@@ -1,0 +1,62 @@
+"""Shared fixtures: a private GPUQ_HOME per test, and cleanup of every agent a test started."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _kill_agents(home: Path) -> None:
+    """Kill the agent and every attempt group recorded under ``home``'s local root, by pgid."""
+    local = home / "local"
+    records: list[dict[str, object]] = []
+    pid_file = local / "agent.pid"
+    if pid_file.is_file():
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(pid_file.read_text()))
+    for pgid_file in local.glob("jobs/*/attempts/*/pgid"):
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(pgid_file.read_text()))
+    for rec in records:
+        pgid = rec.get("pgid") or rec.get("pid")
+        if isinstance(pgid, int) and pgid > 1:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture
+def gpuq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    home = tmp_path / "gpuq-home"
+    home.mkdir()
+    monkeypatch.setenv("GPUQ_HOME", str(home))
+    yield home
+    _kill_agents(home)
+
+
+def run_gpuq(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd or ROOT, check=False)
+
+
+def wait_for(predicate: object, timeout: float = 60.0, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(predicate) and predicate():
+            return True
+        time.sleep(interval)
+    return False
