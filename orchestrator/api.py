@@ -156,7 +156,7 @@ class Snapshot:
     sweeps: list[Sweep]
     jobs: list[Job]
     attempts: dict[str, Attempt]
-    events: list[Any] = field(default_factory=list)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def tick(ctx: Context) -> dict[str, controller.Probe]:
@@ -197,16 +197,27 @@ def _dispatch_queued(ctx: Context) -> None:
         launch(ctx.ledger, local, bundle, [j for j in queued if j.sweep_id == sweep_id], ctx.settings)
 
 
-def status(ctx: Context, *, sweep: str | None = None, probe: bool = True) -> Snapshot:
+def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jobs: bool = False) -> Snapshot:
+    """Tick, then a snapshot: every sweep's counts, and the jobs worth showing.
+
+    Jobs shown: the given sweep's; else every sweep with unfinished jobs (or the newest sweep
+    when all are finished); ``all_jobs`` shows the whole history.
+    """
     probes = tick(ctx) if probe else {}
+    counts = ctx.ledger.state_counts()
     sweep_rows = ctx.ledger.sweeps()
-    sweep_id = ctx.ledger.resolve_sweep(sweep).id if sweep else None
-    jobs = ctx.ledger.jobs(sweep_id=sweep_id)
-    latest: dict[str, Attempt] = {}
-    for attempt in ctx.ledger.attempts():
-        latest[attempt.job_id] = attempt
-    return Snapshot(time.time(), ctx.ledger.hosts(), probes,
-                    [s for s in sweep_rows if sweep_id in (None, s.id)], jobs, latest)
+    if sweep is not None:
+        shown = {ctx.ledger.resolve_sweep(sweep).id}
+    elif all_jobs:
+        shown = {s.id for s in sweep_rows}
+    else:
+        shown = {sid for sid, states in counts.items() if any(not JobState(st).terminal for st in states)}
+        if not shown and sweep_rows:
+            shown = {sweep_rows[-1].id}
+    jobs = [j for sid in sorted(shown, key=lambda x: [s.id for s in sweep_rows].index(x))
+            for j in ctx.ledger.jobs(sweep_id=sid)]
+    latest = ctx.ledger.latest_attempts(j.id for j in jobs)
+    return Snapshot(time.time(), ctx.ledger.hosts(), probes, sweep_rows, jobs, latest, counts=counts)
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,

@@ -26,14 +26,14 @@ Remote layout (one root per host, the profile's data dir)::
       jobs/<job_id>/cancel         cancel request (its presence is the request)
       jobs/<job_id>/ckpt/          latest.pt best.pt LATEST (single writer)
       jobs/<job_id>/attempts/<n>/  launch.json run.env job.log pgid heartbeat
-                                   wrapper.alive mem.tsv exit.json
+                                   wrapper.alive mem.tsv trainer_exit.json exit.json
       jobs/<job_id>/result/        metrics.jsonl summary.json
 """
 
 from __future__ import annotations
 
 PROTOCOL_VERSION = "1.0"
-SPEC_SCHEMA = "gpuq.job/1"
+SPEC_SCHEMA = "gpuq.job/1"  # an agent refuses a newer major: exit.json, wrapper code 80
 STATUS_SCHEMA = "gpuq.status/1"
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
@@ -103,7 +103,6 @@ EXIT_MEANINGS: dict[int, str] = {
 
 # agent CLI exit codes
 AGENT_EXIT_USAGE = 64
-AGENT_EXIT_NEWER_SPEC = 65
 
 # --- environment a job receives (DOMAIN.md section 4.1) -----------------------------
 ENV_JOB_ID = "GPUQ_JOB_ID"
@@ -144,7 +143,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 # --- JSON documents -----------------------------------------------------------------
 #
 # Job spec (inbox/<job_id>.json, then claimed/, then jobs/<job_id>/spec.json):
-#   schema        "gpuq.job/1"       an agent refuses a newer major (exit 65, clear message)
+#   schema        "gpuq.job/1"       an agent refuses a newer major (see below)
 #   job_id name queue_id             identity (job_id = "c" + 12 hex)
 #   attempt       int >= 1           the attempt this spec launches
 #   task epochs gpus nodes seed      seed is null when the queue line has no seed=
@@ -162,10 +161,12 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   created_at    float              UTC epoch seconds
 #
 # Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
+# A spec whose schema major is newer than the agent's is refused: its exit.json carries wrapper
+# code 80 (setup) with a message naming both schemas.
 #
 # Heartbeat ($GPUQ_HEARTBEAT, written atomically by rank 0):
 #   {"time", "step", "total_steps", "epoch", "epochs", "loss", "lr", "phase": "train"|"eval"|"done",
-#    "steps_per_s"}
+#    "steps_per_s"}   epoch is 1-based (the epoch being trained); loss is null when not finite
 #
 # LATEST pointer (ckpt/LATEST): {"file", "step", "epoch", "sha256", "bytes", "written_at"}
 #
@@ -175,8 +176,26 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   "best": {...eval line...}, "weights_sha256", "world_size", "effective_batch", "steps"}
 #
 # pgid (attempt dir): {"pgid", "start_ticks", "boot_id"}  start_ticks = field 22 of /proc/<pgid>/stat
+#   (written by the agent right after spawning and again by the wrapper, same content)
+# launch.json (attempt dir, written before the wrapper is spawned): {"time", "slots", "kind",
+#   "total_slots", "agent_pid", "index", "count"}; its presence means "this attempt was launched":
+#   a relaunch of the same attempt is refused, so no attempt ever runs twice.
+# agent.pid (root): {"pid", "pgid", "start_ticks", "boot_id", "started_at", "protocol",
+#   "slots": {"kind", "ids"}}
+# Times in agent-written documents (launch.json, exit.json, status "time") are ISO-8601 UTC with
+# milliseconds ("2026-11-21T20:12:37.123Z"); the payload's heartbeat and LATEST carry epoch floats.
 #
-# exit.json (attempt dir, written atomically last): {"job_id", "attempt", "wrapper_code",
+# Agent verbs the controller uses (one round trip each):
+#   status --json | enqueue [--serve ...] (JSON list of specs on stdin; idempotent) |
+#   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID...
+#
+# trainer_exit.json (attempt dir, $GPUQ_EXIT_FILE): {"code", "rank", "pid"}, written O_EXCL by the first
+#   payload process that exits with a deliberate non-zero code (3, 4, 143, 1 for divergence).
+#   torchrun reports any worker failure as a bare 1; the wrapper uses this code instead, so a
+#   configuration error (4) is never mistaken for a retryable crash.
+#
+# exit.json (attempt dir, written atomically last; written by the agent itself when a wrapper it
+#   watched died without one): {"job_id", "attempt", "wrapper_code",
 #   "trainer_code", "signal", "phase": "setup"|"gate"|"train"|"finalize", "started_at", "ended_at",
 #   "last_step", "last_epoch", "best_sha256", "durable": "disabled"|"synced"|"failed", "message"}
 #

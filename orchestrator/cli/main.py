@@ -61,12 +61,16 @@ def submit(queue: Path, host: str | None, dry_run: bool, wait_: bool) -> None:
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (the default for now).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema in the README).")
 @click.option("--sweep", metavar="SWEEP", help="Only this sweep (id or prefix).")
-def status(once: bool, as_json: bool, sweep: str | None) -> None:
-    """Probe every host once, reconcile the ledger and show hosts and jobs."""
+@click.option("--all", "all_jobs", is_flag=True, help="Every job of every sweep, finished ones too.")
+def status(once: bool, as_json: bool, sweep: str | None, all_jobs: bool) -> None:
+    """Probe every host once, reconcile the ledger and show hosts and jobs.
+
+    Without --sweep or --all, jobs of unfinished sweeps are listed (or of the newest sweep).
+    """
     from orchestrator import api
     from orchestrator.cli import render
 
-    snap = api.status(_ctx(), sweep=sweep)
+    snap = api.status(_ctx(), sweep=sweep, all_jobs=all_jobs)
     if as_json:
         render.status_json(snap)
     else:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -102,8 +101,13 @@ def status_table(snap: Snapshot) -> None:
             "-" if att is None or att.exit_code is None else str(att.exit_code),
         )
     out.print(jobs)
-    counts = Counter(j.state for j in snap.jobs)
-    out.print("  ".join(f"{state}={n}" for state, n in sorted(counts.items())) or "no jobs")
+    hidden = [s for s in snap.sweeps if s.id not in {j.sweep_id for j in snap.jobs}]
+    for sweep in snap.sweeps[-5:] if len(snap.sweeps) > 5 else snap.sweeps:
+        states = snap.counts.get(sweep.id, {})
+        summary = "  ".join(f"{state}={n}" for state, n in sorted(states.items()))
+        out.print(f"sweep {sweep.id}  {sweep.job_count} jobs  {summary}  ({sweep.queue_path})")
+    if hidden:
+        out.print(f"{len(hidden)} finished sweep(s) not listed; `gpuq status --all` or `--sweep ID` shows them")
 
 
 def status_doc(snap: Snapshot) -> dict[str, Any]:
@@ -134,9 +138,8 @@ def status_doc(snap: Snapshot) -> dict[str, Any]:
         })
     sweeps = []
     for sweep in snap.sweeps:
-        states = Counter(j.state for j in snap.jobs if j.sweep_id == sweep.id)
         sweeps.append({"id": sweep.id, "queue_path": sweep.queue_path, "created_at": sweep.created_at,
-                       "jobs": sweep.job_count, "states": dict(states)})
+                       "jobs": sweep.job_count, "states": snap.counts.get(sweep.id, {})})
     return {"schema": STATUS_SCHEMA, "generated_at": now, "hosts": hosts, "sweeps": sweeps, "jobs": jobs}
 
 

@@ -224,6 +224,15 @@ class Ledger:
                 query = query.where(col(Job.state).in_([st.value for st in states]))
             return list(s.exec(query.order_by(col(Job.created_at), col(Job.line))))
 
+    def state_counts(self) -> dict[str, dict[str, int]]:
+        """{sweep_id: {state: count}} in one query."""
+        with self.session() as s:
+            rows = s.exec(select(Job.sweep_id, Job.state, func.count()).group_by(Job.sweep_id, Job.state))
+            out: dict[str, dict[str, int]] = {}
+            for sweep_id, state, count in rows:
+                out.setdefault(sweep_id, {})[state] = int(count)
+            return out
+
     # --- attempts ------------------------------------------------------------------
 
     def start_attempt(self, job_id: str, *, host: str, bundle_sha: str, resume_from: str = "") -> Attempt:
@@ -258,6 +267,18 @@ class Ledger:
             if job_id is not None:
                 query = query.where(Attempt.job_id == job_id)
             return list(s.exec(query.order_by(col(Attempt.job_id), col(Attempt.number))))
+
+    def latest_attempts(self, job_ids: Iterable[str]) -> dict[str, Attempt]:
+        """The newest attempt of each given job."""
+        ids = list(job_ids)
+        out: dict[str, Attempt] = {}
+        with self.session() as s:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                rows = s.exec(select(Attempt).where(col(Attempt.job_id).in_(chunk)).order_by(col(Attempt.number)))
+                for row in rows:
+                    out[row.job_id] = row
+        return out
 
     def update_attempt(self, job_id: str, number: int, **fields: Any) -> None:
         """Progress fields only (step, loss, heartbeat...); never the state."""

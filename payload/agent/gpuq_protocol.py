@@ -78,7 +78,6 @@ EXIT_MEANINGS: dict[int, str] = {
 
 # agent CLI exit codes
 AGENT_EXIT_USAGE = 64
-AGENT_EXIT_NEWER_SPEC = 65
 
 # --- environment a job receives (DOMAIN.md section 4.1) -----------------------------
 ENV_JOB_ID = "GPUQ_JOB_ID"

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""CLI start-up time: `gpuq --help` and `gpuq status --once` on a ledger with 10,000 jobs.
+
+Builds a throw-away GPUQ_HOME: one real sweep run on the local host (so status probes a real
+host agent), then 10,000 finished jobs in 50 sweeps bulk-inserted through Ledger.add_sweep and
+marked finished with direct SQL (synthetic history; setup speed only).  Each command runs in a
+fresh interpreter R times; medians are printed next to a bare `python -c pass` for scale.
+
+    python scripts/bench_startup.py [--jobs 10000] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TINY = """seed: 3
+batch_size: 32
+model: {width: 16, depth: 1, dropout: 0.0}
+data: {n_train: 128, n_val: 32, n_features: 4, n_classes: 2, noise: 1.0}
+augment: {noise_std: 0.0, feature_drop: 0.0}
+optim: {lr: 0.05, momentum: 0.9, weight_decay: 0.0}
+schedule: {warmup_steps: 1, kind: constant}
+ckpt_every_steps: 0
+log_every_steps: 4
+"""
+
+
+def timed(argv: list[str], repeat: int) -> tuple[float, float]:
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, check=False)
+        runs.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{argv} failed: {proc.stderr.decode()[-500:]}")
+    return statistics.median(runs), max(runs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gpuq-bench-start-"))
+    os.environ["GPUQ_HOME"] = str(tmp / "home")
+    work = tmp / "project"
+    (work / "configs").mkdir(parents=True)
+    (work / "configs" / "tiny.yaml").write_text(TINY)
+    (work / "queue.txt").write_text("configs/tiny.yaml classify 1\n")
+
+    from orchestrator import api
+    from orchestrator.specs import JobSpec
+
+    ctx = api.open_context()
+    real = api.submit(ctx, work / "queue.txt")
+    api.wait(ctx, sweep=real.sweep_id, interval_s=0.5)
+    per_sweep = 200
+    t0 = time.monotonic()
+    for s in range(args.jobs // per_sweep):
+        specs = [JobSpec(name=f"cell{i:04d}", config="configs/tiny.yaml", task="classify",
+                         config_sha256="0" * 64, line=i + 1) for i in range(per_sweep)]
+        ctx.ledger.add_sweep(sweep_id=f"qhist{s:02d}", queue_path="history.txt", workdir=str(work),
+                             queue_text="", jobs=specs, default_retries=1, bundle_sha=real.bundle.sha256)
+    conn = sqlite3.connect(ctx.settings.ledger_path)
+    conn.execute("UPDATE job SET state = 'SUCCEEDED', attempt_count = 1 WHERE sweep_id LIKE 'qhist%'")
+    conn.execute("""INSERT INTO attempt (job_id, number, host, state, bundle_sha, resume_from, created_at,
+                    exit_code, message, step, total_steps, epoch, loss)
+                    SELECT id, 1, 'local', 'EXITED', '', '', created_at, 0, 'exit 0', 100, 100, 1, 0.1
+                    FROM job WHERE sweep_id LIKE 'qhist%'""")
+    conn.commit()
+    total = conn.execute("SELECT count(*) FROM job").fetchone()[0]
+    conn.close()
+    setup = time.monotonic() - t0
+    ctx.close()
+
+    py = sys.executable
+    base = timed([py, "-c", "pass"], args.repeat)
+    helps = timed([py, "-m", "orchestrator", "--help"], args.repeat)
+    status = timed([py, "-m", "orchestrator", "status", "--once"], args.repeat)
+    as_json = timed([py, "-m", "orchestrator", "status", "--json"], args.repeat)
+    every = timed([py, "-m", "orchestrator", "status", "--once", "--all"], max(3, args.repeat // 2))
+    print(f"ledger: {total} jobs in {total // per_sweep + 1} sweeps (setup {setup:.1f} s); "
+          f"median / max of {args.repeat} fresh processes")
+    print(f"python -c pass                     {base[0]:.3f} s / {base[1]:.3f} s")
+    print(f"gpuq --help                        {helps[0]:.3f} s / {helps[1]:.3f} s")
+    print(f"gpuq status --once (1 probe)       {status[0]:.3f} s / {status[1]:.3f} s")
+    print(f"gpuq status --json                 {as_json[0]:.3f} s / {as_json[1]:.3f} s")
+    print(f"gpuq status --once --all (10k rows){every[0]:.3f} s / {every[1]:.3f} s")
+    print(f"state in {tmp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
