@@ -14,6 +14,7 @@ which holds the slot but is not agent overhead.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -80,7 +81,7 @@ def main() -> int:
     gaps: list[float] = []
     for slot in range(args.slots):
         on_slot = sorted((r for r in runs if slot in r["slots"]), key=lambda r: r["launch"])
-        gaps += [nxt["launch"] - prev["end"] for prev, nxt in zip(on_slot, on_slot[1:])]
+        gaps += [nxt["launch"] - prev["end"] for prev, nxt in itertools.pairwise(on_slot)]
     finalize = [r["end"] - r["trainer_done"] for r in runs]
     busy = sum((r["end"] - r["launch"]) * len(r["slots"]) for r in runs)
     first, last = min(r["launch"] for r in runs), max(r["end"] for r in runs)
