@@ -16,27 +16,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TINY = """seed: 3
-batch_size: 32
-model: {width: 32, depth: 1, dropout: 0.0}
-data: {n_train: 256, n_val: 64, n_features: 8, n_classes: 4, noise: 1.0}
-augment: {noise_std: 0.1, feature_drop: 0.0}
-optim: {lr: 0.05, momentum: 0.9, weight_decay: 0.0}
-schedule: {warmup_steps: 1, kind: constant}
-ckpt_every_steps: 0
-log_every_steps: 4
-"""
 
 
 def iso(value: str) -> float:
@@ -48,19 +37,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--slots", type=int, default=2)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpuq-bench-gap-"))
-    os.environ["GPUQ_HOME"] = str(tmp / "home")
-    work = tmp / "project"
-    (work / "configs").mkdir(parents=True)
-    (work / "configs" / "tiny.yaml").write_text(TINY)
-    lines = [f"configs/tiny.yaml classify 1 name=j{i:03d}" for i in range(args.jobs)]
-    (work / "queue.txt").write_text("\n".join(lines) + "\n")
+    from bench_project import make_project
 
+    tmp, queue = make_project("gpuq-bench-gap-", args.jobs)
     from orchestrator import api
 
     ctx = api.open_context(overrides={"local_cpu_slots": args.slots, "heartbeat_s": 1})
     t0 = time.monotonic()
-    submitted = api.submit(ctx, work / "queue.txt")
+    submitted = api.submit(ctx, queue)
     submit_s = time.monotonic() - t0
     snap = api.wait(ctx, sweep=submitted.sweep_id, interval_s=0.5)
     wall = time.monotonic() - t0

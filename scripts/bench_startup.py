@@ -12,28 +12,17 @@ fresh interpreter R times; medians are printed next to a bare `python -c pass` f
 from __future__ import annotations
 
 import argparse
-import os
 import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TINY = """seed: 3
-batch_size: 32
-model: {width: 16, depth: 1, dropout: 0.0}
-data: {n_train: 128, n_val: 32, n_features: 4, n_classes: 2, noise: 1.0}
-augment: {noise_std: 0.0, feature_drop: 0.0}
-optim: {lr: 0.05, momentum: 0.9, weight_decay: 0.0}
-schedule: {warmup_steps: 1, kind: constant}
-ckpt_every_steps: 0
-log_every_steps: 4
-"""
 
 
 def timed(argv: list[str], repeat: int) -> tuple[float, float]:
@@ -52,18 +41,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpuq-bench-start-"))
-    os.environ["GPUQ_HOME"] = str(tmp / "home")
-    work = tmp / "project"
-    (work / "configs").mkdir(parents=True)
-    (work / "configs" / "tiny.yaml").write_text(TINY)
-    (work / "queue.txt").write_text("configs/tiny.yaml classify 1\n")
+    from bench_project import make_project
 
+    tmp, queue = make_project("gpuq-bench-start-", 1)
+    work = queue.parent
     from orchestrator import api
     from orchestrator.specs import JobSpec
 
     ctx = api.open_context()
-    real = api.submit(ctx, work / "queue.txt")
+    real = api.submit(ctx, queue)
     api.wait(ctx, sweep=real.sweep_id, interval_s=0.5)
     per_sweep = 200
     t0 = time.monotonic()

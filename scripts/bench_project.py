@@ -1,0 +1,33 @@
+"""A throw-away gpuq project for benchmarks: a tiny real-payload config and a queue of N jobs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+TINY_CONFIG = """seed: 3
+batch_size: 32
+model: {width: 32, depth: 1, dropout: 0.0}
+data: {n_train: 256, n_val: 64, n_features: 8, n_classes: 4, noise: 1.0}
+augment: {noise_std: 0.1, feature_drop: 0.0}
+optim: {lr: 0.05, momentum: 0.9, weight_decay: 0.0}
+schedule: {warmup_steps: 1, kind: constant}
+ckpt_every_steps: 0
+log_every_steps: 4
+"""
+
+
+def make_project(prefix: str, jobs: int) -> tuple[Path, Path]:
+    """A fresh GPUQ_HOME (set in the environment) and a queue of ``jobs`` one-epoch jobs.
+
+    Returns (temp dir, queue file).
+    """
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["GPUQ_HOME"] = str(tmp / "home")
+    work = tmp / "project"
+    (work / "configs").mkdir(parents=True)
+    (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
+    lines = [f"configs/tiny.yaml classify 1 name=j{i:03d}" for i in range(jobs)]
+    (work / "queue.txt").write_text("\n".join(lines) + "\n")
+    return tmp, work / "queue.txt"
