@@ -82,7 +82,7 @@ def main() -> int:
     print(f"gpuq --help                        {helps[0]:.3f} s / {helps[1]:.3f} s")
     print(f"gpuq status --once (1 probe)       {status[0]:.3f} s / {status[1]:.3f} s")
     print(f"gpuq status --json                 {as_json[0]:.3f} s / {as_json[1]:.3f} s")
-    print(f"gpuq status --once --all (10k rows){every[0]:.3f} s / {every[1]:.3f} s")
+    print(f"gpuq status --once --all ({total} rows) {every[0]:.3f} s / {every[1]:.3f} s")
     print(f"state in {tmp}")
     return 0
 

@@ -17,9 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _kill_agents(home: Path) -> None:
-    """Kill the agent and every attempt group recorded under ``home``'s local root, by pgid."""
-    local = home / "local"
+def kill_recorded_groups(local: Path) -> None:
+    """Kill the agent and every attempt group recorded under a host root, by recorded pgid."""
     records: list[dict[str, object]] = []
     pid_file = local / "agent.pid"
     if pid_file.is_file():
@@ -41,7 +40,7 @@ def gpuq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     home.mkdir()
     monkeypatch.setenv("GPUQ_HOME", str(home))
     yield home
-    _kill_agents(home)
+    kill_recorded_groups(home / "local")
 
 
 def run_gpuq(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
