@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.states import JobState
+
 if TYPE_CHECKING:
     from orchestrator.api import ResultRow, Snapshot, SubmitResult
 
@@ -97,12 +99,13 @@ def status_table(snap: Snapshot) -> None:
             job.id, job.sweep_id, job.name, f"[{style}]{job.state}[/]", job.host or "-",
             str(job.attempt_count), progress,
             f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
-            _age(att.heartbeat_at if att else None, now),
+            "-" if JobState(job.state).terminal else _age(att.heartbeat_at if att else None, now),
             "-" if att is None or att.exit_code is None else str(att.exit_code),
         )
     out.print(jobs)
-    hidden = [s for s in snap.sweeps if s.id not in {j.sweep_id for j in snap.jobs}]
-    for sweep in snap.sweeps[-5:] if len(snap.sweeps) > 5 else snap.sweeps:
+    listed = {j.sweep_id for j in snap.jobs}
+    hidden = [s for s in snap.sweeps if s.id not in listed]
+    for sweep in snap.sweeps[-5:]:
         states = snap.counts.get(sweep.id, {})
         summary = "  ".join(f"{state}={n}" for state, n in sorted(states.items()))
         out.print(f"sweep {sweep.id}  {sweep.job_count} jobs  {summary}  ({sweep.queue_path})")

@@ -166,6 +166,8 @@ def test_submit_detaches_runs_to_success_and_reports(gpuq_home: Path, tmp_path: 
     assert log.returncode == 0 and "GPUQ_RESUMED" not in log.stdout and "epoch 3/3" in log.stdout
     bad_log = run_gpuq("logs", by_name["bad"]["id"][:6], env=env)
     assert "colour" in bad_log.stdout
+    followed = run_gpuq("logs", "-f", by_name["tiny"]["id"], env=env, timeout=60)  # ends with the job
+    assert followed.returncode == 0 and followed.stdout.count("epoch 2/2") >= 1
 
 
 def test_cancel_running_and_queued(gpuq_home: Path, tmp_path: Path) -> None:
