@@ -50,7 +50,10 @@ class Settings(BaseModel):
 
     @property
     def local_host_root(self) -> Path:
-        return self.local_root if self.local_root is not None else self.home / "local"
+        """``local_root`` when set, else the local profile's data dir ($GPUQ_HOME/local)."""
+        if self.local_root is not None:
+            return self.local_root
+        return load_profile(LOCAL_HOST).data_dir(self.home)
 
     @property
     def bundle_cache(self) -> Path:
@@ -58,6 +61,71 @@ class Settings(BaseModel):
 
 
 _FIELDS = {name for name in Settings.model_fields if name != "home"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProfilePaths(_Strict):
+    data_dir: str
+    durable_dir: str
+    cache_dir: str = ""
+    python: str = ""
+
+
+class ProfileLaunch(_Strict):
+    detach: str = "setsid"
+    setup_hook: str = ""
+    cred_file: str = ""
+    kill_grace_s: int = Field(default=30, ge=0)
+    min_free_gb: float = Field(default=20, ge=0)
+
+
+class Profile(_Strict):
+    """One platform's facts (profiles/<name>.toml, DOMAIN.md 17).  Unset vs empty matters:
+    ``durable_dir = ""`` disables the durable tier, it does not mean "default"."""
+
+    name: str
+    kind: str
+    provider: str
+    verified: str = Field(pattern=r"^\d{4}-\d{2}$")
+    gotchas: list[str] = Field(default_factory=list)
+    connect: dict[str, Any] = Field(default_factory=dict)
+    paths: ProfilePaths
+    launch: ProfileLaunch = Field(default_factory=ProfileLaunch)
+    spot: dict[str, Any] = Field(default_factory=dict)
+    teardown: dict[str, Any] = Field(default_factory=dict)
+    clocks: list[dict[str, Any]] = Field(default_factory=list)
+    survival: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    def data_dir(self, home: Path) -> Path:
+        return Path(self.paths.data_dir.replace("$GPUQ_HOME", str(home))).expanduser()
+
+
+def profiles_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_profiles", here.parent / "profiles"):
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError("the gpuq profiles are missing from this installation; reinstall gpuq")
+
+
+def load_profile(name: str) -> Profile:
+    """profiles/<name>.toml, validated; errors name the file and the field."""
+    path = profiles_dir() / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
+        raise ConfigError(f"unknown profile {name!r} (known: {known})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return Profile(**data)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(f"{path}: {where}: {err['msg']}") from exc
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

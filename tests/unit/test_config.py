@@ -43,3 +43,26 @@ def test_invalid_toml(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text("heartbeat_s = = 5\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_settings(env={"GPUQ_HOME": str(tmp_path)})
+
+
+def test_shipped_profiles_validate() -> None:
+    from orchestrator.config import load_profile, profiles_dir
+
+    names = [p.stem for p in profiles_dir().glob("*.toml")]
+    assert "local" in names
+    for name in names:
+        assert load_profile(name).name == name
+
+
+def test_local_profile_places_the_local_root(tmp_path: Path) -> None:
+    s = load_settings(env={"GPUQ_HOME": str(tmp_path)})
+    assert s.local_host_root == tmp_path / "local"
+    assert load_settings(env={"GPUQ_HOME": str(tmp_path), "GPUQ_LOCAL_ROOT": "/srv/gpuq"}).local_host_root == Path(
+        "/srv/gpuq")
+
+
+def test_unknown_profile_lists_known_ones() -> None:
+    from orchestrator.config import load_profile
+
+    with pytest.raises(ConfigError, match=r"unknown profile 'nope' \(known: .*local"):
+        load_profile("nope")
