@@ -169,6 +169,38 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def become_subreaper() -> bool:
+    """PR_SET_CHILD_SUBREAPER: orphaned descendants (torchrun starts its workers in new sessions,
+    out of our process group) are re-parented to this process instead of init, so the wrapper can
+    still find and end them.  Linux only; False where unavailable."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children files of each thread, recursively)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir("/proc/%d/task" % parent)
+        except OSError:
+            continue
+        for tid in tids:
+            text = read_text("/proc/%d/task/%s/children" % (parent, tid)) or ""
+            for child in text.split():
+                if child.isdigit() and int(child) not in out:
+                    out.append(int(child))
+                    todo.append(int(child))
+    return out
+
+
 def group_alive(rec: Any) -> bool:
     """A recorded group {"pgid","start_ticks","boot_id"} is alive: same boot, and either its leader
     is the recorded process, or the leader is gone but members remain (a pgid cannot be reused
@@ -979,6 +1011,7 @@ class Wrapper:
             print(f"gpuq wrap: no attempt directory {self.adir}", file=sys.stderr)
             return P.EXIT_SETUP
         me = os.getpid()
+        become_subreaper()
         atomic_write_json(os.path.join(self.adir, P.PGID_FILE),
                           {"pgid": os.getpgrp(), "start_ticks": start_ticks(me), "boot_id": boot_id()})
         spec = read_json(os.path.join(self.jdir, P.SPEC_FILE))
@@ -1179,11 +1212,20 @@ class Wrapper:
         return ""
 
     def kill_rest(self) -> None:
+        """SIGKILL our group and every descendant (workers in other sessions included), then reap."""
         me = os.getpid()
-        for pid in group_members(os.getpgrp()):
+        for pid in set(group_members(os.getpgrp())) | set(descendants(me)):
             if pid != me:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 2.0
+        while time.time() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.02)
 
     def verify(self, spec: dict[str, Any], env: dict[str, str]) -> str:
         checks = spec.get("verify") or []

@@ -460,3 +460,19 @@ def test_torchrun_two_processes_gloo(host: Host) -> None:
     m = json.loads((host.root / "jobs" / s["job_id"] / "result" / "metrics.jsonl").read_text())
     assert m["sum"] == 3.0 and m["world"] == 2
     assert "torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2" in log
+
+
+def test_workers_in_other_sessions_do_not_outlive_the_attempt(host: Host, tmp_path: Path) -> None:
+    """torchrun starts workers with start_new_session=True: killing the wrapper's group misses
+    them.  The wrapper is a child subreaper and ends its whole descendant tree."""
+    pid_file = tmp_path / "orphan.pid"
+    spec = host.spec("orphan", host.config("orphan", orphan_pid_file=str(pid_file), sleep=0.3))
+    host.serve(slots=1, idle=30)
+    assert host.wait_exit(spec["job_id"], 30)["wrapper_code"] == 0
+    orphan = int(pid_file.read_text())
+    try:
+        wait_for(lambda: not Path(f"/proc/{orphan}").exists() or
+                 Path(f"/proc/{orphan}/stat").read_text().split(")")[1].split()[0] == "Z", 10, "orphan gone")
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(orphan, signal.SIGKILL)  # only if the assertion failed: the sleeper is ours

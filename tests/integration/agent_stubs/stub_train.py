@@ -4,7 +4,9 @@ Takes the real trainer's arguments (--config --task --epochs), reads the GPUQ_* 
 writes a heartbeat and result/metrics.jsonl, and behaves per its JSON config file:
   sleep (s), exit (code), crash (uncaught exception), hang (sleep forever), kill_self (SIGKILL
   itself), ignore_term (SIG_IGN SIGTERM), wait_file (block until that file exists), no_metrics,
-  dump_env (write the environment to result/env.json), runs_file (append start/end records).
+  dump_env (write the environment to result/env.json), runs_file (append start/end records),
+  orphan_pid_file (start a sleeper in a new session, as torchrun starts its workers, and write
+  its pid there).
 """
 
 import argparse
@@ -50,6 +52,13 @@ def main():
         os.replace(tmp, env["GPUQ_HEARTBEAT"])
 
     heartbeat(0, "train")
+    if cfg.get("orphan_pid_file"):
+        import subprocess
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                 start_new_session=True, stdin=subprocess.DEVNULL)
+        with open(cfg["orphan_pid_file"], "w") as f:
+            f.write(str(child.pid))
     print(f"stub {job} started task={a.task} epochs={a.epochs}", flush=True)
     step = 0
     deadline = time.time() + 60
