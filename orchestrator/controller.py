@@ -20,7 +20,7 @@ from orchestrator import protocol
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostUnreachable
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv, enqueue, job_spec
+from orchestrator.launcher import agent_argv, enqueue, ensure_agent, job_spec
 from orchestrator.ledger import Job, Ledger
 from orchestrator.states import AttemptState, JobState
 
@@ -112,7 +112,24 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
             succeeded.append(job.id)
     if missing:
         _reenqueue(ledger, host, settings, missing)
+    _revive_agent(ledger, host, settings, report)
     return succeeded
+
+
+def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> None:
+    """An agent that died with work pending (inbox, or claimed and never launched) is relaunched.
+
+    Safe without asking (DOMAIN.md 1): the flock admits one agent per root, and a new agent adopts
+    live attempt groups and never re-runs a launched attempt.
+    """
+    pending = [j for j in report.doc.get("jobs", []) if j.get("state") in ("queued", "claimed")]
+    if report.doc.get("agent", {}).get("alive") or not pending:
+        return
+    row = ledger.host(host.name)
+    if row is None or not row.agent_bundle:
+        return
+    verdict = ensure_agent(host, row.agent_bundle, settings)
+    ledger.record_event("host", host.name, f"agent was not running with {len(pending)} jobs pending: {verdict}")
 
 
 def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> bool:

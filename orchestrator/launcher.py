@@ -82,20 +82,28 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
     }
 
 
+def _serve_args(settings: Settings) -> list[str]:
+    return [
+        "--idle-exit-s",
+        str(settings.agent_idle_exit_s),
+        *(["--cpu-slots", str(settings.local_cpu_slots)] if settings.local_cpu_slots else []),
+    ]
+
+
+def ensure_agent(host: Host, bundle_sha: str, settings: Settings) -> str:
+    """Start the host's agent unless one runs (the agent's flock makes this safe to repeat)."""
+    result = host.run(agent_argv(host, bundle_sha, "serve", "--detach", *_serve_args(settings)), timeout=90)
+    if result.exit_code != 0:
+        raise AgentError(f"host {host.name}: the agent did not start: {result.stderr.strip()[-300:]}")
+    return result.stdout.strip()
+
+
 def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settings: Settings) -> dict[str, str]:
     """Write specs into the host's inbox (idempotent) and make sure its agent runs.
 
     Returns the agent's verdict per job id ("queued", "exists").
     """
-    argv = agent_argv(
-        host,
-        bundle_sha,
-        "enqueue",
-        "--serve",
-        "--idle-exit-s",
-        str(settings.agent_idle_exit_s),
-        *(["--cpu-slots", str(settings.local_cpu_slots)] if settings.local_cpu_slots else []),
-    )
+    argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(settings))
     result = host.run(argv, stdin=json.dumps(list(specs)).encode(), timeout=60)
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")

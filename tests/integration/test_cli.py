@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_gpuq
+from tests.conftest import ROOT, run_gpuq, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -223,3 +223,22 @@ def test_kill_during_submit_leaves_all_or_nothing(gpuq_home: Path, tmp_path: Pat
     finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
+
+
+def test_dead_agent_is_revived_and_nothing_runs_twice(gpuq_home: Path, tmp_path: Path) -> None:
+    queue = _project(tmp_path, ["configs/tiny.yaml classify 2 gpus=2", "configs/tiny.yaml classify 2 gpus=2 name=b"])
+    env = {"GPUQ_LOCAL_CPU_SLOTS": "2"}
+    assert run_gpuq("submit", str(queue), env=env).returncode == 0
+    root = gpuq_home / "local"
+    assert wait_for(lambda: any(root.glob("jobs/*/attempts/1/launch.json")), 30)
+    agent = json.loads((root / "agent.pid").read_text())
+    os.killpg(agent["pgid"], signal.SIGKILL)  # the agent dies; the first job's wrapper lives on
+    assert wait_for(lambda: not Path(f"/proc/{agent['pid']}").exists(), 10)
+    assert len(list((root / "inbox").glob("*.json"))) == 1  # the second job is stranded
+
+    waited = run_gpuq("wait", env=env, timeout=300)  # each tick sees a dead agent with work pending
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    attempts = sorted(p.relative_to(root).as_posix() for p in root.glob("jobs/*/attempts/*"))
+    assert len(attempts) == 2 and all(a.endswith("/attempts/1") for a in attempts)
+    events = _ledger_rows(gpuq_home, "select message from event where kind = 'host'")
+    assert any("agent was not running" in str(m[0]) for m in events)
