@@ -101,6 +101,13 @@ def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool 
     if host is not None and host != LOCAL_HOST and host not in _known_hosts(ctx):
         raise UsageError(f'unknown host "{host}"; known hosts: {", ".join(sorted(_known_hosts(ctx)))}')
     parsed = parse_queue(queue, known_hosts=_known_hosts(ctx), tasks=_payload_tasks())
+    multi = [j for j in parsed.jobs if j.nodes > 1]
+    if multi:
+        # the agent runs single-node `torchrun --standalone`: a 2-node job would silently train
+        # with half its world size, so refuse it until multi-node rendezvous exists
+        lines = [f"{queue}:{j.line}: nodes={j.nodes}: multi-node jobs are not supported yet; use nodes=1"
+                 for j in multi]
+        raise UsageError("\n".join([*lines, "nothing was submitted"]))
     workdir = Path(parsed.workdir)
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,))
     warnings = list(parsed.warnings)

@@ -97,6 +97,13 @@ def test_unknown_host_and_unplaceable_job(gpuq_home: Path, tmp_path: Path) -> No
     assert _ledger_rows(gpuq_home, "select * from job") == []
 
 
+def test_multi_node_is_refused_not_silently_shrunk(gpuq_home: Path, tmp_path: Path) -> None:
+    queue = _project(tmp_path, ["configs/tiny.yaml classify 1", "configs/tiny.yaml classify 1 name=mn nodes=2"])
+    result = run_gpuq("submit", str(queue))
+    _assert_usage(result, "queue.txt:2: nodes=2: multi-node jobs are not supported yet; use nodes=1")
+    assert _ledger_rows(gpuq_home, "select * from job") == []
+
+
 def test_bad_setting_names_the_variable(gpuq_home: Path, tmp_path: Path) -> None:
     queue = _project(tmp_path, ["configs/tiny.yaml classify 1"])
     _assert_usage(run_gpuq("submit", str(queue), env={"GPUQ_RETRIES": "lots"}), "GPUQ_RETRIES")
