@@ -24,7 +24,7 @@ from orchestrator.ledger import Attempt, Job, Ledger, Sweep
 from orchestrator.ledger import Host as HostRow
 from orchestrator.queuefile import parse_queue
 from orchestrator.scheduler import PlanJob, plan
-from orchestrator.specs import HostSlots, new_queue_id
+from orchestrator.specs import HostSlots, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.states import JobState
 
 DEFAULT_EST_S_PER_EPOCH = 60.0
@@ -111,6 +111,12 @@ def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool 
     workdir = Path(parsed.workdir)
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,))
     warnings = list(parsed.warnings)
+    done = ctx.ledger.succeeded_with(spec_hash_for(j) for j in parsed.jobs)
+    for spec in parsed.jobs:
+        twin = done.get(spec_hash_for(spec))
+        if twin is not None:
+            warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
+                            f"{twin.sweep_id}, which already succeeded; it will run again")
     if bundle.skipped_secrets:
         warnings.append("left out of the bundle (secret-like names): " + ", ".join(bundle.skipped_secrets[:5]))
     local = _local(ctx)
@@ -118,8 +124,6 @@ def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool 
     target = host or LOCAL_HOST
     pins = [HostSlots(host=target, total=slots)]
     sweep_id = _new_sweep_id(ctx)
-    from orchestrator.specs import job_id_for  # local import keeps the identity rule in one place
-
     plan_jobs = [
         PlanJob(job_id_for(sweep_id, j.name), j.gpus,
                 (j.est_min * 60) if j.est_min else j.epochs * DEFAULT_EST_S_PER_EPOCH, j.host)

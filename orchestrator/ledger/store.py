@@ -224,6 +224,13 @@ class Ledger:
                 query = query.where(col(Job.state).in_([st.value for st in states]))
             return list(s.exec(query.order_by(col(Job.created_at), col(Job.line))))
 
+    def succeeded_with(self, spec_hashes: Iterable[str]) -> dict[str, Job]:
+        """{spec_hash: a SUCCEEDED job with that identity} for the given hashes."""
+        hashes = list(spec_hashes)
+        with self.session() as s:
+            rows = s.exec(select(Job).where(col(Job.spec_hash).in_(hashes), Job.state == JobState.SUCCEEDED.value))
+            return {row.spec_hash: row for row in rows}
+
     def state_counts(self) -> dict[str, dict[str, int]]:
         """{sweep_id: {state: count}} in one query."""
         with self.session() as s:

@@ -1,0 +1,49 @@
+"""api.submit decisions that need no host: validation order, warnings, dry runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import api
+from orchestrator.states import AttemptState, JobState
+
+
+@pytest.fixture
+def ctx(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> api.Context:
+    monkeypatch.setenv("GPUQ_LOCAL_CPU_SLOTS", "4")  # placement must not depend on this machine's cores
+    return api.open_context()
+
+
+def _queue(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    (tmp_path / "configs" / "a.yaml").write_text("seed: 1\n")
+    queue = tmp_path / "queue.txt"
+    queue.write_text(text)
+    return queue
+
+
+def test_resubmitting_a_succeeded_cell_warns(ctx: api.Context, tmp_path: Path) -> None:
+    queue = _queue(tmp_path, "configs/a.yaml classify 3\nconfigs/a.yaml classify 4 name=other\n")
+    from orchestrator.queuefile import parse_queue
+
+    parsed = parse_queue(queue)
+    rows = ctx.ledger.add_sweep(sweep_id="qold000", queue_path=str(queue), workdir=str(tmp_path), queue_text="",
+                                jobs=parsed.jobs, default_retries=1)
+    done = rows[0]
+    ctx.ledger.start_attempt(done.id, host="local", bundle_sha="s")
+    ctx.ledger.transition(done.id, AttemptState.EXITED, attempt=1)
+    ctx.ledger.transition(done.id, JobState.SUCCEEDED)
+    result = api.submit(ctx, queue, dry_run=True)
+    twins = [w for w in result.warnings if "already succeeded" in w]
+    assert twins == [f"{queue}:1: job 'a' is identical to {done.id} of sweep qold000, which already succeeded; "
+                     "it will run again"]
+    assert result.dry_run and ctx.ledger.sweep_ids() == {"qold000"}
+
+
+def test_dry_run_plans_every_job_and_writes_nothing(ctx: api.Context, tmp_path: Path) -> None:
+    queue = _queue(tmp_path, "configs/a.yaml classify\nconfigs/a.yaml classify name=b gpus=2\n")
+    result = api.submit(ctx, queue, dry_run=True)
+    assert set(result.placements.values()) == {"local"} and len(result.placements) == 2
+    assert ctx.ledger.sweeps() == []
