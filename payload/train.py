@@ -150,15 +150,17 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) and any(m in text for m in markers)
 
 
-def record_exit(code: int) -> None:
+def record_exit(code: int, message: str = "") -> None:
     """Leave the deliberate exit code where the wrapper finds it: torchrun reports any worker
-    failure as a bare 1, which would hide a configuration error (4) or a transient one (3)."""
+    failure as a bare 1, which would hide a configuration error (4) or a transient one (3).
+    First writer wins, so the rank that failed first names the cause, not a rank that merely
+    lost its peers afterwards."""
     path = os.environ.get(contract.ENV_EXIT_FILE)
     if not path or code == 0:
         return
-    doc = {"code": code, "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()}
+    doc = {"code": code, "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid(), "message": message[:500]}
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # first writer wins
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError:
         return
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -166,7 +168,11 @@ def record_exit(code: int) -> None:
 
 
 def run() -> int:
-    code = main()
+    try:
+        code = main()
+    except Exception as exc:  # a crash: record it (exit 1) before the traceback, then let it propagate
+        record_exit(1, f"{type(exc).__name__}: {exc}")
+        raise
     record_exit(code)
     return code
 
