@@ -12,10 +12,9 @@ collect: prints {job_id: {"attempt", "summary", "files": [{"path", "bytes", "sha
 for finished jobs: the summary, every result file and the best checkpoint, hashed on the host.
 """
 
-# ruff: noqa: UP031  (%-formatting on purpose, as in gpuq_agent.py)
+# ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,16 +22,9 @@ import sys
 from typing import Any
 
 import gpuq_protocol as P
+from gpuq_files import read_json, sha256_hex
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def _attempt_of(spec: Any) -> int:
@@ -57,15 +49,15 @@ def verdict_for(root: str, spec: Any) -> str | None:
     """None when the spec may be written; else why not."""
     job_id = str(spec.get("job_id", ""))
     n = _attempt_of(spec)
-    inbox = _read_json(os.path.join(root, P.INBOX_DIR, job_id + ".json"))
+    inbox = read_json(os.path.join(root, P.INBOX_DIR, job_id + ".json"))
     if isinstance(inbox, dict) and _attempt_of(inbox) >= n:
         return "exists"
-    claimed = _read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
+    claimed = read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
     if isinstance(claimed, dict) and _attempt_of(claimed) >= n:
         return "exists"
     if os.path.exists(os.path.join(root, P.JOBS_DIR, job_id, P.ATTEMPTS_DIR, str(n))):
         return "exists"
-    withdrawn = _read_json(os.path.join(root, P.WITHDRAWN_DIR, job_id + ".json"))
+    withdrawn = read_json(os.path.join(root, P.WITHDRAWN_DIR, job_id + ".json"))
     if isinstance(withdrawn, dict) and _attempt_of(withdrawn) >= n:
         return "withdrawn"
     return None
@@ -98,14 +90,6 @@ def cmd_enqueue(root: str, stdin: Any) -> int:
     return 0
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(root: str, job_id: str) -> list[dict[str, Any]]:
     job_dir = os.path.join(root, P.JOBS_DIR, job_id)
     found: list[dict[str, Any]] = []
@@ -117,11 +101,11 @@ def _files(root: str, job_id: str) -> list[dict[str, Any]]:
             if name.endswith(".tmp") or os.path.islink(full) or not os.path.isfile(full):
                 continue
             found.append({"path": os.path.relpath(full, job_dir), "bytes": os.path.getsize(full),
-                          "sha256": _sha256(full)})
+                          "sha256": sha256_hex(full)})
     best = os.path.join(job_dir, P.CKPT_DIR, P.BEST_CKPT)
     if os.path.isfile(best) and not os.path.islink(best):
         found.append({"path": os.path.relpath(best, job_dir), "bytes": os.path.getsize(best),
-                      "sha256": _sha256(best)})
+                      "sha256": sha256_hex(best)})
     return found
 
 
@@ -131,13 +115,13 @@ def cmd_collect(root: str, job_ids: list[str]) -> int:
         if not JOB_ID_RE.match(job_id):
             print("gpuq collect: bad job id %r" % job_id, file=sys.stderr)
             return P.AGENT_EXIT_USAGE
-        spec = _read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
-        summary = _read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
+        spec = read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
+        summary = read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
         out[job_id] = {
             "attempt": _attempt_of(spec) if isinstance(spec, dict) else 0,
             "summary": summary if isinstance(summary, dict) else None,
             "files": _files(root, job_id),
-            "ckpt": _read_json(os.path.join(root, P.JOBS_DIR, job_id, P.CKPT_DIR, P.LATEST_POINTER)),
+            "ckpt": read_json(os.path.join(root, P.JOBS_DIR, job_id, P.CKPT_DIR, P.LATEST_POINTER)),
         }
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     return 0

@@ -1,0 +1,86 @@
+"""``cancel JOB_ID...``: withdraw queued jobs, then kill running ones (identity-checked).
+
+Killing is always by the recorded process group (the attempt's pgid file), and only after the
+group proves it is still that attempt's wrapper: same boot, same start ticks, the job id in the
+leader's command line.  TERM first, KILL after the job's kill_grace_s.
+
+stdlib only, Python >= 3.8.
+"""
+
+# ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import gpuq_protocol as P
+from gpuq_files import Layout, mkdirs, read_json, spec_attempt, touch
+from gpuq_procs import group_alive, proc_cmdline, proc_stat, signal_group
+
+
+def _withdraw(lay: Layout, job_id: str) -> bool:
+    inbox = lay.p(P.INBOX_DIR, job_id + ".json")
+    if not os.path.exists(inbox):
+        return False
+    mkdirs(lay.p(P.WITHDRAWN_DIR))
+    try:
+        os.rename(inbox, lay.p(P.WITHDRAWN_DIR, job_id + ".json"))
+        return True
+    except FileNotFoundError:
+        return False  # the agent claimed it a moment ago: cancel it where it is now
+
+
+def _kill_claimed(lay: Layout, job_id: str) -> str:
+    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+    spec = spec if isinstance(spec, dict) else {}
+    n = spec_attempt(spec)
+    rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
+    if not isinstance(rec, dict) or not group_alive(rec):
+        return "not running"
+    pgid = rec["pgid"]
+    leader = proc_stat(pgid)
+    if leader is not None and leader[0] not in ("Z", "X") and (
+            leader[2] != rec.get("start_ticks") or job_id not in proc_cmdline(pgid)):
+        return "not running (recorded group %d failed the identity check; nothing killed)" % pgid
+    grace = float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.time() + grace
+    while time.time() < deadline and group_alive(rec):
+        time.sleep(0.1)
+    if group_alive(rec):
+        signal_group(pgid, signal.SIGKILL)
+    return "killed"
+
+
+def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
+    """Three phases, so cancelling many jobs never lets a freed slot start one of them:
+    withdraw every job still in the inbox; mark every claimed one; only then kill."""
+    for job_id in job_ids:
+        if not job_id or "/" in job_id or job_id.startswith("."):
+            print(f"gpuq cancel: bad job id {job_id!r}", file=sys.stderr)
+            return 1
+    verdicts: dict[str, str] = {}
+    for job_id in job_ids:
+        if _withdraw(lay, job_id):
+            verdicts[job_id] = "withdrawn"
+    unknown = []
+    for job_id in job_ids:
+        if job_id in verdicts:
+            continue
+        if not os.path.exists(lay.p(P.CLAIMED_DIR, job_id + ".json")):
+            unknown.append(job_id)
+            continue
+        mkdirs(lay.job(job_id))
+        touch(lay.job(job_id, P.CANCEL_FILE))
+    for job_id in job_ids:
+        if job_id not in verdicts and job_id not in unknown:
+            verdicts[job_id] = _kill_claimed(lay, job_id)
+    for job_id in unknown:
+        print(f"gpuq cancel: unknown job {job_id} (not in inbox/ or claimed/ under {lay.root})",
+              file=sys.stderr)
+    for job_id in job_ids:
+        if job_id in verdicts:
+            print(verdicts[job_id] if len(job_ids) == 1 else "%s %s" % (job_id, verdicts[job_id]))
+    return 1 if unknown else 0

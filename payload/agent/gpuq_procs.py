@@ -1,0 +1,128 @@
+"""Processes and process groups, by /proc: identity (pid + start_ticks + boot_id), liveness, signals.
+
+stdlib only, Python >= 3.8, Linux.  A recorded group is {"pgid", "start_ticks", "boot_id"} (the pgid
+file of an attempt); nothing is ever signalled without that identity holding.
+"""
+
+# ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from gpuq_files import read_text
+
+
+def boot_id() -> str:
+    return (read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, pgid, start_ticks) of a process, or None when it does not exist."""
+    text = read_text("/proc/%d/stat" % pid)
+    if not text:
+        return None
+    rest = text[text.rfind(")") + 2:].split()
+    try:
+        return rest[0], int(rest[2]), int(rest[19])  # fields 3, 5 and 22
+    except (IndexError, ValueError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    st = proc_stat(pid)
+    return st[2] if st else None
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def leader_alive(pid: int, ticks: Any, boot: Any) -> bool:
+    """The recorded process (pid + start_ticks + boot_id) still runs and is not a zombie."""
+    if not isinstance(pid, int) or pid <= 1 or boot != boot_id():
+        return False
+    st = proc_stat(pid)
+    return bool(st) and st[0] not in ("Z", "X") and st[2] == ticks
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, by one scan of /proc."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        st = proc_stat(int(name))
+        if st and st[1] == pgid and st[0] not in ("Z", "X"):
+            out.append(int(name))
+    return out
+
+
+def become_subreaper() -> bool:
+    """PR_SET_CHILD_SUBREAPER: orphaned descendants (torchrun starts its workers in new sessions,
+    out of our process group) are re-parented to this process instead of init, so the wrapper can
+    still find and end them.  Linux only; False where unavailable."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children files of each thread, recursively)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir("/proc/%d/task" % parent)
+        except OSError:
+            continue
+        for tid in tids:
+            text = read_text("/proc/%d/task/%s/children" % (parent, tid)) or ""
+            for child in text.split():
+                if child.isdigit() and int(child) not in out:
+                    out.append(int(child))
+                    todo.append(int(child))
+    return out
+
+
+def group_alive(rec: Any) -> bool:
+    """A recorded group {"pgid","start_ticks","boot_id"} is alive: same boot, and either its leader
+    is the recorded process, or the leader is gone but members remain (a pgid cannot be reused
+    while its group has members)."""
+    if not isinstance(rec, dict) or rec.get("boot_id") != boot_id():
+        return False
+    pgid = rec.get("pgid")
+    if not isinstance(pgid, int) or pgid <= 1:
+        return False
+    st = proc_stat(pgid)
+    if st is not None and st[0] not in ("Z", "X"):
+        return st[2] == rec.get("start_ticks")
+    if st is not None and st[2] != rec.get("start_ticks"):
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return bool(group_members(pgid))
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

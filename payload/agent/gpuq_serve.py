@@ -1,0 +1,498 @@
+"""``serve``: the long-lived host agent, one per root.
+
+It claims inbox specs (oldest first, smaller jobs backfill), packs them onto slots (GPUs, or CPU
+slots on a GPU-less host), starts one wrapper per attempt in its own process group, reaps them,
+acts on cancel files, adopts live groups after a restart and exits when idle.  With ``--detach``
+it runs as a daemon (gpuq_detach.py).
+
+stdlib only, Python >= 3.8.
+"""
+
+# ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import gpuq_protocol as P
+from gpuq_files import (
+    Layout,
+    atomic_write_json,
+    exit_record,
+    list_specs,
+    mkdirs,
+    mtime,
+    read_json,
+    spec_attempt,
+    spec_major,
+    spec_slots,
+    utc,
+)
+from gpuq_detach import serve_detached
+from gpuq_hostfacts import detect_slots
+from gpuq_procs import boot_id, group_alive, proc_cmdline, signal_group, start_ticks
+
+# the wrapper is spawned as `python gpuq_agent.py --root R wrap JOB N`: cancel and restart
+# recovery recognise it by that argv
+AGENT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpuq_agent.py")
+
+
+class Running:
+    def __init__(self, job_id: str, attempt: int, slots: list[int], spec: dict[str, Any],
+                 pid: int | None, rec: dict[str, Any] | None) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.slots = slots
+        self.spec = spec
+        self.pid = pid  # our child (waitpid) or None when adopted (liveness polling)
+        self.rec = rec  # {"pgid","start_ticks","boot_id"}
+        self.kill_at: float | None = None  # SIGKILL deadline once a cancel was acted on
+        self.killed = False
+
+
+class Agent:
+    def __init__(self, lay: Layout, args: argparse.Namespace, notify_fd: int | None = None) -> None:
+        self.lay = lay
+        self.idle_exit_s = float(args.idle_exit_s)
+        self.poll_s = float(args.poll_s)
+        self.cpu_slots = args.cpu_slots
+        self.notify_fd = notify_fd
+        self.lock_fd: int | None = None
+        self.slots: dict[str, Any] = {}
+        self.busy: dict[int, str] = {}  # slot id -> job id
+        self.running: dict[str, Running] = {}
+        self.by_pid: dict[int, str] = {}
+        self.pending: list[str] = []  # claimed, never launched (found at start-up)
+        self.stop = False
+        self.host = socket.gethostname()
+        self.queue_of: dict[str, str] = {}
+        self.queues_open: dict[str, bool] = {}
+        self.wake_r, self.wake_w = os.pipe()
+
+    # lock and pid file
+    def try_lock(self) -> bool:
+        fd = os.open(self.lay.p(P.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        self.lock_fd = fd
+        return True
+
+    def release_lock(self) -> None:
+        if self.lock_fd is not None:
+            try:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+
+    def write_pid(self) -> None:
+        pid = os.getpid()
+        atomic_write_json(self.lay.p(P.AGENT_PID), {
+            "pid": pid, "pgid": os.getpgrp(), "start_ticks": start_ticks(pid), "boot_id": boot_id(),
+            "started_at": utc(), "protocol": P.PROTOCOL_VERSION,
+            "slots": {"kind": self.slots["kind"], "ids": self.slots["ids"]}})
+
+    def remove_pid(self) -> None:
+        rec = read_json(self.lay.p(P.AGENT_PID))
+        if isinstance(rec, dict) and rec.get("pid") == os.getpid():
+            with contextlib.suppress(OSError):
+                os.unlink(self.lay.p(P.AGENT_PID))
+
+    def notify(self, msg: str) -> None:
+        if self.notify_fd is not None:
+            try:
+                os.write(self.notify_fd, (msg + "\n").encode())
+                os.close(self.notify_fd)
+            except OSError:
+                pass
+            self.notify_fd = None
+
+    def log(self, msg: str) -> None:
+        self.lay.log(f"[{utc()}] {msg}")
+
+    # main
+    def serve(self) -> int:
+        lay = self.lay
+        mkdirs(lay.root, lay.p(P.INBOX_DIR), lay.p(P.CLAIMED_DIR), lay.p(P.WITHDRAWN_DIR),
+               lay.p(P.JOBS_DIR), lay.p(P.CACHE_DIR))
+        if not self.try_lock():
+            rec = read_json(lay.p(P.AGENT_PID))
+            pid = rec.get("pid") if isinstance(rec, dict) else "?"
+            msg = f"agent already running (pid {pid})"
+            print(msg, flush=True)
+            self.notify(f"held {pid}")
+            return 0
+        self.slots = detect_slots(self.cpu_slots)
+        self.write_pid()
+        for fd in (self.wake_r, self.wake_w):
+            fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda s, f: None)
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.log("agent %d started on %s: %d %s slots %s, protocol %s" % (
+            os.getpid(), self.host, len(self.slots["ids"]), self.slots["kind"], self.slots["ids"],
+            P.PROTOCOL_VERSION))
+        self.notify("ok %d" % os.getpid())
+        self.recover()
+        try:
+            return self.loop()
+        finally:
+            self.remove_pid()
+            self.release_lock()
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        self.stop = True
+
+    def recover(self) -> None:
+        """Restart safety: adopt live groups, leave dead attempts dead, launch claimed-unlaunched."""
+        lay = self.lay
+        for job_id in list_specs(lay.p(P.CLAIMED_DIR)):
+            spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+            if not isinstance(spec, dict):
+                continue
+            n = spec_attempt(spec)
+            if os.path.exists(lay.attempt(job_id, n, P.EXIT_FILE)):
+                continue
+            launch = read_json(lay.attempt(job_id, n, P.LAUNCH_FILE))
+            rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
+            if launch is None and not os.path.exists(lay.attempt(job_id, n, P.LAUNCH_FILE)):
+                self.pending.append(job_id)
+                continue
+            if rec is None:
+                rec = self._find_wrapper(job_id, n)
+            if rec is not None and group_alive(rec):
+                slots = [s for s in (launch or {}).get("slots", []) if s in self.slots["ids"]]
+                r = Running(job_id, n, slots, spec, None, rec)
+                self.running[job_id] = r
+                for s in slots:
+                    self.busy[s] = job_id
+                self.log("ADOPTED %s a%d pgid %s slots %s" % (job_id, n, rec.get("pgid"), slots))
+            else:
+                self.log("DEAD %s a%d: launched, group gone, no exit.json (not re-run)" % (job_id, n))
+
+    def _find_wrapper(self, job_id: str, n: int) -> dict[str, Any] | None:
+        """The agent died between spawning a wrapper and its pgid record: find it by exact argv."""
+        want = ["--root", self.lay.root, "wrap", job_id, str(n)]
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                argv = proc_cmdline(int(name))
+                if argv[-5:] == want and any(a.endswith("gpuq_agent.py") for a in argv):
+                    pid = int(name)
+                    return {"pgid": pid, "start_ticks": start_ticks(pid), "boot_id": boot_id()}
+        return None
+
+    def free_slots(self) -> list[int]:
+        return [s for s in self.slots["ids"] if s not in self.busy]
+
+    def loop(self) -> int:
+        idle_since: float | None = None
+        while not self.stop:
+            try:
+                self.reap()
+                self.watch_adopted()
+                self.handle_cancels()
+                inbox = self.claim_and_launch()
+            except Exception:  # one bad round (disk full, odd file) must not end the agent
+                import traceback
+                self.log("agent round failed:\n" + traceback.format_exc())
+                time.sleep(1.0)
+                continue
+            if inbox or self.pending or self.running:
+                idle_since = None
+            else:
+                now = time.time()
+                idle_since = idle_since if idle_since is not None else now
+                if now - idle_since >= self.idle_exit_s:
+                    if self.idle_exit():
+                        return 0
+                    idle_since = None
+            try:
+                select.select([self.wake_r], [], [], self.poll_s)
+                while True:
+                    os.read(self.wake_r, 4096)
+            except (OSError, ValueError):
+                pass
+        self.log("agent %d stopping on signal; %d groups keep running" % (os.getpid(), len(self.running)))
+        return 0
+
+    def idle_exit(self) -> bool:
+        """Race-free against a controller adding a job: drop pid + lock, then look again."""
+        self.remove_pid()
+        self.release_lock()
+        if not list_specs(self.lay.p(P.INBOX_DIR)):
+            self.log("agent %d idle for %gs: exiting" % (os.getpid(), self.idle_exit_s))
+            return True
+        if not self.try_lock():
+            self.log("agent %d: job arrived during idle exit, another agent took over" % os.getpid())
+            return True
+        self.write_pid()
+        return False
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job_id = self.by_pid.pop(pid, None)
+            if job_id is None or job_id not in self.running:
+                continue
+            r = self.running[job_id]
+            path = self.lay.attempt(job_id, r.attempt, P.EXIT_FILE)
+            if not os.path.exists(path):
+                if os.WIFSIGNALED(status):
+                    sig = os.WTERMSIG(status)
+                    code, msg = 128 + sig, "wrapper killed by signal %d before writing exit.json" % sig
+                else:
+                    code = os.WEXITSTATUS(status) or P.EXIT_SETUP
+                    sig = None
+                    msg = "wrapper exited %d without writing exit.json" % os.WEXITSTATUS(status)
+                hb = read_json(self.lay.attempt(job_id, r.attempt, P.HEARTBEAT_FILE))
+                started = mtime(self.lay.attempt(job_id, r.attempt, P.LAUNCH_FILE))
+                atomic_write_json(path, exit_record(job_id, r.attempt, code, "train", msg,
+                                                    started_at=started, sig=sig, heartbeat=hb))
+                self.log("FINISHED %s a%d (exit=%d) %s" % (job_id, r.attempt, code, msg))
+            # anything the wrapper left in its group goes with it
+            if r.rec and r.rec.get("pgid") == pid and group_alive(r.rec):
+                signal_group(pid, signal.SIGKILL)
+            self.finish(job_id)
+
+    def finish(self, job_id: str) -> None:
+        r = self.running.pop(job_id, None)
+        if r is None:
+            return
+        for s in r.slots:
+            if self.busy.get(s) == job_id:
+                del self.busy[s]
+        self.queue_done_check(str(r.spec.get("queue_id", "")))
+
+    def watch_adopted(self) -> None:
+        for job_id, r in list(self.running.items()):
+            if r.pid is not None:
+                continue
+            if group_alive(r.rec):
+                continue
+            if os.path.exists(self.lay.attempt(job_id, r.attempt, P.EXIT_FILE)):
+                self.log("adopted %s a%d exited" % (job_id, r.attempt))
+            else:
+                self.log("DEAD %s a%d: adopted group gone, no exit.json (not re-run)" % (job_id, r.attempt))
+            self.finish(job_id)
+
+    def handle_cancels(self) -> None:
+        now = time.time()
+        for job_id, r in list(self.running.items()):
+            if r.kill_at is None:
+                if not os.path.exists(self.lay.job(job_id, P.CANCEL_FILE)):
+                    continue
+                if not r.rec or not group_alive(r.rec):
+                    continue
+                grace = float(r.spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+                self.log("CANCEL %s a%d: TERM to group %d, KILL in %.0fs" % (
+                    job_id, r.attempt, r.rec["pgid"], grace))
+                signal_group(r.rec["pgid"], signal.SIGTERM)
+                r.kill_at = now + grace
+            elif not r.killed and now >= r.kill_at:
+                if group_alive(r.rec):
+                    signal_group(r.rec["pgid"], signal.SIGKILL)
+                r.killed = True
+
+    # claiming
+    def _fail(self, job_id: str, spec: Any, code: int, msg: str) -> None:
+        n = spec_attempt(spec)
+        adir = self.lay.attempt(job_id, n)
+        mkdirs(adir)
+        if isinstance(spec, dict):
+            atomic_write_json(self.lay.job(job_id, P.SPEC_FILE), spec)
+        atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(job_id, n, code, "setup", msg))
+        self.log("FAILED %s a%d (exit=%d): %s" % (job_id, n, code, msg))
+
+    def _claim(self, job_id: str) -> bool:
+        try:
+            os.rename(self.lay.p(P.INBOX_DIR, job_id + ".json"), self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
+            return True
+        except FileNotFoundError:
+            return False  # withdrawn by the controller, or taken by someone else
+
+    def claim_and_launch(self) -> int:
+        lay = self.lay
+        total = len(self.slots["ids"])
+        # claimed but never launched (found at start-up) go first
+        for job_id in list(self.pending):
+            spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+            if not isinstance(spec, dict):
+                self.pending.remove(job_id)
+                continue
+            need = spec_slots(spec)
+            if need > total:
+                self.pending.remove(job_id)
+                self._fail(job_id, spec, P.EXIT_SETUP, self._too_big(need, total))
+            elif need <= len(self.free_slots()):
+                self.pending.remove(job_id)
+                self.launch(job_id, spec, need)
+        names = list_specs(lay.p(P.INBOX_DIR))
+        if not names:
+            return 0
+        entries = []
+        for job_id in names:
+            spec = read_json(lay.p(P.INBOX_DIR, job_id + ".json"))
+            created = spec.get("created_at", 0) if isinstance(spec, dict) else 0
+            try:
+                created = float(created)
+            except (TypeError, ValueError):
+                created = 0.0
+            entries.append((created, job_id, spec))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        left = 0
+        for _created, job_id, spec in entries:
+            if not isinstance(spec, dict):
+                if self._claim(job_id):
+                    self._fail(job_id, None, P.EXIT_SETUP, "job spec is not a JSON object")
+                continue
+            major = spec_major(spec.get("schema"))
+            if major is None:
+                if self._claim(job_id):
+                    self._fail(job_id, spec, P.EXIT_SETUP,
+                               "job spec has no valid schema (%r); this agent reads %s"
+                               % (spec.get("schema"), P.SPEC_SCHEMA))
+                continue
+            if major > (spec_major(P.SPEC_SCHEMA) or 1):
+                if self._claim(job_id):
+                    self._fail(job_id, spec, P.EXIT_SETUP,
+                               "job spec schema %s is newer than this agent (%s); upgrade the bundle"
+                               % (spec.get("schema"), P.SPEC_SCHEMA))
+                continue
+            need = spec_slots(spec)
+            if need > total:
+                if self._claim(job_id):
+                    self._fail(job_id, spec, P.EXIT_SETUP, self._too_big(need, total))
+                continue
+            if need > len(self.free_slots()):
+                left += 1
+                continue  # waits; a smaller job behind it may backfill
+            if self._claim(job_id):
+                self.queue_of[job_id] = str(spec.get("queue_id", ""))
+                self.launch(job_id, spec, need)
+        return left
+
+    def _too_big(self, need: int, total: int) -> str:
+        return "job needs %d slots and the host has %d (%s)" % (need, total, self.slots["kind"])
+
+    def _queue_pos(self, job_id: str, qid: str) -> tuple[int, int]:
+        claimed = list_specs(self.lay.p(P.CLAIMED_DIR))
+        mine = 0
+        for j in claimed:
+            if j not in self.queue_of:
+                s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json"))
+                self.queue_of[j] = str(s.get("queue_id", "")) if isinstance(s, dict) else ""
+            if self.queue_of[j] == qid:
+                mine += 1
+        waiting = 0
+        for j in list_specs(self.lay.p(P.INBOX_DIR)):
+            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
+            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
+                waiting += 1
+        return mine, mine + waiting
+
+    def queue_done_check(self, qid: str) -> None:
+        if not qid or not self.queues_open.get(qid):
+            return
+        if any(str(r.spec.get("queue_id", "")) == qid for r in self.running.values()):
+            return
+        for j in list_specs(self.lay.p(P.INBOX_DIR)):
+            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
+            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
+                return
+        failed, n = [], 0
+        for j in list_specs(self.lay.p(P.CLAIMED_DIR)):
+            if self.queue_of.get(j) != qid:
+                continue
+            s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json")) or {}
+            n += 1
+            ex = read_json(self.lay.attempt(j, spec_attempt(s), P.EXIT_FILE))
+            if not isinstance(ex, dict) or ex.get("wrapper_code") != 0:
+                failed.append(str(s.get("name", j)))
+        self.queues_open[qid] = False
+        if failed:
+            self.lay.log("=== gpuq queue %s done on %s: %d jobs FAILED: %s ===" % (
+                qid, self.host, len(failed), " ".join(failed)))
+        else:
+            self.lay.log("=== gpuq queue %s done on %s: all %d jobs exited 0 ===" % (qid, self.host, n))
+
+    def launch(self, job_id: str, spec: dict[str, Any], need: int) -> None:
+        lay = self.lay
+        n = spec_attempt(spec)
+        adir = lay.attempt(job_id, n)
+        if os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
+            self.log("REFUSED %s a%d: attempt already launched once; never run twice" % (job_id, n))
+            return
+        mkdirs(adir, lay.job(job_id, P.CKPT_DIR), lay.job(job_id, P.RESULT_DIR))
+        atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec)
+        qid = str(spec.get("queue_id", ""))
+        self.queue_of[job_id] = qid
+        if os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
+            atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(
+                job_id, n, P.EXIT_SIGNAL_BASE + signal.SIGTERM, "setup", "cancelled before launch",
+                sig=int(signal.SIGTERM)))
+            self.log("CANCELLED %s a%d before launch" % (job_id, n))
+            return
+        slots = self.free_slots()[:need]
+        idx, count = self._queue_pos(job_id, qid)
+        if qid and not self.queues_open.get(qid):
+            self.queues_open[qid] = True
+            lay.log("=== gpuq queue %s on %s: %d jobs ===" % (qid, self.host, count))
+        now = time.time()
+        atomic_write_json(os.path.join(adir, P.LAUNCH_FILE), {
+            "time": utc(now), "slots": slots, "kind": self.slots["kind"],
+            "total_slots": len(self.slots["ids"]), "agent_pid": os.getpid(), "index": idx,
+            "count": count})
+        python = spec.get("python") or sys.executable
+        argv = [python, AGENT_FILE, "--root", lay.root, "wrap", job_id, str(n)]
+        try:
+            logf = open(os.path.join(adir, P.JOB_LOG), "ab")  # noqa: SIM115 (handed to the child)
+        except OSError as e:
+            self._fail(job_id, spec, P.EXIT_SETUP, f"cannot open job.log: {e}")
+            return
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    cwd=lay.root, start_new_session=True, close_fds=True)
+        except OSError as e:
+            logf.close()
+            self._fail(job_id, spec, P.EXIT_SETUP, f"cannot start wrapper with {python}: {e}")
+            return
+        logf.close()
+        proc.returncode = 0  # we reap with os.waitpid; keep Popen.__del__ from touching it
+        rec = {"pgid": proc.pid, "start_ticks": start_ticks(proc.pid), "boot_id": boot_id()}
+        if rec["start_ticks"] is not None and not os.path.exists(os.path.join(adir, P.PGID_FILE)):
+            with contextlib.suppress(OSError):
+                atomic_write_json(os.path.join(adir, P.PGID_FILE), rec)
+        r = Running(job_id, n, slots, spec, proc.pid, rec)
+        self.running[job_id] = r
+        self.by_pid[proc.pid] = job_id
+        for s in slots:
+            self.busy[s] = job_id
+
+
+def cmd_serve(lay: Layout, args: argparse.Namespace) -> int:
+    if not args.detach:
+        return Agent(lay, args).serve()
+    return serve_detached(lay, lambda notify_fd: Agent(lay, args, notify_fd=notify_fd).serve())

@@ -1,0 +1,122 @@
+"""``status --json``: the read-only probe, one "gpuq.status/1" document on stdout.
+
+It reads the root and /proc and writes nothing (no file, no .pyc): safe on a read-only bundle,
+safe while an agent runs.  The document's fields are listed in gpuq_protocol.py.
+
+stdlib only, Python >= 3.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import gpuq_protocol as P
+from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_attempt, utc
+from gpuq_hostfacts import disk_info, memory_info, query_gpus
+from gpuq_procs import boot_id, group_alive, leader_alive
+
+LAUNCH_PGID_GRACE_S = 10.0  # launched, pgid not yet written: still "claimed" (launching) this long
+
+
+def agent_state(lay: Layout) -> tuple[dict[str, Any], Any]:
+    rec = read_json(lay.p(P.AGENT_PID))
+    if not isinstance(rec, dict):
+        return {"alive": False, "pid": None}, None
+    alive = leader_alive(rec.get("pid"), rec.get("start_ticks"), rec.get("boot_id"))
+    return {"alive": alive, "pid": rec.get("pid")}, rec
+
+
+def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any]:
+    spec = read_json(lay.p(where, job_id + ".json"))
+    spec = spec if isinstance(spec, dict) else {}
+    n = spec_attempt(spec)
+    e: dict[str, Any] = {"job_id": job_id, "name": spec.get("name"), "queue_id": spec.get("queue_id"),
+                         "attempt": n, "state": None, "slots": None, "pgid": None, "group_alive": None,
+                         "launched_at": None, "exit": None, "heartbeat": None, "heartbeat_age_s": None,
+                         "log_bytes": None, "log_mtime": None, "ckpt": None,
+                         "cancel_requested": os.path.exists(lay.job(job_id, P.CANCEL_FILE))}
+    if where == P.INBOX_DIR:
+        e["state"] = "queued"
+        return e
+    if where == P.WITHDRAWN_DIR:
+        e["state"] = "withdrawn"
+        return e
+    adir = lay.attempt(job_id, n)
+    launch = read_json(os.path.join(adir, P.LAUNCH_FILE))
+    rec = read_json(os.path.join(adir, P.PGID_FILE))
+    ex = read_json(os.path.join(adir, P.EXIT_FILE))
+    hb = read_json(os.path.join(adir, P.HEARTBEAT_FILE))
+    hb_m = mtime(os.path.join(adir, P.HEARTBEAT_FILE))
+    log_p = os.path.join(adir, P.JOB_LOG)
+    try:
+        st = os.stat(log_p)
+        e["log_bytes"], e["log_mtime"] = st.st_size, st.st_mtime
+    except OSError:
+        pass
+    ck = read_json(lay.job(job_id, P.CKPT_DIR, P.LATEST_POINTER))
+    if isinstance(ck, dict):
+        ck = dict(ck)
+        ck["mtime"] = mtime(lay.job(job_id, P.CKPT_DIR, P.LATEST_POINTER))
+    e["ckpt"] = ck
+    e["heartbeat"] = hb if isinstance(hb, dict) else None
+    e["heartbeat_age_s"] = round(now - hb_m, 1) if hb_m is not None else None
+    e["exit"] = ex if isinstance(ex, dict) else None
+    if isinstance(launch, dict):
+        e["slots"] = launch.get("slots")
+        e["launched_at"] = launch.get("time")
+    if isinstance(rec, dict):
+        e["pgid"] = rec.get("pgid")
+        e["group_alive"] = group_alive(rec)
+    if e["exit"] is not None:
+        e["state"] = "exited"
+    elif launch is None and not os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
+        e["state"] = "claimed"
+    elif e["group_alive"]:
+        e["state"] = "running"
+    elif rec is None and now - (mtime(os.path.join(adir, P.LAUNCH_FILE)) or 0) < LAUNCH_PGID_GRACE_S:
+        e["state"] = "claimed"  # launching: the wrapper has not recorded its group yet
+    else:
+        e["state"] = "dead"
+    return e
+
+
+def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
+    now = time.time()
+    agent, rec = agent_state(lay)
+    gpus = query_gpus()
+    if isinstance(rec, dict) and isinstance(rec.get("slots"), dict):
+        kind = rec["slots"].get("kind", "cpu")
+        total = len(rec["slots"].get("ids") or [])
+    elif gpus:
+        kind, total = "gpu", len(gpus)
+    else:
+        kind, total = "cpu", os.cpu_count() or 1
+    seen: dict[str, str] = {}
+    for where in (P.WITHDRAWN_DIR, P.INBOX_DIR, P.CLAIMED_DIR):  # later wins: claimed > inbox > withdrawn
+        for job_id in list_specs(lay.p(where)):
+            seen[job_id] = where
+    jobs = [job_entry(lay, j, w, now) for j, w in sorted(seen.items())]
+    used = sum(len(j["slots"] or []) for j in jobs if j["state"] == "running")
+    uptime = None
+    up = (read_text("/proc/uptime") or "").split()
+    if up:
+        with contextlib.suppress(ValueError):
+            uptime = float(up[0])
+    try:
+        bundles = sorted(n for n in os.listdir(lay.p(P.BUNDLES_DIR)) if not n.startswith("."))
+    except OSError:
+        bundles = []
+    doc = {"schema": P.STATUS_SCHEMA, "protocol": P.PROTOCOL_VERSION, "hostname": socket.gethostname(),
+           "root": lay.root, "time": utc(now), "boot_id": boot_id(), "uptime_s": uptime, "agent": agent,
+           "slots": {"kind": kind, "total": total, "free": max(0, total - used)},
+           "gpus": gpus, "disk": disk_info(lay.root), "memory": memory_info(), "bundles": bundles,
+           "jobs": jobs}
+    sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+    return 0

@@ -1,0 +1,405 @@
+"""``wrap JOB_ID ATTEMPT``: the per-attempt wrapper (DOMAIN.md 4.2), spawned by ``serve``.
+
+It records its process group (pgid file), builds the job's environment (run.env), runs the setup
+checks and the disk gate, starts the trainer (torchrun or python), touches wrapper.alive, samples
+memory into mem.tsv, forwards signals, ends every leftover process of the attempt, verifies the
+artifacts and always leaves exit.json, written last.
+
+stdlib only, Python >= 3.8.
+"""
+
+# ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import gpuq_protocol as P
+from gpuq_files import (
+    Layout,
+    append_line,
+    atomic_write,
+    atomic_write_json,
+    exit_record,
+    mkdirs,
+    read_json,
+    read_text,
+    sha256_file,
+    spec_slots,
+    touch,
+    utc,
+)
+from gpuq_hostfacts import disk_info, memory_info, query_gpus, thread_cap
+from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
+
+INODE_LIMIT_PCT = 95.0
+MEM_SAMPLE_S = 5.0
+
+
+class Wrapper:
+    def __init__(self, lay: Layout, job_id: str, attempt: int) -> None:
+        self.lay = lay
+        self.job_id = job_id
+        self.attempt = attempt
+        self.jdir = lay.job(job_id)
+        self.adir = lay.attempt(job_id, attempt)
+        self.started = time.time()
+        self.phase = "setup"
+        self.spec: dict[str, Any] = {}
+        self.trainer: subprocess.Popen | None = None
+        self.got_signal: int | None = None
+        self.sig_at: float | None = None
+        self.done = threading.Event()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.got_signal is None:
+            self.got_signal = signum
+            self.sig_at = time.time()
+            if self.trainer is not None and self.trainer.poll() is None:
+                with contextlib.suppress(OSError):
+                    self.trainer.send_signal(signum)
+
+    def marker(self, word: str, extra: str) -> None:
+        launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
+        s = self.spec
+        self.lay.log("[%s] [%s/%s] %s %s %s a%d %s" % (
+            utc(), launch.get("index", "?"), launch.get("count", "?"), word, s.get("name", "?"),
+            self.job_id, self.attempt, extra))
+
+    def finish(self, code: int, message: str, trainer_code: int | None = None,
+               sig: int | None = None) -> int:
+        hb = read_json(os.path.join(self.adir, P.HEARTBEAT_FILE))
+        best = sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
+        rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
+                          trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
+        atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
+        self.done.set()
+        self.marker("FINISHED", "(exit=%d)" % code)
+        return code
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if not os.path.isdir(self.adir):
+            print(f"gpuq wrap: no attempt directory {self.adir}", file=sys.stderr)
+            return P.EXIT_SETUP
+        me = os.getpid()
+        become_subreaper()
+        atomic_write_json(os.path.join(self.adir, P.PGID_FILE),
+                          {"pgid": os.getpgrp(), "start_ticks": start_ticks(me), "boot_id": boot_id()})
+        spec = read_json(os.path.join(self.jdir, P.SPEC_FILE))
+        if not isinstance(spec, dict):
+            return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable")
+        self.spec = spec
+        self.marker("STARTING", "({}, {}ep)".format(spec.get("task"), spec.get("epochs")))
+        try:
+            return self._run(spec)
+        except Exception as e:  # a wrapper bug must still leave an exit record
+            import traceback
+            traceback.print_exc()
+            if self.trainer is not None and self.trainer.poll() is None:
+                self.trainer.kill()
+            return self.finish(P.EXIT_SETUP if self.phase in ("setup", "gate") else 1,
+                               f"wrapper error in phase {self.phase}: {e!r}")
+
+    def build_env(self, spec: dict[str, Any], launch: dict[str, Any]) -> dict[str, str]:
+        lay, sha = self.lay, str(spec.get("bundle_sha", ""))
+        workdir = lay.p(P.BUNDLES_DIR, sha, P.BUNDLE_WORKDIR)
+        kind = launch.get("kind", "cpu")
+        slots = launch.get("slots") or []
+        resume = spec.get("resume_from")
+        if resume is None:
+            resume = ""
+        elif not isinstance(resume, str):
+            resume = json.dumps(resume, sort_keys=True)
+        env: dict[str, str] = {}
+        for k, v in (spec.get("env") or {}).items():
+            env[str(k)] = str(v)
+        threads = str(thread_cap(int(launch.get("total_slots") or len(slots) or 1)))
+        env.update({
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", threads),
+            "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS", threads),
+            "HF_HOME": lay.p(P.CACHE_DIR, "huggingface"),
+            "PIP_CACHE_DIR": lay.p(P.CACHE_DIR, "pip"),
+            P.ENV_JOB_ID: self.job_id,
+            P.ENV_JOB_NAME: str(spec.get("name", "")),
+            P.ENV_QUEUE_ID: str(spec.get("queue_id", "")),
+            P.ENV_ATTEMPT: str(self.attempt),
+            P.ENV_CONFIG: os.path.join(workdir, str(spec.get("config", ""))),
+            P.ENV_TASK: str(spec.get("task", "")),
+            P.ENV_EPOCHS: str(spec.get("epochs", "")),
+            P.ENV_CKPT_DIR: os.path.join(self.jdir, P.CKPT_DIR),
+            P.ENV_RESULT_DIR: os.path.join(self.jdir, P.RESULT_DIR),
+            P.ENV_LOG: os.path.join(self.adir, P.JOB_LOG),
+            P.ENV_HEARTBEAT: os.path.join(self.adir, P.HEARTBEAT_FILE),
+            P.ENV_HEARTBEAT_S: str(spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S),
+            P.ENV_RESUME_FROM: resume,
+            P.ENV_CKPT_INTERVAL_S: str(spec.get("ckpt_interval_s") or P.DEFAULT_CKPT_INTERVAL_S),
+            P.ENV_DURABLE_DIR: str(spec.get("durable_dir") or ""),
+            P.ENV_SPEC_HASH: str(spec.get("spec_hash", "")),
+            P.ENV_BUNDLE_SHA: sha,
+            P.ENV_DEVICE: "cuda" if kind == "gpu" else "cpu",
+            P.ENV_EXIT_FILE: os.path.join(self.adir, P.TRAINER_EXIT_FILE),
+        })
+        env.pop(P.ENV_SEED, None)
+        if spec.get("seed") is not None:
+            env[P.ENV_SEED] = str(spec["seed"])
+        if kind == "gpu":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env.pop("CUDA_DEVICE_ORDER", None)
+        return env
+
+    def _run(self, spec: dict[str, Any]) -> int:
+        lay = self.lay
+        launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
+        sha = str(spec.get("bundle_sha", ""))
+        bundle = lay.p(P.BUNDLES_DIR, sha)
+        workdir = os.path.join(bundle, P.BUNDLE_WORKDIR)
+        entry = os.path.join(bundle, str(spec.get("entry") or P.TRAIN_ENTRY))
+        run_env = self.build_env(spec, launch)
+        atomic_write(os.path.join(self.adir, P.RUN_ENV_FILE),
+                     "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(run_env.items())))
+        env: dict[str, str] = {}
+        for k in ("PATH", "HOME", "LANG", "USER", "TMPDIR"):
+            if os.environ.get(k) is not None:
+                env[k] = os.environ[k]
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env.update(run_env)
+        for d in (run_env["HF_HOME"], run_env["PIP_CACHE_DIR"], run_env[P.ENV_CKPT_DIR],
+                  run_env[P.ENV_RESULT_DIR]):
+            mkdirs(d)
+        # setup checks
+        if not sha or not os.path.isdir(bundle):
+            return self.finish(P.EXIT_SETUP, f"bundle {sha} is not on this host")
+        if not os.path.isfile(entry):
+            return self.finish(P.EXIT_SETUP, "trainer entry %s not found in bundle %s"
+                               % (spec.get("entry"), sha))
+        python = sys.executable
+        gpus = len(launch.get("slots") or []) or spec_slots(spec)
+        if launch.get("kind") == "gpu":
+            probe = ("import sys, torch; ok = torch.cuda.is_available() and "
+                     "torch.cuda.device_count() == %d; sys.exit(0 if ok else 1)" % gpus)
+            try:
+                rc = subprocess.run([python, "-c", probe], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    timeout=300).returncode
+            except (OSError, subprocess.SubprocessError):
+                rc = 1
+            if rc != 0:
+                return self.finish(P.EXIT_SETUP, "torch.cuda does not see the %d assigned GPUs %s" % (
+                    gpus, run_env.get("CUDA_VISIBLE_DEVICES")))
+        # disk gate
+        self.phase = "gate"
+        ckpt = run_env[P.ENV_CKPT_DIR]
+        for name in os.listdir(ckpt):
+            if name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(ckpt, name))
+        try:
+            ckpt_bytes = os.path.getsize(os.path.join(ckpt, P.LATEST_CKPT))
+        except OSError:
+            ckpt_bytes = 0
+        gb = 1e9
+        need = max(float(spec.get("min_free_gb") or 0),
+                   ckpt_bytes * 2 / gb + float(spec.get("scratch_gb") or 0))
+        disk = disk_info(lay.root)
+        have = (disk["free_bytes"] or 0) / gb
+        ipct = disk["inodes_used_pct"] or 0.0
+        if have < need or ipct >= INODE_LIMIT_PCT:
+            line = f"DISK_GATE_ABORT need={need:.2f} have={have:.2f} inodes={ipct:.1f}"
+            append_line(os.path.join(self.adir, P.JOB_LOG), line)
+            self.lay.log("[%s] %s %s a%d" % (utc(), line, self.job_id, self.attempt))
+            return self.finish(P.EXIT_DISK_GATE, line)
+        # train
+        self.phase = "train"
+        args = ["--config", run_env[P.ENV_CONFIG], "--task", run_env[P.ENV_TASK],
+                "--epochs", run_env[P.ENV_EPOCHS]]
+        if spec.get("launcher", "torchrun") == "python":
+            argv = [python, entry, *args]
+        else:
+            argv = [python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                    "--nproc-per-node=%d" % gpus, entry, *args]
+        log_path = os.path.join(self.adir, P.JOB_LOG)
+        with open(log_path, "ab") as logf:
+            logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
+                self.job_id, self.attempt, spec.get("name", ""), utc(), workdir,
+                " ".join(shlex.quote(a) for a in argv))).encode())
+            logf.flush()
+            if self.got_signal is not None:
+                return self.finish(P.EXIT_SIGNAL_BASE + self.got_signal, "signal %d before training started"
+                                   % self.got_signal, sig=self.got_signal)
+            self.trainer = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                            stderr=subprocess.STDOUT, env=env, close_fds=True,
+                                            cwd=workdir if os.path.isdir(workdir) else bundle)
+        sampler = threading.Thread(target=self.sample_memory, args=(self.trainer.pid,), name="gpuq-mem")
+        sampler.daemon = True
+        sampler.start()
+        hb_s = float(spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S)
+        grace = float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+        alive_path = os.path.join(self.adir, P.WRAPPER_ALIVE)
+        next_touch = 0.0
+        killed_rest = False
+        while True:
+            now = time.time()
+            if now >= next_touch:
+                with contextlib.suppress(OSError):
+                    touch(alive_path)
+                next_touch = now + hb_s
+            if self.sig_at is not None and not killed_rest and now - self.sig_at >= grace:
+                self.kill_rest()
+                killed_rest = True
+            try:
+                rc = self.trainer.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
+        self.done.set()
+        if rc < 0:
+            sig = -rc
+            return self.finish(P.EXIT_SIGNAL_BASE + sig, "trainer killed by signal %d%s" % (
+                sig, self._why()), trainer_code=rc, sig=sig)
+        if rc != 0:
+            told = read_json(os.path.join(self.adir, P.TRAINER_EXIT_FILE))
+            if isinstance(told, dict) and isinstance(told.get("code"), int) and 0 < told["code"] < 256:
+                # torchrun turns every worker failure into 1; the payload said what it meant
+                code = told["code"]
+                detail = str(told.get("message") or "")
+                return self.finish(code, "trainer exited %d (rank %s exited %d%s)%s" % (
+                    rc, told.get("rank"), code, ": " + detail if detail else "", self._why()), trainer_code=code)
+            return self.finish(rc, "trainer exited %d%s" % (rc, self._why()), trainer_code=rc)
+        self.phase = "finalize"
+        problem = self.verify(spec, env)
+        if problem:
+            return self.finish(P.EXIT_FINALIZE, problem, trainer_code=0)
+        return self.finish(P.EXIT_OK, "trained, artifacts verified", trainer_code=0)
+
+    def _why(self) -> str:
+        if os.path.exists(os.path.join(self.jdir, P.CANCEL_FILE)):
+            return " (cancel requested)"
+        if self.got_signal is not None:
+            return " (wrapper got signal %d)" % self.got_signal
+        return ""
+
+    def kill_rest(self) -> None:
+        """SIGKILL our group and every descendant (workers in other sessions included), then reap."""
+        me = os.getpid()
+        for pid in set(group_members(os.getpgrp())) | set(descendants(me)):
+            if pid != me:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 2.0
+        while time.time() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.02)
+
+    def verify(self, spec: dict[str, Any], env: dict[str, str]) -> str:
+        checks = spec.get("verify") or []
+        if "metrics" in checks:
+            path = os.path.join(self.jdir, P.RESULT_DIR, P.METRICS_FILE)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    lines = [ln for ln in f.read().splitlines() if ln.strip()]
+            except OSError:
+                return f"finalize: {path} missing"
+            if not lines:
+                return f"finalize: {path} is empty"
+            for i, ln in enumerate(lines):
+                try:
+                    json.loads(ln)
+                except ValueError:
+                    return "finalize: %s line %d is not JSON" % (path, i + 1)
+        if "best_ckpt" in checks:
+            path = os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT)
+            if not os.path.isfile(path):
+                return f"finalize: {path} missing"
+            code = ("import sys, torch\n"
+                    "obj = torch.load(sys.argv[1], map_location='cpu', weights_only=True)\n"
+                    "sys.exit(0 if isinstance(obj, dict) else 3)\n")
+            try:
+                rc = subprocess.run([sys.executable, "-c", code, path], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    timeout=900).returncode
+            except (OSError, subprocess.SubprocessError) as e:
+                return f"finalize: cannot check {path}: {e}"
+            if rc != 0:
+                return "finalize: %s does not load with weights_only=True as a dict (rc=%d)" % (path, rc)
+        return ""
+
+    def sample_memory(self, trainer_pid: int) -> None:
+        path = os.path.join(self.adir, P.MEM_FILE)
+        gpu = (read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}).get("kind") == "gpu"
+        try:
+            if not os.path.exists(path):
+                append_line(path, "\t".join([
+                    "time", "cg_used_bytes", "cg_limit_bytes", "cg_used_pct", "oom_kill", "cpu_pct",
+                    "trainer_rss_bytes", "trainer_threads", "trainer_fds", "group_procs", "group_rss_bytes",
+                    "gpus"]))
+        except OSError:
+            return
+        last_cpu: tuple[float, float] | None = None
+        page = os.sysconf("SC_PAGE_SIZE")
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self.done.is_set():
+            try:
+                m = memory_info()
+                members = group_members(os.getpgrp())
+                rss_total, cpu_ticks = 0, 0.0
+                for pid in members:
+                    statm = (read_text("/proc/%d/statm" % pid) or "0 0").split()
+                    rss_total += int(statm[1]) * page if len(statm) > 1 else 0
+                    text = read_text("/proc/%d/stat" % pid) or ""
+                    rest = text[text.rfind(")") + 2:].split()
+                    if len(rest) > 12:
+                        cpu_ticks += int(rest[11]) + int(rest[12])
+                now = time.time()
+                cpu_pct = ""
+                if last_cpu is not None and now > last_cpu[0]:
+                    dt = now - last_cpu[0]
+                    cpu_pct = "%.1f" % max(0.0, 100.0 * (cpu_ticks - last_cpu[1]) / tick / dt)
+                last_cpu = (now, cpu_ticks)
+                tstat = read_text("/proc/%d/status" % trainer_pid) or ""
+                t_rss = t_thr = ""
+                for line in tstat.splitlines():
+                    if line.startswith("VmRSS:"):
+                        t_rss = str(int(line.split()[1]) * 1024)
+                    elif line.startswith("Threads:"):
+                        t_thr = line.split()[1]
+                try:
+                    t_fds = str(len(os.listdir("/proc/%d/fd" % trainer_pid)))
+                except OSError:
+                    t_fds = ""
+                gpus = ""
+                if gpu:
+                    gpus = ";".join("{}:{}%:{}MiB".format(g["index"], g["util_pct"], g["mem_used_mib"])
+                                    for g in query_gpus())
+                fields = [utc(now), m["used_bytes"], m["limit_bytes"], m["used_pct"], m["oom_kill"], cpu_pct,
+                          t_rss, t_thr, t_fds, len(members), rss_total, gpus]
+                append_line(path, "\t".join("" if f is None else str(f) for f in fields))
+            except Exception:  # the sampler must never take the attempt down
+                pass
+            self.done.wait(MEM_SAMPLE_S)
+
+
+def cmd_wrap(lay: Layout, job_id: str, attempt: str) -> int:
+    if not job_id or "/" in job_id or not attempt.isdigit():
+        print(f"gpuq wrap: bad arguments {job_id!r} {attempt!r}", file=sys.stderr)
+        return P.EXIT_SETUP
+    return Wrapper(lay, job_id, int(attempt)).run()
