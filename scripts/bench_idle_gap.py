@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--slots", type=int, default=2)
     args = parser.parse_args()
-    from bench_project import make_project
+    from bench_project import make_project, stop_local_agent
 
     tmp, queue = make_project("gpuq-bench-gap-", args.jobs)
     from orchestrator import api
@@ -78,6 +78,7 @@ def main() -> int:
     print(f"makespan {makespan:.1f} s vs ideal {ideal:.1f} s (busy slot-seconds / slots): ratio {makespan / ideal:.3f}")
     print(f"whole run incl. submit and wait: {wall:.1f} s; state in {tmp}")
     ctx.close()
+    stop_local_agent(tmp / "home")
     return 0
 
 

@@ -31,3 +31,16 @@ def make_project(prefix: str, jobs: int) -> tuple[Path, Path]:
     lines = [f"configs/tiny.yaml classify 1 name=j{i:03d}" for i in range(jobs)]
     (work / "queue.txt").write_text("\n".join(lines) + "\n")
     return tmp, work / "queue.txt"
+
+
+def stop_local_agent(home: Path) -> None:
+    """Stop the agent this benchmark started, by the process group it recorded (never by pattern)."""
+    import json
+    import signal
+
+    pid_file = home / "local" / "agent.pid"
+    try:
+        record = json.loads(pid_file.read_text())
+        os.killpg(int(record["pgid"]), signal.SIGTERM)
+    except (OSError, ValueError, KeyError):
+        pass

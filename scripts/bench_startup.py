@@ -41,7 +41,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    from bench_project import make_project
+    from bench_project import make_project, stop_local_agent
 
     tmp, queue = make_project("gpuq-bench-start-", 1)
     work = queue.parent
@@ -84,6 +84,7 @@ def main() -> int:
     print(f"gpuq status --json                 {as_json[0]:.3f} s / {as_json[1]:.3f} s")
     print(f"gpuq status --once --all ({total} rows) {every[0]:.3f} s / {every[1]:.3f} s")
     print(f"state in {tmp}")
+    stop_local_agent(tmp / "home")
     return 0
 
 
