@@ -185,7 +185,10 @@ def tick(ctx: Context) -> dict[str, controller.Probe]:
                     ctx.ledger.record_event("host", report.host, f"unreachable: {report.error}")
             continue
         done = controller.reconcile(ctx.ledger, host, ctx.settings, report)
-        controller.collect(ctx.ledger, host, sha, done)
+        try:
+            controller.collect(ctx.ledger, host, sha, done)
+        except GpuqError as exc:  # results are collected again by `gpuq results`; never fail a tick
+            ctx.ledger.record_event("host", host.name, f"collecting results failed: {exc}")
     _dispatch_queued(ctx)
     return {p.host: p for p in probes}
 
@@ -225,8 +228,8 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
         shown = {sid for sid, states in counts.items() if any(not JobState(st).terminal for st in states)}
         if not shown and sweep_rows:
             shown = {sweep_rows[-1].id}
-    jobs = [j for sid in sorted(shown, key=lambda x: [s.id for s in sweep_rows].index(x))
-            for j in ctx.ledger.jobs(sweep_id=sid)]
+    order = {row.id: index for index, row in enumerate(sweep_rows)}
+    jobs = [j for sid in sorted(shown, key=order.__getitem__) for j in ctx.ledger.jobs(sweep_id=sid)]
     latest = ctx.ledger.latest_attempts(j.id for j in jobs)
     return Snapshot(time.time(), ctx.ledger.hosts(), probes, sweep_rows, jobs, latest, counts=counts)
 
@@ -272,13 +275,12 @@ def logs(ctx: Context, ref: str, *, follow: bool = False, poll_s: float = 1.0) -
             yield result.stdout
         if not follow:
             return
-        if follow:
-            tick(ctx)
-            if JobState(ctx.ledger.job(job.id).state).terminal:
-                final = host.run(["tail", "-c", f"+{offset + 1}", path], timeout=30)
-                if final.exit_code == 0 and final.stdout:
-                    yield final.stdout
-                return
+        tick(ctx)
+        if JobState(ctx.ledger.job(job.id).state).terminal:
+            final = host.run(["tail", "-c", f"+{offset + 1}", path], timeout=30)
+            if final.exit_code == 0 and final.stdout:
+                yield final.stdout
+            return
         time.sleep(poll_s)
 
 

@@ -206,7 +206,10 @@ def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str
     result = host.run(agent_argv(host, agent_bundle, "collect", *job_ids), timeout=120)
     if result.exit_code != 0:
         raise GpuqError(f"host {host.name}: collecting results failed: {result.stderr.strip()[-300:]}")
-    docs: dict[str, Any] = json.loads(result.stdout)
+    try:
+        docs: dict[str, Any] = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise GpuqError(f"host {host.name}: unreadable results from the agent: {result.stdout[:200]!r}") from exc
     for job_id, doc in docs.items():
         summary = doc.get("summary") or {}
         metrics: list[tuple[str, str, float, int | None, int | None]] = []
