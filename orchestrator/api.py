@@ -274,6 +274,9 @@ def logs(ctx: Context, ref: str, *, follow: bool = False, poll_s: float = 1.0) -
             offset += len(result.stdout.encode())
             yield result.stdout
         if not follow:
+            if result.exit_code != 0 and offset == 0:
+                raise GpuqError(f"job {job.id} ({job.name}) has no log yet: it is {job.state} on {host.name} "
+                                "and has not started; `gpuq logs -f` waits for it")
             return
         tick(ctx)
         if JobState(ctx.ledger.job(job.id).state).terminal:

@@ -113,6 +113,7 @@ def test_job_references(gpuq_home: Path) -> None:
     _assert_usage(run_gpuq("results"), "no sweeps yet")
     _assert_usage(run_gpuq("logs", "c1"), "at least 4 characters")
     _assert_usage(run_gpuq("cancel"), "give a job or --sweep")
+    _assert_usage(run_gpuq("cancel", "--sweep", "qzzzzzz"), "no sweep matches 'qzzzzzz'")
     assert run_gpuq("submit").returncode == 2  # click usage error: missing argument
 
 
@@ -221,6 +222,12 @@ def test_kill_during_submit_leaves_all_or_nothing(gpuq_home: Path, tmp_path: Pat
             known = {r[0] for r in _ledger_rows(gpuq_home, "select id from job")}
             on_host = {p.stem for p in (root / "inbox").glob("*.json")}
             assert on_host <= known, "a job reached the host that the ledger does not know"
+        # one submit that completes (the held lock keeps its jobs waiting in the inbox)
+        assert run_gpuq("submit", str(queue)).returncode == 0
+        # a placed job that has not started has no log yet: say so, do not print nothing
+        waiting = str(_ledger_rows(gpuq_home, "select id from job where state = 'ASSIGNED' limit 1")[0][0])
+        no_log = run_gpuq("logs", waiting)
+        assert no_log.returncode == 1 and "has no log yet" in no_log.stderr and "Traceback" not in no_log.stderr
         # a later tick delivers whatever a killed submit recorded but never handed over
         assert run_gpuq("status", "--json").returncode == 0
         known = {r[0] for r in _ledger_rows(gpuq_home, "select id from job")}
