@@ -82,7 +82,6 @@ class SubmitResult:
     jobs: list[Job]
     bundle: Bundle
     placements: dict[str, str]
-    unplaced: list[tuple[str, str]]
     warnings: list[str]
     dry_run: bool
     launch_error: str = ""
@@ -98,9 +97,10 @@ def _new_sweep_id(ctx: Context) -> str:
 
 def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool = False) -> SubmitResult:
     """Validate the whole queue, record it in one transaction, place and start its jobs."""
-    if host is not None and host != LOCAL_HOST and host not in _known_hosts(ctx):
-        raise UsageError(f'unknown host "{host}"; known hosts: {", ".join(sorted(_known_hosts(ctx)))}')
-    parsed = parse_queue(queue, known_hosts=_known_hosts(ctx), tasks=_payload_tasks())
+    known = _known_hosts(ctx)
+    if host is not None and host not in known:
+        raise UsageError(f'unknown host "{host}"; known hosts: {", ".join(sorted(known))}')
+    parsed = parse_queue(queue, known_hosts=known, tasks=_payload_tasks())
     multi = [j for j in parsed.jobs if j.nodes > 1]
     if multi:
         # the agent runs single-node `torchrun --standalone`: a 2-node job would silently train
@@ -111,15 +111,15 @@ def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool 
     workdir = Path(parsed.workdir)
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,))
     warnings = list(parsed.warnings)
-    done = ctx.ledger.succeeded_with(spec_hash_for(j) for j in parsed.jobs)
+    hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
+    done = ctx.ledger.succeeded_with(hashes.values())
     for spec in parsed.jobs:
-        twin = done.get(spec_hash_for(spec))
+        twin = done.get(hashes[spec.name])
         if twin is not None:
             warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
                             f"{twin.sweep_id}, which already succeeded; it will run again")
     if bundle.skipped_secrets:
         warnings.append("left out of the bundle (secret-like names): " + ", ".join(bundle.skipped_secrets[:5]))
-    local = _local(ctx)
     slots = ctx.settings.local_cpu_slots or os.cpu_count() or 1
     target = host or LOCAL_HOST
     pins = [HostSlots(host=target, total=slots)]
@@ -137,7 +137,7 @@ def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool 
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     placements = {a.job_id: a.host for a in decided.assignments}
     if dry_run:
-        return SubmitResult(sweep_id, str(queue), [], bundle, placements, [], warnings, True)
+        return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True)
     rows = ctx.ledger.add_sweep(
         sweep_id=sweep_id,
         queue_path=str(queue),
@@ -147,9 +147,9 @@ def submit(ctx: Context, queue: Path, *, host: str | None = None, dry_run: bool 
         default_retries=ctx.settings.retries,
         bundle_sha=bundle.sha256,
     )
-    result = SubmitResult(sweep_id, str(queue), rows, bundle, placements, [], warnings, False)
+    result = SubmitResult(sweep_id, str(queue), rows, bundle, placements, warnings, False)
     try:
-        launch(ctx.ledger, local, bundle, rows, ctx.settings)
+        launch(ctx.ledger, _local(ctx), bundle, rows, ctx.settings)
     except GpuqError as exc:
         ctx.ledger.record_event("sweep", sweep_id, f"launch failed: {exc}")
         result.launch_error = str(exc)

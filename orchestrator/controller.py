@@ -111,8 +111,9 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
         if _apply(ledger, job, seen):
             succeeded.append(job.id)
     if missing:
-        _reenqueue(ledger, host, settings, missing)
-    _revive_agent(ledger, host, settings, report)
+        _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent
+    else:
+        _revive_agent(ledger, host, settings, report)
     return succeeded
 
 

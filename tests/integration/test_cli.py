@@ -123,6 +123,7 @@ def test_dry_run_writes_nothing(gpuq_home: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "2 jobs valid" in result.stdout and "nothing was written" in result.stdout
     assert _ledger_rows(gpuq_home, "select * from sweep") == []
+    assert _ledger_rows(gpuq_home, "select * from host") == []
     assert not (gpuq_home / "local" / "inbox").exists()
 
 
