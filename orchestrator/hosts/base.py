@@ -38,8 +38,14 @@ class Host(ABC):
         """
 
     @abstractmethod
-    def get(self, remote: str, local: Path) -> None:
-        """Copy one remote file to ``local``.  Raises HostError if it is missing."""
+    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+        """Copy one remote file to ``local``, from byte ``offset`` on.
+
+        ``offset == 0`` creates or truncates ``local``; ``offset > 0`` resumes a partial
+        copy: ``local`` is cut to ``offset`` bytes and the rest is appended.  Raises
+        HostError if the remote file is missing, HostUnreachable on transport failure
+        (what arrived so far stays in ``local`` for the next resume).  Idempotent.
+        """
 
     def close(self) -> None:  # noqa: B027  (optional hook)
         """Release connections.  Idempotent."""

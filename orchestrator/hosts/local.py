@@ -59,9 +59,13 @@ class LocalHost(Host):
             tmp.unlink(missing_ok=True)
             raise HostError(self.name, f"cannot write {remote}: {exc.strerror}") from exc
 
-    def get(self, remote: str, local: Path) -> None:
+    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(remote, local)
+            with open(remote, "rb") as src, open(local, "r+b" if offset and local.exists() else "wb") as dst:
+                dst.truncate(offset)
+                dst.seek(offset)
+                src.seek(offset)
+                shutil.copyfileobj(src, dst, 1 << 20)
         except OSError as exc:
             raise HostError(self.name, f"cannot read {remote}: {exc.strerror}") from exc

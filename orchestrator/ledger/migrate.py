@@ -11,24 +11,163 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-from sqlalchemy.schema import CreateIndex, CreateTable
-from sqlmodel import SQLModel
-
 from orchestrator.errors import LedgerVersionError
-from orchestrator.ledger import tables  # noqa: F401  (registers the tables)
+
+
+# Frozen DDL: a migration never changes once released, even when tables.py grows (the
+# test_ledger schema test checks that the migrated schema equals tables.py).
+_V1_DDL = (
+    """CREATE TABLE event (
+    id INTEGER NOT NULL,
+    time FLOAT NOT NULL,
+    kind VARCHAR NOT NULL,
+    subject VARCHAR NOT NULL,
+    old VARCHAR NOT NULL,
+    new VARCHAR NOT NULL,
+    message VARCHAR NOT NULL,
+    PRIMARY KEY (id)
+)""",
+    """CREATE INDEX ix_event_subject ON event (subject)""",
+    """CREATE INDEX ix_event_time ON event (time)""",
+    """CREATE TABLE host (
+    name VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL,
+    target VARCHAR NOT NULL,
+    root VARCHAR NOT NULL,
+    python VARCHAR NOT NULL,
+    profile VARCHAR NOT NULL,
+    agent_bundle VARCHAR NOT NULL,
+    slots_kind VARCHAR NOT NULL,
+    slots_total INTEGER NOT NULL,
+    price_per_hour FLOAT,
+    unreachable_since FLOAT,
+    last_probe_at FLOAT,
+    created_at FLOAT NOT NULL,
+    PRIMARY KEY (name)
+)""",
+    """CREATE TABLE sweep (
+    id VARCHAR NOT NULL,
+    queue_path VARCHAR NOT NULL,
+    workdir VARCHAR NOT NULL,
+    queue_text VARCHAR NOT NULL,
+    bundle_sha VARCHAR NOT NULL,
+    job_count INTEGER NOT NULL,
+    created_at FLOAT NOT NULL,
+    PRIMARY KEY (id)
+)""",
+    """CREATE TABLE job (
+    id VARCHAR NOT NULL,
+    sweep_id VARCHAR NOT NULL,
+    name VARCHAR NOT NULL,
+    line INTEGER NOT NULL,
+    raw VARCHAR NOT NULL,
+    config VARCHAR NOT NULL,
+    config_sha256 VARCHAR NOT NULL,
+    task VARCHAR NOT NULL,
+    epochs INTEGER NOT NULL,
+    gpus INTEGER NOT NULL,
+    nodes INTEGER NOT NULL,
+    est_min FLOAT,
+    seed INTEGER,
+    host_pin VARCHAR,
+    retries INTEGER NOT NULL,
+    spec_hash VARCHAR NOT NULL,
+    state VARCHAR NOT NULL,
+    host VARCHAR,
+    attempt_count INTEGER NOT NULL,
+    created_at FLOAT NOT NULL,
+    updated_at FLOAT NOT NULL,
+    PRIMARY KEY (id),
+    FOREIGN KEY(sweep_id) REFERENCES sweep (id)
+)""",
+    """CREATE INDEX ix_job_sweep_id ON job (sweep_id)""",
+    """CREATE INDEX ix_job_state ON job (state)""",
+    """CREATE TABLE artifact (
+    id INTEGER NOT NULL,
+    job_id VARCHAR NOT NULL,
+    attempt INTEGER NOT NULL,
+    path VARCHAR NOT NULL,
+    bytes INTEGER NOT NULL,
+    sha256 VARCHAR NOT NULL,
+    verified_at FLOAT NOT NULL,
+    PRIMARY KEY (id),
+    FOREIGN KEY(job_id) REFERENCES job (id)
+)""",
+    """CREATE INDEX ix_artifact_job_id ON artifact (job_id)""",
+    """CREATE TABLE attempt (
+    id INTEGER NOT NULL,
+    job_id VARCHAR NOT NULL,
+    number INTEGER NOT NULL,
+    host VARCHAR NOT NULL,
+    state VARCHAR NOT NULL,
+    bundle_sha VARCHAR NOT NULL,
+    resume_from VARCHAR NOT NULL,
+    created_at FLOAT NOT NULL,
+    started_at FLOAT,
+    ended_at FLOAT,
+    exit_code INTEGER,
+    trainer_code INTEGER,
+    phase VARCHAR,
+    message VARCHAR NOT NULL,
+    step INTEGER,
+    total_steps INTEGER,
+    epoch INTEGER,
+    loss FLOAT,
+    heartbeat_at FLOAT,
+    log_bytes INTEGER,
+    PRIMARY KEY (id),
+    FOREIGN KEY(job_id) REFERENCES job (id)
+)""",
+    """CREATE INDEX ix_attempt_job_id ON attempt (job_id)""",
+    """CREATE TABLE checkpoint (
+    id INTEGER NOT NULL,
+    job_id VARCHAR NOT NULL,
+    attempt INTEGER NOT NULL,
+    file VARCHAR NOT NULL,
+    step INTEGER NOT NULL,
+    epoch INTEGER,
+    sha256 VARCHAR NOT NULL,
+    bytes INTEGER NOT NULL,
+    written_at FLOAT NOT NULL,
+    durable BOOLEAN NOT NULL,
+    PRIMARY KEY (id),
+    FOREIGN KEY(job_id) REFERENCES job (id)
+)""",
+    """CREATE INDEX ix_checkpoint_job_id ON checkpoint (job_id)""",
+    """CREATE TABLE metric (
+    id INTEGER NOT NULL,
+    job_id VARCHAR NOT NULL,
+    attempt INTEGER NOT NULL,
+    scope VARCHAR NOT NULL,
+    name VARCHAR NOT NULL,
+    value FLOAT NOT NULL,
+    step INTEGER,
+    epoch INTEGER,
+    PRIMARY KEY (id),
+    FOREIGN KEY(job_id) REFERENCES job (id)
+)""",
+    """CREATE INDEX ix_metric_job_id ON metric (job_id)""",
+)
 
 
 def _v1_initial(conn: sqlite3.Connection) -> None:
-    from sqlalchemy.dialects import sqlite
-
-    dialect = sqlite.dialect()
-    for table in SQLModel.metadata.sorted_tables:
-        conn.execute(str(CreateTable(table).compile(dialect=dialect)))
-        for index in table.indexes:
-            conn.execute(str(CreateIndex(index).compile(dialect=dialect)))
+    for statement in _V1_DDL:
+        conn.execute(statement)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial]
+def _v2_ssh_hosts(conn: sqlite3.Connection) -> None:
+    """Remote SSH hosts: how to reach them and which host key was trusted."""
+    for column in (
+        "port INTEGER NOT NULL DEFAULT 22",
+        "user VARCHAR NOT NULL DEFAULT ''",
+        "key_path VARCHAR NOT NULL DEFAULT ''",
+        "host_key VARCHAR NOT NULL DEFAULT ''",
+        "train_device VARCHAR NOT NULL DEFAULT ''",
+    ):
+        conn.execute(f"ALTER TABLE host ADD COLUMN {column}")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -19,6 +19,12 @@ class Host(SQLModel, table=True):
     unreachable_since: float | None = None
     last_probe_at: float | None = None
     created_at: float
+    # v2: remote SSH hosts
+    port: int = 22
+    user: str = ""
+    key_path: str = ""
+    host_key: str = ""  # "<type> <base64>" trusted for this host (known_hosts holds the same line)
+    train_device: str = ""  # "" = follow the slots; "cpu" = rehearsal host with emulated GPUs
 
 
 class Sweep(SQLModel, table=True):

@@ -33,6 +33,6 @@ class FakeHost(LocalHost):
         self._check("put")
         super().put(local, remote)
 
-    def get(self, remote: str, local: Path) -> None:
+    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
         self._check("get")
-        super().get(remote, local)
+        super().get(remote, local, offset=offset)

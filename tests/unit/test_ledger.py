@@ -156,3 +156,23 @@ def test_results_replace_previous(ledger: Ledger) -> None:
     assert [(m.attempt, m.value) for m in ledger.metrics([job])] == [(2, 0.9)]
     assert ledger.artifacts(job) == []
     assert [c.step for c in ledger.checkpoints(job)] == [20]
+
+
+def test_migrated_schema_equals_the_tables(tmp_path: Path) -> None:
+    """Migrations are frozen SQL; tables.py is the model.  They must describe the same columns."""
+    import sqlite3
+
+    from sqlmodel import SQLModel
+
+    from orchestrator.ledger import tables  # noqa: F401
+    from orchestrator.ledger.migrate import migrate
+
+    conn = sqlite3.connect(str(tmp_path / "schema.db"), isolation_level=None)
+    migrate(conn, "schema.db")
+    for table in SQLModel.metadata.sorted_tables:
+        have = {row[1]: (row[3], row[5]) for row in conn.execute(f"PRAGMA table_info({table.name})")}
+        want = {c.name: (int(not c.nullable), int(c.primary_key)) for c in table.columns}
+        assert set(have) == set(want), table.name
+        for name, (notnull, pk) in want.items():
+            assert have[name] == (notnull, pk), f"{table.name}.{name}"
+    conn.close()
