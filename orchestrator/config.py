@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -80,6 +80,8 @@ class ProfileLaunch(_Strict):
     cred_file: str = ""
     kill_grace_s: int = Field(default=30, ge=0)
     min_free_gb: float = Field(default=20, ge=0)
+    # "" trains on whatever the slots are; "cpu" trains on CPU even on GPU slots (rehearsal hosts)
+    train_device: Literal["", "cpu"] = ""
 
 
 class Profile(_Strict):

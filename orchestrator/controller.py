@@ -9,19 +9,25 @@ host "unreachable since T" and changes no job (DOMAIN.md 6.3).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator import protocol
+from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
-from orchestrator.errors import GpuqError, HostUnreachable
+from orchestrator.errors import GpuqError, HostError
+from orchestrator.fleet import Fleet
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv, enqueue, ensure_agent, job_spec
-from orchestrator.ledger import Job, Ledger
+from orchestrator.launcher import agent_argv, deliver_all, enqueue, ensure_agent, ensure_bundle, job_spec, push_all
+from orchestrator.ledger import Attempt, Job, Ledger
+from orchestrator.ledger import Host as HostRow
+from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, QueuedJob, estimate_s, plan, plan_steals
+from orchestrator.specs import HostSlots
 from orchestrator.states import AttemptState, JobState
 
 ACTIVE = (JobState.ASSIGNED, JobState.RUNNING)
@@ -44,7 +50,7 @@ def probe(host: Host, agent_bundle: str, settings: Settings) -> Probe:
         return Probe(host.name, False, error="no bundle placed yet", round_trips=0)
     try:
         result = host.run(agent_argv(host, agent_bundle, "status", "--json"), timeout=settings.status_timeout_s)
-    except HostUnreachable as exc:
+    except HostError as exc:  # unreachable, or a key/auth refusal: either way no verdict on any job
         return Probe(host.name, False, error=str(exc), duration_s=time.monotonic() - started)
     elapsed = time.monotonic() - started
     if result.exit_code != 0:
@@ -223,3 +229,176 @@ def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str
         artifacts = [(str(f["path"]), int(f["bytes"]), str(f["sha256"])) for f in doc.get("files", [])]
         ledger.record_results(job_id, int(doc.get("attempt", 0)), metrics=metrics, artifacts=artifacts,
                               checkpoint=doc.get("ckpt"))
+
+
+# --- placement: capacity → plan → push → deliver ------------------------------------------
+
+
+def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attempt], settings: Settings,
+                  rates: EpochRates, now: float) -> HostSlots:
+    """What the scheduler may assume about one host, from the ledger alone (no round trip).
+
+    Work already on the host occupies its slots: running jobs until their estimate runs out
+    (at least one more heartbeat), then assigned jobs in order behind them.
+    """
+    total = row.slots_total
+    if row.kind == "local":
+        total = settings.local_cpu_slots or os.cpu_count() or 1
+    free_at = [0.0] * max(total, 0)
+    mine = [j for j in active if j.host == row.name]
+    mine.sort(key=lambda j: (j.state != JobState.RUNNING.value, attempts[j.id].created_at if j.id in attempts else 0))
+    for job in mine:
+        need = min(job.gpus, len(free_at))
+        if need <= 0:
+            continue
+        est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
+        attempt = attempts.get(job.id)
+        started = attempt.started_at if attempt is not None else None
+        remaining = max(float(settings.heartbeat_s), est - (now - started)) if started else est
+        free_at.sort()
+        begin = free_at[need - 1]
+        for index in range(need):
+            free_at[index] = begin + remaining
+    reason = ""
+    if row.unreachable_since is not None:
+        reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, UTC):%Y-%m-%d %H:%M:%SZ}"
+    return HostSlots(host=row.name, total=total, usable=not reason and total > 0, slot_free_at=tuple(free_at),
+                     reason=reason)
+
+
+def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int, est_min: float | None,
+             host_pin: str | None, rates: EpochRates) -> PlanJob:
+    est = estimate_s(config=config, task=task, epochs=epochs, est_min=est_min, history=rates)
+    return PlanJob(job_id, gpus, est, host_pin)
+
+
+def capacities(ledger: Ledger, settings: Settings, rows: Sequence[HostRow], rates: EpochRates) -> list[HostSlots]:
+    active = ledger.jobs(states=ACTIVE)
+    attempts = ledger.latest_attempts(j.id for j in active)
+    now = time.time()
+    return [host_capacity(row, active, attempts, settings, rates, now) for row in rows]
+
+
+def plan_and_push(ledger: Ledger, fleet: Fleet, settings: Settings, jobs: Sequence[PlanJob],
+                  rows: Sequence[HostRow], bundle: Bundle, rates: EpochRates) -> tuple[Plan, dict[str, str]]:
+    """Plan, then place the bundle on every host that got work.  A host whose push fails is
+    dropped and the jobs are planned again without it (once per failing host).
+
+    Returns the final plan and {host: why it was dropped}.
+    """
+    dropped: dict[str, str] = {}
+    while True:
+        slots = [
+            s if s.host not in dropped else s.model_copy(update={"usable": False, "reason": dropped[s.host]})
+            for s in capacities(ledger, settings, rows, rates)
+        ]
+        decided = plan(jobs, slots)
+        targets = sorted({a.host for a in decided.assignments} - set(dropped))
+        failed = push_all([fleet.named(name) for name in targets], bundle)
+        for name in targets:
+            if name not in failed:
+                ledger.update_host(name, agent_bundle=bundle.sha256)
+        if not failed:
+            return decided, dropped
+        dropped.update({name: f"bundle push failed: {err}" for name, err in failed.items()})
+
+
+def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, decided: Plan, jobs: dict[str, Job],
+            bundle_sha: str) -> dict[str, str]:
+    """Record attempts and enqueue every assignment of ``decided``, hosts in parallel."""
+    by_host: dict[str, list[Job]] = {}
+    for assignment in decided.assignments:
+        by_host.setdefault(assignment.host, []).append(jobs[assignment.job_id])
+    hosts = {name: fleet.named(name) for name in by_host}
+    return deliver_all(ledger, hosts, bundle_sha, by_host, settings)
+
+
+# --- work stealing ---------------------------------------------------------------------------
+
+
+def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Probe], rates: EpochRates) -> list[Move]:
+    """Move jobs still waiting in a busy host's inbox to hosts with slots free now.
+
+    The source agent withdraws a job by atomic rename out of its inbox; only a job it
+    withdrew moves (the ledger records the move in one transaction, then the target gets
+    the spec).  A job the source agent claimed meanwhile stays where it is.
+    """
+    reports = {p.host: p for p in probes}
+    ledger_jobs = {j.id: j for j in ledger.jobs(states=[JobState.ASSIGNED])}
+    queued: dict[str, list[QueuedJob]] = {}
+    slots: list[HostSlots] = []
+    for row in ledger.hosts():
+        report = reports.get(row.name)
+        if report is not None and report.ok:
+            docs = report.doc.get("jobs", [])
+            total = int(report.doc.get("slots", {}).get("total", 0))
+            free = int(report.doc.get("slots", {}).get("free", 0))
+        elif report is not None and report.round_trips == 0 and row.unreachable_since is None and row.kind != "local":
+            docs, total = [], row.slots_total  # reachable, nothing of ours placed there yet: all idle
+            free = total
+        else:
+            continue  # unreachable hosts neither give nor take work
+        waiting = sorted((d for d in docs if d.get("state") == "queued"), key=lambda d: str(d.get("created_at", "")))
+        entries = []
+        for doc in waiting:
+            job = ledger_jobs.get(str(doc.get("job_id")))
+            if job is None or job.host != row.name or int(doc.get("attempt") or 0) != job.attempt_count:
+                continue
+            est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
+            entries.append(QueuedJob(job.id, job.gpus, est, job.host_pin))
+        queued[row.name] = entries
+        free_at = tuple([0.0] * free + [float(settings.heartbeat_s) * 6] * max(0, total - free))
+        slots.append(HostSlots(host=row.name, total=total, slot_free_at=free_at))
+    if len(slots) < 2 or not any(queued.values()):
+        return []
+    allowed: dict[str, set[str]] = {}
+    for job in ledger_jobs.values():
+        if job.sweep_id not in allowed:
+            sweep = ledger.sweep(job.sweep_id)
+            allowed[job.sweep_id] = sweep.host_set() if sweep is not None else set()
+    moves = [m for m in plan_steals(queued, slots)
+             if not allowed[ledger_jobs[m.job_id].sweep_id] or m.to_host in allowed[ledger_jobs[m.job_id].sweep_id]]
+    done: list[Move] = []
+    by_source: dict[str, list[Move]] = {}
+    for move in moves:
+        by_source.setdefault(move.from_host, []).append(move)
+    for source, group in by_source.items():
+        host = fleet.named(source)
+        src_row = ledger.host(source)
+        argv = agent_argv(host, src_row.agent_bundle if src_row else "", "withdraw", *[m.job_id for m in group])
+        try:
+            result = host.run(argv, timeout=60)
+            verdicts = json.loads(result.stdout) if result.exit_code == 0 else {}
+        except (HostError, json.JSONDecodeError):
+            continue
+        for move in group:
+            if verdicts.get(move.job_id) != "withdrawn":
+                continue  # claimed meanwhile: it runs where it is
+            job = ledger_jobs[move.job_id]
+            old = ledger.attempt(job.id, job.attempt_count)
+            if old is None:
+                continue
+            target_row = ledger.host(move.to_host)
+            bundle_sha = old.bundle_sha
+            try:
+                target = fleet.named(move.to_host)
+                if target_row is not None and target_row.agent_bundle != bundle_sha:
+                    _ensure_bundle_from_cache(target, bundle_sha, settings)
+                    ledger.update_host(move.to_host, agent_bundle=bundle_sha)
+                attempt = ledger.move_job(job.id, from_attempt=old.number, to_host=move.to_host,
+                                          bundle_sha=bundle_sha, message=f"moved unstarted from {source} to "
+                                          f"{move.to_host} (work stealing)")
+                enqueue(target, bundle_sha, [job_spec(ledger.job(job.id), attempt, settings)], settings)
+            except GpuqError as exc:
+                ledger.record_event("job", job.id, f"move to {move.to_host} incomplete: {exc}; the next tick "
+                                    "re-delivers it")
+                continue
+            done.append(move)
+    return done
+
+
+def _ensure_bundle_from_cache(host: Host, sha: str, settings: Settings) -> None:
+    path = settings.bundle_cache / f"{sha}.tar"
+    if not path.is_file():
+        raise GpuqError(f"bundle {sha[:12]} is no longer in the local cache; cannot place it on {host.name}")
+    ensure_bundle(host, Bundle(sha, path, 0, path.stat().st_size))

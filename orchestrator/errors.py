@@ -18,7 +18,10 @@ subprocess, paramiko, httpx) are translated at the module that touches them.
     │   └── LedgerVersionError              ledger written by a newer gpuq
     ├── HostError                           a host could not do what was asked
     │   ├── HostUnreachable                 transport failed (never a verdict on a job)
-    │   └── CommandFailed                   a remote command exited non-zero
+    │   ├── HostKeyError                    the host's SSH key is unknown or changed (fail closed)
+    │   ├── HostAuthFailed                  the host refused our SSH key
+    │   ├── CommandFailed                   a remote command exited non-zero
+    │   └── TransferError                   `gpuq pull` could not get a job's manifest or files
     ├── AgentError                          the host agent refused or failed
     └── BundleError                         the bundle could not be built or placed
 """
@@ -114,6 +117,18 @@ class HostUnreachable(HostError):
     """Transport to the host failed.  Says nothing about the jobs on it."""
 
 
+class HostKeyError(HostError):
+    """The host offered an SSH host key gpuq cannot trust: unknown (no TOFU asked) or changed.
+
+    Never retried: a changed key is either a re-created machine or an attack, and only the
+    user can tell which.
+    """
+
+
+class HostAuthFailed(HostError):
+    """The host refused every key gpuq offered.  Not retried."""
+
+
 class CommandFailed(HostError):
     """A command on a host exited non-zero."""
 
@@ -132,3 +147,8 @@ class AgentError(GpuqError):
 
 class BundleError(GpuqError):
     """The bundle could not be built or placed on a host."""
+
+
+class TransferError(HostError):
+    """``gpuq pull`` could not obtain a manifest or files from a host (the agent refused, a reply
+    was unreadable, a remote file vanished).  A transport drop is HostUnreachable instead."""

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator import protocol
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
-from orchestrator.errors import AgentError, BundleError
+from orchestrator.errors import AgentError, BundleError, GpuqError
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger
 
 # Unpack into a private temp dir, then rename: a live bundle is never overwritten.
 UNPACK_SCRIPT = (
-    'set -eu; cd "$1"; mkdir -p bundles; d="bundles/.$2.unpack.$$"; rm -rf "$d"; mkdir -p "$d"; '
+    'set -eu; cd "$1"; mkdir -p bundles; '
+    'if command -v sha256sum >/dev/null 2>&1; then printf "%s  %s\\n" "$2" "$3" | sha256sum -c - >/dev/null '
+    '|| { rm -f "$3"; echo "bundle bytes do not match sha256 $2 after upload" >&2; exit 3; }; fi; '
+    'd="bundles/.$2.unpack.$$"; rm -rf "$d"; mkdir -p "$d"; '
     'tar -xf "$3" -C "$d"; if [ -d "bundles/$2" ]; then rm -rf "$d"; else mv "$d" "bundles/$2"; fi; rm -f "$3"'
 )
 
@@ -82,17 +86,13 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
     }
 
 
-def _serve_args(settings: Settings) -> list[str]:
-    return [
-        "--idle-exit-s",
-        str(settings.agent_idle_exit_s),
-        *(["--cpu-slots", str(settings.local_cpu_slots)] if settings.local_cpu_slots else []),
-    ]
+def _serve_args(host: Host, settings: Settings) -> list[str]:
+    return ["--idle-exit-s", str(settings.agent_idle_exit_s), *host.agent_flags]
 
 
 def ensure_agent(host: Host, bundle_sha: str, settings: Settings) -> str:
     """Start the host's agent unless one runs (the agent's flock makes this safe to repeat)."""
-    result = host.run(agent_argv(host, bundle_sha, "serve", "--detach", *_serve_args(settings)), timeout=90)
+    result = host.run(agent_argv(host, bundle_sha, "serve", "--detach", *_serve_args(host, settings)), timeout=90)
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent did not start: {result.stderr.strip()[-300:]}")
     return result.stdout.strip()
@@ -103,7 +103,7 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
 
     Returns the agent's verdict per job id ("queued", "exists").
     """
-    argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(settings))
+    argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings))
     result = host.run(argv, stdin=json.dumps(list(specs)).encode(), timeout=60)
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
@@ -114,14 +114,71 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
     return {str(k): str(v) for k, v in verdicts.items()}
 
 
+def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[Job],
+                    settings: Settings) -> list[dict[str, Any]]:
+    """Record attempt n of each job on ``host`` (ledger first: exactly-once) and build their specs.
+
+    The host runs its inbox in ``created_at`` order, so specs get increasing times in the
+    order given (the scheduler's planned start order).
+    """
+    now = time.time()
+    specs = []
+    for index, job in enumerate(jobs):
+        attempt = ledger.start_attempt(job.id, host=host, bundle_sha=bundle_sha)
+        specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3))
+    return specs
+
+
 def launch(ledger: Ledger, host: Host, bundle: Bundle, jobs: Sequence[Job], settings: Settings) -> dict[str, str]:
     """Record an attempt for each job, then hand the specs to the host in one round trip."""
     ensure_bundle(host, bundle)
     ledger.update_host(host.name, agent_bundle=bundle.sha256)
-    now = time.time()
-    specs = []
-    for index, job in enumerate(jobs):
-        attempt = ledger.start_attempt(job.id, host=host.name, bundle_sha=bundle.sha256)
-        # queue order on the host follows the queue file's line order
-        specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3))
+    specs = record_attempts(ledger, host.name, bundle.sha256, jobs, settings)
     return enqueue(host, bundle.sha256, specs, settings) if specs else {}
+
+
+def push_all(hosts: Sequence[Host], bundle: Bundle) -> dict[str, str]:
+    """Place the bundle on every host in parallel; returns {host: error} for those that failed."""
+    def one(host: Host) -> tuple[str, str]:
+        try:
+            ensure_bundle(host, bundle)
+        except GpuqError as exc:
+            return host.name, str(exc)
+        return host.name, ""
+
+    if len(hosts) <= 1:
+        results = [one(h) for h in hosts]
+    else:
+        with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+            results = list(pool.map(one, hosts))
+    return {name: err for name, err in results if err}
+
+
+def deliver_all(ledger: Ledger, hosts: Mapping[str, Host], bundle_sha: str, by_host: Mapping[str, Sequence[Job]],
+                settings: Settings) -> dict[str, str]:
+    """Record attempts (ledger, this thread), then enqueue on every host in parallel.
+
+    Returns {host: error} for hosts whose enqueue failed: their attempts stay STARTING and the
+    next reconcile re-delivers them (the agent's enqueue is idempotent), so a lost reply can
+    never make a job run twice.
+    """
+    work: list[tuple[Host, list[dict[str, Any]]]] = []
+    for name, jobs in by_host.items():
+        if jobs:
+            ledger.update_host(name, agent_bundle=bundle_sha)
+            work.append((hosts[name], record_attempts(ledger, name, bundle_sha, jobs, settings)))
+
+    def one(item: tuple[Host, list[dict[str, Any]]]) -> tuple[str, str]:
+        host, specs = item
+        try:
+            enqueue(host, bundle_sha, specs, settings)
+        except GpuqError as exc:
+            return host.name, str(exc)
+        return host.name, ""
+
+    if len(work) <= 1:
+        results = [one(w) for w in work]
+    else:
+        with ThreadPoolExecutor(max_workers=min(8, len(work))) as pool:
+            results = list(pool.map(one, work))
+    return {name: err for name, err in results if err}

@@ -28,6 +28,7 @@ Remote layout (one root per host, the profile's data dir)::
       jobs/<job_id>/attempts/<n>/  launch.json run.env job.log pgid heartbeat
                                    wrapper.alive mem.tsv trainer_exit.json exit.json
       jobs/<job_id>/result/        metrics.jsonl summary.json
+      jobs/<job_id>/MANIFEST.json  what `gpuq pull` fetches and verifies (agent verb `manifest`)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 PROTOCOL_VERSION = "1.0"
 SPEC_SCHEMA = "gpuq.job/1"  # an agent refuses a newer major: exit.json, wrapper code 80
 STATUS_SCHEMA = "gpuq.status/1"
+MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
@@ -55,6 +57,7 @@ CANCEL_FILE = "cancel"
 CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
+JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
 LAUNCH_FILE = "launch.json"
@@ -187,7 +190,15 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #
 # Agent verbs the controller uses (one round trip each):
 #   status --json | enqueue [--serve ...] (JSON list of specs on stdin; idempotent) |
-#   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID...
+#   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID... |
+#   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py)
+#
+# MANIFEST.json (jobs/<job_id>/, schema "gpuq.manifest/1", rebuilt atomically on each `manifest`):
+#   {"schema", "job_id", "queue_id", "attempt", "created_at", "total_files", "total_bytes",
+#    "files": [{"path", "bytes", "sha256"}]}   paths relative to jobs/<job_id>/, POSIX, sorted:
+#   result/** , ckpt/best.pt, attempts/<n>/job.log (when present), attempts/<n>/exit.json
+#   `manifest` prints {job_id: {"manifest", "sha256" (of the manifest bytes), "attempt", "files",
+#   "bytes"} | {"error"}}; exit 0 if any manifest was built, 1 if none, 64 for a malformed roster.
 #
 # trainer_exit.json (attempt dir, $GPUQ_EXIT_FILE): {"code", "rank", "pid"}, written O_EXCL by the first
 #   payload process that exits with a deliberate non-zero code (3, 4, 143, 1 for divergence).

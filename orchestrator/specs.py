@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_EPOCHS = 20
 
@@ -60,7 +60,16 @@ class CommandResult(BaseModel):
 
 
 class HostSlots(BaseModel):
-    """A host's capacity as the scheduler sees it."""
+    """A host's capacity as the scheduler sees it.
+
+    ``slot_free_at`` gives, for each of the ``total`` slots, the seconds from
+    now until it frees (0 = free now).  When it is empty, ``busy`` slots are
+    busy for an unknown time (the scheduler documents what it assumes) and
+    the rest are free now.  ``disk_free_bytes`` is the disk budget for new
+    jobs (None = unknown = no limit).  ``reason`` says why an unusable host is
+    unusable ("unreachable since ...", "unhealthy: ...").  ``speed`` scales
+    durations: a job estimated at ``est_s`` takes ``est_s / speed`` here.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -68,6 +77,18 @@ class HostSlots(BaseModel):
     total: int
     busy: int = 0
     usable: bool = True
+    slot_free_at: tuple[float, ...] = ()
+    disk_free_bytes: int | None = None
+    reason: str = ""
+    speed: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _slot_times_match_total(self) -> HostSlots:
+        if self.slot_free_at and len(self.slot_free_at) != self.total:
+            raise ValueError(
+                f"host {self.host}: slot_free_at has {len(self.slot_free_at)} entries for {self.total} slots"
+            )
+        return self
 
 
 class Assignment(BaseModel):

@@ -37,16 +37,17 @@ def cli(debug: bool) -> None:
 
 @cli.command()
 @click.argument("queue", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--host", "host", metavar="NAME", help="Place every job on this host (default: local).")
+@click.option("--host", "hosts", metavar="NAME", multiple=True,
+              help="Use only this host (repeatable). Default: every registered remote host, else local.")
 @click.option("--dry-run", is_flag=True, help="Validate and plan; write nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
-def submit(queue: Path, host: str | None, dry_run: bool, wait_: bool) -> None:
+def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import render
 
     ctx = _ctx(queue.parent)
-    result = api.submit(ctx, queue, host=host, dry_run=dry_run)
+    result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
     render.submitted(result)
     if result.launch_error:
         sys.exit(1)
@@ -126,6 +127,32 @@ def results(sweep: str | None, as_csv: bool) -> None:
         render.results_csv(rows)
     else:
         render.results_table(rows)
+
+
+@cli.command()
+@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: the newest).")
+def pull(sweep: str | None) -> None:
+    """Bring finished jobs' results home to $GPUQ_HOME/results/SWEEP/JOB/, verified by size and sha256.
+
+    Resumes partial copies; jobs already verified are not fetched again.  Exit 1 when any job is
+    not verified (incomplete, quarantined, failed) or nothing could be pulled.
+    """
+    from orchestrator import api
+    from orchestrator.cli import render
+
+    report = api.pull(_ctx(), sweep=sweep)
+    render.pulled(report)
+    if not report.ok:
+        sys.exit(1)
+
+
+def _register_groups() -> None:
+    from orchestrator.cli.hosts import hosts
+
+    cli.add_command(hosts)
+
+
+_register_groups()
 
 
 def main(argv: list[str] | None = None) -> Any:

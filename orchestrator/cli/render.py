@@ -24,7 +24,7 @@ from rich.table import Table
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
-    from orchestrator.api import ResultRow, Snapshot, SubmitResult
+    from orchestrator.api import PullReport, ResultRow, Snapshot, SubmitResult
 
 STATUS_SCHEMA = "gpuq.cli.status/1"
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "ASSIGNED": "blue",
@@ -159,16 +159,20 @@ def _metric_names(rows: list[ResultRow]) -> list[str]:
     return names
 
 
+PULLED_CELL = {"verified": "[green]verified[/]", "missing": "[red]verified, copy missing[/]"}
+
+
 def results_table(rows: list[ResultRow]) -> None:
     names = _metric_names(rows)
     table = Table(title=f"results of {rows[0].job.sweep_id}", title_justify="left")
-    for col in ["job", "name", "state", *[f"final {n}" for n in names], *[f"best {n}" for n in names]]:
-        table.add_column(col, no_wrap=col in ("job", "state"))
+    for col in ["job", "name", "state", *[f"final {n}" for n in names], *[f"best {n}" for n in names], "pulled"]:
+        table.add_column(col, no_wrap=col in ("job", "state", "pulled"))
     for row in rows:
         style = STATE_STYLE.get(row.job.state, "")
         cells = [row.job.id, row.job.name, f"[{style}]{row.job.state}[/]"]
         cells += [f"{row.final[n]:.4f}" if n in row.final else "-" for n in names]
         cells += [f"{row.best[n]:.4f}" if n in row.best else "-" for n in names]
+        cells.append(PULLED_CELL.get(row.pulled, "-"))
         table.add_row(*cells)
     _console().print(table)
 
@@ -177,10 +181,53 @@ def results_csv(rows: list[ResultRow]) -> None:
     names = _metric_names(rows)
     writer = csv.writer(sys.stdout)
     writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
-                     *[f"final_{n}" for n in names], *[f"best_{n}" for n in names]])
+                     *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "pulled", "local_dir"])
     for row in rows:
         j = row.job
         writer.writerow([j.id, j.sweep_id, j.name, j.task, j.epochs, j.state, j.attempt_count,
-                         *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names]])
+                         *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names],
+                         row.pulled, row.local_dir])
 
 
+PULL_STYLE = {"verified": "green", "already verified": "green", "incomplete": "yellow", "quarantined": "red",
+              "not pulled": "red"}
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{n} B"
+
+
+def pulled(report: PullReport) -> None:
+    """One row per job (state, files, bytes, local dir), then why each unverified job is not."""
+    out = _console()
+    table = Table(title=f"pull of {report.sweep_id}", title_justify="left")
+    for col in ("job", "name", "state", "files", "bytes", "local dir"):
+        table.add_column(col, no_wrap=col in ("job", "state", "local dir"))
+    for item in report.outcomes:
+        style = PULL_STYLE.get(item.state, "")
+        shown = item.local_dir if item.verified else "-"
+        table.add_row(item.job_id, item.name, f"[{style}]{item.state}[/]", str(item.files) if item.files else "-",
+                      _size(item.bytes) if item.bytes else "-", shown)
+    out.print(table)
+    for item in report.outcomes:
+        if item.reason:
+            out.print(f"{item.job_id} {item.name}: {item.state}: {item.reason}", markup=False)
+    verified = report.verified
+    fresh = [o for o in verified if o.state == "verified"]
+    unverified = [o for o in report.outcomes if not o.verified and o.job_id not in report.written_off]
+    retry = [o for o in unverified if o.state in ("incomplete", "quarantined")]
+    if not verified:
+        out.print("nothing was pulled: no job of this sweep has verified results "
+                  "(an empty result set is a failure)", style="red")
+    summary = (f"{len(verified)} of {len(report.outcomes)} jobs verified ({len(fresh)} just now, "
+               f"{_size(sum(o.transferred for o in fresh))} transferred) in {report.results_dir}")
+    if retry:
+        summary += f"; {len(retry)} to retry: `gpuq pull --sweep {report.sweep_id}` resumes"
+    if len(unverified) > len(retry):
+        summary += f"; {len(unverified) - len(retry)} not pulled (reasons above)"
+    out.print(summary, markup=False)

@@ -20,6 +20,7 @@ class Host(ABC):
     name: str
     root: str
     python: str
+    agent_flags: tuple[str, ...] = ()  # extra flags for this host's agent `serve` (slots, train device)
 
     @abstractmethod
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from orchestrator.errors import LedgerVersionError
 
-
 # Frozen DDL: a migration never changes once released, even when tables.py grows (the
 # test_ledger schema test checks that the migrated schema equals tables.py).
 _V1_DDL = (
@@ -165,9 +164,37 @@ def _v2_ssh_hosts(conn: sqlite3.Connection) -> None:
         "train_device VARCHAR NOT NULL DEFAULT ''",
     ):
         conn.execute(f"ALTER TABLE host ADD COLUMN {column}")
+    conn.execute("ALTER TABLE sweep ADD COLUMN hosts VARCHAR NOT NULL DEFAULT ''")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts]
+_V3_DDL = (
+    """CREATE TABLE pull (
+    id INTEGER NOT NULL,
+    job_id VARCHAR NOT NULL,
+    attempt INTEGER NOT NULL,
+    host VARCHAR NOT NULL,
+    state VARCHAR NOT NULL,
+    manifest_sha256 VARCHAR NOT NULL,
+    files INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    local_dir VARCHAR NOT NULL,
+    reason VARCHAR NOT NULL,
+    created_at FLOAT NOT NULL,
+    PRIMARY KEY (id),
+    FOREIGN KEY(job_id) REFERENCES job (id)
+)""",
+    """CREATE INDEX ix_pull_created_at ON pull (created_at)""",
+    """CREATE INDEX ix_pull_job_id ON pull (job_id)""",
+)
+
+
+def _v3_pulls(conn: sqlite3.Connection) -> None:
+    """`gpuq pull`: one row per pull outcome of a job; the newest says whether it is verified."""
+    for statement in _V3_DDL:
+        conn.execute(statement)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

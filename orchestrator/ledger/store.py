@@ -28,7 +28,7 @@ from sqlmodel import Session, col, create_engine, select
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger.migrate import migrate
-from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Sweep
+from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Pull, Sweep
 from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
 
@@ -86,6 +86,23 @@ class Ledger:
                 host.root, host.python = root, python
             return host
 
+    def add_host(self, row: Host) -> Host:
+        """Register a new host (the name must be free); one event records it."""
+        with self.session() as s:
+            if s.get(Host, row.name) is not None:
+                raise LedgerError(f'host "{row.name}" is already registered')
+            row.created_at = time.time()
+            s.add(row)
+            _event(s, "host", row.name, "", "added", f"{row.kind} {row.target} root={row.root} profile={row.profile}")
+            return row
+
+    def remove_host(self, name: str, message: str) -> None:
+        with self.session() as s:
+            row = s.get(Host, name)
+            if row is not None:
+                s.delete(row)
+                _event(s, "host", name, "added", "removed", message)
+
     def host(self, name: str) -> Host | None:
         with self.session() as s:
             return s.get(Host, name)
@@ -114,8 +131,12 @@ class Ledger:
         jobs: Sequence[JobSpec],
         default_retries: int,
         bundle_sha: str = "",
+        hosts: Sequence[str] = (),
     ) -> list[Job]:
-        """Insert a sweep and all its jobs (QUEUED) in one transaction."""
+        """Insert a sweep and all its jobs (QUEUED) in one transaction.
+
+        ``hosts``: the hosts the user restricted the sweep to (empty: any registered host).
+        """
         now = time.time()
         rows: list[Job] = []
         with self.session() as s:
@@ -128,6 +149,7 @@ class Ledger:
                     workdir=workdir,
                     queue_text=queue_text,
                     bundle_sha=bundle_sha,
+                    hosts=",".join(hosts),
                     job_count=len(jobs),
                     created_at=now,
                 )
@@ -262,6 +284,32 @@ class Ledger:
             )
             s.add(attempt)
             _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
+            return attempt
+
+    def move_job(self, job_id: str, *, from_attempt: int, to_host: str, bundle_sha: str, message: str) -> Attempt:
+        """Work stealing: attempt n (withdrawn unstarted from its host) ends KILLED and attempt n+1
+        starts on ``to_host``, in one transaction, so the ledger never shows two live claims."""
+        with self.session() as s:
+            job = s.get(Job, job_id)
+            old = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == from_attempt)).first()
+            if job is None or old is None:
+                raise JobNotFound(f"no attempt {from_attempt} of job {job_id!r}")
+            if job.state != JobState.ASSIGNED.value or job.attempt_count != from_attempt:
+                raise IllegalTransition("job", job_id, job.state, f"moved (attempt {from_attempt} is not current)")
+            if not attempt_may(AttemptState(old.state), AttemptState.KILLED):
+                raise IllegalTransition("attempt", f"{job_id}/a{from_attempt}", old.state, AttemptState.KILLED.value)
+            _event(s, "attempt", f"{job_id}/a{from_attempt}", old.state, AttemptState.KILLED.value, message)
+            old.state = AttemptState.KILLED.value
+            old.ended_at = time.time()
+            old.message = message
+            job.attempt_count += 1
+            job.host = to_host
+            job.updated_at = time.time()
+            attempt = Attempt(job_id=job_id, number=job.attempt_count, host=to_host, state=AttemptState.STARTING.value,
+                              bundle_sha=bundle_sha, resume_from=old.resume_from, created_at=time.time())
+            s.add(attempt)
+            _event(s, "job", job_id, job.state, job.state, message)
+            _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, to_host)
             return attempt
 
     def attempt(self, job_id: str, number: int) -> Attempt | None:
@@ -420,6 +468,91 @@ class Ledger:
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         with self.session() as s:
             return list(s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.step))))
+
+    def run_history(self) -> list[tuple[str, str, int, float]]:
+        """(config, task, epochs, seconds) of each SUCCEEDED job's successful attempt, oldest first.
+
+        For ``scheduler.estimate_s``.  Only attempts that exited 0 with both
+        ``started_at`` and ``ended_at`` known count, and only those that ran
+        from scratch: a resumed attempt trained part of the epochs.
+        """
+        seconds = (col(Attempt.ended_at) - col(Attempt.started_at)).label("seconds")
+        query = (
+            select(Job.config, Job.task, Job.epochs, seconds)
+            .join(Attempt, col(Attempt.job_id) == col(Job.id))
+            .where(
+                Job.state == JobState.SUCCEEDED.value,
+                Attempt.state == AttemptState.EXITED.value,
+                Attempt.exit_code == 0,  # protocol.EXIT_OK
+                Attempt.resume_from == "",
+                col(Attempt.started_at).is_not(None),
+                col(Attempt.ended_at).is_not(None),
+                col(Attempt.ended_at) > col(Attempt.started_at),
+            )
+            .order_by(col(Attempt.created_at), col(Attempt.id))
+        )
+        with self.session() as s:
+            return [(config, task, epochs, secs) for config, task, epochs, secs in s.exec(query) if secs is not None]
+
+    # --- pulls (gpuq pull) ----------------------------------------------------------
+
+    def record_pull(
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        host: str,
+        state: str,
+        manifest_sha256: str = "",
+        files: int = 0,
+        total_bytes: int = 0,
+        local_dir: str = "",
+        reason: str = "",
+    ) -> Pull:
+        """Append one pull outcome of a job ("verified", "quarantined", "incomplete") and an event.
+
+        Written only after the files it describes are in place, so a controller killed before this
+        call leaves a state the next pull repairs, never a verified mark without a verified copy.
+        """
+        with self.session() as s:
+            if s.get(Job, job_id) is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            row = Pull(job_id=job_id, attempt=attempt, host=host, state=state, manifest_sha256=manifest_sha256,
+                       files=files, bytes=total_bytes, local_dir=local_dir, reason=reason, created_at=time.time())
+            s.add(row)
+            detail = f"{files} files, {total_bytes} bytes, manifest {manifest_sha256[:12]}"
+            _event(s, "job", job_id, "", f"pull {state}", f"{detail}; {reason}" if reason else detail)
+            return row
+
+    def pulls(self, job_ids: Iterable[str]) -> list[Pull]:
+        """Every pull outcome of the given jobs, oldest first."""
+        ids = list(job_ids)
+        out: list[Pull] = []
+        with self.session() as s:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                out.extend(s.exec(select(Pull).where(col(Pull.job_id).in_(chunk))))
+        return sorted(out, key=lambda p: (p.created_at, p.id or 0))
+
+    def verified_pulls(self, job_ids: Iterable[str]) -> dict[str, Pull]:
+        """{job_id: its newest pull} for the given jobs whose newest pull is "verified"."""
+        newest: dict[str, Pull] = {}
+        for row in self.pulls(job_ids):
+            newest[row.job_id] = row
+        return {job_id: row for job_id, row in newest.items() if row.state == "verified"}
+
+    def verified_jobs(self, sweep_id: str) -> dict[str, Pull]:
+        """The sweep's jobs whose results are verified locally (for teardown gates and `gpuq results`)."""
+        return self.verified_pulls(j.id for j in self.jobs(sweep_id=sweep_id))
+
+    def verified_job_ids(self) -> set[str]:
+        """Every job whose newest pull is verified (a host holding none of their only copies may go)."""
+        with self.session() as s:
+            rows = list(s.exec(select(Pull).order_by(col(Pull.created_at), col(Pull.id))))
+        newest: dict[str, str] = {}
+        for row in rows:
+            newest[row.job_id] = row.state
+        return {job_id for job_id, state in newest.items() if state == "verified"}
 
 
 def _event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:

@@ -35,6 +35,10 @@ class Sweep(SQLModel, table=True):
     bundle_sha: str = ""
     job_count: int
     created_at: float
+    hosts: str = ""  # v2: comma-separated hosts the user restricted the sweep to; "" = any host
+
+    def host_set(self) -> set[str]:
+        return {h for h in self.hosts.split(",") if h}
 
 
 class Job(SQLModel, table=True):
@@ -126,3 +130,24 @@ class Metric(SQLModel, table=True):
     value: float
     step: int | None = None
     epoch: int | None = None
+
+
+class Pull(SQLModel, table=True):
+    """One outcome of ``gpuq pull`` for one job (v3).  The newest row of a job is its pull state.
+
+    ``state``: "verified" (every file of the manifest matched; ``local_dir`` holds the copy and its
+    PULL_VERIFIED.json), "quarantined" (verification failed; ``local_dir`` is the quarantine dir) or
+    "incomplete" (transfer gave up; the staging dir is kept for the next pull to resume).
+    """
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    attempt: int
+    host: str
+    state: str
+    manifest_sha256: str = ""
+    files: int = 0
+    bytes: int = 0
+    local_dir: str = ""
+    reason: str = ""
+    created_at: float = Field(index=True)

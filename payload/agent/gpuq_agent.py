@@ -12,14 +12,15 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
   enqueue [--serve ...]   write job specs (JSON list on stdin) into the inbox, idempotently;
                           with --serve, then make sure a detached agent runs (gpuq_inbox.py)
   collect JOB_ID...       summaries and sha256-hashed result files of finished jobs
+  manifest JOB_ID...      build jobs/<id>/MANIFEST.json (path, bytes, sha256) of jobs that exited 0
   version                 print the protocol version
 
 The contract (layout, documents, exit codes, environment) lives in gpuq_protocol.py, a copy of
 orchestrator/protocol.py.  Killing is always by recorded process group after identity proof.
 
 This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
-(serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py and gpuq_inbox.py
-(enqueue, collect), on top of gpuq_files.py, gpuq_procs.py and gpuq_hostfacts.py.
+(serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
+(enqueue, collect) and gpuq_manifest.py (manifest), on top of gpuq_files.py, gpuq_procs.py and gpuq_hostfacts.py.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ import os  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
 import gpuq_inbox  # noqa: E402
+import gpuq_manifest  # noqa: E402
 import gpuq_protocol as P  # noqa: E402
-from gpuq_cancel import cmd_cancel  # noqa: E402
+from gpuq_cancel import cmd_cancel, cmd_withdraw  # noqa: E402
 from gpuq_files import Layout  # noqa: E402
 from gpuq_serve import cmd_serve  # noqa: E402
 from gpuq_status import cmd_status  # noqa: E402
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--cpu-slots", type=int, default=None)
     sp.add_argument("--poll-s", type=float, default=0.1)
     sp.add_argument("--detach", action="store_true", help="double-fork, setsid, log to agent.out")
+    sp.add_argument("--train-device", choices=("auto", "cpu"), default="auto",
+                    help="cpu: train on CPU even on GPU slots (rehearsal hosts with an emulated nvidia-smi)")
     wp = sub.add_parser("wrap", help="internal: run one attempt")
     wp.add_argument("job_id")
     wp.add_argument("attempt")
@@ -58,14 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true")
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
     cp.add_argument("job_ids", nargs="+")
+    wd = sub.add_parser("withdraw", help="take unstarted jobs back out of the inbox (work stealing)")
+    wd.add_argument("job_ids", nargs="+")
     sub.add_parser("version", help="print the protocol version")
     ep = sub.add_parser("enqueue", help="write job specs (JSON list on stdin) into the inbox, idempotently")
     ep.add_argument("--serve", action="store_true", help="then make sure a detached agent runs")
     ep.add_argument("--idle-exit-s", type=float, default=600.0)
     ep.add_argument("--cpu-slots", type=int, default=None)
     ep.add_argument("--poll-s", type=float, default=0.1)
+    ep.add_argument("--train-device", choices=("auto", "cpu"), default="auto",
+                    help="cpu: train on CPU even on GPU slots (rehearsal hosts with an emulated nvidia-smi)")
     co = sub.add_parser("collect", help="summaries and hashed result files of finished jobs")
     co.add_argument("job_ids", nargs="+")
+    mp = sub.add_parser("manifest", help="build MANIFEST.json of finished jobs for `gpuq pull`")
+    mp.add_argument("job_ids", nargs="+")
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -79,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(lay, args)
     if args.cmd == "cancel":
         return cmd_cancel(lay, args.job_ids)
+    if args.cmd == "withdraw":
+        return cmd_withdraw(lay, args.job_ids)
     if args.cmd == "version":
         print(P.PROTOCOL_VERSION)
         return 0
@@ -91,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(lay, args)
     if args.cmd == "collect":
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)
+    if args.cmd == "manifest":
+        return gpuq_manifest.cmd_manifest(lay.root, args.job_ids)
     ap.print_usage(sys.stderr)
     return P.AGENT_EXIT_USAGE
 

@@ -84,3 +84,26 @@ def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
         if job_id in verdicts:
             print(verdicts[job_id] if len(job_ids) == 1 else "%s %s" % (job_id, verdicts[job_id]))
     return 1 if unknown else 0
+
+
+def cmd_withdraw(lay: Layout, job_ids: list[str]) -> int:
+    """Work stealing: take unstarted jobs back out of the inbox by atomic rename.
+
+    Prints {job_id: "withdrawn" | "claimed" | "unknown"}; only "withdrawn" jobs may be placed
+    elsewhere (the agent claims by rename too, so exactly one of the two renames wins).
+    """
+    import json
+
+    verdicts = {}
+    for job_id in job_ids:
+        if not job_id or "/" in job_id or job_id.startswith("."):
+            print(f"gpuq withdraw: bad job id {job_id!r}", file=sys.stderr)
+            return 1
+        if _withdraw(lay, job_id):
+            verdicts[job_id] = "withdrawn"
+        elif os.path.exists(lay.p(P.CLAIMED_DIR, job_id + ".json")):
+            verdicts[job_id] = "claimed"
+        else:
+            verdicts[job_id] = "unknown"
+    print(json.dumps(verdicts))
+    return 0

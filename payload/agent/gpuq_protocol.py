@@ -10,6 +10,7 @@ from __future__ import annotations
 PROTOCOL_VERSION = "1.0"
 SPEC_SCHEMA = "gpuq.job/1"
 STATUS_SCHEMA = "gpuq.status/1"
+MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
@@ -30,6 +31,7 @@ CANCEL_FILE = "cancel"
 CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
+JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
 LAUNCH_FILE = "launch.json"

@@ -66,6 +66,7 @@ class Agent:
         self.idle_exit_s = float(args.idle_exit_s)
         self.poll_s = float(args.poll_s)
         self.cpu_slots = args.cpu_slots
+        self.train_device = getattr(args, "train_device", "auto")
         self.notify_fd = notify_fd
         self.lock_fd: int | None = None
         self.slots: dict[str, Any] = {}
@@ -463,6 +464,7 @@ class Agent:
         now = time.time()
         atomic_write_json(os.path.join(adir, P.LAUNCH_FILE), {
             "time": utc(now), "slots": slots, "kind": self.slots["kind"],
+            "device": "cpu" if self.train_device == "cpu" or self.slots["kind"] != "gpu" else "cuda",
             "total_slots": len(self.slots["ids"]), "agent_pid": os.getpid(), "index": idx,
             "count": count})
         python = spec.get("python") or sys.executable

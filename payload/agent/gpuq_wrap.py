@@ -148,7 +148,7 @@ class Wrapper:
             P.ENV_DURABLE_DIR: str(spec.get("durable_dir") or ""),
             P.ENV_SPEC_HASH: str(spec.get("spec_hash", "")),
             P.ENV_BUNDLE_SHA: sha,
-            P.ENV_DEVICE: "cuda" if kind == "gpu" else "cpu",
+            P.ENV_DEVICE: str(launch.get("device") or ("cuda" if kind == "gpu" else "cpu")),
             P.ENV_EXIT_FILE: os.path.join(self.adir, P.TRAINER_EXIT_FILE),
         })
         env.pop(P.ENV_SEED, None)
@@ -189,7 +189,7 @@ class Wrapper:
                                % (spec.get("entry"), sha))
         python = sys.executable
         gpus = len(launch.get("slots") or []) or spec_slots(spec)
-        if launch.get("kind") == "gpu":
+        if launch.get("kind") == "gpu" and launch.get("device", "cuda") == "cuda":
             probe = ("import sys, torch; ok = torch.cuda.is_available() and "
                      "torch.cuda.device_count() == %d; sys.exit(0 if ok else 1)" % gpus)
             try:

@@ -1,0 +1,336 @@
+"""The registered hosts: Host objects from ledger rows, and registering, auditing, forgetting SSH hosts.
+
+One ``Fleet`` lives for one command: it hands out one Host object per host, so an
+SSH connection is opened once and reused by every call of that command, and
+``close()`` releases them all.
+
+Registering a host (DOMAIN.md 1, "up") is one audit round trip after a strictly
+verified SSH connection: the interpreter runs, the data dir is creatable and
+writable, its disk has room, and nvidia-smi's GPUs are counted.  Nothing is
+written to the ledger unless the audit passes; a key trusted on first use by a
+failed registration is taken back out of known_hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config import LOCAL_HOST, Settings, load_profile
+from orchestrator.errors import HostError, HostKeyError, UsageError
+from orchestrator.hosts.base import Host
+from orchestrator.hosts.local import LocalHost
+from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Ledger
+
+if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`)
+    from orchestrator.hosts.ssh import Endpoint, SSHHost, SSHOptions
+
+HOST_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+DEFAULT_SSH_PROFILE = "ssh"
+
+# Runs on the host with its own interpreter (argv[1] = the data dir, "$HOME" allowed).
+# Prints one JSON document; exit 0 even when a check fails, so the controller can explain.
+AUDIT = r"""
+import json, os, shutil, subprocess, sys
+home = os.path.expanduser("~")
+root = sys.argv[1].replace("$HOME", home)
+root = os.path.abspath(os.path.expanduser(root))
+doc = {"home": home, "root": root, "python": sys.executable,
+       "version": list(sys.version_info[:3]), "writable": False, "error": ""}
+try:
+    os.makedirs(root, exist_ok=True)
+    probe = os.path.join(root, ".gpuq-write-probe")
+    with open(probe, "w") as fh:
+        fh.write("ok")
+    os.unlink(probe)
+    doc["writable"] = True
+    st = os.statvfs(root)
+    doc["free_bytes"] = st.f_bavail * st.f_frsize
+    doc["free_inodes"] = st.f_favail
+    doc["total_inodes"] = st.f_files
+except OSError as exc:
+    doc["error"] = "%s: %s" % (root, exc.strerror)
+gpus = []
+smi = shutil.which("nvidia-smi")
+if smi:
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             timeout=30)
+        if out.returncode == 0:
+            for line in out.stdout.decode("utf-8", "replace").splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) == 3 and parts[0].isdigit():
+                    gpus.append({"index": int(parts[0]), "name": parts[1], "memory_total_mib": parts[2]})
+        else:
+            doc["gpu_error"] = out.stderr.decode("utf-8", "replace").strip()[-300:]
+    except (OSError, subprocess.SubprocessError) as exc:
+        doc["gpu_error"] = str(exc)
+doc["gpus"] = gpus
+doc["cpus"] = os.cpu_count() or 1
+print(json.dumps(doc))
+"""
+
+
+@dataclass
+class Registered:
+    row: HostRow
+    facts: dict[str, Any]
+    trusted_key: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+def ssh_options(settings: Settings, *, trust_new: bool = False) -> SSHOptions:
+    from orchestrator.hosts.ssh import SSHOptions
+
+    return SSHOptions(known_hosts=settings.home / "known_hosts", trust_new_host_key=trust_new)
+
+
+def agent_flags(row: HostRow, settings: Settings) -> tuple[str, ...]:
+    """Host-specific flags for the agent's ``serve`` (and ``enqueue --serve``)."""
+    flags: list[str] = []
+    if row.kind == "local" and settings.local_cpu_slots:
+        flags += ["--cpu-slots", str(settings.local_cpu_slots)]
+    if row.train_device == "cpu":
+        flags += ["--train-device", "cpu"]
+    return tuple(flags)
+
+
+class Fleet:
+    """Host objects for one command, one per host, connections reused and closed together."""
+
+    def __init__(self, settings: Settings, ledger: Ledger) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self._hosts: dict[str, Host] = {}
+        self._lock = threading.Lock()
+
+    def local(self) -> Host:
+        with self._lock:
+            if LOCAL_HOST not in self._hosts:
+                root = self.settings.local_host_root
+                host = LocalHost(root, python=self.settings.local_python)
+                row = self.ledger.ensure_host(LOCAL_HOST, kind="local", root=str(root), python=host.python)
+                host.agent_flags = agent_flags(row, self.settings)
+                self._hosts[LOCAL_HOST] = host
+            return self._hosts[LOCAL_HOST]
+
+    def host(self, row: HostRow) -> Host:
+        if row.kind == "local":
+            return self.local()
+        with self._lock:
+            cached = self._hosts.get(row.name)
+            if cached is not None:
+                return cached
+            if row.kind != "ssh":
+                raise HostError(row.name, f"host kind {row.kind!r} is not supported by this gpuq")
+            from orchestrator.hosts.ssh import SSHHost, resolve
+
+            endpoint = resolve(row.target, port=row.port, user=row.user, key_file=row.key_path)
+            made = SSHHost(row.name, endpoint, root=row.root, python=row.python,
+                           options=ssh_options(self.settings))
+            made.agent_flags = agent_flags(row, self.settings)
+            self._hosts[row.name] = made
+            return made
+
+    def named(self, name: str) -> Host:
+        row = self.ledger.host(name)
+        if row is None:
+            raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
+        return self.host(row)
+
+    def remote_rows(self) -> list[HostRow]:
+        return [row for row in self.ledger.hosts() if row.kind != "local"]
+
+    def close(self) -> None:
+        with self._lock:
+            hosts, self._hosts = list(self._hosts.values()), {}
+        for host in hosts:
+            host.close()
+
+
+# --- registering ---------------------------------------------------------------------
+
+
+def register(
+    ledger: Ledger,
+    settings: Settings,
+    name: str,
+    target: str,
+    *,
+    port: int | None = None,
+    key: str = "",
+    profile: str = DEFAULT_SSH_PROFILE,
+    root: str = "",
+    python: str = "",
+    trust_new_host_key: bool = False,
+) -> Registered:
+    """Audit the host over a verified connection, then record it.  All or nothing."""
+    from orchestrator.hosts.ssh import SSHHost, resolve
+
+    if not HOST_NAME.match(name) or name == LOCAL_HOST:
+        raise UsageError(f'host name "{name}": use 1-32 of a-z 0-9 _ - (starting with a letter or digit), '
+                         f'not "{LOCAL_HOST}"')
+    if ledger.host(name) is not None:
+        raise UsageError(f'host "{name}" is already registered; `gpuq hosts show {name}`, or '
+                         f'`gpuq hosts rm {name}` first to register it again')
+    if key and not Path(key).expanduser().is_file():
+        raise UsageError(f"--key {key}: no such file")
+    prof = load_profile(profile)
+    endpoint = resolve(target, port=port, key_file=str(Path(key).expanduser()) if key else "")
+    want_root = root or prof.paths.data_dir
+    interpreter = python or prof.paths.python or "python3"
+    host = SSHHost(name, endpoint, root=want_root, python=interpreter,
+                   options=ssh_options(settings, trust_new=trust_new_host_key))
+    try:
+        facts = _audit(host, interpreter, want_root)
+        out = Registered(_row_for(name, target, endpoint, port, key, prof.name, facts, interpreter,
+                                  prof.launch.train_device), facts)
+        out.trusted_key = host.trusted_keys[0] if host.trusted_keys else ""
+        out.row.host_key = out.trusted_key or _known_key(settings, endpoint)
+        free_gb = float(facts.get("free_bytes", 0)) / 1e9
+        if prof.launch.min_free_gb and free_gb < prof.launch.min_free_gb:
+            out.warnings.append(f"{facts['root']} has {free_gb:.1f} GB free, below the profile's "
+                                f"{prof.launch.min_free_gb:g} GB: jobs will be refused by the disk gate")
+        if not facts.get("gpus"):
+            detail = f" ({facts['gpu_error']})" if facts.get("gpu_error") else ""
+            out.warnings.append(f"no GPUs reported by nvidia-smi{detail}: jobs get {facts.get('cpus', 1)} CPU slots")
+        ledger.add_host(out.row)
+        return out
+    except BaseException:
+        forget_keys(settings, endpoint, only=host.trusted_keys)
+        raise
+    finally:
+        host.close()
+
+
+def _audit(host: SSHHost, interpreter: str, root: str) -> dict[str, Any]:
+    result = host.run([interpreter, "-c", AUDIT, root], timeout=60)
+    if result.exit_code == 127 or ("not found" in result.stderr and result.exit_code != 0):
+        raise HostError(host.name, f"no Python interpreter {interpreter!r} on the host; install python3 (3.8+) "
+                                   "or pass --python PATH")
+    if result.exit_code != 0:
+        raise HostError(host.name, f"the audit failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}")
+    try:
+        facts: dict[str, Any] = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise HostError(host.name, f"the audit printed no JSON: {result.stdout[:200]!r}") from exc
+    if tuple(facts.get("version", (0,))) < (3, 8):
+        raise HostError(host.name, f"{interpreter} is Python {'.'.join(map(str, facts.get('version', [])))}; "
+                                   "the host agent needs 3.8+; pass --python PATH")
+    if not facts.get("writable"):
+        raise HostError(host.name, f"cannot write the data dir: {facts.get('error')}; pass --root DIR")
+    return facts
+
+
+def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: str, profile: str,
+             facts: dict[str, Any], interpreter: str, train_device: str) -> HostRow:
+    gpus = facts.get("gpus") or []
+    return HostRow(
+        name=name, kind="ssh", target=target, root=str(facts["root"]), python=interpreter, profile=profile,
+        slots_kind="gpu" if gpus else "cpu", slots_total=len(gpus) or int(facts.get("cpus") or 1),
+        port=port or 0, user="", key_path=str(Path(key).expanduser()) if key else "",
+        train_device=train_device, created_at=0.0,
+    )
+
+
+# --- known_hosts ---------------------------------------------------------------------
+
+
+def _known_lines(settings: Settings) -> list[str]:
+    path = settings.home / "known_hosts"
+    return path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+
+
+def _write_known(settings: Settings, lines: Iterable[str]) -> None:
+    path = settings.home / "known_hosts"
+    tmp = path.with_name(f".known_hosts.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.writelines(f"{line}\n" for line in lines)
+    os.replace(tmp, path)
+
+
+def _known_key(settings: Settings, endpoint: Endpoint) -> str:
+    from orchestrator.hosts.ssh import known_hosts_key
+
+    marker = known_hosts_key(endpoint.hostname, endpoint.port)
+    for line in _known_lines(settings):
+        parts = line.split()
+        if len(parts) >= 3 and marker in parts[0].split(","):
+            return f"{parts[1]} {parts[2]}"
+    return ""
+
+
+def forget_keys(settings: Settings, endpoint: Endpoint, *, only: Iterable[str] | None = None) -> int:
+    """Drop this endpoint's entries from gpuq's known_hosts (``only``: just these "<type> <b64>" keys)."""
+    from orchestrator.hosts.ssh import known_hosts_key
+
+    keep_only = set(only) if only is not None else None
+    if keep_only is not None and not keep_only:
+        return 0
+    marker = known_hosts_key(endpoint.hostname, endpoint.port)
+    kept, dropped = [], 0
+    for line in _known_lines(settings):
+        parts = line.split()
+        mine = len(parts) >= 3 and marker in parts[0].split(",")
+        if mine and (keep_only is None or f"{parts[1]} {parts[2]}" in keep_only):
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        _write_known(settings, kept)
+    return dropped
+
+
+def trust(ledger: Ledger, settings: Settings, name: str, fingerprint_: str) -> str:
+    """Replace one host's known key with the key it offers now, if that key has the fingerprint given."""
+    from orchestrator.hosts.ssh import known_hosts_key, offered_key, resolve
+
+    row = ledger.host(name)
+    if row is None or row.kind != "ssh":
+        raise UsageError(f'unknown SSH host "{name}"; `gpuq hosts list` shows the registered ones')
+    endpoint = resolve(row.target, port=row.port, user=row.user, key_file=row.key_path)
+    key_type, key_b64, offered_fp = offered_key(name, endpoint)
+    if offered_fp != fingerprint_:
+        raise HostKeyError(name, f"{endpoint.label()} offers {offered_fp}, not {fingerprint_}; nothing changed")
+    forget_keys(settings, endpoint)
+    marker = known_hosts_key(endpoint.hostname, endpoint.port)
+    _write_known(settings, [*_known_lines(settings), f"{marker} {key_type} {key_b64}"])
+    ledger.update_host(name, host_key=f"{key_type} {key_b64}")
+    ledger.record_event("host", name, f"host key replaced by the user: now {offered_fp}")
+    return offered_fp
+
+
+def key_fingerprint(key_line: str) -> str:
+    """SHA256 fingerprint of a "<type> <base64>" key, as OpenSSH prints it ("" if none)."""
+    import base64
+    import hashlib
+
+    parts = key_line.split()
+    if len(parts) < 2:
+        return ""
+    try:
+        blob = base64.b64decode(parts[1])
+    except ValueError:
+        return ""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def forget_host(ledger: Ledger, settings: Settings, row: HostRow) -> None:
+    """Drop the host from the ledger and its key from gpuq's known_hosts."""
+    from orchestrator.hosts.ssh import resolve
+
+    if row.kind == "ssh":
+        # an alias that no longer resolves: its key entry cannot be named either
+        with contextlib.suppress(HostError):
+            forget_keys(settings, resolve(row.target, port=row.port, user=row.user, key_file=row.key_path))
+    ledger.remove_host(row.name, "removed by the user")

@@ -1,0 +1,506 @@
+"""SSHHost: a remote machine over SSH (paramiko).  The only module that imports paramiko.
+
+Contract (DOMAIN.md 15):
+
+- **Host keys are verified.**  Keys live in a gpuq-owned known_hosts file
+  (``$GPUQ_HOME/known_hosts``); the user's ``~/.ssh/known_hosts`` is consulted
+  read-only.  An unknown key is refused unless the host was created with
+  ``trust_new_host_key`` (trust on first use, recorded in the gpuq file); a
+  changed key is always refused (HostKeyError), and the old entry is kept as
+  evidence.
+- **Targets** are ``user@address`` or an alias from ``~/.ssh/config``; HostName,
+  User, Port, IdentityFile and ProxyJump of the alias are honoured (ProxyJump by
+  tunnelling a ``direct-tcpip`` channel through each jump host, whose keys are
+  verified the same way).
+- **One connection per host per command**, reused by every call, with
+  keepalives.  Connecting retries with capped exponential backoff and jitter;
+  a command whose session cannot be opened on a stale connection reconnects once.
+  A command that started is never re-sent: the caller decides (gpuq's agent verbs
+  are idempotent and the next tick repeats them).
+- **Argument vectors only.**  Every element is shell-quoted here, so nothing from
+  a queue file or a spec is ever interpreted by the remote shell.
+- **Errors** never leak paramiko or socket types: transport trouble becomes
+  HostUnreachable, key trouble HostKeyError, refused keys HostAuthFailed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import random
+import select
+import shlex
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
+from orchestrator.hosts.base import Host
+from orchestrator.specs import CommandResult
+
+KEEPALIVE_S = 10
+CONNECT_TIMEOUT_S = 15.0
+CONNECT_TRIES = 3
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 8.0
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to connect, after ``~/.ssh/config`` is applied."""
+
+    hostname: str
+    port: int = 22
+    user: str = ""
+    key_files: tuple[str, ...] = ()
+    jump: tuple[Endpoint, ...] = ()
+    alias: str = ""
+
+    def label(self) -> str:
+        where = self.hostname if self.port == 22 else f"{self.hostname}:{self.port}"
+        return f"{self.user}@{where}" if self.user else where
+
+
+def _split_target(target: str) -> tuple[str, str, int | None]:
+    user, _, rest = target.rpartition("@")
+    port: int | None = None
+    if rest.startswith("["):  # [v6addr]:port or [host]:port
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":") and tail[1:].isdigit():
+            port = int(tail[1:])
+        return user, host, port
+    if rest.count(":") == 1:
+        host, _, maybe = rest.partition(":")
+        if maybe.isdigit():
+            return user, host, int(maybe)
+    return user, rest, port
+
+
+def resolve(
+    target: str,
+    *,
+    port: int | None = None,
+    user: str = "",
+    key_file: str = "",
+    ssh_config: Path | None = None,
+    _depth: int = 0,
+) -> Endpoint:
+    """Apply ``~/.ssh/config`` to ``target`` the way OpenSSH would (explicit values win)."""
+    if _depth > 5:
+        raise HostError(target, "ProxyJump chain is longer than 5 hops (a loop in ~/.ssh/config?)")
+    t_user, t_host, t_port = _split_target(target)
+    if not t_host:
+        raise HostError(target, "no address in the SSH target; use user@address or an ~/.ssh/config alias")
+    cfg_path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
+    looked: dict[str, Any] = {}
+    if cfg_path.is_file():
+        try:
+            config = paramiko.SSHConfig.from_path(str(cfg_path))
+            looked = dict(config.lookup(t_host))
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise HostError(target, f"cannot read {cfg_path}: {exc}") from exc
+    hostname = str(looked.get("hostname") or t_host)
+    final_port = port or t_port or int(looked.get("port") or 22)
+    final_user = user or t_user or str(looked.get("user") or "")
+    keys = tuple([key_file] if key_file else [os.path.expanduser(k) for k in looked.get("identityfile", [])])
+    jumps: list[Endpoint] = []
+    proxy = str(looked.get("proxyjump") or "")
+    if proxy and proxy.lower() != "none":
+        for hop in proxy.split(","):
+            jumps.append(resolve(hop.strip(), ssh_config=cfg_path, _depth=_depth + 1))
+    return Endpoint(hostname, final_port, final_user, keys, tuple(jumps), alias=t_host if looked else "")
+
+
+def known_hosts_key(hostname: str, port: int) -> str:
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _Policy(paramiko.MissingHostKeyPolicy):
+    """Unknown key: refuse, or (trust on first use) record it in the gpuq known_hosts file."""
+
+    def __init__(self, host_name: str, known_hosts: Path, trust_new: bool, lock: threading.Lock) -> None:
+        self.host_name = host_name
+        self.known_hosts = known_hosts
+        self.trust_new = trust_new
+        self.lock = lock
+        self.trusted: list[str] = []
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        line = f"{hostname} {key.get_name()} {key.get_base64()}"
+        if not self.trust_new:
+            raise HostKeyError(
+                self.host_name,
+                f"unknown SSH host key for {hostname} ({key.get_name()} {fingerprint(key)}); "
+                "check the fingerprint with the machine's owner or console, then run the command again "
+                "with --trust-new-host-key to trust it (recorded in gpuq's known_hosts)",
+            )
+        with self.lock:
+            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.trusted.append(f"{key.get_name()} {key.get_base64()}")
+
+
+@dataclass
+class SSHOptions:
+    known_hosts: Path
+    trust_new_host_key: bool = False
+    ssh_config: Path | None = None
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    keepalive_s: int = KEEPALIVE_S
+    connect_tries: int = CONNECT_TRIES
+    sleep: Callable[[float], None] = field(default=time.sleep)
+
+
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class SSHHost(Host):
+    """A host reached over SSH.  Lazily connects; ``close()`` releases the connection."""
+
+    def __init__(self, name: str, endpoint: Endpoint, *, root: str, python: str, options: SSHOptions) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self.root = root
+        self.python = python or "python3"
+        self.options = options
+        self._client: paramiko.SSHClient | None = None
+        self._jumps: list[paramiko.SSHClient] = []
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.RLock()
+        self.connects = 0  # for tests and benchmarks: how many TCP connections this object made
+        self.round_trips = 0
+        self.trusted_keys: list[str] = []  # "<type> <base64>" accepted on first use by this object
+
+    # --- connection ---------------------------------------------------------------
+
+    def _new_client(self, endpoint: Endpoint) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        system = Path.home() / ".ssh" / "known_hosts"
+        if system.is_file():
+            # an unreadable user file is skipped: gpuq's own file still applies
+            with contextlib.suppress(OSError, paramiko.SSHException):
+                client.load_system_host_keys(str(system))
+        known = self.options.known_hosts
+        if known.is_file():
+            client.load_host_keys(str(known))
+        policy = _Policy(self.name, known, self.options.trust_new_host_key, _KNOWN_HOSTS_LOCK)
+        client.set_missing_host_key_policy(policy)
+        client._gpuq_policy = policy  # type: ignore[attr-defined]
+        return client
+
+    def _connect_one(self, endpoint: Endpoint, sock: Any) -> paramiko.SSHClient:
+        client = self._new_client(endpoint)
+        try:
+            client.connect(
+                endpoint.hostname,
+                port=endpoint.port,
+                username=endpoint.user or None,
+                key_filename=list(endpoint.key_files) or None,  # type: ignore[arg-type]  # stubs say str; list is documented
+                timeout=self.options.connect_timeout_s,
+                banner_timeout=self.options.connect_timeout_s,
+                auth_timeout=self.options.connect_timeout_s,
+                sock=sock,
+                look_for_keys=not endpoint.key_files,
+                allow_agent=not endpoint.key_files,
+            )
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyError(
+                self.name,
+                f"the SSH host key of {endpoint.label()} CHANGED: known {fingerprint(exc.expected_key)}, "
+                f"offered {fingerprint(exc.key)}. Refusing to connect: this is either a re-created machine or "
+                "someone intercepting the connection. If the machine was re-created, confirm the new "
+                f"fingerprint with its provider, then `gpuq hosts trust {self.name} --fingerprint "
+                f"{fingerprint(exc.key)}` replaces only this entry",
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            keys = ", ".join(endpoint.key_files) or "your default keys and ssh-agent"
+            raise HostAuthFailed(
+                self.name, f"{endpoint.label()} refused {keys}: add the public key to the host's "
+                "~/.ssh/authorized_keys or pass --key"
+            ) from exc
+        except HostKeyError:
+            client.close()
+            raise
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            client.close()
+            raise HostUnreachable(self.name, f"cannot connect to {endpoint.label()}: {_describe(exc)}") from exc
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(self.options.keepalive_s)
+        policy: _Policy = client._gpuq_policy  # type: ignore[attr-defined]
+        self.trusted_keys.extend(policy.trusted)
+        return client
+
+    def _open(self) -> paramiko.SSHClient:
+        sock: Any = None
+        jumps: list[paramiko.SSHClient] = []
+        try:
+            previous: paramiko.SSHClient | None = None
+            for hop in self.endpoint.jump:
+                if previous is not None:
+                    sock = _tunnel(previous, hop, self.options.connect_timeout_s, self.name)
+                previous = self._connect_one(hop, sock)
+                jumps.append(previous)
+            if previous is not None:
+                sock = _tunnel(previous, self.endpoint, self.options.connect_timeout_s, self.name)
+            client = self._connect_one(self.endpoint, sock)
+        except BaseException:
+            for j in jumps:
+                j.close()
+            raise
+        self._jumps = jumps
+        self.connects += 1
+        return client
+
+    def _connection(self) -> paramiko.SSHClient:
+        with self._lock:
+            if self._client is not None:
+                transport = self._client.get_transport()
+                if transport is not None and transport.is_active():
+                    return self._client
+                self._drop()
+            delay = BACKOFF_BASE_S
+            for attempt in range(1, self.options.connect_tries + 1):
+                try:
+                    self._client = self._open()
+                    return self._client
+                except HostUnreachable:
+                    if attempt == self.options.connect_tries:
+                        raise
+                    self.options.sleep(min(BACKOFF_CAP_S, delay) * (0.5 + random.random() / 2))
+                    delay *= 2
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drop(self) -> None:
+        for closer in (self._sftp, self._client, *self._jumps):
+            if closer is not None:
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                    closer.close()
+        self._sftp = None
+        self._client = None
+        self._jumps = []
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    # --- commands -----------------------------------------------------------------
+
+    def _session(self) -> paramiko.Channel:
+        """A fresh session channel; a stale connection is replaced once."""
+        for fresh in (False, True):
+            client = self._connection()
+            transport = client.get_transport()
+            try:
+                if transport is None:
+                    raise paramiko.SSHException("no transport")
+                return transport.open_session(timeout=self.options.connect_timeout_s)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                with self._lock:
+                    self._drop()
+                if fresh:
+                    raise HostUnreachable(self.name, f"cannot open a session: {_describe(exc)}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+        if not argv:
+            raise ValueError("empty argv")
+        command = " ".join(shlex.quote(str(a)) for a in argv)
+        started = time.monotonic()
+        chan = self._session()
+        self.round_trips += 1
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            deadline = started + timeout
+            while True:
+                while chan.recv_ready():
+                    out.append(chan.recv(CHUNK))
+                while chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(CHUNK))
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed and not chan.exit_status_ready():
+                    raise HostUnreachable(self.name, f"connection lost while running {argv[0]}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HostUnreachable(self.name, f"{argv[0]} did not finish within {timeout:.0f} s")
+                select.select([chan], [], [], min(left, 1.0))
+            code = chan.recv_exit_status()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            with self._lock:
+                self._drop()
+            raise HostUnreachable(self.name, f"connection lost while running {argv[0]}: {_describe(exc)}") from exc
+        finally:
+            chan.close()
+        if code < 0:  # the server sent no exit status: the session was torn down under us
+            raise HostUnreachable(self.name, f"{argv[0]} ended without an exit status (connection dropped)")
+        return CommandResult(
+            host=self.name,
+            argv=tuple(str(a) for a in argv),
+            exit_code=code,
+            stdout=b"".join(out).decode("utf-8", "replace"),
+            stderr=b"".join(err).decode("utf-8", "replace"),
+            duration_s=time.monotonic() - started,
+        )
+
+    # --- files --------------------------------------------------------------------
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        with self._lock:
+            if self._sftp is not None:
+                channel = self._sftp.get_channel()
+                if channel is not None and not channel.closed:
+                    return self._sftp
+            client = self._connection()
+            try:
+                self._sftp = client.open_sftp()
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                self._drop()
+                raise HostUnreachable(self.name, f"cannot start SFTP (proxied endpoints cannot carry files; "
+                                                 f"direct TCP is needed): {_describe(exc)}") from exc
+            return self._sftp
+
+    def _mkdirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
+        try:
+            sftp.stat(directory)
+            return
+        except FileNotFoundError:
+            pass
+        prefix = "/" if directory.startswith("/") else ""
+        done: list[str] = []
+        for part in (p for p in directory.split("/") if p):
+            done.append(part)
+            path = prefix + "/".join(done)
+            try:
+                sftp.stat(path)
+            except FileNotFoundError:
+                sftp.mkdir(path)
+
+    def put(self, local: Path, remote: str) -> None:
+        sftp = self._sftp_client()
+        directory, _, base = remote.rpartition("/")
+        tmp = f"{directory}/.{base}.tmp.{os.getpid()}" if directory else f".{base}.tmp.{os.getpid()}"
+        try:
+            if directory:
+                self._mkdirs(sftp, directory)
+            sftp.put(str(local), tmp, confirm=True)
+            sftp.posix_rename(tmp, remote)
+        except FileNotFoundError as exc:
+            raise HostError(self.name, f"cannot write {remote}: {exc}") from exc
+        except PermissionError as exc:
+            raise HostError(self.name, f"cannot write {remote}: permission denied") from exc
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            with self._lock:
+                self._drop()
+            raise HostUnreachable(self.name, f"upload of {local.name} failed: {_describe(exc)}") from exc
+
+    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+        sftp = self._sftp_client()
+        try:
+            size = sftp.stat(remote).st_size or 0
+            if stat.S_ISDIR(sftp.stat(remote).st_mode or 0):
+                raise HostError(self.name, f"{remote} is a directory, not a file")
+        except FileNotFoundError as exc:
+            raise HostError(self.name, f"{remote} does not exist") from exc
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            with self._lock:
+                self._drop()
+            raise HostUnreachable(self.name, f"cannot read {remote}: {_describe(exc)}") from exc
+        local.parent.mkdir(parents=True, exist_ok=True)
+        mode = "r+b" if offset and local.exists() else "wb"
+        try:
+            with open(local, mode) as dst, sftp.open(remote, "rb") as src:
+                dst.truncate(offset)
+                dst.seek(offset)
+                src.seek(offset)
+                if size > offset:
+                    src.prefetch(size)
+                while True:
+                    block = src.read(CHUNK)
+                    if not block:
+                        break
+                    dst.write(block)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            if isinstance(exc, PermissionError):
+                raise HostError(self.name, f"cannot read {remote}: permission denied") from exc
+            with self._lock:
+                self._drop()
+            raise HostUnreachable(self.name, f"download of {remote} broke off: {_describe(exc)}") from exc
+
+
+def _tunnel(via: paramiko.SSHClient, to: Endpoint, timeout: float, name: str) -> paramiko.Channel:
+    transport = via.get_transport()
+    try:
+        if transport is None:
+            raise paramiko.SSHException("jump host connection is closed")
+        return transport.open_channel("direct-tcpip", (to.hostname, to.port), ("127.0.0.1", 0), timeout=timeout)
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise HostUnreachable(name, f"the jump host cannot reach {to.label()}: {_describe(exc)}") from exc
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, socket.timeout):
+        return "timed out"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return "connection refused"
+    return text or type(exc).__name__
+
+
+def offered_key(name: str, endpoint: Endpoint, *, timeout: float = CONNECT_TIMEOUT_S) -> tuple[str, str, str]:
+    """The host key ``endpoint`` offers now, without authenticating: (type, base64, fingerprint).
+
+    Jump hosts on the way are verified as usual; only the last hop's key is read unverified,
+    which is the point: the caller compares it with a fingerprint the user got out of band.
+    """
+    jumps = SSHHost(name, endpoint, root="/", python="", options=SSHOptions(known_hosts=Path(os.devnull)))
+    sock: Any = None
+    clients: list[paramiko.SSHClient] = []
+    transport: paramiko.Transport | None = None
+    try:
+        previous: paramiko.SSHClient | None = None
+        for hop in endpoint.jump:
+            if previous is not None:
+                sock = _tunnel(previous, hop, timeout, name)
+            previous = jumps._connect_one(hop, sock)
+            clients.append(previous)
+        if previous is not None:
+            sock = _tunnel(previous, endpoint, timeout, name)
+        else:
+            sock = socket.create_connection((endpoint.hostname, endpoint.port), timeout=timeout)
+        transport = paramiko.Transport(sock)
+        transport.start_client(timeout=timeout)
+        key = transport.get_remote_server_key()
+        return key.get_name(), key.get_base64(), fingerprint(key)
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise HostUnreachable(name, f"cannot read the host key of {endpoint.label()}: {_describe(exc)}") from exc
+    finally:
+        if transport is not None:
+            transport.close()
+        for client in clients:
+            client.close()

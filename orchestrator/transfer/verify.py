@@ -1,0 +1,288 @@
+"""What a pulled copy must be before gpuq calls it verified (DOMAIN.md 12.3).
+
+Pure checks on local files; no host, no ledger.  A manifest (``MANIFEST.json``, schema
+``gpuq.manifest/1``, written by the host agent's ``manifest`` verb) lists each file of a job's
+results as a relative POSIX path, a size and a sha256.  :func:`verify_copy` holds a local copy to
+it: the file set equals the manifest's exactly (missing and unexpected files both fail; the
+manifest itself, the verification record and ``*.tmp`` are bookkeeping), then sizes, then sha256,
+then content: metrics and summary parse, and the best checkpoint is a sound torch archive.
+
+The controller never imports torch, so a checkpoint is checked with the stdlib: the zip archive
+opens, every member passes its CRC, and its ``data.pkl`` is a complete pickle of a dict whose
+globals are torch's tensor-rebuild names (what ``torch.load(weights_only=True)`` accepts).  The
+host's wrapper has loaded the same bytes with ``weights_only=True`` (the agent refuses to
+manifest a best.pt whose sha256 differs from the one the wrapper recorded).  Nothing is ever
+unpickled here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickletools
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator import protocol
+
+PULL_VERIFIED = "PULL_VERIFIED.json"
+PULL_VERIFIED_SCHEMA = "gpuq.pull-verified/1"
+PROVENANCE = "PROVENANCE.txt"
+MANIFEST_INCOMING = protocol.JOB_MANIFEST_FILE + ".incoming"
+IGNORED_TOP = frozenset({protocol.JOB_MANIFEST_FILE, MANIFEST_INCOMING, PULL_VERIFIED})  # bookkeeping, not results
+CHUNK = 1 << 20
+
+_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
+                         "BINSTRING", "STRING"})
+# opcodes that precede the outermost object's own opcode (framing, memo, a global's name strings)
+_PRELUDE_OPS = _STRING_OPS | {"PROTO", "FRAME", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "BINGET", "LONG_BINGET",
+                              "GET"}
+_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+# pickle globals outside the torch package that torch.load(weights_only=True) accepts; inside it, any
+# torch.* name passes (an approximation of torch's allowlist: nothing is unpickled here, and the host
+# loaded these exact bytes with weights_only=True)
+_SAFE_GLOBALS = frozenset({
+    "collections.OrderedDict", "_codecs.encode", "builtins.set", "builtins.frozenset",
+    "builtins.bytearray", "builtins.slice", "builtins.complex",
+})
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    path: str  # relative to jobs/<job_id>/, POSIX
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    job_id: str
+    attempt: int
+    queue_id: str
+    files: tuple[ManifestEntry, ...]
+    sha256: str  # of the manifest bytes as fetched
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def same_files(self, other: Manifest) -> bool:
+        return self.job_id == other.job_id and self.attempt == other.attempt and self.files == other.files
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A verification failure: ``slug`` names the quarantine dir, ``detail`` is for people."""
+
+    slug: str
+    detail: str
+
+
+def _safe_path(path: object) -> str | None:
+    if not isinstance(path, str) or not path or path.startswith("/"):
+        return None
+    parts = path.split("/")
+    if any(not p or p in (".", "..") or not set(p) <= _SAFE_CHARS for p in parts):
+        return None
+    if path.endswith(".tmp") or (len(parts) == 1 and path in IGNORED_TOP | {PROVENANCE}):
+        return None
+    return path
+
+
+def parse_manifest(raw: bytes, *, job_id: str) -> Manifest:
+    """Validate a fetched MANIFEST.json; ValueError says what is wrong with it."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"manifest is not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("schema") != protocol.MANIFEST_SCHEMA:
+        raise ValueError(f"manifest schema is {doc.get('schema') if isinstance(doc, dict) else None!r}, "
+                         f"expected {protocol.MANIFEST_SCHEMA!r}")
+    if doc.get("job_id") != job_id:
+        raise ValueError(f"manifest is for job {doc.get('job_id')!r}")
+    attempt = doc.get("attempt")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise ValueError(f"manifest attempt {attempt!r} is not a positive integer")
+    entries: list[ManifestEntry] = []
+    for item in doc.get("files") or []:
+        path = _safe_path(item.get("path") if isinstance(item, dict) else None)
+        size, sha = (item.get("bytes"), item.get("sha256")) if isinstance(item, dict) else (None, None)
+        if path is None:
+            raise ValueError(f"manifest lists an unsafe path: {item!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"manifest size of {path} is not a byte count: {size!r}")
+        if not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= set("0123456789abcdef"):
+            raise ValueError(f"manifest sha256 of {path} is malformed: {sha!r}")
+        entries.append(ManifestEntry(path, size, sha))
+    paths = [e.path for e in entries]
+    if not entries:
+        raise ValueError("manifest lists no files")
+    if len(set(paths)) != len(paths):
+        raise ValueError("manifest lists a path twice")
+    for need in (f"{protocol.RESULT_DIR}/{protocol.METRICS_FILE}", f"{protocol.CKPT_DIR}/{protocol.BEST_CKPT}"):
+        if need not in paths:
+            raise ValueError(f"manifest lacks {need}")
+    sha = hashlib.sha256(raw).hexdigest()
+    return Manifest(job_id, attempt, str(doc.get("queue_id") or ""), tuple(sorted(entries, key=lambda e: e.path)),
+                    sha)
+
+
+def read_manifest(path: Path, job_id: str) -> Manifest | None:
+    try:
+        return parse_manifest(path.read_bytes(), job_id=job_id)
+    except (OSError, ValueError):
+        return None
+
+
+def _hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _local_files(directory: Path) -> tuple[dict[str, Path], list[str]]:
+    """Regular files under ``directory`` by relative POSIX path (bookkeeping and *.tmp left out),
+    and the relative paths of anything else (symlinks, devices) found there."""
+    files: dict[str, Path] = {}
+    odd: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        base = Path(dirpath)
+        for name in sorted(dirnames):
+            if (base / name).is_symlink():
+                odd.append((base / name).relative_to(directory).as_posix())
+        for name in sorted(filenames):
+            full = base / name
+            rel = full.relative_to(directory).as_posix()
+            if name.endswith(".tmp") or rel in IGNORED_TOP:
+                continue
+            if full.is_symlink() or not full.is_file():
+                odd.append(rel)
+            else:
+                files[rel] = full
+    return files, odd
+
+
+def pickle_problem(data: bytes) -> str | None:
+    """Why a torch ``data.pkl`` would not load with weights_only=True as a dict; None when it would.
+
+    Reads opcodes only (pickletools); nothing is unpickled.
+    """
+    recent: list[str | None] = []  # values pushed lately, for STACK_GLOBAL's two operands
+    memo: dict[int, str | None] = {}
+    first: str | None = None  # what the outermost object is built from
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            ref: str | None = None
+            if name in ("GLOBAL", "INST"):
+                ref = str(arg).replace(" ", ".", 1)
+            elif name == "STACK_GLOBAL":
+                module, attr = (recent[-2], recent[-1]) if len(recent) >= 2 else (None, None)
+                if module is None or attr is None:
+                    return "it holds a pickle global that cannot be read statically"
+                ref = f"{module}.{attr}"
+            if ref is not None and not (ref.startswith("torch.") or ref in _SAFE_GLOBALS):
+                return f"it references {ref}, which torch.load(weights_only=True) refuses"
+            if first is None and name not in _PRELUDE_OPS:
+                first = "dict" if name == "EMPTY_DICT" or ref == "collections.OrderedDict" else (ref or name)
+            if name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[int(str(arg))] = recent[-1] if recent else None
+            elif name == "MEMOIZE":
+                memo[len(memo)] = recent[-1] if recent else None
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                recent.append(memo.get(int(str(arg))))
+            elif name in _STRING_OPS:
+                recent.append(str(arg))
+            elif name not in ("PROTO", "FRAME"):
+                recent.append(None)
+            del recent[:-4]
+    except ValueError as exc:
+        return f"its pickle is damaged: {exc}"
+    if first != "dict":
+        return f"it does not hold a dict (a state dict) but {first or 'nothing'}"
+    return None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why ``path`` is not a sound torch checkpoint (zip archive of a state dict); None when it is."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
+            if len(pickles) != 1:
+                return "it is not a torch checkpoint archive (no single <name>/data.pkl)"
+            damaged = archive.testzip()
+            if damaged is not None:
+                return f"archive member {damaged} fails its CRC check"
+            data = archive.read(pickles[0])
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, RuntimeError, ValueError) as exc:
+        return f"it is not a readable zip archive: {exc}"
+    return pickle_problem(data)
+
+
+def _metrics_problem(path: Path, rel: str) -> str | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{rel} is unreadable: {exc}"
+    if rel.endswith(".jsonl"):
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if not lines:
+            return f"{rel} is empty"
+        for number, line in enumerate(lines, 1):
+            try:
+                json.loads(line)
+            except json.JSONDecodeError:
+                return f"{rel} line {number} is not JSON"
+        return None
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"{rel} is not JSON: {exc}"
+    return None
+
+
+def verify_copy(directory: Path, manifest: Manifest) -> Problem | None:
+    """Check a local copy against its manifest; the first failure, or None when everything matches."""
+    files, odd = _local_files(directory)
+    want = {e.path: e for e in manifest.files}
+    if odd:
+        return Problem("unexpected-file", f"not a regular file: {', '.join(odd[:3])}")
+    missing = sorted(set(want) - set(files))
+    if missing:
+        return Problem("missing-file", f"missing {len(missing)} file(s): {', '.join(missing[:3])}")
+    extra = sorted(set(files) - set(want))
+    if extra:
+        return Problem("unexpected-file", f"not in the manifest: {', '.join(extra[:3])}")
+    for entry in manifest.files:
+        size = files[entry.path].stat().st_size
+        if size != entry.size:
+            return Problem("size-mismatch", f"{entry.path} has {size} bytes, the manifest says {entry.size}")
+    for entry in manifest.files:
+        sha = _hash(files[entry.path])
+        if sha != entry.sha256:
+            return Problem("sha256-mismatch", f"{entry.path} has sha256 {sha[:12]}, the manifest says "
+                           f"{entry.sha256[:12]}")
+    for entry in manifest.files:
+        if entry.path.startswith(f"{protocol.CKPT_DIR}/") and entry.path.endswith(".pt"):
+            why = checkpoint_problem(files[entry.path])
+            if why:
+                return Problem("bad-checkpoint", f"{entry.path}: {why}")
+        if entry.path in (f"{protocol.RESULT_DIR}/{protocol.METRICS_FILE}",
+                          f"{protocol.RESULT_DIR}/{protocol.SUMMARY_FILE}"):
+            why = _metrics_problem(files[entry.path], entry.path)
+            if why:
+                return Problem("bad-metrics", why)
+    return None
+
+
+def read_verified_record(directory: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads((directory / PULL_VERIFIED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -1,0 +1,196 @@
+"""``manifest JOB_ID...``: the host side of ``gpuq pull`` (DOMAIN.md 12.1).
+
+stdlib only, Python >= 3.8.  One round trip builds the manifest of every named job.
+
+The roster is explicit: the controller names the jobs it believes succeeded.  A named job is
+manifested only when the exit record of its current attempt (the attempt of its claimed spec,
+else the newest attempt directory) has wrapper code 0; anything else yields an error entry for
+that job, never a manifest.  A manifest covers, relative to ``jobs/<job_id>/`` as POSIX paths:
+
+  result/**                  every regular file (leftover ``*.tmp`` writes are not results)
+  ckpt/best.pt               the best checkpoint (required)
+  attempts/<n>/job.log       the attempt's log (evidence; when present)
+  attempts/<n>/exit.json     the attempt's exit record (evidence; required)
+
+It fails closed, per job (error entry, no manifest written): a bad or duplicate job id, a
+component name outside ``[A-Za-z0-9._-]``, any symlink or non-regular file on the way, no exit
+record or a non-zero one, missing ``result/metrics.jsonl`` or ``ckpt/best.pt``, a best.pt whose
+sha256 differs from the one the wrapper recorded after loading it, or no files at all.
+
+``jobs/<job_id>/MANIFEST.json`` is rebuilt on every call (files sorted by path; only
+``created_at`` changes when nothing else did) and written atomically (tmp + fsync + rename).
+The controller binds its verification to the sha256 printed here, i.e. to the manifest bytes it
+fetched, so a rebuild between two pulls is harmless.
+
+Prints one JSON object: {job_id: {"manifest": path, "sha256": hex of the manifest bytes,
+"attempt": n, "files": count, "bytes": total} | {"error": "why"}}.  Exit status: 0 when at least
+one manifest was built, 1 when none was (every entry is an error: an empty result set is a
+failure, DOMAIN.md 18.7), 64 for a malformed roster (bad or duplicate job id): nothing is written.
+"""
+
+# ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+from typing import Any
+
+import gpuq_protocol as P
+from gpuq_files import Layout, atomic_write, read_json, spec_attempt, utc
+from gpuq_inbox import JOB_ID_RE
+
+SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+CHUNK = 1 << 20
+
+
+class Refused(Exception):
+    """This job cannot be manifested; the message says why."""
+
+
+def _safe(name: str, where: str) -> None:
+    if not SAFE_NAME_RE.match(name) or name in (".", ".."):
+        raise Refused("unsafe name %r in %s (allowed: [A-Za-z0-9._-])" % (name, where))
+
+
+def _no_link(path: str, what: str) -> None:
+    if os.path.islink(path):
+        raise Refused("%s is a symlink: %s" % (what, path))
+
+
+def _hash_regular(path: str, rel: str) -> dict[str, Any]:
+    """Size and sha256 of one regular file, from the same open file (never follows a link)."""
+    # O_NONBLOCK: a FIFO must be refused, not wait forever for a writer (no effect on regular files)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise Refused("cannot read %s: %s" % (rel, e.strerror or e)) from e
+    h = hashlib.sha256()
+    size = 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refused("%s is not a regular file" % rel)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                h.update(chunk)
+                size += len(chunk)
+    finally:
+        os.close(fd)
+    return {"path": rel, "bytes": size, "sha256": h.hexdigest()}
+
+
+def _result_files(jdir: str) -> list[dict[str, Any]]:
+    rdir = os.path.join(jdir, P.RESULT_DIR)
+    _no_link(rdir, P.RESULT_DIR + "/")
+    if not os.path.isdir(rdir):
+        raise Refused("no %s/ directory: the job left no results" % P.RESULT_DIR)
+    found: list[dict[str, Any]] = []
+    for dirpath, dirnames, filenames in os.walk(rdir):
+        rel_dir = os.path.relpath(dirpath, jdir).replace(os.sep, "/")
+        for name in sorted(dirnames):
+            _safe(name, rel_dir + "/")
+            _no_link(os.path.join(dirpath, name), "%s/%s" % (rel_dir, name))
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            _no_link(full, "%s/%s" % (rel_dir, name))
+            if name.endswith(".tmp"):
+                continue  # an interrupted atomic write, never a result
+            _safe(name, rel_dir + "/")
+            found.append(_hash_regular(full, "%s/%s" % (rel_dir, name)))
+    return found
+
+
+def _attempt_number(lay: Layout, job_id: str) -> int:
+    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+    if isinstance(spec, dict):
+        return spec_attempt(spec)
+    try:
+        numbers = [int(n) for n in os.listdir(lay.job(job_id, P.ATTEMPTS_DIR)) if n.isdigit()]
+    except OSError:
+        numbers = []
+    if not numbers:
+        raise Refused("no attempt of this job ran on this host")
+    return max(numbers)
+
+
+def build(lay: Layout, job_id: str) -> dict[str, Any]:
+    """Hash the job's files and write its MANIFEST.json; returns the document (Refused on failure)."""
+    jdir = lay.job(job_id)
+    _no_link(lay.p(P.JOBS_DIR), P.JOBS_DIR + "/")
+    _no_link(jdir, "the job directory")
+    if not os.path.isdir(jdir):
+        raise Refused("no job directory on this host")
+    n = _attempt_number(lay, job_id)
+    adir = lay.attempt(job_id, n)
+    for path, what in ((lay.job(job_id, P.ATTEMPTS_DIR), P.ATTEMPTS_DIR + "/"), (adir, "attempt %d" % n)):
+        _no_link(path, what)
+    exit_doc = read_json(os.path.join(adir, P.EXIT_FILE))
+    if not isinstance(exit_doc, dict):
+        raise Refused("attempt %d has no exit record (still running, or lost)" % n)
+    if exit_doc.get("wrapper_code") != P.EXIT_OK:
+        raise Refused("attempt %d exited %r, not 0: its log and exit record are evidence, not results"
+                      % (n, exit_doc.get("wrapper_code")))
+    files = _result_files(jdir)
+    if not any(f["path"] == "%s/%s" % (P.RESULT_DIR, P.METRICS_FILE) for f in files):
+        raise Refused("%s/%s is missing" % (P.RESULT_DIR, P.METRICS_FILE))
+    ckpt_dir = lay.job(job_id, P.CKPT_DIR)
+    best = os.path.join(ckpt_dir, P.BEST_CKPT)
+    _no_link(ckpt_dir, P.CKPT_DIR + "/")
+    _no_link(best, "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT))
+    if not os.path.exists(best):
+        raise Refused("the best checkpoint %s/%s is missing" % (P.CKPT_DIR, P.BEST_CKPT))
+    best_entry = _hash_regular(best, "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT))
+    recorded = exit_doc.get("best_sha256")
+    if recorded and recorded != best_entry["sha256"]:
+        raise Refused("%s/%s changed after the wrapper verified it (sha256 %s, exit record says %s)"
+                      % (P.CKPT_DIR, P.BEST_CKPT, best_entry["sha256"][:12], str(recorded)[:12]))
+    files.append(best_entry)
+    prefix = "%s/%d/" % (P.ATTEMPTS_DIR, n)
+    log = os.path.join(adir, P.JOB_LOG)
+    _no_link(log, prefix + P.JOB_LOG)
+    if os.path.exists(log):
+        files.append(_hash_regular(log, prefix + P.JOB_LOG))
+    files.append(_hash_regular(os.path.join(adir, P.EXIT_FILE), prefix + P.EXIT_FILE))
+    files.sort(key=lambda f: f["path"])
+    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+    queue_id = spec.get("queue_id") if isinstance(spec, dict) else None
+    return {"schema": P.MANIFEST_SCHEMA, "job_id": job_id, "queue_id": queue_id, "attempt": n,
+            "created_at": utc(), "files": files, "total_files": len(files),
+            "total_bytes": sum(f["bytes"] for f in files)}
+
+
+def cmd_manifest(root: str, job_ids: list[str]) -> int:
+    seen = set()
+    for job_id in job_ids:
+        if not JOB_ID_RE.match(job_id):
+            print("gpuq manifest: bad job id %r" % job_id, file=sys.stderr)
+            return P.AGENT_EXIT_USAGE
+        if job_id in seen:
+            print("gpuq manifest: job %s is named twice in the roster" % job_id, file=sys.stderr)
+            return P.AGENT_EXIT_USAGE
+        seen.add(job_id)
+    lay = Layout(root)
+    out: dict[str, Any] = {}
+    for job_id in job_ids:
+        try:
+            doc = build(lay, job_id)
+        except Refused as e:
+            out[job_id] = {"error": str(e)}
+            continue
+        text = json.dumps(doc, sort_keys=True, indent=1) + "\n"
+        path = lay.job(job_id, P.JOB_MANIFEST_FILE)
+        try:
+            atomic_write(path, text)
+        except OSError as e:
+            out[job_id] = {"error": "cannot write %s: %s" % (path, e.strerror or e)}
+            continue
+        out[job_id] = {"manifest": path, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                       "attempt": doc["attempt"], "files": doc["total_files"], "bytes": doc["total_bytes"]}
+    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    return 0 if any("manifest" in v for v in out.values()) else 1

@@ -1,0 +1,492 @@
+"""`gpuq pull`'s transfer: manifest, resumable copy with bounded retries, verification, quarantine.
+
+Hosts are FakeHosts over fabricated host roots (tests/support/jobtree.py) running the real agent's
+`manifest` verb; links are cut or broken mid-file on purpose.  No real sleeping: ``sleep`` is
+injected and recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import protocol
+from orchestrator.errors import HostUnreachable
+from orchestrator.launcher import agent_argv
+from orchestrator.ledger import Job, Ledger
+from orchestrator.specs import JobSpec
+from orchestrator.states import AttemptState, JobState
+from orchestrator.transfer import (
+    ALREADY,
+    INCOMPLETE,
+    NOT_PULLED,
+    PROVENANCE,
+    PULL_VERIFIED,
+    QUARANTINED,
+    VERIFIED,
+    backoff_delay,
+    pull_jobs,
+    verify_copy,
+)
+from orchestrator.transfer.verify import checkpoint_problem, parse_manifest, pickle_problem
+from tests.support.fakehost import FakeHost
+from tests.support.jobtree import SHA, fake_checkpoint, finished_job, install_agent, pulled_paths
+
+SWEEP = "qtest01"
+
+
+class LinkHost(FakeHost):
+    """A FakeHost whose link can break in the middle of a file.
+
+    ``breaks[name]`` is a list of byte counts: each get of a remote file ending in ``name`` delivers
+    that many more bytes, then fails like a dropped connection (HostUnreachable), or raises
+    ``crash`` instead (a controller killed mid-copy).  Every get is recorded with its offset.
+    """
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.breaks: dict[str, list[int]] = {}
+        self.crash: type[BaseException] | None = None
+        self.gets: list[tuple[str, int]] = []
+        self.after_manifest: Callable[[], None] | None = None
+
+    def run(self, argv: Any, *, stdin: bytes | None = None, timeout: float = 60.0) -> Any:
+        result = super().run(argv, stdin=stdin, timeout=timeout)
+        if "manifest" in argv and self.after_manifest is not None:
+            self.after_manifest()
+        return result
+
+    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+        self.gets.append((remote, offset))
+        plan = next((v for k, v in self.breaks.items() if remote.endswith(k) and v), None)
+        if plan is None:
+            super().get(remote, local, offset=offset)
+            return
+        deliver = plan.pop(0)
+        self._check("get")
+        with open(remote, "rb") as src, open(local, "r+b" if offset and local.exists() else "wb") as dst:
+            dst.truncate(offset)
+            dst.seek(offset)
+            src.seek(offset)
+            dst.write(src.read(deliver))
+        if self.crash is not None:
+            raise self.crash()
+        raise HostUnreachable(self.name, "connection reset (fake, mid-file)")
+
+
+@dataclass
+class World:
+    ledger: Ledger
+    host: LinkHost
+    root: Path
+    home: Path
+    jobs: list[Job]
+    sleeps: list[float] = field(default_factory=list)
+
+    @property
+    def results(self) -> Path:
+        return self.home / "results"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.home / "quarantine"
+
+    def pull(self, jobs: list[Job] | None = None, **kw: Any) -> list[Any]:
+        fresh = [self.ledger.job(j.id) for j in (jobs or self.jobs)]
+        return pull_jobs(self.ledger, self.host, agent_argv(self.host, SHA), fresh, self.results, self.quarantine,
+                         sleep=self.sleeps.append, jitter=lambda: 0.0, **kw)
+
+    def final(self, job: Job) -> Path:
+        return self.results / SWEEP / job.id
+
+    def staging(self, job: Job) -> Path:
+        return self.results / SWEEP / f"{job.id}.incoming"
+
+    def remote(self, job: Job, rel: str) -> Path:
+        return self.root / protocol.JOBS_DIR / job.id / rel
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    home = tmp_path / "home"
+    ledger = Ledger(home / "ledger.db")
+    host = LinkHost(tmp_path / "root")
+    root = Path(host.root)
+    install_agent(root)
+    ledger.ensure_host(host.name, kind="local", root=host.root)
+    specs = [JobSpec(name=n, config="c.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
+             for i, n in enumerate(["alpha", "beta"])]
+    rows = ledger.add_sweep(sweep_id=SWEEP, queue_path="q.txt", workdir="/w", queue_text="", jobs=specs,
+                            default_retries=1)
+    for row in rows:
+        ledger.start_attempt(row.id, host=host.name, bundle_sha=SHA)
+        ledger.transition(row.id, AttemptState.RUNNING, attempt=1)
+        ledger.transition(row.id, JobState.RUNNING)
+        ledger.transition(row.id, AttemptState.EXITED, attempt=1)
+        ledger.transition(row.id, JobState.SUCCEEDED)
+        finished_job(root, row.id, queue_id=SWEEP)
+    yield World(ledger, host, root, home, [ledger.job(r.id) for r in rows])
+    ledger.close()
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# --- the happy path, and not doing it twice ----------------------------------------------------
+
+
+def test_pull_verifies_every_file_and_marks_the_ledger(world: World) -> None:
+    outcomes = world.pull()
+    assert [o.state for o in outcomes] == [VERIFIED, VERIFIED], [o.reason for o in outcomes]
+    for job, out in zip(world.jobs, outcomes, strict=True):
+        final = world.final(job)
+        assert out.local_dir == str(final) and out.files == 6 and out.transferred == out.bytes > 0
+        got = _tree(final)
+        assert set(got) == pulled_paths() | {protocol.JOB_MANIFEST_FILE, PULL_VERIFIED}
+        for rel in pulled_paths():
+            assert got[rel] == world.remote(job, rel).read_bytes()
+        record = json.loads(got[PULL_VERIFIED])
+        assert record["manifest_sha256"] == hashlib.sha256(got[protocol.JOB_MANIFEST_FILE]).hexdigest()
+        assert (record["job_id"], record["queue_id"], record["attempt"], record["files"]) == (job.id, SWEEP, 1, 6)
+        assert not world.staging(job).exists()
+    marks = world.ledger.verified_jobs(SWEEP)
+    assert set(marks) == {j.id for j in world.jobs} == world.ledger.verified_job_ids()
+    assert all(m.manifest_sha256 and m.local_dir for m in marks.values())
+    assert world.sleeps == []
+    # one manifest round trip for both jobs
+    assert sum(1 for call in world.host.calls if "manifest" in call) == 1
+
+
+def test_a_verified_job_is_not_fetched_again(world: World) -> None:
+    world.pull()
+    world.host.calls.clear()
+    outcomes = world.pull()
+    assert [o.state for o in outcomes] == [ALREADY, ALREADY]
+    assert world.host.calls == []  # not even a manifest round trip
+    assert all(o.transferred == 0 and o.files == 6 for o in outcomes)
+
+
+def test_a_real_torch_checkpoint_verifies(world: World) -> None:
+    torch = pytest.importorskip("torch")
+    buf = io.BytesIO()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    torch.save({"model": model.state_dict(), "metrics": {"val_acc": 0.5}}, buf)
+    job = world.jobs[0]
+    finished_job(world.root, job.id, queue_id=SWEEP, ckpt=buf.getvalue())
+    [out] = world.pull([job])
+    assert out.state == VERIFIED, out.reason
+    assert checkpoint_problem(world.final(job) / "ckpt" / "best.pt") is None
+
+
+# --- corrupted, altered, incomplete: never verified --------------------------------------------
+
+
+def test_a_byte_flipped_on_the_host_after_the_manifest_is_quarantined(world: World) -> None:
+    job = world.jobs[0]
+    metrics = world.remote(job, "result/metrics.jsonl")
+    original = metrics.read_bytes()
+
+    def flip() -> None:
+        data = bytearray(original)
+        data[10] ^= 0x01
+        metrics.write_bytes(bytes(data))
+
+    world.host.after_manifest = flip
+    [out] = world.pull([job])
+    assert out.state == QUARANTINED and "sha256" in out.reason
+    assert not world.final(job).exists() and not world.staging(job).exists()
+    [qdir] = list(world.quarantine.iterdir())
+    assert qdir.name == f"{job.id}--a1--sha256-mismatch"
+    provenance = (qdir / PROVENANCE).read_text()
+    assert "sha256-mismatch" in provenance and world.host.name in provenance and job.id in provenance
+    assert (qdir / "result" / "metrics.jsonl").exists()  # kept as evidence, never deleted
+    assert world.ledger.verified_jobs(SWEEP) == {}
+    assert [p.state for p in world.ledger.pulls([job.id])] == [QUARANTINED]
+    # the host's file is whole again: the next pull uses a fresh staging dir and verifies
+    world.host.after_manifest = None
+    metrics.write_bytes(original)
+    [again] = world.pull([job])
+    assert again.state == VERIFIED, again.reason
+    assert (qdir / PROVENANCE).exists()
+    assert set(world.ledger.verified_jobs(SWEEP)) == {job.id}
+
+
+def test_a_host_file_changed_since_collection_is_refused_before_any_copy(world: World) -> None:
+    job = world.jobs[0]
+    metrics = world.remote(job, "result/metrics.jsonl")
+    collected = metrics.read_bytes()
+    world.ledger.record_results(job.id, 1, metrics=[], artifacts=[
+        ("result/metrics.jsonl", len(collected), hashlib.sha256(collected).hexdigest())])
+    metrics.write_bytes(collected + b'{"kind": "forged"}\n')
+    world.host.gets.clear()
+    [out] = world.pull([job])
+    assert out.state == NOT_PULLED and "changed after the job finished" in out.reason
+    assert [g for g in world.host.gets if not g[0].endswith(protocol.JOB_MANIFEST_FILE)] == []
+    assert world.ledger.verified_jobs(SWEEP) == {}
+
+
+def test_the_host_refusing_a_manifest_is_reported_per_job(world: World) -> None:
+    bad, good = world.jobs
+    finished_job(world.root, bad.id, queue_id=SWEEP, code=4)
+    outcomes = world.pull()
+    assert outcomes[0].state == NOT_PULLED and "exited 4" in outcomes[0].reason
+    assert outcomes[1].state == VERIFIED
+    assert set(world.ledger.verified_jobs(SWEEP)) == {good.id}
+
+
+def test_a_cut_link_mid_file_is_retried_and_resumed_from_the_partial_size(world: World) -> None:
+    job = world.jobs[0]
+    world.host.breaks["best.pt"] = [100, 50]
+    [out] = world.pull([job])
+    assert out.state == VERIFIED, out.reason
+    offsets = [off for remote, off in world.host.gets if remote.endswith("best.pt")]
+    assert offsets == [0, 100, 150]
+    assert world.sleeps == [10.0, 20.0]  # capped exponential backoff (jitter pinned to 0)
+    assert out.transferred == out.bytes  # nothing fetched twice
+
+
+def test_an_exhausted_retry_budget_leaves_an_incomplete_job_that_the_next_pull_resumes(world: World) -> None:
+    job = world.jobs[0]
+    world.host.breaks["best.pt"] = [64, 64, 64]
+    [out] = world.pull([job], tries=3)
+    assert out.state == INCOMPLETE and "3 times" in out.reason and str(world.staging(job)) in out.reason
+    assert world.sleeps == [10.0, 20.0]
+    assert (world.staging(job) / "ckpt" / "best.pt").stat().st_size == 192
+    assert not world.final(job).exists() and world.ledger.verified_jobs(SWEEP) == {}
+    assert [p.state for p in world.ledger.pulls([job.id])] == [INCOMPLETE]
+    world.host.gets.clear()
+    [again] = world.pull([job])
+    assert again.state == VERIFIED, again.reason
+    assert [off for remote, off in world.host.gets if remote.endswith("best.pt")] == [192]
+    assert [p.state for p in world.ledger.pulls([job.id])] == [INCOMPLETE, VERIFIED]
+
+
+def test_an_unreachable_host_is_retried_then_reported_incomplete(world: World) -> None:
+    world.host.down = True
+    outcomes = world.pull()
+    assert [o.state for o in outcomes] == [INCOMPLETE, INCOMPLETE]
+    assert "unreachable after 5 tries" in outcomes[0].reason
+    assert world.sleeps == [10.0, 20.0, 40.0, 80.0]
+    assert not (world.results / SWEEP).exists() or not any((world.results / SWEEP).iterdir())
+
+
+def test_a_controller_killed_mid_copy_resumes_and_the_ledger_stays_consistent(world: World) -> None:
+    job = world.jobs[0]
+    world.host.breaks["metrics.jsonl"] = [200]
+    world.host.crash = KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        world.pull([job])
+    assert world.ledger.pulls([job.id]) == [] and world.ledger.verified_jobs(SWEEP) == {}
+    assert (world.staging(job) / "result" / "metrics.jsonl").stat().st_size == 200
+    world.host.crash = None
+    world.host.gets.clear()
+    [out] = world.pull([job])
+    assert out.state == VERIFIED, out.reason
+    assert [off for remote, off in world.host.gets if remote.endswith("metrics.jsonl")] == [200]
+
+
+def test_a_partial_longer_than_the_manifest_restarts_from_zero(world: World) -> None:
+    job = world.jobs[0]
+    world.host.breaks["metrics.jsonl"] = [200]
+    world.host.crash = KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        world.pull([job])
+    world.host.crash = None
+    partial = world.staging(job) / "result" / "metrics.jsonl"
+    partial.write_bytes(partial.read_bytes() + b"x" * 100_000)
+    world.host.gets.clear()
+    [out] = world.pull([job])
+    assert out.state == VERIFIED, out.reason
+    assert [off for remote, off in world.host.gets if remote.endswith("metrics.jsonl")] == [0]
+
+
+def test_a_stale_partial_pull_of_other_bytes_is_set_aside_not_resumed(world: World) -> None:
+    job = world.jobs[0]
+    world.host.breaks["metrics.jsonl"] = [200]
+    world.host.crash = KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        world.pull([job])
+    world.host.crash = None
+    summary = world.remote(job, "result/summary.json")
+    summary.write_text(json.dumps({"final": {"val_acc": 0.9}}))  # the host now lists other bytes
+    [out] = world.pull([job])
+    assert out.state == VERIFIED, out.reason
+    [qdir] = list(world.quarantine.iterdir())
+    assert qdir.name.endswith("--superseded") and (qdir / "result" / "metrics.jsonl").stat().st_size == 200
+    assert (world.final(job) / "result" / "summary.json").read_bytes() == summary.read_bytes()
+
+
+def test_a_verified_dir_whose_ledger_write_was_lost_is_recorded_by_the_next_pull(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = world.jobs[0]
+    real = world.ledger.record_pull
+
+    def killed(*args: Any, **kw: Any) -> Any:
+        if kw.get("state") == VERIFIED:
+            raise KeyboardInterrupt  # the controller dies after the rename, before the ledger write
+        return real(*args, **kw)
+
+    monkeypatch.setattr(world.ledger, "record_pull", killed)
+    with pytest.raises(KeyboardInterrupt):
+        world.pull([job])
+    monkeypatch.undo()
+    assert (world.final(job) / PULL_VERIFIED).is_file() and world.ledger.verified_jobs(SWEEP) == {}
+    world.host.gets.clear()
+    [out] = world.pull([job])
+    assert out.state == ALREADY and "now recorded" in out.reason
+    assert set(world.ledger.verified_jobs(SWEEP)) == {job.id}
+    assert [g for g in world.host.gets if not g[0].endswith(protocol.JOB_MANIFEST_FILE)] == []
+
+
+def test_verified_results_are_never_overwritten(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = world.jobs[0]
+    real = world.ledger.record_pull
+    monkeypatch.setattr(world.ledger, "record_pull", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt)
+                        if kw.get("state") == VERIFIED else real(*a, **kw))
+    with pytest.raises(KeyboardInterrupt):
+        world.pull([job])
+    monkeypatch.undo()
+    before = _tree(world.final(job))
+    with world.remote(job, "result/metrics.jsonl").open("a") as f:
+        f.write('{"kind": "eval", "step": 99}\n')
+    [out] = world.pull([job])
+    assert out.state == NOT_PULLED and "different manifest" in out.reason and "never overwritten" in out.reason
+    assert _tree(world.final(job)) == before
+    assert world.ledger.verified_jobs(SWEEP) == {}
+    assert not world.staging(job).exists()
+
+
+# --- verification, pure --------------------------------------------------------------------------
+
+
+def _manifest_of(copy: Path) -> Any:
+    """The manifest describing ``copy`` as it is now (so only content checks can object)."""
+    files = []
+    for rel in sorted(pulled_paths()):
+        data = (copy / rel).read_bytes()
+        files.append({"path": rel, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    raw = json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": files}).encode()
+    (copy / protocol.JOB_MANIFEST_FILE).write_bytes(raw)
+    return parse_manifest(raw, job_id="cpure")
+
+
+def _copy(tmp_path: Path) -> tuple[Path, Any]:
+    """A local copy that matches its manifest, and the manifest."""
+    jdir = finished_job(tmp_path / "root", "cpure")
+    copy = tmp_path / "copy"
+    for rel in sorted(pulled_paths()):
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes((jdir / rel).read_bytes())
+    (copy / "result" / "x.tmp").write_bytes(b"ignored")
+    return copy, _manifest_of(copy)
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "missing": (lambda c: (c / "result" / "summary.json").unlink(), "missing-file"),
+    "extra": (lambda c: (c / "result" / "stray.txt").write_text("?"), "unexpected-file"),
+    "symlink": (lambda c: os.symlink("summary.json", c / "result" / "alias.json"), "unexpected-file"),
+    "short": (lambda c: (c / "result" / "metrics.jsonl").write_bytes(b"{}\n"), "size-mismatch"),
+    "flipped": (lambda c: _flip(c / "result" / "plots" / "curve.csv"), "sha256-mismatch"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_verify_copy_fails_on(tmp_path: Path, case: str) -> None:
+    copy, manifest = _copy(tmp_path)
+    assert verify_copy(copy, manifest) is None
+    damage, slug = CASES[case]
+    damage(copy)
+    problem = verify_copy(copy, manifest)
+    assert problem is not None and problem.slug == slug, problem
+
+
+@pytest.mark.parametrize(("rel", "data", "slug"), [
+    ("ckpt/best.pt", b"PK\x03\x04 not really a zip", "bad-checkpoint"),
+    ("result/metrics.jsonl", b'{"step": 1}\n{"step": 2, trunc\n', "bad-metrics"),
+    ("result/metrics.jsonl", b"\n\n", "bad-metrics"),
+    ("result/summary.json", b"{half", "bad-metrics"),
+])
+def test_content_checks_catch_what_hashes_cannot(tmp_path: Path, rel: str, data: bytes, slug: str) -> None:
+    copy, _ = _copy(tmp_path)
+    (copy / rel).write_bytes(data)  # the host's bytes were bad all along: sizes and hashes agree
+    problem = verify_copy(copy, _manifest_of(copy))
+    assert problem is not None and problem.slug == slug and rel in problem.detail, problem
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buf.getvalue()
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    (fake_checkpoint(), None),
+    (fake_checkpoint([1, 2]), "does not hold a dict"),
+    (_zip({"archive/data.pkl": pickle.dumps({"x": _Evil()}, protocol=2)}), "refuses"),
+    (_zip({"archive/data.pkl": pickle.dumps({"x": _Evil()}, protocol=4)}), "refuses"),
+    (_zip({"archive/data.pkl": pickle.dumps({"a": 1}, protocol=2)[:-3]}), "damaged"),
+    (_zip({"archive/other.bin": b"x"}), "no single"),
+    (fake_checkpoint()[:-40], "not a readable zip"),
+    (b"", "not a readable zip"),
+])
+def test_checkpoint_checks(tmp_path: Path, data: bytes, needle: str | None) -> None:
+    path = tmp_path / "best.pt"
+    path.write_bytes(data)
+    problem = checkpoint_problem(path)
+    assert (problem is None) if needle is None else (problem is not None and needle in problem), problem
+
+
+def test_ordered_dict_top_level_in_protocol_4_is_a_state_dict() -> None:
+    from collections import OrderedDict
+
+    assert pickle_problem(pickle.dumps(OrderedDict(a=1), protocol=4)) is None
+    assert pickle_problem(pickle.dumps(OrderedDict(a=1), protocol=2)) is None
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json",
+    json.dumps({"schema": "gpuq.manifest/9", "job_id": "cpure", "attempt": 1, "files": []}).encode(),
+    json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cother", "attempt": 1, "files": []}).encode(),
+    *[json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": [
+        {"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64},
+        {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64},
+        {"path": bad, "bytes": 1, "sha256": "a" * 64}]}).encode()
+      for bad in ("../escape", "/etc/passwd", "a//b", "result/x.tmp", "PULL_VERIFIED.json", "sp ace", "ckpt/best.pt")],
+    json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": [
+        {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64}]}).encode(),
+])
+def test_a_malformed_or_unsafe_manifest_is_refused(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="manifest"):
+        parse_manifest(raw, job_id="cpure")
+
+
+@pytest.mark.parametrize(("failures", "jitter", "delay"), [
+    (1, 0.0, 10.0), (2, 0.0, 20.0), (3, 0.0, 40.0), (4, 0.0, 80.0), (5, 0.0, 120.0), (9, 0.0, 120.0),
+    (1, 1.0, 8.0), (5, 1.0, 96.0),
+])
+def test_backoff_doubles_to_a_cap_with_bounded_jitter(failures: int, jitter: float, delay: float) -> None:
+    assert backoff_delay(failures, (10.0, 120.0), jitter) == pytest.approx(delay)
