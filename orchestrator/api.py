@@ -187,7 +187,13 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         if name not in known:
             raise UsageError(f'unknown host "{name}"; known hosts: {", ".join(sorted(known))} '
                              "(`gpuq hosts add` registers one)")
-    parsed = parse_queue(queue, known_hosts=known, tasks=_payload_tasks())
+    entry = ctx.settings.entry
+    parsed = parse_queue(queue, known_hosts=known, tasks=None if entry else _payload_tasks())
+    if entry:
+        path = Path(parsed.workdir) / entry
+        if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
+            raise UsageError(f"entry = {entry!r} (gpuq.toml / GPUQ_ENTRY): must name a file inside the project "
+                             f"{parsed.workdir}; nothing was submitted")
     multi = [j for j in parsed.jobs if j.nodes > 1]
     if multi:
         # the agent runs single-node `torchrun --standalone`: a 2-node job would silently train
@@ -240,6 +246,9 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         default_retries=ctx.settings.retries,
         bundle_sha=bundle.sha256,
         hosts=list(dict.fromkeys(hosts)),
+        entry=ctx.settings.entry,
+        launcher=ctx.settings.launcher,
+        verify=ctx.settings.verify,
     )
     result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s)

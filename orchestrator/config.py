@@ -43,6 +43,11 @@ class Settings(BaseModel):
     min_free_gb: float = Field(default=1.0, ge=0)
     retries: int = Field(default=1, ge=0, le=10)
     status_timeout_s: float = Field(default=25.0, gt=0)
+    # Bring your own trainer (project gpuq.toml): a script in the project that honours the payload
+    # contract (protocol.py).  "" = the bundled payload/train.py.  Recorded per sweep at submit.
+    entry: str = ""
+    launcher: Literal["torchrun", "python"] = "torchrun"
+    verify: tuple[Literal["metrics", "best_ckpt"], ...] = ("metrics", "best_ckpt")
 
     @property
     def ledger_path(self) -> Path:

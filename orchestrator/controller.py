@@ -198,7 +198,7 @@ def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Jo
         if attempt is None:
             continue
         sha = attempt.bundle_sha
-        specs.append(job_spec(job, attempt, settings))
+        specs.append(job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id)))
     if specs:
         verdicts = enqueue(host, sha, specs, settings)
         for job_id, verdict in verdicts.items():
@@ -388,7 +388,8 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
                 attempt = ledger.move_job(job.id, from_attempt=old.number, to_host=move.to_host,
                                           bundle_sha=bundle_sha, message=f"moved unstarted from {source} to "
                                           f"{move.to_host} (work stealing)")
-                enqueue(target, bundle_sha, [job_spec(ledger.job(job.id), attempt, settings)], settings)
+                spec = job_spec(ledger.job(job.id), attempt, settings, sweep=ledger.sweep(job.sweep_id))
+                enqueue(target, bundle_sha, [spec], settings)
             except GpuqError as exc:
                 ledger.record_event("job", job.id, f"move to {move.to_host} incomplete: {exc}; the next tick "
                                     "re-delivers it")

@@ -20,7 +20,7 @@ from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import AgentError, BundleError, GpuqError
 from orchestrator.hosts.base import Host
-from orchestrator.ledger import Attempt, Job, Ledger
+from orchestrator.ledger import Attempt, Job, Ledger, Sweep
 
 # Unpack into a private temp dir, then rename: a live bundle is never overwritten.
 UNPACK_SCRIPT = (
@@ -53,8 +53,11 @@ def ensure_bundle(host: Host, bundle: Bundle) -> bool:
     return True
 
 
-def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: float | None = None) -> dict[str, Any]:
-    """The inbox document for one attempt (protocol.py, "Job spec")."""
+def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: float | None = None,
+             sweep: Sweep | None = None) -> dict[str, Any]:
+    """The inbox document for one attempt (protocol.py, "Job spec").  The trainer entry, launcher
+    and checks come from the sweep (recorded at submit), never from the caller's project."""
+    entry = f"{protocol.BUNDLE_WORKDIR}/{sweep.entry}" if sweep is not None and sweep.entry else protocol.TRAIN_ENTRY
     return {
         "schema": protocol.SPEC_SCHEMA,
         "protocol": protocol.PROTOCOL_VERSION,
@@ -69,10 +72,10 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
         "seed": job.seed,
         "config": job.config,
         "bundle_sha": attempt.bundle_sha,
-        "entry": protocol.TRAIN_ENTRY,
-        "launcher": "torchrun",
+        "entry": entry,
+        "launcher": sweep.launcher if sweep is not None else "torchrun",
         "python": "",
-        "verify": ["metrics", "best_ckpt"],
+        "verify": [v for v in sweep.verify.split(",") if v] if sweep is not None else ["metrics", "best_ckpt"],
         "heartbeat_s": settings.heartbeat_s,
         "ckpt_interval_s": settings.ckpt_interval_s,
         "kill_grace_s": settings.kill_grace_s,
@@ -123,9 +126,12 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     """
     now = time.time()
     specs = []
+    sweeps: dict[str, Sweep | None] = {}
     for index, job in enumerate(jobs):
+        if job.sweep_id not in sweeps:
+            sweeps[job.sweep_id] = ledger.sweep(job.sweep_id)
         attempt = ledger.start_attempt(job.id, host=host, bundle_sha=bundle_sha)
-        specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3))
+        specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3, sweep=sweeps[job.sweep_id]))
     return specs
 
 

@@ -164,7 +164,13 @@ def _v2_ssh_hosts(conn: sqlite3.Connection) -> None:
         "train_device VARCHAR NOT NULL DEFAULT ''",
     ):
         conn.execute(f"ALTER TABLE host ADD COLUMN {column}")
-    conn.execute("ALTER TABLE sweep ADD COLUMN hosts VARCHAR NOT NULL DEFAULT ''")
+    for column in (
+        "hosts VARCHAR NOT NULL DEFAULT ''",
+        "entry VARCHAR NOT NULL DEFAULT ''",
+        "launcher VARCHAR NOT NULL DEFAULT 'torchrun'",
+        "verify VARCHAR NOT NULL DEFAULT 'metrics,best_ckpt'",
+    ):
+        conn.execute(f"ALTER TABLE sweep ADD COLUMN {column}")
 
 
 _V3_DDL = (

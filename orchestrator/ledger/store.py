@@ -132,6 +132,9 @@ class Ledger:
         default_retries: int,
         bundle_sha: str = "",
         hosts: Sequence[str] = (),
+        entry: str = "",
+        launcher: str = "torchrun",
+        verify: Sequence[str] = ("metrics", "best_ckpt"),
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
@@ -150,6 +153,9 @@ class Ledger:
                     queue_text=queue_text,
                     bundle_sha=bundle_sha,
                     hosts=",".join(hosts),
+                    entry=entry,
+                    launcher=launcher,
+                    verify=",".join(verify),
                     job_count=len(jobs),
                     created_at=now,
                 )

@@ -36,6 +36,9 @@ class Sweep(SQLModel, table=True):
     job_count: int
     created_at: float
     hosts: str = ""  # v2: comma-separated hosts the user restricted the sweep to; "" = any host
+    entry: str = ""  # v2: trainer path inside the bundle ("" = the bundled payload/train.py)
+    launcher: str = "torchrun"  # v2: "torchrun" | "python"
+    verify: str = "metrics,best_ckpt"  # v2: comma-separated finalize checks (protocol.py, job spec)
 
     def host_set(self) -> set[str]:
         return {h for h in self.hosts.split(",") if h}
