@@ -468,7 +468,7 @@ class Agent:
             "total_slots": len(self.slots["ids"]), "agent_pid": os.getpid(), "index": idx,
             "count": count})
         python = spec.get("python") or sys.executable
-        argv = [python, AGENT_FILE, "--root", lay.root, "wrap", job_id, str(n)]
+        argv = [python, wrapper_file(lay, spec), "--root", lay.root, "wrap", job_id, str(n)]
         try:
             logf = open(os.path.join(adir, P.JOB_LOG), "ab")  # noqa: SIM115 (handed to the child)
         except OSError as e:
@@ -492,6 +492,14 @@ class Agent:
         self.by_pid[proc.pid] = job_id
         for s in slots:
             self.busy[s] = job_id
+
+
+def wrapper_file(lay: Layout, spec: dict[str, Any]) -> str:
+    """The wrapper comes from the job's own bundle: a fix shipped in a new bundle applies to the
+    jobs of that bundle even while an agent started from an older bundle keeps serving."""
+    sha = str(spec.get("bundle_sha") or "")
+    own = lay.p(P.BUNDLES_DIR, sha, P.AGENT_ENTRY) if sha and "/" not in sha and not sha.startswith(".") else ""
+    return own if own and os.path.isfile(own) else AGENT_FILE
 
 
 def cmd_serve(lay: Layout, args: argparse.Namespace) -> int:

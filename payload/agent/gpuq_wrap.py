@@ -231,7 +231,7 @@ class Wrapper:
             argv = [python, entry, *args]
         else:
             argv = [python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                    "--nproc-per-node=%d" % gpus, entry, *args]
+                    "--nproc-per-node=%d" % gpus, *_local_addr_args(), entry, *args]
         log_path = os.path.join(self.adir, P.JOB_LOG)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
@@ -403,3 +403,20 @@ def cmd_wrap(lay: Layout, job_id: str, attempt: str) -> int:
         print(f"gpuq wrap: bad arguments {job_id!r} {attempt!r}", file=sys.stderr)
         return P.EXIT_SETUP
     return Wrapper(lay, job_id, int(attempt)).run()
+
+
+def _local_addr_args() -> list[str]:
+    """``--local-addr=127.0.0.1`` when this host's own name does not resolve.
+
+    torchrun hands its workers the agent's hostname as MASTER_ADDR; on containers without an
+    /etc/hosts entry for it the workers retry name resolution forever and the job hangs before
+    its first step.  Single-node jobs only talk over loopback, so pin it.  (Only added when
+    needed: the flag needs torch >= 2.2.)
+    """
+    import socket
+
+    try:
+        socket.getaddrinfo(socket.gethostname(), None)
+        return []
+    except OSError:
+        return ["--local-addr=127.0.0.1"]
