@@ -285,11 +285,12 @@ def tick(ctx: Context) -> dict[str, controller.Probe]:
     for report in probes:
         host, sha = by_name[report.host]
         if not report.ok:
-            if report.round_trips:
-                row = ctx.ledger.host(report.host)
-                if row is not None and row.unreachable_since is None:
-                    ctx.ledger.update_host(report.host, unreachable_since=time.time())
-                    ctx.ledger.record_event("host", report.host, f"unreachable: {report.error}")
+            row = ctx.ledger.host(report.host)
+            if report.reachable:
+                ctx.ledger.update_host(report.host, last_probe_at=time.time(), unreachable_since=None)
+            elif report.round_trips and row is not None and row.unreachable_since is None:
+                ctx.ledger.update_host(report.host, unreachable_since=time.time())
+                ctx.ledger.record_event("host", report.host, f"unreachable: {report.error}")
             continue
         done = controller.reconcile(ctx.ledger, host, ctx.settings, report)
         try:

@@ -41,13 +41,19 @@ class Probe:
     error: str = ""
     round_trips: int = 1
     duration_s: float = 0.0
+    reachable: bool = False  # the transport worked (ok adds: the agent answered with a status document)
 
 
 def probe(host: Host, agent_bundle: str, settings: Settings) -> Probe:
     """One read-only round trip to the host's agent."""
     started = time.monotonic()
-    if not agent_bundle:
-        return Probe(host.name, False, error="no bundle placed yet", round_trips=0)
+    if not agent_bundle:  # nothing of ours there yet: the round trip only proves reachability
+        try:
+            host.run(["true"], timeout=settings.status_timeout_s)
+        except HostError as exc:
+            return Probe(host.name, False, error=str(exc), duration_s=time.monotonic() - started)
+        return Probe(host.name, False, error="no bundle placed yet", duration_s=time.monotonic() - started,
+                     reachable=True)
     try:
         result = host.run(agent_argv(host, agent_bundle, "status", "--json"), timeout=settings.status_timeout_s)
     except HostError as exc:  # unreachable, or a key/auth refusal: either way no verdict on any job
@@ -55,12 +61,12 @@ def probe(host: Host, agent_bundle: str, settings: Settings) -> Probe:
     elapsed = time.monotonic() - started
     if result.exit_code != 0:
         return Probe(host.name, False, error=f"status exited {result.exit_code}: {result.stderr.strip()[-300:]}",
-                     duration_s=elapsed)
+                     duration_s=elapsed, reachable=True)
     try:
         doc = json.loads(result.stdout)
     except json.JSONDecodeError:
-        return Probe(host.name, False, error="status printed no JSON", duration_s=elapsed)
-    return Probe(host.name, True, doc=doc, duration_s=elapsed)
+        return Probe(host.name, False, error="status printed no JSON", duration_s=elapsed, reachable=True)
+    return Probe(host.name, True, doc=doc, duration_s=elapsed, reachable=True)
 
 
 def probe_all(hosts: Sequence[tuple[Host, str]], settings: Settings) -> list[Probe]:
@@ -333,7 +339,7 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
             docs = report.doc.get("jobs", [])
             total = int(report.doc.get("slots", {}).get("total", 0))
             free = int(report.doc.get("slots", {}).get("free", 0))
-        elif report is not None and report.round_trips == 0 and row.unreachable_since is None and row.kind != "local":
+        elif report is not None and report.reachable and not row.agent_bundle:
             docs, total = [], row.slots_total  # reachable, nothing of ours placed there yet: all idle
             free = total
         else:

@@ -53,6 +53,9 @@ CONNECT_TRIES = 3
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0
 CHUNK = 1 << 20
+STDIN_CHUNK = 1 << 15
+EOF_GRACE_S = 2.0
+NOT_FOUND_MARK = "gpuq-ssh: command not found"
 
 
 @dataclass(frozen=True)
@@ -325,32 +328,50 @@ class SSHHost(Host):
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
         if not argv:
             raise ValueError("empty argv")
-        command = " ".join(shlex.quote(str(a)) for a in argv)
         started = time.monotonic()
         chan = self._session()
         self.round_trips += 1
         out: list[bytes] = []
         err: list[bytes] = []
+
+        def drain() -> None:
+            while chan.recv_ready():
+                out.append(chan.recv(CHUNK))
+            while chan.recv_stderr_ready():
+                err.append(chan.recv_stderr(CHUNK))
+
+        pending = memoryview(stdin or b"")
         try:
-            chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            chan.exec_command(remote_command(argv))
+            if not pending:
+                chan.shutdown_write()
             deadline = started + timeout
+            status_at: float | None = None
             while True:
-                while chan.recv_ready():
-                    out.append(chan.recv(CHUNK))
-                while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(CHUNK))
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # stdin is fed between reads, never in one blocking sendall: a command that echoes
+                # its input (cat) would otherwise fill both windows and wait for us forever
+                drain()
+                if pending and (chan.closed or chan.status_event.is_set()):
+                    pending = memoryview(b"")  # the command stopped reading: the rest has no reader
+                if pending and chan.send_ready():
+                    sent = chan.send(bytes(pending[:STDIN_CHUNK]))
+                    pending = pending[sent:]
+                    if not pending:
+                        chan.shutdown_write()
+                    continue
+                if chan.status_event.is_set() and status_at is None:
+                    status_at = time.monotonic()
+                # OpenSSH may send the exit status before the last output: wait for EOF (or the
+                # close) before returning, but not for a background process that kept the pipes
+                if chan.closed or (status_at is not None and
+                                   (chan.eof_received or time.monotonic() - status_at > EOF_GRACE_S)):
+                    drain()
                     break
-                if chan.closed and not chan.exit_status_ready():
-                    raise HostUnreachable(self.name, f"connection lost while running {argv[0]}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise HostUnreachable(self.name, f"{argv[0]} did not finish within {timeout:.0f} s")
-                select.select([chan], [], [], min(left, 1.0))
-            code = chan.recv_exit_status()
+                select.select([chan], [], [], min(left, 0.01 if pending else 0.1 if status_at else 1.0))
+            code = chan.exit_status if chan.status_event.is_set() else -1
         except (OSError, EOFError, paramiko.SSHException) as exc:
             with self._lock:
                 self._drop()
@@ -359,12 +380,15 @@ class SSHHost(Host):
             chan.close()
         if code < 0:  # the server sent no exit status: the session was torn down under us
             raise HostUnreachable(self.name, f"{argv[0]} ended without an exit status (connection dropped)")
+        stderr = b"".join(err).decode("utf-8", "replace")
+        if code == 127 and stderr.endswith(NOT_FOUND_MARK + "\n"):
+            raise HostUnreachable(self.name, f"cannot run {argv[0]}: no such command on the host")
         return CommandResult(
             host=self.name,
             argv=tuple(str(a) for a in argv),
             exit_code=code,
             stdout=b"".join(out).decode("utf-8", "replace"),
-            stderr=b"".join(err).decode("utf-8", "replace"),
+            stderr=stderr,
             duration_s=time.monotonic() - started,
         )
 
@@ -451,6 +475,20 @@ class SSHHost(Host):
             with self._lock:
                 self._drop()
             raise HostUnreachable(self.name, f"download of {remote} broke off: {_describe(exc)}") from exc
+
+
+def remote_command(argv: Sequence[str]) -> str:
+    """The command line for the remote login shell (POSIX sh family): every element quoted.
+
+    A missing program exits 127 with a marker on stderr (``run`` raises HostUnreachable, as the
+    Host contract says), and the trailing ``exit $?`` keeps the shell from exec'ing the program,
+    so a command killed by signal N reports exit 128+N instead of a bare exit-signal (which
+    paramiko drops, so it would read as a dropped connection).
+    """
+    program = shlex.quote(str(argv[0]))
+    quoted = " ".join(shlex.quote(str(a)) for a in argv)
+    return (f"command -v -- {program} >/dev/null 2>&1 || {{ echo {shlex.quote(NOT_FOUND_MARK)} >&2; exit 127; }}; "
+            f"{quoted}; exit $?")
 
 
 def _tunnel(via: paramiko.SSHClient, to: Endpoint, timeout: float, name: str) -> paramiko.Channel:

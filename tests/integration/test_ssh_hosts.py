@@ -1,0 +1,266 @@
+"""gpuq over real OpenSSH hosts (one per network/PID/mount namespace), as a user drives it: the CLI.
+
+Each test has its own GPUQ_HOME and its own data dir on the hosts, so tests sharing the module's
+farm never see each other's files.  Hosts use the `rehearsal` profile: their GPUs come from the
+farm's fake nvidia-smi, training runs on CPU with real torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from scripts.bench_project import TINY_CONFIG
+from tests.conftest import ROOT, run_gpuq, wait_for
+from tests.support.testhosts import HostFarm
+
+pytestmark = pytest.mark.integration
+
+GPUQ = [sys.executable, "-m", "orchestrator"]
+
+
+class User:
+    """One gpuq user (GPUQ_HOME) and the data dir its hosts use."""
+
+    def __init__(self, farm: HostFarm, home: Path, remote_root: str) -> None:
+        self.farm = farm
+        self.home = home
+        self.remote_root = remote_root
+        self.env = {"GPUQ_HOME": str(home), "GPUQ_HEARTBEAT_S": "1", "GPUQ_AGENT_IDLE_EXIT_S": "60"}
+
+    def gpuq(self, *args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return run_gpuq(*args, env=self.env, timeout=timeout, cwd=cwd)
+
+    def add_hosts(self, count: int | None = None) -> list[str]:
+        names = []
+        for i, host in enumerate(self.farm.hosts[:count]):
+            name = f"g{i}"
+            added = self.gpuq("hosts", "add", name, f"root@{host.address}", "--key", str(self.farm.client_key),
+                              "--profile", "rehearsal", "--root", self.remote_root, "--trust-new-host-key")
+            assert added.returncode == 0, added.stdout + added.stderr
+            names.append(name)
+        return names
+
+    def host_dir(self, i: int) -> Path:
+        """Host i's data dir, seen from the controller's side of its mount namespace."""
+        rel = self.remote_root.removeprefix("/root/")
+        return self.farm.hosts[i].root_dir / "root" / rel
+
+    def launches(self) -> dict[str, list[int]]:
+        """job id -> farm hosts whose agent launched an attempt of it."""
+        seen: dict[str, list[int]] = {}
+        for i in range(len(self.farm.hosts)):
+            for launch in self.host_dir(i).glob("jobs/*/attempts/*/launch.json"):
+                seen.setdefault(launch.parents[2].name, []).append(i)
+        return seen
+
+    def status_doc(self) -> dict:
+        out = self.gpuq("status", "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def farm(host_farm_module: Callable[..., HostFarm]) -> HostFarm:
+    return host_farm_module(n=3, gpus=2)
+
+
+@pytest.fixture
+def user(farm: HostFarm, tmp_path: Path, request: pytest.FixtureRequest):
+    home = tmp_path / "gpuq-home"
+    home.mkdir()
+    u = User(farm, home, f"/root/gpuq-{request.node.name[:40]}")
+    yield u
+    for i in range(len(farm.hosts)):  # stop this test's agents and jobs, by their recorded groups
+        stop = [farm.hosts[i].name]
+        for pid_file in [u.host_dir(i) / "agent.pid", *u.host_dir(i).glob("jobs/*/attempts/*/pgid")]:
+            try:
+                rec = json.loads(pid_file.read_text())
+            except (OSError, ValueError):
+                continue
+            stop.append(str(rec.get("pgid") or rec.get("pid")))
+        if len(stop) > 1 and farm.hosts[i].init_alive():
+            farm.ssh(i, "sh", "-c", 'for g in "$@"; do kill -9 -- "-$g" 2>/dev/null; done; true', "sh", *stop[1:])
+
+
+def _project(tmp_path: Path, lines: list[str], epochs_config: str = TINY_CONFIG) -> Path:
+    work = tmp_path / "project"
+    (work / "configs").mkdir(parents=True, exist_ok=True)
+    (work / "configs" / "tiny.yaml").write_text(epochs_config)
+    (work / "queue.txt").write_text("\n".join(lines) + "\n")
+    return work / "queue.txt"
+
+
+def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verified(user: User) -> None:
+    user.add_hosts()
+    listed = user.gpuq("hosts", "list")
+    assert listed.returncode == 0 and all(f"g{i}" in listed.stdout for i in range(3))
+
+    submitted = user.gpuq("submit", str(ROOT / "payload" / "queue.txt"), "--wait", timeout=900)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    doc = user.status_doc()
+    jobs = doc["jobs"]
+    assert len(jobs) == 4 and {j["state"] for j in jobs} == {"SUCCEEDED"}
+    assert {j["host"] for j in jobs} <= {"g0", "g1", "g2"} and len({j["host"] for j in jobs}) == 3
+    launches = user.launches()
+    assert sorted(launches) == sorted(j["id"] for j in jobs)
+    assert all(len(hosts) == 1 for hosts in launches.values()), launches  # exactly once, one host each
+    # the GPU slots of the fake nvidia-smi were used: each job got two distinct GPUs
+    for job in jobs:
+        i = int(job["host"][1:])
+        record = json.loads(next(user.host_dir(i).glob(f"jobs/{job['id']}/attempts/1/launch.json")).read_text())
+        assert record["kind"] == "gpu" and len(set(record["slots"])) == 2 and record["device"] == "cpu"
+
+    pulled = user.gpuq("pull")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    sweep = jobs[0]["sweep_id"]
+    for job in jobs:
+        local = user.home / "results" / sweep / job["id"]
+        record = json.loads((local / "PULL_VERIFIED.json").read_text())
+        assert record["files"] >= 4 and (local / "ckpt" / "best.pt").is_file()
+    results = user.gpuq("results")
+    assert results.returncode == 0 and "val_acc" in results.stdout and results.stdout.count("verified") >= 4
+
+    # an unchanged project re-submitted pushes no bundle bytes: the hosts' bundle dirs stay as they are
+    before = {i: sorted(p.name for p in user.host_dir(i).glob("bundles/*")) for i in range(3)}
+    stamps = {i: [p.stat().st_mtime_ns for p in sorted(user.host_dir(i).glob("bundles/*"))] for i in range(3)}
+    again = user.gpuq("submit", str(ROOT / "payload" / "queue.txt"))
+    assert again.returncode == 0, again.stderr
+    assert before == {i: sorted(p.name for p in user.host_dir(i).glob("bundles/*")) for i in range(3)}
+    assert stamps == {i: [p.stat().st_mtime_ns for p in sorted(user.host_dir(i).glob("bundles/*"))]
+                      for i in range(3)}
+    assert "already succeeded" in again.stdout + again.stderr  # the twins are named
+    second = re.search(r"^sweep (q[a-z2-7]{6}):", again.stdout, re.M)
+    assert second and user.gpuq("cancel", "--sweep", second.group(1)).returncode == 0
+
+
+def test_cut_connection_and_stopped_sshd_leave_jobs_running(user: User, farm: HostFarm, tmp_path: Path) -> None:
+    user.add_hosts()
+    slow = TINY_CONFIG.replace("n_train: 256", "n_train: 4096")
+    queue = _project(tmp_path, [f"configs/tiny.yaml classify 3 name=f{i} gpus=2" for i in range(3)], slow)
+    submitted = user.gpuq("submit", str(queue))
+    assert submitted.returncode == 0, submitted.stderr
+
+    def running() -> bool:
+        return sum(j["state"] == "RUNNING" for j in user.status_doc()["jobs"]) == 3
+
+    assert wait_for(running, timeout=120, interval=1.0), user.status_doc()
+    on_host1 = {j["id"] for j in user.status_doc()["jobs"] if j["host"] == "g1"}
+    assert farm.cut_connections(0) >= 0  # every SSH session of host 0 dropped
+    farm.stop_sshd(1)
+    try:
+        doc = user.status_doc()
+        hosts = {h["name"]: h for h in doc["hosts"]}
+        assert hosts["g1"]["unreachable_since"] is not None
+        # a transport failure is no verdict on a job: host 1's jobs keep their state and keep running
+        assert {j["state"] for j in doc["jobs"] if j["id"] in on_host1} == {"RUNNING"}
+        assert hosts["g0"]["unreachable_since"] is None  # the cut link was simply reopened
+        shown = user.gpuq("status", "--once")
+        assert "unreachable" in shown.stdout
+        trainers = [c for c in farm.host_processes(1).values() if "train.py" in c]
+        assert trainers, "the training processes on host 1 died with its sshd"
+    finally:
+        farm.start_sshd(1)
+    waited = user.gpuq("wait", timeout=600)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    doc = user.status_doc()
+    assert {j["state"] for j in doc["jobs"]} == {"SUCCEEDED"}
+    assert all(len(v) == 1 for v in user.launches().values())
+    assert {h["name"]: h["unreachable_since"] for h in doc["hosts"]}["g1"] is None
+
+
+def test_controller_killed_mid_submit_leaves_a_consistent_ledger(user: User, tmp_path: Path) -> None:
+    user.add_hosts()
+    queue = _project(tmp_path, [f"configs/tiny.yaml classify 1 name=k{i}" for i in range(4)])
+    env = {**os.environ, **user.env}
+    for delay in (0.6, 1.2, 1.8):
+        proc = subprocess.Popen([*GPUQ, "submit", str(queue)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    # whatever the kills interrupted, the next status/wait finishes every recorded job exactly once
+    waited = user.gpuq("wait", timeout=600)
+    doc = user.status_doc()
+    jobs = user.gpuq("status", "--json", "--all")
+    all_jobs = json.loads(jobs.stdout)["jobs"]
+    for sweep in {j["sweep_id"] for j in all_jobs}:
+        user.gpuq("wait", "--sweep", sweep, timeout=600)
+    all_jobs = json.loads(user.gpuq("status", "--json", "--all").stdout)["jobs"]
+    assert all(j["state"] == "SUCCEEDED" for j in all_jobs), (waited.stdout, doc)
+    launches = user.launches()
+    assert sorted(launches) == sorted(j["id"] for j in all_jobs)
+    assert all(len(v) == 1 for v in launches.values()), launches
+    # every sweep in the ledger is whole: its job count matches what the queue holds
+    counts = json.loads(user.gpuq("status", "--json", "--all").stdout)["sweeps"]
+    assert all(s["jobs"] == 4 for s in counts), counts
+
+
+def test_changed_host_key_is_refused_until_the_user_checks_it(host_farm: Callable[..., HostFarm],
+                                                              tmp_path: Path) -> None:
+    farm = host_farm(n=1, gpus=1)
+    home = tmp_path / "home"
+    user = User(farm, home, "/root/gpuq-keys")
+    address = farm.hosts[0].address
+    key = str(farm.client_key)
+    refused = user.gpuq("hosts", "add", "g0", f"root@{address}", "--key", key, "--profile", "rehearsal")
+    assert refused.returncode != 0 and "unknown SSH host key" in refused.stderr
+    assert "--trust-new-host-key" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (home / "known_hosts").exists() or address not in (home / "known_hosts").read_text()
+    assert "g0" not in user.gpuq("hosts", "list").stdout
+
+    user.add_hosts()
+    old_known = (home / "known_hosts").read_text()
+    assert oct((home / "known_hosts").stat().st_mode & 0o777) == "0o600"
+    new_line = farm.regenerate_host_key(0)
+    doc = user.status_doc()
+    host = doc["hosts"][0] if doc["hosts"][0]["name"] == "g0" else doc["hosts"][1]
+    assert host["unreachable_since"] is not None
+    events = user.gpuq("hosts", "show", "g0")
+    assert "CHANGED" in events.stdout
+    assert (home / "known_hosts").read_text() == old_known  # the old entry is kept as evidence
+
+    again = user.gpuq("hosts", "add", "g1", f"root@{address}", "--key", key, "--profile", "rehearsal",
+                      "--trust-new-host-key")
+    assert again.returncode != 0 and "CHANGED" in again.stderr  # TOFU never overrides a changed key
+
+    from orchestrator.fleet import key_fingerprint
+
+    right = key_fingerprint(" ".join(new_line.split()[:2]))
+    wrong = user.gpuq("hosts", "trust", "g0", "--fingerprint", "SHA256:" + "A" * 43)
+    assert wrong.returncode != 0 and "nothing changed" in wrong.stderr
+    ok = user.gpuq("hosts", "trust", "g0", "--fingerprint", right)
+    assert ok.returncode == 0, ok.stderr
+    doc = user.status_doc()
+    assert [h["unreachable_since"] for h in doc["hosts"] if h["name"] == "g0"] == [None]
+
+
+def test_shell_metacharacters_in_queue_values_reach_the_job_literally(user: User, farm: HostFarm,
+                                                                      tmp_path: Path) -> None:
+    user.remote_root = "/root/gpuq-$(touch${IFS}/tmp/pwned-root);`touch${IFS}/tmp/pwned-tick`'q\""
+    user.add_hosts(1)
+    evil = "configs/x$(touch${IFS}/tmp/pwned);`touch${IFS}/tmp/pwned2`'q\";echo${IFS}hi.yaml"
+    work = tmp_path / "project"
+    (work / evil).parent.mkdir(parents=True)
+    (work / evil).write_text(TINY_CONFIG)
+    (work / "queue.txt").write_text(f"{evil} classify 1 name=evil\n")
+    assert not any(Path("/tmp").glob("pwned*"))
+    submitted = user.gpuq("submit", str(work / "queue.txt"), "--wait", timeout=600)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = user.status_doc()["jobs"][0]
+    assert job["state"] == "SUCCEEDED"
+    run_env = next(user.host_dir(0).glob(f"jobs/{job['id']}/attempts/1/run.env")).read_text()
+    assert "pwned" in run_env  # the literal text arrived, quoted
+    for where in (farm.hosts[0].root_dir / "tmp", Path("/tmp")):
+        assert not list(where.glob("pwned*")), f"something executed: {list(where.glob('pwned*'))}"
+    pulled = user.gpuq("pull")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
