@@ -264,3 +264,45 @@ def test_shell_metacharacters_in_queue_values_reach_the_job_literally(user: User
         assert not list(where.glob("pwned*")), f"something executed: {list(where.glob('pwned*'))}"
     pulled = user.gpuq("pull")
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+
+
+def test_controller_killed_mid_pull_then_pull_resumes_and_verifies(user: User, farm: HostFarm,
+                                                                   tmp_path: Path) -> None:
+    user.add_hosts(1)
+    wide = TINY_CONFIG.replace("model: {width: 32, depth: 1", "model: {width: 1024, depth: 2")
+    queue = _project(tmp_path, ["configs/tiny.yaml classify 1 name=big"], wide)
+    done = user.gpuq("submit", str(queue), "--wait", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = user.status_doc()["jobs"][0]
+    sweep_dir = user.home / "results" / job["sweep_id"]
+    best = next(user.host_dir(0).glob(f"jobs/{job['id']}/ckpt/best.pt"))
+    assert best.stat().st_size > 2_000_000
+
+    host = farm.hosts[0]
+    slow = ["ip", "netns", "exec", host.netns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+            "rate", "4mbit", "burst", "32kbit", "latency", "400ms"]
+    subprocess.run(slow, check=True)
+    try:
+        env = {**os.environ, **user.env}
+        proc = subprocess.Popen([*GPUQ, "pull"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        staged = sweep_dir / f"{job['id']}.incoming" / "ckpt" / "best.pt"
+        assert wait_for(lambda: staged.is_file() and staged.stat().st_size > 100_000, timeout=60, interval=0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        partial = staged.stat().st_size
+        assert 0 < partial < best.stat().st_size
+    finally:
+        subprocess.run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+    # killed mid-transfer: nothing is verified, the ledger says so, the partial copy is kept
+    results = user.gpuq("results")
+    assert "verified" not in results.stdout
+    assert not (sweep_dir / job["id"]).exists()
+
+    again = user.gpuq("pull")
+    assert again.returncode == 0, again.stdout + again.stderr
+    final = sweep_dir / job["id"]
+    assert (final / "ckpt" / "best.pt").read_bytes() == best.read_bytes()
+    assert json.loads((final / "PULL_VERIFIED.json").read_text())["job_id"] == job["id"]
+    assert not (sweep_dir / f"{job['id']}.incoming").exists()
+    assert "verified" in user.gpuq("results").stdout
