@@ -215,9 +215,10 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         warnings.append("left out of the bundle (secret-like names): " + ", ".join(bundle.skipped_secrets[:5]))
     sweep_id = _new_sweep_id(ctx)
     rates = epoch_rates(ctx.ledger.run_history())
+    ckpt = ctx.ledger.checkpoint_bytes_by_config()
     plan_jobs = [
         controller.plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task,
-                            epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates)
+                            epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt)
         for j in parsed.jobs
     ]
     rows = _target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
@@ -318,8 +319,10 @@ def _dispatch_queued(ctx: Context, rates: EpochRates) -> None:
             continue
         bundle = Bundle(sweep.bundle_sha, bundle_path, 0, bundle_path.stat().st_size)
         jobs = {j.id: j for j in queued if j.sweep_id == sweep_id}
+        ckpt = ctx.ledger.checkpoint_bytes_by_config()
         plan_jobs = [controller.plan_job(j.id, gpus=j.gpus, config=j.config, task=j.task, epochs=j.epochs,
-                                         est_min=j.est_min, host_pin=j.host_pin, rates=rates) for j in jobs.values()]
+                                         est_min=j.est_min, host_pin=j.host_pin, rates=rates, ckpt_bytes=ckpt)
+                     for j in jobs.values()]
         rows = _target_rows(ctx, sorted(sweep.host_set()), {j.host_pin for j in jobs.values() if j.host_pin})
         try:
             decided, _ = controller.plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,

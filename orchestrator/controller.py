@@ -107,6 +107,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
         unreachable_since=None,
         slots_kind=str(report.doc.get("slots", {}).get("kind", "")),
         slots_total=int(report.doc.get("slots", {}).get("total", 0)),
+        disk_free_bytes=report.doc.get("disk", {}).get("free_bytes"),
     )
     on_host = {str(j["job_id"]): j for j in report.doc.get("jobs", [])}
     succeeded: list[str] = []
@@ -268,14 +269,19 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
     reason = ""
     if row.unreachable_since is not None:
         reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, UTC):%Y-%m-%d %H:%M:%SZ}"
+    budget = None
+    if row.disk_free_bytes is not None:  # what jobs may fill before the host's disk gate refuses them
+        gate = max(row.min_free_gb, settings.min_free_gb) * 1e9
+        budget = max(0, int(row.disk_free_bytes - gate))
     return HostSlots(host=row.name, total=total, usable=not reason and total > 0, slot_free_at=tuple(free_at),
-                     reason=reason)
+                     reason=reason, disk_free_bytes=budget)
 
 
 def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int, est_min: float | None,
-             host_pin: str | None, rates: EpochRates) -> PlanJob:
+             host_pin: str | None, rates: EpochRates, ckpt_bytes: dict[str, int] | None = None) -> PlanJob:
+    """``ckpt_bytes``: largest checkpoint seen per config; a job keeps two (latest + best)."""
     est = estimate_s(config=config, task=task, epochs=epochs, est_min=est_min, history=rates)
-    return PlanJob(job_id, gpus, est, host_pin)
+    return PlanJob(job_id, gpus, est, host_pin, disk_bytes=2 * (ckpt_bytes or {}).get(config, 0))
 
 
 def capacities(ledger: Ledger, settings: Settings, rows: Sequence[HostRow], rates: EpochRates) -> list[HostSlots]:

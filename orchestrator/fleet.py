@@ -193,7 +193,7 @@ def register(
     try:
         facts = _audit(host, interpreter, want_root)
         out = Registered(_row_for(name, target, endpoint, port, key, prof.name, facts, interpreter,
-                                  prof.launch.train_device), facts)
+                                  prof.launch.train_device, prof.launch.min_free_gb), facts)
         out.trusted_key = host.trusted_keys[0] if host.trusted_keys else ""
         out.row.host_key = out.trusted_key or _known_key(settings, endpoint)
         free_gb = float(facts.get("free_bytes", 0)) / 1e9
@@ -232,13 +232,14 @@ def _audit(host: SSHHost, interpreter: str, root: str) -> dict[str, Any]:
 
 
 def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: str, profile: str,
-             facts: dict[str, Any], interpreter: str, train_device: str) -> HostRow:
+             facts: dict[str, Any], interpreter: str, train_device: str, min_free_gb: float) -> HostRow:
     gpus = facts.get("gpus") or []
     return HostRow(
         name=name, kind="ssh", target=target, root=str(facts["root"]), python=interpreter, profile=profile,
         slots_kind="gpu" if gpus else "cpu", slots_total=len(gpus) or int(facts.get("cpus") or 1),
         port=port or 0, user="", key_path=str(Path(key).expanduser()) if key else "",
-        train_device=train_device, created_at=0.0,
+        train_device=train_device, created_at=0.0, disk_free_bytes=facts.get("free_bytes"),
+        min_free_gb=min_free_gb,
     )
 
 

@@ -162,6 +162,8 @@ def _v2_ssh_hosts(conn: sqlite3.Connection) -> None:
         "key_path VARCHAR NOT NULL DEFAULT ''",
         "host_key VARCHAR NOT NULL DEFAULT ''",
         "train_device VARCHAR NOT NULL DEFAULT ''",
+        "disk_free_bytes INTEGER",
+        "min_free_gb FLOAT NOT NULL DEFAULT 0",
     ):
         conn.execute(f"ALTER TABLE host ADD COLUMN {column}")
     for column in (

@@ -475,6 +475,17 @@ class Ledger:
         with self.session() as s:
             return list(s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.step))))
 
+    def checkpoint_bytes_by_config(self) -> dict[str, int]:
+        """Largest checkpoint ever recorded per config path (disk budgets of the scheduler)."""
+        from sqlalchemy import func
+
+        with self.session() as s:
+            rows = s.exec(
+                select(Job.config, func.max(Checkpoint.bytes)).join(Checkpoint, col(Checkpoint.job_id) == Job.id)
+                .group_by(Job.config)
+            ).all()
+            return {str(config): int(size or 0) for config, size in rows}
+
     def run_history(self) -> list[tuple[str, str, int, float]]:
         """(config, task, epochs, seconds) of each SUCCEEDED job's successful attempt, oldest first.
 

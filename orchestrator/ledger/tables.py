@@ -25,6 +25,8 @@ class Host(SQLModel, table=True):
     key_path: str = ""
     host_key: str = ""  # "<type> <base64>" trusted for this host (known_hosts holds the same line)
     train_device: str = ""  # "" = follow the slots; "cpu" = rehearsal host with emulated GPUs
+    disk_free_bytes: int | None = None  # free bytes under root at the last probe (or the audit)
+    min_free_gb: float = 0.0  # the profile's disk gate: jobs are refused below this
 
 
 class Sweep(SQLModel, table=True):
