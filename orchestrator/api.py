@@ -167,9 +167,9 @@ def _target_rows(ctx: Context, hosts: Sequence[str], pins: set[str]) -> list[Hos
     names += sorted(pins - set(names))
     rows = []
     for name in names:
-        if name == LOCAL_HOST:
-            ctx.fleet.local()  # registers the embedded host on first use
         row = ctx.ledger.host(name)
+        if row is None and name == LOCAL_HOST:  # registered by its first real use, never by a dry run
+            row = HostRow(name=LOCAL_HOST, kind="local", root=str(ctx.settings.local_host_root), created_at=0.0)
         if row is not None:
             rows.append(row)
     return rows

@@ -142,6 +142,8 @@ class Fleet:
             return made
 
     def named(self, name: str) -> Host:
+        if name == LOCAL_HOST:
+            return self.local()
         row = self.ledger.host(name)
         if row is None:
             raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')

@@ -35,6 +35,7 @@ Targets (issue): gpuq/ideal <= 1.10, baseline/gpuq >= 1.8, 1 round trip per host
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -261,6 +263,40 @@ def run_gpuq(ctx: Any, queue: Path, durations: dict[str, int], poll_s: float, ti
             "overhead_mean_s": sum(overhead) / len(overhead), "overhead_max_s": max(overhead)}
 
 
+def iso(value: Any) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def breakdown(farm: Any, jobs: Sequence[tuple[str, str]]) -> dict[str, float]:
+    """Where a job's time beyond its sleep goes, from the host's own records (means, seconds):
+    agent launch (launch.json) -> wrapper up (exit.json started_at) -> trainer up (the sleeper's
+    started_at) ... trainer done -> exit record (ended_at); and a slot's idle time between jobs."""
+    runs = []
+    for job_id, host in jobs:
+        jdir = farm.hosts[int(host[len("bench"):])].root / "gpuq" / "jobs" / job_id
+        launch = json.loads((jdir / "attempts" / "1" / "launch.json").read_text())
+        exit_doc = json.loads((jdir / "attempts" / "1" / "exit.json").read_text())
+        summary = json.loads((jdir / "result" / "summary.json").read_text())
+        runs.append({"host": host, "slots": launch["slots"], "launch": iso(launch["time"]),
+                     "up": iso(exit_doc["started_at"]), "end": iso(exit_doc["ended_at"]),
+                     "t0": summary["started_at"], "t1": summary["ended_at"]})
+    gaps = []
+    for host in {r["host"] for r in runs}:
+        for slot in {s for r in runs if r["host"] == host for s in r["slots"]}:
+            seq = sorted((r for r in runs if r["host"] == host and slot in r["slots"]), key=lambda r: r["launch"])
+            gaps += [nxt["launch"] - prev["end"] for prev, nxt in itertools.pairwise(seq)]
+
+    def mean(values: Sequence[float]) -> float:
+        return sum(values) / max(1, len(values))
+
+    return {"launch_to_wrapper_s": mean([r["up"] - r["launch"] for r in runs]),
+            "wrapper_to_trainer_s": mean([r["t0"] - r["up"] for r in runs]),
+            "trainer_to_exit_s": mean([r["end"] - r["t1"] for r in runs]),
+            "slot_gap_s": mean(gaps)}
+
+
 def trainer_span(files: Sequence[Path]) -> float:
     """Last trainer end - first trainer start, from the sleeper's own summary.json files."""
     docs = [json.loads(p.read_text()) for p in files]
@@ -353,6 +389,7 @@ def main() -> int:
         gpuq["trainer_span_s"] = trainer_span(
             [farm.hosts[int(host[len("bench"):])].root / "gpuq" / "jobs" / job_id / "result" / "summary.json"
              for job_id, host in gpuq["jobs"]])
+        gpuq["breakdown"] = breakdown(farm, gpuq["jobs"])
         before = round_trips(ctx)
         api.status(ctx)
         after = round_trips(ctx)
@@ -377,6 +414,7 @@ def main() -> int:
         "gpuq_trainer_span_s": round(gpuq["trainer_span_s"], 2),
         "gpuq_job_overhead_mean_s": round(gpuq["overhead_mean_s"], 3),
         "gpuq_job_overhead_max_s": round(gpuq["overhead_max_s"], 3),
+        "gpuq_breakdown_mean_s": {k: round(v, 3) for k, v in gpuq["breakdown"].items()},
         "gpuq_submit_s": round(gpuq["submit_s"], 2),
         "gpuq_submit_to_last_end_s": round(gpuq["submit_to_last_end_s"], 2),
         "gpuq_over_ideal": round(gpuq["makespan_s"] / (ideal if proven else lower), 3),
@@ -402,6 +440,10 @@ def main() -> int:
     print(f"  {'   trainers only (first sleep start -> last end)':<52} {gpuq['trainer_span_s']:8.1f} s")
     print(f"  {'   per job beyond its sleep (wrapper, finalize)':<52} {gpuq['overhead_mean_s']:8.2f} s mean, "
           f"{gpuq['overhead_max_s']:.2f} s max")
+    b = gpuq["breakdown"]
+    print(f"       means per job: agent launch -> wrapper up {b['launch_to_wrapper_s']:.2f} s, wrapper -> trainer up "
+          f"{b['wrapper_to_trainer_s']:.2f} s, trainer done -> exit record {b['trainer_to_exit_s']:.2f} s, "
+          f"slot idle between jobs {b['slot_gap_s']:.2f} s")
     submit_label = f"   submit -> last end (submit took {gpuq['submit_s']:.2f} s)"
     print(f"  {submit_label:<52} {gpuq['submit_to_last_end_s']:8.1f} s")
     if baseline:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -76,7 +77,15 @@ def status_table(snap: Snapshot) -> None:
         slots = doc.get("slots", {})
         disk = doc.get("disk", {})
         mem = doc.get("memory", {})
-        state = "ok" if probe and probe.ok else (f"unreachable: {probe.error}" if probe else "not probed")
+        if probe is None:
+            state = "not probed"
+        elif probe.ok:
+            state = "ok"
+        elif probe.reachable:
+            state = f"reachable ({probe.error})"
+        else:
+            since = time.strftime("%H:%M:%SZ", time.gmtime(row.unreachable_since)) if row.unreachable_since else "now"
+            state = f"[red]unreachable since {since}[/]: {probe.error}"
         hosts.add_row(
             row.name, state,
             f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}",

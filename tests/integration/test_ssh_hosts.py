@@ -63,6 +63,18 @@ class User:
                 seen.setdefault(launch.parents[2].name, []).append(i)
         return seen
 
+    def logs_of_unfinished(self) -> str:
+        """Tails of the logs of every job that did not succeed: what a failing assertion should show."""
+        out = []
+        for i in range(len(self.farm.hosts)):
+            for exit_file in self.host_dir(i).glob("jobs/*/attempts/*/exit.json"):
+                record = json.loads(exit_file.read_text())
+                if record.get("wrapper_code") != 0:
+                    log = exit_file.with_name("job.log")
+                    tail = log.read_text(errors="replace")[-3000:] if log.is_file() else "(no log)"
+                    out.append(f"--- host {i} {exit_file.parent}: {record}\n{tail}")
+        return "\n".join(out)
+
     def status_doc(self) -> dict:
         out = self.gpuq("status", "--json")
         assert out.returncode == 0, out.stderr
@@ -106,7 +118,7 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
     assert listed.returncode == 0 and all(f"g{i}" in listed.stdout for i in range(3))
 
     submitted = user.gpuq("submit", str(ROOT / "payload" / "queue.txt"), "--wait", timeout=900)
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr + user.logs_of_unfinished()
     doc = user.status_doc()
     jobs = doc["jobs"]
     assert len(jobs) == 4 and {j["state"] for j in jobs} == {"SUCCEEDED"}
@@ -171,7 +183,7 @@ def test_cut_connection_and_stopped_sshd_leave_jobs_running(user: User, farm: Ho
     finally:
         farm.start_sshd(1)
     waited = user.gpuq("wait", timeout=600)
-    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert waited.returncode == 0, waited.stdout + waited.stderr + user.logs_of_unfinished()
     doc = user.status_doc()
     assert {j["state"] for j in doc["jobs"]} == {"SUCCEEDED"}
     assert all(len(v) == 1 for v in user.launches().values())
@@ -196,7 +208,7 @@ def test_controller_killed_mid_submit_leaves_a_consistent_ledger(user: User, tmp
     for sweep in {j["sweep_id"] for j in all_jobs}:
         user.gpuq("wait", "--sweep", sweep, timeout=600)
     all_jobs = json.loads(user.gpuq("status", "--json", "--all").stdout)["jobs"]
-    assert all(j["state"] == "SUCCEEDED" for j in all_jobs), (waited.stdout, doc)
+    assert all(j["state"] == "SUCCEEDED" for j in all_jobs), (waited.stdout, doc, user.logs_of_unfinished())
     launches = user.launches()
     assert sorted(launches) == sorted(j["id"] for j in all_jobs)
     assert all(len(v) == 1 for v in launches.values()), launches
@@ -255,7 +267,7 @@ def test_shell_metacharacters_in_queue_values_reach_the_job_literally(user: User
     (work / "queue.txt").write_text(f"{evil} classify 1 name=evil\n")
     assert not any(Path("/tmp").glob("pwned*"))
     submitted = user.gpuq("submit", str(work / "queue.txt"), "--wait", timeout=600)
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr + user.logs_of_unfinished()
     job = user.status_doc()["jobs"][0]
     assert job["state"] == "SUCCEEDED"
     run_env = next(user.host_dir(0).glob(f"jobs/{job['id']}/attempts/1/run.env")).read_text()
