@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import LOCAL_HOST, Settings, load_profile
-from orchestrator.errors import HostError, HostKeyError, UsageError
+from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import Host as HostRow
@@ -215,7 +215,13 @@ def register(
 
 
 def _audit(host: SSHHost, interpreter: str, root: str) -> dict[str, Any]:
-    result = host.run([interpreter, "-c", AUDIT, root], timeout=60)
+    try:
+        result = host.run([interpreter, "-c", AUDIT, root], timeout=60)
+    except HostUnreachable as exc:
+        if "no such command" in str(exc):
+            raise HostError(host.name, f"no Python interpreter {interpreter!r} on the host; install python3 (3.8+) "
+                                       "or pass --python PATH") from exc
+        raise
     if result.exit_code == 127 or ("not found" in result.stderr and result.exit_code != 0):
         raise HostError(host.name, f"no Python interpreter {interpreter!r} on the host; install python3 (3.8+) "
                                    "or pass --python PATH")
