@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from orchestrator import protocol
@@ -143,41 +144,12 @@ def launch(ledger: Ledger, host: Host, bundle: Bundle, jobs: Sequence[Job], sett
     return enqueue(host, bundle.sha256, specs, settings) if specs else {}
 
 
-def push_all(hosts: Sequence[Host], bundle: Bundle) -> dict[str, str]:
-    """Place the bundle on every host in parallel; returns {host: error} for those that failed."""
-    def one(host: Host) -> tuple[str, str]:
+def on_each_host(work: Sequence[tuple[Host, Callable[[], object]]]) -> dict[str, str]:
+    """Run one call per host, hosts in parallel; returns {host: error} for the calls that failed."""
+    def one(item: tuple[Host, Callable[[], object]]) -> tuple[str, str]:
+        host, call = item
         try:
-            ensure_bundle(host, bundle)
-        except GpuqError as exc:
-            return host.name, str(exc)
-        return host.name, ""
-
-    if len(hosts) <= 1:
-        results = [one(h) for h in hosts]
-    else:
-        with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
-            results = list(pool.map(one, hosts))
-    return {name: err for name, err in results if err}
-
-
-def deliver_all(ledger: Ledger, hosts: Mapping[str, Host], bundle_sha: str, by_host: Mapping[str, Sequence[Job]],
-                settings: Settings) -> dict[str, str]:
-    """Record attempts (ledger, this thread), then enqueue on every host in parallel.
-
-    Returns {host: error} for hosts whose enqueue failed: their attempts stay STARTING and the
-    next reconcile re-delivers them (the agent's enqueue is idempotent), so a lost reply can
-    never make a job run twice.
-    """
-    work: list[tuple[Host, list[dict[str, Any]]]] = []
-    for name, jobs in by_host.items():
-        if jobs:
-            ledger.update_host(name, agent_bundle=bundle_sha)
-            work.append((hosts[name], record_attempts(ledger, name, bundle_sha, jobs, settings)))
-
-    def one(item: tuple[Host, list[dict[str, Any]]]) -> tuple[str, str]:
-        host, specs = item
-        try:
-            enqueue(host, bundle_sha, specs, settings)
+            call()
         except GpuqError as exc:
             return host.name, str(exc)
         return host.name, ""
@@ -188,3 +160,25 @@ def deliver_all(ledger: Ledger, hosts: Mapping[str, Host], bundle_sha: str, by_h
         with ThreadPoolExecutor(max_workers=min(8, len(work))) as pool:
             results = list(pool.map(one, work))
     return {name: err for name, err in results if err}
+
+
+def push_all(hosts: Sequence[Host], bundle: Bundle) -> dict[str, str]:
+    """Place the bundle on every host in parallel; returns {host: error} for those that failed."""
+    return on_each_host([(host, partial(ensure_bundle, host, bundle)) for host in hosts])
+
+
+def deliver_all(ledger: Ledger, hosts: Mapping[str, Host], bundle_sha: str, by_host: Mapping[str, Sequence[Job]],
+                settings: Settings) -> dict[str, str]:
+    """Record attempts (ledger, this thread), then enqueue on every host in parallel.
+
+    Returns {host: error} for hosts whose enqueue failed: their attempts stay STARTING and the
+    next reconcile re-delivers them (the agent's enqueue is idempotent), so a lost reply can
+    never make a job run twice.
+    """
+    work: list[tuple[Host, Callable[[], object]]] = []
+    for name, jobs in by_host.items():
+        if jobs:
+            ledger.update_host(name, agent_bundle=bundle_sha)
+            specs = record_attempts(ledger, name, bundle_sha, jobs, settings)
+            work.append((hosts[name], partial(enqueue, hosts[name], bundle_sha, specs, settings)))
+    return on_each_host(work)
