@@ -144,6 +144,7 @@ class SubmitResult:
     dry_run: bool
     launch_error: str = ""
     makespan_s: float = 0.0
+    pushed_to: list[str] = field(default_factory=list)  # hosts that received the bundle's bytes
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -222,12 +223,13 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         for j in parsed.jobs
     ]
     rows = _target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
+    pushed: list[str] = []
     if dry_run:
         decided = plan(plan_jobs, controller.capacities(ctx.ledger, ctx.settings, rows, rates))
         dropped: dict[str, str] = {}
     else:
         decided, dropped = controller.plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
-                                                    rates)
+                                                    rates, pushed)
     warnings += [f"host {name} left out: {why}" for name, why in sorted(dropped.items())]
     if decided.unplaced:
         names = {job_id_for(sweep_id, j.name): (j.name, j.line) for j in parsed.jobs}
@@ -252,7 +254,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         verify=ctx.settings.verify,
     )
     result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
-                          makespan_s=decided.makespan_s)
+                          makespan_s=decided.makespan_s, pushed_to=sorted(pushed))
     failed = controller.deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in rows_added},
                                 bundle.sha256)
     if failed:

@@ -292,11 +292,13 @@ def capacities(ledger: Ledger, settings: Settings, rows: Sequence[HostRow], rate
 
 
 def plan_and_push(ledger: Ledger, fleet: Fleet, settings: Settings, jobs: Sequence[PlanJob],
-                  rows: Sequence[HostRow], bundle: Bundle, rates: EpochRates) -> tuple[Plan, dict[str, str]]:
+                  rows: Sequence[HostRow], bundle: Bundle, rates: EpochRates,
+                  pushed: list[str] | None = None) -> tuple[Plan, dict[str, str]]:
     """Plan, then place the bundle on every host that got work.  A host whose push fails is
     dropped and the jobs are planned again without it (once per failing host).
 
-    Returns the final plan and {host: why it was dropped}.
+    Returns the final plan and {host: why it was dropped}; ``pushed`` collects the hosts that
+    received the bundle's bytes (the others had it already).
     """
     dropped: dict[str, str] = {}
     while True:
@@ -306,7 +308,7 @@ def plan_and_push(ledger: Ledger, fleet: Fleet, settings: Settings, jobs: Sequen
         ]
         decided = plan(jobs, slots)
         targets = sorted({a.host for a in decided.assignments} - set(dropped))
-        failed = push_all([fleet.named(name) for name in targets], bundle)
+        failed = push_all([fleet.named(name) for name in targets], bundle, pushed)
         for name in targets:
             if name not in failed:
                 ledger.update_host(name, agent_bundle=bundle.sha256)

@@ -162,9 +162,16 @@ def on_each_host(work: Sequence[tuple[Host, Callable[[], object]]]) -> dict[str,
     return {name: err for name, err in results if err}
 
 
-def push_all(hosts: Sequence[Host], bundle: Bundle) -> dict[str, str]:
-    """Place the bundle on every host in parallel; returns {host: error} for those that failed."""
-    return on_each_host([(host, partial(ensure_bundle, host, bundle)) for host in hosts])
+def push_all(hosts: Sequence[Host], bundle: Bundle, pushed: list[str] | None = None) -> dict[str, str]:
+    """Place the bundle on every host in parallel; returns {host: error} for those that failed.
+
+    ``pushed`` collects the hosts that lacked the bundle and received its bytes.
+    """
+    def push(host: Host) -> None:
+        if ensure_bundle(host, bundle) and pushed is not None:
+            pushed.append(host.name)
+
+    return on_each_host([(host, partial(push, host)) for host in hosts])
 
 
 def deliver_all(ledger: Ledger, hosts: Mapping[str, Host], bundle_sha: str, by_host: Mapping[str, Sequence[Job]],

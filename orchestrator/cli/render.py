@@ -47,15 +47,30 @@ def submitted(result: SubmitResult) -> None:
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
         for job_id, host in result.placements.items():
             out.print(f"  {job_id} -> {host}")
+        out.print(f"projected makespan {_duration(result.makespan_s)} (estimates: est_min=, else history)")
         return
     out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {result.queue_path} "
               f"(bundle {result.bundle.sha256[:12]})")
     for job in result.jobs:
         out.print(f"  {job.id}  {job.name:<24} {job.task} {job.epochs}ep gpus={job.gpus} -> "
                   f"{result.placements.get(job.id, '?')}")
+    hosts = sorted(set(result.placements.values()))
+    if result.pushed_to:
+        out.print(f"bundle pushed to {', '.join(result.pushed_to)} ({result.bundle.bytes / 1e6:.2f} MB each); "
+                  f"projected makespan {_duration(result.makespan_s)}")
+    else:
+        out.print(f"bundle already on {', '.join(hosts)}; projected makespan {_duration(result.makespan_s)}")
     if result.launch_error:
         out.print(f"[red]launch failed:[/] {result.launch_error}\n"
                   "the sweep is recorded; `gpuq status` retries the launch")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _age(ts: float | None, now: float) -> str:

@@ -53,6 +53,7 @@ CONNECT_TRIES = 3
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0
 CHUNK = 1 << 20
+TRANSFER_STALL_S = 60.0
 STDIN_CHUNK = 1 << 15
 EOF_GRACE_S = 2.0
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
@@ -169,6 +170,7 @@ class SSHOptions:
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     keepalive_s: int = KEEPALIVE_S
     connect_tries: int = CONNECT_TRIES
+    transfer_stall_s: float = TRANSFER_STALL_S
     sleep: Callable[[float], None] = field(default=time.sleep)
 
 
@@ -403,6 +405,9 @@ class SSHHost(Host):
             client = self._connection()
             try:
                 self._sftp = client.open_sftp()
+                # a silently dead link fails a transfer after this long without a byte, instead
+                # of blocking until TCP gives up (the pull retries and resumes from the offset)
+                self._sftp.get_channel().settimeout(self.options.transfer_stall_s)  # type: ignore[union-attr]
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 self._drop()
                 raise HostUnreachable(self.name, f"cannot start SFTP (proxied endpoints cannot carry files; "

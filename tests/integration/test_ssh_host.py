@@ -323,3 +323,23 @@ def test_proxy_jump_tunnels_through_the_jump_host(farm: HostFarm, tmp_path: Path
     with pytest.raises(HostKeyError, match="unknown SSH host key"):
         strict.run(["true"])
     assert not empty.exists()
+
+
+def test_a_transfer_over_a_dead_link_fails_within_the_stall_limit(farm: HostFarm, no_ssh_config: Path,
+                                                                  tmp_path: Path) -> None:
+    host = make_host(farm, no_ssh_config, transfer_stall_s=2.0, connect_tries=1)
+    remote = f"/tmp/stall-{uuid.uuid4().hex[:8]}.bin"
+    in_host_tmp(farm, remote).write_bytes(os.urandom(1 << 20))
+    local = tmp_path / "copy.bin"
+    host.get(remote, local)  # connection and SFTP session are up
+    farm.set_link(0, False)
+    try:
+        started = time.monotonic()
+        with pytest.raises(HostUnreachable):
+            host.get(remote, local)
+        assert time.monotonic() - started < 20  # the stall limit (plus the reconnect attempt), not TCP's minutes
+    finally:
+        farm.set_link(0, True)
+    host.get(remote, local)  # a fresh connection once the link is back
+    assert local.read_bytes() == in_host_tmp(farm, remote).read_bytes()
+    host.close()

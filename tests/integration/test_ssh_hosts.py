@@ -151,6 +151,8 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
     assert stamps == {i: [p.stat().st_mtime_ns for p in sorted(user.host_dir(i).glob("bundles/*"))]
                       for i in range(3)}
     assert "already succeeded" in again.stdout + again.stderr  # the twins are named
+    assert "bundle already on g0, g1, g2" in again.stdout
+    assert "bundle pushed to g0, g1, g2" in submitted.stdout
     second = re.search(r"^sweep (q[a-z2-7]{6}):", again.stdout, re.M)
     assert second and user.gpuq("cancel", "--sweep", second.group(1)).returncode == 0
 
