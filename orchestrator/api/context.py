@@ -1,0 +1,60 @@
+"""The context every verb runs in: settings, the ledger, and the command's hosts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.bundle import payload_dir
+from orchestrator.config import LOCAL_HOST, Settings, load_settings
+from orchestrator.fleet import Fleet
+from orchestrator.hosts.base import Host
+from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Ledger
+
+
+@dataclass
+class Context:
+    settings: Settings
+    ledger: Ledger
+    fleet: Fleet
+
+    def close(self) -> None:
+        self.fleet.close()
+        self.ledger.close()
+
+
+def open_context(*, overrides: dict[str, Any] | None = None, project_dir: Path | None = None) -> Context:
+    settings = load_settings(overrides=overrides, project_dir=project_dir)
+    ledger = Ledger(settings.ledger_path)
+    return Context(settings, ledger, Fleet(settings, ledger))
+
+
+# --- hosts ------------------------------------------------------------------------
+
+
+def _local(ctx: Context) -> Host:
+    return ctx.fleet.local()
+
+
+def host_for(ctx: Context, row: HostRow) -> Host:
+    """The command's one Host object for ``row`` (its SSH connection is reused by every call)."""
+    return ctx.fleet.host(row)
+
+
+def _verified_ids(ctx: Context) -> set[str]:
+    finder = getattr(ctx.ledger, "verified_job_ids", None)
+    return set(finder()) if callable(finder) else set()
+
+
+def _known_hosts(ctx: Context) -> set[str]:
+    return {LOCAL_HOST} | {h.name for h in ctx.ledger.hosts()}
+
+
+def _payload_tasks() -> list[str]:
+    tasks_file = payload_dir() / "TASKS"
+    if not tasks_file.is_file():
+        return []
+    lines = tasks_file.read_text(encoding="utf-8").splitlines()
+    return [t.strip() for t in lines if t.strip() and not t.startswith("#")]

@@ -1,0 +1,69 @@
+"""Host verbs: register, list, show, forget SSH hosts and accept a checked host key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator import controller, fleet
+from orchestrator.api.context import Context, _verified_ids
+from orchestrator.errors import UsageError
+from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Job
+from orchestrator.states import JobState
+
+
+def hosts_add(ctx: Context, name: str, target: str, *, port: int | None = None, key: str = "",
+              profile: str = fleet.DEFAULT_SSH_PROFILE, root: str = "", python: str = "",
+              trust_new_host_key: bool = False) -> fleet.Registered:
+    """Register an SSH host after a strictly verified connection and a one-round-trip audit."""
+    return fleet.register(ctx.ledger, ctx.settings, name, target, port=port, key=key, profile=profile, root=root,
+                          python=python, trust_new_host_key=trust_new_host_key)
+
+
+def hosts_list(ctx: Context) -> list[HostRow]:
+    return ctx.ledger.hosts()
+
+
+@dataclass
+class HostDetail:
+    row: HostRow
+    active: list[Job]
+    unverified: list[Job]
+    fingerprint: str
+    events: list[Any]
+
+
+def hosts_show(ctx: Context, name: str) -> HostDetail:
+    row = ctx.ledger.host(name)
+    if row is None:
+        raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
+    active = [j for j in ctx.ledger.jobs(states=controller.ACTIVE) if j.host == name]
+    return HostDetail(row, active, _unverified_on(ctx, name), fleet.key_fingerprint(row.host_key),
+                      ctx.ledger.events(subject=name, limit=10))
+
+
+def _unverified_on(ctx: Context, name: str) -> list[Job]:
+    """Succeeded jobs whose results on ``name`` have not been pulled and verified."""
+    verified = _verified_ids(ctx)
+    return [j for j in ctx.ledger.jobs(states=[JobState.SUCCEEDED]) if j.host == name and j.id not in verified]
+
+
+def hosts_rm(ctx: Context, name: str, *, force: bool = False) -> None:
+    """Forget a host.  Refused while jobs run there or its results are unverified (unless forced)."""
+    detail = hosts_show(ctx, name)
+    if detail.row.kind == "local":
+        raise UsageError(f'"{name}" is the embedded local host; it cannot be removed')
+    if detail.active:
+        raise UsageError(f"host {name} has {len(detail.active)} unfinished jobs "
+                         f"({', '.join(j.name for j in detail.active[:5])}); `gpuq cancel` them first")
+    if detail.unverified and not force:
+        raise UsageError(f"host {name} holds unverified results of {len(detail.unverified)} jobs "
+                         f"({', '.join(j.name for j in detail.unverified[:5])}); `gpuq pull` first, "
+                         "or --force to forget them")
+    fleet.forget_host(ctx.ledger, ctx.settings, detail.row)
+
+
+def hosts_trust(ctx: Context, name: str, fingerprint: str) -> str:
+    """Replace a host's known key by the one it offers now, if it has the fingerprint the user checked."""
+    return fleet.trust(ctx.ledger, ctx.settings, name, fingerprint)

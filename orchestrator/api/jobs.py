@@ -1,0 +1,131 @@
+"""Verbs on jobs that ran: ``logs``, ``cancel``, ``results``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator import controller, protocol, transfer
+from orchestrator.api.context import Context, host_for
+from orchestrator.api.status import tick
+from orchestrator.errors import GpuqError, JobNotFound, UsageError
+from orchestrator.hosts.base import Host
+from orchestrator.launcher import agent_argv
+from orchestrator.ledger import Attempt, Job
+from orchestrator.states import JobState
+
+
+def _job_host(ctx: Context, job: Job) -> Host:
+    if job.host is None:
+        raise UsageError(f"job {job.id} ({job.name}) has not been placed on a host yet")
+    row = ctx.ledger.host(job.host)
+    if row is None:
+        raise UsageError(f"job {job.id} ran on host {job.host!r}, which is no longer registered")
+    return host_for(ctx, row)
+
+
+def logs(ctx: Context, ref: str, *, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
+    """The job's log of its latest attempt; with ``follow``, until the job ends."""
+    job = ctx.ledger.resolve_job(ref)
+    if job.attempt_count == 0:
+        raise UsageError(f"job {job.id} ({job.name}) has not started yet; no log")
+    host = _job_host(ctx, job)
+    path = host.path(protocol.JOBS_DIR, job.id, protocol.ATTEMPTS_DIR, str(job.attempt_count), protocol.JOB_LOG)
+    offset = 0
+    while True:
+        result = host.run(["tail", "-c", f"+{offset + 1}", path], timeout=30)
+        if result.exit_code == 0 and result.stdout:
+            offset += len(result.stdout.encode())
+            yield result.stdout
+        if not follow:
+            if result.exit_code != 0 and offset == 0:
+                raise GpuqError(f"job {job.id} ({job.name}) has no log yet: it is {job.state} on {host.name} "
+                                "and has not started; `gpuq logs -f` waits for it")
+            return
+        tick(ctx)
+        if JobState(ctx.ledger.job(job.id).state).terminal:
+            final = host.run(["tail", "-c", f"+{offset + 1}", path], timeout=30)
+            if final.exit_code == 0 and final.stdout:
+                yield final.stdout
+            return
+        time.sleep(poll_s)
+
+
+@dataclass
+class CancelOutcome:
+    job: Job
+    outcome: str
+
+
+def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None) -> list[CancelOutcome]:
+    """Cancel one job or a sweep's unfinished jobs: one agent call per host for all of them."""
+    if (ref is None) == (sweep is None):
+        raise UsageError("give a job or --sweep SWEEP, not both")
+    if ref is not None:
+        targets = [ctx.ledger.resolve_job(ref)]
+    else:
+        targets = ctx.ledger.jobs(sweep_id=ctx.ledger.resolve_sweep(sweep).id)
+    out: list[CancelOutcome] = []
+    by_host: dict[str, list[Job]] = {}
+    for job in targets:
+        if JobState(job.state).terminal:
+            out.append(CancelOutcome(job, f"already {job.state}"))
+        elif job.host is not None and job.attempt_count:
+            by_host.setdefault(job.host, []).append(job)
+        else:
+            ctx.ledger.transition(job.id, JobState.CANCELLED, message="cancelled by user before placement")
+            out.append(CancelOutcome(job, "cancelled before placement"))
+    for host_name, jobs in by_host.items():
+        row = ctx.ledger.host(host_name)
+        host = _job_host(ctx, jobs[0])
+        argv = agent_argv(host, row.agent_bundle if row else "", "cancel", *[j.id for j in jobs])
+        result = host.run(argv, timeout=60 + ctx.settings.kill_grace_s * 2)
+        lines = result.stdout.strip().splitlines()
+        if len(jobs) == 1:
+            verdicts = {jobs[0].id: lines[0] if lines else ""}
+        else:
+            verdicts = dict(line.split(" ", 1) for line in lines if " " in line)
+        for job in jobs:
+            verdict = verdicts.get(job.id) or result.stderr.strip() or f"agent exit {result.exit_code}"
+            ctx.ledger.transition(job.id, JobState.CANCELLED, message=f"cancelled by user ({verdict})")
+            out.append(CancelOutcome(job, verdict))
+    return out
+
+
+@dataclass
+class ResultRow:
+    job: Job
+    final: dict[str, float]
+    best: dict[str, float]
+    attempt: Attempt | None
+    pulled: str = ""  # "verified" (local copy in local_dir), "missing" (verified, copy gone), "" (not pulled)
+    local_dir: str = ""
+
+
+def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
+    sweep_id = ctx.ledger.resolve_sweep(sweep).id
+    jobs = ctx.ledger.jobs(sweep_id=sweep_id)
+    have = {m.job_id for m in ctx.ledger.metrics(j.id for j in jobs)}
+    pending = [j for j in jobs if j.state == JobState.SUCCEEDED.value and j.id not in have]
+    for job in pending:
+        row = ctx.ledger.host(job.host or "")
+        if row is not None:
+            controller.collect(ctx.ledger, host_for(ctx, row), row.agent_bundle, [job.id])
+    metrics = ctx.ledger.metrics(j.id for j in jobs)
+    latest = {a.job_id: a for a in ctx.ledger.attempts()}
+    verified = ctx.ledger.verified_jobs(sweep_id)
+    rows = []
+    for job in jobs:
+        final = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "final"}
+        best = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "best"}
+        entry = ResultRow(job, final, best, latest.get(job.id))
+        mark = verified.get(job.id)
+        if mark is not None:
+            present = (Path(mark.local_dir) / transfer.PULL_VERIFIED).is_file()
+            entry.pulled, entry.local_dir = ("verified" if present else "missing"), mark.local_dir
+        rows.append(entry)
+    if not rows:
+        raise JobNotFound(f"sweep {sweep_id} has no jobs")
+    return rows

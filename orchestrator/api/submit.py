@@ -1,0 +1,151 @@
+"""``submit``: validate the whole queue, record it in one transaction, place and start its jobs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import controller
+from orchestrator.api.context import Context, _known_hosts, _payload_tasks
+from orchestrator.bundle import Bundle, build_bundle
+from orchestrator.config import LOCAL_HOST
+from orchestrator.errors import UsageError
+from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Job
+from orchestrator.queuefile import parse_queue
+from orchestrator.scheduler import epoch_rates, plan
+from orchestrator.specs import job_id_for, new_queue_id, spec_hash_for
+
+
+@dataclass
+class SubmitResult:
+    sweep_id: str
+    queue_path: str
+    jobs: list[Job]
+    bundle: Bundle
+    placements: dict[str, str]
+    warnings: list[str]
+    dry_run: bool
+    launch_error: str = ""
+    makespan_s: float = 0.0
+    pushed_to: list[str] = field(default_factory=list)  # hosts that received the bundle's bytes
+
+
+def _new_sweep_id(ctx: Context) -> str:
+    taken = ctx.ledger.sweep_ids()
+    while True:
+        candidate = new_queue_id(os.urandom(4))
+        if candidate not in taken:
+            return candidate
+
+
+def _target_rows(ctx: Context, hosts: Sequence[str], pins: set[str]) -> list[HostRow]:
+    """Hosts a submit may use: the named ones; else every remote host (local only when none is
+    registered); plus any host a queue line pins with ``host=``."""
+    remote = ctx.fleet.remote_rows()
+    if hosts:
+        names = list(dict.fromkeys(hosts))
+    elif remote:
+        names = [row.name for row in remote]
+    else:
+        names = [LOCAL_HOST]
+    names += sorted(pins - set(names))
+    rows = []
+    for name in names:
+        row = ctx.ledger.host(name)
+        if row is None and name == LOCAL_HOST:  # registered by its first real use, never by a dry run
+            row = HostRow(name=LOCAL_HOST, kind="local", root=str(ctx.settings.local_host_root), created_at=0.0)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: bool = False) -> SubmitResult:
+    """Validate the whole queue, record it in one transaction, place and start its jobs.
+
+    Jobs are packed across the target hosts (see ``_target_rows``) by ``scheduler.plan``; the
+    bundle is pushed to every host that gets work before anything is written, and a host
+    whose push fails is left out of the plan.
+    """
+    known = _known_hosts(ctx)
+    for name in hosts:
+        if name not in known:
+            raise UsageError(f'unknown host "{name}"; known hosts: {", ".join(sorted(known))} '
+                             "(`gpuq hosts add` registers one)")
+    entry = ctx.settings.entry
+    parsed = parse_queue(queue, known_hosts=known, tasks=None if entry else _payload_tasks())
+    if entry:
+        path = Path(parsed.workdir) / entry
+        if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
+            raise UsageError(f"entry = {entry!r} (gpuq.toml / GPUQ_ENTRY): must name a file inside the project "
+                             f"{parsed.workdir}; nothing was submitted")
+    multi = [j for j in parsed.jobs if j.nodes > 1]
+    if multi:
+        # the agent runs single-node `torchrun --standalone`: a 2-node job would silently train
+        # with half its world size, so refuse it until multi-node rendezvous exists
+        lines = [f"{queue}:{j.line}: nodes={j.nodes}: multi-node jobs are not supported yet; use nodes=1"
+                 for j in multi]
+        raise UsageError("\n".join([*lines, "nothing was submitted"]))
+    workdir = Path(parsed.workdir)
+    bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,))
+    warnings = list(parsed.warnings)
+    hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
+    done = ctx.ledger.succeeded_with(hashes.values())
+    for spec in parsed.jobs:
+        twin = done.get(hashes[spec.name])
+        if twin is not None:
+            warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
+                            f"{twin.sweep_id}, which already succeeded; it will run again")
+    if bundle.skipped_secrets:
+        warnings.append("left out of the bundle (secret-like names): " + ", ".join(bundle.skipped_secrets[:5]))
+    sweep_id = _new_sweep_id(ctx)
+    rates = epoch_rates(ctx.ledger.run_history())
+    ckpt = ctx.ledger.checkpoint_bytes_by_config()
+    plan_jobs = [
+        controller.plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task,
+                            epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt)
+        for j in parsed.jobs
+    ]
+    rows = _target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
+    pushed: list[str] = []
+    if dry_run:
+        decided = plan(plan_jobs, controller.capacities(ctx.ledger, ctx.settings, rows, rates))
+        dropped: dict[str, str] = {}
+    else:
+        decided, dropped = controller.plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
+                                                    rates, pushed)
+    warnings += [f"host {name} left out: {why}" for name, why in sorted(dropped.items())]
+    if decided.unplaced:
+        names = {job_id_for(sweep_id, j.name): (j.name, j.line) for j in parsed.jobs}
+        lines = [f"{queue}:{names[jid][1]}: job {names[jid][0]!r} cannot be placed: {why}"
+                 for jid, why in decided.unplaced]
+        raise UsageError("\n".join([*lines, "nothing was submitted"]))
+    placements = {a.job_id: a.host for a in decided.assignments}
+    if dry_run:
+        return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True,
+                            makespan_s=decided.makespan_s)
+    rows_added = ctx.ledger.add_sweep(
+        sweep_id=sweep_id,
+        queue_path=str(queue),
+        workdir=str(workdir.resolve()),
+        queue_text=queue.read_text(encoding="utf-8-sig", errors="replace"),
+        jobs=parsed.jobs,
+        default_retries=ctx.settings.retries,
+        bundle_sha=bundle.sha256,
+        hosts=list(dict.fromkeys(hosts)),
+        entry=ctx.settings.entry,
+        launcher=ctx.settings.launcher,
+        verify=ctx.settings.verify,
+    )
+    result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
+                          makespan_s=decided.makespan_s, pushed_to=sorted(pushed))
+    failed = controller.deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in rows_added},
+                                bundle.sha256)
+    if failed:
+        for name, err in failed.items():
+            ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}")
+        result.launch_error = "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)"
+                                        for err in failed.values())
+    return result
