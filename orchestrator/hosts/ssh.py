@@ -25,9 +25,7 @@ Contract (DOMAIN.md 15):
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import os
 import random
 import select
@@ -45,7 +43,12 @@ import paramiko
 
 from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
 from orchestrator.hosts.base import Host
+from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.specs import CommandResult
+
+__all__ = [
+    "Endpoint", "SSHHost", "SSHOptions", "fingerprint", "known_hosts_key", "offered_key", "remote_command", "resolve",
+]
 
 KEEPALIVE_S = 10
 CONNECT_TIMEOUT_S = 15.0
@@ -57,81 +60,6 @@ TRANSFER_STALL_S = 60.0
 STDIN_CHUNK = 1 << 15
 EOF_GRACE_S = 2.0
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to connect, after ``~/.ssh/config`` is applied."""
-
-    hostname: str
-    port: int = 22
-    user: str = ""
-    key_files: tuple[str, ...] = ()
-    jump: tuple[Endpoint, ...] = ()
-    alias: str = ""
-
-    def label(self) -> str:
-        where = self.hostname if self.port == 22 else f"{self.hostname}:{self.port}"
-        return f"{self.user}@{where}" if self.user else where
-
-
-def _split_target(target: str) -> tuple[str, str, int | None]:
-    user, _, rest = target.rpartition("@")
-    port: int | None = None
-    if rest.startswith("["):  # [v6addr]:port or [host]:port
-        host, _, tail = rest[1:].partition("]")
-        if tail.startswith(":") and tail[1:].isdigit():
-            port = int(tail[1:])
-        return user, host, port
-    if rest.count(":") == 1:
-        host, _, maybe = rest.partition(":")
-        if maybe.isdigit():
-            return user, host, int(maybe)
-    return user, rest, port
-
-
-def resolve(
-    target: str,
-    *,
-    port: int | None = None,
-    user: str = "",
-    key_file: str = "",
-    ssh_config: Path | None = None,
-    _depth: int = 0,
-) -> Endpoint:
-    """Apply ``~/.ssh/config`` to ``target`` the way OpenSSH would (explicit values win)."""
-    if _depth > 5:
-        raise HostError(target, "ProxyJump chain is longer than 5 hops (a loop in ~/.ssh/config?)")
-    t_user, t_host, t_port = _split_target(target)
-    if not t_host:
-        raise HostError(target, "no address in the SSH target; use user@address or an ~/.ssh/config alias")
-    cfg_path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
-    looked: dict[str, Any] = {}
-    if cfg_path.is_file():
-        try:
-            config = paramiko.SSHConfig.from_path(str(cfg_path))
-            looked = dict(config.lookup(t_host))
-        except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise HostError(target, f"cannot read {cfg_path}: {exc}") from exc
-    hostname = str(looked.get("hostname") or t_host)
-    final_port = port or t_port or int(looked.get("port") or 22)
-    final_user = user or t_user or str(looked.get("user") or "")
-    keys = tuple([key_file] if key_file else [os.path.expanduser(k) for k in looked.get("identityfile", [])])
-    jumps: list[Endpoint] = []
-    proxy = str(looked.get("proxyjump") or "")
-    if proxy and proxy.lower() != "none":
-        for hop in proxy.split(","):
-            jumps.append(resolve(hop.strip(), ssh_config=cfg_path, _depth=_depth + 1))
-    return Endpoint(hostname, final_port, final_user, keys, tuple(jumps), alias=t_host if looked else "")
-
-
-def known_hosts_key(hostname: str, port: int) -> str:
-    return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
 class _Policy(paramiko.MissingHostKeyPolicy):
