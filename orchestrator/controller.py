@@ -44,8 +44,12 @@ class Probe:
     reachable: bool = False  # the transport worked (ok adds: the agent answered with a status document)
 
 
-def probe(host: Host, agent_bundle: str, settings: Settings) -> Probe:
-    """One read-only round trip to the host's agent."""
+def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequence[str] = ()) -> Probe:
+    """One read-only round trip to the host's agent.
+
+    ``results_for``: the jobs the ledger believes active there; any of them that exited 0
+    comes back with its collected results, so finishing jobs cost no second round trip.
+    """
     started = time.monotonic()
     if not agent_bundle:  # nothing of ours there yet: the round trip only proves reachability
         try:
@@ -55,7 +59,9 @@ def probe(host: Host, agent_bundle: str, settings: Settings) -> Probe:
         return Probe(host.name, False, error="no bundle placed yet", duration_s=time.monotonic() - started,
                      reachable=True)
     try:
-        result = host.run(agent_argv(host, agent_bundle, "status", "--json"), timeout=settings.status_timeout_s)
+        extra = ["--results-for", *results_for] if results_for else []
+        result = host.run(agent_argv(host, agent_bundle, "status", "--json", *extra),
+                          timeout=settings.status_timeout_s)
     except HostError as exc:  # unreachable, or a key/auth refusal: either way no verdict on any job
         return Probe(host.name, False, error=str(exc), duration_s=time.monotonic() - started)
     elapsed = time.monotonic() - started
@@ -69,11 +75,12 @@ def probe(host: Host, agent_bundle: str, settings: Settings) -> Probe:
     return Probe(host.name, True, doc=doc, duration_s=elapsed, reachable=True)
 
 
-def probe_all(hosts: Sequence[tuple[Host, str]], settings: Settings) -> list[Probe]:
+def probe_all(hosts: Sequence[tuple[Host, str, Sequence[str]]], settings: Settings) -> list[Probe]:
+    """Probe every (host, agent bundle, active job ids) in parallel: one round trip each."""
     if len(hosts) <= 1:
-        return [probe(h, sha, settings) for h, sha in hosts]
+        return [probe(h, sha, settings, ids) for h, sha, ids in hosts]
     with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
-        return list(pool.map(lambda pair: probe(pair[0], pair[1], settings), hosts))
+        return list(pool.map(lambda item: probe(item[0], item[1], settings, item[2]), hosts))
 
 
 def timestamp(value: Any) -> float | None:
@@ -213,17 +220,27 @@ def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Jo
                 ledger.record_event("job", job_id, f"re-enqueued on {host.name} (spec was never delivered)")
 
 
-def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str]) -> None:
-    """Read finished jobs' summaries and file hashes from the host into the ledger (one round trip)."""
-    if not job_ids:
+def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str],
+            report: Probe | None = None) -> None:
+    """Read finished jobs' summaries and file hashes into the ledger: from the probe's document
+    when it carried them, else in one ``collect`` round trip for the rest."""
+    carried = {str(j["job_id"]): j["results"] for j in (report.doc.get("jobs", []) if report else [])
+               if isinstance(j.get("results"), dict)}
+    record_collected(ledger, {jid: carried[jid] for jid in job_ids if jid in carried})
+    rest = [jid for jid in job_ids if jid not in carried]
+    if not rest:
         return
-    result = host.run(agent_argv(host, agent_bundle, "collect", *job_ids), timeout=120)
+    result = host.run(agent_argv(host, agent_bundle, "collect", *rest), timeout=120)
     if result.exit_code != 0:
         raise GpuqError(f"host {host.name}: collecting results failed: {result.stderr.strip()[-300:]}")
     try:
         docs: dict[str, Any] = json.loads(result.stdout)
     except json.JSONDecodeError as exc:
         raise GpuqError(f"host {host.name}: unreadable results from the agent: {result.stdout[:200]!r}") from exc
+    record_collected(ledger, docs)
+
+
+def record_collected(ledger: Ledger, docs: dict[str, Any]) -> None:
     for job_id, doc in docs.items():
         summary = doc.get("summary") or {}
         metrics: list[tuple[str, str, float, int | None, int | None]] = []

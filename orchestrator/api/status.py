@@ -30,9 +30,12 @@ class Snapshot:
 def tick(ctx: Context) -> dict[str, controller.Probe]:
     """Probe every host once (in parallel), reconcile the ledger, collect results, move waiting
     jobs to idle hosts, and dispatch jobs still QUEUED."""
-    pairs = [(host_for(ctx, row), row.agent_bundle) for row in ctx.ledger.hosts()]
-    probes = controller.probe_all(pairs, ctx.settings)
-    by_name = {h.name: (h, sha) for h, sha in pairs}
+    active: dict[str, list[str]] = {}
+    for job in ctx.ledger.jobs(states=controller.ACTIVE):
+        active.setdefault(job.host or "", []).append(job.id)
+    triples = [(host_for(ctx, row), row.agent_bundle, active.get(row.name, [])) for row in ctx.ledger.hosts()]
+    probes = controller.probe_all(triples, ctx.settings)
+    by_name = {h.name: (h, sha) for h, sha, _ in triples}
     for report in probes:
         host, sha = by_name[report.host]
         if not report.ok:
@@ -45,7 +48,7 @@ def tick(ctx: Context) -> dict[str, controller.Probe]:
             continue
         done = controller.reconcile(ctx.ledger, host, ctx.settings, report)
         try:
-            controller.collect(ctx.ledger, host, sha, done)
+            controller.collect(ctx.ledger, host, sha, done, report)
         except GpuqError as exc:  # results are collected again by `gpuq results`; never fail a tick
             ctx.ledger.record_event("host", host.name, f"collecting results failed: {exc}")
     rates = epoch_rates(ctx.ledger.run_history())

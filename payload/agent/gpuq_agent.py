@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     wp.add_argument("attempt")
     st = sub.add_parser("status", help="read-only probe")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--results-for", nargs="*", default=(), metavar="JOB",
+                    help="also carry the collected results of these jobs when they exited 0")
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
     cp.add_argument("job_ids", nargs="+")
     wd = sub.add_parser("withdraw", help="take unstarted jobs back out of the inbox (work stealing)")

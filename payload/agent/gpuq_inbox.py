@@ -115,13 +115,19 @@ def cmd_collect(root: str, job_ids: list[str]) -> int:
         if not JOB_ID_RE.match(job_id):
             print("gpuq collect: bad job id %r" % job_id, file=sys.stderr)
             return P.AGENT_EXIT_USAGE
-        spec = read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
-        summary = read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
-        out[job_id] = {
-            "attempt": _attempt_of(spec) if isinstance(spec, dict) else 0,
-            "summary": summary if isinstance(summary, dict) else None,
-            "files": _files(root, job_id),
-            "ckpt": read_json(os.path.join(root, P.JOBS_DIR, job_id, P.CKPT_DIR, P.LATEST_POINTER)),
-        }
+        out[job_id] = collect_one(root, job_id)
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     return 0
+
+
+def collect_one(root: str, job_id: str) -> dict[str, Any]:
+    """A finished job's summary, hashed result files and checkpoint pointer (``collect``, and
+    ``status --results-for`` so that a tick stays one round trip when jobs finish)."""
+    spec = read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
+    summary = read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
+    return {
+        "attempt": _attempt_of(spec) if isinstance(spec, dict) else 0,
+        "summary": summary if isinstance(summary, dict) else None,
+        "files": _files(root, job_id),
+        "ckpt": read_json(os.path.join(root, P.JOBS_DIR, job_id, P.CKPT_DIR, P.LATEST_POINTER)),
+    }

@@ -20,6 +20,7 @@ from typing import Any
 import gpuq_protocol as P
 from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_attempt, utc
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
+from gpuq_inbox import collect_one
 from gpuq_procs import boot_id, group_alive, leader_alive
 
 LAUNCH_PGID_GRACE_S = 10.0  # launched, pgid not yet written: still "claimed" (launching) this long
@@ -113,6 +114,11 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         bundles = sorted(n for n in os.listdir(lay.p(P.BUNDLES_DIR)) if not n.startswith("."))
     except OSError:
         bundles = []
+    wanted = set(getattr(args, "results_for", ()) or ())
+    for e in jobs:
+        ex = e.get("exit") or {}
+        if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
+            e["results"] = collect_one(lay.root, e["job_id"])
     doc = {"schema": P.STATUS_SCHEMA, "protocol": P.PROTOCOL_VERSION, "hostname": socket.gethostname(),
            "root": lay.root, "time": utc(now), "boot_id": boot_id(), "uptime_s": uptime, "agent": agent,
            "slots": {"kind": kind, "total": total, "free": max(0, total - used)},

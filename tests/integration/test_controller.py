@@ -125,8 +125,27 @@ def test_reconcile_maps_every_host_state(setup: tuple[Ledger, FakeHost, Settings
 def test_one_round_trip_per_probe(setup: tuple[Ledger, FakeHost, Settings, list[str]]) -> None:
     _ledger, host, settings, _ids = setup
     host.calls.clear()
-    probes = controller.probe_all([(host, SHA)], settings)
+    probes = controller.probe_all([(host, SHA, ())], settings)
     assert probes[0].ok and len(host.calls) == 1 and "status" in host.calls[0]
+
+
+def test_a_job_that_finished_costs_no_second_round_trip(setup: tuple[Ledger, FakeHost, Settings, list[str]]) -> None:
+    ledger, host, settings, ids = setup
+    live = _fabricate(ledger, host, settings, ids)
+    try:
+        host.calls.clear()
+        report = controller.probe(host, SHA, settings, results_for=ids)
+        done = controller.reconcile(ledger, host, settings, report)
+        status_calls = len(host.calls)
+        controller.collect(ledger, host, SHA, done, report)
+    finally:
+        live.kill()
+        live.wait()
+    assert done == [ids[0]]
+    carried = [j for j in report.doc["jobs"] if "results" in j]
+    assert [j["job_id"] for j in carried] == [ids[0]]  # only the job that exited 0 carries results
+    assert status_calls >= 1 and len(host.calls) == status_calls  # collect() made no call of its own
+    assert {(m.scope, m.value) for m in ledger.metrics([ids[0]])} == {("final", 0.75), ("best", 0.8)}
 
 
 def test_transport_failure_changes_no_job(setup: tuple[Ledger, FakeHost, Settings, list[str]]) -> None:
