@@ -382,13 +382,16 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
         slots.append(HostSlots(host=row.name, total=total, slot_free_at=free_at))
     if len(slots) < 2 or not any(queued.values()):
         return []
+    # a sweep moves only among the hosts it may use: those named at submit, else every remote
+    # host (the local host takes part only when no remote host is registered)
+    rows = ledger.hosts()
+    default = {r.name for r in rows if r.kind != "local"} or {r.name for r in rows}
     allowed: dict[str, set[str]] = {}
     for job in ledger_jobs.values():
         if job.sweep_id not in allowed:
             sweep = ledger.sweep(job.sweep_id)
-            allowed[job.sweep_id] = sweep.host_set() if sweep is not None else set()
-    moves = [m for m in plan_steals(queued, slots)
-             if not allowed[ledger_jobs[m.job_id].sweep_id] or m.to_host in allowed[ledger_jobs[m.job_id].sweep_id]]
+            allowed[job.sweep_id] = (sweep.host_set() if sweep is not None else set()) or default
+    moves = [m for m in plan_steals(queued, slots) if m.to_host in allowed[ledger_jobs[m.job_id].sweep_id]]
     done: list[Move] = []
     by_source: dict[str, list[Move]] = {}
     for move in moves:
