@@ -358,7 +358,8 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
     ledger_jobs = {j.id: j for j in ledger.jobs(states=[JobState.ASSIGNED])}
     queued: dict[str, list[QueuedJob]] = {}
     slots: list[HostSlots] = []
-    for row in ledger.hosts():
+    rows = ledger.hosts()
+    for row in rows:
         report = reports.get(row.name)
         if report is not None and report.ok:
             docs = report.doc.get("jobs", [])
@@ -378,13 +379,14 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
             est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
             entries.append(QueuedJob(job.id, job.gpus, est, job.host_pin))
         queued[row.name] = entries
+        # busy slots free at an unknown time; only "free now" matters to a steal, so any positive
+        # horizon works (a few heartbeats)
         free_at = tuple([0.0] * free + [float(settings.heartbeat_s) * 6] * max(0, total - free))
         slots.append(HostSlots(host=row.name, total=total, slot_free_at=free_at))
     if len(slots) < 2 or not any(queued.values()):
         return []
     # a sweep moves only among the hosts it may use: those named at submit, else every remote
     # host (the local host takes part only when no remote host is registered)
-    rows = ledger.hosts()
     default = {r.name for r in rows if r.kind != "local"} or {r.name for r in rows}
     allowed: dict[str, set[str]] = {}
     for job in ledger_jobs.values():

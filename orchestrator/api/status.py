@@ -50,7 +50,7 @@ def tick(ctx: Context) -> dict[str, controller.Probe]:
         try:
             controller.collect(ctx.ledger, host, sha, done, report)
         except GpuqError as exc:  # results are collected again by `gpuq results`; never fail a tick
-            ctx.ledger.record_event("host", host.name, f"collecting results failed: {exc}")
+            ctx.ledger.record_event("host", host.name, f"collecting results failed: {exc}", unless_repeated=True)
     rates = epoch_rates(ctx.ledger.run_history())
     controller.steal(ctx.ledger, ctx.fleet, ctx.settings, probes, rates)
     _dispatch_queued(ctx, rates)
@@ -68,7 +68,8 @@ def _dispatch_queued(ctx: Context, rates: EpochRates) -> None:
             continue
         bundle_path = ctx.settings.bundle_cache / f"{sweep.bundle_sha}.tar"
         if not bundle_path.is_file():
-            ctx.ledger.record_event("sweep", sweep_id, "bundle missing from the cache; cannot launch queued jobs")
+            ctx.ledger.record_event("sweep", sweep_id, "bundle missing from the cache; cannot launch queued jobs",
+                                    unless_repeated=True)
             continue
         bundle = Bundle(sweep.bundle_sha, bundle_path, 0, bundle_path.stat().st_size)
         jobs = {j.id: j for j in queued if j.sweep_id == sweep_id}
@@ -81,13 +82,13 @@ def _dispatch_queued(ctx: Context, rates: EpochRates) -> None:
             decided, _ = controller.plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
                                                   rates)
         except GpuqError as exc:
-            ctx.ledger.record_event("sweep", sweep_id, f"cannot place queued jobs yet: {exc}")
+            ctx.ledger.record_event("sweep", sweep_id, f"cannot place queued jobs yet: {exc}", unless_repeated=True)
             continue
         for job_id, why in decided.unplaced:
-            ctx.ledger.record_event("job", job_id, f"still queued: {why}")
+            ctx.ledger.record_event("job", job_id, f"still queued: {why}", unless_repeated=True)
         failed = controller.deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, jobs, bundle.sha256)
         for name, err in failed.items():
-            ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}")
+            ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}", unless_repeated=True)
 
 
 def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jobs: bool = False) -> Snapshot:

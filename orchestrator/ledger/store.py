@@ -401,8 +401,14 @@ class Ledger:
 
     # --- events, results -----------------------------------------------------------
 
-    def record_event(self, kind: str, subject: str, message: str) -> None:
+    def record_event(self, kind: str, subject: str, message: str, *, unless_repeated: bool = False) -> None:
+        """Append an event.  ``unless_repeated``: skip it when the subject's latest event says the
+        same (conditions that every tick re-discovers, e.g. a job that still cannot be placed)."""
         with self.session() as s:
+            if unless_repeated:
+                last = s.exec(select(Event).where(Event.subject == subject).order_by(col(Event.id).desc())).first()
+                if last is not None and last.message == message:
+                    return
             _event(s, kind, subject, "", "", message)
 
     def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:

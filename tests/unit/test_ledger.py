@@ -176,3 +176,13 @@ def test_migrated_schema_equals_the_tables(tmp_path: Path) -> None:
         for name, (notnull, pk) in want.items():
             assert have[name] == (notnull, pk), f"{table.name}.{name}"
     conn.close()
+
+
+def test_repeated_conditions_are_recorded_once(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    for _ in range(5):  # a tick re-discovers the same condition every time
+        ledger.record_event("job", "c1", "still queued: no usable host", unless_repeated=True)
+    ledger.record_event("job", "c1", "still queued: host a is unreachable", unless_repeated=True)
+    ledger.record_event("job", "c1", "still queued: no usable host", unless_repeated=True)
+    assert [e.message for e in ledger.events(subject="c1")].count("still queued: no usable host") == 2
+    assert len(ledger.events(subject="c1")) == 3
