@@ -51,17 +51,21 @@ def tick(ctx: Context) -> dict[str, controller.Probe]:
             controller.collect(ctx.ledger, host, sha, done, report)
         except GpuqError as exc:  # results are collected again by `gpuq results`; never fail a tick
             ctx.ledger.record_event("host", host.name, f"collecting results failed: {exc}", unless_repeated=True)
-    rates = epoch_rates(ctx.ledger.run_history())
-    controller.steal(ctx.ledger, ctx.fleet, ctx.settings, probes, rates)
-    _dispatch_queued(ctx, rates)
+    # placement needs the run history (one join over every finished attempt): read it only when
+    # some inbox holds waiting jobs (work stealing) or the ledger holds QUEUED ones
+    waiting = any(j.get("state") == "queued" for p in probes if p.ok for j in p.doc.get("jobs", []))
+    queued = ctx.ledger.jobs(states=[JobState.QUEUED])
+    if waiting or queued:
+        rates = epoch_rates(ctx.ledger.run_history())
+        if waiting:
+            controller.steal(ctx.ledger, ctx.fleet, ctx.settings, probes, rates)
+        if queued:
+            _dispatch_queued(ctx, rates, queued)
     return {p.host: p for p in probes}
 
 
-def _dispatch_queued(ctx: Context, rates: EpochRates) -> None:
+def _dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
     """Place QUEUED jobs (a submit killed after its ledger write, or a host left out at submit)."""
-    queued = ctx.ledger.jobs(states=[JobState.QUEUED])
-    if not queued:
-        return
     for sweep_id in sorted({j.sweep_id for j in queued}):
         sweep = ctx.ledger.sweep(sweep_id)
         if sweep is None:
