@@ -136,14 +136,6 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     return specs
 
 
-def launch(ledger: Ledger, host: Host, bundle: Bundle, jobs: Sequence[Job], settings: Settings) -> dict[str, str]:
-    """Record an attempt for each job, then hand the specs to the host in one round trip."""
-    ensure_bundle(host, bundle)
-    ledger.update_host(host.name, agent_bundle=bundle.sha256)
-    specs = record_attempts(ledger, host.name, bundle.sha256, jobs, settings)
-    return enqueue(host, bundle.sha256, specs, settings) if specs else {}
-
-
 def on_each_host(work: Sequence[tuple[Host, Callable[[], object]]]) -> dict[str, str]:
     """Run one call per host, hosts in parallel; returns {host: error} for the calls that failed."""
     def one(item: tuple[Host, Callable[[], object]]) -> tuple[str, str]:

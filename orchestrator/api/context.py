@@ -44,8 +44,7 @@ def host_for(ctx: Context, row: HostRow) -> Host:
 
 
 def _verified_ids(ctx: Context) -> set[str]:
-    finder = getattr(ctx.ledger, "verified_job_ids", None)
-    return set(finder()) if callable(finder) else set()
+    return set(ctx.ledger.verified_job_ids())
 
 
 def _known_hosts(ctx: Context) -> set[str]:
