@@ -152,3 +152,51 @@ class BundleError(GpuqError):
 class TransferError(HostError):
     """``gpuq pull`` could not obtain a manifest or files from a host (the agent refused, a reply
     was unreadable, a remote file vanished).  A transport drop is HostUnreachable instead."""
+
+
+# Provider errors (orchestrator/providers/, PROVIDERS.md 1.6).  Appended to the tree above:
+#
+#     GpuqError
+#     └── ProviderError                    a cloud provider API refused or failed (raw code kept)
+#         ├── ProviderAuthError            missing, rejected or inactive API key (never shows the key)
+#         ├── NoCapacity                   no machines of the requested kind right now (retry later)
+#         ├── RateLimited                  HTTP 429 persisted through every bounded retry
+#         ├── ProviderUnreachable          network error, timeout or 5xx through every retry;
+#         │                                the outcome of the last call is unknown
+#         ├── ProvisioningFailed           an instance never became ready (stuck, or died while booting)
+#         └── ProviderUnsupported          the provider has no such operation (Lambda has no stop or spot)
+
+
+class ProviderError(GpuqError):
+    """A provider API call failed.  ``code`` is the provider's own error code or message, kept raw."""
+
+    def __init__(self, provider: str, message: str, *, code: str = "", status: int | None = None) -> None:
+        self.provider = provider
+        self.code = code
+        self.status = status
+        super().__init__(f"{provider}: {message}")
+
+
+class ProviderAuthError(ProviderError):
+    """The provider has no usable API key for gpuq: missing, rejected (401) or account inactive."""
+
+
+class NoCapacity(ProviderError):
+    """The provider has no machines of the requested kind now.  Retryable later; never retried blindly."""
+
+
+class RateLimited(ProviderError):
+    """The provider kept answering HTTP 429 through every bounded retry."""
+
+
+class ProviderUnreachable(ProviderError):
+    """Network error, timeout or 5xx through every retry.  The last call's outcome is unknown:
+    re-query state before acting on it (PROVIDERS.md 1.3)."""
+
+
+class ProvisioningFailed(ProviderError):
+    """An instance did not become ready: stuck provisioning past its deadline, or lost while booting."""
+
+
+class ProviderUnsupported(ProviderError):
+    """The provider has no such operation (for example: Lambda Cloud has no stop and no spot)."""

@@ -1,0 +1,345 @@
+"""The Provider seam: "a thing that hands out hosts" (RunPod, Lambda Cloud, ...).
+
+An adapter turns one vendor API into plain values (:class:`Offer`, :class:`Instance`) and gpuq errors
+(``orchestrator.errors.ProviderError`` and subclasses).  Everything here is data and pure rules: the
+readiness gate's API half (:attr:`Instance.ready`), the stop classification (:func:`classify`) and the
+polling loops shared by every adapter.  The SSH half of readiness (``echo``, host key, ``nvidia-smi``;
+PROVIDERS.md 2.7, 3.6) belongs to the layer above, which may import ``hosts``; this package may not.
+
+Status is a claim (PROVIDERS.md 1.8): "running" does not make a host usable and "stopped" does not
+mean it stopped billing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Literal, Protocol, runtime_checkable
+
+from orchestrator.errors import ProviderError, ProvisioningFailed
+
+InstanceState = Literal["pending", "running", "stopped", "exited", "terminating", "terminated", "unhealthy"]
+"""Normalised instance state.  ``pending``: created, not yet running (RunPod CREATED/RESTARTING/PAUSED
+or an unknown status, Lambda ``booting``); ``running``: the provider says it runs (ready or not: see
+:attr:`Instance.ready`); ``stopped``: stopped by the user on a provider that distinguishes it (unused by
+RunPod, whose stops are all ``exited``; :attr:`Instance.reason` tells them apart); ``exited``: RunPod
+EXITED; ``terminating``: teardown sent, still billing until ``terminated``; ``unhealthy``: Lambda
+``unhealthy``."""
+
+StopClass = Literal["spot_preemption", "manual_stop", "host_failure", "running", "pending", "unknown"]
+"""What :func:`classify` says about an instance (PROVIDERS.md 2.8, 3.7)."""
+
+# RunPod's lastStatusChange prefixes (PROVIDERS.md 2.8; third-party observations, [obs]).
+REASON_OUTBID = "Outbid"
+REASON_USER = "Exited by user"
+REASON_PLATFORM = "Exited by Runpod"
+
+
+def parse_money(value: object) -> Decimal | None:
+    """A price as the provider sent it (number or string, PROVIDERS.md 1.7) → Decimal, or None.
+
+    Floats go through ``str`` so 0.69 stays 0.69.  Negative, non-finite or unparsable values are None:
+    a price gpuq cannot trust is no price.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, Decimal)):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        return None
+    try:
+        amount = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not amount.is_finite() or amount < 0:
+        return None
+    return amount
+
+
+def to_cents(dollars: Decimal | None) -> int | None:
+    """Dollars per hour → whole cents per hour, rounded half-up (the ledger's unit)."""
+    if dollars is None:
+        return None
+    return int((dollars * 100).quantize(Decimal(1), rounding="ROUND_HALF_UP"))
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One rentable machine shape with its price.
+
+    ``gpu_type`` is what a :class:`ProvisionRequest` names: a RunPod GPU type id ("NVIDIA RTX A6000")
+    or a Lambda instance type ("gpu_1x_a100").  Prices are US dollars per hour for the whole machine
+    (``gpu_count`` GPUs).  ``min_bid_per_gpu`` is RunPod's current minimum spot bid per GPU-hour.
+    ``regions`` lists regions with capacity now (Lambda); empty when the provider does not say (RunPod).
+    """
+
+    provider: str
+    gpu_type: str
+    display_name: str
+    gpu_count: int
+    price_per_hour: Decimal | None
+    gpu_memory_gb: int | None = None
+    spot_price_per_hour: Decimal | None = None
+    min_bid_per_gpu: Decimal | None = None
+    regions: tuple[str, ...] = ()
+    available: bool = True
+
+    @property
+    def price_cents_per_hour(self) -> int | None:
+        return to_cents(self.price_per_hour)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One pod (RunPod) or instance (Lambda) as the provider reports it now.
+
+    ``ssh_host``/``ssh_port``/``ssh_user`` are set only when the provider publishes a public SSH
+    endpoint (RunPod: a public tcp mapping of port 22; Lambda: an ``ip``).  ``reason`` is RunPod's
+    ``lastStatusChange`` text.  ``gpu_count`` is what the provider says the machine has now (a resumed
+    RunPod pod can come back with zero).
+    """
+
+    provider: str
+    id: str
+    name: str
+    state: InstanceState
+    raw_status: str
+    ssh_host: str | None = None
+    ssh_port: int | None = None
+    ssh_user: str | None = None
+    price_per_hour: Decimal | None = None
+    gpu_count: int | None = None
+    gpu_type: str | None = None
+    spot: bool = False
+    region: str | None = None
+    reason: str = ""
+
+    @property
+    def ready(self) -> bool:
+        """The API half of the readiness gate: running with a public SSH endpoint."""
+        return self.state == "running" and bool(self.ssh_host) and self.ssh_port is not None
+
+    @property
+    def gone(self) -> bool:
+        return self.state == "terminated"
+
+
+def classify(instance: Instance | None) -> StopClass:
+    """What happened to an instance, from the API alone (PROVIDERS.md 2.8, 3.7).  Pure.
+
+    - ``None`` (the provider no longer knows it), ``terminating``/``terminated`` or ``unhealthy``:
+      ``host_failure`` (resume elsewhere; the caller knows whether gpuq itself terminated it);
+    - running but zero GPUs (a restarted RunPod pod): ``host_failure``;
+    - running with an SSH endpoint: ``running``; running without one, or booting: ``pending``;
+    - RunPod EXITED: ``Outbid:`` → ``spot_preemption``; ``Exited by user:`` → ``manual_stop``;
+      ``Exited by Runpod:`` → ``host_failure``; any other text → ``unknown`` (treat as a platform stop
+      and escalate with :attr:`Instance.reason`);
+    - ``stopped`` → ``manual_stop``; an unrecognised raw status → ``unknown``.
+    """
+    if instance is None:
+        return "host_failure"
+    state = instance.state
+    if state in ("terminating", "terminated", "unhealthy"):
+        return "host_failure"
+    if state == "running":
+        if instance.gpu_count == 0:
+            return "host_failure"
+        return "running" if instance.ready else "pending"
+    if state == "pending":
+        return "unknown" if instance.raw_status not in _KNOWN_PENDING else "pending"
+    if state == "stopped":
+        return "manual_stop"
+    reason = instance.reason.strip()
+    if reason.startswith(REASON_OUTBID):
+        return "spot_preemption"
+    if reason.startswith(REASON_USER):
+        return "manual_stop"
+    if reason.startswith(REASON_PLATFORM):
+        return "host_failure"
+    return "unknown"
+
+
+# Raw statuses that mean "not ready yet" rather than "not understood".
+_KNOWN_PENDING = frozenset({"CREATED", "RESTARTING", "PAUSED", "booting"})
+
+
+@dataclass(frozen=True)
+class ProvisionRequest:
+    """What to rent.  ``name`` is ``gpuq-<lease_id>``: creation is idempotent by name (PROVIDERS.md 1.4).
+
+    ``count`` machines are created one call each, named ``name`` when ``count == 1`` else
+    ``name-0``, ``name-1``, ...  ``gpu_count`` is GPUs per machine (RunPod; on Lambda the instance type
+    fixes it).  ``spot`` rents interruptibly (RunPod only); ``bid_per_gpu`` defaults to the current
+    minimum bid plus ``bid_margin``.  ``region`` is a RunPod data centre id or a Lambda region name.
+    ``ssh_public_key`` is registered with the account first (append-only) when given.
+    """
+
+    name: str
+    gpu_type: str
+    gpu_count: int = 1
+    count: int = 1
+    spot: bool = False
+    bid_per_gpu: Decimal | None = None
+    bid_margin: Decimal = Decimal(0)
+    region: str | None = None
+    image: str = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
+    cloud_type: str = "SECURE"
+    container_disk_gb: int = 40
+    volume_gb: int = 40
+    network_volume_id: str | None = None
+    file_system_name: str | None = None
+    ssh_public_key: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        if self.count == 1:
+            return [self.name]
+        return [f"{self.name}-{index}" for index in range(self.count)]
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A cloud that rents GPU machines.  Every method may raise ProviderError (or a subclass);
+    transient failures (network, 429, 5xx) are retried inside with bounded backoff first.
+
+    Nothing here destroys anything on its own initiative (DOMAIN.md 13): callers decide.
+    """
+
+    name: str
+    supports_stop: bool
+    supports_spot: bool
+
+    def list_offers(self, gpu_count: int | None = None) -> list[Offer]:
+        """Machine shapes with on-demand (and spot) prices.  Read-only.  ``gpu_count``: RunPod quotes pods of
+        that many GPUs (default 1); Lambda lists only instance types with exactly that many (default all)."""
+        ...
+
+    def list_instances(self) -> list[Instance]:
+        """Every instance of the account that the provider still lists (not only gpuq's).  Read-only."""
+        ...
+
+    def get(self, instance_id: str) -> Instance | None:
+        """One instance, or None once the provider no longer knows it.  Read-only."""
+        ...
+
+    def provision(self, request: ProvisionRequest) -> list[Instance]:
+        """Create ``request.count`` machines and return them (not yet ready).  Idempotent by name: an
+        instance that already carries a requested name is adopted, never duplicated, including after a
+        create call that failed client-side (timeout, 429) but succeeded server-side.
+        Raises NoCapacity (nothing was created by the failing call), ProviderUnsupported."""
+        ...
+
+    def wait_ready(self, instance_id: str, *, timeout_s: float | None = None) -> Instance:
+        """Poll until :attr:`Instance.ready`; raises ProvisioningFailed when the instance dies first
+        or the deadline passes ("stuck provisioning": reported, never terminated here)."""
+        ...
+
+    def stop(self, instance_id: str) -> None:
+        """Stop the machine, keeping its disk (RunPod).  Raises ProviderUnsupported where there is no
+        stop (Lambda).  Stopped is not free: the disk keeps billing."""
+        ...
+
+    def resume(self, instance_id: str, *, gpu_count: int = 1, bid_per_gpu: Decimal | None = None) -> None:
+        """Restart a stopped or preempted machine on the same host (RunPod: ``podResume`` or, for spot,
+        ``podBidResume``).  The SSH endpoint changes: call :meth:`wait_ready` again.  May raise NoCapacity."""
+        ...
+
+    def terminate(self, instance_id: str) -> None:
+        """Destroy the machine and its local disk.  Idempotent: an unknown id is already gone.
+        The acknowledgement is not proof: use :meth:`wait_gone`."""
+        ...
+
+    def wait_gone(self, instance_id: str, *, timeout_s: float | None = None) -> None:
+        """Poll until the provider reports the instance terminated or no longer knows it."""
+        ...
+
+    def ensure_ssh_key(self, public_key: str) -> str:
+        """Register ``public_key`` with the account if missing (append-only; others are never removed)
+        and return the name the provider knows it by."""
+        ...
+
+    def close(self) -> None:
+        """Release the HTTP connection pool."""
+        ...
+
+
+@dataclass(frozen=True)
+class PollPolicy:
+    """How long and how often to poll: ``first_s`` growing by ``factor`` to ``max_s``."""
+
+    timeout_s: float
+    first_s: float
+    max_s: float
+    factor: float = 1.5
+
+    def intervals(self) -> Callable[[], float]:
+        current = [self.first_s]
+
+        def nxt() -> float:
+            value = current[0]
+            current[0] = min(self.max_s, value * self.factor)
+            return value
+
+        return nxt
+
+
+def poll_until_ready(
+    provider: str,
+    instance_id: str,
+    fetch: Callable[[str], Instance | None],
+    policy: PollPolicy,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Instance:
+    """The polling loop behind every ``wait_ready``: stops at ready, raises ProvisioningFailed when the
+    instance dies (exited, terminated, unhealthy, gone) or when ``policy.timeout_s`` passes."""
+    deadline = clock() + policy.timeout_s
+    interval = policy.intervals()
+    while True:
+        instance = fetch(instance_id)
+        if instance is None:
+            raise ProvisioningFailed(provider, f"{instance_id} is gone while waiting for it to become ready",
+                                     code="host_failure")
+        verdict = classify(instance)
+        if verdict == "running":
+            return instance
+        if instance.state != "pending" and verdict != "pending":
+            what = f"is {instance.raw_status}" + (" with 0 GPUs" if instance.gpu_count == 0 else "")
+            reason = f" ({instance.reason})" if instance.reason else ""
+            raise ProvisioningFailed(provider, f"{instance_id} {what}{reason} while waiting for it to become ready",
+                                     code=verdict)
+        if clock() >= deadline:
+            raise ProvisioningFailed(
+                provider,
+                f"{instance_id} is still {instance.raw_status} without a public SSH endpoint after "
+                f"{policy.timeout_s:.0f} s (stuck provisioning; it may still bill: terminate it or wait longer)",
+                code="stuck_provisioning")
+        sleep(interval())
+
+
+def poll_until_gone(
+    provider: str,
+    instance_id: str,
+    fetch: Callable[[str], Instance | None],
+    policy: PollPolicy,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Poll until the instance is terminated or unknown (DOMAIN.md 13: an acknowledgement is not proof)."""
+    deadline = clock() + policy.timeout_s
+    interval = policy.intervals()
+    while True:
+        instance = fetch(instance_id)
+        if instance is None or instance.gone:
+            return
+        if clock() >= deadline:
+            raise ProviderError(
+                provider, f"{instance_id} is still {instance.raw_status} {policy.timeout_s:.0f} s after terminate; "
+                "it may still bill: check the provider's console", code="not_gone")
+        sleep(interval())

@@ -1,0 +1,157 @@
+"""Where a provider adapter gets its base URL and API key (PROVIDERS.md 1.1-1.2, DOMAIN.md 16).
+
+Key, first found wins::
+
+    GPUQ_RUNPOD_API_KEY  > RUNPOD_API_KEY  > [runpod] api_key  in $GPUQ_HOME/keys.toml (or credentials.toml)
+    GPUQ_LAMBDA_API_KEY  > LAMBDA_API_KEY  > [lambda] api_key  in the same file
+
+The keys file is read only when it is owned by the user and neither group- nor world-accessible
+(mode 0600 or stricter); otherwise gpuq refuses it and says how to fix it.  A variable that is set
+but empty is an error, never "unset".  Keys live in :class:`ApiKey`, which never shows its value in
+``str``/``repr``; adapters send it in an ``Authorization`` header only (never a URL).
+
+Base URL, first found wins: ``GPUQ_RUNPOD_GRAPHQL_URL`` > ``GPUQ_RUNPOD_URL``;
+``GPUQ_LAMBDA_API_URL`` > ``GPUQ_LAMBDA_URL``; else the vendor's.  Plain ``http://`` is accepted only
+for loopback addresses (the local fakes), so a key never crosses a network unencrypted.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import tomllib
+
+from orchestrator.config import ENV_HOME
+from orchestrator.errors import ConfigError, ProviderAuthError
+
+KEY_FILES = ("keys.toml", "credentials.toml")
+
+
+class ApiKey:
+    """A provider API key.  ``source`` says where it came from (an env var name or a file), for messages."""
+
+    __slots__ = ("_value", "source")
+
+    def __init__(self, value: str, source: str) -> None:
+        if not value or value != value.strip():
+            raise ConfigError(f"{source}: the API key is empty or has surrounding whitespace")
+        self._value = value
+        self.source = source
+
+    def reveal(self) -> str:
+        """The key itself, for an Authorization header and nothing else."""
+        return self._value
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every occurrence of the key replaced (for server messages that echo it)."""
+        return text.replace(self._value, "***") if self._value else text
+
+    def __repr__(self) -> str:
+        return f"ApiKey(from {self.source})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("ApiKey cannot be pickled")
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """The facts about one provider's credentials and endpoint."""
+
+    name: str  # "runpod" | "lambda"
+    label: str  # shown to people
+    key_vars: tuple[str, ...]  # first is gpuq's own, last is the vendor-conventional one
+    url_vars: tuple[str, ...]
+    default_url: str
+    section: str  # table in the keys file
+
+
+RUNPOD = ProviderSpec("runpod", "RunPod", ("GPUQ_RUNPOD_API_KEY", "RUNPOD_API_KEY"),
+                      ("GPUQ_RUNPOD_GRAPHQL_URL", "GPUQ_RUNPOD_URL"), "https://api.runpod.io/graphql", "runpod")
+LAMBDA = ProviderSpec("lambda", "Lambda Cloud", ("GPUQ_LAMBDA_API_KEY", "LAMBDA_API_KEY"),
+                      ("GPUQ_LAMBDA_API_URL", "GPUQ_LAMBDA_URL"), "https://cloud.lambdalabs.com/api/v1", "lambda")
+
+
+def how_to_set(spec: ProviderSpec) -> str:
+    """One sentence telling the user where to put a key."""
+    return (f"set {spec.key_vars[-1]} (or {spec.key_vars[0]}), or put `api_key = \"...\"` under "
+            f"[{spec.section}] in $GPUQ_HOME/{KEY_FILES[0]} (mode 0600)")
+
+
+def gpuq_home(env: Mapping[str, str]) -> Path:
+    raw = env.get(ENV_HOME)
+    return Path(raw).expanduser() if raw else Path.home() / ".gpuq"
+
+
+def load_key(spec: ProviderSpec, env: Mapping[str, str] | None = None) -> ApiKey:
+    """The API key for ``spec``; raises ProviderAuthError (none anywhere) or ConfigError (bad file/var)."""
+    env = os.environ if env is None else env
+    for var in spec.key_vars:
+        if var in env:
+            if not env[var].strip():
+                raise ConfigError(f"{var} is set but empty; unset it or set it to your {spec.label} API key")
+            return ApiKey(env[var].strip(), var)
+    home = gpuq_home(env)
+    for filename in KEY_FILES:
+        path = home / filename
+        found = _key_from_file(path, spec)
+        if found is not None:
+            return found
+    raise ProviderAuthError(spec.label, f"no API key: {how_to_set(spec)}", code="no-api-key")
+
+
+def _key_from_file(path: Path, spec: ProviderSpec) -> ApiKey | None:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    if info.st_uid != os.getuid():
+        raise ConfigError(f"{path}: refusing a keys file owned by another user (uid {info.st_uid})")
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"{path}: refusing a keys file readable by others (mode {stat.S_IMODE(info.st_mode):04o}); "
+                          f"run: chmod 600 {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        # The decoder's message quotes no values, only positions.
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    section = data.get(spec.section)
+    if section is None:
+        return None
+    if not isinstance(section, dict) or not isinstance(section.get("api_key"), str):
+        raise ConfigError(f"{path}: [{spec.section}] needs a string `api_key`")
+    value = section["api_key"].strip()
+    if not value:
+        raise ConfigError(f"{path}: [{spec.section}] api_key is empty")
+    return ApiKey(value, f"{path} [{spec.section}]")
+
+
+def load_url(spec: ProviderSpec, env: Mapping[str, str] | None = None) -> str:
+    """The base URL for ``spec`` (env override or the vendor's), validated."""
+    env = os.environ if env is None else env
+    for var in spec.url_vars:
+        if var in env:
+            return check_url(env[var], var)
+    return spec.default_url
+
+
+def check_url(url: str, source: str) -> str:
+    """https anywhere, http only to loopback; no credentials or query in the URL."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{source}: not an http(s) URL")
+    if parts.username or parts.password or parts.query:
+        raise ConfigError(f"{source}: the URL must not carry credentials or a query string")
+    if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise ConfigError(f"{source}: plain http is allowed only to a loopback address; use https")
+    return url.strip().rstrip("/")

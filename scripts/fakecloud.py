@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Run the local fake RunPod and Lambda Cloud APIs (tests/support/fakecloud), or re-record the fixtures.
+
+    python scripts/fakecloud.py serve [--runpod-port 8701] [--lambda-port 8702]
+        prints the environment that points gpuq at the fakes, then serves until Ctrl-C; inject events with
+        curl -X POST localhost:8701/_fake/preempt -d '{"pod_id": "..."}'     (controls: GET /_fake/log)
+    python scripts/fakecloud.py record
+        re-records tests/fixtures/providers/<provider>/fake/*.json from the fakes (after an intended change
+        to what an adapter sends), then replays them
+
+The fakes hand out fake addresses (TEST-NET-3); nothing behind them answers SSH yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.fakecloud import FakeLambda, FakeRunPod
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACT = "tests/unit/test_providers_contract.py"
+FIXTURES = ROOT / "tests" / "fixtures" / "providers"
+
+
+def serve(runpod_port: int, lambda_port: int) -> int:
+    runpod = FakeRunPod(api_key="fake-runpod-key", port=runpod_port).start()
+    lam = FakeLambda(api_key="fake-lambda-key", port=lambda_port).start()
+    env = {"GPUQ_RUNPOD_GRAPHQL_URL": runpod.url, "RUNPOD_API_KEY": runpod.api_key,
+           "GPUQ_LAMBDA_API_URL": lam.url, "LAMBDA_API_KEY": lam.api_key}
+    for name, value in env.items():
+        print(f"export {name}={shlex.quote(value)}")
+    print(f"# RunPod controls: POST {runpod.root_url}/_fake/<{'|'.join(FakeRunPod.controls)}>", file=sys.stderr)
+    print(f"# Lambda controls: POST {lam.root_url}/_fake/<{'|'.join(FakeLambda.controls)}>", file=sys.stderr)
+    print("# GET /_fake/log and /_fake/state on either; Ctrl-C stops both", file=sys.stderr)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        runpod.stop()
+        lam.stop()
+    return 0
+
+
+def record() -> int:
+    for stale in FIXTURES.glob("*/fake"):  # recordings of renamed or removed tests go too
+        shutil.rmtree(stale)
+    env = dict(os.environ, GPUQ_RECORD_PROVIDER_FIXTURES="1")
+    base = [sys.executable, "-m", "pytest", "-q", CONTRACT]
+    recorded = subprocess.run([*base, "-k", "fake"], cwd=ROOT, env=env, check=False)
+    if recorded.returncode != 0:
+        return recorded.returncode
+    env.pop("GPUQ_RECORD_PROVIDER_FIXTURES")
+    return subprocess.run([*base, "-k", "replay"], cwd=ROOT, env=env, check=False).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("serve", help="run both fakes until Ctrl-C")
+    run.add_argument("--runpod-port", type=int, default=8701)
+    run.add_argument("--lambda-port", type=int, default=8702)
+    sub.add_parser("record", help="re-record the provider fixtures from the fakes, then replay them")
+    args = ap.parse_args(argv)
+    if args.cmd == "serve":
+        return serve(args.runpod_port, args.lambda_port)
+    return record()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

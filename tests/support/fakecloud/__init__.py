@@ -1,0 +1,16 @@
+"""Local fakes of the RunPod GraphQL and Lambda Cloud v1 APIs (PROVIDERS.md 5), for tests and demos.
+
+    with FakeRunPod() as cloud:                    # threaded stdlib HTTP server on 127.0.0.1
+        provider = RunPodProvider(ApiKey(cloud.api_key, "RUNPOD_API_KEY"), url=cloud.url, ...)
+        cloud.preempt(pod_id)                      # inject events (also POST /_fake/preempt)
+
+``backend`` decides what stands behind a pod or instance (backend.HostBackend); ``recording`` records
+adapter exchanges into fixtures and replays them.  ``python scripts/fakecloud.py`` runs both fakes.
+"""
+
+from tests.support.fakecloud.backend import AddressBackend, HostBackend
+from tests.support.fakecloud.lambda_cloud import FakeLambda
+from tests.support.fakecloud.runpod import FakeRunPod
+from tests.support.fakecloud.server import FakeClock, FakeCloud
+
+__all__ = ["AddressBackend", "FakeClock", "FakeCloud", "FakeLambda", "FakeRunPod", "HostBackend"]

@@ -1,0 +1,344 @@
+"""One contract for every provider adapter, run four ways (ARCHITECTURE.md 4.4):
+
+- ``runpod-fake`` / ``lambda-fake``: the adapter against the local fake server (tests/support/fakecloud);
+- ``runpod-replay`` / ``lambda-replay``: the adapter against recorded exchanges
+  (tests/fixtures/providers/<provider>/fake/<test>.json) through an httpx MockTransport that fails the
+  test on any request the recording does not have.
+
+Injections (preempt, capacity, 429, ...) act on the fake and are no-ops on a replay, whose recorded
+responses already carry their effect.  Re-record after an intended change to what an adapter sends:
+
+    python scripts/fakecloud.py record
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import traceback
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnsupported, RateLimited
+from orchestrator.providers import lambda_cloud, runpod
+from orchestrator.providers.base import Instance, Provider, ProvisionRequest, classify
+from orchestrator.providers.credentials import ApiKey
+from tests.support.fakecloud import FakeLambda, FakeRunPod
+from tests.support.fakecloud.recording import Recorder, Replay, assert_secret_free, fixture_path, load, save
+
+RECORD = os.environ.get("GPUQ_RECORD_PROVIDER_FIXTURES") == "1"
+KEYS = {"runpod": "rpa_CONTRACT0TEST0KEY0do0not0leak0a1b2", "lambda": "secret_contract-test-key.do-not-leak.c3d4"}
+BAD_KEY = "rpa_WRONG0KEY0that0must0never0be0shown0e5f6"
+PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpx8rWc3fGk7ZqSgpuqF0contractTestKeyOnly gpuq@test"
+GPU_TYPE = {"runpod": "NVIDIA RTX A6000", "lambda": "gpu_1x_a10"}
+SSH_USER = {"runpod": "root", "lambda": "ubuntu"}
+ENV_VAR = {"runpod": "RUNPOD_API_KEY", "lambda": "LAMBDA_API_KEY"}
+BASE_PATH = {"runpod": "/graphql", "lambda": "/api/v1"}
+REAL_URL = {"runpod": "https://api.runpod.io/graphql", "lambda": "https://cloud.lambdalabs.com/api/v1"}
+_FIRST_FIELD = re.compile(r"^\s*(?:query|mutation)?\s*\{\s*(\w+)")
+
+
+class Counting(httpx.BaseTransport):
+    """Names every request by operation: the GraphQL root field, or ``METHOD /path`` for REST."""
+
+    def __init__(self, inner: httpx.BaseTransport, base_path: str) -> None:
+        self.inner = inner
+        self.base_path = base_path
+        self.ops: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path[len(self.base_path):] if request.url.path.startswith(self.base_path) else ""
+        op = f"{request.method} {path}"
+        if request.method == "POST" and not path:
+            match = _FIRST_FIELD.match(json.loads(request.content).get("query", ""))
+            op = match.group(1) if match else "?"
+        self.ops.append(op)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Cloud:
+    """One provider under test: the adapter, its injected clock, and the fake's controls (or no-ops)."""
+
+    def __init__(self, kind: str, mode: str, test_name: str) -> None:
+        self.kind, self.mode, self.test_name = kind, mode, test_name
+        self.now = 0.0
+        self.sleeps: list[float] = []
+        self.fake: FakeRunPod | FakeLambda | None = None
+        self.recorder: Recorder | None = None
+        self.replay: Replay | None = None
+        self.adapters: list[Any] = []
+        if mode == "fake":
+            fake = (FakeRunPod if kind == "runpod" else FakeLambda)(api_key=KEYS[kind]).start()
+            self.fake = fake
+            # plain http to 127.0.0.1: verify=False only skips building a TLS context (0.4 s each)
+            inner: httpx.BaseTransport = httpx.HTTPTransport(verify=False)
+            if RECORD:
+                self.recorder = inner = Recorder(inner, BASE_PATH[kind])
+            self.url = fake.url
+        else:
+            path = fixture_path(kind, test_name)
+            found = path.is_file()
+            self.replay = Replay(load(path) if found else [], BASE_PATH[kind], f"{kind} replay of {test_name}",
+                                 missing=None if found else path)
+            inner = self.replay.transport
+            self.url = REAL_URL[kind]
+        self.counter = Counting(inner, BASE_PATH[kind])
+        self.provider: Any = self.adapter()
+
+    # -- the adapter ------------------------------------------------------------------------------------
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def adapter(self, key: str | None = None) -> Any:
+        api_key = ApiKey(key or KEYS[self.kind], ENV_VAR[self.kind])
+        common: dict[str, Any] = {"url": self.url, "transport": self.counter, "min_interval_s": 0.0,
+                                  "sleep": self.sleep, "clock": lambda: self.now}
+        if self.kind == "runpod":
+            made: Any = runpod.RunPodProvider(api_key, policy=dataclasses.replace(runpod.RETRY, jitter=0.0), **common)
+        else:
+            made = lambda_cloud.LambdaProvider(api_key, policy=dataclasses.replace(lambda_cloud.RETRY, jitter=0.0),
+                                               launch_interval_s=0.0, **common)
+        self.adapters.append(made)
+        return made
+
+    def request(self, name: str, **changes: Any) -> ProvisionRequest:
+        return ProvisionRequest(name=name, gpu_type=GPU_TYPE[self.kind], ssh_public_key=PUBLIC_KEY, **changes)
+
+    def ops(self, op: str) -> int:
+        return sum(1 for o in self.counter.ops if o == op)
+
+    @property
+    def create_op(self) -> str:
+        return "podFindAndDeployOnDemand" if self.kind == "runpod" else "POST /instance-operations/launch"
+
+    # -- injections (no-ops on a replay) ----------------------------------------------------------------
+
+    def inject(self, control: str, *args: Any, **kwargs: Any) -> None:
+        if self.fake is not None:
+            getattr(self.fake, control)(*args, **kwargs)
+
+    def close(self) -> None:
+        try:
+            if self.recorder is not None and self.recorder.exchanges:
+                assert_secret_free(self.recorder.exchanges, [*KEYS.values(), BAD_KEY])
+                save(fixture_path(self.kind, self.test_name), self.kind, self.recorder.exchanges,
+                     checked=type(self.fake).checked if self.fake else "", note=f"{__name__}::{self.test_name}")
+            if self.replay is not None:
+                self.replay.assert_done()
+        finally:
+            for made in self.adapters:
+                made.close()
+            if self.fake is not None:
+                self.fake.stop()
+
+
+MODES = ["runpod-fake", "lambda-fake", "runpod-replay", "lambda-replay"]
+
+
+@pytest.fixture(params=MODES)
+def cloud(request: pytest.FixtureRequest) -> Iterator[Cloud]:
+    kind, mode = request.param.split("-")
+    if RECORD and mode == "replay":
+        pytest.skip("recording: replays run afterwards")
+    made = Cloud(kind, mode, request.node.originalname)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def ready_instance(cloud: Cloud, name: str, **changes: Any) -> Instance:
+    [instance] = cloud.provider.provision(cloud.request(name, **changes))
+    return cloud.provider.wait_ready(instance.id)  # type: ignore[no-any-return]
+
+
+class TestProviderContract:
+    def test_is_a_provider(self, cloud: Cloud) -> None:
+        assert isinstance(cloud.provider, Provider)
+
+    def test_offers_carry_prices(self, cloud: Cloud) -> None:
+        offers = cloud.provider.list_offers()
+        by_type = {o.gpu_type: o for o in offers}
+        offer = by_type[GPU_TYPE[cloud.kind]]
+        assert offer.available and offer.gpu_count == 1
+        assert offer.price_per_hour is not None and Decimal("0.01") < offer.price_per_hour < Decimal("50")
+        assert offer.price_cents_per_hour == int(offer.price_per_hour * 100)
+        if cloud.provider.supports_spot:
+            assert offer.min_bid_per_gpu is not None and offer.min_bid_per_gpu < offer.price_per_hour
+        else:
+            assert offer.regions, "Lambda names the regions with capacity"
+
+    def test_provision_then_wait_ready_gives_an_ssh_endpoint(self, cloud: Cloud) -> None:
+        cloud.inject("slow_ready", 2)
+        [made] = cloud.provider.provision(cloud.request("gpuq-ready"))
+        assert made.name == "gpuq-ready" and not made.ready and classify(made) == "pending"
+        ready = cloud.provider.wait_ready(made.id)
+        assert ready.id == made.id and ready.ready and classify(ready) == "running"
+        assert ready.ssh_host and ready.ssh_port and ready.ssh_user == SSH_USER[cloud.kind]
+        assert ready.gpu_count == 1 and ready.price_per_hour and ready.price_per_hour > 0
+        assert cloud.sleeps, "not ready on the first polls: the wait polled and slept"
+        assert cloud.ops(cloud.create_op) == 1
+
+    def test_provision_is_idempotent_by_name(self, cloud: Cloud) -> None:
+        [first] = cloud.provider.provision(cloud.request("gpuq-once"))
+        [again] = cloud.provider.provision(cloud.request("gpuq-once"))
+        assert again.id == first.id
+        assert cloud.ops(cloud.create_op) == 1
+        assert [i.id for i in cloud.provider.list_instances() if i.name == "gpuq-once"] == [first.id]
+
+    def test_create_that_failed_client_side_is_adopted_not_repeated(self, cloud: Cloud) -> None:
+        cloud.inject("fail_after_create", 1, status=429, retry_after=2)
+        [made] = cloud.provider.provision(cloud.request("gpuq-leak"))
+        assert cloud.ops(cloud.create_op) == 1, "no second create after a create that may have succeeded"
+        assert [i.id for i in cloud.provider.list_instances() if i.name == "gpuq-leak"] == [made.id]
+
+    def test_several_machines_are_created_one_call_each(self, cloud: Cloud) -> None:
+        made = cloud.provider.provision(cloud.request("gpuq-many", count=2))
+        assert [m.name for m in made] == ["gpuq-many-0", "gpuq-many-1"] and made[0].id != made[1].id
+        assert cloud.ops(cloud.create_op) == 2
+
+    def test_terminate_then_gone_and_terminate_is_idempotent(self, cloud: Cloud) -> None:
+        cloud.inject("terminate_lag", 1)
+        instance = ready_instance(cloud, "gpuq-term")
+        cloud.provider.terminate(instance.id)
+        cloud.provider.wait_gone(instance.id)
+        after = cloud.provider.get(instance.id)
+        assert after is None or after.gone
+        cloud.provider.terminate(instance.id)
+        assert all(i.id != instance.id or i.gone for i in cloud.provider.list_instances())
+
+    def test_unknown_instance_is_none(self, cloud: Cloud) -> None:
+        assert cloud.provider.get("nosuchinstance0") is None
+        cloud.provider.terminate("nosuchinstance0")
+
+    def test_stop_is_a_manual_stop_or_unsupported(self, cloud: Cloud) -> None:
+        instance = ready_instance(cloud, "gpuq-stop")
+        if not cloud.provider.supports_stop:
+            with pytest.raises(ProviderUnsupported, match="no stop"):
+                cloud.provider.stop(instance.id)
+            return
+        cloud.provider.stop(instance.id)
+        stopped = cloud.provider.get(instance.id)
+        assert stopped is not None and stopped.state == "exited" and not stopped.ready
+        assert classify(stopped) == "manual_stop"
+
+    def test_spot_preemption_is_classified_and_bid_resume_brings_a_new_endpoint(self, cloud: Cloud) -> None:
+        if not cloud.provider.supports_spot:
+            with pytest.raises(ProviderUnsupported, match="no spot"):
+                cloud.provider.provision(cloud.request("gpuq-spot", spot=True))
+            return
+        instance = ready_instance(cloud, "gpuq-spot", spot=True)
+        assert instance.spot
+        cloud.inject("preempt", instance.id)
+        preempted = cloud.provider.get(instance.id)
+        assert preempted is not None and preempted.reason.startswith("Outbid")
+        assert classify(preempted) == "spot_preemption" and not preempted.ready
+        cloud.provider.resume(instance.id, gpu_count=1, bid_per_gpu=Decimal("0.30"))
+        back = cloud.provider.wait_ready(instance.id)
+        assert (back.ssh_host, back.ssh_port) != (instance.ssh_host, instance.ssh_port)
+
+    def test_platform_stop_or_unhealthy_is_a_host_failure(self, cloud: Cloud) -> None:
+        instance = ready_instance(cloud, "gpuq-fail")
+        cloud.inject("host_failure", instance.id)
+        failed = cloud.provider.get(instance.id)
+        assert failed is not None and classify(failed) == "host_failure"
+
+    def test_terminated_behind_our_back_is_a_host_failure(self, cloud: Cloud) -> None:
+        instance = ready_instance(cloud, "gpuq-gone")
+        cloud.inject("remove" if cloud.kind == "runpod" else "terminate_externally", instance.id)
+        assert classify(cloud.provider.get(instance.id)) == "host_failure"
+
+    def test_resume_with_zero_gpus_is_a_host_failure(self, cloud: Cloud) -> None:
+        if not cloud.provider.supports_stop:
+            pytest.skip("Lambda Cloud has no stop and no resume")
+        instance = ready_instance(cloud, "gpuq-zero")
+        cloud.provider.stop(instance.id)
+        cloud.inject("zero_gpus_on_resume", instance.id)
+        cloud.provider.resume(instance.id, gpu_count=1)
+        back = cloud.provider.get(instance.id)
+        assert back is not None and back.gpu_count == 0 and classify(back) == "host_failure"
+
+    def test_no_capacity_is_its_own_error_and_creates_nothing(self, cloud: Cloud) -> None:
+        cloud.inject("no_capacity", 1)
+        with pytest.raises(NoCapacity) as caught:
+            cloud.provider.provision(cloud.request("gpuq-cap"))
+        assert "capacity" in str(caught.value).lower() or "no longer any instances" in str(caught.value)
+        assert cloud.provider.list_instances() == []
+        [made] = cloud.provider.provision(cloud.request("gpuq-cap"))
+        assert made.name == "gpuq-cap"
+
+    def test_429_is_retried_honouring_retry_after(self, cloud: Cloud) -> None:
+        cloud.inject("rate_limit", 2, retry_after=3)
+        assert cloud.provider.list_offers()
+        assert cloud.sleeps == [3.0, 3.0]
+        assert len(cloud.counter.ops) == 3
+
+    def test_429_without_retry_after_backs_off_exponentially(self, cloud: Cloud) -> None:
+        cloud.inject("rate_limit", 3, retry_after=None)
+        assert cloud.provider.list_offers()
+        policy = cloud.provider.http.policy
+        assert cloud.sleeps == [policy.first_delay_s, policy.first_delay_s * 2, policy.first_delay_s * 4]
+
+    def test_429_gives_up_after_bounded_tries(self, cloud: Cloud) -> None:
+        cloud.inject("rate_limit", 10, retry_after=1)
+        with pytest.raises(RateLimited, match="429"):
+            cloud.provider.list_offers()
+        tries = cloud.provider.http.policy.tries
+        assert len(cloud.counter.ops) == tries and cloud.sleeps == [1.0] * (tries - 1)
+
+    def test_errors_inside_a_200_are_errors_and_not_retried(self, cloud: Cloud) -> None:
+        if cloud.kind != "runpod":
+            pytest.skip("only GraphQL sends errors with HTTP 200")
+        cloud.inject("graphql_error", "Something went wrong. Please try again later.")
+        with pytest.raises(ProviderError, match="Something went wrong") as caught:
+            cloud.provider.list_offers()
+        assert not isinstance(caught.value, NoCapacity) and caught.value.status == 200
+        assert len(cloud.counter.ops) == 1
+        assert cloud.provider.list_offers()
+
+    def test_graphql_validation_error_is_reported_with_its_message(self, cloud: Cloud) -> None:
+        if cloud.kind != "runpod":
+            pytest.skip("GraphQL only")
+        with pytest.raises(ProviderError, match="unknown GPU type"):
+            cloud.provider.provision(ProvisionRequest(name="gpuq-bad", gpu_type="NVIDIA Imaginary 9000"))
+
+    def test_auth_failure_names_the_variable_and_never_the_key(self, cloud: Cloud,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.DEBUG)
+        bad = cloud.adapter(BAD_KEY)
+        with pytest.raises(ProviderAuthError) as caught:
+            bad.list_offers()
+        err = caught.value
+        assert ENV_VAR[cloud.kind] in str(err) and "rejected" in str(err)
+        shown = [str(err), repr(err), repr(bad), repr(bad.http), caplog.text,
+                 "".join(traceback.format_exception(type(err), err, err.__traceback__))]
+        assert not any(BAD_KEY in text for text in shown)
+        assert len(cloud.counter.ops) == 1, "an auth failure is not retried"
+
+    def test_the_key_never_reaches_logs_reprs_or_errors(self, cloud: Cloud, caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.DEBUG)
+        cloud.inject("rate_limit", 1, retry_after=1)
+        instance = ready_instance(cloud, "gpuq-quiet")
+        cloud.provider.terminate(instance.id)
+        key = KEYS[cloud.kind]
+        assert key not in caplog.text and key not in repr(cloud.provider) and key not in repr(instance)
+        assert caplog.records, "the adapter logs its requests at DEBUG"
+
+    def test_ssh_key_registration_is_append_only_and_idempotent(self, cloud: Cloud) -> None:
+        first = cloud.provider.ensure_ssh_key(PUBLIC_KEY)
+        again = cloud.provider.ensure_ssh_key(PUBLIC_KEY + "  ")
+        assert first == again and first.startswith("gpuq-")
+        writes = [o for o in cloud.counter.ops if o in ("updateUserSettings", "POST /ssh-keys")]
+        assert len(writes) == 1

@@ -1,0 +1,478 @@
+"""Provider adapters piece by piece: classification, money, credentials, retries, GraphQL literals, layering.
+
+No sockets here: adapters talk to httpx MockTransports.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pickle
+import sys
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.errors import (
+    ConfigError,
+    NoCapacity,
+    ProviderAuthError,
+    ProviderError,
+    ProviderUnreachable,
+    ProvisioningFailed,
+)
+from orchestrator.providers import base, credentials, lambda_cloud, runpod, transport
+from orchestrator.providers.base import Instance, PollPolicy, ProvisionRequest, classify
+from orchestrator.providers.credentials import LAMBDA, RUNPOD, ApiKey
+from tests.support.fakecloud import graphql as fake_gql
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "rpa_UNIT0TEST0KEY0never0shown0z9y8"
+
+
+def inst(state: base.InstanceState, raw: str, *, reason: str = "", ready: bool = False,
+         gpus: int | None = 1) -> Instance:
+    return Instance("runpod", "p1", "gpuq-x", state, raw, ssh_host="1.2.3.4" if ready else None,
+                    ssh_port=2222 if ready else None, gpu_count=gpus, reason=reason)
+
+
+# -- classification ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("instance", "expected"), [
+    (inst("running", "RUNNING", ready=True), "running"),
+    (inst("running", "RUNNING"), "pending"),  # RUNNING, runtime null: not ready yet
+    (inst("running", "RUNNING", ready=True, gpus=0), "host_failure"),  # came back with zero GPUs
+    (inst("pending", "CREATED"), "pending"),
+    (inst("pending", "booting"), "pending"),
+    (inst("pending", "SOMETHING_NEW"), "unknown"),
+    (inst("exited", "EXITED", reason="Outbid: Fri Jul 12 2024 15:14:40 GMT-0400 (EDT)"), "spot_preemption"),
+    (inst("exited", "EXITED", reason="Exited by user: Fri Jul 12 2024 15:14:40 GMT-0400"), "manual_stop"),
+    (inst("exited", "EXITED", reason="Exited by Runpod: Fri Jul 12 2024 15:14:40 GMT-0400"), "host_failure"),
+    (inst("exited", "EXITED", reason="Machine migrated"), "unknown"),
+    (inst("exited", "EXITED"), "unknown"),
+    (inst("stopped", "stopped"), "manual_stop"),
+    (inst("unhealthy", "unhealthy", ready=True), "host_failure"),
+    (inst("terminating", "terminating"), "host_failure"),
+    (inst("terminated", "TERMINATED"), "host_failure"),
+    (None, "host_failure"),
+])
+def test_classify(instance: Instance | None, expected: str) -> None:
+    assert classify(instance) == expected
+
+
+def test_readiness_needs_running_and_an_endpoint() -> None:
+    assert inst("running", "RUNNING", ready=True).ready
+    assert not inst("running", "RUNNING").ready
+    assert not inst("unhealthy", "unhealthy", ready=True).ready
+
+
+def test_runpod_readiness_wants_the_public_tcp_mapping_of_port_22() -> None:
+    private = {"ip": "100.65.0.2", "isIpPublic": False, "privatePort": 22, "publicPort": 22, "type": "tcp"}
+    udp = {"ip": "1.2.3.4", "isIpPublic": True, "privatePort": 22, "publicPort": 40000, "type": "udp"}
+    other = {"ip": "1.2.3.4", "isIpPublic": True, "privatePort": 8888, "publicPort": 40001, "type": "tcp"}
+    good = {"ip": "1.2.3.4", "isIpPublic": True, "privatePort": 22, "publicPort": 40002, "type": "tcp"}
+    assert runpod.ssh_endpoint(None) is None
+    assert runpod.ssh_endpoint({"ports": [private, udp, other]}) is None
+    assert runpod.ssh_endpoint({"ports": [private, good]}) == ("1.2.3.4", 40002)
+    pod = {"id": "p", "name": "n", "desiredStatus": "RUNNING", "gpuCount": 1, "costPerHr": "0.74",
+           "podType": "INTERRUPTABLE", "runtime": {"ports": [good]}}
+    made = runpod.pod_to_instance(pod)
+    assert made.ready and made.spot and made.price_per_hour == Decimal("0.74") and made.ssh_user == "root"
+    assert not runpod.pod_to_instance({**pod, "desiredStatus": "EXITED"}).ready
+
+
+def test_lambda_readiness_is_active_with_an_ip() -> None:
+    item: dict[str, Any] = {"id": "i", "status": "booting", "ip": None, "ssh_key_names": [], "file_system_names": [],
+            "instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": "2392"}}
+    assert not lambda_cloud.instance_from_json(item).ready
+    active = lambda_cloud.instance_from_json({**item, "status": "active", "ip": "5.6.7.8"})
+    assert active.ready and active.ssh_port == 22 and active.ssh_user == "ubuntu"
+    assert active.gpu_count == 8 and active.price_per_hour == Decimal("23.92")
+    assert lambda_cloud.instance_from_json({**item, "status": "mystery"}).state == "pending"
+
+
+# -- money ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("0.74", Decimal("0.74")), (0.69, Decimal("0.69")), (2, Decimal("2")), (" 1.5 ", Decimal("1.5")),
+    (None, None), ("abc", None), (-1, None), ("NaN", None), ("Infinity", None), (True, None), ([1], None),
+])
+def test_parse_money(raw: object, expected: Decimal | None) -> None:
+    assert base.parse_money(raw) == expected
+
+
+def test_cents_round_half_up() -> None:
+    assert base.to_cents(Decimal("0.745")) == 75 and base.to_cents(Decimal("0.744")) == 74
+    assert base.to_cents(None) is None
+
+
+def test_request_names_one_per_machine() -> None:
+    assert ProvisionRequest("gpuq-a", "t").names() == ["gpuq-a"]
+    assert ProvisionRequest("gpuq-a", "t", count=3).names() == ["gpuq-a-0", "gpuq-a-1", "gpuq-a-2"]
+
+
+# -- polling -------------------------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def sequence(*states: Instance | None) -> Callable[[str], Instance | None]:
+    items = list(states)
+
+    def fetch(_: str) -> Instance | None:
+        return items.pop(0) if len(items) > 1 else items[0]
+
+    return fetch
+
+
+def test_wait_ready_polls_with_growing_intervals_until_ready() -> None:
+    clock = Clock()
+    fetch = sequence(inst("pending", "CREATED"), inst("running", "RUNNING"), inst("pending", "NEWSTATE"),
+                     inst("running", "RUNNING", ready=True))
+    got = base.poll_until_ready("RunPod", "p1", fetch, PollPolicy(100, 5, 15, factor=2), sleep=clock.sleep,
+                                clock=lambda: clock.now)
+    assert got.ready and clock.sleeps == [5, 10, 15]
+
+
+def test_wait_ready_gives_up_as_stuck_provisioning() -> None:
+    clock = Clock()
+    with pytest.raises(ProvisioningFailed, match="stuck provisioning") as caught:
+        base.poll_until_ready("RunPod", "p1", sequence(inst("running", "RUNNING")), PollPolicy(60, 5, 15),
+                              sleep=clock.sleep, clock=lambda: clock.now)
+    assert caught.value.code == "stuck_provisioning" and 60 <= clock.now < 80
+
+
+@pytest.mark.parametrize(("dead", "words"), [
+    (inst("exited", "EXITED", reason="Outbid: now"), "EXITED (Outbid: now)"),
+    (inst("running", "RUNNING", ready=True, gpus=0), "0 GPUs"),
+    (None, "is gone"),
+])
+def test_wait_ready_fails_when_the_instance_dies(dead: Instance | None, words: str) -> None:
+    clock = Clock()
+    with pytest.raises(ProvisioningFailed, match=words.replace("(", r"\(").replace(")", r"\)")):
+        base.poll_until_ready("RunPod", "p1", sequence(inst("pending", "CREATED"), dead), PollPolicy(60, 5, 15),
+                              sleep=clock.sleep, clock=lambda: clock.now)
+
+
+def test_wait_gone_reports_a_resource_that_may_still_bill() -> None:
+    clock = Clock()
+    with pytest.raises(ProviderError, match="may still bill"):
+        base.poll_until_gone("Lambda Cloud", "i", sequence(inst("terminating", "terminating")), PollPolicy(30, 10, 10),
+                             sleep=clock.sleep, clock=lambda: clock.now)
+
+
+# -- credentials ---------------------------------------------------------------------------------------------
+
+def test_key_from_env_prefers_gpuq_own_variable(tmp_path: Path) -> None:
+    env = {"GPUQ_HOME": str(tmp_path), "RUNPOD_API_KEY": "vendor", "GPUQ_RUNPOD_API_KEY": "own"}
+    key = credentials.load_key(RUNPOD, env)
+    assert key.reveal() == "own" and key.source == "GPUQ_RUNPOD_API_KEY"
+    assert credentials.load_key(LAMBDA, {"GPUQ_HOME": str(tmp_path), "LAMBDA_API_KEY": "l"}).source == "LAMBDA_API_KEY"
+
+
+def test_empty_key_variable_is_an_error_not_unset(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="RUNPOD_API_KEY is set but empty"):
+        credentials.load_key(RUNPOD, {"GPUQ_HOME": str(tmp_path), "RUNPOD_API_KEY": " "})
+
+
+def test_missing_key_says_which_variable_to_set(tmp_path: Path) -> None:
+    with pytest.raises(ProviderAuthError, match="set LAMBDA_API_KEY"):
+        credentials.load_key(LAMBDA, {"GPUQ_HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize("filename", credentials.KEY_FILES)
+def test_keys_file_is_read_only_when_private(tmp_path: Path, filename: str) -> None:
+    path = tmp_path / filename
+    path.write_text(f'[runpod]\napi_key = "{KEY}"\n')
+    path.chmod(0o600)
+    key = credentials.load_key(RUNPOD, {"GPUQ_HOME": str(tmp_path)})
+    assert key.reveal() == KEY and filename in key.source
+    path.chmod(0o640)
+    with pytest.raises(ConfigError, match="chmod 600") as caught:
+        credentials.load_key(RUNPOD, {"GPUQ_HOME": str(tmp_path)})
+    assert KEY not in str(caught.value)
+    path.chmod(0o600)
+    with pytest.raises(ProviderAuthError):  # no [lambda] section: no Lambda key
+        credentials.load_key(LAMBDA, {"GPUQ_HOME": str(tmp_path)})
+
+
+def test_broken_keys_file_never_echoes_its_content(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[runpod]\napi_key = "{KEY}\n')
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as caught:
+        credentials.load_key(RUNPOD, {"GPUQ_HOME": str(tmp_path)})
+    assert KEY not in str(caught.value) and caught.value.__cause__ is None
+
+
+def test_api_key_hides_itself() -> None:
+    key = ApiKey(KEY, "RUNPOD_API_KEY")
+    assert KEY not in repr(key) and KEY not in str(key) and KEY not in f"{key}"
+    assert key.scrub(f"bad key {KEY}!") == "bad key ***!"
+    with pytest.raises(TypeError):
+        pickle.dumps(key)
+
+
+def test_urls_from_env_and_refusals() -> None:
+    assert credentials.load_url(RUNPOD, {}) == "https://api.runpod.io/graphql"
+    assert credentials.load_url(RUNPOD, {"GPUQ_RUNPOD_URL": "http://127.0.0.1:9/graphql/"}) == \
+        "http://127.0.0.1:9/graphql"
+    env = {"GPUQ_LAMBDA_API_URL": "https://a.example/api/v1", "GPUQ_LAMBDA_URL": "https://b.example"}
+    assert credentials.load_url(LAMBDA, env) == "https://a.example/api/v1"
+    with pytest.raises(ConfigError, match="loopback"):
+        credentials.load_url(LAMBDA, {"GPUQ_LAMBDA_URL": "http://cloud.example/api/v1"})
+    with pytest.raises(ConfigError, match="credentials") as caught:
+        credentials.load_url(RUNPOD, {"GPUQ_RUNPOD_GRAPHQL_URL": f"https://api.example/graphql?api_key={KEY}"})
+    assert KEY not in str(caught.value)
+
+
+def test_from_env_builds_an_adapter_without_showing_the_key(tmp_path: Path) -> None:
+    env = {"GPUQ_HOME": str(tmp_path), "RUNPOD_API_KEY": KEY, "GPUQ_RUNPOD_GRAPHQL_URL": "http://127.0.0.1:1/graphql"}
+    provider = runpod.RunPodProvider.from_env(env)
+    assert provider.http.base_url == "http://127.0.0.1:1/graphql" and KEY not in repr(provider)
+    provider.close()
+
+
+# -- transport -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("header", "expected"), [("3", 3.0), ("2.5", 2.5), ("-4", 0.0), ("soon", None), (None, None)])
+def test_retry_after_seconds(header: str | None, expected: float | None) -> None:
+    assert transport.parse_retry_after(header) == expected
+
+
+def test_retry_after_http_date() -> None:
+    assert transport.parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
+
+
+def test_backoff_doubles_with_bounded_jitter_and_a_cap() -> None:
+    import random
+    policy = transport.RetryPolicy(tries=6, first_delay_s=10, max_delay_s=120, jitter=0.2)
+    rng = random.Random(1)
+    for retry, centre in [(1, 10), (2, 20), (3, 40), (4, 80)]:
+        assert centre * 0.8 <= policy.delay(retry, None, rng) <= min(120, centre * 1.2)
+    assert policy.delay(5, None, rng) <= 120 and policy.delay(9, 999.0, rng) == 120
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def lambda_with(handler: Handler, clock: Clock | None = None) -> lambda_cloud.LambdaProvider:
+    clock = clock or Clock()
+    return lambda_cloud.LambdaProvider(ApiKey(KEY, "LAMBDA_API_KEY"), transport=httpx.MockTransport(handler),
+                                       min_interval_s=0, launch_interval_s=0, sleep=clock.sleep,
+                                       clock=lambda: clock.now)
+
+
+def runpod_with(handler: Handler, clock: Clock | None = None) -> runpod.RunPodProvider:
+    clock = clock or Clock()
+    return runpod.RunPodProvider(ApiKey(KEY, "RUNPOD_API_KEY"), transport=httpx.MockTransport(handler),
+                                 min_interval_s=0, sleep=clock.sleep, clock=lambda: clock.now)
+
+
+def test_network_errors_are_retried_then_unreachable() -> None:
+    calls: list[httpx.Request] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ConnectError("refused", request=request)
+
+    clock = Clock()
+    with pytest.raises(ProviderUnreachable, match="cannot connect"):
+        lambda_with(refuse, clock).list_offers()
+    assert len(calls) == lambda_cloud.RETRY.tries and len(clock.sleeps) == lambda_cloud.RETRY.tries - 1
+
+
+def test_5xx_is_retried_and_4xx_is_not() -> None:
+    statuses = [502, 503, 200]
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        status = statuses.pop(0)
+        return httpx.Response(status, json={"data": {}} if status == 200 else {"error": {"code": "global/unknown"}})
+
+    assert lambda_with(flaky).list_offers() == [] and not statuses
+    calls: list[int] = []
+
+    def invalid(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(400, json={"error": {"code": "global/invalid-parameters", "message": "nope",
+                                                   "suggestion": "fix it"}})
+
+    with pytest.raises(ProviderError, match="global/invalid-parameters: nope \\(fix it\\)"):
+        lambda_with(invalid).list_offers()
+    assert calls == [1]
+
+
+def test_every_request_has_a_timeout_a_bearer_header_and_no_key_in_the_url() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/terminate"):
+            return httpx.Response(200, json={"data": {"terminated_instances": []}})
+        return httpx.Response(200, json={"data": []})
+
+    provider = lambda_with(answer)
+    provider.list_instances()
+    provider.terminate("abc")
+    for request in seen:
+        assert request.headers["authorization"] == f"Bearer {KEY}" and KEY not in str(request.url)
+        assert all(value for value in request.extensions["timeout"].values())
+    assert seen[0].extensions["timeout"]["read"] == 30.0 and seen[1].extensions["timeout"]["read"] == 60.0
+
+
+def test_server_text_that_echoes_the_key_is_scrubbed() -> None:
+    def echo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"code": "global/invalid-parameters", "message": f"bad {KEY}"}})
+
+    with pytest.raises(ProviderError) as caught:
+        lambda_with(echo).list_offers()
+    assert KEY not in str(caught.value) and "***" in str(caught.value)
+
+
+def test_account_inactive_is_an_auth_error() -> None:
+    def inactive(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(403, json={"error": {"code": "global/account-inactive", "message": "inactive"}})
+
+    with pytest.raises(ProviderAuthError, match="LAMBDA_API_KEY"):
+        lambda_with(inactive).list_instances()
+
+
+def test_a_launch_that_timed_out_is_adopted_by_name() -> None:
+    launched: list[dict[str, Any]] = []
+    listed: list[dict[str, Any]] = []
+    active = {"id": "i-1", "name": "gpuq-t", "status": "booting", "ssh_key_names": ["k"], "file_system_names": [],
+              "instance_type": {"name": "gpu_1x_a10", "price_cents_per_hour": 75}}
+    types = {"gpu_1x_a10": {"instance_type": {"name": "gpu_1x_a10", "price_cents_per_hour": 75},
+                            "regions_with_capacity_available": [{"name": "us-east-1"}]}}
+    pub = "ssh-ed25519 AAAAkey c"
+
+    def cloud(request: httpx.Request) -> httpx.Response:
+        path = request.url.path.removeprefix("/api/v1")
+        if path == "/instance-types":
+            return httpx.Response(200, json={"data": types})
+        if path == "/ssh-keys":
+            return httpx.Response(200, json={"data": [{"id": "1", "name": "mine", "public_key": pub}]})
+        if path == "/instances":
+            return httpx.Response(200, json={"data": listed})
+        if path == "/instance-operations/launch":
+            launched.append(json.loads(request.content))
+            listed.append(active)  # it happened server-side ...
+            raise httpx.ReadTimeout("slow", request=request)  # ... but the answer never arrived
+        if path == "/instances/i-1":
+            return httpx.Response(200, json={"data": active})
+        return httpx.Response(404, json={"error": {"code": "global/object-does-not-exist"}})
+
+    [made] = lambda_with(cloud).provision(ProvisionRequest("gpuq-t", "gpu_1x_a10", ssh_public_key=pub))
+    assert made.id == "i-1" and len(launched) == 1
+    assert launched[0] == {"region_name": "us-east-1", "instance_type_name": "gpu_1x_a10", "ssh_key_names": ["mine"],
+                           "name": "gpuq-t"}
+
+
+def test_lambda_region_choice_and_capacity() -> None:
+    types = {"gpu_1x_a100": {"instance_type": {"name": "gpu_1x_a100", "price_cents_per_hour": 129},
+                             "regions_with_capacity_available": [{"name": "us-west-1"}]},
+             "gpu_8x_h100_sxm5": {"instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": 2392},
+                                  "regions_with_capacity_available": []}}
+
+    def cloud(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": types})
+
+    provider = lambda_with(cloud)
+    pub = "ssh-ed25519 AAAAkey"
+    with pytest.raises(NoCapacity, match="no region has capacity"):
+        provider.provision(ProvisionRequest("gpuq-h", "gpu_8x_h100_sxm5", ssh_public_key=pub))
+    with pytest.raises(NoCapacity, match="us-west-1"):
+        provider.provision(ProvisionRequest("gpuq-a", "gpu_1x_a100", region="us-east-1", ssh_public_key=pub))
+    with pytest.raises(ProviderError, match="unknown instance type"):
+        provider.provision(ProvisionRequest("gpuq-a", "gpu_1x_z9", ssh_public_key=pub))
+    assert [o.gpu_type for o in provider.list_offers(gpu_count=8)] == ["gpu_8x_h100_sxm5"]
+
+
+def test_runpod_refuses_an_unknown_cloud_type_before_sending_anything() -> None:
+    def never(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("no request expected")
+
+    with pytest.raises(ProviderError, match="cloud type"):
+        runpod_with(never).provision(ProvisionRequest("gpuq-c", "NVIDIA RTX A6000", cloud_type="SECURE) { id } #"))
+
+
+def test_runpod_capacity_message_is_no_capacity_even_outside_a_create() -> None:
+    def full(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"errors": [{"message": "There are no longer any instances available with "
+                                                                 "the requested specifications."}], "data": None})
+
+    with pytest.raises(NoCapacity):
+        runpod_with(full).resume("p1", gpu_count=1, bid_per_gpu=Decimal("0.3"))
+
+
+def test_runpod_spot_resume_needs_a_bid() -> None:
+    pod = {"id": "p1", "name": "n", "desiredStatus": "EXITED", "podType": "INTERRUPTABLE", "gpuCount": 1}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": {"pod": pod}})
+
+    with pytest.raises(ProviderError, match="bid"):
+        runpod_with(answer).resume("p1")
+
+
+# -- GraphQL literals ------------------------------------------------------------------------------------------
+
+def roundtrip(value: object) -> Any:
+    document = f"mutation {{ x(input: {{v: {runpod.gql_literal(value)}}}) {{ id }} }}"
+    return fake_gql.parse(document).fields[0].args["input"]["v"]
+
+
+@given(st.text())
+def test_any_string_survives_as_a_graphql_literal(text: str) -> None:
+    assert roundtrip(text) == text
+
+
+def test_literals_of_every_kind() -> None:
+    assert runpod.gql_literal({"a": [1, True, None, Decimal("0.20"), runpod.Enum("SECURE"), 'q"\n']}) == \
+        '{a: [1, true, null, 0.20, SECURE, "q\\"\\n"]}'
+    assert roundtrip([{"key": "K", "value": "v w"}]) == [{"key": "K", "value": "v w"}]
+    assert runpod.gql_literal(0.1) == "0.1"
+    with pytest.raises(ValueError):
+        runpod.gql_literal(runpod.Enum("SECURE) {"))
+    with pytest.raises(ValueError):
+        runpod.gql_literal({"bad key": 1})
+    with pytest.raises(TypeError):
+        runpod.gql_literal(object())
+
+
+# -- layering -------------------------------------------------------------------------------------------------
+
+ALLOWED_INTERNAL = {"orchestrator.errors", "orchestrator.specs", "orchestrator.states", "orchestrator.protocol",
+                    "orchestrator.config", "orchestrator.providers"}
+ALLOWED_EXTERNAL = {"httpx"}
+
+
+def test_providers_import_only_their_allowed_layers() -> None:
+    """ARCHITECTURE.md 2: providers never import hosts, ledger, api or cli, nor sqlmodel, paramiko or torch."""
+    for path in sorted((ROOT / "orchestrator" / "providers").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top == "orchestrator":
+                    assert any(name == a or name.startswith(a + ".") for a in ALLOWED_INTERNAL), f"{path.name}: {name}"
+                elif top != "__future__" and top not in sys.stdlib_module_names:
+                    assert top in ALLOWED_EXTERNAL, f"{path.name} imports {name}"
+
