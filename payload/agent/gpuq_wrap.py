@@ -208,10 +208,8 @@ class Wrapper:
             if name.endswith(".tmp"):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(ckpt, name))
-        try:
-            ckpt_bytes = os.path.getsize(os.path.join(ckpt, P.LATEST_CKPT))
-        except OSError:
-            ckpt_bytes = 0
+        pointer = read_json(os.path.join(ckpt, P.LATEST_POINTER))  # names the rolling latest-<step>.pt
+        ckpt_bytes = int(pointer.get("bytes") or 0) if isinstance(pointer, dict) else 0
         gb = 1e9
         need = max(float(spec.get("min_free_gb") or 0),
                    ckpt_bytes * 2 / gb + float(spec.get("scratch_gb") or 0))

@@ -1,12 +1,14 @@
 """Atomic checkpoints and the LATEST pointer (DOMAIN.md 11.2 / 11.3).
 
-Write order: ``<name>.tmp`` (flush + fsync) -> ``os.replace`` -> fsync dir; then ``LATEST.tmp`` =
-``{file, step, epoch, sha256, bytes, written_at}`` (fsync) -> replace ``LATEST`` -> fsync dir.
-A reader only ever follows ``LATEST`` and verifies the sha256, so a torn ``*.tmp`` is never selected.
+Write order: ``latest-<step>.pt.tmp`` (flush + fsync) -> ``os.replace`` -> fsync dir; then ``LATEST.tmp`` =
+``{file, step, epoch, sha256, bytes, written_at}`` (fsync) -> replace ``LATEST`` -> fsync dir; then the
+older rolling files go.  A reader only ever follows ``LATEST`` and verifies the sha256, so a torn
+``*.tmp`` is never selected, and the file ``LATEST`` names is never rewritten in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -89,13 +91,27 @@ def write_pointer(ckpt_dir: str, doc: dict) -> None:
     fsync_dir(ckpt_dir)
 
 
+def rolling_name(step: int) -> str:
+    """``latest-<step>.pt``: each rolling checkpoint gets a new name, so the file ``LATEST`` names
+    is never overwritten in place (a kill between replacing the file and the pointer would leave a
+    pointer whose sha256 no longer matches, and no good checkpoint at all)."""
+    stem, ext = os.path.splitext(contract.LATEST_CKPT)
+    return f"{stem}-{int(step):09d}{ext}"
+
+
 def save_checkpoint(state: dict, ckpt_dir: str, *, step: int, epoch: int) -> dict:
-    """Atomically write ``latest.pt`` and then the ``LATEST`` pointer. Returns the pointer document."""
-    path = os.path.join(ckpt_dir, contract.LATEST_CKPT)
-    sha, size = _write_file_atomic(state, path)
-    doc = {"file": contract.LATEST_CKPT, "step": int(step), "epoch": int(epoch), "sha256": sha,
+    """Atomically write ``latest-<step>.pt``, then the ``LATEST`` pointer, then drop older rolling
+    files.  At every instant ``LATEST`` names a complete file with its sha256.  Returns the pointer."""
+    name = rolling_name(step)
+    sha, size = _write_file_atomic(state, os.path.join(ckpt_dir, name))
+    doc = {"file": name, "step": int(step), "epoch": int(epoch), "sha256": sha,
            "bytes": size, "written_at": time.time()}
     write_pointer(ckpt_dir, doc)
+    stem, ext = os.path.splitext(contract.LATEST_CKPT)
+    for old in os.listdir(ckpt_dir):
+        if old != name and old.endswith(ext) and (old == contract.LATEST_CKPT or old.startswith(stem + "-")):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(ckpt_dir, old))
     return doc
 
 

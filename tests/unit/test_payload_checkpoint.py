@@ -26,7 +26,7 @@ def test_save_writes_complete_file_and_matching_pointer(tmp_path: Path) -> None:
     assert pointer == doc
     assert set(pointer) == {"file", "step", "epoch", "sha256", "bytes", "written_at"}
     path = tmp_path / pointer["file"]
-    assert pointer["file"] == contract.LATEST_CKPT
+    assert pointer["file"] == checkpoint.rolling_name(3) == "latest-000000003.pt"
     assert pointer["sha256"] == checkpoint.sha256_file(str(path))
     assert pointer["bytes"] == path.stat().st_size
     assert not list(tmp_path.glob("*.tmp"))
@@ -36,23 +36,40 @@ def test_save_writes_complete_file_and_matching_pointer(tmp_path: Path) -> None:
 
 def test_leftover_tmp_is_deleted_and_never_selected(tmp_path: Path) -> None:
     checkpoint.save_checkpoint(_state(5), str(tmp_path), step=5, epoch=0)
-    good = (tmp_path / contract.LATEST_CKPT).read_bytes()
-    # a torn write of the next checkpoint: truncated latest.pt.tmp and a half-written LATEST.tmp
-    (tmp_path / (contract.LATEST_CKPT + ".tmp")).write_bytes(good[: len(good) // 3])
-    (tmp_path / (contract.LATEST_POINTER + ".tmp")).write_text('{"file": "latest.pt.tmp", "st')
+    name = checkpoint.rolling_name(5)
+    good = (tmp_path / name).read_bytes()
+    # a torn write of the next checkpoint: truncated latest-*.pt.tmp and a half-written LATEST.tmp
+    torn = checkpoint.rolling_name(6) + ".tmp"
+    (tmp_path / torn).write_bytes(good[: len(good) // 3])
+    (tmp_path / (contract.LATEST_POINTER + ".tmp")).write_text('{"file": "latest-6.pt.tmp", "st')
     path, sha = checkpoint.resolve_resume(str(tmp_path), None)
-    assert os.path.basename(path) == contract.LATEST_CKPT
+    assert os.path.basename(path) == name
     assert checkpoint.load_checkpoint(path, sha)["step"] == 5
     removed = checkpoint.cleanup_tmp(str(tmp_path))
-    assert sorted(removed) == sorted([contract.LATEST_CKPT + ".tmp", contract.LATEST_POINTER + ".tmp"])
+    assert sorted(removed) == sorted([torn, contract.LATEST_POINTER + ".tmp"])
     assert not list(tmp_path.glob("*.tmp"))
-    assert (tmp_path / contract.LATEST_CKPT).read_bytes() == good
+    assert (tmp_path / name).read_bytes() == good
+
+
+def test_the_file_the_pointer_names_is_never_rewritten(tmp_path: Path) -> None:
+    """A kill at any point of a save leaves LATEST naming a complete file with its sha256: the next
+    checkpoint goes to a new name, the pointer moves, and only then the old file goes."""
+    first = checkpoint.save_checkpoint(_state(1), str(tmp_path), step=1, epoch=0)
+    before = (tmp_path / first["file"]).read_bytes()
+    second = checkpoint.save_checkpoint(_state(2), str(tmp_path), step=2, epoch=0)
+    assert second["file"] != first["file"] and not (tmp_path / first["file"]).exists()
+    assert sorted(p.name for p in tmp_path.glob("latest*.pt")) == [second["file"]]
+    # the window between the new file and the pointer: the old pointer still verifies its own file
+    (tmp_path / first["file"]).write_bytes(before)
+    checkpoint.write_pointer(str(tmp_path), first)
+    path, sha = checkpoint.resolve_resume(str(tmp_path), None)
+    assert checkpoint.load_checkpoint(path, sha)["step"] == 1
 
 
 def test_pointer_to_tmp_file_is_rejected(tmp_path: Path) -> None:
     checkpoint.save_checkpoint(_state(1), str(tmp_path), step=1, epoch=0)
     doc = json.loads((tmp_path / contract.LATEST_POINTER).read_text())
-    doc["file"] = contract.LATEST_CKPT + ".tmp"
+    doc["file"] = doc["file"] + ".tmp"
     (tmp_path / contract.LATEST_POINTER).write_text(json.dumps(doc))
     with pytest.raises(checkpoint.CheckpointError):
         checkpoint.resolve_resume(str(tmp_path), None)
@@ -77,7 +94,7 @@ def test_no_pointer_means_fresh_start_and_explicit_resume(tmp_path: Path) -> Non
     with pytest.raises(checkpoint.CheckpointError):
         checkpoint.resolve_resume(str(tmp_path), str(tmp_path / "missing.pt"))
     checkpoint.save_checkpoint(_state(4), str(tmp_path), step=4, epoch=0)
-    for target in (tmp_path, tmp_path / contract.LATEST_POINTER, tmp_path / contract.LATEST_CKPT):
+    for target in (tmp_path, tmp_path / contract.LATEST_POINTER, tmp_path / checkpoint.rolling_name(4)):
         path, sha = checkpoint.resolve_resume(str(tmp_path / "elsewhere"), str(target))
         assert checkpoint.load_checkpoint(path, sha)["step"] == 4
 
