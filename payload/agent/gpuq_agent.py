@@ -7,8 +7,15 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
                           the long-lived agent: claims inbox specs, packs them onto slots, runs one
                           wrapper per attempt, adopts live groups after a restart, exits when idle
   wrap JOB_ID ATTEMPT     internal: the per-attempt wrapper (DOMAIN.md 4.2)
-  status --json           read-only probe, one "gpuq.status/1" document on stdout
+  status --json [--scan JOB:N:LOG_OFF:METRICS_OFF ...] [--kernel-since CURSOR]
+                          read-only probe, one "gpuq.status/1" document on stdout
+  health [--gpus 0,1] [--samples 5] [--python PY] [--min-free-gb X] [--kernel-since CURSOR]
+                          GPU preflight, one "gpuq.health/1" verdict; exit 0 pass/warn, 2 fail
+  reap [--force] [--min-age-s 120] [--resample-s 60] [--include-other-users]
+                          VRAM zombies: holders of /dev/nvidia* outside nvidia-smi and our trees,
+                          one "gpuq.reap/1" document; dry run unless --force
   cancel JOB_ID...        withdraw queued jobs, then kill running ones (identity-checked)
+  kill JOB_ID ATTEMPT     kill one running attempt (a stalled one) without cancelling the job
   enqueue [--serve ...]   write job specs (JSON list on stdin) into the inbox, idempotently;
                           with --serve, then make sure a detached agent runs (gpuq_inbox.py)
   collect JOB_ID...       summaries and sha256-hashed result files of finished jobs
@@ -20,7 +27,8 @@ orchestrator/protocol.py.  Killing is always by recorded process group after ide
 
 This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
 (serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
-(enqueue, collect) and gpuq_manifest.py (manifest), on top of gpuq_files.py, gpuq_procs.py and gpuq_hostfacts.py.
+(enqueue, collect), gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top
+of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ import os  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
 import gpuq_inbox  # noqa: E402
 import gpuq_manifest  # noqa: E402
+import gpuq_health  # noqa: E402
 import gpuq_protocol as P  # noqa: E402
-from gpuq_cancel import cmd_cancel, cmd_withdraw  # noqa: E402
+import gpuq_reap  # noqa: E402
+from gpuq_cancel import cmd_cancel, cmd_kill, cmd_withdraw  # noqa: E402
 from gpuq_files import Layout  # noqa: E402
 from gpuq_serve import cmd_serve  # noqa: E402
 from gpuq_status import cmd_status  # noqa: E402
@@ -62,8 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true")
     st.add_argument("--results-for", nargs="*", default=(), metavar="JOB",
                     help="also carry the collected results of these jobs when they exited 0")
+    st.add_argument("--kernel-since", default=None, metavar="CURSOR",
+                    help="kernel.xids: only Xid lines after this cursor (TS or BOOT_ID:TS)")
+    st.add_argument("--scan", nargs="*", default=(), metavar="JOB:ATTEMPT:LOG_OFF:METRICS_OFF",
+                    help="scan these attempts' new log and metrics bytes for crash signatures and NaN")
+    gpuq_health.add_arguments(sub.add_parser("health", help="GPU preflight (DOMAIN.md 8)"))
+    gpuq_reap.add_arguments(sub.add_parser("reap", help="find (--force: kill) VRAM zombies (DOMAIN.md 9)"))
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
     cp.add_argument("job_ids", nargs="+")
+    kp = sub.add_parser("kill", help="kill one attempt's process group (identity-checked), no cancel")
+    kp.add_argument("job_id")
+    kp.add_argument("attempt", type=int)
     wd = sub.add_parser("withdraw", help="take unstarted jobs back out of the inbox (work stealing)")
     wd.add_argument("job_ids", nargs="+")
     sub.add_parser("version", help="print the protocol version")
@@ -89,8 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_wrap(lay, args.job_id, args.attempt)
     if args.cmd == "status":
         return cmd_status(lay, args)
+    if args.cmd == "health":
+        return gpuq_health.cmd_health(lay, args)
+    if args.cmd == "reap":
+        return gpuq_reap.cmd_reap(lay, args)
     if args.cmd == "cancel":
         return cmd_cancel(lay, args.job_ids)
+    if args.cmd == "kill":
+        return cmd_kill(lay, args.job_id, args.attempt)
     if args.cmd == "withdraw":
         return cmd_withdraw(lay, args.job_ids)
     if args.cmd == "version":

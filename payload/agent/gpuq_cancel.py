@@ -32,10 +32,12 @@ def _withdraw(lay: Layout, job_id: str) -> bool:
         return False  # the agent claimed it a moment ago: cancel it where it is now
 
 
-def _kill_claimed(lay: Layout, job_id: str) -> str:
+def _kill_claimed(lay: Layout, job_id: str, attempt: int | None = None) -> str:
     spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
     spec = spec if isinstance(spec, dict) else {}
     n = spec_attempt(spec)
+    if attempt is not None and n != attempt:
+        return "not running (the claimed attempt is %d, not %d; nothing killed)" % (n, attempt)
     rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
     if not isinstance(rec, dict) or not group_alive(rec):
         return "not running"
@@ -84,6 +86,17 @@ def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
         if job_id in verdicts:
             print(verdicts[job_id] if len(job_ids) == 1 else "%s %s" % (job_id, verdicts[job_id]))
     return 1 if unknown else 0
+
+
+def cmd_kill(lay: Layout, job_id: str, attempt: int) -> int:
+    """Kill one attempt's group (a stalled one) without a cancel file: the job may run again as
+    attempt n+1.  The wrapper relays TERM to the trainer and writes exit.json as for any signal."""
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        print(f"gpuq kill: bad job id {job_id!r}", file=sys.stderr)
+        return P.AGENT_EXIT_USAGE
+    verdict = _kill_claimed(lay, job_id, attempt)
+    print(verdict)
+    return 0 if verdict == "killed" else 1
 
 
 def cmd_withdraw(lay: Layout, job_ids: list[str]) -> int:

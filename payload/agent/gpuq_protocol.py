@@ -11,6 +11,8 @@ PROTOCOL_VERSION = "1.0"
 SPEC_SCHEMA = "gpuq.job/1"
 STATUS_SCHEMA = "gpuq.status/1"
 MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
+HEALTH_SCHEMA = "gpuq.health/1"  # agent verb `health` (GPU preflight, DOMAIN.md 8)
+REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, DOMAIN.md 9)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
@@ -80,6 +82,14 @@ EXIT_MEANINGS: dict[int, str] = {
 
 # agent CLI exit codes
 AGENT_EXIT_USAGE = 64
+AGENT_EXIT_HEALTH_FAIL = 2  # `health` verdict FAIL: do not launch (0 = PASS or WARN)
+AGENT_EXIT_REAP_FAILED = 1  # `reap`: no device nodes, no fuser/lsof, or a kill failed
+
+# kernel log and reaping (DOMAIN.md 6.2, 8, 9)
+FATAL_XIDS = (48, 79)  # double-bit ECC, fell off the bus: host unhealthy
+KERNEL_MAX_XIDS = 50  # Xid records per document (fatal ones kept first)
+REAP_MIN_AGE_S = 120  # a holder younger than this may still be starting its context
+REAP_RESAMPLE_S = 60  # a zombie must be seen in two samples this far apart
 
 # --- environment a job receives (DOMAIN.md section 4.1) -----------------------------
 ENV_JOB_ID = "GPUQ_JOB_ID"
@@ -154,7 +164,8 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #
 # exit.json (attempt dir, written atomically last): {"job_id", "attempt", "wrapper_code",
 #   "trainer_code", "signal", "phase": "setup"|"gate"|"train"|"finalize", "started_at", "ended_at",
-#   "last_step", "last_epoch", "best_sha256", "durable": "disabled"|"synced"|"failed", "message"}
+#   "last_step", "last_epoch", "best_sha256", "durable": "disabled"|"synced"|"failed", "message",
+#   "vanished" (only in a record the agent wrote: true, the wrapper's whole group died, e.g. kill -9)}
 #
 # Status document (`gpuq_agent.py --root R status --json`, schema "gpuq.status/1"): one object
 #   {"schema", "protocol", "hostname", "root", "time", "boot_id", "uptime_s",
@@ -167,7 +178,47 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #    "bundles": [sha, ...],
 #    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
 #              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-#              "ckpt", "cancel_requested"}]}
+#              "ckpt", "cancel_requested"}],
+#    "kernel": {"readable", "error", "cursor", "xids": [{"ts", "code", "pci", "line"}]}}
 #   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
 #                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
 #                gone, no exit.json)
+#   "kernel" (gpuq_kernel.py): the kernel log read with `dmesg` (5 s timeout; `journalctl -k -o
+#   short-monotonic` only where dmesg is not installed).  "readable" false (with "error", e.g. "dmesg:
+#   read kernel buffer failed: Operation not permitted") means Xids are unknown, never "none".
+#   "cursor" is the monotonic timestamp (string, as printed) of the last kernel line seen; pass it back
+#   as `status --json --kernel-since CURSOR` (or "BOOT_ID:CURSOR") and "xids" holds only Xid lines
+#   after it.  A cursor of another boot, or one past this boot's uptime, is ignored (all lines new).
+#   Unreadable or empty logs return the cursor they were given.  Each Xid: {"ts": float (null when
+#   the line has no timestamp), "code": int, "pci": "0000:3b:00", "line": str <= 400 chars};
+#   at most KERNEL_MAX_XIDS (50), the fatal ones (FATAL_XIDS: 48, 79) kept first, in log order.
+#
+# Health document (`gpuq_agent.py --root R health [--gpus 0,1] [--samples 5] [--python PY]
+#   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]`, schema
+#   "gpuq.health/1", gpuq_health.py, DOMAIN.md 8): one object
+#   {"schema", "verdict": "pass"|"warn"|"fail", "host", "time", "root",
+#    "checks": [{"check", "status": "pass"|"warn"|"fail", "detail"}],
+#    "gpus": [{"index", "name", "uuid", "pci_bus_id", "memory_total_mib", "memory_used_mib", "temp_c",
+#              "temp_max_c", "sm_clock_mhz", "sm_clock_max_mhz", "throttle": [reason...], "ecc_mode",
+#              "ecc_corrected", "ecc_uncorrected", "ecc_corrected_rising", "retired_pages_pending",
+#              "remapped_rows_failure", "samples", "gpuq_job" (the live attempt's job id, or null)}],
+#    "kernel": {...as in the status document...}}
+#   checks, in this order: tooling identity visibility driver kernel throttle heat ecc busy disk
+#   inodes shm.  The verdict is the worst status.  A host without nvidia-smi and without expected
+#   GPUs (no --gpus, no GPU slots in agent.pid, no /dev/nvidiaN) is a CPU host: its GPU checks
+#   pass with detail "no GPUs (cpu slots)".  Findings also go to stderr.  Exit 0 (pass or warn:
+#   launch allowed), 2 (AGENT_EXIT_HEALTH_FAIL: do not launch), 64 (usage).
+#
+# Reap document (`gpuq_agent.py --root R reap [--force] [--min-age-s 120] [--resample-s 60]
+#   [--include-other-users]`, schema "gpuq.reap/1", gpuq_reap.py, DOMAIN.md 9): one object
+#   {"schema", "clean": bool, "dry_run": bool, "host", "time", "devices": [/dev/nvidia* nodes],
+#    "tool": "fuser"|"lsof", "candidates": [{"pid", "user", "comm", "age_s", "devices", "cmdline"
+#    (secret-looking values redacted)}], "killed": [{"pid", "outcome": "terminated"|"killed"|"gone"|
+#    "failed: ..."}], "excluded": {reason: count}, "notes": [str], "memory_used_mib" (--force only:
+#    {"before", "after"}: {gpu index: MiB}), "error" (only when it could not look)}
+#   Candidates hold a /dev/nvidia* node, are not listed by nvidia-smi, not in a live agent/attempt
+#   tree of this root, not a system daemon, older than --min-age-s, this user's (unless
+#   --include-other-users), and seen in two samples --resample-s apart with the same start time.
+#   Pids are the host's (the reaper's PID namespace).  Dry run unless --force (SIGTERM, 10 s,
+#   SIGKILL).  Exit 0; 1 (AGENT_EXIT_REAP_FAILED) for no device nodes, no fuser/lsof, or a failed
+#   kill; 64 usage.

@@ -2,8 +2,8 @@
 
 It claims inbox specs (oldest first, smaller jobs backfill), packs them onto slots (GPUs, or CPU
 slots on a GPU-less host), starts one wrapper per attempt in its own process group, reaps them,
-acts on cancel files, adopts live groups after a restart and exits when idle.  With ``--detach``
-it runs as a daemon (gpuq_detach.py).
+kills whatever an ended attempt left behind (end_leftovers), acts on cancel files, adopts live
+groups after a restart and exits when idle.  With ``--detach`` it runs as a daemon (gpuq_detach.py).
 
 stdlib only, Python >= 3.8.
 """
@@ -40,7 +40,16 @@ from gpuq_files import (
 )
 from gpuq_detach import serve_detached
 from gpuq_hostfacts import detect_slots
-from gpuq_procs import boot_id, group_alive, proc_cmdline, signal_group, start_ticks
+from gpuq_procs import (
+    boot_id,
+    group_alive,
+    group_members,
+    leader_alive,
+    proc_cmdline,
+    proc_stat,
+    signal_group,
+    start_ticks,
+)
 
 # the wrapper is spawned as `python gpuq_agent.py --root R wrap JOB N`: cancel and restart
 # recovery recognise it by that argv
@@ -270,12 +279,13 @@ class Agent:
                     msg = "wrapper exited %d without writing exit.json" % os.WEXITSTATUS(status)
                 hb = read_json(self.lay.attempt(job_id, r.attempt, P.HEARTBEAT_FILE))
                 started = mtime(self.lay.attempt(job_id, r.attempt, P.LAUNCH_FILE))
-                atomic_write_json(path, exit_record(job_id, r.attempt, code, "train", msg,
-                                                    started_at=started, sig=sig, heartbeat=hb))
+                rec = exit_record(job_id, r.attempt, code, "train", msg, started_at=started, sig=sig, heartbeat=hb)
+                rec["vanished"] = True  # the whole attempt died (kill -9, OOM of the group): not a verdict
+                atomic_write_json(path, rec)
                 self.log("FINISHED %s a%d (exit=%d) %s" % (job_id, r.attempt, code, msg))
-            # anything the wrapper left in its group goes with it
-            if r.rec and r.rec.get("pgid") == pid and group_alive(r.rec):
-                signal_group(pid, signal.SIGKILL)
+            # anything the wrapper left behind goes with it (its group, escapees carrying its log path)
+            if r.rec and r.rec.get("pgid") == pid:
+                self.end_leftovers(job_id, r)
             self.finish(job_id)
 
     def finish(self, job_id: str) -> None:
@@ -287,12 +297,41 @@ class Agent:
                 del self.busy[s]
         self.queue_done_check(str(r.spec.get("queue_id", "")))
 
+    def end_leftovers(self, job_id: str, r: Running) -> int:
+        """SIGKILL what an ended attempt left behind: the rest of its process group (a trainer's
+        child holding GPU memory must not outlive the job) and any process whose environment carries
+        this attempt's own GPUQ_LOG path (escapees in other sessions, orphaned when the wrapper, their
+        subreaper, died first).  Identity: same boot as the recorded group; a pgid cannot be reused
+        while members remain; an escapee must carry this root's attempt path and have started after
+        the wrapper.  Returns how many processes were signalled."""
+        rec = r.rec or {}
+        if rec.get("boot_id") != boot_id():
+            return 0  # pids of another boot mean nothing: kill nothing
+        pgid = rec.get("pgid")
+        victims: set[int] = set()
+        if isinstance(pgid, int) and pgid > 1 and group_alive(rec):
+            victims.update(group_members(pgid))
+            signal_group(pgid, signal.SIGKILL)
+        for pid in attempt_processes(self.lay.attempt(job_id, r.attempt, P.JOB_LOG), rec.get("start_ticks")):
+            if pid not in victims:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                victims.add(pid)
+        if victims:
+            self.log("LEFTOVERS %s a%d: killed %d processes the attempt left behind: %s" % (
+                job_id, r.attempt, len(victims), " ".join(str(p) for p in sorted(victims))))
+        return len(victims)
+
     def watch_adopted(self) -> None:
         for job_id, r in list(self.running.items()):
             if r.pid is not None:
                 continue
-            if group_alive(r.rec):
-                continue
+            rec = r.rec or {}
+            leader = rec.get("pgid")
+            if isinstance(leader, int) and leader_alive(leader, rec.get("start_ticks"), rec.get("boot_id")):
+                continue  # the wrapper still supervises its attempt
+            # the wrapper is gone, so the attempt has ended: nothing it started may keep running
+            self.end_leftovers(job_id, r)
             if os.path.exists(self.lay.attempt(job_id, r.attempt, P.EXIT_FILE)):
                 self.log("adopted %s a%d exited" % (job_id, r.attempt))
             else:
@@ -492,6 +531,36 @@ class Agent:
         self.by_pid[proc.pid] = job_id
         for s in slots:
             self.busy[s] = job_id
+
+
+def attempt_processes(log_path: str, min_ticks: Any) -> list[int]:
+    """Live processes whose environment has ``GPUQ_LOG=<log_path>`` (the attempt's own job.log, an
+    absolute path under this root, set by the wrapper for the trainer and inherited by everything
+    it starts) and that started no earlier than ``min_ticks`` (the wrapper's start)."""
+    needle = ("%s=%s" % (P.ENV_LOG, log_path)).encode()
+    me = os.getpid()
+    out: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read()
+        except OSError:
+            continue  # gone, or another user's: not ours to judge
+        if needle not in env.split(b"\0"):
+            continue
+        st = proc_stat(int(name))
+        if st is None or st[0] in ("Z", "X"):
+            continue
+        if isinstance(min_ticks, int) and st[2] < min_ticks:
+            continue
+        out.append(int(name))
+    return out
 
 
 def wrapper_file(lay: Layout, spec: dict[str, Any]) -> str:

@@ -21,7 +21,9 @@ import gpuq_protocol as P
 from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_attempt, utc
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_inbox import collect_one
+from gpuq_kernel import kernel_section
 from gpuq_procs import boot_id, group_alive, leader_alive
+from gpuq_scan import parse_scan_args, scan_job
 
 LAUNCH_PGID_GRACE_S = 10.0  # launched, pgid not yet written: still "claimed" (launching) this long
 
@@ -74,6 +76,7 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
         e["launched_at"] = launch.get("time")
     if isinstance(rec, dict):
         e["pgid"] = rec.get("pgid")
+        e["boot_id"] = rec.get("boot_id")  # the boot the attempt started in: differs after a reboot
         e["group_alive"] = group_alive(rec)
     if e["exit"] is not None:
         e["state"] = "exited"
@@ -115,6 +118,15 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     except OSError:
         bundles = []
     wanted = set(getattr(args, "results_for", ()) or ())
+    try:
+        scans = parse_scan_args(getattr(args, "scan", ()))
+    except ValueError as exc:
+        print(f"gpuq status: {exc}", file=sys.stderr)
+        return P.AGENT_EXIT_USAGE
+    for e in jobs:
+        if e["job_id"] in scans:
+            n, log_off, metrics_off = scans[e["job_id"]]
+            e["scan"] = scan_job(lay.job(e["job_id"]), n, log_off, metrics_off)
     for e in jobs:
         ex = e.get("exit") or {}
         if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
@@ -123,6 +135,6 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
            "root": lay.root, "time": utc(now), "boot_id": boot_id(), "uptime_s": uptime, "agent": agent,
            "slots": {"kind": kind, "total": total, "free": max(0, total - used)},
            "gpus": gpus, "disk": disk_info(lay.root), "memory": memory_info(), "bundles": bundles,
-           "jobs": jobs}
+           "jobs": jobs, "kernel": kernel_section(getattr(args, "kernel_since", None))}
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     return 0

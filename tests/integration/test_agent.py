@@ -367,7 +367,8 @@ def test_status_shape_states_and_speed(host: Host) -> None:
     st = host.status()
     assert sorted(str(p) for p in host.root.rglob("*")) == before  # read-only: nothing written
     assert set(st) == {"schema", "protocol", "hostname", "root", "time", "boot_id", "uptime_s", "agent",
-                       "slots", "gpus", "disk", "memory", "bundles", "jobs"}
+                       "slots", "gpus", "disk", "memory", "bundles", "jobs", "kernel"}
+    assert set(st["kernel"]) == {"readable", "error", "cursor", "xids"}
     assert st["schema"] == "gpuq.status/1" and st["protocol"] == "1.0"
     assert st["agent"] == {"alive": False, "pid": None} and st["bundles"] == [SHA]
     assert set(st["disk"]) == {"path", "total_bytes", "free_bytes", "used_pct", "inodes_total",
@@ -476,3 +477,92 @@ def test_workers_in_other_sessions_do_not_outlive_the_attempt(host: Host, tmp_pa
     finally:
         with contextlib.suppress(OSError):
             os.kill(orphan, signal.SIGKILL)  # only if the assertion failed: the sleeper is ours
+
+
+LEFTOVER_TRAINER = """\
+import json, os, subprocess, sys, time
+cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
+sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+# a child in the trainer's own process group (a data loader, a forgotten helper) ...
+child = subprocess.Popen(sleeper, stdin=subprocess.DEVNULL)
+# ... and an escapee: double-forked into a session of its own, orphaned at once
+spawn = ("import subprocess as s; p = s.Popen(%r, start_new_session=True, stdin=s.DEVNULL, stdout=s.DEVNULL); "
+         "print(p.pid)")
+escapee = int(subprocess.run([sys.executable, "-c", spawn % (sleeper,)], stdout=subprocess.PIPE, check=True).stdout)
+with open(cfg["pids_file"] + ".tmp", "w") as f:
+    json.dump({"trainer": os.getpid(), "child": child.pid, "escapee": escapee}, f)
+os.replace(cfg["pids_file"] + ".tmp", cfg["pids_file"])
+while cfg.get("hang"):
+    time.sleep(0.1)
+sys.exit(0)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _leftover_job(host: Host, tmp_path: Path, name: str, **cfg: Any) -> tuple[dict[str, Any], Path]:
+    (host.root / "bundles" / SHA / "payload" / "leftover_train.py").write_text(LEFTOVER_TRAINER)
+    pids_file = tmp_path / f"{name}.pids.json"
+    spec = host.spec(name, host.config(name, pids_file=str(pids_file), **cfg), entry="payload/leftover_train.py",
+                     verify=[])
+    return spec, pids_file
+
+
+def _kill_leftovers(pids: dict[str, int]) -> None:
+    """Only when an assertion failed: the sleepers are ours (checked against nothing else alive)."""
+    for pid in pids.values():
+        if not _gone(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_children_left_behind_by_a_finished_trainer_are_killed(host: Host, tmp_path: Path) -> None:
+    """A trainer exits 0 leaving a child in its group and an escapee in another session: both hold
+    (GPU) memory and must not outlive the job."""
+    spec, pids_file = _leftover_job(host, tmp_path, "leaver")
+    host.serve(slots=1, idle=30)
+    assert host.wait_exit(spec["job_id"], 30)["wrapper_code"] == 0
+    pids = json.loads(pids_file.read_text())
+    try:
+        wait_for(lambda: _gone(pids["child"]) and _gone(pids["escapee"]), 10, "leftovers gone")
+    finally:
+        _kill_leftovers(pids)
+
+
+@pytest.mark.parametrize("adopted", [False, True], ids=["own-wrapper", "adopted-wrapper"])
+def test_agent_kills_what_a_dead_wrapper_left_behind(host: Host, tmp_path: Path, adopted: bool) -> None:
+    """The wrapper itself is SIGKILLed (OOM killer, a stray kill) while its trainer, the trainer's child
+    and an escapee in another session run on.  The agent ends the attempt: it kills the rest of the
+    recorded group (boot id and group identity checked) and every process carrying the attempt's own
+    GPUQ_LOG, then frees the slot.  adopted: the agent that sees it is a restarted one."""
+    spec, pids_file = _leftover_job(host, tmp_path, "orphaned", hang=True)
+    other = host.spec("next", host.config("next", sleep=0.1))
+    a = host.serve(slots=1, idle=30)
+    wait_for(pids_file.exists, 20, "trainer pids")
+    pids = json.loads(pids_file.read_text())
+    try:
+        rec = read_json(host.attempt(spec["job_id"]) / "pgid")
+        assert start_ticks(rec["pgid"]) == rec["start_ticks"]
+        if adopted:
+            os.killpg(a.pid, signal.SIGKILL)  # the agent's own group: the attempt runs on
+            a.wait(timeout=5)
+            b = host.serve(slots=1, idle=30)
+            host.wait_agent(b)
+            wait_for(lambda: "ADOPTED " + spec["job_id"] in (host.root / "agent.log").read_text(), 10, "adoption")
+        os.kill(rec["pgid"], signal.SIGKILL)  # the wrapper alone
+        wait_for(lambda: all(_gone(p) for p in pids.values()), 15, "trainer, child and escapee gone")
+        log = (host.root / "agent.log").read_text()
+        assert f"LEFTOVERS {spec['job_id']} a1: killed" in log
+        # the slot is free again: the next job runs
+        assert host.wait_exit(other["job_id"], 20)["wrapper_code"] == 0
+        if adopted:
+            assert host.exit_of(spec["job_id"]) is None and host.job_state(spec["job_id"]) == "dead"
+        else:
+            assert host.exit_of(spec["job_id"])["wrapper_code"] == 137
+    finally:
+        _kill_leftovers(pids)

@@ -4,15 +4,19 @@ Started by the farm as ``ip netns exec NS unshare --pid --fork --mount --mount-p
 hostinit.py SPEC.json``.  It
 
 1. performs the host's bind mounts (SPEC["binds"], in order: the interpreter's directories into the
-   per-host dirs first, then the per-host dirs over /usr/local/bin, /run, /root and /tmp), mounts a
-   private tmpfs on /dev/shm and sets the hostname;
+   per-host dirs first, then the per-host dirs over /usr/local/bin, /run, /root and /tmp), gives the
+   host a private /dev (SPEC["private_dev"]: a tmpfs holding bind mounts of the machine's null, zero,
+   full, random, urandom, tty, ptmx, pts and mqueue, the fd/stdin/stdout/stderr links, a private
+   tmpfs on /dev/shm, and SPEC["gpu_devices"] fake GPU nodes /dev/nvidia0.., /dev/nvidiactl and
+   /dev/nvidia-uvm: character devices with /dev/null's numbers, so they open like a GPU node and
+   ``fuser`` sees their holders) and sets the hostname;
 2. starts ``sshd -D -e -f CONFIG`` as its child and reaps every zombie (orphans reparent to PID 1);
 3. obeys signals: SIGUSR1 = stop sshd (the listener and every sshd session process: "systemctl stop
    ssh"), SIGUSR2 = start sshd again, SIGHUP = restart sshd (re-reads config and host key),
    SIGTERM/SIGINT = kill everything in the host and exit.  With sshd stopped the host stays up.
 
-Sources of bind mounts are opened (O_PATH) before the first mount, so covering /root or /tmp never
-hides a source that lives below them.
+Sources of bind mounts are opened (O_PATH) before the first mount, so covering /root, /tmp or /dev
+never hides a source that lives below them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -53,6 +58,41 @@ def mount(src: str, dst: str, fstype: str | None, flags: int, data: str | None =
         raise OSError(e, f"mount {src} -> {dst}: {os.strerror(e)}")
 
 
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx")  # bound from the machine's /dev
+DEV_DIRS = ("pts", "mqueue")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
+
+
+def private_dev(gpu_devices: int, private_shm: bool) -> None:
+    """A tmpfs over /dev with only what sshd, python and the agent need, plus fake GPU nodes."""
+    keep: list[tuple[str, int, bool]] = []  # (name, O_PATH fd, is a directory)
+    for name in DEV_NODES + DEV_DIRS:
+        path = "/dev/" + name
+        if os.path.lexists(path) and not os.path.islink(path):
+            keep.append((name, os.open(path, os.O_PATH | os.O_CLOEXEC), os.path.isdir(path)))
+    null_rdev = os.stat("/dev/null").st_rdev
+    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "mode=755,size=16m")  # no MS_NODEV: device nodes must open
+    for name, fd, is_dir in keep:
+        dst = "/dev/" + name
+        if is_dir:
+            os.mkdir(dst, 0o755)
+        else:
+            os.close(os.open(dst, os.O_WRONLY | os.O_CREAT, 0o666))
+        mount(f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
+        os.close(fd)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, "/dev/" + name)
+    os.mkdir("/dev/shm", 0o1777)
+    os.chmod("/dev/shm", 0o1777)
+    if private_shm:
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    names = [f"nvidia{g}" for g in range(gpu_devices)] + (["nvidiactl", "nvidia-uvm"] if gpu_devices else [])
+    for name in names:
+        os.mknod("/dev/" + name, stat.S_IFCHR | 0o666, null_rdev)
+        os.chmod("/dev/" + name, 0o666)
+
+
 def do_mounts(spec: dict) -> None:
     fds = []
     for src, _dst in spec["binds"]:
@@ -62,7 +102,9 @@ def do_mounts(spec: dict) -> None:
         mount(f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
     for fd in fds:
         os.close(fd)
-    if spec.get("private_shm", True):
+    if spec.get("private_dev", False):
+        private_dev(int(spec.get("gpu_devices", 0)), bool(spec.get("private_shm", True)))
+    elif spec.get("private_shm", True):
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     if spec.get("hostname"):
         socket.sethostname(spec["hostname"])

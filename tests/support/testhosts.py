@@ -6,12 +6,17 @@ Each host is a faithful stand-in for a rented GPU container:
   (root side ``gqth<farm>h<i>``, host side ``eth0``) on a private /30 of 10.231.0.0/16; sshd listens
   on the host side address, port 22, and nowhere else;
 - its own **PID, mount, UTS and IPC namespaces**: ``ps`` inside sees only the host, the hostname is the
-  host's name, /dev/shm is private, and per-host directories are bound over ``/root``, ``/tmp``,
-  ``/run`` and ``/usr/local/bin`` (hosts never share files).  PID 1 is ``hostinit.py``, which runs sshd
-  and reaps orphans; SIGKILL of it from the root namespace (``preempt``) kills the whole host;
+  host's name, /dev is private (a tmpfs with the machine's null/zero/random/tty/pts nodes bound in,
+  a private /dev/shm, and fake GPU nodes /dev/nvidia0.., /dev/nvidiactl, /dev/nvidia-uvm that open
+  like /dev/null, so ``fuser`` sees who holds a "GPU"), and per-host directories are bound over
+  ``/root``, ``/tmp``, ``/run`` and ``/usr/local/bin`` (hosts never share files).  PID 1 is
+  ``hostinit.py``, which runs sshd and reaps orphans; SIGKILL of it from the root namespace
+  (``preempt``) kills the whole host;
 - ``/usr/local/bin/python3`` and ``python`` run the test run's interpreter (its directories are bound
   into the per-host dirs at their real paths, so a venv under /tmp or a pyenv under /root still works),
-  and ``/usr/local/bin/nvidia-smi`` is ``fake_nvidia_smi.py`` over a per-host JSON GPU state;
+  ``/usr/local/bin/nvidia-smi`` is ``fake_nvidia_smi.py`` over a per-host JSON GPU state, and
+  ``/usr/local/bin/dmesg`` is ``fake_dmesg.py`` over a per-host kernel-log fixture (``dmesg.log``;
+  ``dmesg.log.unreadable`` makes it fail like a restricted kernel log);
 - a farm-wide authorized ed25519 client key and a pinned ed25519 host key per host.
 
 Controller-side layout of a farm (``base_dir``)::
@@ -23,7 +28,7 @@ Controller-side layout of a farm (``base_dir``)::
     host-<i>/tmp/          the host's /tmp
     host-<i>/bin/          the host's /usr/local/bin (python3, python, nvidia-smi, links to the real ones)
     host-<i>/run/          the host's /run: sshd/ (privsep), sshd.pid, gpuq-testhost/ (sshd_config,
-                           host key, gpus.json, fake_nvidia_smi.py)
+                           host key, gpus.json, fake_nvidia_smi.py, dmesg.log, fake_dmesg.py)
     host-<i>/init.json     what hostinit does;  host-<i>/init.log: hostinit's and sshd's stderr
 
 Everything is torn down by recorded pid (checked against its start time) and namespace name.
@@ -52,11 +57,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import fake_nvidia_smi
+from tests.support import fake_dmesg, fake_nvidia_smi
 
 SUPPORT = Path(__file__).resolve().parent
 HOSTINIT = SUPPORT / "hostinit.py"
 FAKE_NVSMI = SUPPORT / "fake_nvidia_smi.py"
+FAKE_DMESG = SUPPORT / "fake_dmesg.py"
 SSHD = "/usr/sbin/sshd"
 NETNS_PREFIX = "gpuq-th-"
 VETH_PREFIX = "gqth"
@@ -183,6 +189,11 @@ class TestHost:
     @property
     def log(self) -> Path:
         return self.root_dir / "init.log"
+
+    @property
+    def kernel_log(self) -> Path:
+        """The fixture the host's ``dmesg`` prints (controller-side path)."""
+        return self.run_dir / "gpuq-testhost" / "dmesg.log"
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -492,6 +503,109 @@ class HostFarm:
         """Every nvidia-smi call on host i fails ("NVIDIA-SMI has failed ...", exit 9) until cleared."""
         self.write_gpu_state(i, {**self.read_gpu_state(i), "broken": broken})
 
+    def set_gpu_throttle(self, i: int, gpu: int, *reasons: str) -> None:
+        """Make exactly ``reasons`` (``hw_slowdown``, ``hw_thermal_slowdown``, ``hw_power_brake_slowdown``,
+        ``sw_thermal_slowdown``, ``sw_power_cap``, ...) Active on GPU ``gpu``; none: no throttling."""
+        known = [k.split(".", 1)[1] for k in fake_nvidia_smi.GPU_FIELDS if k.startswith("clocks_throttle_reasons.")
+                 and k not in ("clocks_throttle_reasons.active", "clocks_throttle_reasons.supported")]
+        unknown = set(reasons) - set(known)
+        if unknown:
+            raise ValueError(f"unknown throttle reasons {sorted(unknown)}; known: {known}")
+        self.set_gpu(i, gpu, {f"clocks_throttle_reasons.{r}": r in reasons for r in known})
+
+    def set_gpu_heat(self, i: int, gpu: int, temp_c: float, sm_clock_mhz: float | None = None) -> None:
+        """GPU temperature (and, optionally, the current SM clock; clocks.max.sm stays)."""
+        fields: dict[str, Any] = {"temperature.gpu": temp_c}
+        if sm_clock_mhz is not None:
+            fields["clocks.current.sm"] = sm_clock_mhz
+        self.set_gpu(i, gpu, fields)
+
+    def set_gpu_ecc(self, i: int, gpu: int, *, uncorrected: int = 0, corrected: int = 0,
+                    retired_pending: bool = False, remap_failure: bool = False, ecc_enabled: bool = True) -> None:
+        """ECC state as nvidia-smi reports it (volatile counts, pending retirement, row-remap failure)."""
+        self.set_gpu(i, gpu, {"ecc.errors.uncorrected.volatile.total": uncorrected,
+                              "ecc.errors.corrected.volatile.total": corrected,
+                              "retired_pages.pending": "Yes" if retired_pending else "No",
+                              "remapped_rows.failure": "Yes" if remap_failure else "No",
+                              "ecc.mode.current": "Enabled" if ecc_enabled else "Disabled"})
+
+    # ------------------------------------------------------------------------------------- kernel log
+
+    def append_kernel_log(self, i: int, line: str) -> str:
+        """Append one line to host i's kernel log (what its ``dmesg`` prints).  A line without a
+        ``[ seconds]`` timestamp gets the current boot-clock time, after every earlier line.
+        Returns the line as written."""
+        path = self.hosts[i].kernel_log
+        text = line.rstrip("\n")
+        if not fake_dmesg.TS_RE.match(text):
+            text = _kernel_line(text, _kernel_log_last(path))
+        with open(path, "a") as f:
+            f.write(text + "\n")
+        return text
+
+    def inject_xid(self, i: int, gpu: int, code: int, message: str = "") -> str:
+        """An ``NVRM: Xid`` line for GPU ``gpu`` of host i (its PCI address as the driver prints it)."""
+        bus = str(self.read_gpu_state(i)["gpus"][gpu].get("pci.bus_id", "00000000:18:00.0"))
+        pci = bus[-12:-2] if len(bus) >= 12 else bus  # "00000000:18:00.0" -> "0000:18:00"
+        text = message or {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has "
+                           "been detected on GPU in the framebuffer at partition 0, subpartition 0.",
+                           13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address"
+                           }.get(code, "Graphics Exception")
+        return self.append_kernel_log(i, f"NVRM: Xid (PCI:{pci}): {code}, pid=4242, name=python3, {text}")
+
+    def clear_kernel_log(self, i: int) -> None:
+        """Host i's kernel log back to its boot lines (timestamps keep rising) and readable."""
+        self._write_boot_kernel_log(self.hosts[i])
+
+    def _write_boot_kernel_log(self, h: TestHost) -> None:
+        boot = [f"Linux version (gpuq test host {h.name})", "Command line: console=ttyS0"]
+        if self.gpus > 0:
+            boot.append("nvidia: module license 'NVIDIA' taints kernel.")
+        lines: list[str] = []
+        last = _kernel_log_last(h.kernel_log)
+        for msg in boot:
+            lines.append(_kernel_line(msg, last))
+            last = float(lines[-1][1:lines[-1].index("]")])
+        _atomic_write(h.kernel_log, "".join(line + "\n" for line in lines))
+        fake_dmesg_flag(h).unlink(missing_ok=True)
+
+    def set_kernel_log_readable(self, i: int, readable: bool = True) -> None:
+        """readable=False: host i's ``dmesg`` fails as under kernel.dmesg_restrict (exit 1)."""
+        flag = fake_dmesg_flag(self.hosts[i])
+        if readable:
+            flag.unlink(missing_ok=True)
+        else:
+            flag.write_text("")
+
+    # ------------------------------------------------------------------------------------- GPU holders
+
+    def hold_gpu_device(self, i: int, gpu: int | None, *argv: str) -> int:
+        """Start a process inside host i that holds ``/dev/nvidia<gpu>`` (``None``: /dev/nvidiactl) open
+        and sleeps, in its own session, invisible to nvidia-smi: a VRAM zombie.  ``argv`` is appended
+        to its command line.  Returns its pid as the host sees it; it dies with the host
+        (``teardown``/``preempt``) or by ``release_gpu_device``."""
+        node = "/dev/nvidiactl" if gpu is None else f"/dev/nvidia{gpu}"
+        code = ("import os, sys, time\ntry:\n    os.setsid()\nexcept OSError:\n    pass\n"
+                "fd = os.open(sys.argv[1], os.O_RDWR)\ntime.sleep(86400)\n")
+        script = ('code=$1; node=$2; shift 2\n'
+                  'python3 -c "$code" "$node" "$@" </dev/null >/dev/null 2>&1 &\n'
+                  'pid=$!; n=0\n'
+                  'while [ $n -lt 250 ]; do\n'
+                  '  for f in /proc/$pid/fd/*; do\n'
+                  '    [ "$(readlink "$f" 2>/dev/null)" = "$node" ] && { echo $pid; exit 0; }\n'
+                  '  done\n'
+                  '  n=$((n+1)); sleep 0.02\n'
+                  'done\n'
+                  'echo "holder $pid never opened $node" >&2; exit 1\n')
+        res = self.ssh(i, "sh", "-c", script, "sh", code, node, *argv)
+        if res.returncode != 0 or not res.stdout.strip().isdigit():
+            raise RuntimeError(f"hold_gpu_device({i}, {gpu}) failed: {res.stdout}{res.stderr}")
+        return int(res.stdout.strip())
+
+    def release_gpu_device(self, i: int, pid: int) -> None:
+        """SIGKILL a holder started by ``hold_gpu_device`` (by its in-host pid); gone already is fine."""
+        self.ssh(i, "sh", "-c", f"kill -9 {int(pid)} 2>/dev/null; true")
+
     # ------------------------------------------------------------------------------------- processes
 
     def host_pids(self, i: int) -> list[int]:
@@ -641,6 +755,10 @@ class HostFarm:
             shutil.copyfile(FAKE_NVSMI, own / "fake_nvidia_smi.py")
             ours["nvidia-smi"] = (f"#!/bin/sh\nexec {shlex.quote(py)} -I -S {IN_HOST}/fake_nvidia_smi.py "
                                   f'--state {IN_HOST}/gpus.json "$@"\n')
+        shutil.copyfile(FAKE_DMESG, own / "fake_dmesg.py")
+        ours["dmesg"] = (f"#!/bin/sh\nexec {shlex.quote(py)} -I -S {IN_HOST}/fake_dmesg.py "
+                         f'--log {IN_HOST}/dmesg.log "$@"\n')
+        self._write_boot_kernel_log(h)
         if os.path.isdir(LOCAL_BIN):
             for entry in os.listdir(LOCAL_BIN):
                 if entry not in ours and not (bindir / entry).is_symlink():
@@ -654,7 +772,7 @@ class HostFarm:
         (own / "sshd_config").write_text(SSHD_CONFIG.format(name=h.name, address=h.address, port=h.port,
                                                             in_host=IN_HOST))
         spec = {"binds": binds, "hostname": h.name, "sshd": SSHD, "sshd_config": f"{IN_HOST}/sshd_config",
-                "private_shm": True}
+                "private_shm": True, "private_dev": True, "gpu_devices": self.gpus}
         (h.root_dir / "init.json").write_text(json.dumps(spec, indent=1))
 
     def _launch(self, h: TestHost) -> None:
@@ -754,6 +872,27 @@ def _connect_state(address: str, port: int, banner: bool = False) -> str:
         return "refused"
     except OSError:
         return "timeout"
+
+
+def fake_dmesg_flag(h: TestHost) -> Path:
+    return Path(fake_dmesg.unreadable_flag(str(h.kernel_log)))
+
+
+def _kernel_log_last(path: Path) -> float:
+    """The timestamp of the last line of a kernel-log fixture (0 when none)."""
+    last = 0.0
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            m = fake_dmesg.TS_RE.match(line)
+            if m:
+                last = float(m.group(0).strip().strip("[]").strip())
+    return last
+
+
+def _kernel_line(message: str, after: float) -> str:
+    """``[ seconds] message`` stamped with the boot clock (what /proc/uptime counts), after ``after``."""
+    ts = max(time.clock_gettime(time.CLOCK_BOOTTIME), after + 1e-6)
+    return f"[{ts:12.6f}] {message}"
 
 
 def _atomic_write(path: Path, text: str) -> None:
