@@ -41,8 +41,20 @@ class Settings(BaseModel):
     ckpt_interval_s: int = Field(default=600, ge=1)
     kill_grace_s: int = Field(default=30, ge=0)
     min_free_gb: float = Field(default=1.0, ge=0)
-    retries: int = Field(default=1, ge=0, le=10)
+    retries: int = Field(default=2, ge=0, le=10)  # per-cell `retries=` overrides (DOMAIN.md 7.1)
     status_timeout_s: float = Field(default=25.0, gt=0)
+    # Health patrol (DOMAIN.md 6): thresholds, cadence, preflight, reaping, notifications
+    stall_after_s: float = Field(default=900.0, gt=0)  # heartbeat, log and checkpoint all older: stalled
+    startup_grace_s: float = Field(default=600.0, gt=0)  # launched this recently without a heartbeat: starting
+    patrol_interval_s: float = Field(default=60.0, gt=0)  # `gpuq watch` tick while attempts run
+    patrol_idle_interval_s: float = Field(default=300.0, gt=0)  # ... while nothing runs
+    patrol_min_interval_s: float = Field(default=15.0, gt=0)  # floor for --interval (sshd MaxStartups)
+    patrol_max_backoff_s: float = Field(default=900.0, gt=0)  # cap of the per-host probe backoff
+    preflight: bool = True  # GPU preflight (`gpuq doctor`) before a host's first job
+    preflight_samples: int = Field(default=5, ge=1, le=60)  # one-second GPU samples per preflight
+    reap_min_age_s: float = Field(default=120.0, ge=0)  # younger device holders are starting contexts
+    reap_resample_s: float = Field(default=60.0, ge=0)  # a zombie must show in two samples this far apart
+    webhook_url: str = ""  # JSON POST on escalations and sweep completion; "" = off; never logged
     # Bring your own trainer (project gpuq.toml): a script in the project that honours the payload
     # contract (protocol.py).  "" = the bundled payload/train.py.  Recorded per sweep at submit.
     entry: str = ""

@@ -26,6 +26,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, deliver_all, enqueue, ensure_agent, ensure_bundle, job_spec, push_all
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.ledger import Host as HostRow
+from orchestrator.patrol import Decision, classify, decide, signatures_of
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, QueuedJob, estimate_s, plan, plan_steals
 from orchestrator.specs import HostSlots
 from orchestrator.states import AttemptState, JobState
@@ -44,11 +45,13 @@ class Probe:
     reachable: bool = False  # the transport worked (ok adds: the agent answered with a status document)
 
 
-def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequence[str] = ()) -> Probe:
+def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequence[str] = (),
+          extra: Sequence[str] = ()) -> Probe:
     """One read-only round trip to the host's agent.
 
     ``results_for``: the jobs the ledger believes active there; any of them that exited 0
     comes back with its collected results, so finishing jobs cost no second round trip.
+    ``extra``: more ``status`` arguments (the patrol's ``--scan`` offsets, ``--kernel-since``).
     """
     started = time.monotonic()
     if not agent_bundle:  # nothing of ours there yet: the round trip only proves reachability
@@ -59,8 +62,8 @@ def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequen
         return Probe(host.name, False, error="no bundle placed yet", duration_s=time.monotonic() - started,
                      reachable=True)
     try:
-        extra = ["--results-for", *results_for] if results_for else []
-        result = host.run(agent_argv(host, agent_bundle, "status", "--json", *extra),
+        wanted = ["--results-for", *results_for] if results_for else []
+        result = host.run(agent_argv(host, agent_bundle, "status", "--json", *wanted, *extra),
                           timeout=settings.status_timeout_s)
     except HostError as exc:  # unreachable, or a key/auth refusal: either way no verdict on any job
         return Probe(host.name, False, error=str(exc), duration_s=time.monotonic() - started)
@@ -75,12 +78,16 @@ def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequen
     return Probe(host.name, True, doc=doc, duration_s=elapsed, reachable=True)
 
 
-def probe_all(hosts: Sequence[tuple[Host, str, Sequence[str]]], settings: Settings) -> list[Probe]:
-    """Probe every (host, agent bundle, active job ids) in parallel: one round trip each."""
+ProbeRequest = tuple[Host, str, Sequence[str], Sequence[str]]  # host, agent bundle, active job ids, extra args
+
+
+def probe_all(hosts: Sequence[ProbeRequest], settings: Settings) -> list[Probe]:
+    """Probe every host in parallel: one round trip each, at most 8 connections at once
+    (reconnect storms trip sshd MaxStartups, DOMAIN.md 6.5)."""
     if len(hosts) <= 1:
-        return [probe(h, sha, settings, ids) for h, sha, ids in hosts]
+        return [probe(h, sha, settings, ids, extra) for h, sha, ids, extra in hosts]
     with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
-        return list(pool.map(lambda item: probe(item[0], item[1], settings, item[2]), hosts))
+        return list(pool.map(lambda item: probe(item[0], item[1], settings, item[2], item[3]), hosts))
 
 
 def timestamp(value: Any) -> float | None:
@@ -105,19 +112,44 @@ def _exit_message(exit_doc: dict[str, Any]) -> str:
     return ": ".join(parts)
 
 
-def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> list[str]:
-    """Apply one successful probe to the ledger; returns job ids that just succeeded."""
+@dataclass(frozen=True)
+class Settled:
+    """An attempt that ended badly this tick, classified (DOMAIN.md 7.1) and acted on."""
+
+    job_id: str
+    outcome: str  # "failed" (exited non-zero) | "lost" (vanished: no exit record of its own)
+    klass: str
+    decision: Decision
+    rebooted: bool = False
+
+
+@dataclass
+class Reconciled:
+    succeeded: list[str] = field(default_factory=list)  # job ids that just succeeded
+    settled: list[Settled] = field(default_factory=list)
+
+
+def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> Reconciled:
+    """Apply one successful probe to the ledger: progress, exits, vanished attempts; an attempt
+    that ended badly is classified and settled by the retry policy (DOMAIN.md 7)."""
     now = time.time()
+    row = ledger.host(host.name)
+    memory = report.doc.get("memory") or {}
+    kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
+    oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
     ledger.update_host(
         host.name,
         last_probe_at=now,
         unreachable_since=None,
+        probe_failures=0,
+        next_probe_at=None,
         slots_kind=str(report.doc.get("slots", {}).get("kind", "")),
         slots_total=int(report.doc.get("slots", {}).get("total", 0)),
         disk_free_bytes=report.doc.get("disk", {}).get("free_bytes"),
+        oom_kill=kills,
     )
     on_host = {str(j["job_id"]): j for j in report.doc.get("jobs", [])}
-    succeeded: list[str] = []
+    out = Reconciled()
     missing: list[Job] = []
     for job in ledger.jobs(states=ACTIVE):
         if job.host != host.name:
@@ -128,13 +160,56 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
             continue
         if int(seen.get("attempt") or 0) != job.attempt_count:
             continue
-        if _apply(ledger, job, seen):
-            succeeded.append(job.id)
+        outcome = _apply(ledger, job, seen)
+        if outcome == "succeeded":
+            out.succeeded.append(job.id)
+        elif outcome in ("failed", "lost"):
+            exit_doc = seen.get("exit") or {}
+            if outcome == "lost" and job.state != JobState.LOST.value:
+                ledger.transition(job.id, JobState.LOST, message=_exit_message(exit_doc))
+            scan = seen.get("scan") or {}
+            rebooted = outcome == "lost" and bool(seen.get("boot_id")) and seen.get("boot_id") != report.doc.get(
+                "boot_id")
+            klass = classify(
+                exit_doc.get("wrapper_code") if outcome == "failed" else None,
+                exit_doc.get("trainer_code") if outcome == "failed" else None,
+                [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
+                oom_kill_rose=oom_rose, rebooted=rebooted)
+            out.settled.append(Settled(job.id, outcome, klass, settle(ledger, job.id, klass, settings), rebooted))
     if missing:
         _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent
     else:
         _revive_agent(ledger, host, settings, report)
-    return succeeded
+    return out
+
+
+def earlier_hits(ledger: Ledger, job: Job) -> list[dict[str, str]]:
+    """Crash signatures earlier ticks found in this attempt's log (stored as "crash" findings)."""
+    attempt = ledger.attempt(job.id, job.attempt_count)
+    since = attempt.created_at if attempt is not None else 0.0
+    hits = []
+    for event in ledger.events(subject=job.id, limit=50):
+        if event.rule == "crash" and event.time >= since:
+            hits += [{"signature": name, "line": event.message} for name in signatures_of(event.action)]
+    return hits
+
+
+def settle(ledger: Ledger, job_id: str, klass: str, settings: Settings) -> Decision:
+    """The job's current attempt ended badly (the attempt is already EXITED or LOST): requeue it
+    with resume while retries last, else FAILED (never retried) or LOST (`gpuq resume` later)."""
+    job = ledger.job(job_id)
+    retries = job.retries if job.retries is not None else settings.retries
+    decision = decide(klass, ledger.failed_attempts(job_id), retries)
+    if decision.action == "requeue":
+        if job.state != JobState.LOST.value:
+            ledger.transition(job_id, JobState.LOST, message=decision.reason)
+        ledger.transition(job_id, JobState.QUEUED, message=decision.reason)
+    elif decision.action == "keep_lost" and job.state in (JobState.LOST.value, JobState.RUNNING.value,
+                                                            JobState.ASSIGNED.value):
+        ledger.transition(job_id, JobState.LOST, message=decision.reason)
+    else:
+        ledger.transition(job_id, JobState.FAILED, message=decision.reason)
+    return decision
 
 
 def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> None:
@@ -153,7 +228,9 @@ def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe)
     ledger.record_event("host", host.name, f"agent was not running with {len(pending)} jobs pending: {verdict}")
 
 
-def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> bool:
+def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
+    """Move the attempt (and, for success or cancel, the job) to what the host says; returns
+    "succeeded" | "failed" (exited non-zero) | "lost" (vanished) | "" (nothing ended)."""
     number = job.attempt_count
     state = str(seen.get("state", ""))
     _progress(ledger, job, number, seen)
@@ -168,19 +245,27 @@ def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> bool:
             phase=exit_doc.get("phase"), message=_exit_message(exit_doc),
             ended_at=timestamp(exit_doc.get("ended_at")), started_at=timestamp(exit_doc.get("started_at")),
         )
-        ledger.transition(job.id, AttemptState.EXITED, attempt=number, message=_exit_message(exit_doc))
+        ledger.transition(job.id, AttemptState.LOST if exit_doc.get("vanished") and code != protocol.EXIT_OK
+                          else AttemptState.EXITED, attempt=number, message=_exit_message(exit_doc))
         if code == protocol.EXIT_OK:
             ledger.transition(job.id, JobState.SUCCEEDED, message="exit record 0, artifacts verified")
-            return True
-        ledger.transition(job.id, JobState.FAILED, message=_exit_message(exit_doc))
+            return "succeeded"
+        if seen.get("cancel_requested"):
+            ledger.transition(job.id, JobState.CANCELLED, message=_exit_message(exit_doc))
+            return ""
+        if exit_doc.get("vanished"):  # the agent wrote it: the wrapper's whole group died (kill -9)
+            return "lost"
+        return "failed"
     elif state == "dead":
         message = "process group gone without an exit record"
+        ledger.update_attempt(job.id, number, message=message, ended_at=time.time())
         ledger.transition(job.id, AttemptState.LOST, attempt=number, message=message)
         ledger.transition(job.id, JobState.LOST, message=message)
+        return "lost"
     elif state == "withdrawn":
         ledger.transition(job.id, AttemptState.KILLED, attempt=number, message="withdrawn from the inbox")
         ledger.transition(job.id, JobState.CANCELLED, message="withdrawn from the inbox")
-    return False
+    return ""
 
 
 def _progress(ledger: Ledger, job: Job, number: int, seen: dict[str, Any]) -> None:
@@ -284,7 +369,9 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
         for index in range(need):
             free_at[index] = begin + remaining
     reason = ""
-    if row.unreachable_since is not None:
+    if row.hold_reason:  # disk full, failed preflight, Xid: no new work until cleared
+        reason = f"held: {row.hold_reason}"
+    elif row.unreachable_since is not None:
         reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, UTC):%Y-%m-%d %H:%M:%SZ}"
     budget = None
     if row.disk_free_bytes is not None:  # what jobs may fill before the host's disk gate refuses them
@@ -329,9 +416,89 @@ def plan_and_push(ledger: Ledger, fleet: Fleet, settings: Settings, jobs: Sequen
         for name in targets:
             if name not in failed:
                 ledger.update_host(name, agent_bundle=bundle.sha256)
-        if not failed:
-            return decided, dropped
         dropped.update({name: f"bundle push failed: {err}" for name, err in failed.items()})
+        if settings.preflight:  # a host's first job waits for its GPU preflight (DOMAIN.md 8)
+            fresh = [name for name in targets if name not in failed and _needs_preflight(ledger.host(name))]
+            for name, verdict in preflight_all(ledger, fleet, settings, fresh, bundle.sha256).items():
+                if verdict.verdict == "fail":
+                    dropped[name] = f"failed its GPU preflight: {verdict.detail}"
+                elif verdict.verdict == "unreachable":
+                    dropped[name] = f"unreachable for its GPU preflight: {verdict.detail}"
+        if not set(dropped) & set(targets):
+            return decided, dropped
+
+
+@dataclass
+class HealthVerdict:
+    host: str
+    verdict: str  # "pass" | "warn" | "fail" | "unreachable" (no verdict)
+    detail: str  # the warning/failing checks, one line
+    doc: dict[str, Any] = field(default_factory=dict)
+
+
+def _needs_preflight(row: HostRow | None) -> bool:
+    return row is not None and row.health == ""
+
+
+def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | None = None) -> HealthVerdict:
+    """The agent's ``health`` verb (GPU preflight, DOMAIN.md 8): one round trip, a few seconds of
+    GPU sampling.  A transport failure raises HostError; the agent's verdict is returned."""
+    argv = ["health", "--samples", str(settings.preflight_samples)]
+    if row is not None:
+        argv += ["--min-free-gb", str(max(row.min_free_gb, settings.min_free_gb))]
+        if row.python and row.train_device != "cpu":  # a rehearsal host trains on CPU: no CUDA torch expected
+            argv += ["--python", row.python]
+    result = host.run(agent_argv(host, agent_bundle, *argv), timeout=60 + 2 * settings.preflight_samples)
+    try:
+        doc = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        doc = {}
+    if not isinstance(doc, dict) or doc.get("verdict") not in ("pass", "warn", "fail"):
+        tail = (result.stderr or result.stdout).strip()[-300:]
+        return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {result.exit_code}): "
+                                                f"{tail}")
+    bad = [f"{c.get('check')}: {c.get('detail')}" for c in doc.get("checks", [])
+           if isinstance(c, dict) and c.get("status") in ("warn", "fail")]
+    return HealthVerdict(host.name, str(doc["verdict"]), "; ".join(bad) or "all checks passed", doc)
+
+
+def record_health(ledger: Ledger, verdict: HealthVerdict) -> None:
+    """Store a preflight verdict; a FAIL holds the host (no new jobs) until a later PASS or WARN."""
+    row = ledger.host(verdict.host)
+    if row is None:
+        return
+    fields: dict[str, Any] = {"health": verdict.verdict, "health_at": time.time(), "health_detail": verdict.detail}
+    if verdict.verdict == "fail":
+        fields["hold_reason"] = f"unhealthy: {verdict.detail}"
+    elif row.hold_reason.startswith("unhealthy"):
+        fields["hold_reason"] = ""
+    ledger.update_host(verdict.host, **fields)
+    severity = {"pass": "info", "warn": "warn", "fail": "escalate"}[verdict.verdict]
+    action = {"pass": "", "warn": "jobs may run; look at the warnings",
+              "fail": "no jobs go to this host until `gpuq doctor` passes; gpuq places work elsewhere"}
+    ledger.record_finding("host", verdict.host, severity=severity, rule="preflight",
+                          message=f"GPU preflight {verdict.verdict.upper()}: {verdict.detail}",
+                          action=action[verdict.verdict])
+
+
+def preflight_all(ledger: Ledger, fleet: Fleet, settings: Settings, names: Sequence[str],
+                  agent_bundle: str) -> dict[str, HealthVerdict]:
+    """Preflight these hosts in parallel and record each verdict; an unreachable host fails."""
+    def one(name: str) -> HealthVerdict:
+        row = ledger.host(name)
+        try:
+            return preflight(fleet.named(name), agent_bundle or (row.agent_bundle if row else ""), settings, row)
+        except HostError as exc:  # no verdict on its GPUs: not recorded, but no job goes there now
+            return HealthVerdict(name, "unreachable", str(exc))
+
+    if not names:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+        verdicts = list(pool.map(one, names))
+    for verdict in verdicts:
+        if verdict.verdict != "unreachable":
+            record_health(ledger, verdict)
+    return {v.host: v for v in verdicts}
 
 
 def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, decided: Plan, jobs: dict[str, Job],

@@ -5,14 +5,17 @@ Every check that can fail on user input runs before anything is written.
 """
 
 from orchestrator.api.context import Context, host_for, open_context
+from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
 from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_rm, hosts_show, hosts_trust
 from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, logs, results
 from orchestrator.api.pull import PullReport, pull
 from orchestrator.api.status import Snapshot, status, tick, wait
 from orchestrator.api.submit import SubmitResult, submit
+from orchestrator.api.tick import TickReport, run_tick
 
 __all__ = [
-    "CancelOutcome", "Context", "HostDetail", "PullReport", "ResultRow", "Snapshot", "SubmitResult", "cancel",
-    "host_for", "hosts_add", "hosts_list", "hosts_rm", "hosts_show", "hosts_trust", "logs", "open_context",
-    "pull", "results", "status", "submit", "tick", "wait",
+    "CancelOutcome", "Context", "HostDetail", "PullReport", "ReapReport", "ResultRow", "Snapshot", "SubmitResult",
+    "TickReport", "WatchResult", "cancel", "doctor", "host_for", "hosts_add", "hosts_list", "hosts_rm", "hosts_show",
+    "hosts_trust", "logs", "open_context", "pull", "reap", "results", "run_tick", "status", "submit", "tick", "wait",
+    "watch",
 ]

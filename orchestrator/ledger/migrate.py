@@ -202,7 +202,27 @@ def _v3_pulls(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls]
+def _v4_health(conn: sqlite3.Connection) -> None:
+    """Health: preflight verdicts and holds on hosts, patrol scan offsets on attempts, findings on events."""
+    for column in (
+        "health VARCHAR NOT NULL DEFAULT ''",
+        "health_at FLOAT",
+        "health_detail VARCHAR NOT NULL DEFAULT ''",
+        "hold_reason VARCHAR NOT NULL DEFAULT ''",
+        "probe_failures INTEGER NOT NULL DEFAULT 0",
+        "next_probe_at FLOAT",
+        "kernel_cursor VARCHAR NOT NULL DEFAULT ''",
+        "oom_kill INTEGER",
+    ):
+        conn.execute(f"ALTER TABLE host ADD COLUMN {column}")
+    for column in ("log_scanned INTEGER NOT NULL DEFAULT 0", "metrics_scanned INTEGER NOT NULL DEFAULT 0"):
+        conn.execute(f"ALTER TABLE attempt ADD COLUMN {column}")
+    for column in ("severity VARCHAR NOT NULL DEFAULT ''", "rule VARCHAR NOT NULL DEFAULT ''",
+                   "action VARCHAR NOT NULL DEFAULT ''"):
+        conn.execute(f"ALTER TABLE event ADD COLUMN {column}")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -329,6 +329,17 @@ class Ledger:
                 query = query.where(Attempt.job_id == job_id)
             return list(s.exec(query.order_by(col(Attempt.job_id), col(Attempt.number))))
 
+    def attempts_of(self, job_ids: Iterable[str]) -> list[Attempt]:
+        """Every attempt of the given jobs, by job then number."""
+        ids = sorted(set(job_ids))
+        out: list[Attempt] = []
+        with self.session() as s:
+            for start in range(0, len(ids), 500):
+                rows = s.exec(select(Attempt).where(col(Attempt.job_id).in_(ids[start:start + 500]))
+                              .order_by(col(Attempt.job_id), col(Attempt.number)))
+                out.extend(rows)
+        return out
+
     def latest_attempts(self, job_ids: Iterable[str]) -> dict[str, Attempt]:
         """The newest attempt of each given job."""
         ids = list(job_ids)
@@ -410,6 +421,46 @@ class Ledger:
                 if last is not None and last.message == message:
                     return
             _event(s, kind, subject, "", "", message)
+
+    def record_finding(self, kind: str, subject: str, *, severity: str, rule: str, message: str,
+                       action: str = "") -> Event:
+        """A patrol finding: an event with a severity, the rule that fired and a suggested action."""
+        with self.session() as s:
+            row = Event(time=time.time(), kind=kind, subject=subject, message=message, severity=severity,
+                        rule=rule, action=action)
+            s.add(row)
+            s.flush()
+            s.refresh(row)
+            return row
+
+    def open_findings(self, subjects: Iterable[str]) -> dict[tuple[str, str], Event]:
+        """The newest finding per (subject, rule) of these subjects, where it is still a warning or
+        an escalation (a rule that stops firing is closed by an "info" finding)."""
+        ids = sorted(set(subjects))
+        latest: dict[tuple[str, str], Event] = {}
+        with self.session() as s:
+            for start in range(0, len(ids), 500):
+                rows = s.exec(select(Event).where(col(Event.subject).in_(ids[start:start + 500]), Event.rule != "")
+                              .order_by(col(Event.id)))
+                for row in rows:
+                    latest[(row.subject, row.rule)] = row
+        return {key: row for key, row in latest.items() if row.severity in ("warn", "escalate")}
+
+    def alerts(self, limit: int = 50, *, since: float | None = None) -> list[Event]:
+        """The newest findings first."""
+        with self.session() as s:
+            query = select(Event).where(Event.severity != "")
+            if since is not None:
+                query = query.where(Event.time >= since)
+            return list(s.exec(query.order_by(col(Event.id).desc()).limit(limit)))
+
+    def failed_attempts(self, job_id: str) -> int:
+        """Attempts of the job that ended badly and count against ``retries=`` (LOST, or EXITED
+        non-zero); stolen (KILLED) and preempted attempts do not."""
+        with self.session() as s:
+            rows = s.exec(select(Attempt).where(Attempt.job_id == job_id))
+            return sum(1 for a in rows if a.state == AttemptState.LOST.value
+                       or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0)))
 
     def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:
         with self.session() as s:

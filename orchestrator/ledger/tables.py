@@ -27,6 +27,15 @@ class Host(SQLModel, table=True):
     train_device: str = ""  # "" = follow the slots; "cpu" = rehearsal host with emulated GPUs
     disk_free_bytes: int | None = None  # free bytes under root at the last probe (or the audit)
     min_free_gb: float = 0.0  # the profile's disk gate: jobs are refused below this
+    # v4: health
+    health: str = ""  # "" = never checked | "pass" | "warn" | "fail" (the last GPU preflight's verdict)
+    health_at: float | None = None
+    health_detail: str = ""  # the failing/warning checks of that preflight, one line
+    hold_reason: str = ""  # non-empty: the host gets no new jobs (disk full, unhealthy, ...) until cleared
+    probe_failures: int = 0  # consecutive failed probes (backoff, DOMAIN.md 6.5)
+    next_probe_at: float | None = None  # backoff: not probed before this time
+    kernel_cursor: str = ""  # monotonic timestamp of the last kernel-log line seen ("boot_id:ts")
+    oom_kill: int | None = None  # the cgroup oom_kill counter at the last probe
 
 
 class Sweep(SQLModel, table=True):
@@ -91,6 +100,9 @@ class Attempt(SQLModel, table=True):
     loss: float | None = None
     heartbeat_at: float | None = None
     log_bytes: int | None = None
+    # v4: patrol
+    log_scanned: int = 0  # job.log bytes already scanned for crash signatures
+    metrics_scanned: int = 0  # result/metrics.jsonl bytes already scanned for non-finite loss
 
 
 class Event(SQLModel, table=True):
@@ -101,6 +113,10 @@ class Event(SQLModel, table=True):
     old: str = ""
     new: str = ""
     message: str = ""
+    # v4: patrol findings are events with a severity, the rule that fired and a suggested action
+    severity: str = ""  # "" (a plain event) | "info" | "warn" | "escalate"
+    rule: str = ""
+    action: str = ""
 
 
 class Checkpoint(SQLModel, table=True):

@@ -85,7 +85,8 @@ def _fabricate(ledger: Ledger, host: FakeHost, settings: Settings, ids: list[str
             _write(root / protocol.JOBS_DIR / job_id / protocol.RESULT_DIR / protocol.SUMMARY_FILE,
                    {"final": {"val_acc": 0.75, "step": 10}, "best": {"val_acc": 0.8, "step": 8}})
     dead_dir = root / protocol.JOBS_DIR / ids[2] / protocol.ATTEMPTS_DIR / "1"
-    _write(dead_dir / protocol.PGID_FILE, {"pgid": 2**22 - 3, "start_ticks": 1, "boot_id": "x"})
+    boot_now = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    _write(dead_dir / protocol.PGID_FILE, {"pgid": 2**22 - 3, "start_ticks": 1, "boot_id": boot_now})
     # a live group for "running": a real process in its own session whose cmdline names the job
     live = subprocess.Popen(["sh", "-c", f"sleep 60 # {ids[3]}"], start_new_session=True)
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -102,14 +103,19 @@ def test_reconcile_maps_every_host_state(setup: tuple[Ledger, FakeHost, Settings
         report = controller.probe(host, SHA, settings)
         assert report.ok, report.error
         done = controller.reconcile(ledger, host, settings, report)
-        controller.collect(ledger, host, SHA, done)
+        controller.collect(ledger, host, SHA, done.succeeded)
     finally:
         live.kill()
         live.wait()
     states = {ledger.job(i).name: ledger.job(i).state for i in ids}
-    assert states == {"ok": "SUCCEEDED", "badcfg": "FAILED", "dead": "LOST", "running": "RUNNING",
+    # the vanished attempt is LOST and its job requeued with resume (retries left); the config
+    # error is never retried
+    assert states == {"ok": "SUCCEEDED", "badcfg": "FAILED", "dead": "QUEUED", "running": "RUNNING",
                       "undelivered": "ASSIGNED", "withdrawn": "CANCELLED"}
-    assert done == [ids[0]]
+    assert done.succeeded == [ids[0]]
+    settled = {item.job_id: (item.klass, item.decision.action) for item in done.settled}
+    assert settled == {ids[1]: ("config", "fail"), ids[2]: ("vanished", "requeue")}
+    assert ledger.attempt(ids[2], 1).state == "LOST"  # type: ignore[union-attr]
     bad = ledger.attempt(ids[1], 1)
     assert bad is not None and bad.exit_code == 4 and "configuration error" in bad.message
     assert ledger.attempt(ids[3], 1).step == 5  # type: ignore[union-attr]
@@ -125,7 +131,7 @@ def test_reconcile_maps_every_host_state(setup: tuple[Ledger, FakeHost, Settings
 def test_one_round_trip_per_probe(setup: tuple[Ledger, FakeHost, Settings, list[str]]) -> None:
     _ledger, host, settings, _ids = setup
     host.calls.clear()
-    probes = controller.probe_all([(host, SHA, ())], settings)
+    probes = controller.probe_all([(host, SHA, (), ())], settings)
     assert probes[0].ok and len(host.calls) == 1 and "status" in host.calls[0]
 
 
@@ -137,11 +143,11 @@ def test_a_job_that_finished_costs_no_second_round_trip(setup: tuple[Ledger, Fak
         report = controller.probe(host, SHA, settings, results_for=ids)
         done = controller.reconcile(ledger, host, settings, report)
         status_calls = len(host.calls)
-        controller.collect(ledger, host, SHA, done, report)
+        controller.collect(ledger, host, SHA, done.succeeded, report)
     finally:
         live.kill()
         live.wait()
-    assert done == [ids[0]]
+    assert done.succeeded == [ids[0]]
     carried = [j for j in report.doc["jobs"] if "results" in j]
     assert [j["job_id"] for j in carried] == [ids[0]]  # only the job that exited 0 carries results
     assert status_calls >= 1 and len(host.calls) == status_calls  # collect() made no call of its own

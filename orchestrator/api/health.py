@@ -1,0 +1,141 @@
+"""Health verbs: ``doctor`` (GPU preflight on demand), ``reap`` (VRAM zombies), ``watch``."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import controller
+from orchestrator.api.context import Context
+from orchestrator.api.tick import TickReport, run_tick
+from orchestrator.bundle import build_bundle
+from orchestrator.errors import GpuqError, HostError, UsageError
+from orchestrator.launcher import agent_argv, ensure_bundle
+from orchestrator.ledger import Host as HostRow
+from orchestrator.states import JobState
+
+
+def _rows(ctx: Context, names: Sequence[str]) -> list[HostRow]:
+    rows = ctx.ledger.hosts()
+    if not names:
+        if not rows:
+            raise UsageError("no host registered yet; `gpuq hosts add NAME user@address` or `gpuq submit` first")
+        return rows
+    known = {r.name: r for r in rows}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise UsageError(f'unknown host "{missing[0]}"; `gpuq hosts list` shows the registered ones')
+    return [known[n] for n in dict.fromkeys(names)]
+
+
+def _agent_bundle(ctx: Context, row: HostRow) -> str:
+    """The bundle whose agent answers on ``row``; a host that never got work gets the bare payload
+    (an empty project, content-addressed, so every later doctor reuses it)."""
+    if row.agent_bundle:
+        return row.agent_bundle
+    with tempfile.TemporaryDirectory(prefix="gpuq-doctor-") as empty:
+        bundle = build_bundle(Path(empty), ctx.settings.bundle_cache)
+    ensure_bundle(ctx.fleet.host(row), bundle)
+    ctx.ledger.update_host(row.name, agent_bundle=bundle.sha256)
+    return bundle.sha256
+
+
+def doctor(ctx: Context, names: Sequence[str] = ()) -> list[controller.HealthVerdict]:
+    """Run the GPU preflight on these hosts (default: all) in parallel and record each verdict:
+    a FAIL holds the host, a later PASS or WARN releases it."""
+    rows = _rows(ctx, names)
+    out: list[controller.HealthVerdict] = []
+    ready: list[str] = []
+    for row in rows:
+        try:
+            _agent_bundle(ctx, row)
+            ready.append(row.name)
+        except GpuqError as exc:
+            out.append(controller.HealthVerdict(row.name, "unreachable", str(exc)))
+    verdicts = controller.preflight_all(ctx.ledger, ctx.fleet, ctx.settings, ready, "")
+    out += [verdicts[n] for n in ready]
+    order = {r.name: i for i, r in enumerate(rows)}
+    return sorted(out, key=lambda v: order[v.host])
+
+
+@dataclass
+class ReapReport:
+    host: str
+    doc: dict[str, Any]
+    exit_code: int
+    error: str = ""
+
+    @property
+    def candidates(self) -> list[dict[str, Any]]:
+        return [c for c in self.doc.get("candidates", []) if isinstance(c, dict)]
+
+
+def reap(ctx: Context, name: str, *, force: bool = False) -> ReapReport:
+    """The agent's VRAM-zombie detection on ``name`` (two samples); with ``force`` it detects again
+    at that moment and kills what it finds (never from a stale list)."""
+    row = _rows(ctx, [name])[0]
+    host = ctx.fleet.host(row)
+    sha = _agent_bundle(ctx, row)
+    argv = ["reap", "--min-age-s", str(ctx.settings.reap_min_age_s), "--resample-s", str(ctx.settings.reap_resample_s)]
+    if force:
+        argv.append("--force")
+    try:
+        result = host.run(agent_argv(host, sha, *argv), timeout=ctx.settings.reap_resample_s + 120)
+    except HostError as exc:
+        raise GpuqError(f"host {name}: {exc}") from exc
+    try:
+        doc = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        doc = {}
+    if not isinstance(doc, dict) or "schema" not in doc:
+        return ReapReport(name, {}, result.exit_code, (result.stderr or result.stdout).strip()[-400:])
+    if force:
+        killed = [k for k in doc.get("killed", []) if isinstance(k, dict)]
+        ctx.ledger.record_event("host", name, "reaped: " + (", ".join(f"{k.get('pid')} {k.get('outcome')}"
+                                                                      for k in killed) or "nothing"))
+    return ReapReport(name, doc, result.exit_code, result.stderr.strip()[-400:] if result.exit_code else "")
+
+
+@dataclass
+class WatchResult:
+    ticks: int = 0
+    reason: str = ""
+    actions: list[str] = field(default_factory=list)
+
+
+def _sweep_done(ctx: Context, sweep_id: str) -> bool:
+    jobs = ctx.ledger.jobs(sweep_id=sweep_id)
+    return all(JobState(j.state).terminal or j.state == JobState.LOST.value for j in jobs)
+
+
+def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = None, max_hours: float = 6.0,
+          on_tick: Callable[[TickReport], None] | None = None,
+          sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+    """Tick until the sweep is done (every job ended, or LOST with no retries left), with per-host
+    backoff for unreachable hosts.  A watcher that never exits never notifies: it gives up after
+    ``max_hours`` (DOMAIN.md 6.1)."""
+    sweep_id = ctx.ledger.resolve_sweep(sweep).id
+    floor = ctx.settings.patrol_min_interval_s
+    deadline = time.monotonic() + max_hours * 3600
+    result = WatchResult()
+    while True:
+        report = run_tick(ctx, honour_backoff=True)
+        result.ticks += 1
+        result.actions += report.actions
+        if on_tick is not None:
+            on_tick(report)
+        if _sweep_done(ctx, sweep_id):
+            result.reason = f"sweep {sweep_id} done"
+            return result
+        if time.monotonic() > deadline:
+            result.reason = f"gave up after {max_hours:g} h; check the sweep by hand (`gpuq status`)"
+            return result
+        running = bool(ctx.ledger.jobs(sweep_id=sweep_id, states=controller.ACTIVE))
+        wanted = interval_s if interval_s is not None else (
+            ctx.settings.patrol_interval_s if running else ctx.settings.patrol_idle_interval_s)
+        sleep(max(floor, wanted))

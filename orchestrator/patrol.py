@@ -1,0 +1,347 @@
+"""Patrol rules: pure functions from one probe report to findings (DOMAIN.md 6.3, 6.4, 7).
+
+Nothing here talks to a host or the ledger.  The controller feeds each rule what it read (the
+agent's ``status --json`` document, the ledger's view of a job and host) and stores the findings
+as events; the policy (`decide`) says what to do about a job, and the controller does it.
+
+Signals are combined because each lies alone: a buffered log looks stale while training is fine,
+a CPU-bound loader shows 0 % GPU, a hung collective shows 100 % SM with no progress.  "Stalled"
+therefore needs heartbeat, log and checkpoint all stale while the process group lives; "done"
+comes only from the exit record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from orchestrator import protocol
+
+
+class Severity(str, Enum):
+    INFO = "info"
+    WARN = "warn"
+    ESCALATE = "escalate"
+
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARN: 1, Severity.ESCALATE: 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str  # "unreachable" "disk" "inodes" "memory" "oom_kill" "xid" "crash" "stalled" "dead" "rebooted"
+    #            "nan" "early_finish" "failed"
+    severity: Severity
+    host: str
+    message: str
+    action: str = ""
+    job: str | None = None
+    evidence: tuple[str, ...] = ()
+
+    @property
+    def subject(self) -> str:
+        return self.job or self.host
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    disk_warn_pct: float = 90.0
+    disk_escalate_pct: float = 95.0
+    memory_warn_pct: float = 90.0
+    stall_after_s: float = 900.0
+    startup_grace_s: float = 600.0
+    early_finish_ratio: float = 0.5
+    unreachable_escalate_failures: int = 3
+    unreachable_escalate_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What the ledger knows about a host before this tick."""
+
+    name: str
+    oom_kill: int | None = None  # the counter at the previous probe
+    unreachable_since: float | None = None
+    probe_failures: int = 0  # consecutive, including this tick's failure
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the ledger knows about a job's current attempt."""
+
+    job_id: str
+    name: str
+    attempt: int
+    launched_at: float | None = None
+
+
+# --- host rules -------------------------------------------------------------------------------
+
+
+def unreachable(host: HostView, error: str, now: float, th: Thresholds) -> Finding:
+    since = host.unreachable_since or now
+    stamp = time.strftime("%H:%MZ", time.gmtime(since))
+    long_enough = (host.probe_failures >= th.unreachable_escalate_failures
+                   and now - since >= th.unreachable_escalate_s)
+    auth = "auth" in error.lower() or "host key" in error.lower()
+    if auth:
+        return Finding("unreachable", Severity.ESCALATE, host.name, f"unreachable (auth) since {stamp}: {error}",
+                       "fix the key or credentials; gpuq will not retry blindly")
+    if long_enough:
+        return Finding("unreachable", Severity.ESCALATE, host.name,
+                       f"unreachable since {stamp} ({host.probe_failures} failed probes): {error}",
+                       "check the provider console for balance, power or preemption")
+    return Finding("unreachable", Severity.WARN, host.name, f"unreachable since {stamp}: {error}",
+                   "jobs keep running detached; gpuq retries with backoff")
+
+
+def _pct(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def host_findings(host: HostView, doc: Mapping[str, Any], th: Thresholds) -> list[Finding]:
+    """Disk and inodes of the data mount, cgroup memory and OOM kills, new kernel Xids."""
+    out: list[Finding] = []
+    disk = doc.get("disk") or {}
+    for rule, key, what in (("disk", "used_pct", "disk"), ("inodes", "inodes_used_pct", "inodes")):
+        pct = _pct(disk.get(key))
+        if pct is None:
+            continue
+        where = disk.get("path") or "the data dir"
+        if pct >= th.disk_escalate_pct:
+            out.append(Finding(rule, Severity.ESCALATE, host.name, f"{what} {pct:.0f}% used on {where}",
+                               "the host gets no new job until space is freed: prune *.tmp, rolling "
+                               "checkpoints of finished jobs, caches; or move to a bigger disk"))
+        elif pct >= th.disk_warn_pct:
+            out.append(Finding(rule, Severity.WARN, host.name, f"{what} {pct:.0f}% used on {where}",
+                               "free space before it fills"))
+    mem = doc.get("memory") or {}
+    pct = _pct(mem.get("used_pct"))
+    if pct is not None and pct > th.memory_warn_pct:
+        out.append(Finding("memory", Severity.WARN, host.name,
+                           f"memory {pct:.0f}% of the {mem.get('source') or 'cgroup'} limit",
+                           "OOM risk: see the attempt's mem.tsv; fewer loader workers or smaller eval buffers"))
+    kills = mem.get("oom_kill")
+    if isinstance(kills, int) and host.oom_kill is not None and kills > host.oom_kill:
+        out.append(Finding("oom_kill", Severity.ESCALATE, host.name,
+                           f"host OOM: oom_kill counter {host.oom_kill} -> {kills}",
+                           "show the memory trace; retry only once the cause is removed"))
+    for xid in (doc.get("kernel") or {}).get("xids") or []:
+        code = xid.get("code") if isinstance(xid, dict) else None
+        line = str(xid.get("line", "")) if isinstance(xid, dict) else str(xid)
+        if code in (48, 79):
+            meaning = "double-bit ECC error" if code == 48 else "GPU fell off the bus"
+            out.append(Finding("xid", Severity.ESCALATE, host.name, f"Xid {code} ({meaning})",
+                               "host marked unhealthy: no new jobs; its jobs resume elsewhere", evidence=(line,)))
+        elif code is not None:
+            out.append(Finding("xid", Severity.WARN, host.name, f"Xid {code} in the kernel log",
+                               "usually an application fault; check the job's log", evidence=(line,)))
+    return out
+
+
+SIGNATURES_PREFIX = "signatures: "  # a crash finding's action starts with the signature names
+
+
+def signatures_of(action: str) -> list[str]:
+    """The crash signature names a stored crash finding carries."""
+    if not action.startswith(SIGNATURES_PREFIX):
+        return []
+    return [name.strip() for name in action[len(SIGNATURES_PREFIX):].split(";", 1)[0].split(",") if name.strip()]
+
+
+# --- job rules --------------------------------------------------------------------------------
+
+CONFIG_EXCEPTIONS = ("KeyError", "AttributeError", "ImportError", "ModuleNotFoundError", "FileNotFoundError",
+                     "TypeError", "ValueError", "NameError", "SyntaxError", "IndentationError")
+
+
+def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Mapping[str, str]],
+             traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False) -> str:
+    """The failure class of DOMAIN.md 7.1 from the exit code and the log evidence:
+    "transient" | "config" | "divergence" | "gpu_oom" | "host_oom" | "disk_full" | "control_plane"
+    | "vanished" | "unknown"."""
+    signatures = {h.get("signature", "") for h in hits}
+    last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
+    if exit_code == protocol.EXIT_CONFIG or trainer_code == protocol.EXIT_CONFIG or "state_dict" in signatures:
+        return "config"
+    if exit_code == protocol.EXIT_TRANSIENT or trainer_code == protocol.EXIT_TRANSIENT or "nccl" in signatures:
+        return "transient"
+    if exit_code == protocol.EXIT_FINALIZE:
+        return "control_plane"
+    if "nonfinite_loss" in signatures:
+        return "divergence"
+    if "cuda_oom" in signatures:
+        return "gpu_oom"
+    if "disk_full" in signatures or exit_code == protocol.EXIT_DISK_GATE:
+        return "disk_full"
+    if oom_kill_rose or "killed" in signatures:
+        return "host_oom"
+    if any(last.startswith(name) for name in CONFIG_EXCEPTIONS):
+        return "config"
+    if rebooted:
+        return "transient"  # a reboot with a clean kernel log: an identical retry (DOMAIN.md 7.1)
+    if exit_code is None:
+        return "vanished"
+    return "unknown"
+
+
+RETRYABLE = frozenset({"transient", "vanished", "stalled"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "requeue" | "fail" | "keep_lost" | "none"
+    reason: str
+
+
+def decide(klass: str, failures: int, retries: int) -> Decision:
+    """Policy for an attempt that ended badly.  ``failures`` counts this one too.  Retries are
+    always the identical job resumed from its latest verified checkpoint; never for a config
+    error or divergence (DOMAIN.md 7.1)."""
+    if klass in ("config", "divergence"):
+        return Decision("fail", f"{klass} error: never retried (fix it and submit again)")
+    if klass in RETRYABLE:
+        if failures <= retries:
+            return Decision("requeue", f"{klass}: requeued with resume (retry {failures} of {retries})")
+        return Decision("keep_lost", f"{klass}: no retries left ({retries}); `gpuq resume` once the cause is fixed")
+    return Decision("none", f"{klass}: not retried automatically; see `gpuq logs`")
+
+
+def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, th: Thresholds) -> list[Finding]:
+    """Rules over one job's entry of the status document (state, heartbeat, log, checkpoint, scan)."""
+    out: list[Finding] = []
+    state = str(entry.get("state") or "")
+    scan = entry.get("scan") or {}
+    hits = [h for h in scan.get("hits") or [] if isinstance(h, dict)]
+    if hits:
+        names = sorted({str(h.get("signature")) for h in hits})
+        first = str(hits[0].get("line", ""))
+        tb = tuple(str(x) for x in scan.get("traceback") or [])
+        out.append(Finding("crash", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {first}",
+                           f"{SIGNATURES_PREFIX}{', '.join(names)}; triage from the traceback: gpuq logs {job.job_id}",
+                           job=job.job_id, evidence=tb or (first,)))
+    bad = [x for x in scan.get("nonfinite") or [] if isinstance(x, dict)]
+    if bad:
+        b = bad[0]
+        out.append(Finding("nan", Severity.ESCALATE, host,
+                           f"{job.name}: non-finite {b.get('field')}={b.get('value')} at step {b.get('step')}",
+                           "divergence: no automatic retry", job=job.job_id))
+    if state == "running":
+        launched = job.launched_at
+        if launched is None:
+            launched_raw = entry.get("launched_at")
+            launched = _epoch(launched_raw)
+        beat_age = _age_or_none(entry.get("heartbeat_age_s"))
+        log_age = None if entry.get("log_mtime") is None else now - float(entry["log_mtime"])
+        ckpt = entry.get("ckpt") or {}
+        ckpt_age = None if not isinstance(ckpt, dict) or ckpt.get("mtime") is None else now - float(ckpt["mtime"])
+        since_launch = None if launched is None else now - launched
+        signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None]
+        freshest = min(signals) if signals else since_launch
+        if beat_age is None and since_launch is not None and since_launch < th.startup_grace_s:
+            pass  # starting: no heartbeat yet, within the start-up grace
+        elif freshest is not None and freshest > th.stall_after_s and (
+                since_launch is None or since_launch > min(th.stall_after_s, th.startup_grace_s)):
+            step = (entry.get("heartbeat") or {}).get("step")
+            hb = "never" if beat_age is None else f"{beat_age:.0f}s ago"
+            out.append(Finding("stalled", Severity.ESCALATE, host,
+                               f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
+                               f"{freshest:.0f}s (last step {step})",
+                               "kill the attempt and requeue it with resume if retries are left", job=job.job_id))
+    return out
+
+
+def ended_badly(host: str, job: JobView, outcome: str, klass: str, decision_reason: str, requeued: bool,
+                *, rebooted: bool = False, message: str = "") -> Finding:
+    """The finding for an attempt that ended badly: "dead" (vanished: group gone without an exit
+    record of its own), "rebooted", or "failed" (a non-zero exit)."""
+    if outcome == "lost":
+        rule = "rebooted" if rebooted else "dead"
+        why = "the host rebooted" if rebooted else "process group gone without an exit record"
+    else:
+        rule, why = "failed", message or "exited non-zero"
+    return Finding(rule, Severity.WARN if requeued else Severity.ESCALATE, host,
+                   f"{job.name} a{job.attempt}: {why} (class: {klass})", decision_reason, job=job.job_id)
+
+
+def early_finish(host: str, job: JobView, duration_s: float | None, expected_s: float | None,
+                 th: Thresholds) -> Finding | None:
+    if duration_s is None or not expected_s or duration_s >= th.early_finish_ratio * expected_s:
+        return None
+    return Finding("early_finish", Severity.WARN, host,
+                   f"{job.name}: succeeded in {duration_s:.0f}s, under {th.early_finish_ratio:.0%} of the "
+                   f"expected {expected_s:.0f}s",
+                   "suspect early finish: check the metrics; `gpuq submit` the line again for an identical rerun",
+                   job=job.job_id)
+
+
+def _age_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _epoch(value: Any) -> float | None:
+    from datetime import datetime
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+# --- the one line per host per tick (DOMAIN.md 6.5) ---------------------------------------------
+
+
+@dataclass
+class HostLine:
+    host: str
+    state: str  # "ok" | "unreachable" | "backoff" | "no agent yet"
+    detail: dict[str, str] = field(default_factory=dict)
+
+    def render(self) -> str:
+        parts = [f"PATROL {self.host} {self.state}"] + [f"{k}={v}" for k, v in self.detail.items() if v != ""]
+        return " ".join(parts)
+
+
+def host_line(host: str, doc: Mapping[str, Any] | None, findings: Iterable[Finding], *, error: str = "",
+              unreachable_since: float | None = None, failures: int = 0, next_try: float | None = None,
+              done: tuple[int, int] | None = None) -> str:
+    if doc is None:
+        if unreachable_since is None and not failures:
+            return HostLine(host, error or "not probed").render()
+        since = time.strftime("%H:%MZ", time.gmtime(unreachable_since)) if unreachable_since else "now"
+        nxt = f", next try {time.strftime('%H:%M:%SZ', time.gmtime(next_try))}" if next_try else ""
+        return HostLine(host, f"unreachable since {since} ({failures} failures{nxt})").render()
+    jobs = [j for j in doc.get("jobs") or [] if j.get("state") == "running"]
+    disk = doc.get("disk") or {}
+    mem = doc.get("memory") or {}
+    gpus = doc.get("gpus") or []
+    util = [g.get("util_pct") for g in gpus if isinstance(g.get("util_pct"), (int, float))]
+    detail: dict[str, str] = {}
+    for j in jobs[:3]:
+        beat = j.get("heartbeat") or {}
+        label = f"{j.get('name') or j.get('job_id')}:a{j.get('attempt')}"
+        if beat:
+            detail[label] = f"step={beat.get('step')} ep={beat.get('epoch')}/{beat.get('epochs')}"
+        else:
+            detail[label] = "starting"
+    if len(jobs) > 3:
+        detail["more"] = str(len(jobs) - 3)
+    detail["disk"] = f"{disk.get('used_pct', '?')}%"
+    detail["ino"] = f"{disk.get('inodes_used_pct', '?')}%"
+    detail["mem"] = f"{mem.get('used_pct', '?')}%"
+    if util:
+        detail["gpu"] = f"{sum(util) / len(util):.0f}%"
+    if done is not None:
+        detail["done"] = f"{done[0]}/{done[1]}"
+    worst = max((f.severity for f in findings), key=SEVERITY_RANK.__getitem__, default=None)
+    state = "running" if jobs else "idle"
+    if worst is not None and worst != Severity.INFO:
+        state += f" [{worst.value}]"
+    return HostLine(host, state, detail).render()
