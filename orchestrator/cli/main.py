@@ -59,19 +59,29 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool) -> N
 
 
 @cli.command()
-@click.option("--once", is_flag=True, help="Print one snapshot and exit (the default for now).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (schema in the README).")
+@click.option("--once", is_flag=True, help="Print one snapshot and exit (what a non-terminal stdout always gets).")
+@click.option("--json", "as_json", is_flag=True, help="Print one machine-readable snapshot (docs/status.schema.json).")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=1.0), default=5.0, show_default=True,
+              metavar="SECONDS", help="Live view: seconds between probes of every host.")
 @click.option("--sweep", metavar="SWEEP", help="Only this sweep (id or prefix).")
 @click.option("--all", "all_jobs", is_flag=True, help="Every job of every sweep, finished ones too.")
-def status(once: bool, as_json: bool, sweep: str | None, all_jobs: bool) -> None:
-    """Probe every host once, reconcile the ledger and show hosts and jobs.
+def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_jobs: bool) -> None:
+    """Probe every host, reconcile the ledger and show hosts, jobs and alerts.
 
-    Without --sweep or --all, jobs of unfinished sweeps are listed (or of the newest sweep).
+    In a terminal: a live view, probing every --interval seconds (q quits, arrow keys scroll the
+    jobs).  With --once or --json, or when stdout is not a terminal: one snapshot.  Without --sweep
+    or --all, jobs of unfinished sweeps are listed (or of the newest sweep).
     """
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import dashboard, render
 
-    snap = api.status(_ctx(), sweep=sweep, all_jobs=all_jobs)
+    ctx = _ctx()
+    if not (once or as_json) and dashboard.interactive():
+        code = dashboard.run(ctx, sweep=sweep, all_jobs=all_jobs, interval_s=interval_s)
+        if code:
+            sys.exit(code)
+        return
+    snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs)
     if as_json:
         render.status_json(snap)
     else:
@@ -147,9 +157,12 @@ def pull(sweep: str | None) -> None:
 
 
 def _register_groups() -> None:
+    from orchestrator.cli.health import doctor, patrol, reap, watch
     from orchestrator.cli.hosts import hosts
 
     cli.add_command(hosts)
+    for command in (patrol, watch, doctor, reap):
+        cli.add_command(command)
 
 
 _register_groups()

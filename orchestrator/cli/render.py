@@ -1,14 +1,21 @@
 """Rendering of api results for people (rich tables) and scripts (JSON, CSV).
 
-``gpuq status --json`` prints one object (schema ``gpuq.cli.status/1``)::
+``gpuq status --json`` prints one object, schema ``gpuq.cli.status/1``, specified (JSON Schema,
+draft 2020-12) in ``docs/status.schema.json``::
 
     {"schema", "generated_at",
-     "hosts": [{"name", "kind", "reachable", "error", "unreachable_since", "probe_s",
-                "agent_alive", "slots": {"kind", "total", "free"}, "gpus": [...],
-                "disk": {...}, "memory": {...}}],
+     "hosts": [{"name", "kind", "reachable", "error", "unreachable_since", "last_probe_at", "probe_s",
+                "agent_alive", "health", "health_detail", "hold_reason", "price_per_hour",
+                "slots": {"kind", "total", "free"}, "gpus": [...], "disk": {...}, "memory": {...}}],
      "sweeps": [{"id", "queue_path", "created_at", "jobs", "states": {STATE: count}}],
-     "jobs": [{"id", "sweep_id", "name", "task", "epochs", "gpus", "state", "host", "attempt",
-               "step", "total_steps", "epoch", "loss", "heartbeat_age_s", "exit_code", "message"}]}
+     "jobs": [{"id", "sweep_id", "name", "task", "epochs", "gpus", "state", "host", "host_gpus",
+               "attempt", "step", "total_steps", "epoch", "loss", "eta_s", "heartbeat_age_s", "cost",
+               "exit_code", "message"}],
+     "alerts": [{"time", "severity", "rule", "subject", "message", "action"}]}
+
+The status view model (``job_views``, ``host_state``, ``alert_views``) is shared by the table, the
+JSON document and the live dashboard (``orchestrator/cli/dashboard.py``): one place derives what a
+job's progress, ETA, slots and cost are.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import csv
 import json
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -26,10 +35,15 @@ from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.api import PullReport, ResultRow, Snapshot, SubmitResult
+    from orchestrator.controller import Probe
+    from orchestrator.ledger import Attempt, Job
+    from orchestrator.ledger import Host as HostRow
 
 STATUS_SCHEMA = "gpuq.cli.status/1"
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "ASSIGNED": "blue",
                "QUEUED": "white", "LOST": "magenta", "PREEMPTED": "magenta", "CANCELLED": "yellow"}
+SEVERITY_STYLE = {"escalate": "bold red", "warn": "yellow", "info": "dim"}
+HEALTH_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
 def _console() -> Console:
@@ -73,60 +87,208 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _age(ts: float | None, now: float) -> str:
-    if ts is None:
+# --- the status view model ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a person (or a script) wants to know about one job, derived from a Snapshot at ``now``."""
+
+    job: Job
+    attempt: Attempt | None
+    host_gpus: list[int]  # slots (GPU indices, or CPU slot ids) the running attempt holds on its host
+    fraction: float | None  # share of the steps done, 0..1 (None: no step reported yet)
+    eta_s: float | None  # seconds to the last step at the current step rate
+    heartbeat_age_s: float | None  # None for finished jobs and jobs without a heartbeat
+    cost: float | None  # money spent so far (host price per hour); None: no attempt on a priced host
+
+    @property
+    def where(self) -> str:
+        """``host:slots`` ("g1:0,1"), the bare host when the slots are unknown, "-" when unplaced."""
+        if not self.job.host:
+            return "-"
+        if not self.host_gpus:
+            return self.job.host
+        return f"{self.job.host}:{','.join(str(i) for i in self.host_gpus)}"
+
+    @property
+    def progress(self) -> str:
+        """``ep 3/6 step 120/240``, or "-" before the first heartbeat."""
+        att = self.attempt
+        if att is None or att.step is None:
+            return "-"
+        total = f"/{att.total_steps}" if att.total_steps else ""
+        epoch = "?" if att.epoch is None else str(att.epoch)
+        return f"ep {epoch}/{self.job.epochs} step {att.step}{total}"
+
+
+@dataclass(frozen=True)
+class AlertView:
+    time: float
+    severity: str  # "info" | "warn" | "escalate"
+    rule: str
+    subject: str
+    message: str
+    action: str
+
+
+def agent_entries(snap: Snapshot) -> dict[tuple[str, str], dict[str, Any]]:
+    """The host agents' job entries by (host, job id), from this tick's status documents."""
+    entries: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, probe in snap.probes.items():
+        if probe.ok:
+            for entry in probe.doc.get("jobs", []):
+                if isinstance(entry, dict) and entry.get("job_id"):
+                    entries[(name, str(entry["job_id"]))] = entry
+    return entries
+
+
+def slot_jobs(doc: dict[str, Any]) -> dict[int, str]:
+    """Slot index -> id of the job whose attempt runs on it, from one host's status document."""
+    held: dict[int, str] = {}
+    for entry in doc.get("jobs", []):
+        if isinstance(entry, dict) and entry.get("state") == "running":
+            for slot in entry.get("slots") or []:
+                if isinstance(slot, int):
+                    held[slot] = str(entry.get("job_id"))
+    return held
+
+
+def eta_seconds(att: Attempt | None, steps_per_s: float | None) -> float | None:
+    """Seconds to the last step at ``steps_per_s`` (the trainer's recent rate), else at the
+    attempt's mean rate when it started from step 0; None when neither is known."""
+    if att is None or att.step is None or not att.total_steps:
+        return None
+    rate = steps_per_s if steps_per_s and steps_per_s > 0 else None
+    if rate is None and not att.resume_from and att.started_at and att.heartbeat_at and att.step > 0:
+        elapsed = att.heartbeat_at - att.started_at
+        rate = att.step / elapsed if elapsed > 0 else None
+    if rate is None:
+        return None
+    return max(0.0, (att.total_steps - att.step) / rate)
+
+
+def job_cost(job: Job, attempts: Sequence[Attempt], hosts: dict[str, HostRow], now: float) -> float | None:
+    """Sum over the attempts of hours run x the host's price per hour x the job's share of its slots.
+
+    None when no attempt ran on a host with a price (the local host, a box you own)."""
+    total: float | None = None
+    for att in attempts:
+        row = hosts.get(att.host)
+        if row is None or row.price_per_hour is None or att.started_at is None:
+            continue
+        hours = max(0.0, (att.ended_at or now) - att.started_at) / 3600
+        share = min(1.0, job.gpus / row.slots_total) if row.slots_total > 0 else 1.0
+        total = (total or 0.0) + hours * row.price_per_hour * share
+    return total
+
+
+def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
+    now = snap.generated_at if now is None else now
+    entries = agent_entries(snap)
+    hosts = {row.name: row for row in snap.hosts}
+    # every attempt of each job when the snapshot carries them (cost adds them up); else the latest
+    history: dict[str, list[Attempt]] = snap.attempt_history
+    views = []
+    for job in snap.jobs:
+        att = snap.attempts.get(job.id)
+        entry = entries.get((job.host or "", job.id), {})
+        slots = [s for s in entry.get("slots") or [] if isinstance(s, int)] if entry.get("state") == "running" else []
+        fraction = None
+        if job.state == JobState.SUCCEEDED.value:
+            fraction = 1.0
+        elif att is not None and att.step is not None and att.total_steps:
+            fraction = min(1.0, max(0.0, att.step / att.total_steps))
+        heartbeat = entry.get("heartbeat")
+        rate = heartbeat.get("steps_per_s") if isinstance(heartbeat, dict) else None
+        running = job.state == JobState.RUNNING.value
+        terminal = JobState(job.state).terminal
+        hb_age = None if terminal or att is None or att.heartbeat_at is None else max(0.0, now - att.heartbeat_at)
+        attempts = history.get(job.id) or ([att] if att is not None else [])
+        views.append(JobView(
+            job=job, attempt=att, host_gpus=slots, fraction=fraction,
+            eta_s=eta_seconds(att, rate if isinstance(rate, int | float) else None) if running else None,
+            heartbeat_age_s=hb_age, cost=job_cost(job, attempts, hosts, now),
+        ))
+    return views
+
+
+def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
+    """(text, style) of a host's reachability: ok; unreachable since T (never "dead": a transport
+    failure says nothing about the jobs); reachable without an agent answer; not probed this tick."""
+    if probe is not None and probe.ok:
+        return "ok", "green"
+    if probe is not None and probe.reachable:
+        return f"reachable ({one_line(probe.error, 100)})", "yellow"
+    if probe is None and not row.unreachable_since:
+        return "not probed", "dim"
+    since = clock(row.unreachable_since) if row.unreachable_since else "now"
+    notes = [f"{row.probe_failures} failures"] if row.probe_failures > 1 else []
+    if row.next_probe_at:
+        notes.append(f"next try {clock(row.next_probe_at)}")
+    text = f"unreachable since {since}" + (f" ({', '.join(notes)})" if notes else "")
+    return (f"{text}: {one_line(probe.error, 100)}" if probe is not None and probe.error else text), "red"
+
+
+def host_flags(row: HostRow) -> list[tuple[str, str]]:
+    """(text, style) flags a person must not miss: an unhealthy verdict, a hold on new jobs."""
+    flags = []
+    detail = f": {one_line(row.health_detail, 80)}" if row.health_detail else ""
+    if row.health == "fail":
+        flags.append((f"UNHEALTHY{detail}", HEALTH_STYLE["fail"]))
+    elif row.health == "warn":
+        flags.append((f"health warn{detail}", HEALTH_STYLE["warn"]))
+    if row.hold_reason:
+        flags.append((f"HELD: {one_line(row.hold_reason, 80)}", "bold yellow"))
+    return flags
+
+
+def alert_views(snap: Snapshot) -> list[AlertView]:
+    """The latest findings, newest first (``Snapshot.alerts``: ledger events with a severity)."""
+    return [AlertView(time=e.time, severity=e.severity or "info", rule=e.rule, subject=e.subject,
+                      message=e.message, action=e.action) for e in snap.alerts]
+
+
+def one_line(text: str, limit: int = 0) -> str:
+    """``text`` on one line (a remote error may span many), cut to ``limit`` characters when given."""
+    flat = " ".join(text.split())
+    return flat if not limit or len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+def clock(ts: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(ts))
+
+
+def duration(seconds: float | None) -> str:
+    """Short duration for tables: 45s, 12m, 3h05m, 2d4h; "-" for None."""
+    if seconds is None:
         return "-"
-    seconds = max(0.0, now - ts)
-    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
+    s = int(max(0.0, seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600}h"
+
+
+def money(value: float | None) -> str:
+    return "-" if value is None else f"${value:.2f}"
+
+
+def pct(value: object) -> str:
+    return f"{value:.0f}%" if isinstance(value, int | float) else "?"
 
 
 def status_table(snap: Snapshot) -> None:
+    """``gpuq status --once`` (and any non-terminal stdout): hosts, jobs, latest alerts, sweep counts."""
     out = _console()
-    now = snap.generated_at
-    hosts = Table(title="hosts", title_justify="left")
-    for col in ("host", "state", "slots", "gpus", "disk", "inodes", "memory"):
-        hosts.add_column(col)
-    for row in snap.hosts:
-        probe = snap.probes.get(row.name)
-        doc = probe.doc if probe and probe.ok else {}
-        slots = doc.get("slots", {})
-        disk = doc.get("disk", {})
-        mem = doc.get("memory", {})
-        if probe is None:
-            state = "not probed"
-        elif probe.ok:
-            state = "ok"
-        elif probe.reachable:
-            state = f"reachable ({probe.error})"
-        else:
-            since = time.strftime("%H:%M:%SZ", time.gmtime(row.unreachable_since)) if row.unreachable_since else "now"
-            state = f"[red]unreachable since {since}[/]: {probe.error}"
-        hosts.add_row(
-            row.name, state,
-            f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}",
-            str(len(doc.get("gpus", []))),
-            f"{disk.get('used_pct', '?')}%", f"{disk.get('inodes_used_pct', '?')}%",
-            f"{mem.get('used_pct', '?')}%",
-        )
-    out.print(hosts)
-    jobs = Table(title="jobs", title_justify="left")
-    for col in ("job", "sweep", "name", "state", "host", "try", "progress", "loss", "hb", "exit"):
-        jobs.add_column(col, no_wrap=col in ("job", "sweep", "state"))
-    for job in snap.jobs:
-        att = snap.attempts.get(job.id)
-        progress = "-"
-        if att is not None and att.step is not None:
-            total = f"/{att.total_steps}" if att.total_steps else ""
-            progress = f"ep {att.epoch}/{job.epochs} step {att.step}{total}"
-        style = STATE_STYLE.get(job.state, "")
-        jobs.add_row(
-            job.id, job.sweep_id, job.name, f"[{style}]{job.state}[/]", job.host or "-",
-            str(job.attempt_count), progress,
-            f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
-            "-" if JobState(job.state).terminal else _age(att.heartbeat_at if att else None, now),
-            "-" if att is None or att.exit_code is None else str(att.exit_code),
-        )
-    out.print(jobs)
+    out.print(hosts_table(snap))
+    out.print(jobs_table(snap))
+    alerts = alert_views(snap)
+    if alerts:
+        out.print(alerts_table(alerts[:10]))
     listed = {j.sweep_id for j in snap.jobs}
     hidden = [s for s in snap.sweeps if s.id not in listed]
     for sweep in snap.sweeps[-5:]:
@@ -137,8 +299,64 @@ def status_table(snap: Snapshot) -> None:
         out.print(f"{len(hidden)} finished sweep(s) not listed; `gpuq status --all` or `--sweep ID` shows them")
 
 
-def status_doc(snap: Snapshot) -> dict[str, Any]:
+def hosts_table(snap: Snapshot) -> Table:
+    table = Table(title="hosts", title_justify="left")
+    for col in ("host", "state", "health", "slots", "gpus", "disk", "inodes", "memory", "price"):
+        table.add_column(col)
+    for row in snap.hosts:
+        probe = snap.probes.get(row.name)
+        doc = probe.doc if probe and probe.ok else {}
+        slots = doc.get("slots", {})
+        disk = doc.get("disk", {})
+        text, style = host_state(row, probe)
+        health = " ".join(f"[{s}]{t}[/]" for t, s in host_flags(row)) or (row.health or "-")
+        gpus = doc.get("gpus", [])
+        gpu_cell = str(len(gpus))
+        if gpus:
+            util = [g.get("util_pct") for g in gpus if isinstance(g.get("util_pct"), int | float)]
+            gpu_cell += f" ({sum(util) / len(util):.0f}% util)" if util else ""
+        table.add_row(
+            row.name, f"[{style}]{text}[/]", health,
+            f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}",
+            gpu_cell, pct(disk.get("used_pct")), pct(disk.get("inodes_used_pct")),
+            pct(doc.get("memory", {}).get("used_pct")),
+            "-" if row.price_per_hour is None else f"${row.price_per_hour:.2f}/h",
+        )
+    return table
+
+
+def jobs_table(snap: Snapshot) -> Table:
     now = snap.generated_at
+    table = Table(title="jobs", title_justify="left")
+    for col in ("job", "sweep", "name", "state", "host:gpu", "try", "progress", "eta", "loss", "hb", "cost",
+                "exit"):
+        table.add_column(col, no_wrap=col in ("job", "sweep", "state", "host:gpu"))
+    for view in job_views(snap, now):
+        job, att = view.job, view.attempt
+        percent = f" ({view.fraction:.0%})" if view.fraction is not None and view.progress != "-" else ""
+        table.add_row(
+            job.id, job.sweep_id, job.name, f"[{STATE_STYLE.get(job.state, '')}]{job.state}[/]", view.where,
+            str(job.attempt_count), view.progress + percent, duration(view.eta_s),
+            f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
+            duration(view.heartbeat_age_s), money(view.cost),
+            "-" if att is None or att.exit_code is None else str(att.exit_code),
+        )
+    return table
+
+
+def alerts_table(alerts: list[AlertView]) -> Table:
+    table = Table(title="alerts (newest first)", title_justify="left")
+    for col in ("time", "level", "rule", "subject", "message", "action"):
+        table.add_column(col, no_wrap=col in ("time", "level", "rule", "subject"))
+    for alert in alerts:
+        style = SEVERITY_STYLE.get(alert.severity, "")
+        table.add_row(clock(alert.time), f"[{style}]{alert.severity}[/]", alert.rule, alert.subject,
+                      one_line(alert.message, 300), one_line(alert.action, 200) or "-")
+    return table
+
+
+def status_doc(snap: Snapshot) -> dict[str, Any]:
+    """The ``--json`` document (``docs/status.schema.json``)."""
     hosts = []
     for row in snap.hosts:
         probe = snap.probes.get(row.name)
@@ -146,28 +364,34 @@ def status_doc(snap: Snapshot) -> dict[str, Any]:
         hosts.append({
             "name": row.name, "kind": row.kind, "reachable": bool(probe and probe.ok),
             "error": probe.error if probe and not probe.ok else "",
-            "unreachable_since": row.unreachable_since, "probe_s": probe.duration_s if probe else None,
+            "unreachable_since": row.unreachable_since, "last_probe_at": row.last_probe_at,
+            "probe_s": probe.duration_s if probe else None,
             "agent_alive": bool(doc.get("agent", {}).get("alive")) if doc else None,
+            "health": row.health, "health_detail": row.health_detail, "hold_reason": row.hold_reason,
+            "price_per_hour": row.price_per_hour,
             "slots": doc.get("slots", {}), "gpus": doc.get("gpus", []),
             "disk": doc.get("disk", {}), "memory": doc.get("memory", {}),
         })
     jobs = []
-    for job in snap.jobs:
-        att = snap.attempts.get(job.id)
+    for view in job_views(snap):
+        job, att = view.job, view.attempt
         jobs.append({
             "id": job.id, "sweep_id": job.sweep_id, "name": job.name, "task": job.task,
             "epochs": job.epochs, "gpus": job.gpus, "state": job.state, "host": job.host,
-            "attempt": job.attempt_count,
+            "host_gpus": view.host_gpus, "attempt": job.attempt_count,
             "step": att.step if att else None, "total_steps": att.total_steps if att else None,
             "epoch": att.epoch if att else None, "loss": att.loss if att else None,
-            "heartbeat_age_s": (now - att.heartbeat_at) if att and att.heartbeat_at else None,
+            "eta_s": view.eta_s, "heartbeat_age_s": view.heartbeat_age_s, "cost": view.cost,
             "exit_code": att.exit_code if att else None, "message": att.message if att else "",
         })
     sweeps = []
     for sweep in snap.sweeps:
         sweeps.append({"id": sweep.id, "queue_path": sweep.queue_path, "created_at": sweep.created_at,
                        "jobs": sweep.job_count, "states": snap.counts.get(sweep.id, {})})
-    return {"schema": STATUS_SCHEMA, "generated_at": now, "hosts": hosts, "sweeps": sweeps, "jobs": jobs}
+    alerts = [{"time": a.time, "severity": a.severity, "rule": a.rule, "subject": a.subject, "message": a.message,
+               "action": a.action} for a in alert_views(snap)]
+    return {"schema": STATUS_SCHEMA, "generated_at": snap.generated_at, "hosts": hosts, "sweeps": sweeps,
+            "jobs": jobs, "alerts": alerts}
 
 
 def status_json(snap: Snapshot) -> None:

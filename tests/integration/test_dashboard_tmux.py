@@ -1,0 +1,161 @@
+"""The live `gpuq status` dashboard in a real terminal: a detached tmux session of a fixed size runs it
+against a real running job on the local host; the test reads the screen a person would see, presses
+keys, and checks the process ends and leaves the terminal as it found it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import ROOT, run_gpuq, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("tmux") is None,
+                       reason="tmux is not installed (.ci/run installs it; `apt-get install -y tmux` here)"),
+]
+
+WIDTH, HEIGHT = 160, 48
+SLOW = {
+    "seed": 7, "batch_size": 32,
+    "model": {"width": 32, "depth": 1, "dropout": 0.0},
+    "data": {"n_train": 20000, "n_val": 128, "n_features": 8, "n_classes": 4, "noise": 1.0},
+    "augment": {"noise_std": 0.1, "feature_drop": 0.0},
+    "optim": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},
+    "schedule": {"warmup_steps": 2, "kind": "cosine"},
+    "ckpt_every_steps": 50, "log_every_steps": 10,
+}
+ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1"}
+
+
+class Pane:
+    """One detached tmux session on a private server socket (the user's own tmux is never touched)."""
+
+    def __init__(self) -> None:
+        self.socket = f"gpuq-test-{os.getpid()}"
+        self.session = f"gpuq-dashboard-{os.getpid()}"
+        self.env = {**os.environ, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["tmux", "-u", "-L", self.socket, "-f", "/dev/null", *args], capture_output=True,
+                              text=True, env=self.env, timeout=30, check=False)
+
+    def start(self, script: Path) -> None:
+        started = self.tmux("new-session", "-d", "-s", self.session, "-x", str(WIDTH), "-y", str(HEIGHT),
+                            f"bash --noprofile --norc {shlex.quote(str(script))}")
+        assert started.returncode == 0, started.stderr
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", self.session).stdout
+
+    def keys(self, *keys: str) -> None:
+        assert self.tmux("send-keys", "-t", self.session, *keys).returncode == 0
+
+    def shell_pid(self) -> int:
+        return int(self.tmux("list-panes", "-t", self.session, "-F", "#{pane_pid}").stdout.split()[0])
+
+    def kill(self) -> None:
+        self.tmux("kill-session", "-t", self.session)
+
+
+def _dashboard_up(pane: Pane) -> bool:
+    """The live view is drawn and has finished at least one probe of every host."""
+    screen = pane.screen()
+    return "╭─ hosts" in screen and "dashjob" in screen and "RUNNING" in screen and "updated " in screen
+
+
+def _child_of(pid: int) -> int:
+    """The process the pane's shell is waiting for (the running `gpuq status`)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                return int(entry.name)
+    raise AssertionError(f"no child of {pid}")
+
+
+def test_live_dashboard_in_a_real_terminal(gpuq_home: Path, tmp_path: Path) -> None:
+    work = tmp_path / "project"
+    (work / "configs").mkdir(parents=True)
+    (work / "configs" / "slow.yaml").write_text(yaml.safe_dump(SLOW))
+    (work / "queue.txt").write_text("configs/slow.yaml classify 200 gpus=2 name=dashjob\n")
+    submitted = run_gpuq("submit", str(work / "queue.txt"), env=ENV)
+    assert submitted.returncode == 0, submitted.stderr
+
+    schema = json.loads((ROOT / "docs" / "status.schema.json").read_text())
+    docs: list[dict[str, object]] = []
+
+    def running_with_a_step() -> bool:
+        result = run_gpuq("status", "--json", env=ENV)
+        assert result.returncode == 0, result.stderr
+        docs.append(json.loads(result.stdout))
+        return any(j["state"] == "RUNNING" and j["step"] for j in docs[-1]["jobs"])  # type: ignore[attr-defined]
+
+    assert wait_for(running_with_a_step, timeout=180, interval=1.0), docs[-1:]
+    jsonschema.Draft202012Validator(schema).validate(docs[-1])  # the real --json output keeps its promise
+
+    # not a terminal: one snapshot, the table with the new columns
+    once = run_gpuq("status", env=ENV)
+    assert once.returncode == 0 and "host:gpu" in once.stdout and "dashjob" in once.stdout, once.stderr
+    assert "\x1b[?1049h" not in once.stdout  # never the alternate screen on a pipe
+
+    gpuq = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "orchestrator", "status", "--interval", "1"])
+    script = tmp_path / "session.sh"
+    script.write_text("\n".join([
+        f"cd {shlex.quote(str(ROOT))}",
+        *[f"export {k}={shlex.quote(v)}" for k, v in {**ENV, "GPUQ_HOME": str(gpuq_home)}.items()],
+        "PS1='$ '",
+        f"stty -g > {tmp_path}/stty.before",
+        gpuq, f'code=$?; echo "gpuq-exit=$code"; echo $code > {tmp_path}/exit.1',
+        f"stty -g > {tmp_path}/stty.1",
+        gpuq, f'code=$?; echo "gpuq-exit=$code"; echo $code > {tmp_path}/exit.2',
+        f"stty -g > {tmp_path}/stty.2",
+        "exec sleep 600",
+    ]) + "\n")
+    pane = Pane()
+    try:
+        pane.start(script)
+        assert wait_for(lambda: _dashboard_up(pane), timeout=120, interval=0.5), pane.screen()
+        lines = pane.screen().splitlines()
+        assert len(lines) == HEIGHT and max(len(line) for line in lines) <= WIDTH
+        for title in ("hosts", "jobs", "alerts"):
+            assert any(line.startswith(f"╭─ {title}") for line in lines), (title, lines)
+        host = next(line for line in lines if line.startswith("│ local "))
+        assert " ok" in host and "cpu free" in host and "%" in host, host
+        assert "cpu 0,1" in host and "dashjob" in host, host  # the CPU slots the job holds
+        job = next(line for line in lines if "dashjob" in line and "RUNNING" in line)
+        assert "local:0,1" in job and ("█" in job or "░" in job) and "%" in job and "ep " in job, job
+        assert "q quit" in lines[-1] and "every 1s" in lines[-1], lines[-1]
+
+        pane.keys("Down", "j", "Up", "k", "PageDown", "r")  # scrolling one job is a no-op, never a crash
+        assert wait_for(lambda: "dashjob" in pane.screen(), timeout=10), pane.screen()
+        pane.keys("q")
+        assert wait_for(lambda: (tmp_path / "stty.1").is_file(), timeout=30), pane.screen()
+        assert (tmp_path / "exit.1").read_text().strip() == "0"
+        # the terminal is back as it was: line editing and echo restored, the alternate screen left
+        assert (tmp_path / "stty.1").read_text() == (tmp_path / "stty.before").read_text()
+
+        # the second run ends by SIGTERM (a closed laptop lid, a `kill`): the terminal is restored too
+        assert wait_for(lambda: _dashboard_up(pane), timeout=120, interval=0.5), pane.screen()
+        os.kill(_child_of(pane.shell_pid()), signal.SIGTERM)
+        assert wait_for(lambda: (tmp_path / "stty.2").is_file(), timeout=30), pane.screen()
+        assert (tmp_path / "exit.2").read_text().strip() == str(128 + signal.SIGTERM)
+        assert (tmp_path / "stty.2").read_text() == (tmp_path / "stty.before").read_text()
+        after = pane.screen()
+        assert "gpuq-exit=0" in after and f"gpuq-exit={128 + signal.SIGTERM}" in after
+        assert "╭─ hosts" not in after and "Traceback" not in after, after
+    finally:
+        pane.kill()
