@@ -27,7 +27,10 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_SRC = REPO / "payload" / "agent"
-AGENT = str(AGENT_SRC / "gpuq_agent.py")  # /work is not covered: hosts see the checkout at its real path
+AGENT_LOCAL = str(AGENT_SRC / "gpuq_agent.py")  # runs on this machine
+# a host's mount namespace covers /tmp and /root with its own dirs, and a checkout may live under
+# either (CI clones into /tmp): hosts run a copy of the agent placed in their own /root
+AGENT = "/root/gpuq-agent/gpuq_agent.py"
 AGENT_PY = os.environ.get("GPUQ_TEST_AGENT_PYTHON") or sys.executable
 ROOT = "/root/gpuq"  # in-host root of the health/status/reap runs
 SHA = "e" * 64
@@ -37,7 +40,10 @@ ALL_CHECKS = ["tooling", "identity", "visibility", "driver", "kernel", "throttle
 
 @pytest.fixture(scope="module")
 def farm(host_farm_module: FarmFactory) -> HostFarm:
-    return host_farm_module(n=1, gpus=2)
+    made = host_farm_module(n=1, gpus=2)
+    shutil.copytree(AGENT_SRC, made.hosts[0].root_dir / "root" / "gpuq-agent",
+                    ignore=shutil.ignore_patterns("__pycache__", ".mypy_cache"))
+    return made
 
 
 @pytest.fixture
@@ -209,7 +215,7 @@ def test_cpu_host_passes_gpu_checks_and_reap_refuses(tmp_path: Path) -> None:
     """This machine has no GPU and no nvidia-smi: a CPU host, run with the agent interpreter (3.8 in CI)."""
     if shutil.which("nvidia-smi") or list(Path("/dev").glob("nvidia*")):
         pytest.skip("this machine has NVIDIA tooling: not a CPU host")
-    res = subprocess.run([AGENT_PY, AGENT, "--root", str(tmp_path / "r"), "health", "--samples", "0"],
+    res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "health", "--samples", "0"],
                          capture_output=True, text=True, timeout=60, check=False)
     doc = json.loads(res.stdout)
     checks = {c["check"]: c for c in doc["checks"]}
@@ -218,10 +224,10 @@ def test_cpu_host_passes_gpu_checks_and_reap_refuses(tmp_path: Path) -> None:
     assert res.returncode in (0, 2) and (res.returncode == 2) == (doc["verdict"] == "fail")
     assert not (tmp_path / "r").exists()  # read-only: nothing created
     # with GPUs requested, a missing nvidia-smi is a FAIL
-    res = subprocess.run([AGENT_PY, AGENT, "--root", str(tmp_path / "r"), "health", "--gpus", "0", "--samples", "0"],
+    res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "health", "--gpus", "0", "--samples", "0"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2 and "nvidia-smi is not installed but GPUs are expected" in res.stdout
-    res = subprocess.run([AGENT_PY, AGENT, "--root", str(tmp_path / "r"), "reap"], capture_output=True, text=True,
+    res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "reap"], capture_output=True, text=True,
                          timeout=60, check=False)
     assert res.returncode == 1 and "no /dev/nvidia* device nodes" in res.stderr
     assert json.loads(res.stdout)["schema"] == "gpuq.reap/1"
@@ -357,7 +363,7 @@ def test_reap_finds_the_zombie_only_and_force_kills_it(host: HostFarm) -> None:
         assert doc["tool"] == "fuser" and "/dev/nvidia0" in doc["devices"] and "/dev/nvidiactl" in doc["devices"]
         assert [c["pid"] for c in doc["candidates"]] == [zombie], doc
         cand = doc["candidates"][0]
-        assert cand["devices"] == ["/dev/nvidia0"] and cand["user"] == "root" and cand["comm"] == "python3"
+        assert cand["devices"] == ["/dev/nvidia0"] and cand["user"] == "root" and cand["comm"].startswith("python")
         assert cand["age_s"] >= 1.0
         assert "--api-key=<redacted>" in cand["cmdline"] and "--wandb-token <redacted>" in cand["cmdline"]
         assert "hunter2" not in json.dumps(doc) and "s3cret" not in err
