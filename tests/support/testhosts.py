@@ -50,6 +50,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -371,16 +372,29 @@ class HostFarm:
         """The OpenSSH client command for host i (strict host-key checking against ``known_hosts``).
         ``options`` come first: for ssh the first value of an option wins, so they override the defaults."""
         h = self.hosts[i]
-        return ["ssh", *options, "-F", "/dev/null", "-i", str(self.client_key), "-p", str(h.port),
+        return self.endpoint_ssh_argv(h.address, h.port, *options)
+
+    def endpoint_ssh_argv(self, address: str, port: int, *options: str, user: str = "root") -> list[str]:
+        """``ssh_argv`` for an endpoint as a provider API reports it (``user@address``, ``port``), with
+        the farm's client key and ``known_hosts``."""
+        return ["ssh", *options, "-F", "/dev/null", "-i", str(self.client_key), "-p", str(port),
                 "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
                 "-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-                "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "LogLevel=ERROR", f"root@{h.address}"]
+                "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "LogLevel=ERROR", f"{user}@{address}"]
 
     def ssh(self, i: int, *argv: str, timeout: float = 30, input: str | None = None,
             options: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
         """Run argv (shlex-quoted) on host i over a real SSH connection; never raises on failure."""
         cmd = [*self.ssh_argv(i, *options), "--", shlex.join(argv)] if argv else self.ssh_argv(i, *options)
+        return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+
+    def ssh_endpoint(self, address: str, port: int, *argv: str, user: str = "root", timeout: float = 30,
+                     input: str | None = None, options: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+        """``ssh`` to an endpoint (``Instance.ssh_host``/``ssh_port``) rather than a host index."""
+        base = self.endpoint_ssh_argv(address, port, *options, user=user)
+        cmd = [*base, "--", shlex.join(argv)] if argv else base
         return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False,
                               stdin=None if input is not None else subprocess.DEVNULL)
 
@@ -473,6 +487,104 @@ class HostFarm:
         self._save()
         self.start_sshd(i)
         return h.host_key_line
+
+    # ------------------------------------------------------------------------------------- rentals
+    # What a cloud backend (tests/support/fakecloud/netns_backend.py) does to a host between rentals.
+
+    @property
+    def torn_down(self) -> bool:
+        """``teardown`` has run: nothing may boot a host of this farm any more."""
+        return self._down
+
+    def is_up(self, i: int) -> bool:
+        """Host i's PID 1 is running (it may still be starting sshd)."""
+        return self.hosts[i].init_alive()
+
+    def workload_pids(self, i: int, keep: Iterable[str] = ("init", "sshd")) -> list[int]:
+        """Root-namespace pids of host i's processes except those named in ``keep``: ``"init"`` (PID 1)
+        and ``"sshd"`` (the listener and every sshd process below it; the commands its sessions run
+        are workload)."""
+        return sorted(self._workload(i, keep))
+
+    def signal_workload(self, i: int, sig: int, keep: Iterable[str] = ("init", "sshd")) -> list[int]:
+        """Send ``sig`` to every workload process of host i (see ``workload_pids``), by pid checked
+        against its start time and PID namespace; returns the pids signalled."""
+        ns = self.hosts[i].pidns
+        sent = []
+        for p, start in sorted(self._workload(i, keep).items()):
+            st = proc_stat(p)
+            if st is not None and st[2] == start and pid_ns(p) == ns:
+                _kill(p, sig)
+                sent.append(p)
+        return sent
+
+    def wipe_root(self, i: int, authorized_keys: Iterable[str] = ()) -> None:
+        """A fresh volume disk: host i's /root emptied, leaving only ``.ssh/authorized_keys`` with the
+        farm's client key (and ``authorized_keys``, public key lines).  The host must be down (its
+        interpreter is bound below /root when it lives there)."""
+        h = self._down_host(i, "wipe_root")
+        shutil.rmtree(h.root, ignore_errors=True)
+        h.root.mkdir(mode=0o700)
+        h.root.chmod(0o700)
+        (h.root / ".ssh").mkdir(mode=0o700)
+        keys = [self.client_key.with_suffix(".pub").read_text().strip(), *(k.strip() for k in authorized_keys)]
+        (h.root / ".ssh" / "authorized_keys").write_text("".join(k + "\n" for k in keys if k))
+
+    def wipe_tmp(self, i: int) -> None:
+        """A fresh container disk: host i's /tmp emptied (``boot`` does this too).  The host must be down."""
+        h = self._down_host(i, "wipe_tmp")
+        shutil.rmtree(h.tmp, ignore_errors=True)
+        h.tmp.mkdir(mode=0o1777)
+        h.tmp.chmod(0o1777)
+
+    def renew_host_key(self, i: int) -> str:
+        """A new host key for host i, up or down (up: ``regenerate_host_key``, which restarts sshd).
+        ``known_hosts`` keeps the old pin.  Returns the new line."""
+        h = self.hosts[i]
+        if h.init_alive():
+            return self.regenerate_host_key(i)
+        proc = self._keygen(h.host_key, f"root@{h.name}")
+        if proc.wait(timeout=30) != 0:
+            raise RuntimeError(f"ssh-keygen failed: {proc.stderr.read().decode() if proc.stderr else ''}")
+        h.host_key_line = self._read_host_key_line(h)
+        self._save()
+        return h.host_key_line
+
+    def set_gpu_devices(self, i: int, count: int) -> None:
+        """How many fake GPU nodes (/dev/nvidia0..) host i gets from its next ``boot`` on.  (What its
+        nvidia-smi lists is the GPU state file: ``write_gpu_state``.)"""
+        spec_path = self.hosts[i].root_dir / "init.json"
+        spec = json.loads(spec_path.read_text())
+        spec["gpu_devices"] = int(count)
+        _atomic_write(spec_path, json.dumps(spec, indent=1))
+
+    def _down_host(self, i: int, what: str) -> TestHost:
+        h = self.hosts[i]
+        if h.init_alive():
+            raise RuntimeError(f"{what}({i}): {h.name} is running; preempt it first")
+        return h
+
+    def _workload(self, i: int, keep: Iterable[str]) -> dict[int, int]:
+        """pid -> start time of host i's processes outside ``keep`` (see ``workload_pids``)."""
+        keep = set(keep)
+        unknown = keep - {"init", "sshd"}
+        if unknown:
+            raise ValueError(f"keep: unknown {sorted(unknown)} (known: init, sshd)")
+        h = self.hosts[i]
+        table = self._host_table(i)
+        kept: set[int] = set()
+        if "init" in keep:
+            kept.add(h.init_pid)
+        if "sshd" in keep:
+            frontier = [p for p, (pp, comm, _s) in table.items() if pp == h.init_pid and comm in SSHD_COMMS]
+            kept.update(frontier)
+            while frontier:
+                parent = frontier.pop()
+                for p, (pp, comm, _s) in table.items():
+                    if pp == parent and comm in SSHD_COMMS and p not in kept:
+                        kept.add(p)
+                        frontier.append(p)
+        return {p: st[2] for p, st in table.items() if p not in kept}
 
     # ------------------------------------------------------------------------------------- GPUs
 
@@ -896,7 +1008,7 @@ def _kernel_line(message: str, after: float) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads may race
     tmp.write_text(text)
     os.replace(tmp, path)
 

@@ -4,13 +4,16 @@
         provider = RunPodProvider(ApiKey(cloud.api_key, "RUNPOD_API_KEY"), url=cloud.url, ...)
         cloud.preempt(pod_id)                      # inject events (also POST /_fake/preempt)
 
-``backend`` decides what stands behind a pod or instance (backend.HostBackend); ``recording`` records
+``backend`` decides what stands behind a pod or instance (backend.HostBackend; ``netns_backend.NetnsBackend``
+puts real SSH hosts of a tests/support/testhosts.py farm there); ``recording`` records
 adapter exchanges into fixtures and replays them.  ``python scripts/fakecloud.py`` runs both fakes.
 """
 
 from tests.support.fakecloud.backend import AddressBackend, HostBackend
 from tests.support.fakecloud.lambda_cloud import FakeLambda
+from tests.support.fakecloud.netns_backend import NetnsBackend, PoolExhausted
 from tests.support.fakecloud.runpod import FakeRunPod
 from tests.support.fakecloud.server import FakeClock, FakeCloud
 
-__all__ = ["AddressBackend", "FakeClock", "FakeCloud", "FakeLambda", "FakeRunPod", "HostBackend"]
+__all__ = ["AddressBackend", "FakeClock", "FakeCloud", "FakeLambda", "FakeRunPod", "HostBackend", "NetnsBackend",
+           "PoolExhausted"]

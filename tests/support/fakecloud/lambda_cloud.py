@@ -12,7 +12,8 @@ Behaviour (defaults in brackets; controls change them):
   ``no_capacity``) gives ``instance-operations/launch/insufficient-capacity``; launches closer than
   ``launch_interval_s`` [0: off] get 429;
 - an instance is ``booting`` without ``ip`` for ``boot_polls`` reads [1], then ``active`` with the
-  backend's address;
+  backend's address (once the backend's optional ``is_ready(instance_id)`` says its machine is up too:
+  e.g. NetnsBackend while booting);
 - terminate → ``terminating`` for ``terminate_polls`` reads [0] → ``terminated`` for ``linger_polls``
   reads [1] → ``global/object-does-not-exist``; ``short_terminate_response`` omits instances from the
   response;
@@ -25,6 +26,7 @@ ordinary calls.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,7 +276,7 @@ class FakeLambda(FakeCloud):
         if inst.status == "booting":
             if inst.boot_polls > 0:
                 inst.boot_polls -= 1
-            else:
+            elif self._machine_ready(inst):
                 inst.status = "active"
         elif inst.status == "terminating":
             if inst.terminate_polls > 0:
@@ -283,6 +285,11 @@ class FakeLambda(FakeCloud):
                 inst.status = "terminated"
                 inst.linger_polls -= 1  # this read is the first that shows it terminated
         return self._view(inst)
+
+    def _machine_ready(self, inst: FakeInstance) -> bool:
+        """The backend's optional readiness hook (a backend without one is always ready)."""
+        ready: Callable[[str], bool] | None = getattr(self.backend, "is_ready", None)
+        return ready is None or ready(inst.id)
 
     def _view(self, inst: FakeInstance) -> dict[str, Any]:
         up = inst.status in ("active", "unhealthy")

@@ -10,7 +10,8 @@ Behaviour (defaults in brackets; controls change them):
 
 - create (``podFindAndDeployOnDemand`` / ``podRentInterruptable``) returns the id at once; the pod then
   shows ``CREATED`` for ``status_polls`` reads [0], ``RUNNING`` with ``runtime: null`` for ``port_polls``
-  reads [1], then ``RUNNING`` with the backend's endpoint as a public tcp mapping of port 22;
+  reads [1], then ``RUNNING`` with the backend's endpoint as a public tcp mapping of port 22 (once the
+  backend's optional ``is_ready(pod_id)`` says its machine is up too: e.g. NetnsBackend while booting);
 - ``podStop`` → EXITED, ``Exited by user: <date>``; ``podResume`` / ``podBidResume`` → RUNNING again
   with a new public port (backend.provision), optionally with zero GPUs;
 - ``podTerminate`` → ``null``; the pod shows TERMINATED for ``terminate_polls`` reads [0], then
@@ -342,7 +343,7 @@ class FakeRunPod(FakeCloud):
         running = pod.status == "RUNNING"
         shown_status = "CREATED" if running and pod.status_polls > 0 else pod.status
         runtime = None
-        if running and pod.status_polls <= 0 and pod.port_polls <= 0:
+        if running and pod.status_polls <= 0 and pod.port_polls <= 0 and self._machine_ready(pod):
             uptime = int(self.clock.now() - pod.started_at)
             runtime = {
                 "__typename": "PodRuntime", "uptimeInSeconds": uptime,
@@ -370,6 +371,11 @@ class FakeRunPod(FakeCloud):
                         "podHostId": pod.host_id},
             "runtime": runtime,
         }
+
+    def _machine_ready(self, pod: Pod) -> bool:
+        """The backend's optional readiness hook (a backend without one is always ready)."""
+        ready: Callable[[str], bool] | None = getattr(self.backend, "is_ready", None)
+        return ready is None or ready(pod.id)
 
     # -- mutations ----------------------------------------------------------------------------------------
 
