@@ -109,6 +109,11 @@ def test_cut_connection_and_stopped_sshd_leave_jobs_running(user: User, farm: Ho
 
     assert wait_for(running, timeout=120, interval=1.0), user.status_doc()
     on_host1 = {j["id"] for j in user.status_doc()["jobs"] if j["host"] == "g1"}
+
+    def training_on_host1() -> bool:  # RUNNING means the wrapper's group lives; torchrun may start later
+        return any("train.py" in c for c in farm.host_processes(1).values())
+
+    assert wait_for(training_on_host1, timeout=120, interval=0.5)
     assert farm.cut_connections(0) >= 0  # every SSH session of host 0 dropped
     farm.stop_sshd(1)
     try:
