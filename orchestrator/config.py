@@ -55,6 +55,12 @@ class Settings(BaseModel):
     reap_min_age_s: float = Field(default=120.0, ge=0)  # younger device holders are starting contexts
     reap_resample_s: float = Field(default=60.0, ge=0)  # a zombie must show in two samples this far apart
     webhook_url: str = ""  # JSON POST on escalations and sweep completion; "" = off; never logged
+    # Rented hosts (gpuq up / down / resume; DOMAIN.md 11, 13).  API keys never live here (credentials).
+    ssh_key: str = ""  # private key for hosts gpuq rents ("" = ~/.ssh/id_ed25519, else id_rsa)
+    provider_poll_s: float | None = Field(default=None, gt=0)  # API poll/pace interval (None = adapter default)
+    provider_ready_timeout_s: float = Field(default=900.0, gt=0)  # a rented machine must be ready by then
+    ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
+    max_preemptions: int = Field(default=10, ge=0)  # per job, counted apart from retries (DOMAIN.md 7.1)
     # Bring your own trainer (project gpuq.toml): a script in the project that honours the payload
     # contract (protocol.py).  "" = the bundled payload/train.py.  Recorded per sweep at submit.
     entry: str = ""

@@ -149,6 +149,13 @@ class Fleet:
             raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
         return self.host(row)
 
+    def drop(self, name: str) -> None:
+        """Forget (and close) the cached Host of ``name``: its endpoint changed."""
+        with self._lock:
+            host = self._hosts.pop(name, None)
+        if host is not None:
+            host.close()
+
     def remote_rows(self) -> list[HostRow]:
         return [row for row in self.ledger.hosts() if row.kind != "local"]
 
@@ -317,6 +324,25 @@ def trust(ledger: Ledger, settings: Settings, name: str, fingerprint_: str) -> s
     ledger.update_host(name, host_key=f"{key_type} {key_b64}")
     ledger.record_event("host", name, f"host key replaced by the user: now {offered_fp}")
     return offered_fp
+
+
+def move_endpoint(ledger: Ledger, settings: Settings, name: str, target: str, port: int) -> None:
+    """The same machine answers at a new address or port (a RunPod pod after a resume: ports change
+    on every start).  Its recorded host key is pinned for the new endpoint, never trusted anew: a
+    machine that offers another key there is refused like any changed key."""
+    from orchestrator.hosts.ssh import known_hosts_key, resolve
+
+    row = ledger.host(name)
+    if row is None or row.kind != "ssh":
+        raise UsageError(f'unknown SSH host "{name}"; `gpuq hosts list` shows the registered ones')
+    if not row.host_key:
+        raise HostKeyError(name, "no host key recorded for this host; cannot follow it to a new endpoint")
+    endpoint = resolve(target, port=port, user=row.user, key_file=row.key_path)
+    marker = known_hosts_key(endpoint.hostname, endpoint.port)
+    lines = [line for line in _known_lines(settings) if line.split() and marker not in line.split()[0].split(",")]
+    _write_known(settings, [*lines, f"{marker} {row.host_key}"])
+    ledger.update_host(name, target=target, port=port)
+    ledger.record_event("host", name, f"now at {endpoint.label()} (same host key {key_fingerprint(row.host_key)})")
 
 
 def key_fingerprint(key_line: str) -> str:

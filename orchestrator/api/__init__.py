@@ -4,6 +4,7 @@ Each function does one user-level thing and returns data; the CLI renders it.
 Every check that can fail on user input runs before anything is written.
 """
 
+from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
 from orchestrator.api.context import Context, host_for, open_context
 from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
 from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_rm, hosts_show, hosts_trust
@@ -14,8 +15,40 @@ from orchestrator.api.submit import SubmitResult, submit
 from orchestrator.api.tick import TickReport, run_tick
 
 __all__ = [
-    "CancelOutcome", "Context", "HostDetail", "PullReport", "ReapReport", "ResultRow", "Snapshot", "SubmitResult",
-    "TickReport", "WatchResult", "cancel", "doctor", "host_for", "hosts_add", "hosts_list", "hosts_rm", "hosts_show",
-    "hosts_trust", "logs", "open_context", "pull", "reap", "results", "run_tick", "status", "submit", "tick", "wait",
+    "CancelOutcome",
+    "Context",
+    "DownPlan",
+    "HostDetail",
+    "PullReport",
+    "ReapReport",
+    "ResultRow",
+    "ResumeResult",
+    "Snapshot",
+    "SubmitResult",
+    "TickReport",
+    "UpResult",
+    "WatchResult",
+    "cancel",
+    "doctor",
+    "down",
+    "down_plan",
+    "host_for",
+    "hosts_add",
+    "hosts_list",
+    "hosts_rm",
+    "hosts_show",
+    "hosts_trust",
+    "logs",
+    "open_context",
+    "pull",
+    "reap",
+    "results",
+    "resume",
+    "run_tick",
+    "status",
+    "submit",
+    "tick",
+    "up",
+    "wait",
     "watch",
 ]

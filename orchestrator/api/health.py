@@ -108,14 +108,19 @@ class WatchResult:
     actions: list[str] = field(default_factory=list)
 
 
-def _sweep_done(ctx: Context, sweep_id: str) -> bool:
+STRANDED = (JobState.LOST.value, JobState.PREEMPTED.value)
+
+
+def _sweep_done(ctx: Context, sweep_id: str, *, auto_resume: bool = False) -> bool:
+    """Every job ended; without auto-resume a LOST or PREEMPTED job waits for `gpuq resume`, so it
+    ends the watch too."""
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
-    return all(JobState(j.state).terminal or j.state == JobState.LOST.value for j in jobs)
+    return all(JobState(j.state).terminal or (j.state in STRANDED and not auto_resume) for j in jobs)
 
 
 def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = None, max_hours: float = 6.0,
           on_tick: Callable[[TickReport], None] | None = None,
-          sleep: Callable[[float], None] = time.sleep) -> WatchResult:
+          sleep: Callable[[float], None] = time.sleep, auto_resume: bool = False) -> WatchResult:
     """Tick until the sweep is done (every job ended, or LOST with no retries left), with per-host
     backoff for unreachable hosts.  A watcher that never exits never notifies: it gives up after
     ``max_hours`` (DOMAIN.md 6.1)."""
@@ -126,10 +131,21 @@ def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = 
     while True:
         report = run_tick(ctx, honour_backoff=True)
         result.ticks += 1
+        if auto_resume and ctx.ledger.jobs(sweep_id=sweep_id, states=[JobState.LOST, JobState.PREEMPTED]):
+            from orchestrator.api.cloud import resume
+
+            resumed = resume(ctx, sweep=sweep_id, tick=False)
+            report.actions += [f"{h}: {how}" for h, how in resumed.revived.items()]
+            report.actions += [f"{h}: not brought back: {why}" for h, why in resumed.failed.items()]
+            if resumed.requeued:
+                report.actions.append(f"auto-resume: {len(resumed.requeued)} job(s) continue from their checkpoints")
+            if not resumed.requeued and all(j.id in resumed.skipped for j in ctx.ledger.jobs(
+                    sweep_id=sweep_id, states=[JobState.LOST, JobState.PREEMPTED])):
+                auto_resume = False  # nothing left that may resume: end like a plain watch
         result.actions += report.actions
         if on_tick is not None:
             on_tick(report)
-        if _sweep_done(ctx, sweep_id):
+        if _sweep_done(ctx, sweep_id, auto_resume=auto_resume):
             result.reason = f"sweep {sweep_id} done"
             return result
         if time.monotonic() > deadline:

@@ -10,6 +10,7 @@ from pathlib import Path
 from orchestrator import controller, protocol, transfer
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.status import tick
+from orchestrator.cost import JobCost, job_cost
 from orchestrator.errors import GpuqError, JobNotFound, UsageError
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
@@ -102,6 +103,7 @@ class ResultRow:
     attempt: Attempt | None
     pulled: str = ""  # "verified" (local copy in local_dir), "missing" (verified, copy gone), "" (not pulled)
     local_dir: str = ""
+    cost: JobCost | None = None
 
 
 def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
@@ -114,13 +116,16 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
         if row is not None:
             controller.collect(ctx.ledger, host_for(ctx, row), row.agent_bundle, [job.id])
     metrics = ctx.ledger.metrics(j.id for j in jobs)
-    latest = {a.job_id: a for a in ctx.ledger.attempts()}
+    every = ctx.ledger.attempts_of(j.id for j in jobs)
+    latest = {a.job_id: a for a in every}
     verified = ctx.ledger.verified_jobs(sweep_id)
+    now = time.time()
     rows = []
     for job in jobs:
         final = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "final"}
         best = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "best"}
         entry = ResultRow(job, final, best, latest.get(job.id))
+        entry.cost = job_cost(job.gpus, [a for a in every if a.job_id == job.id], ctx.ledger.checkpoints(job.id), now)
         mark = verified.get(job.id)
         if mark is not None:
             present = (Path(mark.local_dir) / transfer.PULL_VERIFIED).is_file()

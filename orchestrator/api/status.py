@@ -71,7 +71,8 @@ def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         snap = status(ctx, sweep=sweep_id)
-        if all(JobState(j.state).terminal or j.state == JobState.LOST.value for j in snap.jobs):
+        if all(JobState(j.state).terminal or j.state in (JobState.LOST.value, JobState.PREEMPTED.value)
+               for j in snap.jobs):
             return snap
         if deadline is not None and time.monotonic() > deadline:
             raise GpuqError(f"sweep {sweep_id} still running after {timeout_s:.0f} s; `gpuq status` to follow it")

@@ -10,6 +10,7 @@ also when nothing changed.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from orchestrator.patrol import (
     job_findings,
     unreachable,
 )
-from orchestrator.scheduler import EpochRates, epoch_rates, estimate_s
+from orchestrator.scheduler import EpochRates, Plan, epoch_rates, estimate_s
 from orchestrator.states import AttemptState, JobState
 
 PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled"})  # open until they clear
@@ -71,6 +72,8 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     requests: list[controller.ProbeRequest] = []
     waiting: list[HostRow] = []
     for row in rows:
+        if row.lease_state == "terminated" or row.hold_reason.startswith("lease "):
+            continue  # a rented machine that is gone (terminated, or replaced): nothing to probe
         if honour_backoff and row.next_probe_at is not None and row.next_probe_at > now:
             waiting.append(row)
             continue
@@ -126,7 +129,15 @@ def _failed_probe(ctx: Context, row: HostRow, probe: controller.Probe, now: floa
     next_at = now + delay * random.uniform(0.8, 1.2)
     ctx.ledger.update_host(row.name, unreachable_since=since, probe_failures=failures, next_probe_at=next_at)
     view = HostView(row.name, row.oom_kill, since, failures)
-    _record(ctx, [unreachable(view, probe.error, now, th)], subjects=[], report=report)
+    verdict = None
+    if row.provider and row.instance_id:  # a rented host: its provider says whether it is gone and why
+        from orchestrator.api.cloud import check_lease
+
+        verdict = check_lease(ctx, row)
+        if verdict is not None:
+            report.actions.append(f"{row.name}: {verdict.replace('_', ' ')}; its jobs wait for `gpuq resume`")
+    if verdict is None:
+        _record(ctx, [unreachable(view, probe.error, now, th)], subjects=[], report=report)
     report.lines.append(host_line(row.name, None, (), unreachable_since=since, failures=failures, next_try=next_at))
 
 
@@ -170,6 +181,11 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
     _record(ctx, ended, subjects=[], report=report)
     for job in stalled:
         _kill_stalled(ctx, host, row, job, report)
+    _resumed(ctx, row.name, mine, entries, report)
+    from orchestrator.api.cloud import ship_checkpoints, ship_wanted
+
+    if ship_wanted(ctx.settings, row):
+        ship_checkpoints(ctx, row, doc)
     _holds(ctx, row, findings)
     if done.succeeded:
         _early_finishes(ctx, row.name, done.succeeded, report)
@@ -203,6 +219,27 @@ def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: Tick
     ctx.ledger.transition(job.id, JobState.LOST, message=message)
     decision = controller.settle(ctx.ledger, job.id, "stalled", ctx.settings)
     report.actions.append(f"{job.name} ({job.id}): {decision.reason}")
+
+
+def _resumed(ctx: Context, host: str, mine: Sequence[Job], entries: dict[str, dict[str, object]],
+             report: TickReport) -> None:
+    """Proof that a resume resumed (DOMAIN.md 11.8): the step the payload says it loaded, checked
+    against the newest checkpoint the ledger knew when the attempt started."""
+    for job in mine:
+        scan = entries.get(job.id, {}).get("scan")
+        resumed = scan.get("resumed") if isinstance(scan, dict) else None
+        if not isinstance(resumed, dict) or resumed.get("step") is None:
+            continue
+        step = int(str(resumed["step"]))
+        ctx.ledger.update_attempt(job.id, job.attempt_count, resumed_step=step)
+        earlier = [c for c in ctx.ledger.checkpoints(job.id) if c.attempt < job.attempt_count]
+        expected = max((c.step for c in earlier), default=None)
+        if expected is not None and step < expected:
+            found = Finding("resume", Severity.ESCALATE, host,
+                            f"{job.name} a{job.attempt_count}: resumed from step {step}, but a checkpoint of "
+                            f"step {expected} existed", "the newer checkpoint was lost or not shipped: check "
+                            "the host's ckpt dir and `gpuq logs`", job=job.id)
+            _record(ctx, [found], subjects=[], report=report)
 
 
 def _holds(ctx: Context, row: HostRow, findings: Sequence[Finding]) -> None:
@@ -289,6 +326,26 @@ def _sweeps_done(ctx: Context, report: TickReport) -> None:
         notify.send(ctx.settings, ctx.ledger, {"event": "sweep_done", "sweep": sweep_id, "states": states})
 
 
+def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan:
+    """A job resuming on a host that lacks its newest checkpoint gets the controller's verified copy
+    first; a job whose copy cannot be placed waits (QUEUED) for the next tick."""
+    from orchestrator.api.cloud import place_checkpoint
+
+    keep = []
+    for assignment in decided.assignments:
+        job = jobs[assignment.job_id]
+        if job.attempt_count == 0:
+            keep.append(assignment)
+            continue
+        try:
+            place_checkpoint(ctx, job, assignment.host)
+            keep.append(assignment)
+        except GpuqError as exc:
+            ctx.ledger.record_event("job", job.id, f"checkpoint not placed on {assignment.host}: {exc}",
+                                    unless_repeated=True)
+    return dataclasses.replace(decided, assignments=tuple(keep))
+
+
 def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
     """Place QUEUED jobs: a submit killed after its ledger write, a host left out at submit, or a
     job requeued by the patrol (preferring the host that holds its checkpoint)."""
@@ -320,6 +377,7 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
             continue
         for job_id, why in decided.unplaced:
             ctx.ledger.record_event("job", job_id, f"still queued: {why}", unless_repeated=True)
+        decided = _with_checkpoints(ctx, decided, jobs)
         failed = controller.deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, jobs, bundle.sha256)
         for name, err in failed.items():
             ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}", unless_repeated=True)

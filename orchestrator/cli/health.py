@@ -76,12 +76,15 @@ def patrol(as_json: bool) -> None:
                    "otherwise; never below patrol_min_interval_s).")
 @click.option("--max-hours", type=float, default=6.0, show_default=True,
               help="Give up after this long and ask for a manual check.")
-def watch(sweep: str | None, interval_s: float | None, max_hours: float) -> None:
+@click.option("--auto-resume", is_flag=True,
+              help="Continue preempted or lost jobs from their checkpoints as `gpuq resume` would (it may rent "
+                   "replacements, which bills).")
+def watch(sweep: str | None, interval_s: float | None, max_hours: float, auto_resume: bool) -> None:
     """Patrol until the sweep is done, one line per host per tick, backing off unreachable hosts."""
     from orchestrator import api
 
     result = api.watch(_ctx(), sweep=sweep, interval_s=interval_s, max_hours=max_hours,
-                       on_tick=lambda r: _print_tick(r, stamp=True))
+                       on_tick=lambda r: _print_tick(r, stamp=True), auto_resume=auto_resume)
     click.echo(f"watch: {result.reason} after {result.ticks} tick(s)")
 
 

@@ -157,11 +157,12 @@ def pull(sweep: str | None) -> None:
 
 
 def _register_groups() -> None:
+    from orchestrator.cli.cloud import down, resume, up
     from orchestrator.cli.health import doctor, patrol, reap, watch
     from orchestrator.cli.hosts import hosts
 
     cli.add_command(hosts)
-    for command in (patrol, watch, doctor, reap):
+    for command in (patrol, watch, doctor, reap, up, down, resume):
         cli.add_command(command)
 
 

@@ -5,7 +5,8 @@ draft 2020-12) in ``docs/status.schema.json``::
 
     {"schema", "generated_at",
      "hosts": [{"name", "kind", "reachable", "error", "unreachable_since", "last_probe_at", "probe_s",
-                "agent_alive", "health", "health_detail", "hold_reason", "price_per_hour",
+                "agent_alive", "health", "health_detail", "hold_reason", "price_per_hour", "provider",
+                "instance_id", "spot", "lease_state", "lease_reason",
                 "slots": {"kind", "total", "free"}, "gpus": [...], "disk": {...}, "memory": {...}}],
      "sweeps": [{"id", "queue_path", "created_at", "jobs", "states": {STATE: count}}],
      "jobs": [{"id", "sweep_id", "name", "task", "epochs", "gpus", "state", "host", "host_gpus",
@@ -240,6 +241,11 @@ def host_flags(row: HostRow) -> list[tuple[str, str]]:
         flags.append((f"health warn{detail}", HEALTH_STYLE["warn"]))
     if row.hold_reason:
         flags.append((f"HELD: {one_line(row.hold_reason, 80)}", "bold yellow"))
+    if row.provider and row.lease_state and row.lease_state != "running":
+        why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
+        flags.append((f"{row.lease_state.upper()}{why}", "bold red"))
+    if row.provider and row.price_per_hour is not None:
+        flags.append((f"{row.provider}{' spot' if row.spot else ''} ${row.price_per_hour:.2f}/h", "dim"))
     return flags
 
 
@@ -369,6 +375,8 @@ def status_doc(snap: Snapshot) -> dict[str, Any]:
             "agent_alive": bool(doc.get("agent", {}).get("alive")) if doc else None,
             "health": row.health, "health_detail": row.health_detail, "hold_reason": row.hold_reason,
             "price_per_hour": row.price_per_hour,
+            "provider": row.provider, "instance_id": row.instance_id, "spot": row.spot,
+            "lease_state": row.lease_state, "lease_reason": row.lease_reason,
             "slots": doc.get("slots", {}), "gpus": doc.get("gpus", []),
             "disk": doc.get("disk", {}), "memory": doc.get("memory", {}),
         })
@@ -413,27 +421,48 @@ PULLED_CELL = {"verified": "[green]verified[/]", "missing": "[red]verified, copy
 def results_table(rows: list[ResultRow]) -> None:
     names = _metric_names(rows)
     table = Table(title=f"results of {rows[0].job.sweep_id}", title_justify="left")
-    for col in ["job", "name", "state", *[f"final {n}" for n in names], *[f"best {n}" for n in names], "pulled"]:
+    priced = any(r.cost is not None and r.cost.cost is not None for r in rows)
+    lost = any(r.cost is not None and (r.cost.preemptions or r.cost.lost_gpu_hours) for r in rows)
+    cols = ["job", "name", "state", *[f"final {n}" for n in names], *[f"best {n}" for n in names], "GPU-h"]
+    cols += (["cost"] if priced else []) + (["lost GPU-h", "preempted"] if lost else []) + ["pulled"]
+    for col in cols:
         table.add_column(col, no_wrap=col in ("job", "state", "pulled"))
     for row in rows:
         style = STATE_STYLE.get(row.job.state, "")
         cells = [row.job.id, row.job.name, f"[{style}]{row.job.state}[/]"]
         cells += [f"{row.final[n]:.4f}" if n in row.final else "-" for n in names]
         cells += [f"{row.best[n]:.4f}" if n in row.best else "-" for n in names]
+        c = row.cost
+        cells.append(f"{c.gpu_hours:.3f}" if c is not None else "-")
+        if priced:
+            cells.append(f"${c.cost:.2f}" if c is not None and c.cost is not None else "-")
+        if lost:
+            cells += [f"{c.lost_gpu_hours:.3f}" if c is not None else "-", str(c.preemptions) if c is not None else "-"]
         cells.append(PULLED_CELL.get(row.pulled, "-"))
         table.add_row(*cells)
     _console().print(table)
+    total = [r.cost for r in rows if r.cost is not None]
+    if total:
+        money = [c.cost for c in total if c.cost is not None]
+        spent = f", ${sum(money):.2f}" if money else ""
+        wasted = sum(c.lost_gpu_hours for c in total)
+        _console().print(f"total {sum(c.gpu_hours for c in total):.3f} GPU-h{spent}"
+                         + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""))
 
 
 def results_csv(rows: list[ResultRow]) -> None:
     names = _metric_names(rows)
     writer = csv.writer(sys.stdout)
     writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
-                     *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "pulled", "local_dir"])
+                     *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "gpu_hours", "cost_usd",
+                     "lost_gpu_hours", "preemptions", "pulled", "local_dir"])
     for row in rows:
         j = row.job
+        c = row.cost
         writer.writerow([j.id, j.sweep_id, j.name, j.task, j.epochs, j.state, j.attempt_count,
                          *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names],
+                         f"{c.gpu_hours:.6f}" if c else "", f"{c.cost:.4f}" if c and c.cost is not None else "",
+                         f"{c.lost_gpu_hours:.6f}" if c else "", c.preemptions if c else "",
                          row.pulled, row.local_dir])
 
 

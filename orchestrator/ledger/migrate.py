@@ -222,7 +222,31 @@ def _v4_health(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE event ADD COLUMN {column}")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health]
+def _v5_providers(conn: sqlite3.Connection) -> None:
+    """Rented hosts (provider, instance, spot bid, lease state), attempt cost and preemption loss,
+    checkpoints shipped to the controller."""
+    for column in (
+        "provider VARCHAR NOT NULL DEFAULT ''",
+        "instance_id VARCHAR NOT NULL DEFAULT ''",
+        "spot BOOLEAN NOT NULL DEFAULT 0",
+        "bid_per_gpu FLOAT",
+        "gpu_type VARCHAR NOT NULL DEFAULT ''",
+        "gpu_count INTEGER NOT NULL DEFAULT 0",
+        "region VARCHAR NOT NULL DEFAULT ''",
+        "lease_state VARCHAR NOT NULL DEFAULT ''",
+        "lease_reason VARCHAR NOT NULL DEFAULT ''",
+        "lease_changed_at FLOAT",
+    ):
+        conn.execute(f"ALTER TABLE host ADD COLUMN {column}")
+    for column in ("price_per_hour FLOAT", "gpu_share FLOAT NOT NULL DEFAULT 1.0", "resumed_step INTEGER",
+                   "lost_step INTEGER"):
+        conn.execute(f"ALTER TABLE attempt ADD COLUMN {column}")
+    for column in ("durable_path VARCHAR NOT NULL DEFAULT ''", "host VARCHAR NOT NULL DEFAULT ''"):
+        conn.execute(f"ALTER TABLE checkpoint ADD COLUMN {column}")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
+                                                          _v5_providers]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

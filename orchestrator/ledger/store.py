@@ -196,6 +196,14 @@ class Ledger:
         with self.session() as s:
             return s.get(Sweep, sweep_id)
 
+    def set_sweep_hosts(self, sweep_id: str, hosts: Iterable[str]) -> None:
+        with self.session() as s:
+            row = s.get(Sweep, sweep_id)
+            if row is None:
+                raise LedgerError(f"no sweep {sweep_id!r}")
+            row.hosts = ",".join(sorted(set(hosts)))
+            _event(s, "sweep", sweep_id, "", "", f"may use hosts {row.hosts}")
+
     def sweeps(self) -> list[Sweep]:
         with self.session() as s:
             return list(s.exec(select(Sweep).order_by(col(Sweep.created_at))))
@@ -287,6 +295,7 @@ class Ledger:
                 bundle_sha=bundle_sha,
                 resume_from=resume_from,
                 created_at=time.time(),
+                **_price(s, host, job.gpus),
             )
             s.add(attempt)
             _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
@@ -312,7 +321,8 @@ class Ledger:
             job.host = to_host
             job.updated_at = time.time()
             attempt = Attempt(job_id=job_id, number=job.attempt_count, host=to_host, state=AttemptState.STARTING.value,
-                              bundle_sha=bundle_sha, resume_from=old.resume_from, created_at=time.time())
+                              bundle_sha=bundle_sha, resume_from=old.resume_from, created_at=time.time(),
+                              **_price(s, to_host, job.gpus))
             s.add(attempt)
             _event(s, "job", job_id, job.state, job.state, message)
             _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, to_host)
@@ -528,6 +538,17 @@ class Ledger:
         with self.session() as s:
             return list(s.exec(select(Artifact).where(Artifact.job_id == job_id).order_by(col(Artifact.path))))
 
+    def mark_checkpoint_durable(self, job_id: str, sha256: str, path: str, host: str) -> None:
+        """The controller holds a verified copy of this checkpoint at ``path``."""
+        with self.session() as s:
+            row = s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.sha256 == sha256)).first()
+            if row is not None:
+                row.durable_path = path
+                row.host = host
+            for other in s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.sha256 != sha256,
+                                                         Checkpoint.durable_path != "")):
+                other.durable_path = ""  # one copy per job is kept: the newest
+
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         with self.session() as s:
             return list(s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.step))))
@@ -627,6 +648,15 @@ class Ledger:
         for row in rows:
             newest[row.job_id] = row.state
         return {job_id for job_id, state in newest.items() if state == "verified"}
+
+
+def _price(s: Session, host: str, gpus: int) -> dict[str, Any]:
+    """An attempt's share of its host's price, fixed when it starts (prices change; bills do not)."""
+    row = s.get(Host, host)
+    if row is None or row.price_per_hour is None:
+        return {}
+    slots = row.gpu_count or row.slots_total or gpus
+    return {"price_per_hour": row.price_per_hour, "gpu_share": min(1.0, gpus / max(1, slots))}
 
 
 def _event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:

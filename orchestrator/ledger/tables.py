@@ -36,6 +36,17 @@ class Host(SQLModel, table=True):
     next_probe_at: float | None = None  # backoff: not probed before this time
     kernel_cursor: str = ""  # monotonic timestamp of the last kernel-log line seen ("boot_id:ts")
     oom_kill: int | None = None  # the cgroup oom_kill counter at the last probe
+    # v5: rented hosts (gpuq up); "" provider = a host the user brought
+    provider: str = ""  # "" | "runpod" | "lambda"
+    instance_id: str = ""  # the provider's pod / instance id
+    spot: bool = False
+    bid_per_gpu: float | None = None  # the spot bid, dollars per GPU-hour
+    gpu_type: str = ""  # the provider's GPU type id / instance type
+    gpu_count: int = 0
+    region: str = ""
+    lease_state: str = ""  # "" | "running" | "preempted" | "stopped" | "failed" | "terminated"
+    lease_reason: str = ""  # the provider's words (RunPod lastStatusChange, Lambda status)
+    lease_changed_at: float | None = None
 
 
 class Sweep(SQLModel, table=True):
@@ -103,6 +114,11 @@ class Attempt(SQLModel, table=True):
     # v4: patrol
     log_scanned: int = 0  # job.log bytes already scanned for crash signatures
     metrics_scanned: int = 0  # result/metrics.jsonl bytes already scanned for non-finite loss
+    # v5: cost and preemption
+    price_per_hour: float | None = None  # the host's price when the attempt started (whole machine)
+    gpu_share: float = 1.0  # the attempt's GPUs / the host's GPUs: its share of the price
+    resumed_step: int | None = None  # the step the attempt resumed from (GPUQ_RESUMED), None = fresh
+    lost_step: int | None = None  # preempted/lost: the last step seen; minus the checkpoint step = work lost
 
 
 class Event(SQLModel, table=True):
@@ -130,6 +146,8 @@ class Checkpoint(SQLModel, table=True):
     bytes: int
     written_at: float
     durable: bool = False
+    durable_path: str = ""  # v5: the controller's verified copy ($GPUQ_HOME/checkpoints/<job>/<file>)
+    host: str = ""  # v5: the host that wrote it
 
 
 class Artifact(SQLModel, table=True):

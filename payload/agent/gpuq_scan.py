@@ -7,6 +7,7 @@ scanned job's status entry then carries::
 
     "scan": {"attempt", "log_from", "log_to", "log_skipped", "hits": [{"signature", "line"}],
              "traceback": [up to 50 lines of the first new traceback],
+             "resumed": {"step", "epoch", "sha256"} (only when a GPUQ_RESUMED line is among the new bytes),
              "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}]}
 
 ``log_to``/``metrics_to`` are the offsets to store for the next tick.  A log that shrank (rotated,
@@ -46,6 +47,7 @@ SIGNATURES = (
     ("nonfinite_loss", re.compile(r"loss\s*[:=]\s*[-+]?(nan|inf)\b", re.IGNORECASE)),
 )
 # the last line of a traceback names the exception: the patrol classifies by it
+RESUMED = re.compile(r"GPUQ_RESUMED step=(\d+)(?: epoch=(\d+))?(?: sha256=([0-9a-f]+))?")
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyError|StopIteration)\b")
 
 
@@ -89,9 +91,15 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
         data = data[:cut]
     hits: list[dict[str, str]] = []
     traceback: list[str] = []
+    resumed: dict[str, Any] | None = None
     in_tb = False
     for raw in data.decode("utf-8", "replace").splitlines():
         line = raw.rstrip("\r")
+        marker = RESUMED.search(line) if resumed is None else None
+        if marker is not None:
+            resumed = {"step": int(marker.group(1)),
+                       "epoch": int(marker.group(2)) if marker.group(2) is not None else None,
+                       "sha256": marker.group(3)}
         if in_tb:
             traceback.append(line[:400])
             if EXCEPTION_LINE.match(line) or len(traceback) >= MAX_TRACEBACK_LINES:
@@ -103,7 +111,11 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
                     traceback.append(line[:400])
                     in_tb = True
                 break
-    return {"log_from": start, "log_to": end, "log_skipped": skipped, "hits": hits, "traceback": traceback}
+    out: dict[str, Any] = {"log_from": start, "log_to": end, "log_skipped": skipped, "hits": hits,
+                           "traceback": traceback}
+    if resumed is not None:
+        out["resumed"] = resumed  # the payload's proof of what it loaded (DOMAIN.md 11.8)
+    return out
 
 
 def _nonfinite(value: Any) -> bool:

@@ -1,0 +1,46 @@
+"""What a job cost: GPU-hours, money, and the GPU-hours preemptions threw away.  Pure.
+
+Each attempt carries the price of its host when it started (the whole machine, dollars per hour)
+and its share of the machine (its GPUs / the machine's).  Work lost to a preemption or a vanished
+attempt is the time from the newest checkpoint it could resume from to the attempt's last sign of
+life (its last heartbeat), times its GPUs: what the resumed attempt had to train again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.ledger import Attempt, Checkpoint
+from orchestrator.states import AttemptState
+
+LOST_STATES = (AttemptState.PREEMPTED.value, AttemptState.LOST.value)
+
+
+@dataclass(frozen=True)
+class JobCost:
+    gpu_hours: float
+    cost: float | None  # None when no attempt ran on a priced host
+    lost_gpu_hours: float  # trained again after preemptions and losses
+    preemptions: int
+
+
+def job_cost(gpus: int, attempts: Sequence[Attempt], checkpoints: Sequence[Checkpoint], now: float) -> JobCost:
+    gpu_hours = 0.0
+    money: float | None = None
+    lost = 0.0
+    for att in attempts:
+        if att.started_at is None:
+            continue
+        end = att.ended_at if att.ended_at is not None else now
+        hours = max(0.0, end - att.started_at) / 3600
+        gpu_hours += hours * gpus
+        if att.price_per_hour is not None:
+            money = (money or 0.0) + hours * att.price_per_hour * att.gpu_share
+        if att.state in LOST_STATES:
+            alive = att.heartbeat_at if att.heartbeat_at is not None else end
+            saved = [c.written_at for c in checkpoints if c.attempt <= att.number and c.written_at <= alive]
+            since = max([att.started_at, *saved])
+            lost += max(0.0, alive - since) / 3600 * gpus
+    preemptions = sum(a.state == AttemptState.PREEMPTED.value for a in attempts)
+    return JobCost(gpu_hours, money, lost, preemptions)

@@ -1,0 +1,332 @@
+"""Spot preemption and resume end to end: the CLI against the fake RunPod and fake Lambda, whose pods
+and instances are real OpenSSH hosts in network namespaces (tests/support/fakecloud/netns_backend.py).
+
+Jobs are deterministic torchrun trainers (tiny MLP, gloo on CPU, one process each) that checkpoint
+every few steps.  A preemption sends SIGTERM to the pod's processes and SIGKILL after the grace; the
+pod's /root (its volume disk) survives, as on RunPod.  Every resumed job must continue from its last
+checkpoint (its step never goes back more than one checkpoint interval) and end with weights
+identical to the same job run without interruption (run once per module on the local host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.ledger import Ledger
+from scripts.bench_project import TINY_CONFIG
+from tests.conftest import run_gpuq, wait_for
+from tests.support.fakecloud import FakeLambda, FakeRunPod
+from tests.support.fakecloud.netns_backend import NetnsBackend
+from tests.support.testhosts import HostFarm
+
+pytestmark = pytest.mark.integration
+
+CKPT_EVERY = 4
+RUNPOD_KEY = "rp-test-key-0123456789"
+LAMBDA_KEY = "secret_lambda-test-key-0123456789"
+JOBS = 6
+
+
+def _config(seed: int) -> str:
+    return (TINY_CONFIG.replace("seed: 3", f"seed: {seed}").replace("n_train: 256", "n_train: 3072")
+            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}"))
+
+
+def _project(base: Path, jobs: int = JOBS) -> Path:
+    work = base / "project"
+    (work / "configs").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(jobs):
+        (work / "configs" / f"c{i}.yaml").write_text(_config(10 + i))
+        lines.append(f"configs/c{i}.yaml classify 2 name=j{i} gpus=1")
+    (work / "queue.txt").write_text("\n".join(lines) + "\n")
+    return work / "queue.txt"
+
+
+def _weights(summary: Path) -> str:
+    return str(json.loads(summary.read_text())["weights_sha256"])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """job name -> weights sha256 of the same jobs run without interruption (the local host)."""
+    base = tmp_path_factory.mktemp("reference")
+    queue = _project(base)
+    env = {"GPUQ_HOME": str(base / "home"), "GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1"}
+    done = run_gpuq("submit", str(queue), "--host", "local", "--wait", env=env, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = {}
+    for spec in (base / "home" / "local" / "jobs").glob("*/spec.json"):
+        out[json.loads(spec.read_text())["name"]] = _weights(spec.parent / "result" / "summary.json")
+    assert len(out) == JOBS
+    return out
+
+
+class Cloud:
+    """One user, a fake provider backed by real namespace hosts, and the gpuq CLI."""
+
+    def __init__(self, farm: HostFarm, tmp: Path, provider: str) -> None:
+        self.farm = farm
+        self.provider = provider
+        self.backend = NetnsBackend(farm)
+        if provider == "runpod":
+            self.fake: Any = FakeRunPod(api_key=RUNPOD_KEY, backend=self.backend).start()
+        else:
+            self.fake = FakeLambda(api_key=LAMBDA_KEY, backend=self.backend).start()
+        self.home = tmp / "gpuq-home"
+        self.home.mkdir()
+        self.env = {
+            "GPUQ_HOME": str(self.home), "GPUQ_HEARTBEAT_S": "1", "GPUQ_AGENT_IDLE_EXIT_S": "120",
+            "GPUQ_SSH_KEY": str(farm.client_key), "GPUQ_PROVIDER_POLL_S": "0.2", "GPUQ_PREFLIGHT_SAMPLES": "1",
+            "GPUQ_PATROL_MIN_INTERVAL_S": "0.5", "GPUQ_PATROL_INTERVAL_S": "1", "GPUQ_CKPT_INTERVAL_S": "3600",
+            "RUNPOD_API_KEY": RUNPOD_KEY, "GPUQ_RUNPOD_URL": self.fake.url if provider == "runpod" else "",
+            "LAMBDA_API_KEY": LAMBDA_KEY, "GPUQ_LAMBDA_URL": self.fake.url if provider == "lambda" else "",
+        }
+        self.env = {k: v for k, v in self.env.items() if v}
+
+    def gpuq(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return run_gpuq(*args, env=self.env, timeout=timeout)
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.home / "ledger.db")
+
+    def hosts(self) -> dict[str, Any]:
+        ledger = self.ledger()
+        try:
+            return {h.name: h for h in ledger.hosts()}
+        finally:
+            ledger.close()
+
+    def jobs(self) -> list[Any]:
+        ledger = self.ledger()
+        try:
+            return ledger.jobs()
+        finally:
+            ledger.close()
+
+    def attempts(self, job_id: str) -> list[Any]:
+        ledger = self.ledger()
+        try:
+            return ledger.attempts(job_id)
+        finally:
+            ledger.close()
+
+    def host_root(self, instance_id: str) -> Path:
+        """The gpuq data dir on the pod behind ``instance_id`` ($HOME/gpuq), controller side."""
+        index = self.backend.host_index(instance_id)
+        assert index is not None
+        return self.farm.hosts[index].root_dir / "root" / "gpuq"
+
+    def close(self) -> None:
+        for h in self.hosts().values():  # stop agents and jobs on the pods, by their recorded groups
+            if h.instance_id and self.backend.host_index(h.instance_id) is not None:
+                index = self.backend.host_index(h.instance_id)
+                assert index is not None
+                if self.farm.hosts[index].init_alive():
+                    self.farm.ssh(index, "sh", "-c", 'for f in /root/gpuq/agent.pid /root/gpuq/jobs/*/attempts/*/pgid; '
+                                  'do g=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); '
+                                  'print(d.get(\'pgid\') or d.get(\'pid\'))" "$f" 2>/dev/null) && kill -9 -- "-$g" '
+                                  '2>/dev/null; done; true')
+        self.fake.stop()
+        self.backend.close()
+
+
+@pytest.fixture
+def cloud_factory(host_farm: Callable[..., HostFarm], tmp_path: Path) -> Iterator[Callable[..., Cloud]]:
+    made: list[Cloud] = []
+
+    def make(provider: str, hosts: int, gpus: int) -> Cloud:
+        cloud = Cloud(host_farm(n=hosts, gpus=gpus), tmp_path, provider)
+        made.append(cloud)
+        return cloud
+
+    yield make
+    for cloud in made:
+        cloud.close()
+
+
+def _latest_step(root: Path, job_id: str) -> int:
+    try:
+        return int(json.loads((root / "jobs" / job_id / "ckpt" / "LATEST").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def _last_heartbeat_step(root: Path, job_id: str, attempt: int) -> int:
+    beat = json.loads((root / "jobs" / job_id / "attempts" / str(attempt) / "heartbeat").read_text())
+    return int(beat["step"])
+
+
+def _resumed_step(root: Path, job_id: str, attempt: int) -> int:
+    for line in (root / "jobs" / job_id / "attempts" / str(attempt) / "job.log").read_text().splitlines():
+        if "GPUQ_RESUMED" in line:
+            return int(line.split("step=")[1].split()[0])
+    raise AssertionError(f"attempt {attempt} of {job_id} did not resume")
+
+
+def _check_resumed(cloud: Cloud, job: Any, first_root: Path, second_root: Path) -> None:
+    """The resumed attempt continued from the last checkpoint: at most one interval went back."""
+    attempts = cloud.attempts(job.id)
+    assert [a.state for a in attempts][-1] == "EXITED" and attempts[-1].exit_code == 0
+    assert attempts[0].state in ("PREEMPTED", "LOST"), [a.state for a in attempts]
+    reached = _last_heartbeat_step(first_root, job.id, 1)
+    resumed = _resumed_step(second_root, job.id, attempts[-1].number)
+    assert 0 < resumed <= reached and reached - resumed <= CKPT_EVERY, (job.name, reached, resumed)
+
+
+def _pull_and_compare(cloud: Cloud, reference: dict[str, str]) -> None:
+    pulled = cloud.gpuq("pull")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    sweep = cloud.jobs()[0].sweep_id
+    for job in cloud.jobs():
+        summary = cloud.home / "results" / sweep / job.id / "result" / "summary.json"
+        assert _weights(summary) == reference[job.name], job.name
+
+
+def test_runpod_spot_preemptions_resume_to_identical_weights(cloud_factory: Callable[..., Cloud], tmp_path: Path,
+                                                             reference: dict[str, str]) -> None:
+    cloud = cloud_factory("runpod", hosts=3, gpus=2)
+    up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--count", "3", "--gpus", "2",
+                    "--spot", "--bid", "0.3", "--profile", "rehearsal")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert up.stdout.count("preflight PASS") == 3 and up.stdout.count("/h ") == 3, up.stdout
+    submitted = cloud.gpuq("submit", str(_project(tmp_path)))
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    hosts = cloud.hosts()
+    rng = random.Random(7)
+    victims = rng.sample(sorted(hosts), 2)
+    roots = {name: cloud.host_root(hosts[name].instance_id) for name in hosts}
+
+    def on(name: str) -> list[Any]:
+        return [j for j in cloud.jobs() if j.host == name]
+
+    assert all(len(on(name)) == 2 for name in hosts), {n: [j.name for j in on(n)] for n in hosts}
+    for name in victims:  # preempt each victim at a random point after its jobs checkpointed
+        threshold = rng.randrange(CKPT_EVERY, 6 * CKPT_EVERY)
+        assert wait_for(lambda n=name, t=threshold: all(_latest_step(roots[n], j.id) >= t for j in on(n)),
+                        timeout=300, interval=0.2), (name, threshold)
+        cloud.fake.preempt(hosts[name].instance_id, grace_s=2.0)
+    cloud.backend.wait_idle()
+    patrolled = cloud.gpuq("patrol")
+    assert patrolled.returncode == 0 and patrolled.stdout.count("spot preemption") == 2, patrolled.stdout
+    preempted = [j for j in cloud.jobs() if j.state == "PREEMPTED"]
+    assert sorted(j.host for j in preempted) == sorted(victims * 2)
+    ledger = cloud.ledger()
+    try:
+        assert all("Outbid" in ledger.attempt(j.id, 1).message for j in preempted)  # type: ignore[union-attr]
+    finally:
+        ledger.close()
+
+    resumed = cloud.gpuq("resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.stdout.count("re-bid the same pod") == 2 and "resumed 4 job(s)" in resumed.stdout
+    again = cloud.gpuq("resume")  # idempotent: nothing is started twice
+    assert again.returncode == 0 and "nothing to resume" in again.stdout, again.stdout
+    waited = cloud.gpuq("wait", "--timeout", "600", timeout=700)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    jobs = cloud.jobs()
+    assert {j.state for j in jobs} == {"SUCCEEDED"}
+    for job in jobs:
+        if job.host in victims:
+            assert job.attempt_count == 2
+            _check_resumed(cloud, job, roots[job.host], roots[job.host])
+        else:
+            assert job.attempt_count == 1
+    _pull_and_compare(cloud, reference)
+    results = cloud.gpuq("results")
+    assert "lost GPU-h" in results.stdout and "$" in results.stdout, results.stdout
+
+
+def test_watch_auto_resume_brings_a_preempted_pod_back(cloud_factory: Callable[..., Cloud], tmp_path: Path,
+                                                       reference: dict[str, str]) -> None:
+    cloud = cloud_factory("runpod", hosts=1, gpus=2)
+    up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--gpus", "2", "--spot",
+                    "--profile", "rehearsal")
+    assert up.returncode == 0, up.stdout + up.stderr
+    queue = _project(tmp_path, jobs=2)
+    assert cloud.gpuq("submit", str(queue)).returncode == 0
+    (host,) = cloud.hosts().values()
+    root = cloud.host_root(host.instance_id)
+    watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "watch", "--auto-resume", "--interval", "1"],
+                               env={**os.environ, **cloud.env}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: all(_latest_step(root, j.id) >= 2 * CKPT_EVERY for j in cloud.jobs()),
+                        timeout=300, interval=0.2)
+        cloud.fake.preempt(host.instance_id, grace_s=2.0)
+        out, _ = watcher.communicate(timeout=600)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert watcher.returncode == 0, out
+    assert "spot preemption" in out and "re-bid the same pod" in out and "auto-resume" in out, out
+    for job in cloud.jobs():
+        assert job.state == "SUCCEEDED" and job.attempt_count == 2, (job.name, job.state)
+        _check_resumed(cloud, job, root, root)
+    _pull_and_compare(cloud, reference)
+
+
+def test_lambda_host_failure_resumes_on_a_replacement_from_the_shipped_checkpoint(
+        cloud_factory: Callable[..., Cloud], tmp_path: Path, reference: dict[str, str]) -> None:
+    cloud = cloud_factory("lambda", hosts=3, gpus=1)
+    up = cloud.gpuq("up", "--provider", "lambda", "--gpu", "gpu_1x_a10", "--count", "2", "--profile", "rehearsal")
+    assert up.returncode == 0, up.stdout + up.stderr
+    queue = _project(tmp_path, jobs=2)
+    assert cloud.gpuq("submit", str(queue)).returncode == 0
+    hosts = cloud.hosts()
+    victim = sorted(hosts)[0]
+    (job,) = [j for j in cloud.jobs() if j.host == victim]
+    root = cloud.host_root(hosts[victim].instance_id)
+    shipped = cloud.home / "checkpoints" / job.id / "LATEST"
+
+    def shipped_step() -> int:
+        try:
+            return int(json.loads(shipped.read_text())["step"])
+        except (OSError, ValueError):
+            return -1
+
+    assert wait_for(lambda: _latest_step(root, job.id) >= 2 * CKPT_EVERY, timeout=300, interval=0.2)
+    assert cloud.gpuq("patrol").returncode == 0  # a tick ships the newest checkpoint of every job on a rented host
+    assert shipped_step() >= 2 * CKPT_EVERY
+    assert (shipped.parent / "metrics.jsonl").is_file()  # the metrics so far travel with it
+    cloud.fake.host_failure(hosts[victim].instance_id)  # the API says unhealthy ...
+    cloud.backend.crash(hosts[victim].instance_id)  # ... and the machine is dead
+    cloud.backend.wait_idle()
+    reached = _last_heartbeat_step(root, job.id, 1)
+    resumed = cloud.gpuq("resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{victim}: replaced by" in resumed.stdout and "resumed 1 job(s)" in resumed.stdout, resumed.stdout
+    waited = cloud.gpuq("wait", "--timeout", "600", timeout=700)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    after = {j.id: j for j in cloud.jobs()}
+    assert {j.state for j in after.values()} == {"SUCCEEDED"}
+    new_host = after[job.id].host
+    assert new_host != victim
+    new_root = cloud.host_root(cloud.hosts()[new_host].instance_id)
+    resumed_at = _resumed_step(new_root, job.id, after[job.id].attempt_count)
+    # the replacement had an empty disk: it resumed from the controller's shipped copy, which is at
+    # most one interval behind the last checkpoint (shipping keeps up every tick)
+    assert resumed_at >= 2 * CKPT_EVERY and reached - resumed_at <= 3 * CKPT_EVERY, (reached, resumed_at)
+
+    # the teardown gate: nothing is terminated while results are not pulled and verified
+    refused = cloud.gpuq("down", new_host, "--yes")
+    assert refused.returncode == 1 and "not pulled and verified" in refused.stderr, refused.stderr
+    assert cloud.hosts()[new_host].lease_state == "running"
+    _pull_and_compare(cloud, reference)
+    gone = cloud.gpuq("down", "--sweep", after[job.id].sweep_id, "--yes")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    # the failed instance (it may still bill), its replacement and the surviving one
+    assert gone.stdout.count(": terminated") == 3, gone.stdout
+    assert all(h.lease_state == "terminated" for h in cloud.hosts().values())
+    assert RUNPOD_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
+    assert LAMBDA_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
