@@ -26,7 +26,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, deliver_all, enqueue, ensure_agent, ensure_bundle, job_spec, push_all
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.ledger import Host as HostRow
-from orchestrator.patrol import Decision, classify, decide, signatures_of
+from orchestrator.patrol import Decision, classify, decide, signatures_of, timestamp
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, QueuedJob, estimate_s, plan, plan_steals
 from orchestrator.specs import HostSlots
 from orchestrator.states import AttemptState, JobState
@@ -88,18 +88,6 @@ def probe_all(hosts: Sequence[ProbeRequest], settings: Settings) -> list[Probe]:
         return [probe(h, sha, settings, ids, extra) for h, sha, ids, extra in hosts]
     with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
         return list(pool.map(lambda item: probe(item[0], item[1], settings, item[2], item[3]), hosts))
-
-
-def timestamp(value: Any) -> float | None:
-    """Agent documents carry ISO-8601 UTC strings; the payload's heartbeat carries epoch floats."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value:
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-    return None
 
 
 def _exit_message(exit_doc: dict[str, Any]) -> str:

@@ -233,7 +233,7 @@ def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, 
         launched = job.launched_at
         if launched is None:
             launched_raw = entry.get("launched_at")
-            launched = _epoch(launched_raw)
+            launched = timestamp(launched_raw)
         beat_age = _age_or_none(entry.get("heartbeat_age_s"))
         log_age = None if entry.get("log_mtime") is None else now - float(entry["log_mtime"])
         ckpt = entry.get("ckpt") or {}
@@ -282,7 +282,8 @@ def _age_or_none(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _epoch(value: Any) -> float | None:
+def timestamp(value: Any) -> float | None:
+    """Agent documents carry ISO-8601 UTC strings; the payload's heartbeat carries epoch floats."""
     from datetime import datetime
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""What a spot preemption costs: time until the job runs again, and training steps lost, measured
+against the checkpoint interval.
+
+Starts a farm of namespace SSH hosts (tests/support/testhosts.py; needs root) behind the fake RunPod
+(tests/support/fakecloud, NetnsBackend: a pod is a real SSH host; a preemption is SIGTERM to its
+processes and SIGKILL after the grace, its volume kept), rents ``--pods`` spot pods with ``gpuq up``
+(api.up), submits one deterministic torchrun job per GPU (checkpoint every ``--ckpt-every`` steps),
+then for each of ``--preemptions`` rounds preempts one pod at a random step and measures:
+
+- **detect**: preemption -> the tick that classifies it (``api.run_tick`` polled every ``--tick`` s);
+- **provision**: the re-bid until the pod answers SSH again (reported, and excluded from the total);
+- **relaunch**: pod ready -> the resumed attempt is RUNNING with a heartbeat (bundle, checkpoint
+  check, agent start, torch start-up, checkpoint load);
+- **preemption to running again, excluding provisioning** = detect + relaunch;
+- **steps lost** = the last step the job reached (its heartbeat on the pod's volume) minus the step
+  it resumed from (``GPUQ_RESUMED``), next to the checkpoint interval.
+
+    sudo python scripts/bench_preemption.py [--pods 2] [--preemptions 4] [--ckpt-every 8] [--seed 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.bench_project import TINY_CONFIG  # noqa: E402
+
+KEY = "bench-runpod-key-0123456789"
+
+
+def write_project(base: Path, jobs: int, ckpt_every: int) -> Path:
+    work = base / "project"
+    (work / "configs").mkdir(parents=True)
+    lines = []
+    for i in range(jobs):
+        cfg = (TINY_CONFIG.replace("seed: 3", f"seed: {20 + i}").replace("n_train: 256", "n_train: 4096")
+               .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {ckpt_every}"))
+        (work / "configs" / f"p{i}.yaml").write_text(cfg)
+        lines.append(f"configs/p{i}.yaml classify 8 name=p{i} gpus=1")
+    (work / "queue.txt").write_text("\n".join(lines) + "\n")
+    return work / "queue.txt"
+
+
+def step_of(path: Path, key: str = "step") -> int:
+    try:
+        return int(json.loads(path.read_text())[key])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=2)
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--preemptions", type=int, default=4)
+    parser.add_argument("--ckpt-every", type=int, default=8)
+    parser.add_argument("--grace", type=float, default=5.0, help="SIGTERM -> SIGKILL (RunPod: about 5 s)")
+    parser.add_argument("--tick", type=float, default=1.0, help="seconds between patrol ticks")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+
+    from tests.support.testhosts import HostFarm, requirements_problem
+
+    problem = requirements_problem()
+    if problem:
+        print(f"bench_preemption: {problem}", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="gpuq-bench-preempt-"))
+    farm = HostFarm(tmp / "farm", args.pods, args.gpus)
+    farm.start()
+    from tests.support.fakecloud import FakeRunPod
+    from tests.support.fakecloud.netns_backend import NetnsBackend
+
+    backend = NetnsBackend(farm)
+    fake = FakeRunPod(api_key=KEY, backend=backend).start()
+    os.environ.update({"GPUQ_HOME": str(tmp / "home"), "GPUQ_HEARTBEAT_S": "1", "GPUQ_SSH_KEY": str(farm.client_key),
+                       "GPUQ_PROVIDER_POLL_S": "0.2", "GPUQ_PREFLIGHT_SAMPLES": "1", "RUNPOD_API_KEY": KEY,
+                       "GPUQ_RUNPOD_URL": fake.url, "GPUQ_CKPT_INTERVAL_S": "3600", "GPUQ_AGENT_IDLE_EXIT_S": "300"})
+    rng = random.Random(args.seed)
+    rounds: list[dict[str, Any]] = []
+    ctx = None
+    try:
+        from orchestrator import api
+        from orchestrator.states import JobState
+
+        ctx = api.open_context()
+        made = api.up(ctx, provider="runpod", gpu_type="NVIDIA RTX A6000", count=args.pods, gpus=args.gpus,
+                      spot=True, profile="rehearsal")
+        if made.failed or len(made.hosts) != args.pods:
+            raise RuntimeError(f"up: {made.failed}")
+        queue = write_project(tmp, args.pods * args.gpus, args.ckpt_every)
+        sweep = api.submit(ctx, queue).sweep_id
+
+        def root_of(host: str) -> Path:
+            row = ctx.ledger.host(host)
+            assert row is not None
+            index = backend.host_index(row.instance_id)
+            assert index is not None
+            return farm.hosts[index].root_dir / "root" / "gpuq"
+
+        for _ in range(args.preemptions):
+            running = [j for j in ctx.ledger.jobs(sweep_id=sweep, states=[JobState.RUNNING])]
+            if not running:
+                break
+            job = rng.choice(running)
+            host = job.host or ""
+            root = root_of(host)
+            start_step = step_of(root / "jobs" / job.id / "ckpt" / "LATEST")
+            target = start_step + rng.randrange(args.ckpt_every, 4 * args.ckpt_every)
+            beat = root / "jobs" / job.id / "attempts" / str(job.attempt_count) / "heartbeat"
+            while step_of(beat) < target:
+                time.sleep(0.05)
+            row = ctx.ledger.host(host)
+            assert row is not None
+            t_preempt = time.monotonic()
+            fake.preempt(row.instance_id, grace_s=args.grace)
+            while True:
+                api.run_tick(ctx)
+                if ctx.ledger.job(job.id).state == JobState.PREEMPTED.value:
+                    break
+                time.sleep(args.tick)
+            t_detect = time.monotonic()
+            backend.wait_idle()
+            reached = step_of(beat)
+            before = ctx.ledger.job(job.id).attempt_count
+            result = api.resume(ctx, tick=False)  # re-bid (provisioning), then place and relaunch
+            t_resumed = time.monotonic()
+            while True:
+                current = ctx.ledger.job(job.id)
+                att = ctx.ledger.attempt(job.id, current.attempt_count)
+                if current.attempt_count > before and att is not None and att.heartbeat_at is not None \
+                        and current.state == JobState.RUNNING.value:
+                    break
+                time.sleep(args.tick)
+                api.run_tick(ctx)
+            t_running = time.monotonic()
+            log = root / "jobs" / job.id / "attempts" / str(ctx.ledger.job(job.id).attempt_count) / "job.log"
+            resumed_step = next(int(line.split("step=")[1].split()[0]) for line in log.read_text().splitlines()
+                                if "GPUQ_RESUMED" in line)
+            ready_at = _ready_time(ctx, host)
+            provision_s = max(0.0, (ready_at - t_detect)) if ready_at else t_resumed - t_detect
+            rounds.append({"job": job.name, "host": host, "revived": result.revived.get(host, ""),
+                           "detect_s": t_detect - t_preempt, "provision_s": provision_s,
+                           "relaunch_s": t_running - t_detect - provision_s, "total_s": t_running - t_preempt,
+                           "reached_step": reached, "resumed_step": resumed_step,
+                           "steps_lost": reached - resumed_step, "ckpt_every": args.ckpt_every})
+        api.cancel(ctx, sweep=sweep)
+    finally:
+        if ctx is not None:
+            ctx.close()
+        fake.stop()
+        backend.close()
+        farm.teardown()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    if not rounds:
+        print("no preemption measured", file=sys.stderr)
+        return 1
+    print(f"{len(rounds)} spot preemptions (grace {args.grace:g} s, checkpoint every {args.ckpt_every} steps, "
+          f"tick {args.tick:g} s):")
+    print(f"  {'job':6} {'detect':>7} {'re-bid':>7} {'relaunch':>9} {'excl.prov':>10} {'reached':>8} {'resumed':>8} "
+          f"{'lost':>5}")
+    for r in rounds:
+        print(f"  {r['job']:6} {r['detect_s']:6.1f}s {r['provision_s']:6.1f}s {r['relaunch_s']:8.1f}s "
+              f"{r['detect_s'] + r['relaunch_s']:9.1f}s {r['reached_step']:8d} {r['resumed_step']:8d} "
+              f"{r['steps_lost']:5d}")
+    excl = [r["detect_s"] + r["relaunch_s"] for r in rounds]
+    lost = [r["steps_lost"] for r in rounds]
+    print(f"  preemption -> running again, excluding provisioning: median {statistics.median(excl):.1f} s, "
+          f"max {max(excl):.1f} s")
+    print(f"  steps lost: median {statistics.median(lost):g}, max {max(lost)} "
+          f"(checkpoint interval {args.ckpt_every}; ratio max/interval {max(lost) / args.ckpt_every:.2f})")
+    print(json.dumps({"rounds": rounds}, sort_keys=True))
+    return 0
+
+
+def _ready_time(ctx: Any, host: str) -> float | None:
+    """When the re-bid pod answered again (the ledger event of the new endpoint), on the monotonic clock."""
+    events = [e for e in ctx.ledger.events(subject=host, limit=20) if e.message.startswith("now at ")]
+    if not events:
+        return None
+    return time.monotonic() - (time.time() - events[-1].time)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
