@@ -9,6 +9,8 @@ or as a single plain process: ``python payload/train.py --config ... --task ... 
 Paths come from GPUQ_CKPT_DIR, GPUQ_RESULT_DIR and GPUQ_HEARTBEAT (default ./gpuq_run/...).
 Exit codes: 0 done, 1 non-finite loss, 3 transient (collective failure), 4 configuration error
 (also a checkpoint from another world size or one failing its sha256), 143 stopped by SIGTERM/SIGINT.
+GPUQ_SIGTERM_GRACE_S (seconds from SIGTERM to SIGKILL; unset/empty = unknown) decides whether the
+last checkpoint on SIGTERM is written or skipped (gpuq_payload/grace.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpuq_payload import ConfigError, contract, signals
+from gpuq_payload import ConfigError, contract, grace, signals
 from gpuq_payload.config import TASKS, load_config
 
 PREFIX = "gpuq-payload"
@@ -78,6 +80,9 @@ class Settings:
         self.ckpt_interval_s = _env_float(contract.ENV_CKPT_INTERVAL_S, contract.DEFAULT_CKPT_INTERVAL_S)
         self.dist_timeout_s = _env_float(contract.ENV_DIST_TIMEOUT_S, contract.DEFAULT_DIST_TIMEOUT_S)
         self.ckpt_on_sigterm = os.environ.get(contract.ENV_CKPT_ON_SIGTERM) != "0"
+        # seconds from SIGTERM to SIGKILL (None = unknown: save on SIGTERM regardless, as always)
+        self.sigterm_grace_s = grace.effective_grace(os.environ.get(contract.ENV_SIGTERM_GRACE_S))
+        self.test_hook_step_sleep_s = _env_float(contract.ENV_TEST_HOOK_STEP_SLEEP_S, 0.0)  # TEST HOOK
         self.resume_from = _env(contract.ENV_RESUME_FROM)
         device = _env(contract.ENV_DEVICE)
         if device not in (None, "cpu", "cuda"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -42,6 +43,33 @@ from gpuq_procs import become_subreaper, boot_id, descendants, group_members, st
 
 INODE_LIMIT_PCT = 95.0
 MEM_SAMPLE_S = 5.0
+TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+TORCHRUN_DEFAULT_SHUTDOWN_S = 30
+
+
+def kill_grace(spec: dict[str, Any]) -> float:
+    """Seconds between the SIGTERM the wrapper relays and its SIGKILL of the rest of the group."""
+    try:
+        return max(0.0, float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0))
+    except (TypeError, ValueError):
+        return float(P.DEFAULT_KILL_GRACE_S)
+
+
+def sigterm_grace(spec: dict[str, Any]) -> str:
+    """GPUQ_SIGTERM_GRACE_S for the trainer: the seconds it can count on between a SIGTERM and the
+    SIGKILL after it.  The spec's ``sigterm_grace_s`` (a platform's spot grace, e.g. RunPod's 5 s)
+    when given, else ``kill_grace_s``; never more than ``kill_grace_s``, since the wrapper (and a
+    cancel) kills the group then.  ``sigterm_grace_s: ""`` passes "" (unknown: the payload saves
+    regardless)."""
+    kill = kill_grace(spec)
+    raw = spec.get("sigterm_grace_s")
+    if raw == "":
+        return ""
+    grace = kill
+    if raw is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            grace = min(kill, max(0.0, float(raw)))
+    return "%g" % grace
 
 
 class Wrapper:
@@ -150,7 +178,12 @@ class Wrapper:
             P.ENV_BUNDLE_SHA: sha,
             P.ENV_DEVICE: str(launch.get("device") or ("cuda" if kind == "gpu" else "cpu")),
             P.ENV_EXIT_FILE: os.path.join(self.adir, P.TRAINER_EXIT_FILE),
+            P.ENV_SIGTERM_GRACE_S: sigterm_grace(spec),
         })
+        # torchrun SIGKILLs its workers 30 s after relaying a SIGTERM unless told otherwise: never
+        # before the wrapper's own kill_grace_s (a torch that ignores this keeps 30 s, and the
+        # payload then counts on 30 s at most)
+        env.setdefault(TORCHRUN_SHUTDOWN_ENV, str(max(TORCHRUN_DEFAULT_SHUTDOWN_S, math.ceil(kill_grace(spec)))))
         env.pop(P.ENV_SEED, None)
         if spec.get("seed") is not None:
             env[P.ENV_SEED] = str(spec["seed"])
@@ -246,7 +279,7 @@ class Wrapper:
         sampler.daemon = True
         sampler.start()
         hb_s = float(spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S)
-        grace = float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+        grace = kill_grace(spec)
         alive_path = os.path.join(self.adir, P.WRAPPER_ALIVE)
         next_touch = 0.0
         killed_rest = False

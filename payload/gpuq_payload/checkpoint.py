@@ -63,23 +63,64 @@ def cleanup_tmp(ckpt_dir: str) -> list[str]:
     return removed
 
 
-def _write_file_atomic(obj, path: str) -> tuple[str, int]:
+def _test_hook(step: int | None) -> tuple[str, float] | None:
+    """TEST HOOK: GPUQ_TEST_HOOK_SAVE_PAUSE="<point>:<seconds>[:<from_step>]" holds each rolling save
+    at ``step`` >= from_step for ``seconds`` at ``point`` (contract.TEST_HOOK_SAVE_POINTS), so a test
+    can make saves slow or SIGKILL one there.  Unset in every real job: (point, seconds) or None."""
+    raw = os.environ.get(contract.ENV_TEST_HOOK_SAVE_PAUSE)
+    if not raw or step is None:
+        return None
+    point, seconds, from_step = ([*raw.split(":"), "", ""])[:3]
+    if point not in contract.TEST_HOOK_SAVE_POINTS or step < int(from_step or 0):
+        return None
+    return point, float(seconds or 0)
+
+
+def _test_hook_pause(hook: tuple[str, float] | None, point: str, path: str) -> None:
+    if hook is None or hook[0] != point:
+        return
+    print(f"TEST HOOK: save paused at {point} file={os.path.basename(path)} for {hook[1]}s", flush=True)
+    time.sleep(hook[1])
+
+
+class _PauseMidWrite:
+    """TEST HOOK: a file object that pauses once after its first write, leaving a torn tmp file."""
+
+    def __init__(self, fh, path: str, hook: tuple[str, float]) -> None:
+        self.fh, self.path, self.hook, self.paused = fh, path, hook, False
+
+    def write(self, data) -> int:
+        n = self.fh.write(data)
+        if not self.paused and n:
+            self.paused = True
+            self.fh.flush()
+            _test_hook_pause(self.hook, "write", self.path)
+        return n
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _write_file_atomic(obj, path: str, hook_step: int | None = None) -> tuple[str, int]:
     """torch.save ``obj`` to ``path`` atomically; returns (sha256, bytes)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = path + ".tmp"
+    hook = _test_hook(hook_step)
     with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
+        torch.save(obj, _PauseMidWrite(fh, tmp, hook) if hook is not None else fh)
         fh.flush()
         os.fsync(fh.fileno())
+    _test_hook_pause(hook, "fsynced", tmp)
     sha = sha256_file(tmp)
     size = os.path.getsize(tmp)
     os.replace(tmp, path)
     fsync_dir(directory)
+    _test_hook_pause(hook, "renamed", path)
     return sha, size
 
 
-def write_pointer(ckpt_dir: str, doc: dict) -> None:
+def write_pointer(ckpt_dir: str, doc: dict, hook_step: int | None = None) -> None:
     path = os.path.join(ckpt_dir, contract.LATEST_POINTER)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -87,26 +128,39 @@ def write_pointer(ckpt_dir: str, doc: dict) -> None:
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
+    _test_hook_pause(_test_hook(hook_step), "pointer", tmp)
     os.replace(tmp, path)
     fsync_dir(ckpt_dir)
 
 
-def rolling_name(step: int) -> str:
+def rolling_name(step: int, alternate: bool = False) -> str:
     """``latest-<step>.pt``: each rolling checkpoint gets a new name, so the file ``LATEST`` names
     is never overwritten in place (a kill between replacing the file and the pointer would leave a
-    pointer whose sha256 no longer matches, and no good checkpoint at all)."""
+    pointer whose sha256 no longer matches, and no good checkpoint at all).  A second save at the
+    step ``LATEST`` already names (a periodic save at an epoch's last step, then a SIGTERM during
+    the eval) goes to the alternate name ``latest-<step>-1.pt``."""
     stem, ext = os.path.splitext(contract.LATEST_CKPT)
-    return f"{stem}-{int(step):09d}{ext}"
+    return f"{stem}-{int(step):09d}{'-1' if alternate else ''}{ext}"
+
+
+def _pointed_file(ckpt_dir: str) -> str | None:
+    try:
+        doc = read_pointer(ckpt_dir)
+    except CheckpointError:
+        return None
+    return doc["file"] if doc is not None else None
 
 
 def save_checkpoint(state: dict, ckpt_dir: str, *, step: int, epoch: int) -> dict:
     """Atomically write ``latest-<step>.pt``, then the ``LATEST`` pointer, then drop older rolling
     files.  At every instant ``LATEST`` names a complete file with its sha256.  Returns the pointer."""
     name = rolling_name(step)
-    sha, size = _write_file_atomic(state, os.path.join(ckpt_dir, name))
+    if name == _pointed_file(ckpt_dir):
+        name = rolling_name(step, alternate=True)
+    sha, size = _write_file_atomic(state, os.path.join(ckpt_dir, name), hook_step=step)
     doc = {"file": name, "step": int(step), "epoch": int(epoch), "sha256": sha,
            "bytes": size, "written_at": time.time()}
-    write_pointer(ckpt_dir, doc)
+    write_pointer(ckpt_dir, doc, hook_step=step)
     stem, ext = os.path.splitext(contract.LATEST_CKPT)
     for old in os.listdir(ckpt_dir):
         if old != name and old.endswith(ext) and (old == contract.LATEST_CKPT or old.startswith(stem + "-")):

@@ -42,6 +42,7 @@ ENV_SPEC_HASH = "GPUQ_SPEC_HASH"
 ENV_BUNDLE_SHA = "GPUQ_BUNDLE_SHA"
 ENV_DEVICE = "GPUQ_DEVICE"
 ENV_EXIT_FILE = "GPUQ_EXIT_FILE"
+ENV_SIGTERM_GRACE_S = "GPUQ_SIGTERM_GRACE_S"  # seconds from SIGTERM to SIGKILL; "" or absent = unknown
 
 DEFAULT_HEARTBEAT_S = 30
 DEFAULT_CKPT_INTERVAL_S = 600
@@ -54,4 +55,12 @@ ENV_CKPT_ON_SIGTERM = "GPUQ_CKPT_ON_SIGTERM"  # "0" disables the last save on SI
 ENV_DIST_TIMEOUT_S = "GPUQ_DIST_TIMEOUT_S"  # collective timeout, seconds (default 600)
 DEFAULT_DIST_TIMEOUT_S = 600
 EXIT_SIGTERM = EXIT_SIGNAL_BASE + 15
+# TEST HOOKS (tests only; never set them in a job): make saves and steps measurably slow and hold
+# a save at one point so a test can SIGKILL it there.  "<point>:<seconds>[:<from_step>]" holds every
+# rolling save at a step >= from_step, point one of
+# write (mid-way through writing latest-<step>.pt.tmp), fsynced (tmp complete, not renamed),
+# renamed (latest-<step>.pt in place, LATEST not yet moved), pointer (LATEST.tmp written, not renamed).
+ENV_TEST_HOOK_SAVE_PAUSE = "GPUQ_TEST_HOOK_SAVE_PAUSE"
+ENV_TEST_HOOK_STEP_SLEEP_S = "GPUQ_TEST_HOOK_STEP_SLEEP_S"  # sleep after each forward pass
+TEST_HOOK_SAVE_POINTS = ("write", "fsynced", "renamed", "pointer")
 EXIT_DIVERGED = 1

@@ -5,14 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 _received: list[int] = []
+_first_at: list[float] = []  # time.monotonic() of the first signal
 
 
 def install() -> None:
-    """Install flag-only handlers for SIGTERM and SIGINT."""
+    """Install flag-only handlers for SIGTERM and SIGINT (they record the signal and its time)."""
 
     def _handler(signum, _frame):
+        if not _first_at:
+            _first_at.append(time.monotonic())
         _received.append(signum)
 
     signal.signal(signal.SIGTERM, _handler)
@@ -24,8 +28,14 @@ def requested() -> bool:
     return bool(_received)
 
 
+def elapsed() -> float | None:
+    """Seconds since the first SIGTERM/SIGINT reached this process, or None if none did."""
+    return time.monotonic() - _first_at[0] if _first_at else None
+
+
 def reset() -> None:
     _received.clear()
+    _first_at.clear()
 
 
 def die_with_parent() -> bool:

@@ -1,4 +1,12 @@
-"""The training loop: DDP, per-step stop/checkpoint agreement, eval, checkpoints, results."""
+"""The training loop: DDP, per-step stop/checkpoint agreement, eval, checkpoints, results.
+
+SIGTERM/SIGINT (DOMAIN.md 11.4): the handler only records the signal and its time.  At each step
+boundary one all-reduce (max) of [stop, non-finite, timer due, seconds since the signal, step time,
+save time] gives every rank the same numbers, so every rank takes the same decision at the same
+boundary: save a final checkpoint when it fits in the grace (grace.py), else skip it; then barrier
+and exit 143.  When steps are long against the grace, a second agreement after the forward pass
+decides whether to finish the step (it and a save fit) or abandon it unapplied and exit unsaved.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from . import ConfigError, checkpoint, contract, rng, signals
+from . import ConfigError, checkpoint, contract, grace, rng, signals
 from .data import SkipSampler, augment, make_datasets
 from .heartbeat import Heartbeat, write_json_atomic
 from .model import MLP
@@ -62,6 +70,13 @@ class Trainer:
         self.last_eval: dict | None = None
         self.last_loss = float("nan")
         self.last_ckpt_t = time.monotonic()
+        # SIGTERM grace bookkeeping
+        self.grace = settings.sigterm_grace_s  # None = unknown
+        self.timings = grace.Timings()
+        self.agreed_step_s = 0.0  # all-reduced at the last boundary: identical on every rank
+        self.agreed_save_s = 0.0
+        self.anchor: str = "none (no checkpoint yet: a resume starts from scratch)"
+        self._state_bytes: int | None = None
 
     # ---------------------------------------------------------------- logging
     def log(self, msg: str) -> None:
@@ -132,19 +147,36 @@ class Trainer:
             "best": {"metric": self.metric, "mode": self.mode, "eval": self.best},
             "last_eval": self.last_eval,
             "meta": dict(self.s.meta, world_size=self.world, batch_size=self.bs, epochs=self.epochs,
-                         total_steps=self.total_steps, written_at=time.time()),
+                         total_steps=self.total_steps, written_at=time.time(),
+                         save_s_recent=list(self.timings.saves)),  # a prior for the next attempt
         }
 
     def save(self, why: str) -> None:
-        """Collective: every rank contributes its RNG state; rank 0 writes; all meet at a barrier."""
+        """Collective: every rank contributes its RNG state; rank 0 writes; all meet at a barrier.
+        The whole of it (gather, write, fsync, rename, pointer, barrier) is the measured save time."""
+        t0 = time.monotonic()
         rng_states = self.dist.all_gather_object(rng.capture())
+        doc = None
         if self.main:
             doc = checkpoint.save_checkpoint(self.state(rng_states), self.s.ckpt_dir, step=self.step,
                                              epoch=self.epoch)
-            self.log(f"checkpoint ({why}) step={self.step} epoch={self.epoch} batch={self.batch} "
-                     f"sha256={doc['sha256']} bytes={doc['bytes']}")
         self.dist.barrier()
         self.last_ckpt_t = time.monotonic()
+        took = self.last_ckpt_t - t0
+        self.timings.add_save(took)
+        self.anchor = f"step={self.step}"
+        if doc is not None:
+            self.log(f"checkpoint ({why}) step={self.step} epoch={self.epoch} batch={self.batch} "
+                     f"sha256={doc['sha256']} bytes={doc['bytes']} save_s={took:.3f}")
+
+    def state_bytes(self) -> int:
+        """Bytes of the tensors a checkpoint holds (model + optimizer), for the first save estimate."""
+        if self._state_bytes is None or self.step <= 1:
+            n = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+            for st in self.optimizer.state.values():
+                n += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+            self._state_bytes = int(n)
+        return self._state_bytes
 
     def resume(self) -> None:
         # rank 0 picks and verifies; everyone learns the outcome before reading (no collective in `if rank 0`)
@@ -181,6 +213,9 @@ class Trainer:
         self.step = ck["step"]
         self.best = ck["best"]["eval"]
         self.last_eval = ck.get("last_eval")
+        for took in ck.get("meta", {}).get("save_s_recent") or []:
+            self.timings.add_save(took)  # until this attempt measures its own saves
+        self.anchor = f"step={self.step} (resumed)"
         if self.main:
             self.trim_metrics()
         self.log(f"{contract.RESUMED_MARKER} step={self.step} epoch={self.epoch} sha256={choice['sha256']}")
@@ -223,6 +258,8 @@ class Trainer:
                  f"effective_batch={self.bs * self.world} steps={self.total_steps} seed={s.seed} "
                  f"amp={self.amp}")
         self.beat("train", force=True)
+        if self.signalled_before_training():
+            return self.stop_exit()
         t0 = time.monotonic()
         while self.epoch < self.epochs:
             self.sampler.set_epoch(self.epoch)
@@ -232,7 +269,11 @@ class Trainer:
             for x, y in loader:
                 if self.batch >= self.batches_per_epoch:
                     break
+                t_step = time.monotonic()
                 loss = self.train_step(x, y)
+                if loss is None:  # abandoned on SIGTERM: nothing applied, nothing saved
+                    return self.stop_exit()
+                self.timings.add_step(time.monotonic() - t_step)
                 code = self.boundary(loss)
                 if code is not None:
                     return code
@@ -242,13 +283,20 @@ class Trainer:
         self.finish(time.monotonic() - t0)
         return contract.EXIT_OK
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
+        """One optimizer step; None when a SIGTERM made every rank abandon it before the backward."""
         self.ddp.train()
         x = augment(x, self.cfg["augment"], self.s.seed, self.rank, self.step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=self.amp):
             out = self.ddp(x)
             loss = self.loss_fn(out.float(), y)
+        if self.s.test_hook_step_sleep_s > 0:  # TEST HOOK: a slow step (GPUQ_TEST_HOOK_STEP_SLEEP_S)
+            if self.main:
+                print(f"TEST HOOK: step {self.step + 1} sleeping {self.s.test_hook_step_sleep_s}s", flush=True)
+            time.sleep(self.s.test_hook_step_sleep_s)
+        if self.abandon_step():
+            return None
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -267,17 +315,86 @@ class Trainer:
             return F.cross_entropy(out, y)
         return F.mse_loss(out, y)
 
+    # ---------------------------------------------------------------- SIGTERM
+    def abandon_step(self) -> bool:
+        """Between forward and backward: when steps are long against the grace, agree (every rank,
+        same numbers) whether a signal leaves time to finish this step and save; if not, the step is
+        abandoned before anything is applied.  Short steps, or an unknown grace: always finish."""
+        if not grace.midstep_check(self.grace, self.agreed_step_s):
+            return False
+        since = signals.elapsed()
+        agreed = self.dist.all_reduce(
+            torch.tensor([-1.0 if since is None else since], dtype=torch.float64, device=self.device), "max")
+        elapsed = float(agreed.item())
+        if elapsed < 0:
+            return False
+        need = grace.step_need(elapsed, self.agreed_step_s, self.agreed_save_s)
+        if need <= self.grace:
+            self.log(f"SIGTERM in step {self.step + 1}: finishing it ({elapsed:.2f} s since signal + (step "
+                     f"{self.agreed_step_s:.2f} s + save {self.agreed_save_s:.2f} s) x {grace.SAFETY} + margin "
+                     f"{grace.MARGIN_S} s = {need:.2f} s <= grace {self.grace:.2f} s)")
+            return False
+        self.log(f"SIGTERM in step {self.step + 1}: step abandoned (not applied), final checkpoint skipped: "
+                 f"{elapsed:.2f} s since signal + (step {self.agreed_step_s:.2f} s + save "
+                 f"{self.agreed_save_s:.2f} s) x {grace.SAFETY} + margin {grace.MARGIN_S} s = {need:.2f} s "
+                 f"> grace {self.grace:.2f} s; resume anchor stays {self.anchor}")
+        return True
+
+    def signalled_before_training(self) -> bool:
+        """A signal during start-up or resume: the state is the anchor's, so leave before a first step
+        (which may not fit the grace).  One agreement, once per run."""
+        flag = torch.tensor([float(signals.requested())], dtype=torch.float64, device=self.device)
+        if float(self.dist.all_reduce(flag, "max").item()) <= 0:
+            return False
+        self.log(f"SIGTERM before the first step: nothing new to save; resume anchor stays {self.anchor}")
+        return True
+
+    def stop_exit(self) -> int:
+        """Every rank leaves together: barrier (nobody is left in a collective), heartbeat, 143."""
+        self.dist.barrier()
+        self.beat("train", force=True)
+        return contract.EXIT_SIGTERM
+
+    def final_save(self, elapsed: float) -> None:
+        """At a boundary after a signal: write the last checkpoint if it completes within the grace."""
+        if not self.s.ckpt_on_sigterm:
+            self.log(f"SIGTERM at step {self.step}: final checkpoint skipped: disabled by "
+                     f"{contract.ENV_CKPT_ON_SIGTERM}=0; resume anchor stays {self.anchor}")
+            return
+        if self.grace is None:
+            self.save("signal")  # grace unknown: save and hope (the write is atomic either way)
+            return
+        need = grace.save_need(elapsed, self.agreed_save_s)
+        numbers = (f"{elapsed:.2f} s since signal + save {self.agreed_save_s:.2f} s x {grace.SAFETY} + margin "
+                   f"{grace.MARGIN_S} s = {need:.2f} s")
+        if need > self.grace:
+            self.log(f"SIGTERM at step {self.step}: final checkpoint skipped: {numbers} > grace "
+                     f"{self.grace:.2f} s; resume anchor stays {self.anchor}")
+            return
+        self.log(f"SIGTERM at step {self.step}: final checkpoint: {numbers} <= grace {self.grace:.2f} s")
+        self.save("signal")
+
     def boundary(self, loss: float | None) -> int | None:
-        """Step boundary: agree on stop / divergence / checkpoint (rank 0 decides the timer)."""
+        """Step boundary: agree on stop / divergence / checkpoint (rank 0 decides the timer) and on
+        the numbers of the grace decision (max over ranks: the earliest signal, the slowest step)."""
         nonfinite = loss is not None and not math.isfinite(loss)
         due = False
         if self.main:
             every = self.cfg["ckpt_every_steps"]
             due = (loss is not None and every > 0 and self.step % every == 0) or (
                 time.monotonic() - self.last_ckpt_t >= self.s.ckpt_interval_s)
-        flags = torch.tensor([float(signals.requested()), float(nonfinite), float(due)], device=self.device)
+        since = signals.elapsed()
+        step_s = save_s = 0.0
+        if self.grace is not None:
+            step_s = self.timings.step_s()
+            measured = self.timings.measured_save_s()
+            save_s = measured if measured is not None else self.timings.save_s(self.state_bytes())
+        flags = torch.tensor([float(signals.requested()), float(nonfinite), float(due),
+                              -1.0 if since is None else since, step_s, save_s],
+                             dtype=torch.float64, device=self.device)
         flags = self.dist.all_reduce(flags, "max").tolist()
         stop, diverged, due = flags[0] > 0, flags[1] > 0, flags[2] > 0
+        elapsed, self.agreed_step_s, self.agreed_save_s = flags[3], flags[4], flags[5]
         if loss is not None and (self.step % self.cfg["log_every_steps"] == 0 or diverged):
             mean = self.dist.all_reduce(torch.tensor([loss], dtype=torch.float64, device=self.device))
             self.last_loss = float(mean.item()) / self.world
@@ -295,10 +412,8 @@ class Trainer:
             return contract.EXIT_DIVERGED
         if stop:
             self.log(f"stop requested by signal at step {self.step}")
-            if self.s.ckpt_on_sigterm:
-                self.save("signal")
-            self.beat("train", force=True)
-            return contract.EXIT_SIGTERM
+            self.final_save(elapsed)
+            return self.stop_exit()
         if due:
             self.save("periodic")
         return None

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "payload"))
 
-from gpuq_payload import checkpoint, contract  # noqa: E402
+from gpuq_payload import ConfigError, checkpoint, contract, grace  # noqa: E402
 
 
 def _state(step: int) -> dict:
@@ -109,3 +109,120 @@ def test_best_loads_with_weights_only_and_weights_hash_is_stable(tmp_path: Path)
     sd2 = {k: v.clone() for k, v in sd.items()}
     sd2["bias"][0] += 1.0
     assert checkpoint.weights_sha256(sd2) != checkpoint.weights_sha256(sd)
+
+
+def test_a_second_save_at_the_pointed_step_never_rewrites_the_pointed_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A periodic save at an epoch's last step, then a SIGTERM during the eval: the final save has
+    the same step.  It goes to another name, so a kill between its rename and the pointer cannot
+    leave LATEST naming a file whose sha256 changed."""
+    first = checkpoint.save_checkpoint(_state(8), str(tmp_path), step=8, epoch=0)
+    renamed = []
+    real_write = checkpoint._write_file_atomic
+
+    def spy(obj, path, hook_step=None):
+        pointed = checkpoint.read_pointer(str(tmp_path))["file"]
+        assert os.path.basename(path) != pointed  # the file LATEST names is never the target
+        renamed.append(os.path.basename(path))
+        return real_write(obj, path, hook_step)
+
+    monkeypatch.setattr(checkpoint, "_write_file_atomic", spy)
+    second = checkpoint.save_checkpoint({**_state(8), "epoch": 1}, str(tmp_path), step=8, epoch=1)
+    third = checkpoint.save_checkpoint(_state(8), str(tmp_path), step=8, epoch=1)
+    assert renamed == ["latest-000000008-1.pt", "latest-000000008.pt"]  # toggles off the pointed name
+    assert (first["file"], second["file"], third["file"]) == (
+        "latest-000000008.pt", "latest-000000008-1.pt", "latest-000000008.pt")
+    assert [p.name for p in tmp_path.glob("latest*.pt")] == [third["file"]]
+    path, sha = checkpoint.resolve_resume(str(tmp_path), None)
+    assert checkpoint.load_checkpoint(path, sha)["step"] == 8
+
+
+class _Killed(BaseException):
+    """Stands for a SIGKILL: nothing after the hook point runs (open files are closed, as the kernel would)."""
+
+
+@pytest.mark.parametrize("point", contract.TEST_HOOK_SAVE_POINTS)
+def test_a_save_killed_at_any_point_leaves_the_previous_checkpoint_selected(
+        tmp_path: Path, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint.save_checkpoint(_state(1), str(tmp_path), step=1, epoch=0)
+    good = checkpoint.read_pointer(str(tmp_path))
+
+    def die(_seconds: float) -> None:
+        raise _Killed
+
+    monkeypatch.setenv(contract.ENV_TEST_HOOK_SAVE_PAUSE, f"{point}:1:2")
+    monkeypatch.setattr(checkpoint.time, "sleep", die)
+    with pytest.raises(_Killed):
+        checkpoint.save_checkpoint(_state(2), str(tmp_path), step=2, epoch=0)
+    assert checkpoint.read_pointer(str(tmp_path)) == good
+    path, sha = checkpoint.resolve_resume(str(tmp_path), None)
+    assert os.path.basename(path) == good["file"] and checkpoint.load_checkpoint(path, sha)["step"] == 1
+    torn = {"write": ["latest-000000002.pt.tmp"], "fsynced": ["latest-000000002.pt.tmp"], "renamed": [],
+            "pointer": ["LATEST.tmp"]}[point]
+    if point == "write":  # a torn file: the hook held it after its first block
+        with pytest.raises(Exception):  # noqa: B017 - any failure to load a torn file will do
+            torch.load(tmp_path / torn[0], weights_only=False)
+    assert checkpoint.cleanup_tmp(str(tmp_path)) == torn
+    assert not list(tmp_path.glob("*.tmp"))
+    # the next save (next attempt) succeeds and moves the pointer; nothing unpointed stays behind
+    monkeypatch.delenv(contract.ENV_TEST_HOOK_SAVE_PAUSE)
+    doc = checkpoint.save_checkpoint(_state(3), str(tmp_path), step=3, epoch=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([contract.LATEST_POINTER, doc["file"]])
+
+
+def test_the_save_hook_only_holds_steps_from_its_threshold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = []
+    monkeypatch.setenv(contract.ENV_TEST_HOOK_SAVE_PAUSE, "renamed:0.25:5")
+    monkeypatch.setattr(checkpoint.time, "sleep", held.append)
+    for step in (4, 5):
+        checkpoint.save_checkpoint(_state(step), str(tmp_path), step=step, epoch=0)
+    assert held == [0.25]
+    checkpoint.save_best({"model": {"w": torch.zeros(2)}}, str(tmp_path))  # best.pt is never held
+    assert held == [0.25]
+
+
+# ---------------------------------------------------------------- the SIGTERM grace budget (grace.py)
+
+def test_grace_absent_or_empty_is_unknown_and_bad_values_are_config_errors() -> None:
+    assert grace.parse_grace(None) is None and grace.parse_grace("") is None and grace.parse_grace(" ") is None
+    assert grace.parse_grace("5") == 5.0 and grace.parse_grace("0") == 0.0
+    for bad in ("-1", "five", "nan"):
+        with pytest.raises(ConfigError, match="GPUQ_SIGTERM_GRACE_S"):
+            grace.parse_grace(bad)
+
+
+def test_torchrun_caps_the_grace_at_its_own_shutdown_timeout() -> None:
+    assert grace.effective_grace("120", {}) == 120.0  # a plain process: nobody else kills it
+    assert grace.effective_grace("", {"TORCHELASTIC_RUN_ID": "x"}) is None
+    assert grace.effective_grace("120", {"TORCHELASTIC_RUN_ID": "x"}) == 30.0  # torchrun's default
+    assert grace.effective_grace("5", {"TORCHELASTIC_RUN_ID": "x"}) == 5.0
+    env = {"TORCHELASTIC_RUN_ID": "x", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}
+    assert grace.effective_grace("120", env) == (90.0 if grace._torchrun_honours_shutdown_env() else 30.0)
+
+
+def test_the_save_and_step_decisions() -> None:
+    # RunPod spot (5 s): a 0.5 s save fits at once, not after 4 s
+    assert grace.save_need(0.0, 0.5) == pytest.approx(0.5 * grace.SAFETY + grace.MARGIN_S)
+    assert grace.save_need(0.0, 0.5) <= 5
+    assert grace.save_need(4.0, 0.5) > 5
+    # 1.5 s saves never fit 2 s, though 1.5 < 2: the safety factor and the margin
+    assert grace.save_need(0.0, 1.5) > 2
+    # finishing a 2 s step and a 0.5 s save fits 5 s only right after the signal
+    assert grace.step_need(0.0, 2.0, 0.5) <= 5 < grace.step_need(1.5, 2.0, 0.5)
+    # short steps are always finished (no mid-step agreement); unknown grace never abandons
+    assert not grace.midstep_check(5.0, 0.01) and grace.midstep_check(5.0, 0.5)
+    assert not grace.midstep_check(None, 10.0) and not grace.midstep_check(5.0, 0.0)
+    assert not grace.midstep_check(0.0, 10.0)
+
+
+def test_save_time_is_the_longest_recent_save_else_estimated_from_bytes() -> None:
+    t = grace.Timings()
+    assert t.measured_save_s() is None
+    assert t.save_s(200_000_000) == pytest.approx(grace.ASSUMED_SAVE_OVERHEAD_S + 2.0)
+    for took in (0.4, 0.1, 0.2, 0.3):  # only the last RECENT_SAVES (3) count
+        t.add_save(took)
+    assert t.save_s(10**12) == 0.3 and t.measured_save_s() == 0.3
+    assert t.step_s() == 0.0
+    for took in (0.05, 0.02):
+        t.add_step(took)
+    assert t.step_s() == 0.05
