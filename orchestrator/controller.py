@@ -285,7 +285,7 @@ def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Jo
         if attempt is None:
             continue
         sha = attempt.bundle_sha
-        specs.append(job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id)))
+        specs.append(job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(host.name)))
     if specs:
         verdicts = enqueue(host, sha, specs, settings)
         for job_id, verdict in verdicts.items():
@@ -579,7 +579,8 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
                 attempt = ledger.move_job(job.id, from_attempt=old.number, to_host=move.to_host,
                                           bundle_sha=bundle_sha, message=f"moved unstarted from {source} to "
                                           f"{move.to_host} (work stealing)")
-                spec = job_spec(ledger.job(job.id), attempt, settings, sweep=ledger.sweep(job.sweep_id))
+                spec = job_spec(ledger.job(job.id), attempt, settings, sweep=ledger.sweep(job.sweep_id),
+                                host=target_row)
                 enqueue(target, bundle_sha, [spec], settings)
             except GpuqError as exc:
                 ledger.record_event("job", job.id, f"move to {move.to_host} incomplete: {exc}; the next tick "

@@ -18,10 +18,11 @@ from typing import Any
 
 from orchestrator import protocol
 from orchestrator.bundle import Bundle
-from orchestrator.config import Settings
+from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger, Sweep
+from orchestrator.ledger import Host as HostRow
 
 # Unpack into a private temp dir, then rename: a live bundle is never overwritten.
 UNPACK_SCRIPT = (
@@ -54,12 +55,32 @@ def ensure_bundle(host: Host, bundle: Bundle) -> bool:
     return True
 
 
+def sigterm_grace_s(row: HostRow | None) -> float | None:
+    """Seconds between SIGTERM and SIGKILL on a spot host (RunPod: about 5): the payload saves a
+    final checkpoint only if it fits (DOMAIN.md 11.4).  None where a stop waits for kill_grace_s."""
+    if row is None or not row.spot:
+        return None
+    for name in (row.profile, row.provider):
+        if not name:
+            continue
+        try:
+            spot = load_profile(name).spot
+        except GpuqError:
+            continue
+        if spot.get("available") and spot.get("grace_s") is not None:
+            return float(spot["grace_s"])
+    return 0.0  # a spot host whose grace nobody documents: assume none
+
+
 def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: float | None = None,
-             sweep: Sweep | None = None) -> dict[str, Any]:
+             sweep: Sweep | None = None, host: HostRow | None = None) -> dict[str, Any]:
     """The inbox document for one attempt (protocol.py, "Job spec").  The trainer entry, launcher
-    and checks come from the sweep (recorded at submit), never from the caller's project."""
+    and checks come from the sweep (recorded at submit), never from the caller's project; a spot
+    host's preemption grace comes from its profile."""
     entry = f"{protocol.BUNDLE_WORKDIR}/{sweep.entry}" if sweep is not None and sweep.entry else protocol.TRAIN_ENTRY
-    return {
+    grace = sigterm_grace_s(host)
+    extra = {} if grace is None else {"sigterm_grace_s": grace}
+    return {**extra,
         "schema": protocol.SPEC_SCHEMA,
         "protocol": protocol.PROTOCOL_VERSION,
         "job_id": job.id,
@@ -127,12 +148,14 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     """
     now = time.time()
     specs = []
+    row = ledger.host(host)
     sweeps: dict[str, Sweep | None] = {}
     for index, job in enumerate(jobs):
         if job.sweep_id not in sweeps:
             sweeps[job.sweep_id] = ledger.sweep(job.sweep_id)
         attempt = ledger.start_attempt(job.id, host=host, bundle_sha=bundle_sha)
-        specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3, sweep=sweeps[job.sweep_id]))
+        specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3, sweep=sweeps[job.sweep_id],
+                              host=row))
     return specs
 
 

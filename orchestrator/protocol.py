@@ -170,6 +170,9 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   verify        list[str]          finalize checks: "metrics" (result/metrics.jsonl parses, non-empty),
 #                                    "best_ckpt" (ckpt/best.pt loads with torch weights_only=True)
 #   heartbeat_s ckpt_interval_s kill_grace_s min_free_gb scratch_gb durable_dir resume_from
+#   sigterm_grace_s  float (optional; only for spot hosts): seconds between the platform's SIGTERM and
+#                    its SIGKILL (the profile's spot.grace_s, RunPod ~5); the wrapper passes
+#                    min(sigterm_grace_s, kill_grace_s) as GPUQ_SIGTERM_GRACE_S
 #   spec_hash     str                identity hash (DOMAIN.md 2.6)
 #   env           dict[str,str]      extra run.env entries (never secrets)
 #   created_at    float              UTC epoch seconds

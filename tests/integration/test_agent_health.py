@@ -224,8 +224,8 @@ def test_cpu_host_passes_gpu_checks_and_reap_refuses(tmp_path: Path) -> None:
     assert res.returncode in (0, 2) and (res.returncode == 2) == (doc["verdict"] == "fail")
     assert not (tmp_path / "r").exists()  # read-only: nothing created
     # with GPUs requested, a missing nvidia-smi is a FAIL
-    res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "health", "--gpus", "0", "--samples", "0"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "health", "--gpus", "0",
+                          "--samples", "0"], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2 and "nvidia-smi is not installed but GPUs are expected" in res.stdout
     res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "reap"], capture_output=True, text=True,
                          timeout=60, check=False)

@@ -210,6 +210,10 @@ def test_runpod_spot_preemptions_resume_to_identical_weights(cloud_factory: Call
         return [j for j in cloud.jobs() if j.host == name]
 
     assert all(len(on(name)) == 2 for name in hosts), {n: [j.name for j in on(n)] for n in hosts}
+    # a spot pod's SIGTERM comes ~5 s before SIGKILL (the runpod profile): the payload is told
+    specs = [json.loads(p.read_text()) for r in roots.values() for p in r.glob("*/*.json")
+             if p.parent.name in ("inbox", "claimed")]
+    assert specs and {s.get("sigterm_grace_s") for s in specs} == {5.0}
     for name in victims:  # preempt each victim at a random point after its jobs checkpointed
         threshold = rng.randrange(CKPT_EVERY, 6 * CKPT_EVERY)
         assert wait_for(lambda n=name, t=threshold: all(_latest_step(roots[n], j.id) >= t for j in on(n)),
