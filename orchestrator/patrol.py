@@ -215,7 +215,7 @@ def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, 
     out: list[Finding] = []
     state = str(entry.get("state") or "")
     scan = entry.get("scan") or {}
-    hits = [h for h in scan.get("hits") or [] if isinstance(h, dict)]
+    hits = [h for h in scan.get("hits") or [] if isinstance(h, dict) and h.get("signature") != "stopped_by_signal"]
     if hits:
         names = sorted({str(h.get("signature")) for h in hits})
         first = str(hits[0].get("line", ""))

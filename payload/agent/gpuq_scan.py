@@ -47,6 +47,7 @@ SIGNATURES = (
     ("nonfinite_loss", re.compile(r"loss\s*[:=]\s*[-+]?(nan|inf)\b", re.IGNORECASE)),
 )
 # the last line of a traceback names the exception: the patrol classifies by it
+STOPPED = re.compile(r"\b(SignalException|KeyboardInterrupt)\b")
 RESUMED = re.compile(r"GPUQ_RESUMED step=(\d+)(?: epoch=(\d+))?(?: sha256=([0-9a-f]+))?")
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyError|StopIteration)\b")
 
@@ -111,6 +112,10 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
                     traceback.append(line[:400])
                     in_tb = True
                 break
+    if traceback and STOPPED.search(traceback[-1]):
+        # torchrun's answer to SIGTERM (a preemption, a cancel) is a traceback ending in
+        # SignalException: a stop, not a crash
+        hits = [dict(h, signature="stopped_by_signal") if h["signature"] == "traceback" else h for h in hits]
     out: dict[str, Any] = {"log_from": start, "log_to": end, "log_skipped": skipped, "hits": hits,
                            "traceback": traceback}
     if resumed is not None:

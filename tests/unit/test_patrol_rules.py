@@ -182,3 +182,12 @@ def test_scan_args_are_validated() -> None:
     for bad in ("c1:2:30", "../x:1:0:0", ":1:0:0", "c1:a:0:0"):
         with pytest.raises(ValueError):
             gpuq_scan.parse_scan_args([bad])
+
+
+def test_a_traceback_that_ends_in_a_signal_is_a_stop_not_a_crash(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("Traceback (most recent call last):\n  File \"run.py\", line 9\n"
+                   "torch.distributed.elastic.multiprocessing.api.SignalException: Process 48 got signal: 15\n")
+    scan = gpuq_scan.scan_log(str(log), 0)
+    assert [h["signature"] for h in scan["hits"]] == ["stopped_by_signal"]
+    assert patrol.job_findings("h", JOB, _running(scan=scan), NOW, TH) == []
