@@ -79,6 +79,9 @@ def main() -> int:
     if problem:
         print(f"bench_preemption: {problem}", file=sys.stderr)
         return 2
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still tears its farm down
     tmp = Path(tempfile.mkdtemp(prefix="gpuq-bench-preempt-"))
     farm = HostFarm(tmp / "farm", args.pods, args.gpus)
     farm.start()
@@ -112,7 +115,16 @@ def main() -> int:
             assert index is not None
             return farm.hosts[index].root_dir / "root" / "gpuq"
 
-        for _ in range(args.preemptions):
+        deadline = time.monotonic() + 300
+        while len(ctx.ledger.jobs(sweep_id=sweep, states=[JobState.RUNNING])) < args.pods * args.gpus:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the jobs did not all start within 300 s")
+            api.run_tick(ctx)
+            time.sleep(args.tick)
+        for _ in range(args.preemptions * 3):
+            if len(rounds) >= args.preemptions:
+                break
+            api.run_tick(ctx)  # the ledger's RUNNING must be true now, not as of the last round
             running = [j for j in ctx.ledger.jobs(sweep_id=sweep, states=[JobState.RUNNING])]
             if not running:
                 break
@@ -122,16 +134,22 @@ def main() -> int:
             start_step = step_of(root / "jobs" / job.id / "ckpt" / "LATEST")
             target = start_step + rng.randrange(args.ckpt_every, 4 * args.ckpt_every)
             beat = root / "jobs" / job.id / "attempts" / str(job.attempt_count) / "heartbeat"
-            while step_of(beat) < target:
+            deadline = time.monotonic() + 60
+            while step_of(beat) < target and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if step_of(beat) < target:
+                continue  # the job ended or stalled before the chosen step: pick again
             row = ctx.ledger.host(host)
             assert row is not None
             t_preempt = time.monotonic()
             fake.preempt(row.instance_id, grace_s=args.grace)
+            deadline = time.monotonic() + 120
             while True:
                 api.run_tick(ctx)
                 if ctx.ledger.job(job.id).state == JobState.PREEMPTED.value:
                     break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the preemption of {host} was not detected within 120 s")
                 time.sleep(args.tick)
             t_detect = time.monotonic()
             backend.wait_idle()
@@ -139,12 +157,15 @@ def main() -> int:
             before = ctx.ledger.job(job.id).attempt_count
             result = api.resume(ctx, tick=False)  # re-bid (provisioning), then place and relaunch
             t_resumed = time.monotonic()
+            deadline = time.monotonic() + 300
             while True:
                 current = ctx.ledger.job(job.id)
                 att = ctx.ledger.attempt(job.id, current.attempt_count)
                 if current.attempt_count > before and att is not None and att.heartbeat_at is not None \
                         and current.state == JobState.RUNNING.value:
                     break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{job.name} did not run again within 300 s of the re-bid")
                 time.sleep(args.tick)
                 api.run_tick(ctx)
             t_running = time.monotonic()

@@ -26,6 +26,7 @@ Contract (DOMAIN.md 15):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import select
@@ -45,6 +46,12 @@ from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnr
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.specs import CommandResult
+
+# paramiko logs a dropped link ("Socket exception: Connection reset by peer") through Python's
+# last-resort handler straight onto the user's terminal; gpuq reports transport failures itself
+# (HostUnreachable, "unreachable since T"), so paramiko's records go nowhere unless a caller
+# configures logging.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 __all__ = [
     "Endpoint", "SSHHost", "SSHOptions", "fingerprint", "known_hosts_key", "offered_key", "remote_command", "resolve",
