@@ -77,7 +77,7 @@ class Cloud:
     def __init__(self, farm: HostFarm, tmp: Path, provider: str) -> None:
         self.farm = farm
         self.provider = provider
-        self.backend = NetnsBackend(farm)
+        self.backend = NetnsBackend(farm, moving_ports=provider == "runpod")  # RunPod: a new port per start
         if provider == "runpod":
             self.fake: Any = FakeRunPod(api_key=RUNPOD_KEY, backend=self.backend).start()
         else:
@@ -233,6 +233,9 @@ def test_runpod_spot_preemptions_resume_to_identical_weights(cloud_factory: Call
     resumed = cloud.gpuq("resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert resumed.stdout.count("re-bid the same pod") == 2 and "resumed 4 job(s)" in resumed.stdout
+    moved = cloud.hosts()
+    # the re-bid pods answer on a new public port; gpuq followed them with their pinned host keys
+    assert all(moved[v].port != hosts[v].port and moved[v].host_key == hosts[v].host_key for v in victims)
     again = cloud.gpuq("resume")  # idempotent: nothing is started twice
     assert again.returncode == 0 and "nothing to resume" in again.stdout, again.stdout
     waited = cloud.gpuq("wait", "--timeout", "600", timeout=700)

@@ -228,9 +228,12 @@ def default_gpus(seed: str, count: int, name: str = H100_NAME, mem_mib: int = H1
     return gpus
 
 
+ALT_SSH_PORT = 2222  # every host's sshd listens here too: a rental's "public port" can change (RunPod)
+
 SSHD_CONFIG = """\
 # gpuq test host {name}
 ListenAddress {address}:{port}
+ListenAddress {address}:{alt_port}
 HostKey {in_host}/ssh_host_ed25519_key
 PidFile /run/sshd.pid
 AuthorizedKeysFile /root/.ssh/authorized_keys
@@ -882,7 +885,7 @@ class HostFarm:
                  "gpus": default_gpus(f"{self.farm_id}/{h.index}", self.gpus, self.gpu_name, self.gpu_mem_mib)}
         _atomic_write(h.gpu_state, json.dumps(state, indent=1))
         (own / "sshd_config").write_text(SSHD_CONFIG.format(name=h.name, address=h.address, port=h.port,
-                                                            in_host=IN_HOST))
+                                                            alt_port=ALT_SSH_PORT, in_host=IN_HOST))
         spec = {"binds": binds, "hostname": h.name, "sshd": SSHD, "sshd_config": f"{IN_HOST}/sshd_config",
                 "private_shm": True, "private_dev": True, "gpu_devices": self.gpus}
         (h.root_dir / "init.json").write_text(json.dumps(spec, indent=1))

@@ -12,7 +12,9 @@ What the fakes' calls do to a host (PROVIDERS.md 2.8, 3.7):
   instance had the host (a new rental is a new machine), a fresh kernel log, ``gpu_count`` fake GPUs
   (UUIDs seeded by the instance id), then booted.  ``provision`` of an id that has a host (resume,
   restart) boots the SAME host again if it is down: same key, same /root, fresh /tmp, ``gpu_count``
-  GPUs (zero for RunPod's zero-GPU resume).  Returns ``(host address, 22)``.
+  GPUs (zero for RunPod's zero-GPU resume).  Returns ``(host address, 22)``; with ``moving_ports`` a
+  resume answers on the other of the host's two sshd ports (22 and ALT_SSH_PORT), as RunPod maps a new
+  public port on every start.
 - ``preempt(id, grace_s)``: SIGTERM to the host's workload (every process but PID 1 and sshd), then
   SIGKILL to everything (``farm.preempt``) after ``grace_s``, or as soon as no workload is left (a
   container stops once its processes have exited).  /root is kept; /tmp is wiped on the next boot.
@@ -39,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from tests.support.testhosts import HostFarm, TestHost, default_gpus
+from tests.support.testhosts import ALT_SSH_PORT, HostFarm, TestHost, default_gpus
 
 Action = tuple[str, str, int, str]
 
@@ -62,6 +64,7 @@ class _Slot:
     ready: bool = False
     pending: int = 0  # queued operations not yet finished
     hurry: int = 0  # queued operations that cut a preemption's grace short
+    port: int = 22  # the port the instance's endpoint last answered on
 
 
 class NetnsBackend:
@@ -73,12 +76,13 @@ class NetnsBackend:
     adds more later.  Close the backend before tearing the farm down (closing does not tear it down)."""
 
     def __init__(self, farm: HostFarm, *, gpu_name: str | None = None, gpu_mem_mib: int | None = None,
-                 authorized_keys: Iterable[str] = ()) -> None:
+                 authorized_keys: Iterable[str] = (), moving_ports: bool = False) -> None:
         if not farm.hosts:
             raise ValueError("NetnsBackend needs a started HostFarm")
         if farm.gpus < 1:
             raise ValueError("NetnsBackend needs a farm with gpus >= 1 (its hosts have no nvidia-smi otherwise)")
         self.farm = farm
+        self.moving_ports = moving_ports  # a resume answers on the other of sshd's two ports (RunPod)
         self.gpu_name = gpu_name or farm.gpu_name
         self.gpu_mem_mib = gpu_mem_mib or farm.gpu_mem_mib
         self.authorized_keys = [k.strip() for k in authorized_keys if k.strip()]
@@ -117,7 +121,11 @@ class NetnsBackend:
             self._queue(slot, "provision", instance_id,
                         lambda: self._do_provision(slot, gen, instance_id, gpu_count, fresh, renew))
             h = self.farm.hosts[index]
-            return h.address, h.port
+            if fresh or not self.moving_ports:
+                slot.port = h.port
+            else:  # RunPod maps a new public port on every start: alternate between sshd's two ports
+                slot.port = ALT_SSH_PORT if slot.port == h.port else h.port
+            return h.address, slot.port
 
     def preempt(self, instance_id: str, grace_s: float) -> None:
         with self._cond:
