@@ -208,6 +208,8 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   status --json | enqueue [--serve ...] (JSON list of specs on stdin; idempotent) |
 #   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID... |
 #   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py) |
+#   snapshot JOB_ID (hard-link the checkpoint LATEST names to ckpt/.ship.pt and print the pointer plus
+#   "snapshot": "ckpt/.ship.pt"; the controller copies the link, verifies it and removes it) |
 #   kill JOB_ID ATTEMPT (kill one attempt's group, identity-checked, without a cancel file: a stalled
 #   attempt the patrol will run again as attempt n+1; prints "killed" or why not, exit 0 only if killed)
 #   status --scan JOB_ID:ATTEMPT:LOG_OFFSET:METRICS_OFFSET ...: each named job's entry gains "scan"

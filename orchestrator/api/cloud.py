@@ -24,6 +24,7 @@ from orchestrator import controller, fleet
 from orchestrator.api.context import Context, _verified_ids
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
+from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Host as HostRow
 from orchestrator.ledger import Job
 from orchestrator.providers.base import Instance, PollPolicy, Provider, ProvisionRequest, classify
@@ -298,22 +299,16 @@ def ship_checkpoints(ctx: Context, row: HostRow, doc: dict[str, Any]) -> list[st
         have = newest_durable(ctx, job_id)
         if have is not None and (have.sha256 == pointer["sha256"] or have.step >= int(pointer.get("step", 0))):
             continue
-        name = str(pointer.get("file", ""))
-        if not name or "/" in name or name.startswith("."):
-            continue
         target_dir = ctx.settings.home / CHECKPOINTS_DIR / job_id
         target_dir.mkdir(parents=True, exist_ok=True)
-        part = target_dir / f".{name}.part"
         host = ctx.fleet.host(row)
-        try:
-            host.get(host.path("jobs", job_id, "ckpt", name), part)
-        except HostError as exc:
-            ctx.ledger.record_event("job", job_id, f"checkpoint copy from {row.name} failed: {exc}",
+        fetched = _fetch_checkpoint(host, row.agent_bundle, job_id, target_dir)
+        if isinstance(fetched, str):
+            ctx.ledger.record_event("job", job_id, f"checkpoint copy from {row.name} failed: {fetched}",
                                     unless_repeated=True)
             continue
-        if part.stat().st_size != int(pointer.get("bytes", -1)) or _sha256(part) != pointer["sha256"]:
-            part.unlink(missing_ok=True)  # rotated away mid-copy, or torn: the next tick tries the newer one
-            continue
+        pointer, part = fetched
+        name = str(pointer["file"])
         final = target_dir / name
         os.replace(part, final)
         _fetch_companions(host, job_id, target_dir)
@@ -345,6 +340,40 @@ def _fetch_companions(host: Any, job_id: str, target_dir: Path) -> None:
             data = part.read_bytes()
             part.write_bytes(data[:data.rfind(b"\n") + 1])
         os.replace(part, target_dir / local)
+
+
+def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
+                      target_dir: Path) -> tuple[dict[str, Any], Path] | str:
+    """Copy the checkpoint a job's LATEST names now, verified by size and sha256.  The agent first
+    pins it as ``ckpt/.ship.pt`` (a hard link): a payload that saves often rotates its rolling file
+    away faster than a copy runs, and the link keeps the bytes.  The link goes when the copy is done.
+    Returns (the pointer copied, the verified .part file), or why nothing could be copied."""
+    try:
+        pinned = host.run(agent_argv(host, agent_bundle, "snapshot", job_id), timeout=60)
+    except HostError as exc:
+        return str(exc)
+    try:
+        pointer = json.loads(pinned.stdout) if pinned.exit_code == 0 else None
+    except ValueError:
+        pointer = None
+    if not isinstance(pointer, dict) or not pointer.get("sha256") or not pointer.get("snapshot"):
+        return (pinned.stderr or pinned.stdout).strip()[-300:] or "the agent pinned no checkpoint"
+    name = str(pointer.get("file", ""))
+    if not name or "/" in name or name.startswith("."):
+        return f"the pointer names an unsafe file {name!r}"
+    part = target_dir / f".{name}.part"
+    remote = host.path("jobs", job_id, *str(pointer.pop("snapshot")).split("/"))
+    try:
+        host.get(remote, part)
+        with contextlib.suppress(HostError):
+            host.run(["rm", "-f", remote], timeout=60)
+    except HostError as exc:
+        part.unlink(missing_ok=True)
+        return str(exc)
+    if part.stat().st_size != int(pointer.get("bytes", -1)) or _sha256(part) != pointer["sha256"]:
+        part.unlink(missing_ok=True)
+        return f"{name} did not match its pointer (torn or replaced)"
+    return pointer, part
 
 
 def _sha256(path: Path) -> str:

@@ -20,6 +20,7 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
                           with --serve, then make sure a detached agent runs (gpuq_inbox.py)
   collect JOB_ID...       summaries and sha256-hashed result files of finished jobs
   manifest JOB_ID...      build jobs/<id>/MANIFEST.json (path, bytes, sha256) of jobs that exited 0
+  snapshot JOB_ID         hard-link the checkpoint LATEST names to ckpt/.ship.pt, print the pointer
   version                 print the protocol version
 
 The contract (layout, documents, exit codes, environment) lives in gpuq_protocol.py, a copy of
@@ -42,9 +43,9 @@ import contextlib  # noqa: E402
 import os  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
+import gpuq_health  # noqa: E402
 import gpuq_inbox  # noqa: E402
 import gpuq_manifest  # noqa: E402
-import gpuq_health  # noqa: E402
 import gpuq_protocol as P  # noqa: E402
 import gpuq_reap  # noqa: E402
 from gpuq_cancel import cmd_cancel, cmd_kill, cmd_withdraw  # noqa: E402
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="cpu: train on CPU even on GPU slots (rehearsal hosts with an emulated nvidia-smi)")
     co = sub.add_parser("collect", help="summaries and hashed result files of finished jobs")
     co.add_argument("job_ids", nargs="+")
+    sn = sub.add_parser("snapshot", help="pin a job's current checkpoint as ckpt/.ship.pt for copying")
+    sn.add_argument("job_id")
     mp = sub.add_parser("manifest", help="build MANIFEST.json of finished jobs for `gpuq pull`")
     mp.add_argument("job_ids", nargs="+")
     try:
@@ -130,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(lay, args)
     if args.cmd == "collect":
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)
+    if args.cmd == "snapshot":
+        return gpuq_manifest.cmd_snapshot(lay.root, args.job_id)
     if args.cmd == "manifest":
         return gpuq_manifest.cmd_manifest(lay.root, args.job_ids)
     ap.print_usage(sys.stderr)

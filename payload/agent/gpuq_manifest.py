@@ -194,3 +194,38 @@ def cmd_manifest(root: str, job_ids: list[str]) -> int:
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0 if any("manifest" in v for v in out.values()) else 1
+
+
+SHIP_SNAPSHOT = ".ship.pt"  # ckpt/.ship.pt: a hard link the controller copies (never a rolling name)
+
+
+def cmd_snapshot(root: str, job_id: str) -> int:
+    """``snapshot JOB_ID``: pin the checkpoint LATEST names right now by hard-linking it to
+    ``ckpt/.ship.pt`` and print the pointer.  The payload may rotate its rolling file away a moment
+    later; the link keeps those bytes for the controller's copy, which removes it when done."""
+    if not re.match(r"^[A-Za-z0-9._-]+$", job_id) or job_id.startswith("."):
+        print("gpuq snapshot: bad job id %r" % (job_id,), file=sys.stderr)
+        return P.AGENT_EXIT_USAGE
+    ckpt = Layout(root).job(job_id, P.CKPT_DIR)
+    for _ in range(5):  # LATEST may move between reading it and linking its file: read it again
+        pointer = read_json(os.path.join(ckpt, P.LATEST_POINTER))
+        if not isinstance(pointer, dict) or not isinstance(pointer.get("file"), str):
+            print("gpuq snapshot: no checkpoint pointer under %s" % ckpt, file=sys.stderr)
+            return 1
+        name = pointer["file"]
+        if "/" in name or name.startswith("."):
+            print("gpuq snapshot: the pointer names an unsafe file %r" % (name,), file=sys.stderr)
+            return 1
+        tmp = os.path.join(ckpt, SHIP_SNAPSHOT + ".link")
+        try:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.link(os.path.join(ckpt, name), tmp)
+        except FileNotFoundError:
+            continue
+        os.replace(tmp, os.path.join(ckpt, SHIP_SNAPSHOT))
+        pointer["snapshot"] = P.CKPT_DIR + "/" + SHIP_SNAPSHOT
+        print(json.dumps(pointer, sort_keys=True))
+        return 0
+    print("gpuq snapshot: the checkpoint kept moving under %s" % ckpt, file=sys.stderr)
+    return 1
