@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.proctree import assert_gone, descendants
+
 torch = pytest.importorskip("torch")
 
 PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
@@ -132,10 +134,11 @@ def _interrupt_and_resume(tmp: Path, reference: Path, sig: int, ckpt_every: int,
         time.sleep(0.02)
     seed = random.randrange(1 << 30)
     time.sleep(random.Random(seed).uniform(0.0, 0.6))
-    workers = _descendants(proc.pid)
+    workers = descendants(proc.pid)
     os.killpg(proc.pid, sig)  # torchrun's group; its workers live in sessions of their own
     rc = _wait(proc)
-    _assert_gone(workers)  # SIGTERM: relayed by torchrun; SIGKILL: the payload's parent-death signal
+    # SIGTERM: relayed by torchrun; SIGKILL: the payload's parent-death signal
+    assert_gone(workers, what="worker processes survived their launcher")
     first = log.read_text()
     assert rc != 0, f"training finished before the signal (delay seed {seed})\n{first}"
     assert not (run_dir / "result" / "summary.json").exists()
@@ -161,40 +164,6 @@ def _interrupt_and_resume(tmp: Path, reference: Path, sig: int, ckpt_every: int,
     assert _evals(run_dir) == _evals(reference)
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _assert_gone(pids: list[int], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if _running(p)]
-    for p in alive:  # never leave trainers behind, then fail
-        os.kill(p, signal.SIGKILL)
-    assert not alive, f"worker processes survived their launcher: {alive}"
 
 
 def reference_steps(reference: Path) -> int:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.proctree import assert_gone, descendants
+
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,20 +114,20 @@ class Run:
     def kill(self) -> None:
         """SIGKILL torchrun and its workers at once (the workers live in sessions of their own)."""
         assert self.proc is not None
-        victims = [self.proc.pid, *_descendants(self.proc.pid)]
+        victims = [self.proc.pid, *descendants(self.proc.pid)]
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
-        _assert_gone(victims)
+        assert_gone(victims)
 
     def sigterm(self) -> float:
         assert self.proc is not None
-        workers = _descendants(self.proc.pid)
+        workers = descendants(self.proc.pid)
         t = time.monotonic()
         os.killpg(self.proc.pid, signal.SIGTERM)  # what the wrapper relays; torchrun relays it on
         self.wait()
-        _assert_gone(workers)
+        assert_gone(workers)
         return time.monotonic() - t
 
     def pointer(self) -> dict | None:
@@ -171,39 +173,6 @@ def _final_model(run_dir: Path) -> dict:
     return torch.load(run_dir / "ckpt" / pointer["file"], map_location="cpu", weights_only=False)["model"]
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _assert_gone(pids: list[int], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if _running(p)]
-    for p in alive:  # never leave trainers behind, then fail
-        os.kill(p, signal.SIGKILL)
-    assert not alive, f"processes survived: {alive}"
 
 
 @pytest.fixture(scope="module")

@@ -5,23 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from orchestrator.api.cloud import _fetch_checkpoint
 from orchestrator.hosts.local import LocalHost
+from tests.support.jobtree import SHA, install_agent
 
 JOB = "c0123456789ab"
-SHA = "f" * 64
-AGENT = Path(__file__).resolve().parents[2] / "payload" / "agent"
 
 
 @pytest.fixture
 def host(tmp_path: Path) -> LocalHost:
     root = tmp_path / "host"
-    shutil.copytree(AGENT, root / "bundles" / SHA / "payload" / "agent", ignore=shutil.ignore_patterns("__pycache__"))
+    install_agent(root)
     return LocalHost(root)
 
 
