@@ -162,7 +162,7 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
              traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False) -> str:
     """The failure class of DOMAIN.md 7.1 from the exit code and the log evidence:
     "transient" | "config" | "divergence" | "gpu_oom" | "host_oom" | "disk_full" | "control_plane"
-    | "vanished" | "unknown"."""
+    | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown) | "vanished" | "unknown"."""
     signatures = {h.get("signature", "") for h in hits}
     last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
     if exit_code == protocol.EXIT_CONFIG or trainer_code == protocol.EXIT_CONFIG or "state_dict" in signatures:
@@ -171,6 +171,8 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
         return "transient"
     if exit_code == protocol.EXIT_FINALIZE:
         return "control_plane"
+    if exit_code == protocol.EXIT_SIGNAL_BASE + 15 or trainer_code == protocol.EXIT_SIGNAL_BASE + 15:
+        return "stopped"  # a SIGTERM gpuq did not send (a cancel never gets here): a stop, not a verdict
     if "nonfinite_loss" in signatures:
         return "divergence"
     if "cuda_oom" in signatures:
@@ -188,7 +190,7 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
     return "unknown"
 
 
-RETRYABLE = frozenset({"transient", "vanished", "stalled"})
+RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped"})
 
 
 @dataclass(frozen=True)

@@ -269,7 +269,8 @@ def test_watch_auto_resume_brings_a_preempted_pod_back(cloud_factory: Callable[.
     try:
         assert wait_for(lambda: all(_latest_step(root, j.id) >= 2 * CKPT_EVERY for j in cloud.jobs()),
                         timeout=300, interval=0.2)
-        cloud.fake.preempt(host.instance_id, grace_s=2.0)
+        # a long grace: the watcher's 1 s ticks see the jobs exit on SIGTERM while the pod still answers
+        cloud.fake.preempt(host.instance_id, grace_s=4.0)
         out, _ = watcher.communicate(timeout=600)
     finally:
         if watcher.poll() is None:

@@ -100,6 +100,8 @@ def test_crash_signatures_and_nan_from_the_scan() -> None:
     (1, None, ["disk_full"], [], {}, "disk_full"),
     (81, None, [], [], {}, "disk_full"),
     (82, None, [], [], {}, "control_plane"),
+    (143, 143, [], [], {}, "stopped"),
+    (143, 1, ["stopped_by_signal"], [], {}, "stopped"),
     (137, None, [], [], {"oom_kill_rose": True}, "host_oom"),
     (None, None, [], [], {}, "vanished"),
     (None, None, [], [], {"rebooted": True}, "transient"),
@@ -114,6 +116,7 @@ def test_retry_policy() -> None:
     assert patrol.decide("vanished", 1, 2).action == "requeue"
     assert patrol.decide("stalled", 2, 2).action == "requeue"
     assert patrol.decide("stalled", 3, 2).action == "keep_lost"
+    assert patrol.decide("stopped", 1, 2).action == "requeue"  # a SIGTERM from outside is no verdict
     assert patrol.decide("config", 1, 10).action == "fail"  # never blind-retried
     assert patrol.decide("divergence", 1, 10).action == "fail"
     assert patrol.decide("gpu_oom", 1, 10).action == "none"
