@@ -307,6 +307,7 @@ def test_lambda_host_failure_resumes_on_a_replacement_from_the_shipped_checkpoin
     assert cloud.gpuq("patrol").returncode == 0  # a tick ships the newest checkpoint of every job on a rented host
     assert shipped_step() >= 2 * CKPT_EVERY
     assert (shipped.parent / "metrics.jsonl").is_file()  # the metrics so far travel with it
+    home_step = shipped_step()  # no tick runs until the resume: this is the copy the replacement gets
     cloud.fake.host_failure(hosts[victim].instance_id)  # the API says unhealthy ...
     cloud.backend.crash(hosts[victim].instance_id)  # ... and the machine is dead
     cloud.backend.wait_idle()
@@ -322,9 +323,9 @@ def test_lambda_host_failure_resumes_on_a_replacement_from_the_shipped_checkpoin
     assert new_host != victim
     new_root = cloud.host_root(cloud.hosts()[new_host].instance_id)
     resumed_at = _resumed_step(new_root, job.id, after[job.id].attempt_count)
-    # the replacement had an empty disk: it resumed from the controller's shipped copy, which is at
-    # most one interval behind the last checkpoint (shipping keeps up every tick)
-    assert resumed_at >= 2 * CKPT_EVERY and reached - resumed_at <= 3 * CKPT_EVERY, (reached, resumed_at)
+    # the replacement had an empty disk: it resumed from exactly the controller's shipped copy (what
+    # was trained after the last tick's copy is the loss; `gpuq watch` ticks keep that short)
+    assert resumed_at == home_step and reached >= resumed_at, (reached, resumed_at, home_step)
 
     # the teardown gate: nothing is terminated while results are not pulled and verified
     refused = cloud.gpuq("down", new_host, "--yes")
