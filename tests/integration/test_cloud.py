@@ -23,7 +23,7 @@ import pytest
 
 from orchestrator.ledger import Ledger
 from scripts.bench_project import TINY_CONFIG
-from tests.conftest import run_gpuq, wait_for
+from tests.conftest import kill_recorded_groups, run_gpuq, wait_for
 from tests.support.fakecloud import FakeLambda, FakeRunPod
 from tests.support.fakecloud.netns_backend import NetnsBackend
 from tests.support.testhosts import HostFarm
@@ -62,7 +62,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     base = tmp_path_factory.mktemp("reference")
     queue = _project(base)
     env = {"GPUQ_HOME": str(base / "home"), "GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1"}
-    done = run_gpuq("submit", str(queue), "--host", "local", "--wait", env=env, timeout=900)
+    try:
+        done = run_gpuq("submit", str(queue), "--host", "local", "--wait", env=env, timeout=900)
+    finally:
+        kill_recorded_groups(base / "home" / "local")  # the local agent would idle on for minutes
     assert done.returncode == 0, done.stdout + done.stderr
     out = {}
     for spec in (base / "home" / "local" / "jobs").glob("*/spec.json"):
