@@ -22,6 +22,7 @@ import json
 import os
 import pickletools
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,21 @@ def _safe_path(path: object) -> str | None:
     return path
 
 
-def parse_manifest(raw: bytes, *, job_id: str) -> Manifest:
-    """Validate a fetched MANIFEST.json; ValueError says what is wrong with it."""
+# the file each finalize check of a job (its sweep's ``verify``) makes part of its results
+VERIFY_FILES = {"metrics": f"{protocol.RESULT_DIR}/{protocol.METRICS_FILE}",
+                "best_ckpt": f"{protocol.CKPT_DIR}/{protocol.BEST_CKPT}"}
+PAYLOAD_REQUIRED = tuple(VERIFY_FILES.values())
+
+
+def required_files(verify: Sequence[str]) -> tuple[str, ...]:
+    """What a manifest must list for a job whose sweep checks ``verify`` ("metrics", "best_ckpt"); a
+    project's own trainer (docs/your-project.md) usually checks nothing beyond its exit record."""
+    return tuple(VERIFY_FILES[v] for v in verify if v in VERIFY_FILES)
+
+
+def parse_manifest(raw: bytes, *, job_id: str, required: Sequence[str] = PAYLOAD_REQUIRED) -> Manifest:
+    """Validate a fetched MANIFEST.json; ValueError says what is wrong with it.  Besides ``required``,
+    every manifest lists its attempt's exit record."""
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -122,7 +136,8 @@ def parse_manifest(raw: bytes, *, job_id: str) -> Manifest:
         raise ValueError("manifest lists no files")
     if len(set(paths)) != len(paths):
         raise ValueError("manifest lists a path twice")
-    for need in (f"{protocol.RESULT_DIR}/{protocol.METRICS_FILE}", f"{protocol.CKPT_DIR}/{protocol.BEST_CKPT}"):
+    exit_record = f"{protocol.ATTEMPTS_DIR}/{attempt}/{protocol.EXIT_FILE}"
+    for need in (*required, exit_record):
         if need not in paths:
             raise ValueError(f"manifest lacks {need}")
     sha = hashlib.sha256(raw).hexdigest()
@@ -130,9 +145,9 @@ def parse_manifest(raw: bytes, *, job_id: str) -> Manifest:
                     sha)
 
 
-def read_manifest(path: Path, job_id: str) -> Manifest | None:
+def read_manifest(path: Path, job_id: str, required: Sequence[str] = PAYLOAD_REQUIRED) -> Manifest | None:
     try:
-        return parse_manifest(path.read_bytes(), job_id=job_id)
+        return parse_manifest(path.read_bytes(), job_id=job_id, required=required)
     except (OSError, ValueError):
         return None
 
