@@ -508,3 +508,22 @@ def test_a_project_trainer_manifest_needs_only_its_exit_record() -> None:
     with pytest.raises(ValueError, match=r"manifest lacks ckpt/best\.pt"):
         parse_manifest(_doc(paths), job_id="cpure", required=required_files(["metrics", "best_ckpt"][1:]))
     assert required_files(["metrics", "best_ckpt"]) == ("result/metrics.jsonl", "ckpt/best.pt")
+
+
+def _global_pickle(module: str, name: str) -> bytes:
+    """{"x": <module.name>(b"")} written by hand: no such object needs to exist here."""
+    return (b"\x80\x02}q\x00X\x01\x00\x00\x00xq\x01c" + module.encode() + b"\n" + name.encode()
+            + b"\nq\x02)Rq\x03s.")
+
+
+@pytest.mark.parametrize(("module", "name", "refused"), [
+    ("torch", "load", True), ("torch.hub", "load", True), ("torch.serialization", "load", True),
+    ("torch._C", "_set_print_stack_traces_on_fatal_signal", True), ("torch.nn.modules.linear", "Linear", True),
+    ("torch._utils", "_rebuild_tensor_v2", False), ("torch", "FloatStorage", False),
+    ("torch", "BFloat16Storage", False), ("collections", "OrderedDict", False),
+])
+def test_only_the_globals_a_state_dict_needs_pass(module: str, name: str, refused: bool) -> None:
+    """An arbitrary torch.* global may be a callable a hostile host wants run on load; only tensor
+    rebuilds, storages and ordered dicts are what a state dict needs."""
+    problem = pickle_problem(_global_pickle(module, name))
+    assert (problem is not None and "refuses" in problem) if refused else problem is None, problem
