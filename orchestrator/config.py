@@ -41,6 +41,7 @@ class Settings(BaseModel):
     ckpt_interval_s: int = Field(default=600, ge=1)
     kill_grace_s: int = Field(default=30, ge=0)
     min_free_gb: float = Field(default=1.0, ge=0)
+    bundle_max_mb: float = Field(default=1024.0, gt=0)  # a bigger project is refused at submit (docs/security.md)
     retries: int = Field(default=2, ge=0, le=10)  # per-cell `retries=` overrides (DOMAIN.md 7.1)
     status_timeout_s: float = Field(default=25.0, gt=0)
     # Health patrol (DOMAIN.md 6): thresholds, cadence, preflight, reaping, notifications
