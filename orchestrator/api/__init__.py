@@ -8,7 +8,7 @@ from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_
 from orchestrator.api.context import Context, host_for, open_context
 from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
 from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_rm, hosts_show, hosts_trust
-from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, logs, results
+from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
 from orchestrator.api.pull import PullReport, pull
 from orchestrator.api.status import Snapshot, status, tick, wait
 from orchestrator.api.submit import SubmitResult, submit
@@ -29,6 +29,7 @@ __all__ = [
     "UpResult",
     "WatchResult",
     "cancel",
+    "cancel_targets",
     "doctor",
     "down",
     "down_plan",

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from orchestrator.api import Context, Snapshot
     from orchestrator.controller import Probe
     from orchestrator.ledger import Host as HostRow
+    from orchestrator.states import JobState
 
 SPARKS = "▁▂▃▄▅▆▇█"
 FULL, EMPTY = "█", "░"
@@ -65,6 +66,7 @@ ALERT_ROWS = 6  # at most this many alerts on screen (the newest)
 REDRAW_S = 1.0  # redraw at least this often: ages ("updated 3s ago", heartbeat) keep moving
 KEY_POLL_S = 0.2
 HEARTBEAT_OLD_S = 300  # a heartbeat older than this is drawn red (the patrol's "stalled" rule decides)
+NAME_MAX_W = 48  # a job name wider than this is cut with an ellipsis
 JOIN_S = 0.5  # on quit, wait this long for a tick in flight (then leave it: see run())
 
 
@@ -281,9 +283,13 @@ def jobs_capacity(height: int) -> int:
 
 
 def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, rows: int) -> Panel:
-    """The jobs table, rows ``offset``..``offset + rows`` of ``views``."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=True, header_style="bold dim")
-    for name, kw in (("job", {"no_wrap": True}), ("name", {"ratio": 1}), ("state", {"no_wrap": True}),
+    """The jobs table, rows ``offset``..``offset + rows`` of ``views``.
+
+    Columns are as wide as what they hold (not stretched to the terminal): the name column takes
+    the width of the longest name shown, up to NAME_MAX_W, and progress, loss and ETA keep theirs."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False, header_style="bold dim")
+    for name, kw in (("job", {"no_wrap": True}), ("name", {"no_wrap": True, "max_width": NAME_MAX_W}),
+                     ("state", {"no_wrap": True}),
                      ("host:gpu", {"no_wrap": True}), ("progress", {"no_wrap": True}),
                      ("eta", {"no_wrap": True, "justify": "right"}), ("loss", {"no_wrap": True, "justify": "right"}),
                      ("trend", {"no_wrap": True}), ("hb", {"no_wrap": True, "justify": "right"}),
@@ -489,16 +495,18 @@ def read_keys(fd: int, timeout: float) -> list[str]:
     return parse_keys(data) if data else ["quit"]  # end of input: nobody is left to press q
 
 
-def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float) -> int:
+def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float, probe: bool = True,
+        states: Sequence[JobState] = ()) -> int:
     """The live dashboard until q, Ctrl-C (exit 0) or SIGTERM/SIGHUP (128 + signal)."""
     from rich.live import Live
 
     from orchestrator import api
 
     # the ledger's view first (instant, no probe; a bad --sweep fails here, before the screen changes)
-    view = View(api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=False), interval_s=interval_s)
+    view = View(api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=False, states=states), interval_s=interval_s)
     # unreachable hosts back off (DOMAIN.md 6.5): a live view must not hammer a dead sshd every few seconds
-    ticker = Ticker(lambda: api.status(ctx, sweep=sweep, all_jobs=all_jobs, honour_backoff=True), interval_s)
+    ticker = Ticker(lambda: api.status(ctx, sweep=sweep, all_jobs=all_jobs, honour_backoff=True, probe=probe,
+                                       states=states), interval_s)
     console = Console(highlight=False)
     fd = sys.stdin.fileno()
     code = 0

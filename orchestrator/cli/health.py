@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from orchestrator import exitcodes
+
 if TYPE_CHECKING:
     from orchestrator.api import Context, ReapReport, TickReport
 
@@ -111,7 +113,7 @@ def doctor(hosts: tuple[str, ...], as_json: bool) -> None:
             if not v.doc:
                 click.echo(f"  {v.detail}")
     if any(v.verdict in ("fail", "unreachable") for v in verdicts):
-        sys.exit(2)
+        sys.exit(exitcodes.HEALTH)
 
 
 def _print_reap(report: ReapReport) -> None:
