@@ -41,10 +41,10 @@ def version() -> str:
         pass
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     try:
-        import tomllib
+        from orchestrator.config import tomllib
 
         return str(tomllib.loads(pyproject.read_text())["project"]["version"])
-    except (OSError, KeyError, ValueError, ImportError):
+    except (OSError, KeyError, ValueError):
         from orchestrator import __version__
 
         return __version__
