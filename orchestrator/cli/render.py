@@ -287,11 +287,23 @@ def pct(value: object) -> str:
     return f"{value:.0f}%" if isinstance(value, int | float) else "?"
 
 
+RICH_ROWS = 60  # more jobs than this (or than a terminal shows) are printed as a plain aligned table
+
+
 def status_table(snap: Snapshot) -> None:
-    """``gpuq status --once`` (and any non-terminal stdout): hosts, jobs, latest alerts, sweep counts."""
+    """``gpuq status --once`` (and any non-terminal stdout): hosts, jobs, latest alerts, sweep counts.
+
+    Jobs that fit on the screen get a rich table; more (``status --all`` on a long history) get a
+    plain aligned table, written at once: the same columns, no boxes, no wrapping."""
     out = _console()
     out.print(hosts_table(snap))
-    out.print(jobs_table(snap))
+    views = job_views(snap)
+    room = out.size.height - 12 if sys.stdout.isatty() else RICH_ROWS
+    if len(views) <= max(room, 10):
+        out.print(jobs_table(snap, views))
+    else:
+        out.file.write(plain_jobs_table(views))
+        out.file.flush()
     alerts = alert_views(snap)
     if alerts:
         out.print(alerts_table(alerts[:10]))
@@ -300,9 +312,33 @@ def status_table(snap: Snapshot) -> None:
     for sweep in snap.sweeps[-5:]:
         states = snap.counts.get(sweep.id, {})
         summary = "  ".join(f"{state}={n}" for state, n in sorted(states.items()))
-        out.print(f"sweep {sweep.id}  {sweep.job_count} jobs  {summary}  ({sweep.queue_path})")
+        out.print(f"sweep {sweep.id}  {sweep.job_count} jobs  {summary}  ({sweep.queue_path})", markup=False)
     if hidden:
         out.print(f"{len(hidden)} finished sweep(s) not listed; `gpuq status --all` or `--sweep ID` shows them")
+
+
+JOB_COLUMNS = ("job", "sweep", "name", "state", "host:gpu", "try", "progress", "eta", "loss", "hb", "cost", "exit")
+
+
+def job_cells(view: JobView) -> list[str]:
+    """One job's row of the jobs table (JOB_COLUMNS), as plain text."""
+    job, att = view.job, view.attempt
+    percent = f" ({view.fraction:.0%})" if view.fraction is not None and view.progress != "-" else ""
+    return [
+        job.id, job.sweep_id, job.name, job.state, view.where, str(job.attempt_count), view.progress + percent,
+        duration(view.eta_s), f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
+        duration(view.heartbeat_age_s), money(view.cost),
+        "-" if att is None or att.exit_code is None else str(att.exit_code),
+    ]
+
+
+def plain_jobs_table(views: Sequence[JobView]) -> str:
+    """The jobs table as aligned text: a title line, a header, one line per job."""
+    rows = [list(JOB_COLUMNS), *(job_cells(v) for v in views)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS))]
+    lines = [f"jobs ({len(views)})"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def hosts_table(snap: Snapshot) -> Table:
@@ -331,22 +367,14 @@ def hosts_table(snap: Snapshot) -> Table:
     return table
 
 
-def jobs_table(snap: Snapshot) -> Table:
-    now = snap.generated_at
+def jobs_table(snap: Snapshot, views: Sequence[JobView] | None = None) -> Table:
     table = Table(title="jobs", title_justify="left")
-    for col in ("job", "sweep", "name", "state", "host:gpu", "try", "progress", "eta", "loss", "hb", "cost",
-                "exit"):
+    for col in JOB_COLUMNS:
         table.add_column(col, no_wrap=col in ("job", "sweep", "state", "host:gpu"))
-    for view in job_views(snap, now):
-        job, att = view.job, view.attempt
-        percent = f" ({view.fraction:.0%})" if view.fraction is not None and view.progress != "-" else ""
-        table.add_row(
-            job.id, job.sweep_id, job.name, f"[{STATE_STYLE.get(job.state, '')}]{job.state}[/]", view.where,
-            str(job.attempt_count), view.progress + percent, duration(view.eta_s),
-            f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
-            duration(view.heartbeat_age_s), money(view.cost),
-            "-" if att is None or att.exit_code is None else str(att.exit_code),
-        )
+    for view in job_views(snap) if views is None else views:
+        cells = job_cells(view)
+        cells[3] = f"[{STATE_STYLE.get(cells[3], '')}]{cells[3]}[/]"
+        table.add_row(*cells)
     return table
 
 

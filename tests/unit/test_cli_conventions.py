@@ -143,3 +143,13 @@ def test_completion_of_jobs_sweeps_and_hosts(home: Path) -> None:
     assert _complete("gpuq logs qold0001:w", home) == ["qold0001:wide"]
     assert sorted(_complete("gpuq status --sweep q", home)) == ["qnew0002", "qold0001"]
     assert _complete("gpuq logs ba", home / "nowhere") == []  # no ledger: nothing, no error
+
+
+def test_wait_timeout_exits_4(home: Path) -> None:
+    conn = sqlite3.connect(home / "ledger.db")
+    conn.execute("UPDATE sweep SET hosts = 'gone'")  # a host that is not registered: nothing can start
+    conn.commit()
+    conn.close()
+    result = run_gpuq("wait", "--timeout", "0")
+    assert result.returncode == exitcodes.TIMEOUT, (result.returncode, result.stdout, result.stderr)
+    assert "still running after 0 s" in result.stderr and "Traceback" not in result.stderr
