@@ -106,7 +106,8 @@ def _states(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 
 @cli.command()
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (what a non-terminal stdout always gets).")
-@click.option("--json", "as_json", is_flag=True, help="Print one machine-readable snapshot (docs/status.schema.json).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one machine-readable snapshot (docs/schemas/status.schema.json).")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=1.0), default=5.0, show_default=True,
               metavar="SECONDS", help="Live view: seconds between probes of every host.")
 @click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps, help="Only this sweep (id or prefix).")

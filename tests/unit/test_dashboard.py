@@ -1,5 +1,5 @@
 """The status views: the live dashboard's frames rendered into a fixed-size console, the --once table,
-and the --json document checked against its published schema (docs/status.schema.json)."""
+and the --json document checked against its published schema (docs/schemas/status.schema.json)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from orchestrator.ledger import Host as HostRow
 from orchestrator.specs import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
+SCHEMA = json.loads((ROOT / "docs" / "schemas" / "status.schema.json").read_text())
 NOW = 1_800_000_000.0
 
 
