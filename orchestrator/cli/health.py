@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -18,7 +19,10 @@ if TYPE_CHECKING:
 def _ctx() -> Context:
     from orchestrator import api
 
-    return api.open_context()
+    try:
+        return api.open_context()
+    finally:
+        gc.enable()  # main() turns it off for start-up
 
 
 def _stamp(t: float | None = None) -> str:

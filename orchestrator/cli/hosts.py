@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,10 @@ if TYPE_CHECKING:
 def _ctx() -> Context:
     from orchestrator import api
 
-    return api.open_context()
+    try:
+        return api.open_context()
+    finally:
+        gc.enable()  # main() turns it off for start-up
 
 
 @click.group()

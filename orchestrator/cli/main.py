@@ -8,6 +8,7 @@ Heavy modules (sqlmodel, rich) are imported inside commands so that
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,10 @@ class _State:
 def _ctx(project_dir: Path | None = None) -> Context:
     from orchestrator import api
 
-    return api.open_context(project_dir=project_dir)
+    try:
+        return api.open_context(project_dir=project_dir)
+    finally:
+        gc.enable()  # off while the heavy modules load (main()); a long command needs it back
 
 
 def version() -> str:
@@ -91,6 +95,12 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool) -> N
             sys.exit(exitcodes.FAILED)
 
 
+def _dashboard() -> Any:
+    from orchestrator.cli import dashboard  # rich.live, rich.layout: only for the live view
+
+    return dashboard
+
+
 def _states(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
     from orchestrator.states import JobState
 
@@ -125,17 +135,20 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
     from the ledger alone, as it was after the last probe.
     """
     from orchestrator import api
-    from orchestrator.cli import dashboard, render
     from orchestrator.states import JobState
 
     ctx = _ctx()
     wanted = [JobState(s) for s in states]
-    if not (once or as_json) and dashboard.interactive():
+    if not (once or as_json) and sys.stdout.isatty() and sys.stdin.isatty() and _dashboard().interactive():
+        from orchestrator.cli import dashboard
+
         code = dashboard.run(ctx, sweep=sweep, all_jobs=all_jobs, interval_s=interval_s, probe=not no_probe,
                              states=wanted)
         if code:
             sys.exit(code)
         return
+    from orchestrator.cli import render
+
     snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=not no_probe, states=wanted)
     if as_json:
         render.status_json(snap)
@@ -280,6 +293,7 @@ _register_groups()
 def main(argv: list[str] | None = None) -> Any:
     from orchestrator.errors import GpuqError, QueueParseError
 
+    gc.disable()  # importing sqlalchemy, pydantic and rich allocates much and frees little: ~10% of start-up
     try:
         return cli.main(args=argv, prog_name="gpuq", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.cli import documents
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.api import PullReport, ResultRow, Snapshot, SubmitResult
+    from orchestrator.cli import documents
     from orchestrator.controller import Probe
     from orchestrator.ledger import Attempt, Job
     from orchestrator.ledger import Host as HostRow
@@ -391,6 +391,8 @@ def alerts_table(alerts: list[AlertView]) -> Table:
 
 def status_model(snap: Snapshot) -> documents.StatusDocument:
     """The ``--json`` document (``docs/schemas/status.schema.json``, generated from the model)."""
+    from orchestrator.cli import documents  # pydantic models: only for --json
+
     hosts = []
     for row in snap.hosts:
         probe = snap.probes.get(row.name)
@@ -417,6 +419,8 @@ def status_model(snap: Snapshot) -> documents.StatusDocument:
 
 
 def job_model(view: JobView) -> documents.JobStatus:
+    from orchestrator.cli import documents
+
     job, att = view.job, view.attempt
     return documents.JobStatus(
         id=job.id, sweep_id=job.sweep_id, name=job.name, task=job.task, epochs=job.epochs, gpus=job.gpus,
