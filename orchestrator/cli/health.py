@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator import exitcodes
+from orchestrator.cli import complete
 
 if TYPE_CHECKING:
     from orchestrator.api import Context, ReapReport, TickReport
@@ -95,7 +96,7 @@ def watch(sweep: str | None, interval_s: float | None, max_hours: float, auto_re
 
 
 @click.command()
-@click.argument("hosts", nargs=-1)
+@click.argument("hosts", nargs=-1, shell_complete=complete.hosts)
 @click.option("--json", "as_json", is_flag=True, help="The verdicts as JSON.")
 def doctor(hosts: tuple[str, ...], as_json: bool) -> None:
     """GPU preflight of HOSTS (default: every registered host): Xids, throttling, heat, ECC, busy
@@ -136,7 +137,7 @@ def _print_reap(report: ReapReport) -> None:
 
 
 @click.command()
-@click.argument("host")
+@click.argument("host", shell_complete=complete.hosts)
 @click.option("--force", is_flag=True, help="Kill the zombies (detected again at that moment).")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation with --force.")
 def reap(host: str, force: bool, yes: bool) -> None:

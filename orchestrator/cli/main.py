@@ -78,19 +78,25 @@ def cli(debug: bool) -> None:
               help="Use only this host (repeatable). Default: every registered remote host, else local.")
 @click.option("--dry-run", is_flag=True, help="Validate and plan; write nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
-def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch --parsable.")
+def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
     ctx = _ctx(queue.parent)
     result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
-    render.submitted(result)
+    if as_json and not dry_run:
+        emit.submitted(result)
+    else:
+        render.submitted(result)
     if result.launch_error:
         sys.exit(exitcodes.FAILED)
     if wait_ and not dry_run:
         snap = api.wait(ctx, sweep=result.sweep_id)
-        render.status_table(snap)
+        if not as_json:
+            render.status_table(snap)
         if any(j.state != "SUCCEEDED" for j in snap.jobs):
             sys.exit(exitcodes.FAILED)
 
@@ -160,13 +166,19 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
 @click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps,
               help="Sweep id or prefix (default: the newest).")
 @click.option("--timeout", "timeout_s", type=float, help="Give up after this many seconds (exit 4).")
-def wait(sweep: str | None, timeout_s: float | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="How the sweep ended, as JSON (docs/schemas/wait.schema.json).")
+def wait(sweep: str | None, timeout_s: float | None, as_json: bool) -> None:
     """Block until every job of the sweep has ended; exit 1 if any did not succeed, 4 on --timeout."""
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
-    snap = api.wait(_ctx(), sweep=sweep, timeout_s=timeout_s)
-    render.status_table(snap)
+    ctx = _ctx()
+    sweep_id = ctx.ledger.resolve_sweep(sweep).id
+    snap = api.wait(ctx, sweep=sweep_id, timeout_s=timeout_s)
+    if as_json:
+        emit.waited(snap, sweep_id)
+    else:
+        render.status_table(snap)
     if any(j.state != "SUCCEEDED" for j in snap.jobs):
         sys.exit(exitcodes.FAILED)
 
@@ -229,13 +241,18 @@ def cancel(jobs: tuple[str, ...], sweeps: tuple[str, ...], all_sweeps: bool, yes
 @click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps,
               help="Sweep id or prefix (default: the newest).")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
-def results(sweep: str | None, as_csv: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (docs/schemas/results.schema.json).")
+def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     """One row per job: state, final and best metrics."""
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
+    if as_csv and as_json:
+        raise click.UsageError("give --csv or --json, not both")
     rows = api.results(_ctx(), sweep=sweep)
-    if as_csv:
+    if as_json:
+        emit.results(rows)
+    elif as_csv:
         render.results_csv(rows)
     else:
         render.results_table(rows)
@@ -244,17 +261,21 @@ def results(sweep: str | None, as_csv: bool) -> None:
 @cli.command()
 @click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps,
               help="Sweep id or prefix (default: the newest).")
-def pull(sweep: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="The outcome per job as JSON (docs/schemas/pull.schema.json).")
+def pull(sweep: str | None, as_json: bool) -> None:
     """Bring finished jobs' results home to $GPUQ_HOME/results/SWEEP/JOB/, verified by size and sha256.
 
     Resumes partial copies; jobs already verified are not fetched again.  Exit 1 when any job is
     not verified (incomplete, quarantined, failed) or nothing could be pulled.
     """
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
     report = api.pull(_ctx(), sweep=sweep)
-    render.pulled(report)
+    if as_json:
+        emit.pulled(report)
+    else:
+        render.pulled(report)
     if not report.ok:
         sys.exit(exitcodes.FAILED)
 

@@ -153,3 +153,62 @@ def test_wait_timeout_exits_4(home: Path) -> None:
     result = run_gpuq("wait", "--timeout", "0")
     assert result.returncode == exitcodes.TIMEOUT, (result.returncode, result.stdout, result.stderr)
     assert "still running after 0 s" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_committed_schemas_are_the_generated_ones() -> None:
+    from orchestrator.cli import documents
+
+    folder = ROOT / "docs" / "schemas"
+    committed = {p.name for p in folder.glob("*.schema.json")}
+    assert committed == {f"{name}.schema.json" for name in documents.DOCUMENTS}
+    for name in documents.DOCUMENTS:
+        assert (folder / f"{name}.schema.json").read_text() == documents.render_schema(name), (
+            f"docs/schemas/{name}.schema.json is stale: run `python -m orchestrator.cli.documents`")
+
+
+def _validate(name: str, doc: object) -> None:
+    import jsonschema
+
+    from orchestrator.cli import documents
+
+    jsonschema.Draft202012Validator(documents.json_schema(name)).validate(doc)
+
+
+def test_json_of_results_hosts_and_wait(home: Path) -> None:
+    import json
+
+    conn = sqlite3.connect(home / "ledger.db")
+    conn.execute("UPDATE job SET state = 'FAILED' WHERE sweep_id = 'qnew0002'")
+    conn.commit()
+    conn.close()
+    results = run_gpuq("results", "--json")
+    assert results.returncode == 0, results.stderr
+    doc = json.loads(results.stdout)
+    _validate("results", doc)
+    assert doc["sweep"] == "qnew0002" and [j["name"] for j in doc["jobs"]] == ["baseline", "deep", "tiny"]
+    assert run_gpuq("results", "--json", "--csv").returncode == exitcodes.USAGE
+
+    waited = run_gpuq("wait", "--json", "--sweep", "qnew")
+    assert waited.returncode == exitcodes.FAILED, waited.stderr  # every job FAILED
+    doc = json.loads(waited.stdout)
+    _validate("wait", doc)
+    assert doc["ok"] is False and doc["states"] == {"FAILED": 3}
+
+    from orchestrator.ledger import Host
+
+    ledger = Ledger(home / "ledger.db")
+    ledger.add_host(Host(name="g1", kind="ssh", target="me@192.0.2.1", root="/srv/gpuq", profile="ssh"))
+    ledger.close()
+    listed = run_gpuq("hosts", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    doc = json.loads(listed.stdout)
+    _validate("hosts", doc)
+    assert [h["target"] for h in doc["hosts"] if h["name"] == "g1"] == ["me@192.0.2.1"]
+    shown = run_gpuq("hosts", "show", "g1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    _validate("host", doc)
+    assert doc["host"]["root"] == "/srv/gpuq" and doc["active_jobs"] == []
+    assert _complete("gpuq hosts show g", home) == ["g1"]
+    unknown = run_gpuq("hosts", "show", "nope", "--json")
+    assert unknown.returncode == exitcodes.USAGE and "unknown host" in unknown.stderr
