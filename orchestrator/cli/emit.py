@@ -19,7 +19,7 @@ def _out(doc: d._Doc) -> None:
 
 def submitted(result: SubmitResult) -> None:
     jobs = [d.SubmittedJob(id=j.id, name=j.name, host=result.placements.get(j.id)) for j in result.jobs]
-    _out(d.SubmitDocument(schema="gpuq.cli.submit/1", sweep=result.sweep_id, jobs=jobs,
+    _out(d.SubmitDocument(schema_="gpuq.cli.submit/1", sweep=result.sweep_id, jobs=jobs,
                           launch_error=result.launch_error))
 
 
@@ -34,7 +34,7 @@ def results(rows: list[ResultRow]) -> None:
             lost_gpu_hours=c.lost_gpu_hours if c else None, preemptions=c.preemptions if c else None,
             pulled=row.pulled, local_dir=row.local_dir,
         ))
-    _out(d.ResultsDocument(schema="gpuq.cli.results/1", sweep=rows[0].job.sweep_id, jobs=jobs))
+    _out(d.ResultsDocument(schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id, jobs=jobs))
 
 
 def host_entry(row: HostRow) -> d.HostEntry:
@@ -45,13 +45,13 @@ def host_entry(row: HostRow) -> d.HostEntry:
 
 
 def hosts(rows: list[HostRow]) -> None:
-    _out(d.HostsDocument(schema="gpuq.cli.hosts/1", hosts=[host_entry(r) for r in rows]))
+    _out(d.HostsDocument(schema_="gpuq.cli.hosts/1", hosts=[host_entry(r) for r in rows]))
 
 
 def host(detail: HostDetail) -> None:
     row = detail.row
     events = [d.HostEvent(time=e.time, state=e.new or "", message=e.message) for e in detail.events]
-    _out(d.HostDocument(schema="gpuq.cli.host/1", host=host_entry(row), python=row.python, port=row.port,
+    _out(d.HostDocument(schema_="gpuq.cli.host/1", host=host_entry(row), python=row.python, port=row.port,
                         fingerprint=detail.fingerprint, agent_bundle=row.agent_bundle,
                         active_jobs=[j.id for j in detail.active], unverified_jobs=[j.id for j in detail.unverified],
                         events=events))
@@ -61,7 +61,7 @@ def pulled(report: PullReport) -> None:
     jobs = [d.PulledJob(id=o.job_id, name=o.name, host=o.host, state=o.state, verified=o.verified, reason=o.reason,
                         files=o.files, bytes=o.bytes, transferred=o.transferred, local_dir=o.local_dir)
             for o in report.outcomes]
-    _out(d.PullDocument(schema="gpuq.cli.pull/1", sweep=report.sweep_id, results_dir=str(report.results_dir),
+    _out(d.PullDocument(schema_="gpuq.cli.pull/1", sweep=report.sweep_id, results_dir=str(report.results_dir),
                         ok=report.ok, jobs=jobs))
 
 
@@ -71,5 +71,5 @@ def waited(snap: Snapshot, sweep_id: str) -> None:
     states: dict[str, int] = {}
     for job in snap.jobs:
         states[job.state] = states.get(job.state, 0) + 1
-    _out(d.WaitDocument(schema="gpuq.cli.wait/1", sweep=sweep_id, ok=all(j.state == "SUCCEEDED" for j in snap.jobs),
+    _out(d.WaitDocument(schema_="gpuq.cli.wait/1", sweep=sweep_id, ok=all(j.state == "SUCCEEDED" for j in snap.jobs),
                         states=states, jobs=[job_model(v) for v in job_views(snap)]))

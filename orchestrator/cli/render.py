@@ -414,7 +414,7 @@ def status_model(snap: Snapshot) -> documents.StatusDocument:
               for sweep in snap.sweeps]
     alerts = [documents.Alert(time=a.time, severity=a.severity, rule=a.rule, subject=a.subject, message=a.message,
                               action=a.action) for a in alert_views(snap)]
-    return documents.StatusDocument(schema=STATUS_SCHEMA, generated_at=snap.generated_at, hosts=hosts,
+    return documents.StatusDocument(schema_=STATUS_SCHEMA, generated_at=snap.generated_at, hosts=hosts,
                                     sweeps=sweeps, jobs=[job_model(v) for v in job_views(snap)], alerts=alerts)
 
 
