@@ -377,3 +377,13 @@ def test_schema_rejects_a_wrong_document(breakage: Any) -> None:
     doc = json.loads(json.dumps(render.status_doc(_snapshot())))
     breakage(doc)
     assert list(_validator().iter_errors(doc)), "the schema accepted a wrong document"
+
+
+def test_columns_are_as_wide_as_their_content_on_a_wide_terminal() -> None:
+    text, _ = _frame(View(_snapshot()), width=200)
+    row = next(line for line in text.splitlines() if "│ crunning00001 " in line)
+    name_at = row.index("baseline")
+    state_at = row.index("RUNNING")
+    # the name column is as wide as the longest name shown, not most of the 200 columns
+    assert state_at - name_at <= 12, row
+    assert "ep " in row and "%" in row  # progress keeps its bar and percentage
