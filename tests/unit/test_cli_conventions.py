@@ -212,3 +212,22 @@ def test_json_of_results_hosts_and_wait(home: Path) -> None:
     assert _complete("gpuq hosts show g", home) == ["g1"]
     unknown = run_gpuq("hosts", "show", "nope", "--json")
     assert unknown.returncode == exitcodes.USAGE and "unknown host" in unknown.stderr
+
+
+@pytest.mark.parametrize(("answer", "code", "state"), [("y", 0, "CANCELLED"), ("n", exitcodes.INTERRUPTED, "QUEUED")])
+def test_cancel_of_several_asks_in_a_terminal(home: Path, answer: str, code: int, state: str) -> None:
+    import pty
+
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "cancel", "wide", "deep"], stdin=terminal,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        os.write(controller, f"{answer}\n".encode())
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert proc.returncode == code, (out, err)
+    assert "cancel 2 jobs of sweep(s) qnew0002, qold0001?" in out
+    states = _states(home)
+    assert states["qold0001:wide"] == state and states["qnew0002:deep"] == state
