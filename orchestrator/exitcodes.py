@@ -10,6 +10,9 @@ code    meaning
 4       timeout (``gpuq wait --timeout``: the sweep was still running)
 130     interrupted (Ctrl-C, or a confirmation answered no)
 ======  ==========================================================================
+
+The live ``gpuq status`` view, ended by SIGTERM or SIGHUP, exits 128 + the signal's number, as a
+shell reports a process a signal ended.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def reap(host: str, force: bool, yes: bool) -> None:
     report = api.reap(ctx, host)
     _print_reap(report)
     if report.error and not report.doc:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
     if not force or not report.candidates:
         if report.candidates:
             click.echo(f"dry run: nothing killed; `gpuq reap {host} --force` kills them after re-checking")
@@ -157,7 +157,7 @@ def reap(host: str, force: bool, yes: bool) -> None:
     if not yes:
         if not sys.stdin.isatty():
             click.echo("gpuq: --force needs confirmation; re-run in a terminal or add --yes", err=True)
-            sys.exit(2)
+            sys.exit(exitcodes.USAGE)
         click.confirm(f"kill these processes on {host}?", abort=True)
     forced = api.reap(ctx, host, force=True)
     killed = forced.doc.get("killed", []) if forced.doc else []
@@ -168,4 +168,4 @@ def reap(host: str, force: bool, yes: bool) -> None:
             click.echo(f"  {k.get('pid')}: {k.get('outcome')}")
     if forced.exit_code != 0:
         click.echo(f"gpuq: some kills failed on {host}: {forced.error}", err=True)
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
