@@ -49,6 +49,14 @@ def _states(home: Path) -> dict[str, str]:
         conn.close()
 
 
+def _job_id(home: Path, sweep: str, name: str) -> str:
+    conn = sqlite3.connect(home / "ledger.db")
+    try:
+        return str(conn.execute("SELECT id FROM job WHERE sweep_id = ? AND name = ?", (sweep, name)).fetchone()[0])
+    finally:
+        conn.close()
+
+
 def test_bare_name_means_the_newest_sweeps_job_and_says_so(home: Path) -> None:
     result = run_gpuq("cancel", "baseline")
     assert result.returncode == 0, result.stderr
@@ -61,6 +69,10 @@ def test_bare_name_means_the_newest_sweeps_job_and_says_so(home: Path) -> None:
     assert only.returncode == 0 and "qold0001:wide" in only.stdout and only.stderr == ""
     assert run_gpuq("cancel", "qold0001:baseline").returncode == 0
     assert _states(home)["qold0001:baseline"] == "CANCELLED"
+    logs = run_gpuq("logs", "deep")  # a name only the newest sweep has, not started: no note, a clear reason
+    assert logs.returncode == exitcodes.USAGE and "has not started yet" in logs.stderr and "newest" not in logs.stderr
+    prefix = run_gpuq("logs", _job_id(home, "qnew0002", "tiny")[:6])
+    assert prefix.returncode == exitcodes.USAGE and "(tiny) has not started yet" in prefix.stderr
     missing = run_gpuq("logs", "nosuchjob")
     assert missing.returncode == exitcodes.USAGE and "no job matches 'nosuchjob'" in missing.stderr
     assert "Traceback" not in missing.stderr
