@@ -40,6 +40,7 @@ from orchestrator.patrol import (
     unreachable,
 )
 from orchestrator.scheduler import EpochRates, Plan, epoch_rates, estimate_s
+from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.states import AttemptState, JobState
 
 PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled"})  # open until they clear
@@ -370,6 +371,8 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
         jobs = {j.id: j for j in queued if j.sweep_id == sweep_id}
         ckpt = ctx.ledger.checkpoint_bytes_by_config()
         rows = _target_rows(ctx, sorted(sweep.host_set()), {j.host_pin for j in jobs.values() if j.host_pin})
+        holds = held_bundles(ctx.ledger, [r.name for r in rows])
+        rows = [r for r in rows if not is_held(holds, r.name, sweep.bundle_sha)]  # its setup failed there
         usable = {r.name for r in rows if not r.hold_reason and r.unreachable_since is None}
         plan_jobs = []
         for j in jobs.values():
