@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import protocol, stops
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -162,7 +162,8 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
                 exit_doc.get("wrapper_code") if outcome == "failed" else None,
                 exit_doc.get("trainer_code") if outcome == "failed" else None,
                 [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
-                oom_kill_rose=oom_rose, rebooted=rebooted)
+                oom_kill_rose=oom_rose, rebooted=rebooted,
+                wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
             out.settled.append(Settled(job.id, outcome, klass, settle(ledger, job.id, klass, settings), rebooted))
     if missing:
         _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent

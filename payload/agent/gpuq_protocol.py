@@ -166,6 +166,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 # exit.json (attempt dir, written atomically last): {"job_id", "attempt", "wrapper_code",
 #   "trainer_code", "signal", "phase": "setup"|"gate"|"train"|"finalize", "started_at", "ended_at",
 #   "last_step", "last_epoch", "best_sha256", "durable": "disabled"|"synced"|"failed", "message",
+#   "wrapper_signal" (the signal the wrapper itself received, else null: a stop from outside),
 #   "vanished" (only in a record the agent wrote: true, the wrapper's whole group died, e.g. kill -9)}
 #
 # Status document (`gpuq_agent.py --root R status --json`, schema "gpuq.status/1"): one object

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,12 +104,21 @@ def test_crash_signatures_and_nan_from_the_scan() -> None:
     (143, 143, [], [], {}, "stopped"),
     (143, 1, ["stopped_by_signal"], [], {}, "stopped"),
     (137, None, [], [], {"oom_kill_rose": True}, "host_oom"),
+    (137, -9, [], [], {"oom_kill_rose": True}, "host_oom"),
+    (137, -9, ["killed"], [], {}, "host_oom"),  # a bare "Killed" in the log
+    (137, -9, [], [], {}, "killed"),  # kill -9 of the ranks, the wrapper survives: no OOM evidence
+    (134, -6, [], [], {}, "killed"),
+    (1, 1, [], [], {"wrapper_signal": 15}, "stopped"),  # a peer vanished first: the survivor exits 1
+    (4, 4, [], [], {"wrapper_signal": 15}, "stopped"),  # a stop whatever the trainer's code
+    (137, -9, [], [], {"wrapper_signal": 15}, "stopped"),  # the grace ran out
+    (130, -2, [], [], {}, "stopped"),
+    (137, -9, ["cuda_oom"], [], {}, "gpu_oom"),
     (None, None, [], [], {}, "vanished"),
     (None, None, [], [], {"rebooted": True}, "transient"),
     (1, None, ["traceback"], ["Traceback (most recent call last):", "RuntimeError: boom"], {}, "unknown"),
 ])
 def test_classification(code: int | None, trainer: int | None, hits: list[str], tb: list[str],
-                        kw: dict[str, bool], klass: str) -> None:
+                        kw: dict[str, Any], klass: str) -> None:
     assert patrol.classify(code, trainer, [{"signature": h} for h in hits], tb, **kw) == klass
 
 
@@ -120,6 +130,10 @@ def test_retry_policy() -> None:
     assert patrol.decide("config", 1, 10).action == "fail"  # never blind-retried
     assert patrol.decide("divergence", 1, 10).action == "fail"
     assert patrol.decide("gpu_oom", 1, 10).action == "none"
+    # a signal death gpuq did not cause: retried with resume within retries=
+    assert patrol.decide("killed", 2, 2).action == "requeue"
+    assert patrol.decide("killed", 3, 2).action == "keep_lost"
+    assert patrol.decide("host_oom", 1, 2).action == "requeue"
 
 
 def test_early_finish_only_under_half_the_expectation() -> None:
