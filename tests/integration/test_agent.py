@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator import patrol, stops
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -280,7 +282,9 @@ def test_exit_codes_crash_kill9_passthrough_finalize(host: Host) -> None:
         assert e["job_id"] == s["job_id"] and e["attempt"] == 1 and e["durable"] == "disabled"
         assert set(e) >= {"trainer_code", "signal", "phase", "started_at", "ended_at", "last_step",
                           "last_epoch", "best_sha256", "message"}
-    assert jobs["killed"][0] and host.exit_of(jobs["killed"][0]["job_id"])["signal"] == 9
+    killed = host.exit_of(jobs["killed"][0]["job_id"])
+    assert killed["signal"] == 9 and killed["wrapper_signal"] is None  # nobody signalled the wrapper
+    assert patrol.classify(killed["wrapper_code"], killed["trainer_code"], []) == "killed"  # retried
     assert host.exit_of(jobs["nometrics"][0]["job_id"])["phase"] == "finalize"
     ok = host.exit_of(jobs["ok"][0]["job_id"])
     assert ok["phase"] == "finalize" and ok["trainer_code"] == 0 and ok["last_step"] is not None
@@ -288,6 +292,22 @@ def test_exit_codes_crash_kill9_passthrough_finalize(host: Host) -> None:
     assert crash_log.startswith("=== gpuq ") and "stub crash on purpose" in crash_log
     mem = (host.attempt(jobs["ok"][0]["job_id"]) / "mem.tsv").read_text().splitlines()
     assert mem[0].startswith("time\tcg_used_bytes") and len(mem) >= 2
+
+
+def test_a_sigterm_to_the_wrapper_is_a_stop_whatever_the_trainer_exits(host: Host) -> None:
+    """A preemption's SIGTERM reaches the wrapper; the rank exits 1 (its peer vanished), not 143: the
+    exit record still says the wrapper got signal 15, and the controller calls it a stop."""
+    s = host.spec("peer", host.config("peer", hang=True, term_exit=1), kill_grace_s=30)
+    host.serve(slots=1, idle=30)
+    wait_for(lambda: host.runs_of(s["job_id"]), 30, "the trainer started")  # its handler is installed
+    wrapper = read_json(host.attempt(s["job_id"]) / "pgid")["pgid"]  # the wrapper leads its group
+    os.kill(wrapper, signal.SIGTERM)
+    e = host.wait_exit(s["job_id"])
+    assert (e["wrapper_code"], e["trainer_code"], e["wrapper_signal"]) == (1, 1, 15), e
+    assert "(wrapper got signal 15)" in e["message"]
+    assert patrol.classify(e["wrapper_code"], e["trainer_code"], [], wrapper_signal=stops.wrapper_signal(e)) \
+        == "stopped"
+    assert patrol.decide("stopped", 1, 2).action == "requeue"
 
 
 def test_agent_kill9_restart_adopts_and_never_reruns(host: Host) -> None:
