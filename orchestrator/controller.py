@@ -125,6 +125,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
     memory = report.doc.get("memory") or {}
     kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
     oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
+    oom_rose = oom_rose or stops.kernel_oom_kills(report.doc)  # or the kernel log's OOM killer, since the cursor
     ledger.update_host(
         host.name,
         last_probe_at=now,

@@ -102,3 +102,11 @@ def interrupted(entry: Mapping[str, Any]) -> bool:
     trainer = exit_doc.get("trainer_code")
     return outside_class(code if isinstance(code, int) else None, trainer if isinstance(trainer, int) else None,
                          wrapper_signal(exit_doc), oom_evidence=False) is not None
+
+
+def kernel_oom_kills(doc: Mapping[str, Any]) -> bool:
+    """Whether a status document's kernel section reports OOM-killer kills since the cursor it was
+    asked with (docs/host-protocol.md: "oom_kills", present only when there were some)."""
+    kernel = doc.get("kernel")
+    kills = kernel.get("oom_kills") if isinstance(kernel, Mapping) else None
+    return isinstance(kills, list) and any(isinstance(k, Mapping) for k in kills)

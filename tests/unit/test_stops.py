@@ -88,3 +88,10 @@ def test_a_late_preemption_turns_the_just_failed_attempt_into_preempted(ledger: 
     assert ledger.job(elsewhere).state == "FAILED"  # another host: untouched
     assert ledger.job(config).state == "FAILED"  # a config error stays the code's
     assert stops.reclaim_preempted(ledger, "pod", "Outbid", within_s=60, now=now + 1) == []  # idempotent
+
+
+def test_kernel_oom_kills_are_evidence() -> None:
+    assert stops.kernel_oom_kills({"kernel": {"oom_kills": [{"ts": 2.0, "pid": 22, "line": "x"}]}})
+    assert not stops.kernel_oom_kills({"kernel": {"xids": []}})
+    assert not stops.kernel_oom_kills({"kernel": {"oom_kills": "lots"}})
+    assert not stops.kernel_oom_kills({})
