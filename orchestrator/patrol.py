@@ -169,7 +169,8 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
     signatures = {h.get("signature", "") for h in hits}
     last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
     outside = stops.outside_class(exit_code, trainer_code, wrapper_signal,
-                                  oom_evidence=oom_kill_rose or "killed" in signatures)
+                                  oom_evidence=oom_kill_rose or "killed" in signatures,
+                                  signatures=signatures if exit_code is not None else ())
     if outside == "stopped":
         return outside
     if exit_code == protocol.EXIT_CONFIG or trainer_code == protocol.EXIT_CONFIG or "state_dict" in signatures:

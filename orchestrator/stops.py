@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from orchestrator import protocol
@@ -50,16 +50,17 @@ def death_signal(exit_code: int | None, trainer_code: int | None) -> int | None:
 
 
 def outside_class(exit_code: int | None, trainer_code: int | None, got_signal: int | None, *,
-                  oom_evidence: bool) -> str | None:
+                  oom_evidence: bool, signatures: Collection[str] = ()) -> str | None:
     """"stopped" | "host_oom" | "killed" for an attempt interrupted from outside, else None (let the
-    log evidence decide)."""
+    log evidence decide).  ``signatures``: the log scan's; torchrun turns a rank's signal death into
+    its own exit 1 and says which signal in the log ("rank_terminated", "rank_killed")."""
     if got_signal in STOP_SIGNALS:
         return "stopped"
     sig = death_signal(exit_code, trainer_code)
-    if sig is None:
-        return None
-    if sig in STOP_SIGNALS:
+    if sig in STOP_SIGNALS or (sig is None and "rank_terminated" in signatures):
         return "stopped"  # SIGTERM straight to the trainer (a container stop): a stop, not a verdict
+    if sig is None and "rank_killed" not in signatures:
+        return None
     return "host_oom" if oom_evidence else "killed"
 
 
@@ -100,8 +101,11 @@ def interrupted(entry: Mapping[str, Any]) -> bool:
     if code == protocol.EXIT_OK:
         return False
     trainer = exit_doc.get("trainer_code")
+    scan = entry.get("scan")
+    hits = scan.get("hits") if isinstance(scan, Mapping) else None
+    signatures = {str(h.get("signature")) for h in hits if isinstance(h, Mapping)} if isinstance(hits, list) else set()
     return outside_class(code if isinstance(code, int) else None, trainer if isinstance(trainer, int) else None,
-                         wrapper_signal(exit_doc), oom_evidence=False) is not None
+                         wrapper_signal(exit_doc), oom_evidence=False, signatures=signatures) is not None
 
 
 def kernel_oom_kills(doc: Mapping[str, Any]) -> bool:
