@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import protocol, stops
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -125,6 +125,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
     memory = report.doc.get("memory") or {}
     kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
     oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
+    oom_rose = oom_rose or stops.kernel_oom_kills(report.doc)  # or the kernel log's OOM killer, since the cursor
     ledger.update_host(
         host.name,
         last_probe_at=now,
@@ -162,7 +163,8 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
                 exit_doc.get("wrapper_code") if outcome == "failed" else None,
                 exit_doc.get("trainer_code") if outcome == "failed" else None,
                 [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
-                oom_kill_rose=oom_rose, rebooted=rebooted)
+                oom_kill_rose=oom_rose, rebooted=rebooted,
+                wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
             out.settled.append(Settled(job.id, outcome, klass, settle(ledger, job.id, klass, settings), rebooted))
     if missing:
         _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent
