@@ -28,6 +28,7 @@ from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.ledger import Host as HostRow
 from orchestrator.patrol import Decision, classify, decide, signatures_of, timestamp
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, QueuedJob, estimate_s, plan, plan_steals
+from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
 from orchestrator.specs import HostSlots
 from orchestrator.states import AttemptState, JobState
 
@@ -152,6 +153,12 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
         outcome = _apply(ledger, job, seen)
         if outcome == "succeeded":
             out.succeeded.append(job.id)
+        elif outcome == "failed" and is_setup_failure(seen.get("exit") or {}):
+            attempt = ledger.attempt(job.id, job.attempt_count)
+            exit_doc = seen.get("exit") or {}
+            decision = settle_setup_failure(ledger, job.id, host.name, attempt.bundle_sha if attempt else "",
+                                            exit_doc, _exit_message(exit_doc))
+            out.settled.append(Settled(job.id, outcome, "setup", decision))
         elif outcome in ("failed", "lost"):
             exit_doc = seen.get("exit") or {}
             if outcome == "lost" and job.state != JobState.LOST.value:
