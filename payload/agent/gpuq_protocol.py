@@ -34,6 +34,8 @@ CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
 RUN_DIR = "run"  # the trainer's working directory (docs/your-project.md)
+SETUP_DIR = "setup"  # under the root: setup/<key>/ ok.json | failed.json, setup.log (docs/your-project.md)
+SECRETS_DIR = "secrets"  # under the root: secrets/<queue_id>.json, 0600 (docs/your-project.md)
 JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
