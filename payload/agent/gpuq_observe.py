@@ -157,6 +157,8 @@ def parse_progress(text: str, pattern: Any = None) -> dict[str, Any] | None:
     pct = None
     if step is not None and total:
         pct = round(min(100.0, max(0.0, 100.0 * step / total)), 1)
+    elif epoch is not None and total and step is None:  # a regex whose "total" counts epochs
+        pct = round(min(100.0, max(0.0, 100.0 * epoch / total)), 1)
     elif epoch is not None and epochs:
         pct = round(min(100.0, max(0.0, 100.0 * epoch / epochs)), 1)
     return {"step": step, "total": total, "epoch": epoch, "epochs": epochs,
