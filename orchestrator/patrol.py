@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import observed, protocol
 
 
 class Severity(str, Enum):
@@ -241,7 +241,8 @@ def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, 
         ckpt = entry.get("ckpt") or {}
         ckpt_age = None if not isinstance(ckpt, dict) or ckpt.get("mtime") is None else now - float(ckpt["mtime"])
         since_launch = None if launched is None else now - launched
-        signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None]
+        # a trainer without a heartbeat lives by its log and its checkpoint-glob matches
+        signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None] + observed.liveness_ages(entry, now)
         freshest = min(signals) if signals else since_launch
         if beat_age is None and since_launch is not None and since_launch < th.startup_grace_s:
             pass  # starting: no heartbeat yet, within the start-up grace

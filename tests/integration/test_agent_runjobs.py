@@ -152,3 +152,37 @@ def test_status_reports_progress_and_checkpoint_mtime_of_a_running_project_job(r
     assert (p["epoch"], p["total"], p["pct"], p["source"]) == (3, 4, 75.0, "regex")
     assert p["line"] == "Epoch 3/4 loss=0.5"
     assert entry["run_ckpt_mtime"] == 5000
+
+
+def test_results_show_the_headline_metric_of_a_summary_from_a_csv(
+        root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpuq results` on a job whose summary the agent computed from a project's CSV: final and best
+    of the headline metric, whatever trainer wrote it."""
+    from orchestrator.api.context import open_context
+    from orchestrator.controller import record_collected
+    from orchestrator.specs import JobSpec
+    from orchestrator.states import JobState
+    from tests.conftest import run_gpuq
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUQ_HOME", str(home))
+    ctx = open_context()
+    spec = JobSpec(name="csvjob", config="c.yaml", task="classify", config_sha256="0" * 64, line=1)
+    job_id = ctx.ledger.add_sweep(sweep_id="qcsv001", queue_path="q.txt", workdir=str(tmp_path), queue_text="x",
+                                  jobs=[spec], default_retries=1)[0].id
+    for state in (JobState.ASSIGNED, JobState.RUNNING, JobState.SUCCEEDED):
+        ctx.ledger.transition(job_id, state)
+    run_job(root, job_id)
+    code, doc, err = agent(root, "collect", job_id)
+    assert code == 0, err
+    record_collected(ctx.ledger, doc)
+    table = run_gpuq("results", env={"GPUQ_HOME": str(home), "COLUMNS": "250"})
+    assert table.returncode == 0, table.stderr
+    line = next(ln for ln in table.stdout.splitlines() if job_id in ln)
+    header = next(ln for ln in table.stdout.splitlines() if "final val_acc" in ln)
+    assert "best val_acc (max)" in header
+    assert "0.7000" in line and "0.8000" in line
+    rows = run_gpuq("results", "--csv", env={"GPUQ_HOME": str(home)}).stdout.splitlines()
+    cols = rows[0].split(",")
+    values = dict(zip(cols, next(r for r in rows if r.startswith(job_id)).split(","), strict=False))
+    assert (float(values["final_val_acc"]), float(values["best_val_acc"])) == (0.7, 0.8)
