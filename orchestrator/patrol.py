@@ -249,10 +249,13 @@ def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, 
         elif freshest is not None and freshest > th.stall_after_s and (
                 since_launch is None or since_launch > min(th.stall_after_s, th.startup_grace_s)):
             step = (entry.get("heartbeat") or {}).get("step")
+            if step is None:  # a trainer without a heartbeat: the step its log last showed
+                step = observed.attempt_progress(entry).get("step")
             hb = "never" if beat_age is None else f"{beat_age:.0f}s ago"
+            line = observed.last_line(entry) if beat_age is None else ""
             out.append(Finding("stalled", Severity.ESCALATE, host,
                                f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
-                               f"{freshest:.0f}s (last step {step})",
+                               f"{freshest:.0f}s (last step {step})" + (f"; last log line: {line}" if line else ""),
                                "kill the attempt and requeue it with resume if retries are left", job=job.job_id))
     return out
 

@@ -194,3 +194,15 @@ def test_a_traceback_that_ends_in_a_signal_is_a_stop_not_a_crash(tmp_path: Path)
     scan = gpuq_scan.scan_log(str(log), 0)
     assert [h["signature"] for h in scan["hits"]] == ["stopped_by_signal"]
     assert patrol.job_findings("h", JOB, _running(scan=scan), NOW, TH) == []
+
+
+def test_a_trainer_without_heartbeat_lives_by_its_log_and_checkpoint_glob() -> None:
+    """A project's own trainer writes no heartbeat: its log growth and the mtime of the files its
+    checkpoint globs match keep it alive; when both are quiet it is stalled, with its last log line."""
+    quiet_log = {"state": "running", "heartbeat": None, "heartbeat_age_s": None, "log_mtime": NOW - 2000,
+                 "ckpt": None, "progress": {"step": 120, "line": "Epoch 3 | step 120"}}
+    assert patrol.job_findings("h", JOB, dict(quiet_log, run_ckpt_mtime=NOW - 60), NOW, TH) == []
+    assert patrol.job_findings("h", JOB, dict(quiet_log, log_mtime=NOW - 10), NOW, TH) == []
+    (found,) = patrol.job_findings("h", JOB, dict(quiet_log, run_ckpt_mtime=NOW - 1800), NOW, TH)
+    assert found.rule == "stalled" and "last step 120" in found.message
+    assert "last log line: Epoch 3 | step 120" in found.message
