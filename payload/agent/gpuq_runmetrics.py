@@ -11,6 +11,7 @@ win.
 stdlib only, Python >= 3.8.
 """
 
+# ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
 from __future__ import annotations
 
 import csv
