@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import protocol
@@ -360,7 +360,7 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
     if row.hold_reason:  # disk full, failed preflight, Xid: no new work until cleared
         reason = f"held: {row.hold_reason}"
     elif row.unreachable_since is not None:
-        reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, UTC):%Y-%m-%d %H:%M:%SZ}"
+        reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, timezone.utc):%Y-%m-%d %H:%M:%SZ}"
     budget = None
     if row.disk_free_bytes is not None:  # what jobs may fill before the host's disk gate refuses them
         gate = max(row.min_free_gb, settings.min_free_gb) * 1e9

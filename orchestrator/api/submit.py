@@ -89,7 +89,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                  for j in multi]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     workdir = Path(parsed.workdir)
-    bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,))
+    bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
+                          max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings)
     hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
     done = ctx.ledger.succeeded_with(hashes.values())
@@ -99,7 +100,13 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
             warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
                             f"{twin.sweep_id}, which already succeeded; it will run again")
     if bundle.skipped_secrets:
-        warnings.append("left out of the bundle (secret-like names): " + ", ".join(bundle.skipped_secrets[:5]))
+        more = len(bundle.skipped_secrets) - 5
+        warnings.append("left out of the bundle (credential-like paths; a `!path` line in .gpuqignore ships one): "
+                        + ", ".join(bundle.skipped_secrets[:5]) + (f" and {more} more" if more > 0 else ""))
+    if bundle.biggest:
+        warnings.append(f"the bundle is large ({bundle.bytes / 1e6:.0f} MB); biggest: "
+                        + ", ".join(f"{rel} ({size / 1e6:.0f} MB)" for rel, size in bundle.biggest)
+                        + "; leave data out with .gpuqignore and read it on the host")
     sweep_id = _new_sweep_id(ctx)
     rates = epoch_rates(ctx.ledger.run_history())
     ckpt = ctx.ledger.checkpoint_bytes_by_config()

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import controller, notify, protocol
+from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
 from orchestrator.bundle import Bundle
@@ -193,8 +194,6 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
     for job in stalled:
         _kill_stalled(ctx, host, row, job, report)
     _resumed(ctx, row.name, mine, entries, report)
-    from orchestrator.api.cloud import ship_checkpoints, ship_wanted
-
     if ship_wanted(ctx.settings, row):
         ship_checkpoints(ctx, row, doc)
     _holds(ctx, row, findings)
@@ -340,8 +339,6 @@ def _sweeps_done(ctx: Context, report: TickReport) -> None:
 def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan:
     """A job resuming on a host that lacks its newest checkpoint gets the controller's verified copy
     first; a job whose copy cannot be placed waits (QUEUED) for the next tick."""
-    from orchestrator.api.cloud import place_checkpoint
-
     keep = []
     for assignment in decided.assignments:
         job = jobs[assignment.job_id]

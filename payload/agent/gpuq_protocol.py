@@ -33,6 +33,7 @@ CANCEL_FILE = "cancel"
 CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
+RUN_DIR = "run"  # the trainer's working directory (docs/your-project.md)
 JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
