@@ -19,7 +19,15 @@ if TYPE_CHECKING:
     from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
     from orchestrator.api.context import Context, host_for, open_context
     from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
-    from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_rm, hosts_show, hosts_trust
+    from orchestrator.api.hosts import (
+        HostDetail,
+        hosts_add,
+        hosts_list,
+        hosts_release,
+        hosts_rm,
+        hosts_show,
+        hosts_trust,
+    )
     from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
     from orchestrator.api.pull import PullReport, pull
     from orchestrator.api.status import Snapshot, status, tick, wait
@@ -48,6 +56,7 @@ _WHERE = {
     "host_for": "orchestrator.api.context",
     "hosts_add": "orchestrator.api.hosts",
     "hosts_list": "orchestrator.api.hosts",
+    "hosts_release": "orchestrator.api.hosts",
     "hosts_rm": "orchestrator.api.hosts",
     "hosts_show": "orchestrator.api.hosts",
     "hosts_trust": "orchestrator.api.hosts",
@@ -109,6 +118,7 @@ __all__ = [
     "host_for",
     "hosts_add",
     "hosts_list",
+    "hosts_release",
     "hosts_rm",
     "hosts_show",
     "hosts_trust",

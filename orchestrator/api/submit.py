@@ -16,6 +16,7 @@ from orchestrator.ledger import Host as HostRow
 from orchestrator.ledger import Job
 from orchestrator.queuefile import parse_queue
 from orchestrator.scheduler import epoch_rates, plan
+from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import job_id_for, new_queue_id, spec_hash_for
 
 
@@ -116,6 +117,11 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         for j in parsed.jobs
     ]
     rows = _target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
+    holds = held_bundles(ctx.ledger, [r.name for r in rows])
+    for row in [r for r in rows if is_held(holds, r.name, bundle.sha256)]:
+        warnings.append(f"host {row.name} left out: this project's setup failed there (`gpuq hosts release "
+                        f"{row.name}` to try it again)")
+        rows.remove(row)
     pushed: list[str] = []
     if dry_run:
         decided = plan(plan_jobs, controller.capacities(ctx.ledger, ctx.settings, rows, rates))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import controller, notify, protocol
+from orchestrator import controller, notify, stops
 from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
@@ -40,6 +40,7 @@ from orchestrator.patrol import (
     unreachable,
 )
 from orchestrator.scheduler import EpochRates, Plan, epoch_rates, estimate_s
+from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.states import AttemptState, JobState
 
 PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled"})  # open until they clear
@@ -168,10 +169,7 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
             stalled.append(job)
     # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
     # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
-    if row.provider and row.instance_id and any(
-            entries.get(j.id, {}).get("state") == "exited" and not entries.get(j.id, {}).get("cancel_requested")
-            and (entries.get(j.id, {}).get("exit") or {}).get("wrapper_code") == protocol.EXIT_SIGNAL_BASE + 15
-            for j in mine):
+    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id, {})) for j in mine):
         from orchestrator.api.cloud import check_lease
 
         verdict = check_lease(ctx, row)
@@ -370,6 +368,8 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
         jobs = {j.id: j for j in queued if j.sweep_id == sweep_id}
         ckpt = ctx.ledger.checkpoint_bytes_by_config()
         rows = _target_rows(ctx, sorted(sweep.host_set()), {j.host_pin for j in jobs.values() if j.host_pin})
+        holds = held_bundles(ctx.ledger, [r.name for r in rows])
+        rows = [r for r in rows if not is_held(holds, r.name, sweep.bundle_sha)]  # its setup failed there
         usable = {r.name for r in rows if not r.hold_reason and r.unreachable_since is None}
         plan_jobs = []
         for j in jobs.values():

@@ -204,6 +204,8 @@ class ResultsDocument(_Doc):
 
     schema_: Literal["gpuq.cli.results/1"] = Field(alias="schema")
     sweep: str
+    metric: str = Field(description="The sweep's headline metric (the [run] table's metric, else val_acc).")
+    mode: Literal["max", "min"] = Field(description="Whether the headline metric is better high or low.")
     jobs: list[ResultJob]
 
 

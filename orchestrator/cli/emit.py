@@ -34,7 +34,8 @@ def results(rows: list[ResultRow]) -> None:
             lost_gpu_hours=c.lost_gpu_hours if c else None, preemptions=c.preemptions if c else None,
             pulled=row.pulled, local_dir=row.local_dir,
         ))
-    _out(d.ResultsDocument(schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id, jobs=jobs))
+    _out(d.ResultsDocument(schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id,
+                            metric=rows[0].metric, mode=rows[0].mode, jobs=jobs))
 
 
 def host_entry(row: HostRow) -> d.HostEntry:
