@@ -378,7 +378,7 @@ def test_status_shape_states_and_speed(host: Host) -> None:
     job = st["jobs"][0]
     assert set(job) == {"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
                         "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-                        "ckpt", "cancel_requested"}
+                        "ckpt", "cancel_requested", "progress", "run_ckpt_mtime"}
     assert (job["job_id"], job["state"], job["name"]) == (queued["job_id"], "queued", "q")
     # 100 exited jobs with checkpoints and heartbeats: the probe stays fast
     for i in range(100):
