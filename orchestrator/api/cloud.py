@@ -18,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from orchestrator import controller, fleet
+from orchestrator import controller, fleet, stops
 from orchestrator.api.context import Context, _verified_ids
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
@@ -250,6 +250,9 @@ def check_lease(ctx: Context, row: HostRow) -> str | None:
                                   message=f"{label}: {row.provider} {row.instance_id} is {reason}",
                                   action="`gpuq resume` continues its jobs from their last checkpoints")
     settle_host_jobs(ctx, row.name, verdict, reason)
+    if verdict == "spot_preemption":  # the grace came first: attempts that just ended there were stopped
+        window = 2 * ctx.settings.patrol_interval_s + ctx.settings.kill_grace_s
+        stops.reclaim_preempted(ctx.ledger, row.name, reason, within_s=window)
     return verdict
 
 

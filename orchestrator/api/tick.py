@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import controller, notify, protocol
+from orchestrator import controller, notify, stops
 from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
@@ -169,10 +169,7 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
             stalled.append(job)
     # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
     # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
-    if row.provider and row.instance_id and any(
-            entries.get(j.id, {}).get("state") == "exited" and not entries.get(j.id, {}).get("cancel_requested")
-            and (entries.get(j.id, {}).get("exit") or {}).get("wrapper_code") == protocol.EXIT_SIGNAL_BASE + 15
-            for j in mine):
+    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id, {})) for j in mine):
         from orchestrator.api.cloud import check_lease
 
         verdict = check_lease(ctx, row)

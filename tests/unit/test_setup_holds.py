@@ -61,3 +61,29 @@ def test_a_second_failure_does_not_repeat_the_alert_and_release_clears_it(ledger
     assert release(ledger, "g1") == [SHA[:12]]
     assert held_bundles(ledger, ["g1"]) == {}
     assert release(ledger, "g1") == []
+
+
+def test_hosts_release_clears_the_hold_and_the_failed_setup_record(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator import api
+    from orchestrator.cli.main import main
+
+    monkeypatch.setenv("GPUQ_HOME", str(tmp_path / "home"))
+    ctx = api.open_context()
+    try:
+        root = Path(ctx.fleet.local().root)
+        failed = root / "setup" / ("k" * 64) / "failed.json"
+        failed.parent.mkdir(parents=True)
+        failed.write_text("{}")
+        (failed.parent / "setup.log").write_text("kept for the user\n")
+        job = _failed_setup(ctx.ledger, host="local")
+        settle_setup_failure(ctx.ledger, job, "local", SHA, EXIT, "exit 80")
+    finally:
+        ctx.close()
+    main(["hosts", "release", "local"])
+    assert not failed.exists() and (failed.parent / "setup.log").is_file()
+    ctx = api.open_context()
+    try:
+        assert held_bundles(ctx.ledger, ["local"]) == {}
+    finally:
+        ctx.close()
