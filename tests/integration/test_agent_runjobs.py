@@ -69,6 +69,11 @@ def run_job(root: Path, job_id: str, *, code: int | None = 0, run: dict[str, Any
 
 def test_manifest_of_a_project_job_lists_outputs_metrics_summary_and_evidence(root: Path) -> None:
     jdir = run_job(root, "c000000000101")
+    elsewhere = root.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_text("not the job's")
+    (jdir / "run" / "outputs" / "linked").symlink_to(elsewhere)  # a symlinked dir is never walked
+    (jdir / "run" / "outputs" / "bad name.txt").write_text("left out: the transfer refuses such names")
     code, doc, err = agent(root, "manifest", "c000000000101")
     assert code == 0, err
     man = json.loads(Path(doc["c000000000101"]["manifest"]).read_text())
