@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator import protocol
+from orchestrator.transfer.verify import parse_manifest
 from tests.support.jobtree import SHA, install_agent
 from tests.support.testhosts import default_gpus
 
@@ -75,9 +76,12 @@ def test_manifest_of_a_project_job_lists_outputs_metrics_summary_and_evidence(ro
     (elsewhere / "secret.txt").write_text("not the job's")
     (jdir / "run" / "outputs" / "linked").symlink_to(elsewhere)  # a symlinked dir is never walked
     (jdir / "run" / "outputs" / "bad name.txt").write_text("left out: the transfer refuses such names")
+    (jdir / "run" / "outputs" / "model.txt.tmp").write_text("an interrupted write")
     code, doc, err = agent(root, "manifest", "c000000000101")
     assert code == 0, err
-    man = json.loads(Path(doc["c000000000101"]["manifest"]).read_text())
+    raw = Path(doc["c000000000101"]["manifest"]).read_bytes()
+    parse_manifest(raw, job_id="c000000000101", required=())  # the controller's pull accepts it as it is
+    man = json.loads(raw)
     paths = {f["path"] for f in man["files"]}
     assert paths == {"run/outputs/model.txt", "run/outputs/plots/curve.png", "run/final.json",
                      "run/logs/metrics.csv", "result/summary.json", "attempts/1/job.log", "attempts/1/exit.json"}
