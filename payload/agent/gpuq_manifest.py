@@ -306,5 +306,10 @@ def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
                           "mtime": before.st_mtime, "step": None,
                           "snapshot": P.CKPT_DIR + "/" + SHIP_SNAPSHOT}, sort_keys=True))
         return 0
-    print("gpuq snapshot: the checkpoint kept changing under %s" % run_dir, file=sys.stderr)
+    try:
+        os.unlink(os.path.join(ckpt, SHIP_SNAPSHOT + ".link"))
+    except OSError:
+        pass
+    print("gpuq snapshot: the checkpoint kept changing under %s; the next tick tries again" % run_dir,
+          file=sys.stderr)
     return 1
