@@ -270,7 +270,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #    "bundles": [sha, ...],
 #    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
 #              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime"}],
+#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "gpu_util_pct"}],
 #    "kernel": {"readable", "error", "cursor", "xids": [{"ts", "code", "pci", "line"}]}}
 #   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
 #                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
@@ -283,6 +283,8 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   the line)}, from the last 64 KiB of the attempt's job.log.
 #   "run_ckpt_mtime": the newest mtime among real files under run/ that spec run.checkpoint globs
 #   match (running and dead jobs; null when none; the walk stops after 20,000 entries).
+#   "gpu_util_pct": the highest util_pct among a running job's GPU slots (GPU hosts), else null; shown,
+#   never taken as liveness (a hung NCCL collective keeps a GPU at 100%).
 #   "kernel" (gpuq_kernel.py): the kernel log read with `dmesg` (5 s timeout; `journalctl -k -o
 #   short-monotonic` only where dmesg is not installed).  "readable" false (with "error", e.g. "dmesg:
 #   read kernel buffer failed: Operation not permitted") means Xids are unknown, never "none".

@@ -158,8 +158,8 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
 def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
     """A project's own trainer (spec "run"): result/** when any (its summary, written now from its
     metrics), every real file under run/ an ``outputs`` glob matches, the metrics file, and
-    ckpt/best.pt only when present.  Symlinks are never followed or shipped; a name outside
-    [A-Za-z0-9._-] is left out (the transfer refuses such names)."""
+    ckpt/best.pt only when present.  Symlinks are never followed or shipped; ``*.tmp`` files and
+    names outside [A-Za-z0-9._-] are left out (the transfer refuses such paths)."""
     jdir = lay.job(job_id)
     project_summary(lay.root, job_id, spec, write=True)
     files: list[dict[str, Any]] = []
@@ -172,8 +172,9 @@ def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, An
     if isinstance(metrics, str) and metrics not in ("", "log"):
         globs += [g for g in safe_globs([metrics]) if not any(c in g for c in "*?[")]
     for rel, _st in matching_files(run_dir, globs):
-        if not all(SAFE_NAME_RE.match(part) and part not in (".", "..") for part in rel.split("/")):
-            continue
+        if rel.endswith(".tmp") or not all(SAFE_NAME_RE.match(part) and part not in (".", "..")
+                                           for part in rel.split("/")):
+            continue  # an interrupted write, or a name the transfer refuses
         files.append(_hash_regular(os.path.join(run_dir, *rel.split("/")), P.RUN_DIR + "/" + rel))
     best = lay.job(job_id, P.CKPT_DIR, P.BEST_CKPT)
     if os.path.isfile(best) and not os.path.islink(best):
@@ -305,5 +306,10 @@ def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
                           "mtime": before.st_mtime, "step": None,
                           "snapshot": P.CKPT_DIR + "/" + SHIP_SNAPSHOT}, sort_keys=True))
         return 0
-    print("gpuq snapshot: the checkpoint kept changing under %s" % run_dir, file=sys.stderr)
+    try:
+        os.unlink(os.path.join(ckpt, SHIP_SNAPSHOT + ".link"))
+    except OSError:
+        pass
+    print("gpuq snapshot: the checkpoint kept changing under %s; the next tick tries again" % run_dir,
+          file=sys.stderr)
     return 1
