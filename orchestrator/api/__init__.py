@@ -5,6 +5,7 @@ Every check that can fail on user input runs before anything is written.
 """
 
 from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
+from orchestrator.api.dryrun import DryRun, dry_run
 from orchestrator.api.context import Context, host_for, open_context
 from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
 from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_rm, hosts_show, hosts_trust
@@ -15,6 +16,8 @@ from orchestrator.api.submit import SubmitResult, submit
 from orchestrator.api.tick import TickReport, run_tick
 
 __all__ = [
+    "DryRun",
+    "dry_run",
     "CancelOutcome",
     "Context",
     "DownPlan",
