@@ -88,7 +88,8 @@ def parse_line(number: int, raw: str, tokens: list[Token], args_text: str | None
     return draft
 
 
-def _positional(number: int, raw: str, tokens: list[Token], issues: list[QueueIssue], needs_config: bool) -> Draft | None:
+def _positional(number: int, raw: str, tokens: list[Token], issues: list[QueueIssue],
+                needs_config: bool) -> Draft | None:
     if not tokens or looks_like_field(tokens[0].text):
         if not needs_config:
             draft = Draft(number=number, raw=raw, config=None, task=None)

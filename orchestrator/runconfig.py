@@ -191,8 +191,7 @@ def check_jobs(run: RunConfig, jobs: Sequence[JobSpec], toml_path: Path, queue: 
             if name in used and not getattr(job, name):
                 errors.append(f"{queue}:{job.line}: job {job.name!r} has no {name} but [run] command uses "
                               f"{{{name}}} ({toml_path}); give the line a config path and task")
-    seen: set[str] = set()
-    errors = [e for e in errors if not (e in seen or seen.add(e))]
+    errors = list(dict.fromkeys(errors))
     for name in run.forward_env:
         if name not in environ:
             errors.append(f"{toml_path}: [run] forward_env: {name} is not set in this environment; "

@@ -13,7 +13,8 @@ DEFAULT_EPOCHS = 20
 class JobSpec(BaseModel):
     """One validated queue-file line (an ablation cell).
 
-    ``config`` is a POSIX path relative to the project root ("" for a line without one); ``config_sha256`` is the hash of its bytes at validation time.
+    ``config`` is a POSIX path relative to the project root ("" for a line without one);
+    ``config_sha256`` is the hash of its bytes at validation time.
     ``line`` and ``raw`` are for display only: they never take part in identity.
     """
 

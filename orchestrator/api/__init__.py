@@ -5,8 +5,8 @@ Every check that can fail on user input runs before anything is written.
 """
 
 from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
-from orchestrator.api.dryrun import DryRun, dry_run
 from orchestrator.api.context import Context, host_for, open_context
+from orchestrator.api.dryrun import DryRun, dry_run
 from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
 from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_rm, hosts_show, hosts_trust
 from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, logs, results
@@ -16,11 +16,10 @@ from orchestrator.api.submit import SubmitResult, submit
 from orchestrator.api.tick import TickReport, run_tick
 
 __all__ = [
-    "DryRun",
-    "dry_run",
     "CancelOutcome",
     "Context",
     "DownPlan",
+    "DryRun",
     "HostDetail",
     "PullReport",
     "ReapReport",
@@ -35,6 +34,7 @@ __all__ = [
     "doctor",
     "down",
     "down_plan",
+    "dry_run",
     "host_for",
     "hosts_add",
     "hosts_list",

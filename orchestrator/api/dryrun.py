@@ -68,11 +68,12 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
         host = result.placements.get(job_id, "")
         source, est = _estimate(spec, pairs, tasks)
         known = known and est
+        seconds = estimate_s(config=spec.config, task=spec.task, epochs=spec.epochs, est_min=spec.est_min,
+                             history=rates) if est else None
         jobs.append(DryRunJob(
             job_id=job_id, name=spec.name, cell=spec.cell or spec.name, line=spec.line, config=spec.config,
-            task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host,
-            est_s=estimate_s(config=spec.config, task=spec.task, epochs=spec.epochs, est_min=spec.est_min,
-                             history=rates) if est else None, estimate_from=source, argv=argv.of(spec, job_id, rows.get(host))))
+            task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host, est_s=seconds,
+            estimate_from=source, argv=argv.of(spec, job_id, rows.get(host))))
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
                   bundle_bytes=result.bundle.bytes, warnings=result.warnings, jobs=jobs,
                   makespan_s=result.makespan_s if known else None)
