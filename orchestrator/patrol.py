@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import observed, protocol, stops
 
 
 class Severity(str, Enum):
@@ -159,12 +159,20 @@ CONFIG_EXCEPTIONS = ("KeyError", "AttributeError", "ImportError", "ModuleNotFoun
 
 
 def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Mapping[str, str]],
-             traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False) -> str:
+             traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False,
+             wrapper_signal: int | None = None) -> str:
     """The failure class of DOMAIN.md 7.1 from the exit code and the log evidence:
     "transient" | "config" | "divergence" | "gpu_oom" | "host_oom" | "disk_full" | "control_plane"
-    | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown) | "vanished" | "unknown"."""
+    | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown; ``wrapper_signal`` is the
+    signal the wrapper received, a stop whatever the trainer's code) | "killed" (a signal death gpuq
+    did not cause, no OOM evidence) | "vanished" | "unknown".  See ``orchestrator.stops``."""
     signatures = {h.get("signature", "") for h in hits}
     last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
+    outside = stops.outside_class(exit_code, trainer_code, wrapper_signal,
+                                  oom_evidence=oom_kill_rose or "killed" in signatures,
+                                  signatures=signatures if exit_code is not None else ())
+    if outside == "stopped":
+        return outside
     if exit_code == protocol.EXIT_CONFIG or trainer_code == protocol.EXIT_CONFIG or "state_dict" in signatures:
         return "config"
     if exit_code == protocol.EXIT_TRANSIENT or trainer_code == protocol.EXIT_TRANSIENT or "nccl" in signatures:
@@ -179,6 +187,8 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
         return "gpu_oom"
     if "disk_full" in signatures or exit_code == protocol.EXIT_DISK_GATE:
         return "disk_full"
+    if outside is not None:
+        return outside  # killed by a signal from outside: host_oom with OOM evidence, else killed
     if oom_kill_rose or "killed" in signatures:
         return "host_oom"
     if any(last.startswith(name) for name in CONFIG_EXCEPTIONS):
@@ -190,7 +200,8 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
     return "unknown"
 
 
-RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped"})
+# host_oom and killed: a signal death gpuq did not cause is retried with resume within retries=
+RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped", "killed", "host_oom"})
 
 
 @dataclass(frozen=True)
@@ -241,17 +252,21 @@ def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, 
         ckpt = entry.get("ckpt") or {}
         ckpt_age = None if not isinstance(ckpt, dict) or ckpt.get("mtime") is None else now - float(ckpt["mtime"])
         since_launch = None if launched is None else now - launched
-        signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None]
+        # a trainer without a heartbeat lives by its log and its checkpoint-glob matches
+        signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None] + observed.liveness_ages(entry, now)
         freshest = min(signals) if signals else since_launch
         if beat_age is None and since_launch is not None and since_launch < th.startup_grace_s:
             pass  # starting: no heartbeat yet, within the start-up grace
         elif freshest is not None and freshest > th.stall_after_s and (
                 since_launch is None or since_launch > min(th.stall_after_s, th.startup_grace_s)):
             step = (entry.get("heartbeat") or {}).get("step")
+            if step is None:  # a trainer without a heartbeat: the step its log last showed
+                step = observed.attempt_progress(entry).get("step")
             hb = "never" if beat_age is None else f"{beat_age:.0f}s ago"
+            line = observed.last_line(entry) if beat_age is None else ""
             out.append(Finding("stalled", Severity.ESCALATE, host,
                                f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
-                               f"{freshest:.0f}s (last step {step})",
+                               f"{freshest:.0f}s (last step {step})" + (f"; last log line: {line}" if line else ""),
                                "kill the attempt and requeue it with resume if retries are left", job=job.job_id))
     return out
 

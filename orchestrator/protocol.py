@@ -59,6 +59,9 @@ CANCEL_FILE = "cancel"
 CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
+RUN_DIR = "run"  # the trainer's working directory (docs/your-project.md)
+SETUP_DIR = "setup"  # under the root: setup/<key>/ ok.json | failed.json, setup.log (docs/your-project.md)
+SECRETS_DIR = "secrets"  # under the root: secrets/<queue_id>.json, 0600 (docs/your-project.md)
 JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
@@ -114,6 +117,7 @@ AGENT_EXIT_REAP_FAILED = 1  # `reap`: no device nodes, no fuser/lsof, or a kill 
 # kernel log and reaping (DOMAIN.md 6.2, 8, 9)
 FATAL_XIDS = (48, 79)  # double-bit ECC, fell off the bus: host unhealthy
 KERNEL_MAX_XIDS = 50  # Xid records per document (fatal ones kept first)
+KERNEL_MAX_OOM_KILLS = 20  # OOM-killer records per document (the newest)
 REAP_MIN_AGE_S = 120  # a holder younger than this may still be starting its context
 REAP_RESAMPLE_S = 60  # a zombie must be seen in two samples this far apart
 
@@ -206,6 +210,16 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   "loss", "lr", "time"}; eval lines {"kind": "eval", "step", "epoch", "val_loss", "val_acc", "time"}
 # result/summary.json: {"metric": "val_acc", "mode": "max", "final": {...eval line...},
 #   "best": {...eval line...}, "weights_sha256", "world_size", "effective_batch", "steps"}
+#   A project's own trainer (spec "run" with "metrics", gpuq_runmetrics.py): the agent writes the
+#   same shape from the project's metrics at `collect`/`manifest`: {"metric" (run.metric, "" ->
+#   "val_acc"), "mode", "final": {..the last row that has the metric.., "step"}, "best": {..the row
+#   with the best finite value by mode.., "step"} (null when no finite value), "steps" (the largest
+#   step, else epoch, else row index), "rows", "source": "run/<metrics file>"|"log"}.  Rows: a CSV
+#   with a header (empty cells left out, a repeated header skipped), JSON lines, or the named groups
+#   of run.metrics_regex over every attempt's job.log; at most 64 MiB read (a bigger file: its header
+#   and newest bytes).  Cells are numbers when they parse, NaN/inf as strings (strict JSON); "step" is
+#   the row's step/global_step/epoch column, else its index.  `status --results-for` computes it
+#   without writing (the probe is read-only).
 #
 # pgid (attempt dir): {"pgid", "start_ticks", "boot_id"}  start_ticks = field 22 of /proc/<pgid>/stat
 #   (written by the agent right after spawning and again by the wrapper, same content)
@@ -222,7 +236,11 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID... |
 #   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py) |
 #   snapshot JOB_ID (hard-link the checkpoint LATEST names to ckpt/.ship.pt and print the pointer plus
-#   "snapshot": "ckpt/.ship.pt"; the controller copies the link, verifies it and removes it) |
+#   "snapshot": "ckpt/.ship.pt"; the controller copies the link, verifies it and removes it; for a
+#   spec with run.checkpoint: the newest (mtime) real file under run/ a checkpoint glob matches, printed
+#   as {"file": "run/<rel>", "sha256", "bytes", "mtime", "step": null, "snapshot": "ckpt/.ship.pt"};
+#   its size/mtime/inode must not change while it is hashed, else it is read again; exit 1 with the
+#   reason on stderr when nothing matches) |
 #   kill JOB_ID ATTEMPT (kill one attempt's group, identity-checked, without a cancel file: a stalled
 #   attempt the patrol will run again as attempt n+1; prints "killed" or why not, exit 0 only if killed)
 #   status --scan JOB_ID:ATTEMPT:LOG_OFFSET:METRICS_OFFSET ...: each named job's entry gains "scan"
@@ -234,6 +252,11 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   {"schema", "job_id", "queue_id", "attempt", "created_at", "total_files", "total_bytes",
 #    "files": [{"path", "bytes", "sha256"}]}   paths relative to jobs/<job_id>/, POSIX, sorted:
 #   result/** , ckpt/best.pt, attempts/<n>/job.log (when present), attempts/<n>/exit.json
+#   For a spec with "run" (a project's own trainer): result/** when present (with the summary.json the
+#   agent writes from run.metrics), "run/<rel>" for every real file under run/ an "outputs" glob
+#   matches (`*`/`?` within a path component, `**` across them; never a symlink or a file under a
+#   symlinked dir; names outside [A-Za-z0-9._-] left out), the run.metrics file, ckpt/best.pt only
+#   when present (never required), and the attempt's job.log and exit.json.
 #   `manifest` prints {job_id: {"manifest", "sha256" (of the manifest bytes), "attempt", "files",
 #   "bytes"} | {"error"}}; exit 0 if any manifest was built, 1 if none, 64 for a malformed roster.
 #
@@ -246,6 +269,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   watched died without one): {"job_id", "attempt", "wrapper_code",
 #   "trainer_code", "signal", "phase": "setup"|"gate"|"train"|"finalize", "started_at", "ended_at",
 #   "last_step", "last_epoch", "best_sha256", "durable": "disabled"|"synced"|"failed", "message",
+#   "wrapper_signal" (the signal the wrapper itself received, else null: a stop from outside),
 #   "vanished" (only in a record the agent wrote: true, the wrapper's whole group died, e.g. kill -9)}
 #
 # Status document (`gpuq_agent.py --root R status --json`, schema "gpuq.status/1"): one object
@@ -259,11 +283,21 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #    "bundles": [sha, ...],
 #    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
 #              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-#              "ckpt", "cancel_requested"}],
+#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "gpu_util_pct"}],
 #    "kernel": {"readable", "error", "cursor", "xids": [{"ts", "code", "pci", "line"}]}}
 #   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
 #                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
 #                gone, no exit.json)
+#   "progress" (running and dead jobs with a log; gpuq_observe.py): null | {"step", "total", "epoch",
+#   "epochs", "loss", "pct" (0..100 when a total is known), "line" (the last non-empty log line,
+#   escape sequences and control characters removed, <= 200 chars), "source": "regex" (spec
+#   run.progress, named groups epoch/step/total/loss; a "total" without "step" counts epochs) |
+#   "tqdm" ("12/100 [") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200", "loss 0.3") | null (only
+#   the line)}, from the last 64 KiB of the attempt's job.log.
+#   "run_ckpt_mtime": the newest mtime among real files under run/ that spec run.checkpoint globs
+#   match (running and dead jobs; null when none; the walk stops after 20,000 entries).
+#   "gpu_util_pct": the highest util_pct among a running job's GPU slots (GPU hosts), else null; shown,
+#   never taken as liveness (a hung NCCL collective keeps a GPU at 100%).
 #   "kernel" (gpuq_kernel.py): the kernel log read with `dmesg` (5 s timeout; `journalctl -k -o
 #   short-monotonic` only where dmesg is not installed).  "readable" false (with "error", e.g. "dmesg:
 #   read kernel buffer failed: Operation not permitted") means Xids are unknown, never "none".
@@ -273,6 +307,8 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   Unreadable or empty logs return the cursor they were given.  Each Xid: {"ts": float (null when
 #   the line has no timestamp), "code": int, "pci": "0000:3b:00", "line": str <= 400 chars};
 #   at most KERNEL_MAX_XIDS (50), the fatal ones (FATAL_XIDS: 48, 79) kept first, in log order.
+#   "oom_kills" (only when the OOM killer struck after the cursor): [{"ts", "pid", "line"}], at most
+#   KERNEL_MAX_OOM_KILLS (20), the newest: evidence that a signal death was a host OOM.
 #
 # Health document (`gpuq_agent.py --root R health [--gpus 0,1] [--samples 5] [--python PY]
 #   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]`, schema

@@ -28,8 +28,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, create_engine, select
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pulls import PullRecords
+from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Sweep
 from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
@@ -43,6 +45,8 @@ def _create_private(path: Path) -> None:
     os.close(fd)
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o600)
+
+SETUP_PHASE = "project_setup"  # orchestrator/setup_holds.py: never counts against retries=
 
 
 class Ledger(PullRecords):
@@ -237,25 +241,13 @@ class Ledger(PullRecords):
         return row
 
     def resolve_job(self, ref: str) -> Job:
-        """A job id, a unique prefix of >= 4 characters, or ``<queue_id>:<name>``."""
+        """The job ``ref`` names: id, prefix >= 4, SWEEP:NAME or a bare name (``ledger/refs.py``)."""
+        return self.resolve_job_ref(ref).job
+
+    def resolve_job_ref(self, ref: str) -> JobRef:
+        """Like ``resolve_job``, with a note saying which sweep a bare name picked when several have it."""
         with self.session() as s:
-            if ":" in ref:
-                queue_id, name = ref.split(":", 1)
-                found = list(
-                    s.exec(
-                        select(Job).where(Job.sweep_id == queue_id, func.lower(Job.name) == name.casefold())
-                    )
-                )
-            else:
-                if len(ref) < 4:
-                    raise JobNotFound(f"job reference {ref!r} is too short: give at least 4 characters")
-                found = list(s.exec(select(Job).where(col(Job.id).startswith(ref))))
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise JobNotFound(f"no job matches {ref!r}; `gpuq status` lists job ids")
-        ids = ", ".join(sorted(j.id for j in found)[:5])
-        raise JobNotFound(f"job reference {ref!r} is ambiguous ({ids}); give more characters")
+            return refs.resolve_job(s, ref)
 
     def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]:
         with self.session() as s:
@@ -472,11 +464,13 @@ class Ledger(PullRecords):
 
     def failed_attempts(self, job_id: str) -> int:
         """Attempts of the job that ended badly and count against ``retries=`` (LOST, or EXITED
-        non-zero); stolen (KILLED) and preempted attempts do not."""
+        non-zero); stolen (KILLED) and preempted attempts, and a project setup that failed on a host
+        (phase ``project_setup``: the host is held, the job waits for another) do not."""
         with self.session() as s:
             rows = s.exec(select(Attempt).where(Attempt.job_id == job_id))
-            return sum(1 for a in rows if a.state == AttemptState.LOST.value
-                       or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0)))
+            return sum(1 for a in rows if a.phase != SETUP_PHASE and (
+                a.state == AttemptState.LOST.value
+                or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0))))
 
     def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:
         with self.session() as s:
