@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestrator.config import tomllib
 from orchestrator.errors import ConfigError
 from orchestrator.specs import JobSpec
 from orchestrator.trainer_command import argv_module
