@@ -167,6 +167,8 @@ def _parse_fields(draft: Draft, tokens: list[Token], has_epochs: bool, issues: l
             if draft.config is None:
                 message = (f'unexpected token "{token.text}": a line without a config path holds only '
                            'key=value fields, then "--" and the trainer arguments')
+            if token.text.startswith("-"):
+                message += '; trainer arguments go after a standalone "--"'
             issues.append(QueueIssue(draft.number, token.column, message))
             continue
         key, _, value = token.text.partition("=")

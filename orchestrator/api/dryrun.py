@@ -4,6 +4,7 @@ run there (rendered by the agent's own gpuq_argv.py; forwarded secrets' values s
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 
 from pydantic import BaseModel, ConfigDict
@@ -103,7 +104,9 @@ class _Argv:
 
     def of(self, spec: JobSpec, job_id: str, row: HostRow | None) -> list[str]:
         root = row.root if row is not None else "<root>"
-        python = (row.python if row is not None else "") or self.local_python or "python3"
+        python = row.python if row is not None else ""
+        if not python:  # the agent's own interpreter: the local host runs this one's
+            python = (self.local_python or sys.executable) if row is not None and row.kind == "local" else "python3"
         bundle = f"{root}/{protocol.BUNDLES_DIR}/{self.sha}"
         job_dir = f"{root}/{protocol.JOBS_DIR}/{job_id}"
         command = list(self.run.command) if self.run is not None else []

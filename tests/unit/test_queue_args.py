@@ -101,6 +101,12 @@ def test_errors_name_the_line_and_column() -> None:
         1, 13, "a grid group inside a grid group is not supported; write \\{ for a literal brace")]
 
 
+def test_a_flag_before_the_double_dash_gets_a_hint() -> None:
+    assert issues("a.yaml t 3 --lr=1\n") == [QueueIssue(
+        1, 12, 'unexpected token "--lr=1": only key=value fields may follow epochs; trainer arguments go after a '
+        'standalone "--"')]
+
+
 def test_arguments_only_lines_need_a_name_and_the_project_s_permission() -> None:
     assert issues("gpus=2 -- 50 10\n", needs_config=False) == [
         QueueIssue(1, None, "a line without a config path needs name= (job ids derive from names)")]

@@ -65,3 +65,24 @@ def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_pat
     with pytest.raises(GpuqError) as info:
         launcher.enqueue_payload([spec], environ={})
     assert "TOKEN" in str(info.value)
+
+
+def test_a_v5_ledger_upgrades_with_defaults(tmp_path: Path) -> None:
+    from orchestrator.ledger.migrate import MIGRATIONS
+
+    path = tmp_path / "ledger.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for number, step in enumerate(MIGRATIONS[:5], start=1):
+        step(conn)
+        conn.execute(f"PRAGMA user_version = {number}")
+    conn.execute("INSERT INTO sweep (id, queue_path, workdir, queue_text, bundle_sha, job_count, created_at) "
+                 "VALUES ('qold000', 'q', '/w', '', '', 1, 0)")
+    conn.execute("INSERT INTO job (id, sweep_id, name, line, raw, config, config_sha256, task, epochs, gpus, nodes, "
+                 "retries, spec_hash, state, attempt_count, created_at, updated_at) VALUES ('c1', 'qold000', 'a', 1, "
+                 "'', 'a.yaml', '', 't', 1, 1, 1, 0, '', 'QUEUED', 0, 0, 0)")
+    conn.close()
+    ledger = Ledger(path)
+    job = ledger.job("c1")
+    sweep = ledger.sweep("qold000")
+    assert (job.args, job.arg_list(), job.cell) == ("[]", [], "")
+    assert sweep is not None and sweep.run == "" and launcher.run_spec(sweep) is None
