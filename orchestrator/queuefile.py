@@ -1,4 +1,4 @@
-"""Parse and validate queue files (DOMAIN.md section 2).
+"""Parse and validate queue files (docs/queue.md).
 
 A queue file is UTF-8 text, one job per line::
 
