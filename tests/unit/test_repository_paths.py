@@ -24,7 +24,7 @@ FORBIDDEN = (
     re.compile(re.escape(".." + "/shared")),
     re.compile(re.escape("shared" + "/design")),
     re.compile(r"\b(?:" + _DESIGN + r")\.md\b"),
-    re.compile(r"\b(?:" + _DESIGN + r")\s*\u00a7"),  # "DOMAIN §6.2"
+    re.compile(r"\b(?:" + _DESIGN + r")\s*\u00a7"),  # a section sign after a design file's name
 )
 
 DOC_PAGES = ("README.md", "architecture.md", "queue.md", "host-protocol.md", "trainer-contract.md", "health.md",
@@ -76,7 +76,7 @@ def test_no_tracked_file_names_a_path_outside_the_repository() -> None:
 
 
 def test_the_path_check_catches_each_forbidden_form(tmp_path: Path) -> None:
-    bad = ["see .." + "/shared/design/x.md", "(" + "shared" + "/design)", "DOMAIN" + ".md 6.2",
+    bad = ["see .." + "/shared/" + "design/x.md", "(" + "shared" + "/design)", "DOMAIN" + ".md 6.2",
            "# ARCHITECTURE" + ".md section 2", "PROVIDERS" + ".md 2.8", "DOMAIN " + "\u00a7" + "7.1"]
     good = ["docs/health.md", "the DOMAIN of a function", "a shared/ folder", "PROVIDERS = (...)", "MYDOMAIN.md"]
     sample = tmp_path / "sample.py"
