@@ -35,6 +35,7 @@ ENV_HOME = "GPUQ_HOME"
 USER_CONFIG = "config.toml"
 PROJECT_CONFIG = "gpuq.toml"
 LOCAL_HOST = "local"
+RUN_TABLE = "run"  # the project's trainer: read by orchestrator/runconfig.py, not a setting
 
 
 class Settings(BaseModel):
@@ -223,11 +224,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
     section = data.get("gpuq", data)
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: [gpuq] must be a table")
-    unknown = sorted(set(section) - _FIELDS)
+    unknown = sorted(set(section) - _FIELDS - {RUN_TABLE})  # [run]: orchestrator/runconfig.py
     if unknown:
         allowed = ", ".join(sorted(_FIELDS))
         raise ConfigError(f"{path}: unknown setting {unknown[0]!r} (allowed: {allowed})")
-    return {key: (str(value) if key == "local_root" else value) for key, value in section.items()}
+    return {key: (str(value) if key == "local_root" else value) for key, value in section.items() if key != RUN_TABLE}
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

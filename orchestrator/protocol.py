@@ -33,7 +33,7 @@ Remote layout (one root per host, the profile's data dir)::
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 SPEC_SCHEMA = "gpuq.job/1"  # an agent refuses a newer major: exit.json, wrapper code 80
 STATUS_SCHEMA = "gpuq.status/1"
 MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
@@ -180,6 +180,19 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   spec_hash     str                identity hash (docs/queue.md)
 #   env           dict[str,str]      extra run.env entries (never secrets)
 #   created_at    float              UTC epoch seconds
+#   args          list[str]          (1.1, optional) the queue line's trainer arguments after `--`,
+#                                    grid-expanded, literal (no placeholders); [] when none
+#   run           null | object      (1.1, optional) the project's [run] table (gpuq.toml); null/absent:
+#                                    the legacy payload argv below.  {"command": list[str] template
+#                                    elements ([] = the payload's own command, still followed by args
+#                                    and resume_args), "launcher": "torchrun"|"python"|"none",
+#                                    "resume_args": list[str], "checkpoint": list[str] globs, "outputs":
+#                                    list[str] globs (relative to the run dir), "metrics": str, "metrics_regex":
+#                                    str, "metric": str, "mode": "max"|"min", "progress": str regex, "setup":
+#                                    str, "setup_key": sha256 hex ("" = no setup), "forward_env": list[str]
+#                                    NAMES (values travel beside the specs in the `enqueue` stdin object,
+#                                    {"specs": [...], "secrets": {queue_id: {NAME: value}}}, never in a spec)}
+#                                    argv: payload/agent/gpuq_argv.py job_argv(...)
 #
 # Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
 # A spec whose schema major is newer than the agent's is refused: its exit.json carries wrapper
@@ -219,7 +232,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 # milliseconds ("2026-11-21T20:12:37.123Z"); the payload's heartbeat and LATEST carry epoch floats.
 #
 # Agent verbs the controller uses (one round trip each):
-#   status --json | enqueue [--serve ...] (JSON list of specs on stdin; idempotent) |
+#   status --json | enqueue [--serve ...] (JSON list of specs on stdin, or {"specs", "secrets"}; idempotent) |
 #   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID... |
 #   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py) |
 #   snapshot JOB_ID (hard-link the checkpoint LATEST names to ckpt/.ship.pt and print the pointer plus

@@ -79,15 +79,23 @@ def cli(debug: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and plan; write nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch --parsable.")
+              help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
+                   "--parsable; with --dry-run: one JSON document of every expanded job.")
 def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
 
+    if as_json and not dry_run:
+        raise click.UsageError("--json goes with --dry-run")
     ctx = _ctx(queue.parent)
     result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
-    if as_json and not dry_run:
+    if dry_run:
+        from orchestrator.cli.dryrun import print_dry_run
+
+        print_dry_run(api.dry_run(ctx, result), as_json=as_json)
+        return
+    if as_json:
         emit.submitted(result)
     else:
         render.submitted(result)

@@ -13,6 +13,7 @@ Rules this class enforces:
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -139,6 +140,7 @@ class Ledger:
         entry: str = "",
         launcher: str = "torchrun",
         verify: Sequence[str] = ("metrics", "best_ckpt"),
+        run: str = "",
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
@@ -160,6 +162,7 @@ class Ledger:
                     entry=entry,
                     launcher=launcher,
                     verify=",".join(verify),
+                    run=run,
                     job_count=len(jobs),
                     created_at=now,
                 )
@@ -183,6 +186,8 @@ class Ledger:
                     host_pin=spec.host,
                     retries=default_retries if spec.retries is None else spec.retries,
                     spec_hash=spec_hash_for(spec),
+                    args=json.dumps(list(spec.args)),
+                    cell=spec.cell or spec.name,
                     state=JobState.QUEUED.value,
                     created_at=now,
                     updated_at=now,

@@ -7,7 +7,7 @@ Read ``orchestrator/protocol.py`` for the documentation of every document.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 SPEC_SCHEMA = "gpuq.job/1"
 STATUS_SCHEMA = "gpuq.status/1"
 MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)

@@ -7,7 +7,7 @@ its own copy of the names it uses.  Values must equal those in
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 
 # checkpoint directory
 LATEST_POINTER = "LATEST"
