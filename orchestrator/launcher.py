@@ -60,7 +60,7 @@ def ensure_bundle(host: Host, bundle: Bundle) -> bool:
 
 def sigterm_grace_s(row: HostRow | None) -> float | None:
     """Seconds between SIGTERM and SIGKILL on a spot host (RunPod: about 5): the payload saves a
-    final checkpoint only if it fits (DOMAIN.md 11.4).  None where a stop waits for kill_grace_s."""
+    final checkpoint only if it fits (docs/checkpoints.md).  None where a stop waits for kill_grace_s."""
     if row is None or not row.spot:
         return None
     for name in (row.profile, row.provider):

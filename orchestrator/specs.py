@@ -102,7 +102,7 @@ class Assignment(BaseModel):
     host: str
 
 
-# --- identity (DOMAIN.md 2.6) -----------------------------------------------------
+# --- identity (docs/queue.md) -----------------------------------------------------
 
 _B32 = "abcdefghijklmnopqrstuvwxyz234567"
 

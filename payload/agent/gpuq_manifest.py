@@ -1,4 +1,4 @@
-"""``manifest JOB_ID...``: the host side of ``gpuq pull`` (DOMAIN.md 12.1).
+"""``manifest JOB_ID...``: the host side of ``gpuq pull`` (docs/results.md).
 
 stdlib only, Python >= 3.8.  One round trip builds the manifest of every named job.
 
@@ -25,7 +25,7 @@ fetched, so a rebuild between two pulls is harmless.
 Prints one JSON object: {job_id: {"manifest": path, "sha256": hex of the manifest bytes,
 "attempt": n, "files": count, "bytes": total} | {"error": "why"}}.  Exit status: 0 when at least
 one manifest was built, 1 when none was (every entry is an error: an empty result set is a
-failure, DOMAIN.md 18.7), 64 for a malformed roster (bad or duplicate job id): nothing is written.
+failure, docs/results.md), 64 for a malformed roster (bad or duplicate job id): nothing is written.
 """
 
 # ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)

@@ -1,4 +1,4 @@
-"""Queue-file parsing: DOMAIN.md section 2, every worked example of 2.5, and property tests."""
+"""Queue-file parsing (docs/queue.md): the grammar, every worked example, and property tests."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def only_job(project: Path, text: str) -> JobSpec:
     return parsed.jobs[0]
 
 
-# ---------------------------------------------------------------- worked examples (DOMAIN.md 2.5)
+# ---------------------------------------------------------------- worked examples (docs/queue.md)
 
 
 def test_example_01_legacy_line(project: Path) -> None:
