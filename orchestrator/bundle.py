@@ -1,16 +1,22 @@
-"""Deterministic, content-addressed bundle of the payload and the user's workdir.
+"""Deterministic, content-addressed bundle of the payload and the user's project (docs/host-protocol.md).
 
 Layout inside the tarball (and under ``bundles/<sha>/`` on a host)::
 
     payload/   the training payload and the host agent (from gpuq itself)
-    workdir/   the directory of the queue file: configs and the user's code
+    workdir/   the project: the queue file's directory, or ``[run] project``
     MANIFEST.json   every file's path, bytes, sha256
 
-The tarball is byte-for-byte reproducible (sorted entries, zeroed times and
-owners, normalised modes), so its sha256 names its content: submitting an
-unchanged project produces the same sha and pushes nothing.  Secrets and VCS
-metadata never enter a bundle; ``.gpuqignore`` (gitignore-like globs, one per
-line, in the workdir) excludes more.
+The tarball is byte-for-byte reproducible (sorted entries, zeroed times and owners, normalised
+modes), so its sha256 names its content: submitting an unchanged project produces the same sha and
+pushes nothing.  It is written to the cache as a stream (a large project never sits in memory).
+
+What never travels (docs/security.md): VCS metadata and caches; credentials matched by path with
+gitignore semantics (``DEFAULT_DENY``: ``.env``, keys, ``.git-credentials``, ``.docker/config.json``,
+``.kube/config``, cloud and Hugging Face tokens, ``.ssh/``, shell histories, ...); and whatever the
+project's ``.gpuqignore`` excludes (gitignore syntax through ``pathspec``: ``/data``, ``data/``,
+``**/*.ckpt``, ``!keep.me``).  A ``!`` line in ``.gpuqignore`` opts a default-denied path back in.
+Symlinks that leave the project never travel.  A bundle over ``warn_bytes`` is reported with its
+biggest paths; one over ``max_bytes`` is refused before any byte is read.
 """
 
 from __future__ import annotations
@@ -21,8 +27,12 @@ import io
 import json
 import os
 import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
+
+import pathspec
 
 from orchestrator import protocol
 from orchestrator.errors import BundleError
@@ -30,10 +40,18 @@ from orchestrator.errors import BundleError
 IGNORE_FILE = ".gpuqignore"
 ALWAYS_EXCLUDED_DIRS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
                         ".venv", "venv", "node_modules", ".gpuq", "gpuq_run", ".ipynb_checkpoints"}
-SECRET_PATTERNS = (".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "keys.toml",
-                   ".netrc", "credentials*", "*.p12", "*.pfx", ".pypirc", "secrets.*")
 ALWAYS_EXCLUDED_FILES = ("*.pyc", "*.pyo", ".DS_Store", "*.tmp")
+# credentials by path, gitignore syntax: a pattern without "/" matches at any depth
+DEFAULT_DENY = (
+    ".env", ".env.*", ".envrc", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "id_dsa*", "keys.toml",
+    ".netrc", "_netrc", "credentials*", "*.p12", "*.pfx", ".pypirc", "secrets.*", ".git-credentials", ".npmrc",
+    ".pgpass", ".my.cnf", "application_default_credentials.json", "service-account*.json", "*-sa-key.json",
+    ".ssh/", ".aws/", ".gnupg/", ".azure/", "**/.docker/config.json", "**/.kube/config",
+    "**/.config/gcloud/", "**/.cache/huggingface/token", "**/.huggingface/token", "*_history", ".*_history",
+    ".*history", "*.kdbx",
+)
 WARN_BYTES = 200 * 1024 * 1024
+CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,15 @@ class Bundle:
     files: int
     bytes: int
     skipped_secrets: tuple[str, ...] = field(default_factory=tuple)
+    biggest: tuple[tuple[str, int], ...] = field(default_factory=tuple)  # set when over warn_bytes
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str  # archive name
+    path: Path
+    size: int
+    mode: int
 
 
 def payload_dir() -> Path:
@@ -57,31 +84,39 @@ def payload_dir() -> Path:
     raise BundleError("the gpuq payload is missing from this installation; reinstall gpuq")
 
 
-def _ignore_patterns(root: Path) -> list[str]:
-    path = root / IGNORE_FILE
-    if not path.is_file():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+class _Filter:
+    """Which paths of one tree travel: the default deny list, then ``.gpuqignore`` (its ``!`` lines
+    may re-include a denied path)."""
+
+    def __init__(self, root: Path, *, deny: bool) -> None:
+        self.deny = pathspec.GitIgnoreSpec.from_lines(DEFAULT_DENY if deny else ())
+        path = root / IGNORE_FILE
+        lines: list[str] = []
+        if path.is_file():
+            try:
+                lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError as exc:
+                raise BundleError(f"{path}: cannot read: {exc.strerror}") from exc
+        try:
+            self.user = pathspec.GitIgnoreSpec.from_lines(lines)
+        except (ValueError, TypeError) as exc:
+            raise BundleError(f"{path}: {exc}; fix the pattern (gitignore syntax)") from exc
+
+    def verdict(self, rel: str) -> str:
+        """"keep", "ignored" (the user's .gpuqignore) or "secret" (the default deny list)."""
+        user = self.user.check_file(rel).include
+        if user is True:
+            return "ignored"
+        if user is False:  # a "!" line: the user asked for this path
+            return "keep"
+        return "secret" if self.deny.match_file(rel) else "keep"
 
 
-def _matches(rel: str, name: str, patterns: list[str], is_dir: bool) -> bool:
-    for pattern in patterns:
-        pat = pattern.rstrip("/")
-        if pattern.endswith("/") and not is_dir:
-            continue
-        if "/" in pat.strip("/"):
-            if fnmatch.fnmatchcase(rel, pat.lstrip("/")):
-                return True
-        elif fnmatch.fnmatchcase(name, pat):
-            return True
-    return False
-
-
-def _walk(root: Path, prefix: str, exclude: set[Path]) -> tuple[list[tuple[str, Path]], list[str]]:
-    """Files under ``root`` as (archive name, path), plus the secret-looking names skipped."""
-    patterns = _ignore_patterns(root)
-    found: list[tuple[str, Path]] = []
+def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool) -> tuple[list[_Entry], list[str]]:
+    """Files under ``root`` that travel, plus the credential-looking paths left out."""
+    rules = _Filter(root, deny=deny)
+    real_root = root.resolve()
+    found: list[_Entry] = []
     secrets: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
@@ -90,68 +125,140 @@ def _walk(root: Path, prefix: str, exclude: set[Path]) -> tuple[list[tuple[str, 
         for d in sorted(dirnames):
             rel = d if rel_dir == "." else f"{rel_dir}/{d}"
             full = here / d
-            if d in ALWAYS_EXCLUDED_DIRS or full.resolve() in exclude or full.is_symlink():
+            if d in ALWAYS_EXCLUDED_DIRS or full.is_symlink() or full.resolve() in exclude:
                 continue
-            if _matches(rel, d, patterns, True):
-                continue
-            keep.append(d)
+            verdict = rules.verdict(rel + "/")
+            if verdict == "secret":
+                secrets.append(f"{prefix}/{rel}/")
+            elif verdict == "keep":
+                keep.append(d)
         dirnames[:] = keep
         for name in sorted(filenames):
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             full = here / name
-            if any(fnmatch.fnmatchcase(name, p) for p in SECRET_PATTERNS):
+            if any(fnmatch.fnmatchcase(name, p) for p in ALWAYS_EXCLUDED_FILES):
+                continue
+            verdict = rules.verdict(rel)
+            if verdict == "secret":
                 secrets.append(f"{prefix}/{rel}")
                 continue
-            if any(fnmatch.fnmatchcase(name, p) for p in ALWAYS_EXCLUDED_FILES) or _matches(rel, name, patterns, False):
+            if verdict == "ignored":
                 continue
             if full.is_symlink():
                 target = full.resolve()
-                if not target.is_file() or not target.is_relative_to(root.resolve()):
-                    continue  # symlinks leaving the workdir never travel
+                if not target.is_file() or not target.is_relative_to(real_root):
+                    continue  # symlinks leaving the project never travel
+            try:
+                st = full.stat()
+            except OSError:
+                continue
             if full.is_file():
-                found.append((f"{prefix}/{rel}", full))
+                mode = 0o755 if os.access(full, os.X_OK) else 0o644
+                found.append(_Entry(f"{prefix}/{rel}", full, st.st_size, mode))
     return found, secrets
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+def _info(name: str, size: int, mode: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
-    info.size = len(data)
+    info.size = size
     info.mode = mode
     info.mtime = 0
     info.uid = info.gid = 0
     info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
+    return info
 
 
-def build_bundle(workdir: Path, cache_dir: Path, *, exclude: tuple[Path, ...] = ()) -> Bundle:
-    """Build (or reuse) the bundle for ``workdir``; returns its sha and cached tarball path."""
+class _HashingReader(io.RawIOBase):
+    """Reads a file once for the tarball while hashing it for the manifest."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.digest.update(data)
+        self.count += len(data)
+        return data
+
+
+class _HashingWriter(io.RawIOBase):
+    """Hashes the tarball as it is written (tarfile asks where it is, never seeks)."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.position = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.digest.update(data)
+        self.handle.write(data)
+        self.position += len(data)
+        return len(data)
+
+
+def _biggest(entries: Iterable[_Entry], n: int = 5) -> tuple[tuple[str, int], ...]:
+    ranked = sorted(entries, key=lambda e: (-e.size, e.name))[:n]
+    return tuple((e.name.split("/", 1)[1], e.size) for e in ranked)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def build_bundle(workdir: Path, cache_dir: Path, *, exclude: tuple[Path, ...] = (),
+                 max_bytes: int | None = None, warn_bytes: int = WARN_BYTES) -> Bundle:
+    """Build (or reuse) the bundle for the project ``workdir``; returns its sha and cached tarball.
+    Raises BundleError naming the biggest paths when the project exceeds ``max_bytes``."""
     excluded = {p.resolve() for p in exclude}
-    entries, secrets = _walk(payload_dir(), protocol.BUNDLE_PAYLOAD, excluded)
-    work_entries, work_secrets = _walk(workdir, protocol.BUNDLE_WORKDIR, excluded)
-    entries += work_entries
+    entries, secrets = _walk(payload_dir(), protocol.BUNDLE_PAYLOAD, excluded, deny=False)
+    work_entries, work_secrets = _walk(workdir, protocol.BUNDLE_WORKDIR, excluded, deny=True)
     secrets += work_secrets
-    entries.sort(key=lambda item: item[0])
-    manifest: list[dict[str, object]] = []
-    buffer = io.BytesIO()
-    total = 0
-    try:
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for name, path in entries:
-                data = path.read_bytes()
-                mode = 0o755 if os.access(path, os.X_OK) else 0o644
-                _add(tar, name, data, mode)
-                manifest.append({"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-                total += len(data)
-            doc = json.dumps({"files": manifest}, sort_keys=True, indent=1).encode()
-            _add(tar, protocol.BUNDLE_MANIFEST, doc, 0o644)
-    except OSError as exc:
-        raise BundleError(f"cannot read {exc.filename}: {exc.strerror}") from exc
-    blob = buffer.getvalue()
-    sha = hashlib.sha256(blob).hexdigest()
+    total = sum(e.size for e in work_entries)
+    if max_bytes is not None and total > max_bytes:
+        listed = ", ".join(f"{rel} ({_mb(size)})" for rel, size in _biggest(work_entries))
+        raise BundleError(f"the project {workdir} is {_mb(total)}, over the bundle limit of {_mb(max_bytes)} "
+                          f"(bundle_max_mb); biggest: {listed}. Leave data out with {IGNORE_FILE} (gitignore "
+                          "syntax, e.g. /data/) and read it on the host, or raise bundle_max_mb")
+    entries += work_entries
+    entries.sort(key=lambda e: e.name)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / f"{sha}.tar"
-    if not target.is_file() or target.stat().st_size != len(blob):
-        tmp = cache_dir / f".{sha}.tar.{os.getpid()}.tmp"
-        tmp.write_bytes(blob)
-        os.replace(tmp, target)
-    return Bundle(sha, target, len(manifest), total, tuple(secrets))
+    tmp = cache_dir / f".bundle.{os.getpid()}.{id(entries)}.tmp"
+    manifest: list[dict[str, object]] = []
+    try:
+        with tmp.open("wb") as out:
+            writer = _HashingWriter(out)
+            with tarfile.open(fileobj=writer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for entry in entries:
+                    with entry.path.open("rb") as handle:
+                        reader = _HashingReader(handle)
+                        tar.addfile(_info(entry.name, entry.size, entry.mode), reader)
+                        if reader.count != entry.size or handle.read(1):
+                            raise BundleError(f"{entry.path} changed while it was being bundled; submit again")
+                    manifest.append({"path": entry.name, "bytes": entry.size, "sha256": reader.digest.hexdigest()})
+                doc = json.dumps({"files": manifest}, sort_keys=True, indent=1).encode()
+                tar.addfile(_info(protocol.BUNDLE_MANIFEST, len(doc), 0o644), io.BytesIO(doc))
+        sha = writer.digest.hexdigest()
+        target = cache_dir / f"{sha}.tar"
+        if target.is_file() and target.stat().st_size == tmp.stat().st_size:
+            tmp.unlink()
+        else:
+            os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BundleError(f"cannot bundle {exc.filename or workdir}: {exc.strerror}") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    biggest = _biggest(work_entries) if total > warn_bytes else ()
+    return Bundle(sha, target, len(manifest), sum(e.size for e in entries), tuple(secrets), biggest)

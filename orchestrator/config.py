@@ -11,16 +11,26 @@ from here (DOMAIN.md 16).
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
+import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (Ubuntu 22.04's default)
+    import tomli as tomllib
 
 from orchestrator.errors import ConfigError
 
+__all__ = ["tomllib"]
 ENV_HOME = "GPUQ_HOME"
 USER_CONFIG = "config.toml"
 PROJECT_CONFIG = "gpuq.toml"
@@ -41,6 +51,7 @@ class Settings(BaseModel):
     ckpt_interval_s: int = Field(default=600, ge=1)
     kill_grace_s: int = Field(default=30, ge=0)
     min_free_gb: float = Field(default=1.0, ge=0)
+    bundle_max_mb: float = Field(default=1024.0, gt=0)  # a bigger project is refused at submit (docs/security.md)
     retries: int = Field(default=2, ge=0, le=10)  # per-cell `retries=` overrides (DOMAIN.md 7.1)
     status_timeout_s: float = Field(default=25.0, gt=0)
     # Health patrol (DOMAIN.md 6): thresholds, cadence, preflight, reaping, notifications
@@ -67,6 +78,19 @@ class Settings(BaseModel):
     launcher: Literal["torchrun", "python"] = "torchrun"
     verify: tuple[Literal["metrics", "best_ckpt"], ...] = ("metrics", "best_ckpt")
 
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_is_private(cls, url: str) -> str:
+        """https only, except plain http to this machine: a webhook carries job names and findings."""
+        if not url:
+            return url
+        parts = urlsplit(url)
+        if parts.scheme == "https" and parts.hostname:
+            return url
+        if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
+            return url
+        raise ValueError("must be an https:// URL (plain http:// only to this machine: 127.0.0.1, ::1, localhost)")
+
     @property
     def ledger_path(self) -> Path:
         return self.home / "ledger.db"
@@ -84,6 +108,38 @@ class Settings(BaseModel):
 
 
 _FIELDS = {name for name in Settings.model_fields if name != "home"}
+# settings only the user may set (their own config.toml or environment), never a project's gpuq.toml: a
+# cloned repository must not redirect notifications or choose what gpuq runs or writes on this machine
+USER_ONLY = ("webhook_url", "local_python", "local_root")
+_LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_private_file(path: Path, what: str, *, others_may_read: bool = False) -> bool:
+    """False when ``path`` does not exist; ConfigError when another user owns it, or group or others may
+    write it, or (unless ``others_may_read``) read it: it may hold secrets (API keys, a webhook URL)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    if info.st_uid != os.getuid():
+        raise ConfigError(f"{path}: refusing a {what} owned by another user (uid {info.st_uid})")
+    forbidden = (stat.S_IWGRP | stat.S_IWOTH) if others_may_read else (stat.S_IRWXG | stat.S_IRWXO)
+    if info.st_mode & forbidden:
+        raise ConfigError(f"{path}: refusing a {what} {'writable' if others_may_read else 'readable or writable'} "
+                          f"by others (mode "
+                          f"{stat.S_IMODE(info.st_mode):04o}); run: chmod 600 {path}")
+    return True
 
 
 class _Strict(BaseModel):
@@ -174,11 +230,24 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """GPUQ_<SETTING> variables; a list setting takes a comma-separated list or a JSON array
+    (GPUQ_VERIFY=metrics,best_ckpt or GPUQ_VERIFY='["metrics"]'; empty = the empty list)."""
     out: dict[str, Any] = {}
     for name in _FIELDS:
         var = "GPUQ_" + name.upper()
-        if var in env:
-            out[name] = env[var]
+        if var not in env:
+            continue
+        value: Any = env[var]
+        if name in _LIST_FIELDS:
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    value = json.loads(text)
+                except ValueError as exc:
+                    raise ConfigError(f"{var}: not a JSON list: {exc}; or write a comma-separated list") from exc
+            else:
+                value = [item.strip() for item in text.split(",") if item.strip()]
+        out[name] = value
     return out
 
 
@@ -194,9 +263,20 @@ def load_settings(
     if home_raw is not None and home_raw == "":
         raise ConfigError(f"{ENV_HOME} is set but empty; unset it or point it at a directory")
     home = Path(home_raw).expanduser() if home_raw else Path.home() / ".gpuq"
-    layers: list[tuple[str, dict[str, Any]]] = [(str(home / USER_CONFIG), _read_toml(home / USER_CONFIG))]
+    user_config = home / USER_CONFIG
+    check_private_file(user_config, "config file", others_may_read=True)
+    user_values = _read_toml(user_config)
+    if user_values.get("webhook_url"):  # a secret: the file must be the user's alone, like keys.toml
+        check_private_file(user_config, "config file that sets webhook_url")
+    layers: list[tuple[str, dict[str, Any]]] = [(str(user_config), user_values)]
     if project_dir is not None:
-        layers.append((str(project_dir / PROJECT_CONFIG), _read_toml(project_dir / PROJECT_CONFIG)))
+        project = project_dir / PROJECT_CONFIG
+        values = _read_toml(project)
+        for key in USER_ONLY:
+            if key in values:
+                raise ConfigError(f"{project}: {key} can only be set in your own {user_config} or the environment "
+                                  f"(GPUQ_{key.upper()}): a project's gpuq.toml must not choose it; remove it")
+        layers.append((str(project), values))
     layers.append(("environment (GPUQ_*)", _from_env(env)))
     layers.append(("command line", dict(overrides or {})))
     merged: dict[str, Any] = {"home": home}

@@ -14,10 +14,10 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import protocol, stops
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -28,6 +28,7 @@ from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.ledger import Host as HostRow
 from orchestrator.patrol import Decision, classify, decide, signatures_of, timestamp
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, QueuedJob, estimate_s, plan, plan_steals
+from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
 from orchestrator.specs import HostSlots
 from orchestrator.states import AttemptState, JobState
 
@@ -125,6 +126,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
     memory = report.doc.get("memory") or {}
     kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
     oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
+    oom_rose = oom_rose or stops.kernel_oom_kills(report.doc)  # or the kernel log's OOM killer, since the cursor
     ledger.update_host(
         host.name,
         last_probe_at=now,
@@ -151,6 +153,12 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
         outcome = _apply(ledger, job, seen)
         if outcome == "succeeded":
             out.succeeded.append(job.id)
+        elif outcome == "failed" and is_setup_failure(seen.get("exit") or {}):
+            attempt = ledger.attempt(job.id, job.attempt_count)
+            exit_doc = seen.get("exit") or {}
+            decision = settle_setup_failure(ledger, job.id, host.name, attempt.bundle_sha if attempt else "",
+                                            exit_doc, _exit_message(exit_doc))
+            out.settled.append(Settled(job.id, outcome, "setup", decision))
         elif outcome in ("failed", "lost"):
             exit_doc = seen.get("exit") or {}
             if outcome == "lost" and job.state != JobState.LOST.value:
@@ -162,7 +170,8 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
                 exit_doc.get("wrapper_code") if outcome == "failed" else None,
                 exit_doc.get("trainer_code") if outcome == "failed" else None,
                 [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
-                oom_kill_rose=oom_rose, rebooted=rebooted)
+                oom_kill_rose=oom_rose, rebooted=rebooted,
+                wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
             out.settled.append(Settled(job.id, outcome, klass, settle(ledger, job.id, klass, settings), rebooted))
     if missing:
         _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent
@@ -360,7 +369,7 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
     if row.hold_reason:  # disk full, failed preflight, Xid: no new work until cleared
         reason = f"held: {row.hold_reason}"
     elif row.unreachable_since is not None:
-        reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, UTC):%Y-%m-%d %H:%M:%SZ}"
+        reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, timezone.utc):%Y-%m-%d %H:%M:%SZ}"
     budget = None
     if row.disk_free_bytes is not None:  # what jobs may fill before the host's disk gate refuses them
         gate = max(row.min_free_gb, settings.min_free_gb) * 1e9

@@ -10,6 +10,7 @@ a job that runs without the ledger knowing.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +48,8 @@ def ensure_bundle(host: Host, bundle: Bundle) -> bool:
     present = host.run(["test", "-f", host.path(protocol.BUNDLES_DIR, bundle.sha256, protocol.BUNDLE_MANIFEST)])
     if present.exit_code == 0:
         return False
-    remote_tar = host.path(protocol.BUNDLES_DIR, f".{bundle.sha256}.tar")
+    # a name of its own per push: two submits pushing the same bundle to a fresh host must not share it
+    remote_tar = host.path(protocol.BUNDLES_DIR, f".{bundle.sha256}.{secrets.token_hex(8)}.tar")
     host.put(bundle.path, remote_tar)
     result = host.run(["sh", "-c", UNPACK_SCRIPT, "sh", host.root, bundle.sha256, remote_tar], timeout=300)
     if result.exit_code != 0:

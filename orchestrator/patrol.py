@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import protocol, stops
 
 
 class Severity(str, Enum):
@@ -159,12 +159,20 @@ CONFIG_EXCEPTIONS = ("KeyError", "AttributeError", "ImportError", "ModuleNotFoun
 
 
 def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Mapping[str, str]],
-             traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False) -> str:
+             traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False,
+             wrapper_signal: int | None = None) -> str:
     """The failure class of DOMAIN.md 7.1 from the exit code and the log evidence:
     "transient" | "config" | "divergence" | "gpu_oom" | "host_oom" | "disk_full" | "control_plane"
-    | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown) | "vanished" | "unknown"."""
+    | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown; ``wrapper_signal`` is the
+    signal the wrapper received, a stop whatever the trainer's code) | "killed" (a signal death gpuq
+    did not cause, no OOM evidence) | "vanished" | "unknown".  See ``orchestrator.stops``."""
     signatures = {h.get("signature", "") for h in hits}
     last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
+    outside = stops.outside_class(exit_code, trainer_code, wrapper_signal,
+                                  oom_evidence=oom_kill_rose or "killed" in signatures,
+                                  signatures=signatures if exit_code is not None else ())
+    if outside == "stopped":
+        return outside
     if exit_code == protocol.EXIT_CONFIG or trainer_code == protocol.EXIT_CONFIG or "state_dict" in signatures:
         return "config"
     if exit_code == protocol.EXIT_TRANSIENT or trainer_code == protocol.EXIT_TRANSIENT or "nccl" in signatures:
@@ -179,6 +187,8 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
         return "gpu_oom"
     if "disk_full" in signatures or exit_code == protocol.EXIT_DISK_GATE:
         return "disk_full"
+    if outside is not None:
+        return outside  # killed by a signal from outside: host_oom with OOM evidence, else killed
     if oom_kill_rose or "killed" in signatures:
         return "host_oom"
     if any(last.startswith(name) for name in CONFIG_EXCEPTIONS):
@@ -190,7 +200,8 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
     return "unknown"
 
 
-RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped"})
+# host_oom and killed: a signal death gpuq did not cause is retried with resume within retries=
+RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped", "killed", "host_oom"})
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@
                                          ↘ FAILED (non-retryable, or retries exhausted)
              ASSIGNED|RUNNING → PREEMPTED | LOST → QUEUED (resume) | FAILED
              any non-terminal → CANCELLED
+             FAILED | LOST → PREEMPTED: the provider reports a spot preemption a tick after the
+             attempt ended on that host (its grace came first); only ``stops.reclaim_preempted``
     Attempt: STARTING → RUNNING → EXITED | PREEMPTED | LOST | KILLED
+             EXITED | LOST → PREEMPTED: the same late evidence, for the attempt that just ended
 
 ``ASSIGNED → SUCCEEDED|FAILED`` is allowed because a short job can start and
 finish between two probes; the ledger then learns both facts at once from the
@@ -57,9 +60,9 @@ JOB_ALLOWED: dict[JobState, frozenset[JobState]] = {
     _J.ASSIGNED: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED}),
     _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED}),
     _J.PREEMPTED: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED}),
-    _J.LOST: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED}),
+    _J.LOST: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED, _J.PREEMPTED}),
     _J.SUCCEEDED: frozenset(),
-    _J.FAILED: frozenset(),
+    _J.FAILED: frozenset({_J.PREEMPTED}),
     _J.CANCELLED: frozenset(),
 }
 
@@ -67,9 +70,9 @@ _A = AttemptState
 ATTEMPT_ALLOWED: dict[AttemptState, frozenset[AttemptState]] = {
     _A.STARTING: frozenset({_A.RUNNING, _A.EXITED, _A.PREEMPTED, _A.LOST, _A.KILLED}),
     _A.RUNNING: frozenset({_A.EXITED, _A.PREEMPTED, _A.LOST, _A.KILLED}),
-    _A.EXITED: frozenset(),
+    _A.EXITED: frozenset({_A.PREEMPTED}),
     _A.PREEMPTED: frozenset(),
-    _A.LOST: frozenset(),
+    _A.LOST: frozenset({_A.PREEMPTED}),
     _A.KILLED: frozenset(),
 }
 

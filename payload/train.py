@@ -82,7 +82,9 @@ class Settings:
         self.ckpt_on_sigterm = os.environ.get(contract.ENV_CKPT_ON_SIGTERM) != "0"
         # seconds from SIGTERM to SIGKILL (None = unknown: save on SIGTERM regardless, as always)
         self.sigterm_grace_s = grace.effective_grace(os.environ.get(contract.ENV_SIGTERM_GRACE_S))
-        self.test_hook_step_sleep_s = _env_float(contract.ENV_TEST_HOOK_STEP_SLEEP_S, 0.0)  # TEST HOOK
+        # TEST HOOK: a slow step, from the environment or the config (tests that interrupt a job mid-run)
+        self.test_hook_step_sleep_s = _env_float(contract.ENV_TEST_HOOK_STEP_SLEEP_S,
+                                                 float(self.cfg.get("test_hook_step_sleep_s") or 0.0))
         self.resume_from = _env(contract.ENV_RESUME_FROM)
         device = _env(contract.ENV_DEVICE)
         if device not in (None, "cpu", "cuda"):

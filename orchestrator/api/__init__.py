@@ -7,7 +7,7 @@ Every check that can fail on user input runs before anything is written.
 from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
 from orchestrator.api.context import Context, host_for, open_context
 from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
-from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_rm, hosts_show, hosts_trust
+from orchestrator.api.hosts import HostDetail, hosts_add, hosts_list, hosts_release, hosts_rm, hosts_show, hosts_trust
 from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, logs, results
 from orchestrator.api.pull import PullReport, pull
 from orchestrator.api.status import Snapshot, status, tick, wait
@@ -35,6 +35,7 @@ __all__ = [
     "host_for",
     "hosts_add",
     "hosts_list",
+    "hosts_release",
     "hosts_rm",
     "hosts_show",
     "hosts_trust",

@@ -1,5 +1,6 @@
 """Rented hosts: ``up`` (provision, wait for SSH, register, preflight), ``down`` (terminate behind the
-teardown gate), preemption detection, checkpoint shipping and ``resume`` (DOMAIN.md 11, 13).
+teardown gate), preemption detection and ``resume``; checkpoint shipping lives in
+``api/checkpoints.py`` (DOMAIN.md 11, 13).
 
 The provider adapters (``orchestrator.providers``) speak the vendor APIs; this module decides.  gpuq
 never destroys anything on its own: only ``down`` terminates, only when the user asked, and never
@@ -8,9 +9,6 @@ while a job on the host has results that are not pulled and verified (unless for
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import secrets
 import time
@@ -20,18 +18,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from orchestrator import controller, fleet
+from orchestrator import controller, fleet, stops
 from orchestrator.api.context import Context, _verified_ids
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Job
 from orchestrator.providers.base import Instance, PollPolicy, Provider, ProvisionRequest, classify
 from orchestrator.states import AttemptState, JobState
 
 PROVIDERS = ("runpod", "lambda")
-CHECKPOINTS_DIR = "checkpoints"
 LEASE_GONE = ("terminated",)
 LEASE_DOWN = ("preempted", "stopped", "failed", "terminated")
 
@@ -255,6 +250,9 @@ def check_lease(ctx: Context, row: HostRow) -> str | None:
                                   message=f"{label}: {row.provider} {row.instance_id} is {reason}",
                                   action="`gpuq resume` continues its jobs from their last checkpoints")
     settle_host_jobs(ctx, row.name, verdict, reason)
+    if verdict == "spot_preemption":  # the grace came first: attempts that just ended there were stopped
+        window = 2 * ctx.settings.patrol_interval_s + ctx.settings.kill_grace_s
+        stops.reclaim_preempted(ctx.ledger, row.name, reason, within_s=window)
     return verdict
 
 
@@ -275,163 +273,6 @@ def settle_host_jobs(ctx: Context, host: str, verdict: str, reason: str) -> list
         ctx.ledger.transition(job.id, JobState.PREEMPTED if preempted else JobState.LOST, message=message)
         done.append(job.id)
     return done
-
-
-# --- checkpoint shipping -----------------------------------------------------------------------
-
-
-def ship_wanted(settings: Settings, row: HostRow) -> bool:
-    if settings.ship_checkpoints == "never" or row.kind == "local":
-        return False
-    return settings.ship_checkpoints == "always" or bool(row.provider)
-
-
-def ship_checkpoints(ctx: Context, row: HostRow, doc: dict[str, Any]) -> list[str]:
-    """Copy the newest verified checkpoint of every running job on ``row`` to
-    ``$GPUQ_HOME/checkpoints/<job>/`` (size and sha256 checked), so a terminated box loses at most one
-    checkpoint interval.  A failed copy is retried next tick.  Returns the job ids shipped."""
-    shipped = []
-    for entry in doc.get("jobs", []):
-        pointer = entry.get("ckpt")
-        if entry.get("state") != "running" or not isinstance(pointer, dict) or not pointer.get("sha256"):
-            continue
-        job_id = str(entry.get("job_id"))
-        have = newest_durable(ctx, job_id)
-        if have is not None and (have.sha256 == pointer["sha256"] or have.step >= int(pointer.get("step", 0))):
-            continue
-        target_dir = ctx.settings.home / CHECKPOINTS_DIR / job_id
-        target_dir.mkdir(parents=True, exist_ok=True)
-        host = ctx.fleet.host(row)
-        fetched = _fetch_checkpoint(host, row.agent_bundle, job_id, target_dir)
-        if isinstance(fetched, str):
-            ctx.ledger.record_event("job", job_id, f"checkpoint copy from {row.name} failed: {fetched}",
-                                    unless_repeated=True)
-            continue
-        pointer, part = fetched
-        name = str(pointer["file"])
-        final = target_dir / name
-        os.replace(part, final)
-        _fetch_companions(host, job_id, target_dir)
-        _write_pointer(target_dir, pointer)
-        for old in target_dir.iterdir():
-            if old.name not in (name, "LATEST", *COMPANIONS.values()):
-                old.unlink(missing_ok=True)
-        attempt = int(entry.get("attempt") or 0)
-        ctx.ledger.record_checkpoint(job_id, attempt, pointer)
-        ctx.ledger.mark_checkpoint_durable(job_id, pointer["sha256"], str(final), row.name)
-        shipped.append(job_id)
-    return shipped
-
-
-# what a job needs besides its rolling checkpoint to finish on another host: the best checkpoint so
-# far and the metrics written so far (the payload trims lines past the checkpoint's step on resume)
-COMPANIONS = {"ckpt/best.pt": "best.pt", "result/metrics.jsonl": "metrics.jsonl"}
-
-
-def _fetch_companions(host: Any, job_id: str, target_dir: Path) -> None:
-    for remote, local in COMPANIONS.items():
-        part = target_dir / f".{local}.part"
-        try:
-            host.get(host.path("jobs", job_id, *remote.split("/")), part)
-        except HostError:
-            part.unlink(missing_ok=True)  # not written yet (no eval so far): nothing to carry
-            continue
-        if local.endswith(".jsonl"):  # a line being appended while we read it is left out
-            data = part.read_bytes()
-            part.write_bytes(data[:data.rfind(b"\n") + 1])
-        os.replace(part, target_dir / local)
-
-
-def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
-                      target_dir: Path) -> tuple[dict[str, Any], Path] | str:
-    """Copy the checkpoint a job's LATEST names now, verified by size and sha256.  The agent first
-    pins it as ``ckpt/.ship.pt`` (a hard link): a payload that saves often rotates its rolling file
-    away faster than a copy runs, and the link keeps the bytes.  The link goes when the copy is done.
-    Returns (the pointer copied, the verified .part file), or why nothing could be copied."""
-    try:
-        pinned = host.run(agent_argv(host, agent_bundle, "snapshot", job_id), timeout=60)
-    except HostError as exc:
-        return str(exc)
-    try:
-        pointer = json.loads(pinned.stdout) if pinned.exit_code == 0 else None
-    except ValueError:
-        pointer = None
-    if not isinstance(pointer, dict) or not pointer.get("sha256") or not pointer.get("snapshot"):
-        return (pinned.stderr or pinned.stdout).strip()[-300:] or "the agent pinned no checkpoint"
-    name = str(pointer.get("file", ""))
-    if not name or "/" in name or name.startswith("."):
-        return f"the pointer names an unsafe file {name!r}"
-    part = target_dir / f".{name}.part"
-    remote = host.path("jobs", job_id, *str(pointer.pop("snapshot")).split("/"))
-    try:
-        host.get(remote, part)
-        with contextlib.suppress(HostError):
-            host.run(["rm", "-f", remote], timeout=60)
-    except HostError as exc:
-        part.unlink(missing_ok=True)
-        return str(exc)
-    if part.stat().st_size != int(pointer.get("bytes", -1)) or _sha256(part) != pointer["sha256"]:
-        part.unlink(missing_ok=True)
-        return f"{name} did not match its pointer (torn or replaced)"
-    return pointer, part
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_pointer(directory: Path, pointer: dict[str, Any]) -> None:
-    tmp = directory / ".LATEST.tmp"
-    tmp.write_text(json.dumps(pointer, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, directory / "LATEST")
-
-
-def newest_durable(ctx: Context, job_id: str) -> Any:
-    """The newest checkpoint of the job with a verified copy on the controller, or None."""
-    rows = [c for c in ctx.ledger.checkpoints(job_id) if c.durable_path and Path(c.durable_path).is_file()]
-    return rows[-1] if rows else None
-
-
-def place_checkpoint(ctx: Context, job: Job, host_name: str) -> str:
-    """Before attempt n+1 starts on ``host_name``: make sure its newest checkpoint is there.  A host
-    that already has a checkpoint at least as new keeps it; otherwise the controller's verified copy
-    is pushed (file, then the LATEST pointer).  Returns what happened."""
-    ckpt = newest_durable(ctx, job.id)
-    if ckpt is None:
-        return "no shipped checkpoint"
-    host = ctx.fleet.named(host_name)
-    remote_dir = host.path("jobs", job.id, "ckpt")
-    probe = host.run(["sh", "-c", 'cat "$1/LATEST" 2>/dev/null; true', "sh", remote_dir], timeout=60)
-    with contextlib.suppress(ValueError):
-        there = json.loads(probe.stdout or "{}")
-        if isinstance(there, dict) and int(there.get("step", -1)) >= ckpt.step:
-            return f"kept the host's own checkpoint (step {there.get('step')})"
-    made = host.run(["mkdir", "-p", remote_dir], timeout=60)
-    if made.exit_code != 0:
-        raise GpuqError(f"host {host_name}: cannot create {remote_dir}: {made.stderr.strip()}")
-    local_dir = Path(ckpt.durable_path).parent
-    for remote, name in COMPANIONS.items():
-        if (local_dir / name).is_file():
-            target = host.path("jobs", job.id, *remote.split("/"))
-            made = host.run(["mkdir", "-p", target.rsplit("/", 1)[0]], timeout=60)
-            if made.exit_code != 0:
-                raise GpuqError(f"host {host_name}: cannot create the directory of {target}")
-            host.put(local_dir / name, target)
-    host.put(Path(ckpt.durable_path), f"{remote_dir}/{ckpt.file}")
-    pointer = {"file": ckpt.file, "step": ckpt.step, "epoch": ckpt.epoch, "sha256": ckpt.sha256,
-               "bytes": ckpt.bytes, "written_at": ckpt.written_at}
-    local = ctx.settings.home / CHECKPOINTS_DIR / job.id / ".LATEST.push"
-    local.write_text(json.dumps(pointer, sort_keys=True) + "\n", encoding="utf-8")
-    try:
-        host.put(local, f"{remote_dir}/LATEST")
-    finally:
-        local.unlink(missing_ok=True)
-    ctx.ledger.record_event("job", job.id, f"checkpoint step {ckpt.step} ({ckpt.sha256[:12]}) placed on {host_name}")
-    return f"pushed checkpoint step {ckpt.step}"
 
 
 # --- resume ------------------------------------------------------------------------------------

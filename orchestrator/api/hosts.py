@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import controller, fleet
+from orchestrator import controller, fleet, protocol, setup_holds
 from orchestrator.api.context import Context, _verified_ids
-from orchestrator.errors import UsageError
+from orchestrator.config import LOCAL_HOST
+from orchestrator.errors import HostError, UsageError
 from orchestrator.ledger import Host as HostRow
 from orchestrator.ledger import Job
 from orchestrator.states import JobState
@@ -67,3 +68,16 @@ def hosts_rm(ctx: Context, name: str, *, force: bool = False) -> None:
 def hosts_trust(ctx: Context, name: str, fingerprint: str) -> str:
     """Replace a host's known key by the one it offers now, if it has the fingerprint the user checked."""
     return fleet.trust(ctx.ledger, ctx.settings, name, fingerprint)
+
+
+def hosts_release(ctx: Context, name: str) -> list[str]:
+    """Lift the setup holds of host ``name`` (docs/your-project.md): the failed-setup records on the host
+    go, so the next job of that bundle runs the project's setup there again.  Returns the bundles."""
+    row = ctx.ledger.host(name)
+    if row is None and name != LOCAL_HOST:
+        raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
+    host = ctx.fleet.named(name)
+    result = host.run(["sh", "-c", 'rm -f "$1"/*/failed.json', "sh", host.path(protocol.SETUP_DIR)], timeout=60)
+    if result.exit_code != 0:
+        raise HostError(name, f"could not clear the failed-setup records: {result.stderr.strip()[:200]}")
+    return setup_holds.release(ctx.ledger, name)

@@ -16,6 +16,7 @@ from orchestrator.ledger import Host as HostRow
 from orchestrator.ledger import Job
 from orchestrator.queuefile import parse_queue
 from orchestrator.scheduler import epoch_rates, plan
+from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import job_id_for, new_queue_id, spec_hash_for
 
 
@@ -89,7 +90,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                  for j in multi]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     workdir = Path(parsed.workdir)
-    bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,))
+    bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
+                          max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings)
     hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
     done = ctx.ledger.succeeded_with(hashes.values())
@@ -99,7 +101,13 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
             warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
                             f"{twin.sweep_id}, which already succeeded; it will run again")
     if bundle.skipped_secrets:
-        warnings.append("left out of the bundle (secret-like names): " + ", ".join(bundle.skipped_secrets[:5]))
+        more = len(bundle.skipped_secrets) - 5
+        warnings.append("left out of the bundle (credential-like paths; a `!path` line in .gpuqignore ships one): "
+                        + ", ".join(bundle.skipped_secrets[:5]) + (f" and {more} more" if more > 0 else ""))
+    if bundle.biggest:
+        warnings.append(f"the bundle is large ({bundle.bytes / 1e6:.0f} MB); biggest: "
+                        + ", ".join(f"{rel} ({size / 1e6:.0f} MB)" for rel, size in bundle.biggest)
+                        + "; leave data out with .gpuqignore and read it on the host")
     sweep_id = _new_sweep_id(ctx)
     rates = epoch_rates(ctx.ledger.run_history())
     ckpt = ctx.ledger.checkpoint_bytes_by_config()
@@ -109,6 +117,11 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         for j in parsed.jobs
     ]
     rows = _target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
+    holds = held_bundles(ctx.ledger, [r.name for r in rows])
+    for row in [r for r in rows if is_held(holds, r.name, bundle.sha256)]:
+        warnings.append(f"host {row.name} left out: this project's setup failed there (`gpuq hosts release "
+                        f"{row.name}` to try it again)")
+        rows.remove(row)
     pushed: list[str] = []
     if dry_run:
         decided = plan(plan_jobs, controller.capacities(ctx.ledger, ctx.settings, rows, rates))

@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import controller, notify, protocol
+from orchestrator import controller, notify, stops
+from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
 from orchestrator.bundle import Bundle
@@ -39,6 +40,7 @@ from orchestrator.patrol import (
     unreachable,
 )
 from orchestrator.scheduler import EpochRates, Plan, epoch_rates, estimate_s
+from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.states import AttemptState, JobState
 
 PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled"})  # open until they clear
@@ -167,10 +169,7 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
             stalled.append(job)
     # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
     # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
-    if row.provider and row.instance_id and any(
-            entries.get(j.id, {}).get("state") == "exited" and not entries.get(j.id, {}).get("cancel_requested")
-            and (entries.get(j.id, {}).get("exit") or {}).get("wrapper_code") == protocol.EXIT_SIGNAL_BASE + 15
-            for j in mine):
+    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id, {})) for j in mine):
         from orchestrator.api.cloud import check_lease
 
         verdict = check_lease(ctx, row)
@@ -193,8 +192,6 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
     for job in stalled:
         _kill_stalled(ctx, host, row, job, report)
     _resumed(ctx, row.name, mine, entries, report)
-    from orchestrator.api.cloud import ship_checkpoints, ship_wanted
-
     if ship_wanted(ctx.settings, row):
         ship_checkpoints(ctx, row, doc)
     _holds(ctx, row, findings)
@@ -340,8 +337,6 @@ def _sweeps_done(ctx: Context, report: TickReport) -> None:
 def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan:
     """A job resuming on a host that lacks its newest checkpoint gets the controller's verified copy
     first; a job whose copy cannot be placed waits (QUEUED) for the next tick."""
-    from orchestrator.api.cloud import place_checkpoint
-
     keep = []
     for assignment in decided.assignments:
         job = jobs[assignment.job_id]
@@ -373,6 +368,8 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
         jobs = {j.id: j for j in queued if j.sweep_id == sweep_id}
         ckpt = ctx.ledger.checkpoint_bytes_by_config()
         rows = _target_rows(ctx, sorted(sweep.host_set()), {j.host_pin for j in jobs.values() if j.host_pin})
+        holds = held_bundles(ctx.ledger, [r.name for r in rows])
+        rows = [r for r in rows if not is_held(holds, r.name, sweep.bundle_sha)]  # its setup failed there
         usable = {r.name for r in rows if not r.hold_reason and r.unreachable_since is None}
         plan_jobs = []
         for j in jobs.values():

@@ -105,6 +105,18 @@ def trust(name: str, fingerprint: str) -> None:
     click.echo(f"{name}: host key replaced; now trusting {accepted}")
 
 
+@hosts.command("release")
+@click.argument("name")
+def release(name: str) -> None:
+    """Lift the setup holds of host NAME: jobs of a project whose setup failed there may go back to it,
+    and the next one runs the setup again (after a transient failure, e.g. a package index outage)."""
+    from orchestrator import api
+
+    released = api.hosts_release(_ctx(), name)
+    click.echo(f"{name}: released the setup hold of bundle {', '.join(released)}" if released
+               else f"{name}: no setup hold to release")
+
+
 def _ago(ts: float | None, now: float) -> str:
     if ts is None:
         return "never"

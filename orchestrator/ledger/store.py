@@ -42,6 +42,8 @@ def _create_private(path: Path) -> None:
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o600)
 
+SETUP_PHASE = "project_setup"  # orchestrator/setup_holds.py: never counts against retries=
+
 
 class Ledger:
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
@@ -466,11 +468,13 @@ class Ledger:
 
     def failed_attempts(self, job_id: str) -> int:
         """Attempts of the job that ended badly and count against ``retries=`` (LOST, or EXITED
-        non-zero); stolen (KILLED) and preempted attempts do not."""
+        non-zero); stolen (KILLED) and preempted attempts, and a project setup that failed on a host
+        (phase ``project_setup``: the host is held, the job waits for another) do not."""
         with self.session() as s:
             rows = s.exec(select(Attempt).where(Attempt.job_id == job_id))
-            return sum(1 for a in rows if a.state == AttemptState.LOST.value
-                       or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0)))
+            return sum(1 for a in rows if a.phase != SETUP_PHASE and (
+                a.state == AttemptState.LOST.value
+                or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0))))
 
     def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:
         with self.session() as s:

@@ -18,15 +18,12 @@ for loopback addresses (the local fakes), so a key never crosses a network unenc
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import tomllib
-
-from orchestrator.config import ENV_HOME
+from orchestrator.config import ENV_HOME, check_private_file, tomllib
 from orchestrator.errors import ConfigError, ProviderAuthError
 
 KEY_FILES = ("keys.toml", "credentials.toml")
@@ -107,17 +104,8 @@ def load_key(spec: ProviderSpec, env: Mapping[str, str] | None = None) -> ApiKey
 
 
 def _key_from_file(path: Path, spec: ProviderSpec) -> ApiKey | None:
-    try:
-        info = path.stat()
-    except FileNotFoundError:
+    if not check_private_file(path, "keys file"):
         return None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    if info.st_uid != os.getuid():
-        raise ConfigError(f"{path}: refusing a keys file owned by another user (uid {info.st_uid})")
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"{path}: refusing a keys file readable by others (mode {stat.S_IMODE(info.st_mode):04o}); "
-                          f"run: chmod 600 {path}")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -58,6 +58,7 @@ from orchestrator.transfer.verify import (
     parse_manifest,
     read_manifest,
     read_verified_record,
+    required_files,
     verify_copy,
 )
 
@@ -213,7 +214,13 @@ def _fetch_manifest(run: _Pull, job: Job, staging: Path, reported_sha: str, fail
     if hashlib.sha256(raw).hexdigest() != reported_sha:
         raise ValueError("the manifest fetched differs from the one the agent just built (is another "
                          "`gpuq pull` running?); pull again")
-    return parse_manifest(raw, job_id=job.id)
+    return parse_manifest(raw, job_id=job.id, required=_required(run, job))
+
+
+def _required(run: _Pull, job: Job) -> tuple[str, ...]:
+    """The result files the job's sweep checks at finalize (docs/results.md)."""
+    sweep = run.ledger.sweep(job.sweep_id)
+    return required_files(sweep.verify.split(",") if sweep is not None else ("metrics", "best_ckpt"))
 
 
 def _copy_files(run: _Pull, job: Job, staging: Path, manifest: Manifest, failures: list[str]) -> int:
@@ -246,7 +253,7 @@ def _outcome(job: Job, host: Host, state: str, reason: str = "", **kw: Any) -> P
 def _existing_final(run: _Pull, job: Job, final: Path, manifest: Manifest) -> PullOutcome:
     """A final dir exists though the ledger has no verified mark for it: repair or refuse, never overwrite."""
     record = read_verified_record(final)
-    kept = read_manifest(final / protocol.JOB_MANIFEST_FILE, job.id)
+    kept = read_manifest(final / protocol.JOB_MANIFEST_FILE, job.id, _required(run, job))
     keep = f"{final} is kept (verified results are never overwritten); move it away and pull again"
     if record is None or kept is None or record.get("manifest_sha256") != kept.sha256:
         return _outcome(job, run.host, NOT_PULLED, f"{final} exists without a valid verification record; {keep}")
@@ -286,7 +293,7 @@ def _pull_one(run: _Pull, job: Job, reply: dict[str, Any]) -> PullOutcome:
         why = reply.get("error") or "no manifest in the agent's reply"
         return _outcome(job, run.host, NOT_PULLED, f"{run.host.name} refused to manifest it: {why}")
     failures: list[str] = []  # one transport budget per job directory: manifest and files
-    stale = read_manifest(staging / protocol.JOB_MANIFEST_FILE, job.id)
+    stale = read_manifest(staging / protocol.JOB_MANIFEST_FILE, job.id, _required(run, job))
     try:
         manifest = _fetch_manifest(run, job, staging, str(reply["sha256"]), failures)
     except HostUnreachable as exc:

@@ -9,7 +9,8 @@ then content: metrics and summary parse, and the best checkpoint is a sound torc
 
 The controller never imports torch, so a checkpoint is checked with the stdlib: the zip archive
 opens, every member passes its CRC, and its ``data.pkl`` is a complete pickle of a dict whose
-globals are torch's tensor-rebuild names (what ``torch.load(weights_only=True)`` accepts).  The
+globals are torch's tensor-rebuild and storage names (what ``torch.load(weights_only=True)``
+accepts for a state dict).  The
 host's wrapper has loaded the same bytes with ``weights_only=True`` (the agent refuses to
 manifest a best.pt whose sha256 differs from the one the wrapper recorded).  Nothing is ever
 unpickled here.
@@ -22,6 +23,7 @@ import json
 import os
 import pickletools
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,12 +43,17 @@ _STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICO
 _PRELUDE_OPS = _STRING_OPS | {"PROTO", "FRAME", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "BINGET", "LONG_BINGET",
                               "GET"}
 _SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-# pickle globals outside the torch package that torch.load(weights_only=True) accepts; inside it, any
-# torch.* name passes (an approximation of torch's allowlist: nothing is unpickled here, and the host
-# loaded these exact bytes with weights_only=True)
+# the pickle globals a state dict of tensors needs, and nothing else: what torch.load(weights_only=True)
+# accepts for tensors, storages and ordered dicts (an arbitrary torch.* name could be a callable such as
+# torch.load or torch.hub.load: never accepted)
+_STORAGE_KINDS = ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",
+                  "ComplexFloat", "ComplexDouble", "Untyped")
 _SAFE_GLOBALS = frozenset({
     "collections.OrderedDict", "_codecs.encode", "builtins.set", "builtins.frozenset",
     "builtins.bytearray", "builtins.slice", "builtins.complex",
+    "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state", "torch.Size",
+    *(f"torch.{kind}Storage" for kind in _STORAGE_KINDS),
 })
 
 
@@ -92,8 +99,21 @@ def _safe_path(path: object) -> str | None:
     return path
 
 
-def parse_manifest(raw: bytes, *, job_id: str) -> Manifest:
-    """Validate a fetched MANIFEST.json; ValueError says what is wrong with it."""
+# the file each finalize check of a job (its sweep's ``verify``) makes part of its results
+VERIFY_FILES = {"metrics": f"{protocol.RESULT_DIR}/{protocol.METRICS_FILE}",
+                "best_ckpt": f"{protocol.CKPT_DIR}/{protocol.BEST_CKPT}"}
+PAYLOAD_REQUIRED = tuple(VERIFY_FILES.values())
+
+
+def required_files(verify: Sequence[str]) -> tuple[str, ...]:
+    """What a manifest must list for a job whose sweep checks ``verify`` ("metrics", "best_ckpt"); a
+    project's own trainer (docs/your-project.md) usually checks nothing beyond its exit record."""
+    return tuple(VERIFY_FILES[v] for v in verify if v in VERIFY_FILES)
+
+
+def parse_manifest(raw: bytes, *, job_id: str, required: Sequence[str] = PAYLOAD_REQUIRED) -> Manifest:
+    """Validate a fetched MANIFEST.json; ValueError says what is wrong with it.  Besides ``required``,
+    every manifest lists its attempt's exit record."""
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -122,7 +142,8 @@ def parse_manifest(raw: bytes, *, job_id: str) -> Manifest:
         raise ValueError("manifest lists no files")
     if len(set(paths)) != len(paths):
         raise ValueError("manifest lists a path twice")
-    for need in (f"{protocol.RESULT_DIR}/{protocol.METRICS_FILE}", f"{protocol.CKPT_DIR}/{protocol.BEST_CKPT}"):
+    exit_record = f"{protocol.ATTEMPTS_DIR}/{attempt}/{protocol.EXIT_FILE}"
+    for need in (*required, exit_record):
         if need not in paths:
             raise ValueError(f"manifest lacks {need}")
     sha = hashlib.sha256(raw).hexdigest()
@@ -130,9 +151,9 @@ def parse_manifest(raw: bytes, *, job_id: str) -> Manifest:
                     sha)
 
 
-def read_manifest(path: Path, job_id: str) -> Manifest | None:
+def read_manifest(path: Path, job_id: str, required: Sequence[str] = PAYLOAD_REQUIRED) -> Manifest | None:
     try:
-        return parse_manifest(path.read_bytes(), job_id=job_id)
+        return parse_manifest(path.read_bytes(), job_id=job_id, required=required)
     except (OSError, ValueError):
         return None
 
@@ -186,7 +207,7 @@ def pickle_problem(data: bytes) -> str | None:
                 if module is None or attr is None:
                     return "it holds a pickle global that cannot be read statically"
                 ref = f"{module}.{attr}"
-            if ref is not None and not (ref.startswith("torch.") or ref in _SAFE_GLOBALS):
+            if ref is not None and ref not in _SAFE_GLOBALS:
                 return f"it references {ref}, which torch.load(weights_only=True) refuses"
             if first is None and name not in _PRELUDE_OPS:
                 first = "dict" if name == "EMPTY_DICT" or ref == "collections.OrderedDict" else (ref or name)

@@ -10,10 +10,11 @@ never re-split or given to a shell.  ``{args}`` stands for the line's trainer ar
 a whole element; when a command has no ``{args}``, the arguments are appended at its end.
 """
 
+# ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Sequence
 
 PLACEHOLDERS = ("config", "task", "epochs", "name", "seed", "job_id", "attempt", "run_dir", "ckpt_dir",
                 "checkpoint", "args", "master_port")
@@ -33,10 +34,10 @@ class TemplateError(ValueError):
         self.message = message
 
 
-def _parts(index: int, text: str) -> List[tuple]:
+def _parts(index: int, text: str) -> list[tuple]:
     """Split one element into ("lit", text) and ("ph", name) parts; raise TemplateError."""
-    parts: List[tuple] = []
-    lit: List[str] = []
+    parts: list[tuple] = []
+    lit: list[str] = []
     i = 0
     while i < len(text):
         ch = text[i]
@@ -72,9 +73,9 @@ def _parts(index: int, text: str) -> List[tuple]:
     return parts
 
 
-def check(template: Sequence[str], *, allow_args: bool = True) -> List[TemplateError]:
+def check(template: Sequence[str], *, allow_args: bool = True) -> list[TemplateError]:
     """Every problem of a template (empty list: fine)."""
-    problems: List[TemplateError] = []
+    problems: list[TemplateError] = []
     seen_args = False
     for index, element in enumerate(template):
         if not isinstance(element, str):
@@ -99,26 +100,26 @@ def check(template: Sequence[str], *, allow_args: bool = True) -> List[TemplateE
     return problems
 
 
-def uses(template: Sequence[str]) -> Set[str]:
+def uses(template: Sequence[str]) -> set[str]:
     """The placeholder names a (valid) template uses."""
-    out: Set[str] = set()
+    out: set[str] = set()
     for index, element in enumerate(template):
         out.update(p[1] for p in _parts(index, element) if p[0] == "ph")
     return out
 
 
-def render(template: Sequence[str], values: Dict[str, str], args: Sequence[str] = (),
-           *, append_args: bool = True) -> List[str]:
+def render(template: Sequence[str], values: dict[str, str], args: Sequence[str] = (),
+           *, append_args: bool = True) -> list[str]:
     """The argv for ``template``: placeholders replaced per element; ``{args}`` (or, when absent and
     ``append_args``, the end) receives ``args``.  A placeholder without a value is a TemplateError."""
-    out: List[str] = []
+    out: list[str] = []
     placed = False
     for index, element in enumerate(template):
         if element == "{args}":
             out.extend(args)
             placed = True
             continue
-        pieces: List[str] = []
+        pieces: list[str] = []
         for part in _parts(index, element):
             if part[0] == "lit":
                 pieces.append(part[1])
@@ -132,7 +133,7 @@ def render(template: Sequence[str], values: Dict[str, str], args: Sequence[str] 
     return out
 
 
-def launcher_prefix(launcher: str, python: str, nproc: int, extra: Sequence[str] = ()) -> List[str]:
+def launcher_prefix(launcher: str, python: str, nproc: int, extra: Sequence[str] = ()) -> list[str]:
     """What goes before the rendered command: torchrun (single node, its own free rendezvous port),
     the interpreter, or nothing."""
     if launcher == "torchrun":
@@ -146,8 +147,8 @@ def launcher_prefix(launcher: str, python: str, nproc: int, extra: Sequence[str]
 
 
 def job_argv(*, launcher: str, python: str, nproc: int, command: Sequence[str], args: Sequence[str],
-             resume_args: Sequence[str], values: Dict[str, str], checkpoint: Optional[str],
-             launcher_extra: Sequence[str] = ()) -> List[str]:
+             resume_args: Sequence[str], values: dict[str, str], checkpoint: str | None,
+             launcher_extra: Sequence[str] = ()) -> list[str]:
     """The whole argv of one attempt: launcher prefix, the rendered command with the trainer arguments,
     then the rendered ``resume_args`` when a checkpoint exists (``checkpoint`` is its path)."""
     vals = dict(values)

@@ -33,6 +33,9 @@ DMESG_TIMEOUT_S = 5.0
 MAX_LINE_CHARS = 400  # one Xid line carried in a document; the rest is cut
 TS_RE = re.compile(r"^\s*\[\s*(\d+(?:\.\d+)?)\]")
 XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([^)\s]+)\):\s*(\d+)")
+# the OOM killer's report: "Out of memory: Killed process 1234 (python)", "Memory cgroup out of memory:
+# Killed process 1234 (python)", or the one-line summary "oom-kill:...,task=python,pid=1234,uid=0"
+OOM_RE = re.compile(r"(?:[Oo]ut of memory: Killed process (\d+)|oom-kill:.*\bpid=(\d+))")
 UPTIME_SLACK_S = 5.0
 
 
@@ -140,6 +143,23 @@ def scan_lines(lines: list[str], since: float | None) -> tuple[str, list[dict[st
     return cursor, xids
 
 
+def scan_oom_kills(lines: list[str], since: float | None) -> list[dict[str, Any]]:
+    """The OOM killer's kills after ``since``: [{"ts", "pid", "line"}], the newest KERNEL_MAX_OOM_KILLS."""
+    kills: list[dict[str, Any]] = []
+    for line in lines:
+        if "Killed process" not in line and "oom-kill:" not in line:
+            continue
+        m = OOM_RE.search(line)
+        if not m:
+            continue
+        ts = line_ts(line)
+        if since is not None and (ts is None or ts[1] <= since):
+            continue
+        kills.append({"ts": ts[1] if ts else None, "pid": int(m.group(1) or m.group(2)),
+                      "line": line.strip()[:MAX_LINE_CHARS]})
+    return kills[-P.KERNEL_MAX_OOM_KILLS:]
+
+
 def kernel_section(since: str | None = None, lines: list[str] | None = None,
                    error: str = "") -> dict[str, Any]:
     """The "kernel" part of the status and health documents:
@@ -154,4 +174,8 @@ def kernel_section(since: str | None = None, lines: list[str] | None = None,
     if lines is None:
         return {"readable": False, "error": error or "kernel log unreadable", "cursor": given, "xids": []}
     cursor, xids = scan_lines(lines, cur)
-    return {"readable": True, "error": "", "cursor": cursor or given, "xids": select_xids(xids)}
+    out: dict[str, Any] = {"readable": True, "error": "", "cursor": cursor or given, "xids": select_xids(xids)}
+    kills = scan_oom_kills(lines, cur)
+    if kills:  # present only when the OOM killer struck since the cursor
+        out["oom_kills"] = kills
+    return out

@@ -33,6 +33,9 @@ CANCEL_FILE = "cancel"
 CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
+RUN_DIR = "run"  # the trainer's working directory (docs/your-project.md)
+SETUP_DIR = "setup"  # under the root: setup/<key>/ ok.json | failed.json, setup.log (docs/your-project.md)
+SECRETS_DIR = "secrets"  # under the root: secrets/<queue_id>.json, 0600 (docs/your-project.md)
 JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
@@ -88,6 +91,7 @@ AGENT_EXIT_REAP_FAILED = 1  # `reap`: no device nodes, no fuser/lsof, or a kill 
 # kernel log and reaping (DOMAIN.md 6.2, 8, 9)
 FATAL_XIDS = (48, 79)  # double-bit ECC, fell off the bus: host unhealthy
 KERNEL_MAX_XIDS = 50  # Xid records per document (fatal ones kept first)
+KERNEL_MAX_OOM_KILLS = 20  # OOM-killer records per document (the newest)
 REAP_MIN_AGE_S = 120  # a holder younger than this may still be starting its context
 REAP_RESAMPLE_S = 60  # a zombie must be seen in two samples this far apart
 
@@ -166,6 +170,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 # exit.json (attempt dir, written atomically last): {"job_id", "attempt", "wrapper_code",
 #   "trainer_code", "signal", "phase": "setup"|"gate"|"train"|"finalize", "started_at", "ended_at",
 #   "last_step", "last_epoch", "best_sha256", "durable": "disabled"|"synced"|"failed", "message",
+#   "wrapper_signal" (the signal the wrapper itself received, else null: a stop from outside),
 #   "vanished" (only in a record the agent wrote: true, the wrapper's whole group died, e.g. kill -9)}
 #
 # Status document (`gpuq_agent.py --root R status --json`, schema "gpuq.status/1"): one object
@@ -193,6 +198,8 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   Unreadable or empty logs return the cursor they were given.  Each Xid: {"ts": float (null when
 #   the line has no timestamp), "code": int, "pci": "0000:3b:00", "line": str <= 400 chars};
 #   at most KERNEL_MAX_XIDS (50), the fatal ones (FATAL_XIDS: 48, 79) kept first, in log order.
+#   "oom_kills" (only when the OOM killer struck after the cursor): [{"ts", "pid", "line"}], at most
+#   KERNEL_MAX_OOM_KILLS (20), the newest: evidence that a signal death was a host OOM.
 #
 # Health document (`gpuq_agent.py --root R health [--gpus 0,1] [--samples 5] [--python PY]
 #   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]`, schema

@@ -42,6 +42,11 @@ SIGNATURES = (
     ("illegal_memory", re.compile(r"an illegal memory access")),
     ("nccl", re.compile(r"NCCL error|Watchdog caught collective operation timeout")),
     ("child_failed", re.compile(r"ChildFailedError")),
+    # torchrun's report of a rank that died of a signal: SIGTERM/SIGINT (a stop) apart from the rest
+    ("rank_terminated", re.compile(r"Signal (?:15|2) \(SIG(?:TERM|INT)\) received by PID"
+                                   r"|failed \(exitcode: -(?:15|2)\) local_rank")),
+    ("rank_killed", re.compile(r"Signal \d+ \(SIG(?!TERM\)|INT\))\w+\) received by PID"
+                               r"|failed \(exitcode: -(?!15\)|2\))\d+\) local_rank")),
     ("torn_checkpoint", re.compile(r"PytorchStreamReader failed reading zip archive")),
     ("state_dict", re.compile(r"Missing key\(s\) in state_dict")),
     ("nonfinite_loss", re.compile(r"loss\s*[:=]\s*[-+]?(nan|inf)\b", re.IGNORECASE)),

@@ -108,6 +108,7 @@ class Wrapper:
         best = sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
         rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
                           trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
+        rec["wrapper_signal"] = self.got_signal  # a stop from outside, whatever the trainer's code
         atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
         self.done.set()
         self.marker("FINISHED", "(exit=%d)" % code)

@@ -231,11 +231,13 @@ def verify(path: str, expected_sha: str | None) -> str:
 
 
 def load_checkpoint(path: str, expected_sha: str | None = None, *, check: bool = True) -> dict:
-    """Load a full training checkpoint (trusted: our own file, sha-verified; needs weights_only=False)."""
+    """Load a full training checkpoint with ``weights_only=True``: tensors and plain values only.  A
+    checkpoint shipped home from one host may be pushed to another on resume; the sha256 it is checked
+    against comes from the same host, so the file itself must never be able to run code."""
     if check:
         verify(path, expected_sha)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"cannot load checkpoint {path}: {exc}") from exc
 

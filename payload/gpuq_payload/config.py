@@ -26,8 +26,9 @@ SCHEMA: dict = {
     "schedule": {"warmup_steps": _INT, "kind": ("cosine", "constant")},
     "ckpt_every_steps": _INT,
     "log_every_steps": _INT,
+    "test_hook_step_sleep_s": _NUM,  # TEST HOOK: seconds of sleep per step (tests that interrupt a job)
 }
-OPTIONAL = {"epochs"}
+OPTIONAL = {"epochs", "test_hook_step_sleep_s"}
 
 
 def load_config(path: str) -> dict:

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator import patrol, stops
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,32 +187,34 @@ def test_version_and_usage(host: Host) -> None:
 
 
 def test_exactly_once_two_agents_gap_and_idle_exit(host: Host) -> None:
-    cfg = host.config("quick", sleep=0.3)
+    gate = host.root / "gate"
+    cfg = host.config("quick", sleep=0.3, wait_file=str(gate))
     a = host.serve(slots=1, idle=1.5)
     pid_rec = host.wait_agent(a)
+    # the first job holds the agent's one slot until the gate opens: the agent is busy, never idle,
+    # while a second agent and the detached form are turned away, however slowly they start
+    specs = [host.spec(f"j{i}", cfg) for i in range(4)]
+    wait_for(lambda: (host.attempt(specs[0]["job_id"]) / "launch.json").exists(), 10, "the first job launched")
     b = host.serve(slots=1, idle=1.5)
-    assert b.wait(timeout=10) == 0
+    assert b.wait(timeout=60) == 0
     assert f"agent already running (pid {a.pid})" in (host.root / "serve.out").read_text()
     r = host.cli("serve", "--detach")
     assert r.returncode == 0 and f"agent already running (pid {a.pid})" in r.stdout
     assert pid_rec["boot_id"] and pid_rec["start_ticks"]
-    specs = [host.spec(f"j{i}", cfg) for i in range(4)]
+    gate.touch()
     for s in specs:
         ex = host.wait_exit(s["job_id"])
         assert ex["wrapper_code"] == 0, ex
     for s in specs:
         assert len(host.runs_of(s["job_id"])) == 2  # one start + one end: ran exactly once
-    # one slot: each job starts promptly after the previous wrapper wrote exit.json
-    gaps = []
+    # one slot: each job starts only after the previous wrapper wrote exit.json (how soon after is
+    # measured by scripts/bench_idle_gap.py, not asserted here)
     for prev, nxt in itertools.pairwise(specs):
         ended = iso(host.exit_of(prev["job_id"])["ended_at"])
         launched = iso(read_json(host.attempt(nxt["job_id"]) / "launch.json")["time"])
         assert launched >= ended - 0.005
-        gaps.append(launched - ended)
-    assert max(gaps) < 2.0, gaps
-    print("slot handover gaps (s):", [f"{g:.3f}" for g in gaps])
     # idle exit: the agent leaves on its own and releases pid + lock
-    assert a.wait(timeout=15) == 0
+    assert a.wait(timeout=60) == 0
     assert not (host.root / "agent.pid").exists()
     log = (host.root / "agent.log").read_text()
     assert "idle" in log and log.count("STARTING") == 4 and log.count("FINISHED") == 4
@@ -278,7 +282,9 @@ def test_exit_codes_crash_kill9_passthrough_finalize(host: Host) -> None:
         assert e["job_id"] == s["job_id"] and e["attempt"] == 1 and e["durable"] == "disabled"
         assert set(e) >= {"trainer_code", "signal", "phase", "started_at", "ended_at", "last_step",
                           "last_epoch", "best_sha256", "message"}
-    assert jobs["killed"][0] and host.exit_of(jobs["killed"][0]["job_id"])["signal"] == 9
+    killed = host.exit_of(jobs["killed"][0]["job_id"])
+    assert killed["signal"] == 9 and killed["wrapper_signal"] is None  # nobody signalled the wrapper
+    assert patrol.classify(killed["wrapper_code"], killed["trainer_code"], []) == "killed"  # retried
     assert host.exit_of(jobs["nometrics"][0]["job_id"])["phase"] == "finalize"
     ok = host.exit_of(jobs["ok"][0]["job_id"])
     assert ok["phase"] == "finalize" and ok["trainer_code"] == 0 and ok["last_step"] is not None
@@ -286,6 +292,22 @@ def test_exit_codes_crash_kill9_passthrough_finalize(host: Host) -> None:
     assert crash_log.startswith("=== gpuq ") and "stub crash on purpose" in crash_log
     mem = (host.attempt(jobs["ok"][0]["job_id"]) / "mem.tsv").read_text().splitlines()
     assert mem[0].startswith("time\tcg_used_bytes") and len(mem) >= 2
+
+
+def test_a_sigterm_to_the_wrapper_is_a_stop_whatever_the_trainer_exits(host: Host) -> None:
+    """A preemption's SIGTERM reaches the wrapper; the rank exits 1 (its peer vanished), not 143: the
+    exit record still says the wrapper got signal 15, and the controller calls it a stop."""
+    s = host.spec("peer", host.config("peer", hang=True, term_exit=1), kill_grace_s=30)
+    host.serve(slots=1, idle=30)
+    wait_for(lambda: host.runs_of(s["job_id"]), 30, "the trainer started")  # its handler is installed
+    wrapper = read_json(host.attempt(s["job_id"]) / "pgid")["pgid"]  # the wrapper leads its group
+    os.kill(wrapper, signal.SIGTERM)
+    e = host.wait_exit(s["job_id"])
+    assert (e["wrapper_code"], e["trainer_code"], e["wrapper_signal"]) == (1, 1, 15), e
+    assert "(wrapper got signal 15)" in e["message"]
+    assert patrol.classify(e["wrapper_code"], e["trainer_code"], [], wrapper_signal=stops.wrapper_signal(e)) \
+        == "stopped"
+    assert patrol.decide("stopped", 1, 2).action == "requeue"
 
 
 def test_agent_kill9_restart_adopts_and_never_reruns(host: Host) -> None:
@@ -361,14 +383,14 @@ def test_cancel_queued_and_running(host: Host) -> None:
     assert len(host.runs_of(queued["job_id"])) == 0
 
 
-def test_status_shape_states_and_speed(host: Host) -> None:
+def test_status_shape_and_states(host: Host) -> None:
     queued = host.spec("q", host.config("q"))
     before = sorted(str(p) for p in host.root.rglob("*"))
     st = host.status()
     assert sorted(str(p) for p in host.root.rglob("*")) == before  # read-only: nothing written
     assert set(st) == {"schema", "protocol", "hostname", "root", "time", "boot_id", "uptime_s", "agent",
                        "slots", "gpus", "disk", "memory", "bundles", "jobs", "kernel"}
-    assert set(st["kernel"]) == {"readable", "error", "cursor", "xids"}
+    assert set(st["kernel"]) - {"oom_kills"} == {"readable", "error", "cursor", "xids"}
     assert st["schema"] == "gpuq.status/1" and st["protocol"] == "1.0"
     assert st["agent"] == {"alive": False, "pid": None} and st["bundles"] == [SHA]
     assert set(st["disk"]) == {"path", "total_bytes", "free_bytes", "used_pct", "inodes_total",
@@ -380,7 +402,7 @@ def test_status_shape_states_and_speed(host: Host) -> None:
                         "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
                         "ckpt", "cancel_requested"}
     assert (job["job_id"], job["state"], job["name"]) == (queued["job_id"], "queued", "q")
-    # 100 exited jobs with checkpoints and heartbeats: the probe stays fast
+    # 100 exited jobs with checkpoints and heartbeats: every one reported with its state
     for i in range(100):
         s = host.spec(f"done{i}", "configs/x.json", where="claimed")
         adir = host.attempt(s["job_id"])
@@ -393,11 +415,7 @@ def test_status_shape_states_and_speed(host: Host) -> None:
         ck = host.root / "jobs" / s["job_id"] / "ckpt"
         ck.mkdir()
         (ck / "LATEST").write_text(json.dumps({"file": "latest.pt", "step": 5}))
-    t0 = time.time()
-    st = host.status()
-    took = time.time() - t0
-    print(f"status --json with 101 jobs took {took:.3f}s (incl. interpreter start)")
-    assert took < 1.5
+    st = host.status()  # how long this takes is measured by scripts/bench_agent_status.py
     done = [j for j in st["jobs"] if j["name"].startswith("done")]
     assert len(done) == 100 and all(j["state"] == "exited" for j in done)
     j = done[0]

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.launcher import sigterm_grace_s
 from orchestrator.ledger import Ledger
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups, run_gpuq, wait_for
@@ -36,17 +37,19 @@ LAMBDA_KEY = "secret_lambda-test-key-0123456789"
 JOBS = 6
 
 
-def _config(seed: int) -> str:
-    return (TINY_CONFIG.replace("seed: 3", f"seed: {seed}").replace("n_train: 256", "n_train: 3072")
+def _config(seed: int, step_sleep_s: float = 0.0) -> str:
+    text = (TINY_CONFIG.replace("seed: 3", f"seed: {seed}").replace("n_train: 256", "n_train: 3072")
             .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}"))
+    # TEST HOOK: slow steps (no effect on the weights) so an interruption lands mid-run on any machine
+    return text + (f"test_hook_step_sleep_s: {step_sleep_s}\n" if step_sleep_s else "")
 
 
-def _project(base: Path, jobs: int = JOBS) -> Path:
+def _project(base: Path, jobs: int = JOBS, step_sleep_s: float = 0.0) -> Path:
     work = base / "project"
     (work / "configs").mkdir(parents=True, exist_ok=True)
     lines = []
     for i in range(jobs):
-        (work / "configs" / f"c{i}.yaml").write_text(_config(10 + i))
+        (work / "configs" / f"c{i}.yaml").write_text(_config(10 + i, step_sleep_s))
         lines.append(f"configs/c{i}.yaml classify 2 name=j{i} gpus=1")
     (work / "queue.txt").write_text("\n".join(lines) + "\n")
     return work / "queue.txt"
@@ -262,18 +265,21 @@ def test_watch_auto_resume_brings_a_preempted_pod_back(cloud_factory: Callable[.
     up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--gpus", "2", "--spot",
                     "--profile", "rehearsal")
     assert up.returncode == 0, up.stdout + up.stderr
-    queue = _project(tmp_path, jobs=2)
+    # 192 slow steps: the preemption below always lands mid-run, whatever the machine's load
+    queue = _project(tmp_path, jobs=2, step_sleep_s=0.1)
     assert cloud.gpuq("submit", str(queue)).returncode == 0
     (host,) = cloud.hosts().values()
     root = cloud.host_root(host.instance_id)
+    grace = sigterm_grace_s(host)
+    assert grace == 5.0  # what the job spec tells the trainer: the fake's outbid grace is the profile's
     watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "watch", "--auto-resume", "--interval", "1"],
                                env={**os.environ, **cloud.env}, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     try:
         assert wait_for(lambda: all(_latest_step(root, j.id) >= 2 * CKPT_EVERY for j in cloud.jobs()),
                         timeout=300, interval=0.2)
-        # a long grace: the watcher's 1 s ticks see the jobs exit on SIGTERM while the pod still answers
-        cloud.fake.preempt(host.instance_id, grace_s=4.0)
+        assert not any((root / "jobs" / j.id / "attempts" / "1" / "exit.json").exists() for j in cloud.jobs())
+        cloud.fake.preempt(host.instance_id, grace_s=grace)
         out, _ = watcher.communicate(timeout=600)
     finally:
         if watcher.poll() is None:

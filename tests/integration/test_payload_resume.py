@@ -94,7 +94,7 @@ def _summary(run_dir: Path) -> dict:
 
 def _final_model(run_dir: Path) -> dict:
     pointer = json.loads((run_dir / "ckpt" / "LATEST").read_text())
-    return torch.load(run_dir / "ckpt" / pointer["file"], map_location="cpu", weights_only=False)["model"]
+    return torch.load(run_dir / "ckpt" / pointer["file"], map_location="cpu", weights_only=True)["model"]
 
 
 def _evals(run_dir: Path) -> list[tuple]:

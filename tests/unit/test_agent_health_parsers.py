@@ -333,3 +333,18 @@ def test_kill_all_terms_then_kills(monkeypatch: pytest.MonkeyPatch) -> None:
             if p.poll() is None:
                 p.kill()
             p.wait(5)
+
+
+def test_oom_killer_lines_after_the_cursor() -> None:
+    lines = ["[ 1.000000] Out of memory: Killed process 11 (python) total-vm:1kB",
+             "[ 2.000000] Memory cgroup out of memory: Killed process 22 (python) total-vm:1kB",
+             "[ 3.000000] oom-kill:constraint=CONSTRAINT_MEMCG,task=python,pid=33,uid=0",
+             "[ 4.000000] python invoked oom-killer: gfp_mask=0xcc0",  # the prelude names no victim
+             "[ 5.000000] Killed process in a story about nothing"]
+    assert [k["pid"] for k in K.scan_oom_kills(lines, None)] == [11, 22, 33]
+    assert [k["pid"] for k in K.scan_oom_kills(lines, 1.5)] == [22, 33]
+    sec = K.kernel_section("1.5", lines=lines)
+    assert [k["pid"] for k in sec["oom_kills"]] == [22, 33] and sec["oom_kills"][0]["ts"] == 2.0
+    assert "oom_kills" not in K.kernel_section("3.5", lines=lines)  # nothing new: the key is absent
+    many = [f"[ {i + 1}.000000] Out of memory: Killed process {i} (x)" for i in range(30)]
+    assert len(K.kernel_section(None, lines=many)["oom_kills"]) == PROTO.KERNEL_MAX_OOM_KILLS == 20

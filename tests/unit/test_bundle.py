@@ -79,3 +79,68 @@ def test_gpuq_home_inside_workdir_is_excluded(workdir: Path, tmp_path: Path) -> 
     (home / "ledger.db").write_bytes(b"sqlite")
     bundle = build_bundle(workdir, tmp_path / "cache", exclude=(home,))
     assert not any(n.startswith("workdir/state") for n in _names(bundle.path))
+
+
+CREDENTIALS = [".git-credentials", ".docker/config.json", "sub/.kube/config", ".cache/huggingface/token",
+               "application_default_credentials.json", "service-account-prod.json", ".npmrc", ".pgpass", ".envrc",
+               ".ssh/id_work", ".bash_history", "tools/.zsh_history", ".python_history", ".aws/credentials",
+               "deploy/server.pem"]
+
+
+def test_credentials_are_denied_by_path_at_any_depth(workdir: Path, tmp_path: Path) -> None:
+    for rel in CREDENTIALS:
+        (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / rel).write_text("TOKEN-s3cr3t\n")
+    (workdir / "src").mkdir()
+    (workdir / "src" / "docker_config.py").write_text("ok = 1\n")  # a look-alike name is code, not a credential
+    bundle = build_bundle(workdir, tmp_path / "cache")
+    names = _names(bundle.path)
+    assert b"TOKEN-s3cr3t" not in bundle.path.read_bytes()
+    assert "workdir/src/docker_config.py" in names
+    skipped = {s.rstrip("/") for s in bundle.skipped_secrets}
+    for rel in CREDENTIALS:
+        top = rel.split("/")[0] if rel.startswith((".ssh/", ".aws/")) else rel
+        assert f"workdir/{top}" in skipped, rel
+
+
+def test_gpuqignore_has_gitignore_semantics(workdir: Path, tmp_path: Path) -> None:
+    """Anchored patterns, directory-only patterns, negation, and opting a denied path back in."""
+    for rel in ("data/train.bin", "sub/data/keep.txt", "big.bin", "sub/big.bin", "logs/a.log", "logs/keep.log",
+                "ckpt/x.ckpt", "deep/er/y.ckpt", ".npmrc"):
+        (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / rel).write_text(rel)
+    (workdir / ".gpuqignore").write_text("/data/\n/big.bin\n*.log\n!logs/keep.log\n**/*.ckpt\n!.npmrc\n")
+    names = _names(build_bundle(workdir, tmp_path / "cache").path)
+    assert {"workdir/sub/data/keep.txt", "workdir/sub/big.bin", "workdir/logs/keep.log", "workdir/.npmrc"} <= names
+    assert not names & {"workdir/data/train.bin", "workdir/big.bin", "workdir/logs/a.log", "workdir/ckpt/x.ckpt",
+                        "workdir/deep/er/y.ckpt"}
+
+
+def test_a_large_project_is_named_and_an_oversized_one_refused(workdir: Path, tmp_path: Path) -> None:
+    from orchestrator.errors import BundleError
+
+    (workdir / "data").mkdir()
+    (workdir / "data" / "train.bin").write_bytes(b"\0" * 300_000)
+    (workdir / "data" / "val.bin").write_bytes(b"\0" * 100_000)
+    warned = build_bundle(workdir, tmp_path / "cache", warn_bytes=200_000)
+    assert warned.biggest[:2] == (("data/train.bin", 300_000), ("data/val.bin", 100_000))
+    assert build_bundle(workdir, tmp_path / "cache").biggest == ()
+    with pytest.raises(BundleError, match=r"over the bundle limit of 0\.3 MB.*data/train\.bin \(0\.3 MB\)"):
+        build_bundle(workdir, tmp_path / "cache2", max_bytes=300_000)
+    assert not (tmp_path / "cache2").exists() or not list((tmp_path / "cache2").iterdir())
+
+
+def test_the_tarball_matches_its_manifest(workdir: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    (workdir / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (workdir / "run.sh").chmod(0o755)
+    bundle = build_bundle(workdir, tmp_path / "cache")
+    assert hashlib.sha256(bundle.path.read_bytes()).hexdigest() == bundle.sha256
+    with tarfile.open(bundle.path) as tar:
+        manifest = json.load(tar.extractfile("MANIFEST.json"))  # type: ignore[arg-type]
+        for item in manifest["files"]:
+            member = tar.getmember(item["path"])
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            assert (len(data), hashlib.sha256(data).hexdigest()) == (item["bytes"], item["sha256"])
+        assert tar.getmember("workdir/run.sh").mode == 0o755

@@ -66,3 +66,50 @@ def test_unknown_profile_lists_known_ones() -> None:
 
     with pytest.raises(ConfigError, match=r"unknown profile 'nope' \(known: .*local"):
         load_profile("nope")
+
+
+@pytest.mark.parametrize("key", ["webhook_url", "local_python", "local_root"])
+def test_a_project_cannot_set_what_only_the_user_may(tmp_path: Path, key: str) -> None:
+    """A cloned repository's gpuq.toml must not redirect notifications or pick what runs locally."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "gpuq.toml").write_text(f'{key} = "https://attacker.example/x"\n')
+    with pytest.raises(ConfigError, match=rf"gpuq.toml: {key} can only be set in your own .*config.toml or the "
+                                          rf"environment \(GPUQ_{key.upper()}\)"):
+        load_settings(env={"GPUQ_HOME": str(tmp_path / "home")}, project_dir=project)
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("https://hooks.example.com/x", True), ("http://127.0.0.1:8080/h", True), ("http://localhost/h", True),
+    ("http://[::1]:9/h", True), ("http://hooks.example.com/x", False), ("http://10.0.0.5/h", False),
+    ("ftp://x/y", False), ("https://", False),
+])
+def test_webhooks_need_https_unless_loopback(tmp_path: Path, url: str, ok: bool) -> None:
+    env = {"GPUQ_HOME": str(tmp_path), "GPUQ_WEBHOOK_URL": url}
+    if ok:
+        assert load_settings(env=env).webhook_url == url
+    else:
+        with pytest.raises(ConfigError, match=r"GPUQ_WEBHOOK_URL: .*https://"):
+            load_settings(env=env)
+
+
+def test_config_toml_with_a_webhook_must_be_private(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('webhook_url = "https://hooks.example.com/s3cr3t"\n')
+    config.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"readable or writable by others \(mode 0644\); run: chmod 600"):
+        load_settings(env={"GPUQ_HOME": str(tmp_path)})
+    config.chmod(0o600)
+    assert load_settings(env={"GPUQ_HOME": str(tmp_path)}).webhook_url.endswith("s3cr3t")
+    config.write_text("retries = 3\n")
+    config.chmod(0o666)
+    with pytest.raises(ConfigError, match=r"writable by others \(mode 0666\)"):
+        load_settings(env={"GPUQ_HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("metrics", ("metrics",)), ("metrics,best_ckpt", ("metrics", "best_ckpt")), ('["metrics"]', ("metrics",)),
+    (" metrics , best_ckpt ", ("metrics", "best_ckpt")), ("", ()), ("[]", ()),
+])
+def test_list_settings_come_from_the_environment(tmp_path: Path, value: str, expected: tuple[str, ...]) -> None:
+    assert load_settings(env={"GPUQ_HOME": str(tmp_path), "GPUQ_VERIFY": value}).verify == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,12 +104,25 @@ def test_crash_signatures_and_nan_from_the_scan() -> None:
     (143, 143, [], [], {}, "stopped"),
     (143, 1, ["stopped_by_signal"], [], {}, "stopped"),
     (137, None, [], [], {"oom_kill_rose": True}, "host_oom"),
+    (137, -9, [], [], {"oom_kill_rose": True}, "host_oom"),
+    (137, -9, ["killed"], [], {}, "host_oom"),  # a bare "Killed" in the log
+    (137, -9, [], [], {}, "killed"),  # kill -9 of the ranks, the wrapper survives: no OOM evidence
+    (134, -6, [], [], {}, "killed"),
+    (1, 1, [], [], {"wrapper_signal": 15}, "stopped"),  # a peer vanished first: the survivor exits 1
+    (4, 4, [], [], {"wrapper_signal": 15}, "stopped"),  # a stop whatever the trainer's code
+    (137, -9, [], [], {"wrapper_signal": 15}, "stopped"),  # the grace ran out
+    (130, -2, [], [], {}, "stopped"),
+    (137, -9, ["cuda_oom"], [], {}, "gpu_oom"),
+    (1, 1, ["child_failed", "rank_killed"], [], {}, "killed"),  # torchrun: a rank died of SIGKILL
+    (1, 1, ["child_failed", "rank_killed"], [], {"oom_kill_rose": True}, "host_oom"),
+    (1, 1, ["child_failed", "rank_terminated"], [], {}, "stopped"),
+    (None, None, ["rank_killed"], [], {}, "vanished"),  # no exit record: the vanished rules decide
     (None, None, [], [], {}, "vanished"),
     (None, None, [], [], {"rebooted": True}, "transient"),
     (1, None, ["traceback"], ["Traceback (most recent call last):", "RuntimeError: boom"], {}, "unknown"),
 ])
 def test_classification(code: int | None, trainer: int | None, hits: list[str], tb: list[str],
-                        kw: dict[str, bool], klass: str) -> None:
+                        kw: dict[str, Any], klass: str) -> None:
     assert patrol.classify(code, trainer, [{"signature": h} for h in hits], tb, **kw) == klass
 
 
@@ -120,6 +134,10 @@ def test_retry_policy() -> None:
     assert patrol.decide("config", 1, 10).action == "fail"  # never blind-retried
     assert patrol.decide("divergence", 1, 10).action == "fail"
     assert patrol.decide("gpu_oom", 1, 10).action == "none"
+    # a signal death gpuq did not cause: retried with resume within retries=
+    assert patrol.decide("killed", 2, 2).action == "requeue"
+    assert patrol.decide("killed", 3, 2).action == "keep_lost"
+    assert patrol.decide("host_oom", 1, 2).action == "requeue"
 
 
 def test_early_finish_only_under_half_the_expectation() -> None:
@@ -194,3 +212,17 @@ def test_a_traceback_that_ends_in_a_signal_is_a_stop_not_a_crash(tmp_path: Path)
     scan = gpuq_scan.scan_log(str(log), 0)
     assert [h["signature"] for h in scan["hits"]] == ["stopped_by_signal"]
     assert patrol.job_findings("h", JOB, _running(scan=scan), NOW, TH) == []
+
+
+def test_torchrun_reports_which_signal_killed_a_rank() -> None:
+    def names(text: str) -> set[str]:
+        return {name for name, rx in gpuq_scan.SIGNATURES if rx.search(text)}
+
+    killed = "E1123 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 20576) of binary: python"
+    assert "rank_killed" in names(killed) and "rank_terminated" not in names(killed)
+    assert "rank_killed" in names("  traceback : Signal 9 (SIGKILL) received by PID 20576")
+    assert "rank_killed" in names("  traceback : Signal 6 (SIGABRT) received by PID 1")
+    term = "  traceback : Signal 15 (SIGTERM) received by PID 20576"
+    assert "rank_terminated" in names(term) and "rank_killed" not in names(term)
+    assert "rank_terminated" in names("failed (exitcode: -15) local_rank: 1 (pid: 7)")
+    assert not names("failed (exitcode: 1) local_rank: 0 (pid: 7)") & {"rank_killed", "rank_terminated"}

@@ -161,7 +161,7 @@ def test_a_save_killed_at_any_point_leaves_the_previous_checkpoint_selected(
             "pointer": ["LATEST.tmp"]}[point]
     if point == "write":  # a torn file: the hook held it after its first block
         with pytest.raises(Exception):  # noqa: B017 - any failure to load a torn file will do
-            torch.load(tmp_path / torn[0], weights_only=False)
+            torch.load(tmp_path / torn[0], weights_only=True)
     assert checkpoint.cleanup_tmp(str(tmp_path)) == torn
     assert not list(tmp_path.glob("*.tmp"))
     # the next save (next attempt) succeeds and moves the pointer; nothing unpointed stays behind
@@ -226,3 +226,42 @@ def test_save_time_is_the_longest_recent_save_else_estimated_from_bytes() -> Non
     for took in (0.05, 0.02):
         t.add_step(took)
     assert t.step_s() == 0.05
+
+
+class _RunsCode:
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, ("touch pwned",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_not_loaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint shipped from one host and pushed to another must not be able to run code there:
+    it is loaded with weights_only=True (docs/security.md)."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "latest-000000008.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 8, "hook": _RunsCode()}, path)
+    with pytest.raises(checkpoint.CheckpointError, match="cannot load checkpoint"):
+        checkpoint.load_checkpoint(str(path))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_full_training_state_loads_with_weights_only(tmp_path: Path) -> None:
+    """RNG states (python, numpy, torch) are kept as tensors and plain values, and restore exactly."""
+    import random
+
+    from gpuq_payload import rng
+
+    rng.seed_all(3)
+    state = rng.capture()
+    torch.save({"rng": [state]}, tmp_path / "c.pt")
+    expected = (random.random(), torch.rand(2))
+    loaded = checkpoint.load_checkpoint(str(tmp_path / "c.pt"))
+    rng.restore(loaded["rng"][0])
+    assert (random.random(), torch.rand(2))[0] == expected[0]
+    rng.restore(loaded["rng"][0])
+    assert torch.equal(torch.rand(2), expected[1])
+    np = pytest.importorskip("numpy")
+    rng.restore(loaded["rng"][0])
+    first = np.random.rand()
+    rng.restore(loaded["rng"][0])
+    assert np.random.rand() == first

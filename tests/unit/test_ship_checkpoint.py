@@ -1,4 +1,4 @@
-"""Shipping a checkpoint off a host that saves faster than the controller copies (api/cloud.py and the
+"""Shipping a checkpoint off a host that saves faster than the controller copies (api/checkpoints.py and the
 agent's ``snapshot`` verb)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api.cloud import _fetch_checkpoint
+from orchestrator.api.checkpoints import _fetch_checkpoint
 from orchestrator.hosts.local import LocalHost
 from tests.support.jobtree import SHA, install_agent
 
@@ -23,8 +23,8 @@ def host(tmp_path: Path) -> LocalHost:
     return LocalHost(root)
 
 
-def _save(root: Path, step: int, data: bytes) -> dict[str, object]:
-    ckpt = root / "jobs" / JOB / "ckpt"
+def _save(root: Path, step: int, data: bytes, job: str = JOB) -> dict[str, object]:
+    ckpt = root / "jobs" / job / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
     name = f"latest-{step:09d}.pt"
     (ckpt / name).write_bytes(data)
@@ -62,3 +62,70 @@ def test_a_copy_that_does_not_match_its_pointer_is_never_kept(host: LocalHost, t
 def test_no_checkpoint_yet_is_said_plainly(host: LocalHost, tmp_path: Path) -> None:
     got = _fetch_checkpoint(host, SHA, JOB, tmp_path)
     assert isinstance(got, str) and "no checkpoint pointer" in got
+
+
+# --- a host's status document is untrusted (docs/security.md) ------------------------------------
+
+from orchestrator.api.checkpoints import safe_checkpoint_file, ship_checkpoints  # noqa: E402
+from orchestrator.api.context import open_context  # noqa: E402
+from orchestrator.specs import JobSpec, job_id_for  # noqa: E402
+from orchestrator.states import AttemptState, JobState  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["latest-000000008.pt", "latest-000000008-1.pt", "run/snapshot.pt",
+                                  "run/checkpoints/epoch=3-step=120.ckpt"])
+def test_plain_checkpoint_names_are_accepted(name: str) -> None:
+    assert safe_checkpoint_file(name) == name
+
+
+@pytest.mark.parametrize("name", ["../authorized_keys", "authorized_keys", "run/../../x", "run/./x", "run/.ssh/k",
+                                  "run/", "run", "/etc/passwd", "ckpt/best.pt", "run/a\nb", "run/" + "d/" * 9 + "x",
+                                  None, 7, "latest-8.pt/../../x"])
+def test_unsafe_checkpoint_names_are_refused(name: object) -> None:
+    assert safe_checkpoint_file(name) is None
+
+
+def test_a_status_document_cannot_make_the_controller_write_outside_its_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile host names a traversal job id, a job of another host and an unsafe file: nothing is
+    written outside $GPUQ_HOME/checkpoints/<its own job>, and nothing the user owns is deleted."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUQ_HOME", str(home))
+    decoy = tmp_path / "victim"
+    decoy.mkdir()
+    (decoy / "id_ed25519").write_text("private")
+    ctx = open_context()
+    try:
+        local = ctx.fleet.local()
+        install_agent(Path(local.root))
+        ctx.ledger.update_host("local", agent_bundle=SHA)
+        spec = JobSpec(name="a", config="c.yaml", task="t")
+        ctx.ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir=str(tmp_path), queue_text="",
+                             jobs=[spec], default_retries=0)
+        mine = job_id_for("qaaaaaa", "a")
+        ctx.ledger.start_attempt(mine, host="local", bundle_sha=SHA)
+        ctx.ledger.transition(mine, AttemptState.RUNNING, attempt=1)
+        ctx.ledger.transition(mine, JobState.RUNNING)
+        pointer = _save(Path(local.root), 8, b"eight!", mine)
+        # the host also lies: a LATEST that names a file outside ckpt/
+        other = "c" + "0" * 12
+        evil_dir = Path(local.root) / "jobs" / other / "ckpt"
+        evil_dir.mkdir(parents=True)
+        (evil_dir / "LATEST").write_text(json.dumps({"file": "../../../../victim/authorized_keys",
+                                                      "sha256": "0" * 64, "bytes": 1, "step": 9}))
+        doc = {"jobs": [
+            {"job_id": "../../victim", "state": "running", "attempt": 1, "ckpt": pointer},
+            {"job_id": other, "state": "running", "attempt": 1, "ckpt": {"sha256": "0" * 64, "step": 9}},
+            {"job_id": mine, "state": "running", "attempt": 1, "ckpt": pointer},
+            ["not", "an", "entry"],
+        ]}
+        row = ctx.ledger.host("local")
+        assert row is not None
+        shipped = ship_checkpoints(ctx, row, doc)
+    finally:
+        ctx.close()
+    assert shipped == [mine]
+    assert sorted(p.name for p in decoy.iterdir()) == ["id_ed25519"]
+    written = sorted(p.relative_to(home / "checkpoints").as_posix() for p in (home / "checkpoints").rglob("*")
+                     if p.is_file())
+    assert written == [f"{mine}/LATEST", f"{mine}/latest-000000008.pt"]

@@ -33,8 +33,24 @@ def test_mypy_strict() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter not installed")
+def _tool(name: str) -> str:
+    """A dev tool of the interpreter running the tests (its venv's bin/), whether or not it is on PATH:
+    a missing tool fails the suite rather than skipping the check."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    assert found, f"{name} is not installed beside {sys.executable}: pip install -e '.[dev]'"
+    return found
+
+
 def test_import_layers() -> None:
-    result = _run("lint-imports")
+    result = _run(_tool("lint-imports"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(("target", "paths"), [("3.10-", ("orchestrator",)), ("3.8-", ("payload/agent",))])
+def test_minimum_python_versions(target: str, paths: tuple[str, ...]) -> None:
+    """The controller runs on Python 3.10 (Ubuntu 22.04), the agent on 3.8 (old rental images)."""
+    result = _run(_tool("vermin"), f"--target={target}", "--no-tips", "--violations",
+                  "--backport", "typing", *paths)
+    assert result.returncode == 0, result.stdout + result.stderr

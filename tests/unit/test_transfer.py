@@ -38,7 +38,7 @@ from orchestrator.transfer import (
     pull_jobs,
     verify_copy,
 )
-from orchestrator.transfer.verify import checkpoint_problem, parse_manifest, pickle_problem
+from orchestrator.transfer.verify import checkpoint_problem, parse_manifest, pickle_problem, required_files
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA, fake_checkpoint, finished_job, install_agent, pulled_paths
 
@@ -490,3 +490,40 @@ def test_a_malformed_or_unsafe_manifest_is_refused(raw: bytes) -> None:
 ])
 def test_backoff_doubles_to_a_cap_with_bounded_jitter(failures: int, jitter: float, delay: float) -> None:
     assert backoff_delay(failures, (10.0, 120.0), jitter) == pytest.approx(delay)
+
+
+def _doc(paths: list[str]) -> bytes:
+    return json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 2, "files": [
+        {"path": p, "bytes": 1, "sha256": "a" * 64} for p in paths]}).encode()
+
+
+def test_a_project_trainer_manifest_needs_only_its_exit_record() -> None:
+    """A sweep that checks nothing at finalize (a project's own trainer) needs no best.pt or
+    metrics.jsonl, but every manifest carries its attempt's exit record."""
+    paths = ["run/outputs/model.safetensors", "run/metrics.csv", "attempts/2/job.log", "attempts/2/exit.json"]
+    got = parse_manifest(_doc(paths), job_id="cpure", required=required_files([]))
+    assert [e.path for e in got.files] == sorted(paths)
+    with pytest.raises(ValueError, match=r"manifest lacks attempts/2/exit\.json"):
+        parse_manifest(_doc(paths[:3]), job_id="cpure", required=())
+    with pytest.raises(ValueError, match=r"manifest lacks ckpt/best\.pt"):
+        parse_manifest(_doc(paths), job_id="cpure", required=required_files(["metrics", "best_ckpt"][1:]))
+    assert required_files(["metrics", "best_ckpt"]) == ("result/metrics.jsonl", "ckpt/best.pt")
+
+
+def _global_pickle(module: str, name: str) -> bytes:
+    """{"x": <module.name>(b"")} written by hand: no such object needs to exist here."""
+    return (b"\x80\x02}q\x00X\x01\x00\x00\x00xq\x01c" + module.encode() + b"\n" + name.encode()
+            + b"\nq\x02)Rq\x03s.")
+
+
+@pytest.mark.parametrize(("module", "name", "refused"), [
+    ("torch", "load", True), ("torch.hub", "load", True), ("torch.serialization", "load", True),
+    ("torch._C", "_set_print_stack_traces_on_fatal_signal", True), ("torch.nn.modules.linear", "Linear", True),
+    ("torch._utils", "_rebuild_tensor_v2", False), ("torch", "FloatStorage", False),
+    ("torch", "BFloat16Storage", False), ("collections", "OrderedDict", False),
+])
+def test_only_the_globals_a_state_dict_needs_pass(module: str, name: str, refused: bool) -> None:
+    """An arbitrary torch.* global may be a callable a hostile host wants run on load; only tensor
+    rebuilds, storages and ordered dicts are what a state dict needs."""
+    problem = pickle_problem(_global_pickle(module, name))
+    assert (problem is not None and "refuses" in problem) if refused else problem is None, problem

@@ -36,6 +36,8 @@ def main():
 
     if cfg.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if cfg.get("term_exit"):  # a rank whose peer vanished: exits with its own code, not 143
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(int(cfg["term_exit"])))
     record("start", task=a.task, epochs=a.epochs, cwd=os.getcwd(), config=a.config)
     result = env["GPUQ_RESULT_DIR"]
     os.makedirs(result, exist_ok=True)

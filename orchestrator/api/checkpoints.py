@@ -1,0 +1,303 @@
+"""Checkpoints off the box and back (docs/checkpoints.md): every tick, the newest checkpoint of each
+running job on a rented host is copied to ``$GPUQ_HOME/checkpoints/<job>/`` (size and sha256 checked);
+before a resumed attempt starts on a host that lacks it, the verified copy is pushed there.
+
+Two kinds of checkpoint travel the same way:
+
+- gpuq's payload: the rolling file ``ckpt/LATEST`` names (``latest-<step>.pt``), with ``best.pt`` and
+  the metrics so far as companions;
+- a project's own (``[run] checkpoint`` globs, docs/your-project.md): the newest matching file of the
+  job's run dir, named ``run/<path>``, with the project's metrics file as companion.
+
+Everything a host says here is untrusted (docs/security.md): only jobs the ledger assigned to that host
+are shipped, job ids must be gpuq's, and a file name must be a plain rolling checkpoint name or a
+clean ``run/`` path, so a host can never make the controller write outside the job's own directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from orchestrator import protocol
+from orchestrator.api.context import Context
+from orchestrator.config import Settings
+from orchestrator.errors import GpuqError, HostError
+from orchestrator.launcher import agent_argv
+from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Job
+from orchestrator.states import JobState
+
+CHECKPOINTS_DIR = "checkpoints"
+JOB_ID_RE = re.compile(r"c[0-9a-f]{12}")
+_ROLLING_RE = re.compile(r"latest(?:-[0-9]{1,12}(?:-[0-9]{1,3})?)?\.pt")
+_PART_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9._=+-]{0,127}")
+_MAX_DEPTH = 8
+# what a payload job needs besides its rolling checkpoint to finish on another host: the best
+# checkpoint so far and the metrics written so far (the payload trims lines past the checkpoint's step)
+COMPANIONS = {"ckpt/best.pt": "best.pt", "result/metrics.jsonl": "metrics.jsonl"}
+_ACTIVE = (JobState.ASSIGNED, JobState.RUNNING)
+
+
+def safe_checkpoint_file(name: object) -> str | None:
+    """``name`` if it is a payload rolling checkpoint (``latest-<step>.pt``) or a clean path under the
+    run dir (``run/a/b.pt``: no ``..``, no hidden or odd components, at most 8 deep); else None."""
+    if not isinstance(name, str):
+        return None
+    if _ROLLING_RE.fullmatch(name):
+        return name
+    parts = name.split("/")
+    if len(parts) < 2 or len(parts) > _MAX_DEPTH + 1 or parts[0] != protocol.RUN_DIR:
+        return None
+    if all(_PART_RE.fullmatch(p) and p not in (".", "..") for p in parts[1:]):
+        return name
+    return None
+
+
+def ship_wanted(settings: Settings, row: HostRow) -> bool:
+    if settings.ship_checkpoints == "never" or row.kind == "local":
+        return False
+    return settings.ship_checkpoints == "always" or bool(row.provider)
+
+
+def _assigned(ctx: Context, host: str) -> dict[str, Job]:
+    return {job.id: job for job in ctx.ledger.jobs(states=_ACTIVE) if job.host == host}
+
+
+def _is_newer(have: Any, pointer: dict[str, Any]) -> bool:
+    if have is None:
+        return True
+    if have.sha256 == pointer.get("sha256"):
+        return False
+    step = pointer.get("step")
+    if isinstance(step, int) and not isinstance(step, bool):
+        return bool(step > have.step)
+    mtime = pointer.get("mtime")  # a project's checkpoint has no step: the newer file wins
+    return isinstance(mtime, (int, float)) and float(mtime) > have.written_at
+
+
+def ship_checkpoints(ctx: Context, row: HostRow, doc: dict[str, Any]) -> list[str]:
+    """Copy the newest checkpoint of every running job the ledger assigned to ``row``.  A failed copy
+    is retried next tick.  Returns the job ids shipped."""
+    shipped = []
+    assigned = _assigned(ctx, row.name)
+    entries = doc.get("jobs")
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or entry.get("state") != "running":
+            continue
+        job_id = entry.get("job_id")
+        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id) or job_id not in assigned:
+            continue  # not gpuq's, or not this host's to report
+        pointer = entry.get("ckpt")
+        own = entry.get("run_ckpt_mtime")
+        if isinstance(pointer, dict) and pointer.get("sha256"):
+            if not _is_newer(newest_durable(ctx, job_id), pointer):
+                continue
+        elif not isinstance(own, (int, float)) or isinstance(own, bool):
+            continue
+        else:
+            have = newest_durable(ctx, job_id)
+            if have is not None and have.file.startswith(protocol.RUN_DIR + "/") and float(own) <= have.written_at:
+                continue
+        if _ship_one(ctx, row, job_id, assigned[job_id], entry):
+            shipped.append(job_id)
+    return shipped
+
+
+def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, entry: dict[str, Any]) -> bool:
+    target_dir = ctx.settings.home / CHECKPOINTS_DIR / job_id
+    target_dir.mkdir(parents=True, exist_ok=True)
+    host = ctx.fleet.host(row)
+    fetched = _fetch_checkpoint(host, row.agent_bundle, job_id, target_dir)
+    if isinstance(fetched, str):
+        ctx.ledger.record_event("job", job_id, f"checkpoint copy from {row.name} failed: {fetched}",
+                                unless_repeated=True)
+        return False
+    pointer, part = fetched
+    previous = newest_durable(ctx, job_id)
+    name = str(pointer["file"])
+    final = target_dir.joinpath(*name.split("/"))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, final)
+    if name.startswith(protocol.RUN_DIR + "/"):
+        pointer["step"] = 0  # a project's checkpoint carries no step gpuq can read
+        pointer["written_at"] = float(pointer.get("mtime") or 0.0)
+        _fetch_run_companions(ctx, host, job, target_dir)
+    else:
+        _fetch_companions(host, job_id, target_dir)
+    _write_pointer(target_dir, pointer)
+    if previous is not None and previous.durable_path:
+        old = Path(previous.durable_path)
+        if old != final and old.is_relative_to(target_dir):
+            old.unlink(missing_ok=True)  # one copy per job: the newest
+    attempt = entry.get("attempt")
+    ctx.ledger.record_checkpoint(job_id, attempt if isinstance(attempt, int) else job.attempt_count, pointer)
+    ctx.ledger.mark_checkpoint_durable(job_id, pointer["sha256"], str(final), row.name)
+    return True
+
+
+def _fetch_companions(host: Any, job_id: str, target_dir: Path) -> None:
+    for remote, local in COMPANIONS.items():
+        _fetch_whole_lines(host, host.path("jobs", job_id, *remote.split("/")), target_dir / local)
+
+
+def _run_metrics(ctx: Context, job: Job) -> str | None:
+    """The project's metrics file (relative to the run dir) when the sweep names one."""
+    sweep = ctx.ledger.sweep(job.sweep_id)
+    raw = getattr(sweep, "run", "") if sweep is not None else ""
+    try:
+        metrics = json.loads(raw).get("metrics") if raw else None
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(metrics, str) or not metrics or metrics == "log":
+        return None
+    return metrics if safe_checkpoint_file(f"{protocol.RUN_DIR}/{metrics}") else None
+
+
+def _fetch_run_companions(ctx: Context, host: Any, job: Job, target_dir: Path) -> None:
+    metrics = _run_metrics(ctx, job)
+    if metrics is not None:
+        local = target_dir.joinpath(protocol.RUN_DIR, *metrics.split("/"))
+        local.parent.mkdir(parents=True, exist_ok=True)
+        _fetch_whole_lines(host, host.path("jobs", job.id, protocol.RUN_DIR, *metrics.split("/")), local)
+
+
+def _fetch_whole_lines(host: Any, remote: str, local: Path) -> None:
+    """Copy a growing text file up to its last complete line (a line being appended is left out)."""
+    part = local.with_name(f".{local.name}.part")
+    try:
+        host.get(remote, part)
+    except HostError:
+        part.unlink(missing_ok=True)  # not written yet: nothing to carry
+        return
+    if not local.name.endswith(".pt"):
+        data = part.read_bytes()
+        part.write_bytes(data[:data.rfind(b"\n") + 1])
+    os.replace(part, local)
+
+
+def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
+                      target_dir: Path) -> tuple[dict[str, Any], Path] | str:
+    """Copy the checkpoint the job's agent pins now, verified by size and sha256.  The agent first
+    hard-links it as ``ckpt/.ship.pt``: a trainer that saves often rotates its file away faster than a
+    copy runs, and the link keeps the bytes.  The link goes when the copy is done.
+    Returns (the pointer copied, the verified .part file), or why nothing could be copied."""
+    try:
+        pinned = host.run(agent_argv(host, agent_bundle, "snapshot", job_id), timeout=60)
+    except HostError as exc:
+        return str(exc)
+    try:
+        pointer = json.loads(pinned.stdout) if pinned.exit_code == 0 else None
+    except ValueError:
+        pointer = None
+    if not isinstance(pointer, dict) or not pointer.get("sha256") or not pointer.get("snapshot"):
+        return (pinned.stderr or pinned.stdout).strip()[-300:] or "the agent pinned no checkpoint"
+    name = safe_checkpoint_file(pointer.get("file"))
+    if name is None:
+        return f"the pointer names an unsafe file {str(pointer.get('file'))[:80]!r}"
+    snapshot = pointer.pop("snapshot")
+    if snapshot != f"{protocol.CKPT_DIR}/.ship.pt":
+        return f"the agent pinned an unexpected file {str(snapshot)[:80]!r}"
+    sha, size = pointer.get("sha256"), pointer.get("bytes")
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha) or not isinstance(size, int) or size < 0:
+        return "the pointer's sha256 or size is malformed"
+    part = target_dir / ".checkpoint.part"
+    remote = host.path("jobs", job_id, *snapshot.split("/"))
+    try:
+        host.get(remote, part)
+        with contextlib.suppress(HostError):
+            host.run(["rm", "-f", remote], timeout=60)
+    except HostError as exc:
+        part.unlink(missing_ok=True)
+        return str(exc)
+    if part.stat().st_size != size or _sha256(part) != sha:
+        part.unlink(missing_ok=True)
+        return f"{name} did not match its pointer (torn or replaced)"
+    return pointer, part
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_pointer(directory: Path, pointer: dict[str, Any]) -> None:
+    tmp = directory / ".LATEST.tmp"
+    tmp.write_text(json.dumps(pointer, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / "LATEST")
+
+
+def newest_durable(ctx: Context, job_id: str) -> Any:
+    """The newest checkpoint of the job with a verified copy on the controller, or None."""
+    rows = [c for c in ctx.ledger.checkpoints(job_id) if c.durable_path and Path(c.durable_path).is_file()]
+    return rows[-1] if rows else None
+
+
+def place_checkpoint(ctx: Context, job: Job, host_name: str) -> str:
+    """Before attempt n+1 starts on ``host_name``: make sure its newest checkpoint is there.  A host
+    that already has a checkpoint at least as new keeps it; otherwise the controller's verified copy
+    is pushed.  Returns what happened."""
+    ckpt = newest_durable(ctx, job.id)
+    if ckpt is None:
+        return "no shipped checkpoint"
+    if ckpt.file.startswith(protocol.RUN_DIR + "/"):
+        return _place_run_checkpoint(ctx, job, host_name, ckpt)
+    host = ctx.fleet.named(host_name)
+    remote_dir = host.path("jobs", job.id, "ckpt")
+    probe = host.run(["sh", "-c", 'cat "$1/LATEST" 2>/dev/null; true', "sh", remote_dir], timeout=60)
+    with contextlib.suppress(ValueError, TypeError):
+        there = json.loads(probe.stdout or "{}")
+        if isinstance(there, dict) and int(there.get("step", -1)) >= ckpt.step:
+            return f"kept the host's own checkpoint (step {there.get('step')})"
+    _mkdir(host, host_name, remote_dir)
+    local_dir = Path(ckpt.durable_path).parent
+    for remote, name in COMPANIONS.items():
+        if (local_dir / name).is_file():
+            target = host.path("jobs", job.id, *remote.split("/"))
+            _mkdir(host, host_name, target.rsplit("/", 1)[0])
+            host.put(local_dir / name, target)
+    host.put(Path(ckpt.durable_path), f"{remote_dir}/{ckpt.file}")
+    pointer = {"file": ckpt.file, "step": ckpt.step, "epoch": ckpt.epoch, "sha256": ckpt.sha256,
+               "bytes": ckpt.bytes, "written_at": ckpt.written_at}
+    local = ctx.settings.home / CHECKPOINTS_DIR / job.id / ".LATEST.push"
+    local.write_text(json.dumps(pointer, sort_keys=True) + "\n", encoding="utf-8")
+    try:
+        host.put(local, f"{remote_dir}/LATEST")
+    finally:
+        local.unlink(missing_ok=True)
+    ctx.ledger.record_event("job", job.id, f"checkpoint step {ckpt.step} ({ckpt.sha256[:12]}) placed on {host_name}")
+    return f"pushed checkpoint step {ckpt.step}"
+
+
+def _place_run_checkpoint(ctx: Context, job: Job, host_name: str, ckpt: Any) -> str:
+    """A project's own checkpoint goes back to the same path in the job's run dir (and its metrics
+    file beside it), unless the host already holds those exact bytes."""
+    host = ctx.fleet.named(host_name)
+    remote = host.path("jobs", job.id, *ckpt.file.split("/"))
+    probe = host.run(["sh", "-c", 'sha256sum "$1" 2>/dev/null; true', "sh", remote], timeout=120)
+    if probe.stdout.split(" ", 1)[0] == ckpt.sha256:
+        return "kept the host's own checkpoint (same bytes)"
+    _mkdir(host, host_name, remote.rsplit("/", 1)[0])
+    metrics = _run_metrics(ctx, job)
+    local_dir = ctx.settings.home / CHECKPOINTS_DIR / job.id
+    if metrics is not None and local_dir.joinpath(protocol.RUN_DIR, *metrics.split("/")).is_file():
+        target = host.path("jobs", job.id, protocol.RUN_DIR, *metrics.split("/"))
+        _mkdir(host, host_name, target.rsplit("/", 1)[0])
+        host.put(local_dir.joinpath(protocol.RUN_DIR, *metrics.split("/")), target)
+    host.put(Path(ckpt.durable_path), remote)
+    ctx.ledger.record_event("job", job.id, f"checkpoint {ckpt.file} ({ckpt.sha256[:12]}) placed on {host_name}")
+    return f"pushed checkpoint {ckpt.file}"
+
+
+def _mkdir(host: Any, host_name: str, path: str) -> None:
+    made = host.run(["mkdir", "-p", path], timeout=60)
+    if made.exit_code != 0:
+        raise GpuqError(f"host {host_name}: cannot create {path}: {made.stderr.strip()[:200]}")

@@ -1,0 +1,67 @@
+"""The provider's word a tick late: a rented host whose job just failed (a rank exited 1 in the
+preemption's grace, before anything said "preempted") is found preempted on the next look, and the
+just-failed job becomes PREEMPTED, so auto-resume continues it (api/cloud.py check_lease with
+orchestrator/stops.py; the RunPod API is the fake, the ledger is real)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator import controller
+from orchestrator.api.cloud import check_lease
+from orchestrator.api.context import Context, open_context
+from orchestrator.ledger import Host as HostRow
+from orchestrator.providers.base import ProvisionRequest
+from orchestrator.specs import JobSpec
+from orchestrator.states import AttemptState, JobState
+from tests.support.fakecloud import FakeRunPod
+
+KEY = "rp-test-key-0123456789"
+
+
+@pytest.fixture
+def setup(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Context, FakeRunPod]]:
+    with FakeRunPod(api_key=KEY) as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+        monkeypatch.setenv("GPUQ_RUNPOD_URL", fake.url)
+        ctx = open_context()
+        try:
+            yield ctx, fake
+        finally:
+            ctx.close()
+
+
+def test_a_preemption_reported_a_tick_late_turns_the_failed_job_into_preempted(
+        setup: tuple[Context, FakeRunPod]) -> None:
+    ctx, fake = setup
+    from orchestrator.api.cloud import _provider
+
+    (pod,) = _provider(ctx, "runpod").provision(ProvisionRequest(name="gpuq-late", gpu_type="NVIDIA RTX A6000",
+                                                                 gpu_count=2, spot=True))
+    ctx.ledger.add_host(HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/root/gpuq",
+                                provider="runpod", instance_id=pod.id, spot=True))
+    specs = [JobSpec(name=f"j{i}", config=f"c{i}.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
+             for i in range(2)]
+    failed, running = (r.id for r in ctx.ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir="/w",
+                                                          queue_text="...", jobs=specs, default_retries=2))
+    for job in (failed, running):
+        ctx.ledger.start_attempt(job, host="pod", bundle_sha="s")
+        ctx.ledger.transition(job, AttemptState.RUNNING, attempt=1)
+        ctx.ledger.transition(job, JobState.RUNNING)
+    # this tick: j0's rank exited 1 (its peer vanished); nothing says "signal"; the pod still runs
+    ctx.ledger.update_attempt(failed, 1, exit_code=1, message="exit 1: trainer exited 1")
+    ctx.ledger.transition(failed, AttemptState.EXITED, attempt=1)
+    assert controller.settle(ctx.ledger, failed, "unknown", ctx.settings).action == "none"
+    assert ctx.ledger.job(failed).state == "FAILED"
+    assert check_lease(ctx, ctx.ledger.host("pod")) is None  # the provider: still running
+    assert ctx.ledger.job(failed).state == "FAILED"
+
+    fake.preempt(pod.id)  # the next tick: the provider reports the outbid
+    assert check_lease(ctx, ctx.ledger.host("pod")) == "spot_preemption"
+    assert ctx.ledger.job(running).state == "PREEMPTED"
+    assert ctx.ledger.job(failed).state == "PREEMPTED"  # resumable: `gpuq resume`, auto-resume
+    assert ctx.ledger.attempt(failed, 1).state == "PREEMPTED"
+    assert ctx.ledger.failed_attempts(failed) == 0  # a preemption, not a retry
