@@ -98,8 +98,9 @@ def test_forwarded_secret_reaches_only_the_trainer(gpuq_home: Path, tmp_path: Pa
 
 
 def test_failing_setup_is_one_clear_error_and_loses_nothing(gpuq_home: Path, tmp_path: Path) -> None:
+    failing = 'setup = "echo fetching wheels; echo ERROR: no matching distribution >&2; exit 3"\n'
     queue = copy_example("ddp_snapshot", tmp_path, queue="name=a gpus=1 -- 2 1\nname=b gpus=1 -- 2 1\n",
-                         toml_extra='setup = "echo fetching wheels; echo ERROR: no matching distribution >&2; exit 3"\n')
+                         toml_extra=failing)
     submitted = run_gpuq("submit", str(queue), "--host", "local", env=ENV)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     seen: list[str] = []

@@ -4,6 +4,7 @@ import torch but not hydra (so the project's setup hook really installs it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,15 +79,13 @@ def launches(root: Path, job_id: str) -> list[dict[str, Any]]:
 def all_text_under(path: Path, skip: tuple[str, ...] = ()) -> list[tuple[Path, bytes]]:
     """Every regular file under ``path`` (symlinks not followed), except under the named top-level dirs."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(path):
+    for dirpath, _dirnames, filenames in os.walk(path):
         rel = Path(dirpath).relative_to(path)
         if rel.parts and rel.parts[0] in skip:
             continue
         for name in filenames:
             p = Path(dirpath) / name
             if p.is_file() and not p.is_symlink():
-                try:
+                with contextlib.suppress(OSError):
                     out.append((p, p.read_bytes()))
-                except OSError:
-                    pass
     return out
