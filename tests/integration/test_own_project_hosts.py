@@ -83,7 +83,7 @@ def test_hydra_app_preempted_on_runpod_resumes_from_its_shipped_checkpoint(hydra
     cloud = hydra_cloud
     epochs = 40
     queue = copy_example("hydra_csv", tmp_path,
-                         queue=f"name=h gpus=1 -- model.width=64 optim.lr={{1e-2}} epochs={epochs} data.size=8192\n")
+                         queue=f"name=h gpus=1 -- model.width=64 optim.lr=1e-2 epochs={epochs} data.size=8192\n")
     # the hosts have no network: pip installs from wheels shipped in the project (pip's own --find-links)
     wheels = queue.parent / "wheels"
     shutil.copytree(hydra_wheelhouse(), wheels)
