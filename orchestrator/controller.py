@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator import protocol, stops
+from orchestrator import observed, protocol, stops
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -274,6 +274,7 @@ def _progress(ledger: Ledger, job: Job, number: int, seen: dict[str, Any]) -> No
             loss=beat.get("loss") if isinstance(beat.get("loss"), (int, float)) else None,
             heartbeat_at=timestamp(beat.get("time")),
         )
+    fields.update(observed.attempt_progress(seen))  # no heartbeat: what the log's tail says
     if seen.get("launched_at"):
         fields["started_at"] = timestamp(seen.get("launched_at"))
     if seen.get("log_bytes") is not None:

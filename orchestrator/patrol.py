@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from orchestrator import protocol, stops
+from orchestrator import observed, protocol, stops
 
 
 class Severity(str, Enum):
@@ -252,17 +252,21 @@ def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, 
         ckpt = entry.get("ckpt") or {}
         ckpt_age = None if not isinstance(ckpt, dict) or ckpt.get("mtime") is None else now - float(ckpt["mtime"])
         since_launch = None if launched is None else now - launched
-        signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None]
+        # a trainer without a heartbeat lives by its log and its checkpoint-glob matches
+        signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None] + observed.liveness_ages(entry, now)
         freshest = min(signals) if signals else since_launch
         if beat_age is None and since_launch is not None and since_launch < th.startup_grace_s:
             pass  # starting: no heartbeat yet, within the start-up grace
         elif freshest is not None and freshest > th.stall_after_s and (
                 since_launch is None or since_launch > min(th.stall_after_s, th.startup_grace_s)):
             step = (entry.get("heartbeat") or {}).get("step")
+            if step is None:  # a trainer without a heartbeat: the step its log last showed
+                step = observed.attempt_progress(entry).get("step")
             hb = "never" if beat_age is None else f"{beat_age:.0f}s ago"
+            line = observed.last_line(entry) if beat_age is None else ""
             out.append(Finding("stalled", Severity.ESCALATE, host,
                                f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
-                               f"{freshest:.0f}s (last step {step})",
+                               f"{freshest:.0f}s (last step {step})" + (f"; last log line: {line}" if line else ""),
                                "kill the attempt and requeue it with resume if retries are left", job=job.job_id))
     return out
 

@@ -197,6 +197,16 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   "loss", "lr", "time"}; eval lines {"kind": "eval", "step", "epoch", "val_loss", "val_acc", "time"}
 # result/summary.json: {"metric": "val_acc", "mode": "max", "final": {...eval line...},
 #   "best": {...eval line...}, "weights_sha256", "world_size", "effective_batch", "steps"}
+#   A project's own trainer (spec "run" with "metrics", gpuq_runmetrics.py): the agent writes the
+#   same shape from the project's metrics at `collect`/`manifest`: {"metric" (run.metric, "" ->
+#   "val_acc"), "mode", "final": {..the last row that has the metric.., "step"}, "best": {..the row
+#   with the best finite value by mode.., "step"} (null when no finite value), "steps" (the largest
+#   step, else epoch, else row index), "rows", "source": "run/<metrics file>"|"log"}.  Rows: a CSV
+#   with a header (empty cells left out, a repeated header skipped), JSON lines, or the named groups
+#   of run.metrics_regex over every attempt's job.log; at most 64 MiB read (a bigger file: its header
+#   and newest bytes).  Cells are numbers when they parse, NaN/inf as strings (strict JSON); "step" is
+#   the row's step/global_step/epoch column, else its index.  `status --results-for` computes it
+#   without writing (the probe is read-only).
 #
 # pgid (attempt dir): {"pgid", "start_ticks", "boot_id"}  start_ticks = field 22 of /proc/<pgid>/stat
 #   (written by the agent right after spawning and again by the wrapper, same content)
@@ -213,7 +223,11 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID... |
 #   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py) |
 #   snapshot JOB_ID (hard-link the checkpoint LATEST names to ckpt/.ship.pt and print the pointer plus
-#   "snapshot": "ckpt/.ship.pt"; the controller copies the link, verifies it and removes it) |
+#   "snapshot": "ckpt/.ship.pt"; the controller copies the link, verifies it and removes it; for a
+#   spec with run.checkpoint: the newest (mtime) real file under run/ a checkpoint glob matches, printed
+#   as {"file": "run/<rel>", "sha256", "bytes", "mtime", "step": null, "snapshot": "ckpt/.ship.pt"};
+#   its size/mtime/inode must not change while it is hashed, else it is read again; exit 1 with the
+#   reason on stderr when nothing matches) |
 #   kill JOB_ID ATTEMPT (kill one attempt's group, identity-checked, without a cancel file: a stalled
 #   attempt the patrol will run again as attempt n+1; prints "killed" or why not, exit 0 only if killed)
 #   status --scan JOB_ID:ATTEMPT:LOG_OFFSET:METRICS_OFFSET ...: each named job's entry gains "scan"
@@ -225,6 +239,11 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   {"schema", "job_id", "queue_id", "attempt", "created_at", "total_files", "total_bytes",
 #    "files": [{"path", "bytes", "sha256"}]}   paths relative to jobs/<job_id>/, POSIX, sorted:
 #   result/** , ckpt/best.pt, attempts/<n>/job.log (when present), attempts/<n>/exit.json
+#   For a spec with "run" (a project's own trainer): result/** when present (with the summary.json the
+#   agent writes from run.metrics), "run/<rel>" for every real file under run/ an "outputs" glob
+#   matches (`*`/`?` within a path component, `**` across them; never a symlink or a file under a
+#   symlinked dir; names outside [A-Za-z0-9._-] left out), the run.metrics file, ckpt/best.pt only
+#   when present (never required), and the attempt's job.log and exit.json.
 #   `manifest` prints {job_id: {"manifest", "sha256" (of the manifest bytes), "attempt", "files",
 #   "bytes"} | {"error"}}; exit 0 if any manifest was built, 1 if none, 64 for a malformed roster.
 #
@@ -251,11 +270,19 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #    "bundles": [sha, ...],
 #    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
 #              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-#              "ckpt", "cancel_requested"}],
+#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime"}],
 #    "kernel": {"readable", "error", "cursor", "xids": [{"ts", "code", "pci", "line"}]}}
 #   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
 #                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
 #                gone, no exit.json)
+#   "progress" (running and dead jobs with a log; gpuq_observe.py): null | {"step", "total", "epoch",
+#   "epochs", "loss", "pct" (0..100 when a total is known), "line" (the last non-empty log line,
+#   escape sequences and control characters removed, <= 200 chars), "source": "regex" (spec
+#   run.progress, named groups epoch/step/total/loss; a "total" without "step" counts epochs) |
+#   "tqdm" ("12/100 [") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200", "loss 0.3") | null (only
+#   the line)}, from the last 64 KiB of the attempt's job.log.
+#   "run_ckpt_mtime": the newest mtime among real files under run/ that spec run.checkpoint globs
+#   match (running and dead jobs; null when none; the walk stops after 20,000 entries).
 #   "kernel" (gpuq_kernel.py): the kernel log read with `dmesg` (5 s timeout; `journalctl -k -o
 #   short-monotonic` only where dmesg is not installed).  "readable" false (with "error", e.g. "dmesg:
 #   read kernel buffer failed: Operation not permitted") means Xids are unknown, never "none".

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import controller, protocol, transfer
+from orchestrator import controller, observed, protocol, transfer
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.status import tick
 from orchestrator.cost import JobCost, job_cost
@@ -104,6 +104,8 @@ class ResultRow:
     pulled: str = ""  # "verified" (local copy in local_dir), "missing" (verified, copy gone), "" (not pulled)
     local_dir: str = ""
     cost: JobCost | None = None
+    metric: str = observed.DEFAULT_METRIC[0]  # the sweep's headline metric ([run] metric) and its direction
+    mode: str = observed.DEFAULT_METRIC[1]
 
 
 def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
@@ -119,12 +121,13 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     every = ctx.ledger.attempts_of(j.id for j in jobs)
     latest = {a.job_id: a for a in every}
     verified = ctx.ledger.verified_jobs(sweep_id)
+    metric, mode = observed.headline(getattr(ctx.ledger.sweep(sweep_id), "run", ""))  # "" before ledger v6
     now = time.time()
     rows = []
     for job in jobs:
         final = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "final"}
         best = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "best"}
-        entry = ResultRow(job, final, best, latest.get(job.id))
+        entry = ResultRow(job, final, best, latest.get(job.id), metric=metric, mode=mode)
         entry.cost = job_cost(job.gpus, [a for a in every if a.job_id == job.id], ctx.ledger.checkpoints(job.id), now)
         mark = verified.get(job.id)
         if mark is not None:

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from orchestrator import observed
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ class JobView:
     eta_s: float | None  # seconds to the last step at the current step rate
     heartbeat_age_s: float | None  # None for finished jobs and jobs without a heartbeat
     cost: float | None  # money spent so far (host price per hour); None: no attempt on a priced host
+    note: str = ""  # a trainer without a heartbeat: elapsed time and its last log line (plain text)
 
     @property
     def where(self) -> str:
@@ -203,13 +206,18 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
         heartbeat = entry.get("heartbeat")
         rate = heartbeat.get("steps_per_s") if isinstance(heartbeat, dict) else None
         running = job.state == JobState.RUNNING.value
+        note = ""
+        if running and not heartbeat:  # a project's own trainer: what its log says
+            fraction = fraction if fraction is not None else observed.progress_fraction(entry)
+            since = observed.elapsed_s(entry, att.started_at if att is not None else None, now)
+            note = " ".join(x for x in (duration(since) if since is not None else "", observed.last_line(entry)) if x)
         terminal = JobState(job.state).terminal
         hb_age = None if terminal or att is None or att.heartbeat_at is None else max(0.0, now - att.heartbeat_at)
         attempts = history.get(job.id) or ([att] if att is not None else [])
         views.append(JobView(
             job=job, attempt=att, host_gpus=slots, fraction=fraction,
             eta_s=eta_seconds(att, rate if isinstance(rate, int | float) else None) if running else None,
-            heartbeat_age_s=hb_age, cost=job_cost(job, attempts, hosts, now),
+            heartbeat_age_s=hb_age, cost=job_cost(job, attempts, hosts, now), note=note,
         ))
     return views
 
@@ -340,9 +348,13 @@ def jobs_table(snap: Snapshot) -> Table:
     for view in job_views(snap, now):
         job, att = view.job, view.attempt
         percent = f" ({view.fraction:.0%})" if view.fraction is not None and view.progress != "-" else ""
+        shown = view.progress + percent
+        if view.progress == "-" and (view.note or view.fraction is not None):  # no heartbeat: the log's word
+            pct = f"{view.fraction:.0%} " if view.fraction is not None else ""
+            shown = escape(pct + view.note).strip() or "-"
         table.add_row(
             job.id, job.sweep_id, job.name, f"[{STATE_STYLE.get(job.state, '')}]{job.state}[/]", view.where,
-            str(job.attempt_count), view.progress + percent, duration(view.eta_s),
+            str(job.attempt_count), shown, duration(view.eta_s),
             f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
             duration(view.heartbeat_age_s), money(view.cost),
             "-" if att is None or att.exit_code is None else str(att.exit_code),
@@ -407,7 +419,8 @@ def status_json(snap: Snapshot) -> None:
 
 
 def _metric_names(rows: list[ResultRow]) -> list[str]:
-    names: list[str] = []
+    """Every metric a job reported, the sweep's headline metric first (it shows even before any job did)."""
+    names: list[str] = [rows[0].metric] if rows and rows[0].metric else []
     for row in rows:
         for name in [*row.final, *row.best]:
             if name not in names:
@@ -423,7 +436,10 @@ def results_table(rows: list[ResultRow]) -> None:
     table = Table(title=f"results of {rows[0].job.sweep_id}", title_justify="left")
     priced = any(r.cost is not None and r.cost.cost is not None for r in rows)
     lost = any(r.cost is not None and (r.cost.preemptions or r.cost.lost_gpu_hours) for r in rows)
-    cols = ["job", "name", "state", *[f"final {n}" for n in names], *[f"best {n}" for n in names], "GPU-h"]
+    head = rows[0].metric
+    arrow = {"max": " (max)", "min": " (min)"}.get(rows[0].mode, "")
+    cols = ["job", "name", "state", *[f"final {n}" for n in names],
+            *[f"best {n}{arrow if n == head else ''}" for n in names], "GPU-h"]
     cols += (["cost"] if priced else []) + (["lost GPU-h", "preempted"] if lost else []) + ["pulled"]
     for col in cols:
         table.add_column(col, no_wrap=col in ("job", "state", "pulled"))

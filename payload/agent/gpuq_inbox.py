@@ -22,7 +22,8 @@ import sys
 from typing import Any
 
 import gpuq_protocol as P
-from gpuq_files import read_json, sha256_hex
+from gpuq_files import atomic_write_json, read_json, sha256_hex
+from gpuq_runmetrics import run_summary
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -120,11 +121,37 @@ def cmd_collect(root: str, job_ids: list[str]) -> int:
     return 0
 
 
-def collect_one(root: str, job_id: str) -> dict[str, Any]:
-    """A finished job's summary, hashed result files and checkpoint pointer (``collect``, and
-    ``status --results-for`` so that a tick stays one round trip when jobs finish)."""
+def job_spec(root: str, job_id: str) -> Any:
     spec = read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
-    summary = read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
+    return spec if isinstance(spec, dict) else read_json(os.path.join(root, P.JOBS_DIR, job_id, P.SPEC_FILE))
+
+
+def project_summary(root: str, job_id: str, spec: Any, write: bool) -> Any:
+    """For a job whose spec has ``run.metrics``: its metrics summarized like the payload's
+    summary.json (gpuq_runmetrics.py), written to result/summary.json when ``write``; else None."""
+    run = spec.get("run") if isinstance(spec, dict) else None
+    if not isinstance(run, dict) or not run.get("metrics"):
+        return None
+    job_dir = os.path.join(root, P.JOBS_DIR, job_id)
+    summary = run_summary(job_dir, run, _attempt_of(spec))
+    if summary is not None and write:
+        try:
+            os.makedirs(os.path.join(job_dir, P.RESULT_DIR), exist_ok=True)
+            atomic_write_json(os.path.join(job_dir, P.RESULT_DIR, P.SUMMARY_FILE), summary)
+        except OSError:
+            pass  # the summary still travels in the answer
+    return summary
+
+
+def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
+    """A finished job's summary, hashed result files and checkpoint pointer (``collect``, and
+    ``status --results-for`` so that a tick stays one round trip when jobs finish).  For a project's
+    own trainer (spec ``run.metrics``) the summary comes from its metrics; ``write`` = False (the
+    read-only status probe) computes it without writing result/summary.json."""
+    spec = job_spec(root, job_id)
+    summary = project_summary(root, job_id, spec, write)
+    if summary is None:
+        summary = read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
     return {
         "attempt": _attempt_of(spec) if isinstance(spec, dict) else 0,
         "summary": summary if isinstance(summary, dict) else None,

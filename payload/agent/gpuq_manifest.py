@@ -41,7 +41,8 @@ from typing import Any
 
 import gpuq_protocol as P
 from gpuq_files import Layout, atomic_write, read_json, spec_attempt, utc
-from gpuq_inbox import JOB_ID_RE
+from gpuq_inbox import JOB_ID_RE, job_spec, project_summary
+from gpuq_observe import matching_files, newest_checkpoint, safe_globs, spec_run
 
 SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 CHUNK = 1 << 20
@@ -135,6 +136,53 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
     if exit_doc.get("wrapper_code") != P.EXIT_OK:
         raise Refused("attempt %d exited %r, not 0: its log and exit record are evidence, not results"
                       % (n, exit_doc.get("wrapper_code")))
+    spec = job_spec(lay.root, job_id)
+    run = spec_run(spec)
+    if run is not None:
+        files = _run_files(lay, job_id, spec, run)
+    else:
+        files = _payload_files(lay, job_id, jdir, exit_doc)
+    prefix = "%s/%d/" % (P.ATTEMPTS_DIR, n)
+    log = os.path.join(adir, P.JOB_LOG)
+    _no_link(log, prefix + P.JOB_LOG)
+    if os.path.exists(log):
+        files.append(_hash_regular(log, prefix + P.JOB_LOG))
+    files.append(_hash_regular(os.path.join(adir, P.EXIT_FILE), prefix + P.EXIT_FILE))
+    files.sort(key=lambda f: f["path"])
+    queue_id = spec.get("queue_id") if isinstance(spec, dict) else None
+    return {"schema": P.MANIFEST_SCHEMA, "job_id": job_id, "queue_id": queue_id, "attempt": n,
+            "created_at": utc(), "files": files, "total_files": len(files),
+            "total_bytes": sum(f["bytes"] for f in files)}
+
+
+def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A project's own trainer (spec "run"): result/** when any (its summary, written now from its
+    metrics), every real file under run/ an ``outputs`` glob matches, the metrics file, and
+    ckpt/best.pt only when present.  Symlinks are never followed or shipped; a name outside
+    [A-Za-z0-9._-] is left out (the transfer refuses such names)."""
+    jdir = lay.job(job_id)
+    project_summary(lay.root, job_id, spec, write=True)
+    files: list[dict[str, Any]] = []
+    if os.path.isdir(lay.job(job_id, P.RESULT_DIR)) or os.path.islink(lay.job(job_id, P.RESULT_DIR)):
+        files.extend(_result_files(jdir))
+    run_dir = lay.job(job_id, P.RUN_DIR)
+    _no_link(run_dir, P.RUN_DIR + "/")
+    globs = safe_globs(run.get("outputs"))
+    metrics = run.get("metrics")
+    if isinstance(metrics, str) and metrics not in ("", "log"):
+        globs += [g for g in safe_globs([metrics]) if not any(c in g for c in "*?[")]
+    for rel, _st in matching_files(run_dir, globs):
+        if not all(SAFE_NAME_RE.match(part) and part not in (".", "..") for part in rel.split("/")):
+            continue
+        files.append(_hash_regular(os.path.join(run_dir, *rel.split("/")), P.RUN_DIR + "/" + rel))
+    best = lay.job(job_id, P.CKPT_DIR, P.BEST_CKPT)
+    if os.path.isfile(best) and not os.path.islink(best):
+        files.append(_hash_regular(best, "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT)))
+    return files  # the attempt's log and exit record join them: a pull always has evidence
+
+
+def _payload_files(lay: Layout, job_id: str, jdir: str, exit_doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """gpuq's own payload: result/** with result/metrics.jsonl, and the verified ckpt/best.pt."""
     files = _result_files(jdir)
     if not any(f["path"] == "%s/%s" % (P.RESULT_DIR, P.METRICS_FILE) for f in files):
         raise Refused("%s/%s is missing" % (P.RESULT_DIR, P.METRICS_FILE))
@@ -150,18 +198,7 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
         raise Refused("%s/%s changed after the wrapper verified it (sha256 %s, exit record says %s)"
                       % (P.CKPT_DIR, P.BEST_CKPT, best_entry["sha256"][:12], str(recorded)[:12]))
     files.append(best_entry)
-    prefix = "%s/%d/" % (P.ATTEMPTS_DIR, n)
-    log = os.path.join(adir, P.JOB_LOG)
-    _no_link(log, prefix + P.JOB_LOG)
-    if os.path.exists(log):
-        files.append(_hash_regular(log, prefix + P.JOB_LOG))
-    files.append(_hash_regular(os.path.join(adir, P.EXIT_FILE), prefix + P.EXIT_FILE))
-    files.sort(key=lambda f: f["path"])
-    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-    queue_id = spec.get("queue_id") if isinstance(spec, dict) else None
-    return {"schema": P.MANIFEST_SCHEMA, "job_id": job_id, "queue_id": queue_id, "attempt": n,
-            "created_at": utc(), "files": files, "total_files": len(files),
-            "total_bytes": sum(f["bytes"] for f in files)}
+    return files
 
 
 def cmd_manifest(root: str, job_ids: list[str]) -> int:
@@ -206,6 +243,9 @@ def cmd_snapshot(root: str, job_id: str) -> int:
     if not re.match(r"^[A-Za-z0-9._-]+$", job_id) or job_id.startswith("."):
         print("gpuq snapshot: bad job id %r" % (job_id,), file=sys.stderr)
         return P.AGENT_EXIT_USAGE
+    run = spec_run(job_spec(root, job_id))
+    if run is not None and safe_globs(run.get("checkpoint")):
+        return _snapshot_run(Layout(root), job_id, run)
     ckpt = Layout(root).job(job_id, P.CKPT_DIR)
     for _ in range(5):  # LATEST may move between reading it and linking its file: read it again
         pointer = read_json(os.path.join(ckpt, P.LATEST_POINTER))
@@ -228,4 +268,42 @@ def cmd_snapshot(root: str, job_id: str) -> int:
         print(json.dumps(pointer, sort_keys=True))
         return 0
     print("gpuq snapshot: the checkpoint kept moving under %s" % ckpt, file=sys.stderr)
+    return 1
+
+
+def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
+    """A project's own checkpoint (spec ``run.checkpoint`` globs): hard-link the newest matching
+    real file under run/ to ckpt/.ship.pt and print {"file": "run/<rel>", "sha256", "bytes", "mtime",
+    "step": null, "snapshot"}.  A trainer that rewrites its file in place changes the linked bytes:
+    the file's size and mtime must be the same before the link and after the hash, else it is read
+    again (the controller verifies the copy against this sha256 anyway)."""
+    run_dir = lay.job(job_id, P.RUN_DIR)
+    ckpt = lay.job(job_id, P.CKPT_DIR)
+    for _ in range(5):
+        newest = newest_checkpoint(run_dir, run.get("checkpoint"))
+        if newest is None:
+            print("gpuq snapshot: nothing under %s matches the checkpoint globs %r"
+                  % (run_dir, run.get("checkpoint")), file=sys.stderr)
+            return 1
+        rel, before = newest
+        src = os.path.join(run_dir, *rel.split("/"))
+        try:
+            os.makedirs(ckpt, exist_ok=True)
+            tmp = os.path.join(ckpt, SHIP_SNAPSHOT + ".link")
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.link(src, tmp, follow_symlinks=False)
+            entry = _hash_regular(tmp, rel)
+            after = os.lstat(src)
+        except (FileNotFoundError, Refused):
+            continue
+        if (after.st_ino, after.st_size, after.st_mtime_ns) != (before.st_ino, before.st_size,
+                                                                  before.st_mtime_ns):
+            continue  # written while we read it: read the new one
+        os.replace(tmp, os.path.join(ckpt, SHIP_SNAPSHOT))
+        print(json.dumps({"file": P.RUN_DIR + "/" + rel, "sha256": entry["sha256"], "bytes": entry["bytes"],
+                          "mtime": before.st_mtime, "step": None,
+                          "snapshot": P.CKPT_DIR + "/" + SHIP_SNAPSHOT}, sort_keys=True))
+        return 0
+    print("gpuq snapshot: the checkpoint kept changing under %s" % run_dir, file=sys.stderr)
     return 1

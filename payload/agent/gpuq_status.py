@@ -22,6 +22,7 @@ from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_att
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_inbox import collect_one
 from gpuq_kernel import kernel_section
+from gpuq_observe import job_progress, newest_checkpoint, spec_run
 from gpuq_procs import boot_id, group_alive, leader_alive
 from gpuq_scan import parse_scan_args, scan_job
 
@@ -43,7 +44,8 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
     e: dict[str, Any] = {"job_id": job_id, "name": spec.get("name"), "queue_id": spec.get("queue_id"),
                          "attempt": n, "state": None, "slots": None, "pgid": None, "group_alive": None,
                          "launched_at": None, "exit": None, "heartbeat": None, "heartbeat_age_s": None,
-                         "log_bytes": None, "log_mtime": None, "ckpt": None,
+                         "log_bytes": None, "log_mtime": None, "ckpt": None, "progress": None,
+                         "run_ckpt_mtime": None,
                          "cancel_requested": os.path.exists(lay.job(job_id, P.CANCEL_FILE))}
     if where == P.INBOX_DIR:
         e["state"] = "queued"
@@ -88,6 +90,13 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
         e["state"] = "claimed"  # launching: the wrapper has not recorded its group yet
     else:
         e["state"] = "dead"
+    if e["state"] in ("running", "dead"):  # bounded: the log's last 64 KiB, a capped walk of run/
+        run = spec_run(spec) or {}
+        if e["log_bytes"]:
+            e["progress"] = job_progress(log_p, run.get("progress"))
+        if run.get("checkpoint"):
+            newest = newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.get("checkpoint"))
+            e["run_ckpt_mtime"] = newest[1].st_mtime if newest is not None else None
     return e
 
 
@@ -130,7 +139,7 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     for e in jobs:
         ex = e.get("exit") or {}
         if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
-            e["results"] = collect_one(lay.root, e["job_id"])
+            e["results"] = collect_one(lay.root, e["job_id"], write=False)
     doc = {"schema": P.STATUS_SCHEMA, "protocol": P.PROTOCOL_VERSION, "hostname": socket.gethostname(),
            "root": lay.root, "time": utc(now), "boot_id": boot_id(), "uptime_s": uptime, "agent": agent,
            "slots": {"kind": kind, "total": total, "free": max(0, total - used)},

@@ -377,3 +377,34 @@ def test_schema_rejects_a_wrong_document(breakage: Any) -> None:
     doc = json.loads(json.dumps(render.status_doc(_snapshot())))
     breakage(doc)
     assert list(_validator().iter_errors(doc)), "the schema accepted a wrong document"
+
+
+# --- a project's own trainer: no heartbeat, what its log says -----------------------------------------
+
+
+def _project_snapshot(progress: dict[str, Any]) -> Snapshot:
+    snap = _snapshot()
+    snap.probes["g1"].doc["jobs"][0].update(heartbeat=None, progress=progress)
+    snap.attempts["crunning00001"] = _attempt("crunning00001", "g1", number=2, total=None, started=NOW - 125)
+    return snap
+
+
+def test_a_trainer_without_heartbeat_shows_elapsed_time_and_its_escaped_last_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    snap = _project_snapshot({"line": "[bold]Epoch 3[/bold] | loss 0.2", "pct": None, "source": "pattern"})
+    view = next(v for v in render.job_views(snap) if v.job.name == "baseline")
+    assert view.fraction is None and view.note == "2m [bold]Epoch 3[/bold] | loss 0.2"
+    render.status_table(snap)
+    out = capsys.readouterr().out
+    assert "[bold]Epoch 3[/bold] | loss 0.2" in out  # shown literally: a log line is never rich markup
+    frame, _ = _frame(View(snap))
+    assert "[bold]Epoch 3[/bold]" in frame
+
+
+def test_a_trainer_without_heartbeat_shows_the_percentage_its_log_gives(capsys: pytest.CaptureFixture[str]) -> None:
+    snap = _project_snapshot({"step": 12, "total": 100, "pct": 12.0, "line": "12/100 [00:01<00:09]",
+                              "source": "tqdm"})
+    view = next(v for v in render.job_views(snap) if v.job.name == "baseline")
+    assert view.fraction == pytest.approx(0.12)
+    render.status_table(snap)
+    assert "12% 2m 12/100" in capsys.readouterr().out

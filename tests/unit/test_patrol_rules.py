@@ -226,3 +226,15 @@ def test_torchrun_reports_which_signal_killed_a_rank() -> None:
     assert "rank_terminated" in names(term) and "rank_killed" not in names(term)
     assert "rank_terminated" in names("failed (exitcode: -15) local_rank: 1 (pid: 7)")
     assert not names("failed (exitcode: 1) local_rank: 0 (pid: 7)") & {"rank_killed", "rank_terminated"}
+
+
+def test_a_trainer_without_heartbeat_lives_by_its_log_and_checkpoint_glob() -> None:
+    """A project's own trainer writes no heartbeat: its log growth and the mtime of the files its
+    checkpoint globs match keep it alive; when both are quiet it is stalled, with its last log line."""
+    quiet_log = {"state": "running", "heartbeat": None, "heartbeat_age_s": None, "log_mtime": NOW - 2000,
+                 "ckpt": None, "progress": {"step": 120, "line": "Epoch 3 | step 120"}}
+    assert patrol.job_findings("h", JOB, dict(quiet_log, run_ckpt_mtime=NOW - 60), NOW, TH) == []
+    assert patrol.job_findings("h", JOB, dict(quiet_log, log_mtime=NOW - 10), NOW, TH) == []
+    (found,) = patrol.job_findings("h", JOB, dict(quiet_log, run_ckpt_mtime=NOW - 1800), NOW, TH)
+    assert found.rule == "stalled" and "last step 120" in found.message
+    assert "last log line: Epoch 3 | step 120" in found.message

@@ -1,0 +1,188 @@
+"""The host agent on a job of a project's own trainer (spec "run": no heartbeat, no metrics.jsonl, no
+summary.json, no ckpt/LATEST): `manifest`, `snapshot`, `collect` and `status --json`, run as real
+subprocesses on fabricated job trees (like test_agent_manifest.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import protocol
+from tests.support.jobtree import SHA, install_agent
+
+pytestmark = pytest.mark.integration
+
+AGENT_PY = os.environ.get("GPUQ_TEST_AGENT_PYTHON") or sys.executable
+RUN = {"command": ["train.py", "{args}"], "launcher": "python", "checkpoint": ["snapshot.pt", "ckpts/*.ckpt"],
+       "outputs": ["outputs/**", "*.json"], "metrics": "logs/metrics.csv", "metric": "val_acc", "mode": "max",
+       "progress": r"Epoch (?P<epoch>\d+)/(?P<total>\d+)"}
+CSV = "epoch,step,train_loss,val_acc\n0,9,0.9,\n0,9,,0.6\n1,19,0.7,\n1,19,,0.8\n2,29,0.6,\n2,29,,0.7\n"
+
+
+def agent(root: Path, *args: str) -> tuple[int, Any, str]:
+    entry = root / protocol.BUNDLES_DIR / SHA / protocol.AGENT_ENTRY
+    proc = subprocess.run([AGENT_PY, str(entry), "--root", str(root), *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+    doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, doc, proc.stderr
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "root"
+    install_agent(r)
+    return r
+
+
+def run_job(root: Path, job_id: str, *, code: int | None = 0, run: dict[str, Any] | None = None) -> Path:
+    """A job of a project's own trainer: files in its run dir, a log, an exit record when ``code``."""
+    jdir = root / protocol.JOBS_DIR / job_id
+    adir = jdir / protocol.ATTEMPTS_DIR / "1"
+    rdir = jdir / protocol.RUN_DIR
+    for d in (adir, rdir / "outputs" / "plots", rdir / "logs", rdir / "ckpts", root / protocol.CLAIMED_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+    (root / protocol.CLAIMED_DIR / f"{job_id}.json").write_text(json.dumps(
+        {"job_id": job_id, "queue_id": "qrun01", "attempt": 1, "name": job_id, "run": run or RUN}))
+    (rdir / "outputs" / "model.txt").write_text("weights")
+    (rdir / "outputs" / "plots" / "curve.png").write_bytes(b"\x89PNG")
+    (rdir / "final.json").write_text('{"ok": true}')
+    (rdir / "logs" / "metrics.csv").write_text(CSV)
+    (rdir / "scratch.bin").write_bytes(b"not an output")
+    (rdir / "snapshot.pt").write_bytes(b"snap")
+    (rdir / "project_file.json").symlink_to(root / protocol.BUNDLES_DIR)  # the project's files are links
+    (rdir / "outputs" / "link.txt").symlink_to(rdir / "scratch.bin")
+    (adir / protocol.JOB_LOG).write_text("start\nEpoch 2/4\nEpoch 3/4 loss=0.5\n")
+    if code is not None:
+        (adir / protocol.EXIT_FILE).write_text(json.dumps({"job_id": job_id, "attempt": 1, "wrapper_code": code}))
+    return jdir
+
+
+def test_manifest_of_a_project_job_lists_outputs_metrics_summary_and_evidence(root: Path) -> None:
+    jdir = run_job(root, "c000000000101")
+    code, doc, err = agent(root, "manifest", "c000000000101")
+    assert code == 0, err
+    man = json.loads(Path(doc["c000000000101"]["manifest"]).read_text())
+    paths = {f["path"] for f in man["files"]}
+    assert paths == {"run/outputs/model.txt", "run/outputs/plots/curve.png", "run/final.json",
+                     "run/logs/metrics.csv", "result/summary.json", "attempts/1/job.log", "attempts/1/exit.json"}
+    for entry in man["files"]:  # no best.pt required, no symlink, no scratch file
+        data = (jdir / entry["path"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+    summary = json.loads((jdir / "result" / "summary.json").read_text())
+    assert summary["best"]["val_acc"] == 0.8 and summary["final"]["val_acc"] == 0.7
+    assert summary["final"]["step"] == 29 and summary["metric"] == "val_acc"
+
+
+def test_manifest_of_a_failed_project_job_is_refused(root: Path) -> None:
+    run_job(root, "c000000000102", code=1)
+    code, doc, _ = agent(root, "manifest", "c000000000102")
+    assert code == 1 and "exited 1" in doc["c000000000102"]["error"]
+
+
+def test_collect_summarizes_the_projects_metrics(root: Path) -> None:
+    jdir = run_job(root, "c000000000103")
+    code, doc, err = agent(root, "collect", "c000000000103")
+    assert code == 0, err
+    s = doc["c000000000103"]["summary"]
+    assert (s["metric"], s["mode"], s["best"]["val_acc"], s["final"]["val_acc"]) == ("val_acc", "max", 0.8, 0.7)
+    assert json.loads((jdir / "result" / "summary.json").read_text()) == s
+    assert {"path": "result/summary.json"}.items() <= doc["c000000000103"]["files"][0].items()
+
+
+def test_snapshot_pins_the_newest_checkpoint_glob_match(root: Path) -> None:
+    jdir = run_job(root, "c000000000104", code=None)
+    rdir = jdir / protocol.RUN_DIR
+    (rdir / "ckpts" / "epoch=3.ckpt").write_bytes(b"newest")
+    os.utime(rdir / "snapshot.pt", (1000, 1000))
+    code, doc, err = agent(root, "snapshot", "c000000000104")
+    assert code == 0, err
+    assert doc["file"] == "run/ckpts/epoch=3.ckpt" and doc["step"] is None
+    assert doc["snapshot"] == "ckpt/.ship.pt" and doc["bytes"] == 6
+    assert doc["sha256"] == hashlib.sha256(b"newest").hexdigest()
+    ship = jdir / "ckpt" / ".ship.pt"
+    assert ship.read_bytes() == b"newest" and os.stat(ship).st_ino == os.stat(rdir / "ckpts" / "epoch=3.ckpt").st_ino
+    # a symlink is never a checkpoint, even the newest
+    (rdir / "ckpts" / "epoch=9.ckpt").symlink_to("/etc/hostname")
+    code, doc, _ = agent(root, "snapshot", "c000000000104")
+    assert code == 0 and doc["file"] == "run/ckpts/epoch=3.ckpt"
+
+
+def test_snapshot_without_a_match_says_so(root: Path) -> None:
+    jdir = run_job(root, "c000000000105", code=None)
+    for p in ("snapshot.pt",):
+        (jdir / protocol.RUN_DIR / p).unlink()
+    code, doc, err = agent(root, "snapshot", "c000000000105")
+    assert code == 1 and doc is None and "matches the checkpoint globs" in err
+
+
+@pytest.fixture
+def live_group() -> Iterator[int]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        yield proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_status_reports_progress_and_checkpoint_mtime_of_a_running_project_job(root: Path, live_group: int) -> None:
+    jdir = run_job(root, "c000000000106", code=None)
+    adir = jdir / protocol.ATTEMPTS_DIR / "1"
+    (adir / protocol.LAUNCH_FILE).write_text(json.dumps({"time": time.time(), "slots": [0]}))
+    stat = Path(f"/proc/{live_group}/stat").read_text()
+    ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    (adir / protocol.PGID_FILE).write_text(json.dumps({"pgid": live_group, "start_ticks": ticks, "boot_id": boot}))
+    os.utime(jdir / protocol.RUN_DIR / "snapshot.pt", (5000, 5000))
+    code, doc, err = agent(root, "status", "--json")
+    assert code == 0, err
+    entry = next(j for j in doc["jobs"] if j["job_id"] == "c000000000106")
+    assert entry["state"] == "running"
+    p = entry["progress"]
+    assert (p["epoch"], p["total"], p["pct"], p["source"]) == (3, 4, 75.0, "regex")
+    assert p["line"] == "Epoch 3/4 loss=0.5"
+    assert entry["run_ckpt_mtime"] == 5000
+
+
+def test_results_show_the_headline_metric_of_a_summary_from_a_csv(
+        root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpuq results` on a job whose summary the agent computed from a project's CSV: final and best
+    of the headline metric, whatever trainer wrote it."""
+    from orchestrator.api.context import open_context
+    from orchestrator.controller import record_collected
+    from orchestrator.specs import JobSpec
+    from orchestrator.states import JobState
+    from tests.conftest import run_gpuq
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUQ_HOME", str(home))
+    ctx = open_context()
+    spec = JobSpec(name="csvjob", config="c.yaml", task="classify", config_sha256="0" * 64, line=1)
+    job_id = ctx.ledger.add_sweep(sweep_id="qcsv001", queue_path="q.txt", workdir=str(tmp_path), queue_text="x",
+                                  jobs=[spec], default_retries=1)[0].id
+    for state in (JobState.ASSIGNED, JobState.RUNNING, JobState.SUCCEEDED):
+        ctx.ledger.transition(job_id, state)
+    run_job(root, job_id)
+    code, doc, err = agent(root, "collect", job_id)
+    assert code == 0, err
+    record_collected(ctx.ledger, doc)
+    table = run_gpuq("results", env={"GPUQ_HOME": str(home), "COLUMNS": "250"})
+    assert table.returncode == 0, table.stderr
+    line = next(ln for ln in table.stdout.splitlines() if job_id in ln)
+    header = next(ln for ln in table.stdout.splitlines() if "final val_acc" in ln)
+    assert "best val_acc (max)" in header
+    assert "0.7000" in line and "0.8000" in line
+    rows = run_gpuq("results", "--csv", env={"GPUQ_HOME": str(home)}).stdout.splitlines()
+    cols = rows[0].split(",")
+    values = dict(zip(cols, next(r for r in rows if r.startswith(job_id)).split(","), strict=False))
+    assert (float(values["final_val_acc"]), float(values["best_val_acc"])) == (0.7, 0.8)
