@@ -66,6 +66,11 @@ def test_grid_runs_each_cell_once_in_its_own_run_dir_side_by_side(gpuq_home: Pat
     assert not list((local / "bundles").glob("*/workdir/snapshot.pt"))
     results = run_gpuq("results", env=ENV)
     assert results.returncode == 0 and "val_acc" in results.stdout, results.stdout + results.stderr
+    pulled = run_gpuq("pull", env=ENV)  # outputs come home, verified; no best.pt is asked for
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    for job in jobs:
+        home_rows = list((gpuq_home / "results").glob(f"*/{job['id']}/run/metrics.csv"))
+        assert len(home_rows) == 1 and len(home_rows[0].read_text().splitlines()) == 7, home_rows
 
 
 def test_forwarded_secret_reaches_only_the_trainer(gpuq_home: Path, tmp_path: Path) -> None:
