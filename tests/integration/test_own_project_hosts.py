@@ -117,7 +117,7 @@ def test_hydra_app_preempted_on_runpod_resumes_from_its_shipped_checkpoint(hydra
     assert patrolled.returncode == 0, patrolled.stdout + patrolled.stderr
     resumed = cloud.gpuq("resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "resumed 1 job(s)" in resumed.stdout, resumed.stdout
+    assert "replaced by" in resumed.stdout and "resumed 1 job(s)" in resumed.stdout, resumed.stdout
     waited = cloud.gpuq("wait", "--timeout", "600", timeout=700)
     assert waited.returncode == 0, waited.stdout + waited.stderr
     (after,) = cloud.jobs()
