@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.integration.test_cloud import Cloud
 from tests.support.gpuquser import User
-from tests.support.ownproject import copy_example, host_python, hydra_wheelhouse
+from tests.support.ownproject import copy_example, host_python, hydra_wheelhouse, offline_pip_env
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -72,10 +72,13 @@ def test_ddp_script_killed_minus_nine_resumes_from_its_own_snapshot(user: User, 
 
 @pytest.fixture
 def hydra_cloud(host_farm: Callable[..., HostFarm], tmp_path: Path) -> Iterator[Cloud]:
-    python = host_python(tmp_path)  # torch importable, hydra not: the setup hook must install it
-    cloud = Cloud(host_farm(n=2, gpus=1, python=str(python)), tmp_path, "runpod")
-    yield cloud
-    cloud.close()
+    python, venv = host_python()  # torch importable, hydra not: the setup hook must install it
+    try:
+        cloud = Cloud(host_farm(n=2, gpus=1, python=str(python)), tmp_path, "runpod")
+        yield cloud
+        cloud.close()
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def test_hydra_app_preempted_on_runpod_resumes_from_its_shipped_checkpoint(hydra_cloud: Cloud,
@@ -84,12 +87,9 @@ def test_hydra_app_preempted_on_runpod_resumes_from_its_shipped_checkpoint(hydra
     epochs = 40
     queue = copy_example("hydra_csv", tmp_path,
                          queue=f"name=h gpus=1 -- model.width=64 optim.lr=1e-2 epochs={epochs} data.size=8192\n")
-    # the hosts have no network: pip installs from wheels shipped in the project (pip's own --find-links)
-    wheels = queue.parent / "wheels"
-    shutil.copytree(hydra_wheelhouse(), wheels)
+    # the hosts have no network: the setup hook's pip installs from a wheelhouse they can read
     toml = queue.parent / "gpuq.toml"
-    toml.write_text(toml.read_text() + 'env = { PIP_NO_INDEX = "1", PIP_FIND_LINKS = "wheels", '
-                                       'PIP_DISABLE_PIP_VERSION_CHECK = "1" }\n')
+    toml.write_text(toml.read_text() + offline_pip_env(hydra_wheelhouse()))
     up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--count", "1", "--gpus", "1",
                     "--spot", "--bid", "0.3", "--profile", "rehearsal")
     assert up.returncode == 0, up.stdout + up.stderr

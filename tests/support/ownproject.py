@@ -18,7 +18,9 @@ from typing import Any
 from tests.conftest import ROOT
 
 EXAMPLES = ROOT / "examples"
-WHEELHOUSE = Path(tempfile.gettempdir()) / "gpuq-test-wheels"
+# Outside /tmp, /root and /run, which the namespace test hosts replace with their own: the hosts see these
+SHARED = Path("/var/tmp")
+WHEELHOUSE = SHARED / "gpuq-test-wheels"
 
 
 def copy_example(name: str, dest: Path, *, queue: str | None = None, toml_extra: str = "") -> Path:
@@ -43,9 +45,10 @@ def hydra_wheelhouse() -> Path:
     return WHEELHOUSE
 
 
-def host_python(base: Path) -> Path:
-    """A venv whose site-packages chain to this interpreter's (torch importable), without hydra."""
-    venv = base / "host-venv"
+def host_python() -> tuple[Path, Path]:
+    """A fresh venv whose site-packages chain to this interpreter's (torch importable), without hydra;
+    returns (its python, its dir to remove).  It lives where the namespace hosts can run it."""
+    venv = Path(tempfile.mkdtemp(prefix="gpuq-test-hostvenv-", dir=SHARED))
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True,
                           timeout=300, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
@@ -56,12 +59,13 @@ def host_python(base: Path) -> Path:
     probe = subprocess.run([str(python), "-c", "import torch, importlib.util as u; "
                             "assert u.find_spec('hydra') is None"], capture_output=True, text=True, check=False)
     assert probe.returncode == 0, probe.stderr
-    return python
+    return python, venv
 
 
 def offline_pip_env(wheelhouse: Path) -> str:
-    """The [run] env lines that make the setup hook's pip install from the wheelhouse only."""
-    return f'PIP_NO_INDEX = "1"\nPIP_FIND_LINKS = "{wheelhouse}"\nPIP_DISABLE_PIP_VERSION_CHECK = "1"\n'
+    """A [run] env line that makes the setup hook's pip install from the wheelhouse only (no network)."""
+    return (f'env = {{ PIP_NO_INDEX = "1", PIP_FIND_LINKS = "{wheelhouse}", '
+            f'PIP_DISABLE_PIP_VERSION_CHECK = "1" }}\n')
 
 
 def jobs_of(status_doc: dict[str, Any]) -> list[dict[str, Any]]:
