@@ -8,11 +8,12 @@ subprocess, paramiko, httpx) are translated at the module that touches them.
 
 ::
 
-    GpuqError                      exit 1
+    GpuqError                      exit 1   (the codes: orchestrator/exitcodes.py)
     ├── UsageError                 exit 2   the user asked for something malformed
     │   ├── ConfigError                     settings / profile file problems
     │   ├── QueueParseError                 every problem of one queue file at once
     │   └── JobNotFound                     a job reference matches nothing / is ambiguous
+    ├── WaitTimeout                exit 4   `gpuq wait --timeout` ran out
     ├── LedgerError                         the SQLite ledger cannot do what was asked
     │   ├── IllegalTransition               a state change not in states.ALLOWED
     │   └── LedgerVersionError              ledger written by a newer gpuq
@@ -32,17 +33,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator import exitcodes
+
 
 class GpuqError(Exception):
     """Base of every deliberate gpuq error."""
 
-    exit_code = 1
+    exit_code = exitcodes.FAILED
 
 
 class UsageError(GpuqError):
     """The user asked for something malformed; nothing was changed."""
 
-    exit_code = 2
+    exit_code = exitcodes.USAGE
+
+
+class WaitTimeout(GpuqError):
+    """``gpuq wait --timeout`` ran out while jobs were still unfinished."""
+
+    exit_code = exitcodes.TIMEOUT
 
 
 class ConfigError(UsageError):
@@ -154,7 +163,7 @@ class TransferError(HostError):
     was unreadable, a remote file vanished).  A transport drop is HostUnreachable instead."""
 
 
-# Provider errors (orchestrator/providers/, PROVIDERS.md 1.6).  Appended to the tree above:
+# Provider errors (orchestrator/providers/, docs/providers.md).  Appended to the tree above:
 #
 #     GpuqError
 #     └── ProviderError                    a cloud provider API refused or failed (raw code kept)
@@ -191,7 +200,7 @@ class RateLimited(ProviderError):
 
 class ProviderUnreachable(ProviderError):
     """Network error, timeout or 5xx through every retry.  The last call's outcome is unknown:
-    re-query state before acting on it (PROVIDERS.md 1.3)."""
+    re-query state before acting on it (docs/providers.md)."""
 
 
 class ProvisioningFailed(ProviderError):

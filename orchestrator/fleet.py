@@ -4,7 +4,7 @@ One ``Fleet`` lives for one command: it hands out one Host object per host, so a
 SSH connection is opened once and reused by every call of that command, and
 ``close()`` releases them all.
 
-Registering a host (DOMAIN.md 1, "up") is one audit round trip after a strictly
+Registering a host (`gpuq hosts add`, docs/cli.md) is one audit round trip after a strictly
 verified SSH connection: the interpreter runs, the data dir is creatable and
 writable, its disk has room, and nvidia-smi's GPUs are counted.  Nothing is
 written to the ledger unless the audit passes; a key trusted on first use by a

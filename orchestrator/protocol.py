@@ -33,12 +33,12 @@ Remote layout (one root per host, the profile's data dir)::
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 SPEC_SCHEMA = "gpuq.job/1"  # an agent refuses a newer major: exit.json, wrapper code 80
 STATUS_SCHEMA = "gpuq.status/1"
 MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
-HEALTH_SCHEMA = "gpuq.health/1"  # agent verb `health` (GPU preflight, DOMAIN.md 8)
-REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, DOMAIN.md 9)
+HEALTH_SCHEMA = "gpuq.health/1"  # agent verb `health` (GPU preflight, docs/health.md)
+REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, docs/health.md)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
@@ -91,7 +91,7 @@ BUNDLE_MANIFEST = "MANIFEST.json"
 AGENT_ENTRY = "payload/agent/gpuq_agent.py"
 TRAIN_ENTRY = "payload/train.py"
 
-# --- exit codes (DOMAIN.md section 4.3) ---------------------------------------------
+# --- exit codes (docs/host-protocol.md) ---------------------------------------------
 EXIT_OK = 0
 EXIT_TRANSIENT = 3
 EXIT_CONFIG = 4
@@ -114,14 +114,14 @@ AGENT_EXIT_USAGE = 64
 AGENT_EXIT_HEALTH_FAIL = 2  # `health` verdict FAIL: do not launch (0 = PASS or WARN)
 AGENT_EXIT_REAP_FAILED = 1  # `reap`: no device nodes, no fuser/lsof, or a kill failed
 
-# kernel log and reaping (DOMAIN.md 6.2, 8, 9)
+# kernel log and reaping (docs/health.md)
 FATAL_XIDS = (48, 79)  # double-bit ECC, fell off the bus: host unhealthy
 KERNEL_MAX_XIDS = 50  # Xid records per document (fatal ones kept first)
 KERNEL_MAX_OOM_KILLS = 20  # OOM-killer records per document (the newest)
 REAP_MIN_AGE_S = 120  # a holder younger than this may still be starting its context
 REAP_RESAMPLE_S = 60  # a zombie must be seen in two samples this far apart
 
-# --- environment a job receives (DOMAIN.md section 4.1) -----------------------------
+# --- environment a job receives (docs/host-protocol.md) -----------------------------
 ENV_JOB_ID = "GPUQ_JOB_ID"
 ENV_JOB_NAME = "GPUQ_JOB_NAME"
 ENV_QUEUE_ID = "GPUQ_QUEUE_ID"
@@ -177,9 +177,22 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   sigterm_grace_s  float (optional; only for spot hosts): seconds between the platform's SIGTERM and
 #                    its SIGKILL (the profile's spot.grace_s, RunPod ~5); the wrapper passes
 #                    min(sigterm_grace_s, kill_grace_s) as GPUQ_SIGTERM_GRACE_S
-#   spec_hash     str                identity hash (DOMAIN.md 2.6)
+#   spec_hash     str                identity hash (docs/queue.md)
 #   env           dict[str,str]      extra run.env entries (never secrets)
 #   created_at    float              UTC epoch seconds
+#   args          list[str]          (1.1, optional) the queue line's trainer arguments after `--`,
+#                                    grid-expanded, literal (no placeholders); [] when none
+#   run           null | object      (1.1, optional) the project's [run] table (gpuq.toml); null/absent:
+#                                    the legacy payload argv below.  {"command": list[str] template
+#                                    elements ([] = the payload's own command, still followed by args
+#                                    and resume_args), "launcher": "torchrun"|"python"|"none",
+#                                    "resume_args": list[str], "checkpoint": list[str] globs, "outputs":
+#                                    list[str] globs (relative to the run dir), "metrics": str, "metrics_regex":
+#                                    str, "metric": str, "mode": "max"|"min", "progress": str regex, "setup":
+#                                    str, "setup_key": sha256 hex ("" = no setup), "forward_env": list[str]
+#                                    NAMES (values travel beside the specs in the `enqueue` stdin object,
+#                                    {"specs": [...], "secrets": {queue_id: {NAME: value}}}, never in a spec)}
+#                                    argv: payload/agent/gpuq_argv.py job_argv(...)
 #
 # Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
 # A spec whose schema major is newer than the agent's is refused: its exit.json carries wrapper
@@ -219,7 +232,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 # milliseconds ("2026-11-21T20:12:37.123Z"); the payload's heartbeat and LATEST carry epoch floats.
 #
 # Agent verbs the controller uses (one round trip each):
-#   status --json | enqueue [--serve ...] (JSON list of specs on stdin; idempotent) |
+#   status --json | enqueue [--serve ...] (JSON list of specs on stdin, or {"specs", "secrets"}; idempotent) |
 #   collect JOB_ID... (summary + sha256 of result files and best.pt) | cancel JOB_ID... |
 #   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py) |
 #   snapshot JOB_ID (hard-link the checkpoint LATEST names to ckpt/.ship.pt and print the pointer plus
@@ -270,7 +283,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #    "bundles": [sha, ...],
 #    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
 #              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime"}],
+#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "gpu_util_pct"}],
 #    "kernel": {"readable", "error", "cursor", "xids": [{"ts", "code", "pci", "line"}]}}
 #   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
 #                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
@@ -283,6 +296,8 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   the line)}, from the last 64 KiB of the attempt's job.log.
 #   "run_ckpt_mtime": the newest mtime among real files under run/ that spec run.checkpoint globs
 #   match (running and dead jobs; null when none; the walk stops after 20,000 entries).
+#   "gpu_util_pct": the highest util_pct among a running job's GPU slots (GPU hosts), else null; shown,
+#   never taken as liveness (a hung NCCL collective keeps a GPU at 100%).
 #   "kernel" (gpuq_kernel.py): the kernel log read with `dmesg` (5 s timeout; `journalctl -k -o
 #   short-monotonic` only where dmesg is not installed).  "readable" false (with "error", e.g. "dmesg:
 #   read kernel buffer failed: Operation not permitted") means Xids are unknown, never "none".
@@ -297,7 +312,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #
 # Health document (`gpuq_agent.py --root R health [--gpus 0,1] [--samples 5] [--python PY]
 #   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]`, schema
-#   "gpuq.health/1", gpuq_health.py, DOMAIN.md 8): one object
+#   "gpuq.health/1", gpuq_health.py, docs/health.md): one object
 #   {"schema", "verdict": "pass"|"warn"|"fail", "host", "time", "root",
 #    "checks": [{"check", "status": "pass"|"warn"|"fail", "detail"}],
 #    "gpus": [{"index", "name", "uuid", "pci_bus_id", "memory_total_mib", "memory_used_mib", "temp_c",
@@ -312,7 +327,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   launch allowed), 2 (AGENT_EXIT_HEALTH_FAIL: do not launch), 64 (usage).
 #
 # Reap document (`gpuq_agent.py --root R reap [--force] [--min-age-s 120] [--resample-s 60]
-#   [--include-other-users]`, schema "gpuq.reap/1", gpuq_reap.py, DOMAIN.md 9): one object
+#   [--include-other-users]`, schema "gpuq.reap/1", gpuq_reap.py, docs/health.md): one object
 #   {"schema", "clean": bool, "dry_run": bool, "host", "time", "devices": [/dev/nvidia* nodes],
 #    "tool": "fuser"|"lsof", "candidates": [{"pid", "user", "comm", "age_s", "devices", "cmdline"
 #    (secret-looking values redacted)}], "killed": [{"pid", "outcome": "terminated"|"killed"|"gone"|

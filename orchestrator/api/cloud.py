@@ -1,6 +1,6 @@
 """Rented hosts: ``up`` (provision, wait for SSH, register, preflight), ``down`` (terminate behind the
 teardown gate), preemption detection and ``resume``; checkpoint shipping lives in
-``api/checkpoints.py`` (DOMAIN.md 11, 13).
+``api/checkpoints.py`` (docs/checkpoints.md, docs/providers.md).
 
 The provider adapters (``orchestrator.providers``) speak the vendor APIs; this module decides.  gpuq
 never destroys anything on its own: only ``down`` terminates, only when the user asked, and never

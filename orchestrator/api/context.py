@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.bundle import payload_dir
 from orchestrator.config import LOCAL_HOST, Settings, load_settings
 from orchestrator.fleet import Fleet
 from orchestrator.hosts.base import Host
@@ -52,6 +51,8 @@ def _known_hosts(ctx: Context) -> set[str]:
 
 
 def _payload_tasks() -> list[str]:
+    from orchestrator.bundle import payload_dir  # pathspec and tarfile: not for `gpuq status`
+
     tasks_file = payload_dir() / "TASKS"
     if not tasks_file.is_file():
         return []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +27,9 @@ def _job_host(ctx: Context, job: Job) -> Host:
     return host_for(ctx, row)
 
 
-def logs(ctx: Context, ref: str, *, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
+def logs(ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
     """The job's log of its latest attempt; with ``follow``, until the job ends."""
-    job = ctx.ledger.resolve_job(ref)
+    job = ref if isinstance(ref, Job) else ctx.ledger.resolve_job(ref)
     if job.attempt_count == 0:
         raise UsageError(f"job {job.id} ({job.name}) has not started yet; no log")
     host = _job_host(ctx, job)
@@ -58,19 +58,48 @@ def logs(ctx: Context, ref: str, *, follow: bool = False, poll_s: float = 1.0) -
 class CancelOutcome:
     job: Job
     outcome: str
+    ok: bool = True  # False: the job could not be cancelled (its host did not answer); it was left as it was
 
 
-def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None) -> list[CancelOutcome]:
-    """Cancel one job or a sweep's unfinished jobs: one agent call per host for all of them."""
-    if (ref is None) == (sweep is None):
-        raise UsageError("give a job or --sweep SWEEP, not both")
-    if ref is not None:
-        targets = [ctx.ledger.resolve_job(ref)]
-    else:
-        targets = ctx.ledger.jobs(sweep_id=ctx.ledger.resolve_sweep(sweep).id)
+def cancel_targets(ctx: Context, *, refs: Sequence[str] = (), sweeps: Sequence[str] = (),
+                   all_sweeps: bool = False) -> tuple[list[Job], list[str]]:
+    """The jobs ``gpuq cancel`` would touch, in order, each once, and the notes on bare names.
+
+    Jobs named by reference are listed whatever their state (a finished one is reported as such);
+    ``sweeps`` and ``all_sweeps`` add only unfinished jobs.  Every reference is resolved before
+    anything is cancelled, so a typo cancels nothing.
+    """
+    if not refs and not sweeps and not all_sweeps:
+        raise UsageError("give one or more JOBs, --sweep SWEEP or --all; `gpuq status` lists them")
+    if all_sweeps and (refs or sweeps):
+        raise UsageError("--all cancels every unfinished job: give it alone, without JOBs or --sweep")
+    targets: dict[str, Job] = {}
+    notes: list[str] = []
+    for ref in refs:
+        found = ctx.ledger.resolve_job_ref(ref)
+        targets.setdefault(found.job.id, found.job)
+        if found.note:
+            notes.append(found.note)
+    sweep_ids = [s.id for s in ctx.ledger.sweeps()] if all_sweeps else [ctx.ledger.resolve_sweep(s).id for s in sweeps]
+    for sweep_id in sweep_ids:
+        for job in ctx.ledger.jobs(sweep_id=sweep_id):
+            if not JobState(job.state).terminal:
+                targets.setdefault(job.id, job)
+    return list(targets.values()), notes
+
+
+def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
+           jobs: Sequence[Job] | None = None) -> list[CancelOutcome]:
+    """Cancel ``jobs`` (or one job ``ref``, or a sweep's unfinished jobs): one agent call per host.
+
+    A host that cannot be reached leaves its jobs as they were (``ok`` False)."""
+    if jobs is None:
+        if (ref is None) == (sweep is None):
+            raise UsageError("give a job or --sweep SWEEP, not both")
+        jobs, _ = cancel_targets(ctx, refs=[ref] if ref else [], sweeps=[sweep] if sweep else [])
     out: list[CancelOutcome] = []
     by_host: dict[str, list[Job]] = {}
-    for job in targets:
+    for job in jobs:
         if JobState(job.state).terminal:
             out.append(CancelOutcome(job, f"already {job.state}"))
         elif job.host is not None and job.attempt_count:
@@ -78,21 +107,27 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None) ->
         else:
             ctx.ledger.transition(job.id, JobState.CANCELLED, message="cancelled by user before placement")
             out.append(CancelOutcome(job, "cancelled before placement"))
-    for host_name, jobs in by_host.items():
+    for host_name, held in by_host.items():
         row = ctx.ledger.host(host_name)
-        host = _job_host(ctx, jobs[0])
-        argv = agent_argv(host, row.agent_bundle if row else "", "cancel", *[j.id for j in jobs])
-        result = host.run(argv, timeout=60 + ctx.settings.kill_grace_s * 2)
+        try:
+            host = _job_host(ctx, held[0])
+            argv = agent_argv(host, row.agent_bundle if row else "", "cancel", *[j.id for j in held])
+            result = host.run(argv, timeout=60 + ctx.settings.kill_grace_s * 2)
+        except GpuqError as exc:
+            reason = " ".join(str(exc).split())
+            out += [CancelOutcome(job, f"not cancelled: {reason}", ok=False) for job in held]
+            continue
         lines = result.stdout.strip().splitlines()
-        if len(jobs) == 1:
-            verdicts = {jobs[0].id: lines[0] if lines else ""}
+        if len(held) == 1:
+            verdicts = {held[0].id: lines[0] if lines else ""}
         else:
             verdicts = dict(line.split(" ", 1) for line in lines if " " in line)
-        for job in jobs:
+        for job in held:
             verdict = verdicts.get(job.id) or result.stderr.strip() or f"agent exit {result.exit_code}"
             ctx.ledger.transition(job.id, JobState.CANCELLED, message=f"cancelled by user ({verdict})")
             out.append(CancelOutcome(job, verdict))
-    return out
+    order = {job.id: i for i, job in enumerate(jobs)}
+    return sorted(out, key=lambda o: order[o.job.id])
 
 
 @dataclass

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from orchestrator import controller
 from orchestrator.api.context import Context
-from orchestrator.api.tick import TickReport, run_tick
-from orchestrator.errors import GpuqError
+from orchestrator.errors import WaitTimeout
 from orchestrator.ledger import Attempt, Event, Job, Sweep
 from orchestrator.ledger import Host as HostRow
 from orchestrator.states import JobState
+
+if TYPE_CHECKING:
+    from orchestrator import controller
 
 ALERTS_SHOWN = 20
 
@@ -32,18 +35,26 @@ class Snapshot:
 
 def tick(ctx: Context) -> dict[str, controller.Probe]:
     """One controller tick over every host (``api.tick.run_tick``); the probes it made."""
+    from orchestrator.api.tick import run_tick  # the controller, SSH: only when a host is probed
+
     return run_tick(ctx).probes
 
 
 def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jobs: bool = False,
-           honour_backoff: bool = False) -> Snapshot:
+           honour_backoff: bool = False, states: Collection[JobState] = ()) -> Snapshot:
     """Tick, then a snapshot: every sweep's counts, and the jobs worth showing.
 
     Jobs shown: the given sweep's; else every sweep with unfinished jobs (or the newest sweep
-    when all are finished); ``all_jobs`` shows the whole history.
+    when all are finished); ``all_jobs`` shows the whole history; ``states`` keeps only jobs in
+    those states.  Without ``probe`` the snapshot is the ledger's alone (no host is contacted).
     """
-    report = run_tick(ctx, honour_backoff=honour_backoff) if probe else TickReport()
-    probes = report.probes
+    probes: dict[str, controller.Probe] = {}
+    lines: list[str] = []
+    if probe:
+        from orchestrator.api.tick import run_tick  # the controller, SSH: only when a host is probed
+
+        report = run_tick(ctx, honour_backoff=honour_backoff)
+        probes, lines = report.probes, report.lines
     counts = ctx.ledger.state_counts()
     sweep_rows = ctx.ledger.sweeps()
     if sweep is not None:
@@ -55,13 +66,20 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
         if not shown and sweep_rows:
             shown = {sweep_rows[-1].id}
     order = {row.id: index for index, row in enumerate(sweep_rows)}
-    jobs = [j for sid in sorted(shown, key=order.__getitem__) for j in ctx.ledger.jobs(sweep_id=sid)]
-    latest = ctx.ledger.latest_attempts(j.id for j in jobs)
+    wanted = list(states) or None
+    if shown == {s.id for s in sweep_rows}:
+        every = ctx.ledger.jobs(states=wanted)
+        jobs = sorted(every, key=lambda j: order[j.sweep_id])  # stable: ledger order within a sweep
+    else:
+        jobs = [j for sid in sorted(shown, key=order.__getitem__) for j in ctx.ledger.jobs(sweep_id=sid, states=wanted)]
     history: dict[str, list[Attempt]] = {}
-    for att in ctx.ledger.attempts_of(j.id for j in jobs):
+    latest: dict[str, Attempt] = {}
+    for att in ctx.ledger.attempts_of(j.id for j in jobs):  # one query for both (10,000 rows cost 0.3 s each)
         history.setdefault(att.job_id, []).append(att)
+        if att.job_id not in latest or att.number > latest[att.job_id].number:
+            latest[att.job_id] = att
     return Snapshot(time.time(), ctx.ledger.hosts(), probes, sweep_rows, jobs, latest, counts=counts,
-                    alerts=ctx.ledger.alerts(ALERTS_SHOWN), lines=report.lines, attempt_history=history)
+                    alerts=ctx.ledger.alerts(ALERTS_SHOWN), lines=lines, attempt_history=history)
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,
@@ -75,5 +93,5 @@ def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,
                for j in snap.jobs):
             return snap
         if deadline is not None and time.monotonic() > deadline:
-            raise GpuqError(f"sweep {sweep_id} still running after {timeout_s:.0f} s; `gpuq status` to follow it")
+            raise WaitTimeout(f"sweep {sweep_id} still running after {timeout_s:.0f} s; `gpuq status` to follow it")
         time.sleep(interval_s)

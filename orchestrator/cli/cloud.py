@@ -3,10 +3,13 @@ continue preempted or lost jobs from their last checkpoints."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import TYPE_CHECKING
 
 import click
+
+from orchestrator import exitcodes
 
 if TYPE_CHECKING:
     from orchestrator.api import Context
@@ -15,7 +18,10 @@ if TYPE_CHECKING:
 def _ctx() -> Context:
     from orchestrator import api
 
-    return api.open_context()
+    try:
+        return api.open_context()
+    finally:
+        gc.enable()  # main() turns it off for start-up
 
 
 @click.command()
@@ -53,7 +59,7 @@ def up(provider: str, gpu_type: str, count: int, gpus: int, spot: bool, bid: flo
         click.echo(f"gpuq: {provider} {instance_id} is not usable: {why}", err=True)
         click.echo(f"  it may still bill: terminate it in the {provider} console", err=True)
     if result.failed or not result.hosts:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
 
 
 @click.command()
@@ -71,7 +77,7 @@ def down(hosts: tuple[str, ...], sweep: str | None, force: bool, yes: bool) -> N
     for name, why in plan.refused.items():
         click.echo(f"gpuq: not terminating {name}: {why}", err=True)
     if not plan.hosts:
-        sys.exit(1 if plan.refused else 0)
+        sys.exit(exitcodes.FAILED if plan.refused else exitcodes.OK)
     for row in plan.hosts:
         price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "an unknown price"
         click.echo(f"{row.name}: {row.provider} {row.instance_id} costs {price} while kept")
@@ -79,13 +85,13 @@ def down(hosts: tuple[str, ...], sweep: str | None, force: bool, yes: bool) -> N
     if not yes:
         if not sys.stdin.isatty():
             click.echo("gpuq: terminating needs confirmation; re-run in a terminal or add --yes", err=True)
-            sys.exit(2)
+            sys.exit(exitcodes.USAGE)
         click.confirm(f"terminate {len(plan.hosts)} host(s)?", abort=True)
     outcomes = api.down(ctx, plan)
     for name, outcome in outcomes.items():
         click.echo(f"{name}: {outcome}")
     if plan.refused or any(o != "terminated" for o in outcomes.values()):
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
 
 
 @click.command()

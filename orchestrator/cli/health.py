@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from orchestrator import exitcodes
+from orchestrator.cli import complete
 
 if TYPE_CHECKING:
     from orchestrator.api import Context, ReapReport, TickReport
@@ -16,7 +20,10 @@ if TYPE_CHECKING:
 def _ctx() -> Context:
     from orchestrator import api
 
-    return api.open_context()
+    try:
+        return api.open_context()
+    finally:
+        gc.enable()  # main() turns it off for start-up
 
 
 def _stamp(t: float | None = None) -> str:
@@ -89,7 +96,7 @@ def watch(sweep: str | None, interval_s: float | None, max_hours: float, auto_re
 
 
 @click.command()
-@click.argument("hosts", nargs=-1)
+@click.argument("hosts", nargs=-1, shell_complete=complete.hosts)
 @click.option("--json", "as_json", is_flag=True, help="The verdicts as JSON.")
 def doctor(hosts: tuple[str, ...], as_json: bool) -> None:
     """GPU preflight of HOSTS (default: every registered host): Xids, throttling, heat, ECC, busy
@@ -111,7 +118,7 @@ def doctor(hosts: tuple[str, ...], as_json: bool) -> None:
             if not v.doc:
                 click.echo(f"  {v.detail}")
     if any(v.verdict in ("fail", "unreachable") for v in verdicts):
-        sys.exit(2)
+        sys.exit(exitcodes.HEALTH)
 
 
 def _print_reap(report: ReapReport) -> None:
@@ -130,7 +137,7 @@ def _print_reap(report: ReapReport) -> None:
 
 
 @click.command()
-@click.argument("host")
+@click.argument("host", shell_complete=complete.hosts)
 @click.option("--force", is_flag=True, help="Kill the zombies (detected again at that moment).")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation with --force.")
 def reap(host: str, force: bool, yes: bool) -> None:
@@ -142,7 +149,7 @@ def reap(host: str, force: bool, yes: bool) -> None:
     report = api.reap(ctx, host)
     _print_reap(report)
     if report.error and not report.doc:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
     if not force or not report.candidates:
         if report.candidates:
             click.echo(f"dry run: nothing killed; `gpuq reap {host} --force` kills them after re-checking")
@@ -150,7 +157,7 @@ def reap(host: str, force: bool, yes: bool) -> None:
     if not yes:
         if not sys.stdin.isatty():
             click.echo("gpuq: --force needs confirmation; re-run in a terminal or add --yes", err=True)
-            sys.exit(2)
+            sys.exit(exitcodes.USAGE)
         click.confirm(f"kill these processes on {host}?", abort=True)
     forced = api.reap(ctx, host, force=True)
     killed = forced.doc.get("killed", []) if forced.doc else []
@@ -161,4 +168,4 @@ def reap(host: str, force: bool, yes: bool) -> None:
             click.echo(f"  {k.get('pid')}: {k.get('outcome')}")
     if forced.exit_code != 0:
         click.echo(f"gpuq: some kills failed on {host}: {forced.error}", err=True)
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)

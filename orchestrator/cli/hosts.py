@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import TYPE_CHECKING
 
 import click
+
+from orchestrator.cli import complete
 
 if TYPE_CHECKING:
     from orchestrator.api import Context, HostDetail
@@ -15,7 +18,10 @@ if TYPE_CHECKING:
 def _ctx() -> Context:
     from orchestrator import api
 
-    return api.open_context()
+    try:
+        return api.open_context()
+    finally:
+        gc.enable()  # main() turns it off for start-up
 
 
 @click.group()
@@ -54,14 +60,19 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
 
 
 @hosts.command("list")
-def list_() -> None:
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (docs/schemas/hosts.schema.json).")
+def list_(as_json: bool) -> None:
     """One line per host: reachability, slots, last probe."""
     from rich.console import Console
     from rich.table import Table
 
     from orchestrator import api
+    from orchestrator.cli import emit
 
     rows = api.hosts_list(_ctx())
+    if as_json:
+        emit.hosts(rows)
+        return
     table = Table(box=None, header_style="bold")
     for col in ("HOST", "KIND", "TARGET", "PROFILE", "SLOTS", "LAST PROBE", "STATE"):
         table.add_column(col)
@@ -74,16 +85,22 @@ def list_() -> None:
 
 
 @hosts.command("show")
-@click.argument("name")
-def show(name: str) -> None:
+@click.argument("name", shell_complete=complete.hosts)
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (docs/schemas/host.schema.json).")
+def show(name: str, as_json: bool) -> None:
     """Everything gpuq knows about host NAME."""
     from orchestrator import api
+    from orchestrator.cli import emit
 
-    _print_detail(api.hosts_show(_ctx(), name))
+    detail = api.hosts_show(_ctx(), name)
+    if as_json:
+        emit.host(detail)
+    else:
+        _print_detail(detail)
 
 
 @hosts.command("rm")
-@click.argument("name")
+@click.argument("name", shell_complete=complete.hosts)
 @click.option("--force", is_flag=True, help="Forget it even though results there are not pulled yet.")
 def rm(name: str, force: bool) -> None:
     """Forget host NAME (refused while jobs run there or results are unverified)."""
@@ -94,7 +111,7 @@ def rm(name: str, force: bool) -> None:
 
 
 @hosts.command("trust")
-@click.argument("name")
+@click.argument("name", shell_complete=complete.hosts)
 @click.option("--fingerprint", required=True, metavar="SHA256:...",
               help="The fingerprint you checked with the machine's provider or console.")
 def trust(name: str, fingerprint: str) -> None:

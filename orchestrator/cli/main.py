@@ -1,17 +1,22 @@
 """``gpuq`` entry point.  Errors are caught once, here.
 
-Exit codes: 0 ok, 1 failure, 2 usage/config/queue error, 130 interrupted.
+Exit codes: ``orchestrator/exitcodes.py`` (0 ok, 1 a job or host failed, 2 usage/config/queue
+error, 3 health check failed, 4 timeout, 130 interrupted).
 Heavy modules (sqlmodel, rich) are imported inside commands so that
 ``gpuq --help`` stays fast.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from orchestrator import exitcodes
+from orchestrator.cli import complete
 
 if TYPE_CHECKING:
     from orchestrator.api import Context
@@ -24,12 +29,44 @@ class _State:
 def _ctx(project_dir: Path | None = None) -> Context:
     from orchestrator import api
 
-    return api.open_context(project_dir=project_dir)
+    try:
+        return api.open_context(project_dir=project_dir)
+    finally:
+        gc.enable()  # off while the heavy modules load (main()); a long command needs it back
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def version() -> str:
+    """The installed distribution's version; from a checkout, pyproject.toml's (else __version__)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("gpuq")
+    except metadata.PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        from orchestrator.config import tomllib
+
+        return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+    except (OSError, KeyError, ValueError):
+        from orchestrator import __version__
+
+        return __version__
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"gpuq {version()}")
+        ctx.exit()
+
+
+EXIT_CODES = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in exitcodes.TABLE.items())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.option("--debug", is_flag=True, help="Show tracebacks for gpuq errors.")
-@click.version_option(package_name="gpuq")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 def cli(debug: bool) -> None:
     """gpuq: run ablation queues on GPU hosts, detached, checkpointed, verified."""
     _State.debug = debug
@@ -41,47 +78,90 @@ def cli(debug: bool) -> None:
               help="Use only this host (repeatable). Default: every registered remote host, else local.")
 @click.option("--dry-run", is_flag=True, help="Validate and plan; write nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
-def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
+                   "--parsable; with --dry-run: one JSON document of every expanded job and its argv.")
+def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
     ctx = _ctx(queue.parent)
     result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
-    render.submitted(result)
+    if dry_run:
+        from orchestrator.cli.dryrun import print_dry_run
+
+        print_dry_run(api.dry_run(ctx, result), as_json=as_json)
+        return
+    if as_json:
+        emit.submitted(result)
+    else:
+        render.submitted(result)
     if result.launch_error:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
     if wait_ and not dry_run:
         snap = api.wait(ctx, sweep=result.sweep_id)
-        render.status_table(snap)
+        if not as_json:
+            render.status_table(snap)
         if any(j.state != "SUCCEEDED" for j in snap.jobs):
-            sys.exit(1)
+            sys.exit(exitcodes.FAILED)
+
+
+def _dashboard() -> Any:
+    from orchestrator.cli import dashboard  # rich.live, rich.layout: only for the live view
+
+    return dashboard
+
+
+def _states(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    from orchestrator.states import JobState
+
+    if not value:
+        return ()
+    names = [v.strip().upper() for v in value.split(",") if v.strip()]
+    known = [st.value for st in JobState]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise click.BadParameter(f"unknown state {', '.join(bad)}; one or more of {','.join(known)}")
+    return tuple(names)
 
 
 @cli.command()
 @click.option("--once", is_flag=True, help="Print one snapshot and exit (what a non-terminal stdout always gets).")
-@click.option("--json", "as_json", is_flag=True, help="Print one machine-readable snapshot (docs/status.schema.json).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one machine-readable snapshot (docs/schemas/status.schema.json).")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=1.0), default=5.0, show_default=True,
               metavar="SECONDS", help="Live view: seconds between probes of every host.")
-@click.option("--sweep", metavar="SWEEP", help="Only this sweep (id or prefix).")
+@click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps, help="Only this sweep (id or prefix).")
 @click.option("--all", "all_jobs", is_flag=True, help="Every job of every sweep, finished ones too.")
-def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_jobs: bool) -> None:
+@click.option("--no-probe", is_flag=True, help="Answer from the ledger alone: contact no host.")
+@click.option("--state", "states", metavar="STATE[,STATE...]", callback=_states,
+              help="Only jobs in these states, e.g. RUNNING,FAILED.")
+def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_jobs: bool, no_probe: bool,
+           states: tuple[str, ...]) -> None:
     """Probe every host, reconcile the ledger and show hosts, jobs and alerts.
 
     In a terminal: a live view, probing every --interval seconds (q quits, arrow keys scroll the
     jobs).  With --once or --json, or when stdout is not a terminal: one snapshot.  Without --sweep
-    or --all, jobs of unfinished sweeps are listed (or of the newest sweep).
+    or --all, jobs of unfinished sweeps are listed (or of the newest sweep).  --no-probe answers
+    from the ledger alone, as it was after the last probe.
     """
     from orchestrator import api
-    from orchestrator.cli import dashboard, render
+    from orchestrator.states import JobState
 
     ctx = _ctx()
-    if not (once or as_json) and dashboard.interactive():
-        code = dashboard.run(ctx, sweep=sweep, all_jobs=all_jobs, interval_s=interval_s)
+    wanted = [JobState(s) for s in states]
+    if not (once or as_json) and sys.stdout.isatty() and sys.stdin.isatty() and _dashboard().interactive():
+        from orchestrator.cli import dashboard
+
+        code = dashboard.run(ctx, sweep=sweep, all_jobs=all_jobs, interval_s=interval_s, probe=not no_probe,
+                             states=wanted)
         if code:
             sys.exit(code)
         return
-    snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs)
+    from orchestrator.cli import render
+
+    snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=not no_probe, states=wanted)
     if as_json:
         render.status_json(snap)
     else:
@@ -89,71 +169,139 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
 
 
 @cli.command()
-@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: the newest).")
-@click.option("--timeout", "timeout_s", type=float, help="Give up after this many seconds.")
-def wait(sweep: str | None, timeout_s: float | None) -> None:
-    """Block until every job of the sweep has ended; exit 1 if any did not succeed."""
+@click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps,
+              help="Sweep id or prefix (default: the newest).")
+@click.option("--timeout", "timeout_s", type=float, help="Give up after this many seconds (exit 4).")
+@click.option("--json", "as_json", is_flag=True, help="How the sweep ended, as JSON (docs/schemas/wait.schema.json).")
+def wait(sweep: str | None, timeout_s: float | None, as_json: bool) -> None:
+    """Block until every job of the sweep has ended; exit 1 if any did not succeed, 4 on --timeout."""
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
-    snap = api.wait(_ctx(), sweep=sweep, timeout_s=timeout_s)
-    render.status_table(snap)
+    ctx = _ctx()
+    sweep_id = ctx.ledger.resolve_sweep(sweep).id
+    snap = api.wait(ctx, sweep=sweep_id, timeout_s=timeout_s)
+    if as_json:
+        emit.waited(snap, sweep_id)
+    else:
+        render.status_table(snap)
     if any(j.state != "SUCCEEDED" for j in snap.jobs):
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
 
 
 @cli.command()
-@click.argument("job")
+@click.argument("job", shell_complete=complete.jobs)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 def logs(job: str, follow: bool) -> None:
-    """Print the log of JOB's latest attempt (id, prefix >= 4, or QUEUE:NAME)."""
+    """Print the log of JOB's latest attempt (a name, id, prefix >= 4, or SWEEP:NAME).
+
+    A bare name means that job of the newest sweep that has one."""
     from orchestrator import api
 
-    for chunk in api.logs(_ctx(), job, follow=follow):
+    ctx = _ctx()
+    found = ctx.ledger.resolve_job_ref(job)
+    if found.note:
+        click.echo(f"gpuq: {found.note}", err=True)
+    for chunk in api.logs(ctx, found.job, follow=follow):
         click.echo(chunk, nl=False)
 
 
 @cli.command()
-@click.argument("job", required=False)
-@click.option("--sweep", metavar="SWEEP", help="Cancel every unfinished job of this sweep.")
-def cancel(job: str | None, sweep: str | None) -> None:
-    """Cancel JOB, or every unfinished job of --sweep."""
-    from orchestrator import api
+@click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=complete.jobs)
+@click.option("--sweep", "sweeps", metavar="SWEEP", multiple=True, shell_complete=complete.sweeps,
+              help="Every unfinished job of this sweep (repeatable).")
+@click.option("--all", "all_sweeps", is_flag=True, help="Every unfinished job of every sweep.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (needed without a terminal).")
+def cancel(jobs: tuple[str, ...], sweeps: tuple[str, ...], all_sweeps: bool, yes: bool) -> None:
+    """Cancel JOBs (names, ids, prefixes or SWEEP:NAME), every unfinished job of --sweep, or --all.
 
-    for item in api.cancel(_ctx(), ref=job, sweep=sweep):
-        click.echo(f"{item.job.id}  {item.job.name:<24} {item.outcome}")
+    Asks before cancelling more than one job (in a terminal; elsewhere give -y).  One line per job
+    says what happened; exit 1 when a job could not be cancelled (its host did not answer)."""
+    from orchestrator import api
+    from orchestrator.states import JobState
+
+    ctx = _ctx()
+    targets, notes = api.cancel_targets(ctx, refs=jobs, sweeps=sweeps, all_sweeps=all_sweeps)
+    for note in notes:
+        click.echo(f"gpuq: {note}", err=True)
+    live = [j for j in targets if not JobState(j.state).terminal]
+    if not targets:
+        click.echo("nothing to cancel: no unfinished job")
+        return
+    if len(live) > 1 and not yes:
+        if not sys.stdin.isatty():
+            click.echo(f"gpuq: this cancels {len(live)} jobs; confirm in a terminal or add -y", err=True)
+            sys.exit(exitcodes.USAGE)
+        sweeps_hit = sorted({j.sweep_id for j in live})
+        if not click.confirm(f"cancel {len(live)} jobs of sweep(s) {', '.join(sweeps_hit)}?"):
+            click.echo("nothing was cancelled", err=True)
+            sys.exit(exitcodes.INTERRUPTED)
+    outcomes = api.cancel(ctx, jobs=targets)
+    for item in outcomes:
+        click.echo(f"{item.job.id}  {item.job.sweep_id}:{item.job.name:<24} {item.outcome}")
+    if not all(item.ok for item in outcomes):
+        sys.exit(exitcodes.FAILED)
 
 
 @cli.command()
-@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: the newest).")
+@click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps,
+              help="Sweep id or prefix (default: the newest).")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV on stdout.")
-def results(sweep: str | None, as_csv: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout (docs/schemas/results.schema.json).")
+def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     """One row per job: state, final and best metrics."""
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
+    if as_csv and as_json:
+        raise click.UsageError("give --csv or --json, not both")
     rows = api.results(_ctx(), sweep=sweep)
-    if as_csv:
+    if as_json:
+        emit.results(rows)
+    elif as_csv:
         render.results_csv(rows)
     else:
         render.results_table(rows)
 
 
 @cli.command()
-@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: the newest).")
-def pull(sweep: str | None) -> None:
+@click.option("--sweep", metavar="SWEEP", shell_complete=complete.sweeps,
+              help="Sweep id or prefix (default: the newest).")
+@click.option("--json", "as_json", is_flag=True, help="The outcome per job as JSON (docs/schemas/pull.schema.json).")
+def pull(sweep: str | None, as_json: bool) -> None:
     """Bring finished jobs' results home to $GPUQ_HOME/results/SWEEP/JOB/, verified by size and sha256.
 
     Resumes partial copies; jobs already verified are not fetched again.  Exit 1 when any job is
     not verified (incomplete, quarantined, failed) or nothing could be pulled.
     """
     from orchestrator import api
-    from orchestrator.cli import render
+    from orchestrator.cli import emit, render
 
     report = api.pull(_ctx(), sweep=sweep)
-    render.pulled(report)
+    if as_json:
+        emit.pulled(report)
+    else:
+        render.pulled(report)
     if not report.ok:
-        sys.exit(1)
+        sys.exit(exitcodes.FAILED)
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script for SHELL; job, sweep and host names complete from the ledger.
+
+    \b
+    bash:  eval "$(gpuq completion bash)"     (in ~/.bashrc)
+    zsh:   eval "$(gpuq completion zsh)"      (in ~/.zshrc)
+    fish:  gpuq completion fish > ~/.config/fish/completions/gpuq.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    if cls is None:  # click knows the three shells above
+        raise click.BadParameter(f"no completion for {shell}")
+    click.echo(cls(cli, {}, "gpuq", "_GPUQ_COMPLETE").source())
 
 
 def _register_groups() -> None:
@@ -172,6 +320,7 @@ _register_groups()
 def main(argv: list[str] | None = None) -> Any:
     from orchestrator.errors import GpuqError, QueueParseError
 
+    gc.disable()  # importing sqlalchemy, pydantic and rich allocates much and frees little: ~10% of start-up
     try:
         return cli.main(args=argv, prog_name="gpuq", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -181,10 +330,10 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(exitcodes.INTERRUPTED)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(exitcodes.INTERRUPTED)
     except GpuqError as exc:
         if _State.debug:
             import traceback

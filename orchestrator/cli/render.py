@@ -1,7 +1,7 @@
 """Rendering of api results for people (rich tables) and scripts (JSON, CSV).
 
-``gpuq status --json`` prints one object, schema ``gpuq.cli.status/1``, specified (JSON Schema,
-draft 2020-12) in ``docs/status.schema.json``::
+``gpuq status --json`` prints one object, schema ``gpuq.cli.status/1``, a pydantic model
+(``orchestrator/cli/documents.py``) whose JSON Schema is generated into ``docs/schemas/status.schema.json``::
 
     {"schema", "generated_at",
      "hosts": [{"name", "kind", "reachable", "error", "unreachable_since", "last_probe_at", "probe_s",
@@ -22,7 +22,6 @@ job's progress, ETA, slots and cost are.
 from __future__ import annotations
 
 import csv
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.api import PullReport, ResultRow, Snapshot, SubmitResult
+    from orchestrator.cli import documents
     from orchestrator.controller import Probe
     from orchestrator.ledger import Attempt, Job
     from orchestrator.ledger import Host as HostRow
@@ -295,11 +295,23 @@ def pct(value: object) -> str:
     return f"{value:.0f}%" if isinstance(value, int | float) else "?"
 
 
+RICH_ROWS = 60  # more jobs than this (or than a terminal shows) are printed as a plain aligned table
+
+
 def status_table(snap: Snapshot) -> None:
-    """``gpuq status --once`` (and any non-terminal stdout): hosts, jobs, latest alerts, sweep counts."""
+    """``gpuq status --once`` (and any non-terminal stdout): hosts, jobs, latest alerts, sweep counts.
+
+    Jobs that fit on the screen get a rich table; more (``status --all`` on a long history) get a
+    plain aligned table, written at once: the same columns, no boxes, no wrapping."""
     out = _console()
     out.print(hosts_table(snap))
-    out.print(jobs_table(snap))
+    views = job_views(snap)
+    room = out.size.height - 12 if sys.stdout.isatty() else RICH_ROWS
+    if len(views) <= max(room, 10):
+        out.print(jobs_table(snap, views))
+    else:
+        out.file.write(plain_jobs_table(views))
+        out.file.flush()
     alerts = alert_views(snap)
     if alerts:
         out.print(alerts_table(alerts[:10]))
@@ -308,9 +320,37 @@ def status_table(snap: Snapshot) -> None:
     for sweep in snap.sweeps[-5:]:
         states = snap.counts.get(sweep.id, {})
         summary = "  ".join(f"{state}={n}" for state, n in sorted(states.items()))
-        out.print(f"sweep {sweep.id}  {sweep.job_count} jobs  {summary}  ({sweep.queue_path})")
+        out.print(f"sweep {sweep.id}  {sweep.job_count} jobs  {summary}  ({sweep.queue_path})", markup=False)
     if hidden:
         out.print(f"{len(hidden)} finished sweep(s) not listed; `gpuq status --all` or `--sweep ID` shows them")
+
+
+JOB_COLUMNS = ("job", "sweep", "name", "state", "host:gpu", "try", "progress", "eta", "loss", "hb", "cost", "exit")
+
+
+def job_cells(view: JobView) -> list[str]:
+    """One job's row of the jobs table (JOB_COLUMNS), as plain text."""
+    job, att = view.job, view.attempt
+    percent = f" ({view.fraction:.0%})" if view.fraction is not None and view.progress != "-" else ""
+    shown = view.progress + percent
+    if view.progress == "-" and (view.note or view.fraction is not None):  # no heartbeat: the log's word
+        pct = f"{view.fraction:.0%} " if view.fraction is not None else ""
+        shown = (pct + view.note).strip() or "-"
+    return [
+        job.id, job.sweep_id, job.name, job.state, view.where, str(job.attempt_count), shown,
+        duration(view.eta_s), f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
+        duration(view.heartbeat_age_s), money(view.cost),
+        "-" if att is None or att.exit_code is None else str(att.exit_code),
+    ]
+
+
+def plain_jobs_table(views: Sequence[JobView]) -> str:
+    """The jobs table as aligned text: a title line, a header, one line per job."""
+    rows = [list(JOB_COLUMNS), *(job_cells(v) for v in views)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS))]
+    lines = [f"jobs ({len(views)})"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def hosts_table(snap: Snapshot) -> Table:
@@ -339,26 +379,14 @@ def hosts_table(snap: Snapshot) -> Table:
     return table
 
 
-def jobs_table(snap: Snapshot) -> Table:
-    now = snap.generated_at
+def jobs_table(snap: Snapshot, views: Sequence[JobView] | None = None) -> Table:
     table = Table(title="jobs", title_justify="left")
-    for col in ("job", "sweep", "name", "state", "host:gpu", "try", "progress", "eta", "loss", "hb", "cost",
-                "exit"):
+    for col in JOB_COLUMNS:
         table.add_column(col, no_wrap=col in ("job", "sweep", "state", "host:gpu"))
-    for view in job_views(snap, now):
-        job, att = view.job, view.attempt
-        percent = f" ({view.fraction:.0%})" if view.fraction is not None and view.progress != "-" else ""
-        shown = view.progress + percent
-        if view.progress == "-" and (view.note or view.fraction is not None):  # no heartbeat: the log's word
-            pct = f"{view.fraction:.0%} " if view.fraction is not None else ""
-            shown = escape(pct + view.note).strip() or "-"
-        table.add_row(
-            job.id, job.sweep_id, job.name, f"[{STATE_STYLE.get(job.state, '')}]{job.state}[/]", view.where,
-            str(job.attempt_count), shown, duration(view.eta_s),
-            f"{att.loss:.4f}" if att is not None and att.loss is not None else "-",
-            duration(view.heartbeat_age_s), money(view.cost),
-            "-" if att is None or att.exit_code is None else str(att.exit_code),
-        )
+    for view in job_views(snap) if views is None else views:
+        cells = [escape(cell) for cell in job_cells(view)]  # a log line in progress is never rich markup
+        cells[3] = f"[{STATE_STYLE.get(cells[3], '')}]{cells[3]}[/]"
+        table.add_row(*cells)
     return table
 
 
@@ -373,49 +401,56 @@ def alerts_table(alerts: list[AlertView]) -> Table:
     return table
 
 
-def status_doc(snap: Snapshot) -> dict[str, Any]:
-    """The ``--json`` document (``docs/status.schema.json``)."""
+def status_model(snap: Snapshot) -> documents.StatusDocument:
+    """The ``--json`` document (``docs/schemas/status.schema.json``, generated from the model)."""
+    from orchestrator.cli import documents  # pydantic models: only for --json
+
     hosts = []
     for row in snap.hosts:
         probe = snap.probes.get(row.name)
         doc = probe.doc if probe and probe.ok else {}
-        hosts.append({
-            "name": row.name, "kind": row.kind, "reachable": bool(probe and probe.ok),
-            "error": probe.error if probe and not probe.ok else "",
-            "unreachable_since": row.unreachable_since, "last_probe_at": row.last_probe_at,
-            "probe_s": probe.duration_s if probe else None,
-            "agent_alive": bool(doc.get("agent", {}).get("alive")) if doc else None,
-            "health": row.health, "health_detail": row.health_detail, "hold_reason": row.hold_reason,
-            "price_per_hour": row.price_per_hour,
-            "provider": row.provider, "instance_id": row.instance_id, "spot": row.spot,
-            "lease_state": row.lease_state, "lease_reason": row.lease_reason,
-            "slots": doc.get("slots", {}), "gpus": doc.get("gpus", []),
-            "disk": doc.get("disk", {}), "memory": doc.get("memory", {}),
-        })
-    jobs = []
-    for view in job_views(snap):
-        job, att = view.job, view.attempt
-        jobs.append({
-            "id": job.id, "sweep_id": job.sweep_id, "name": job.name, "task": job.task,
-            "epochs": job.epochs, "gpus": job.gpus, "state": job.state, "host": job.host,
-            "host_gpus": view.host_gpus, "attempt": job.attempt_count,
-            "step": att.step if att else None, "total_steps": att.total_steps if att else None,
-            "epoch": att.epoch if att else None, "loss": att.loss if att else None,
-            "eta_s": view.eta_s, "heartbeat_age_s": view.heartbeat_age_s, "cost": view.cost,
-            "exit_code": att.exit_code if att else None, "message": att.message if att else "",
-        })
-    sweeps = []
-    for sweep in snap.sweeps:
-        sweeps.append({"id": sweep.id, "queue_path": sweep.queue_path, "created_at": sweep.created_at,
-                       "jobs": sweep.job_count, "states": snap.counts.get(sweep.id, {})})
-    alerts = [{"time": a.time, "severity": a.severity, "rule": a.rule, "subject": a.subject, "message": a.message,
-               "action": a.action} for a in alert_views(snap)]
-    return {"schema": STATUS_SCHEMA, "generated_at": snap.generated_at, "hosts": hosts, "sweeps": sweeps,
-            "jobs": jobs, "alerts": alerts}
+        hosts.append(documents.HostStatus(
+            name=row.name, kind=row.kind, reachable=bool(probe and probe.ok),
+            error=probe.error if probe and not probe.ok else "",
+            unreachable_since=row.unreachable_since, last_probe_at=row.last_probe_at,
+            probe_s=probe.duration_s if probe else None,
+            agent_alive=bool(doc.get("agent", {}).get("alive")) if doc else None,
+            health=row.health, health_detail=row.health_detail, hold_reason=row.hold_reason,
+            price_per_hour=row.price_per_hour, provider=row.provider, instance_id=row.instance_id, spot=row.spot,
+            lease_state=row.lease_state, lease_reason=row.lease_reason,
+            slots=doc.get("slots", {}), gpus=doc.get("gpus", []), disk=doc.get("disk", {}),
+            memory=doc.get("memory", {}),
+        ))
+    sweeps = [documents.SweepStatus(id=sweep.id, queue_path=sweep.queue_path, created_at=sweep.created_at,
+                                    jobs=sweep.job_count, states=snap.counts.get(sweep.id, {}))
+              for sweep in snap.sweeps]
+    alerts = [documents.Alert(time=a.time, severity=a.severity, rule=a.rule, subject=a.subject, message=a.message,
+                              action=a.action) for a in alert_views(snap)]
+    return documents.StatusDocument(schema_=STATUS_SCHEMA, generated_at=snap.generated_at, hosts=hosts,
+                                    sweeps=sweeps, jobs=[job_model(v) for v in job_views(snap)], alerts=alerts)
+
+
+def job_model(view: JobView) -> documents.JobStatus:
+    from orchestrator.cli import documents
+
+    job, att = view.job, view.attempt
+    return documents.JobStatus(
+        id=job.id, sweep_id=job.sweep_id, name=job.name, task=job.task, epochs=job.epochs, gpus=job.gpus,
+        state=job.state, host=job.host, host_gpus=view.host_gpus, attempt=job.attempt_count,
+        step=att.step if att else None, total_steps=att.total_steps if att else None,
+        epoch=att.epoch if att else None, loss=att.loss if att else None, eta_s=view.eta_s,
+        heartbeat_age_s=view.heartbeat_age_s, cost=view.cost, exit_code=att.exit_code if att else None,
+        message=att.message if att else "",
+    )
+
+
+def status_doc(snap: Snapshot) -> dict[str, Any]:
+    """The ``--json`` document as a dict."""
+    return status_model(snap).as_dict()
 
 
 def status_json(snap: Snapshot) -> None:
-    sys.stdout.write(json.dumps(status_doc(snap), indent=2, sort_keys=True) + "\n")
+    sys.stdout.write(status_model(snap).dump())
 
 
 def _metric_names(rows: list[ResultRow]) -> list[str]:

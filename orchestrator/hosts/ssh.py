@@ -1,6 +1,6 @@
 """SSHHost: a remote machine over SSH (paramiko).  The only module that imports paramiko.
 
-Contract (DOMAIN.md 15):
+Contract (docs/security.md):
 
 - **Host keys are verified.**  Keys live in a gpuq-owned known_hosts file
   (``$GPUQ_HOME/known_hosts``); the user's ``~/.ssh/known_hosts`` is consulted

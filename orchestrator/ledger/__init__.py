@@ -1,6 +1,7 @@
 """The SQLite ledger: what gpuq believes.  The only package that imports sqlmodel."""
 
+from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.store import Ledger
 from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Pull, Sweep
 
-__all__ = ["Artifact", "Attempt", "Checkpoint", "Event", "Host", "Job", "Ledger", "Metric", "Pull", "Sweep"]
+__all__ = ["Artifact", "Attempt", "Checkpoint", "Event", "Host", "Job", "JobRef", "Ledger", "Metric", "Pull", "Sweep"]

@@ -1,11 +1,11 @@
-"""HTTP for provider adapters: auth header, timeouts, throttling, bounded retries (PROVIDERS.md 1).
+"""HTTP for provider adapters: auth header, timeouts, throttling, bounded retries (docs/providers.md).
 
 The only module of ``providers`` that catches httpx exceptions; everything leaves as a gpuq
 ``ProviderError``.  Retried: network errors, timeouts, HTTP 429 and 5xx, with exponential backoff and
 jitter, honouring ``Retry-After``, at most ``RetryPolicy.tries`` attempts.  Never retried: any other
 4xx (auth, validation) and provider errors the adapter recognises.
 
-Create calls are not blindly retried (PROVIDERS.md 1.4): :meth:`ApiTransport.retrying` takes an
+Create calls are not blindly retried (docs/providers.md): :meth:`ApiTransport.retrying` takes an
 ``adopt`` callback that lists the account's instances and returns one already carrying the requested
 name; it runs after every failure that may have been applied server-side, before trying again.
 
@@ -31,7 +31,7 @@ from orchestrator.providers.credentials import ApiKey, ProviderSpec, how_to_set
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT_S = 30.0  # reads and mutations (PROVIDERS.md 1.3)
+DEFAULT_TIMEOUT_S = 30.0  # reads and mutations (docs/providers.md)
 TERMINATE_TIMEOUT_S = 60.0
 
 

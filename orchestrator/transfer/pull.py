@@ -1,4 +1,4 @@
-"""Pull finished jobs' results home, verified by size and sha256 (DOMAIN.md 12).
+"""Pull finished jobs' results home, verified by size and sha256 (docs/results.md).
 
 For one host, :func:`pull_jobs`:
 

@@ -45,7 +45,7 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
                          "attempt": n, "state": None, "slots": None, "pgid": None, "group_alive": None,
                          "launched_at": None, "exit": None, "heartbeat": None, "heartbeat_age_s": None,
                          "log_bytes": None, "log_mtime": None, "ckpt": None, "progress": None,
-                         "run_ckpt_mtime": None,
+                         "run_ckpt_mtime": None, "gpu_util_pct": None,
                          "cancel_requested": os.path.exists(lay.job(job_id, P.CANCEL_FILE))}
     if where == P.INBOX_DIR:
         e["state"] = "queued"
@@ -117,6 +117,11 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
             seen[job_id] = where
     jobs = [job_entry(lay, j, w, now) for j, w in sorted(seen.items())]
     used = sum(len(j["slots"] or []) for j in jobs if j["state"] == "running")
+    if kind == "gpu":  # what a trainer without a heartbeat shows on its GPUs (shown, not a liveness proof:
+        util = {g.get("index"): g.get("util_pct") for g in gpus}  # a hung NCCL collective spins at 100%)
+        for e in jobs:
+            seen = [util[s] for s in e["slots"] or [] if e["state"] == "running" and util.get(s) is not None]
+            e["gpu_util_pct"] = max(seen) if seen else None
     uptime = None
     up = (read_text("/proc/uptime") or "").split()
     if up:

@@ -1,4 +1,4 @@
-"""``wrap JOB_ID ATTEMPT``: the per-attempt wrapper (DOMAIN.md 4.2), spawned by ``serve``.
+"""``wrap JOB_ID ATTEMPT``: the per-attempt wrapper (docs/host-protocol.md), spawned by ``serve``.
 
 It records its process group (pgid file), builds the job's environment (run.env), runs the setup
 checks and the disk gate, starts the trainer (torchrun or python), touches wrapper.alive, samples

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from orchestrator import protocol
+from orchestrator.transfer.verify import parse_manifest
 from tests.support.jobtree import SHA, install_agent
+from tests.support.testhosts import default_gpus
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +31,10 @@ RUN = {"command": ["train.py", "{args}"], "launcher": "python", "checkpoint": ["
 CSV = "epoch,step,train_loss,val_acc\n0,9,0.9,\n0,9,,0.6\n1,19,0.7,\n1,19,,0.8\n2,29,0.6,\n2,29,,0.7\n"
 
 
-def agent(root: Path, *args: str) -> tuple[int, Any, str]:
+def agent(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, Any, str]:
     entry = root / protocol.BUNDLES_DIR / SHA / protocol.AGENT_ENTRY
     proc = subprocess.run([AGENT_PY, str(entry), "--root", str(root), *args],
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=60, check=False, env=env)
     doc = json.loads(proc.stdout) if proc.stdout.strip() else None
     return proc.returncode, doc, proc.stderr
 
@@ -69,9 +71,17 @@ def run_job(root: Path, job_id: str, *, code: int | None = 0, run: dict[str, Any
 
 def test_manifest_of_a_project_job_lists_outputs_metrics_summary_and_evidence(root: Path) -> None:
     jdir = run_job(root, "c000000000101")
+    elsewhere = root.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_text("not the job's")
+    (jdir / "run" / "outputs" / "linked").symlink_to(elsewhere)  # a symlinked dir is never walked
+    (jdir / "run" / "outputs" / "bad name.txt").write_text("left out: the transfer refuses such names")
+    (jdir / "run" / "outputs" / "model.txt.tmp").write_text("an interrupted write")
     code, doc, err = agent(root, "manifest", "c000000000101")
     assert code == 0, err
-    man = json.loads(Path(doc["c000000000101"]["manifest"]).read_text())
+    raw = Path(doc["c000000000101"]["manifest"]).read_bytes()
+    parse_manifest(raw, job_id="c000000000101", required=())  # the controller's pull accepts it as it is
+    man = json.loads(raw)
     paths = {f["path"] for f in man["files"]}
     assert paths == {"run/outputs/model.txt", "run/outputs/plots/curve.png", "run/final.json",
                      "run/logs/metrics.csv", "result/summary.json", "attempts/1/job.log", "attempts/1/exit.json"}
@@ -110,7 +120,12 @@ def test_snapshot_pins_the_newest_checkpoint_glob_match(root: Path) -> None:
     assert doc["snapshot"] == "ckpt/.ship.pt" and doc["bytes"] == 6
     assert doc["sha256"] == hashlib.sha256(b"newest").hexdigest()
     ship = jdir / "ckpt" / ".ship.pt"
-    assert ship.read_bytes() == b"newest" and os.stat(ship).st_ino == os.stat(rdir / "ckpts" / "epoch=3.ckpt").st_ino
+    assert ship.read_bytes() == b"newest"
+    # a copy, not a link: a trainer that rewrites its file in place (torch.save to the same path) must
+    # not change the bytes the controller is copying
+    with open(rdir / "ckpts" / "epoch=3.ckpt", "r+b") as f:
+        f.write(b"XXXXXX")
+    assert ship.read_bytes() == b"newest"
     # a symlink is never a checkpoint, even the newest
     (rdir / "ckpts" / "epoch=9.ckpt").symlink_to("/etc/hostname")
     code, doc, _ = agent(root, "snapshot", "c000000000104")
@@ -135,18 +150,29 @@ def live_group() -> Iterator[int]:
         proc.wait()
 
 
-def test_status_reports_progress_and_checkpoint_mtime_of_a_running_project_job(root: Path, live_group: int) -> None:
+def test_status_reports_progress_and_checkpoint_mtime_of_a_running_project_job(
+        root: Path, live_group: int, tmp_path: Path) -> None:
     jdir = run_job(root, "c000000000106", code=None)
     adir = jdir / protocol.ATTEMPTS_DIR / "1"
-    (adir / protocol.LAUNCH_FILE).write_text(json.dumps({"time": time.time(), "slots": [0]}))
+    (adir / protocol.LAUNCH_FILE).write_text(json.dumps({"time": time.time(), "slots": [1]}))
+    gpus = default_gpus("t", 2)
+    gpus[1]["utilization.gpu"] = 87
+    state = tmp_path / "gpus.json"
+    state.write_text(json.dumps({"driver_version": "550.54.15", "broken": False, "gpus": gpus}))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = Path(__file__).resolve().parents[1] / "support" / "fake_nvidia_smi.py"
+    (bindir / "nvidia-smi").write_text(f'#!/bin/sh\nexec {sys.executable} -I -S {fake} --state {state} "$@"\n')
+    (bindir / "nvidia-smi").chmod(0o755)
     stat = Path(f"/proc/{live_group}/stat").read_text()
     ticks = int(stat[stat.rindex(")") + 2:].split()[19])
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     (adir / protocol.PGID_FILE).write_text(json.dumps({"pgid": live_group, "start_ticks": ticks, "boot_id": boot}))
     os.utime(jdir / protocol.RUN_DIR / "snapshot.pt", (5000, 5000))
-    code, doc, err = agent(root, "status", "--json")
+    code, doc, err = agent(root, "status", "--json", env=dict(os.environ, PATH=f"{bindir}:/usr/bin:/bin"))
     assert code == 0, err
     entry = next(j for j in doc["jobs"] if j["job_id"] == "c000000000106")
+    assert entry["gpu_util_pct"] == 87  # its own GPU (slot 1), not GPU 0
     assert entry["state"] == "running"
     p = entry["progress"]
     assert (p["epoch"], p["total"], p["pct"], p["source"]) == (3, 4, 75.0, "regex")

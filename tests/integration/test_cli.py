@@ -112,7 +112,7 @@ def test_bad_setting_names_the_variable(gpuq_home: Path, tmp_path: Path) -> None
 def test_job_references(gpuq_home: Path) -> None:
     _assert_usage(run_gpuq("results"), "no sweeps yet")
     _assert_usage(run_gpuq("logs", "c1"), "at least 4 characters")
-    _assert_usage(run_gpuq("cancel"), "give a job or --sweep")
+    _assert_usage(run_gpuq("cancel"), "give one or more JOBs, --sweep SWEEP or --all")
     _assert_usage(run_gpuq("cancel", "--sweep", "qzzzzzz"), "no sweep matches 'qzzzzzz'")
     assert run_gpuq("submit").returncode == 2  # click usage error: missing argument
 
@@ -184,9 +184,15 @@ def test_cancel_running_and_queued(gpuq_home: Path, tmp_path: Path) -> None:
     queue = _project(tmp_path, ["configs/slow.yaml classify 50 gpus=2", "configs/slow.yaml classify 50 gpus=2 name=b"],
                      configs={"slow": slow})
     env = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_KILL_GRACE_S": "5"}
-    assert run_gpuq("submit", str(queue), env=env).returncode == 0
+    submitted = run_gpuq("submit", str(queue), "--json", env=env)  # like sbatch --parsable
+    assert submitted.returncode == 0, submitted.stderr
+    doc = json.loads(submitted.stdout)
     sweep = str(_ledger_rows(gpuq_home, "select id from sweep")[0][0])
-    result = run_gpuq("cancel", "--sweep", sweep, env=env)
+    assert doc["sweep"] == sweep and [j["name"] for j in doc["jobs"]] == ["slow", "b"]
+    assert {j["host"] for j in doc["jobs"]} == {"local"} and doc["schema"] == "gpuq.cli.submit/1"
+    refused = run_gpuq("cancel", "--sweep", sweep, env=env)  # two jobs, no terminal, no -y
+    assert refused.returncode == 2 and "-y" in refused.stderr
+    result = run_gpuq("cancel", "--sweep", sweep, "-y", env=env)
     assert result.returncode == 0, result.stderr
     assert "withdrawn" in result.stdout  # the second job never left the inbox
     snap = json.loads(run_gpuq("status", "--json", env=env).stdout)

@@ -9,8 +9,10 @@ import json
 import sqlite3
 from pathlib import Path
 
+import jsonschema
 import pytest
 
+from orchestrator.cli import documents
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import run_gpuq
 
@@ -70,6 +72,17 @@ def test_pull_brings_a_real_sweep_home_verified_once(gpuq_home: Path, tmp_path: 
     again = run_gpuq("pull", "--sweep", sweep, env=ENV)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count("already verified") == 2 and "0 just now" in again.stdout
+    as_json = run_gpuq("pull", "--json", env=ENV)
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    jsonschema.validate(doc, documents.json_schema("pull"))
+    assert doc["ok"] is True and doc["sweep"] == sweep
+    assert {(j["name"], j["state"], j["verified"]) for j in doc["jobs"]} == {("a", "already verified", True),
+                                                                           ("b", "already verified", True)}
+    results = json.loads(run_gpuq("results", "--json", env=ENV).stdout)
+    jsonschema.validate(results, documents.json_schema("results"))
+    assert {j["pulled"] for j in results["jobs"]} == {"verified"}
+    assert all(j["final"]["val_acc"] >= 0 for j in results["jobs"])
 
 
 def test_pull_of_a_sweep_without_results_fails_and_names_why(gpuq_home: Path, tmp_path: Path) -> None:
@@ -80,5 +93,7 @@ def test_pull_of_a_sweep_without_results_fails_and_names_why(gpuq_home: Path, tm
     assert pulled.returncode == 1 and "Traceback" not in pulled.stderr
     assert "nothing was pulled" in pulled.stdout and "FAILED: no results to pull" in pulled.stdout
     assert not list((gpuq_home / "results" / _sweep_of(submitted.stdout)).glob("c*"))
+    as_json = run_gpuq("pull", "--json", env=ENV)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["ok"] is False
     unknown = run_gpuq("pull", "--sweep", "qnothere", env=ENV)
     assert unknown.returncode == 2 and "no sweep matches 'qnothere'" in unknown.stderr

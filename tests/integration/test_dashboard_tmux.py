@@ -95,7 +95,7 @@ def test_live_dashboard_in_a_real_terminal(gpuq_home: Path, tmp_path: Path) -> N
     submitted = run_gpuq("submit", str(work / "queue.txt"), env=ENV)
     assert submitted.returncode == 0, submitted.stderr
 
-    schema = json.loads((ROOT / "docs" / "status.schema.json").read_text())
+    schema = json.loads((ROOT / "docs" / "schemas" / "status.schema.json").read_text())
     docs: list[dict[str, object]] = []
 
     def running_with_a_step() -> bool:

@@ -309,7 +309,7 @@ def test_xid_79_in_the_kernel_log_marks_the_host_unhealthy(user: User, farm: Hos
         again = user.gpuq("patrol")
         assert "xid" not in again.stdout  # the cursor: the same kernel line is reported once
         doctor = user.gpuq("doctor", "g0")
-        assert doctor.returncode == 2 and "FAIL" in doctor.stdout
+        assert doctor.returncode == 3 and "FAIL" in doctor.stdout
     finally:
         farm.clear_kernel_log(0)
 

@@ -94,7 +94,7 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
     assert "bundle already on g0, g1, g2" in again.stdout
     assert "bundle pushed to g0, g1, g2" in submitted.stdout
     second = re.search(r"^sweep (q[a-z2-7]{6}):", again.stdout, re.M)
-    assert second and user.gpuq("cancel", "--sweep", second.group(1)).returncode == 0
+    assert second and user.gpuq("cancel", "-y", "--sweep", second.group(1)).returncode == 0
 
 
 def test_cut_connection_and_stopped_sshd_leave_jobs_running(user: User, farm: HostFarm, tmp_path: Path) -> None:

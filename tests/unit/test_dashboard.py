@@ -1,5 +1,5 @@
 """The status views: the live dashboard's frames rendered into a fixed-size console, the --once table,
-and the --json document checked against its published schema (docs/status.schema.json)."""
+and the --json document checked against its published schema (docs/schemas/status.schema.json)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from orchestrator.ledger import Host as HostRow
 from orchestrator.specs import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
+SCHEMA = json.loads((ROOT / "docs" / "schemas" / "status.schema.json").read_text())
 NOW = 1_800_000_000.0
 
 
@@ -377,6 +377,16 @@ def test_schema_rejects_a_wrong_document(breakage: Any) -> None:
     doc = json.loads(json.dumps(render.status_doc(_snapshot())))
     breakage(doc)
     assert list(_validator().iter_errors(doc)), "the schema accepted a wrong document"
+
+
+def test_columns_are_as_wide_as_their_content_on_a_wide_terminal() -> None:
+    text, _ = _frame(View(_snapshot()), width=200)
+    row = next(line for line in text.splitlines() if "│ crunning00001 " in line)
+    name_at = row.index("baseline")
+    state_at = row.index("RUNNING")
+    # the name column is as wide as the longest name shown, not most of the 200 columns
+    assert state_at - name_at <= 12, row
+    assert "ep " in row and "%" in row  # progress keeps its bar and percentage
 
 
 # --- a project's own trainer: no heartbeat, what its log says -----------------------------------------

@@ -1,0 +1,326 @@
+"""The ``--json`` documents of gpuq's commands, as pydantic models.
+
+Their JSON Schemas (draft 2020-12) are generated from these models into ``docs/schemas/``:
+``python -m orchestrator.cli.documents`` rewrites them, and a test fails when a committed schema
+differs from the generated one.  A document's ``schema`` field names it and its version; a
+version changes only when a field is removed or changes meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED"]
+Severity = Literal["info", "warn", "escalate"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document; parts the agent left out (a failed probe's ``slots``) stay out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def dump(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n"
+
+
+class _Open(BaseModel):
+    """A part the host agent reports: known fields typed, others passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# --- gpuq status --json -------------------------------------------------------------------------
+
+
+class Slots(_Open):
+    """Empty when the probe failed."""
+
+    kind: Literal["gpu", "cpu"] | None = None
+    total: int | None = Field(default=None, ge=0)
+    free: int | None = Field(default=None, ge=0)
+
+
+class Gpu(_Open):
+    index: int = Field(ge=0)
+    name: str | None = None
+    uuid: str | None = None
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    temp_c: float | None = None
+
+
+class Disk(_Open):
+    """The host root's file system (statvfs); empty when the probe failed."""
+
+    path: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    used_pct: float | None = None
+    inodes_total: int | None = None
+    inodes_free: int | None = None
+    inodes_used_pct: float | None = None
+
+
+class Memory(_Open):
+    """cgroup (or host) memory; empty when the probe failed."""
+
+    source: str | None = None
+    used_bytes: int | None = None
+    limit_bytes: int | None = None
+    used_pct: float | None = None
+    oom_kill: int | None = None
+
+
+class HostStatus(_Doc):
+    name: str = Field(min_length=1)
+    kind: str = Field(description='"local" or "ssh" (providers add their own).')
+    reachable: bool = Field(description="This tick's probe got the agent's status document.")
+    error: str = Field(description='Why the probe failed ("" when it did not).')
+    unreachable_since: float | None = Field(
+        description="First failed probe of the current outage; null when reachable.")
+    last_probe_at: float | None = Field(description="The last probe that reached the host.")
+    probe_s: float | None = Field(ge=0, description="How long this tick's probe took; null when not probed.")
+    agent_alive: bool | None = Field(description="null when the probe failed.")
+    health: Literal["", "pass", "warn", "fail"] = Field(description='The last GPU preflight\'s verdict; "" = never.')
+    health_detail: str
+    hold_reason: str = Field(description="Non-empty: the host gets no new jobs, and why.")
+    price_per_hour: float | None = Field(ge=0, description="What the host costs per hour; null when unknown (or free).")
+    provider: Literal["", "runpod", "lambda"] = Field(description='Who rents it; "" for a host the user brought.')
+    instance_id: str = Field(description='The provider\'s pod or instance id ("" if not rented).')
+    spot: bool
+    lease_state: Literal["", "running", "preempted", "stopped", "failed", "terminated"] = Field(
+        description="What the provider last said about a rented host.")
+    lease_reason: str = Field(description="The provider's words (RunPod lastStatusChange, ...).")
+    slots: Slots
+    gpus: list[Gpu]
+    disk: Disk
+    memory: Memory
+
+
+class SweepStatus(_Doc):
+    id: str = Field(min_length=1)
+    queue_path: str
+    created_at: float
+    jobs: int = Field(ge=0)
+    states: dict[JobStateName, int] = Field(description="Jobs of the sweep per state (states with none left out).")
+
+
+class JobStatus(_Doc):
+    id: str = Field(min_length=1)
+    sweep_id: str = Field(min_length=1)
+    name: str
+    task: str
+    epochs: int = Field(ge=1)
+    gpus: int = Field(ge=1)
+    state: JobStateName
+    host: str | None = Field(description="Where the job is placed; null before placement.")
+    host_gpus: list[int] = Field(description="Slots (GPU indices, or CPU slot ids) the running attempt holds on "
+                                             "`host`; empty when not running.")
+    attempt: int = Field(ge=0, description="Number of the latest attempt (0: none yet).")
+    step: int | None = Field(ge=0)
+    total_steps: int | None = Field(ge=0)
+    epoch: int | None = Field(ge=0)
+    loss: float | None
+    eta_s: float | None = Field(ge=0, description="Seconds to the last step at the current step rate; null unless "
+                                                  "running with a known rate.")
+    heartbeat_age_s: float | None = Field(ge=0, description="Age of the last heartbeat; null for finished jobs and "
+                                                            "before the first.")
+    cost: float | None = Field(ge=0, description="Spent so far: hours run x host price per hour x the job's share of "
+                                                 "the host's slots, over its attempts; null without a price.")
+    exit_code: int | None
+    message: str
+
+
+class Alert(_Doc):
+    time: float
+    severity: Severity
+    rule: str = Field(description="The rule that fired: stalled, disk, crash, nan, xid, dead, unreachable, ...")
+    subject: str = Field(description="The job, host or sweep id the finding is about.")
+    message: str
+    action: str = Field(description='What to do about it ("" when nothing).')
+
+
+class StatusDocument(_Doc):
+    """`gpuq status --json`: hosts, sweeps, the jobs shown, the latest findings."""
+
+    schema_: Literal["gpuq.cli.status/1"] = Field(alias="schema")
+    generated_at: float = Field(description="When the snapshot was taken.")
+    hosts: list[HostStatus]
+    sweeps: list[SweepStatus]
+    jobs: list[JobStatus]
+    alerts: list[Alert] = Field(description="The latest patrol findings, newest first.")
+
+
+# --- gpuq submit --json ---------------------------------------------------------------------------
+
+
+class SubmittedJob(_Doc):
+    id: str
+    name: str
+    host: str | None = Field(description="Where the scheduler placed it; null when not placed yet.")
+
+
+class SubmitDocument(_Doc):
+    """`gpuq submit --json`: the sweep id and its jobs (like `sbatch --parsable`)."""
+
+    schema_: Literal["gpuq.cli.submit/1"] = Field(alias="schema")
+    sweep: str
+    jobs: list[SubmittedJob]
+    launch_error: str = Field(description='Why the launch failed ("" when it did not; `gpuq status` retries).')
+
+
+# --- gpuq results --json --------------------------------------------------------------------------
+
+
+class ResultJob(_Doc):
+    id: str
+    sweep_id: str
+    name: str
+    task: str
+    epochs: int
+    state: JobStateName
+    attempts: int = Field(ge=0)
+    final: dict[str, float] = Field(description="The last metrics the trainer reported.")
+    best: dict[str, float] = Field(description="The best metrics, by the sweep's metric and mode.")
+    gpu_hours: float | None
+    cost: float | None
+    lost_gpu_hours: float | None
+    preemptions: int | None
+    pulled: Literal["", "verified", "missing"] = Field(
+        description='"verified": a verified copy is in local_dir; "missing": verified, the copy is gone.')
+    local_dir: str
+
+
+class ResultsDocument(_Doc):
+    """`gpuq results --json`: one entry per job of the sweep."""
+
+    schema_: Literal["gpuq.cli.results/1"] = Field(alias="schema")
+    sweep: str
+    metric: str = Field(description="The sweep's headline metric (the [run] table's metric, else val_acc).")
+    mode: Literal["max", "min"] = Field(description="Whether the headline metric is better high or low.")
+    jobs: list[ResultJob]
+
+
+# --- gpuq hosts list|show --json ------------------------------------------------------------------
+
+
+class HostEntry(_Doc):
+    name: str
+    kind: str
+    target: str
+    profile: str
+    root: str
+    slots_total: int
+    slots_kind: str
+    last_probe_at: float | None
+    unreachable_since: float | None
+    health: str
+    hold_reason: str
+    price_per_hour: float | None
+    provider: str
+
+
+class HostsDocument(_Doc):
+    """`gpuq hosts list --json`."""
+
+    schema_: Literal["gpuq.cli.hosts/1"] = Field(alias="schema")
+    hosts: list[HostEntry]
+
+
+class HostEvent(_Doc):
+    time: float
+    state: str
+    message: str
+
+
+class HostDocument(_Doc):
+    """`gpuq hosts show NAME --json`."""
+
+    schema_: Literal["gpuq.cli.host/1"] = Field(alias="schema")
+    host: HostEntry
+    python: str
+    port: int | None
+    fingerprint: str
+    agent_bundle: str
+    active_jobs: list[str] = Field(description="Ids of the host's unfinished jobs.")
+    unverified_jobs: list[str] = Field(description="Ids of jobs whose results there are not pulled yet.")
+    events: list[HostEvent]
+
+
+# --- gpuq pull --json -----------------------------------------------------------------------------
+
+
+class PulledJob(_Doc):
+    id: str
+    name: str
+    host: str
+    state: str = Field(description="verified, already verified, incomplete, quarantined, not pulled")
+    verified: bool
+    reason: str
+    files: int
+    bytes: int
+    transferred: int
+    local_dir: str
+
+
+class PullDocument(_Doc):
+    """`gpuq pull --json`; ok is the exit status's verdict (exit 1 when false)."""
+
+    schema_: Literal["gpuq.cli.pull/1"] = Field(alias="schema")
+    sweep: str
+    results_dir: str
+    ok: bool
+    jobs: list[PulledJob]
+
+
+# --- gpuq wait --json -----------------------------------------------------------------------------
+
+
+class WaitDocument(_Doc):
+    """`gpuq wait --json`: how the sweep ended (exit 1 unless every job succeeded)."""
+
+    schema_: Literal["gpuq.cli.wait/1"] = Field(alias="schema")
+    sweep: str
+    ok: bool = Field(description="Every job succeeded.")
+    states: dict[JobStateName, int]
+    jobs: list[JobStatus]
+
+
+DOCUMENTS: dict[str, type[_Doc]] = {
+    "status": StatusDocument, "submit": SubmitDocument, "results": ResultsDocument, "hosts": HostsDocument,
+    "host": HostDocument, "pull": PullDocument, "wait": WaitDocument,
+}
+SCHEMA_DIR = Path("docs") / "schemas"
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    """The published JSON Schema of document ``name`` (``docs/schemas/<name>.schema.json``)."""
+    model = DOCUMENTS[name]
+    schema = model.model_json_schema(by_alias=True, mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://gpuq.invalid/schemas/{name}.schema.json", **schema}
+
+
+def render_schema(name: str) -> str:
+    return json.dumps(json_schema(name), indent=2, sort_keys=True) + "\n"
+
+
+def main(root: Path) -> int:
+    """Write every schema under ``root/docs/schemas``."""
+    out = root / SCHEMA_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for name in DOCUMENTS:
+        (out / f"{name}.schema.json").write_text(render_schema(name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(__file__).resolve().parents[2]))
