@@ -44,6 +44,7 @@ import paramiko
 
 from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
 from orchestrator.hosts.base import Host
+from orchestrator.hosts.knownhosts import Trust, load_trust, locked, user_keys_for
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.specs import CommandResult
 
@@ -67,20 +68,33 @@ TRANSFER_STALL_S = 60.0
 STDIN_CHUNK = 1 << 15
 EOF_GRACE_S = 2.0
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
+MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout plus stderr; a host printing without end is stopped here
 
 
 class _Policy(paramiko.MissingHostKeyPolicy):
     """Unknown key: refuse, or (trust on first use) record it in the gpuq known_hosts file."""
 
-    def __init__(self, host_name: str, known_hosts: Path, trust_new: bool, lock: threading.Lock) -> None:
+    def __init__(self, host_name: str, known_hosts: Path, trust_new: bool, lock: threading.Lock,
+                 trust: Trust) -> None:
         self.host_name = host_name
         self.known_hosts = known_hosts
         self.trust_new = trust_new
         self.lock = lock
+        self.trust = trust
         self.trusted: list[str] = []
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         line = f"{hostname} {key.get_name()} {key.get_base64()}"
+        if self.trust.is_revoked(key):
+            raise HostKeyError(self.host_name, _revoked_message(hostname, key))
+        if self.trust.certificate_only(hostname):
+            raise HostKeyError(
+                self.host_name,
+                f"{hostname} is trusted only through an @cert-authority line in ~/.ssh/known_hosts, and gpuq "
+                f"does not check host certificates; it offers {key.get_name()} {fingerprint(key)}: confirm "
+                "that fingerprint with the machine's owner or console, then run the command again with "
+                "--trust-new-host-key to pin the key itself",
+            )
         if not self.trust_new:
             raise HostKeyError(
                 self.host_name,
@@ -88,8 +102,7 @@ class _Policy(paramiko.MissingHostKeyPolicy):
                 "check the fingerprint with the machine's owner or console, then run the command again "
                 "with --trust-new-host-key to trust it (recorded in gpuq's known_hosts)",
             )
-        with self.lock:
-            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock, locked(self.known_hosts):
             fd = os.open(self.known_hosts, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             with os.fdopen(fd, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
@@ -106,6 +119,7 @@ class SSHOptions:
     keepalive_s: int = KEEPALIVE_S
     connect_tries: int = CONNECT_TRIES
     transfer_stall_s: float = TRANSFER_STALL_S
+    max_output_bytes: int = MAX_OUTPUT_BYTES
     sleep: Callable[[float], None] = field(default=time.sleep)
 
 
@@ -133,15 +147,13 @@ class SSHHost(Host):
 
     def _new_client(self, endpoint: Endpoint) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        system = Path.home() / ".ssh" / "known_hosts"
-        if system.is_file():
-            # an unreadable user file is skipped: gpuq's own file still applies
-            with contextlib.suppress(OSError, paramiko.SSHException):
-                client.load_system_host_keys(str(system))
         known = self.options.known_hosts
-        if known.is_file():
-            client.load_host_keys(str(known))
-        policy = _Policy(self.name, known, self.options.trust_new_host_key, _KNOWN_HOSTS_LOCK)
+        # gpuq's file first and alone for a host it names; the user's file otherwise (read-only)
+        trust = load_trust(known, Path.home() / ".ssh" / "known_hosts")
+        client._host_keys = trust.own  # type: ignore[attr-defined]
+        client._system_host_keys = user_keys_for(  # type: ignore[attr-defined]
+            trust, known_hosts_key(endpoint.hostname, endpoint.port))
+        policy = _Policy(self.name, known, self.options.trust_new_host_key, _KNOWN_HOSTS_LOCK, trust)
         client.set_missing_host_key_policy(policy)
         client._gpuq_policy = policy  # type: ignore[attr-defined]
         return client
@@ -167,9 +179,9 @@ class SSHHost(Host):
                 self.name,
                 f"the SSH host key of {endpoint.label()} CHANGED: known {fingerprint(exc.expected_key)}, "
                 f"offered {fingerprint(exc.key)}. Refusing to connect: this is either a re-created machine or "
-                "someone intercepting the connection. If the machine was re-created, confirm the new "
-                f"fingerprint with its provider, then `gpuq hosts trust {self.name} --fingerprint "
-                f"{fingerprint(exc.key)}` replaces only this entry",
+                "someone intercepting the connection. If the machine was re-created, get its new "
+                "fingerprint from the provider's console (not from this connection), then "
+                f"`gpuq hosts trust {self.name} --fingerprint <that fingerprint>` replaces only this entry",
             ) from exc
         except paramiko.AuthenticationException as exc:
             client.close()
@@ -185,9 +197,13 @@ class SSHHost(Host):
             client.close()
             raise HostUnreachable(self.name, f"cannot connect to {endpoint.label()}: {_describe(exc)}") from exc
         transport = client.get_transport()
+        policy: _Policy = client._gpuq_policy  # type: ignore[attr-defined]
+        offered = transport.get_remote_server_key() if transport is not None else None
+        if offered is not None and policy.trust.is_revoked(offered):
+            client.close()
+            raise HostKeyError(self.name, _revoked_message(endpoint.label(), offered))
         if transport is not None:
             transport.set_keepalive(self.options.keepalive_s)
-        policy: _Policy = client._gpuq_policy  # type: ignore[attr-defined]
         self.trusted_keys.extend(policy.trusted)
         return client
 
@@ -270,12 +286,20 @@ class SSHHost(Host):
         self.round_trips += 1
         out: list[bytes] = []
         err: list[bytes] = []
+        received = 0
+        cap = self.options.max_output_bytes
 
         def drain() -> None:
+            nonlocal received
             while chan.recv_ready():
                 out.append(chan.recv(CHUNK))
+                received += len(out[-1])
             while chan.recv_stderr_ready():
                 err.append(chan.recv_stderr(CHUNK))
+                received += len(err[-1])
+            if received > cap:
+                raise HostError(self.name, f"{argv[0]} printed more than {cap >> 20} MiB; gpuq stopped reading "
+                                           "its output (a host that prints without end is not trusted)")
 
         pending = memoryview(stdin or b"")
         try:
@@ -345,8 +369,8 @@ class SSHHost(Host):
                 self._sftp.get_channel().settimeout(self.options.transfer_stall_s)  # type: ignore[union-attr]
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 self._drop()
-                raise HostUnreachable(self.name, f"cannot start SFTP (proxied endpoints cannot carry files; "
-                                                 f"direct TCP is needed): {_describe(exc)}") from exc
+                raise HostUnreachable(self.name, f"cannot start SFTP on {self.endpoint.label()} (is its sshd's "
+                                                 f"sftp subsystem installed and enabled?): {_describe(exc)}") from exc
             return self._sftp
 
     def _mkdirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
@@ -439,6 +463,11 @@ def _tunnel(via: paramiko.SSHClient, to: Endpoint, timeout: float, name: str) ->
         return transport.open_channel("direct-tcpip", (to.hostname, to.port), ("127.0.0.1", 0), timeout=timeout)
     except (OSError, EOFError, paramiko.SSHException) as exc:
         raise HostUnreachable(name, f"the jump host cannot reach {to.label()}: {_describe(exc)}") from exc
+
+
+def _revoked_message(where: str, key: paramiko.PKey) -> str:
+    return (f"{where} offers the host key {key.get_name()} {fingerprint(key)}, which a known_hosts file marks "
+            "@revoked; refusing to connect. Ask the machine's owner for its new key")
 
 
 def _describe(exc: BaseException) -> str:
