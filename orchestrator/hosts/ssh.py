@@ -138,6 +138,7 @@ class SSHHost(Host):
         self._client: paramiko.SSHClient | None = None
         self._jumps: list[paramiko.SSHClient] = []
         self._sftp: paramiko.SFTPClient | None = None
+        self._no_sftp = False  # the host's sshd has no SFTP subsystem: files go over exec channels
         self._lock = threading.RLock()
         self.connects = 0  # for tests and benchmarks: how many TCP connections this object made
         self.round_trips = 0
@@ -368,7 +369,7 @@ class SSHHost(Host):
                 # of blocking until TCP gives up (the pull retries and resumes from the offset)
                 self._sftp.get_channel().settimeout(self.options.transfer_stall_s)  # type: ignore[union-attr]
             except (OSError, EOFError, paramiko.SSHException) as exc:
-                self._drop()
+                self._sftp = None
                 raise HostUnreachable(self.name, f"cannot start SFTP on {self.endpoint.label()} (is its sshd's "
                                                  f"sftp subsystem installed and enabled?): {_describe(exc)}") from exc
             return self._sftp
@@ -389,10 +390,31 @@ class SSHHost(Host):
             except FileNotFoundError:
                 sftp.mkdir(path)
 
+    def _files(self) -> paramiko.SFTPClient | None:
+        """SFTP when the host offers it; None when its sshd has no SFTP subsystem (files then
+        stream over exec channels, like ``scp -O``)."""
+        if self._no_sftp:
+            return None
+        try:
+            return self._sftp_client()
+        except HostUnreachable:
+            with self._lock:
+                client = self._connection()  # still unreachable: that error is the real cause
+                transport = client.get_transport()
+                if transport is None or not transport.is_active():
+                    raise
+                self._no_sftp = True
+            return None
+
     def put(self, local: Path, remote: str) -> None:
-        sftp = self._sftp_client()
         directory, _, base = remote.rpartition("/")
         tmp = f"{directory}/.{base}.tmp.{os.getpid()}" if directory else f".{base}.tmp.{os.getpid()}"
+        sftp = self._files()
+        if sftp is None:
+            from orchestrator.hosts.sshexec import exec_put
+
+            exec_put(self, local, remote, tmp, directory)
+            return
         try:
             if directory:
                 self._mkdirs(sftp, directory)
@@ -408,7 +430,12 @@ class SSHHost(Host):
             raise HostUnreachable(self.name, f"upload of {local.name} failed: {_describe(exc)}") from exc
 
     def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
-        sftp = self._sftp_client()
+        sftp = self._files()
+        if sftp is None:
+            from orchestrator.hosts.sshexec import exec_get
+
+            exec_get(self, remote, local, offset)
+            return
         try:
             size = sftp.stat(remote).st_size or 0
             if stat.S_ISDIR(sftp.stat(remote).st_mode or 0):
