@@ -53,6 +53,7 @@ from orchestrator.specs import CommandResult
 # (HostUnreachable, "unreachable since T"), so paramiko's records go nowhere unless a caller
 # configures logging.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+_log = logging.getLogger("orchestrator.hosts.ssh")
 
 __all__ = [
     "Endpoint", "SSHHost", "SSHOptions", "fingerprint", "known_hosts_key", "offered_key", "remote_command", "resolve",
@@ -241,10 +242,12 @@ class SSHHost(Host):
                 try:
                     self._client = self._open()
                     return self._client
-                except HostUnreachable:
+                except HostUnreachable as exc:
                     if attempt == self.options.connect_tries:
                         raise
-                    self.options.sleep(min(BACKOFF_CAP_S, delay) * (0.5 + random.random() / 2))
+                    wait = min(BACKOFF_CAP_S, delay) * (0.5 + random.random() / 2)
+                    _log.info("%s; retry %d of %d in %.1f s", exc, attempt, self.options.connect_tries - 1, wait)
+                    self.options.sleep(wait)
                     delay *= 2
             raise AssertionError("unreachable")  # pragma: no cover
 
