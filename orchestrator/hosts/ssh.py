@@ -162,18 +162,26 @@ class SSHHost(Host):
 
     def _connect_one(self, endpoint: Endpoint, sock: Any) -> paramiko.SSHClient:
         client = self._new_client(endpoint)
+        timeout = endpoint.connect_timeout_s or self.options.connect_timeout_s
+        if sock is None and endpoint.proxy_command:
+            try:
+                sock = paramiko.ProxyCommand(endpoint.proxy_command)
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostUnreachable(self.name, f"ProxyCommand for {endpoint.label()} failed to start: "
+                                                 f"{_describe(exc)}") from exc
         try:
             client.connect(
                 endpoint.hostname,
                 port=endpoint.port,
                 username=endpoint.user or None,
                 key_filename=list(endpoint.key_files) or None,  # type: ignore[arg-type]  # stubs say str; list is documented
-                timeout=self.options.connect_timeout_s,
-                banner_timeout=self.options.connect_timeout_s,
-                auth_timeout=self.options.connect_timeout_s,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
                 sock=sock,
                 look_for_keys=not endpoint.key_files,
-                allow_agent=not endpoint.key_files,
+                # as OpenSSH: ssh-agent keys are offered alongside IdentityFile unless IdentitiesOnly
+                allow_agent=not endpoint.identities_only,
             )
         except paramiko.BadHostKeyException as exc:
             client.close()
@@ -528,6 +536,8 @@ def offered_key(name: str, endpoint: Endpoint, *, timeout: float = CONNECT_TIMEO
             clients.append(previous)
         if previous is not None:
             sock = _tunnel(previous, endpoint, timeout, name)
+        elif endpoint.proxy_command:
+            sock = paramiko.ProxyCommand(endpoint.proxy_command)
         else:
             sock = socket.create_connection((endpoint.hostname, endpoint.port), timeout=timeout)
         transport = paramiko.Transport(sock)
