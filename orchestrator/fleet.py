@@ -216,6 +216,8 @@ def register(
         return out
     except BaseException:
         forget_keys(settings, endpoint, only=host.trusted_keys)
+        for hop, hop_key in host.trusted_hop_keys:  # a failed registration leaves no trust behind
+            forget_keys(settings, hop, only=[hop_key])
         raise
     finally:
         host.close()

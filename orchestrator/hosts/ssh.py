@@ -143,7 +143,9 @@ class SSHHost(Host):
         self._lock = threading.RLock()
         self.connects = 0  # for tests and benchmarks: how many TCP connections this object made
         self.round_trips = 0
-        self.trusted_keys: list[str] = []  # "<type> <base64>" accepted on first use by this object
+        self.trusted_keys: list[str] = []  # "<type> <base64>" of this host, accepted on first use by this object
+        # jump hosts' keys accepted on first use, each with its own endpoint (never the host's key)
+        self.trusted_hop_keys: list[tuple[Endpoint, str]] = []
 
     # --- connection ---------------------------------------------------------------
 
@@ -214,7 +216,10 @@ class SSHHost(Host):
             raise HostKeyError(self.name, _revoked_message(endpoint.label(), offered))
         if transport is not None:
             transport.set_keepalive(self.options.keepalive_s)
-        self.trusted_keys.extend(policy.trusted)
+        if endpoint is self.endpoint:
+            self.trusted_keys.extend(policy.trusted)
+        else:
+            self.trusted_hop_keys.extend((endpoint, key) for key in policy.trusted)
         return client
 
     def _open(self) -> paramiko.SSHClient:

@@ -71,3 +71,27 @@ def test_system_config_is_read_after_the_users_and_first_value_wins(farm: HostFa
     assert (endpoint.hostname, endpoint.user, endpoint.port) == (farm.hosts[0].address, "alice", 2222)
     assert endpoint.connect_timeout_s == 7.0 and endpoint.identities_only
     assert endpoint.key_files == ("/keys/sys",)
+
+
+def test_trust_on_first_use_through_a_jump_host_keeps_each_hops_key_its_own(farm: HostFarm, tmp_path: Path) -> None:
+    """The bastion (here the same machine on its second port) is recorded under its own endpoint,
+    never as the host's key."""
+    h = farm.hosts[0]
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host bastion\n    HostName {h.address}\n    Port 2222\n    User root\n    IdentityFile {farm.client_key}\n\n"
+        f"Host behind\n    HostName {h.address}\n    User root\n    IdentityFile {farm.client_key}\n"
+        "    ProxyJump bastion\n"
+    )
+    known = tmp_path / "gpuq" / "known_hosts"
+    endpoint = resolve("behind", ssh_config=config, system_config=None)
+    host = SSHHost("behind", endpoint, root="/tmp", python="python3",
+                   options=SSHOptions(known_hosts=known, ssh_config=config, trust_new_host_key=True))
+    try:
+        assert host.run(["true"]).exit_code == 0
+    finally:
+        host.close()
+    assert host.trusted_keys == [h.host_key_line]
+    assert [(hop.port, key) for hop, key in host.trusted_hop_keys] == [(2222, h.host_key_line)]
+    assert sorted(line.split()[0] for line in known.read_text().splitlines()) == sorted(
+        [h.address, f"[{h.address}]:2222"])
