@@ -394,6 +394,18 @@ def key_fingerprint(key_line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
+def forget_row_keys(settings: Settings, row: HostRow) -> int:
+    """Forget the key pinned for a host's endpoint (a terminated rental: RunPod reuses IP:port)."""
+    from orchestrator.hosts.ssh import resolve
+
+    if row.kind != "ssh":
+        return 0
+    try:
+        return forget_keys(settings, resolve(row.target, port=row.port, user=row.user, key_file=row.key_path))
+    except HostError:  # an alias that no longer resolves: its key entry cannot be named either
+        return 0
+
+
 def forget_host(ledger: Ledger, settings: Settings, row: HostRow) -> None:
     """Drop the host from the ledger and its key from gpuq's known_hosts."""
     from orchestrator.hosts.ssh import resolve
