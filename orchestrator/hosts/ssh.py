@@ -43,7 +43,7 @@ from typing import Any
 import paramiko
 
 from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
-from orchestrator.hosts.base import Host
+from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.hosts.knownhosts import Trust, load_trust, locked, user_keys_for
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.specs import CommandResult
@@ -422,19 +422,20 @@ class SSHHost(Host):
                 self._no_sftp = True
             return None
 
-    def put(self, local: Path, remote: str) -> None:
+    def put(self, local: Path, remote: str, *, progress: Progress | None = None) -> None:
         directory, _, base = remote.rpartition("/")
         tmp = f"{directory}/.{base}.tmp.{os.getpid()}" if directory else f".{base}.tmp.{os.getpid()}"
         sftp = self._files()
         if sftp is None:
             from orchestrator.hosts.sshexec import exec_put
 
-            exec_put(self, local, remote, tmp, directory)
+            exec_put(self, local, remote, tmp, directory, progress)
             return
         try:
             if directory:
                 self._mkdirs(sftp, directory)
-            sftp.put(str(local), tmp, confirm=True)
+            sftp.put(str(local), tmp, confirm=True,
+                     callback=(lambda done, _total: progress(done)) if progress is not None else None)
             sftp.posix_rename(tmp, remote)
         except FileNotFoundError as exc:
             raise HostError(self.name, f"cannot write {remote}: {exc}") from exc
@@ -445,15 +446,16 @@ class SSHHost(Host):
                 self._drop()
             raise HostUnreachable(self.name, f"upload of {local.name} failed: {_describe(exc)}") from exc
 
-    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+    def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
+            progress: Progress | None = None) -> None:
         sftp = self._files()
         if sftp is None:
             from orchestrator.hosts.sshexec import exec_get
 
-            exec_get(self, remote, local, offset)
+            exec_get(self, remote, local, offset, size, progress)
             return
         try:
-            size = sftp.stat(remote).st_size or 0
+            remote_size = sftp.stat(remote).st_size or 0
             if stat.S_ISDIR(sftp.stat(remote).st_mode or 0):
                 raise HostError(self.name, f"{remote} is a directory, not a file")
         except FileNotFoundError as exc:
@@ -462,6 +464,9 @@ class SSHHost(Host):
             with self._lock:
                 self._drop()
             raise HostUnreachable(self.name, f"cannot read {remote}: {_describe(exc)}") from exc
+        if size is not None and remote_size > size:
+            raise too_big(self.name, remote, remote_size, size)
+        limit = remote_size if size is None else min(size, remote_size)
         local.parent.mkdir(parents=True, exist_ok=True)
         mode = "r+b" if offset and local.exists() else "wb"
         try:
@@ -469,13 +474,15 @@ class SSHHost(Host):
                 dst.truncate(offset)
                 dst.seek(offset)
                 src.seek(offset)
-                if size > offset:
-                    src.prefetch(size)
-                while True:
-                    block = src.read(CHUNK)
-                    if not block:
-                        break
+                if limit > offset:
+                    src.prefetch(limit)
+                done = offset
+                # never past the size seen (or expected): a file that grows meanwhile is not followed
+                while done < limit and (block := src.read(min(CHUNK, limit - done))):
                     dst.write(block)
+                    done += len(block)
+                    if progress is not None:
+                        progress(done)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             if isinstance(exc, PermissionError):
                 raise HostError(self.name, f"cannot read {remote}: permission denied") from exc

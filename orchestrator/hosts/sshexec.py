@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from orchestrator.errors import HostError, HostUnreachable
+from orchestrator.hosts.base import Progress, too_big
 
 if TYPE_CHECKING:
     from orchestrator.hosts.ssh import SSHHost
@@ -35,7 +36,8 @@ def _stderr(chan: paramiko.Channel) -> str:
     return b"".join(parts).decode("utf-8", "replace").strip()
 
 
-def exec_put(host: SSHHost, local: Path, remote: str, tmp: str, directory: str) -> None:
+def exec_put(host: SSHHost, local: Path, remote: str, tmp: str, directory: str,
+             progress: Progress | None = None) -> None:
     q = shlex.quote
     size = local.stat().st_size
     mkdir = f"mkdir -p -- {q(directory)} && " if directory else ""
@@ -46,8 +48,12 @@ def exec_put(host: SSHHost, local: Path, remote: str, tmp: str, directory: str) 
         chan.settimeout(host.options.transfer_stall_s)
         chan.exec_command(script)
         with open(local, "rb") as src:
+            sent = 0
             while block := src.read(CHUNK):
                 chan.sendall(block)
+                sent += len(block)
+                if progress is not None:
+                    progress(sent)
         chan.shutdown_write()
         err = _stderr(chan)
         code = chan.recv_exit_status()
@@ -61,7 +67,8 @@ def exec_put(host: SSHHost, local: Path, remote: str, tmp: str, directory: str) 
         raise HostError(host.name, f"cannot write {remote}: {detail}")
 
 
-def exec_get(host: SSHHost, remote: str, local: Path, offset: int) -> None:
+def exec_get(host: SSHHost, remote: str, local: Path, offset: int, size: int | None = None,
+             progress: Progress | None = None) -> None:
     q = shlex.quote
     script = (f"if [ -d {q(remote)} ]; then echo '{_MARK} directory' >&2; exit 3; fi; "
               f"[ -f {q(remote)} ] || {{ echo '{_MARK} missing' >&2; exit 3; }}; "
@@ -74,8 +81,14 @@ def exec_get(host: SSHHost, remote: str, local: Path, offset: int) -> None:
         with open(local, "r+b" if offset and local.exists() else "wb") as dst:
             dst.truncate(offset)
             dst.seek(offset)
+            done = offset
             while block := chan.recv(CHUNK):
+                if size is not None and done + len(block) > size:
+                    raise too_big(host.name, remote, done + len(block), size)  # stops reading here
                 dst.write(block)
+                done += len(block)
+                if progress is not None:
+                    progress(done)
         err = _stderr(chan)
         code = chan.recv_exit_status()
     except PermissionError as exc:
