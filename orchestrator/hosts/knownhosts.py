@@ -17,11 +17,15 @@ import contextlib
 import fcntl
 import fnmatch
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
+
+from orchestrator.errors import HostKeyError
+from orchestrator.hosts.sshconfig import fingerprint
 
 
 @dataclass
@@ -93,3 +97,47 @@ def locked(known_hosts: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+class TrustPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown key: refuse, or (trust on first use) record it in the gpuq known_hosts file."""
+
+    def __init__(self, host_name: str, known_hosts: Path, trust_new: bool, lock: threading.Lock,
+                 trust: Trust) -> None:
+        self.host_name = host_name
+        self.known_hosts = known_hosts
+        self.trust_new = trust_new
+        self.lock = lock
+        self.trust = trust
+        self.trusted: list[str] = []
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        line = f"{hostname} {key.get_name()} {key.get_base64()}"
+        if self.trust.is_revoked(key):
+            raise HostKeyError(self.host_name, revoked_message(hostname, key))
+        if self.trust.certificate_only(hostname):
+            raise HostKeyError(
+                self.host_name,
+                f"{hostname} is trusted only through an @cert-authority line in ~/.ssh/known_hosts, and gpuq "
+                f"does not check host certificates; it offers {key.get_name()} {fingerprint(key)}: confirm "
+                "that fingerprint with the machine's owner or console, then run the command again with "
+                "--trust-new-host-key to pin the key itself",
+            )
+        if not self.trust_new:
+            raise HostKeyError(
+                self.host_name,
+                f"unknown SSH host key for {hostname} ({key.get_name()} {fingerprint(key)}); "
+                "check the fingerprint with the machine's owner or console, then run the command again "
+                "with --trust-new-host-key to trust it (recorded in gpuq's known_hosts)",
+            )
+        with self.lock, locked(self.known_hosts):
+            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.trusted.append(f"{key.get_name()} {key.get_base64()}")
+
+
+def revoked_message(where: str, key: paramiko.PKey) -> str:
+    return (f"{where} offers the host key {key.get_name()} {fingerprint(key)}, which a known_hosts file marks "
+            "@revoked; refusing to connect. Ask the machine's owner for its new key")

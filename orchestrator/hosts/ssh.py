@@ -44,7 +44,8 @@ import paramiko
 
 from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
 from orchestrator.hosts.base import Host, Progress, too_big
-from orchestrator.hosts.knownhosts import Trust, load_trust, locked, user_keys_for
+from orchestrator.hosts.knownhosts import TrustPolicy as _Policy
+from orchestrator.hosts.knownhosts import load_trust, revoked_message, user_keys_for
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.specs import CommandResult
 
@@ -70,45 +71,6 @@ STDIN_CHUNK = 1 << 15
 EOF_GRACE_S = 2.0
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
 MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout plus stderr; a host printing without end is stopped here
-
-
-class _Policy(paramiko.MissingHostKeyPolicy):
-    """Unknown key: refuse, or (trust on first use) record it in the gpuq known_hosts file."""
-
-    def __init__(self, host_name: str, known_hosts: Path, trust_new: bool, lock: threading.Lock,
-                 trust: Trust) -> None:
-        self.host_name = host_name
-        self.known_hosts = known_hosts
-        self.trust_new = trust_new
-        self.lock = lock
-        self.trust = trust
-        self.trusted: list[str] = []
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        line = f"{hostname} {key.get_name()} {key.get_base64()}"
-        if self.trust.is_revoked(key):
-            raise HostKeyError(self.host_name, _revoked_message(hostname, key))
-        if self.trust.certificate_only(hostname):
-            raise HostKeyError(
-                self.host_name,
-                f"{hostname} is trusted only through an @cert-authority line in ~/.ssh/known_hosts, and gpuq "
-                f"does not check host certificates; it offers {key.get_name()} {fingerprint(key)}: confirm "
-                "that fingerprint with the machine's owner or console, then run the command again with "
-                "--trust-new-host-key to pin the key itself",
-            )
-        if not self.trust_new:
-            raise HostKeyError(
-                self.host_name,
-                f"unknown SSH host key for {hostname} ({key.get_name()} {fingerprint(key)}); "
-                "check the fingerprint with the machine's owner or console, then run the command again "
-                "with --trust-new-host-key to trust it (recorded in gpuq's known_hosts)",
-            )
-        with self.lock, locked(self.known_hosts):
-            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(fd, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.trusted.append(f"{key.get_name()} {key.get_base64()}")
 
 
 @dataclass
@@ -213,7 +175,7 @@ class SSHHost(Host):
         offered = transport.get_remote_server_key() if transport is not None else None
         if offered is not None and policy.trust.is_revoked(offered):
             client.close()
-            raise HostKeyError(self.name, _revoked_message(endpoint.label(), offered))
+            raise HostKeyError(self.name, revoked_message(endpoint.label(), offered))
         if transport is not None:
             transport.set_keepalive(self.options.keepalive_s)
         if endpoint is self.endpoint:
@@ -513,11 +475,6 @@ def _tunnel(via: paramiko.SSHClient, to: Endpoint, timeout: float, name: str) ->
         return transport.open_channel("direct-tcpip", (to.hostname, to.port), ("127.0.0.1", 0), timeout=timeout)
     except (OSError, EOFError, paramiko.SSHException) as exc:
         raise HostUnreachable(name, f"the jump host cannot reach {to.label()}: {_describe(exc)}") from exc
-
-
-def _revoked_message(where: str, key: paramiko.PKey) -> str:
-    return (f"{where} offers the host key {key.get_name()} {fingerprint(key)}, which a known_hosts file marks "
-            "@revoked; refusing to connect. Ask the machine's owner for its new key")
 
 
 def _describe(exc: BaseException) -> str:
