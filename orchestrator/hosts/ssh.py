@@ -1,17 +1,19 @@
 """SSHHost: a remote machine over SSH (paramiko).  The only module that imports paramiko.
 
-Contract (DOMAIN.md 15):
+Contract (docs/security.md, docs/host-protocol.md):
 
-- **Host keys are verified.**  Keys live in a gpuq-owned known_hosts file
-  (``$GPUQ_HOME/known_hosts``); the user's ``~/.ssh/known_hosts`` is consulted
-  read-only.  An unknown key is refused unless the host was created with
+- **Host keys are verified** (knownhosts.py).  Keys live in a gpuq-owned known_hosts file
+  (``$GPUQ_HOME/known_hosts``), which wins for a host it names; the user's
+  ``~/.ssh/known_hosts`` is consulted read-only otherwise; ``@revoked`` keys are refused.
+  An unknown key is refused unless the host was created with
   ``trust_new_host_key`` (trust on first use, recorded in the gpuq file); a
   changed key is always refused (HostKeyError), and the old entry is kept as
   evidence.
-- **Targets** are ``user@address`` or an alias from ``~/.ssh/config``; HostName,
-  User, Port, IdentityFile and ProxyJump of the alias are honoured (ProxyJump by
-  tunnelling a ``direct-tcpip`` channel through each jump host, whose keys are
-  verified the same way).
+- **Targets** are ``user@address`` or an alias from ``~/.ssh/config`` (sshconfig.py);
+  ProxyJump tunnels a ``direct-tcpip`` channel through each jump host, whose keys are
+  verified the same way and recorded as its own; ProxyCommand runs the command as the socket.
+- **Files** go over SFTP, or over an exec channel when the host has no SFTP subsystem
+  (sshexec.py); a download never reads past the size the caller expects.
 - **One connection per host per command**, reused by every call, with
   keepalives.  Connecting retries with capped exponential backoff and jitter;
   a command whose session cannot be opened on a stale connection reconnects once.
