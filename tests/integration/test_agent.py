@@ -448,7 +448,11 @@ def test_trainer_environment_is_clean(host: Host) -> None:
     assert set(e1) - set(run_env) <= allowed | {"LC_CTYPE"}, set(e1) - set(run_env)
     assert run_env["EXTRA"] == "a b'c" and run_env["GPUQ_JOB_ID"] == no_seed["job_id"]
     start = host.runs_of(no_seed["job_id"])[0]
-    assert start["cwd"] == str(host.workdir) and start["task"] == "cls" and start["epochs"] == 2
+    run_dir = host.root / "jobs" / no_seed["job_id"] / "run"
+    assert start["cwd"] == str(run_dir) and start["task"] == "cls" and start["epochs"] == 2
+    assert e1["GPUQ_RUN_DIR"] == str(run_dir)
+    assert e1["PYTHONPATH"].split(":")[0] == str(host.workdir)
+    assert e1["PYTHONPYCACHEPREFIX"] == str(host.root / "cache" / "pycache")
 
 
 def test_torchrun_two_processes_gloo(host: Host) -> None:
