@@ -16,7 +16,9 @@ import glob
 import json
 import math
 import os
+import shutil
 import socket
+import subprocess
 from typing import Any
 
 import gpuq_argv
@@ -231,3 +233,26 @@ def local_addr_args() -> list[str]:
         return []
     except OSError:
         return ["--local-addr=127.0.0.1"]
+
+
+RO_BIND = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+
+
+def read_only_prefix(bundle: str) -> tuple[list[str], str]:
+    """As root (mode bits do not stop root), run the trainer in a private mount namespace with the
+    bundle bind-mounted read-only.  Returns (argv prefix, "" or why it fell back to mode bits).
+    unshare and sh exec, so the trainer keeps the pid (and process group) Popen gave it."""
+    if os.geteuid() != 0:
+        return [], ""
+    unshare = shutil.which("unshare")
+    if not unshare or not shutil.which("mount"):
+        return [], "unshare/mount not found"
+    probe = [unshare, "-m", "--propagation", "private", "--", "sh", "-c", RO_BIND, bundle, "true"]
+    try:
+        rc = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=30).returncode
+    except (OSError, subprocess.SubprocessError) as e:
+        return [], "unshare failed: %s" % e
+    if rc != 0:
+        return [], "unshare --mount exited %d" % rc
+    return probe[:-1], ""

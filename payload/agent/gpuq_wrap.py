@@ -38,7 +38,15 @@ from gpuq_files import (
     utc,
 )
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
-from gpuq_launch import build_env, job_argv, kill_grace, link_project, run_section, secrets_for
+from gpuq_launch import (
+    build_env,
+    job_argv,
+    kill_grace,
+    link_project,
+    read_only_prefix,
+    run_section,
+    secrets_for,
+)
 from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
 
 INODE_LIMIT_PCT = 95.0
@@ -184,6 +192,10 @@ class Wrapper:
             self.phase = "setup"
             return self.finish(P.EXIT_SETUP, "cannot build the trainer's command: %s" % e)
         env.update(secrets_for(lay, spec))  # the process environment only: never run.env, never logged
+        prefix, why = read_only_prefix(bundle)
+        if why:
+            append_line(os.path.join(self.adir, P.JOB_LOG),
+                        "gpuq: the bundle is read-only by mode bits only (%s)" % why)
         log_path = os.path.join(self.adir, P.JOB_LOG)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
@@ -193,7 +205,7 @@ class Wrapper:
             if self.got_signal is not None:
                 return self.finish(P.EXIT_SIGNAL_BASE + self.got_signal, "signal %d before training started"
                                    % self.got_signal, sig=self.got_signal)
-            self.trainer = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+            self.trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
                                             stderr=subprocess.STDOUT, env=env, close_fds=True,
                                             cwd=run_dir)
         sampler = threading.Thread(target=self.sample_memory, args=(self.trainer.pid,), name="gpuq-mem")

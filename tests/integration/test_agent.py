@@ -123,6 +123,9 @@ class Host:
         return [r for r in recs if r["job"] == job_id]
 
     # the agent
+    def cli_argv(self) -> list[str]:
+        return [AGENT_PY, self.agent, "--root", str(self.root)]
+
     def cli(self, *args: str, env: dict[str, str] | None = None,
             timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run([AGENT_PY, self.agent, "--root", str(self.root), *args],
