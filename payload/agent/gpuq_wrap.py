@@ -48,6 +48,7 @@ from gpuq_launch import (
     secrets_for,
 )
 from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
+from gpuq_setup import run_setup
 
 INODE_LIMIT_PCT = 95.0
 MEM_SAMPLE_S = 5.0
@@ -84,11 +85,12 @@ class Wrapper:
             self.job_id, self.attempt, extra))
 
     def finish(self, code: int, message: str, trainer_code: int | None = None,
-               sig: int | None = None) -> int:
+               sig: int | None = None, extra: dict[str, Any] | None = None) -> int:
         hb = read_json(os.path.join(self.adir, P.HEARTBEAT_FILE))
         best = sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
         rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
                           trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
+        rec.update(extra or {})
         atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
         self.done.set()
         self.marker("FINISHED", "(exit=%d)" % code)
@@ -162,6 +164,10 @@ class Wrapper:
             if rc != 0:
                 return self.finish(P.EXIT_SETUP, "torch.cuda does not see the %d assigned GPUs %s" % (
                     gpus, run_env.get("CUDA_VISIBLE_DEVICES")))
+        problem = run_setup(lay, spec, workdir, dict(env, **secrets_for(lay, spec)))
+        if problem:
+            key = str((run_section(spec) or {}).get("setup_key") or "")
+            return self.finish(P.EXIT_SETUP, problem, extra={"setup_failed": True, "setup_key": key})
         # disk gate
         self.phase = "gate"
         ckpt = run_env[P.ENV_CKPT_DIR]

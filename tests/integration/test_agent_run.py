@@ -134,3 +134,42 @@ def test_forwarded_secret_reaches_only_the_trainer(host: Host) -> None:
     for path in host.root.rglob("*"):
         if path.is_file() and not path.is_symlink() and path.name != "seen.json":
             assert secret.encode() not in path.read_bytes(), path
+
+
+KEY = "ab" * 32
+
+
+def test_setup_runs_once_for_two_racing_jobs(host: Host) -> None:
+    project(host)
+    setup = "echo ran >> $GPUQ_TEST_COUNT; sleep 1; touch built.txt; test -w ."
+    specs = [run_spec(host, n, setup=setup, setup_key=KEY) for n in ("a", "b")]
+    count = host.root.parent / "count.txt"
+    for s in specs:  # the count file's path reaches setup through the job's env
+        s["env"] = {"GPUQ_TEST_COUNT": str(count)}
+        (host.root / "inbox" / (s["job_id"] + ".json")).write_text(json.dumps(s))
+    host.serve(slots=2, idle=30)
+    for s in specs:
+        assert host.wait_exit(s["job_id"])["wrapper_code"] == 0
+    assert count.read_text() == "ran\n"
+    kdir = host.root / "setup" / KEY
+    assert (kdir / "ok.json").exists() and (kdir / "project" / "built.txt").exists()
+    assert "job.py" in os.listdir(kdir / "project")
+
+
+def test_failed_setup_fails_fast_with_its_message(host: Host) -> None:
+    project(host)
+    bad = "echo installing; echo 'ERROR: no matching distribution' >&2; exit 3"
+    first = run_spec(host, "first", setup=bad, setup_key=KEY)
+    host.serve(slots=1, idle=30)
+    ex = host.wait_exit(first["job_id"])
+    assert ex["wrapper_code"] == 80 and ex["phase"] == "setup" and ex["setup_failed"] is True
+    assert ex["setup_key"] == KEY
+    assert ex["message"].startswith("setup failed (exit 3) on ")
+    assert ex["message"].endswith(": ERROR: no matching distribution")
+    log = (host.root / "setup" / KEY / "setup.log").read_text()
+    assert log.count("installing") == 1
+    second = run_spec(host, "second", setup=bad, setup_key=KEY)
+    ex2 = host.wait_exit(second["job_id"])
+    assert ex2["wrapper_code"] == 80 and ex2["message"] == ex["message"]
+    assert (host.root / "setup" / KEY / "setup.log").read_text().count("installing") == 1
+    assert not (host.root / "jobs" / second["job_id"] / "run" / "seen.json").exists()
