@@ -448,7 +448,8 @@ def test_trainer_environment_is_clean(host: Host) -> None:
     for line in (host.attempt(no_seed["job_id"]) / "run.env").read_text().splitlines():
         k, v = line.split("=", 1)
         run_env[k] = shlex.split(v)[0] if v else ""
-    assert set(e1) - set(run_env) <= allowed | {"LC_CTYPE"}, set(e1) - set(run_env)
+    # PWD: set by the sh that bind-mounts the bundle read-only (as root), to the run dir
+    assert set(e1) - set(run_env) <= allowed | {"LC_CTYPE", "PWD"}, set(e1) - set(run_env)
     assert run_env["EXTRA"] == "a b'c" and run_env["GPUQ_JOB_ID"] == no_seed["job_id"]
     start = host.runs_of(no_seed["job_id"])[0]
     run_dir = host.root / "jobs" / no_seed["job_id"] / "run"
