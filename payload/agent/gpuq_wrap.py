@@ -141,6 +141,11 @@ class Wrapper:
             if os.environ.get(k) is not None:
                 env[k] = os.environ[k]
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        # the job's interpreter first on PATH, as activating its venv does: the `pip` of a project's
+        # setup and a `python` in its command are the interpreter the trainer runs with
+        bindir = os.path.dirname(sys.executable)
+        if bindir and env["PATH"].split(":")[0] != bindir:
+            env["PATH"] = bindir + ":" + env["PATH"]
         env.update(run_env)
         for d in (run_env["HF_HOME"], run_env["PIP_CACHE_DIR"], run_env[P.ENV_CKPT_DIR],
                   run_env[P.ENV_RESULT_DIR]):
