@@ -110,11 +110,20 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
         "durable_dir": "",
         "resume_from": attempt.resume_from,
         "spec_hash": job.spec_hash,
-        "env": {},
+        "env": run_env(sweep),
         "created_at": created_at if created_at is not None else attempt.created_at,
         "args": job.arg_list(),
         "run": run_spec(sweep),
     }
+
+
+def run_env(sweep: Sweep | None) -> dict[str, str]:
+    """The project's ``[run] env`` (plain values, never secrets): the job's run.env, for its setup and
+    its trainer alike."""
+    if sweep is None or not sweep.run:
+        return {}
+    env = json.loads(sweep.run).get("env") or {}
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
 
 
 def run_spec(sweep: Sweep | None) -> dict[str, Any] | None:
