@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import host_documents, protocol
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError
@@ -171,9 +171,9 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
     try:
-        verdicts = json.loads(result.stdout)
-    except json.JSONDecodeError as exc:
-        raise AgentError(f"host {host.name}: unreadable reply from the agent: {result.stdout[:200]!r}") from exc
+        verdicts = host_documents.read_verdicts(host.name, result.stdout)
+    except host_documents.ProtocolError as exc:
+        raise AgentError(str(exc)) from exc
     return {str(k): str(v) for k, v in verdicts.items()}
 
 

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import host_documents, protocol
 from orchestrator.api.context import Context
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -192,8 +192,8 @@ def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
     except HostError as exc:
         return str(exc)
     try:
-        pointer = json.loads(pinned.stdout) if pinned.exit_code == 0 else None
-    except ValueError:
+        pointer = host_documents.read_snapshot(host.name, pinned.stdout) if pinned.exit_code == 0 else None
+    except host_documents.ProtocolError:
         pointer = None
     if not isinstance(pointer, dict) or not pointer.get("sha256") or not pointer.get("snapshot"):
         return (pinned.stderr or pinned.stdout).strip()[-300:] or "the agent pinned no checkpoint"
@@ -253,9 +253,10 @@ def place_checkpoint(ctx: Context, job: Job, host_name: str) -> str:
     host = ctx.fleet.named(host_name)
     remote_dir = host.path("jobs", job.id, "ckpt")
     probe = host.run(["sh", "-c", 'cat "$1/LATEST" 2>/dev/null; true', "sh", remote_dir], timeout=60)
-    with contextlib.suppress(ValueError, TypeError):
-        there = json.loads(probe.stdout or "{}")
-        if isinstance(there, dict) and int(there.get("step", -1)) >= ckpt.step:
+    with contextlib.suppress(host_documents.ProtocolError):
+        there = host_documents.read_pointer(host_name, probe.stdout or "{}")
+        step = there.get("step")
+        if step is not None and step >= ckpt.step:
             return f"kept the host's own checkpoint (step {there.get('step')})"
     _mkdir(host, host_name, remote_dir)
     local_dir = Path(ckpt.durable_path).parent

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import controller, notify, stops
+from orchestrator.api import host_answers
 from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
@@ -43,7 +44,7 @@ from orchestrator.scheduler import EpochRates, Plan, epoch_rates, estimate_s
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.states import AttemptState, JobState
 
-PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled"})  # open until they clear
+PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled", "protocol"})  # open till cleared
 
 
 @dataclass
@@ -90,7 +91,7 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         if row.kernel_cursor:
             extra += ["--kernel-since", row.kernel_cursor]
         requests.append((host_for(ctx, row), row.agent_bundle, [j.id for j in by_host.get(row.name, [])], extra))
-    probes = controller.probe_all(requests, ctx.settings)
+    probes = host_answers.only_known(ctx.ledger, controller.probe_all(requests, ctx.settings))
     row_by_name = {r.name: r for r in rows}
     for probe in probes:
         report.probes[probe.host] = probe
@@ -123,6 +124,7 @@ def _failed_probe(ctx: Context, row: HostRow, probe: controller.Probe, now: floa
         ctx.ledger.update_host(row.name, last_probe_at=now, unreachable_since=None, probe_failures=0,
                                next_probe_at=None)
         report.lines.append(host_line(row.name, None, (), error=probe.error or "reachable"))
+        _record(ctx, host_answers.protocol_findings(row.name, probe.error), subjects=[], report=report)
         return
     failures = row.probe_failures + 1
     since = row.unreachable_since or now

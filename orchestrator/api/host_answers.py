@@ -1,0 +1,40 @@
+"""What a tick keeps of the hosts' answers (docs/security.md).
+
+The documents are already checked (``orchestrator.host_documents``); here the ledger decides which
+parts concern gpuq: a job entry counts only when the ledger gave that job an attempt on that very
+host (another controller sharing the box, or a forged id, is ignored, never written), and a host
+that answered with no valid document gets a "protocol" finding of its own while the others go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from orchestrator import controller, host_documents
+from orchestrator.ledger import Ledger
+from orchestrator.patrol import Finding, Severity
+
+PROTOCOL_PREFIX = "protocol error: "
+
+
+def only_known(ledger: Ledger, probes: Sequence[controller.Probe]) -> list[controller.Probe]:
+    """The probes with each status document cut to the jobs the ledger placed on that host."""
+    wanted = {str(j.get("job_id", "")) for p in probes if p.ok for j in p.doc.get("jobs") or []}
+    placed = {(a.job_id, a.host) for a in ledger.attempts_of(wanted)} if wanted else set()
+    out = []
+    for probe in probes:
+        if probe.ok:
+            doc = host_documents.known_jobs_only(probe.doc, lambda job_id, h=probe.host: (job_id, h) in placed)
+            probe = dataclasses.replace(probe, doc=doc) if doc is not probe.doc else probe
+        out.append(probe)
+    return out
+
+
+def protocol_findings(host: str, error: str) -> list[Finding]:
+    """A host whose agent answered with no valid document: that host only is marked."""
+    if not error.startswith(PROTOCOL_PREFIX):
+        return []
+    return [Finding("protocol", Severity.WARN, host, error,
+                    "the host's answer was ignored: check what its login prints (`gpuq hosts show`), or "
+                    "`gpuq hosts rm` it if it keeps answering this way")]
