@@ -20,11 +20,11 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
+from orchestrator import protocol
 from orchestrator.errors import GpuqError
 
-# The agent prints each document between these two lines (payload/agent/gpuq_agent.py keeps a copy).
-BEGIN_MARK = "-----BEGIN GPUQ DOCUMENT-----"
-END_MARK = "-----END GPUQ DOCUMENT-----"
+BEGIN_MARK = protocol.DOCUMENT_BEGIN  # the agent prints each document between these two lines
+END_MARK = protocol.DOCUMENT_END
 
 MAX_DOCUMENT_CHARS = 64 * 1024 * 1024  # what one answer may weigh; the transport caps output too
 MAX_JOBS = 20_000  # job entries in one status document
