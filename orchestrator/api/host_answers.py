@@ -25,7 +25,8 @@ def only_known(ledger: Ledger, probes: Sequence[controller.Probe]) -> list[contr
     out = []
     for probe in probes:
         if probe.ok:
-            doc = host_documents.known_jobs_only(probe.doc, lambda job_id, h=probe.host: (job_id, h) in placed)
+            here = {job_id for job_id, host in placed if host == probe.host}
+            doc = host_documents.known_jobs_only(probe.doc, here.__contains__)
             probe = dataclasses.replace(probe, doc=doc) if doc is not probe.doc else probe
         out.append(probe)
     return out
