@@ -8,8 +8,9 @@ that answered with no valid document gets a "protocol" finding of its own while 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from orchestrator import controller, host_documents
 from orchestrator.ledger import Ledger
@@ -30,6 +31,20 @@ def only_known(ledger: Ledger, probes: Sequence[controller.Probe]) -> list[contr
             probe = dataclasses.replace(probe, doc=doc) if doc is not probe.doc else probe
         out.append(probe)
     return out
+
+
+@contextlib.contextmanager
+def contained(ledger: Ledger, host: str, lines: list[str]) -> Iterator[None]:
+    """A protocol error met while acting on one host's answer (an enqueue, a collect, a snapshot
+    answered with garbage) stops the work on that host only; the tick goes on with the others."""
+    try:
+        yield
+    except host_documents.ProtocolError as exc:
+        message = PROTOCOL_PREFIX + exc.detail
+        lines.append(f"{host}: {message}")
+        for f in protocol_findings(host, message):
+            ledger.record_finding("host", host, severity=f.severity.value, rule=f.rule, message=f.message,
+                                  action=f.action)
 
 
 def protocol_findings(host: str, error: str) -> list[Finding]:

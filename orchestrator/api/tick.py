@@ -100,7 +100,8 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         if not probe.ok:
             _failed_probe(ctx, row, probe, now, th, report)
             continue
-        _patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report)
+        with host_answers.contained(ctx.ledger, row.name, report.lines):
+            _patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report)
     for row in waiting:
         report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
                                       failures=row.probe_failures, next_try=row.next_probe_at))
