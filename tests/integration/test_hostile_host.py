@@ -154,3 +154,20 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
     warnings = [line for line in done.stderr.splitlines() if "shell start-up" in line]
     assert len(warnings) == 1 and "g0" in warnings[0], done.stderr[-2000:]
     assert _tree(decoy) == before
+
+    # the real thing: the real agent again, and a login shell that talks (~/.bashrc on host 0)
+    (agent_dir / "gpuq_agent_real.py").replace(agent_dir / "gpuq_agent.py")
+    bashrc = farm.hosts[0].root_dir / "root" / ".bashrc"
+    saved = bashrc.read_bytes() if bashrc.exists() else None
+    bashrc.write_text("echo hi\necho '(base) conda initialised'\n")
+    try:
+        done, _ = _status(user)
+    finally:
+        if saved is None:
+            bashrc.unlink()
+        else:
+            bashrc.write_bytes(saved)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
+    assert hosts["g0"]["reachable"] and hosts["g0"]["error"] == "", hosts["g0"]
+    assert [line for line in done.stderr.splitlines() if "shell start-up" in line and "g0" in line], done.stderr
