@@ -222,6 +222,26 @@ class Verdicts(RootModel[Annotated[dict[Short, Short], Field(max_length=MAX_JOBS
     """enqueue / withdraw / cancel: {job_id: verdict}."""
 
 
+class AuditGpu(_Open):
+    index: AnyInt
+    name: Text = ""
+
+
+class HostFacts(_Open):
+    """What `gpuq hosts add` learns about a host (its audit script, orchestrator/fleet.py)."""
+
+    home: Text = ""
+    root: Annotated[str, Field(min_length=1, max_length=4096)]
+    python: Text = ""
+    version: Annotated[list[Count], Field(min_length=1, max_length=5)]
+    writable: bool = False
+    error: Text = ""
+    free_bytes: Count | None = None
+    gpus: Annotated[list[AuditGpu], Field(max_length=MAX_GPUS)] = []
+    gpu_error: Text | None = None
+    cpus: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+
+
 # --- framing and parsing ---------------------------------------------------------------------
 
 _warned: set[str] = set()
@@ -307,13 +327,14 @@ read_reap: Callable[[str, str], dict[str, Any]] = _reader("reap", ReapDocument)
 read_collect: Callable[[str, str], dict[str, Any]] = _reader("collect", CollectDocument)
 read_manifest: Callable[[str, str], dict[str, Any]] = _reader("manifest", ManifestDocument)
 read_snapshot: Callable[[str, str], dict[str, Any]] = _reader("snapshot", SnapshotPointer)
+read_facts: Callable[[str, str], dict[str, Any]] = _reader("host audit", HostFacts)
 read_pointer: Callable[[str, str], dict[str, Any]] = _reader("checkpoint pointer", Pointer)
 read_verdicts: Callable[[str, str], dict[str, str]] = _reader("verdicts", Verdicts)
 
 READERS: Mapping[str, Callable[[str, str], Any]] = {
     "status": read_status, "health": read_health, "reap": read_reap, "collect": read_collect,
     "manifest": read_manifest, "snapshot": read_snapshot, "pointer": read_pointer,
-    "verdicts": read_verdicts,
+    "verdicts": read_verdicts, "facts": read_facts,
 }
 
 

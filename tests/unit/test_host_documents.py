@@ -3,6 +3,7 @@ the readers answer with the document or gpuq's own ProtocolError, never another 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from orchestrator import host_documents as hd
 from orchestrator.patrol import HostView, JobView, Thresholds, host_findings, host_line, job_findings
+from orchestrator.transfer.verify import parse_manifest
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 KEYS = st.sampled_from(["schema", "jobs", "job_id", "attempt", "state", "slots", "disk", "memory", "agent",
@@ -47,6 +49,12 @@ def _read_all(stdout: str) -> None:
             _consume_status(doc)
 
 
+def _read_manifest_file(raw: bytes) -> None:
+    """The MANIFEST.json a host wrote, fetched by `gpuq pull`: its own ValueError, never another."""
+    with contextlib.suppress(ValueError):
+        parse_manifest(raw, job_id="c0123456789ab")
+
+
 def _consume_status(doc: dict[str, Any]) -> None:
     """What a tick does with a status document that passed the reader must not raise either."""
     th = Thresholds(stall_after_s=600, startup_grace_s=300)
@@ -71,6 +79,7 @@ def test_any_json_is_a_document_or_a_protocol_error(doc: Any, framed: bool, nois
     if framed:
         text = f"{noise}\n{hd.BEGIN_MARK}\n{text}\n{hd.END_MARK}\n{noise}"
     _read_all(text)
+    _read_manifest_file(text.encode())
 
 
 @settings(max_examples=300, deadline=None)
@@ -78,6 +87,7 @@ def test_any_json_is_a_document_or_a_protocol_error(doc: Any, framed: bool, nois
 def test_any_bytes_are_a_document_or_a_protocol_error(raw: bytes) -> None:
     _read_all(raw.decode("utf-8", "replace"))
     _read_all(f"{hd.BEGIN_MARK}\n" + raw.decode("latin-1") + f"\n{hd.END_MARK}")
+    _read_manifest_file(raw)
 
 
 def test_deep_nesting_and_huge_answers_are_protocol_errors() -> None:
