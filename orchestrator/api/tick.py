@@ -10,11 +10,10 @@ also when nothing changed.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator import controller, notify, stops
 from orchestrator.api import host_answers
@@ -352,7 +351,7 @@ def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan
         except GpuqError as exc:
             ctx.ledger.record_event("job", job.id, f"checkpoint not placed on {assignment.host}: {exc}",
                                     unless_repeated=True)
-    return dataclasses.replace(decided, assignments=tuple(keep))
+    return replace(decided, assignments=tuple(keep))
 
 
 def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
