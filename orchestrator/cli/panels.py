@@ -167,7 +167,9 @@ def _host_cells(row: HostRow, probe: Probe | None, doc: dict[str, Any], now: flo
     if probe is not None and probe.ok:
         state = Text("ok", style="green")
     elif probe is not None and probe.reachable:
-        state = Text("no agent answer", style="yellow")
+        protocol_error = probe.error.startswith("protocol error")
+        state = Text("protocol error" if protocol_error else "no agent answer", style="bold red" if protocol_error
+                     else "yellow")
     elif probe is None and not row.unreachable_since:
         state = Text("not probed", style="dim")
     else:

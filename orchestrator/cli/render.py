@@ -227,6 +227,8 @@ def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
     failure says nothing about the jobs); reachable without an agent answer; not probed this tick."""
     if probe is not None and probe.ok:
         return "ok", "green"
+    if probe is not None and probe.reachable and probe.error.startswith("protocol error"):
+        return one_line(probe.error, 100), "bold red"  # the host answered with no valid document
     if probe is not None and probe.reachable:
         return f"reachable ({one_line(probe.error, 100)})", "yellow"
     if probe is None and not row.unreachable_since:

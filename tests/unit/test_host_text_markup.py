@@ -50,6 +50,7 @@ def test_the_dashboard_shows_host_text_as_text() -> None:
     assert GPU_NAME in text
     assert "[link=http://x]click me[/link]" in text  # shown literally, not turned into a hyperlink
     assert "\x1b]8;" not in console.file.getvalue()  # type: ignore[attr-defined]  # no OSC 8 hyperlink
+    assert "protocol error" in next(line for line in text.splitlines() if "│ g2 " in line)
 
 
 def test_the_status_table_shows_host_text_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,4 +59,5 @@ def test_the_status_table_shows_host_text_as_text(monkeypatch: pytest.MonkeyPatc
     render.status_table(_snapshot())
     text = console.export_text()
     assert "[link=http://x]click me[/link]" in text and "[red]boom[/]" in text and "g1[/]" in text
+    assert "protocol error: [link=http://x]" in text  # the host's line names the protocol error
     assert "\x1b]8;" not in console.file.getvalue()  # type: ignore[attr-defined]
