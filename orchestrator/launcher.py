@@ -32,7 +32,8 @@ UNPACK_SCRIPT = (
     'if command -v sha256sum >/dev/null 2>&1; then printf "%s  %s\\n" "$2" "$3" | sha256sum -c - >/dev/null '
     '|| { rm -f "$3"; echo "bundle bytes do not match sha256 $2 after upload" >&2; exit 3; }; fi; '
     'd="bundles/.$2.unpack.$$"; rm -rf "$d"; mkdir -p "$d"; '
-    'tar -xf "$3" -C "$d"; if [ -d "bundles/$2" ]; then rm -rf "$d"; else mv "$d" "bundles/$2"; fi; rm -f "$3"'
+    'tar -xf "$3" -C "$d"; chmod -R a-w "$d"; '
+    'if [ -d "bundles/$2" ]; then chmod -R u+w "$d"; rm -rf "$d"; else mv "$d" "bundles/$2"; fi; rm -f "$3"'
 )
 
 

@@ -65,11 +65,17 @@ EXIT_CODES = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, te
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.option("--debug", is_flag=True, help="Show tracebacks for gpuq errors.")
+@click.option("-v", "--verbose", count=True,
+              help="Log retries, backoff and rate-limit waits on stderr (-vv: every request).")
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version and exit.")
-def cli(debug: bool) -> None:
+def cli(debug: bool, verbose: int) -> None:
     """gpuq: run ablation queues on GPU hosts, detached, checkpointed, verified."""
     _State.debug = debug
+    if verbose:
+        from orchestrator.cli.verbose import configure
+
+        configure(verbose)
 
 
 @cli.command()

@@ -150,11 +150,17 @@ class ApiTransport:
         if last is not None:
             wait = last + interval_s - self.clock()
             if wait > 0:
+                self.log.debug("pacing %s calls: waiting %.2f s", lane, wait)
                 self.sleep(wait)
         self._last[lane] = self.clock()
 
     def backoff(self, retry: int, retry_after: float | None) -> None:
-        self.sleep(self.policy.delay(retry, retry_after, self.rng))
+        delay = self.policy.delay(retry, retry_after, self.rng)
+        if retry_after is not None:
+            self.log.info("rate limited: the provider asked to wait %.1f s; waiting %.1f s", retry_after, delay)
+        else:
+            self.log.info("backing off %.1f s before retry %d", delay, retry)
+        self.sleep(delay)
 
     # -- messages -----------------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ WITHDRAWN_DIR = "withdrawn"
 JOBS_DIR = "jobs"
 CACHE_DIR = "cache"
 QUARANTINE_DIR = "quarantine"
+SETUP_DIR = "setup"  # setup/<setup_key>/{ok.json,failed.json,setup.log,project/} + <key>.lock
+SECRETS_DIR = "secrets"  # secrets/<queue_id>.json (0600, dir 0700): forwarded env values
 
 # per job (relative to jobs/<job_id>/)
 SPEC_FILE = "spec.json"
@@ -34,8 +36,6 @@ CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
 RUN_DIR = "run"  # the trainer's working directory (docs/your-project.md)
-SETUP_DIR = "setup"  # under the root: setup/<key>/ ok.json | failed.json, setup.log (docs/your-project.md)
-SECRETS_DIR = "secrets"  # under the root: secrets/<queue_id>.json, 0600 (docs/your-project.md)
 JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
@@ -116,6 +116,7 @@ ENV_SPEC_HASH = "GPUQ_SPEC_HASH"
 ENV_BUNDLE_SHA = "GPUQ_BUNDLE_SHA"
 ENV_EXIT_FILE = "GPUQ_EXIT_FILE"  # the payload records a deliberate exit code here
 ENV_DEVICE = "GPUQ_DEVICE"  # "cuda" or "cpu": what the slots of this attempt are
+ENV_RUN_DIR = "GPUQ_RUN_DIR"  # the job's run dir (its cwd)
 ENV_SIGTERM_GRACE_S = "GPUQ_SIGTERM_GRACE_S"  # seconds from SIGTERM to SIGKILL for the trainer; "" = unknown
 
 JOB_ENV_NAMES = (
