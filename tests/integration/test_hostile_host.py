@@ -48,6 +48,10 @@ if mode == "flood":
     for _ in range(FLOOD_BYTES // 65536):
         sys.stdout.write(chunk)
     sys.exit(0)
+if mode == "endless":  # past the transport's bound on command output (docs/security.md)
+    chunk = "B" * 65536
+    while True:
+        sys.stdout.write(chunk)
 if mode == "noise":
     real = subprocess.run([sys.executable, os.path.join(here, "gpuq_agent_real.py")] + sys.argv[1:],
                           stdout=subprocess.PIPE, check=False)
@@ -140,6 +144,16 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
         assert _tree(decoy) == before, mode  # nothing outside $GPUQ_HOME changed
         assert rss < MAX_RSS_KIB, (mode, rss)
         assert _du(user.home) - home_before < 4 * 1024 * 1024, mode  # the answer was not stored
+
+    # an answer without end: the transport stops reading at its bound, the host is unreachable this tick
+    mode_file.write_text("endless")
+    done, rss = _status(user)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
+    assert "printed more than" in hosts["g0"]["error"], hosts["g0"]
+    assert hosts["g1"]["reachable"] and hosts["g1"]["error"] == "", hosts["g1"]
+    assert rss < MAX_RSS_KIB, rss
+    assert _tree(decoy) == before
 
     # the healthy host's job went on to the end while host 0 answered garbage
     assert wait_for(lambda: all(j["state"] == "SUCCEEDED" for j in user.status_doc()["jobs"] if j["id"] in on_g1),
