@@ -19,7 +19,10 @@ SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_
 KEYS = st.sampled_from(["schema", "jobs", "job_id", "attempt", "state", "slots", "disk", "memory", "agent",
                         "kernel", "gpus", "exit", "scan", "hits", "results", "files", "verdict", "checks",
                         "sha256", "file", "snapshot", "step", "ckpt", "free_bytes", "oom_kill", "total",
-                        "wrapper_code", "log_to", "path", "bytes", "summary", "candidates", "killed"])
+                        "wrapper_code", "log_to", "path", "bytes", "summary", "candidates", "killed",
+                        "progress", "run_ckpt_mtime", "log_mtime", "launched_at", "heartbeat_age_s", "mtime",
+                        "epoch", "total", "loss", "line", "xids", "code", "util_pct", "used_pct", "name",
+                        "cancel_requested", "traceback", "signature", "metrics_to", "boot_id"])
 KEYS = KEYS | st.text(max_size=8)
 JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=6),
                     max_leaves=40)
@@ -69,7 +72,7 @@ def _consume_status(doc: dict[str, Any]) -> None:
     hd.known_jobs_only(doc, lambda job_id: job_id.startswith("c"))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_documents(), st.booleans(), st.text(max_size=30))
 def test_any_json_is_a_document_or_a_protocol_error(doc: Any, framed: bool, noise: str) -> None:
     try:
