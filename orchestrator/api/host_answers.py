@@ -42,6 +42,8 @@ def contained(ledger: Ledger, host: str, lines: list[str]) -> Iterator[None]:
     except host_documents.ProtocolError as exc:
         message = PROTOCOL_PREFIX + exc.detail
         lines.append(f"{host}: {message}")
+        if (host, "protocol") in ledger.open_findings([host]):
+            return  # said when it opened; closed when the host answers well again
         for f in protocol_findings(host, message):
             ledger.record_finding("host", host, severity=f.severity.value, rule=f.rule, message=f.message,
                                   action=f.action)
