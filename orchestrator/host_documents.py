@@ -113,11 +113,35 @@ class ResultFile(_Open):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
+class SummaryRow(_Open):
+    """One scope of summary.json (final, best): metric name -> number, plus where it was taken."""
+
+    step: AnyInt | None = None
+    epoch: AnyInt | None = None
+
+
+class Summary(_Open):
+    final: SummaryRow | None = None
+    best: SummaryRow | None = None
+
+
+class ResultCheckpoint(_Open):
+    """The checkpoint a collect names (stored in the ledger): absent fields take the ledger's defaults,
+    a null one is refused."""
+
+    sha256: Text = ""
+    file: Text = ""
+    step: AnyInt = 0
+    epoch: AnyInt | None = None
+    bytes: Count = 0
+    written_at: float = 0.0
+
+
 class Results(_Open):
     attempt: Count = 0
-    summary: dict[str, Any] | None = None
+    summary: Summary | None = None
     files: Annotated[list[ResultFile], Field(max_length=MAX_FILES)] = []
-    ckpt: dict[str, Any] | None = None
+    ckpt: ResultCheckpoint | None = None
 
 
 class Pointer(_Open):
