@@ -116,8 +116,8 @@ class ResultFile(_Open):
 class SummaryRow(_Open):
     """One scope of summary.json (final, best): metric name -> number, plus where it was taken."""
 
-    step: AnyInt | None = None
-    epoch: AnyInt | None = None
+    step: AnyInt | float | None = None  # a project's own metrics may log fractional epochs
+    epoch: AnyInt | float | None = None
 
 
 class Summary(_Open):
