@@ -8,7 +8,6 @@ host "unreachable since T" and changes no job (docs/health.md).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator import observed, protocol, stops
+from orchestrator import host_documents, observed, protocol, stops
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -73,9 +72,9 @@ def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequen
         return Probe(host.name, False, error=f"status exited {result.exit_code}: {result.stderr.strip()[-300:]}",
                      duration_s=elapsed, reachable=True)
     try:
-        doc = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        return Probe(host.name, False, error="status printed no JSON", duration_s=elapsed, reachable=True)
+        doc = host_documents.read_status(host.name, result.stdout)
+    except host_documents.ProtocolError as exc:
+        return Probe(host.name, False, error=f"protocol error: {exc.detail}", duration_s=elapsed, reachable=True)
     return Probe(host.name, True, doc=doc, duration_s=elapsed, reachable=True)
 
 
@@ -316,11 +315,7 @@ def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str
     result = host.run(agent_argv(host, agent_bundle, "collect", *rest), timeout=120)
     if result.exit_code != 0:
         raise GpuqError(f"host {host.name}: collecting results failed: {result.stderr.strip()[-300:]}")
-    try:
-        docs: dict[str, Any] = json.loads(result.stdout)
-    except json.JSONDecodeError as exc:
-        raise GpuqError(f"host {host.name}: unreadable results from the agent: {result.stdout[:200]!r}") from exc
-    record_collected(ledger, docs)
+    record_collected(ledger, host_documents.read_collect(host.name, result.stdout))
 
 
 def record_collected(ledger: Ledger, docs: dict[str, Any]) -> None:
@@ -448,13 +443,11 @@ def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | 
             argv += ["--python", row.python]
     result = host.run(agent_argv(host, agent_bundle, *argv), timeout=60 + 2 * settings.preflight_samples)
     try:
-        doc = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        doc = {}
-    if not isinstance(doc, dict) or doc.get("verdict") not in ("pass", "warn", "fail"):
+        doc = host_documents.read_health(host.name, result.stdout)
+    except host_documents.ProtocolError as exc:
         tail = (result.stderr or result.stdout).strip()[-300:]
-        return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {result.exit_code}): "
-                                                f"{tail}")
+        return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {result.exit_code}, "
+                                                f"{exc.detail}): {tail}")
     bad = [f"{c.get('check')}: {c.get('detail')}" for c in doc.get("checks", [])
            if isinstance(c, dict) and c.get("status") in ("warn", "fail")]
     return HealthVerdict(host.name, str(doc["verdict"]), "; ".join(bad) or "all checks passed", doc)
@@ -569,8 +562,8 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
         argv = agent_argv(host, src_row.agent_bundle if src_row else "", "withdraw", *[m.job_id for m in group])
         try:
             result = host.run(argv, timeout=60)
-            verdicts = json.loads(result.stdout) if result.exit_code == 0 else {}
-        except (HostError, json.JSONDecodeError):
+            verdicts = host_documents.read_verdicts(host.name, result.stdout) if result.exit_code == 0 else {}
+        except (HostError, host_documents.ProtocolError):  # nothing moves from a host that answers garbage
             continue
         for move in group:
             if verdicts.get(move.job_id) != "withdrawn":

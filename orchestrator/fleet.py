@@ -14,7 +14,6 @@ failed registration is taken back out of known_hosts.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import threading
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from orchestrator import host_documents, protocol
 from orchestrator.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
 from orchestrator.hosts.base import Host
@@ -76,8 +76,8 @@ if smi:
         doc["gpu_error"] = str(exc)
 doc["gpus"] = gpus
 doc["cpus"] = os.cpu_count() or 1
-print(json.dumps(doc))
-"""
+print("\n@BEGIN@\n" + json.dumps(doc) + "\n@END@")
+""".replace("@BEGIN@", protocol.DOCUMENT_BEGIN).replace("@END@", protocol.DOCUMENT_END)
 
 
 @dataclass
@@ -237,9 +237,9 @@ def _audit(host: SSHHost, interpreter: str, root: str) -> dict[str, Any]:
     if result.exit_code != 0:
         raise HostError(host.name, f"the audit failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}")
     try:
-        facts: dict[str, Any] = json.loads(result.stdout)
-    except json.JSONDecodeError as exc:
-        raise HostError(host.name, f"the audit printed no JSON: {result.stdout[:200]!r}") from exc
+        facts = host_documents.read_facts(host.name, result.stdout)
+    except host_documents.ProtocolError as exc:
+        raise HostError(host.name, f"the audit's answer is unusable: {exc.detail}") from exc
     if tuple(facts.get("version", (0,))) < (3, 8):
         raise HostError(host.name, f"{interpreter} is Python {'.'.join(map(str, facts.get('version', [])))}; "
                                    "the host agent needs 3.8+; pass --python PATH")

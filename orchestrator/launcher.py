@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import protocol, transfer_progress
+from orchestrator import host_documents, protocol, transfer_progress
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError
@@ -181,10 +181,7 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
     result = host.run(argv, stdin=enqueue_payload(specs), timeout=60)
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
-    try:
-        verdicts = json.loads(result.stdout)
-    except json.JSONDecodeError as exc:
-        raise AgentError(f"host {host.name}: unreadable reply from the agent: {result.stdout[:200]!r}") from exc
+    verdicts = host_documents.read_verdicts(host.name, result.stdout)  # ProtocolError: this host only
     return {str(k): str(v) for k, v in verdicts.items()}
 
 

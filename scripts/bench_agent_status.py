@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.host_documents import unframe
+
 AGENT = Path(__file__).resolve().parents[1] / "payload" / "agent" / "gpuq_agent.py"
 
 
@@ -69,7 +71,7 @@ def main() -> int:
             if out.returncode != 0:
                 print(out.stderr, file=sys.stderr)
                 return 1
-        got = len(json.loads(out.stdout)["jobs"])
+        got = len(json.loads(unframe(out.stdout)[0])["jobs"])
     times.sort()
     p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
     print(f"agent status --json, {got} jobs, {args.repeat} runs: median {statistics.median(times):.3f}s "

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol, transfer_progress
+from orchestrator import host_documents, protocol, transfer_progress
 from orchestrator.api.context import Context
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -183,17 +183,18 @@ def _fetch_whole_lines(host: Any, remote: str, local: Path) -> None:
 
 def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
                       target_dir: Path) -> tuple[dict[str, Any], Path] | str:
-    """Copy the checkpoint the job's agent pins now, verified by size and sha256.  The agent first
-    hard-links it as ``ckpt/.ship.pt``: a trainer that saves often rotates its file away faster than a
-    copy runs, and the link keeps the bytes.  The link goes when the copy is done.
+    """Copy the checkpoint the job's agent pins now, verified by size and sha256.  The agent first pins
+    it as ``ckpt/.ship.pt``: a hard link of the payload's rolling file (a trainer that saves often
+    rotates it away faster than a copy runs), a private copy of a project's own file (``torch.save`` to
+    the same path rewrites it in place).  The pin goes when the copy is done.
     Returns (the pointer copied, the verified .part file), or why nothing could be copied."""
     try:
         pinned = host.run(agent_argv(host, agent_bundle, "snapshot", job_id), timeout=60)
     except HostError as exc:
         return str(exc)
     try:
-        pointer = json.loads(pinned.stdout) if pinned.exit_code == 0 else None
-    except ValueError:
+        pointer = host_documents.read_snapshot(host.name, pinned.stdout) if pinned.exit_code == 0 else None
+    except host_documents.ProtocolError:
         pointer = None
     if not isinstance(pointer, dict) or not pointer.get("sha256") or not pointer.get("snapshot"):
         return (pinned.stderr or pinned.stdout).strip()[-300:] or "the agent pinned no checkpoint"
@@ -254,9 +255,10 @@ def place_checkpoint(ctx: Context, job: Job, host_name: str) -> str:
     host = ctx.fleet.named(host_name)
     remote_dir = host.path("jobs", job.id, "ckpt")
     probe = host.run(["sh", "-c", 'cat "$1/LATEST" 2>/dev/null; true', "sh", remote_dir], timeout=60)
-    with contextlib.suppress(ValueError, TypeError):
-        there = json.loads(probe.stdout or "{}")
-        if isinstance(there, dict) and int(there.get("step", -1)) >= ckpt.step:
+    with contextlib.suppress(host_documents.ProtocolError):
+        there = host_documents.read_pointer(host_name, probe.stdout or "{}")
+        step = there.get("step")
+        if step is not None and step >= ckpt.step:
             return f"kept the host's own checkpoint (step {there.get('step')})"
     _mkdir(host, host_name, remote_dir)
     local_dir = Path(ckpt.durable_path).parent

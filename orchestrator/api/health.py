@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -10,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import controller
+from orchestrator import controller, host_documents
 from orchestrator.api.context import Context
 from orchestrator.api.tick import TickReport, run_tick
 from orchestrator.bundle import build_bundle
@@ -89,10 +88,8 @@ def reap(ctx: Context, name: str, *, force: bool = False) -> ReapReport:
     except HostError as exc:
         raise GpuqError(f"host {name}: {exc}") from exc
     try:
-        doc = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        doc = {}
-    if not isinstance(doc, dict) or "schema" not in doc:
+        doc = host_documents.read_reap(name, result.stdout)
+    except host_documents.ProtocolError:
         return ReapReport(name, {}, result.exit_code, (result.stderr or result.stdout).strip()[-400:])
     if force:
         killed = [k for k in doc.get("killed", []) if isinstance(k, dict)]

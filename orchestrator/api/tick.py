@@ -10,13 +10,13 @@ also when nothing changed.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator import controller, notify, stops
+from orchestrator.api import host_answers
 from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
@@ -43,7 +43,7 @@ from orchestrator.scheduler import EpochRates, Plan, epoch_rates, estimate_s
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.states import AttemptState, JobState
 
-PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled"})  # open until they clear
+PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled", "protocol"})  # open till cleared
 
 
 @dataclass
@@ -90,7 +90,7 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         if row.kernel_cursor:
             extra += ["--kernel-since", row.kernel_cursor]
         requests.append((host_for(ctx, row), row.agent_bundle, [j.id for j in by_host.get(row.name, [])], extra))
-    probes = controller.probe_all(requests, ctx.settings)
+    probes = host_answers.only_known(ctx.ledger, controller.probe_all(requests, ctx.settings))
     row_by_name = {r.name: r for r in rows}
     for probe in probes:
         report.probes[probe.host] = probe
@@ -99,7 +99,8 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         if not probe.ok:
             _failed_probe(ctx, row, probe, now, th, report)
             continue
-        _patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report)
+        with host_answers.contained(ctx.ledger, row.name, report.lines):
+            _patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report)
     for row in waiting:
         report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
                                       failures=row.probe_failures, next_try=row.next_probe_at))
@@ -123,6 +124,7 @@ def _failed_probe(ctx: Context, row: HostRow, probe: controller.Probe, now: floa
         ctx.ledger.update_host(row.name, last_probe_at=now, unreachable_since=None, probe_failures=0,
                                next_probe_at=None)
         report.lines.append(host_line(row.name, None, (), error=probe.error or "reachable"))
+        _record(ctx, host_answers.protocol_findings(row.name, probe.error), subjects=[], report=report)
         return
     failures = row.probe_failures + 1
     since = row.unreachable_since or now
@@ -349,7 +351,7 @@ def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan
         except GpuqError as exc:
             ctx.ledger.record_event("job", job.id, f"checkpoint not placed on {assignment.host}: {exc}",
                                     unless_repeated=True)
-    return dataclasses.replace(decided, assignments=tuple(keep))
+    return replace(decided, assignments=tuple(keep))
 
 
 def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:

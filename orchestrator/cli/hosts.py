@@ -64,6 +64,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
 def list_(as_json: bool) -> None:
     """One line per host: reachability, slots, last probe."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from orchestrator import api
@@ -78,9 +79,10 @@ def list_(as_json: bool) -> None:
         table.add_column(col)
     now = time.time()
     for row in rows:
-        table.add_row(row.name, row.kind, row.target or "-", row.profile or "-",
-                      f"{row.slots_total} {row.slots_kind}".strip() if row.slots_total else "-",
-                      _ago(row.last_probe_at, now), _state(row, now))
+        cells = (row.name, row.kind, row.target or "-", row.profile or "-",
+                 f"{row.slots_total} {row.slots_kind}".strip() if row.slots_total else "-",
+                 _ago(row.last_probe_at, now), _state(row, now))
+        table.add_row(*(escape(c) for c in cells))  # host text is never rich markup
     Console().print(table)
 
 

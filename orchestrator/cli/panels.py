@@ -167,7 +167,9 @@ def _host_cells(row: HostRow, probe: Probe | None, doc: dict[str, Any], now: flo
     if probe is not None and probe.ok:
         state = Text("ok", style="green")
     elif probe is not None and probe.reachable:
-        state = Text("no agent answer", style="yellow")
+        protocol_error = probe.error.startswith("protocol error")
+        state = Text("protocol error" if protocol_error else "no agent answer", style="bold red" if protocol_error
+                     else "yellow")
     elif probe is None and not row.unreachable_since:
         state = Text("not probed", style="dim")
     else:
@@ -184,7 +186,7 @@ def _host_cells(row: HostRow, probe: Probe | None, doc: dict[str, Any], now: flo
     inodes, mem_pct = _num(disk.get("inodes_used_pct")), _num(mem.get("used_pct"))
     return [
         Text(row.name, style="bold"), state, probed,
-        f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')} free" if slots else "-",
+        Text(f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')} free") if slots else "-",
         _pct_bar(_num(disk.get("used_pct")), 90, 95),
         Text(f"{inodes:.0f}%", style=level_style(inodes, 90, 95)) if inodes is not None else "-",
         Text(f"{mem_pct:.0f}%", style=level_style(mem_pct, 90, 95)) if mem_pct is not None else "-",
@@ -204,19 +206,19 @@ def _device_rows(doc: dict[str, Any], names: dict[str, str]) -> list[list[Render
         job_id = held.get(index) if isinstance(index, int) else None
         model = str(gpu.get("name") or "").removeprefix("NVIDIA ")
         rows.append([
-            f"{index} {model}".strip(),
+            Text(f"{index} {model}".strip()),  # host text: a Text is never parsed as rich markup
             _pct_bar(util, 101, 101, "cyan"),
             Text.assemble(bar(None if vram is None else vram / 100, BAR_W, level_style(vram, 90, 97)),
                           f" {_gib(used)}/{_gib(total)}G"),
             Text(f"{temp:.0f}°C", style=level_style(temp, 80, 88)) if temp is not None else "-",
-            names.get(job_id, job_id[:8]) if job_id else Text("idle", style="dim"),
+            Text(names.get(job_id, job_id[:8])) if job_id else Text("idle", style="dim"),
         ])
     if doc and not doc.get("gpus"):
         by_job: dict[str, list[int]] = {}
         for slot, job_id in sorted(held.items()):
             by_job.setdefault(job_id, []).append(slot)
         for job_id, ids in by_job.items():
-            rows.append([f"cpu {','.join(map(str, ids))}", "", "", "", names.get(job_id, job_id[:8])])
+            rows.append([f"cpu {','.join(map(str, ids))}", "", "", "", Text(names.get(job_id, job_id[:8]))])
         if not by_job:
             rows.append(["cpu", "", "", "", Text("idle", style="dim")])
     return rows
@@ -257,7 +259,7 @@ def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, r
         )
         old = view.heartbeat_age_s is not None and view.heartbeat_age_s > HEARTBEAT_OLD_S
         table.add_row(
-            job.id, job.name, Text(job.state, style=STATE_STYLE.get(job.state, "")), view.where, progress,
+            job.id, Text(job.name), Text(job.state, style=STATE_STYLE.get(job.state, "")), Text(view.where), progress,
             duration(view.eta_s), f"{att.loss:.4g}" if att is not None and att.loss is not None else "-",
             Text(sparkline(history.losses(job.id)), style="magenta"),
             Text(duration(view.heartbeat_age_s), style="bold red" if old else ""),
@@ -281,7 +283,7 @@ def alerts_panel(alerts: Sequence[AlertView], rows: int = ALERT_ROWS) -> Panel:
         table.add_column(overflow="ellipsis", **kw)
     for alert in alerts[:rows]:
         table.add_row(clock(alert.time), Text(alert.severity.upper(), style=SEVERITY_STYLE.get(alert.severity, "")),
-                      Text(alert.rule, style="bold"), alert.subject, one_line(alert.message),
+                      Text(alert.rule, style="bold"), Text(alert.subject), Text(one_line(alert.message)),
                       Text(f"→ {one_line(alert.action)}" if alert.action else "", style="italic"))
     more = f" (newest {rows} of {len(alerts)})" if len(alerts) > rows else ""
     worst = next((a.severity for a in alerts if a.severity == "escalate"), "")

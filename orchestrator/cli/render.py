@@ -58,27 +58,27 @@ def _console() -> Console:
 def submitted(result: SubmitResult) -> None:
     out = _console()
     for warning in result.warnings:
-        out.print(f"[yellow]warning:[/] {warning}")
+        out.print(f"[yellow]warning:[/] {escape(warning)}")
     if result.dry_run:
         out.print(f"dry run: {len(result.placements)} jobs valid; bundle {result.bundle.sha256[:12]} "
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
         for job_id, host in result.placements.items():
-            out.print(f"  {job_id} -> {host}")
+            out.print(f"  {job_id} -> {escape(host)}")
         out.print(f"projected makespan {_duration(result.makespan_s)} (estimates: est_min=, else history)")
         return
-    out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {result.queue_path} "
+    out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {escape(str(result.queue_path))} "
               f"(bundle {result.bundle.sha256[:12]})")
     for job in result.jobs:
-        out.print(f"  {job.id}  {job.name:<24} {job.task} {job.epochs}ep gpus={job.gpus} -> "
-                  f"{result.placements.get(job.id, '?')}")
+        out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {job.epochs}ep gpus={job.gpus} -> "
+                         f"{result.placements.get(job.id, '?')}"))
     hosts = sorted(set(result.placements.values()))
     if result.pushed_to:
-        out.print(f"bundle pushed to {', '.join(result.pushed_to)} ({result.bundle.bytes / 1e6:.2f} MB each); "
+        out.print(f"bundle pushed to {escape(', '.join(result.pushed_to))} ({result.bundle.bytes / 1e6:.2f} MB each); "
                   f"projected makespan {_duration(result.makespan_s)}")
     else:
-        out.print(f"bundle already on {', '.join(hosts)}; projected makespan {_duration(result.makespan_s)}")
+        out.print(f"bundle already on {escape(', '.join(hosts))}; projected makespan {_duration(result.makespan_s)}")
     if result.launch_error:
-        out.print(f"[red]launch failed:[/] {result.launch_error}\n"
+        out.print(f"[red]launch failed:[/] {escape(result.launch_error)}\n"
                   "the sweep is recorded; `gpuq status` retries the launch")
 
 
@@ -227,6 +227,8 @@ def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
     failure says nothing about the jobs); reachable without an agent answer; not probed this tick."""
     if probe is not None and probe.ok:
         return "ok", "green"
+    if probe is not None and probe.reachable and probe.error.startswith("protocol error"):
+        return one_line(probe.error, 100), "bold red"  # the host answered with no valid document
     if probe is not None and probe.reachable:
         return f"reachable ({one_line(probe.error, 100)})", "yellow"
     if probe is None and not row.unreachable_since:
@@ -363,15 +365,15 @@ def hosts_table(snap: Snapshot) -> Table:
         slots = doc.get("slots", {})
         disk = doc.get("disk", {})
         text, style = host_state(row, probe)
-        health = " ".join(f"[{s}]{t}[/]" for t, s in host_flags(row)) or (row.health or "-")
+        health = " ".join(f"[{s}]{escape(t)}[/]" for t, s in host_flags(row)) or escape(row.health or "-")
         gpus = doc.get("gpus", [])
         gpu_cell = str(len(gpus))
         if gpus:
             util = [g.get("util_pct") for g in gpus if isinstance(g.get("util_pct"), int | float)]
             gpu_cell += f" ({sum(util) / len(util):.0f}% util)" if util else ""
         table.add_row(
-            row.name, f"[{style}]{text}[/]", health,
-            f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}",
+            escape(row.name), f"[{style}]{escape(text)}[/]", health,  # host text is never rich markup
+            escape(f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}"),
             gpu_cell, pct(disk.get("used_pct")), pct(disk.get("inodes_used_pct")),
             pct(doc.get("memory", {}).get("used_pct")),
             "-" if row.price_per_hour is None else f"${row.price_per_hour:.2f}/h",
@@ -396,8 +398,9 @@ def alerts_table(alerts: list[AlertView]) -> Table:
         table.add_column(col, no_wrap=col in ("time", "level", "rule", "subject"))
     for alert in alerts:
         style = SEVERITY_STYLE.get(alert.severity, "")
-        table.add_row(clock(alert.time), f"[{style}]{alert.severity}[/]", alert.rule, alert.subject,
-                      one_line(alert.message, 300), one_line(alert.action, 200) or "-")
+        table.add_row(clock(alert.time), f"[{style}]{escape(alert.severity)}[/]", escape(alert.rule),
+                      escape(alert.subject), escape(one_line(alert.message, 300)),
+                      escape(one_line(alert.action, 200) or "-"))
     return table
 
 
@@ -480,7 +483,7 @@ def results_table(rows: list[ResultRow]) -> None:
         table.add_column(col, no_wrap=col in ("job", "state", "pulled"))
     for row in rows:
         style = STATE_STYLE.get(row.job.state, "")
-        cells = [row.job.id, row.job.name, f"[{style}]{row.job.state}[/]"]
+        cells = [row.job.id, escape(row.job.name), f"[{style}]{row.job.state}[/]"]
         cells += [f"{row.final[n]:.4f}" if n in row.final else "-" for n in names]
         cells += [f"{row.best[n]:.4f}" if n in row.best else "-" for n in names]
         c = row.cost
@@ -539,8 +542,9 @@ def pulled(report: PullReport) -> None:
     for item in report.outcomes:
         style = PULL_STYLE.get(item.state, "")
         shown = item.local_dir if item.verified else "-"
-        table.add_row(item.job_id, item.name, f"[{style}]{item.state}[/]", str(item.files) if item.files else "-",
-                      _size(item.bytes) if item.bytes else "-", shown)
+        table.add_row(escape(item.job_id), escape(item.name), f"[{style}]{escape(item.state)}[/]",
+                      str(item.files) if item.files else "-", _size(item.bytes) if item.bytes else "-",
+                      escape(str(shown)))
     out.print(table)
     for item in report.outcomes:
         if item.reason:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol, transfer_progress
+from orchestrator import host_documents, protocol, transfer_progress
 from orchestrator.errors import GpuqError, HostError, HostUnreachable, TransferError
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger
@@ -105,14 +105,12 @@ def request_manifests(host: Host, agent: Sequence[str], job_ids: Sequence[str]) 
         raise TransferError(host.name, "its host agent predates `gpuq pull` (no `manifest` verb); submit any "
                             "sweep to this host with this gpuq to place a newer agent, then pull again")
     try:
-        doc = json.loads(result.stdout)
-    except json.JSONDecodeError as exc:
-        detail = result.stderr.strip()[-300:] or result.stdout[:200] or "no output"
+        doc = host_documents.read_manifest(host.name, result.stdout)
+    except host_documents.ProtocolError as exc:
+        detail = result.stderr.strip()[-300:] or exc.detail
         raise TransferError(host.name, f"the agent could not build manifests (exit {result.exit_code}): "
                             f"{detail}") from exc
-    if not isinstance(doc, dict):
-        raise TransferError(host.name, f"unreadable manifest reply from the agent: {result.stdout[:200]!r}")
-    return {str(k): v if isinstance(v, dict) else {"error": f"unreadable entry {v!r}"} for k, v in doc.items()}
+    return {str(k): v for k, v in doc.items()}
 
 
 def _utc(t: float | None = None) -> str:

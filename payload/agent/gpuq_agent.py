@@ -35,11 +35,13 @@ of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-lo
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 sys.dont_write_bytecode = True  # bundles are read-only; `status` must never write (before any sibling import)
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import io  # noqa: E402
 import os  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
@@ -105,40 +107,61 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return P.AGENT_EXIT_USAGE if e.code else 0
     lay = Layout(args.root)
+    if args.cmd in FRAMED:
+        return framed(lambda: run_document_verb(lay, args))
     if args.cmd == "serve":
         return cmd_serve(lay, args)
     if args.cmd == "wrap":
         return cmd_wrap(lay, args.job_id, args.attempt)
+    if args.cmd == "cancel":
+        return cmd_cancel(lay, args.job_ids)
+    if args.cmd == "kill":
+        return cmd_kill(lay, args.job_id, args.attempt)
+    if args.cmd == "version":
+        print(P.PROTOCOL_VERSION)
+        return 0
+    if args.cmd == "enqueue":
+        code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
+        if code != 0 or not args.serve:
+            return code
+        args.detach = True
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
+            return cmd_serve(lay, args)
+    ap.print_usage(sys.stderr)
+    return P.AGENT_EXIT_USAGE
+
+
+FRAMED = ("status", "health", "reap", "withdraw", "collect", "snapshot", "manifest")
+
+
+def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "status":
         return cmd_status(lay, args)
     if args.cmd == "health":
         return gpuq_health.cmd_health(lay, args)
     if args.cmd == "reap":
         return gpuq_reap.cmd_reap(lay, args)
-    if args.cmd == "cancel":
-        return cmd_cancel(lay, args.job_ids)
-    if args.cmd == "kill":
-        return cmd_kill(lay, args.job_id, args.attempt)
     if args.cmd == "withdraw":
         return cmd_withdraw(lay, args.job_ids)
-    if args.cmd == "version":
-        print(P.PROTOCOL_VERSION)
-        return 0
-    if args.cmd == "enqueue":
-        code = gpuq_inbox.cmd_enqueue(lay.root, sys.stdin)
-        if code != 0 or not args.serve:
-            return code
-        args.detach = True
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
-            return cmd_serve(lay, args)
     if args.cmd == "collect":
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)
     if args.cmd == "snapshot":
         return gpuq_manifest.cmd_snapshot(lay.root, args.job_id)
-    if args.cmd == "manifest":
-        return gpuq_manifest.cmd_manifest(lay.root, args.job_ids)
-    ap.print_usage(sys.stderr)
-    return P.AGENT_EXIT_USAGE
+    return gpuq_manifest.cmd_manifest(lay.root, args.job_ids)
+
+
+def framed(verb: Callable[[], int]) -> int:
+    """Run a document verb with its stdout between the protocol's marker lines: whatever the login
+    shell prints before or after (~/.bashrc echoes, conda banners) stays outside the frame."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = verb()
+    text = buf.getvalue()
+    if text:
+        sys.stdout.write("\n" + P.DOCUMENT_BEGIN + "\n" + text + ("" if text.endswith("\n") else "\n")
+                         + P.DOCUMENT_END + "\n")
+    sys.stdout.flush()
+    return code
 
 
 if __name__ == "__main__":

@@ -133,6 +133,11 @@ DEFAULT_KILL_GRACE_S = 30
 # --- markers ------------------------------------------------------------------------
 RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e> sha256=<h>
 
+# Every document the agent prints for the controller sits between these two lines, so shell start-up
+# output around it (an `echo` in ~/.bashrc, a conda banner) is ignored (docs/host-protocol.md).
+DOCUMENT_BEGIN = "-----BEGIN GPUQ DOCUMENT-----"
+DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
+
 # --- JSON documents -----------------------------------------------------------------
 #
 # Job spec (inbox/<job_id>.json, then claimed/, then jobs/<job_id>/spec.json):

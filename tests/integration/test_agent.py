@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from orchestrator import patrol, protocol, stops
+from orchestrator.host_documents import unframe
 
 pytestmark = pytest.mark.integration
 
@@ -151,7 +152,7 @@ class Host:
     def status(self) -> dict[str, Any]:
         r = self.cli("status", "--json")
         assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+        return json.loads(unframe(r.stdout)[0])
 
     def job_state(self, job_id: str) -> str:
         return next(j["state"] for j in self.status()["jobs"] if j["job_id"] == job_id)

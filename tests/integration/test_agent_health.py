@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.host_documents import unframe
 from tests.support.testhosts import FarmFactory, HostFarm
 
 pytestmark = pytest.mark.integration
@@ -59,9 +60,9 @@ def host(farm: HostFarm) -> Iterator[HostFarm]:
 def agent(farm: HostFarm, *args: str, root: str = ROOT, timeout: float = 120) -> tuple[int, dict[str, Any], str]:
     """Run an agent verb on host 0 over SSH: (exit code, the one JSON document on stdout, stderr)."""
     res = farm.ssh(0, "python3", AGENT, "--root", root, *args, timeout=timeout)
-    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"rc={res.returncode} stdout={res.stdout!r} stderr={res.stderr}"
-    return res.returncode, json.loads(lines[0]), res.stderr
+    text, noise = unframe(res.stdout)
+    assert text and not noise, f"rc={res.returncode} stdout={res.stdout!r} stderr={res.stderr}"
+    return res.returncode, json.loads(text), res.stderr
 
 
 def health(farm: HostFarm, *args: str, root: str = ROOT) -> tuple[int, dict[str, Any], dict[str, dict[str, str]]]:
@@ -217,7 +218,7 @@ def test_cpu_host_passes_gpu_checks_and_reap_refuses(tmp_path: Path) -> None:
         pytest.skip("this machine has NVIDIA tooling: not a CPU host")
     res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "health", "--samples", "0"],
                          capture_output=True, text=True, timeout=60, check=False)
-    doc = json.loads(res.stdout)
+    doc = json.loads(unframe(res.stdout)[0])
     checks = {c["check"]: c for c in doc["checks"]}
     for name in ("tooling", "identity", "visibility", "driver", "kernel", "throttle", "heat", "ecc", "busy"):
         assert checks[name] == {"check": name, "status": "pass", "detail": "no GPUs (cpu slots)"}
@@ -230,7 +231,7 @@ def test_cpu_host_passes_gpu_checks_and_reap_refuses(tmp_path: Path) -> None:
     res = subprocess.run([AGENT_PY, AGENT_LOCAL, "--root", str(tmp_path / "r"), "reap"], capture_output=True, text=True,
                          timeout=60, check=False)
     assert res.returncode == 1 and "no /dev/nvidia* device nodes" in res.stderr
-    assert json.loads(res.stdout)["schema"] == "gpuq.reap/1"
+    assert json.loads(unframe(res.stdout)[0])["schema"] == "gpuq.reap/1"
 
 
 # --- status: kernel -------------------------------------------------------------------------------

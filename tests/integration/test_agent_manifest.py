@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator import protocol
+from orchestrator.host_documents import unframe
 from tests.support.jobtree import SHA, finished_job, install_agent, pulled_paths
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,7 @@ def manifest(root: Path, *job_ids: str) -> tuple[int, Any, str]:
     agent = root / protocol.BUNDLES_DIR / SHA / protocol.AGENT_ENTRY
     proc = subprocess.run([AGENT_PY, str(agent), "--root", str(root), "manifest", *job_ids],
                           capture_output=True, text=True, timeout=60, check=False)
-    doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    doc = json.loads(unframe(proc.stdout)[0]) if proc.stdout.strip() else None
     return proc.returncode, doc, proc.stderr
 
 

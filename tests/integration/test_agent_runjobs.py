@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator import protocol
+from orchestrator.host_documents import unframe
 from orchestrator.transfer.verify import parse_manifest
 from tests.support.jobtree import SHA, install_agent
 from tests.support.testhosts import default_gpus
@@ -35,7 +36,7 @@ def agent(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[in
     entry = root / protocol.BUNDLES_DIR / SHA / protocol.AGENT_ENTRY
     proc = subprocess.run([AGENT_PY, str(entry), "--root", str(root), *args],
                           capture_output=True, text=True, timeout=60, check=False, env=env)
-    doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    doc = json.loads(unframe(proc.stdout)[0]) if proc.stdout.strip() else None
     return proc.returncode, doc, proc.stderr
 
 

@@ -1,0 +1,58 @@
+"""What a tick keeps of the hosts' answers (docs/security.md).
+
+The documents are already checked (``orchestrator.host_documents``); here the ledger decides which
+parts concern gpuq: a job entry counts only when the ledger gave that job an attempt on that very
+host (another controller sharing the box, or a forged id, is ignored, never written), and a host
+that answered with no valid document gets a "protocol" finding of its own while the others go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+from orchestrator import controller, host_documents
+from orchestrator.ledger import Ledger
+from orchestrator.patrol import Finding, Severity
+
+PROTOCOL_PREFIX = "protocol error: "
+
+
+def only_known(ledger: Ledger, probes: Sequence[controller.Probe]) -> list[controller.Probe]:
+    """The probes with each status document cut to the jobs the ledger placed on that host."""
+    wanted = {str(j.get("job_id", "")) for p in probes if p.ok for j in p.doc.get("jobs") or []}
+    placed = {(a.job_id, a.host) for a in ledger.attempts_of(wanted)} if wanted else set()
+    out = []
+    for probe in probes:
+        if probe.ok:
+            here = {job_id for job_id, host in placed if host == probe.host}
+            doc = host_documents.known_jobs_only(probe.doc, here.__contains__)
+            probe = dataclasses.replace(probe, doc=doc) if doc is not probe.doc else probe
+        out.append(probe)
+    return out
+
+
+@contextlib.contextmanager
+def contained(ledger: Ledger, host: str, lines: list[str]) -> Iterator[None]:
+    """A protocol error met while acting on one host's answer (an enqueue, a collect, a snapshot
+    answered with garbage) stops the work on that host only; the tick goes on with the others."""
+    try:
+        yield
+    except host_documents.ProtocolError as exc:
+        message = PROTOCOL_PREFIX + exc.detail
+        lines.append(f"{host}: {message}")
+        if (host, "protocol") in ledger.open_findings([host]):
+            return  # said when it opened; closed when the host answers well again
+        for f in protocol_findings(host, message):
+            ledger.record_finding("host", host, severity=f.severity.value, rule=f.rule, message=f.message,
+                                  action=f.action)
+
+
+def protocol_findings(host: str, error: str) -> list[Finding]:
+    """A host whose agent answered with no valid document: that host only is marked."""
+    if not error.startswith(PROTOCOL_PREFIX):
+        return []
+    return [Finding("protocol", Severity.WARN, host, error,
+                    "the host's answer was ignored: check what its login prints (`gpuq hosts show`), or "
+                    "`gpuq hosts rm` it if it keeps answering this way")]

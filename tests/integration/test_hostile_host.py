@@ -1,0 +1,187 @@
+"""A rented host is untrusted (docs/security.md): a real namespace SSH host whose agent is replaced
+by a hostile stand-in, beside a healthy host.  Whatever the stand-in prints, `gpuq status` marks that
+host "protocol error: ...", finishes the tick for the healthy host, changes nothing outside
+$GPUQ_HOME, and stays within bounded memory and disk.  Shell start-up noise around a real document
+is ignored and said once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestrator import protocol
+from scripts.bench_project import TINY_CONFIG
+from tests.conftest import ROOT, wait_for
+from tests.support.gpuquser import User
+from tests.support.testhosts import HostFarm
+
+pytestmark = pytest.mark.integration
+
+MAX_RSS_KIB = 1024 * 1024  # the controller's peak memory while reading hostile answers
+FLOOD_BYTES = 8 * 1024 * 1024
+
+# The stand-in: reads its mode from a file beside it and answers every verb with a crafted document;
+# mode "noise" wraps the real agent's answer in shell start-up chatter.
+STAND_IN = r'''
+import os, subprocess, sys
+here = os.path.dirname(os.path.abspath(__file__))
+mode = open(os.path.join(here, "hostile_mode")).read().strip()
+docs = {
+    "traversal": '{"schema": "gpuq.status/1", "slots": {"kind": "gpu", "total": 2, "free": 2}, "jobs": ['
+                 '{"job_id": "../../decoy", "attempt": 1, "state": "exited", "exit": {"wrapper_code": 0},'
+                 ' "ckpt": {"file": "authorized_keys", "step": 9, "sha256": "' + "0" * 64 + '"}},'
+                 ' {"job_id": "cf0reign00001", "attempt": 1, "state": "queued"}]}',
+    "list": "[]",
+    "no_job_id": '{"schema": "gpuq.status/1", "jobs": [{"state": "running", "attempt": 1}]}',
+    "types": '{"schema": "gpuq.status/1", "slots": {"total": "lots"}, "jobs": "x"}',
+    "deep": "[" * 200000 + "]" * 200000,
+}
+if mode == "flood":
+    chunk = "A" * 65536
+    for _ in range(FLOOD_BYTES // 65536):
+        sys.stdout.write(chunk)
+    sys.exit(0)
+if mode == "endless":  # past the transport's bound on command output (docs/security.md)
+    chunk = "B" * 65536
+    while True:
+        sys.stdout.write(chunk)
+if mode == "noise":
+    real = subprocess.run([sys.executable, os.path.join(here, "gpuq_agent_real.py")] + sys.argv[1:],
+                          stdout=subprocess.PIPE, check=False)
+    sys.stdout.write("hi from ~/.bashrc\n(base) conda initialised\n")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(real.stdout)
+    sys.stdout.write("logout banner\n")
+    sys.exit(real.returncode)
+print(docs[mode])
+'''.replace("FLOOD_BYTES", str(FLOOD_BYTES))
+
+HOSTILE_MODES = ("traversal", "list", "no_job_id", "types", "deep", "flood")
+
+
+@pytest.fixture(scope="module")
+def farm(host_farm_module: Callable[..., HostFarm]) -> HostFarm:
+    return host_farm_module(n=2, gpus=2)
+
+
+@pytest.fixture
+def user(farm: HostFarm, tmp_path: Path, request: pytest.FixtureRequest):
+    home = tmp_path / "gpuq-home"
+    home.mkdir()
+    u = User(farm, home, f"/root/gpuq-{request.node.name[:40]}")
+    yield u
+    u.stop_everything()
+
+
+def _tree(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(path.rglob("*"))}
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _status(user: User) -> tuple[subprocess.CompletedProcess[str], int]:
+    """`gpuq status --json` as a user runs it, and its peak resident memory (KiB)."""
+    code = ("import atexit, resource, runpy, sys\n"
+            "atexit.register(lambda: print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,"
+            " file=sys.stderr))\n"
+            "sys.argv = ['gpuq', 'status', '--json']\n"
+            "runpy.run_module('orchestrator', run_name='__main__')\n")
+    env = {**os.environ, **user.env}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=ROOT, check=False)
+    rss = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("MAXRSS ")]
+    return done, rss[-1] if rss else 0
+
+
+def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: HostFarm, tmp_path: Path) -> None:
+    decoy = tmp_path / "decoy"  # where "../../decoy" from $GPUQ_HOME/checkpoints would land
+    (decoy / ".ssh").mkdir(parents=True)
+    (decoy / ".ssh" / "id_ed25519").write_text("secret key\n")
+    (decoy / "config").write_text("Host *\n")
+    before = _tree(decoy)
+    user.add_hosts(2)
+    work = tmp_path / "project"
+    (work / "configs").mkdir(parents=True)
+    (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
+    (work / "queue.txt").write_text("".join(f"configs/tiny.yaml classify 1 name=j{i} gpus=2\n" for i in range(2)))
+    submitted = user.gpuq("submit", str(work / "queue.txt"))
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    jobs = user.status_doc()["jobs"]
+    on_g1 = [j["id"] for j in jobs if j["host"] == "g1"]
+    assert on_g1 and any(j["host"] == "g0" for j in jobs), jobs
+
+    bundles = [p for p in (user.host_dir(0) / protocol.BUNDLES_DIR).iterdir() if not p.name.startswith(".")]
+    agent_dir = (bundles[0] / protocol.AGENT_ENTRY).parent
+    (agent_dir / "gpuq_agent.py").rename(agent_dir / "gpuq_agent_real.py")
+    (agent_dir / "gpuq_agent.py").write_text(STAND_IN)
+    mode_file = agent_dir / "hostile_mode"
+
+    for mode in HOSTILE_MODES:
+        mode_file.write_text(mode)
+        home_before = _du(user.home)
+        done, rss = _status(user)
+        assert done.returncode == 0, f"{mode}: {done.stderr[-2000:]}"
+        assert "Traceback" not in done.stderr, f"{mode}: {done.stderr[-2000:]}"
+        doc = json.loads(done.stdout)
+        hosts = {h["name"]: h for h in doc["hosts"]}
+        if mode == "traversal":  # a well-formed document: its forged and foreign jobs are ignored
+            assert hosts["g0"]["reachable"], hosts["g0"]
+        else:
+            assert hosts["g0"]["error"].startswith("protocol error: "), (mode, hosts["g0"])
+        assert hosts["g1"]["reachable"] and hosts["g1"]["error"] == "", (mode, hosts["g1"])  # its tick went on
+        assert any(a["rule"] == "protocol" and a["subject"] == "g0" for a in doc["alerts"]), (mode, doc["alerts"])
+        assert not any(j["id"] in ("../../decoy", "cf0reign00001") for j in doc["jobs"])
+        assert _tree(decoy) == before, mode  # nothing outside $GPUQ_HOME changed
+        assert rss < MAX_RSS_KIB, (mode, rss)
+        assert _du(user.home) - home_before < 4 * 1024 * 1024, mode  # the answer was not stored
+
+    # an answer without end: the transport stops reading at its bound, the host is unreachable this tick
+    mode_file.write_text("endless")
+    done, rss = _status(user)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
+    assert "printed more than" in hosts["g0"]["error"], hosts["g0"]
+    assert hosts["g1"]["reachable"] and hosts["g1"]["error"] == "", hosts["g1"]
+    assert rss < MAX_RSS_KIB, rss
+    assert _tree(decoy) == before
+
+    # the healthy host's job went on to the end while host 0 answered garbage
+    assert wait_for(lambda: all(j["state"] == "SUCCEEDED" for j in user.status_doc()["jobs"] if j["id"] in on_g1),
+                    timeout=300, interval=1.0), user.status_doc()
+
+    # shell start-up chatter around a real document: ignored, said once, the host is fine again
+    mode_file.write_text("noise")
+    done, _ = _status(user)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
+    assert hosts["g0"]["reachable"] and hosts["g0"]["error"] == "", hosts["g0"]
+    warnings = [line for line in done.stderr.splitlines() if "shell start-up" in line]
+    assert len(warnings) == 1 and "g0" in warnings[0], done.stderr[-2000:]
+    assert _tree(decoy) == before
+
+    # the real thing: the real agent again, and a login shell that talks (~/.bashrc on host 0)
+    (agent_dir / "gpuq_agent_real.py").replace(agent_dir / "gpuq_agent.py")
+    bashrc = farm.hosts[0].root_dir / "root" / ".bashrc"
+    saved = bashrc.read_bytes() if bashrc.exists() else None
+    bashrc.write_text("echo hi\necho '(base) conda initialised'\n")
+    try:
+        done, _ = _status(user)
+    finally:
+        if saved is None:
+            bashrc.unlink()
+        else:
+            bashrc.write_bytes(saved)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
+    assert hosts["g0"]["reachable"] and hosts["g0"]["error"] == "", hosts["g0"]
+    assert [line for line in done.stderr.splitlines() if "shell start-up" in line and "g0" in line], done.stderr
