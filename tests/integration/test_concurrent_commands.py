@@ -28,8 +28,9 @@ from tests.conftest import ROOT, kill_recorded_groups, wait_for
 from tests.support.gpuquser import User
 
 STORM_S = float(os.environ.get("GPUQ_TEST_STORM_S", "60"))
-# the storm, plus a farm start and the last jobs draining; pytest-timeout ends a hung run
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(int(STORM_S) + 150)]
+# the storm, plus a farm start and the last jobs draining (about 95 s in all with the default storm);
+# pytest-timeout ends a hung run
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(int(STORM_S) + 90)]
 
 TRAIN = """\
 import argparse, time
@@ -103,7 +104,7 @@ def test_racing_commands_launch_each_attempt_once(host_farm, tmp_path: Path) -> 
             n += 1
             action = ("submit", "kill", "cancel")[n % 3]
             if action == "submit":
-                sub = user.gpuq("submit", str(_queue(work, f"q{n}.txt", f"b{n}x", 3)), *HOSTS, cwd=work)
+                sub = user.gpuq("submit", str(_queue(work, f"q{n}.txt", f"b{n}x", 4)), *HOSTS, cwd=work)
                 actions.append(f"submit: exit {sub.returncode}")
                 assert not any(t in sub.stdout + sub.stderr for t in TROUBLE), sub.stdout + sub.stderr
                 continue
@@ -111,7 +112,9 @@ def test_racing_commands_launch_each_attempt_once(host_farm, tmp_path: Path) -> 
             live = [j for j in jobs if j["state"] in ("QUEUED", "ASSIGNED", "RUNNING") and j["id"] not in touched]
             placed = [j for j in live if j["state"] in ("ASSIGNED", "RUNNING") and j["host"]]
             if action == "cancel" and live:
-                victim = rng.choice(live)
+                # one not started yet when there is one (a cancel that races the job's end proves little)
+                waiting = [j for j in live if not _launched(user, home, j)]
+                victim = rng.choice(waiting or live)
                 touched.add(victim["id"])
                 out = user.gpuq("cancel", "-y", victim["id"])
                 actions.append(f"cancel {victim['name']} ({victim['state']}): exit {out.returncode}")
@@ -159,6 +162,13 @@ def _jobs(home: Path) -> list[dict[str, str]]:
         return [{"id": j.id, "name": j.name, "state": j.state, "host": j.host or ""} for j in ledger.jobs()]
     finally:
         ledger.close()
+
+
+def _launched(user: User, home: Path, job: dict[str, str]) -> bool:
+    if not job["host"]:
+        return False
+    base = home / "local" if job["host"] == "local" else user.host_dir(int(job["host"][1:]))
+    return any(base.glob(f"jobs/{job['id']}/attempts/*/launch.json"))
 
 
 def _alive_attempt(user: User, home: Path, job: dict[str, str]) -> Path | None:
