@@ -6,7 +6,7 @@
 local host's root, caches.  Tests set it per test.  Unknown keys in a config
 file are errors naming the file and the key; an environment variable with a
 malformed value is an error naming the variable.  Secrets are never read
-from here (DOMAIN.md 16).
+from here (docs/security.md).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ ENV_HOME = "GPUQ_HOME"
 USER_CONFIG = "config.toml"
 PROJECT_CONFIG = "gpuq.toml"
 LOCAL_HOST = "local"
+RUN_TABLE = "run"  # the project's trainer: read by orchestrator/runconfig.py, not a setting
 
 
 class Settings(BaseModel):
@@ -52,9 +53,9 @@ class Settings(BaseModel):
     kill_grace_s: int = Field(default=30, ge=0)
     min_free_gb: float = Field(default=1.0, ge=0)
     bundle_max_mb: float = Field(default=1024.0, gt=0)  # a bigger project is refused at submit (docs/security.md)
-    retries: int = Field(default=2, ge=0, le=10)  # per-cell `retries=` overrides (DOMAIN.md 7.1)
+    retries: int = Field(default=2, ge=0, le=10)  # per-cell `retries=` overrides (docs/health.md)
     status_timeout_s: float = Field(default=25.0, gt=0)
-    # Health patrol (DOMAIN.md 6): thresholds, cadence, preflight, reaping, notifications
+    # Health patrol (docs/health.md): thresholds, cadence, preflight, reaping, notifications
     stall_after_s: float = Field(default=900.0, gt=0)  # heartbeat, log and checkpoint all older: stalled
     startup_grace_s: float = Field(default=600.0, gt=0)  # launched this recently without a heartbeat: starting
     patrol_interval_s: float = Field(default=60.0, gt=0)  # `gpuq watch` tick while attempts run
@@ -66,12 +67,13 @@ class Settings(BaseModel):
     reap_min_age_s: float = Field(default=120.0, ge=0)  # younger device holders are starting contexts
     reap_resample_s: float = Field(default=60.0, ge=0)  # a zombie must show in two samples this far apart
     webhook_url: str = ""  # JSON POST on escalations and sweep completion; "" = off; never logged
-    # Rented hosts (gpuq up / down / resume; DOMAIN.md 11, 13).  API keys never live here (credentials).
+    # Rented hosts (gpuq up / down / resume; docs/providers.md, docs/checkpoints.md).  API keys never live
+    # here (credentials).
     ssh_key: str = ""  # private key for hosts gpuq rents ("" = ~/.ssh/id_ed25519, else id_rsa)
     provider_poll_s: float | None = Field(default=None, gt=0)  # API poll/pace interval (None = adapter default)
     provider_ready_timeout_s: float = Field(default=900.0, gt=0)  # a rented machine must be ready by then
     ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
-    max_preemptions: int = Field(default=10, ge=0)  # per job, counted apart from retries (DOMAIN.md 7.1)
+    max_preemptions: int = Field(default=10, ge=0)  # per job, counted apart from retries (docs/health.md)
     # Bring your own trainer (project gpuq.toml): a script in the project that honours the payload
     # contract (protocol.py).  "" = the bundled payload/train.py.  Recorded per sweep at submit.
     entry: str = ""
@@ -164,7 +166,7 @@ class ProfileLaunch(_Strict):
 
 
 class Profile(_Strict):
-    """One platform's facts (profiles/<name>.toml, DOMAIN.md 17).  Unset vs empty matters:
+    """One platform's facts (profiles/<name>.toml, docs/profiles.md).  Unset vs empty matters:
     ``durable_dir = ""`` disables the durable tier, it does not mean "default"."""
 
     name: str
@@ -222,11 +224,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
     section = data.get("gpuq", data)
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: [gpuq] must be a table")
-    unknown = sorted(set(section) - _FIELDS)
+    unknown = sorted(set(section) - _FIELDS - {RUN_TABLE})  # [run]: orchestrator/runconfig.py
     if unknown:
         allowed = ", ".join(sorted(_FIELDS))
         raise ConfigError(f"{path}: unknown setting {unknown[0]!r} (allowed: {allowed})")
-    return {key: (str(value) if key == "local_root" else value) for key, value in section.items()}
+    return {key: (str(value) if key == "local_root" else value) for key, value in section.items() if key != RUN_TABLE}
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Probing is one agent ``status --json`` per host, in parallel.  Reconciling
 maps what the host's files say onto the ledger, only ever through
 ``Ledger.transition``.  A probe that fails at the transport level marks the
-host "unreachable since T" and changes no job (DOMAIN.md 6.3).
+host "unreachable since T" and changes no job (docs/health.md).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ ProbeRequest = tuple[Host, str, Sequence[str], Sequence[str]]  # host, agent bun
 
 def probe_all(hosts: Sequence[ProbeRequest], settings: Settings) -> list[Probe]:
     """Probe every host in parallel: one round trip each, at most 8 connections at once
-    (reconnect storms trip sshd MaxStartups, DOMAIN.md 6.5)."""
+    (reconnect storms trip sshd MaxStartups, docs/health.md)."""
     if len(hosts) <= 1:
         return [probe(h, sha, settings, ids, extra) for h, sha, ids, extra in hosts]
     with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
@@ -103,7 +103,7 @@ def _exit_message(exit_doc: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Settled:
-    """An attempt that ended badly this tick, classified (DOMAIN.md 7.1) and acted on."""
+    """An attempt that ended badly this tick, classified (docs/health.md) and acted on."""
 
     job_id: str
     outcome: str  # "failed" (exited non-zero) | "lost" (vanished: no exit record of its own)
@@ -120,7 +120,7 @@ class Reconciled:
 
 def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> Reconciled:
     """Apply one successful probe to the ledger: progress, exits, vanished attempts; an attempt
-    that ended badly is classified and settled by the retry policy (DOMAIN.md 7)."""
+    that ended badly is classified and settled by the retry policy (docs/health.md)."""
     now = time.time()
     row = ledger.host(host.name)
     memory = report.doc.get("memory") or {}
@@ -212,8 +212,8 @@ def settle(ledger: Ledger, job_id: str, klass: str, settings: Settings) -> Decis
 def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> None:
     """An agent that died with work pending (inbox, or claimed and never launched) is relaunched.
 
-    Safe without asking (DOMAIN.md 1): the flock admits one agent per root, and a new agent adopts
-    live attempt groups and never re-runs a launched attempt.
+    Safe without asking (docs/host-protocol.md, detached launch): the flock admits one agent per
+    root, and a new agent adopts live attempt groups and never re-runs a launched attempt.
     """
     pending = [j for j in report.doc.get("jobs", []) if j.get("state") in ("queued", "claimed")]
     if report.doc.get("agent", {}).get("alive") or not pending:
@@ -415,7 +415,7 @@ def plan_and_push(ledger: Ledger, fleet: Fleet, settings: Settings, jobs: Sequen
             if name not in failed:
                 ledger.update_host(name, agent_bundle=bundle.sha256)
         dropped.update({name: f"bundle push failed: {err}" for name, err in failed.items()})
-        if settings.preflight:  # a host's first job waits for its GPU preflight (DOMAIN.md 8)
+        if settings.preflight:  # a host's first job waits for its GPU preflight (docs/health.md)
             fresh = [name for name in targets if name not in failed and _needs_preflight(ledger.host(name))]
             for name, verdict in preflight_all(ledger, fleet, settings, fresh, bundle.sha256).items():
                 if verdict.verdict == "fail":
@@ -439,7 +439,7 @@ def _needs_preflight(row: HostRow | None) -> bool:
 
 
 def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | None = None) -> HealthVerdict:
-    """The agent's ``health`` verb (GPU preflight, DOMAIN.md 8): one round trip, a few seconds of
+    """The agent's ``health`` verb (GPU preflight, docs/health.md): one round trip, a few seconds of
     GPU sampling.  A transport failure raises HostError; the agent's verdict is returned."""
     argv = ["health", "--samples", str(settings.preflight_samples)]
     if row is not None:

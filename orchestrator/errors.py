@@ -163,7 +163,7 @@ class TransferError(HostError):
     was unreadable, a remote file vanished).  A transport drop is HostUnreachable instead."""
 
 
-# Provider errors (orchestrator/providers/, PROVIDERS.md 1.6).  Appended to the tree above:
+# Provider errors (orchestrator/providers/, docs/providers.md).  Appended to the tree above:
 #
 #     GpuqError
 #     └── ProviderError                    a cloud provider API refused or failed (raw code kept)
@@ -200,7 +200,7 @@ class RateLimited(ProviderError):
 
 class ProviderUnreachable(ProviderError):
     """Network error, timeout or 5xx through every retry.  The last call's outcome is unknown:
-    re-query state before acting on it (PROVIDERS.md 1.3)."""
+    re-query state before acting on it (docs/providers.md)."""
 
 
 class ProvisioningFailed(ProviderError):

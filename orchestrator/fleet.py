@@ -4,7 +4,7 @@ One ``Fleet`` lives for one command: it hands out one Host object per host, so a
 SSH connection is opened once and reused by every call of that command, and
 ``close()`` releases them all.
 
-Registering a host (DOMAIN.md 1, "up") is one audit round trip after a strictly
+Registering a host (`gpuq hosts add`, docs/cli.md) is one audit round trip after a strictly
 verified SSH connection: the interpreter runs, the data dir is creatable and
 writable, its disk has room, and nvidia-smi's GPUs are counted.  Nothing is
 written to the ledger unless the audit passes; a key trusted on first use by a
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
@@ -216,6 +216,8 @@ def register(
         return out
     except BaseException:
         forget_keys(settings, endpoint, only=host.trusted_keys)
+        for hop, hop_key in host.trusted_hop_keys:  # a failed registration leaves no trust behind
+            forget_keys(settings, hop, only=[hop_key])
         raise
     finally:
         host.close()
@@ -261,6 +263,34 @@ def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: 
 # --- known_hosts ---------------------------------------------------------------------
 
 
+def _known_lock(settings: Settings) -> contextlib.AbstractContextManager[None]:
+    """The cross-process lock on gpuq's known_hosts; a holder may nest it (``trust`` calls
+    ``forget_keys``) without blocking on its own flock."""
+    return _ReentrantKnownLock(settings.home / "known_hosts")
+
+
+class _ReentrantKnownLock:
+    _held: ClassVar[dict[Path, int]] = {}
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._inner: contextlib.AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> None:
+        depth = self._held.get(self.path, 0)
+        if depth == 0:
+            from orchestrator.hosts.knownhosts import locked
+
+            self._inner = locked(self.path)
+            self._inner.__enter__()
+        self._held[self.path] = depth + 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._held[self.path] -= 1
+        if self._held[self.path] == 0 and self._inner is not None:
+            self._inner.__exit__(None, None, None)
+
+
 def _known_lines(settings: Settings) -> list[str]:
     path = settings.home / "known_hosts"
     return path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
@@ -295,15 +325,16 @@ def forget_keys(settings: Settings, endpoint: Endpoint, *, only: Iterable[str] |
         return 0
     marker = known_hosts_key(endpoint.hostname, endpoint.port)
     kept, dropped = [], 0
-    for line in _known_lines(settings):
-        parts = line.split()
-        mine = len(parts) >= 3 and marker in parts[0].split(",")
-        if mine and (keep_only is None or f"{parts[1]} {parts[2]}" in keep_only):
-            dropped += 1
-            continue
-        kept.append(line)
-    if dropped:
-        _write_known(settings, kept)
+    with _known_lock(settings):
+        for line in _known_lines(settings):
+            parts = line.split()
+            mine = len(parts) >= 3 and marker in parts[0].split(",")
+            if mine and (keep_only is None or f"{parts[1]} {parts[2]}" in keep_only):
+                dropped += 1
+                continue
+            kept.append(line)
+        if dropped:
+            _write_known(settings, kept)
     return dropped
 
 
@@ -318,9 +349,10 @@ def trust(ledger: Ledger, settings: Settings, name: str, fingerprint_: str) -> s
     key_type, key_b64, offered_fp = offered_key(name, endpoint)
     if offered_fp != fingerprint_:
         raise HostKeyError(name, f"{endpoint.label()} offers {offered_fp}, not {fingerprint_}; nothing changed")
-    forget_keys(settings, endpoint)
     marker = known_hosts_key(endpoint.hostname, endpoint.port)
-    _write_known(settings, [*_known_lines(settings), f"{marker} {key_type} {key_b64}"])
+    with _known_lock(settings):
+        forget_keys(settings, endpoint)
+        _write_known(settings, [*_known_lines(settings), f"{marker} {key_type} {key_b64}"])
     ledger.update_host(name, host_key=f"{key_type} {key_b64}")
     ledger.record_event("host", name, f"host key replaced by the user: now {offered_fp}")
     return offered_fp
@@ -339,8 +371,10 @@ def move_endpoint(ledger: Ledger, settings: Settings, name: str, target: str, po
         raise HostKeyError(name, "no host key recorded for this host; cannot follow it to a new endpoint")
     endpoint = resolve(target, port=port, user=row.user, key_file=row.key_path)
     marker = known_hosts_key(endpoint.hostname, endpoint.port)
-    lines = [line for line in _known_lines(settings) if line.split() and marker not in line.split()[0].split(",")]
-    _write_known(settings, [*lines, f"{marker} {row.host_key}"])
+    with _known_lock(settings):
+        lines = [line for line in _known_lines(settings)
+                 if line.split() and marker not in line.split()[0].split(",")]
+        _write_known(settings, [*lines, f"{marker} {row.host_key}"])
     ledger.update_host(name, target=target, port=port)
     ledger.record_event("host", name, f"now at {endpoint.label()} (same host key {key_fingerprint(row.host_key)})")
 
@@ -358,6 +392,18 @@ def key_fingerprint(key_line: str) -> str:
     except ValueError:
         return ""
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def forget_row_keys(settings: Settings, row: HostRow) -> int:
+    """Forget the key pinned for a host's endpoint (a terminated rental: RunPod reuses IP:port)."""
+    from orchestrator.hosts.ssh import resolve
+
+    if row.kind != "ssh":
+        return 0
+    try:
+        return forget_keys(settings, resolve(row.target, port=row.port, user=row.user, key_file=row.key_path))
+    except HostError:  # an alias that no longer resolves: its key entry cannot be named either
+        return 0
 
 
 def forget_host(ledger: Ledger, settings: Settings, row: HostRow) -> None:

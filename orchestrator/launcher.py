@@ -10,6 +10,7 @@ a job that runs without the ledger knowing.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +32,8 @@ UNPACK_SCRIPT = (
     'if command -v sha256sum >/dev/null 2>&1; then printf "%s  %s\\n" "$2" "$3" | sha256sum -c - >/dev/null '
     '|| { rm -f "$3"; echo "bundle bytes do not match sha256 $2 after upload" >&2; exit 3; }; fi; '
     'd="bundles/.$2.unpack.$$"; rm -rf "$d"; mkdir -p "$d"; '
-    'tar -xf "$3" -C "$d"; if [ -d "bundles/$2" ]; then rm -rf "$d"; else mv "$d" "bundles/$2"; fi; rm -f "$3"'
+    'tar -xf "$3" -C "$d"; chmod -R a-w "$d"; '
+    'if [ -d "bundles/$2" ]; then chmod -R u+w "$d"; rm -rf "$d"; else mv "$d" "bundles/$2"; fi; rm -f "$3"'
 )
 
 
@@ -59,7 +61,7 @@ def ensure_bundle(host: Host, bundle: Bundle) -> bool:
 
 def sigterm_grace_s(row: HostRow | None) -> float | None:
     """Seconds between SIGTERM and SIGKILL on a spot host (RunPod: about 5): the payload saves a
-    final checkpoint only if it fits (DOMAIN.md 11.4).  None where a stop waits for kill_grace_s."""
+    final checkpoint only if it fits (docs/checkpoints.md).  None where a stop waits for kill_grace_s."""
     if row is None or not row.spot:
         return None
     for name in (row.profile, row.provider):
@@ -110,7 +112,42 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
         "spec_hash": job.spec_hash,
         "env": {},
         "created_at": created_at if created_at is not None else attempt.created_at,
+        "args": job.arg_list(),
+        "run": run_spec(sweep),
     }
+
+
+def run_spec(sweep: Sweep | None) -> dict[str, Any] | None:
+    """The spec's "run" object from the sweep's [run] table (None without one); forward_env holds
+    names only.  setup_key was computed at submit from the project's files."""
+    if sweep is None or not sweep.run:
+        return None
+    doc = json.loads(sweep.run)
+    keys = ("command", "launcher", "resume_args", "checkpoint", "outputs", "metrics", "metrics_regex", "metric",
+            "mode", "progress", "setup", "setup_key", "forward_env")
+    out: dict[str, Any] = {key: doc.get(key, "") for key in keys}
+    for key in ("command", "resume_args", "checkpoint", "outputs", "forward_env"):
+        out[key] = list(out[key] or [])
+    out["launcher"] = out["launcher"] or "torchrun"
+    out["mode"] = out["mode"] or "max"
+    return out
+
+
+def enqueue_payload(specs: Sequence[dict[str, Any]], environ: Mapping[str, str] | None = None) -> bytes:
+    """The `enqueue` verb's stdin: the plain list of specs, or, when any spec forwards variables,
+    {"specs": [...], "secrets": {queue_id: {NAME: value}}} with values read from the environment now."""
+    environ = os.environ if environ is None else environ
+    secrets: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        names = (spec.get("run") or {}).get("forward_env") or []
+        for name in names:
+            if name not in environ:
+                raise GpuqError(f"forward_env: {name} is not set in the controller's environment; export it "
+                                "and run the command again (the job stays queued)")
+            secrets.setdefault(str(spec["queue_id"]), {})[name] = environ[name]
+    if not secrets:
+        return json.dumps(list(specs)).encode()
+    return json.dumps({"specs": list(specs), "secrets": secrets}).encode()
 
 
 def _serve_args(host: Host, settings: Settings) -> list[str]:
@@ -131,7 +168,7 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
     Returns the agent's verdict per job id ("queued", "exists").
     """
     argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings))
-    result = host.run(argv, stdin=json.dumps(list(specs)).encode(), timeout=60)
+    result = host.run(argv, stdin=enqueue_payload(specs), timeout=60)
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
     try:

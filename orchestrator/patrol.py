@@ -1,4 +1,4 @@
-"""Patrol rules: pure functions from one probe report to findings (DOMAIN.md 6.3, 6.4, 7).
+"""Patrol rules: pure functions from one probe report to findings (docs/health.md).
 
 Nothing here talks to a host or the ledger.  The controller feeds each rule what it read (the
 agent's ``status --json`` document, the ledger's view of a job and host) and stores the findings
@@ -161,7 +161,7 @@ CONFIG_EXCEPTIONS = ("KeyError", "AttributeError", "ImportError", "ModuleNotFoun
 def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Mapping[str, str]],
              traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False,
              wrapper_signal: int | None = None) -> str:
-    """The failure class of DOMAIN.md 7.1 from the exit code and the log evidence:
+    """The failure class (docs/health.md) from the exit code and the log evidence:
     "transient" | "config" | "divergence" | "gpu_oom" | "host_oom" | "disk_full" | "control_plane"
     | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown; ``wrapper_signal`` is the
     signal the wrapper received, a stop whatever the trainer's code) | "killed" (a signal death gpuq
@@ -194,7 +194,7 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
     if any(last.startswith(name) for name in CONFIG_EXCEPTIONS):
         return "config"
     if rebooted:
-        return "transient"  # a reboot with a clean kernel log: an identical retry (DOMAIN.md 7.1)
+        return "transient"  # a reboot with a clean kernel log: an identical retry (docs/health.md)
     if exit_code is None:
         return "vanished"
     return "unknown"
@@ -213,7 +213,7 @@ class Decision:
 def decide(klass: str, failures: int, retries: int) -> Decision:
     """Policy for an attempt that ended badly.  ``failures`` counts this one too.  Retries are
     always the identical job resumed from its latest verified checkpoint; never for a config
-    error or divergence (DOMAIN.md 7.1)."""
+    error or divergence (docs/health.md)."""
     if klass in ("config", "divergence"):
         return Decision("fail", f"{klass} error: never retried (fix it and submit again)")
     if klass in RETRYABLE:
@@ -313,7 +313,7 @@ def timestamp(value: Any) -> float | None:
     return None
 
 
-# --- the one line per host per tick (DOMAIN.md 6.5) ---------------------------------------------
+# --- the one line per host per tick (docs/health.md) ---------------------------------------------
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """PURE placement: which host gets which job, and which unstarted jobs should move.
 
 Nothing here does I/O or reads the clock: callers pass what they know and get
-decisions back (ARCHITECTURE.md §4.5, DOMAIN.md §2.7).
+decisions back (docs/architecture.md, docs/queue.md).
 
 ``plan`` is list scheduling.  Jobs go longest first (``est_s × gpus``, ties by
 job id) onto the usable host where they would *finish* earliest: on a host, a

@@ -13,8 +13,8 @@ DEFAULT_EPOCHS = 20
 class JobSpec(BaseModel):
     """One validated queue-file line (an ablation cell).
 
-    ``config`` is a POSIX path relative to the queue file's directory (the
-    workdir); ``config_sha256`` is the hash of its bytes at validation time.
+    ``config`` is a POSIX path relative to the project root ("" for a line without one);
+    ``config_sha256`` is the hash of its bytes at validation time.
     ``line`` and ``raw`` are for display only: they never take part in identity.
     """
 
@@ -31,6 +31,8 @@ class JobSpec(BaseModel):
     host: str | None = None
     retries: int | None = None
     config_sha256: str = ""
+    args: tuple[str, ...] = ()  # trainer arguments after `--`, grid-expanded, literal
+    cell: str = ""  # the line's name before grid/seed expansion ("" = the job's own name)
     line: int = 0
     raw: str = ""
 
@@ -100,7 +102,7 @@ class Assignment(BaseModel):
     host: str
 
 
-# --- identity (DOMAIN.md 2.6) -----------------------------------------------------
+# --- identity (docs/queue.md) -----------------------------------------------------
 
 _B32 = "abcdefghijklmnopqrstuvwxyz234567"
 
@@ -123,7 +125,7 @@ def job_id_for(queue_id: str, name: str) -> str:
 
 def spec_hash_for(job: JobSpec) -> str:
     """sha256 of the canonical JSON of the identity fields of a job."""
-    identity = {
+    identity: dict[str, object] = {
         "config": job.config,
         "config_sha256": job.config_sha256,
         "task": job.task,
@@ -133,5 +135,7 @@ def spec_hash_for(job: JobSpec) -> str:
         "seed": job.seed,
         "name": job.name,
     }
+    if job.args:  # an empty list leaves the hashes of jobs without arguments as they were
+        identity["args"] = list(job.args)
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,6 +1,6 @@
 """gpuq training payload: a small DDP trainer with atomic, bit-exact resumable checkpoints.
 
-Launch (DOMAIN.md 14)::
+Launch (docs/trainer-contract.md)::
 
     python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=N payload/train.py \
         --config <abs yaml> --task classify|regress --epochs E

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
     from orchestrator.api.context import Context, host_for, open_context
+    from orchestrator.api.dryrun import DryRun, dry_run
     from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
     from orchestrator.api.hosts import (
         HostDetail,
@@ -38,6 +39,7 @@ _WHERE = {
     "CancelOutcome": "orchestrator.api.jobs",
     "Context": "orchestrator.api.context",
     "DownPlan": "orchestrator.api.cloud",
+    "DryRun": "orchestrator.api.dryrun",
     "HostDetail": "orchestrator.api.hosts",
     "PullReport": "orchestrator.api.pull",
     "ReapReport": "orchestrator.api.health",
@@ -53,6 +55,7 @@ _WHERE = {
     "doctor": "orchestrator.api.health",
     "down": "orchestrator.api.cloud",
     "down_plan": "orchestrator.api.cloud",
+    "dry_run": "orchestrator.api.dryrun",
     "host_for": "orchestrator.api.context",
     "hosts_add": "orchestrator.api.hosts",
     "hosts_list": "orchestrator.api.hosts",
@@ -100,6 +103,7 @@ __all__ = [
     "CancelOutcome",
     "Context",
     "DownPlan",
+    "DryRun",
     "HostDetail",
     "PullReport",
     "ReapReport",
@@ -115,6 +119,7 @@ __all__ = [
     "doctor",
     "down",
     "down_plan",
+    "dry_run",
     "host_for",
     "hosts_add",
     "hosts_list",

@@ -1,6 +1,6 @@
 """Rented hosts: ``up`` (provision, wait for SSH, register, preflight), ``down`` (terminate behind the
 teardown gate), preemption detection and ``resume``; checkpoint shipping lives in
-``api/checkpoints.py`` (DOMAIN.md 11, 13).
+``api/checkpoints.py`` (docs/checkpoints.md, docs/providers.md).
 
 The provider adapters (``orchestrator.providers``) speak the vendor APIs; this module decides.  gpuq
 never destroys anything on its own: only ``down`` terminates, only when the user asked, and never
@@ -212,6 +212,7 @@ def down(ctx: Context, plan: DownPlan) -> dict[str, str]:
             ctx.ledger.record_event("host", row.name, f"terminate of {row.instance_id} failed: {exc}")
             continue
         ctx.fleet.drop(row.name)
+        fleet.forget_row_keys(ctx.settings, row)  # the provider may hand this IP:port to the next machine
         ctx.ledger.update_host(row.name, lease_state="terminated", lease_reason="terminated by the user",
                                lease_changed_at=time.time(), hold_reason="terminated")
         ctx.ledger.record_event("host", row.name, f"{row.provider} {row.instance_id} terminated (gone)")

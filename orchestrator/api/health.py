@@ -123,7 +123,7 @@ def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = 
           sleep: Callable[[float], None] = time.sleep, auto_resume: bool = False) -> WatchResult:
     """Tick until the sweep is done (every job ended, or LOST with no retries left), with per-host
     backoff for unreachable hosts.  A watcher that never exits never notifies: it gives up after
-    ``max_hours`` (DOMAIN.md 6.1)."""
+    ``max_hours`` (docs/health.md)."""
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     floor = ctx.settings.patrol_min_interval_s
     deadline = time.monotonic() + max_hours * 3600

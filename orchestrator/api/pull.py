@@ -27,7 +27,7 @@ class PullReport:
 
     @property
     def ok(self) -> bool:
-        """At least one job verified, and every job not written off is verified (DOMAIN.md 18.7)."""
+        """At least one job verified, and every job not written off is verified (docs/results.md)."""
         return bool(self.verified) and all(o.verified or o.job_id in self.written_off for o in self.outcomes)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,14 +11,15 @@ from pathlib import Path
 from orchestrator import controller
 from orchestrator.api.context import Context, _known_hosts, _payload_tasks
 from orchestrator.bundle import Bundle, build_bundle
-from orchestrator.config import LOCAL_HOST
+from orchestrator.config import LOCAL_HOST, PROJECT_CONFIG
 from orchestrator.errors import UsageError
 from orchestrator.ledger import Host as HostRow
 from orchestrator.ledger import Job
 from orchestrator.queuefile import parse_queue
+from orchestrator.runconfig import RunConfig, check_jobs, load_run, project_root, setup_key
 from orchestrator.scheduler import epoch_rates, plan
 from orchestrator.setup_holds import held_bundles, is_held
-from orchestrator.specs import job_id_for, new_queue_id, spec_hash_for
+from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 
 
 @dataclass
@@ -32,6 +34,9 @@ class SubmitResult:
     launch_error: str = ""
     makespan_s: float = 0.0
     pushed_to: list[str] = field(default_factory=list)  # hosts that received the bundle's bytes
+    specs: list[JobSpec] = field(default_factory=list)  # every expanded job (dry run: what would be recorded)
+    run: RunConfig | None = None  # the project's [run] table
+    hosts: list[HostRow] = field(default_factory=list)  # the hosts the plan could use
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -76,7 +81,13 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
             raise UsageError(f'unknown host "{name}"; known hosts: {", ".join(sorted(known))} '
                              "(`gpuq hosts add` registers one)")
     entry = ctx.settings.entry
-    parsed = parse_queue(queue, known_hosts=known, tasks=None if entry else _payload_tasks())
+    toml_path = queue.parent / PROJECT_CONFIG
+    run = load_run(toml_path)
+    payload_command = not entry and (run is None or not run.command)
+    parsed = parse_queue(queue, known_hosts=known, tasks=_payload_tasks() if payload_command else None,
+                         needs_config=run is None or run.needs_config)
+    if run is not None:
+        parsed = _under_project(parsed, run, toml_path, str(queue))
     if entry:
         path = Path(parsed.workdir) / entry
         if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
@@ -90,6 +101,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                  for j in multi]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     workdir = Path(parsed.workdir)
+    run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir)}) if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings)
@@ -138,7 +150,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     placements = {a.job_id: a.host for a in decided.assignments}
     if dry_run:
         return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True,
-                            makespan_s=decided.makespan_s)
+                            makespan_s=decided.makespan_s, specs=list(parsed.jobs), run=run, hosts=rows)
     rows_added = ctx.ledger.add_sweep(
         sweep_id=sweep_id,
         queue_path=str(queue),
@@ -150,7 +162,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         hosts=list(dict.fromkeys(hosts)),
         entry=ctx.settings.entry,
         launcher=ctx.settings.launcher,
-        verify=ctx.settings.verify,
+        verify=run.verify if run is not None else ctx.settings.verify,
+        run=run_json,
     )
     result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, pushed_to=sorted(pushed))
@@ -162,3 +175,21 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         result.launch_error = "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)"
                                         for err in failed.values())
     return result
+
+
+def _under_project(parsed: ParsedQueue, run: RunConfig, toml_path: Path, queue: str) -> ParsedQueue:
+    """Config paths relative to the project root (``[run] project``), and the [run] checks of every job."""
+    root = project_root(run, toml_path.parent)
+    errors = check_jobs(run, parsed.jobs, toml_path, queue)
+    jobs = []
+    for job in parsed.jobs:
+        if job.config:
+            rel = os.path.relpath(os.path.join(os.path.realpath(parsed.workdir), job.config), root)
+            if rel.startswith(".."):
+                errors.append(f"{queue}:{job.line}: config {job.config} is outside the project root {root} "
+                              f"([run] project in {toml_path})")
+            job = job.model_copy(update={"config": Path(rel).as_posix()})
+        jobs.append(job)
+    if errors:
+        raise UsageError("\n".join([*errors, "nothing was submitted"]))
+    return parsed.model_copy(update={"jobs": tuple(jobs), "workdir": str(root)})

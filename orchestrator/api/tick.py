@@ -1,4 +1,4 @@
-"""One controller tick: probe → reconcile → patrol → collect → steal → dispatch (DOMAIN.md 6).
+"""One controller tick: probe → reconcile → patrol → collect → steal → dispatch (docs/health.md).
 
 Every host gets exactly one read-only round trip (the agent's ``status --json``, carrying the
 patrol's scan offsets and kernel-log cursor).  The patrol rules (``orchestrator.patrol``) turn
@@ -49,7 +49,7 @@ PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalle
 @dataclass
 class TickReport:
     probes: dict[str, controller.Probe] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)  # one per host (DOMAIN.md 6.5)
+    lines: list[str] = field(default_factory=list)  # one per host (docs/health.md)
     findings: list[Finding] = field(default_factory=list)  # newly recorded this tick
     actions: list[str] = field(default_factory=list)  # what the policy did, one line each
     round_trips: dict[str, int] = field(default_factory=dict)
@@ -231,7 +231,7 @@ def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: Tick
 
 def _resumed(ctx: Context, host: str, mine: Sequence[Job], entries: dict[str, dict[str, object]],
              report: TickReport) -> None:
-    """Proof that a resume resumed (DOMAIN.md 11.8): the step the payload says it loaded, checked
+    """Proof that a resume resumed (docs/checkpoints.md): the step the payload says it loaded, checked
     against the newest checkpoint the ledger knew when the attempt started."""
     for job in mine:
         scan = entries.get(job.id, {}).get("scan")

@@ -185,7 +185,7 @@ def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float, p
 
     # the ledger's view first (instant, no probe; a bad --sweep fails here, before the screen changes)
     view = View(api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=False, states=states), interval_s=interval_s)
-    # unreachable hosts back off (DOMAIN.md 6.5): a live view must not hammer a dead sshd every few seconds
+    # unreachable hosts back off (docs/health.md): a live view must not hammer a dead sshd every few seconds
     ticker = Ticker(lambda: api.status(ctx, sweep=sweep, all_jobs=all_jobs, honour_backoff=True, probe=probe,
                                        states=states), interval_s)
     console = Console(highlight=False)

@@ -65,11 +65,17 @@ EXIT_CODES = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, te
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.option("--debug", is_flag=True, help="Show tracebacks for gpuq errors.")
+@click.option("-v", "--verbose", count=True,
+              help="Log retries, backoff and rate-limit waits on stderr (-vv: every request).")
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version and exit.")
-def cli(debug: bool) -> None:
+def cli(debug: bool, verbose: int) -> None:
     """gpuq: run ablation queues on GPU hosts, detached, checkpointed, verified."""
     _State.debug = debug
+    if verbose:
+        from orchestrator.cli.verbose import configure
+
+        configure(verbose)
 
 
 @cli.command()
@@ -79,7 +85,8 @@ def cli(debug: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and plan; write nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch --parsable.")
+              help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
+                   "--parsable; with --dry-run: one JSON document of every expanded job and its argv.")
 def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
@@ -87,7 +94,12 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_j
 
     ctx = _ctx(queue.parent)
     result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
-    if as_json and not dry_run:
+    if dry_run:
+        from orchestrator.cli.dryrun import print_dry_run
+
+        print_dry_run(api.dry_run(ctx, result), as_json=as_json)
+        return
+    if as_json:
         emit.submitted(result)
     else:
         render.submitted(result)

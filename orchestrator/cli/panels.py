@@ -311,7 +311,7 @@ def height_of(renderable: RenderableType, width: int) -> int:
 def screen(view: View, now: float, width: int, height: int) -> tuple[Layout, int]:
     """The whole frame for a ``width`` x ``height`` terminal, and the job rows it has room for."""
     snap = view.snapshot
-    stale_after_s = 3 * view.interval_s  # "three ticks" (DOMAIN.md 6.5)
+    stale_after_s = 3 * view.interval_s  # "three ticks" (docs/health.md)
     hosts = hosts_panel(snap, now, stale_after_s)
     hosts_h = height_of(hosts, width)
     room = max(5, (height - 1) // 3)

@@ -8,10 +8,18 @@ file or a spec can ever be interpreted by a remote shell.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from orchestrator.errors import HostError
 from orchestrator.specs import CommandResult
+
+Progress = Callable[[int], None]  # bytes transferred so far
+
+
+def too_big(host: str, remote: str, actual: int, expected: int) -> HostError:
+    return HostError(host, f"{remote} is {actual} bytes, more than the {expected} expected; not downloaded "
+                           "(a host cannot send more than its manifest says)")
 
 
 class Host(ABC):
@@ -32,15 +40,21 @@ class Host(ABC):
         """
 
     @abstractmethod
-    def put(self, local: Path, remote: str) -> None:
-        """Copy one local file to ``remote`` (created or replaced atomically).
+    def put(self, local: Path, remote: str, *, progress: Progress | None = None) -> None:
+        """Copy one local file to ``remote`` (created or replaced atomically).  ``progress`` is
+        called with the bytes sent so far (for a progress bar).
 
         Raises HostUnreachable on transport failure.  Idempotent.
         """
 
     @abstractmethod
-    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+    def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
+            progress: Progress | None = None) -> None:
         """Copy one remote file to ``local``, from byte ``offset`` on.
+
+        ``size``: the size the caller expects (a manifest's): a larger remote file is refused with
+        HostError and nothing past ``size`` is ever read, so a host cannot fill the controller's disk.
+        ``progress`` is called with the bytes received so far.
 
         ``offset == 0`` creates or truncates ``local``; ``offset > 0`` resumes a partial
         copy: ``local`` is cut to ``offset`` bytes and the rest is appended.  Raises

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.errors import HostError, HostUnreachable
-from orchestrator.hosts.base import Host
+from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.specs import CommandResult
 
 
@@ -48,24 +48,36 @@ class LocalHost(Host):
             duration_s=time.monotonic() - started,
         )
 
-    def put(self, local: Path, remote: str) -> None:
+    def put(self, local: Path, remote: str, *, progress: Progress | None = None) -> None:
         target = Path(remote)
         tmp = target.with_name(f".{target.name}.tmp.{os.getpid()}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local, tmp)
             os.replace(tmp, target)
+            if progress is not None:
+                progress(target.stat().st_size)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise HostError(self.name, f"cannot write {remote}: {exc.strerror}") from exc
 
-    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+    def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
+            progress: Progress | None = None) -> None:
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
-            with open(remote, "rb") as src, open(local, "r+b" if offset and local.exists() else "wb") as dst:
-                dst.truncate(offset)
-                dst.seek(offset)
-                src.seek(offset)
-                shutil.copyfileobj(src, dst, 1 << 20)
+            with open(remote, "rb") as src:
+                actual = os.fstat(src.fileno()).st_size
+                if size is not None and actual > size:
+                    raise too_big(self.name, remote, actual, size)
+                with open(local, "r+b" if offset and local.exists() else "wb") as dst:
+                    dst.truncate(offset)
+                    dst.seek(offset)
+                    src.seek(offset)
+                    done = offset
+                    while block := src.read(1 << 20 if size is None else min(1 << 20, size - done)):
+                        dst.write(block)
+                        done += len(block)
+                        if progress is not None:
+                            progress(done)
         except OSError as exc:
             raise HostError(self.name, f"cannot read {remote}: {exc.strerror}") from exc

@@ -1,17 +1,19 @@
 """SSHHost: a remote machine over SSH (paramiko).  The only module that imports paramiko.
 
-Contract (DOMAIN.md 15):
+Contract (docs/security.md, docs/host-protocol.md):
 
-- **Host keys are verified.**  Keys live in a gpuq-owned known_hosts file
-  (``$GPUQ_HOME/known_hosts``); the user's ``~/.ssh/known_hosts`` is consulted
-  read-only.  An unknown key is refused unless the host was created with
+- **Host keys are verified** (knownhosts.py).  Keys live in a gpuq-owned known_hosts file
+  (``$GPUQ_HOME/known_hosts``), which wins for a host it names; the user's
+  ``~/.ssh/known_hosts`` is consulted read-only otherwise; ``@revoked`` keys are refused.
+  An unknown key is refused unless the host was created with
   ``trust_new_host_key`` (trust on first use, recorded in the gpuq file); a
   changed key is always refused (HostKeyError), and the old entry is kept as
   evidence.
-- **Targets** are ``user@address`` or an alias from ``~/.ssh/config``; HostName,
-  User, Port, IdentityFile and ProxyJump of the alias are honoured (ProxyJump by
-  tunnelling a ``direct-tcpip`` channel through each jump host, whose keys are
-  verified the same way).
+- **Targets** are ``user@address`` or an alias from ``~/.ssh/config`` (sshconfig.py);
+  ProxyJump tunnels a ``direct-tcpip`` channel through each jump host, whose keys are
+  verified the same way and recorded as its own; ProxyCommand runs the command as the socket.
+- **Files** go over SFTP, or over an exec channel when the host has no SFTP subsystem
+  (sshexec.py); a download never reads past the size the caller expects.
 - **One connection per host per command**, reused by every call, with
   keepalives.  Connecting retries with capped exponential backoff and jitter;
   a command whose session cannot be opened on a stale connection reconnects once.
@@ -43,7 +45,9 @@ from typing import Any
 import paramiko
 
 from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
-from orchestrator.hosts.base import Host
+from orchestrator.hosts.base import Host, Progress, too_big
+from orchestrator.hosts.knownhosts import TrustPolicy as _Policy
+from orchestrator.hosts.knownhosts import load_trust, revoked_message, user_keys_for
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.specs import CommandResult
 
@@ -52,6 +56,7 @@ from orchestrator.specs import CommandResult
 # (HostUnreachable, "unreachable since T"), so paramiko's records go nowhere unless a caller
 # configures logging.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+_log = logging.getLogger("orchestrator.hosts.ssh")
 
 __all__ = [
     "Endpoint", "SSHHost", "SSHOptions", "fingerprint", "known_hosts_key", "offered_key", "remote_command", "resolve",
@@ -67,34 +72,7 @@ TRANSFER_STALL_S = 60.0
 STDIN_CHUNK = 1 << 15
 EOF_GRACE_S = 2.0
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
-
-
-class _Policy(paramiko.MissingHostKeyPolicy):
-    """Unknown key: refuse, or (trust on first use) record it in the gpuq known_hosts file."""
-
-    def __init__(self, host_name: str, known_hosts: Path, trust_new: bool, lock: threading.Lock) -> None:
-        self.host_name = host_name
-        self.known_hosts = known_hosts
-        self.trust_new = trust_new
-        self.lock = lock
-        self.trusted: list[str] = []
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        line = f"{hostname} {key.get_name()} {key.get_base64()}"
-        if not self.trust_new:
-            raise HostKeyError(
-                self.host_name,
-                f"unknown SSH host key for {hostname} ({key.get_name()} {fingerprint(key)}); "
-                "check the fingerprint with the machine's owner or console, then run the command again "
-                "with --trust-new-host-key to trust it (recorded in gpuq's known_hosts)",
-            )
-        with self.lock:
-            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(fd, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.trusted.append(f"{key.get_name()} {key.get_base64()}")
+MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout plus stderr; a host printing without end is stopped here
 
 
 @dataclass
@@ -106,6 +84,7 @@ class SSHOptions:
     keepalive_s: int = KEEPALIVE_S
     connect_tries: int = CONNECT_TRIES
     transfer_stall_s: float = TRANSFER_STALL_S
+    max_output_bytes: int = MAX_OUTPUT_BYTES
     sleep: Callable[[float], None] = field(default=time.sleep)
 
 
@@ -124,42 +103,51 @@ class SSHHost(Host):
         self._client: paramiko.SSHClient | None = None
         self._jumps: list[paramiko.SSHClient] = []
         self._sftp: paramiko.SFTPClient | None = None
+        self._no_sftp = False  # the host's sshd has no SFTP subsystem: files go over exec channels
         self._lock = threading.RLock()
         self.connects = 0  # for tests and benchmarks: how many TCP connections this object made
         self.round_trips = 0
-        self.trusted_keys: list[str] = []  # "<type> <base64>" accepted on first use by this object
+        self.trusted_keys: list[str] = []  # "<type> <base64>" of this host, accepted on first use by this object
+        # jump hosts' keys accepted on first use, each with its own endpoint (never the host's key)
+        self.trusted_hop_keys: list[tuple[Endpoint, str]] = []
 
     # --- connection ---------------------------------------------------------------
 
     def _new_client(self, endpoint: Endpoint) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        system = Path.home() / ".ssh" / "known_hosts"
-        if system.is_file():
-            # an unreadable user file is skipped: gpuq's own file still applies
-            with contextlib.suppress(OSError, paramiko.SSHException):
-                client.load_system_host_keys(str(system))
         known = self.options.known_hosts
-        if known.is_file():
-            client.load_host_keys(str(known))
-        policy = _Policy(self.name, known, self.options.trust_new_host_key, _KNOWN_HOSTS_LOCK)
+        # gpuq's file first and alone for a host it names; the user's file otherwise (read-only)
+        trust = load_trust(known, Path.home() / ".ssh" / "known_hosts")
+        client._host_keys = trust.own  # type: ignore[attr-defined]
+        client._system_host_keys = user_keys_for(  # type: ignore[attr-defined]
+            trust, known_hosts_key(endpoint.hostname, endpoint.port))
+        policy = _Policy(self.name, known, self.options.trust_new_host_key, _KNOWN_HOSTS_LOCK, trust)
         client.set_missing_host_key_policy(policy)
         client._gpuq_policy = policy  # type: ignore[attr-defined]
         return client
 
     def _connect_one(self, endpoint: Endpoint, sock: Any) -> paramiko.SSHClient:
         client = self._new_client(endpoint)
+        timeout = endpoint.connect_timeout_s or self.options.connect_timeout_s
+        if sock is None and endpoint.proxy_command:
+            try:
+                sock = paramiko.ProxyCommand(endpoint.proxy_command)
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostUnreachable(self.name, f"ProxyCommand for {endpoint.label()} failed to start: "
+                                                 f"{_describe(exc)}") from exc
         try:
             client.connect(
                 endpoint.hostname,
                 port=endpoint.port,
                 username=endpoint.user or None,
                 key_filename=list(endpoint.key_files) or None,  # type: ignore[arg-type]  # stubs say str; list is documented
-                timeout=self.options.connect_timeout_s,
-                banner_timeout=self.options.connect_timeout_s,
-                auth_timeout=self.options.connect_timeout_s,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
                 sock=sock,
                 look_for_keys=not endpoint.key_files,
-                allow_agent=not endpoint.key_files,
+                # as OpenSSH: ssh-agent keys are offered alongside IdentityFile unless IdentitiesOnly
+                allow_agent=not endpoint.identities_only,
             )
         except paramiko.BadHostKeyException as exc:
             client.close()
@@ -167,9 +155,9 @@ class SSHHost(Host):
                 self.name,
                 f"the SSH host key of {endpoint.label()} CHANGED: known {fingerprint(exc.expected_key)}, "
                 f"offered {fingerprint(exc.key)}. Refusing to connect: this is either a re-created machine or "
-                "someone intercepting the connection. If the machine was re-created, confirm the new "
-                f"fingerprint with its provider, then `gpuq hosts trust {self.name} --fingerprint "
-                f"{fingerprint(exc.key)}` replaces only this entry",
+                "someone intercepting the connection. If the machine was re-created, get its new "
+                "fingerprint from the provider's console (not from this connection), then "
+                f"`gpuq hosts trust {self.name} --fingerprint <that fingerprint>` replaces only this entry",
             ) from exc
         except paramiko.AuthenticationException as exc:
             client.close()
@@ -185,10 +173,17 @@ class SSHHost(Host):
             client.close()
             raise HostUnreachable(self.name, f"cannot connect to {endpoint.label()}: {_describe(exc)}") from exc
         transport = client.get_transport()
+        policy: _Policy = client._gpuq_policy  # type: ignore[attr-defined]
+        offered = transport.get_remote_server_key() if transport is not None else None
+        if offered is not None and policy.trust.is_revoked(offered):
+            client.close()
+            raise HostKeyError(self.name, revoked_message(endpoint.label(), offered))
         if transport is not None:
             transport.set_keepalive(self.options.keepalive_s)
-        policy: _Policy = client._gpuq_policy  # type: ignore[attr-defined]
-        self.trusted_keys.extend(policy.trusted)
+        if endpoint is self.endpoint:
+            self.trusted_keys.extend(policy.trusted)
+        else:
+            self.trusted_hop_keys.extend((endpoint, key) for key in policy.trusted)
         return client
 
     def _open(self) -> paramiko.SSHClient:
@@ -224,10 +219,12 @@ class SSHHost(Host):
                 try:
                     self._client = self._open()
                     return self._client
-                except HostUnreachable:
+                except HostUnreachable as exc:
                     if attempt == self.options.connect_tries:
                         raise
-                    self.options.sleep(min(BACKOFF_CAP_S, delay) * (0.5 + random.random() / 2))
+                    wait = min(BACKOFF_CAP_S, delay) * (0.5 + random.random() / 2)
+                    _log.info("%s; retry %d of %d in %.1f s", exc, attempt, self.options.connect_tries - 1, wait)
+                    self.options.sleep(wait)
                     delay *= 2
             raise AssertionError("unreachable")  # pragma: no cover
 
@@ -270,12 +267,20 @@ class SSHHost(Host):
         self.round_trips += 1
         out: list[bytes] = []
         err: list[bytes] = []
+        received = 0
+        cap = self.options.max_output_bytes
 
         def drain() -> None:
+            nonlocal received
             while chan.recv_ready():
                 out.append(chan.recv(CHUNK))
+                received += len(out[-1])
             while chan.recv_stderr_ready():
                 err.append(chan.recv_stderr(CHUNK))
+                received += len(err[-1])
+            if received > cap:
+                raise HostError(self.name, f"{argv[0]} printed more than {cap >> 20} MiB; gpuq stopped reading "
+                                           "its output (a host that prints without end is not trusted)")
 
         pending = memoryview(stdin or b"")
         try:
@@ -344,9 +349,9 @@ class SSHHost(Host):
                 # of blocking until TCP gives up (the pull retries and resumes from the offset)
                 self._sftp.get_channel().settimeout(self.options.transfer_stall_s)  # type: ignore[union-attr]
             except (OSError, EOFError, paramiko.SSHException) as exc:
-                self._drop()
-                raise HostUnreachable(self.name, f"cannot start SFTP (proxied endpoints cannot carry files; "
-                                                 f"direct TCP is needed): {_describe(exc)}") from exc
+                self._sftp = None
+                raise HostUnreachable(self.name, f"cannot start SFTP on {self.endpoint.label()} (is its sshd's "
+                                                 f"sftp subsystem installed and enabled?): {_describe(exc)}") from exc
             return self._sftp
 
     def _mkdirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
@@ -365,14 +370,36 @@ class SSHHost(Host):
             except FileNotFoundError:
                 sftp.mkdir(path)
 
-    def put(self, local: Path, remote: str) -> None:
-        sftp = self._sftp_client()
+    def _files(self) -> paramiko.SFTPClient | None:
+        """SFTP when the host offers it; None when its sshd has no SFTP subsystem (files then
+        stream over exec channels, like ``scp -O``)."""
+        if self._no_sftp:
+            return None
+        try:
+            return self._sftp_client()
+        except HostUnreachable:
+            with self._lock:
+                client = self._connection()  # still unreachable: that error is the real cause
+                transport = client.get_transport()
+                if transport is None or not transport.is_active():
+                    raise
+                self._no_sftp = True
+            return None
+
+    def put(self, local: Path, remote: str, *, progress: Progress | None = None) -> None:
         directory, _, base = remote.rpartition("/")
         tmp = f"{directory}/.{base}.tmp.{os.getpid()}" if directory else f".{base}.tmp.{os.getpid()}"
+        sftp = self._files()
+        if sftp is None:
+            from orchestrator.hosts.sshexec import exec_put
+
+            exec_put(self, local, remote, tmp, directory, progress)
+            return
         try:
             if directory:
                 self._mkdirs(sftp, directory)
-            sftp.put(str(local), tmp, confirm=True)
+            sftp.put(str(local), tmp, confirm=True,
+                     callback=(lambda done, _total: progress(done)) if progress is not None else None)
             sftp.posix_rename(tmp, remote)
         except FileNotFoundError as exc:
             raise HostError(self.name, f"cannot write {remote}: {exc}") from exc
@@ -383,10 +410,16 @@ class SSHHost(Host):
                 self._drop()
             raise HostUnreachable(self.name, f"upload of {local.name} failed: {_describe(exc)}") from exc
 
-    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
-        sftp = self._sftp_client()
+    def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
+            progress: Progress | None = None) -> None:
+        sftp = self._files()
+        if sftp is None:
+            from orchestrator.hosts.sshexec import exec_get
+
+            exec_get(self, remote, local, offset, size, progress)
+            return
         try:
-            size = sftp.stat(remote).st_size or 0
+            remote_size = sftp.stat(remote).st_size or 0
             if stat.S_ISDIR(sftp.stat(remote).st_mode or 0):
                 raise HostError(self.name, f"{remote} is a directory, not a file")
         except FileNotFoundError as exc:
@@ -395,6 +428,9 @@ class SSHHost(Host):
             with self._lock:
                 self._drop()
             raise HostUnreachable(self.name, f"cannot read {remote}: {_describe(exc)}") from exc
+        if size is not None and remote_size > size:
+            raise too_big(self.name, remote, remote_size, size)
+        limit = remote_size if size is None else min(size, remote_size)
         local.parent.mkdir(parents=True, exist_ok=True)
         mode = "r+b" if offset and local.exists() else "wb"
         try:
@@ -402,13 +438,15 @@ class SSHHost(Host):
                 dst.truncate(offset)
                 dst.seek(offset)
                 src.seek(offset)
-                if size > offset:
-                    src.prefetch(size)
-                while True:
-                    block = src.read(CHUNK)
-                    if not block:
-                        break
+                if limit > offset:
+                    src.prefetch(limit)
+                done = offset
+                # never past the size seen (or expected): a file that grows meanwhile is not followed
+                while done < limit and (block := src.read(min(CHUNK, limit - done))):
                     dst.write(block)
+                    done += len(block)
+                    if progress is not None:
+                        progress(done)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             if isinstance(exc, PermissionError):
                 raise HostError(self.name, f"cannot read {remote}: permission denied") from exc
@@ -469,6 +507,8 @@ def offered_key(name: str, endpoint: Endpoint, *, timeout: float = CONNECT_TIMEO
             clients.append(previous)
         if previous is not None:
             sock = _tunnel(previous, endpoint, timeout, name)
+        elif endpoint.proxy_command:
+            sock = paramiko.ProxyCommand(endpoint.proxy_command)
         else:
             sock = socket.create_connection((endpoint.hostname, endpoint.port), timeout=timeout)
         transport = paramiko.Transport(sock)

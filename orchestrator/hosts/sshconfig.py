@@ -1,7 +1,10 @@
 """Where an SSH target leads: ``~/.ssh/config`` applied the way OpenSSH reads it, and key names.
 
 ``resolve`` turns ``user@address[:port]`` or an alias (HostName, User, Port, IdentityFile,
-ProxyJump) into an Endpoint; explicit values win over the config.  Split from ssh.py, which
+IdentitiesOnly, ProxyJump, ProxyCommand, ConnectTimeout) into an Endpoint; explicit values win
+over the config.  Like OpenSSH, the user's file is read first and ``/etc/ssh/ssh_config`` after it,
+and the first value obtained wins (IdentityFile accumulates).  A jump host's own ProxyJump is
+followed (the chain is flattened, outermost hop first).  Split from ssh.py, which
 connects; both are the only modules that import paramiko.
 """
 
@@ -10,7 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,9 @@ class Endpoint:
     key_files: tuple[str, ...] = ()
     jump: tuple[Endpoint, ...] = ()
     alias: str = ""
+    proxy_command: str = ""  # tokens already expanded; used when there is no ProxyJump
+    identities_only: bool = False  # IdentitiesOnly yes: the named keys only, no ssh-agent
+    connect_timeout_s: float | None = None
 
     def label(self) -> str:
         where = self.hostname if self.port == 22 else f"{self.hostname}:{self.port}"
@@ -50,6 +56,19 @@ def _split_target(target: str) -> tuple[str, str, int | None]:
     return user, rest, port
 
 
+SYSTEM_SSH_CONFIG = Path("/etc/ssh/ssh_config")
+
+
+def _lookup(path: Path, host: str, target: str) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        config = paramiko.SSHConfig.from_path(str(path))
+        return dict(config.lookup(host))
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise HostError(target, f"cannot read {path}: {exc}") from exc
+
+
 def resolve(
     target: str,
     *,
@@ -57,6 +76,7 @@ def resolve(
     user: str = "",
     key_file: str = "",
     ssh_config: Path | None = None,
+    system_config: Path | None = SYSTEM_SSH_CONFIG,
     _depth: int = 0,
 ) -> Endpoint:
     """Apply ``~/.ssh/config`` to ``target`` the way OpenSSH would (explicit values win)."""
@@ -66,13 +86,15 @@ def resolve(
     if not t_host:
         raise HostError(target, "no address in the SSH target; use user@address or an ~/.ssh/config alias")
     cfg_path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
-    looked: dict[str, Any] = {}
-    if cfg_path.is_file():
-        try:
-            config = paramiko.SSHConfig.from_path(str(cfg_path))
-            looked = dict(config.lookup(t_host))
-        except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise HostError(target, f"cannot read {cfg_path}: {exc}") from exc
+    looked = _lookup(cfg_path, t_host, target)
+    system = _lookup(system_config, t_host, target) if system_config is not None else {}
+    if looked.get("hostname") == t_host and system.get("hostname"):
+        looked.pop("hostname")  # paramiko fills in the target itself: not a value the user set
+    for key, value in system.items():
+        if key == "identityfile":
+            looked["identityfile"] = [*looked.get("identityfile", []), *value]
+        else:
+            looked.setdefault(key, value)
     hostname = str(looked.get("hostname") or t_host)
     final_port = port or t_port or int(looked.get("port") or 22)
     final_user = user or t_user or str(looked.get("user") or "")
@@ -80,9 +102,19 @@ def resolve(
     jumps: list[Endpoint] = []
     proxy = str(looked.get("proxyjump") or "")
     if proxy and proxy.lower() != "none":
-        for hop in proxy.split(","):
-            jumps.append(resolve(hop.strip(), ssh_config=cfg_path, _depth=_depth + 1))
-    return Endpoint(hostname, final_port, final_user, keys, tuple(jumps), alias=t_host if looked else "")
+        for i, hop in enumerate(proxy.split(",")):
+            resolved = resolve(hop.strip(), ssh_config=cfg_path, system_config=system_config, _depth=_depth + 1)
+            if i == 0:
+                jumps.extend(resolved.jump)  # the first hop's own ProxyJump leads to it (as ssh -J does)
+            jumps.append(replace(resolved, jump=(), proxy_command=resolved.proxy_command if i == 0 else ""))
+    command = str(looked.get("proxycommand") or "")
+    timeout = str(looked.get("connecttimeout") or "")
+    return Endpoint(
+        hostname, final_port, final_user, keys, tuple(jumps), alias=t_host if looked else "",
+        proxy_command="" if jumps or command.lower() == "none" else command,
+        identities_only=str(looked.get("identitiesonly") or "").lower() == "yes",
+        connect_timeout_s=float(timeout) if timeout.isdigit() and int(timeout) > 0 else None,
+    )
 
 
 def known_hosts_key(hostname: str, port: int) -> str:

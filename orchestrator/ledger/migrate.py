@@ -245,8 +245,15 @@ def _v5_providers(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE checkpoint ADD COLUMN {column}")
 
 
+def _v6_run(conn: sqlite3.Connection) -> None:
+    """Your own trainer: a job's trainer arguments and cell name, a sweep's [run] table (JSON)."""
+    for column in ("args VARCHAR NOT NULL DEFAULT '[]'", "cell VARCHAR NOT NULL DEFAULT ''"):
+        conn.execute(f"ALTER TABLE job ADD COLUMN {column}")
+    conn.execute("ALTER TABLE sweep ADD COLUMN run VARCHAR NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
-                                                          _v5_providers]
+                                                          _v5_providers, _v6_run]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -16,6 +16,7 @@ Rules this class enforces:
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -32,8 +33,9 @@ from sqlmodel import Session, col, select
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
+from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.refs import JobRef
-from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Pull, Sweep
+from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Sweep
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
 from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
@@ -49,7 +51,7 @@ def _create_private(path: Path) -> None:
 SETUP_PHASE = "project_setup"  # orchestrator/setup_holds.py: never counts against retries=
 
 
-class Ledger:
+class Ledger(PullRecords):
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
 
     def __init__(self, path: Path) -> None:
@@ -152,6 +154,7 @@ class Ledger:
         entry: str = "",
         launcher: str = "torchrun",
         verify: Sequence[str] = ("metrics", "best_ckpt"),
+        run: str = "",
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
@@ -173,6 +176,7 @@ class Ledger:
                     entry=entry,
                     launcher=launcher,
                     verify=",".join(verify),
+                    run=run,
                     job_count=len(jobs),
                     created_at=now,
                 )
@@ -196,6 +200,8 @@ class Ledger:
                     host_pin=spec.host,
                     retries=default_retries if spec.retries is None else spec.retries,
                     spec_hash=spec_hash_for(spec),
+                    args=json.dumps(list(spec.args)),
+                    cell=spec.cell or spec.name,
                     state=JobState.QUEUED.value,
                     created_at=now,
                     updated_at=now,
@@ -603,66 +609,6 @@ class Ledger:
         )
         with self.reading() as s:
             return [(config, task, epochs, secs) for config, task, epochs, secs in s.exec(query) if secs is not None]
-
-    # --- pulls (gpuq pull) ----------------------------------------------------------
-
-    def record_pull(
-        self,
-        job_id: str,
-        *,
-        attempt: int,
-        host: str,
-        state: str,
-        manifest_sha256: str = "",
-        files: int = 0,
-        total_bytes: int = 0,
-        local_dir: str = "",
-        reason: str = "",
-    ) -> Pull:
-        """Append one pull outcome of a job ("verified", "quarantined", "incomplete") and an event.
-
-        Written only after the files it describes are in place, so a controller killed before this
-        call leaves a state the next pull repairs, never a verified mark without a verified copy.
-        """
-        with self.session() as s:
-            if s.get(Job, job_id) is None:
-                raise JobNotFound(f"no job {job_id!r}")
-            row = Pull(job_id=job_id, attempt=attempt, host=host, state=state, manifest_sha256=manifest_sha256,
-                       files=files, bytes=total_bytes, local_dir=local_dir, reason=reason, created_at=time.time())
-            s.add(row)
-            detail = f"{files} files, {total_bytes} bytes, manifest {manifest_sha256[:12]}"
-            _event(s, "job", job_id, "", f"pull {state}", f"{detail}; {reason}" if reason else detail)
-            return row
-
-    def pulls(self, job_ids: Iterable[str]) -> list[Pull]:
-        """Every pull outcome of the given jobs, oldest first."""
-        ids = list(job_ids)
-        out: list[Pull] = []
-        with self.reading() as s:
-            for start in range(0, len(ids), 500):
-                chunk = ids[start:start + 500]
-                out.extend(s.exec(select(Pull).where(col(Pull.job_id).in_(chunk))))
-        return sorted(out, key=lambda p: (p.created_at, p.id or 0))
-
-    def verified_pulls(self, job_ids: Iterable[str]) -> dict[str, Pull]:
-        """{job_id: its newest pull} for the given jobs whose newest pull is "verified"."""
-        newest: dict[str, Pull] = {}
-        for row in self.pulls(job_ids):
-            newest[row.job_id] = row
-        return {job_id: row for job_id, row in newest.items() if row.state == "verified"}
-
-    def verified_jobs(self, sweep_id: str) -> dict[str, Pull]:
-        """The sweep's jobs whose results are verified locally (for teardown gates and `gpuq results`)."""
-        return self.verified_pulls(j.id for j in self.jobs(sweep_id=sweep_id))
-
-    def verified_job_ids(self) -> set[str]:
-        """Every job whose newest pull is verified (a host holding none of their only copies may go)."""
-        with self.reading() as s:
-            rows = list(s.exec(select(Pull).order_by(col(Pull.created_at), col(Pull.id))))
-        newest: dict[str, str] = {}
-        for row in rows:
-            newest[row.job_id] = row.state
-        return {job_id for job_id, state in newest.items() if state == "verified"}
 
 
 def _price(s: Session, host: str, gpus: int) -> dict[str, Any]:

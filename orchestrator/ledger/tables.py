@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from sqlmodel import Field, SQLModel
 
 
@@ -32,7 +34,7 @@ class Host(SQLModel, table=True):
     health_at: float | None = None
     health_detail: str = ""  # the failing/warning checks of that preflight, one line
     hold_reason: str = ""  # non-empty: the host gets no new jobs (disk full, unhealthy, ...) until cleared
-    probe_failures: int = 0  # consecutive failed probes (backoff, DOMAIN.md 6.5)
+    probe_failures: int = 0  # consecutive failed probes (backoff, docs/health.md)
     next_probe_at: float | None = None  # backoff: not probed before this time
     kernel_cursor: str = ""  # monotonic timestamp of the last kernel-log line seen ("boot_id:ts")
     oom_kill: int | None = None  # the cgroup oom_kill counter at the last probe
@@ -61,6 +63,7 @@ class Sweep(SQLModel, table=True):
     entry: str = ""  # v2: trainer path inside the bundle ("" = the bundled payload/train.py)
     launcher: str = "torchrun"  # v2: "torchrun" | "python"
     verify: str = "metrics,best_ckpt"  # v2: comma-separated finalize checks (protocol.py, job spec)
+    run: str = ""  # v6: JSON of the project's [run] table (runconfig.RunConfig; names only, no secrets); "" = none
 
     def host_set(self) -> set[str]:
         return {h for h in self.hosts.split(",") if h}
@@ -88,6 +91,12 @@ class Job(SQLModel, table=True):
     attempt_count: int = 0
     created_at: float
     updated_at: float
+    # v6: your own trainer
+    args: str = "[]"  # JSON list: the trainer arguments after `--`, grid-expanded
+    cell: str = ""  # the line's name before grid/seed expansion
+
+    def arg_list(self) -> list[str]:
+        return [str(a) for a in json.loads(self.args or "[]")]
 
 
 class Attempt(SQLModel, table=True):

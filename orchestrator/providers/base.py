@@ -4,9 +4,9 @@ An adapter turns one vendor API into plain values (:class:`Offer`, :class:`Insta
 (``orchestrator.errors.ProviderError`` and subclasses).  Everything here is data and pure rules: the
 readiness gate's API half (:attr:`Instance.ready`), the stop classification (:func:`classify`) and the
 polling loops shared by every adapter.  The SSH half of readiness (``echo``, host key, ``nvidia-smi``;
-PROVIDERS.md 2.7, 3.6) belongs to the layer above, which may import ``hosts``; this package may not.
+docs/providers.md) belongs to the layer above, which may import ``hosts``; this package may not.
 
-Status is a claim (PROVIDERS.md 1.8): "running" does not make a host usable and "stopped" does not
+Status is a claim (docs/providers.md): "running" does not make a host usable and "stopped" does not
 mean it stopped billing.
 """
 
@@ -29,16 +29,16 @@ EXITED; ``terminating``: teardown sent, still billing until ``terminated``; ``un
 ``unhealthy``."""
 
 StopClass = Literal["spot_preemption", "manual_stop", "host_failure", "running", "pending", "unknown"]
-"""What :func:`classify` says about an instance (PROVIDERS.md 2.8, 3.7)."""
+"""What :func:`classify` says about an instance (docs/providers.md)."""
 
-# RunPod's lastStatusChange prefixes (PROVIDERS.md 2.8; third-party observations, [obs]).
+# RunPod's lastStatusChange prefixes (docs/providers.md; third-party observations, [obs]).
 REASON_OUTBID = "Outbid"
 REASON_USER = "Exited by user"
 REASON_PLATFORM = "Exited by Runpod"
 
 
 def parse_money(value: object) -> Decimal | None:
-    """A price as the provider sent it (number or string, PROVIDERS.md 1.7) → Decimal, or None.
+    """A price as the provider sent it (number or string, docs/providers.md) → Decimal, or None.
 
     Floats go through ``str`` so 0.69 stays 0.69.  Negative, non-finite or unparsable values are None:
     a price gpuq cannot trust is no price.
@@ -129,7 +129,7 @@ class Instance:
 
 
 def classify(instance: Instance | None) -> StopClass:
-    """What happened to an instance, from the API alone (PROVIDERS.md 2.8, 3.7).  Pure.
+    """What happened to an instance, from the API alone (docs/providers.md).  Pure.
 
     - ``None`` (the provider no longer knows it), ``terminating``/``terminated`` or ``unhealthy``:
       ``host_failure`` (resume elsewhere; the caller knows whether gpuq itself terminated it);
@@ -169,7 +169,7 @@ _KNOWN_PENDING = frozenset({"CREATED", "RESTARTING", "PAUSED", "booting"})
 
 @dataclass(frozen=True)
 class ProvisionRequest:
-    """What to rent.  ``name`` is ``gpuq-<lease_id>``: creation is idempotent by name (PROVIDERS.md 1.4).
+    """What to rent.  ``name`` is ``gpuq-<lease_id>``: creation is idempotent by name (docs/providers.md).
 
     ``count`` machines are created one call each, named ``name`` when ``count == 1`` else
     ``name-0``, ``name-1``, ...  ``gpu_count`` is GPUs per machine (RunPod; on Lambda the instance type
@@ -206,7 +206,7 @@ class Provider(Protocol):
     """A cloud that rents GPU machines.  Every method may raise ProviderError (or a subclass);
     transient failures (network, 429, 5xx) are retried inside with bounded backoff first.
 
-    Nothing here destroys anything on its own initiative (DOMAIN.md 13): callers decide.
+    Nothing here destroys anything on its own initiative (docs/providers.md): callers decide.
     """
 
     name: str
@@ -331,7 +331,7 @@ def poll_until_gone(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Poll until the instance is terminated or unknown (DOMAIN.md 13: an acknowledgement is not proof)."""
+    """Poll until the instance is terminated or unknown (docs/providers.md: an acknowledgement is not proof)."""
     deadline = clock() + policy.timeout_s
     interval = policy.intervals()
     while True:

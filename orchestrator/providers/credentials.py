@@ -1,4 +1,4 @@
-"""Where a provider adapter gets its base URL and API key (PROVIDERS.md 1.1-1.2, DOMAIN.md 16).
+"""Where a provider adapter gets its base URL and API key (docs/providers.md, docs/security.md).
 
 Key, first found wins::
 

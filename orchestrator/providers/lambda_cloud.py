@@ -1,10 +1,10 @@
-"""Lambda Cloud over its v1 REST API (PROVIDERS.md 3): instance types, launch, list, terminate, SSH keys.
+"""Lambda Cloud over its v1 REST API (docs/providers.md): instance types, launch, list, terminate, SSH keys.
 
 Every success body is ``{"data": ...}``; every error ``{"error": {code, message, suggestion}}``, and
-errors are classified by ``error.code``, never by HTTP status alone (PROVIDERS.md 3.4).  One instance
+errors are classified by ``error.code``, never by HTTP status alone (docs/providers.md).  One instance
 per launch call (``quantity`` is never sent), launches at least 12 s apart, other calls at most one per
 second; HTTP 429 waits 10 s doubling to 120 s, at most 6 tries, honouring ``Retry-After``
-(PROVIDERS.md 3.5).  After a launch that failed client-side (429, timeout, 5xx) the instance list is
+(docs/providers.md).  After a launch that failed client-side (429, timeout, 5xx) the instance list is
 searched for the requested name before launching again: a launch can succeed and still answer an error.
 
 Lambda has no spot and no stop: those raise ProviderUnsupported.  Readiness (API half): ``active`` with an

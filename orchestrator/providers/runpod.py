@@ -1,11 +1,11 @@
-"""RunPod over its GraphQL API (PROVIDERS.md 2): pods on demand and on spot (bids), lifecycle, prices.
+"""RunPod over its GraphQL API (docs/providers.md): pods on demand and on spot (bids), lifecycle, prices.
 
-Transport rules (PROVIDERS.md 2.2): ``POST <url>`` with ``{"query": "<document>"}``, no GraphQL
+Transport rules (docs/providers.md): ``POST <url>`` with ``{"query": "<document>"}``, no GraphQL
 variables; every value is written into the document as a literal by :func:`gql_literal` (strings
 JSON-escaped, enums checked against an allow-list).  Errors arrive **with HTTP 200** as an ``errors``
 array and are raised as ProviderError (``NoCapacity`` when the message says no instances are available).
 
-Readiness (PROVIDERS.md 2.7, API half): ``desiredStatus == RUNNING`` and ``runtime.ports`` holds a
+Readiness (docs/providers.md, API half): ``desiredStatus == RUNNING`` and ``runtime.ports`` holds a
 public tcp mapping of port 22; the SSH endpoint is that mapping's ``ip``/``publicPort`` (it changes on
 every start or resume).  Classification of EXITED pods uses ``lastStatusChange`` (:func:`base.classify`).
 """
@@ -41,13 +41,13 @@ from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, ApiTransport, 
 
 log = logging.getLogger("orchestrator.providers.runpod")
 
-# PROVIDERS.md 2.9: 1 s doubling to 60 s, at most 6 tries; 2 requests per second per account.
+# RunPod (docs/providers.md): 1 s doubling to 60 s, at most 6 tries; 2 requests per second per account.
 RETRY = RetryPolicy(tries=6, first_delay_s=1.0, max_delay_s=60.0)
 MIN_INTERVAL_S = 0.5
 READY = PollPolicy(timeout_s=1200.0, first_s=5.0, max_s=15.0)
 GONE = PollPolicy(timeout_s=300.0, first_s=5.0, max_s=15.0)
 
-CAPACITY_TEXT = "no longer any instances available"  # PROVIDERS.md 2.2 [obs]
+CAPACITY_TEXT = "no longer any instances available"  # docs/providers.md [obs]
 CLOUD_TYPES = frozenset({"ALL", "COMMUNITY", "SECURE"})
 SPOT_POD_TYPES = frozenset({"INTERRUPTABLE", "BID"})
 SSH_USER = "root"
@@ -352,7 +352,7 @@ class RunPodProvider:
         return f"mutation {{ podFindAndDeployOnDemand(input: {gql_literal(fields)}) {{ {CREATE_FIELDS} }} }}"
 
     def _create(self, document: str, what: str, name: str) -> str:
-        """One create call, retried only after checking that no pod got the name meanwhile (PROVIDERS.md 1.4)."""
+        """One create call, retried only after checking that no pod got the name meanwhile (docs/providers.md)."""
         return self.http.retrying(lambda: self._create_once(document, what), adopt=lambda: self._find_by_name(name))
 
     def _create_once(self, document: str, what: str) -> str:

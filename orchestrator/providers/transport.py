@@ -1,11 +1,11 @@
-"""HTTP for provider adapters: auth header, timeouts, throttling, bounded retries (PROVIDERS.md 1).
+"""HTTP for provider adapters: auth header, timeouts, throttling, bounded retries (docs/providers.md).
 
 The only module of ``providers`` that catches httpx exceptions; everything leaves as a gpuq
 ``ProviderError``.  Retried: network errors, timeouts, HTTP 429 and 5xx, with exponential backoff and
 jitter, honouring ``Retry-After``, at most ``RetryPolicy.tries`` attempts.  Never retried: any other
 4xx (auth, validation) and provider errors the adapter recognises.
 
-Create calls are not blindly retried (PROVIDERS.md 1.4): :meth:`ApiTransport.retrying` takes an
+Create calls are not blindly retried (docs/providers.md): :meth:`ApiTransport.retrying` takes an
 ``adopt`` callback that lists the account's instances and returns one already carrying the requested
 name; it runs after every failure that may have been applied server-side, before trying again.
 
@@ -31,7 +31,7 @@ from orchestrator.providers.credentials import ApiKey, ProviderSpec, how_to_set
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT_S = 30.0  # reads and mutations (PROVIDERS.md 1.3)
+DEFAULT_TIMEOUT_S = 30.0  # reads and mutations (docs/providers.md)
 TERMINATE_TIMEOUT_S = 60.0
 
 
@@ -150,11 +150,17 @@ class ApiTransport:
         if last is not None:
             wait = last + interval_s - self.clock()
             if wait > 0:
+                self.log.debug("pacing %s calls: waiting %.2f s", lane, wait)
                 self.sleep(wait)
         self._last[lane] = self.clock()
 
     def backoff(self, retry: int, retry_after: float | None) -> None:
-        self.sleep(self.policy.delay(retry, retry_after, self.rng))
+        delay = self.policy.delay(retry, retry_after, self.rng)
+        if retry_after is not None:
+            self.log.info("rate limited: the provider asked to wait %.1f s; waiting %.1f s", retry_after, delay)
+        else:
+            self.log.info("backing off %.1f s before retry %d", delay, retry)
+        self.sleep(delay)
 
     # -- messages -----------------------------------------------------------------------------
 

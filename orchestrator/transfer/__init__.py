@@ -1,4 +1,4 @@
-"""Moving results between hosts and this machine: ``gpuq pull`` (DOMAIN.md 12).
+"""Moving results between hosts and this machine: ``gpuq pull`` (docs/results.md).
 
 :mod:`~orchestrator.transfer.pull` fetches and retries; :mod:`~orchestrator.transfer.verify`
 decides whether a local copy may be called verified.

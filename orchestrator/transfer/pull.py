@@ -1,4 +1,4 @@
-"""Pull finished jobs' results home, verified by size and sha256 (DOMAIN.md 12).
+"""Pull finished jobs' results home, verified by size and sha256 (docs/results.md).
 
 For one host, :func:`pull_jobs`:
 
@@ -200,6 +200,9 @@ def _remote(host: Host, job_id: str, rel: str) -> str:
     return host.path(protocol.JOBS_DIR, job_id, *rel.split("/"))
 
 
+MANIFEST_MAX_BYTES = 16 << 20  # a manifest lists files; a host sending more is not trusted
+
+
 def _fetch_manifest(run: _Pull, job: Job, staging: Path, reported_sha: str, failures: list[str]) -> Manifest:
     """Fetch ``MANIFEST.json.incoming`` into ``staging`` and check it against the sha the agent printed.
 
@@ -209,7 +212,7 @@ def _fetch_manifest(run: _Pull, job: Job, staging: Path, reported_sha: str, fail
     staging.mkdir(parents=True, exist_ok=True)
     incoming = staging / MANIFEST_INCOMING
     remote = _remote(run.host, job.id, protocol.JOB_MANIFEST_FILE)
-    run.retrying(lambda: run.host.get(remote, incoming), failures)
+    run.retrying(lambda: run.host.get(remote, incoming, size=MANIFEST_MAX_BYTES), failures)
     raw = incoming.read_bytes()
     if hashlib.sha256(raw).hexdigest() != reported_sha:
         raise ValueError("the manifest fetched differs from the one the agent just built (is another "
@@ -238,7 +241,7 @@ def _copy_files(run: _Pull, job: Job, staging: Path, manifest: Manifest, failure
             offset = have if have < entry.size else 0  # longer than the manifest: start over
             local.parent.mkdir(parents=True, exist_ok=True)
             try:
-                run.host.get(remote, local, offset=offset)
+                run.host.get(remote, local, offset=offset, size=entry.size)  # never past the manifest's size
             finally:
                 moved += max(0, (local.stat().st_size if local.is_file() else 0) - offset)
 

@@ -1,4 +1,4 @@
-"""What a pulled copy must be before gpuq calls it verified (DOMAIN.md 12.3).
+"""What a pulled copy must be before gpuq calls it verified (docs/results.md).
 
 Pure checks on local files; no host, no ledger.  A manifest (``MANIFEST.json``, schema
 ``gpuq.manifest/1``, written by the host agent's ``manifest`` verb) lists each file of a job's

@@ -6,7 +6,7 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
   serve [--detach] [--idle-exit-s S] [--cpu-slots N] [--poll-s S]
                           the long-lived agent: claims inbox specs, packs them onto slots, runs one
                           wrapper per attempt, adopts live groups after a restart, exits when idle
-  wrap JOB_ID ATTEMPT     internal: the per-attempt wrapper (DOMAIN.md 4.2)
+  wrap JOB_ID ATTEMPT     internal: the per-attempt wrapper (docs/host-protocol.md)
   status --json [--scan JOB:N:LOG_OFF:METRICS_OFF ...] [--kernel-since CURSOR]
                           read-only probe, one "gpuq.status/1" document on stdout
   health [--gpus 0,1] [--samples 5] [--python PY] [--min-free-gb X] [--kernel-since CURSOR]
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="kernel.xids: only Xid lines after this cursor (TS or BOOT_ID:TS)")
     st.add_argument("--scan", nargs="*", default=(), metavar="JOB:ATTEMPT:LOG_OFF:METRICS_OFF",
                     help="scan these attempts' new log and metrics bytes for crash signatures and NaN")
-    gpuq_health.add_arguments(sub.add_parser("health", help="GPU preflight (DOMAIN.md 8)"))
-    gpuq_reap.add_arguments(sub.add_parser("reap", help="find (--force: kill) VRAM zombies (DOMAIN.md 9)"))
+    gpuq_health.add_arguments(sub.add_parser("health", help="GPU preflight"))
+    gpuq_reap.add_arguments(sub.add_parser("reap", help="find (--force: kill) VRAM zombies"))
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
     cp.add_argument("job_ids", nargs="+")
     kp = sub.add_parser("kill", help="kill one attempt's process group (identity-checked), no cancel")

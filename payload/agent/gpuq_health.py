@@ -1,4 +1,4 @@
-"""``health``: the GPU preflight (DOMAIN.md 8), one "gpuq.health/1" verdict on stdout.
+"""``health``: the GPU preflight (docs/health.md), one "gpuq.health/1" verdict on stdout.
 
 Usage: ``gpuq_agent.py --root R health [--gpus 0,1] [--samples N] [--python PY] [--min-free-gb X]
 [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]``.

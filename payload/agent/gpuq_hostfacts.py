@@ -45,7 +45,7 @@ def query_gpus() -> list[dict[str, Any]]:
 
 
 def _cgroup_paths() -> tuple[bool, dict[str, str]]:
-    """(is_v2, controller -> directory) for this process, per DOMAIN.md 10."""
+    """(is_v2, controller -> directory) for this process, per docs/health.md (memory)."""
     base = "/sys/fs/cgroup"
     v2 = os.path.exists(os.path.join(base, "cgroup.controllers"))
     own: dict[str, str] = {}

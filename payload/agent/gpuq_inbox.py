@@ -2,7 +2,8 @@
 
 stdlib only, Python >= 3.8.  Both run as one SSH round trip each.
 
-enqueue: reads a JSON list of job specs on stdin and prints {job_id: verdict}.  A spec is
+enqueue: reads a JSON list of job specs on stdin (or {"specs": [...], "secrets": {queue_id:
+{NAME: value}}}, the values written to secrets/<queue_id>.json, 0600) and prints {job_id: verdict}.  A spec is
 written (tmp + rename into inbox/) only if no copy of that job's attempt exists anywhere under
 the root: checked inbox -> claimed -> attempts, in that order, because the agent only ever moves
 a spec forward (inbox -> claimed -> attempts), so a spec cannot slip past the checks.  Verdicts:
@@ -69,12 +70,34 @@ def verdict_for(root: str, spec: Any) -> str | None:
     return None
 
 
+def write_secrets(root: str, queue_id: str, values: dict[str, str]) -> None:
+    """secrets/<queue_id>.json, mode 0600 in a 0700 dir, written atomically (never logged)."""
+    sdir = os.path.join(root, P.SECRETS_DIR)
+    os.makedirs(sdir, mode=0o700, exist_ok=True)
+    os.chmod(sdir, 0o700)
+    tmp = os.path.join(sdir, ".%s.json.%d.tmp" % (queue_id, os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(values, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, os.path.join(sdir, queue_id + ".json"))
+
+
 def cmd_enqueue(root: str, stdin: Any) -> int:
     try:
         specs = json.load(stdin)
     except ValueError as exc:
         print("gpuq enqueue: stdin is not JSON: %s" % exc, file=sys.stderr)
         return P.AGENT_EXIT_USAGE
+    secrets: Any = {}
+    if isinstance(specs, dict):  # {"specs": [...], "secrets": {queue_id: {NAME: value}}}
+        secrets = specs.get("secrets") or {}
+        specs = specs.get("specs")
+        if not isinstance(secrets, dict) or not all(
+                isinstance(q, str) and JOB_ID_RE.match(q) and isinstance(v, dict) for q, v in secrets.items()):
+            print("gpuq enqueue: \"secrets\" must map queue ids to {NAME: value} objects", file=sys.stderr)
+            return P.AGENT_EXIT_USAGE
     if not isinstance(specs, list):
         print("gpuq enqueue: expected a JSON list of job specs", file=sys.stderr)
         return P.AGENT_EXIT_USAGE
@@ -83,6 +106,8 @@ def cmd_enqueue(root: str, stdin: Any) -> int:
     if bad:
         print("gpuq enqueue: malformed spec (job_id/attempt): %r" % (bad[0],), file=sys.stderr)
         return P.AGENT_EXIT_USAGE
+    for queue_id, values in sorted(secrets.items()):
+        write_secrets(root, queue_id, {str(k): str(v) for k, v in values.items()})
     verdicts: dict[str, str] = {}
     for spec in specs:
         job_id = str(spec["job_id"])

@@ -1,4 +1,4 @@
-"""The kernel log, for GPU Xids (DOMAIN.md 6.2 and 8): read it, find ``NVRM: Xid`` lines, keep a cursor.
+"""The kernel log, for GPU Xids (docs/health.md): read it, find ``NVRM: Xid`` lines, keep a cursor.
 
 Read with ``dmesg`` (5 s timeout); only when ``dmesg`` is not installed, with ``journalctl -k -o
 short-monotonic --no-pager``.  A log that cannot be read (``dmesg: read kernel buffer failed:

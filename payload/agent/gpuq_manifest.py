@@ -1,4 +1,4 @@
-"""``manifest JOB_ID...``: the host side of ``gpuq pull`` (DOMAIN.md 12.1).
+"""``manifest JOB_ID...``: the host side of ``gpuq pull`` (docs/results.md).
 
 stdlib only, Python >= 3.8.  One round trip builds the manifest of every named job.
 
@@ -25,7 +25,7 @@ fetched, so a rebuild between two pulls is harmless.
 Prints one JSON object: {job_id: {"manifest": path, "sha256": hex of the manifest bytes,
 "attempt": n, "files": count, "bytes": total} | {"error": "why"}}.  Exit status: 0 when at least
 one manifest was built, 1 when none was (every entry is an error: an empty result set is a
-failure, DOMAIN.md 18.7), 64 for a malformed roster (bad or duplicate job id): nothing is written.
+failure, docs/results.md), 64 for a malformed roster (bad or duplicate job id): nothing is written.
 """
 
 # ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
@@ -272,42 +272,64 @@ def cmd_snapshot(root: str, job_id: str) -> int:
     return 1
 
 
+def _copy_stable(src: str, dst: str, rel: str) -> dict[str, Any]:
+    """Copy ``src`` (a regular file, never a link) to ``dst`` and hash the copy.  Refused when the
+    source changed while it was read (inode, size or mtime moved)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(src, flags)
+    except OSError as e:
+        raise Refused("cannot read %s: %s" % (rel, e.strerror or e)) from e
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise Refused("%s is not a regular file" % rel)
+        h = hashlib.sha256()
+        size = 0
+        with os.fdopen(fd, "rb", closefd=False) as f, open(dst, "wb") as out:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                h.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        after = os.lstat(src)
+    finally:
+        os.close(fd)
+    if (after.st_ino, after.st_size, after.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns) \
+            or size != before.st_size:
+        raise Refused("%s changed while it was copied" % rel)
+    return {"path": rel, "bytes": size, "sha256": h.hexdigest(), "mtime": before.st_mtime}
+
+
 def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
-    """A project's own checkpoint (spec ``run.checkpoint`` globs): hard-link the newest matching
-    real file under run/ to ckpt/.ship.pt and print {"file": "run/<rel>", "sha256", "bytes", "mtime",
-    "step": null, "snapshot"}.  A trainer that rewrites its file in place changes the linked bytes:
-    the file's size and mtime must be the same before the link and after the hash, else it is read
-    again (the controller verifies the copy against this sha256 anyway)."""
+    """A project's own checkpoint (spec ``run.checkpoint`` globs): COPY the newest matching real file
+    under run/ to ckpt/.ship.pt and print {"file": "run/<rel>", "sha256", "bytes", "mtime", "step": null,
+    "snapshot"}.  A copy, not a hard link: a trainer that saves with ``torch.save(state, "snapshot.pt")``
+    rewrites the same inode in place, and a link would change under the controller's transfer.  A file
+    written while it is copied is copied again (up to 5 times)."""
     run_dir = lay.job(job_id, P.RUN_DIR)
     ckpt = lay.job(job_id, P.CKPT_DIR)
+    tmp = os.path.join(ckpt, SHIP_SNAPSHOT + ".copy")
     for _ in range(5):
         newest = newest_checkpoint(run_dir, run.get("checkpoint"))
         if newest is None:
             print("gpuq snapshot: nothing under %s matches the checkpoint globs %r"
                   % (run_dir, run.get("checkpoint")), file=sys.stderr)
             return 1
-        rel, before = newest
-        src = os.path.join(run_dir, *rel.split("/"))
+        rel = newest[0]
         try:
             os.makedirs(ckpt, exist_ok=True)
-            tmp = os.path.join(ckpt, SHIP_SNAPSHOT + ".link")
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            os.link(src, tmp, follow_symlinks=False)
-            entry = _hash_regular(tmp, rel)
-            after = os.lstat(src)
+            entry = _copy_stable(os.path.join(run_dir, *rel.split("/")), tmp, rel)
         except (FileNotFoundError, Refused):
             continue
-        if (after.st_ino, after.st_size, after.st_mtime_ns) != (before.st_ino, before.st_size,
-                                                                  before.st_mtime_ns):
-            continue  # written while we read it: read the new one
         os.replace(tmp, os.path.join(ckpt, SHIP_SNAPSHOT))
         print(json.dumps({"file": P.RUN_DIR + "/" + rel, "sha256": entry["sha256"], "bytes": entry["bytes"],
-                          "mtime": before.st_mtime, "step": None,
+                          "mtime": entry["mtime"], "step": None,
                           "snapshot": P.CKPT_DIR + "/" + SHIP_SNAPSHOT}, sort_keys=True))
         return 0
     try:
-        os.unlink(os.path.join(ckpt, SHIP_SNAPSHOT + ".link"))
+        os.unlink(tmp)
     except OSError:
         pass
     print("gpuq snapshot: the checkpoint kept changing under %s; the next tick tries again" % run_dir,

@@ -7,12 +7,12 @@ Read ``orchestrator/protocol.py`` for the documentation of every document.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 SPEC_SCHEMA = "gpuq.job/1"
 STATUS_SCHEMA = "gpuq.status/1"
 MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
-HEALTH_SCHEMA = "gpuq.health/1"  # agent verb `health` (GPU preflight, DOMAIN.md 8)
-REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, DOMAIN.md 9)
+HEALTH_SCHEMA = "gpuq.health/1"  # agent verb `health` (GPU preflight, docs/health.md)
+REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, docs/health.md)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
@@ -26,6 +26,8 @@ WITHDRAWN_DIR = "withdrawn"
 JOBS_DIR = "jobs"
 CACHE_DIR = "cache"
 QUARANTINE_DIR = "quarantine"
+SETUP_DIR = "setup"  # setup/<setup_key>/{ok.json,failed.json,setup.log,project/} + <key>.lock
+SECRETS_DIR = "secrets"  # secrets/<queue_id>.json (0600, dir 0700): forwarded env values
 
 # per job (relative to jobs/<job_id>/)
 SPEC_FILE = "spec.json"
@@ -34,8 +36,6 @@ CKPT_DIR = "ckpt"
 ATTEMPTS_DIR = "attempts"
 RESULT_DIR = "result"
 RUN_DIR = "run"  # the trainer's working directory (docs/your-project.md)
-SETUP_DIR = "setup"  # under the root: setup/<key>/ ok.json | failed.json, setup.log (docs/your-project.md)
-SECRETS_DIR = "secrets"  # under the root: secrets/<queue_id>.json, 0600 (docs/your-project.md)
 JOB_MANIFEST_FILE = "MANIFEST.json"  # written by the agent's `manifest` verb for `gpuq pull`
 
 # per attempt (relative to jobs/<job_id>/attempts/<n>/)
@@ -65,7 +65,7 @@ BUNDLE_MANIFEST = "MANIFEST.json"
 AGENT_ENTRY = "payload/agent/gpuq_agent.py"
 TRAIN_ENTRY = "payload/train.py"
 
-# --- exit codes (DOMAIN.md section 4.3) ---------------------------------------------
+# --- exit codes (docs/host-protocol.md) ---------------------------------------------
 EXIT_OK = 0
 EXIT_TRANSIENT = 3
 EXIT_CONFIG = 4
@@ -88,14 +88,14 @@ AGENT_EXIT_USAGE = 64
 AGENT_EXIT_HEALTH_FAIL = 2  # `health` verdict FAIL: do not launch (0 = PASS or WARN)
 AGENT_EXIT_REAP_FAILED = 1  # `reap`: no device nodes, no fuser/lsof, or a kill failed
 
-# kernel log and reaping (DOMAIN.md 6.2, 8, 9)
+# kernel log and reaping (docs/health.md)
 FATAL_XIDS = (48, 79)  # double-bit ECC, fell off the bus: host unhealthy
 KERNEL_MAX_XIDS = 50  # Xid records per document (fatal ones kept first)
 KERNEL_MAX_OOM_KILLS = 20  # OOM-killer records per document (the newest)
 REAP_MIN_AGE_S = 120  # a holder younger than this may still be starting its context
 REAP_RESAMPLE_S = 60  # a zombie must be seen in two samples this far apart
 
-# --- environment a job receives (DOMAIN.md section 4.1) -----------------------------
+# --- environment a job receives (docs/host-protocol.md) -----------------------------
 ENV_JOB_ID = "GPUQ_JOB_ID"
 ENV_JOB_NAME = "GPUQ_JOB_NAME"
 ENV_QUEUE_ID = "GPUQ_QUEUE_ID"
@@ -116,6 +116,7 @@ ENV_SPEC_HASH = "GPUQ_SPEC_HASH"
 ENV_BUNDLE_SHA = "GPUQ_BUNDLE_SHA"
 ENV_EXIT_FILE = "GPUQ_EXIT_FILE"  # the payload records a deliberate exit code here
 ENV_DEVICE = "GPUQ_DEVICE"  # "cuda" or "cpu": what the slots of this attempt are
+ENV_RUN_DIR = "GPUQ_RUN_DIR"  # the job's run dir (its cwd)
 ENV_SIGTERM_GRACE_S = "GPUQ_SIGTERM_GRACE_S"  # seconds from SIGTERM to SIGKILL for the trainer; "" = unknown
 
 JOB_ENV_NAMES = (
@@ -148,7 +149,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   verify        list[str]          finalize checks: "metrics" (result/metrics.jsonl parses, non-empty),
 #                                    "best_ckpt" (ckpt/best.pt loads with torch weights_only=True)
 #   heartbeat_s ckpt_interval_s kill_grace_s min_free_gb scratch_gb durable_dir resume_from
-#   spec_hash     str                identity hash (DOMAIN.md 2.6)
+#   spec_hash     str                identity hash (docs/queue.md)
 #   env           dict[str,str]      extra run.env entries (never secrets)
 #   created_at    float              UTC epoch seconds
 #
@@ -203,7 +204,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #
 # Health document (`gpuq_agent.py --root R health [--gpus 0,1] [--samples 5] [--python PY]
 #   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]`, schema
-#   "gpuq.health/1", gpuq_health.py, DOMAIN.md 8): one object
+#   "gpuq.health/1", gpuq_health.py, docs/health.md): one object
 #   {"schema", "verdict": "pass"|"warn"|"fail", "host", "time", "root",
 #    "checks": [{"check", "status": "pass"|"warn"|"fail", "detail"}],
 #    "gpus": [{"index", "name", "uuid", "pci_bus_id", "memory_total_mib", "memory_used_mib", "temp_c",
@@ -218,7 +219,7 @@ RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e>
 #   launch allowed), 2 (AGENT_EXIT_HEALTH_FAIL: do not launch), 64 (usage).
 #
 # Reap document (`gpuq_agent.py --root R reap [--force] [--min-age-s 120] [--resample-s 60]
-#   [--include-other-users]`, schema "gpuq.reap/1", gpuq_reap.py, DOMAIN.md 9): one object
+#   [--include-other-users]`, schema "gpuq.reap/1", gpuq_reap.py, docs/health.md): one object
 #   {"schema", "clean": bool, "dry_run": bool, "host", "time", "devices": [/dev/nvidia* nodes],
 #    "tool": "fuser"|"lsof", "candidates": [{"pid", "user", "comm", "age_s", "devices", "cmdline"
 #    (secret-looking values redacted)}], "killed": [{"pid", "outcome": "terminated"|"killed"|"gone"|

@@ -1,4 +1,4 @@
-"""``reap``: find (and only with ``--force`` kill) VRAM zombies (DOMAIN.md 9), one "gpuq.reap/1" document.
+"""``reap``: find (and only with ``--force`` kill) VRAM zombies (docs/health.md), one "gpuq.reap/1" document.
 
 Usage: ``gpuq_agent.py --root R reap [--force] [--min-age-s 120] [--resample-s 60]
 [--include-other-users]``.

@@ -1,4 +1,4 @@
-"""Incremental scans for the patrol (DOMAIN.md 6.2): crash signatures in an attempt's own
+"""Incremental scans for the patrol (docs/health.md): crash signatures in an attempt's own
 ``job.log`` and non-finite losses in ``result/metrics.jsonl``, each only in the bytes added since
 the offset the controller stored at the previous tick.  Read-only: the probe writes nothing.
 
@@ -32,7 +32,7 @@ MAX_HITS = 20
 MAX_TRACEBACK_LINES = 50
 MAX_NONFINITE = 20
 
-# (name, pattern): specific on purpose, never a bare "Error" (DOMAIN.md 6.2)
+# (name, pattern): specific on purpose, never a bare "Error" (docs/health.md)
 SIGNATURES = (
     ("traceback", re.compile(r"Traceback \(most recent call last\)")),
     ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),
@@ -124,7 +124,7 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
     out: dict[str, Any] = {"log_from": start, "log_to": end, "log_skipped": skipped, "hits": hits,
                            "traceback": traceback}
     if resumed is not None:
-        out["resumed"] = resumed  # the payload's proof of what it loaded (DOMAIN.md 11.8)
+        out["resumed"] = resumed  # the payload's proof of what it loaded (docs/checkpoints.md)
     return out
 
 

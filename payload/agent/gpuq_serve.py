@@ -300,6 +300,44 @@ class Agent:
             if self.busy.get(s) == job_id:
                 del self.busy[s]
         self.queue_done_check(str(r.spec.get("queue_id", "")))
+        self.drop_secrets()
+
+    def drop_secrets(self) -> None:
+        """Delete secrets/<queue_id>.json once no job of that queue is queued, claimed or running."""
+        sdir = self.lay.p(P.SECRETS_DIR)
+        try:
+            held = [n[:-5] for n in os.listdir(sdir) if n.endswith(".json") and not n.startswith(".")]
+        except OSError:
+            return
+        if not held:
+            return
+        live = {str(r.spec.get("queue_id", "")) for r in self.running.values()}
+        for j in list_specs(self.lay.p(P.INBOX_DIR)):
+            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
+            live.add(str(s.get("queue_id", "")) if isinstance(s, dict) else "")
+        for j in list_specs(self.lay.p(P.CLAIMED_DIR)):
+            s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json"))
+            if isinstance(s, dict) and not os.path.exists(self.lay.attempt(j, spec_attempt(s), P.EXIT_FILE)):
+                live.add(str(s.get("queue_id", "")))
+        for qid in held:
+            if qid not in live:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(sdir, qid + ".json"))
+
+    def free_port(self) -> int:
+        """A free TCP port for MASTER_PORT that no live attempt of this root holds."""
+        taken = set()
+        for r in self.running.values():
+            launch = read_json(self.lay.attempt(r.job_id, r.attempt, P.LAUNCH_FILE))
+            if isinstance(launch, dict) and isinstance(launch.get("master_port"), int):
+                taken.add(launch["master_port"])
+        for _ in range(50):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in taken:
+                return port
+        return port
 
     def end_leftovers(self, job_id: str, r: Running) -> int:
         """SIGKILL what an ended attempt left behind: the rest of its process group (a trainer's
@@ -529,7 +567,7 @@ class Agent:
             "time": utc(now), "slots": slots, "kind": self.slots["kind"],
             "device": "cpu" if self.train_device == "cpu" or self.slots["kind"] != "gpu" else "cuda",
             "total_slots": len(self.slots["ids"]), "agent_pid": os.getpid(), "index": idx,
-            "count": count})
+            "count": count, "master_port": self.free_port()})
         python = spec.get("python") or sys.executable
         argv = [python, wrapper_file(lay, spec), "--root", lay.root, "wrap", job_id, str(n)]
         try:

@@ -1,4 +1,4 @@
-"""``wrap JOB_ID ATTEMPT``: the per-attempt wrapper (DOMAIN.md 4.2), spawned by ``serve``.
+"""``wrap JOB_ID ATTEMPT``: the per-attempt wrapper (docs/host-protocol.md), spawned by ``serve``.
 
 It records its process group (pgid file), builds the job's environment (run.env), runs the setup
 checks and the disk gate, starts the trainer (torchrun or python), touches wrapper.alive, samples
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shlex
 import signal
@@ -38,38 +37,21 @@ from gpuq_files import (
     touch,
     utc,
 )
-from gpuq_hostfacts import disk_info, memory_info, query_gpus, thread_cap
+from gpuq_hostfacts import disk_info, memory_info, query_gpus
+from gpuq_launch import (
+    build_env,
+    job_argv,
+    kill_grace,
+    link_project,
+    read_only_prefix,
+    run_section,
+    secrets_for,
+)
 from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
+from gpuq_setup import run_setup
 
 INODE_LIMIT_PCT = 95.0
 MEM_SAMPLE_S = 5.0
-TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
-TORCHRUN_DEFAULT_SHUTDOWN_S = 30
-
-
-def kill_grace(spec: dict[str, Any]) -> float:
-    """Seconds between the SIGTERM the wrapper relays and its SIGKILL of the rest of the group."""
-    try:
-        return max(0.0, float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0))
-    except (TypeError, ValueError):
-        return float(P.DEFAULT_KILL_GRACE_S)
-
-
-def sigterm_grace(spec: dict[str, Any]) -> str:
-    """GPUQ_SIGTERM_GRACE_S for the trainer: the seconds it can count on between a SIGTERM and the
-    SIGKILL after it.  The spec's ``sigterm_grace_s`` (a platform's spot grace, e.g. RunPod's 5 s)
-    when given, else ``kill_grace_s``; never more than ``kill_grace_s``, since the wrapper (and a
-    cancel) kills the group then.  ``sigterm_grace_s: ""`` passes "" (unknown: the payload saves
-    regardless)."""
-    kill = kill_grace(spec)
-    raw = spec.get("sigterm_grace_s")
-    if raw == "":
-        return ""
-    grace = kill
-    if raw is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            grace = min(kill, max(0.0, float(raw)))
-    return "%g" % grace
 
 
 class Wrapper:
@@ -103,12 +85,13 @@ class Wrapper:
             self.job_id, self.attempt, extra))
 
     def finish(self, code: int, message: str, trainer_code: int | None = None,
-               sig: int | None = None) -> int:
+               sig: int | None = None, extra: dict[str, Any] | None = None) -> int:
         hb = read_json(os.path.join(self.adir, P.HEARTBEAT_FILE))
         best = sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
         rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
                           trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
         rec["wrapper_signal"] = self.got_signal  # a stop from outside, whatever the trainer's code
+        rec.update(extra or {})
         atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
         self.done.set()
         self.marker("FINISHED", "(exit=%d)" % code)
@@ -141,60 +124,7 @@ class Wrapper:
                                f"wrapper error in phase {self.phase}: {e!r}")
 
     def build_env(self, spec: dict[str, Any], launch: dict[str, Any]) -> dict[str, str]:
-        lay, sha = self.lay, str(spec.get("bundle_sha", ""))
-        workdir = lay.p(P.BUNDLES_DIR, sha, P.BUNDLE_WORKDIR)
-        kind = launch.get("kind", "cpu")
-        slots = launch.get("slots") or []
-        resume = spec.get("resume_from")
-        if resume is None:
-            resume = ""
-        elif not isinstance(resume, str):
-            resume = json.dumps(resume, sort_keys=True)
-        env: dict[str, str] = {}
-        for k, v in (spec.get("env") or {}).items():
-            env[str(k)] = str(v)
-        threads = str(thread_cap(int(launch.get("total_slots") or len(slots) or 1)))
-        env.update({
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", threads),
-            "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS", threads),
-            "HF_HOME": lay.p(P.CACHE_DIR, "huggingface"),
-            "PIP_CACHE_DIR": lay.p(P.CACHE_DIR, "pip"),
-            P.ENV_JOB_ID: self.job_id,
-            P.ENV_JOB_NAME: str(spec.get("name", "")),
-            P.ENV_QUEUE_ID: str(spec.get("queue_id", "")),
-            P.ENV_ATTEMPT: str(self.attempt),
-            P.ENV_CONFIG: os.path.join(workdir, str(spec.get("config", ""))),
-            P.ENV_TASK: str(spec.get("task", "")),
-            P.ENV_EPOCHS: str(spec.get("epochs", "")),
-            P.ENV_CKPT_DIR: os.path.join(self.jdir, P.CKPT_DIR),
-            P.ENV_RESULT_DIR: os.path.join(self.jdir, P.RESULT_DIR),
-            P.ENV_LOG: os.path.join(self.adir, P.JOB_LOG),
-            P.ENV_HEARTBEAT: os.path.join(self.adir, P.HEARTBEAT_FILE),
-            P.ENV_HEARTBEAT_S: str(spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S),
-            P.ENV_RESUME_FROM: resume,
-            P.ENV_CKPT_INTERVAL_S: str(spec.get("ckpt_interval_s") or P.DEFAULT_CKPT_INTERVAL_S),
-            P.ENV_DURABLE_DIR: str(spec.get("durable_dir") or ""),
-            P.ENV_SPEC_HASH: str(spec.get("spec_hash", "")),
-            P.ENV_BUNDLE_SHA: sha,
-            P.ENV_DEVICE: str(launch.get("device") or ("cuda" if kind == "gpu" else "cpu")),
-            P.ENV_EXIT_FILE: os.path.join(self.adir, P.TRAINER_EXIT_FILE),
-            P.ENV_SIGTERM_GRACE_S: sigterm_grace(spec),
-        })
-        # torchrun SIGKILLs its workers 30 s after relaying a SIGTERM unless told otherwise: never
-        # before the wrapper's own kill_grace_s (a torch that ignores this keeps 30 s, and the
-        # payload then counts on 30 s at most)
-        env.setdefault(TORCHRUN_SHUTDOWN_ENV, str(max(TORCHRUN_DEFAULT_SHUTDOWN_S, math.ceil(kill_grace(spec)))))
-        env.pop(P.ENV_SEED, None)
-        if spec.get("seed") is not None:
-            env[P.ENV_SEED] = str(spec["seed"])
-        if kind == "gpu":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            env.pop("CUDA_DEVICE_ORDER", None)
-        return env
+        return build_env(self.lay, self.job_id, self.attempt, spec, launch)
 
     def _run(self, spec: dict[str, Any]) -> int:
         lay = self.lay
@@ -211,6 +141,11 @@ class Wrapper:
             if os.environ.get(k) is not None:
                 env[k] = os.environ[k]
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        # the job's interpreter first on PATH, as activating its venv does: the `pip` of a project's
+        # setup and a `python` in its command are the interpreter the trainer runs with
+        bindir = os.path.dirname(sys.executable)
+        if bindir and env["PATH"].split(":")[0] != bindir:
+            env["PATH"] = bindir + ":" + env["PATH"]
         env.update(run_env)
         for d in (run_env["HF_HOME"], run_env["PIP_CACHE_DIR"], run_env[P.ENV_CKPT_DIR],
                   run_env[P.ENV_RESULT_DIR]):
@@ -218,7 +153,7 @@ class Wrapper:
         # setup checks
         if not sha or not os.path.isdir(bundle):
             return self.finish(P.EXIT_SETUP, f"bundle {sha} is not on this host")
-        if not os.path.isfile(entry):
+        if not (run_section(spec) or {}).get("command") and not os.path.isfile(entry):
             return self.finish(P.EXIT_SETUP, "trainer entry %s not found in bundle %s"
                                % (spec.get("entry"), sha))
         python = sys.executable
@@ -235,6 +170,14 @@ class Wrapper:
             if rc != 0:
                 return self.finish(P.EXIT_SETUP, "torch.cuda does not see the %d assigned GPUs %s" % (
                     gpus, run_env.get("CUDA_VISIBLE_DEVICES")))
+        problem = run_setup(lay, spec, workdir, dict(env, **secrets_for(lay, spec)))
+        if problem:
+            key = str((run_section(spec) or {}).get("setup_key") or "")
+            failed = read_json(lay.p(P.SETUP_DIR, key, "failed.json")) if key else None
+            tail = failed.get("tail") if isinstance(failed, dict) else None
+            tail_text = "\n".join(str(t)[:300] for t in tail[-20:]) if isinstance(tail, list) else ""
+            return self.finish(P.EXIT_SETUP, problem, extra={"setup_failed": True, "setup_key": key,
+                                                             "setup_tail": tail_text})
         # disk gate
         self.phase = "gate"
         ckpt = run_env[P.ENV_CKPT_DIR]
@@ -257,25 +200,30 @@ class Wrapper:
             return self.finish(P.EXIT_DISK_GATE, line)
         # train
         self.phase = "train"
-        args = ["--config", run_env[P.ENV_CONFIG], "--task", run_env[P.ENV_TASK],
-                "--epochs", run_env[P.ENV_EPOCHS]]
-        if spec.get("launcher", "torchrun") == "python":
-            argv = [python, entry, *args]
-        else:
-            argv = [python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                    "--nproc-per-node=%d" % gpus, *_local_addr_args(), entry, *args]
+        run_dir = run_env[P.ENV_RUN_DIR]
+        link_project(workdir, run_dir, run_section(spec))
+        try:
+            argv = job_argv(lay, self.job_id, self.attempt, spec, run_env, python, gpus)
+        except ValueError as e:  # a template the controller should have refused
+            self.phase = "setup"
+            return self.finish(P.EXIT_SETUP, "cannot build the trainer's command: %s" % e)
+        env.update(secrets_for(lay, spec))  # the process environment only: never run.env, never logged
+        prefix, why = read_only_prefix(bundle)
+        if why:
+            append_line(os.path.join(self.adir, P.JOB_LOG),
+                        "gpuq: the bundle is read-only by mode bits only (%s)" % why)
         log_path = os.path.join(self.adir, P.JOB_LOG)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
-                self.job_id, self.attempt, spec.get("name", ""), utc(), workdir,
+                self.job_id, self.attempt, spec.get("name", ""), utc(), run_dir,
                 " ".join(shlex.quote(a) for a in argv))).encode())
             logf.flush()
             if self.got_signal is not None:
                 return self.finish(P.EXIT_SIGNAL_BASE + self.got_signal, "signal %d before training started"
                                    % self.got_signal, sig=self.got_signal)
-            self.trainer = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf,
+            self.trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
                                             stderr=subprocess.STDOUT, env=env, close_fds=True,
-                                            cwd=workdir if os.path.isdir(workdir) else bundle)
+                                            cwd=run_dir)
         sampler = threading.Thread(target=self.sample_memory, args=(self.trainer.pid,), name="gpuq-mem")
         sampler.daemon = True
         sampler.start()
@@ -435,20 +383,3 @@ def cmd_wrap(lay: Layout, job_id: str, attempt: str) -> int:
         print(f"gpuq wrap: bad arguments {job_id!r} {attempt!r}", file=sys.stderr)
         return P.EXIT_SETUP
     return Wrapper(lay, job_id, int(attempt)).run()
-
-
-def _local_addr_args() -> list[str]:
-    """``--local-addr=127.0.0.1`` when this host's own name does not resolve.
-
-    torchrun hands its workers the agent's hostname as MASTER_ADDR; on containers without an
-    /etc/hosts entry for it the workers retry name resolution forever and the job hangs before
-    its first step.  Single-node jobs only talk over loopback, so pin it.  (Only added when
-    needed: the flag needs torch >= 2.2.)
-    """
-    import socket
-
-    try:
-        socket.getaddrinfo(socket.gethostname(), None)
-        return []
-    except OSError:
-        return ["--local-addr=127.0.0.1"]

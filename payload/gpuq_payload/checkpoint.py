@@ -1,4 +1,4 @@
-"""Atomic checkpoints and the LATEST pointer (DOMAIN.md 11.2 / 11.3).
+"""Atomic checkpoints and the LATEST pointer (docs/checkpoints.md).
 
 Write order: ``latest-<step>.pt.tmp`` (flush + fsync) -> ``os.replace`` -> fsync dir; then ``LATEST.tmp`` =
 ``{file, step, epoch, sha256, bytes, written_at}`` (fsync) -> replace ``LATEST`` -> fsync dir; then the

@@ -7,7 +7,7 @@ its own copy of the names it uses.  Values must equal those in
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 
 # checkpoint directory
 LATEST_POINTER = "LATEST"
@@ -21,13 +21,13 @@ SUMMARY_FILE = "summary.json"
 # per attempt
 HEARTBEAT_FILE = "heartbeat"
 
-# exit codes (DOMAIN.md section 4.3)
+# exit codes (docs/host-protocol.md)
 EXIT_OK = 0
 EXIT_TRANSIENT = 3
 EXIT_CONFIG = 4
 EXIT_SIGNAL_BASE = 128
 
-# environment a job receives (DOMAIN.md section 4.1)
+# environment a job receives (docs/host-protocol.md)
 ENV_JOB_ID = "GPUQ_JOB_ID"
 ENV_JOB_NAME = "GPUQ_JOB_NAME"
 ENV_ATTEMPT = "GPUQ_ATTEMPT"

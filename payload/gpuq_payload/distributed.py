@@ -19,7 +19,7 @@ class Dist:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.use_cuda = want_cuda
         if self.use_cuda:
-            torch.cuda.set_device(self.local_rank)  # before init_process_group (DOMAIN.md 14)
+            torch.cuda.set_device(self.local_rank)  # before init_process_group (docs/trainer-contract.md)
             self.device = torch.device("cuda", self.local_rank)
         else:
             self.device = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""The SIGTERM grace budget (DOMAIN.md 11.1, 11.4): is there time for a last checkpoint?
+"""The SIGTERM grace budget (docs/checkpoints.md): is there time for a last checkpoint?
 
 ``GPUQ_SIGTERM_GRACE_S`` says how many seconds pass between the SIGTERM this process gets and the
 SIGKILL that follows (RunPod spot ~5 s, a cancel: the job's ``kill_grace_s``).  Absent or empty

@@ -1,6 +1,6 @@
 """The training loop: DDP, per-step stop/checkpoint agreement, eval, checkpoints, results.
 
-SIGTERM/SIGINT (DOMAIN.md 11.4): the handler only records the signal and its time.  At each step
+SIGTERM/SIGINT (docs/checkpoints.md): the handler only records the signal and its time.  At each step
 boundary one all-reduce (max) of [stop, non-finite, timer due, seconds since the signal, step time,
 save time] gives every rank the same numbers, so every rank takes the same decision at the same
 boundary: save a final checkpoint when it fits in the grace (grace.py), else skip it; then barrier

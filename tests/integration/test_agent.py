@@ -125,6 +125,9 @@ class Host:
         return [r for r in recs if r["job"] == job_id]
 
     # the agent
+    def cli_argv(self) -> list[str]:
+        return [AGENT_PY, self.agent, "--root", str(self.root)]
+
     def cli(self, *args: str, env: dict[str, str] | None = None,
             timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run([AGENT_PY, self.agent, "--root", str(self.root), *args],
@@ -463,10 +466,15 @@ def test_trainer_environment_is_clean(host: Host) -> None:
     for line in (host.attempt(no_seed["job_id"]) / "run.env").read_text().splitlines():
         k, v = line.split("=", 1)
         run_env[k] = shlex.split(v)[0] if v else ""
-    assert set(e1) - set(run_env) <= allowed | {"LC_CTYPE"}, set(e1) - set(run_env)
+    # PWD: set by the sh that bind-mounts the bundle read-only (as root), to the run dir
+    assert set(e1) - set(run_env) <= allowed | {"LC_CTYPE", "PWD"}, set(e1) - set(run_env)
     assert run_env["EXTRA"] == "a b'c" and run_env["GPUQ_JOB_ID"] == no_seed["job_id"]
     start = host.runs_of(no_seed["job_id"])[0]
-    assert start["cwd"] == str(host.workdir) and start["task"] == "cls" and start["epochs"] == 2
+    run_dir = host.root / "jobs" / no_seed["job_id"] / "run"
+    assert start["cwd"] == str(run_dir) and start["task"] == "cls" and start["epochs"] == 2
+    assert e1["GPUQ_RUN_DIR"] == str(run_dir)
+    assert e1["PYTHONPATH"].split(":")[0] == str(host.workdir)
+    assert e1["PYTHONPYCACHEPREFIX"] == str(host.root / "cache" / "pycache")
 
 
 def test_torchrun_two_processes_gloo(host: Host) -> None:

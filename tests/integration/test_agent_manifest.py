@@ -1,4 +1,4 @@
-"""The host agent's `manifest` verb (DOMAIN.md 12.1), run as a real subprocess on fabricated job trees.
+"""The host agent's `manifest` verb (docs/results.md), run as a real subprocess on fabricated job trees.
 
 Runs under GPUQ_TEST_AGENT_PYTHON when set (e.g. ~/.pyenv/versions/3.8.18/bin/python), like
 test_agent.py, so the verb is proven on the oldest Python the agent supports.

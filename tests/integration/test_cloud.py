@@ -348,3 +348,18 @@ def test_lambda_host_failure_resumes_on_a_replacement_from_the_shipped_checkpoin
     assert all(h.lease_state == "terminated" for h in cloud.hosts().values())
     assert RUNPOD_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
     assert LAMBDA_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
+
+
+def test_down_forgets_the_terminated_machines_key(cloud_factory: Callable[..., Cloud]) -> None:
+    """RunPod hands a terminated pod's IP:port to the next pod: `gpuq down` must not leave the old key
+    pinned there (the next `gpuq up` would meet a "changed key" refusal while the new pod bills)."""
+    cloud = cloud_factory("runpod", hosts=1, gpus=1)
+    up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--count", "1", "--gpus", "1",
+                    "--profile", "rehearsal")
+    assert up.returncode == 0, up.stdout + up.stderr
+    (name,) = cloud.hosts()
+    known = cloud.home / "known_hosts"
+    assert [line for line in known.read_text().splitlines() if line.strip()]  # pinned at `up`
+    gone = cloud.gpuq("down", name, "--yes")
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert not [line for line in known.read_text().splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""SIGTERM within a grace window, and SIGKILL in the middle of a save (DOMAIN.md 11.3, 11.4).
+"""SIGTERM within a grace window, and SIGKILL in the middle of a save (docs/checkpoints.md).
 
 Real torchrun, 2 CPU processes, gloo.  The payload learns the grace (GPUQ_SIGTERM_GRACE_S),
 measures its steps and saves, and at a step boundary every rank agrees to write a final checkpoint

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.errors import HostUnreachable
+from orchestrator.hosts.base import Progress
 from orchestrator.hosts.local import LocalHost
 from orchestrator.specs import CommandResult
 
@@ -29,10 +30,11 @@ class FakeHost(LocalHost):
             raise HostUnreachable(self.name, "connection refused (fake link cut)")
         return super().run(argv, stdin=stdin, timeout=timeout)
 
-    def put(self, local: Path, remote: str) -> None:
+    def put(self, local: Path, remote: str, *, progress: Progress | None = None) -> None:
         self._check("put")
-        super().put(local, remote)
+        super().put(local, remote, progress=progress)
 
-    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+    def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
+            progress: Progress | None = None) -> None:
         self._check("get")
-        super().get(remote, local, offset=offset)
+        super().get(remote, local, offset=offset, size=size, progress=progress)

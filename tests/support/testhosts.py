@@ -259,12 +259,15 @@ class HostFarm:
     """N real OpenSSH hosts in their own namespaces; see the module docstring.  ``start()`` returns self."""
 
     def __init__(self, base_dir: Path, n: int, gpus: int = 2, python: str = sys.executable, *,
-                 gpu_name: str = H100_NAME, gpu_mem_mib: int = H100_MIB) -> None:
+                 gpu_name: str = H100_NAME, gpu_mem_mib: int = H100_MIB, sftp: bool = True) -> None:
+        """``sftp=False``: the hosts' sshd has no SFTP subsystem (minimal images, Alpine without
+        openssh-sftp-server)."""
         if n < 1:
             raise ValueError("a farm needs at least one host")
         self.base_dir = Path(base_dir).resolve()
         self.n, self.gpus, self.python = n, gpus, python
         self.gpu_name, self.gpu_mem_mib = gpu_name, gpu_mem_mib
+        self.sftp = sftp
         self.farm_id = ""
         self.hosts: list[TestHost] = []
         self.client_key = self.base_dir / "client_ed25519"
@@ -884,8 +887,11 @@ class HostFarm:
         state = {"driver_version": "550.54.15", "cuda_version": "12.4", "broken": False,
                  "gpus": default_gpus(f"{self.farm_id}/{h.index}", self.gpus, self.gpu_name, self.gpu_mem_mib)}
         _atomic_write(h.gpu_state, json.dumps(state, indent=1))
-        (own / "sshd_config").write_text(SSHD_CONFIG.format(name=h.name, address=h.address, port=h.port,
-                                                            alt_port=ALT_SSH_PORT, in_host=IN_HOST))
+        config = SSHD_CONFIG.format(name=h.name, address=h.address, port=h.port, alt_port=ALT_SSH_PORT,
+                                    in_host=IN_HOST)
+        if not getattr(self, "sftp", True):
+            config = config.replace("Subsystem sftp internal-sftp\n", "")
+        (own / "sshd_config").write_text(config)
         spec = {"binds": binds, "hostname": h.name, "sshd": SSHD, "sshd_config": f"{IN_HOST}/sshd_config",
                 "private_shm": True, "private_dev": True, "gpu_devices": self.gpus}
         (h.root_dir / "init.json").write_text(json.dumps(spec, indent=1))

@@ -1,4 +1,4 @@
-"""One contract for every provider adapter, run four ways (ARCHITECTURE.md 4.4):
+"""One contract for every provider adapter, run four ways (docs/architecture.md):
 
 - ``runpod-fake`` / ``lambda-fake``: the adapter against the local fake server (tests/support/fakecloud);
 - ``runpod-replay`` / ``lambda-replay``: the adapter against recorded exchanges

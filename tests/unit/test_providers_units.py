@@ -461,7 +461,7 @@ ALLOWED_EXTERNAL = {"httpx"}
 
 
 def test_providers_import_only_their_allowed_layers() -> None:
-    """ARCHITECTURE.md 2: providers never import hosts, ledger, api or cli, nor sqlmodel, paramiko or torch."""
+    """docs/architecture.md: providers never import hosts, ledger, api or cli, nor sqlmodel, paramiko or torch."""
     for path in sorted((ROOT / "orchestrator" / "providers").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []

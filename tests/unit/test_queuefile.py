@@ -1,4 +1,4 @@
-"""Queue-file parsing: DOMAIN.md section 2, every worked example of 2.5, and property tests."""
+"""Queue-file parsing (docs/queue.md): the grammar, every worked example, and property tests."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def only_job(project: Path, text: str) -> JobSpec:
     return parsed.jobs[0]
 
 
-# ---------------------------------------------------------------- worked examples (DOMAIN.md 2.5)
+# ---------------------------------------------------------------- worked examples (docs/queue.md)
 
 
 def test_example_01_legacy_line(project: Path) -> None:
@@ -181,7 +181,7 @@ def test_example_13_multi_node(project: Path) -> None:
         ),
         (
             "lr=0.1",  # example 15
-            'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, host, retries)',
+            'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, seeds, host, retries)',
         ),
         ("name=", 'empty value for "name"; omit the field to use the default'),  # example 17
         ("gpus=", 'empty value for "gpus"; omit the field to use the default'),
@@ -298,7 +298,7 @@ def test_all_errors_at_once_in_line_order(project: Path) -> None:
     assert [(issue.line, issue.message) for issue in issues] == [
         (1, 'epochs must be a positive integer, got "0"'),
         (3, "config file not found: configs/missing.yaml"),
-        (5, 'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, host, retries)'),
+        (5, 'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, seeds, host, retries)'),
     ]
 
 

@@ -66,11 +66,12 @@ class LinkHost(FakeHost):
             self.after_manifest()
         return result
 
-    def get(self, remote: str, local: Path, *, offset: int = 0) -> None:
+    def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
+            progress: Any = None) -> None:
         self.gets.append((remote, offset))
         plan = next((v for k, v in self.breaks.items() if remote.endswith(k) and v), None)
         if plan is None:
-            super().get(remote, local, offset=offset)
+            super().get(remote, local, offset=offset, size=size, progress=progress)
             return
         deliver = plan.pop(0)
         self._check("get")

@@ -3,7 +3,7 @@
 Parses ``query { ... }`` / ``mutation { ... }`` (optionally named) with fields, aliases, arguments
 whose values are literals (strings, block strings, numbers, booleans, null, enums, lists, objects) and
 nested selections.  Variables (``$x``), fragments and directives are refused, as the real adapter
-never sends them (PROVIDERS.md 2.2).  Results are projected through the selection exactly: selecting
+never sends them (docs/providers.md).  Results are projected through the selection exactly: selecting
 an unknown field, omitting a required sub-selection or selecting into a scalar is a GraphQL error
 with graphql-js wording, delivered with HTTP 200 like the real API.
 """

@@ -1,13 +1,13 @@
-"""A fake Lambda Cloud v1 REST API (PROVIDERS.md 3, 5.1, 5.3) for tests and demos.
+"""A fake Lambda Cloud v1 REST API (docs/providers.md) for tests and demos.
 
 Base path ``/api/v1``; auth by ``Authorization: Bearer <key>`` or HTTP basic with the key as user name
 and an empty password; anything else gets 401 ``global/invalid-api-key``.  Successes are
-``{"data": ...}``, errors ``{"error": {code, message, suggestion}}`` with the codes of PROVIDERS.md 3.4
+``{"data": ...}``, errors ``{"error": {code, message, suggestion}}`` with Lambda's documented codes
 (HTTP statuses as assumed there).
 
 Behaviour (defaults in brackets; controls change them):
 
-- launch validates like PROVIDERS.md 5.3: exactly one known SSH key, at most one file system and in the
+- launch validates like Lambda's API: exactly one known SSH key, at most one file system and in the
   launch region, ``quantity`` > 1 rejected; a region without capacity for the type (or an armed
   ``no_capacity``) gives ``instance-operations/launch/insufficient-capacity``; launches closer than
   ``launch_interval_s`` [0: off] get 429;
@@ -187,7 +187,7 @@ class FakeLambda(FakeCloud):
             self._inactive = inactive
 
     def launch_interval(self, seconds: float) -> None:
-        """Launches closer together than ``seconds`` of fake-clock time get 429 (PROVIDERS.md 3.5)."""
+        """Launches closer together than ``seconds`` of fake-clock time get 429 (docs/providers.md)."""
         with self.lock:
             self._launch_interval = seconds
 

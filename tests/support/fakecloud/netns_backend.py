@@ -5,7 +5,7 @@
         ...                                            # gpuq up -> SSH -> jobs -> cloud.preempt(pod) -> resume
         backend.wait_idle()                            # background boots/kills/wipes done (raises their errors)
 
-What the fakes' calls do to a host (PROVIDERS.md 2.8, 3.7):
+What the fakes' calls do to a host (docs/providers.md):
 
 - ``provision`` of a new instance id rents the first free host of the pool: killed if up, a fresh /root
   (the farm's client key and ``authorized_keys`` only), a fresh /tmp, a NEW host key when an earlier

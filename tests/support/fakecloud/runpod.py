@@ -1,10 +1,10 @@
-"""A fake RunPod GraphQL API (PROVIDERS.md 2, 5.1-5.2) for tests and demos.
+"""A fake RunPod GraphQL API (docs/providers.md) for tests and demos.
 
 ``POST /graphql`` with ``{"query": "<document>"}`` and literal values; auth by ``Authorization: Bearer``
 or the older ``?api_key=`` query parameter (the real API accepts both; gpuq sends only the header); a
 missing or wrong key gets HTTP 401.  Client errors come back as **HTTP 200 with an ``errors`` array**.
 Every input field and every selected field is validated against the subset of the schema that
-PROVIDERS.md documents, so a typo in the adapter fails here the way it would against RunPod.
+the adapter uses, so a typo in the adapter fails here the way it would against RunPod.
 
 Behaviour (defaults in brackets; controls change them):
 
@@ -239,7 +239,7 @@ class FakeRunPod(FakeCloud):
         if not isinstance(body, dict) or not isinstance(body.get("query"), str):
             return Reply(400, {"errors": [{"message": "Must provide query string."}]})
         if body.get("variables"):
-            # Whether RunPod honours variables is unverified (PROVIDERS.md 2.2); gpuq never sends them.
+            # Whether RunPod honours variables is unverified (docs/providers.md); gpuq never sends them.
             return Reply(200, {"errors": [{"message": "The fake does not accept variables."}], "data": None})
         try:
             operation = gql.parse(body["query"])

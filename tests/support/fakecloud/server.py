@@ -73,7 +73,7 @@ class FakeCloud:
 
     provider = "fake"
     api_prefix = ""
-    checked = "2026-11"  # when the shapes were last compared with PROVIDERS.md (no real recording yet)
+    checked = "2026-11"  # when the shapes were last compared with the vendors' API references (no real recording yet)
     controls: tuple[str, ...] = ("rate_limit", "advance", "set_api_key")
 
     def __init__(self, *, api_key: str = "fake-api-key", backend: HostBackend | None = None,

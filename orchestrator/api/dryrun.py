@@ -1,0 +1,132 @@
+"""``gpuq submit --dry-run``: every expanded job with its host, its estimate and the exact argv it will
+run there (rendered by the agent's own gpuq_argv.py; forwarded secrets' values shown as ``***``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+
+from pydantic import BaseModel, ConfigDict
+
+from orchestrator import protocol
+from orchestrator.api.context import Context
+from orchestrator.api.submit import SubmitResult
+from orchestrator.ledger import Host as HostRow
+from orchestrator.runconfig import RunConfig
+from orchestrator.scheduler import epoch_rates, estimate_s
+from orchestrator.specs import JobSpec, job_id_for
+from orchestrator.trainer_command import argv_module
+
+MASK = "***"
+MASTER_PORT = "<master_port>"  # picked by the host's agent per launch
+
+
+class DryRunJob(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    name: str
+    cell: str
+    line: int
+    config: str
+    task: str
+    epochs: int
+    gpus: int
+    seed: int | None
+    host: str
+    est_s: float | None  # None: no estimate (no est_min= and no history)
+    estimate_from: str  # "est_min=" | "history of N runs" | "no history"
+    argv: list[str]
+
+
+class DryRun(BaseModel):
+    """One document for ``gpuq submit --dry-run --json``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    queue: str
+    bundle_sha: str
+    bundle_files: int
+    bundle_bytes: int
+    warnings: list[str]
+    jobs: list[DryRunJob]
+    makespan_s: float | None  # None: unknown until one job of each config has run
+
+
+def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
+    history = ctx.ledger.run_history()
+    pairs = Counter((config, task) for config, task, epochs, seconds in history if epochs > 0 and seconds > 0)
+    tasks = Counter(task for config, task, epochs, seconds in history if epochs > 0 and seconds > 0)
+    rates = epoch_rates(history)
+    rows = {row.name: row for row in result.hosts}
+    secrets = [v for v in (os.environ.get(n) for n in (result.run.forward_env if result.run else ())) if v]
+    argv = _Argv(ctx, result, secrets)
+    jobs = []
+    known = True
+    for spec in result.specs:
+        job_id = job_id_for(result.sweep_id, spec.name)
+        host = result.placements.get(job_id, "")
+        source, est = _estimate(spec, pairs, tasks)
+        known = known and est
+        seconds = estimate_s(config=spec.config, task=spec.task, epochs=spec.epochs, est_min=spec.est_min,
+                             history=rates) if est else None
+        jobs.append(DryRunJob(
+            job_id=job_id, name=spec.name, cell=spec.cell or spec.name, line=spec.line, config=spec.config,
+            task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host, est_s=seconds,
+            estimate_from=source, argv=argv.of(spec, job_id, rows.get(host))))
+    return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
+                  bundle_bytes=result.bundle.bytes, warnings=result.warnings, jobs=jobs,
+                  makespan_s=result.makespan_s if known else None)
+
+
+def _estimate(spec: JobSpec, pairs: Counter[tuple[str, str]], tasks: Counter[str]) -> tuple[str, bool]:
+    if spec.est_min is not None:
+        return "est_min=", True
+    runs = pairs.get((spec.config, spec.task)) or tasks.get(spec.task)
+    if runs:
+        return f"history of {runs} runs", True
+    return "no history", False
+
+
+class _Argv:
+    """Renders one job's argv the way the wrapper will on its host (attempt 1, no checkpoint)."""
+
+    def __init__(self, ctx: Context, result: SubmitResult, secrets: list[str]) -> None:
+        self.module = argv_module()
+        self.run: RunConfig | None = result.run
+        self.sha = result.bundle.sha256
+        self.secrets = secrets
+        entry = ctx.settings.entry
+        self.entry = f"{protocol.BUNDLE_WORKDIR}/{entry}" if entry else protocol.TRAIN_ENTRY
+        self.launcher = self.run.launcher if self.run is not None else ctx.settings.launcher
+        self.local_python = ctx.settings.local_python
+
+    def of(self, spec: JobSpec, job_id: str, row: HostRow | None) -> list[str]:
+        root = row.root if row is not None else "<root>"
+        python = row.python if row is not None else ""
+        if not python:  # the agent's own interpreter: the local host runs this one's
+            python = (self.local_python or sys.executable) if row is not None and row.kind == "local" else "python3"
+        bundle = f"{root}/{protocol.BUNDLES_DIR}/{self.sha}"
+        job_dir = f"{root}/{protocol.JOBS_DIR}/{job_id}"
+        command = list(self.run.command) if self.run is not None else []
+        if not command:
+            command = [f"{bundle}/{self.entry}", "--config", "{config}", "--task", "{task}", "--epochs", "{epochs}"]
+        values = {
+            "config": f"{bundle}/{protocol.BUNDLE_WORKDIR}/{spec.config}", "task": spec.task,
+            "epochs": str(spec.epochs), "name": spec.name, "seed": "" if spec.seed is None else str(spec.seed),
+            "job_id": job_id, "attempt": "1", "run_dir": f"{job_dir}/run", "ckpt_dir": f"{job_dir}/{protocol.CKPT_DIR}",
+            "master_port": MASTER_PORT,
+        }
+        argv: list[str] = self.module.job_argv(
+            launcher=self.launcher, python=python, nproc=spec.gpus, command=command, args=list(spec.args),
+            resume_args=list(self.run.resume_args) if self.run is not None else [], values=values, checkpoint=None)
+        if self.secrets:
+            argv = [_mask(a, self.secrets) for a in argv]
+        return argv
+
+
+def _mask(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        text = text.replace(value, MASK)
+    return text

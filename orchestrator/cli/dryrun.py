@@ -1,0 +1,52 @@
+"""Print ``gpuq submit --dry-run``: a plain aligned table (fast for 10,000 rows), or one JSON document."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from orchestrator.api.dryrun import DryRun
+
+COLUMNS = ("name", "config", "task", "epochs", "gpus", "host", "estimate", "argv")
+
+
+def _estimate(seconds: float | None, source: str) -> str:
+    if seconds is None:
+        return source
+    shown = f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f}h"
+    return f"{shown} ({source})"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
+    out = sys.stdout
+    if as_json:
+        out.write(doc.model_dump_json(indent=1) + "\n")
+        return
+    for warning in doc.warnings:
+        out.write(f"warning: {warning}\n")
+    rows = [COLUMNS] + [
+        (j.name, j.config or "-", j.task or "-", str(j.epochs), str(j.gpus), j.host or "-",
+         _estimate(j.est_s, j.estimate_from), shlex.join(j.argv))
+        for j in doc.jobs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        lines.append("  ".join([*cells, row[-1]]))
+    out.write("\n".join(lines) + "\n")
+    out.write(f"dry run: {len(doc.jobs)} jobs valid; bundle {doc.bundle_sha[:12]} ({doc.bundle_files} files, "
+              f"{doc.bundle_bytes} bytes); nothing was written\n")
+    if doc.makespan_s is None:
+        out.write("makespan unknown until one job of each config has run\n")
+    else:
+        out.write(f"projected makespan {_duration(doc.makespan_s)}\n")

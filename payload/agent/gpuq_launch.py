@@ -1,0 +1,258 @@
+"""What one attempt runs: its environment, its argv and its run dir (docs/your-project.md).
+
+The run dir ``jobs/<job_id>/run/`` is the trainer's working directory for every job: each top-level
+entry of the bundle's workdir (the project) is linked in as a symlink, so relative reads of project
+files work as in the project root, while every relative write lands in the job's own directory.
+Names that begin an ``outputs`` or ``checkpoint`` glob are never linked (the job gets real dirs).
+
+stdlib only, Python >= 3.8.
+"""
+
+# ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+from typing import Any
+
+import gpuq_argv
+import gpuq_protocol as P
+from gpuq_files import Layout, read_json
+from gpuq_hostfacts import thread_cap
+
+TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+TORCHRUN_DEFAULT_SHUTDOWN_S = 30
+
+
+def kill_grace(spec: dict[str, Any]) -> float:
+    """Seconds between the SIGTERM the wrapper relays and its SIGKILL of the rest of the group."""
+    try:
+        return max(0.0, float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0))
+    except (TypeError, ValueError):
+        return float(P.DEFAULT_KILL_GRACE_S)
+
+
+def sigterm_grace(spec: dict[str, Any]) -> str:
+    """GPUQ_SIGTERM_GRACE_S for the trainer: the seconds it can count on between a SIGTERM and the
+    SIGKILL after it.  The spec's ``sigterm_grace_s`` (a platform's spot grace, e.g. RunPod's 5 s)
+    when given, else ``kill_grace_s``; never more than ``kill_grace_s``, since the wrapper (and a
+    cancel) kills the group then.  ``sigterm_grace_s: ""`` passes "" (unknown: the payload saves
+    regardless)."""
+    kill = kill_grace(spec)
+    raw = spec.get("sigterm_grace_s")
+    if raw == "":
+        return ""
+    grace = kill
+    if raw is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            grace = min(kill, max(0.0, float(raw)))
+    return "%g" % grace
+
+
+def run_section(spec: dict[str, Any]) -> dict[str, Any] | None:
+    run = spec.get("run")
+    return run if isinstance(run, dict) else None
+
+
+def _globs(run: dict[str, Any] | None, key: str) -> list[str]:
+    raw = (run or {}).get(key) or []
+    return [raw] if isinstance(raw, str) else [str(g) for g in raw if g]
+
+
+def newest_checkpoint(run_dir: str, run: dict[str, Any] | None) -> str | None:
+    """Absolute path of the newest real file under ``run_dir`` matching a checkpoint glob."""
+    best: tuple[float, str] | None = None
+    for pattern in _globs(run, "checkpoint"):
+        for path in glob.glob(os.path.join(run_dir, pattern), recursive=True):
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            with contextlib.suppress(OSError):
+                m = os.stat(path).st_mtime
+                if best is None or m > best[0]:
+                    best = (m, path)
+    return best[1] if best else None
+
+
+def reserved_names(run: dict[str, Any] | None) -> set[str]:
+    """Top-level names never linked: the first path component of each outputs/checkpoint glob."""
+    out = set()
+    for pattern in _globs(run, "outputs") + _globs(run, "checkpoint"):
+        first = pattern.replace("\\", "/").lstrip("./").split("/", 1)[0]
+        if first and not any(c in first for c in "*?["):
+            out.add(first)
+    return out
+
+
+def link_project(workdir: str, run_dir: str, run: dict[str, Any] | None) -> None:
+    """(Re)link the project's top-level entries into the run dir; real files are never touched."""
+    os.makedirs(run_dir, exist_ok=True)
+    skip = reserved_names(run)
+    try:
+        names = sorted(os.listdir(workdir))
+    except OSError:
+        names = []
+    for name in names:
+        if name in skip:
+            continue
+        target = os.path.join(workdir, name)
+        link = os.path.join(run_dir, name)
+        if os.path.islink(link):
+            if os.readlink(link) == target:
+                continue
+            os.unlink(link)  # a stale link (another bundle): replace it
+        elif os.path.lexists(link):
+            continue  # the job's own file or dir
+        os.symlink(target, link)
+
+
+def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
+              launch: dict[str, Any]) -> dict[str, str]:
+    """run.env: what the trainer gets on top of PATH/HOME/...; never a secret."""
+    sha = str(spec.get("bundle_sha", ""))
+    workdir = lay.p(P.BUNDLES_DIR, sha, P.BUNDLE_WORKDIR)
+    jdir = lay.job(job_id)
+    adir = lay.attempt(job_id, attempt)
+    kind = launch.get("kind", "cpu")
+    slots = launch.get("slots") or []
+    resume = spec.get("resume_from")
+    if resume is None:
+        resume = ""
+    elif not isinstance(resume, str):
+        resume = json.dumps(resume, sort_keys=True)
+    env: dict[str, str] = {}
+    for k, v in (spec.get("env") or {}).items():
+        env[str(k)] = str(v)
+    threads = str(thread_cap(int(launch.get("total_slots") or len(slots) or 1)))
+    pythonpath = workdir + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update({
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": pythonpath,
+        "PYTHONPYCACHEPREFIX": lay.p(P.CACHE_DIR, "pycache"),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", threads),
+        "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS", threads),
+        "HF_HOME": lay.p(P.CACHE_DIR, "huggingface"),
+        "PIP_CACHE_DIR": lay.p(P.CACHE_DIR, "pip"),
+        P.ENV_JOB_ID: job_id,
+        P.ENV_JOB_NAME: str(spec.get("name", "")),
+        P.ENV_QUEUE_ID: str(spec.get("queue_id", "")),
+        P.ENV_ATTEMPT: str(attempt),
+        P.ENV_CONFIG: os.path.join(workdir, str(spec.get("config", ""))),
+        P.ENV_TASK: str(spec.get("task", "")),
+        P.ENV_EPOCHS: str(spec.get("epochs", "")),
+        P.ENV_CKPT_DIR: os.path.join(jdir, P.CKPT_DIR),
+        P.ENV_RESULT_DIR: os.path.join(jdir, P.RESULT_DIR),
+        P.ENV_RUN_DIR: os.path.join(jdir, P.RUN_DIR),
+        P.ENV_LOG: os.path.join(adir, P.JOB_LOG),
+        P.ENV_HEARTBEAT: os.path.join(adir, P.HEARTBEAT_FILE),
+        P.ENV_HEARTBEAT_S: str(spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S),
+        P.ENV_RESUME_FROM: resume,
+        P.ENV_CKPT_INTERVAL_S: str(spec.get("ckpt_interval_s") or P.DEFAULT_CKPT_INTERVAL_S),
+        P.ENV_DURABLE_DIR: str(spec.get("durable_dir") or ""),
+        P.ENV_SPEC_HASH: str(spec.get("spec_hash", "")),
+        P.ENV_BUNDLE_SHA: sha,
+        P.ENV_DEVICE: str(launch.get("device") or ("cuda" if kind == "gpu" else "cpu")),
+        P.ENV_EXIT_FILE: os.path.join(adir, P.TRAINER_EXIT_FILE),
+        P.ENV_SIGTERM_GRACE_S: sigterm_grace(spec),
+    })
+    if launch.get("master_port"):
+        env["MASTER_PORT"] = str(launch["master_port"])
+    # torchrun SIGKILLs its workers 30 s after relaying a SIGTERM unless told otherwise: never
+    # before the wrapper's own kill_grace_s (a torch that ignores this keeps 30 s, and the
+    # payload then counts on 30 s at most)
+    env.setdefault(TORCHRUN_SHUTDOWN_ENV, str(max(TORCHRUN_DEFAULT_SHUTDOWN_S, math.ceil(kill_grace(spec)))))
+    env.pop(P.ENV_SEED, None)
+    if spec.get("seed") is not None:
+        env[P.ENV_SEED] = str(spec["seed"])
+    if kind == "gpu":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env.pop("CUDA_DEVICE_ORDER", None)
+    return env
+
+
+def secrets_for(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
+    """The forwarded values this job's run.forward_env names (from secrets/<queue_id>.json)."""
+    names = (run_section(spec) or {}).get("forward_env") or []
+    if not names:
+        return {}
+    qid = str(spec.get("queue_id", ""))
+    if not qid or "/" in qid or qid.startswith("."):
+        return {}
+    stored = read_json(lay.p(P.SECRETS_DIR, qid + ".json"))
+    if not isinstance(stored, dict):
+        return {}
+    return {str(n): str(stored[n]) for n in names if n in stored}
+
+
+def job_argv(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any], run_env: dict[str, str],
+             python: str, nproc: int) -> list[str]:
+    """The trainer's argv: the legacy payload command when spec "run" is absent, else the
+    project's template rendered by gpuq_argv."""
+    sha = str(spec.get("bundle_sha", ""))
+    entry = lay.p(P.BUNDLES_DIR, sha, str(spec.get("entry") or P.TRAIN_ENTRY))
+    run = run_section(spec)
+    launcher = str((run or {}).get("launcher") or spec.get("launcher") or "torchrun")
+    extra = local_addr_args() if launcher == "torchrun" else []
+    command = [str(a) for a in ((run or {}).get("command") or [])]
+    if not command:
+        literal = entry.replace("{", "{{").replace("}", "}}")
+        command = [literal, "--config", "{config}", "--task", "{task}", "--epochs", "{epochs}"]
+    run_dir = run_env[P.ENV_RUN_DIR]
+    values = {
+        "config": run_env[P.ENV_CONFIG], "task": run_env[P.ENV_TASK], "epochs": run_env[P.ENV_EPOCHS],
+        "name": str(spec.get("name", "")), "seed": "" if spec.get("seed") is None else str(spec["seed"]),
+        "job_id": job_id, "attempt": str(attempt), "run_dir": run_dir,
+        "ckpt_dir": run_env[P.ENV_CKPT_DIR], "master_port": run_env.get("MASTER_PORT", ""),
+    }
+    args = [str(a) for a in (spec.get("args") or [])]
+    ckpt = newest_checkpoint(run_dir, run) if run else None
+    resume_args = [str(a) for a in ((run or {}).get("resume_args") or [])]
+    return gpuq_argv.job_argv(launcher=launcher, python=python, nproc=nproc, command=command, args=args,
+                              resume_args=resume_args, values=values, checkpoint=ckpt,
+                              launcher_extra=extra)
+
+
+def local_addr_args() -> list[str]:
+    """``--local-addr=127.0.0.1`` when this host's own name does not resolve.
+
+    torchrun hands its workers the agent's hostname as MASTER_ADDR; on containers without an
+    /etc/hosts entry for it the workers retry name resolution forever and the job hangs before
+    its first step.  Single-node jobs only talk over loopback, so pin it.  (Only added when
+    needed: the flag needs torch >= 2.2.)
+    """
+    try:
+        socket.getaddrinfo(socket.gethostname(), None)
+        return []
+    except OSError:
+        return ["--local-addr=127.0.0.1"]
+
+
+RO_BIND = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+
+
+def read_only_prefix(bundle: str) -> tuple[list[str], str]:
+    """As root (mode bits do not stop root), run the trainer in a private mount namespace with the
+    bundle bind-mounted read-only.  Returns (argv prefix, "" or why it fell back to mode bits).
+    unshare and sh exec, so the trainer keeps the pid (and process group) Popen gave it."""
+    if os.geteuid() != 0:
+        return [], ""
+    unshare = shutil.which("unshare")
+    if not unshare or not shutil.which("mount"):
+        return [], "unshare/mount not found"
+    probe = [unshare, "-m", "--propagation", "private", "--", "sh", "-c", RO_BIND, bundle, "true"]
+    try:
+        rc = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=30).returncode
+    except (OSError, subprocess.SubprocessError) as e:
+        return [], "unshare failed: %s" % e
+    if rc != 0:
+        return [], "unshare --mount exited %d" % rc
+    return probe[:-1], ""

@@ -1,0 +1,95 @@
+"""The examples/ projects as a test copies and drives them: a copy of an example with its gpuq.toml
+adjusted, a wheelhouse of hydra-core for hosts without network, and a Python for the hosts that can
+import torch but not hydra (so the project's setup hook really installs it)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+# Outside /tmp, /root and /run, which the namespace test hosts replace with their own: the hosts see these
+SHARED = Path("/var/tmp")
+WHEELHOUSE = SHARED / "gpuq-test-wheels"
+
+
+def copy_example(name: str, dest: Path, *, queue: str | None = None, toml_extra: str = "") -> Path:
+    """A copy of examples/<name> under ``dest`` (the user's checkout); returns its queue file."""
+    work = dest / name
+    shutil.copytree(EXAMPLES / name, work, ignore=shutil.ignore_patterns("__pycache__", "outputs", "*.pt", "*.csv"))
+    if queue is not None:
+        (work / "queue.txt").write_text(queue)
+    if toml_extra:
+        toml = work / "gpuq.toml"
+        toml.write_text(toml.read_text() + toml_extra)
+    return work / "queue.txt"
+
+
+def hydra_wheelhouse() -> Path:
+    """hydra-core and its dependencies as wheels, built once per machine (PyPI is reachable from here)."""
+    if not any(WHEELHOUSE.glob("hydra_core-*.whl")) or not any(WHEELHOUSE.glob("antlr4*.whl")):
+        WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "hydra-core", "-w", str(WHEELHOUSE)],
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return WHEELHOUSE
+
+
+def host_python() -> tuple[Path, Path]:
+    """A fresh venv whose site-packages chain to this interpreter's (torch importable), without hydra;
+    returns (its python, its dir to remove).  It lives where the namespace hosts can run it."""
+    venv = Path(tempfile.mkdtemp(prefix="gpuq-test-hostvenv-", dir=SHARED))
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert made.returncode == 0, made.stdout + made.stderr
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "gpuq_test_parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run([str(python), "-c", "import torch, importlib.util as u; "
+                            "assert u.find_spec('hydra') is None"], capture_output=True, text=True, check=False)
+    assert probe.returncode == 0, probe.stderr
+    return python, venv
+
+
+def offline_pip_env(wheelhouse: Path) -> str:
+    """A [run] env line that makes the setup hook's pip install from the wheelhouse only (no network)."""
+    return (f'env = {{ PIP_NO_INDEX = "1", PIP_FIND_LINKS = "{wheelhouse}", '
+            f'PIP_DISABLE_PIP_VERSION_CHECK = "1" }}\n')
+
+
+def jobs_of(status_doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(status_doc.get("jobs", []))
+
+
+def states(status_doc: dict[str, Any]) -> dict[str, str]:
+    return {j["name"]: j["state"] for j in jobs_of(status_doc)}
+
+
+def launches(root: Path, job_id: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((root / "jobs" / job_id / "attempts").glob("*/launch.json"))]
+
+
+def all_text_under(path: Path, skip: tuple[str, ...] = ()) -> list[tuple[Path, bytes]]:
+    """Every regular file under ``path`` (symlinks not followed), except under the named top-level dirs."""
+    out = []
+    for dirpath, _dirnames, filenames in os.walk(path):
+        rel = Path(dirpath).relative_to(path)
+        if rel.parts and rel.parts[0] in skip:
+            continue
+        for name in filenames:
+            p = Path(dirpath) / name
+            if p.is_file() and not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    out.append((p, p.read_bytes()))
+    return out

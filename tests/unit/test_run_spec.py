@@ -1,0 +1,88 @@
+"""Ledger v6 fields and the job spec's args/run fields; forwarded secrets travel beside the specs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from orchestrator import launcher, protocol
+from orchestrator.config import load_settings
+from orchestrator.errors import GpuqError
+from orchestrator.ledger import Ledger
+from orchestrator.queuefile import parse_bytes
+from orchestrator.runconfig import RunConfig
+
+
+def _ledger(tmp_path: Path, run: str = "") -> tuple[Ledger, list[str]]:
+    ledger = Ledger(tmp_path / "ledger.db")
+    parsed = parse_bytes(b"name=g -- --lr {1,2} 'a b'\n", label="q.txt", workdir=None, needs_config=False)
+    rows = ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir="/w", queue_text="", jobs=parsed.jobs,
+                            default_retries=1, run=run, verify=())
+    return ledger, [r.id for r in rows]
+
+
+def test_v6_stores_args_cell_and_run(tmp_path: Path) -> None:
+    ledger, ids = _ledger(tmp_path, run=json.dumps({"command": ["t.py"]}))
+    job = ledger.job(ids[1])
+    assert (job.name, job.cell, job.arg_list()) == ("g-lr2", "g", ["--lr", "2", "a b"])
+    sweep = ledger.sweep("qaaaaaa")
+    assert sweep is not None and json.loads(sweep.run) == {"command": ["t.py"]}
+    conn = sqlite3.connect(tmp_path / "ledger.db")
+    columns = {row[1]: row[4] for row in conn.execute("PRAGMA table_info(job)")}
+    assert columns["args"] == "'[]'" and columns["cell"] == "''"
+
+
+def test_spec_without_run_is_the_legacy_spec_plus_empty_args(tmp_path: Path) -> None:
+    ledger, ids = _ledger(tmp_path)
+    job = ledger.job(ids[0])
+    attempt = ledger.start_attempt(job.id, host="local", bundle_sha="s")
+    spec = launcher.job_spec(job, attempt, load_settings(env={"GPUQ_HOME": str(tmp_path)}),
+                             sweep=ledger.sweep("qaaaaaa"))
+    assert spec["protocol"] == protocol.PROTOCOL_VERSION == "1.1"
+    assert spec["args"] == ["--lr", "1", "a b"] and spec["run"] is None
+    assert launcher.enqueue_payload([spec], environ={}) == json.dumps([spec]).encode()
+
+
+def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_path: Path) -> None:
+    run = RunConfig(command="train.py {args}", forward_env=["TOKEN"], checkpoint="snap.pt", setup="pip install x")
+    ledger, ids = _ledger(tmp_path, run=json.dumps({**run.wire(), "setup_key": "ab" * 32}))
+    job = ledger.job(ids[0])
+    attempt = ledger.start_attempt(job.id, host="local", bundle_sha="s")
+    spec = launcher.job_spec(job, attempt, load_settings(env={"GPUQ_HOME": str(tmp_path)}),
+                             sweep=ledger.sweep("qaaaaaa"))
+    assert spec["run"] == {
+        "command": ["train.py", "{args}"], "launcher": "torchrun", "resume_args": [], "checkpoint": ["snap.pt"],
+        "outputs": [], "metrics": "", "metrics_regex": "", "metric": "", "mode": "max", "progress": "",
+        "setup": "pip install x", "setup_key": "ab" * 32, "forward_env": ["TOKEN"],
+    }
+    assert spec["verify"] == []
+    payload = json.loads(launcher.enqueue_payload([spec], environ={"TOKEN": "s3cret"}))
+    assert payload == {"specs": [spec], "secrets": {"qaaaaaa": {"TOKEN": "s3cret"}}}
+    assert "s3cret" not in json.dumps(spec)
+    with pytest.raises(GpuqError) as info:
+        launcher.enqueue_payload([spec], environ={})
+    assert "TOKEN" in str(info.value)
+
+
+def test_a_v5_ledger_upgrades_with_defaults(tmp_path: Path) -> None:
+    from orchestrator.ledger.migrate import MIGRATIONS
+
+    path = tmp_path / "ledger.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for number, step in enumerate(MIGRATIONS[:5], start=1):
+        step(conn)
+        conn.execute(f"PRAGMA user_version = {number}")
+    conn.execute("INSERT INTO sweep (id, queue_path, workdir, queue_text, bundle_sha, job_count, created_at) "
+                 "VALUES ('qold000', 'q', '/w', '', '', 1, 0)")
+    conn.execute("INSERT INTO job (id, sweep_id, name, line, raw, config, config_sha256, task, epochs, gpus, nodes, "
+                 "retries, spec_hash, state, attempt_count, created_at, updated_at) VALUES ('c1', 'qold000', 'a', 1, "
+                 "'', 'a.yaml', '', 't', 1, 1, 1, 0, '', 'QUEUED', 0, 0, 0)")
+    conn.close()
+    ledger = Ledger(path)
+    job = ledger.job("c1")
+    sweep = ledger.sweep("qold000")
+    assert (job.args, job.arg_list(), job.cell) == ("[]", [], "")
+    assert sweep is not None and sweep.run == "" and launcher.run_spec(sweep) is None
