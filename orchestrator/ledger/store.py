@@ -399,11 +399,15 @@ class Ledger(PullRecords):
         *,
         attempt: int | None = None,
         message: str = "",
+        of_attempt: int | None = None,
     ) -> bool:
         """Change a job's (or, with ``attempt``, an attempt's) state; append an Event.
 
         Returns False when the subject is already in ``new`` (idempotent), True
         when it changed.  Raises IllegalTransition for a change not allowed.
+        ``of_attempt``: a job change that follows from what attempt ``of_attempt`` did; when the job
+        has moved on to a later attempt meanwhile (another gpuq command requeued and restarted it),
+        nothing changes and False is returned: news of an old attempt never ends a newer one.
         """
         with self.session() as s:
             if attempt is None:
@@ -412,6 +416,8 @@ class Ledger(PullRecords):
                 job = s.get(Job, job_id)
                 if job is None:
                     raise JobNotFound(f"no job {job_id!r}")
+                if of_attempt is not None and job.attempt_count != of_attempt:
+                    return False
                 return self._transition_job(s, job, new, message)
             if not isinstance(new, AttemptState):
                 raise LedgerError(f"{new!r} is not an attempt state")
