@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import protocol, transfer_progress
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTransition
@@ -52,7 +52,8 @@ def ensure_bundle(host: Host, bundle: Bundle) -> bool:
         return False
     # a name of its own per push: two submits pushing the same bundle to a fresh host must not share it
     remote_tar = host.path(protocol.BUNDLES_DIR, f".{bundle.sha256}.{secrets.token_hex(8)}.tar")
-    host.put(bundle.path, remote_tar)
+    with transfer_progress.track(f"bundle {bundle.sha256[:12]} -> {host.name}", bundle.path.stat().st_size) as shown:
+        host.put(bundle.path, remote_tar, progress=shown)
     result = host.run(["sh", "-c", UNPACK_SCRIPT, "sh", host.root, bundle.sha256, remote_tar], timeout=300)
     if result.exit_code != 0:
         raise BundleError(f"host {host.name}: unpacking bundle {bundle.sha256[:12]} failed: {result.stderr.strip()}")
@@ -110,11 +111,20 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
         "durable_dir": "",
         "resume_from": attempt.resume_from,
         "spec_hash": job.spec_hash,
-        "env": {},
+        "env": run_env(sweep),
         "created_at": created_at if created_at is not None else attempt.created_at,
         "args": job.arg_list(),
         "run": run_spec(sweep),
     }
+
+
+def run_env(sweep: Sweep | None) -> dict[str, str]:
+    """The project's ``[run] env`` (plain values, never secrets): the job's run.env, for its setup and
+    its trainer alike."""
+    if sweep is None or not sweep.run:
+        return {}
+    env = json.loads(sweep.run).get("env") or {}
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
 
 
 def run_spec(sweep: Sweep | None) -> dict[str, Any] | None:

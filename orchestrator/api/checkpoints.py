@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import protocol, transfer_progress
 from orchestrator.api.context import Context
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -209,7 +209,8 @@ def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
     part = target_dir / ".checkpoint.part"
     remote = host.path("jobs", job_id, *snapshot.split("/"))
     try:
-        host.get(remote, part)
+        with transfer_progress.track(f"checkpoint {job_id} <- {host.name}", size) as shown:
+            host.get(remote, part, size=size, progress=shown)
         with contextlib.suppress(HostError):
             host.run(["rm", "-f", remote], timeout=60)
     except HostError as exc:
@@ -264,7 +265,8 @@ def place_checkpoint(ctx: Context, job: Job, host_name: str) -> str:
             target = host.path("jobs", job.id, *remote.split("/"))
             _mkdir(host, host_name, target.rsplit("/", 1)[0])
             host.put(local_dir / name, target)
-    host.put(Path(ckpt.durable_path), f"{remote_dir}/{ckpt.file}")
+    with transfer_progress.track(f"checkpoint {job.id} -> {host_name}", ckpt.bytes) as shown:
+        host.put(Path(ckpt.durable_path), f"{remote_dir}/{ckpt.file}", progress=shown)
     pointer = {"file": ckpt.file, "step": ckpt.step, "epoch": ckpt.epoch, "sha256": ckpt.sha256,
                "bytes": ckpt.bytes, "written_at": ckpt.written_at}
     local = ctx.settings.home / CHECKPOINTS_DIR / job.id / ".LATEST.push"
@@ -292,7 +294,8 @@ def _place_run_checkpoint(ctx: Context, job: Job, host_name: str, ckpt: Any) -> 
         target = host.path("jobs", job.id, protocol.RUN_DIR, *metrics.split("/"))
         _mkdir(host, host_name, target.rsplit("/", 1)[0])
         host.put(local_dir.joinpath(protocol.RUN_DIR, *metrics.split("/")), target)
-    host.put(Path(ckpt.durable_path), remote)
+    with transfer_progress.track(f"checkpoint {job.id} -> {host_name}", ckpt.bytes) as shown:
+        host.put(Path(ckpt.durable_path), remote, progress=shown)
     ctx.ledger.record_event("job", job.id, f"checkpoint {ckpt.file} ({ckpt.sha256[:12]}) placed on {host_name}")
     return f"pushed checkpoint {ckpt.file}"
 

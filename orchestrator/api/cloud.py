@@ -138,7 +138,9 @@ def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, p
     if price is None and bid is not None:
         price = Decimal(str(bid)) * gpus
     ctx.ledger.update_host(name, provider=provider, instance_id=inst.id, spot=spot, bid_per_gpu=bid,
-                           gpu_type=inst.gpu_type or gpu_type, gpu_count=inst.gpu_count or gpus,
+                           # the id gpuq rented it by (a replacement is rented by it), not the provider's
+                           # display name for it (RunPod: "RTX A6000" for the id "NVIDIA RTX A6000")
+                           gpu_type=gpu_type or inst.gpu_type or "", gpu_count=inst.gpu_count or gpus,
                            region=inst.region or region or "",
                            price_per_hour=float(price) if price is not None else None,
                            lease_state="running", lease_reason="", lease_changed_at=time.time())
@@ -354,6 +356,9 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
     if not provision:
         return "failed: the machine cannot be brought back and --no-provision was given"
     ctx.ledger.update_host(row.name, hold_reason=f"lease {row.lease_state}: replaced")
+    # gpuq never connects to the replaced machine again, and the provider may hand its IP:port to the
+    # replacement (RunPod does): its pinned key must not be taken for the new machine's, changed
+    fleet.forget_row_keys(ctx.settings, row)
     try:
         made = up(ctx, provider=row.provider, gpu_type=row.gpu_type, count=1, gpus=max(1, row.gpu_count),
                   spot=row.spot, bid=row.bid_per_gpu, region=row.region or None, key=row.key_path,

@@ -181,7 +181,9 @@ def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float, p
     """The live dashboard until q, Ctrl-C (exit 0) or SIGTERM/SIGHUP (128 + signal)."""
     from rich.live import Live
 
-    from orchestrator import api
+    from orchestrator import api, transfer_progress
+
+    transfer_progress.install(None)  # the live screen owns the terminal: no transfer bars beside it
 
     # the ledger's view first (instant, no probe; a bad --sweep fails here, before the screen changes)
     view = View(api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=False, states=states), interval_s=interval_s)

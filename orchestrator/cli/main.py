@@ -72,6 +72,9 @@ EXIT_CODES = "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, te
 def cli(debug: bool, verbose: int) -> None:
     """gpuq: run ablation queues on GPU hosts, detached, checkpointed, verified."""
     _State.debug = debug
+    from orchestrator.cli.progressbars import install_if_terminal
+
+    install_if_terminal()  # bars for bundle pushes, checkpoint copies and pulls (stderr, terminals only)
     if verbose:
         from orchestrator.cli.verbose import configure
 

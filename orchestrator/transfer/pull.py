@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol
+from orchestrator import protocol, transfer_progress
 from orchestrator.errors import GpuqError, HostError, HostUnreachable, TransferError
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger
@@ -241,7 +241,9 @@ def _copy_files(run: _Pull, job: Job, staging: Path, manifest: Manifest, failure
             offset = have if have < entry.size else 0  # longer than the manifest: start over
             local.parent.mkdir(parents=True, exist_ok=True)
             try:
-                run.host.get(remote, local, offset=offset, size=entry.size)  # never past the manifest's size
+                with transfer_progress.track(f"pull {job.name}: {entry.path}", entry.size - offset) as shown:
+                    run.host.get(remote, local, offset=offset, size=entry.size,  # never past the manifest's size
+                                 progress=lambda done: shown(done - offset))
             finally:
                 moved += max(0, (local.stat().st_size if local.is_file() else 0) - offset)
 

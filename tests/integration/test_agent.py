@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import patrol, stops
+from orchestrator import patrol, protocol, stops
 
 pytestmark = pytest.mark.integration
 
@@ -185,7 +185,7 @@ def host(tmp_path: Path):
 
 def test_version_and_usage(host: Host) -> None:
     r = host.cli("version")
-    assert r.returncode == 0 and r.stdout.strip() == "1.0"
+    assert r.returncode == 0 and r.stdout.strip() == protocol.PROTOCOL_VERSION
     assert host.cli("bogus").returncode == 64
 
 
@@ -394,7 +394,7 @@ def test_status_shape_and_states(host: Host) -> None:
     assert set(st) == {"schema", "protocol", "hostname", "root", "time", "boot_id", "uptime_s", "agent",
                        "slots", "gpus", "disk", "memory", "bundles", "jobs", "kernel"}
     assert set(st["kernel"]) - {"oom_kills"} == {"readable", "error", "cursor", "xids"}
-    assert st["schema"] == "gpuq.status/1" and st["protocol"] == "1.0"
+    assert st["schema"] == "gpuq.status/1" and st["protocol"] == protocol.PROTOCOL_VERSION
     assert st["agent"] == {"alive": False, "pid": None} and st["bundles"] == [SHA]
     assert set(st["disk"]) == {"path", "total_bytes", "free_bytes", "used_pct", "inodes_total",
                                "inodes_free", "inodes_used_pct"}

@@ -47,7 +47,8 @@ def test_spec_without_run_is_the_legacy_spec_plus_empty_args(tmp_path: Path) -> 
 
 
 def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_path: Path) -> None:
-    run = RunConfig(command="train.py {args}", forward_env=["TOKEN"], checkpoint="snap.pt", setup="pip install x")
+    run = RunConfig(command="train.py {args}", forward_env=["TOKEN"], checkpoint="snap.pt", setup="pip install x",
+                    env={"NCCL_DEBUG": "WARN", "PIP_NO_INDEX": "1"})
     ledger, ids = _ledger(tmp_path, run=json.dumps({**run.wire(), "setup_key": "ab" * 32}))
     job = ledger.job(ids[0])
     attempt = ledger.start_attempt(job.id, host="local", bundle_sha="s")
@@ -59,6 +60,7 @@ def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_pat
         "setup": "pip install x", "setup_key": "ab" * 32, "forward_env": ["TOKEN"],
     }
     assert spec["verify"] == []
+    assert spec["env"] == {"NCCL_DEBUG": "WARN", "PIP_NO_INDEX": "1"}  # [run] env: the job's run.env
     payload = json.loads(launcher.enqueue_payload([spec], environ={"TOKEN": "s3cret"}))
     assert payload == {"specs": [spec], "secrets": {"qaaaaaa": {"TOKEN": "s3cret"}}}
     assert "s3cret" not in json.dumps(spec)
