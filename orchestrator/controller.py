@@ -161,7 +161,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
         elif outcome in ("failed", "lost"):
             exit_doc = seen.get("exit") or {}
             if outcome == "lost" and job.state != JobState.LOST.value:
-                ledger.transition(job.id, JobState.LOST, message=_exit_message(exit_doc))
+                ledger.transition(job.id, JobState.LOST, message=_exit_message(exit_doc), of_attempt=job.attempt_count)
             scan = seen.get("scan") or {}
             rebooted = outcome == "lost" and bool(seen.get("boot_id")) and seen.get("boot_id") != report.doc.get(
                 "boot_id")
@@ -171,7 +171,9 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
                 [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
                 oom_kill_rose=oom_rose, rebooted=rebooted,
                 wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
-            out.settled.append(Settled(job.id, outcome, klass, settle(ledger, job.id, klass, settings), rebooted))
+            decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
+            if decision.action != "stale":  # another gpuq command settled this attempt first
+                out.settled.append(Settled(job.id, outcome, klass, decision, rebooted))
     if missing:
         _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent
     else:
@@ -190,21 +192,28 @@ def earlier_hits(ledger: Ledger, job: Job) -> list[dict[str, str]]:
     return hits
 
 
-def settle(ledger: Ledger, job_id: str, klass: str, settings: Settings) -> Decision:
+def settle(ledger: Ledger, job_id: str, klass: str, settings: Settings, *, attempt: int | None = None) -> Decision:
     """The job's current attempt ended badly (the attempt is already EXITED or LOST): requeue it
-    with resume while retries last, else FAILED (never retried) or LOST (`gpuq resume` later)."""
+    with resume while retries last, else FAILED (never retried) or LOST (`gpuq resume` later).
+
+    ``attempt``: the attempt that ended.  When another gpuq command has settled it and started the
+    job again meanwhile, nothing changes (a stale tick must not end or requeue the newer attempt)."""
     job = ledger.job(job_id)
+    if attempt is not None and (job.attempt_count != attempt or JobState(job.state).terminal
+                                or job.state == JobState.QUEUED.value):
+        return Decision("stale", f"attempt {attempt} was already settled (the job is {job.state}, "
+                                f"attempt {job.attempt_count})")
     retries = job.retries if job.retries is not None else settings.retries
     decision = decide(klass, ledger.failed_attempts(job_id), retries)
     if decision.action == "requeue":
         if job.state != JobState.LOST.value:
-            ledger.transition(job_id, JobState.LOST, message=decision.reason)
-        ledger.transition(job_id, JobState.QUEUED, message=decision.reason)
+            ledger.transition(job_id, JobState.LOST, message=decision.reason, of_attempt=job.attempt_count)
+        ledger.transition(job_id, JobState.QUEUED, message=decision.reason, of_attempt=job.attempt_count)
     elif decision.action == "keep_lost" and job.state in (JobState.LOST.value, JobState.RUNNING.value,
                                                             JobState.ASSIGNED.value):
-        ledger.transition(job_id, JobState.LOST, message=decision.reason)
+        ledger.transition(job_id, JobState.LOST, message=decision.reason, of_attempt=job.attempt_count)
     else:
-        ledger.transition(job_id, JobState.FAILED, message=decision.reason)
+        ledger.transition(job_id, JobState.FAILED, message=decision.reason, of_attempt=job.attempt_count)
     return decision
 
 
@@ -232,7 +241,7 @@ def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
     _progress(ledger, job, number, seen)
     if state == "running":
         ledger.transition(job.id, AttemptState.RUNNING, attempt=number, message="group alive")
-        ledger.transition(job.id, JobState.RUNNING)
+        ledger.transition(job.id, JobState.RUNNING, of_attempt=number)
     elif state == "exited":
         exit_doc = seen.get("exit") or {}
         code = int(exit_doc.get("wrapper_code", -1))
@@ -244,10 +253,11 @@ def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
         ledger.transition(job.id, AttemptState.LOST if exit_doc.get("vanished") and code != protocol.EXIT_OK
                           else AttemptState.EXITED, attempt=number, message=_exit_message(exit_doc))
         if code == protocol.EXIT_OK:
-            ledger.transition(job.id, JobState.SUCCEEDED, message="exit record 0, artifacts verified")
+            ledger.transition(job.id, JobState.SUCCEEDED, message="exit record 0, artifacts verified",
+                              of_attempt=number)
             return "succeeded"
         if seen.get("cancel_requested"):
-            ledger.transition(job.id, JobState.CANCELLED, message=_exit_message(exit_doc))
+            ledger.transition(job.id, JobState.CANCELLED, message=_exit_message(exit_doc), of_attempt=number)
             return ""
         if exit_doc.get("vanished"):  # the agent wrote it: the wrapper's whole group died (kill -9)
             return "lost"
@@ -256,11 +266,11 @@ def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
         message = "process group gone without an exit record"
         ledger.update_attempt(job.id, number, message=message, ended_at=time.time())
         ledger.transition(job.id, AttemptState.LOST, attempt=number, message=message)
-        ledger.transition(job.id, JobState.LOST, message=message)
+        ledger.transition(job.id, JobState.LOST, message=message, of_attempt=number)
         return "lost"
     elif state == "withdrawn":
         ledger.transition(job.id, AttemptState.KILLED, attempt=number, message="withdrawn from the inbox")
-        ledger.transition(job.id, JobState.CANCELLED, message="withdrawn from the inbox")
+        ledger.transition(job.id, JobState.CANCELLED, message="withdrawn from the inbox", of_attempt=number)
     return ""
 
 
@@ -300,6 +310,9 @@ def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Jo
         for job_id, verdict in verdicts.items():
             if verdict == "queued":
                 ledger.record_event("job", job_id, f"re-enqueued on {host.name} (spec was never delivered)")
+            elif verdict == "busy":  # the agent never runs two attempts of a job at once
+                ledger.record_event("job", job_id, f"waiting on {host.name}: an earlier attempt of this job is "
+                                    "still alive there", unless_repeated=True)
 
 
 def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str],

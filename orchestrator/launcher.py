@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator import host_documents, protocol, transfer_progress
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
-from orchestrator.errors import AgentError, BundleError, GpuqError
+from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTransition
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger, Sweep
 from orchestrator.ledger import Host as HostRow
@@ -189,6 +189,9 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
                     settings: Settings) -> list[dict[str, Any]]:
     """Record attempt n of each job on ``host`` (ledger first: exactly-once) and build their specs.
 
+    A job that is no longer QUEUED when its attempt is recorded (a concurrent `gpuq watch` or
+    `gpuq status` started it) is left out: it gets no spec, so it is never enqueued twice.
+
     The host runs its inbox in ``created_at`` order, so specs get increasing times in the
     order given (the scheduler's planned start order).
     """
@@ -199,7 +202,12 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     for index, job in enumerate(jobs):
         if job.sweep_id not in sweeps:
             sweeps[job.sweep_id] = ledger.sweep(job.sweep_id)
-        attempt = ledger.start_attempt(job.id, host=host, bundle_sha=bundle_sha)
+        try:
+            attempt = ledger.start_attempt(job.id, host=host, bundle_sha=bundle_sha)
+        except IllegalTransition as exc:  # another gpuq command started it since our QUEUED read
+            ledger.record_event("job", job.id, f"not started on {host}: {exc}; it was started elsewhere meanwhile",
+                                unless_repeated=True)
+            continue
         specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3, sweep=sweeps[job.sweep_id],
                               host=row))
     return specs
@@ -248,5 +256,7 @@ def deliver_all(ledger: Ledger, hosts: Mapping[str, Host], bundle_sha: str, by_h
         if jobs:
             ledger.update_host(name, agent_bundle=bundle_sha)
             specs = record_attempts(ledger, name, bundle_sha, jobs, settings)
+            if not specs:
+                continue
             work.append((hosts[name], partial(enqueue, hosts[name], bundle_sha, specs, settings)))
     return on_each_host(work)

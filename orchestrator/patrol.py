@@ -206,7 +206,7 @@ RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped", "killed", 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "requeue" | "fail" | "keep_lost" | "none"
+    action: str  # "requeue" | "fail" | "keep_lost" | "none" | "stale" (settled already, by another command)
     reason: str
 
 

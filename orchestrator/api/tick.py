@@ -227,7 +227,7 @@ def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: Tick
     ctx.ledger.update_attempt(job.id, job.attempt_count, message=message, ended_at=time.time())
     ctx.ledger.transition(job.id, AttemptState.LOST, attempt=job.attempt_count, message=message)
     ctx.ledger.transition(job.id, JobState.LOST, message=message)
-    decision = controller.settle(ctx.ledger, job.id, "stalled", ctx.settings)
+    decision = controller.settle(ctx.ledger, job.id, "stalled", ctx.settings, attempt=job.attempt_count)
     report.actions.append(f"{job.name} ({job.id}): {decision.reason}")
 
 

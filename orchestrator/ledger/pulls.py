@@ -13,9 +13,12 @@ from orchestrator.ledger.tables import Event, Job, Pull
 
 
 class PullRecords:
-    """Pull methods of :class:`orchestrator.ledger.store.Ledger` (which provides ``session``)."""
+    """Pull methods of :class:`orchestrator.ledger.store.Ledger` (which provides ``session`` and ``reading``)."""
 
     def session(self) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def reading(self) -> AbstractContextManager[Session]:
         raise NotImplementedError
 
     def record_pull(
@@ -51,7 +54,7 @@ class PullRecords:
         """Every pull outcome of the given jobs, oldest first."""
         ids = list(job_ids)
         out: list[Pull] = []
-        with self.session() as s:
+        with self.reading() as s:
             for start in range(0, len(ids), 500):
                 chunk = ids[start:start + 500]
                 out.extend(s.exec(select(Pull).where(col(Pull.job_id).in_(chunk))))
@@ -66,13 +69,13 @@ class PullRecords:
 
     def verified_jobs(self, sweep_id: str) -> dict[str, Pull]:
         """The sweep's jobs whose results are verified locally (for teardown gates and `gpuq results`)."""
-        with self.session() as s:
+        with self.reading() as s:
             ids = list(s.exec(select(Job.id).where(Job.sweep_id == sweep_id)))
         return self.verified_pulls(ids)
 
     def verified_job_ids(self) -> set[str]:
         """Every job whose newest pull is verified (a host holding none of their only copies may go)."""
-        with self.session() as s:
+        with self.reading() as s:
             rows = list(s.exec(select(Pull).order_by(col(Pull.created_at), col(Pull.id))))
         newest: dict[str, str] = {}
         for row in rows:

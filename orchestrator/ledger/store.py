@@ -9,6 +9,9 @@ Rules this class enforces:
   transaction: killing gpuq at any moment leaves all of it or none of it.
 * The ledger file is created with mode 0600; it runs in WAL mode with a busy
   timeout so a ``gpuq status`` and a ``gpuq submit`` can overlap.
+* Every writing session holds SQLite's write lock from its first read (``BEGIN IMMEDIATE``,
+  ``ledger/txn.py``): a check-and-change (``start_attempt`` only from QUEUED, ``move_job`` only of
+  the current attempt, ``transition``) is one atomic step across gpuq processes.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, func
+from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlmodel import Session, col, create_engine, select
+from sqlmodel import Session, col, select
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger import refs
@@ -33,10 +36,9 @@ from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Sweep
+from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
 from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
-
-BUSY_TIMEOUT_MS = 15_000
 
 
 def _create_private(path: Path) -> None:
@@ -64,17 +66,28 @@ class Ledger(PullRecords):
                 raw.close()
         except (OSError, sqlite3.Error) as exc:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
-        self.engine: Engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-        event.listen(self.engine, "connect", _on_connect)
+        self.engine: Engine = ledger_engine(f"sqlite:///{path}")
 
     def close(self) -> None:
         self.engine.dispose()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """One transaction: committed on success, rolled back on any error."""
+        """One writing transaction (``BEGIN IMMEDIATE``, ``ledger/txn.py``): what it reads cannot
+        change before it writes; committed on success, rolled back on any error."""
+        with self._transaction(write=True) as session:
+            yield session
+
+    @contextmanager
+    def reading(self) -> Iterator[Session]:
+        """One read-only transaction: a consistent snapshot that blocks no writer."""
+        with self._transaction(write=False) as session:
+            yield session
+
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[Session]:
         try:
-            with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            with transaction(self.engine, write=write) as session:
                 yield session
         except SQLAlchemyError as exc:
             raise LedgerError(f"{self.path}: ledger error: {exc.__class__.__name__}: {exc}") from exc
@@ -110,11 +123,11 @@ class Ledger(PullRecords):
                 _event(s, "host", name, "added", "removed", message)
 
     def host(self, name: str) -> Host | None:
-        with self.session() as s:
+        with self.reading() as s:
             return s.get(Host, name)
 
     def hosts(self) -> list[Host]:
-        with self.session() as s:
+        with self.reading() as s:
             return list(s.exec(select(Host).order_by(Host.name)))
 
     def update_host(self, name: str, **fields: Any) -> None:
@@ -199,11 +212,11 @@ class Ledger(PullRecords):
         return rows
 
     def sweep_ids(self) -> set[str]:
-        with self.session() as s:
+        with self.reading() as s:
             return set(s.exec(select(Sweep.id)))
 
     def sweep(self, sweep_id: str) -> Sweep | None:
-        with self.session() as s:
+        with self.reading() as s:
             return s.get(Sweep, sweep_id)
 
     def set_sweep_hosts(self, sweep_id: str, hosts: Iterable[str]) -> None:
@@ -215,12 +228,12 @@ class Ledger(PullRecords):
             _event(s, "sweep", sweep_id, "", "", f"may use hosts {row.hosts}")
 
     def sweeps(self) -> list[Sweep]:
-        with self.session() as s:
+        with self.reading() as s:
             return list(s.exec(select(Sweep).order_by(col(Sweep.created_at))))
 
     def resolve_sweep(self, ref: str | None) -> Sweep:
         """A sweep id or unique prefix; None means the newest sweep."""
-        with self.session() as s:
+        with self.reading() as s:
             if ref is None:
                 newest = s.exec(select(Sweep).order_by(col(Sweep.created_at).desc())).first()
                 if newest is None:
@@ -234,7 +247,7 @@ class Ledger(PullRecords):
         raise JobNotFound(f"sweep prefix {ref!r} is ambiguous: {', '.join(sorted(x.id for x in found))}")
 
     def job(self, job_id: str) -> Job:
-        with self.session() as s:
+        with self.reading() as s:
             row = s.get(Job, job_id)
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
@@ -246,11 +259,11 @@ class Ledger(PullRecords):
 
     def resolve_job_ref(self, ref: str) -> JobRef:
         """Like ``resolve_job``, with a note saying which sweep a bare name picked when several have it."""
-        with self.session() as s:
+        with self.reading() as s:
             return refs.resolve_job(s, ref)
 
     def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]:
-        with self.session() as s:
+        with self.reading() as s:
             query = select(Job)
             if sweep_id is not None:
                 query = query.where(Job.sweep_id == sweep_id)
@@ -261,13 +274,13 @@ class Ledger(PullRecords):
     def succeeded_with(self, spec_hashes: Iterable[str]) -> dict[str, Job]:
         """{spec_hash: a SUCCEEDED job with that identity} for the given hashes."""
         hashes = list(spec_hashes)
-        with self.session() as s:
+        with self.reading() as s:
             rows = s.exec(select(Job).where(col(Job.spec_hash).in_(hashes), Job.state == JobState.SUCCEEDED.value))
             return {row.spec_hash: row for row in rows}
 
     def state_counts(self) -> dict[str, dict[str, int]]:
         """{sweep_id: {state: count}} in one query."""
-        with self.session() as s:
+        with self.reading() as s:
             rows = s.exec(select(Job.sweep_id, Job.state, func.count()).group_by(Job.sweep_id, Job.state))
             out: dict[str, dict[str, int]] = {}
             for sweep_id, state, count in rows:
@@ -277,11 +290,19 @@ class Ledger(PullRecords):
     # --- attempts ------------------------------------------------------------------
 
     def start_attempt(self, job_id: str, *, host: str, bundle_sha: str, resume_from: str = "") -> Attempt:
-        """Create attempt n+1 (STARTING) and move the job to ASSIGNED, in one transaction."""
+        """Create attempt n+1 (STARTING) and move the job to ASSIGNED, in one transaction.
+
+        Only from QUEUED: a job another gpuq command started meanwhile (ASSIGNED, RUNNING, ...)
+        raises IllegalTransition, never gets a second live attempt.  The write lock is held from
+        the state read on (``BEGIN IMMEDIATE``), so two commands cannot both see it QUEUED."""
         with self.session() as s:
             job = s.get(Job, job_id)
             if job is None:
                 raise JobNotFound(f"no job {job_id!r}")
+            if job.state != JobState.QUEUED.value:
+                raise IllegalTransition("job", job_id, job.state,
+                                        f"{JobState.ASSIGNED.value} (attempt {job.attempt_count + 1} on {host}: "
+                                        f"only a QUEUED job starts)")
             self._transition_job(s, job, JobState.ASSIGNED, f"attempt {job.attempt_count + 1} on {host}")
             job.attempt_count += 1
             job.host = host
@@ -327,11 +348,11 @@ class Ledger(PullRecords):
             return attempt
 
     def attempt(self, job_id: str, number: int) -> Attempt | None:
-        with self.session() as s:
+        with self.reading() as s:
             return s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)).first()
 
     def attempts(self, job_id: str | None = None) -> list[Attempt]:
-        with self.session() as s:
+        with self.reading() as s:
             query = select(Attempt)
             if job_id is not None:
                 query = query.where(Attempt.job_id == job_id)
@@ -341,7 +362,7 @@ class Ledger(PullRecords):
         """Every attempt of the given jobs, by job then number."""
         ids = sorted(set(job_ids))
         out: list[Attempt] = []
-        with self.session() as s:
+        with self.reading() as s:
             for start in range(0, len(ids), 500):
                 rows = s.exec(select(Attempt).where(col(Attempt.job_id).in_(ids[start:start + 500]))
                               .order_by(col(Attempt.job_id), col(Attempt.number)))
@@ -352,7 +373,7 @@ class Ledger(PullRecords):
         """The newest attempt of each given job."""
         ids = list(job_ids)
         out: dict[str, Attempt] = {}
-        with self.session() as s:
+        with self.reading() as s:
             for start in range(0, len(ids), 500):
                 chunk = ids[start:start + 500]
                 rows = s.exec(select(Attempt).where(col(Attempt.job_id).in_(chunk)).order_by(col(Attempt.number)))
@@ -378,11 +399,15 @@ class Ledger(PullRecords):
         *,
         attempt: int | None = None,
         message: str = "",
+        of_attempt: int | None = None,
     ) -> bool:
         """Change a job's (or, with ``attempt``, an attempt's) state; append an Event.
 
         Returns False when the subject is already in ``new`` (idempotent), True
         when it changed.  Raises IllegalTransition for a change not allowed.
+        ``of_attempt``: a job change that follows from what attempt ``of_attempt`` did; when the job
+        has moved on to a later attempt meanwhile (another gpuq command requeued and restarted it),
+        nothing changes and False is returned: news of an old attempt never ends a newer one.
         """
         with self.session() as s:
             if attempt is None:
@@ -391,6 +416,8 @@ class Ledger(PullRecords):
                 job = s.get(Job, job_id)
                 if job is None:
                     raise JobNotFound(f"no job {job_id!r}")
+                if of_attempt is not None and job.attempt_count != of_attempt:
+                    return False
                 return self._transition_job(s, job, new, message)
             if not isinstance(new, AttemptState):
                 raise LedgerError(f"{new!r} is not an attempt state")
@@ -446,7 +473,7 @@ class Ledger(PullRecords):
         an escalation (a rule that stops firing is closed by an "info" finding)."""
         ids = sorted(set(subjects))
         latest: dict[tuple[str, str], Event] = {}
-        with self.session() as s:
+        with self.reading() as s:
             for start in range(0, len(ids), 500):
                 rows = s.exec(select(Event).where(col(Event.subject).in_(ids[start:start + 500]), Event.rule != "")
                               .order_by(col(Event.id)))
@@ -456,7 +483,7 @@ class Ledger(PullRecords):
 
     def alerts(self, limit: int = 50, *, since: float | None = None) -> list[Event]:
         """The newest findings first."""
-        with self.session() as s:
+        with self.reading() as s:
             query = select(Event).where(Event.severity != "")
             if since is not None:
                 query = query.where(Event.time >= since)
@@ -466,14 +493,14 @@ class Ledger(PullRecords):
         """Attempts of the job that ended badly and count against ``retries=`` (LOST, or EXITED
         non-zero); stolen (KILLED) and preempted attempts, and a project setup that failed on a host
         (phase ``project_setup``: the host is held, the job waits for another) do not."""
-        with self.session() as s:
+        with self.reading() as s:
             rows = s.exec(select(Attempt).where(Attempt.job_id == job_id))
             return sum(1 for a in rows if a.phase != SETUP_PHASE and (
                 a.state == AttemptState.LOST.value
                 or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0))))
 
     def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:
-        with self.session() as s:
+        with self.reading() as s:
             query = select(Event)
             if subject is not None:
                 query = query.where(col(Event.subject).startswith(subject))
@@ -531,11 +558,11 @@ class Ledger(PullRecords):
 
     def metrics(self, job_ids: Iterable[str]) -> list[Metric]:
         ids = list(job_ids)
-        with self.session() as s:
+        with self.reading() as s:
             return list(s.exec(select(Metric).where(col(Metric.job_id).in_(ids)).order_by(col(Metric.id))))
 
     def artifacts(self, job_id: str) -> list[Artifact]:
-        with self.session() as s:
+        with self.reading() as s:
             return list(s.exec(select(Artifact).where(Artifact.job_id == job_id).order_by(col(Artifact.path))))
 
     def mark_checkpoint_durable(self, job_id: str, sha256: str, path: str, host: str) -> None:
@@ -550,14 +577,14 @@ class Ledger(PullRecords):
                 other.durable_path = ""  # one copy per job is kept: the newest
 
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
-        with self.session() as s:
+        with self.reading() as s:
             return list(s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.step))))
 
     def checkpoint_bytes_by_config(self) -> dict[str, int]:
         """Largest checkpoint ever recorded per config path (disk budgets of the scheduler)."""
         from sqlalchemy import func
 
-        with self.session() as s:
+        with self.reading() as s:
             rows = s.exec(
                 select(Job.config, func.max(Checkpoint.bytes)).join(Checkpoint, col(Checkpoint.job_id) == Job.id)
                 .group_by(Job.config)
@@ -586,7 +613,7 @@ class Ledger(PullRecords):
             )
             .order_by(col(Attempt.created_at), col(Attempt.id))
         )
-        with self.session() as s:
+        with self.reading() as s:
             return [(config, task, epochs, secs) for config, task, epochs, secs in s.exec(query) if secs is not None]
 
 
@@ -602,11 +629,3 @@ def _price(s: Session, host: str, gpus: int) -> dict[str, Any]:
 def _event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:
     s.add(Event(time=time.time(), kind=kind, subject=subject, old=old, new=new, message=message))
 
-
-def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-    cursor = dbapi_conn.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()

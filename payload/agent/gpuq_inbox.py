@@ -7,7 +7,9 @@ enqueue: reads a JSON list of job specs on stdin (or {"specs": [...], "secrets":
 written (tmp + rename into inbox/) only if no copy of that job's attempt exists anywhere under
 the root: checked inbox -> claimed -> attempts, in that order, because the agent only ever moves
 a spec forward (inbox -> claimed -> attempts), so a spec cannot slip past the checks.  Verdicts:
-"queued", "exists" (already delivered), "withdrawn" (the user withdrew it).  Idempotent.
+"queued", "exists" (already delivered), "withdrawn" (the user withdrew it), "busy" (another
+attempt of the job is still alive on this host: nothing written; the controller delivers it again
+once that attempt has ended).  Idempotent.
 
 collect: prints {job_id: {"attempt", "summary", "files": [{"path", "bytes", "sha256"}], "ckpt"}}
 for finished jobs: the summary, every result file and the best checkpoint, hashed on the host.
@@ -24,6 +26,7 @@ from typing import Any
 
 import gpuq_protocol as P
 from gpuq_files import atomic_write_json, read_json, sha256_hex
+from gpuq_procs import live_attempt
 from gpuq_runmetrics import run_summary
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -62,6 +65,8 @@ def verdict_for(root: str, spec: Any) -> str | None:
     withdrawn = read_json(os.path.join(root, P.WITHDRAWN_DIR, job_id + ".json"))
     if isinstance(withdrawn, dict) and _attempt_of(withdrawn) >= n:
         return "withdrawn"
+    if live_attempt(root, job_id, other_than=n) is not None:
+        return "busy"  # another attempt of this job still runs here: never two at once
     return None
 
 

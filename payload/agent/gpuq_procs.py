@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
-from gpuq_files import read_text
+import gpuq_protocol as P
+from gpuq_files import mtime, read_json, read_text
 
 
 def boot_id() -> str:
@@ -126,3 +128,32 @@ def group_alive(rec: Any) -> bool:
 def signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+UNRECORDED_GRACE_S = 60.0  # launch.json written, pgid not yet: the agent is between the two writes
+
+
+def live_attempt(root: str, job_id: str, other_than: int = 0) -> int | None:
+    """The number of an attempt of ``job_id`` (not ``other_than``) still alive on this host: launched
+    (launch.json), no exit.json, and its recorded group alive (or launched moments ago and its group
+    not recorded yet).  A second attempt of a job must never start while one lives (one job, one run)."""
+    base = os.path.join(root, P.JOBS_DIR, job_id, P.ATTEMPTS_DIR)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    for name in sorted(names):
+        if not name.isdigit() or int(name) == other_than:
+            continue
+        adir = os.path.join(base, name)
+        launched = mtime(os.path.join(adir, P.LAUNCH_FILE))
+        if launched is None or os.path.exists(os.path.join(adir, P.EXIT_FILE)):
+            continue
+        rec = read_json(os.path.join(adir, P.PGID_FILE))
+        if rec is None:
+            if time.time() - launched < UNRECORDED_GRACE_S:
+                return int(name)
+            continue
+        if group_alive(rec):
+            return int(name)
+    return None

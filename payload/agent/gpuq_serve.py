@@ -45,6 +45,7 @@ from gpuq_procs import (
     group_alive,
     group_members,
     leader_alive,
+    live_attempt,
     proc_cmdline,
     proc_stat,
     signal_group,
@@ -83,6 +84,7 @@ class Agent:
         self.running: dict[str, Running] = {}
         self.by_pid: dict[int, str] = {}
         self.pending: list[str] = []  # claimed, never launched (found at start-up)
+        self.refused: dict[str, int] = {}  # job id -> attempt waiting for an earlier one to end (logged once)
         self.stop = False
         self.host = socket.gethostname()
         self.queue_of: dict[str, str] = {}
@@ -268,6 +270,8 @@ class Agent:
             if job_id is None or job_id not in self.running:
                 continue
             r = self.running[job_id]
+            if r.pid != pid:
+                continue  # not this attempt's wrapper: never write another attempt's exit or free its slots
             path = self.lay.attempt(job_id, r.attempt, P.EXIT_FILE)
             if not os.path.exists(path):
                 if os.WIFSIGNALED(status):
@@ -424,7 +428,7 @@ class Agent:
             if need > total:
                 self.pending.remove(job_id)
                 self._fail(job_id, spec, P.EXIT_SETUP, self._too_big(need, total))
-            elif need <= len(self.free_slots()):
+            elif need <= len(self.free_slots()) and self.alive_other(job_id, spec_attempt(spec)) is None:
                 self.pending.remove(job_id)
                 self.launch(job_id, spec, need)
         names = list_specs(lay.p(P.INBOX_DIR))
@@ -467,6 +471,14 @@ class Agent:
             if need > len(self.free_slots()):
                 left += 1
                 continue  # waits; a smaller job behind it may backfill
+            other = self.alive_other(job_id, spec_attempt(spec))
+            if other is not None:  # attempt n+1 waits in the inbox until attempt n has ended
+                left += 1
+                if self.refused.get(job_id) != spec_attempt(spec):
+                    self.refused[job_id] = spec_attempt(spec)
+                    self.log("WAITING %s a%d: attempt %d of this job is still alive here; never two at once"
+                             % (job_id, spec_attempt(spec), other))
+                continue
             if self._claim(job_id):
                 self.queue_of[job_id] = str(spec.get("queue_id", ""))
                 self.launch(job_id, spec, need)
@@ -516,12 +528,24 @@ class Agent:
         else:
             self.lay.log("=== gpuq queue %s done on %s: all %d jobs exited 0 ===" % (qid, self.host, n))
 
+    def alive_other(self, job_id: str, n: int) -> int | None:
+        """Another attempt of ``job_id`` than ``n`` that still lives on this host (ours, adopted, or
+        one whose group lives on from an earlier agent), else None."""
+        r = self.running.get(job_id)
+        if r is not None and r.attempt != n:
+            return r.attempt
+        return live_attempt(self.lay.root, job_id, other_than=n)
+
     def launch(self, job_id: str, spec: dict[str, Any], need: int) -> None:
         lay = self.lay
         n = spec_attempt(spec)
         adir = lay.attempt(job_id, n)
         if os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
             self.log("REFUSED %s a%d: attempt already launched once; never run twice" % (job_id, n))
+            return
+        other = self.alive_other(job_id, n)
+        if other is not None:
+            self.log("REFUSED %s a%d: attempt %d is still alive here; never two at once" % (job_id, n, other))
             return
         mkdirs(adir, lay.job(job_id, P.CKPT_DIR), lay.job(job_id, P.RESULT_DIR))
         atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec)
