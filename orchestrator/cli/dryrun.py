@@ -13,12 +13,11 @@ COLUMNS = ("name", "config", "task", "epochs", "gpus", "host", "estimate", "argv
 def _estimate(seconds: float | None, source: str) -> str:
     if seconds is None:
         return source
-    shown = f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}min" if seconds < 7200 else \
-        f"{seconds / 3600:.1f}h"
-    return f"{shown} ({source})"
+    return f"{duration(seconds)} ({source})"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A rough duration for people: seconds, minutes or hours."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -49,4 +48,4 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
     if doc.makespan_s is None:
         out.write("makespan unknown until one job of each config has run\n")
     else:
-        out.write(f"projected makespan {_duration(doc.makespan_s)}\n")
+        out.write(f"projected makespan {duration(doc.makespan_s)}\n")

@@ -33,6 +33,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator import observed
+from orchestrator.cli.dryrun import duration as rough_duration
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def submitted(result: SubmitResult) -> None:
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
         for job_id, host in result.placements.items():
             out.print(f"  {job_id} -> {escape(host)}")
-        out.print(f"projected makespan {_duration(result.makespan_s)} (estimates: est_min=, else history)")
+        out.print(f"projected makespan {rough_duration(result.makespan_s)} (estimates: est_min=, else history)")
         return
     out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {escape(str(result.queue_path))} "
               f"(bundle {result.bundle.sha256[:12]})")
@@ -74,20 +75,13 @@ def submitted(result: SubmitResult) -> None:
     hosts = sorted(set(result.placements.values()))
     if result.pushed_to:
         out.print(f"bundle pushed to {escape(', '.join(result.pushed_to))} ({result.bundle.bytes / 1e6:.2f} MB each); "
-                  f"projected makespan {_duration(result.makespan_s)}")
+                  f"projected makespan {rough_duration(result.makespan_s)}")
     else:
-        out.print(f"bundle already on {escape(', '.join(hosts))}; projected makespan {_duration(result.makespan_s)}")
+        out.print(f"bundle already on {escape(', '.join(hosts))}; "
+                  f"projected makespan {rough_duration(result.makespan_s)}")
     if result.launch_error:
         out.print(f"[red]launch failed:[/] {escape(result.launch_error)}\n"
                   "the sweep is recorded; `gpuq status` retries the launch")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 # --- the status view model ---------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_payload_jobs_show_the_payload_argv_and_a_makespan(gpuq_home: Path, tmp_
     done = run_gpuq("submit", "--dry-run", str(queue), env={"GPUQ_LOCAL_CPU_SLOTS": "2"})
     assert done.returncode == 0, done.stderr
     row = done.stdout.splitlines()[1]
-    assert "2min (est_min=)" in row
+    assert "2 min (est_min=)" in row
     assert "payload/train.py --config " in row
     assert "/workdir/configs/a.yaml --task classify --epochs 3 --extra 1" in row
     assert done.stdout.splitlines()[-1].startswith("projected makespan ")
