@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.host_documents import unframe
 from tests.integration.test_agent import AGENT_PY, Host, read_json, wait_for
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ def test_attempt_two_waits_while_attempt_one_lives(host: Host) -> None:
     r = subprocess.run([AGENT_PY, host.agent, "--root", str(host.root), "enqueue"], input=json.dumps([second]),
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {job_id: "busy"}
+    assert json.loads(unframe(r.stdout)[0]) == {job_id: "busy"}
     assert not (host.root / "inbox" / f"{job_id}.json").exists()
 
     # a spec that reached the inbox anyway waits there until attempt 1 has ended
