@@ -12,6 +12,7 @@ import io
 import json
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -451,6 +452,10 @@ class _Evil:
     (_zip({"archive/data.pkl": pickle.dumps({"x": _Evil()}, protocol=4)}), "refuses"),
     (_zip({"archive/data.pkl": pickle.dumps({"a": 1}, protocol=2)[:-3]}), "damaged"),
     (_zip({"archive/other.bin": b"x"}), "no single"),
+    # two state dicts in one archive: which one torch.load reads is not the manifest's to guess
+    (_zip({"archive/data.pkl": pickle.dumps({"a": 1}, protocol=2),
+           "other/data.pkl": pickle.dumps({"b": 2}, protocol=2)}), "no single"),
+    (_zip({"archive/sub/data.pkl": pickle.dumps({"a": 1}, protocol=2)}), "no single"),
     (fake_checkpoint()[:-40], "not a readable zip"),
     (b"", "not a readable zip"),
 ])
@@ -459,6 +464,8 @@ def test_checkpoint_checks(tmp_path: Path, data: bytes, needle: str | None) -> N
     path.write_bytes(data)
     problem = checkpoint_problem(path)
     assert (problem is None) if needle is None else (problem is not None and needle in problem), problem
+    if needle == "no single":
+        assert problem == "it is not a torch checkpoint archive (no single <name>/data.pkl)"
 
 
 def test_ordered_dict_top_level_in_protocol_4_is_a_state_dict() -> None:
@@ -468,21 +475,63 @@ def test_ordered_dict_top_level_in_protocol_4_is_a_state_dict() -> None:
     assert pickle_problem(pickle.dumps(OrderedDict(a=1), protocol=2)) is None
 
 
-@pytest.mark.parametrize("raw", [
-    b"not json",
-    json.dumps({"schema": "gpuq.manifest/9", "job_id": "cpure", "attempt": 1, "files": []}).encode(),
-    json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cother", "attempt": 1, "files": []}).encode(),
-    *[json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": [
-        {"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64},
-        {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64},
-        {"path": bad, "bytes": 1, "sha256": "a" * 64}]}).encode()
-      for bad in ("../escape", "/etc/passwd", "a//b", "result/x.tmp", "PULL_VERIFIED.json", "sp ace", "ckpt/best.pt")],
-    json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": [
-        {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64}]}).encode(),
+def _manifest(files: list[dict[str, Any]], **over: Any) -> bytes:
+    doc: dict[str, Any] = {"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": files}
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+_GOOD_FILES = [{"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64},
+               {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64},
+               {"path": "attempts/1/exit.json", "bytes": 1, "sha256": "a" * 64}]
+
+
+def _with(extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*_GOOD_FILES, extra]
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (b"not json", r"^manifest is not JSON: "),
+    (_manifest(_GOOD_FILES, schema="gpuq.manifest/9"),
+     rf"^manifest schema is 'gpuq.manifest/9', expected '{re.escape(protocol.MANIFEST_SCHEMA)}'$"),
+    (b"[1, 2]", rf"^manifest schema is None, expected '{re.escape(protocol.MANIFEST_SCHEMA)}'$"),
+    (_manifest(_GOOD_FILES, job_id="cother"), r"^manifest is for job 'cother'$"),
+    (_manifest(_GOOD_FILES, job_id=None), r"^manifest is for job None$"),
+    (_manifest(_GOOD_FILES, attempt=0), r"^manifest attempt 0 is not a positive integer$"),
+    (_manifest(_GOOD_FILES, attempt=True), r"^manifest attempt True is not a positive integer$"),
+    (_manifest(_GOOD_FILES, attempt="1"), r"^manifest attempt '1' is not a positive integer$"),
+    *[(_manifest(_with({"path": bad, "bytes": 1, "sha256": "a" * 64})), r"^manifest lists an unsafe path: ")
+      for bad in ("../escape", "/etc/passwd", "a//b", "result/x.tmp", "PULL_VERIFIED.json", "sp ace", "./a", "")],
+    (_manifest(_with({"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64})), r"^manifest lists a path twice$"),
+    (_manifest(_with({"path": "x.bin", "bytes": -1, "sha256": "a" * 64})),
+     r"^manifest size of x\.bin is not a byte count: -1$"),
+    (_manifest(_with({"path": "x.bin", "bytes": True, "sha256": "a" * 64})),
+     r"^manifest size of x\.bin is not a byte count: True$"),
+    (_manifest(_with({"path": "x.bin", "bytes": "1", "sha256": "a" * 64})),
+     r"^manifest size of x\.bin is not a byte count: '1'$"),
+    # the sha256 must be exactly 64 lowercase hex digits
+    *[(_manifest(_with({"path": "x.bin", "bytes": 1, "sha256": sha})),
+       rf"^manifest sha256 of x\.bin is malformed: {re.escape(repr(sha))}$")
+      for sha in ("a" * 63, "a" * 65, "A" * 64, "g" * 64, "", 7, None)],
+    (_manifest([]), r"^manifest lists no files$"),
+    (_manifest([{"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64},
+                {"path": "attempts/1/exit.json", "bytes": 1, "sha256": "a" * 64}]), r"^manifest lacks ckpt/best\.pt$"),
+    (_manifest(_GOOD_FILES[:2]), r"^manifest lacks attempts/1/exit\.json$"),
 ])
-def test_a_malformed_or_unsafe_manifest_is_refused(raw: bytes) -> None:
-    with pytest.raises(ValueError, match="manifest"):
+def test_a_malformed_or_unsafe_manifest_is_refused(raw: bytes, message: str) -> None:
+    """Each way a manifest can be wrong is refused with its own message (not just any manifest error)."""
+    with pytest.raises(ValueError, match=message):
         parse_manifest(raw, job_id="cpure")
+
+
+def test_a_sound_manifest_is_accepted_exactly() -> None:
+    raw = _manifest([*_GOOD_FILES, {"path": "x.bin", "bytes": 0, "sha256": "0123456789abcdef" * 4}], queue_id="q7")
+    got = parse_manifest(raw, job_id="cpure")
+    assert (got.job_id, got.attempt, got.queue_id) == ("cpure", 1, "q7")
+    assert [(e.path, e.size, e.sha256) for e in got.files] == [
+        ("attempts/1/exit.json", 1, "a" * 64), ("ckpt/best.pt", 1, "a" * 64),
+        ("result/metrics.jsonl", 1, "a" * 64), ("x.bin", 0, "0123456789abcdef" * 4)]
+    assert got.sha256 == hashlib.sha256(raw).hexdigest()
 
 
 @pytest.mark.parametrize(("failures", "jitter", "delay"), [
