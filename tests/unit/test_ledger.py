@@ -241,7 +241,8 @@ def test_move_job_refuses_a_stale_attempt_and_leaves_the_ledger_as_it_was(ledger
     ledger.move_job(job, from_attempt=1, to_host="idle", bundle_sha="s" * 64, message="stolen")
     before = [(a.number, a.host, a.state) for a in ledger.attempts(job)]
     # a second mover acting on what it read before the first move: attempt 1 is no longer current
-    with pytest.raises(IllegalTransition, match=r"^job .*: cannot go from ASSIGNED to moved \(attempt 1 is not current\)$"):
+    stale = r"^job .*: cannot go from ASSIGNED to moved \(attempt 1 is not current\)$"
+    with pytest.raises(IllegalTransition, match=stale):
         ledger.move_job(job, from_attempt=1, to_host="third", bundle_sha="s" * 64, message="stolen again")
     assert [(a.number, a.host, a.state) for a in ledger.attempts(job)] == before
     assert (ledger.job(job).host, ledger.job(job).attempt_count) == ("idle", 2)
