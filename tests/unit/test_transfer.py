@@ -14,6 +14,7 @@ import os
 import pickle
 import re
 import zipfile
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -466,6 +467,33 @@ def test_checkpoint_checks(tmp_path: Path, data: bytes, needle: str | None) -> N
     assert (problem is None) if needle is None else (problem is not None and needle in problem), problem
     if needle == "no single":
         assert problem == "it is not a torch checkpoint archive (no single <name>/data.pkl)"
+
+
+_REFUSED = "which torch.load(weights_only=True) refuses"
+_MANY = {f"k{i}": f"v{i}" for i in range(300)}  # pushes the memo past 255: LONG_BINPUT / LONG_BINGET
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    # protocol 4 names a global by two strings on the stack; a module name seen before comes back
+    # from the memo (BINGET / LONG_BINGET), and the check must still read it
+    (pickle.dumps({"a": OrderedDict(), "b": Counter()}, protocol=4), f"it references collections.Counter, {_REFUSED}"),
+    (pickle.dumps({**_MANY, "a": OrderedDict(), "b": Counter()}, protocol=4),
+     f"it references collections.Counter, {_REFUSED}"),
+    (pickle.dumps({**_MANY, "a": OrderedDict(), "b": Counter()}, protocol=2),
+     f"it references collections.Counter, {_REFUSED}"),
+    (pickle.dumps({"a": OrderedDict(), "b": Counter()}, protocol=0), f"it references collections.Counter, {_REFUSED}"),
+    # a crafted protocol-4 pickle that memoizes the module name with BINPUT instead of MEMOIZE
+    (b"\x80\x04\x8c\x0bcollectionsq\x00\x8c\x0bOrderedDict\x930h\x00\x8c\x07Counter\x93.",
+     f"it references collections.Counter, {_REFUSED}"),
+    (b"(iposix\nsystem\np0\n.", f"it references posix.system, {_REFUSED}"),  # INST: a protocol-0 instance
+    (b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x93.", "it holds a pickle global that cannot be read statically"),
+    (b"\x80\x02.", "it does not hold a dict (a state dict) but STOP"),
+    (pickle.dumps([1], protocol=2), "it does not hold a dict (a state dict) but EMPTY_LIST"),
+    (pickle.dumps({"a": 1}, protocol=4), None),
+    (pickle.dumps({**_MANY, "a": OrderedDict()}, protocol=4), None),
+])
+def test_pickle_problem_reads_globals_through_the_memo(data: bytes, problem: str | None) -> None:
+    assert pickle_problem(data) == problem
 
 
 def test_ordered_dict_top_level_in_protocol_4_is_a_state_dict() -> None:
