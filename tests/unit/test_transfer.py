@@ -605,3 +605,36 @@ def test_only_the_globals_a_state_dict_needs_pass(module: str, name: str, refuse
     rebuilds, storages and ordered dicts are what a state dict needs."""
     problem = pickle_problem(_global_pickle(module, name))
     assert (problem is not None and "refuses" in problem) if refused else problem is None, problem
+
+
+@pytest.mark.parametrize(("rel", "content", "problem"), [
+    ("result/metrics.jsonl", b'{"a": 1}\n{"a": 2}\n', None),
+    ("result/metrics.jsonl", b'{"a": 1}\n\n{"a": 2\n', "result/metrics.jsonl line 2 is not JSON"),
+    ("result/metrics.jsonl", b"oops\n", "result/metrics.jsonl line 1 is not JSON"),
+    ("result/metrics.jsonl", b"\n  \n", "result/metrics.jsonl is empty"),
+    ("result/summary.json", b'{"best": 1}', None),
+    ("result/summary.json", b"{", "result/summary.json is not JSON: "),
+    ("result/metrics.jsonl", b"\xff\xfe", "result/metrics.jsonl is unreadable: "),
+])
+def test_metrics_checks_name_the_file_and_line(tmp_path: Path, rel: str, content: bytes, problem: str | None) -> None:
+    from orchestrator.transfer.verify import _metrics_problem
+
+    path = tmp_path / "m"
+    path.write_bytes(content)
+    got = _metrics_problem(path, rel)
+    if problem is None or not problem.endswith(": "):
+        assert got == problem
+    else:
+        assert got is not None and got.startswith(problem)
+
+
+def test_a_verified_record_is_read_only_when_it_is_a_json_object(tmp_path: Path) -> None:
+    from orchestrator.transfer.verify import read_verified_record
+
+    assert read_verified_record(tmp_path) is None  # none written
+    (tmp_path / PULL_VERIFIED).write_text('{"job_id": "c1"}')
+    assert read_verified_record(tmp_path) == {"job_id": "c1"}
+    (tmp_path / PULL_VERIFIED).write_text('["c1"]')
+    assert read_verified_record(tmp_path) is None
+    (tmp_path / PULL_VERIFIED).write_text("{")
+    assert read_verified_record(tmp_path) is None
