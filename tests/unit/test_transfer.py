@@ -638,3 +638,37 @@ def test_a_verified_record_is_read_only_when_it_is_a_json_object(tmp_path: Path)
     assert read_verified_record(tmp_path) is None
     (tmp_path / PULL_VERIFIED).write_text("{")
     assert read_verified_record(tmp_path) is None
+
+
+def test_verify_copy_names_each_problem_exactly(tmp_path: Path) -> None:
+    from orchestrator.transfer.verify import Manifest, ManifestEntry, Problem, verify_copy
+
+    def entry(rel: str, data: bytes) -> ManifestEntry:
+        return ManifestEntry(rel, len(data), hashlib.sha256(data).hexdigest())
+
+    d = tmp_path / "copy"
+    (d / "run").mkdir(parents=True)
+    (d / "run" / "a.txt").write_bytes(b"aaa")
+    (d / "run" / "b.txt").write_bytes(b"bbb")
+    (d / "run" / "c.txt.tmp").write_bytes(b"partial")  # a transfer's leftover is not a file of the job
+    good = [entry("run/a.txt", b"aaa"), entry("run/b.txt", b"bbb")]
+
+    def check(files: list[ManifestEntry]) -> Problem | None:
+        return verify_copy(d, Manifest("c1", 1, "", tuple(files), "0" * 64))
+
+    assert check(good) is None
+    assert check([*good, entry("run/x.txt", b"x"), entry("run/y.txt", b"y")]) == Problem(
+        "missing-file", "missing 2 file(s): run/x.txt, run/y.txt")
+    assert check(good[:1]) == Problem("unexpected-file", "not in the manifest: run/b.txt")
+    assert check([good[0], entry("run/b.txt", b"bbbb")]) == Problem(
+        "size-mismatch", "run/b.txt has 3 bytes, the manifest says 4")
+    wrong = ManifestEntry("run/b.txt", 3, "f" * 64)
+    assert check([good[0], wrong]) == Problem(
+        "sha256-mismatch", f"run/b.txt has sha256 {hashlib.sha256(b'bbb').hexdigest()[:12]}, the manifest says "
+        f"{'f' * 12}")
+    (d / "run" / "link").symlink_to(d / "run" / "a.txt")
+    (d / "sub").mkdir()
+    (d / "sub" / "z.txt").write_bytes(b"z")  # a regular file after the odd ones: the walk goes on
+    (d / "dirlink").symlink_to(d / "run")
+    assert check([*good, entry("sub/z.txt", b"z")]) == Problem(
+        "unexpected-file", "not a regular file: dirlink, run/link")
