@@ -20,6 +20,11 @@ summary.json, exit 0), and then measures, in one run:
   round-robin in queue order, hosts in parallel, one job at a time per host (the loop ignores the
   second GPU).  Makespan = wall time from starting the loops to the last one ending (the project is
   copied to the hosts before the clock starts).
+- **static split**: what a careful user runs instead: one loop per GPU (``CUDA_VISIBLE_DEVICES=g``), the
+  queue dealt round-robin in queue order over every host x GPU slot, all loops started at once.
+- **dynamic pool**: the careful user's best script: one local worker per host x GPU slot; the first slot
+  to be free starts the next job in queue order (one OpenSSH command per job, like ``xargs -P``).
+  gpuq/static and gpuq/pool are printed (below 1: gpuq is faster).
 - **SSH round trips per status call**: SSHHost.round_trips summed over the command's hosts, before and
   after one ``api.status`` once the sweep has ended (and the mean over the status calls made while it
   ran, which includes collecting finished jobs' results).
@@ -306,32 +311,110 @@ def trainer_span(files: Sequence[Path]) -> float:
 # --- baseline --------------------------------------------------------------------------------------------
 
 
-def run_baseline(farm: Any, project: Path, configs: Sequence[str]) -> dict[str, Any]:
-    n = len(farm.hosts)
+def _ship(farm: Any, project: Path, dirname: str) -> None:
+    """Copy the trainer and configs to /root/<dirname> on every host (before any clock starts)."""
     tar = subprocess.run(["tar", "-C", str(project), "-cf", "-", "sleeper.py", "configs"], capture_output=True,
                          check=True).stdout
-    unpack = "rm -rf /root/baseline && mkdir -p /root/baseline && tar -xf - -C /root/baseline"
-    for i in range(n):
+    unpack = f"rm -rf /root/{dirname} && mkdir -p /root/{dirname} && tar -xf - -C /root/{dirname}"
+    for i in range(len(farm.hosts)):
         subprocess.run([*farm.ssh_argv(i), "--", unpack], input=tar, capture_output=True, check=True, timeout=60)
-    procs = []
+
+
+def _job_cmd(dirname: str, cfg: str, gpu: int | None) -> str:
+    """One job the way a user's script runs it (``$cfg`` may be a shell variable)."""
+    pin = "" if gpu is None else f"CUDA_VISIBLE_DEVICES={gpu} "
+    return (f"name=${{cfg##*/}}; name=${{name%.yaml}}; {pin}GPUQ_RESULT_DIR=/root/{dirname}/results/$name "
+            f"python3 sleeper.py --config \"{cfg}\" --task sleep --epochs 1 || echo \"FAILED {cfg}\" >&2")
+
+
+def _summaries(farm: Any, dirname: str, configs: Sequence[str], label: str) -> list[Path]:
+    found = [p for h in farm.hosts for p in (h.root / dirname / "results").glob("*/summary.json")]
+    if len(found) != len(configs):
+        raise RuntimeError(f"{label}: {len(found)} of {len(configs)} jobs left a summary")
+    return found
+
+
+def _run_loops(farm: Any, loops: Sequence[str], label: str) -> list[float]:
+    """One OpenSSH session per host running ``loops[i]``; wall time of each from a common start."""
     started = time.monotonic()
-    for i in range(n):
-        mine = " ".join(shlex.quote(c) for c in configs[i::n])
-        loop = ("cd /root/baseline && for cfg in " + mine + "; do name=${cfg##*/}; name=${name%.yaml}; "
-                "GPUQ_RESULT_DIR=/root/baseline/results/$name python3 sleeper.py --config \"$cfg\" --task sleep "
-                "--epochs 1 || echo \"FAILED $cfg\" >&2; done")
-        procs.append(subprocess.Popen([*farm.ssh_argv(i), "--", shlex.join(["bash", "-c", loop])],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    procs = [subprocess.Popen([*farm.ssh_argv(i), "--", shlex.join(["bash", "-c", loop])],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for i, loop in enumerate(loops)]
     walls = []
     for i, proc in enumerate(procs):
         _out, err = proc.communicate(timeout=3600)
         walls.append(time.monotonic() - started)
         if proc.returncode != 0 or b"FAILED" in err:
-            raise RuntimeError(f"baseline loop on host {i} failed ({proc.returncode}): {err.decode()[-500:]}")
-    summaries = [p for h in farm.hosts for p in (h.root / "baseline" / "results").glob("*/summary.json")]
-    if len(summaries) != len(configs):
-        raise RuntimeError(f"baseline: {len(summaries)} of {len(configs)} jobs left a summary")
+            raise RuntimeError(f"{label} on host {i} failed ({proc.returncode}): {err.decode()[-500:]}")
+    return walls
+
+
+def run_baseline(farm: Any, project: Path, configs: Sequence[str]) -> dict[str, Any]:
+    """run_queue.sh: one sequential loop per host, jobs dealt round-robin in queue order."""
+    n = len(farm.hosts)
+    _ship(farm, project, "baseline")
+    loops = [f"cd /root/baseline && for cfg in {' '.join(shlex.quote(c) for c in configs[i::n])}; do "
+             + _job_cmd("baseline", "$cfg", None) + "; done" for i in range(n)]
+    walls = _run_loops(farm, loops, "baseline loop")
+    summaries = _summaries(farm, "baseline", configs, "baseline")
     return {"makespan_s": max(walls), "per_host_s": walls, "trainer_span_s": trainer_span(summaries)}
+
+
+def run_static_split(farm: Any, project: Path, configs: Sequence[str], gpus: int) -> dict[str, Any]:
+    """The careful user's static split: one loop per GPU (CUDA_VISIBLE_DEVICES=g), the queue dealt
+    round-robin in queue order over every host x GPU slot, all loops started together."""
+    n = len(farm.hosts)
+    slots = n * gpus
+    _ship(farm, project, "static")
+    loops = []
+    for i in range(n):
+        parts = []
+        for g in range(gpus):
+            mine = configs[i * gpus + g::slots]
+            if mine:
+                parts.append(f"( for cfg in {' '.join(shlex.quote(c) for c in mine)}; do "
+                             + _job_cmd("static", "$cfg", g) + "; done ) &")
+        loops.append("cd /root/static || exit 1; " + " ".join(parts) + " wait")
+    walls = _run_loops(farm, loops, "static split")
+    summaries = _summaries(farm, "static", configs, "static split")
+    return {"makespan_s": max(walls), "per_host_s": walls, "trainer_span_s": trainer_span(summaries)}
+
+
+def run_dynamic_pool(farm: Any, project: Path, configs: Sequence[str], gpus: int) -> dict[str, Any]:
+    """The careful user's dynamic pool: a local worker per host x GPU slot; whichever slot is free first
+    starts the next job in queue order, one OpenSSH command per job (like ``xargs -P`` over ssh)."""
+    import queue as queue_mod
+    import threading
+
+    _ship(farm, project, "pool")
+    todo: queue_mod.Queue[str] = queue_mod.Queue()
+    for cfg in configs:
+        todo.put(cfg)
+    errors: list[str] = []
+
+    def worker(host: int, gpu: int) -> None:
+        while True:
+            try:
+                cfg = todo.get_nowait()
+            except queue_mod.Empty:
+                return
+            cmd = f"cd /root/pool && cfg={shlex.quote(cfg)}; " + _job_cmd("pool", "$cfg", gpu)
+            proc = subprocess.run([*farm.ssh_argv(host), "--", shlex.join(["bash", "-c", cmd])],
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=3600)
+            if proc.returncode != 0 or b"FAILED" in proc.stderr:
+                errors.append(f"{cfg} on host {host} GPU {gpu}: {proc.stderr.decode()[-300:]}")
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(h, g)) for h in range(len(farm.hosts)) for g in range(gpus)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - started
+    if errors:
+        raise RuntimeError("dynamic pool: " + "; ".join(errors[:3]))
+    summaries = _summaries(farm, "pool", configs, "dynamic pool")
+    return {"makespan_s": wall, "trainer_span_s": trainer_span(summaries)}
 
 
 # --- main ------------------------------------------------------------------------------------------------
@@ -346,7 +429,8 @@ def main() -> int:
                         help='job durations in whole seconds: "LO-HI" (seeded mix), "S" or "S1,S2,..." (cycled)')
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between status calls while waiting")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the sequential-loop baseline")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the baselines (sequential loop per host, static per-GPU split, dynamic pool)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (farm state, GPUQ_HOME)")
     args = parser.parse_args()
 
@@ -381,6 +465,8 @@ def main() -> int:
             api.hosts_add(ctx, f"bench{i}", f"root@{h.address}", key=str(farm.client_key), profile="rehearsal",
                           trust_new_host_key=True)
         baseline = None if args.no_baseline else run_baseline(farm, queue.parent, configs)
+        static = None if args.no_baseline else run_static_split(farm, queue.parent, configs, args.gpus)
+        pool = None if args.no_baseline else run_dynamic_pool(farm, queue.parent, configs, args.gpus)
 
         first_put = puts.mark()
         by_name = {f"j{i:02d}": d for i, d in enumerate(durations)}
@@ -422,6 +508,10 @@ def main() -> int:
         "baseline_makespan_s": round(baseline["makespan_s"], 2) if baseline else None,
         "baseline_trainer_span_s": round(baseline["trainer_span_s"], 2) if baseline else None,
         "baseline_over_gpuq": round(baseline["makespan_s"] / gpuq["makespan_s"], 3) if baseline else None,
+        "static_split_makespan_s": round(static["makespan_s"], 2) if static else None,
+        "gpuq_over_static_split": round(gpuq["makespan_s"] / static["makespan_s"], 3) if static else None,
+        "dynamic_pool_makespan_s": round(pool["makespan_s"], 2) if pool else None,
+        "gpuq_over_dynamic_pool": round(gpuq["makespan_s"] / pool["makespan_s"], 3) if pool else None,
         "ssh_round_trips_per_status": sum(idle_trips.values()),
         "ssh_round_trips_per_status_per_host": round(sum(idle_trips.values()) / max(1, len(idle_trips)), 2),
         "ssh_round_trips_per_status_during_sweep_mean": round(sum(during) / max(1, len(during)), 2),
@@ -450,6 +540,12 @@ def main() -> int:
         print(f"  {'baseline (sequential loop per host, wall)':<52} {baseline['makespan_s']:8.1f} s   "
               f"baseline/gpuq {report['baseline_over_gpuq']:.3f} (target >= 1.8)")
         print(f"  {'   trainers only':<52} {baseline['trainer_span_s']:8.1f} s")
+    if static:
+        print(f"  {'static split (one loop per GPU, round-robin, wall)':<52} {static['makespan_s']:8.1f} s   "
+              f"gpuq/static {report['gpuq_over_static_split']:.3f}")
+    if pool:
+        print(f"  {'dynamic pool (next job on first free GPU, wall)':<52} {pool['makespan_s']:8.1f} s   "
+              f"gpuq/pool {report['gpuq_over_dynamic_pool']:.3f}")
     print(f"  ssh round trips per status call (sweep ended): {report['ssh_round_trips_per_status']} "
           f"for {len(idle_trips)} hosts = {report['ssh_round_trips_per_status_per_host']:.2f} per host; "
           f"while running: mean {report['ssh_round_trips_per_status_during_sweep_mean']:.2f} per call "
@@ -458,6 +554,9 @@ def main() -> int:
           f"re-submit {resubmit_bytes} ({resubmit_calls} puts; target 0)")
     baseline_part = (f" | baseline (sequential loop per host) {baseline['makespan_s']:.1f} s | baseline/gpuq "
                      f"{report['baseline_over_gpuq']:.2f}" if baseline else "")
+    if static and pool:
+        baseline_part += (f" | gpuq/static-split {report['gpuq_over_static_split']:.3f} | gpuq/dynamic-pool "
+                          f"{report['gpuq_over_dynamic_pool']:.3f}")
     print(f"gpuq makespan {gpuq['makespan_s']:.1f} s | ideal {ideal if proven else lower:.1f} s | gpuq/ideal "
           f"{report['gpuq_over_ideal']:.3f}{baseline_part} | ssh round trips per status: "
           f"{report['ssh_round_trips_per_status_per_host']:.2f} per host | bundle bytes pushed on re-submit: "

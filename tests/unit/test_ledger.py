@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import IllegalTransition, JobNotFound, LedgerVersionError
+from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError, LedgerVersionError
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.specs import JobSpec, job_id_for
@@ -75,7 +75,7 @@ def test_add_sweep_ids_are_stable_and_queued(ledger: Ledger) -> None:
 
 def test_add_sweep_is_all_or_nothing(ledger: Ledger) -> None:
     dup = [*_specs(2), _specs(1)[0]]  # the same name twice violates the primary key mid-insert
-    with pytest.raises(Exception):  # noqa: B017
+    with pytest.raises(LedgerError, match=r"ledger error: IntegrityError: .*UNIQUE constraint failed: job\.id"):
         ledger.add_sweep(sweep_id="qbbbbbb", queue_path="q", workdir="/w", queue_text="",
                          jobs=dup, default_retries=1)
     assert ledger.jobs() == []
@@ -189,3 +189,68 @@ def test_repeated_conditions_are_recorded_once(tmp_path: Path) -> None:
     ledger.record_event("job", "c1", "still queued: no usable host", unless_repeated=True)
     assert [e.message for e in ledger.events(subject="c1")].count("still queued: no usable host") == 2
     assert len(ledger.events(subject="c1")) == 3
+
+
+def _attempt_ending(ledger: Ledger, job: str, state: AttemptState, *, exit_code: int | None = None,
+                    phase: str | None = None) -> None:
+    """One attempt of ``job`` that ends in ``state``; the job is queued again afterwards."""
+    number = ledger.start_attempt(job, host="h", bundle_sha="s" * 64).number
+    ledger.update_attempt(job, number, exit_code=exit_code, phase=phase)
+    ledger.transition(job, state, attempt=number)
+    ledger.transition(job, JobState.LOST)
+    ledger.transition(job, JobState.QUEUED)
+
+
+def test_failed_attempts_counts_only_lost_and_nonzero_exits_outside_project_setup(ledger: Ledger) -> None:
+    job = _sweep(ledger, n=1)[0]
+    assert ledger.failed_attempts(job) == 0
+    steps: list[tuple[AttemptState, int | None, str | None, int]] = [
+        (AttemptState.EXITED, 1, None, 1),      # a non-zero exit counts
+        (AttemptState.LOST, None, None, 2),     # so does a vanished attempt
+        (AttemptState.EXITED, 0, None, 2),      # a clean exit does not
+        (AttemptState.EXITED, None, None, 2),   # nor an exit with no code recorded
+        (AttemptState.KILLED, None, None, 2),   # stolen (moved to another host)
+        (AttemptState.PREEMPTED, None, None, 2),
+        (AttemptState.EXITED, 3, "project_setup", 2),  # the host's project setup failed: the host is held
+        (AttemptState.LOST, None, "project_setup", 2),
+        (AttemptState.EXITED, 137, "train", 3),
+    ]
+    for state, code, phase, expected in steps:
+        _attempt_ending(ledger, job, state, exit_code=code, phase=phase)
+        assert ledger.failed_attempts(job) == expected, (state, code, phase)
+    other = _sweep(ledger, sweep_id="qcccccc", n=2)[1]
+    assert ledger.failed_attempts(other) == 0  # per job, not per ledger
+
+
+def test_move_job_kills_the_unstarted_attempt_and_starts_the_next_on_the_new_host(ledger: Ledger) -> None:
+    job = _sweep(ledger, n=1)[0]
+    ledger.start_attempt(job, host="busy", bundle_sha="s" * 64, resume_from="ckpt/last.pt")
+    moved = ledger.move_job(job, from_attempt=1, to_host="idle", bundle_sha="t" * 64, message="stolen by idle")
+    assert (moved.number, moved.host, moved.state, moved.bundle_sha, moved.resume_from) == (
+        2, "idle", AttemptState.STARTING.value, "t" * 64, "ckpt/last.pt")
+    row = ledger.job(job)
+    assert (row.state, row.host, row.attempt_count) == (JobState.ASSIGNED.value, "idle", 2)
+    old = ledger.attempt(job, 1)
+    assert old is not None and (old.state, old.message) == (AttemptState.KILLED.value, "stolen by idle")
+    assert old.ended_at is not None
+
+
+def test_move_job_refuses_a_stale_attempt_and_leaves_the_ledger_as_it_was(ledger: Ledger) -> None:
+    job = _sweep(ledger, n=1)[0]
+    ledger.start_attempt(job, host="busy", bundle_sha="s" * 64)
+    ledger.move_job(job, from_attempt=1, to_host="idle", bundle_sha="s" * 64, message="stolen")
+    before = [(a.number, a.host, a.state) for a in ledger.attempts(job)]
+    # a second mover acting on what it read before the first move: attempt 1 is no longer current
+    stale = r"^job .*: cannot go from ASSIGNED to moved \(attempt 1 is not current\)$"
+    with pytest.raises(IllegalTransition, match=stale):
+        ledger.move_job(job, from_attempt=1, to_host="third", bundle_sha="s" * 64, message="stolen again")
+    assert [(a.number, a.host, a.state) for a in ledger.attempts(job)] == before
+    assert (ledger.job(job).host, ledger.job(job).attempt_count) == ("idle", 2)
+    with pytest.raises(JobNotFound, match=r"^no attempt 7 of job "):
+        ledger.move_job(job, from_attempt=7, to_host="third", bundle_sha="s" * 64, message="x")
+    # a job the busy host claimed meanwhile (RUNNING) stays where it is
+    ledger.transition(job, AttemptState.RUNNING, attempt=2)
+    ledger.transition(job, JobState.RUNNING)
+    with pytest.raises(IllegalTransition, match=r"cannot go from RUNNING to moved \(attempt 2 is not current\)$"):
+        ledger.move_job(job, from_attempt=2, to_host="third", bundle_sha="s" * 64, message="x")
+    assert ledger.job(job).host == "idle" and len(ledger.attempts(job)) == 2

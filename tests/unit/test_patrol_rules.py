@@ -44,6 +44,17 @@ def test_memory_warns_above_90_and_a_new_oom_kill_escalates() -> None:
     assert _rules(found) == [("memory", "warn"), ("oom_kill", "escalate")]
     # the first probe of a host has no previous count: no verdict on a counter that was already high
     assert _rules(patrol.host_findings(HostView("h"), {"memory": {"oom_kill": 7}}, TH)) == []
+    assert (found[1].message, found[1].host) == ("host OOM: oom_kill counter 2 -> 3", "h")
+
+
+@pytest.mark.parametrize(("before", "now", "escalates"), [
+    (2, 3, True), (2, 2, False),
+    (5, 0, False),  # the counter went back (a reboot resets it): no new kill, nothing to escalate
+    (5, 4, False),
+])
+def test_only_a_rising_oom_kill_counter_escalates(before: int, now: int, escalates: bool) -> None:
+    found = patrol.host_findings(HostView("h", oom_kill=before), {"memory": {"oom_kill": now}}, TH)
+    assert _rules(found) == ([("oom_kill", "escalate")] if escalates else [])
 
 
 def test_xid_48_and_79_escalate_other_xids_warn() -> None:
@@ -78,6 +89,20 @@ def test_a_starting_job_gets_its_grace() -> None:
     assert patrol.job_findings("h", young, entry, NOW, TH) == []
     old = JobView("c1", "j", 1, launched_at=NOW - 2000)
     (found,) = patrol.job_findings("h", old, dict(entry, log_mtime=NOW - 2000), NOW, TH)
+    assert found.rule == "stalled" and "heartbeat never" in found.message
+
+
+def test_the_start_up_grace_covers_only_a_job_without_a_heartbeat_yet() -> None:
+    """With a grace longer than the stall limit, a job that has not beaten yet is left alone for the
+    whole grace, even with a quiet log; one that has a heartbeat is judged by the stall limit."""
+    th = Thresholds(stall_after_s=900, startup_grace_s=1200)
+    starting = JobView("c1", "j", 1, launched_at=NOW - 1000)
+    quiet = {"state": "running", "heartbeat_age_s": None, "log_mtime": NOW - 950, "ckpt": None}
+    assert patrol.job_findings("h", starting, quiet, NOW, th) == []
+    (found,) = patrol.job_findings("h", starting, dict(quiet, heartbeat_age_s=950.0), NOW, th)
+    assert found.rule == "stalled" and "heartbeat 950s ago" in found.message
+    late = JobView("c1", "j", 1, launched_at=NOW - 1300)
+    (found,) = patrol.job_findings("h", late, quiet, NOW, th)
     assert found.rule == "stalled" and "heartbeat never" in found.message
 
 
@@ -141,9 +166,17 @@ def test_retry_policy() -> None:
 
 
 def test_early_finish_only_under_half_the_expectation() -> None:
-    assert patrol.early_finish("h", JOB, 100.0, 300.0, TH) is not None
+    found = patrol.early_finish("h", JOB, 100.0, 300.0, TH)
+    assert found is not None
+    assert (found.rule, found.severity, found.host, found.job) == ("early_finish", Severity.WARN, "h", JOB.job_id)
+    assert found.message == "baseline: succeeded in 100s, under 50% of the expected 300s"
+    assert found.action.startswith("suspect early finish: check the metrics")
+    assert patrol.early_finish("h", JOB, 149.0, 300.0, TH) is not None
+    assert patrol.early_finish("h", JOB, 150.0, 300.0, TH) is None  # exactly half is not early
     assert patrol.early_finish("h", JOB, 160.0, 300.0, TH) is None
     assert patrol.early_finish("h", JOB, 100.0, None, TH) is None
+    assert patrol.early_finish("h", JOB, 100.0, 0.0, TH) is None
+    assert patrol.early_finish("h", JOB, None, 300.0, TH) is None
 
 
 def test_unreachable_warns_then_escalates_after_three_failures_and_ten_minutes() -> None:

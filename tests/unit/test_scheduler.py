@@ -176,6 +176,16 @@ def test_disk_budget_is_respected_and_the_reason_names_the_numbers() -> None:
     assert result.unplaced == (("huge", "needs 30.0 GB of disk; the most any host has left is 5.0 GB"),)
 
 
+def test_a_job_that_exactly_fits_the_disk_left_is_placed() -> None:
+    """Free space equal to the job's need is enough: the scheduler refuses only a job that needs more."""
+    hosts = [HostSlots(host="a", total=2, disk_free_bytes=20 * GB)]
+    result = plan([PlanJob("j1", 1, 100, disk_bytes=10 * GB), PlanJob("j2", 1, 90, disk_bytes=10 * GB)], hosts)
+    assert sorted((a.job_id, a.host) for a in result.assignments) == [("j1", "a"), ("j2", "a")]
+    assert result.unplaced == ()
+    exact = plan([PlanJob("x", 1, 5, disk_bytes=12 * GB)], [HostSlots(host="b", total=1, disk_free_bytes=12 * GB)])
+    assert [(a.job_id, a.host) for a in exact.assignments] == [("x", "b")] and exact.unplaced == ()
+
+
 def test_unknown_disk_is_no_limit_and_a_pinned_overflow_names_the_host() -> None:
     hosts = [HostSlots(host="a", total=1, disk_free_bytes=12 * GB), HostSlots(host="b", total=1)]
     result = plan([PlanJob("x", 1, 5, disk_bytes=30 * GB), PlanJob("y", 1, 5, host_pin="a", disk_bytes=30 * GB)],

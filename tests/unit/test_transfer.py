@@ -12,7 +12,9 @@ import io
 import json
 import os
 import pickle
+import re
 import zipfile
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -451,6 +453,10 @@ class _Evil:
     (_zip({"archive/data.pkl": pickle.dumps({"x": _Evil()}, protocol=4)}), "refuses"),
     (_zip({"archive/data.pkl": pickle.dumps({"a": 1}, protocol=2)[:-3]}), "damaged"),
     (_zip({"archive/other.bin": b"x"}), "no single"),
+    # two state dicts in one archive: which one torch.load reads is not the manifest's to guess
+    (_zip({"archive/data.pkl": pickle.dumps({"a": 1}, protocol=2),
+           "other/data.pkl": pickle.dumps({"b": 2}, protocol=2)}), "no single"),
+    (_zip({"archive/sub/data.pkl": pickle.dumps({"a": 1}, protocol=2)}), "no single"),
     (fake_checkpoint()[:-40], "not a readable zip"),
     (b"", "not a readable zip"),
 ])
@@ -459,6 +465,35 @@ def test_checkpoint_checks(tmp_path: Path, data: bytes, needle: str | None) -> N
     path.write_bytes(data)
     problem = checkpoint_problem(path)
     assert (problem is None) if needle is None else (problem is not None and needle in problem), problem
+    if needle == "no single":
+        assert problem == "it is not a torch checkpoint archive (no single <name>/data.pkl)"
+
+
+_REFUSED = "which torch.load(weights_only=True) refuses"
+_MANY = {f"k{i}": f"v{i}" for i in range(300)}  # pushes the memo past 255: LONG_BINPUT / LONG_BINGET
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    # protocol 4 names a global by two strings on the stack; a module name seen before comes back
+    # from the memo (BINGET / LONG_BINGET), and the check must still read it
+    (pickle.dumps({"a": OrderedDict(), "b": Counter()}, protocol=4), f"it references collections.Counter, {_REFUSED}"),
+    (pickle.dumps({**_MANY, "a": OrderedDict(), "b": Counter()}, protocol=4),
+     f"it references collections.Counter, {_REFUSED}"),
+    (pickle.dumps({**_MANY, "a": OrderedDict(), "b": Counter()}, protocol=2),
+     f"it references collections.Counter, {_REFUSED}"),
+    (pickle.dumps({"a": OrderedDict(), "b": Counter()}, protocol=0), f"it references collections.Counter, {_REFUSED}"),
+    # a crafted protocol-4 pickle that memoizes the module name with BINPUT instead of MEMOIZE
+    (b"\x80\x04\x8c\x0bcollectionsq\x00\x8c\x0bOrderedDict\x930h\x00\x8c\x07Counter\x93.",
+     f"it references collections.Counter, {_REFUSED}"),
+    (b"(iposix\nsystem\np0\n.", f"it references posix.system, {_REFUSED}"),  # INST: a protocol-0 instance
+    (b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x93.", "it holds a pickle global that cannot be read statically"),
+    (b"\x80\x02.", "it does not hold a dict (a state dict) but STOP"),
+    (pickle.dumps([1], protocol=2), "it does not hold a dict (a state dict) but EMPTY_LIST"),
+    (pickle.dumps({"a": 1}, protocol=4), None),
+    (pickle.dumps({**_MANY, "a": OrderedDict()}, protocol=4), None),
+])
+def test_pickle_problem_reads_globals_through_the_memo(data: bytes, problem: str | None) -> None:
+    assert pickle_problem(data) == problem
 
 
 def test_ordered_dict_top_level_in_protocol_4_is_a_state_dict() -> None:
@@ -468,21 +503,63 @@ def test_ordered_dict_top_level_in_protocol_4_is_a_state_dict() -> None:
     assert pickle_problem(pickle.dumps(OrderedDict(a=1), protocol=2)) is None
 
 
-@pytest.mark.parametrize("raw", [
-    b"not json",
-    json.dumps({"schema": "gpuq.manifest/9", "job_id": "cpure", "attempt": 1, "files": []}).encode(),
-    json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cother", "attempt": 1, "files": []}).encode(),
-    *[json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": [
-        {"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64},
-        {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64},
-        {"path": bad, "bytes": 1, "sha256": "a" * 64}]}).encode()
-      for bad in ("../escape", "/etc/passwd", "a//b", "result/x.tmp", "PULL_VERIFIED.json", "sp ace", "ckpt/best.pt")],
-    json.dumps({"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": [
-        {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64}]}).encode(),
+def _manifest(files: list[dict[str, Any]], **over: Any) -> bytes:
+    doc: dict[str, Any] = {"schema": protocol.MANIFEST_SCHEMA, "job_id": "cpure", "attempt": 1, "files": files}
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+_GOOD_FILES = [{"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64},
+               {"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64},
+               {"path": "attempts/1/exit.json", "bytes": 1, "sha256": "a" * 64}]
+
+
+def _with(extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*_GOOD_FILES, extra]
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (b"not json", r"^manifest is not JSON: "),
+    (_manifest(_GOOD_FILES, schema="gpuq.manifest/9"),
+     rf"^manifest schema is 'gpuq.manifest/9', expected '{re.escape(protocol.MANIFEST_SCHEMA)}'$"),
+    (b"[1, 2]", rf"^manifest schema is None, expected '{re.escape(protocol.MANIFEST_SCHEMA)}'$"),
+    (_manifest(_GOOD_FILES, job_id="cother"), r"^manifest is for job 'cother'$"),
+    (_manifest(_GOOD_FILES, job_id=None), r"^manifest is for job None$"),
+    (_manifest(_GOOD_FILES, attempt=0), r"^manifest attempt 0 is not a positive integer$"),
+    (_manifest(_GOOD_FILES, attempt=True), r"^manifest attempt True is not a positive integer$"),
+    (_manifest(_GOOD_FILES, attempt="1"), r"^manifest attempt '1' is not a positive integer$"),
+    *[(_manifest(_with({"path": bad, "bytes": 1, "sha256": "a" * 64})), r"^manifest lists an unsafe path: ")
+      for bad in ("../escape", "/etc/passwd", "a//b", "result/x.tmp", "PULL_VERIFIED.json", "sp ace", "./a", "")],
+    (_manifest(_with({"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64})), r"^manifest lists a path twice$"),
+    (_manifest(_with({"path": "x.bin", "bytes": -1, "sha256": "a" * 64})),
+     r"^manifest size of x\.bin is not a byte count: -1$"),
+    (_manifest(_with({"path": "x.bin", "bytes": True, "sha256": "a" * 64})),
+     r"^manifest size of x\.bin is not a byte count: True$"),
+    (_manifest(_with({"path": "x.bin", "bytes": "1", "sha256": "a" * 64})),
+     r"^manifest size of x\.bin is not a byte count: '1'$"),
+    # the sha256 must be exactly 64 lowercase hex digits
+    *[(_manifest(_with({"path": "x.bin", "bytes": 1, "sha256": sha})),
+       rf"^manifest sha256 of x\.bin is malformed: {re.escape(repr(sha))}$")
+      for sha in ("a" * 63, "a" * 65, "A" * 64, "g" * 64, "", 7, None)],
+    (_manifest([]), r"^manifest lists no files$"),
+    (_manifest([{"path": "result/metrics.jsonl", "bytes": 1, "sha256": "a" * 64},
+                {"path": "attempts/1/exit.json", "bytes": 1, "sha256": "a" * 64}]), r"^manifest lacks ckpt/best\.pt$"),
+    (_manifest(_GOOD_FILES[:2]), r"^manifest lacks attempts/1/exit\.json$"),
 ])
-def test_a_malformed_or_unsafe_manifest_is_refused(raw: bytes) -> None:
-    with pytest.raises(ValueError, match="manifest"):
+def test_a_malformed_or_unsafe_manifest_is_refused(raw: bytes, message: str) -> None:
+    """Each way a manifest can be wrong is refused with its own message (not just any manifest error)."""
+    with pytest.raises(ValueError, match=message):
         parse_manifest(raw, job_id="cpure")
+
+
+def test_a_sound_manifest_is_accepted_exactly() -> None:
+    raw = _manifest([*_GOOD_FILES, {"path": "x.bin", "bytes": 0, "sha256": "0123456789abcdef" * 4}], queue_id="q7")
+    got = parse_manifest(raw, job_id="cpure")
+    assert (got.job_id, got.attempt, got.queue_id) == ("cpure", 1, "q7")
+    assert [(e.path, e.size, e.sha256) for e in got.files] == [
+        ("attempts/1/exit.json", 1, "a" * 64), ("ckpt/best.pt", 1, "a" * 64),
+        ("result/metrics.jsonl", 1, "a" * 64), ("x.bin", 0, "0123456789abcdef" * 4)]
+    assert got.sha256 == hashlib.sha256(raw).hexdigest()
 
 
 @pytest.mark.parametrize(("failures", "jitter", "delay"), [
@@ -528,3 +605,70 @@ def test_only_the_globals_a_state_dict_needs_pass(module: str, name: str, refuse
     rebuilds, storages and ordered dicts are what a state dict needs."""
     problem = pickle_problem(_global_pickle(module, name))
     assert (problem is not None and "refuses" in problem) if refused else problem is None, problem
+
+
+@pytest.mark.parametrize(("rel", "content", "problem"), [
+    ("result/metrics.jsonl", b'{"a": 1}\n{"a": 2}\n', None),
+    ("result/metrics.jsonl", b'{"a": 1}\n\n{"a": 2\n', "result/metrics.jsonl line 2 is not JSON"),
+    ("result/metrics.jsonl", b"oops\n", "result/metrics.jsonl line 1 is not JSON"),
+    ("result/metrics.jsonl", b"\n  \n", "result/metrics.jsonl is empty"),
+    ("result/summary.json", b'{"best": 1}', None),
+    ("result/summary.json", b"{", "result/summary.json is not JSON: "),
+    ("result/metrics.jsonl", b"\xff\xfe", "result/metrics.jsonl is unreadable: "),
+])
+def test_metrics_checks_name_the_file_and_line(tmp_path: Path, rel: str, content: bytes, problem: str | None) -> None:
+    from orchestrator.transfer.verify import _metrics_problem
+
+    path = tmp_path / "m"
+    path.write_bytes(content)
+    got = _metrics_problem(path, rel)
+    if problem is None or not problem.endswith(": "):
+        assert got == problem
+    else:
+        assert got is not None and got.startswith(problem)
+
+
+def test_a_verified_record_is_read_only_when_it_is_a_json_object(tmp_path: Path) -> None:
+    from orchestrator.transfer.verify import read_verified_record
+
+    assert read_verified_record(tmp_path) is None  # none written
+    (tmp_path / PULL_VERIFIED).write_text('{"job_id": "c1"}')
+    assert read_verified_record(tmp_path) == {"job_id": "c1"}
+    (tmp_path / PULL_VERIFIED).write_text('["c1"]')
+    assert read_verified_record(tmp_path) is None
+    (tmp_path / PULL_VERIFIED).write_text("{")
+    assert read_verified_record(tmp_path) is None
+
+
+def test_verify_copy_names_each_problem_exactly(tmp_path: Path) -> None:
+    from orchestrator.transfer.verify import Manifest, ManifestEntry, Problem, verify_copy
+
+    def entry(rel: str, data: bytes) -> ManifestEntry:
+        return ManifestEntry(rel, len(data), hashlib.sha256(data).hexdigest())
+
+    d = tmp_path / "copy"
+    (d / "run").mkdir(parents=True)
+    (d / "run" / "a.txt").write_bytes(b"aaa")
+    (d / "run" / "b.txt").write_bytes(b"bbb")
+    (d / "run" / "c.txt.tmp").write_bytes(b"partial")  # a transfer's leftover is not a file of the job
+    good = [entry("run/a.txt", b"aaa"), entry("run/b.txt", b"bbb")]
+
+    def check(files: list[ManifestEntry]) -> Problem | None:
+        return verify_copy(d, Manifest("c1", 1, "", tuple(files), "0" * 64))
+
+    assert check(good) is None
+    assert check([*good, entry("run/x.txt", b"x"), entry("run/y.txt", b"y")]) == Problem(
+        "missing-file", "missing 2 file(s): run/x.txt, run/y.txt")
+    assert check(good[:1]) == Problem("unexpected-file", "not in the manifest: run/b.txt")
+    assert check([good[0], entry("run/b.txt", b"bbbb")]) == Problem(
+        "size-mismatch", "run/b.txt has 3 bytes, the manifest says 4")
+    wrong = ManifestEntry("run/b.txt", 3, "f" * 64)
+    assert check([good[0], wrong]) == Problem(
+        "sha256-mismatch", f"run/b.txt has sha256 {hashlib.sha256(b'bbb').hexdigest()[:12]}, the manifest says "
+        f"{'f' * 12}")
+    (d / "run" / "link").symlink_to(d / "run" / "a.txt")
+    (d / "sub").mkdir()
+    (d / "sub" / "z.txt").write_bytes(b"z")  # a regular file after the odd ones: the walk goes on
+    (d / "dirlink").symlink_to(d / "run")
+    assert check([*good, entry("sub/z.txt", b"z")]) == Problem(
+        "unexpected-file", "not a regular file: dirlink, run/link")

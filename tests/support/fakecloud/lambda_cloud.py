@@ -298,13 +298,32 @@ class FakeLambda(FakeCloud):
             "file_system_names": list(inst.file_systems),
             "region": {"name": inst.region, "description": REGIONS.get(inst.region, inst.region)},
             "instance_type": self._type_json(inst.itype),
-            "hostname": f"{inst.ip.replace('.', '-')}.cloud.lambdalabs.example" if up else None,
-            "ip": inst.ip if up else None, "private_ip": "10.19.0.2" if up else None,
             "jupyter_token": "fakejupytertoken", "jupyter_url": f"https://jupyter-{inst.id[:8]}.example",
+            "actions": self._actions(inst),
         }
+        if up:  # the published API leaves the addresses out (never null) until the machine has them
+            out.update(hostname=f"{inst.ip.replace('.', '-')}.cloud.lambdalabs.example", ip=inst.ip,
+                       private_ip="10.19.0.2")
         if inst.name is not None:
             out["name"] = inst.name
         return out
+
+    @staticmethod
+    def _actions(inst: FakeInstance) -> dict[str, Any]:
+        """The published ``actions`` block: which operations the instance's state allows now."""
+        if inst.status == "booting":
+            blocked = {"available": False, "reason_code": "vm-has-not-launched",
+                       "reason_description": "the instance has not launched yet"}
+        elif inst.status in ("terminating", "terminated"):
+            blocked = {"available": False, "reason_code": "vm-is-terminating",
+                       "reason_description": "the instance is terminating"}
+        else:
+            blocked = {}
+        ok = blocked or {"available": True}
+        return {"migrate": {"available": False, "reason_code": "vm-is-too-old",
+                            "reason_description": "migration is not offered"},
+                "rebuild": ok, "restart": ok, "cold_reboot": ok,
+                "terminate": {"available": True} if inst.status in ("booting", "active", "unhealthy") else blocked}
 
     # -- operations -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Mutation testing of the modules that decide what is safe and what runs (mutmut).
+
+For each chosen module set this script copies the repository's tracked files into a scratch
+directory, writes a ``[tool.mutmut]`` section there naming the module's source files and ONLY the
+unit tests that exercise them, runs ``mutmut run`` (niced, ``--max-children`` workers), and prints
+per module how many mutants the tests killed, how many survived, timed out, or had no test at all:
+
+    python scripts/mutation.py verify patrol          # two module sets
+    python scripts/mutation.py --list                 # the module sets and their tests
+    python scripts/mutation.py scheduler --survivors  # also name every surviving mutant
+    python scripts/mutation.py ledger --keep /tmp/mut # keep the scratch copy (mutmut show <name> there)
+
+Score = (killed + timeout) / (all mutants - skipped), the same figure mutmut's own badge uses.
+This is a benchmark of the test suite, not part of it: it takes minutes per module (each mutant is
+one pytest run of the matching tests), so run one or two module sets at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class ModuleSet:
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+MODULES: dict[str, ModuleSet] = {
+    "verify": ModuleSet(("orchestrator/transfer/verify.py",), ("tests/unit/test_transfer.py",)),
+    "pull": ModuleSet(("orchestrator/transfer/pull.py",), ("tests/unit/test_transfer.py",)),
+    "patrol": ModuleSet(("orchestrator/patrol.py",), ("tests/unit/test_patrol_rules.py",)),
+    "scheduler": ModuleSet(
+        ("orchestrator/scheduler.py",), ("tests/unit/test_scheduler.py", "tests/unit/test_capacity.py")
+    ),
+    "queuefile": ModuleSet(
+        ("orchestrator/queuefile.py", "orchestrator/queueline.py", "orchestrator/queuegrid.py"),
+        ("tests/unit/test_queuefile.py", "tests/unit/test_queue_args.py"),
+    ),
+    "ledger": ModuleSet(("orchestrator/ledger/store.py",), ("tests/unit/test_ledger.py",)),
+    "specs": ModuleSet(
+        ("orchestrator/specs.py",), ("tests/unit/test_run_spec.py", "tests/unit/test_runconfig.py")
+    ),
+    "checkpoints": ModuleSet(
+        ("orchestrator/api/checkpoints.py",),
+        ("tests/unit/test_ship_checkpoint.py", "tests/unit/test_late_preemption.py"),
+    ),
+    # The agent's claim/launch code runs in the host agent's own process; its tests start real agents,
+    # so mutmut sees their coverage only where a test imports the module in-process.
+    "agent": ModuleSet(("payload/agent/gpuq_serve.py",), ("tests/integration/test_agent.py",)),
+}
+
+# Directories mutmut copies as they are (it copies the source roots and tests itself).
+ALSO_COPY = ("pyproject.toml", "docs", "examples", "profiles", "scripts", "README.md")
+
+
+def _status_names() -> dict[int | None, str]:
+    from mutmut.stats import status_by_exit_code  # mutmut's own exit-code -> status table
+
+    return status_by_exit_code  # type: ignore[no-any-return]
+
+
+def _toml_list(items: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def prepare(scratch: Path, module: ModuleSet) -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
+    for rel in tracked:
+        src = ROOT / rel
+        if not src.is_file():
+            continue
+        dst = scratch / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    also = [p for p in ALSO_COPY if (scratch / p).exists()]
+    section = "\n".join(
+        [
+            "",
+            "[tool.mutmut]",
+            f"source_paths = {_toml_list(['orchestrator', 'payload'])}",
+            f"paths_to_mutate = {_toml_list(['orchestrator', 'payload'])}",
+            f"only_mutate = {_toml_list(module.sources)}",
+            f"tests_dir = {_toml_list(module.tests)}",
+            f"also_copy = {_toml_list(also)}",
+            'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]',
+            "",
+        ]
+    )
+    with (scratch / "pyproject.toml").open("a") as fh:
+        fh.write(section)
+
+
+def count(scratch: Path, module: ModuleSet) -> tuple[Counter[str], list[str]]:
+    names = _status_names()
+    counts: Counter[str] = Counter()
+    survivors: list[str] = []
+    for source in module.sources:
+        meta = scratch / "mutants" / (source + ".meta")
+        if not meta.is_file():
+            continue
+        data = json.loads(meta.read_text())
+        for key, code in data.get("exit_code_by_key", {}).items():
+            status = names[code]
+            counts[status] += 1
+            if status == "survived":
+                survivors.append(key)
+    return counts, survivors
+
+
+def score(counts: Counter[str]) -> float | None:
+    tested = sum(counts.values()) - counts["skipped"]
+    if tested <= 0:
+        return None
+    return 100.0 * (counts["killed"] + counts["timeout"]) / tested
+
+
+def run_one(name: str, module: ModuleSet, args: argparse.Namespace) -> tuple[Counter[str], list[str]]:
+    keep = Path(args.keep) / name if args.keep else None
+    scratch = keep or Path(tempfile.mkdtemp(prefix=f"gpuq-mutation-{name}-"))
+    if keep and keep.exists():
+        shutil.rmtree(keep)
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        prepare(scratch, module)
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)  # the copies under mutants/ must win over the checkout
+        cmd = ["nice", "-n", str(args.nice), sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs)]
+        proc = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True)
+        if proc.returncode != 0 and not (scratch / "mutants").is_dir():
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+            raise SystemExit(f"mutmut failed for {name} (exit {proc.returncode}); rerun with --keep DIR to inspect")
+        return count(scratch, module)
+    finally:
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", help=f"module sets: {', '.join(MODULES)} (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the module sets and their tests")
+    parser.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1)")
+    parser.add_argument("--nice", type=int, default=10)
+    parser.add_argument("--survivors", action="store_true", help="name every surviving mutant")
+    parser.add_argument("--keep", metavar="DIR", help="keep each module's scratch copy under DIR/<module>")
+    args = parser.parse_args()
+    if args.list:
+        for name, m in MODULES.items():
+            print(f"{name:12} {' '.join(m.sources)}\n{'':12} tests: {' '.join(m.tests)}")
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown module set(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
+    chosen = args.modules or list(MODULES)
+    header = f"{'module':12} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7} {'no tests':>8} {'score':>6}"
+    rows = []
+    for name in chosen:
+        counts, survivors = run_one(name, MODULES[name], args)
+        s = score(counts)
+        rows.append(
+            f"{name:12} {sum(counts.values()):7} {counts['killed']:6} {counts['survived']:8} "
+            f"{counts['timeout']:7} {counts['no tests']:8} {'-' if s is None else f'{s:.1f}%':>6}"
+        )
+        print(f"[{name}] done: {rows[-1]}", flush=True)
+        if args.survivors:
+            for key in survivors:
+                print(f"    survived: {key}", flush=True)
+    print(header)
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
