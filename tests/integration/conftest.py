@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.gpuquser import User
 from tests.support.testhosts import FarmFactory, HostFarm, requirements_problem
 
 
@@ -45,3 +46,14 @@ def host_farm_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FarmF
     yield make
     for farm in farms:
         farm.teardown()
+
+
+@pytest.fixture
+def user(farm: HostFarm, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[User]:
+    """A gpuq user with a home of their own, working against the requesting module's ``farm``; every
+    process they started on the hosts is killed afterwards (a module may define its own ``user``)."""
+    home = tmp_path / "gpuq-home"
+    home.mkdir()
+    u = User(farm, home, f"/root/gpuq-{request.node.name[:40]}")
+    yield u
+    u.stop_everything()

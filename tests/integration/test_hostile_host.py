@@ -71,14 +71,6 @@ def farm(host_farm_module: Callable[..., HostFarm]) -> HostFarm:
     return host_farm_module(n=2, gpus=2)
 
 
-@pytest.fixture
-def user(farm: HostFarm, tmp_path: Path, request: pytest.FixtureRequest):
-    home = tmp_path / "gpuq-home"
-    home.mkdir()
-    u = User(farm, home, f"/root/gpuq-{request.node.name[:40]}")
-    yield u
-    u.stop_everything()
-
 
 def _tree(path: Path) -> dict[str, str]:
     return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"

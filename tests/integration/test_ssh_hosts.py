@@ -34,14 +34,6 @@ def farm(host_farm_module: Callable[..., HostFarm]) -> HostFarm:
     return host_farm_module(n=3, gpus=2)
 
 
-@pytest.fixture
-def user(farm: HostFarm, tmp_path: Path, request: pytest.FixtureRequest):
-    home = tmp_path / "gpuq-home"
-    home.mkdir()
-    u = User(farm, home, f"/root/gpuq-{request.node.name[:40]}")
-    yield u
-    u.stop_everything()
-
 
 def _project(tmp_path: Path, lines: list[str], epochs_config: str = TINY_CONFIG) -> Path:
     work = tmp_path / "project"

@@ -79,4 +79,4 @@ class User:
                     continue
                 stop.append(str(rec.get("pgid") or rec.get("pid")))
             if len(stop) > 1 and farm.hosts[i].init_alive():
-                farm.ssh(i, "sh", "-c", 'for g in "$@"; do kill -9 -- "-$g" 2>/dev/null; done; true', "sh", *stop[1:])
+                farm.ssh(i, "sh", "-c", 'for g in "$@"; do kill -9 "-$g" 2>/dev/null; done; true', "sh", *stop[1:])
