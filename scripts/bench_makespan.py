@@ -206,9 +206,9 @@ class PutCounter:
         self._orig: Callable[..., None] = ssh.SSHHost.put
         counter = self
 
-        def put(host: Any, local: Path, remote: str) -> None:
+        def put(host: Any, local: Path, remote: str, **kwargs: Any) -> None:  # progress=, as SSHHost.put
             counter.calls.append((host.name, remote, local.stat().st_size))
-            counter._orig(host, local, remote)
+            counter._orig(host, local, remote, **kwargs)
 
         ssh.SSHHost.put = put  # type: ignore[method-assign]
 
