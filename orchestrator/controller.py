@@ -341,6 +341,8 @@ def record_collected(ledger: Ledger, docs: dict[str, Any]) -> None:
                 if name in ("step", "epoch", "time", "kind") or not isinstance(value, (int, float)):
                     continue
                 metrics.append((scope, name, float(value), row.get("step"), row.get("epoch")))
+        for name, points in (summary.get("curves") or {}).items():  # checked finite and bounded at the edge
+            metrics += [("curve", name, float(value), int(step), None) for step, value in points]
         artifacts = [(str(f["path"]), int(f["bytes"]), str(f["sha256"])) for f in doc.get("files", [])]
         ledger.record_results(job_id, int(doc.get("attempt", 0)), metrics=metrics, artifacts=artifacts,
                               checkpoint=doc.get("ckpt"))

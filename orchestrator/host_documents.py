@@ -35,6 +35,8 @@ MAX_STR = 256 * 1024  # any one string the controller reads
 MAX_ID = 128  # job ids, states, schema names
 MAX_INT = 2**63 - 1
 NOISE_SHOWN = 200  # characters of shell noise quoted in the warning
+MAX_CURVES = 8  # learning curves per job (the headline metric and loss-like ones; gpuq report)
+MAX_CURVE_POINTS = 1_000  # points per curve (the agent sends at most 200)
 
 
 class ProtocolError(GpuqError):
@@ -120,9 +122,15 @@ class SummaryRow(_Open):
     epoch: AnyInt | float | None = None
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+CurvePoint = tuple[Annotated[float, Field(ge=-MAX_INT, le=MAX_INT, allow_inf_nan=False)], Finite]
+Curve = Annotated[list[CurvePoint], Field(max_length=MAX_CURVE_POINTS)]
+
+
 class Summary(_Open):
     final: SummaryRow | None = None
     best: SummaryRow | None = None
+    curves: Annotated[dict[Short, Curve], Field(max_length=MAX_CURVES)] = {}  # metric -> [[step, value]]
 
 
 class ResultCheckpoint(_Open):

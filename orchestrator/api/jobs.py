@@ -143,15 +143,24 @@ class ResultRow:
     mode: str = observed.DEFAULT_METRIC[1]
 
 
+def collect_missing(ctx: Context, jobs: Sequence[Job]) -> None:
+    """Read the summaries of SUCCEEDED jobs the ledger has no metrics of yet from their hosts
+    (one ``collect`` round trip per host)."""
+    have = {m.job_id for m in ctx.ledger.metrics(j.id for j in jobs)}
+    pending: dict[str, list[str]] = {}
+    for job in jobs:
+        if job.state == JobState.SUCCEEDED.value and job.id not in have and job.host:
+            pending.setdefault(job.host, []).append(job.id)
+    for name, ids in pending.items():
+        row = ctx.ledger.host(name)
+        if row is not None:
+            controller.collect(ctx.ledger, host_for(ctx, row), row.agent_bundle, ids)
+
+
 def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
-    have = {m.job_id for m in ctx.ledger.metrics(j.id for j in jobs)}
-    pending = [j for j in jobs if j.state == JobState.SUCCEEDED.value and j.id not in have]
-    for job in pending:
-        row = ctx.ledger.host(job.host or "")
-        if row is not None:
-            controller.collect(ctx.ledger, host_for(ctx, row), row.agent_bundle, [job.id])
+    collect_missing(ctx, jobs)
     metrics = ctx.ledger.metrics(j.id for j in jobs)
     every = ctx.ledger.attempts_of(j.id for j in jobs)
     latest = {a.job_id: a for a in every}

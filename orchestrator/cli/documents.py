@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.report.model import Report
+
 JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED"]
 Severity = Literal["info", "warn", "escalate"]
 
@@ -294,9 +296,9 @@ class WaitDocument(_Doc):
     jobs: list[JobStatus]
 
 
-DOCUMENTS: dict[str, type[_Doc]] = {
+DOCUMENTS: dict[str, type[BaseModel]] = {
     "status": StatusDocument, "submit": SubmitDocument, "results": ResultsDocument, "hosts": HostsDocument,
-    "host": HostDocument, "pull": PullDocument, "wait": WaitDocument,
+    "host": HostDocument, "pull": PullDocument, "wait": WaitDocument, "report": Report,
 }
 SCHEMA_DIR = Path("docs") / "schemas"
 

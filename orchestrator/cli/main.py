@@ -317,9 +317,10 @@ def _register_groups() -> None:
     from orchestrator.cli.cloud import down, resume, up
     from orchestrator.cli.health import doctor, patrol, reap, watch
     from orchestrator.cli.hosts import hosts
+    from orchestrator.cli.report import report
 
     cli.add_command(hosts)
-    for command in (patrol, watch, doctor, reap, up, down, resume):
+    for command in (patrol, watch, doctor, reap, up, down, resume, report):
         cli.add_command(command)
 
 

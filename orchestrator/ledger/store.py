@@ -556,10 +556,22 @@ class Ledger(PullRecords):
             )
         )
 
-    def metrics(self, job_ids: Iterable[str]) -> list[Metric]:
+    def metrics(self, job_ids: Iterable[str], scopes: Sequence[str] = ("final", "best")) -> list[Metric]:
+        """The jobs' final and best metrics (``scopes=("curve",)``: the learning curves' points)."""
         ids = list(job_ids)
         with self.reading() as s:
-            return list(s.exec(select(Metric).where(col(Metric.job_id).in_(ids)).order_by(col(Metric.id))))
+            return list(s.exec(select(Metric).where(col(Metric.job_id).in_(ids), col(Metric.scope).in_(scopes))
+                               .order_by(col(Metric.id))))
+
+    def curves(self, job_ids: Iterable[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+        """Job id -> metric name -> [(step, value)] in step order: what ``gpuq report`` draws."""
+        out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+        for m in self.metrics(job_ids, scopes=("curve",)):
+            out.setdefault(m.job_id, {}).setdefault(m.name, []).append((m.step or 0, m.value))
+        for by_name in out.values():
+            for points in by_name.values():
+                points.sort()
+        return out
 
     def artifacts(self, job_id: str) -> list[Artifact]:
         with self.reading() as s:

@@ -27,7 +27,7 @@ from typing import Any
 import gpuq_protocol as P
 from gpuq_files import atomic_write_json, read_json, sha256_hex
 from gpuq_procs import live_attempt
-from gpuq_runmetrics import run_summary
+from gpuq_runmetrics import payload_curves, run_summary
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -182,6 +182,9 @@ def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
     summary = project_summary(root, job_id, spec, write)
     if summary is None:
         summary = read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
+        if isinstance(summary, dict) and "curves" not in summary:  # gpuq's payload: from metrics.jsonl
+            summary["curves"] = payload_curves(os.path.join(root, P.JOBS_DIR, job_id), str(summary.get("metric")
+                                                                                           or "val_acc"))
     return {
         "attempt": _attempt_of(spec) if isinstance(spec, dict) else 0,
         "summary": summary if isinstance(summary, dict) else None,

@@ -28,6 +28,8 @@ from gpuq_observe import safe_globs
 
 MAX_METRICS_BYTES = 64 * 1024 * 1024
 MAX_CELL_CHARS = 256
+CURVE_POINTS = 200  # per metric, first and last kept (docs/report.md)
+CURVE_NAMES = 8  # the headline metric and the loss-like ones
 
 
 def _read_bounded(path: str, limit: int = MAX_METRICS_BYTES) -> tuple[str, str]:
@@ -153,6 +155,44 @@ def summarize(rows: list[dict[str, Any]], metric: str, mode: str) -> dict[str, A
             "steps": max(steps) if steps else 0, "rows": len(rows)}
 
 
+def downsample(points: list, limit: int = CURVE_POINTS) -> list:
+    """At most ``limit`` points spread evenly over the list, the first and the last always kept."""
+    if len(points) <= limit:
+        return points
+    last = len(points) - 1
+    picks = sorted({round(i * last / (limit - 1)) for i in range(limit)})
+    return [points[i] for i in picks]
+
+
+def curves(rows: list[dict[str, Any]], metric: str) -> dict[str, list[list[float]]]:
+    """The learning curves ``gpuq report`` draws: [step, value] of the headline metric and of every
+    column whose name contains "loss", finite values only, each downsampled to CURVE_POINTS."""
+    names = [metric]
+    for row in rows:
+        for key in row:
+            if "loss" in str(key).lower() and key not in names and len(names) < CURVE_NAMES:
+                names.append(str(key))
+    out: dict[str, list[list[float]]] = {}
+    for name in names:
+        points = []
+        for i, row in enumerate(rows):
+            v = number(row.get(name))
+            if v is not None and math.isfinite(v):
+                points.append([_step_of(row, i), v])
+        if points:
+            out[name] = downsample(points)
+    return out
+
+
+def payload_curves(job_dir: str, metric: str) -> dict[str, list[list[float]]]:
+    """Curves from the payload's result/metrics.jsonl (train lines carry loss, eval lines the metric)."""
+    try:
+        head, body = _read_bounded(os.path.join(job_dir, P.RESULT_DIR, P.METRICS_FILE))
+    except OSError:
+        return {}
+    return curves(jsonl_rows(head, body), metric)
+
+
 def _safe_rel(path: str) -> str | None:
     globs = safe_globs([path])
     return globs[0] if globs and not any(c in globs[0] for c in "*?[") else None
@@ -193,4 +233,5 @@ def run_summary(job_dir: str, run: dict[str, Any], attempt: int) -> dict[str, An
     out = summarize(rows, str(metric), mode)
     if out is not None:
         out["source"] = source
+        out["curves"] = curves(rows, str(metric))
     return out

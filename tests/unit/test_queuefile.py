@@ -603,7 +603,8 @@ config_paths = st.builds(
     st.sampled_from([".yaml", ".yml", ".json", ""]),
 )
 tasks = st.text(alphabet="abcRZ09_-#=./", min_size=1, max_size=12).filter(
-    lambda t: not t.startswith("#") and re.match(r"[a-z_]+=", t) is None
+    # a standalone "--" starts the trainer arguments: it is never a task
+    lambda t: not t.startswith("#") and re.match(r"[a-z_]+=", t) is None and t != "--"
 )
 separators = st.text(alphabet=" \t", min_size=1, max_size=3)
 

@@ -1,0 +1,1 @@
+"""``gpuq report``: which ablation cell won, by how much, and whether it is within the noise."""

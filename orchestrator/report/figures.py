@@ -1,0 +1,100 @@
+"""Learning-curve figures of ``gpuq report`` (PNG, matplotlib's Agg backend; the ``gpuq[report]`` extra).
+
+One figure per curve: the headline metric and the training loss against step.  One line per cell
+(the mean over its seeds at each logged step), a shaded band from the lowest to the highest seed,
+the baseline drawn black, thicker and dashed; the legend sits outside the plot, and a loss axis
+is logarithmic when its values span more than two decades.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import UsageError
+from orchestrator.report.model import Report
+
+Curves = Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]  # job id -> metric -> [(step, value)]
+LOG_SPAN = 100.0  # max/min above this: a log axis
+_LOSS_NAMES = ("loss", "train_loss", "train/loss", "training_loss")
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("gpuq report's figures need matplotlib: pip install 'gpuq[report]' "
+                         "(or pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curve_names(report: Report, curves: Curves) -> list[str]:
+    """The curves worth a figure: the headline metric, then the training loss (else any loss)."""
+    names = {name for by_name in curves.values() for name in by_name}
+    out = [report.metric] if report.metric in names else []
+    loss = next((n for n in _LOSS_NAMES if n in names), None) or next((n for n in sorted(names) if "loss" in n), None)
+    if loss is not None and loss not in out:
+        out.append(loss)
+    return out
+
+
+def cell_band(jobs: Sequence[str], curves: Curves, name: str) -> list[tuple[int, float, float, float]]:
+    """(step, mean, low, high) over the cell's seeds at each step any seed logged."""
+    at: dict[int, list[float]] = {}
+    for job in jobs:
+        for step, value in curves.get(job, {}).get(name, ()):
+            at.setdefault(int(step), []).append(float(value))
+    return [(step, math.fsum(v) / len(v), min(v), max(v)) for step, v in sorted(at.items())]
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64] or "metric"
+
+
+def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, Path]]:
+    """(curve name, PNG path) for each figure written under ``out``; none without curves."""
+    names = curve_names(report, curves)
+    if not names:
+        return []
+    plt = _pyplot()
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names:
+        fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
+        lows: list[float] = []
+        highs: list[float] = []
+        for cell in report.cells:
+            band = cell_band(cell.jobs, curves, name)
+            if not band:
+                continue
+            steps = [b[0] for b in band]
+            style = {"color": "black", "linewidth": 2.6, "linestyle": "--", "zorder": 5} if cell.is_baseline \
+                else {"linewidth": 1.6}
+            label = f"{cell.cell} (baseline)" if cell.is_baseline else cell.cell
+            seeds = len([j for j in cell.jobs if name in curves.get(j, {})])
+            line = ax.plot(steps, [b[1] for b in band], label=f"{label}, n={seeds}", **style)[0]
+            ax.fill_between(steps, [b[2] for b in band], [b[3] for b in band], color=line.get_color(), alpha=0.18,
+                            linewidth=0)
+            lows += [b[2] for b in band]
+            highs += [b[3] for b in band]
+        is_loss = "loss" in name.lower()
+        if is_loss and lows and min(lows) > 0 and max(highs) / min(lows) > LOG_SPAN:
+            ax.set_yscale("log")
+        ax.set_xlabel("step (optimizer steps)")
+        ax.set_ylabel(name)
+        better = "lower" if is_loss or (name == report.metric and report.mode == "min") else "higher"
+        sweeps = ", ".join(s.id for s in report.sweeps)
+        ax.set_title(f"{name} against step ({better} is better), sweep {sweeps}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9,
+                  title="cell: mean over seeds\nband: lowest to highest", title_fontsize=8)
+        path = out / f"curve-{_slug(name)}.png"
+        fig.savefig(path, bbox_inches="tight")
+        plt.close(fig)
+        written.append((name, path))
+    return written

@@ -1,0 +1,79 @@
+"""The report's document: what ``gpuq report --format json`` prints (docs/schemas/report.schema.json)
+and what the table, Markdown, CSV and HTML forms are drawn from."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Verdict = Literal["baseline", "better", "worse", "within noise", "n too small", "no data", "no baseline"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class CellRow(_Strict):
+    """One cell: the jobs of one ablation setting that differ only by seed (docs/report.md)."""
+
+    cell: str = Field(description="the cell's name: the job name without its seed part")
+    sweeps: list[str] = Field(description="sweep ids the cell's jobs come from")
+    jobs: list[str] = Field(description="job ids of every seed, finished or not")
+    names: list[str] = Field(description="job names, in the order of jobs")
+    n_finished: int = Field(description="seeds that SUCCEEDED and reported the metric: the only ones that count")
+    n_total: int
+    mean: float | None = Field(description="mean over finished seeds of each job's final metric value")
+    std: float | None = Field(description="sample standard deviation (n - 1); null below 2 seeds")
+    ci_low: float | None = Field(description="95 % Student-t confidence interval of the mean; null below 2 seeds")
+    ci_high: float | None
+    best: float | None = Field(description="the best value any finished seed reached during training (by mode)")
+    final: float | None = Field(description="the mean of the seeds' final values (the same number as mean)")
+    steps: int | None = Field(description="the most steps a finished seed reached")
+    gpu_hours: float = Field(description="GPU-hours of every attempt of every seed, unfinished ones included")
+    cost_usd: float | None = Field(description="what those attempts cost on priced hosts; null when none was priced")
+    is_baseline: bool
+    delta: float | None = Field(description="mean minus the baseline's mean")
+    delta_ci_low: float | None = Field(description="95 % Welch confidence interval of the delta")
+    delta_ci_high: float | None
+    p_value: float | None = Field(description="two-sided Welch t-test p-value of the delta")
+    verdict: Verdict
+    flags: list[str] = Field(description="warnings in words: a diverged seed, seeds that disagree")
+
+
+class SweepInfo(_Strict):
+    id: str
+    queue: str = Field(description="the queue file the sweep was submitted from")
+    queue_text: str = Field(description="the sweep's jobs as parsed from that file, one line each")
+    bundle_sha: str
+    created_at: float
+    hosts: list[str] = Field(description="hosts its attempts ran on")
+
+
+class FailureRow(_Strict):
+    job: str
+    name: str
+    cell: str
+    state: str
+    failure_class: str = Field(description="gpuq's failure class (docs/health.md), \"\" when not classified")
+    message: str
+    log_tail: list[str] = Field(description="the last lines of the job's log from a pulled copy, when there is one")
+
+
+class Report(_Strict):
+    """`gpuq report --format json`: per-cell statistics of one or more sweeps against a baseline."""
+
+    schema_: Literal["gpuq.cli.report/1"] = Field("gpuq.cli.report/1", alias="schema")
+    generated_at: float
+    sweeps: list[SweepInfo]
+    metric: str
+    mode: Literal["max", "min"]
+    baseline: str | None = Field(description="the baseline cell's name; null when there is none")
+    finished: int = Field(description="jobs that count: SUCCEEDED with the metric")
+    total: int
+    partial: bool = Field(description="some jobs have not finished: only finished ones count")
+    cells: list[CellRow]
+    failures: list[FailureRow]
+    gpu_hours: float
+    cost_usd: float | None
+    notes: list[str] = Field(description="what the reader must know: unfinished jobs, a missing baseline, ...")

@@ -1,0 +1,148 @@
+"""The statistics of ``gpuq report``, stdlib only (the controller carries no numpy or scipy).
+
+Student's t distribution through the regularized incomplete beta function (a continued fraction
+evaluated with the modified Lentz method), the 95 % confidence interval of a mean, and Welch's
+unequal-variance comparison of two means (Welch-Satterthwaite degrees of freedom).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CONFIDENCE = 0.95
+_EPS = 1e-15
+_TINY = 1e-300
+
+
+def mean(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("mean of no values")
+    return math.fsum(values) / len(values)
+
+
+def std(values: Sequence[float]) -> float | None:
+    """Sample standard deviation (n - 1 in the denominator); None below two values."""
+    if len(values) < 2:
+        return None
+    m = mean(values)
+    return math.sqrt(math.fsum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > _TINY else _TINY)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > _TINY else _TINY)
+        c = 1.0 + aa / c
+        c = c if abs(c) > _TINY else _TINY
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > _TINY else _TINY)
+        c = 1.0 + aa / c
+        c = c if abs(c) > _TINY else _TINY
+        step = d * c
+        h *= step
+        if abs(step - 1.0) < _EPS:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) for a, b > 0 and 0 <= x <= 1."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x={x} outside [0, 1]")
+    if x in (0.0, 1.0):
+        return x
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` > 0 degrees of freedom (df need not be whole: Welch)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, not {df}")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p, by bisection on ``t_cdf`` (to 1e-12 relative)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p={p} outside (0, 1)")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+
+
+def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
+    """The Student-t confidence interval of the mean; None below two values."""
+    s = std(values)
+    if s is None:
+        return None
+    n = len(values)
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * s / math.sqrt(n)
+    m = mean(values)
+    return Interval(m - half, m + half)
+
+
+@dataclass(frozen=True)
+class Welch:
+    """Welch's comparison of two means: ``delta`` = mean(a) - mean(b)."""
+
+    delta: float
+    ci: Interval
+    p_value: float
+    df: float | None  # None when both samples have zero variance
+
+
+def welch(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> Welch | None:
+    """Welch's t-test of mean(a) - mean(b); None unless both sides have at least two values.
+
+    Both samples without variance (every seed gave the same number): the difference is exact, so
+    its interval is the point itself and the p-value is 0 when the means differ, 1 when they do not.
+    """
+    sa, sb = std(a), std(b)
+    if sa is None or sb is None:
+        return None
+    delta = mean(a) - mean(b)
+    va, vb = sa * sa / len(a), sb * sb / len(b)
+    se2 = va + vb
+    if se2 == 0.0:
+        return Welch(delta, Interval(delta, delta), 0.0 if delta != 0.0 else 1.0, None)
+    df = se2 * se2 / ((va * va) / (len(a) - 1) + (vb * vb) / (len(b) - 1))
+    se = math.sqrt(se2)
+    half = t_quantile(0.5 + confidence / 2.0, df) * se
+    p = 2.0 * (1.0 - t_cdf(abs(delta) / se, df))
+    return Welch(delta, Interval(delta - half, delta + half), min(1.0, max(0.0, p)), df)
