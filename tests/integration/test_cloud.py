@@ -344,7 +344,9 @@ def test_lambda_host_failure_resumes_on_a_replacement_from_the_shipped_checkpoin
     gone = cloud.gpuq("down", "--sweep", after[job.id].sweep_id, "--yes")
     assert gone.returncode == 0, gone.stdout + gone.stderr
     # the failed instance (it may still bill), its replacement and the surviving one
-    assert gone.stdout.count(": terminated") == 3, gone.stdout
+    assert gone.stdout.count(": terminated") == 3, (gone.stdout, gone.stderr, {
+        n: (h.lease_state, h.instance_id) for n, h in cloud.hosts().items()}, [(j.name, j.host, j.state)
+                                                                               for j in cloud.jobs()])
     assert all(h.lease_state == "terminated" for h in cloud.hosts().values())
     assert RUNPOD_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
     assert LAMBDA_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
