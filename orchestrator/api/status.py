@@ -15,6 +15,7 @@ from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator import controller
+    from orchestrator.report.model import Report
 
 ALERTS_SHOWN = 20
 
@@ -31,6 +32,8 @@ class Snapshot:
     alerts: list[Event] = field(default_factory=list)  # the newest findings first
     lines: list[str] = field(default_factory=list)  # the tick's one line per host
     attempt_history: dict[str, list[Attempt]] = field(default_factory=dict)  # every attempt of each shown job
+    cells: Report | None = None  # the shown sweeps' per-cell report, when the dashboard asked for it
+    cells_error: str = ""  # why it could not be built
 
 
 def tick(ctx: Context) -> dict[str, controller.Probe]:

@@ -7,7 +7,8 @@ thread owns the terminal (cbreak mode and the alternate screen, restored on ever
 Ctrl-C, SIGTERM/SIGHUP, an exception), reads keys and redraws, so the view never waits on a probe.
 
 Keys: q quits; up/down or k/j scroll the jobs table one row, PgUp/PgDn (or space/b) a page,
-Home/End (g/G) to the ends; r ticks now.
+Home/End (g/G) to the ends; r ticks now; c switches the jobs table to the per-cell view (mean ± CI and
+the delta to the baseline so far, docs/report.md) and back.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ KEYS = {
     b"\x1b[5~": "pgup", b"b": "pgup", b"\x1b[6~": "pgdn", b" ": "pgdn",
     b"\x1b[H": "home", b"\x1bOH": "home", b"\x1b[1~": "home", b"\x1b[7~": "home", b"g": "home",
     b"\x1b[F": "end", b"\x1bOF": "end", b"\x1b[4~": "end", b"\x1b[8~": "end", b"G": "end",
-    b"q": "quit", b"Q": "quit", b"r": "refresh",
+    b"q": "quit", b"Q": "quit", b"r": "refresh", b"c": "cells",
 }
 _LONGEST_KEY = max(len(k) for k in KEYS)
 
@@ -188,8 +189,13 @@ def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float, p
     # the ledger's view first (instant, no probe; a bad --sweep fails here, before the screen changes)
     view = View(api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=False, states=states), interval_s=interval_s)
     # unreachable hosts back off (docs/health.md): a live view must not hammer a dead sshd every few seconds
-    ticker = Ticker(lambda: api.status(ctx, sweep=sweep, all_jobs=all_jobs, honour_backoff=True, probe=probe,
-                                       states=states), interval_s)
+    def fetch() -> Snapshot:
+        snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs, honour_backoff=True, probe=probe, states=states)
+        if view.show_cells:
+            with_cells(ctx, snap)
+        return snap
+
+    ticker = Ticker(fetch, interval_s)
     console = Console(highlight=False)
     fd = sys.stdin.fileno()
     code = 0
@@ -216,6 +222,20 @@ def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float, p
     return code
 
 
+def with_cells(ctx: Context, snap: Snapshot) -> None:
+    """Attach the per-cell report of the snapshot's sweeps (the ledger only: the tick just collected)."""
+    from orchestrator.api.report import build_report
+    from orchestrator.errors import GpuqError
+
+    sweeps = sorted({job.sweep_id for job in snap.jobs})
+    if not sweeps:
+        return
+    try:
+        snap.cells = build_report(ctx, sweeps, collect=False)
+    except GpuqError as exc:
+        snap.cells_error = str(exc).splitlines()[0]
+
+
 def _loop(live: Any, console: Console, fd: int, ticker: Ticker, view: View) -> None:
     seen, drawn_at, size, rows = -1, 0.0, None, 1
     view.history.add(view.snapshot)
@@ -239,6 +259,13 @@ def _loop(live: Any, console: Console, fd: int, ticker: Ticker, view: View) -> N
             if key == "refresh":
                 ticker.tick_now()
                 continue
-            total = len(view.snapshot.jobs)
+            if key == "cells":
+                view.show_cells, view.offset = not view.show_cells, 0
+                if view.show_cells and view.snapshot.cells is None:
+                    ticker.tick_now()  # the next tick builds the cells (from the ledger: no extra round trip)
+                drawn_at = 0.0
+                continue
+            cells = view.snapshot.cells
+            total = len(cells.cells) if view.show_cells and cells is not None else len(view.snapshot.jobs)
             view.offset = scroll(max(0, min(view.offset, total - rows)), key, rows=rows, total=total)
             drawn_at = 0.0

@@ -118,6 +118,7 @@ class View:
     updated_at: float | None = None  # when the newest probing tick ended (None: not yet)
     ticking: bool = False
     error: str = ""  # why the latest tick failed ("" when it did not)
+    show_cells: bool = False  # key c: the per-cell view instead of the jobs table
 
 
 def _gib(mib: object) -> str:
@@ -300,7 +301,7 @@ def footer(view: View, now: float) -> Table:
         left.append(" · probing…", style="cyan")
     if view.error:
         left.append(f" · last tick failed: {view.error}", style="red")
-    grid.add_row(left, Text("q quit  ↑↓ scroll  r refresh", style="dim"))
+    grid.add_row(left, Text("q quit  ↑↓ scroll  r refresh  c cells/jobs", style="dim"))
     return grid
 
 
@@ -325,12 +326,20 @@ def screen(view: View, now: float, width: int, height: int) -> tuple[Layout, int
     alerts_h = 2 + max(1, min(len(alerts), ALERT_ROWS))
     jobs_h = max(5, height - 1 - hosts_h - alerts_h)
     rows = jobs_capacity(jobs_h)
-    views = job_views(snap, now)
-    offset = max(0, min(view.offset, len(views) - rows))
+    if view.show_cells:
+        from orchestrator.cli.cellpanel import cells_panel
+
+        total = len(snap.cells.cells) if snap.cells is not None else 0
+        offset = max(0, min(view.offset, total - rows))
+        middle = cells_panel(snap.cells, snap.cells_error, offset=offset, rows=rows)
+    else:
+        views = job_views(snap, now)
+        offset = max(0, min(view.offset, len(views) - rows))
+        middle = jobs_panel(views, view.history, offset=offset, rows=rows)
     layout = Layout()
     layout.split_column(
         Layout(hosts, name="hosts", size=hosts_h),
-        Layout(jobs_panel(views, view.history, offset=offset, rows=rows), name="jobs", size=jobs_h),
+        Layout(middle, name="jobs", size=jobs_h),
         Layout(alerts_panel(alerts), name="alerts", size=alerts_h),
         Layout(footer(view, now), name="footer", size=1),
     )

@@ -67,25 +67,45 @@ def _ctx() -> Context:
         gc.enable()  # main() turns it off for start-up
 
 
+WIDE = 170  # terminal columns from which every column of the table fits
+
+
 def _table(doc: Report) -> None:
+    """The table on a terminal: every column when it fits, else mean ± CI half-width and delta ± CI,
+    with the flags, GPU-hours and cost below it (``--format md``/``csv`` have them all)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from orchestrator.cli.cellpanel import VERDICT_STYLE, plus_minus
     from orchestrator.report import tables
 
-    styles = {"better": "green", "worse": "red", "within noise": "yellow", "baseline": "bold", "n too small": "dim",
-              "no data": "dim"}
-    table = Table(title=escape(tables.heading(doc)), title_justify="left")
-    for i, name in enumerate(tables.COLUMNS):
-        table.add_column(name, justify="left" if i == 0 or name in ("verdict", "flags") else "right",
-                         overflow="fold")
-    for row in doc.cells:
-        values = [escape(v) for v in tables.cells(row)]
-        values[-2] = f"[{styles.get(row.verdict, '')}]{values[-2]}[/]" if styles.get(row.verdict) else values[-2]
-        table.add_row(*values)
     console = Console(highlight=False)
+    wide = console.width >= WIDE
+    columns = list(tables.COLUMNS) if wide else ["cell", "n", "mean ± CI", "Δ ± CI", "p", "verdict"]
+    table = Table(title=escape(tables.heading(doc)), title_justify="left")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("cell", "verdict", "flags") else "right",
+                         overflow="fold", no_wrap=name != "flags")
+    for row in doc.cells:
+        values = dict(zip(tables.COLUMNS, (escape(v) for v in tables.cells(row)), strict=True))
+        values["mean ± CI"] = plus_minus(row.mean, row.ci_low, row.ci_high)
+        if not wide:
+            values["cell"] = escape(row.cell)  # the verdict column says which is the baseline
+        values["Δ ± CI"] = "" if row.is_baseline else plus_minus(row.delta, row.delta_ci_low,
+                                                                             row.delta_ci_high, sign=True)
+        style = VERDICT_STYLE.get(row.verdict)
+        if style:
+            values["verdict"] = f"[{style}]{values['verdict']}[/]"
+        table.add_row(*(values[c] for c in columns))
     console.print(table)
+    if not wide:
+        for row in doc.cells:
+            for flag in row.flags:
+                console.print(f"[red]{escape(row.cell)}[/]: {escape(flag)}")
+        cost = tables.cost(doc.cost_usd)
+        console.print(f"GPU-hours {doc.gpu_hours:.2f}" + (f", cost {cost}" if cost else "")
+                      + f" · every column: a terminal {WIDE} wide, or --format md|csv|json|html")
     for note in doc.notes:
         console.print(f"[dim]note: {escape(note)}[/]")
     for fail in doc.failures:

@@ -38,3 +38,9 @@ def test_example_queue_runs_to_success_on_the_local_host(gpuq_home: Path) -> Non
     rows = list(csv.DictReader(io.StringIO(run_gpuq("results", "--csv").stdout)))
     assert len(rows) == len(jobs)
     assert all(0.0 <= float(r["final_val_acc"]) <= 1.0 for r in rows)
+
+    report = run_gpuq("report")  # the README's first command ends here: one seed per cell, so no verdicts yet
+    assert report.returncode == 0, report.stderr
+    rows = [line.strip("│ ").split() for line in report.stdout.splitlines() if line.startswith("│")]
+    assert {r[0]: r[-1] for r in rows} == {"baseline": "baseline", "wide": "small", "no_aug": "small",
+                                           "lr_high": "small"}, report.stdout  # "n too small"

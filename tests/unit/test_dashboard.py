@@ -418,3 +418,29 @@ def test_a_trainer_without_heartbeat_shows_the_percentage_its_log_gives(capsys: 
     assert view.fraction == pytest.approx(0.12)
     render.status_table(snap)
     assert "12% 2m 12/100" in capsys.readouterr().out
+
+
+def test_key_c_switches_to_the_per_cell_view(gpuq_home: Path, tmp_path: Path) -> None:
+    from orchestrator import api
+    from tests.unit.test_report_build import QUEUE, VALUES, _sweep
+
+    assert dashboard.parse_keys(b"c") == ["cells"]
+    ctx = api.open_context()
+    _sweep(ctx, tmp_path, "qcells1", QUEUE, {k: v for k, v in VALUES.items() if k != "wide-seed2"},
+           running=("wide-seed2",))
+    snap = api.status(ctx, probe=False)
+    view = View(snap, show_cells=True)
+    text, _ = _frame(view, width=200)
+    assert "computing the cells" in text  # toggled before the next tick built them
+    dashboard.with_cells(ctx, snap)
+    text, _ = _frame(view, width=200)
+    assert "cells · val_acc (higher is better) · 10/12 jobs finished" in text
+    words = [line.strip("│ ").split() for line in text.splitlines()]
+    lines = {w[0]: " ".join(w) for w in words if w and w[0] in ("baseline", "wide", "lr_high", "no_aug", "flat")}
+    assert "3/4" in lines["baseline"] and "0.82 ± 0.05" in lines["baseline"]
+    # wide so far: two seeds 0.90, 0.92 vs the baseline's three
+    assert "2/3" in lines["wide"] and "0.91 ± 0.13" in lines["wide"] and "better" in lines["wide"]
+    assert "worse" in lines["lr_high"] and "diverged" in lines["lr_high"]
+    assert "n too small" in lines["no_aug"]
+    view.show_cells = False
+    assert "cells ·" not in _frame(view, width=200)[0]
