@@ -41,7 +41,9 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
     if fmt == "html" and out_dir is not None:
         from orchestrator.report.html import write_report
 
-        page = write_report(doc, ctx.ledger.curves(j for cell in doc.cells for j in cell.jobs), out_dir)
+        from orchestrator.report.figures import drawn_cells
+
+        page = write_report(doc, ctx.ledger.curves(j for cell in drawn_cells(doc) for j in cell.jobs), out_dir)
         click.echo(f"wrote {page}")
         return
     if fmt in ("md", "csv", "json"):

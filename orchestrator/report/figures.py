@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.report.model import Report
+from orchestrator.report.model import CellRow, Report
 
 Curves = Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]  # job id -> metric -> [(step, value)]
 LOG_SPAN = 100.0  # max/min above this: a log axis
+MAX_LINES = 12  # cells drawn per figure: the baseline and the best others by mean (more are unreadable)
 _LOSS_NAMES = ("loss", "train_loss", "train/loss", "training_loss")
 
 
@@ -52,6 +53,18 @@ def cell_band(jobs: Sequence[str], curves: Curves, name: str) -> list[tuple[int,
     return [(step, math.fsum(v) / len(v), min(v), max(v)) for step, v in sorted(at.items())]
 
 
+def drawn_cells(report: Report) -> list[CellRow]:
+    """The baseline and the best other cells by mean (by mode), at most MAX_LINES, in table order."""
+    sign = 1.0 if report.mode == "min" else -1.0
+    others = [c for c in report.cells if not c.is_baseline and c.mean is not None]
+    others.sort(key=lambda c: sign * (c.mean or 0.0))
+    keep = {id(c) for c in others[:MAX_LINES - 1]}
+    keep |= {id(c) for c in report.cells if c.is_baseline}
+    if len(report.cells) <= MAX_LINES:
+        return list(report.cells)
+    return [c for c in report.cells if id(c) in keep]
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64] or "metric"
 
@@ -68,7 +81,8 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
         fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
         lows: list[float] = []
         highs: list[float] = []
-        for cell in report.cells:
+        shown = drawn_cells(report)
+        for cell in shown:
             band = cell_band(cell.jobs, curves, name)
             if not band:
                 continue
@@ -89,7 +103,8 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
         ax.set_ylabel(name)
         better = "lower" if is_loss or (name == report.metric and report.mode == "min") else "higher"
         sweeps = ", ".join(s.id for s in report.sweeps)
-        ax.set_title(f"{name} against step ({better} is better), sweep {sweeps}")
+        some = f", the best {len(shown)} of {len(report.cells)} cells" if len(shown) < len(report.cells) else ""
+        ax.set_title(f"{name} against step ({better} is better), sweep {sweeps}{some}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9,
                   title="cell: mean over seeds\nband: lowest to highest", title_fontsize=8)
