@@ -4,7 +4,10 @@ without end is stopped (docs/security.md)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from orchestrator.errors import HostError, HostKeyError
 from orchestrator.fleet import key_fingerprint
 from orchestrator.hosts.ssh import SSHHost
+from tests.conftest import ROOT
 from tests.integration.test_ssh_host import make_host
 from tests.support.testhosts import FarmFactory, HostFarm
 
@@ -119,3 +123,55 @@ def test_known_hosts_edits_are_locked_across_processes(tmp_path: Path) -> None:
         assert busy.returncode != 0 and b"BlockingIOError" in busy.stderr
     free = subprocess.run(["python3", "-c", probe, str(known) + ".lock"], capture_output=True)
     assert free.returncode == 0
+
+
+RACER = r"""
+import sys, threading, time
+from pathlib import Path
+from types import SimpleNamespace
+
+import paramiko
+
+from orchestrator.fleet import forget_keys
+from orchestrator.hosts.knownhosts import TrustPolicy, load_trust
+from orchestrator.hosts.sshconfig import Endpoint
+
+role, home, start, rounds = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+known = home / "known_hosts"
+key = paramiko.RSAKey.generate(1024)
+settings = SimpleNamespace(home=home)
+while time.time() < start:  # both processes begin together
+    time.sleep(0.001)
+for i in range(rounds):
+    host = f"[10.9.{i // 250}.{i % 250}]:2222" if role == "tofu" else "[10.8.0.1]:2222"
+    policy = TrustPolicy(host, known, True, threading.Lock(), load_trust(known, home / "user_known_hosts"))
+    policy.missing_host_key(paramiko.SSHClient(), host, key)  # trust on first use: append, locked
+    if role == "churn":
+        assert forget_keys(settings, Endpoint(hostname="10.8.0.1", port=2222)) == 1  # read, rewrite, replace
+"""
+
+
+def test_trust_on_first_use_in_one_process_survives_rewrites_in_another(tmp_path: Path) -> None:
+    """Two gpuq processes on one known_hosts: one trusts new hosts (append), the other keeps adding and
+    forgetting a key (read-modify-write, as `gpuq down` and `gpuq hosts trust` do).  Every entry the
+    first one recorded must be there at the end; without the cross-process lock the rewrite drops some."""
+    rounds = 300
+    script = tmp_path / "racer.py"
+    script.write_text(RACER)
+    start = time.time() + 3.0  # after both interpreters have imported paramiko
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, str(script), role, str(tmp_path), str(start), str(rounds)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for role in ("tofu", "churn")]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    lines = (tmp_path / "known_hosts").read_text().splitlines()
+    recorded = {line.split()[0] for line in lines}
+    missing = [f"[10.9.{i // 250}.{i % 250}]:2222" for i in range(rounds)
+               if f"[10.9.{i // 250}.{i % 250}]:2222" not in recorded]
+    assert not missing, f"{len(missing)} trusted entries lost, e.g. {missing[:3]}"
+    assert "[10.8.0.1]:2222" not in recorded and len(lines) == rounds
