@@ -32,6 +32,7 @@ from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Host as HostRow
 from orchestrator.ledger import Job
 from orchestrator.states import JobState
+from orchestrator.transfer.verify import checkpoint_problem
 
 CHECKPOINTS_DIR = "checkpoints"
 JOB_ID_RE = re.compile(r"c[0-9a-f]{12}")
@@ -119,8 +120,17 @@ def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, entry: dict[str
                                 unless_repeated=True)
         return False
     pointer, part = fetched
-    previous = newest_durable(ctx, job_id)
     name = str(pointer["file"])
+    if not name.startswith(protocol.RUN_DIR + "/"):
+        # gpuq's payload checkpoint: a torch archive of plain state, read by opcodes (never unpickled);
+        # one that needs more than a state dict's globals is never kept, so never pushed to another host
+        why = checkpoint_problem(part)
+        if why is not None:
+            part.unlink(missing_ok=True)
+            ctx.ledger.record_event("job", job_id, f"checkpoint {name} from {row.name} refused: {why}; the "
+                                    "controller keeps its previous copy", unless_repeated=True)
+            return False
+    previous = newest_durable(ctx, job_id)
     final = target_dir.joinpath(*name.split("/"))
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(part, final)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -177,3 +178,89 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
     hosts = {h["name"]: h for h in json.loads(done.stdout)["hosts"]}
     assert hosts["g0"]["reachable"] and hosts["g0"]["error"] == "", hosts["g0"]
     assert [line for line in done.stderr.splitlines() if "shell start-up" in line and "g0" in line], done.stderr
+
+
+BOOM_MARKER = "gpuq-pwned-by-a-checkpoint"
+
+
+def _hostile_archive(marker: Path) -> bytes:
+    """A torch-format checkpoint archive whose pickle runs `touch MARKER` when unpickled."""
+    import io
+    import pickle
+    import zipfile
+
+    class Boom:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps({"model": Boom(), "step": 999}, protocol=2))
+        zf.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+def test_a_hostile_checkpoint_is_refused_and_never_kept_for_another_host(user: User, farm: HostFarm,
+                                                                          tmp_path: Path) -> None:
+    """Issue: a checkpoint shipped home from host A is pushed to host B on resume.  Host A turns hostile
+    mid-run and offers a checkpoint whose pickle would run a command: the controller reads its opcodes
+    only, refuses it with a finding naming the host, keeps the last sound copy (the one a resume would
+    push), and nothing runs or changes outside $GPUQ_HOME."""
+    marker = Path("/tmp") / BOOM_MARKER
+    marker.unlink(missing_ok=True)
+    decoy = tmp_path / "decoy"
+    (decoy / ".ssh").mkdir(parents=True)
+    (decoy / ".ssh" / "id_ed25519").write_text("secret key\n")
+    before = _tree(decoy)
+    user.env["GPUQ_SHIP_CHECKPOINTS"] = "always"  # the namespace hosts stand in for rented ones
+    user.add_hosts(2)
+    work = tmp_path / "project"
+    (work / "configs").mkdir(parents=True)
+    # slow steps: the run is still going when A turns hostile
+    config = (TINY_CONFIG.replace("n_train: 256", "n_train: 3072")
+              .replace("ckpt_every_steps: 0", "ckpt_every_steps: 4") + "test_hook_step_sleep_s: 0.2\n")
+    (work / "configs" / "long.yaml").write_text(config)
+    (work / "queue.txt").write_text("configs/long.yaml classify 3 name=long gpus=1 host=g0\n")
+    assert user.gpuq("submit", str(work / "queue.txt")).returncode == 0
+    (job,) = user.status_doc()["jobs"]
+    home_ckpt = user.home / "checkpoints" / job["id"]
+    host_ckpt = user.host_dir(0) / "jobs" / job["id"] / "ckpt"
+
+    def shipped_step() -> int:
+        try:
+            return int(json.loads((home_ckpt / "LATEST").read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            return -1
+
+    def tick_ships() -> bool:
+        user.gpuq("patrol")
+        return shipped_step() > 0
+
+    assert wait_for(tick_ships, timeout=300, interval=1.0), user.logs_of_unfinished()
+    sound = json.loads((home_ckpt / "LATEST").read_text())
+
+    # host A turns hostile: its processes frozen (the trainer writes no more), a crafted checkpoint and pointer
+    assert farm.signal_workload(0, signal.SIGSTOP)
+    try:
+        evil = _hostile_archive(marker)
+        name = "latest-000099999.pt"
+        (host_ckpt / name).write_bytes(evil)
+        (host_ckpt / "LATEST").write_text(json.dumps({
+            "file": name, "step": 99999, "epoch": 2, "bytes": len(evil), "written_at": 1.0,
+            "sha256": hashlib.sha256(evil).hexdigest()}))
+        patrol = user.gpuq("patrol")
+        assert patrol.returncode in (0, 1), patrol.stderr
+        import sqlite3
+
+        with sqlite3.connect(user.home / "ledger.db") as db:
+            messages = [m for (m,) in db.execute("SELECT message FROM event WHERE subject = ?", (job["id"],))]
+        refused = [m for m in messages if f"checkpoint {name} from g0 refused" in m]
+        assert refused and "references posix.system" in refused[0], (messages[-5:], patrol.stdout)
+        # the controller kept the sound copy: a resume on host B gets that one, never the crafted one
+        assert json.loads((home_ckpt / "LATEST").read_text())["sha256"] == sound["sha256"]
+        assert not (home_ckpt / name).exists() and not list(home_ckpt.glob(".checkpoint.part"))
+    finally:
+        farm.signal_workload(0, signal.SIGCONT)
+    assert not marker.exists() and not (farm.hosts[1].tmp / BOOM_MARKER).exists()
+    assert _tree(decoy) == before
+    user.gpuq("cancel", "--all", "-y")

@@ -4,7 +4,10 @@ agent's ``snapshot`` verb)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import pickle
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,24 @@ def host(tmp_path: Path) -> LocalHost:
     root = tmp_path / "host"
     install_agent(root)
     return LocalHost(root)
+
+
+def archive(payload: bytes | None = None) -> bytes:
+    """A torch-format checkpoint (a zip with one ``<name>/data.pkl``) built without torch: by default a
+    pickled state dict of plain values."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("archive/data.pkl", payload if payload is not None else pickle.dumps({"step": 8, "lr": 0.1},
+                                                                                        protocol=2))
+        zf.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, ("touch /tmp/gpuq-pwned-by-checkpoint",))
 
 
 def _save(root: Path, step: int, data: bytes, job: str = JOB) -> dict[str, object]:
@@ -66,7 +87,7 @@ def test_no_checkpoint_yet_is_said_plainly(host: LocalHost, tmp_path: Path) -> N
 
 # --- a host's status document is untrusted (docs/security.md) ------------------------------------
 
-from orchestrator.api.checkpoints import safe_checkpoint_file, ship_checkpoints  # noqa: E402
+from orchestrator.api.checkpoints import newest_durable, safe_checkpoint_file, ship_checkpoints  # noqa: E402
 from orchestrator.api.context import open_context  # noqa: E402
 from orchestrator.specs import JobSpec, job_id_for  # noqa: E402
 from orchestrator.states import AttemptState, JobState  # noqa: E402
@@ -106,7 +127,7 @@ def test_a_status_document_cannot_make_the_controller_write_outside_its_job(
         ctx.ledger.start_attempt(mine, host="local", bundle_sha=SHA)
         ctx.ledger.transition(mine, AttemptState.RUNNING, attempt=1)
         ctx.ledger.transition(mine, JobState.RUNNING)
-        pointer = _save(Path(local.root), 8, b"eight!", mine)
+        pointer = _save(Path(local.root), 8, archive(), mine)
         # the host also lies: a LATEST that names a file outside ckpt/
         other = "c" + "0" * 12
         evil_dir = Path(local.root) / "jobs" / other / "ckpt"
@@ -129,3 +150,42 @@ def test_a_status_document_cannot_make_the_controller_write_outside_its_job(
     written = sorted(p.relative_to(home / "checkpoints").as_posix() for p in (home / "checkpoints").rglob("*")
                      if p.is_file())
     assert written == [f"{mine}/LATEST", f"{mine}/latest-000000008.pt"]
+
+
+def test_a_checkpoint_that_needs_more_than_a_state_dict_is_refused_and_the_old_copy_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host A ships a checkpoint whose pickle calls os.system: the controller reads its opcodes (never
+    unpickles it), refuses it with an event naming the host and why, and keeps its previous copy, so a
+    resume can never push it to another host."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUQ_HOME", str(home))
+    ctx = open_context()
+    try:
+        local = ctx.fleet.local()
+        install_agent(Path(local.root))
+        ctx.ledger.update_host("local", agent_bundle=SHA)
+        ctx.ledger.add_sweep(sweep_id="qbbbbbb", queue_path="q.txt", workdir=str(tmp_path), queue_text="",
+                             jobs=[JobSpec(name="a", config="c.yaml", task="t")], default_retries=0)
+        mine = job_id_for("qbbbbbb", "a")
+        ctx.ledger.start_attempt(mine, host="local", bundle_sha=SHA)
+        ctx.ledger.transition(mine, AttemptState.RUNNING, attempt=1)
+        ctx.ledger.transition(mine, JobState.RUNNING)
+        row = ctx.ledger.host("local")
+        assert row is not None
+        good = _save(Path(local.root), 8, archive(), mine)
+        assert ship_checkpoints(ctx, row, {"jobs": [{"job_id": mine, "state": "running", "attempt": 1,
+                                                     "ckpt": good}]}) == [mine]
+        evil = _save(Path(local.root), 16, archive(pickle.dumps({"w": _Boom()}, protocol=2)), mine)
+        assert ship_checkpoints(ctx, row, {"jobs": [{"job_id": mine, "state": "running", "attempt": 1,
+                                                     "ckpt": evil}]}) == []
+        kept = newest_durable(ctx, mine)
+        events = [e.message for e in ctx.ledger.events(subject=mine)]
+    finally:
+        ctx.close()
+    assert kept is not None and (kept.step, kept.sha256) == (8, good["sha256"])
+    assert events[-1] == ("checkpoint latest-000000016.pt from local refused: it references posix.system, which "
+                          "torch.load(weights_only=True) refuses; the controller keeps its previous copy")
+    written = sorted(p.relative_to(home / "checkpoints").as_posix() for p in (home / "checkpoints").rglob("*")
+                     if p.is_file())
+    assert written == [f"{mine}/LATEST", f"{mine}/latest-000000008.pt"]
+    assert not Path("/tmp/gpuq-pwned-by-checkpoint").exists()
