@@ -3,39 +3,22 @@
 
 from __future__ import annotations
 
-import importlib
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tests.support import fake_nvidia_smi
+from tests.support.agentmodule import load_agent_module
 
-AGENT = Path(__file__).resolve().parents[2] / "payload" / "agent"
-
-
-def _load(name: str) -> ModuleType:
-    """Import an agent module (stdlib only, imported by sibling name) without writing .pyc files
-    into payload/ (bundles must be byte-identical to the repository)."""
-    if str(AGENT) not in sys.path:
-        sys.path.insert(0, str(AGENT))
-    before = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.dont_write_bytecode = before
-
-
-K = _load("gpuq_kernel")
-H = _load("gpuq_health")
-R = _load("gpuq_reap")
-PROTO = _load("gpuq_protocol")
+K = load_agent_module("gpuq_kernel")
+H = load_agent_module("gpuq_health")
+R = load_agent_module("gpuq_reap")
+PROTO = load_agent_module("gpuq_protocol")
 
 XID79 = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 

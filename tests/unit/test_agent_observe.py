@@ -4,32 +4,17 @@ regex.  Pure functions on strings and a tmp dir; hostile input included."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-AGENT = Path(__file__).resolve().parents[2] / "payload" / "agent"
+from tests.support.agentmodule import load_agent_module
 
-
-def _load(name: str) -> ModuleType:
-    if str(AGENT) not in sys.path:
-        sys.path.insert(0, str(AGENT))
-    before = sys.dont_write_bytecode
-    sys.dont_write_bytecode = True
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.dont_write_bytecode = before
-
-
-OB = _load("gpuq_observe")
-M = _load("gpuq_runmetrics")
+OB = load_agent_module("gpuq_observe")
+M = load_agent_module("gpuq_runmetrics")
 
 
 # --- progress ------------------------------------------------------------------------
