@@ -11,7 +11,7 @@ from orchestrator import controller, observed, protocol, transfer
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.status import tick
 from orchestrator.cost import JobCost, job_cost
-from orchestrator.errors import GpuqError, JobNotFound, UsageError
+from orchestrator.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
@@ -124,7 +124,11 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
             verdicts = dict(line.split(" ", 1) for line in lines if " " in line)
         for job in held:
             verdict = verdicts.get(job.id) or result.stderr.strip() or f"agent exit {result.exit_code}"
-            ctx.ledger.transition(job.id, JobState.CANCELLED, message=f"cancelled by user ({verdict})")
+            try:
+                ctx.ledger.transition(job.id, JobState.CANCELLED, message=f"cancelled by user ({verdict})")
+            except IllegalTransition:  # another gpuq command recorded its end meanwhile: nothing to cancel
+                out.append(CancelOutcome(job, f"already {ctx.ledger.job(job.id).state}"))
+                continue
             out.append(CancelOutcome(job, verdict))
     order = {job.id: i for i, job in enumerate(jobs)}
     return sorted(out, key=lambda o: order[o.job.id])

@@ -39,9 +39,8 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
     ctx = _ctx()
     doc = build_report(ctx, list(sweeps), baseline=baseline, metric=metric, mode=mode)
     if fmt == "html" and out_dir is not None:
-        from orchestrator.report.html import write_report
-
         from orchestrator.report.figures import drawn_cells
+        from orchestrator.report.html import write_report
 
         page = write_report(doc, ctx.ledger.curves(j for cell in drawn_cells(doc) for j in cell.jobs), out_dir)
         click.echo(f"wrote {page}")

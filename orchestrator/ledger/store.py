@@ -599,7 +599,7 @@ class Ledger(PullRecords):
 
     def checkpoint_bytes_by_config(self) -> dict[str, int]:
         """Largest checkpoint ever recorded per config path (disk budgets of the scheduler)."""
-        from sqlalchemy import delete, func, insert
+        from sqlalchemy import func
 
         with self.reading() as s:
             rows = s.exec(

@@ -120,7 +120,8 @@ def test_racing_commands_launch_each_attempt_once(host_farm, tmp_path: Path) -> 
                 touched.add(victim["id"])
                 out = user.gpuq("cancel", "-y", victim["id"])
                 actions.append(f"cancel {victim['name']} ({victim['state']}): exit {out.returncode}: "
-                               f"{out.stdout.strip()}")
+                               f"{out.stdout.strip()} {out.stderr.strip()}")
+                assert out.returncode == 0, actions[-1]  # a cancel that races the job's end says so
                 # a job that ended between the pick and the cancel is "already <STATE>" (a loaded machine
                 # runs out of unstarted jobs); every other answer is a cancellation the ledger must show
                 ended = re.search(r" already ([A-Z]+)$", out.stdout.strip())
