@@ -21,6 +21,9 @@ FAKE_SMI = REPO / "tests" / "support" / "fake_nvidia_smi.py"
 
 
 def load() -> ModuleType:
+    """The script as `python scripts/gpu_check.py` runs it: its own directory first on sys.path."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
