@@ -379,9 +379,10 @@ def _agent_run(times: Sequence[float], queue: Sequence[QueuedJob], speed: float)
                 waiting.append(job)
         pending = waiting
         later = [t for t in slots if t > now]
-        if not later:
-            break  # cannot happen: a pending job fits the host, so some slot is busy
-        now = min(later)
+        if later:
+            now = min(later)
+        # else: only zero-length jobs started, and every slot is free again at `now`: the next
+        # round starts the waiting jobs (each fits the host), so the loop always progresses
     return out
 
 

@@ -43,7 +43,8 @@ MODULES: dict[str, ModuleSet] = {
     "pull": ModuleSet(("orchestrator/transfer/pull.py",), ("tests/unit/test_transfer.py",)),
     "patrol": ModuleSet(("orchestrator/patrol.py",), ("tests/unit/test_patrol_rules.py",)),
     "scheduler": ModuleSet(
-        ("orchestrator/scheduler.py",), ("tests/unit/test_scheduler.py", "tests/unit/test_capacity.py")
+        ("orchestrator/scheduler.py",),
+        ("tests/unit/test_scheduler.py", "tests/unit/test_scheduler_edges.py", "tests/unit/test_capacity.py"),
     ),
     "queuefile": ModuleSet(
         ("orchestrator/queuefile.py", "orchestrator/queueline.py", "orchestrator/queuegrid.py"),
