@@ -52,7 +52,8 @@ MODULES: dict[str, ModuleSet] = {
     ),
     "ledger": ModuleSet(("orchestrator/ledger/store.py",), ("tests/unit/test_ledger.py",)),
     "specs": ModuleSet(
-        ("orchestrator/specs.py",), ("tests/unit/test_run_spec.py", "tests/unit/test_runconfig.py")
+        ("orchestrator/specs.py",),
+        ("tests/unit/test_specs.py", "tests/unit/test_run_spec.py", "tests/unit/test_runconfig.py"),
     ),
     "checkpoints": ModuleSet(
         ("orchestrator/api/checkpoints.py",),
