@@ -170,7 +170,7 @@ def down_plan(ctx: Context, names: Sequence[str] = (), *, sweep: str | None = No
         sweep_id = ctx.ledger.resolve_sweep(sweep).id
         jobs = ctx.ledger.jobs(sweep_id=sweep_id)  # every host an attempt ran on: a lost one may still bill
         used = {j.host for j in jobs if j.host} | {a.host for a in ctx.ledger.attempts_of(j.id for j in jobs)}
-        rows += [r for r in ctx.ledger.hosts() if r.name in used and r.provider]
+        rows += [r for r in ctx.ledger.hosts() if r.name in (used | _replacements_of(ctx, used)) and r.provider]
     for name in names:
         row = ctx.ledger.host(name)
         if row is None:
@@ -198,6 +198,23 @@ def down_plan(ctx: Context, names: Sequence[str] = (), *, sweep: str | None = No
                                  "to lose them")
     keep = [r for r in rows if r.name not in refused]
     return DownPlan(keep, refused, sum(r.price_per_hour or 0.0 for r in keep))
+
+
+def _replacements_of(ctx: Context, names: set[str]) -> set[str]:
+    """Every host rented to replace one of ``names`` (and their replacements in turn): `gpuq resume`
+    rents one for a sweep's lost host, and it bills even when the sweep's jobs ran elsewhere."""
+    replaced_by: dict[str, list[str]] = {}
+    for row in ctx.ledger.hosts():
+        if row.replaces:
+            replaced_by.setdefault(row.replaces, []).append(row.name)
+    found: set[str] = set()
+    todo = list(names)
+    while todo:
+        for new in replaced_by.get(todo.pop(), []):
+            if new not in found and new not in names:
+                found.add(new)
+                todo.append(new)
+    return found
 
 
 def down(ctx: Context, plan: DownPlan) -> dict[str, str]:
@@ -367,6 +384,7 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
         return f"failed: no replacement: {exc}"
     if not made.hosts:
         return f"failed: the replacement never became usable: {'; '.join(made.failed.values())}"
+    ctx.ledger.update_host(made.hosts[0].name, replaces=row.name)
     _allow_replacement(ctx, row.name, made.hosts[0].name)
     return f"replaced by {made.hosts[0].name} ({made.instances[0].id})"
 

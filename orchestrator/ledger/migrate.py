@@ -252,8 +252,13 @@ def _v6_run(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sweep ADD COLUMN run VARCHAR NOT NULL DEFAULT ''")
 
 
+def _v7_replacements(conn: sqlite3.Connection) -> None:
+    """A replacement host names the rented host it replaced."""
+    conn.execute("ALTER TABLE host ADD COLUMN replaces VARCHAR NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
-                                                          _v5_providers, _v6_run]
+                                                          _v5_providers, _v6_run, _v7_replacements]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -49,6 +49,8 @@ class Host(SQLModel, table=True):
     lease_state: str = ""  # "" | "running" | "preempted" | "stopped" | "failed" | "terminated"
     lease_reason: str = ""  # the provider's words (RunPod lastStatusChange, Lambda status)
     lease_changed_at: float | None = None
+    # v7: the rented host this one replaced (`gpuq resume`), so `gpuq down --sweep` finds it unused too
+    replaces: str = ""
 
 
 class Sweep(SQLModel, table=True):
