@@ -41,7 +41,9 @@ class ModuleSet:
 MODULES: dict[str, ModuleSet] = {
     "verify": ModuleSet(("orchestrator/transfer/verify.py",), ("tests/unit/test_transfer.py",)),
     "pull": ModuleSet(("orchestrator/transfer/pull.py",), ("tests/unit/test_transfer.py",)),
-    "patrol": ModuleSet(("orchestrator/patrol.py",), ("tests/unit/test_patrol_rules.py",)),
+    "patrol": ModuleSet(
+        ("orchestrator/patrol.py",), ("tests/unit/test_patrol_rules.py", "tests/unit/test_patrol_findings.py")
+    ),
     "scheduler": ModuleSet(
         ("orchestrator/scheduler.py",),
         ("tests/unit/test_scheduler.py", "tests/unit/test_scheduler_edges.py", "tests/unit/test_capacity.py"),
