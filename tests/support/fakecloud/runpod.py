@@ -48,6 +48,8 @@ _COMMON: dict[str, Any] = {
     "allowedCudaVersions": ["String"], "dockerArgs": "String", "env": [_ENV], "templateId": "String",
     "countryCode": "String",
 }
+# Required (`!`) inputs as in RunPod's API types (tests/fixtures/providers/README.md), except that the fake also
+# requires gpuCount, gpuTypeId and a spot pod's bidPerGpu, which the API leaves optional: gpuq always sends them.
 DEPLOY_INPUT = gql.InputType("PodFindAndDeployOnDemandInput", _COMMON, frozenset({"gpuCount", "gpuTypeId"}))
 RENT_INPUT = gql.InputType("PodRentInterruptableInput",
                            {**_COMMON, "bidPerGpu": "Float", "terminateAfter": "String", "stopAfter": "String"},
@@ -56,11 +58,11 @@ POD_ID_INPUT = gql.InputType("PodStopInput", {"podId": "String"}, frozenset({"po
 TERMINATE_INPUT = gql.InputType("PodTerminateInput", {"podId": "String"}, frozenset({"podId"}))
 RESUME_INPUT = gql.InputType("PodResumeInput", {"podId": "String", "gpuCount": "Int"}, frozenset({"podId"}))
 BID_RESUME_INPUT = gql.InputType("PodBidResumeInput", {"podId": "String", "bidPerGpu": "Float", "gpuCount": "Int"},
-                                 frozenset({"podId", "bidPerGpu"}))
+                                 frozenset({"podId", "bidPerGpu", "gpuCount"}))
 POD_FILTER = gql.InputType("PodFilter", {"podId": "String"}, frozenset({"podId"}))
 GPU_FILTER = gql.InputType("GpuTypeFilter", {"id": "String"})
 LOWEST_PRICE_INPUT = gql.InputType("GpuLowestPriceInput", {"gpuCount": "Int"}, frozenset({"gpuCount"}))
-USER_SETTINGS_INPUT = gql.InputType("UserSettingsInput", {"pubKey": "String"})
+USER_SETTINGS_INPUT = gql.InputType("UpdateUserSettingsInput", {"pubKey": "String"}, frozenset({"pubKey"}))
 
 
 @dataclass
