@@ -61,7 +61,10 @@ MODULES: dict[str, ModuleSet] = {
         ("orchestrator/api/checkpoints.py",),
         ("tests/unit/test_ship_checkpoint.py", "tests/unit/test_late_preemption.py"),
     ),
-    # The agent's claim/launch code runs in the host agent's own process; its tests start real agents,
+    # The agent's claim path (enqueue: which launch orders are written, "busy" while another attempt
+    # lives), tested in process.
+    "inbox": ModuleSet(("payload/agent/gpuq_inbox.py",), ("tests/unit/test_agent_enqueue.py",)),
+    # The agent's serve/launch code runs in the host agent's own process; its tests start real agents,
     # so mutmut sees their coverage only where a test imports the module in-process.
     "agent": ModuleSet(("payload/agent/gpuq_serve.py",), ("tests/integration/test_agent.py",)),
 }
