@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.agentmodule import load_agent_module
 
-inbox = load_agent_module("gpuq_inbox")
+inbox = load_agent_module("gpuq_inbox", qualified=True)
 P = load_agent_module("gpuq_protocol")
 
 
