@@ -40,7 +40,9 @@ class ModuleSet:
 
 MODULES: dict[str, ModuleSet] = {
     "verify": ModuleSet(("orchestrator/transfer/verify.py",), ("tests/unit/test_transfer.py",)),
-    "pull": ModuleSet(("orchestrator/transfer/pull.py",), ("tests/unit/test_transfer.py",)),
+    "pull": ModuleSet(
+        ("orchestrator/transfer/pull.py",), ("tests/unit/test_transfer.py", "tests/unit/test_pull_outcomes.py")
+    ),
     "patrol": ModuleSet(
         ("orchestrator/patrol.py",), ("tests/unit/test_patrol_rules.py", "tests/unit/test_patrol_findings.py")
     ),

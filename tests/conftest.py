@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.support.pullworld"]  # the `world` fixture of the pull tests
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
