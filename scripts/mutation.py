@@ -52,7 +52,12 @@ MODULES: dict[str, ModuleSet] = {
     ),
     "queuefile": ModuleSet(
         ("orchestrator/queuefile.py", "orchestrator/queueline.py", "orchestrator/queuegrid.py"),
-        ("tests/unit/test_queuefile.py", "tests/unit/test_queue_args.py", "tests/unit/test_queuegrid_words.py"),
+        (
+            "tests/unit/test_queuefile.py",
+            "tests/unit/test_queue_args.py",
+            "tests/unit/test_queuegrid_words.py",
+            "tests/unit/test_queueline_messages.py",
+        ),
     ),
     "ledger": ModuleSet(("orchestrator/ledger/store.py",), ("tests/unit/test_ledger.py",)),
     "specs": ModuleSet(
