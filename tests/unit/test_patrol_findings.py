@@ -306,3 +306,63 @@ def test_a_finding_names_its_job_or_else_its_host() -> None:
     assert Finding("nan", Severity.WARN, "h1", "m", job="c1").subject == "c1"
     assert [s.value for s in sorted(patrol.SEVERITY_RANK, key=patrol.SEVERITY_RANK.__getitem__)] == [
         "info", "warn", "escalate"]
+
+
+def test_the_long_unreachable_finding_names_its_rule_and_host() -> None:
+    found = patrol.unreachable(HostView("h9", unreachable_since=NOW - 700, probe_failures=4), "timed out", NOW, TH)
+    assert (found.rule, found.host, found.severity, found.job) == ("unreachable", "h9", Severity.ESCALATE, None)
+
+
+def test_a_fresh_checkpoint_alone_keeps_a_job_alive() -> None:
+    entry = _running(heartbeat_age_s=2000.0, log_mtime=NOW - 1000, ckpt={"mtime": NOW - 100})
+    assert patrol.job_findings("h1", JOB, entry, NOW, TH) == []
+    assert [f.rule for f in patrol.job_findings("h1", JOB, dict(entry, ckpt={"mtime": NOW - 950}), NOW, TH)] == [
+        "stalled"]
+
+
+def test_the_start_up_grace_ends_exactly_at_its_limit() -> None:
+    th = Thresholds(stall_after_s=900, startup_grace_s=1200)
+    entry = {"state": "running", "heartbeat_age_s": None, "log_mtime": NOW - 1000, "ckpt": None}
+    assert patrol.job_findings("h1", JobView("c1", "j", 1, launched_at=NOW - 1199), entry, NOW, th) == []
+    (found,) = patrol.job_findings("h1", JobView("c1", "j", 1, launched_at=NOW - 1200), entry, NOW, th)
+    assert found.rule == "stalled"
+
+
+def test_a_job_with_a_heartbeat_is_not_quoted_its_log_line() -> None:
+    entry = _running(progress={"step": 9, "line": "Epoch 1 | step 9"})
+    (found,) = patrol.job_findings("h1", JOB, entry, NOW, TH)
+    assert "last log line" not in found.message and found.message.endswith("(last step 41)")
+
+
+def test_a_crash_hit_without_a_line_and_an_xid_without_a_line() -> None:
+    (crash,) = patrol.job_findings("h1", JOB, {"state": "exited", "scan": {"hits": [{"signature": "nccl"}]}}, NOW, TH)
+    assert (crash.message, crash.evidence) == ("baseline a2: ", ("",))
+    (xid,) = patrol.host_findings(HostView("h1"), {"kernel": {"xids": [{"code": 13}]}}, TH)
+    assert xid.evidence == ("",)
+
+
+def test_inodes_are_judged_without_a_disk_figure() -> None:
+    found = patrol.host_findings(HostView("h1"), {"disk": {"inodes_used_pct": 96}}, TH)
+    assert [(f.rule, f.severity, f.message) for f in found] == [
+        ("inodes", Severity.ESCALATE, "inodes 96% used on the data dir")]
+
+
+def test_signatures_stop_at_the_first_semicolon_of_several() -> None:
+    assert patrol.signatures_of("signatures: a, b; x; y") == ["a", "b"]
+
+
+@pytest.mark.parametrize(("hits", "kw", "klass"), [
+    ([], {"oom_kill_rose": True}, "host_oom"),  # an exit 1 with the host's OOM counter risen
+    (["killed"], {}, "host_oom"),  # a bare "Killed" in the log
+    ([], {}, "unknown"),
+])
+def test_an_ordinary_exit_with_oom_evidence_is_a_host_oom(hits: list[str], kw: dict[str, Any], klass: str) -> None:
+    assert patrol.classify(1, 1, [{"signature": h} for h in hits], [], **kw) == klass
+
+
+def test_host_line_counts_only_jobs_past_the_third() -> None:
+    jobs = [{"state": "running", "name": n, "attempt": 1} for n in "abc"]
+    line = patrol.host_line("h1", {"jobs": jobs}, [])
+    assert line == "PATROL h1 running a:a1=starting b:a1=starting c:a1=starting disk=?% ino=?% mem=?%"
+    line = patrol.host_line("h1", {"jobs": [*jobs, {"state": "running", "name": "d", "attempt": 1}]}, [])
+    assert "more=1" in line and "d:a1" not in line
