@@ -59,7 +59,9 @@ MODULES: dict[str, ModuleSet] = {
             "tests/unit/test_queueline_messages.py",
         ),
     ),
-    "ledger": ModuleSet(("orchestrator/ledger/store.py",), ("tests/unit/test_ledger.py",)),
+    "ledger": ModuleSet(
+        ("orchestrator/ledger/store.py",), ("tests/unit/test_ledger.py", "tests/unit/test_ledger_queries.py")
+    ),
     "specs": ModuleSet(
         ("orchestrator/specs.py",),
         ("tests/unit/test_specs.py", "tests/unit/test_run_spec.py", "tests/unit/test_runconfig.py"),
