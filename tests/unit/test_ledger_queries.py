@@ -307,3 +307,91 @@ def test_run_history_counts_only_clean_runs_from_scratch(ledger: Ledger) -> None
     ledger.transition(d, JobState.SUCCEEDED)
     _run(ledger, e, started=10.0, ended=100.0)
     assert ledger.run_history() == [("h.yaml", "classify", 3, 60.0), ("h.yaml", "classify", 3, 90.0)]
+
+
+# --- sweeps, transitions and results, field for field ------------------------------------------
+
+
+def test_add_sweep_stores_every_field_and_one_event(ledger: Ledger) -> None:
+    specs = [JobSpec(name="a", config="c.yaml", task="classify", config_sha256="0" * 64, line=1, est_min=12.5,
+                     seed=7, host="g0", retries=4, args=("--lr", "0.1"), cell="grid", raw="c.yaml classify"),
+             JobSpec(name="b", config="c.yaml", task="classify", config_sha256="0" * 64, line=2)]
+    rows = ledger.add_sweep(sweep_id="q1aaaaa", queue_path="q.txt", workdir="/w", queue_text="text", jobs=specs,
+                            default_retries=2, bundle_sha="f" * 64, hosts=["g0", "g1"], entry="train.py",
+                            launcher="python", verify=["metrics"], run='{"command": "x"}')
+    sweep = ledger.sweep("q1aaaaa")
+    assert sweep is not None
+    assert (sweep.queue_path, sweep.workdir, sweep.queue_text, sweep.bundle_sha, sweep.hosts, sweep.entry,
+            sweep.launcher, sweep.verify, sweep.run, sweep.job_count) == (
+        "q.txt", "/w", "text", "f" * 64, "g0,g1", "train.py", "python", "metrics", '{"command": "x"}', 2)
+    a, b = (ledger.job(r.id) for r in rows)
+    assert (a.est_min, a.seed, a.host_pin, a.retries, a.args, a.cell, a.raw, a.line, a.state) == (
+        12.5, 7, "g0", 4, '["--lr", "0.1"]', "grid", "c.yaml classify", 1, "QUEUED")
+    assert (b.est_min, b.seed, b.host_pin, b.retries, b.args, b.cell) == (None, None, None, 2, "[]", "b")
+    assert [(e.kind, e.old, e.new, e.message) for e in ledger.events("q1aaaaa") if e.subject == "q1aaaaa"] == [
+        ("sweep", "", "submitted", "2 jobs from q.txt")]
+    ledger.add_sweep(sweep_id="q2aaaaa", queue_path="q.txt", workdir="/w", queue_text="", jobs=specs[1:],
+                     default_retries=0)
+    plain = ledger.sweep("q2aaaaa")
+    assert plain is not None and (plain.bundle_sha, plain.hosts, plain.entry, plain.launcher, plain.verify,
+                                  plain.run) == ("", "", "", "torchrun", "metrics,best_ckpt", "")
+    with pytest.raises(LedgerError) as info:
+        ledger.add_sweep(sweep_id="q1aaaaa", queue_path="q", workdir="/w", queue_text="", jobs=[],
+                         default_retries=0)
+    assert str(info.value) == "sweep q1aaaaa already exists"
+
+
+def test_transitions_word_for_word(ledger: Ledger) -> None:
+    a, b = _sweep(ledger, "q1aaaaa", ("a", "b"))
+    with pytest.raises(LedgerError) as info:
+        ledger.transition(a, AttemptState.RUNNING)
+    assert str(info.value) == "<AttemptState.RUNNING: 'RUNNING'> is not a job state"
+    with pytest.raises(LedgerError) as info:
+        ledger.transition(a, JobState.RUNNING, attempt=1)
+    assert str(info.value) == "<JobState.RUNNING: 'RUNNING'> is not an attempt state"
+    with pytest.raises(JobNotFound) as info:
+        ledger.transition("nope", JobState.CANCELLED)
+    assert str(info.value) == "no job 'nope'"
+    with pytest.raises(JobNotFound) as info:
+        ledger.transition(a, AttemptState.RUNNING, attempt=1)
+    assert str(info.value) == f"no attempt 1 of job {a!r}"
+    with pytest.raises(IllegalTransition) as info:
+        ledger.transition(a, JobState.SUCCEEDED)
+    assert str(info.value) == f"job {a}: cannot go from QUEUED to SUCCEEDED"
+    ledger.start_attempt(a, host="h", bundle_sha="s")
+    ledger.start_attempt(b, host="h", bundle_sha="s")
+    assert ledger.transition(b, AttemptState.RUNNING, attempt=1, message="b runs") is True
+    assert [(x.job_id, x.state) for x in ledger.attempts()] == sorted([(a, "STARTING"), (b, "RUNNING")])
+    assert ledger.transition(b, AttemptState.RUNNING, attempt=1) is False  # already: idempotent
+    assert _events(ledger, f"{b}/a1")[-1] == ("STARTING", "RUNNING", "b runs")
+    with pytest.raises(IllegalTransition) as info:
+        ledger.transition(b, AttemptState.STARTING, attempt=1)
+    assert str(info.value) == f"attempt {b}/a1: cannot go from RUNNING to STARTING"
+    assert ledger.transition(a, JobState.RUNNING, message="a runs") is True
+    assert ledger.transition(a, JobState.RUNNING) is False
+    assert _events(ledger, a)[-1] == ("ASSIGNED", "RUNNING", "a runs")
+    # news of attempt 1 cannot change a job whose current attempt is another one
+    assert ledger.transition(a, JobState.LOST, of_attempt=2) is False and ledger.job(a).state == "RUNNING"
+    assert ledger.transition(a, JobState.LOST, of_attempt=1) is True and ledger.job(a).state == "LOST"
+    ledger.update_attempt(b, 1, step=5)
+    assert ledger.attempt(a, 1).step is None  # type: ignore[union-attr]
+    assert ledger.attempt(b, 1).step == 5  # type: ignore[union-attr]
+    ledger.record_event("job", a, "plain")
+    assert _events(ledger, a)[-1] == ("", "", "plain")
+
+
+def test_results_keep_each_metrics_step_and_epoch(ledger: Ledger) -> None:
+    (a,) = _sweep(ledger, "q1aaaaa", ("a",))
+    ledger.start_attempt(a, host="h", bundle_sha="s")
+    ledger.record_results(a, 1, metrics=[("final", "val_acc", 0.8, 30, 3)], artifacts=[],
+                          checkpoint={"file": "best.pt", "step": 30, "sha256": "c" * 64, "bytes": 10})
+    [m] = ledger.metrics([a])
+    assert (m.attempt, m.scope, m.name, m.value, m.step, m.epoch) == (1, "final", "val_acc", 0.8, 30, 3)
+    assert [c.file for c in ledger.checkpoints(a)] == ["best.pt"]
+
+
+def test_events_default_to_the_newest_200(ledger: Ledger) -> None:
+    for i in range(205):
+        ledger.record_event("host", "h1", f"e{i}")
+    got = ledger.events("h1")
+    assert len(got) == 200 and (got[0].message, got[-1].message) == ("e5", "e204")
