@@ -68,7 +68,11 @@ MODULES: dict[str, ModuleSet] = {
     ),
     "checkpoints": ModuleSet(
         ("orchestrator/api/checkpoints.py",),
-        ("tests/unit/test_ship_checkpoint.py", "tests/unit/test_late_preemption.py"),
+        (
+            "tests/unit/test_ship_checkpoint.py",
+            "tests/unit/test_place_checkpoint.py",
+            "tests/unit/test_late_preemption.py",
+        ),
     ),
     # The agent's claim path (enqueue: which launch orders are written, "busy" while another attempt
     # lives), tested in process.

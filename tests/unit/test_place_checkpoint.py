@@ -1,0 +1,256 @@
+"""Checkpoints between hosts and the controller (orchestrator/api/checkpoints.py): which a tick ships
+home, what travels with them, how a resume places them on a host, and every refusal word for word.
+
+Runs against the local host with the real host agent (`snapshot`); tests/unit/test_ship_checkpoint.py
+covers hostile documents and checkpoints (scripts/mutation.py checkpoints).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.api import checkpoints as ck
+from orchestrator.api.context import Context, open_context
+from orchestrator.ledger import Job
+from orchestrator.specs import CommandResult, JobSpec, job_id_for
+from orchestrator.states import AttemptState, JobState
+from tests.support.jobtree import SHA, install_agent
+from tests.unit.test_ship_checkpoint import archive
+
+
+@dataclass
+class World:
+    ctx: Context
+    root: Path  # the local host's root
+    home: Path
+    job: str
+
+    def job_row(self) -> Job:
+        return self.ctx.ledger.job(self.job)
+
+    def save(self, step: int, data: bytes | None = None, *, metrics: str = "", best: bytes = b"") -> dict[str, Any]:
+        """The payload writes a rolling checkpoint (and its metrics so far, and a best checkpoint)."""
+        data = data if data is not None else archive()
+        jdir = self.root / "jobs" / self.job
+        (jdir / "ckpt").mkdir(parents=True, exist_ok=True)
+        name = f"latest-{step:09d}.pt"
+        (jdir / "ckpt" / name).write_bytes(data)
+        pointer = {"file": name, "step": step, "epoch": 1, "sha256": hashlib.sha256(data).hexdigest(),
+                   "bytes": len(data), "written_at": 1000.0 + step}
+        (jdir / "ckpt" / "LATEST").write_text(json.dumps(pointer))
+        if metrics:
+            (jdir / "result").mkdir(exist_ok=True)
+            (jdir / "result" / "metrics.jsonl").write_text(metrics)
+        if best:
+            (jdir / "ckpt" / "best.pt").write_bytes(best)
+        return pointer
+
+    def ship(self, pointer: dict[str, Any], **entry: Any) -> list[str]:
+        row = self.ctx.ledger.host("local")
+        assert row is not None
+        doc = {"jobs": [{"job_id": self.job, "state": "running", "attempt": 1, "ckpt": pointer, **entry}]}
+        return ck.ship_checkpoints(self.ctx, row, doc)
+
+    def kept(self) -> list[str]:
+        base = self.home / "checkpoints"
+        return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+
+    def events(self) -> list[str]:
+        return [e.message for e in self.ctx.ledger.events(subject=self.job) if e.subject == self.job]
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUQ_HOME", str(home))
+    ctx = open_context(overrides={"ship_checkpoints": "always"})
+    local = ctx.fleet.local()
+    install_agent(Path(local.root))
+    ctx.ledger.update_host("local", agent_bundle=SHA)
+    ctx.ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir=str(tmp_path), queue_text="",
+                         jobs=[JobSpec(name="a", config="c.yaml", task="t")], default_retries=0)
+    job = job_id_for("qaaaaaa", "a")
+    ctx.ledger.start_attempt(job, host="local", bundle_sha=SHA)
+    ctx.ledger.transition(job, AttemptState.RUNNING, attempt=1)
+    ctx.ledger.transition(job, JobState.RUNNING)
+    try:
+        yield World(ctx, Path(local.root), home, job)
+    finally:
+        ctx.close()
+
+
+def test_a_shipped_checkpoint_brings_its_best_and_whole_metric_lines(world: World) -> None:
+    pointer = world.save(8, metrics='{"step": 1}\n{"step": 2}\n{"step": 3, "lo', best=b"best bytes")
+    assert world.ship(pointer) == [world.job]
+    kept = world.home / "checkpoints" / world.job
+    assert world.kept() == [f"{world.job}/LATEST", f"{world.job}/best.pt", f"{world.job}/latest-000000008.pt",
+                            f"{world.job}/metrics.jsonl"]
+    assert (kept / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'  # the half line stays behind
+    assert (kept / "best.pt").read_bytes() == b"best bytes"
+    assert json.loads((kept / "LATEST").read_text()) == pointer
+    [row] = world.ctx.ledger.checkpoints(world.job)
+    assert (row.step, row.sha256, row.durable_path, row.host, row.attempt) == (
+        8, pointer["sha256"], str(kept / "latest-000000008.pt"), "local", 1)
+    assert not (world.root / "jobs" / world.job / "ckpt" / ".ship.pt").exists()  # the pin is gone
+    assert ck.newest_durable(world.ctx, world.job).step == 8
+
+
+def test_only_a_newer_checkpoint_is_shipped_and_the_old_copy_goes(world: World) -> None:
+    first = world.save(8)
+    assert world.ship(first) == [world.job]
+    assert world.ship(first) == []  # the same bytes: nothing to do
+    older = dict(first, sha256="0" * 64, step=4)
+    assert world.ship(older) == []  # an older step is never shipped over a newer one
+    second = world.save(16, archive(b"\x80\x02}q\x00X\x01\x00\x00\x00wK\x02s."))
+    assert world.ship(second) == [world.job]
+    assert world.kept() == [f"{world.job}/LATEST", f"{world.job}/latest-000000016.pt"]
+    assert [c.durable_path != "" for c in world.ctx.ledger.checkpoints(world.job)] == [False, True]
+
+
+@pytest.mark.parametrize("entry", [
+    {"state": "exited"},  # only running jobs
+    {"job_id": "c" + "0" * 12},  # not a job the ledger placed on this host
+    {"job_id": "../x"},
+])
+def test_entries_that_are_not_shipped(world: World, entry: dict[str, Any]) -> None:
+    pointer = world.save(8)
+    row = world.ctx.ledger.host("local")
+    assert row is not None
+    doc = {"jobs": [{"job_id": world.job, "state": "running", "attempt": 1, "ckpt": pointer, **entry}]}
+    assert ck.ship_checkpoints(world.ctx, row, doc) == []
+    assert ck.ship_checkpoints(world.ctx, row, {"jobs": "not a list"}) == []
+    assert ck.ship_checkpoints(world.ctx, row, {"jobs": [{"job_id": world.job, "state": "running"}]}) == []
+    assert not (world.home / "checkpoints").exists() or world.kept() == []
+
+
+def test_a_failed_copy_is_an_event_once_and_nothing_is_kept(world: World) -> None:
+    pointer = world.save(8)
+    (world.root / "jobs" / world.job / "ckpt" / "latest-000000008.pt").unlink()
+    (world.root / "jobs" / world.job / "ckpt" / "LATEST").unlink()
+    assert world.ship(pointer) == []
+    assert world.ship(pointer) == []
+    failures = [m for m in world.events() if m.startswith("checkpoint copy from local failed: ")]
+    assert len(failures) == 1, world.events()
+    assert world.kept() == []
+
+
+def test_placing_pushes_the_controllers_copy_with_its_companions(world: World) -> None:
+    job = world.job_row()
+    assert ck.place_checkpoint(world.ctx, job, "local") == "no shipped checkpoint"
+    pointer = world.save(8, metrics='{"step": 1}\n', best=b"best")
+    world.ship(pointer)
+    # the host still has it: kept, nothing pushed
+    assert ck.place_checkpoint(world.ctx, job, "local") == "kept the host's own checkpoint (step 8)"
+    jdir = world.root / "jobs" / world.job
+    shutil.rmtree(jdir)  # the disk of a replacement: empty
+    assert ck.place_checkpoint(world.ctx, job, "local") == "pushed checkpoint step 8"
+    assert (jdir / "ckpt" / "latest-000000008.pt").read_bytes() == archive()
+    assert (jdir / "ckpt" / "best.pt").read_bytes() == b"best"
+    assert (jdir / "result" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert json.loads((jdir / "ckpt" / "LATEST").read_text()) == {
+        "file": "latest-000000008.pt", "step": 8, "epoch": 1, "sha256": pointer["sha256"], "bytes": pointer["bytes"],
+        "written_at": 1008.0}
+    assert world.events()[-1] == f"checkpoint step 8 ({pointer['sha256'][:12]}) placed on local"
+    assert not (world.home / "checkpoints" / world.job / ".LATEST.push").exists()
+    # a host whose own checkpoint is older gets the newer one
+    (jdir / "ckpt" / "LATEST").write_text(json.dumps({"file": "latest-000000004.pt", "step": 4}))
+    assert ck.place_checkpoint(world.ctx, job, "local") == "pushed checkpoint step 8"
+
+
+class _Host:
+    """A host whose agent answers ``snapshot`` with a fixed result."""
+
+    name = "h1"
+    python = "python3"
+    root = "/r"
+
+    def __init__(self, code: int, stdout: str = "", stderr: str = "") -> None:
+        self.result = CommandResult(host="h1", argv=("a",), exit_code=code, stdout=stdout, stderr=stderr,
+                                    duration_s=0.0)
+
+    def run(self, argv: Any, *, timeout: float = 60.0) -> CommandResult:
+        return self.result
+
+    def path(self, *parts: str) -> str:
+        return "/r/" + "/".join(parts)
+
+
+@pytest.mark.parametrize(("code", "stdout", "stderr", "why"), [
+    (1, "", "  gpuq snapshot: no checkpoint yet  \n", "gpuq snapshot: no checkpoint yet"),
+    (1, "", "", "the agent pinned no checkpoint"),
+    (0, "not json", "", "not json"),
+    (0, json.dumps({"file": "latest-000000001.pt", "sha256": "a" * 64}), "", ""),  # no snapshot named
+    (0, json.dumps({"file": "../x.pt", "sha256": "a" * 64, "snapshot": "ckpt/.ship.pt", "bytes": 1}), "",
+     "the pointer names an unsafe file '../x.pt'"),
+    (0, json.dumps({"file": "latest-000000001.pt", "sha256": "a" * 64, "snapshot": "ckpt/other.pt", "bytes": 1}), "",
+     "the agent pinned an unexpected file 'ckpt/other.pt'"),
+    (0, json.dumps({"file": "latest-000000001.pt", "sha256": "a" * 64, "snapshot": "ckpt/.ship.pt"}), "",
+     "the pointer's sha256 or size is malformed"),
+])
+def test_why_nothing_was_copied(tmp_path: Path, code: int, stdout: str, stderr: str, why: str) -> None:
+    got = ck._fetch_checkpoint(_Host(code, stdout, stderr), SHA, "c1", tmp_path)
+    assert isinstance(got, str)
+    if why:
+        assert got == why
+    else:
+        assert got == stdout[-300:]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("have", "pointer", "newer"), [
+    (None, {}, True),
+    ({"sha256": "a", "step": 5, "written_at": 10.0}, {"sha256": "a", "step": 9}, False),
+    ({"sha256": "a", "step": 5, "written_at": 10.0}, {"sha256": "b", "step": 6}, True),
+    ({"sha256": "a", "step": 5, "written_at": 10.0}, {"sha256": "b", "step": 5}, False),
+    ({"sha256": "a", "step": 5, "written_at": 10.0}, {"sha256": "b", "step": True, "mtime": 11.0}, True),
+    ({"sha256": "a", "step": 5, "written_at": 10.0}, {"sha256": "b", "mtime": 10.0}, False),
+    ({"sha256": "a", "step": 5, "written_at": 10.0}, {"sha256": "b", "mtime": 10.5}, True),
+    ({"sha256": "a", "step": 5, "written_at": 10.0}, {"sha256": "b", "mtime": "11"}, False),
+])
+def test_which_checkpoint_is_newer(have: dict[str, Any] | None, pointer: dict[str, Any], newer: bool) -> None:
+    class Row:
+        def __init__(self, **kw: Any) -> None:
+            self.__dict__.update(kw)
+
+    assert ck._is_newer(Row(**have) if have else None, pointer) is newer
+
+
+@pytest.mark.parametrize(("mode", "kind", "provider", "wanted"), [
+    ("never", "ssh", "runpod", False), ("auto", "local", "", False), ("always", "local", "", False),
+    ("auto", "ssh", "", False), ("auto", "ssh", "lambda", True), ("always", "ssh", "", True),
+])
+def test_which_hosts_ship(mode: str, kind: str, provider: str, wanted: bool) -> None:
+    class Settings:
+        ship_checkpoints = mode
+
+    class Row:
+        pass
+
+    row = Row()
+    row.kind, row.provider = kind, provider  # type: ignore[attr-defined]
+    assert ck.ship_wanted(Settings(), row) is wanted  # type: ignore[arg-type]
+
+
+def test_a_growing_file_is_copied_to_its_last_whole_line(tmp_path: Path) -> None:
+    class Host:
+        def get(self, remote: str, local: Path) -> None:
+            local.write_bytes(Path(remote).read_bytes())
+
+    src = tmp_path / "m.jsonl"
+    src.write_bytes(b"a\nb\nhalf")
+    ck._fetch_whole_lines(Host(), str(src), tmp_path / "out.jsonl")
+    assert (tmp_path / "out.jsonl").read_bytes() == b"a\nb\n"
+    src.write_bytes(b"no newline yet")
+    ck._fetch_whole_lines(Host(), str(src), tmp_path / "out.jsonl")
+    assert (tmp_path / "out.jsonl").read_bytes() == b""
+    ck._fetch_whole_lines(Host(), str(src), tmp_path / "x.pt")  # a checkpoint is binary: kept whole
+    assert (tmp_path / "x.pt").read_bytes() == b"no newline yet"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl", "out.jsonl", "x.pt"]  # no .part left
