@@ -77,9 +77,11 @@ MODULES: dict[str, ModuleSet] = {
     # The agent's claim path (enqueue: which launch orders are written, "busy" while another attempt
     # lives), tested in process.
     "inbox": ModuleSet(("payload/agent/gpuq_inbox.py",), ("tests/unit/test_agent_enqueue.py",)),
-    # The agent's serve/launch code runs in the host agent's own process; its tests start real agents,
-    # so mutmut sees their coverage only where a test imports the module in-process.
-    "agent": ModuleSet(("payload/agent/gpuq_serve.py",), ("tests/integration/test_agent.py",)),
+    # What the agent launches for an attempt (environment, argv, run-dir links, secrets, grace), in process.
+    "launch": ModuleSet(("payload/agent/gpuq_launch.py",), ("tests/unit/test_agent_launch.py",)),
+    # gpuq_serve.py (the agent's serve loop: claiming from the inbox, starting wrappers, reaping) is not a
+    # set: it runs in the host agent's own process, started by tests/integration/test_agent.py, where
+    # mutmut's coverage and mutant switch do not reach.
 }
 
 # Directories mutmut copies as they are (it copies the source roots and tests itself).

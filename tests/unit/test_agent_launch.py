@@ -1,0 +1,221 @@
+"""What the host agent launches for one attempt, in process (payload/agent/gpuq_launch.py): the
+trainer's environment value for value, its argv, the run dir's links, secrets and grace periods.
+
+tests/integration/test_agent.py and the own-project tests run the same code in real agents; these
+tests pin each rule (scripts/mutation.py launch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.agentmodule import load_agent_module
+
+launch = load_agent_module("gpuq_launch", qualified=True)
+P = load_agent_module("gpuq_protocol")
+files = load_agent_module("gpuq_files")
+hostfacts = load_agent_module("gpuq_hostfacts")
+
+SHA = "b" * 64
+
+
+@pytest.mark.parametrize(("spec", "kill", "term"), [
+    ({}, 30.0, "30"),
+    ({"kill_grace_s": 12}, 12.0, "12"),
+    ({"kill_grace_s": -3}, 0.0, "0"),
+    ({"kill_grace_s": None}, 0.0, "0"),
+    ({"kill_grace_s": "soon"}, 30.0, "30"),
+    ({"kill_grace_s": 12, "sigterm_grace_s": 5}, 12.0, "5"),
+    ({"kill_grace_s": 12, "sigterm_grace_s": 50}, 12.0, "12"),  # never past the kill
+    ({"kill_grace_s": 12, "sigterm_grace_s": -1}, 12.0, "0"),
+    ({"kill_grace_s": 12, "sigterm_grace_s": "x"}, 12.0, "12"),
+    ({"kill_grace_s": 12, "sigterm_grace_s": ""}, 12.0, ""),  # unknown: the payload saves regardless
+    ({"kill_grace_s": 7.5, "sigterm_grace_s": 2.25}, 7.5, "2.25"),
+])
+def test_grace_periods(spec: dict[str, Any], kill: float, term: str) -> None:
+    assert launch.kill_grace(spec) == kill
+    assert launch.sigterm_grace(spec) == term
+
+
+def test_run_section_and_reserved_names() -> None:
+    assert launch.run_section({"run": {"a": 1}}) == {"a": 1}
+    assert launch.run_section({"run": "x"}) is None and launch.run_section({}) is None
+    run = {"outputs": ["out/**", "./figs/*.png", "*.log", "", "a\\b/c"], "checkpoint": "ckpt/*.pt"}
+    assert launch.reserved_names(run) == {"out", "figs", "a", "ckpt"}
+    assert launch.reserved_names({"outputs": "[ab]/x"}) == set()
+    assert launch.reserved_names(None) == set()
+
+
+def test_the_newest_real_checkpoint_file_wins(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "ckpt" / "sub").mkdir(parents=True)
+    old, new, deep = run_dir / "ckpt" / "a.pt", run_dir / "ckpt" / "b.pt", run_dir / "ckpt" / "sub" / "c.pt"
+    for i, path in enumerate((old, new, deep)):
+        path.write_text("x")
+        os.utime(path, (1000 + i, 1000 + i))
+    (run_dir / "ckpt" / "z.pt").symlink_to(old)  # a link is never the checkpoint
+    os.utime(run_dir / "ckpt" / "z.pt", (5000, 5000), follow_symlinks=False)
+    (run_dir / "ckpt" / "dir.pt").mkdir()
+    assert launch.newest_checkpoint(str(run_dir), {"checkpoint": "ckpt/*.pt"}) == str(new)
+    assert launch.newest_checkpoint(str(run_dir), {"checkpoint": ["nothing/*", "ckpt/**/*.pt"]}) == str(deep)
+    assert launch.newest_checkpoint(str(run_dir), {"checkpoint": []}) is None
+    assert launch.newest_checkpoint(str(run_dir), None) is None
+
+
+def test_the_project_is_linked_into_the_run_dir(tmp_path: Path) -> None:
+    work, run_dir = tmp_path / "work", tmp_path / "run"
+    for name in ("src", "data", "out", "configs"):
+        (work / name).mkdir(parents=True)
+    (work / "train.py").write_text("")
+    run_dir.mkdir()
+    (run_dir / "data").mkdir()  # the job's own dir: never replaced
+    (run_dir / "configs").symlink_to(tmp_path / "old-bundle")  # a stale link of another bundle
+    launch.link_project(str(work), str(run_dir), {"outputs": ["out/*"]})
+    links = {p.name: os.readlink(p) for p in run_dir.iterdir() if p.is_symlink()}
+    assert links == {"src": str(work / "src"), "train.py": str(work / "train.py"), "configs": str(work / "configs")}
+    assert (run_dir / "data").is_dir() and not (run_dir / "data").is_symlink()
+    assert not (run_dir / "out").exists()  # an outputs dir is the job's own
+    launch.link_project(str(work), str(run_dir), {"outputs": ["out/*"]})  # again: nothing changes
+    assert {p.name: os.readlink(p) for p in run_dir.iterdir() if p.is_symlink()} == links
+    launch.link_project(str(tmp_path / "missing"), str(tmp_path / "run2"), None)
+    assert list((tmp_path / "run2").iterdir()) == []
+
+
+def _env(tmp_path: Path, spec: dict[str, Any], launch_doc: dict[str, Any]) -> dict[str, str]:
+    return launch.build_env(files.Layout(str(tmp_path)), "c1", 2, spec, launch_doc)
+
+
+def test_the_trainers_environment_value_for_value(tmp_path: Path) -> None:
+    spec = {"bundle_sha": SHA, "name": "base", "queue_id": "q1", "config": "configs/a.yaml", "task": "classify",
+            "epochs": 3, "heartbeat_s": 5, "ckpt_interval_s": 60, "durable_dir": "/d", "spec_hash": "h",
+            "kill_grace_s": 45, "sigterm_grace_s": 5, "seed": 7, "resume_from": {"step": 8},
+            "env": {"PYTHONPATH": "/extra", "OMP_NUM_THREADS": "3", "GPUQ_SEED": "99", "MY": 1}}
+    env = _env(tmp_path, spec, {"kind": "gpu", "slots": [2, 3], "total_slots": 4, "master_port": 29511})
+    work = f"{tmp_path}/bundles/{SHA}/{P.BUNDLE_WORKDIR}"
+    job, att = f"{tmp_path}/jobs/c1", f"{tmp_path}/jobs/c1/attempts/2"
+    threads = str(hostfacts.thread_cap(4))
+    assert env == {
+        "MY": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{work}:/extra",
+        "PYTHONPYCACHEPREFIX": f"{tmp_path}/{P.CACHE_DIR}/pycache", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": threads,
+        "HF_HOME": f"{tmp_path}/{P.CACHE_DIR}/huggingface", "PIP_CACHE_DIR": f"{tmp_path}/{P.CACHE_DIR}/pip",
+        "GPUQ_JOB_ID": "c1", "GPUQ_JOB_NAME": "base", "GPUQ_QUEUE_ID": "q1", "GPUQ_ATTEMPT": "2",
+        "GPUQ_CONFIG": f"{work}/configs/a.yaml", "GPUQ_TASK": "classify", "GPUQ_EPOCHS": "3",
+        "GPUQ_CKPT_DIR": f"{job}/ckpt", "GPUQ_RESULT_DIR": f"{job}/result", "GPUQ_RUN_DIR": f"{job}/run",
+        "GPUQ_LOG": f"{att}/{P.JOB_LOG}", "GPUQ_HEARTBEAT": f"{att}/{P.HEARTBEAT_FILE}", "GPUQ_HEARTBEAT_S": "5",
+        "GPUQ_RESUME_FROM": '{"step": 8}', "GPUQ_CKPT_INTERVAL_S": "60", "GPUQ_DURABLE_DIR": "/d",
+        "GPUQ_SPEC_HASH": "h", "GPUQ_BUNDLE_SHA": SHA, "GPUQ_DEVICE": "cuda",
+        "GPUQ_EXIT_FILE": f"{att}/{P.TRAINER_EXIT_FILE}", "GPUQ_SIGTERM_GRACE_S": "5", "MASTER_PORT": "29511",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "45", "GPUQ_SEED": "7", "CUDA_VISIBLE_DEVICES": "2,3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+
+
+def test_a_cpu_environment_and_the_defaults(tmp_path: Path) -> None:
+    env = _env(tmp_path, {"env": {"CUDA_DEVICE_ORDER": "x", "GPUQ_SEED": "3"}}, {"slots": [0, 1, 2]})
+    assert (env["CUDA_VISIBLE_DEVICES"], env["GPUQ_DEVICE"]) == ("", "cpu")
+    assert "CUDA_DEVICE_ORDER" not in env and "GPUQ_SEED" not in env and "MASTER_PORT" not in env
+    threads = str(hostfacts.thread_cap(3))
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == (threads, threads)
+    assert env["PYTHONPATH"] == f"{tmp_path}/bundles/{P.BUNDLE_WORKDIR}"
+    assert (env["GPUQ_HEARTBEAT_S"], env["GPUQ_CKPT_INTERVAL_S"]) == (str(P.DEFAULT_HEARTBEAT_S),
+                                                                      str(P.DEFAULT_CKPT_INTERVAL_S))
+    assert (env["GPUQ_RESUME_FROM"], env["GPUQ_DURABLE_DIR"], env["GPUQ_SIGTERM_GRACE_S"]) == ("", "", "30")
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # never below torchrun's own 30 s
+    assert _env(tmp_path, {"resume_from": "/ck/latest.pt"}, {"device": "mps"})["GPUQ_RESUME_FROM"] == "/ck/latest.pt"
+    assert _env(tmp_path, {}, {"device": "mps"})["GPUQ_DEVICE"] == "mps"
+    assert _env(tmp_path, {"kill_grace_s": 90.2}, {})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "91"
+    assert _env(tmp_path, {"env": {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"}}, {})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "5"
+    assert _env(tmp_path, {}, {"total_slots": 0})["OMP_NUM_THREADS"] == str(hostfacts.thread_cap(1))
+
+
+def test_only_the_named_secrets_of_the_jobs_own_sweep(tmp_path: Path) -> None:
+    lay = files.Layout(str(tmp_path))
+    (tmp_path / P.SECRETS_DIR).mkdir()
+    (tmp_path / P.SECRETS_DIR / "q1.json").write_text(json.dumps({"HF_TOKEN": "hf", "OTHER": "o", "N": 3}))
+    spec = {"queue_id": "q1", "run": {"forward_env": ["HF_TOKEN", "N", "MISSING"]}}
+    assert launch.secrets_for(lay, spec) == {"HF_TOKEN": "hf", "N": "3"}
+    assert launch.secrets_for(lay, {"queue_id": "q1", "run": {}}) == {}
+    assert launch.secrets_for(lay, dict(spec, queue_id="")) == {}
+    assert launch.secrets_for(lay, dict(spec, queue_id="../q1")) == {}
+    assert launch.secrets_for(lay, dict(spec, queue_id=".q1")) == {}
+    assert launch.secrets_for(lay, dict(spec, queue_id="q2")) == {}
+    (tmp_path / P.SECRETS_DIR / "q3.json").write_text("[1]")
+    assert launch.secrets_for(lay, dict(spec, queue_id="q3")) == {}
+
+
+def _argv(tmp_path: Path, spec: dict[str, Any], nproc: int = 2) -> list[str]:
+    lay = files.Layout(str(tmp_path))
+    env = launch.build_env(lay, "c1", 1, spec, {"master_port": 29600})
+    return launch.job_argv(lay, "c1", 1, spec, env, "/py", nproc)
+
+
+def test_the_payloads_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "local_addr_args", lambda: ["--local-addr=127.0.0.1"])
+    spec = {"bundle_sha": SHA, "config": "c.yaml", "task": "classify", "epochs": 3}
+    argv = _argv(tmp_path, spec)
+    work = f"{tmp_path}/bundles/{SHA}/{P.BUNDLE_WORKDIR}"
+    assert argv[:7] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+                        "--local-addr=127.0.0.1"]
+    assert argv[-7:] == [f"{tmp_path}/bundles/{SHA}/{P.TRAIN_ENTRY}", "--config", f"{work}/c.yaml", "--task",
+                         "classify", "--epochs", "3"]
+    python = _argv(tmp_path, dict(spec, launcher="python", entry="x/{odd}.py"))
+    assert python == ["/py", f"{tmp_path}/bundles/{SHA}/x/{{odd}}.py", "--config", f"{work}/c.yaml", "--task",
+                      "classify", "--epochs", "3"]
+
+
+def test_a_projects_argv_resumes_only_from_a_checkpoint_that_exists(tmp_path: Path) -> None:
+    run = {"launcher": "python", "command": ["train.py", "--out", "{run_dir}", "--seed", "{seed}", "--port",
+                                             "{master_port}", "--j", "{job_id}/{attempt}/{name}"],
+           "resume_args": ["--resume", "{checkpoint}"], "checkpoint": "ck/*.pt"}
+    spec = {"bundle_sha": SHA, "name": "n1", "seed": 4, "args": ["--lr", "0.1"], "run": run}
+    run_dir = f"{tmp_path}/jobs/c1/run"
+    fresh = _argv(tmp_path, spec)
+    assert fresh == ["/py", "train.py", "--out", run_dir, "--seed", "4", "--port", "29600", "--j", "c1/1/n1",
+                     "--lr", "0.1"]
+    Path(run_dir, "ck").mkdir(parents=True)
+    Path(run_dir, "ck", "e1.pt").write_text("x")
+    resumed = _argv(tmp_path, spec)
+    assert resumed == [*fresh, "--resume", f"{run_dir}/ck/e1.pt"]
+    assert _argv(tmp_path, dict(spec, seed=None))[5] == ""
+
+
+def test_torchrun_pins_its_address_only_when_the_hostname_does_not_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [])
+    assert launch.local_addr_args() == []
+
+    def fail(*a: Any, **k: Any) -> Any:
+        raise OSError("no such host")
+
+    monkeypatch.setattr(socket, "getaddrinfo", fail)
+    assert launch.local_addr_args() == ["--local-addr=127.0.0.1"]
+
+
+def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert launch.read_only_prefix(str(tmp_path)) == ([], "")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare/mount not found")
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/bin/{name}")
+
+    class Done:
+        returncode = 3
+
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: Done())
+    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare --mount exited 3")
+    Done.returncode = 0
+    prefix, why = launch.read_only_prefix(str(tmp_path))
+    assert why == "" and prefix == ["/bin/unshare", "-m", "--propagation", "private", "--", "sh", "-c",
+                                    launch.RO_BIND, str(tmp_path)]
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise OSError("denied")
+
+    monkeypatch.setattr(launch.subprocess, "run", broken)
+    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
