@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> Any:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, EOFError):  # click turns any EOFError into Abort; only a prompt's
+            raise exc.__cause__ from None         # is the user's doing, and prompts raise Abort from None
         click.echo("aborted", err=True)
         sys.exit(exitcodes.INTERRUPTED)
     except KeyboardInterrupt:

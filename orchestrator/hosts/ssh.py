@@ -49,6 +49,7 @@ from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.hosts.knownhosts import TrustPolicy as _Policy
 from orchestrator.hosts.knownhosts import load_trust, revoked_message, user_keys_for
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
+from orchestrator.hosts.sshexec import close_channel
 from orchestrator.specs import CommandResult
 
 # paramiko logs a dropped link ("Socket exception: Connection reset by peer") through Python's
@@ -319,7 +320,7 @@ class SSHHost(Host):
                 self._drop()
             raise HostUnreachable(self.name, f"connection lost while running {argv[0]}: {_describe(exc)}") from exc
         finally:
-            chan.close()
+            close_channel(chan)
         if code < 0:  # the server sent no exit status: the session was torn down under us
             raise HostUnreachable(self.name, f"{argv[0]} ended without an exit status (connection dropped)")
         stderr = b"".join(err).decode("utf-8", "replace")

@@ -8,6 +8,7 @@ shell-quoted.  Errors are the Host contract's: HostError for the file, HostUnrea
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,15 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 _MARK = "gpuq-ssh:"
+
+
+def close_channel(chan: paramiko.Channel) -> None:
+    """Close a session channel whose connection may already be gone. paramiko raises EOFError when the
+    close cannot be sent; in a ``finally`` that would replace the error being raised (the host's real
+    answer, such as output past the cap) and leave the command as a bare EOFError, which click turns
+    into "aborted"."""
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        chan.close()
 
 
 def _stderr(chan: paramiko.Channel) -> str:
@@ -61,7 +71,7 @@ def exec_put(host: SSHHost, local: Path, remote: str, tmp: str, directory: str,
         host.close()
         raise HostUnreachable(host.name, f"upload of {local.name} failed: {exc or type(exc).__name__}") from exc
     finally:
-        chan.close()
+        close_channel(chan)
     if code != 0:
         detail = err.replace(f"{_MARK} write failed", "").strip() or f"exit {code}"
         raise HostError(host.name, f"cannot write {remote}: {detail}")
@@ -97,7 +107,7 @@ def exec_get(host: SSHHost, remote: str, local: Path, offset: int, size: int | N
         host.close()
         raise HostUnreachable(host.name, f"download of {remote} broke off: {exc or type(exc).__name__}") from exc
     finally:
-        chan.close()
+        close_channel(chan)
     if code != 0:
         if f"{_MARK} directory" in err:
             raise HostError(host.name, f"{remote} is a directory, not a file")

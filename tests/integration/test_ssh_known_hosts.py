@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from orchestrator.errors import HostError, HostKeyError
@@ -108,6 +109,31 @@ def test_endless_output_is_cut_at_the_cap_with_a_clear_error(farm: HostFarm, no_
             host.run(["sh", "-c", "yes gpuq | head -c 5000000"])
         assert host.run(["echo", "still here"]).stdout == "still here\n"
     finally:
+        host.close()
+
+
+def test_a_channel_that_cannot_be_closed_never_hides_the_hosts_error(farm: HostFarm, no_ssh_config: Path,
+                                                                      user_known_hosts: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """paramiko raises EOFError from Channel.close when the close cannot be sent; closing after the
+    output cap must still end in the cap's HostError (a bare EOFError became "aborted" in CI)."""
+    real_close = paramiko.Channel.close
+    closes: list[int] = []
+
+    def close_then_fail(chan: paramiko.Channel) -> None:
+        real_close(chan)
+        closes.append(chan.get_id())
+        raise EOFError()
+
+    host = make_host(farm, no_ssh_config, max_output_bytes=1 << 20)
+    try:
+        monkeypatch.setattr(paramiko.Channel, "close", close_then_fail)
+        with pytest.raises(HostError, match="more than 1 MiB"):
+            host.run(["sh", "-c", "yes gpuq | head -c 5000000"])
+        assert host.run(["echo", "still here"]).stdout == "still here\n"
+        assert len(closes) == 2
+    finally:
+        monkeypatch.undo()
         host.close()
 
 

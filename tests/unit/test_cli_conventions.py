@@ -243,3 +243,34 @@ def test_cancel_of_several_asks_in_a_terminal(home: Path, answer: str, code: int
     assert "cancel 2 jobs of sweep(s) qnew0002, qold0001?" in out
     states = _states(home)
     assert states["qold0001:wide"] == state and states["qnew0002:deep"] == state
+
+
+def test_an_eof_error_inside_gpuq_is_its_own_traceback_not_aborted(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """click turns every EOFError into Abort; gpuq says "aborted" only for a prompt the user left
+    unanswered, and lets any other EOFError (a dropped connection nobody caught) show what it is."""
+    import io
+
+    import click
+
+    from orchestrator.cli.main import cli, main
+
+    @click.command("eof-inside")
+    def eof_inside() -> None:
+        raise EOFError("connection closed under gpuq")
+
+    @click.command("eof-at-prompt")
+    def eof_at_prompt() -> None:
+        click.confirm("go on?", abort=True)
+
+    monkeypatch.setitem(cli.commands, "eof-inside", eof_inside)
+    monkeypatch.setitem(cli.commands, "eof-at-prompt", eof_at_prompt)
+    with pytest.raises(EOFError, match="connection closed under gpuq"):
+        main(["eof-inside"])
+    assert "aborted" not in capsys.readouterr().err
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    with pytest.raises(SystemExit) as ended:
+        main(["eof-at-prompt"])
+    assert ended.value.code == exitcodes.INTERRUPTED
+    assert capsys.readouterr().err.rstrip().endswith("aborted")
