@@ -75,8 +75,9 @@ MODULES: dict[str, ModuleSet] = {
         ),
     ),
     # The agent's claim path (enqueue: which launch orders are written, "busy" while another attempt
-    # lives), tested in process.
-    "inbox": ModuleSet(("payload/agent/gpuq_inbox.py",), ("tests/unit/test_agent_enqueue.py",)),
+    # lives) and what collect sends home for a finished job, tested in process.
+    "inbox": ModuleSet(("payload/agent/gpuq_inbox.py",), ("tests/unit/test_agent_enqueue.py",
+                                                          "tests/unit/test_agent_collect.py")),
     # What the agent launches for an attempt (environment, argv, run-dir links, secrets, grace), in process.
     "launch": ModuleSet(("payload/agent/gpuq_launch.py",), ("tests/unit/test_agent_launch.py",)),
     # gpuq_serve.py (the agent's serve loop: claiming from the inbox, starting wrappers, reaping) is not a

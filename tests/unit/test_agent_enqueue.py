@@ -156,3 +156,20 @@ def test_collect_refuses_a_bad_job_id_and_lists_only_real_result_files(tmp_path:
         (f"{P.RESULT_DIR}/b.txt", 2), (f"{P.RESULT_DIR}/sub/a.txt", 1), (f"{P.CKPT_DIR}/{P.BEST_CKPT}", 4)]
     assert got["files"][0]["sha256"] == "3b64db95cb55c763391c707108489ae18b4112d783300de38e033b4c98c3deaf"
     assert (got["attempt"], got["summary"], got["ckpt"]) == (0, None, None)
+
+
+def test_what_enqueue_writes_and_prints_is_sorted_and_beside_its_target(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Temporary files go next to their target (never the agent's cwd: /proc takes no file), the
+    secrets dir may exist already, and every document is written with sorted keys."""
+    monkeypatch.chdir("/proc")
+    root = tmp_path / "root"
+    (root / P.SECRETS_DIR).mkdir(parents=True)
+    order = {"specs": [_spec("c2", zeta=1, alpha=2), _spec("c1")], "secrets": {"q1": {"Z": "1", "A": "2"}}}
+    code = inbox.cmd_enqueue(str(root), io.StringIO(json.dumps(order)))
+    out = capsys.readouterr().out
+    assert code == 0 and out == '{"c1": "queued", "c2": "queued"}\n'
+    assert (root / P.INBOX_DIR / "c2.json").read_text() == json.dumps(_spec("c2", zeta=1, alpha=2), sort_keys=True)
+    assert (root / P.SECRETS_DIR / "q1.json").read_text() == '{"A": "2", "Z": "1"}'
+    assert sorted(os.listdir(root / P.INBOX_DIR)) == ["c1.json", "c2.json"]
