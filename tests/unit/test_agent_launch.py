@@ -219,3 +219,30 @@ def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(launch.subprocess, "run", broken)
     assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
+
+
+def test_a_spec_without_optional_fields_gives_empty_values_never_none(tmp_path: Path) -> None:
+    env = _env(tmp_path, {}, {})
+    for key in ("GPUQ_JOB_NAME", "GPUQ_QUEUE_ID", "GPUQ_TASK", "GPUQ_EPOCHS", "GPUQ_SPEC_HASH", "GPUQ_BUNDLE_SHA"):
+        assert env[key] == "", key
+    assert env["GPUQ_CONFIG"] == f"{tmp_path}/bundles/{P.BUNDLE_WORKDIR}/"
+    assert _env(tmp_path, {"env": {"MKL_NUM_THREADS": "5"}}, {})["MKL_NUM_THREADS"] == "5"
+    many = _env(tmp_path, {}, {"total_slots": 64, "slots": [0]})
+    assert many["OMP_NUM_THREADS"] == many["MKL_NUM_THREADS"] == str(hostfacts.thread_cap(64))
+    resumed = _env(tmp_path, {"resume_from": {"step": 8, "file": "a.pt"}}, {})
+    assert resumed["GPUQ_RESUME_FROM"] == '{"file": "a.pt", "step": 8}'  # sorted: the same text every launch
+    spec = {"bundle_sha": SHA, "run": {"launcher": "python", "command": ["t.py", "{name}", "{master_port}", "x"]}}
+    lay = files.Layout(str(tmp_path))
+    argv = launch.job_argv(lay, "c1", 1, spec, launch.build_env(lay, "c1", 1, spec, {}), "/py", 1)
+    assert argv == ["/py", "t.py", "", "", "x"]
+
+
+def test_a_queue_id_with_a_slash_or_none_reads_no_secrets(tmp_path: Path) -> None:
+    lay = files.Layout(str(tmp_path))
+    (tmp_path / P.SECRETS_DIR / "x").mkdir(parents=True)
+    for name in ("x/q1.json", ".json", "None.json", "XXXX.json"):
+        (tmp_path / P.SECRETS_DIR / name).write_text(json.dumps({"HF_TOKEN": "leaked"}))
+    run = {"forward_env": ["HF_TOKEN"]}
+    assert launch.secrets_for(lay, {"queue_id": "x/q1", "run": run}) == {}
+    assert launch.secrets_for(lay, {"queue_id": "", "run": run}) == {}
+    assert launch.secrets_for(lay, {"run": run}) == {}
