@@ -131,7 +131,7 @@ def test_a_channel_that_cannot_be_closed_never_hides_the_hosts_error(farm: HostF
         with pytest.raises(HostError, match="more than 1 MiB"):
             host.run(["sh", "-c", "yes gpuq | head -c 5000000"])
         assert host.run(["echo", "still here"]).stdout == "still here\n"
-        assert len(closes) == 2
+        assert len(set(closes)) == 2  # both commands' channels went through the failing close
     finally:
         monkeypatch.undo()
         host.close()

@@ -30,10 +30,11 @@ def archive(payload: bytes | None = None) -> bytes:
     """A torch-format checkpoint (a zip with one ``<name>/data.pkl``) built without torch: by default a
     pickled state dict of plain values."""
     buf = io.BytesIO()
+    stamp = (2026, 1, 1, 0, 0, 0)  # fixed, so that two calls give the same bytes (zip entries carry a time)
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("archive/data.pkl", payload if payload is not None else pickle.dumps({"step": 8, "lr": 0.1},
-                                                                                        protocol=2))
-        zf.writestr("archive/version", "3\n")
+        zf.writestr(zipfile.ZipInfo("archive/data.pkl", stamp),
+                    payload if payload is not None else pickle.dumps({"step": 8, "lr": 0.1}, protocol=2))
+        zf.writestr(zipfile.ZipInfo("archive/version", stamp), "3\n")
     return buf.getvalue()
 
 
