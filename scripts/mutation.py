@@ -70,6 +70,7 @@ MODULES: dict[str, ModuleSet] = {
         ("orchestrator/api/checkpoints.py",),
         (
             "tests/unit/test_ship_checkpoint.py",
+            "tests/unit/test_place_run_checkpoint.py",
             "tests/unit/test_place_checkpoint.py",
             "tests/unit/test_late_preemption.py",
         ),

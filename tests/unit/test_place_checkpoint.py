@@ -67,8 +67,9 @@ class World:
         return [e.message for e in self.ctx.ledger.events(subject=self.job) if e.subject == self.job]
 
 
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+def running_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: str = "") -> Iterator[World]:
+    """One RUNNING job of sweep qaaaaaa on the local host with the real agent; ``run`` is the
+    sweep's [run] table as the ledger keeps it (JSON), for a project's own trainer."""
     home = tmp_path / "home"
     monkeypatch.setenv("GPUQ_HOME", str(home))
     ctx = open_context(overrides={"ship_checkpoints": "always"})
@@ -76,7 +77,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     install_agent(Path(local.root))
     ctx.ledger.update_host("local", agent_bundle=SHA)
     ctx.ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir=str(tmp_path), queue_text="",
-                         jobs=[JobSpec(name="a", config="c.yaml", task="t")], default_retries=0)
+                         jobs=[JobSpec(name="a", config="c.yaml", task="t")], default_retries=0, run=run)
     job = job_id_for("qaaaaaa", "a")
     ctx.ledger.start_attempt(job, host="local", bundle_sha=SHA)
     ctx.ledger.transition(job, AttemptState.RUNNING, attempt=1)
@@ -85,6 +86,11 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         yield World(ctx, Path(local.root), home, job)
     finally:
         ctx.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    yield from running_world(tmp_path, monkeypatch)
 
 
 def test_a_shipped_checkpoint_brings_its_best_and_whole_metric_lines(world: World) -> None:
