@@ -278,6 +278,12 @@ def test_checkpoints_are_recorded_once_per_sha_and_one_copy_is_durable(ledger: L
     ledger.start_attempt(b, host="h", bundle_sha="s")
     ledger.record_checkpoint(b, 1, {"file": "x.pt", "step": 1, "sha256": "d" * 64, "bytes": 1200})
     assert ledger.checkpoint_bytes_by_config() == {"big.yaml": 1200}
+    # the same bytes in another job are that job's own checkpoint; a bare pointer gets empty values
+    ledger.record_checkpoint(b, 1, {"file": "same.pt", "step": 3, "sha256": "a" * 64, "bytes": 900})
+    ledger.record_checkpoint(b, 1, {"sha256": "e" * 64})
+    assert {(r.file, r.step, r.sha256[0], r.bytes) for r in ledger.checkpoints(b)} == {
+        ("x.pt", 1, "d", 1200), ("same.pt", 3, "a", 900), ("", 0, "e", 0)}
+    assert len(ledger.checkpoints(a)) == 2
 
 
 def test_metrics_scopes_and_curves_in_step_order(ledger: Ledger) -> None:
