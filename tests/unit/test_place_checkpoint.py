@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ import pytest
 
 from orchestrator.api import checkpoints as ck
 from orchestrator.api.context import Context, open_context
+from orchestrator.errors import HostError
+from orchestrator.hosts.base import too_big
 from orchestrator.ledger import Job
 from orchestrator.specs import CommandResult, JobSpec, job_id_for
 from orchestrator.states import AttemptState, JobState
@@ -137,6 +140,23 @@ def test_entries_that_are_not_shipped(world: World, entry: dict[str, Any]) -> No
     assert not (world.home / "checkpoints").exists() or world.kept() == []
 
 
+def test_entries_not_shipped_never_stop_the_ones_after_them(world: World) -> None:
+    pointer = world.save(8)
+    row = world.ctx.ledger.host("local")
+    assert row is not None
+    skipped: list[Any] = ["not an entry", {"job_id": world.job, "state": "exited", "ckpt": pointer},
+                          {"job_id": "c" + "0" * 12, "state": "running", "ckpt": pointer},
+                          {"job_id": world.job, "state": "running"},  # neither pointer nor project mtime
+                          {"job_id": world.job, "state": "running", "run_ckpt_mtime": True}]
+    doc = {"jobs": [*skipped, {"job_id": world.job, "state": "running", "attempt": 3, "ckpt": pointer}]}
+    assert ck.ship_checkpoints(world.ctx, row, doc) == [world.job]
+    # the attempt the host reported is the checkpoint's; without one, the job's current attempt
+    assert [c.attempt for c in world.ctx.ledger.checkpoints(world.job)] == [3]
+    newer = world.save(9, archive(pickle.dumps({"step": 9}, protocol=2)))
+    assert world.ship(newer, attempt="2") == [world.job]
+    assert [c.attempt for c in world.ctx.ledger.checkpoints(world.job)] == [3, 1]
+
+
 def test_a_failed_copy_is_an_event_once_and_nothing_is_kept(world: World) -> None:
     pointer = world.save(8)
     (world.root / "jobs" / world.job / "ckpt" / "latest-000000008.pt").unlink()
@@ -209,6 +229,74 @@ def test_why_nothing_was_copied(tmp_path: Path, code: int, stdout: str, stderr: 
     else:
         assert got == stdout[-300:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_snapshot_is_never_copied_even_with_a_pointer(tmp_path: Path) -> None:
+    pointer = json.dumps({"file": "latest-000000001.pt", "sha256": "a" * 64, "snapshot": "ckpt/.ship.pt",
+                          "bytes": 1})
+    assert ck._fetch_checkpoint(_Host(1, pointer), SHA, "c1", tmp_path) == pointer  # no copy was tried
+    assert list(tmp_path.iterdir()) == []
+
+
+class _CopyHost(_Host):
+    """A host whose agent pinned ``data`` (None: the copy breaks off before a byte arrives)."""
+
+    def __init__(self, data: bytes | None, *, size: int | None = None, sha: str | None = None,
+                 rm_fails: bool = False) -> None:
+        real = data or b""
+        pointer = {"file": "latest-000000001.pt", "step": 1, "snapshot": "ckpt/.ship.pt",
+                   "sha256": sha or hashlib.sha256(real).hexdigest(), "bytes": len(real) if size is None else size}
+        super().__init__(0, json.dumps(pointer))
+        self.data, self.rm_fails = data, rm_fails
+        self.gets: list[tuple[str, int | None]] = []
+        self.removed: list[list[str]] = []
+
+    def run(self, argv: Any, *, timeout: float = 60.0) -> CommandResult:
+        if argv[0] != "rm":
+            return self.result
+        self.removed.append(list(argv))
+        if self.rm_fails:
+            raise HostError(self.name, "connection dropped")
+        return CommandResult(host="h1", argv=tuple(argv), exit_code=0, stdout="", stderr="", duration_s=0.0)
+
+    def get(self, remote: str, local: Path, *, size: int | None = None, progress: Any = None) -> None:
+        self.gets.append((remote, size))
+        if self.data is None:
+            raise HostError(self.name, "download broke off")
+        if size is not None and len(self.data) > size:
+            raise too_big(self.name, remote, len(self.data), size)
+        local.write_bytes(self.data)
+
+
+def test_the_pinned_copy_is_fetched_within_its_size_and_unpinned(tmp_path: Path) -> None:
+    host = _CopyHost(b"")  # an empty file is a size like any other
+    got = ck._fetch_checkpoint(host, SHA, "c1", tmp_path)
+    assert not isinstance(got, str), got
+    pointer, part = got
+    assert (part, part.read_bytes()) == (tmp_path / ".checkpoint.part", b"")
+    assert pointer == {"file": "latest-000000001.pt", "step": 1, "sha256": hashlib.sha256(b"").hexdigest(), "bytes": 0}
+    assert host.gets == [("/r/jobs/c1/ckpt/.ship.pt", 0)]
+    assert host.removed == [["rm", "-f", "/r/jobs/c1/ckpt/.ship.pt"]]
+    # the pin cannot be removed (the link dropped after the copy): the copy still counts
+    assert not isinstance(ck._fetch_checkpoint(_CopyHost(b"abc", rm_fails=True), SHA, "c1", tmp_path), str)
+
+
+@pytest.mark.parametrize(("host", "why"), [
+    (_CopyHost(None), "host h1: download broke off"),
+    (_CopyHost(b"abcdef", size=3), str(too_big("h1", "/r/jobs/c1/ckpt/.ship.pt", 6, 3))),
+    (_CopyHost(b"abc", sha="0" * 64), "latest-000000001.pt did not match its pointer (torn or replaced)"),
+    (_CopyHost(b"abc", size=4), "latest-000000001.pt did not match its pointer (torn or replaced)"),
+])
+def test_a_copy_that_breaks_off_or_does_not_match_leaves_nothing(tmp_path: Path, host: _CopyHost, why: str) -> None:
+    assert ck._fetch_checkpoint(host, SHA, "c1", tmp_path) == why
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_host_pointer_that_is_not_json_means_the_controllers_copy_is_pushed(world: World) -> None:
+    world.ship(world.save(8))
+    (world.root / "jobs" / world.job / "ckpt" / "LATEST").write_text("{not json")
+    assert ck.place_checkpoint(world.ctx, world.job_row(), "local") == "pushed checkpoint step 8"
+    assert json.loads((world.root / "jobs" / world.job / "ckpt" / "LATEST").read_text())["step"] == 8
 
 
 @pytest.mark.parametrize(("have", "pointer", "newer"), [
