@@ -155,6 +155,12 @@ def test_entries_not_shipped_never_stop_the_ones_after_them(world: World) -> Non
     newer = world.save(9, archive(pickle.dumps({"step": 9}, protocol=2)))
     assert world.ship(newer, attempt="2") == [world.job]
     assert [c.attempt for c in world.ctx.ledger.checkpoints(world.job)] == [3, 1]
+    # an entry no newer than the kept copy is passed over, and the next one is still read
+    newest = world.save(10, archive(pickle.dumps({"step": 10}, protocol=2)))
+    doc = {"jobs": [{"job_id": world.job, "state": "running", "ckpt": newer},
+                    {"job_id": world.job, "state": "running", "ckpt": newest}]}
+    assert ck.ship_checkpoints(world.ctx, row, doc) == [world.job]
+    assert ck.newest_durable(world.ctx, world.job).step == 10
 
 
 def test_a_failed_copy_is_an_event_once_and_nothing_is_kept(world: World) -> None:

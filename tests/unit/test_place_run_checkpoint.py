@@ -67,6 +67,11 @@ def test_a_projects_checkpoint_comes_home_with_the_whole_lines_of_its_metrics(wo
     # the same file again (no newer mtime) is not copied again; a newer one is
     assert _ship(world, mtime) == []
     assert _ship(world, mtime - 5) == []
+    row = world.ctx.ledger.host("local")
+    assert row is not None
+    stale_then_new = {"jobs": [{"job_id": world.job, "state": "running", "run_ckpt_mtime": mtime},
+                               {"job_id": world.job, "state": "running", "run_ckpt_mtime": mtime + 1}]}
+    assert ck.ship_checkpoints(world.ctx, row, stale_then_new) == [world.job]  # the stale entry stops nothing
     newer = _project_job(world, b"weights of epoch 2", "step,loss\n1,2.0\n")
     os.utime(world.root / "jobs" / world.job / "run" / "ckpt" / "e1.pt", (mtime + 10, mtime + 10))
     assert newer and _ship(world, mtime + 10) == [world.job]
