@@ -281,8 +281,11 @@ def breakdown(farm: Any, jobs: Sequence[tuple[str, str]]) -> dict[str, float]:
     runs = []
     for job_id, host in jobs:
         jdir = farm.hosts[int(host[len("bench"):])].root / "gpuq" / "jobs" / job_id
-        launch = json.loads((jdir / "attempts" / "1" / "launch.json").read_text())
-        exit_doc = json.loads((jdir / "attempts" / "1" / "exit.json").read_text())
+        # the attempt that ran on this host: a job stolen from a busy host's inbox runs as attempt 2
+        ran = max((p for p in (jdir / "attempts").iterdir() if (p / "launch.json").is_file()),
+                  key=lambda p: int(p.name))
+        launch = json.loads((ran / "launch.json").read_text())
+        exit_doc = json.loads((ran / "exit.json").read_text())
         summary = json.loads((jdir / "result" / "summary.json").read_text())
         runs.append({"host": host, "slots": launch["slots"], "launch": iso(launch["time"]),
                      "up": iso(exit_doc["started_at"]), "end": iso(exit_doc["ended_at"]),
