@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.api import checkpoints as ck
 from orchestrator.errors import GpuqError
-from tests.unit.test_place_checkpoint import World, running_world
+from tests.support.checkpointworld import World, running_world
 
 RUN = {"checkpoint": ["ckpt/*.pt"], "metrics": "logs/metrics.csv", "command": ["train.py"]}
 WEIGHTS = b"weights of epoch 1"
@@ -72,9 +72,9 @@ def test_a_projects_checkpoint_comes_home_with_the_whole_lines_of_its_metrics(wo
     stale_then_new = {"jobs": [{"job_id": world.job, "state": "running", "run_ckpt_mtime": mtime},
                                {"job_id": world.job, "state": "running", "run_ckpt_mtime": mtime + 1}]}
     assert ck.ship_checkpoints(world.ctx, row, stale_then_new) == [world.job]  # the stale entry stops nothing
-    newer = _project_job(world, b"weights of epoch 2", "step,loss\n1,2.0\n")
+    _project_job(world, b"weights of epoch 2", "step,loss\n1,2.0\n")
     os.utime(world.root / "jobs" / world.job / "run" / "ckpt" / "e1.pt", (mtime + 10, mtime + 10))
-    assert newer and _ship(world, mtime + 10) == [world.job]
+    assert _ship(world, mtime + 10) == [world.job]
     assert (kept / "run" / "ckpt" / "e1.pt").read_bytes() == b"weights of epoch 2"
     assert (kept / "run" / "logs" / "metrics.csv").read_text() == "step,loss\n1,2.0\n"
 

@@ -4,16 +4,15 @@ agent's ``snapshot`` verb)."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import pickle
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from orchestrator.api.checkpoints import _fetch_checkpoint
 from orchestrator.hosts.local import LocalHost
+from tests.support.checkpointworld import archive
 from tests.support.jobtree import SHA, install_agent
 
 JOB = "c0123456789ab"
@@ -24,18 +23,6 @@ def host(tmp_path: Path) -> LocalHost:
     root = tmp_path / "host"
     install_agent(root)
     return LocalHost(root)
-
-
-def archive(payload: bytes | None = None) -> bytes:
-    """A torch-format checkpoint (a zip with one ``<name>/data.pkl``) built without torch: by default a
-    pickled state dict of plain values."""
-    buf = io.BytesIO()
-    stamp = (2026, 1, 1, 0, 0, 0)  # fixed, so that two calls give the same bytes (zip entries carry a time)
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr(zipfile.ZipInfo("archive/data.pkl", stamp),
-                    payload if payload is not None else pickle.dumps({"step": 8, "lr": 0.1}, protocol=2))
-        zf.writestr(zipfile.ZipInfo("archive/version", stamp), "3\n")
-    return buf.getvalue()
 
 
 class _Boom:
