@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator import host_documents, observed, protocol, stops
+from orchestrator import host_documents, observed, protocol, slurm_hosts, stops
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -359,13 +359,16 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
     (at least one more heartbeat), then assigned jobs in order behind them.
     """
     total = row.slots_total
+    slurm = slurm_hosts.settings_of(row)
     if row.kind == "local":
         total = settings.local_cpu_slots or os.cpu_count() or 1
+    elif slurm is not None:  # a slot is a place in Slurm's queue (the host's job cap); Slurm packs the GPUs
+        total = slurm.max_jobs
     free_at = [0.0] * max(total, 0)
     mine = [j for j in active if j.host == row.name]
     mine.sort(key=lambda j: (j.state != JobState.RUNNING.value, attempts[j.id].created_at if j.id in attempts else 0))
     for job in mine:
-        need = min(job.gpus, len(free_at))
+        need = 1 if slurm is not None else min(job.gpus, len(free_at))
         if need <= 0:
             continue
         est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
@@ -386,7 +389,8 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
         gate = max(row.min_free_gb, settings.min_free_gb) * 1e9
         budget = max(0, int(row.disk_free_bytes - gate))
     return HostSlots(host=row.name, total=total, usable=not reason and total > 0, slot_free_at=tuple(free_at),
-                     reason=reason, disk_free_bytes=budget)
+                     reason=reason, disk_free_bytes=budget, job_slots=1 if slurm is not None else 0,
+                     max_gpus=(slurm.gpus_per_node or None) if slurm is not None and slurm.gres else None)
 
 
 def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int, est_min: float | None,
@@ -445,7 +449,9 @@ class HealthVerdict:
 
 
 def _needs_preflight(row: HostRow | None) -> bool:
-    return row is not None and row.health == ""
+    """A host's first job waits for its GPU preflight; a Slurm login node has no GPUs of its own to
+    check (Slurm's node health is the cluster's business)."""
+    return row is not None and row.health == "" and row.kind != "slurm"
 
 
 def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | None = None) -> HealthVerdict:
@@ -513,6 +519,12 @@ def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, decided: Plan, job
     by_host: dict[str, list[Job]] = {}
     for assignment in decided.assignments:
         by_host.setdefault(assignment.host, []).append(jobs[assignment.job_id])
+    for name, group in by_host.items():
+        row = ledger.host(name)
+        slurm = slurm_hosts.settings_of(row) if row is not None else None
+        if slurm is not None:  # a Slurm host's queue is Slurm's: send no more than its cap, the rest stay QUEUED
+            held = sum(1 for j in ledger.jobs(states=ACTIVE) if j.host == name and j.id not in jobs)
+            by_host[name] = group[:max(0, slurm.max_jobs - held)]
     hosts = {name: fleet.named(name) for name in by_host}
     return deliver_all(ledger, hosts, bundle_sha, by_host, settings)
 
@@ -533,6 +545,8 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
     slots: list[HostSlots] = []
     rows = ledger.hosts()
     for row in rows:
+        if row.kind == "slurm":
+            continue  # nothing waits in a Slurm host's inbox (Slurm holds the queue), and its slots are not GPUs
         report = reports.get(row.name)
         if report is not None and report.ok:
             docs = report.doc.get("jobs", [])

@@ -17,7 +17,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -31,10 +31,11 @@ from orchestrator.ledger import Host as HostRow
 from orchestrator.ledger import Ledger
 
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`)
-    from orchestrator.hosts.ssh import Endpoint, SSHHost, SSHOptions
+    from orchestrator.hosts.ssh import Endpoint, SSHOptions
 
 HOST_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 DEFAULT_SSH_PROFILE = "ssh"
+SLURM_ON_THIS_MACHINE = "local"  # `gpuq hosts add NAME --slurm local`: gpuq itself runs on the login node
 
 # Runs on the host with its own interpreter (argv[1] = the data dir, "$HOME" allowed).
 # Prints one JSON document; exit 0 even when a check fails, so the controller can explain.
@@ -130,8 +131,12 @@ class Fleet:
             cached = self._hosts.get(row.name)
             if cached is not None:
                 return cached
-            if row.kind != "ssh":
+            if row.kind not in ("ssh", "slurm"):
                 raise HostError(row.name, f"host kind {row.kind!r} is not supported by this gpuq")
+            if row.kind == "slurm" and row.target == SLURM_ON_THIS_MACHINE:  # gpuq runs on the login node
+                here = LocalHost(Path(row.root), name=row.name, python=row.python)
+                self._hosts[row.name] = here
+                return here
             from orchestrator.hosts.ssh import SSHHost, resolve
 
             endpoint = resolve(row.target, port=row.port, user=row.user, key_file=row.key_path)
@@ -181,8 +186,12 @@ def register(
     root: str = "",
     python: str = "",
     trust_new_host_key: bool = False,
+    then: Callable[[Host, Registered], None] | None = None,
 ) -> Registered:
-    """Audit the host over a verified connection, then record it.  All or nothing."""
+    """Audit the host over a verified connection, then record it.  All or nothing.
+
+    ``then``: more checks on the same connection before anything is recorded (a Slurm login
+    node's, orchestrator/slurm_hosts.py); it may change the row and add warnings, and raises to refuse."""
     from orchestrator.hosts.ssh import SSHHost, resolve
 
     if not HOST_NAME.match(name) or name == LOCAL_HOST:
@@ -200,7 +209,7 @@ def register(
     host = SSHHost(name, endpoint, root=want_root, python=interpreter,
                    options=ssh_options(settings, trust_new=trust_new_host_key))
     try:
-        facts = _audit(host, interpreter, want_root)
+        facts = audit(host, interpreter, want_root)
         out = Registered(_row_for(name, target, endpoint, port, key, prof.name, facts, interpreter,
                                   prof.launch.train_device, prof.launch.min_free_gb), facts)
         out.trusted_key = host.trusted_keys[0] if host.trusted_keys else ""
@@ -212,6 +221,8 @@ def register(
         if not facts.get("gpus"):
             detail = f" ({facts['gpu_error']})" if facts.get("gpu_error") else ""
             out.warnings.append(f"no GPUs reported by nvidia-smi{detail}: jobs get {facts.get('cpus', 1)} CPU slots")
+        if then is not None:
+            then(host, out)
         ledger.add_host(out.row)
         return out
     except BaseException:
@@ -223,7 +234,8 @@ def register(
         host.close()
 
 
-def _audit(host: SSHHost, interpreter: str, root: str) -> dict[str, Any]:
+def audit(host: Host, interpreter: str, root: str) -> dict[str, Any]:
+    """The registration audit's facts (see AUDIT); HostError when the host cannot serve as one."""
     try:
         result = host.run([interpreter, "-c", AUDIT, root], timeout=60)
     except HostUnreachable as exc:

@@ -162,8 +162,23 @@ class Pointer(_Open):
     bytes: Count | None = None
 
 
+class SlurmJob(_Open):
+    """Slurm's word on a job of a Slurm host (squeue): its id, state and pending reason."""
+
+    id: Annotated[str, Field(max_length=32, pattern=r"^[0-9]*$")] = ""
+    state: Short = ""
+    reason: Annotated[str, Field(max_length=256)] = ""
+    nodes: Annotated[str, Field(max_length=256)] = ""
+
+
+class SlurmSection(_Open):
+    jobs: Count = 0
+    error: Annotated[str, Field(max_length=1024)] = ""
+
+
 class JobEntry(_Open):
     job_id: Short
+    slurm: SlurmJob | None = None
     attempt: Count = 0
     state: Short = ""
     boot_id: Short | None = None
@@ -195,6 +210,7 @@ class StatusDocument(_Open):
     gpus: Annotated[list[Gpu], Field(max_length=MAX_GPUS)] = []
     bundles: Annotated[list[Short], Field(max_length=MAX_ITEMS)] = []
     jobs: Annotated[list[JobEntry], Field(max_length=MAX_JOBS)] = []
+    slurm: SlurmSection | None = None
 
 
 # --- health, reap (docs/health.md) ----------------------------------------------------------

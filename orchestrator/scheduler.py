@@ -262,7 +262,6 @@ class _ListScheduler:
         disk_left = dict(self.disk0)
         run = _Pass([], [], slots)
         for seq, job in enumerate(order):
-            need = max(1, job.gpus)
             fits, why = self._static(job)
             best: tuple[float, float, str] | None = None
             est = max(0.0, job.est_s)
@@ -270,16 +269,17 @@ class _ListScheduler:
                 left = disk_left[h.host]
                 if left is not None and left < job.disk_bytes:
                     continue
-                start = slots[h.host][need - 1]
+                start = slots[h.host][job_need(job.gpus, h) - 1]
                 finish = start + est / h.speed
                 if best is None or (finish, start, h.host) < best:
                     best = (finish, start, h.host)
             if best is None:
                 if fits:  # every host that fits it is out of disk: say how much is left
-                    _, why = _candidates(job, need, self.hosts, self.by_name, self.usable, disk_left)
+                    _, why = _candidates(job, max(1, job.gpus), self.hosts, self.by_name, self.usable, disk_left)
                 run.unplaced.append((job.job_id, why))
                 continue
             finish, start, name = best
+            need = job_need(job.gpus, self.by_name[name])
             times = slots[name]
             times[:need] = [finish] * need
             times.sort()
@@ -288,6 +288,12 @@ class _ListScheduler:
                 disk_left[name] = left - job.disk_bytes
             run.placed.append((start, seq, Placement(job.job_id, name, start, finish)))
         return run
+
+
+def job_need(gpus: int, host: HostSlots) -> int:
+    """Slots one job takes on ``host``: its GPUs, or the host's fixed share per job (a Slurm host
+    counts places in its queue, and Slurm packs the GPUs)."""
+    return host.job_slots or max(1, gpus)
 
 
 def _candidates(
@@ -314,9 +320,9 @@ def _candidates(
         return [], f"no usable host ({down})"
     else:
         pool = list(usable)
-    fits = [h for h in pool if h.total >= need]
+    fits = [h for h in pool if h.total >= job_need(job.gpus, h) and (h.max_gpus is None or need <= h.max_gpus)]
     if not fits:
-        most = max(h.total for h in pool)
+        most = max(h.total if h.max_gpus is None else h.max_gpus for h in pool)
         where = f"host {job.host_pin} has" if job.host_pin is not None else "the largest usable host has"
         return [], f"needs {need} slots (gpus={need}); {where} {most}"
     room = [h for h in fits if (left := disk_left[h.host]) is None or left >= job.disk_bytes]

@@ -82,6 +82,8 @@ class HostSlots(BaseModel):
     slot_free_at: tuple[float, ...] = ()
     disk_free_bytes: int | None = None
     reason: str = ""
+    job_slots: int = 0  # > 0: every job takes this many slots here whatever its GPUs (a Slurm host: 1)
+    max_gpus: int | None = None  # the most GPUs one job may ask for here (a Slurm node's GRES), None = total
     speed: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from orchestrator.api.hosts import (
         HostDetail,
         hosts_add,
+        hosts_add_slurm,
         hosts_list,
         hosts_release,
         hosts_rm,
@@ -58,6 +59,7 @@ _WHERE = {
     "dry_run": "orchestrator.api.dryrun",
     "host_for": "orchestrator.api.context",
     "hosts_add": "orchestrator.api.hosts",
+    "hosts_add_slurm": "orchestrator.api.hosts",
     "hosts_list": "orchestrator.api.hosts",
     "hosts_release": "orchestrator.api.hosts",
     "hosts_rm": "orchestrator.api.hosts",
@@ -122,6 +124,7 @@ __all__ = [
     "dry_run",
     "host_for",
     "hosts_add",
+    "hosts_add_slurm",
     "hosts_list",
     "hosts_release",
     "hosts_rm",

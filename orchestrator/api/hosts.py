@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import controller, fleet, protocol, setup_holds
+from pydantic import ValidationError
+
+from orchestrator import controller, fleet, protocol, setup_holds, slurm_hosts
 from orchestrator.api.context import Context, _verified_ids
 from orchestrator.config import LOCAL_HOST
 from orchestrator.errors import HostError, UsageError
@@ -20,6 +23,27 @@ def hosts_add(ctx: Context, name: str, target: str, *, port: int | None = None, 
     """Register an SSH host after a strictly verified connection and a one-round-trip audit."""
     return fleet.register(ctx.ledger, ctx.settings, name, target, port=port, key=key, profile=profile, root=root,
                           python=python, trust_new_host_key=trust_new_host_key)
+
+
+def hosts_add_slurm(ctx: Context, name: str, target: str, *, port: int | None = None, key: str = "", root: str = "",
+                    python: str = "", profile: str = fleet.DEFAULT_SSH_PROFILE, trust_new_host_key: bool = False,
+                    partition: str = "", account: str = "",
+                    qos: str = "", time_limit: str = "", sbatch_args: Sequence[str] = (),
+                    max_jobs: int | None = None, probe_wait_s: float = slurm_hosts.PROBE_WAIT_S) -> fleet.Registered:
+    """Register a Slurm cluster's login node (docs/slurm.md): the host audit, then Slurm's."""
+    fields: dict[str, Any] = {"partition": partition, "account": account, "qos": qos, "time_limit": time_limit,
+                              "sbatch_args": tuple(sbatch_args)}
+    if max_jobs is not None:
+        fields["max_jobs"] = max_jobs
+    try:
+        wanted = slurm_hosts.SlurmSettings(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "--" + str(first["loc"][0]).replace("_", "-") if first.get("loc") else "option"
+        raise UsageError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+    return slurm_hosts.register(ctx.ledger, ctx.settings, name, target, wanted, port=port, key=key, root=root,
+                                python=python, profile=profile, trust_new_host_key=trust_new_host_key,
+                                probe_wait_s=probe_wait_s)
 
 
 def hosts_list(ctx: Context) -> list[HostRow]:

@@ -44,7 +44,7 @@ class _Open(BaseModel):
 class Slots(_Open):
     """Empty when the probe failed."""
 
-    kind: Literal["gpu", "cpu"] | None = None
+    kind: Literal["gpu", "cpu", "slurm"] | None = None
     total: int | None = Field(default=None, ge=0)
     free: int | None = Field(default=None, ge=0)
 

@@ -31,28 +31,69 @@ def hosts() -> None:
 
 @hosts.command("add")
 @click.argument("name")
-@click.argument("target")
+@click.argument("target", required=False, default="")
 @click.option("--port", type=int, help="SSH port (default: from ~/.ssh/config, else 22).")
 @click.option("--key", default="", metavar="FILE", help="Private key to log in with.")
 @click.option("--profile", default="ssh", show_default=True, help="Platform profile (profiles/*.toml).")
-@click.option("--root", default="", metavar="DIR", help="gpuq's data dir on the host (default: the profile's).")
+@click.option("--root", default="", metavar="DIR",
+              help="gpuq's data dir on the host (default: the profile's); on Slurm, one the compute nodes see.")
 @click.option("--python", default="", metavar="PATH", help="Interpreter on the host (default: the profile's).")
 @click.option("--trust-new-host-key", is_flag=True,
               help="Trust an unknown host key on first use (check its fingerprint first).")
+@click.option("--slurm", "slurm_target", default="", metavar="TARGET",
+              help="A Slurm cluster: its login node (user@address or an ~/.ssh/config alias), or `local` when "
+                   "gpuq runs on the login node.  Each job becomes one Slurm job (docs/slurm.md).")
+@click.option("--partition", default="", help="Slurm partition (default: the cluster's default partition).")
+@click.option("--account", default="", help="Slurm account to charge.")
+@click.option("--qos", default="", help="Slurm QOS.")
+@click.option("--time-limit", default="", metavar="TIME",
+              help="Slurm time limit per job (MINUTES, H:MM:SS or D-HH:MM:SS); a job stopped by it resumes "
+                   "from its checkpoint in a new Slurm job.")
+@click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="--OPTION=VALUE",
+              help="Another sbatch option for every job (repeatable), e.g. --sbatch-arg=--constraint=a100.")
+@click.option("--max-jobs", type=click.IntRange(1, 100_000), default=None,
+              help="At most this many gpuq jobs in Slurm's queue at once (default 100); the rest wait in gpuq.")
 def add(name: str, target: str, port: int | None, key: str, profile: str, root: str, python: str,
-        trust_new_host_key: bool) -> None:
-    """Register host NAME reached at TARGET (user@address or an ~/.ssh/config alias)."""
+        trust_new_host_key: bool, slurm_target: str, partition: str, account: str, qos: str, time_limit: str,
+        sbatch_args: tuple[str, ...], max_jobs: int | None) -> None:
+    """Register host NAME reached at TARGET (user@address or an ~/.ssh/config alias), or a Slurm
+    cluster with --slurm TARGET."""
     from orchestrator import api
+    from orchestrator.errors import UsageError
     from orchestrator.fleet import key_fingerprint
 
-    done = api.hosts_add(_ctx(), name, target, port=port, key=key, profile=profile, root=root, python=python,
-                         trust_new_host_key=trust_new_host_key)
-    facts = done.facts
-    gpus = facts.get("gpus") or []
-    kind = f"{len(gpus)} GPU ({gpus[0]['name']})" if gpus else f"{done.row.slots_total} CPU slots"
-    click.echo(f"added {name}: {target} root={done.row.root} python={done.row.python} "
-               f"(Python {'.'.join(map(str, facts.get('version', [])))}), {kind}, "
-               f"{float(facts.get('free_bytes', 0)) / 1e9:.1f} GB free")
+    slurm_only = {"--partition": partition, "--account": account, "--qos": qos, "--time-limit": time_limit,
+                  "--sbatch-arg": sbatch_args, "--max-jobs": max_jobs}
+    if slurm_target and target:
+        raise UsageError(f"give the login node once: `gpuq hosts add {name} --slurm {slurm_target}` (no TARGET)")
+    if not slurm_target and not target:
+        raise UsageError(f"`gpuq hosts add {name} TARGET` needs TARGET (user@address or an ~/.ssh/config alias), "
+                         "or --slurm TARGET for a Slurm cluster")
+    used = [flag for flag, value in slurm_only.items() if value]
+    if used and not slurm_target:
+        raise UsageError(f"{', '.join(used)} only apply to a Slurm host: add --slurm TARGET")
+    ctx = _ctx()
+    if slurm_target:
+        done = api.hosts_add_slurm(ctx, name, slurm_target, port=port, key=key, root=root, python=python,
+                                   profile=profile,
+                                   trust_new_host_key=trust_new_host_key, partition=partition, account=account,
+                                   qos=qos, time_limit=time_limit, sbatch_args=sbatch_args, max_jobs=max_jobs)
+        about = done.facts.get("slurm") or {}
+        gpus = about.get("gpus_per_node") or 0
+        click.echo(f"added {name}: Slurm cluster via {slurm_target} ({about.get('version', '?')}), partition "
+                   f"{about.get('partition', '?')}, {f'{gpus} GPUs per node' if gpus else 'no GPU GRES'}, "
+                   f"root={done.row.root} (shared with the compute nodes: "
+                   f"{'yes' if about.get('probe') == 'shared' else 'not confirmed'}), "
+                   f"at most {done.row.slots_total} jobs in Slurm's queue")
+    else:
+        done = api.hosts_add(ctx, name, target, port=port, key=key, profile=profile, root=root, python=python,
+                             trust_new_host_key=trust_new_host_key)
+        facts = done.facts
+        gpus_found = facts.get("gpus") or []
+        kind = f"{len(gpus_found)} GPU ({gpus_found[0]['name']})" if gpus_found else f"{done.row.slots_total} CPU slots"
+        click.echo(f"added {name}: {target} root={done.row.root} python={done.row.python} "
+                   f"(Python {'.'.join(map(str, facts.get('version', [])))}), {kind}, "
+                   f"{float(facts.get('free_bytes', 0)) / 1e9:.1f} GB free")
     if done.trusted_key:
         click.echo(f"trusted new host key {key_fingerprint(done.trusted_key)} (recorded in gpuq's known_hosts)")
     for warning in done.warnings:

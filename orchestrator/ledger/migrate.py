@@ -257,8 +257,13 @@ def _v7_replacements(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE host ADD COLUMN replaces VARCHAR NOT NULL DEFAULT ''")
 
 
+def _v8_slurm(conn: sqlite3.Connection) -> None:
+    """v8: a Slurm host's settings (partition, account, qos, time limit, sbatch args, job cap, GRES)."""
+    conn.execute("ALTER TABLE host ADD COLUMN slurm VARCHAR NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
-                                                          _v5_providers, _v6_run, _v7_replacements]
+                                                          _v5_providers, _v6_run, _v7_replacements, _v8_slurm]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -9,7 +9,7 @@ from sqlmodel import Field, SQLModel
 
 class Host(SQLModel, table=True):
     name: str = Field(primary_key=True)
-    kind: str  # "local" | "ssh"
+    kind: str  # "local" | "ssh" | "slurm"
     target: str = ""
     root: str
     python: str = ""
@@ -51,6 +51,8 @@ class Host(SQLModel, table=True):
     lease_changed_at: float | None = None
     # v7: the rented host this one replaced (`gpuq resume`), so `gpuq down --sweep` finds it unused too
     replaces: str = ""
+    # v8: a Slurm host (kind "slurm"): JSON of its settings (orchestrator/slurm.py), "" otherwise
+    slurm: str = ""
 
 
 class Sweep(SQLModel, table=True):

@@ -23,6 +23,10 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
   snapshot JOB_ID         hard-link the checkpoint LATEST names to ckpt/.ship.pt, print the pointer
   version                 print the protocol version
 
+A root with slurm.json is on a Slurm login node (gpuq_slurm.py): ``enqueue --serve`` submits each
+attempt with sbatch instead of starting an agent, ``status`` asks squeue once, ``cancel`` and
+``kill`` scancel.
+
 The contract (layout, documents, exit codes, environment) lives in gpuq_protocol.py, a copy of
 orchestrator/protocol.py.  Killing is always by recorded process group after identity proof.
 
@@ -50,6 +54,7 @@ import gpuq_inbox  # noqa: E402
 import gpuq_manifest  # noqa: E402
 import gpuq_protocol as P  # noqa: E402
 import gpuq_reap  # noqa: E402
+import gpuq_slurm  # noqa: E402
 from gpuq_cancel import cmd_cancel, cmd_kill, cmd_withdraw  # noqa: E402
 from gpuq_files import Layout  # noqa: E402
 from gpuq_serve import cmd_serve  # noqa: E402
@@ -124,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
         if code != 0 or not args.serve:
             return code
+        if gpuq_slurm.config(lay) is not None:  # a Slurm login node: sbatch now, no agent stays behind
+            return gpuq_slurm.cmd_submit(lay, os.path.abspath(__file__))
         args.detach = True
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
             return cmd_serve(lay, args)

@@ -16,6 +16,7 @@ import sys
 import time
 
 import gpuq_protocol as P
+import gpuq_slurm
 from gpuq_files import Layout, mkdirs, read_json, spec_attempt, touch
 from gpuq_procs import group_alive, proc_cmdline, proc_stat, signal_group
 
@@ -76,9 +77,11 @@ def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
             continue
         mkdirs(lay.job(job_id))
         touch(lay.job(job_id, P.CANCEL_FILE))
+    on_slurm = gpuq_slurm.config(lay) is not None
     for job_id in job_ids:
         if job_id not in verdicts and job_id not in unknown:
-            verdicts[job_id] = _kill_claimed(lay, job_id)
+            verdicts[job_id] = (gpuq_slurm.cancel(lay, job_id) or "not running") if on_slurm \
+                else _kill_claimed(lay, job_id)
     for job_id in unknown:
         print(f"gpuq cancel: unknown job {job_id} (not in inbox/ or claimed/ under {lay.root})",
               file=sys.stderr)
@@ -94,7 +97,13 @@ def cmd_kill(lay: Layout, job_id: str, attempt: int) -> int:
     if not job_id or "/" in job_id or job_id.startswith("."):
         print(f"gpuq kill: bad job id {job_id!r}", file=sys.stderr)
         return P.AGENT_EXIT_USAGE
-    verdict = _kill_claimed(lay, job_id, attempt)
+    if gpuq_slurm.config(lay) is not None:
+        spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+        n = spec_attempt(spec if isinstance(spec, dict) else {})
+        verdict = gpuq_slurm.cancel(lay, job_id) if n == attempt else ""
+        verdict = "killed" if verdict.startswith("cancelled in Slurm") else verdict or "not running"
+    else:
+        verdict = _kill_claimed(lay, job_id, attempt)
     print(verdict)
     return 0 if verdict == "killed" else 1
 

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_slurm
 from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_attempt, utc
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_inbox import collect_one
@@ -117,6 +118,12 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
             seen[job_id] = where
     jobs = [job_entry(lay, j, w, now) for j, w in sorted(seen.items())]
     used = sum(len(j["slots"] or []) for j in jobs if j["state"] == "running")
+    slurm_conf = gpuq_slurm.config(lay)
+    slurm = None
+    if slurm_conf is not None:  # a login node: Slurm says which jobs live, capacity is the job cap
+        slurm = gpuq_slurm.apply_view(lay, jobs, now)
+        kind, total = "slurm", int(slurm_conf.get("max_jobs") or 1)
+        used = slurm["jobs"]
     if kind == "gpu":  # what a trainer without a heartbeat shows on its GPUs (shown, not a liveness proof:
         util = {g.get("index"): g.get("util_pct") for g in gpus}  # a hung NCCL collective spins at 100%)
         for e in jobs:
@@ -150,5 +157,7 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
            "slots": {"kind": kind, "total": total, "free": max(0, total - used)},
            "gpus": gpus, "disk": disk_info(lay.root), "memory": memory_info(), "bundles": bundles,
            "jobs": jobs, "kernel": kernel_section(getattr(args, "kernel_since", None))}
+    if slurm is not None:
+        doc["slurm"] = slurm
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     return 0

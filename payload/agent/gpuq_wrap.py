@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_slurm
 from gpuq_files import (
     Layout,
     append_line,
@@ -68,8 +69,13 @@ class Wrapper:
         self.got_signal: int | None = None
         self.sig_at: float | None = None
         self.done = threading.Event()
+        self.time_limit_near = False
+        self.slurm_restart = 0  # SLURM_RESTART_COUNT when Slurm runs this attempt (again)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGUSR1:  # Slurm's --signal=B:USR1@grace: the time limit is near
+            self.time_limit_near = True
+            signum = signal.SIGTERM  # the trainer checkpoints and stops, as for any stop request
         if self.got_signal is None:
             self.got_signal = signum
             self.sig_at = time.time()
@@ -91,6 +97,12 @@ class Wrapper:
         rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
                           trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
         rec["wrapper_signal"] = self.got_signal  # a stop from outside, whatever the trainer's code
+        if os.environ.get("SLURM_JOB_ID"):
+            rec["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+            rec["slurm_restart"] = self.slurm_restart
+            if self.time_limit_near:
+                rec["slurm_time_limit"] = True
+                rec["message"] = "Slurm time limit near (SIGUSR1): checkpointed and stopped; " + rec["message"]
         rec.update(extra or {})
         atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
         self.done.set()
@@ -98,12 +110,21 @@ class Wrapper:
         return code
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if not os.path.isdir(self.adir):
             print(f"gpuq wrap: no attempt directory {self.adir}", file=sys.stderr)
             return P.EXIT_SETUP
+        launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
+        if launch.get("slurm") and os.environ.get("SLURM_JOB_ID"):
+            self.slurm_restart = gpuq_slurm.restart_count()
+            stale = gpuq_slurm.set_aside_stale_exit(self.adir)
+            if self.slurm_restart:
+                append_line(os.path.join(self.adir, P.JOB_LOG), "=== gpuq: Slurm job %s runs this attempt again "
+                            "(restart %d)%s; resuming from the newest checkpoint ===" % (
+                                os.environ["SLURM_JOB_ID"], self.slurm_restart,
+                                ", the stopped run's record is " + os.path.basename(stale) if stale else ""))
         me = os.getpid()
         become_subreaper()
         atomic_write_json(os.path.join(self.adir, P.PGID_FILE),
@@ -129,6 +150,10 @@ class Wrapper:
     def _run(self, spec: dict[str, Any]) -> int:
         lay = self.lay
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
+        if launch.get("slurm"):
+            launch = gpuq_slurm.launch_on_node(launch)
+            if self.slurm_restart:  # the controller's resume point is older than what this attempt saved
+                spec = dict(spec, resume_from="")
         sha = str(spec.get("bundle_sha", ""))
         bundle = lay.p(P.BUNDLES_DIR, sha)
         workdir = os.path.join(bundle, P.BUNDLE_WORKDIR)

@@ -1,0 +1,254 @@
+"""Slurm hosts: a Slurm cluster's login node registered as one gpuq host (docs/slurm.md).
+
+gpuq submits into Slurm and never schedules the cluster's nodes itself: each attempt is one Slurm
+job (``sbatch``) running gpuq's wrapper from the bundle on a root the compute nodes share with the
+login node.  The host agent does the Slurm work on the login node (payload/agent/gpuq_slurm.py);
+this module holds the settings, the registration audit and what the scheduler may assume.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestrator import fleet, host_documents, protocol
+from orchestrator.config import Settings, load_profile
+from orchestrator.errors import HostError, UsageError
+from orchestrator.hosts.base import Host
+from orchestrator.hosts.local import LocalHost
+from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Ledger
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+TIME_LIMIT = re.compile(r"^([0-9]{1,6}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2}|UNLIMITED|INFINITE)$")
+# sbatch options gpuq sets itself for every attempt: a user's copy would break logs, identity or resume
+OWN_OPTIONS = ("--output", "--error", "--job-name", "--chdir", "--parsable", "--wrap", "--array", "--requeue",
+               "--no-requeue", "--signal", "--open-mode", "--comment", "--dependency", "--nodes", "--ntasks",
+               "--gres", "-o", "-e", "-J", "-D", "-a", "-N", "-n", "-d")
+DEFAULT_MAX_JOBS = 100
+PROBE_WAIT_S = 120.0
+
+
+class SlurmSettings(BaseModel):
+    """What `gpuq hosts add --slurm` records (the ledger's host.slurm, and ROOT/slurm.json for the agent)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time_limit: str = ""
+    sbatch_args: tuple[str, ...] = ()
+    max_jobs: int = Field(DEFAULT_MAX_JOBS, ge=1, le=100_000)
+    gres: bool = True  # ask for --gres=gpu:N (False: the partition has no GPU GRES; jobs get CPUs)
+    gpus_per_node: int = Field(0, ge=0, le=1024)  # from the audit; 0 = unknown
+    signal_grace_s: int = Field(0, ge=0, le=3600)  # --signal=B:USR1@this (0: kill_grace_s + 30, at least 60)
+    train_device: str = ""
+    python: str = ""
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value and not NAME.match(value):
+            raise ValueError(f"{value!r} is not a Slurm name (letters, digits, _ . + -)")
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        if value and not TIME_LIMIT.match(value):
+            raise ValueError(f"{value!r} is not a Slurm time (MINUTES, H:MM:SS, D-HH:MM:SS or UNLIMITED)")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            if not arg.startswith("-"):
+                raise ValueError(f"{arg!r}: give each sbatch option as one --name=value word")
+            flag = arg.split("=", 1)[0]
+            if flag in OWN_OPTIONS or (len(flag) == 2 and any(arg.startswith(o) for o in OWN_OPTIONS if len(o) == 2)):
+                raise ValueError(f"{arg!r}: gpuq sets {flag} itself for every job")
+        return value
+
+    def agent_config(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def settings_of(row: HostRow) -> SlurmSettings | None:
+    """A Slurm host's settings; None for other hosts (or a row an older gpuq wrote wrongly)."""
+    if row.kind != "slurm" or not row.slurm:
+        return None
+    try:
+        return SlurmSettings.model_validate_json(row.slurm)
+    except ValidationError:
+        return None
+
+
+# Runs on the login node (argv: root, settings JSON, probe wait): tools, partitions, and whether a job
+# on a compute node writes where the login node reads.  One framed JSON document; exit 0 regardless.
+AUDIT = r"""
+import json, os, shlex, subprocess, sys, uuid
+root = os.path.abspath(os.path.expanduser(sys.argv[1].replace("$HOME", os.path.expanduser("~"))))
+conf = json.loads(sys.argv[2]); wait_s = float(sys.argv[3])
+doc = {"root": root, "versions": {}, "missing": [], "partitions": [], "probe": "", "probe_detail": ""}
+def run(argv, timeout=30):
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=timeout)
+        return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    except OSError as e:
+        return 127, "", "%s: %s" % (argv[0], e.strerror or e)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else ""
+        return 124, out, "%s did not finish within %gs" % (argv[0], timeout)
+for tool in ("sinfo", "sbatch", "squeue", "scancel"):
+    code, out, err = run([tool, "--version"])
+    if code == 0:
+        doc["versions"][tool] = out.strip()[:100]
+    else:
+        doc["missing"].append("%s (%s)" % (tool, (err.strip() or "exit %d" % code)[-200:]))
+if not doc["missing"]:
+    code, out, err = run(["sinfo", "--noheader", "--format=%P|%a|%D|%G|%c|%l"])
+    if code != 0:
+        doc["missing"].append("sinfo (%s)" % (err.strip() or "exit %d" % code)[-300:])
+    for line in out.splitlines()[:1000]:
+        parts = line.strip().split("|")
+        if len(parts) == 6:
+            doc["partitions"].append({"name": parts[0].rstrip("*"), "default": parts[0].endswith("*"),
+                                      "avail": parts[1], "nodes": parts[2], "gres": parts[3][:200],
+                                      "cpus": parts[4], "time_limit": parts[5]})
+if not doc["missing"] and wait_s > 0:
+    os.makedirs(root, exist_ok=True)
+    probe = os.path.join(root, ".gpuq-slurm-probe-" + uuid.uuid4().hex[:12])
+    argv = ["sbatch", "--parsable", "--wait", "--job-name=gpuq-probe", "--output=/dev/null", "--chdir=/",
+            "--time=1", "--nodes=1", "--ntasks=1"]
+    for key, flag in (("partition", "--partition"), ("account", "--account"), ("qos", "--qos")):
+        if conf.get(key):
+            argv.append("%s=%s" % (flag, conf[key]))
+    argv += list(conf.get("sbatch_args") or [])
+    argv += ["--wrap", "echo gpuq > %s" % shlex.quote(probe)]
+    code, out, err = run(argv, timeout=wait_s)
+    seen = False
+    try:
+        with open(probe) as fh:
+            seen = fh.read().strip() == "gpuq"
+        os.unlink(probe)
+    except OSError:
+        pass
+    if seen:
+        doc["probe"] = "shared"
+    elif code == 124:
+        jid = out.strip().split(";")[0]
+        if jid.isdigit():
+            run(["scancel", jid])
+        doc["probe"] = "pending"
+        doc["probe_detail"] = "the probe job %s did not run within %gs" % (jid or "?", wait_s)
+    elif code == 0:
+        doc["probe"] = "not_shared"
+    else:
+        doc["probe"] = "failed"
+        doc["probe_detail"] = (err.strip() or out.strip() or "exit %d" % code)[-400:]
+print("\n@BEGIN@\n" + json.dumps(doc) + "\n@END@")
+""".replace("@BEGIN@", protocol.DOCUMENT_BEGIN).replace("@END@", protocol.DOCUMENT_END)
+
+WRITE_CONFIG = ('set -eu; cd "$1"; umask 077; cat > .slurm.json.tmp; mv -f .slurm.json.tmp slurm.json')
+
+
+def register(ledger: Ledger, settings: Settings, name: str, target: str, slurm: SlurmSettings, *,
+             port: int | None = None, key: str = "", root: str = "", python: str = "",
+             profile: str = fleet.DEFAULT_SSH_PROFILE, trust_new_host_key: bool = False,
+             probe_wait_s: float = PROBE_WAIT_S) -> fleet.Registered:
+    """Register a Slurm login node (over SSH, or this machine with target "local"): the host audit,
+    then the Slurm audit, then ROOT/slurm.json, then the ledger row.  All or nothing."""
+
+    def then(host: Host, out: fleet.Registered) -> None:
+        _slurm_checks(host, out, slurm, probe_wait_s)
+
+    if target != fleet.SLURM_ON_THIS_MACHINE:
+        return fleet.register(ledger, settings, name, target, port=port, key=key, root=root, python=python,
+                              profile=profile, trust_new_host_key=trust_new_host_key, then=then)
+    if not fleet.HOST_NAME.match(name) or ledger.host(name) is not None:
+        raise UsageError(f'host name "{name}": already registered, or not 1-32 of a-z 0-9 _ -')
+    if not root:
+        raise UsageError("--slurm local needs --root DIR: a directory the compute nodes see (e.g. /scratch/$USER/gpuq)")
+    interpreter = python or "python3"
+    host = LocalHost(Path(root).expanduser(), name=name, python=interpreter)
+    facts = fleet.audit(host, interpreter, root)
+    row = HostRow(name=name, kind="slurm", target=target, root=str(facts["root"]), python=interpreter,
+                  profile=profile, created_at=0.0, disk_free_bytes=facts.get("free_bytes"),
+                  train_device=load_profile(profile).launch.train_device)
+    out = fleet.Registered(row, facts)
+    then(host, out)
+    ledger.add_host(out.row)
+    return out
+
+
+def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe_wait_s: float) -> None:
+    row = out.row
+    result = host.run([row.python or "python3", "-c", AUDIT, row.root, slurm.model_dump_json(), str(probe_wait_s)],
+                      timeout=probe_wait_s + 120)
+    if result.exit_code != 0:
+        raise HostError(host.name, f"the Slurm audit failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}")
+    text, _noise = host_documents.unframe(result.stdout)
+    try:
+        doc = json.loads(text)
+        assert isinstance(doc, dict)
+    except (ValueError, AssertionError):
+        raise HostError(host.name, "the Slurm audit's answer is not a JSON document") from None
+    if doc.get("missing"):
+        raise HostError(host.name, "Slurm's commands do not work on the login node: "
+                        + "; ".join(str(m) for m in doc["missing"][:4])
+                        + " (is this a login node? is SLURM_CONF or the munge socket missing?)")
+    parts = [p for p in doc.get("partitions") or [] if isinstance(p, dict)]
+    wanted = slurm.partition or next((str(p["name"]) for p in parts if p.get("default")), "")
+    mine = [p for p in parts if p.get("name") == wanted]
+    if not mine:
+        known = ", ".join(sorted({str(p.get("name")) for p in parts})) or "none"
+        raise UsageError(f"host {host.name}: partition {wanted or '(default)'!r} not found on the cluster "
+                         f"(partitions: {known}); pass --partition NAME")
+    if not any(p.get("avail") == "up" for p in mine):
+        out.warnings.append(f"partition {wanted} is {mine[0].get('avail')}: jobs wait until it is up")
+    gpus = max((_gres_gpus(str(p.get("gres", ""))) for p in mine), default=0)
+    update: dict[str, Any] = {"gpus_per_node": gpus, "python": row.python, "partition": wanted,
+                              "train_device": slurm.train_device or row.train_device}
+    if gpus == 0 and slurm.gres:
+        update["gres"] = False
+        out.warnings.append(f"partition {wanted} offers no GPU GRES (sinfo %G: "
+                            f"{', '.join(sorted({str(p.get('gres')) for p in mine}))}): jobs run on CPUs without "
+                            "--gres")
+    probe = str(doc.get("probe", ""))
+    if probe == "not_shared":
+        raise HostError(host.name, f"a job on a compute node wrote into {row.root}, and the login node does not see "
+                        "the file: the root is not on a filesystem the compute nodes share; pass --root on one "
+                        "(e.g. /scratch/$USER/gpuq or your home on the cluster)")
+    if probe == "failed":
+        raise HostError(host.name, f"sbatch refused the probe job: {doc.get('probe_detail')}; check --partition, "
+                        "--account, --qos and --sbatch-arg")
+    if probe == "pending":
+        out.warnings.append(f"could not confirm that {row.root} is shared with the compute nodes: "
+                            f"{doc.get('probe_detail')} (the partition is busy)")
+    final = slurm.model_copy(update=update)
+    written = host.run(["sh", "-c", WRITE_CONFIG, "sh", row.root], stdin=json.dumps(final.agent_config()).encode(),
+                       timeout=60)
+    if written.exit_code != 0:
+        raise HostError(host.name, f"cannot write {row.root}/slurm.json: {written.stderr.strip()[-300:]}")
+    versions = doc.get("versions") or {}
+    out.facts["slurm"] = {"version": str(versions.get("sbatch", "")), "partition": wanted, "gpus_per_node": gpus,
+                          "probe": probe}
+    row.kind, row.slurm = "slurm", final.model_dump_json()
+    row.slots_kind, row.slots_total = "slurm", final.max_jobs
+
+
+def _gres_gpus(gres: str) -> int:
+    """GPUs per node from sinfo's %G ("gpu:4", "gpu:a100:8(S:0-1)", "gpu:2,shard:8"); 0 when none."""
+    best = 0
+    for item in gres.split(","):
+        fields = item.split("(")[0].split(":")
+        if fields and fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+            best = max(best, int(fields[-1]))
+    return best

@@ -1,0 +1,220 @@
+"""gpuq on a real Slurm cluster (tests/support/slurmcluster.py): slurmctld on a login host, slurmd on
+two compute hosts, every host a namespace with its own sshd; the gpuq root lies on the directory the
+hosts share.  gpuq reaches the login node over SSH like any host and submits each job with sbatch.
+
+Covered: registration (the audit's shared-filesystem probe), a sweep runs to completion within the
+job cap; ``scontrol requeue`` mid-run continues the same attempt from its checkpoint to the weights of
+an uninterrupted twin, with no second copy; a compute node whose slurmd dies fails its job NODE_FAIL
+and gpuq resumes it; ``gpuq cancel`` reaches scancel.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import Ledger
+from scripts.bench_project import TINY_CONFIG
+from tests.conftest import run_gpuq, wait_for
+from tests.support.slurmcluster import SlurmCluster, requirements_problem
+from tests.support.testhosts import HostFarm
+
+pytestmark = pytest.mark.integration
+
+CKPT_EVERY = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    problem = requirements_problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    farm = HostFarm(tmp_path_factory.mktemp("slurmfarm"), 3, gpus=2, routed=True).start()
+    try:
+        with SlurmCluster(farm, login=0, compute=(1, 2), gpus_per_node=2, cpus_per_node=2) as c:
+            yield c
+    finally:
+        farm.teardown()
+
+
+class SlurmUser:
+    def __init__(self, cluster: SlurmCluster, home: Path, root: Path) -> None:
+        self.cluster = cluster
+        self.home = home
+        self.root = root  # on the shared directory: the login node, the nodes and this test see it
+        self.env = {"GPUQ_HOME": str(home), "GPUQ_HEARTBEAT_S": "1"}
+
+    def gpuq(self, *args: str, timeout: float = 300) -> tuple[int, str]:
+        out = run_gpuq(*args, env=self.env, timeout=timeout)
+        return out.returncode, out.stdout + out.stderr
+
+    def add(self, *extra: str) -> str:
+        farm = self.cluster.farm
+        code, text = self.gpuq("hosts", "add", "hpc", "--slurm", f"root@{farm.hosts[0].address}",
+                               "--key", str(farm.client_key), "--profile", "rehearsal", "--root", str(self.root),
+                               "--trust-new-host-key", *extra)
+        assert code == 0, text
+        return text
+
+    def job_dir(self, name: str) -> Path:
+        for spec in self.root.glob("jobs/*/spec.json"):
+            if json.loads(spec.read_text()).get("name") == name:
+                return spec.parent
+        raise AssertionError(f"no job {name} under {self.root}")
+
+    def slurm_id(self, name: str, attempt: int = 1) -> str:
+        return str(json.loads((self.job_dir(name) / "attempts" / str(attempt) / "slurm.json").read_text())["job_id"])
+
+    def jobs(self) -> dict[str, object]:
+        ledger = Ledger(self.home / "ledger.db")
+        try:
+            return {j.name: j for j in ledger.jobs()}
+        finally:
+            ledger.close()
+
+    def logs(self) -> str:
+        out = []
+        for log in sorted(self.root.glob("jobs/*/attempts/*/job.log")):
+            out.append(f"--- {log}\n{log.read_text(errors='replace')[-2500:]}")
+        return "\n".join(out)
+
+
+@pytest.fixture
+def user(cluster: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SlurmUser]:
+    home = tmp_path / "home"
+    home.mkdir()
+    root = cluster.shared_dir / f"gpuq-{request.node.name[:40]}"
+    u = SlurmUser(cluster, home, root)
+    yield u
+    for job in cluster.squeue():  # whatever this test left in Slurm's queue
+        if not job.ended and job.name.startswith("gpuq-"):
+            cluster.scancel(job.job_id)
+
+
+def _config(step_sleep_s: float = 0.0, n_train: int = 256) -> str:
+    text = (TINY_CONFIG.replace("n_train: 256", f"n_train: {n_train}")
+            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}"))
+    return text + (f"test_hook_step_sleep_s: {step_sleep_s}\n" if step_sleep_s else "")
+
+
+def _project(tmp_path: Path, configs: dict[str, str], lines: list[str]) -> Path:
+    work = tmp_path / "project"
+    (work / "configs").mkdir(parents=True)
+    for name, text in configs.items():
+        (work / "configs" / f"{name}.yaml").write_text(text)
+    (work / "queue.txt").write_text("\n".join(lines) + "\n")
+    return work / "queue.txt"
+
+
+def _latest_step(job_dir: Path) -> int:
+    try:
+        return int(json.loads((job_dir / "ckpt" / "LATEST").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def test_a_sweep_runs_to_completion_as_slurm_jobs_within_the_cap(user: SlurmUser, tmp_path: Path) -> None:
+    said = user.add("--max-jobs", "2", "--time-limit", "10")
+    assert "2 GPUs per node" in said and "shared with the compute nodes: yes" in said, said
+    assert json.loads((user.root / "slurm.json").read_text())["max_jobs"] == 2
+    queue = _project(tmp_path, {"tiny": _config()}, [f"configs/tiny.yaml classify 1 name=c{i} gpus=1 seed={i}"
+                                                     for i in range(3)])
+    code, text = user.gpuq("submit", str(queue))
+    assert code == 0, text
+    submitted = [p for p in user.root.glob("jobs/*/attempts/1/slurm.json")]
+    assert len(submitted) == 2, text  # the cap: the third waits in gpuq, not in Slurm's queue
+    code, text = user.gpuq("wait", "--timeout", "300", timeout=400)
+    assert code == 0, text + user.logs()
+    jobs = user.jobs()
+    assert sorted(jobs) == ["c0", "c1", "c2"] and all(j.state == "SUCCEEDED" for j in jobs.values()), jobs
+    for name in jobs:
+        sid = user.slurm_id(name)
+        job = user.cluster.job(sid)
+        assert job is not None and job.state == "COMPLETED", job
+        assert job.name.startswith("gpuq-") and job.name.endswith(f"-{name}"), job
+        script = (user.job_dir(name) / "attempts" / "1" / "sbatch.sh").read_text()
+        assert "wrap" in script and str(user.root) in script
+        run_env = (user.job_dir(name) / "attempts" / "1" / "run.env").read_text()
+        assert "CUDA_VISIBLE_DEVICES=0" in run_env or "CUDA_VISIBLE_DEVICES=1" in run_env, run_env
+    code, text = user.gpuq("status", "--json")
+    assert code == 0, text
+    hosts = {h["name"]: h for h in json.loads(text)["hosts"]}
+    assert hosts["hpc"]["reachable"] is True, hosts
+
+
+def test_a_slurm_requeue_continues_the_attempt_from_its_checkpoint(user: SlurmUser, tmp_path: Path) -> None:
+    user.add()
+    queue = _project(tmp_path, {"victim": _config(0.05, 1024), "twin": _config(0.0, 1024)},
+                     ["configs/victim.yaml classify 2 name=victim gpus=1",
+                      "configs/twin.yaml classify 2 name=twin gpus=1"])
+    code, text = user.gpuq("submit", str(queue))
+    assert code == 0, text
+    assert wait_for(lambda: _latest_step(user.job_dir("victim")) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), \
+        user.logs()
+    saved = _latest_step(user.job_dir("victim"))
+    sid = user.slurm_id("victim")
+    user.cluster.requeue(sid)  # what a preemption with PreemptMode=REQUEUE does to the job
+    code, text = user.gpuq("wait", "--timeout", "400", timeout=500)
+    assert code == 0, text + user.logs()
+    jobs = user.jobs()
+    assert jobs["victim"].state == "SUCCEEDED" and jobs["twin"].state == "SUCCEEDED", jobs  # type: ignore[attr-defined]
+    assert jobs["victim"].attempt_count == 1, jobs  # type: ignore[attr-defined]  # Slurm's requeue, not a 2nd copy
+    victim = user.job_dir("victim")
+    assert not (victim / "attempts" / "2").exists()
+    assert (victim / "attempts" / "1" / "exit.slurm-0.json").is_file()  # the stopped run's record, set aside
+    log = (victim / "attempts" / "1" / "job.log").read_text()
+    assert "runs this attempt again (restart 1)" in log, log[-3000:]
+    resumed = [line for line in log.splitlines() if "GPUQ_RESUMED" in line]
+    assert resumed and int(resumed[-1].split("step=")[1].split()[0]) >= saved, log[-3000:]
+    weights = [json.loads((d / "result" / "summary.json").read_text())["weights_sha256"]
+               for d in (victim, user.job_dir("twin"))]
+    assert weights[0] == weights[1]
+
+
+def test_a_dead_node_is_requeued_by_slurm_and_the_attempt_resumes_elsewhere(user: SlurmUser, tmp_path: Path) -> None:
+    user.add()
+    queue = _project(tmp_path, {"slow": _config(0.05, 1024)}, ["configs/slow.yaml classify 2 name=slow gpus=1"])
+    code, text = user.gpuq("submit", str(queue))
+    assert code == 0, text
+    assert wait_for(lambda: _latest_step(user.job_dir("slow")) >= CKPT_EVERY, timeout=240, interval=0.2), user.logs()
+    sid = user.slurm_id("slow")
+    job = user.cluster.job(sid)
+    assert job is not None and job.nodes in user.cluster.nodes, job
+    dead = job.nodes
+    user.cluster.stop_slurmd(dead, jobs=True)  # the node dies with its job; --requeue puts it back in the queue
+    try:
+        code, text = user.gpuq("wait", "--timeout", "400", timeout=500)
+        assert code == 0, text + user.logs()
+        final = user.cluster.job(sid)
+    finally:
+        user.cluster.start_slurmd(dead)
+    jobs = user.jobs()
+    assert jobs["slow"].state == "SUCCEEDED" and jobs["slow"].attempt_count == 1, jobs  # type: ignore[attr-defined]
+    assert final is not None and final.state == "COMPLETED" and final.nodes != dead, final
+    log = (user.job_dir("slow") / "attempts" / "1" / "job.log").read_text()
+    assert "runs this attempt again (restart 1)" in log, log[-3000:]
+    assert any("GPUQ_RESUMED" in line for line in log.splitlines()), log[-3000:]
+
+
+def test_gpuq_cancel_reaches_scancel(user: SlurmUser, tmp_path: Path) -> None:
+    user.add()
+    queue = _project(tmp_path, {"slow": _config(0.2, 1024)}, ["configs/slow.yaml classify 5 name=long gpus=1"])
+    code, text = user.gpuq("submit", str(queue))
+    assert code == 0, text
+    assert wait_for(lambda: (user.job_dir("long") / "attempts" / "1" / "heartbeat").exists(), timeout=120)
+    code, text = user.gpuq("cancel", "long")
+    assert code == 0, text
+    sid = user.slurm_id("long")
+    ended = user.cluster.wait_job(sid, {"CANCELLED"}, timeout=60)
+    assert ended.state == "CANCELLED"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        user.gpuq("status", "--once")
+        if user.jobs()["long"].state == "CANCELLED":  # type: ignore[attr-defined]
+            break
+        time.sleep(1)
+    assert user.jobs()["long"].state == "CANCELLED", user.logs()  # type: ignore[attr-defined]
