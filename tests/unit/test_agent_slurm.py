@@ -1,0 +1,193 @@
+"""The agent's Slurm mode in process (payload/agent/gpuq_slurm.py): the sbatch line, which status an
+attempt gets from Slurm's word, the requeued run's stale record, the node's view of its GPUs.
+
+tests/integration/test_slurm_backend.py drives the same code on a real slurmctld/slurmd cluster;
+these pin each rule, including the ones a real cluster rarely shows (squeue failing, a job Slurm
+forgot, a node failure without --requeue).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.agentmodule import load_agent_module
+
+slurm = load_agent_module("gpuq_slurm")
+files = load_agent_module("gpuq_files")
+P = load_agent_module("gpuq_protocol")
+
+JOB = "c000000000001"
+
+
+def _spec(**kw: Any) -> dict[str, Any]:
+    spec = {"job_id": JOB, "attempt": 1, "name": "lr/3", "queue_id": "q1", "gpus": 2, "kill_grace_s": 30}
+    spec.update(kw)
+    return spec
+
+
+def _attempt(root: Path, n: int = 1, *, slurm_id: str | None = "41", exit_doc: dict[str, Any] | None = None) -> Path:
+    adir = root / P.JOBS_DIR / JOB / P.ATTEMPTS_DIR / str(n)
+    adir.mkdir(parents=True, exist_ok=True)
+    (adir / P.LAUNCH_FILE).write_text(json.dumps({"slurm": True, "kind": "slurm"}))
+    if slurm_id is not None:
+        (adir / "slurm.json").write_text(json.dumps({"job_id": slurm_id}))
+    if exit_doc is not None:
+        (adir / P.EXIT_FILE).write_text(json.dumps(exit_doc))
+    return adir
+
+
+def _entry(state: str = "dead", exit_doc: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    e = {"job_id": JOB, "attempt": 1, "state": state, "exit": exit_doc, "heartbeat": None, "heartbeat_age_s": None,
+         "group_alive": False}
+    e.update(kw)
+    return e
+
+
+def _view(monkeypatch: pytest.MonkeyPatch, seen: dict[str, dict[str, str]] | Exception) -> None:
+    def fake(lay: Any, ids: list[str]) -> dict[str, dict[str, str]]:
+        if isinstance(seen, Exception):
+            raise seen
+        return {k: v for k, v in seen.items() if k in ids}
+
+    monkeypatch.setattr(slurm, "slurm_states", fake)
+
+
+def test_the_sbatch_line_names_the_job_routes_its_log_and_asks_for_its_gpus(tmp_path: Path) -> None:
+    lay = files.Layout(str(tmp_path))
+    conf = {"partition": "gpu", "account": "lab", "qos": "low", "time_limit": "2:00:00",
+            "sbatch_args": ["--constraint=a100"], "gres": True}
+    argv = slurm.sbatch_argv(lay, _spec(), conf, dependency="40")
+    adir = str(tmp_path / P.JOBS_DIR / JOB / P.ATTEMPTS_DIR / "1")
+    assert argv[:2] == ["sbatch", "--parsable"]
+    assert argv[argv.index("--job-name") + 1] == "gpuq-q1-lr_3"  # a name Slurm's tools print cleanly
+    assert argv[argv.index("--output") + 1] == adir + "/" + P.JOB_LOG
+    assert argv[argv.index("--comment") + 1] == f"gpuq {JOB} a1"
+    assert "--requeue" in argv and "--open-mode=append" in argv and "--gres=gpu:2" in argv
+    assert "--signal=B:USR1@60" in argv  # kill_grace_s 30 + 30, at least 60
+    assert argv[argv.index("--partition") + 1] == "gpu" and argv[argv.index("--account") + 1] == "lab"
+    assert argv[argv.index("--qos") + 1] == "low" and argv[argv.index("--time") + 1] == "2:00:00"
+    assert "--dependency=afterany:40" in argv and "--constraint=a100" in argv
+    assert argv[-1] == adir + "/sbatch.sh"
+    bare = slurm.sbatch_argv(lay, _spec(gpus=1, kill_grace_s=120), {"gres": False, "signal_grace_s": 0})
+    assert not any(a.startswith("--gres") for a in bare) and "--signal=B:USR1@150" in bare
+    assert not any(a.startswith(("--partition", "--account", "--qos", "--time", "--dependency")) for a in bare)
+
+
+def test_the_batch_script_execs_the_wrapper_of_this_attempt_with_every_word_quoted(tmp_path: Path) -> None:
+    lay = files.Layout(str(tmp_path / "my root"))
+    text = slurm.batch_script(lay, _spec(python="/opt/py 3/bin/python"), {}, "/b/agent.py")
+    last = text.strip().splitlines()[-1]
+    assert last == f"exec '/opt/py 3/bin/python' /b/agent.py --root '{tmp_path}/my root' wrap {JOB} 1"
+    assert text.startswith("#!/bin/sh\n")
+
+
+def test_a_new_attempt_waits_for_an_earlier_one_slurm_may_still_run(tmp_path: Path) -> None:
+    lay = files.Layout(str(tmp_path))
+    assert slurm.previous_alive(lay, JOB, 1) == ""
+    _attempt(tmp_path, 1, slurm_id="41")
+    assert slurm.previous_alive(lay, JOB, 2) == "41"
+    _attempt(tmp_path, 1, slurm_id="41", exit_doc={"wrapper_code": 1})
+    assert slurm.previous_alive(lay, JOB, 2) == ""  # it ended with a record: nothing to wait for
+
+
+def test_a_job_slurm_runs_or_queues_is_running_or_claimed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lay = files.Layout(str(tmp_path))
+    _attempt(tmp_path)
+    _view(monkeypatch, {"41": {"state": "PENDING", "reason": "Resources", "nodes": ""}})
+    jobs = [_entry()]
+    section = slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["state"] == "claimed" and jobs[0]["exit"] is None
+    assert jobs[0]["slurm"] == {"id": "41", "state": "PENDING", "reason": "Resources", "nodes": ""}
+    assert section == {"jobs": 1, "error": ""}
+    _view(monkeypatch, {"41": {"state": "RUNNING", "reason": "None", "nodes": "n1"}})
+    jobs = [_entry()]
+    slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["state"] == "running" and jobs[0]["slurm"]["nodes"] == "n1"
+
+
+def test_a_job_that_ended_in_slurm_without_a_record_is_an_exit_naming_slurms_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lay = files.Layout(str(tmp_path))
+    _attempt(tmp_path)
+    _view(monkeypatch, {"41": {"state": "NODE_FAIL", "reason": "NodeDown", "nodes": "n1"}})
+    jobs = [_entry()]
+    section = slurm.apply_view(lay, jobs, 0.0)
+    ex = jobs[0]["exit"]
+    assert jobs[0]["state"] == "exited" and ex["vanished"] is True and ex["slurm_state"] == "NODE_FAIL"
+    assert ex["wrapper_code"] == 137 and ex["message"] == (
+        "Slurm job 41 ended NODE_FAIL (NodeDown) before the wrapper wrote exit.json")
+    assert section["jobs"] == 0
+    _view(monkeypatch, {})  # purged from Slurm's memory
+    jobs = [_entry()]
+    slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["exit"]["slurm_state"] == "GONE" and "no longer listed by squeue" in jobs[0]["exit"]["message"]
+
+
+def test_a_record_of_a_run_slurm_requeued_is_held_back_while_slurm_still_has_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lay = files.Layout(str(tmp_path))
+    stopped = {"wrapper_code": 143, "wrapper_signal": 15}
+    _attempt(tmp_path, exit_doc=stopped)
+    _view(monkeypatch, {"41": {"state": "PENDING", "reason": "BeginTime", "nodes": ""}})
+    jobs = [_entry("exited", stopped)]
+    slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["state"] == "claimed" and jobs[0]["exit"] is None  # the attempt goes on: no second copy
+    _view(monkeypatch, {"41": {"state": "CANCELLED", "reason": "None", "nodes": "n1"}})
+    jobs = [_entry("exited", stopped)]
+    slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["state"] == "exited" and jobs[0]["exit"] == stopped
+    done = {"wrapper_code": 0, "wrapper_signal": None}
+    _view(monkeypatch, {"41": {"state": "COMPLETING", "reason": "None", "nodes": "n1"}})
+    jobs = [_entry("exited", done)]
+    slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["state"] == "exited" and jobs[0]["exit"] == done  # a verdict of its own stands
+
+
+def test_when_squeue_cannot_answer_nothing_is_concluded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lay = files.Layout(str(tmp_path))
+    _attempt(tmp_path)
+    _view(monkeypatch, OSError("squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller"))
+    jobs = [_entry("dead", heartbeat={"step": 3}), ]
+    section = slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["state"] == "running" and jobs[0]["exit"] is None
+    assert jobs[0]["slurm"]["state"] == "UNKNOWN" and "Unable to contact" in section["error"]
+
+
+def test_an_attempt_whose_sbatch_never_answered_is_dead_after_the_grace(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    lay = files.Layout(str(tmp_path))
+    adir = _attempt(tmp_path, slurm_id=None)
+    _view(monkeypatch, {})
+    launched = (adir / P.LAUNCH_FILE).stat().st_mtime
+    jobs = [_entry()]
+    slurm.apply_view(lay, jobs, launched + 5)
+    assert jobs[0]["state"] == "claimed" and jobs[0]["slurm"]["state"] == "SUBMITTING"
+    jobs = [_entry()]
+    slurm.apply_view(lay, jobs, launched + slurm.UNSUBMITTED_GRACE_S + 1)
+    assert jobs[0]["state"] == "dead"
+
+
+def test_a_requeued_run_sets_the_stopped_runs_record_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    adir = _attempt(tmp_path, exit_doc={"wrapper_code": 143})
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    moved = slurm.set_aside_stale_exit(str(adir))
+    assert moved.endswith("exit.slurm-1.json") and not (adir / P.EXIT_FILE).exists()
+    assert json.loads(Path(moved).read_text()) == {"wrapper_code": 143}
+    assert slurm.set_aside_stale_exit(str(adir)) == ""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "junk")
+    assert slurm.restart_count() == 0
+
+
+def test_on_the_node_the_gpus_are_the_ones_slurm_gave(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "16")
+    out = slurm.launch_on_node({"slurm": True, "kind": "slurm", "device": "cuda", "slots": []})
+    assert out["kind"] == "gpu" and out["slots"] == [2, 3] and out["device"] == "cuda" and out["total_slots"] == 2
+    assert 0 < out["master_port"] < 65536
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    out = slurm.launch_on_node({"slurm": True, "kind": "slurm", "device": "cuda", "total_slots": 1})
+    assert out["kind"] == "cpu" and out["slots"] == [] and out["device"] == "cpu" and out["total_slots"] == 16
