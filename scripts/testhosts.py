@@ -5,8 +5,10 @@
     ssh -F /dev/null -i /tmp/farm/client_ed25519 -o UserKnownHostsFile=/tmp/farm/known_hosts root@<address>
     python scripts/testhosts.py down --dir /tmp/farm                  # also cleans up after a crashed test run
 
-``down`` kills each host's PID 1 by the pid (and start time) recorded in DIR/farm.json and deletes
-the recorded namespaces and veths; it never matches processes by name.
+``down`` kills each host's PID 1 by the pid (and start time) recorded in DIR/farm.json (which kills
+everything in the host, e.g. a Slurm test cluster's daemons), deletes the recorded namespaces and
+veths (a routed farm's forwarding setting is per veth and goes with them) and removes the attached
+directories (a Slurm test cluster's shared dir under /var/tmp); it never matches processes by name.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--gpus", type=int, default=2, help="fake GPUs per host (0: no nvidia-smi; default 2)")
     up.add_argument("--dir", type=Path, required=True, help="farm directory (keys, per-host dirs, farm.json)")
     up.add_argument("--python", default=sys.executable, help="the hosts' python3 (default: this interpreter)")
+    up.add_argument("--routed", action="store_true",
+                    help="the hosts reach each other (per-veth forwarding; ip_forward is not touched)")
     down = sub.add_parser("down", help="tear down the farm recorded in DIR/farm.json")
     down.add_argument("--dir", type=Path, required=True)
     status = sub.add_parser("status", help="print the farm recorded in DIR/farm.json")
@@ -45,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"testhosts: {args.dir} holds a farm that is not down; run `down --dir {args.dir}` first",
                   file=sys.stderr)
             return 2
-        farm = HostFarm(args.dir, args.n, args.gpus, args.python).start()
+        farm = HostFarm(args.dir, args.n, args.gpus, args.python, routed=args.routed).start()
         farm.disown()
         print(json.dumps({**farm.describe(), "start_seconds": round(farm.start_seconds, 3)}, indent=1))
         return 0

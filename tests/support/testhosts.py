@@ -17,12 +17,23 @@ Each host is a faithful stand-in for a rented GPU container:
   ``/usr/local/bin/nvidia-smi`` is ``fake_nvidia_smi.py`` over a per-host JSON GPU state, and
   ``/usr/local/bin/dmesg`` is ``fake_dmesg.py`` over a per-host kernel-log fixture (``dmesg.log``;
   ``dmesg.log.unreadable`` makes it fail like a restricted kernel log);
-- a farm-wide authorized ed25519 client key and a pinned ed25519 host key per host.
+- a farm-wide authorized ed25519 client key and a pinned ed25519 host key per host;
+- hosts reach only their own gateway, unless the farm is **routed** (``routed=True``): then each host
+  routes 10.231.0.0/16 via its gateway and the root namespace forwards packets that arrive on the
+  farm's veths (``net.ipv4.conf.<veth>.forwarding=1``, per interface: the machine's
+  ``net.ipv4.ip_forward`` is never touched, and the setting vanishes with the veth), so the hosts of
+  the farm reach each other (a Slurm cluster: tests/support/slurmcluster.py);
+- ``sshd_extra``: lines appended to every host's sshd_config (``set_sshd_extra`` changes one host's
+  later and restarts its sshd), e.g. ``SetEnv SLURM_CONF=...`` for the commands sessions run.
+
+Files outside the per-host dirs (/etc, /usr, /var/tmp, ...) are the machine's own, shared by every
+host: a directory there can serve as a cluster's shared filesystem; ``attach_dir`` records one in
+farm.json so that teardown (and ``down`` after a crash) removes it.
 
 Controller-side layout of a farm (``base_dir``)::
 
-    farm.json              farm id, hosts (netns, veth, addresses, init pid + start time): enough to
-                           tear down after a crash (``scripts/testhosts.py down --dir D``)
+    farm.json              farm id, hosts (netns, veth, addresses, init pid + start time), attached dirs:
+                           enough to tear down after a crash (``scripts/testhosts.py down --dir D``)
     client_ed25519[.pub]   the authorized client key;  known_hosts: "<address> ssh-ed25519 AAAA..."
     host-<i>/root/         the host's /root (.ssh/authorized_keys)
     host-<i>/tmp/          the host's /tmp
@@ -170,6 +181,7 @@ class TestHost:
     init_start: int = 0  # its start time (clock ticks), so a recycled pid is never killed
     pidns: str = ""  # "pid:[...]" of the host's PID namespace
     launcher_pid: int = 0  # the `unshare` parent waiting on PID 1
+    sshd_extra: str = ""  # lines appended to the host's sshd_config
 
     @property
     def root(self) -> Path:
@@ -259,15 +271,20 @@ class HostFarm:
     """N real OpenSSH hosts in their own namespaces; see the module docstring.  ``start()`` returns self."""
 
     def __init__(self, base_dir: Path, n: int, gpus: int = 2, python: str = sys.executable, *,
-                 gpu_name: str = H100_NAME, gpu_mem_mib: int = H100_MIB, sftp: bool = True) -> None:
+                 gpu_name: str = H100_NAME, gpu_mem_mib: int = H100_MIB, sftp: bool = True,
+                 routed: bool = False, sshd_extra: str = "") -> None:
         """``sftp=False``: the hosts' sshd has no SFTP subsystem (minimal images, Alpine without
-        openssh-sftp-server)."""
+        openssh-sftp-server).  ``routed=True``: the hosts reach each other (see the module docstring).
+        ``sshd_extra``: lines appended to every host's sshd_config."""
         if n < 1:
             raise ValueError("a farm needs at least one host")
         self.base_dir = Path(base_dir).resolve()
         self.n, self.gpus, self.python = n, gpus, python
         self.gpu_name, self.gpu_mem_mib = gpu_name, gpu_mem_mib
         self.sftp = sftp
+        self.routed = routed
+        self.sshd_extra = sshd_extra
+        self.attached_dirs: list[str] = []
         self.farm_id = ""
         self.hosts: list[TestHost] = []
         self.client_key = self.base_dir / "client_ed25519"
@@ -315,7 +332,8 @@ class HostFarm:
         return self
 
     def teardown(self) -> None:
-        """Idempotent: SIGKILL every host's PID 1 (by recorded pid + start time), delete veths and netns."""
+        """Idempotent: SIGKILL every host's PID 1 (by recorded pid + start time), delete veths and netns
+        (a routed farm's forwarding setting goes with its veths), remove the attached dirs."""
         if self._down:
             return
         self._down = True
@@ -339,6 +357,8 @@ class HostFarm:
         batch = "".join(f"netns del {h.netns}\n" for h in self.hosts if h.netns in existing)
         if batch:
             _run(["ip", "-force", "-batch", "-"], input=batch, check=False)
+        for d in getattr(self, "attached_dirs", []):
+            shutil.rmtree(d, ignore_errors=True)
         if self.state_file.parent.is_dir():
             self._save(status="down")
 
@@ -359,13 +379,16 @@ class HostFarm:
         """The farm recorded in ``base_dir/farm.json`` (for ``down`` after a crash)."""
         base = Path(base_dir).resolve()
         data = json.loads((base / "farm.json").read_text())
-        farm = cls(base, max(1, len(data["hosts"])), data.get("gpus", 0), data.get("python", sys.executable))
+        farm = cls(base, max(1, len(data["hosts"])), data.get("gpus", 0), data.get("python", sys.executable),
+                   routed=bool(data.get("routed", False)))
         farm.farm_id = data["farm_id"]
+        farm.attached_dirs = [str(d) for d in data.get("attached_dirs", [])]
         farm.hosts = [TestHost.from_json(h) for h in data["hosts"]]
         return farm
 
     def describe(self) -> dict[str, Any]:
         return {"farm_id": self.farm_id, "base_dir": str(self.base_dir), "client_key": str(self.client_key),
+                "routed": getattr(self, "routed", False), "attached_dirs": list(getattr(self, "attached_dirs", [])),
                 "known_hosts": str(self.known_hosts), "state_file": str(self.state_file),
                 "ssh": shlex.join(self.ssh_argv(0)[:-1]) + " root@<address>" if self.hosts else "",
                 "hosts": [{"name": h.name, "address": h.address, "port": h.port, "netns": h.netns,
@@ -493,6 +516,28 @@ class HostFarm:
         self._save()
         self.start_sshd(i)
         return h.host_key_line
+
+    def set_sshd_extra(self, i: int, text: str) -> None:
+        """Replace the extra lines of host i's sshd_config (e.g. ``SetEnv SLURM_CONF=/x/slurm.conf``);
+        a running sshd restarts to read them (its sessions drop; detached processes stay)."""
+        h = self.hosts[i]
+        h.sshd_extra = text
+        self._write_sshd_config(h)
+        self._save()
+        if h.init_alive():
+            self.stop_sshd(i)
+            self.start_sshd(i)
+
+    def attach_dir(self, path: Path | str) -> None:
+        """Remove ``path`` (a directory outside the farm, e.g. a cluster's shared dir under /var/tmp)
+        when the farm is torn down, also by ``scripts/testhosts.py down`` after a crash."""
+        p = str(Path(path).resolve())
+        if p in ("/", "/var/tmp", "/tmp", str(self.base_dir)) or not p.startswith("/"):
+            raise ValueError(f"attach_dir: refusing {p}")
+        if p not in self.attached_dirs:
+            self.attached_dirs.append(p)
+            if self.hosts:
+                self._save()
 
     # ------------------------------------------------------------------------------------- rentals
     # What a cloud backend (tests/support/fakecloud/netns_backend.py) does to a host between rentals.
@@ -766,6 +811,7 @@ class HostFarm:
 
     def _save(self, status: str = "up") -> None:
         data = {"farm_id": self.farm_id, "status": status, "gpus": self.gpus, "python": self.python,
+                "routed": getattr(self, "routed", False), "attached_dirs": getattr(self, "attached_dirs", []),
                 "client_key": str(self.client_key), "known_hosts": str(self.known_hosts),
                 "hosts": [h.to_json() for h in self.hosts]}
         _atomic_write(self.state_file, json.dumps(data, indent=1))
@@ -809,7 +855,8 @@ class HostFarm:
                 self.hosts.append(TestHost(
                     name=name, index=k, netns=name, veth=f"{VETH_PREFIX}{fid}h{k}", address=str(net + 2),
                     gateway=str(net + 1), port=22, root_dir=root_dir,
-                    gpu_state=root_dir / "run" / "gpuq-testhost" / "gpus.json"))
+                    gpu_state=root_dir / "run" / "gpuq-testhost" / "gpus.json",
+                    sshd_extra=getattr(self, "sshd_extra", "")))
             self._save(status="starting")  # recorded before anything exists: `down` can always clean up
             batch = ""
             for h in self.hosts:
@@ -818,9 +865,14 @@ class HostFarm:
                           f"addr add {h.gateway}/30 dev {h.veth}\n"
                           f"link set {h.veth} up\n")
             _run(["ip", "-batch", "-"], input=batch)
+        routed = getattr(self, "routed", False)
         for h in self.hosts:
+            route = f"route add {SUBNET} via {h.gateway}\n" if routed else ""
             _run(["ip", "-n", h.netns, "-batch", "-"],
-                 input=f"addr add {h.address}/30 dev eth0\nlink set eth0 up\nlink set lo up\n")
+                 input=f"addr add {h.address}/30 dev eth0\nlink set eth0 up\nlink set lo up\n{route}")
+            if routed:
+                # forward what arrives on this veth (per interface: net.ipv4.ip_forward stays as it is)
+                Path(f"/proc/sys/net/ipv4/conf/{h.veth}/forwarding").write_text("1\n")
 
     def _python_dirs(self) -> list[str]:
         """Directories the interpreter needs (prefixes, its real bin dir), real paths included."""
@@ -887,14 +939,20 @@ class HostFarm:
         state = {"driver_version": "550.54.15", "cuda_version": "12.4", "broken": False,
                  "gpus": default_gpus(f"{self.farm_id}/{h.index}", self.gpus, self.gpu_name, self.gpu_mem_mib)}
         _atomic_write(h.gpu_state, json.dumps(state, indent=1))
+        self._write_sshd_config(h)
+        spec = {"binds": binds, "hostname": h.name, "sshd": SSHD, "sshd_config": f"{IN_HOST}/sshd_config",
+                "private_shm": True, "private_dev": True, "gpu_devices": self.gpus}
+        (h.root_dir / "init.json").write_text(json.dumps(spec, indent=1))
+
+    def _write_sshd_config(self, h: TestHost) -> None:
         config = SSHD_CONFIG.format(name=h.name, address=h.address, port=h.port, alt_port=ALT_SSH_PORT,
                                     in_host=IN_HOST)
         if not getattr(self, "sftp", True):
             config = config.replace("Subsystem sftp internal-sftp\n", "")
-        (own / "sshd_config").write_text(config)
-        spec = {"binds": binds, "hostname": h.name, "sshd": SSHD, "sshd_config": f"{IN_HOST}/sshd_config",
-                "private_shm": True, "private_dev": True, "gpu_devices": self.gpus}
-        (h.root_dir / "init.json").write_text(json.dumps(spec, indent=1))
+        if h.sshd_extra:
+            # last, so a Match block in it covers only its own lines
+            config = f"{config}# sshd_extra\n{h.sshd_extra.rstrip()}\n"
+        _atomic_write(h.run_dir / "gpuq-testhost" / "sshd_config", config)
 
     def _launch(self, h: TestHost) -> None:
         argv = ["ip", "netns", "exec", h.netns,
