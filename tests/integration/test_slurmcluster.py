@@ -154,7 +154,7 @@ def test_time_limit_gives_timeout(cluster: SlurmCluster) -> None:
     job = cluster.sbatch("--time=10", wrap="sleep 300")
     cluster.wait_job(job, {"RUNNING"})
     cluster.check_login(["scontrol", "update", f"JobId={job}", "EndTime=now"])
-    ended = cluster.wait_job(job, {"TIMEOUT"}, timeout=40)
+    ended = cluster.wait_job(job, {"TIMEOUT"}, timeout=45)
     assert ended.reason == "TimeLimit"
     assert cluster.show_job(job)["ExitCode"] == "0:15"  # SIGTERM
 
