@@ -94,3 +94,14 @@ def headline(run_json: Any) -> tuple[str, str]:
     mode = run.get("mode")
     return (metric if isinstance(metric, str) and metric else DEFAULT_METRIC[0],
             mode if mode in ("max", "min") else DEFAULT_METRIC[1])
+
+
+def slurm_wait(entry: Mapping[str, Any]) -> str:
+    """``Slurm PENDING (Priority)`` for a job a Slurm host holds in its queue; "" otherwise."""
+    slurm = entry.get("slurm")
+    if not isinstance(slurm, Mapping) or not slurm.get("state") or slurm.get("state") == "RUNNING":
+        return ""
+    reason = str(slurm.get("reason") or "")
+    job = f" job {slurm['id']}" if slurm.get("id") else ""
+    text = f"Slurm{job} {slurm['state']}" + (f" ({reason})" if reason and reason != "None" else "")
+    return "".join(c for c in text if c.isprintable())[:LINE_CHARS]

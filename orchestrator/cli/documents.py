@@ -139,6 +139,8 @@ class JobStatus(_Doc):
                                                  "the host's slots, over its attempts; null without a price.")
     exit_code: int | None
     message: str
+    waiting: str = Field("", description="Why a placed job has not started yet: a job in a Slurm queue says Slurm's "
+                                         "state and reason (`Slurm job 41 PENDING (Priority)`); empty otherwise.")
 
 
 class Alert(_Doc):

@@ -99,6 +99,7 @@ class JobView:
     heartbeat_age_s: float | None  # None for finished jobs and jobs without a heartbeat
     cost: float | None  # money spent so far (host price per hour); None: no attempt on a priced host
     note: str = ""  # a trainer without a heartbeat: elapsed time and its last log line (plain text)
+    waiting: str = ""  # a job placed but not started: Slurm's state and reason ("Slurm job 41 PENDING (Priority)")
 
     @property
     def where(self) -> str:
@@ -205,13 +206,15 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
             fraction = fraction if fraction is not None else observed.progress_fraction(entry)
             since = observed.elapsed_s(entry, att.started_at if att is not None else None, now)
             note = " ".join(x for x in (duration(since) if since is not None else "", observed.last_line(entry)) if x)
+        waiting = observed.slurm_wait(entry) if job.state == JobState.ASSIGNED.value else ""
+        note = waiting or note  # waiting in a Slurm queue: Slurm's state and reason
         terminal = JobState(job.state).terminal
         hb_age = None if terminal or att is None or att.heartbeat_at is None else max(0.0, now - att.heartbeat_at)
         attempts = history.get(job.id) or ([att] if att is not None else [])
         views.append(JobView(
             job=job, attempt=att, host_gpus=slots, fraction=fraction,
             eta_s=eta_seconds(att, rate if isinstance(rate, int | float) else None) if running else None,
-            heartbeat_age_s=hb_age, cost=job_cost(job, attempts, hosts, now), note=note,
+            heartbeat_age_s=hb_age, cost=job_cost(job, attempts, hosts, now), note=note, waiting=waiting,
         ))
     return views
 
@@ -437,7 +440,7 @@ def job_model(view: JobView) -> documents.JobStatus:
         step=att.step if att else None, total_steps=att.total_steps if att else None,
         epoch=att.epoch if att else None, loss=att.loss if att else None, eta_s=view.eta_s,
         heartbeat_age_s=view.heartbeat_age_s, cost=view.cost, exit_code=att.exit_code if att else None,
-        message=att.message if att else "",
+        message=att.message if att else "", waiting=view.waiting,
     )
 
 

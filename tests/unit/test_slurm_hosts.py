@@ -58,3 +58,17 @@ def test_on_a_slurm_host_every_job_takes_one_place_in_the_queue_and_fits_a_node(
     box = HostSlots(host="box", total=8)
     both = plan([PlanJob("big", 8, 100.0)], [hpc, box])
     assert [a.host for a in both.assignments] == ["box"]
+
+
+def test_a_job_waiting_in_slurms_queue_says_slurms_state_and_reason() -> None:
+    from orchestrator.observed import slurm_wait
+
+    pending = {"slurm": {"id": "41", "state": "PENDING", "reason": "Priority"}}
+    assert slurm_wait(pending) == "Slurm job 41 PENDING (Priority)"
+    assert slurm_wait({"slurm": {"id": "41", "state": "REQUEUED", "reason": "None"}}) == "Slurm job 41 REQUEUED"
+    assert slurm_wait({"slurm": {"id": "", "state": "SUBMITTING", "reason": ""}}) == "Slurm SUBMITTING"
+    assert slurm_wait({"slurm": {"id": "41", "state": "PENDING", "reason": "x\x1b[2J" + "y" * 200}}).startswith(
+        "Slurm job 41 PENDING (x[2Jyy")  # the host's text is printable only, and bounded
+    assert len(slurm_wait({"slurm": {"id": "41", "state": "PENDING", "reason": "y" * 200}})) == 80
+    assert slurm_wait({"slurm": {"id": "41", "state": "RUNNING", "reason": "None"}}) == ""
+    assert slurm_wait({}) == "" and slurm_wait({"slurm": "PENDING"}) == ""
