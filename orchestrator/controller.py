@@ -250,6 +250,13 @@ def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
             phase=exit_doc.get("phase"), message=_exit_message(exit_doc),
             ended_at=timestamp(exit_doc.get("ended_at")), started_at=timestamp(exit_doc.get("started_at")),
         )
+        if _time_limit_chunk(ledger, job, number, exit_doc, code, seen):
+            message = (f"Slurm time limit: stopped at step {exit_doc.get('last_step')} with a checkpoint; "
+                       "continues in a new Slurm job (not counted against retries=)")
+            ledger.transition(job.id, AttemptState.PREEMPTED, attempt=number, message=message)
+            ledger.transition(job.id, JobState.PREEMPTED, message=message, of_attempt=number)
+            ledger.transition(job.id, JobState.QUEUED, message=message, of_attempt=number)
+            return ""
         ledger.transition(job.id, AttemptState.LOST if exit_doc.get("vanished") and code != protocol.EXIT_OK
                           else AttemptState.EXITED, attempt=number, message=_exit_message(exit_doc))
         if code == protocol.EXIT_OK:
@@ -272,6 +279,20 @@ def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
         ledger.transition(job.id, AttemptState.KILLED, attempt=number, message="withdrawn from the inbox")
         ledger.transition(job.id, JobState.CANCELLED, message="withdrawn from the inbox", of_attempt=number)
     return ""
+
+
+def _time_limit_chunk(ledger: Ledger, job: Job, number: int, exit_doc: dict[str, Any], code: int,
+                      seen: dict[str, Any]) -> bool:
+    """A Slurm job stopped near its time limit (the wrapper's ``slurm_time_limit``) that trained past
+    where this attempt began: one chunk of a run longer than the partition allows, continued like a
+    preemption.  A chunk that made no progress is an ordinary stop (it counts against retries=, so a
+    time limit shorter than the start-up cannot loop forever)."""
+    if exit_doc.get("slurm_time_limit") is not True or code == protocol.EXIT_OK or seen.get("cancel_requested"):
+        return False
+    last = exit_doc.get("last_step")
+    previous = ledger.attempt(job.id, number - 1) if number > 1 else None
+    began = (previous.step or 0) if previous is not None else 0
+    return isinstance(last, int) and not isinstance(last, bool) and last > began
 
 
 def _progress(ledger: Ledger, job: Job, number: int, seen: dict[str, Any]) -> None:

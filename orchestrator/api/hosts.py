@@ -29,12 +29,15 @@ def hosts_add_slurm(ctx: Context, name: str, target: str, *, port: int | None = 
                     python: str = "", profile: str = fleet.DEFAULT_SSH_PROFILE, trust_new_host_key: bool = False,
                     partition: str = "", account: str = "",
                     qos: str = "", time_limit: str = "", sbatch_args: Sequence[str] = (),
-                    max_jobs: int | None = None, probe_wait_s: float = slurm_hosts.PROBE_WAIT_S) -> fleet.Registered:
+                    max_jobs: int | None = None, signal_grace_s: int | None = None,
+                    probe_wait_s: float = slurm_hosts.PROBE_WAIT_S) -> fleet.Registered:
     """Register a Slurm cluster's login node (docs/slurm.md): the host audit, then Slurm's."""
     fields: dict[str, Any] = {"partition": partition, "account": account, "qos": qos, "time_limit": time_limit,
                               "sbatch_args": tuple(sbatch_args)}
     if max_jobs is not None:
         fields["max_jobs"] = max_jobs
+    if signal_grace_s is not None:
+        fields["signal_grace_s"] = signal_grace_s
     try:
         wanted = slurm_hosts.SlurmSettings(**fields)
     except ValidationError as exc:

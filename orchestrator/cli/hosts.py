@@ -51,11 +51,14 @@ def hosts() -> None:
                    "from its checkpoint in a new Slurm job.")
 @click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="--OPTION=VALUE",
               help="Another sbatch option for every job (repeatable), e.g. --sbatch-arg=--constraint=a100.")
+@click.option("--signal-grace", type=click.IntRange(1, 3600), default=None, metavar="SECONDS",
+              help="Slurm: warn a job this long before its time limit (--signal=B:USR1@SECONDS) so it saves a "
+                   "checkpoint and continues in a new Slurm job (default: kill_grace_s + 30, at least 60).")
 @click.option("--max-jobs", type=click.IntRange(1, 100_000), default=None,
               help="At most this many gpuq jobs in Slurm's queue at once (default 100); the rest wait in gpuq.")
 def add(name: str, target: str, port: int | None, key: str, profile: str, root: str, python: str,
         trust_new_host_key: bool, slurm_target: str, partition: str, account: str, qos: str, time_limit: str,
-        sbatch_args: tuple[str, ...], max_jobs: int | None) -> None:
+        sbatch_args: tuple[str, ...], max_jobs: int | None, signal_grace: int | None) -> None:
     """Register host NAME reached at TARGET (user@address or an ~/.ssh/config alias), or a Slurm
     cluster with --slurm TARGET."""
     from orchestrator import api
@@ -63,7 +66,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
     from orchestrator.fleet import key_fingerprint
 
     slurm_only = {"--partition": partition, "--account": account, "--qos": qos, "--time-limit": time_limit,
-                  "--sbatch-arg": sbatch_args, "--max-jobs": max_jobs}
+                  "--sbatch-arg": sbatch_args, "--max-jobs": max_jobs, "--signal-grace": signal_grace}
     if slurm_target and target:
         raise UsageError(f"give the login node once: `gpuq hosts add {name} --slurm {slurm_target}` (no TARGET)")
     if not slurm_target and not target:
@@ -77,7 +80,8 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
         done = api.hosts_add_slurm(ctx, name, slurm_target, port=port, key=key, root=root, python=python,
                                    profile=profile,
                                    trust_new_host_key=trust_new_host_key, partition=partition, account=account,
-                                   qos=qos, time_limit=time_limit, sbatch_args=sbatch_args, max_jobs=max_jobs)
+                                   qos=qos, time_limit=time_limit, sbatch_args=sbatch_args, max_jobs=max_jobs,
+                                   signal_grace_s=signal_grace)
         about = done.facts.get("slurm") or {}
         gpus = about.get("gpus_per_node") or 0
         click.echo(f"added {name}: Slurm cluster via {slurm_target} ({about.get('version', '?')}), partition "

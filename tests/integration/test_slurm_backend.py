@@ -76,6 +76,18 @@ class SlurmUser:
         finally:
             ledger.close()
 
+    def history(self, name: str) -> str:
+        """The job's attempts and events, for a failing assertion."""
+        ledger = Ledger(self.home / "ledger.db")
+        try:
+            job = next(j for j in ledger.jobs() if j.name == name)
+            lines = [f"attempt {a.number}: {a.state} exit={a.exit_code} step={a.step} {a.message}"
+                     for a in ledger.attempts(job.id)]
+            lines += [f"event: {e.message}" for e in ledger.events(subject=job.id, limit=50)]
+        finally:
+            ledger.close()
+        return "\n" + "\n".join(lines) + "\n"
+
     def logs(self) -> str:
         out = []
         for log in sorted(self.root.glob("jobs/*/attempts/*/job.log")):
@@ -198,6 +210,47 @@ def test_a_dead_node_is_requeued_by_slurm_and_the_attempt_resumes_elsewhere(user
     log = (user.job_dir("slow") / "attempts" / "1" / "job.log").read_text()
     assert "runs this attempt again (restart 1)" in log, log[-3000:]
     assert any("GPUQ_RESUMED" in line for line in log.splitlines()), log[-3000:]
+
+
+def test_a_job_warned_of_its_time_limit_checkpoints_and_continues_in_a_new_slurm_job(user: SlurmUser,
+                                                                                      tmp_path: Path) -> None:
+    """The warning Slurm sends before the time limit (--signal=B:USR1@grace) is sent here by hand,
+    at a known step (`scancel --batch --signal=USR1`, what slurmctld does; its own timing is up to a
+    minute early and too coarse for a test): the payload saves a checkpoint, and gpuq continues the
+    run in a new Slurm job without spending retries=, to the weights of an uninterrupted twin."""
+    user.add("--time-limit", "30", "--signal-grace", "90")
+    queue = _project(tmp_path, {"long": _config(0.05, 1024), "twin": _config(0.0, 1024)},
+                     ["configs/long.yaml classify 2 name=long gpus=1 retries=0",
+                      "configs/twin.yaml classify 2 name=twin gpus=1"])
+    code, text = user.gpuq("submit", str(queue))
+    assert code == 0, text
+    assert wait_for(lambda: _latest_step(user.job_dir("long")) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), \
+        user.logs()
+    sid = user.slurm_id("long")
+    shown = user.cluster.show_job(sid)
+    assert shown["TimeLimit"] == "00:30:00", shown  # --time-limit reached sbatch
+    user.cluster.check_login(["scancel", "--batch", "--signal=USR1", sid])
+    code, text = user.gpuq("wait", "--timeout", "400", timeout=500)
+    assert code == 0, text + user.history("long") + user.logs()[-6000:]
+    jobs = user.jobs()
+    long = jobs["long"]
+    assert long.state == "SUCCEEDED" and jobs["twin"].state == "SUCCEEDED", jobs  # type: ignore[attr-defined]
+    assert long.attempt_count == 2, user.history("long")  # type: ignore[attr-defined]
+    first = json.loads((user.job_dir("long") / "attempts" / "1" / "exit.json").read_text())
+    assert first["slurm_time_limit"] is True and first["wrapper_signal"] == 15, first
+    assert first["message"].startswith("Slurm time limit near (SIGUSR1): checkpointed and stopped"), first
+    ledger = Ledger(user.home / "ledger.db")
+    try:
+        states = [a.state for a in ledger.attempts(long.id)]  # type: ignore[attr-defined]
+    finally:
+        ledger.close()
+    assert states == ["PREEMPTED", "EXITED"], states  # a chunk is not a failure: retries=0 was enough
+    log = (user.job_dir("long") / "attempts" / "2" / "job.log").read_text()
+    resumed = [line for line in log.splitlines() if "GPUQ_RESUMED" in line]
+    assert resumed and int(resumed[0].split("step=")[1].split()[0]) >= 2 * CKPT_EVERY, log[-3000:]
+    weights = [json.loads((user.job_dir(n) / "result" / "summary.json").read_text())["weights_sha256"]
+               for n in ("long", "twin")]
+    assert weights[0] == weights[1]
 
 
 def test_gpuq_cancel_reaches_scancel(user: SlurmUser, tmp_path: Path) -> None:
