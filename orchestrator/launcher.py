@@ -37,6 +37,9 @@ UNPACK_SCRIPT = (
 )
 
 
+ENQUEUE_S_PER_SPEC = 0.5  # the enqueue call's time allowance per spec (sbatch on a busy slurmctld)
+
+
 def agent_path(host: Host, bundle_sha: str) -> str:
     return host.path(protocol.BUNDLES_DIR, bundle_sha, protocol.AGENT_ENTRY)
 
@@ -178,7 +181,8 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
     Returns the agent's verdict per job id ("queued", "exists").
     """
     argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings))
-    result = host.run(argv, stdin=enqueue_payload(specs), timeout=60)
+    # a Slurm login node runs one sbatch per spec inside this call: allow for each of them
+    result = host.run(argv, stdin=enqueue_payload(specs), timeout=60 + ENQUEUE_S_PER_SPEC * len(specs))
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
     verdicts = host_documents.read_verdicts(host.name, result.stdout)  # ProtocolError: this host only
