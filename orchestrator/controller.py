@@ -227,7 +227,7 @@ def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe)
     if report.doc.get("agent", {}).get("alive") or not pending:
         return
     row = ledger.host(host.name)
-    if row is None or not row.agent_bundle:
+    if row is None or not row.agent_bundle or row.kind == "slurm":  # on a login node Slurm holds the queue
         return
     verdict = ensure_agent(host, row.agent_bundle, settings)
     ledger.record_event("host", host.name, f"agent was not running with {len(pending)} jobs pending: {verdict}")

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_slurm
 from gpuq_files import (
     Layout,
     atomic_write_json,
@@ -634,6 +635,9 @@ def wrapper_file(lay: Layout, spec: dict[str, Any]) -> str:
 
 
 def cmd_serve(lay: Layout, args: argparse.Namespace) -> int:
+    if gpuq_slurm.config(lay) is not None:  # a Slurm login node: sbatch runs the attempts, never an agent here
+        print("this root is a Slurm login node's (slurm.json): no agent serves it; jobs go to sbatch")
+        return 0
     if not args.detach:
         return Agent(lay, args).serve()
     return serve_detached(lay, lambda notify_fd: Agent(lay, args, notify_fd=notify_fd).serve())

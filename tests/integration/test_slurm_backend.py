@@ -154,6 +154,7 @@ def test_a_sweep_runs_to_completion_as_slurm_jobs_within_the_cap(user: SlurmUser
         assert "CUDA_VISIBLE_DEVICES=0" in run_env or "CUDA_VISIBLE_DEVICES=1" in run_env, run_env
     code, text = user.gpuq("status", "--json")
     assert code == 0, text
+    assert not (user.root / "agent.pid").exists()  # no agent ever served the login node's root
     hosts = {h["name"]: h for h in json.loads(text)["hosts"]}
     assert hosts["hpc"]["reachable"] is True, hosts
 

@@ -191,3 +191,16 @@ def test_on_the_node_the_gpus_are_the_ones_slurm_gave(monkeypatch: pytest.Monkey
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     out = slurm.launch_on_node({"slurm": True, "kind": "slurm", "device": "cuda", "total_slots": 1})
     assert out["kind"] == "cpu" and out["slots"] == [] and out["device"] == "cpu" and out["total_slots"] == 16
+
+
+def test_no_agent_serves_a_slurm_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A serving agent on a login node would hold the root's lock (blocking every enqueue) and could
+    start jobs on the login node itself: `serve` refuses a Slurm root."""
+    import argparse
+
+    serve = load_agent_module("gpuq_serve")
+    (tmp_path / slurm.CONFIG_FILE).write_text(json.dumps({"max_jobs": 3}))
+    args = argparse.Namespace(detach=False, idle_exit_s=0.1, poll_s=0.01, cpu_slots=1, train_device="auto")
+    assert serve.cmd_serve(files.Layout(str(tmp_path)), args) == 0
+    assert "no agent serves it" in capsys.readouterr().out
+    assert not (tmp_path / P.AGENT_PID).exists() and not (tmp_path / P.INBOX_DIR).exists()
