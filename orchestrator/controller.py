@@ -411,14 +411,16 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
         budget = max(0, int(row.disk_free_bytes - gate))
     return HostSlots(host=row.name, total=total, usable=not reason and total > 0, slot_free_at=tuple(free_at),
                      reason=reason, disk_free_bytes=budget, job_slots=1 if slurm is not None else 0,
-                     max_gpus=(slurm.gpus_per_node or None) if slurm is not None and slurm.gres else None)
+                     max_gpus=(slurm.gpus_per_node or None) if slurm is not None and slurm.gres else None,
+                     max_nodes=max(1, slurm.nodes) if slurm is not None else 1)
 
 
 def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int, est_min: float | None,
-             host_pin: str | None, rates: EpochRates, ckpt_bytes: dict[str, int] | None = None) -> PlanJob:
+             host_pin: str | None, rates: EpochRates, ckpt_bytes: dict[str, int] | None = None,
+             nodes: int = 1) -> PlanJob:
     """``ckpt_bytes``: largest checkpoint seen per config; a job keeps two (latest + best)."""
     est = estimate_s(config=config, task=task, epochs=epochs, est_min=est_min, history=rates)
-    return PlanJob(job_id, gpus, est, host_pin, disk_bytes=2 * (ckpt_bytes or {}).get(config, 0))
+    return PlanJob(job_id, gpus, est, host_pin, disk_bytes=2 * (ckpt_bytes or {}).get(config, 0), nodes=nodes)
 
 
 def capacities(ledger: Ledger, settings: Settings, rows: Sequence[HostRow], rates: EpochRates) -> list[HostSlots]:

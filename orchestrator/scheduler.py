@@ -109,6 +109,7 @@ class PlanJob:
     est_s: float
     host_pin: str | None = None
     disk_bytes: int = 0  # checkpoints + scratch this job needs on its host
+    nodes: int = 1  # machines the job spans (gpus on each); above 1 only a Slurm host takes it
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,13 @@ def _candidates(
         return [], f"no usable host ({down})"
     else:
         pool = list(usable)
+    if job.nodes > 1:
+        spans = [h for h in pool if h.max_nodes >= job.nodes]
+        if not spans:
+            most = max(h.max_nodes for h in pool)
+            return [], (f"needs {job.nodes} nodes; multi-node jobs run on a Slurm host with that many nodes "
+                        f"(the most any usable host has is {most})")
+        pool = spans
     fits = [h for h in pool if h.total >= job_need(job.gpus, h) and (h.max_gpus is None or need <= h.max_gpus)]
     if not fits:
         most = max(h.total if h.max_gpus is None else h.max_gpus for h in pool)

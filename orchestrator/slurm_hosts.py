@@ -46,6 +46,7 @@ class SlurmSettings(BaseModel):
     max_jobs: int = Field(DEFAULT_MAX_JOBS, ge=1, le=100_000)
     gres: bool = True  # ask for --gres=gpu:N (False: the partition has no GPU GRES; jobs get CPUs)
     gpus_per_node: int = Field(0, ge=0, le=1024)  # from the audit; 0 = unknown
+    nodes: int = Field(0, ge=0, le=1_000_000)  # the partition's nodes, from the audit: the most one job may span
     signal_grace_s: int = Field(0, ge=0, le=3600)  # --signal=B:USR1@this (0: kill_grace_s + 30, at least 60)
     train_device: str = ""
     python: str = ""
@@ -214,7 +215,8 @@ def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe
     if not any(p.get("avail") == "up" for p in mine):
         out.warnings.append(f"partition {wanted} is {mine[0].get('avail')}: jobs wait until it is up")
     gpus = max((_gres_gpus(str(p.get("gres", ""))) for p in mine), default=0)
-    update: dict[str, Any] = {"gpus_per_node": gpus, "python": row.python, "partition": wanted,
+    nodes = sum(int(p["nodes"]) for p in mine if str(p.get("nodes", "")).isdigit())
+    update: dict[str, Any] = {"gpus_per_node": gpus, "nodes": nodes, "python": row.python, "partition": wanted,
                               "train_device": slurm.train_device or row.train_device}
     if gpus == 0 and slurm.gres:
         update["gres"] = False
@@ -239,7 +241,7 @@ def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe
         raise HostError(host.name, f"cannot write {row.root}/slurm.json: {written.stderr.strip()[-300:]}")
     versions = doc.get("versions") or {}
     out.facts["slurm"] = {"version": str(versions.get("sbatch", "")), "partition": wanted, "gpus_per_node": gpus,
-                          "probe": probe}
+                          "nodes": nodes, "probe": probe}
     row.kind, row.slurm = "slurm", final.model_dump_json()
     row.slots_kind, row.slots_total = "slurm", final.max_jobs
 

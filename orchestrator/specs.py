@@ -84,6 +84,7 @@ class HostSlots(BaseModel):
     reason: str = ""
     job_slots: int = 0  # > 0: every job takes this many slots here whatever its GPUs (a Slurm host: 1)
     max_gpus: int | None = None  # the most GPUs one job may ask for here (a Slurm node's GRES), None = total
+    max_nodes: int = 1  # the most nodes one job may span here (a Slurm partition's nodes)
     speed: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")

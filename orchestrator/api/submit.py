@@ -93,13 +93,6 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
             raise UsageError(f"entry = {entry!r} (gpuq.toml / GPUQ_ENTRY): must name a file inside the project "
                              f"{parsed.workdir}; nothing was submitted")
-    multi = [j for j in parsed.jobs if j.nodes > 1]
-    if multi:
-        # the agent runs single-node `torchrun --standalone`: a 2-node job would silently train
-        # with half its world size, so refuse it until multi-node rendezvous exists
-        lines = [f"{queue}:{j.line}: nodes={j.nodes}: multi-node jobs are not supported yet; use nodes=1"
-                 for j in multi]
-        raise UsageError("\n".join([*lines, "nothing was submitted"]))
     workdir = Path(parsed.workdir)
     run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir)}) if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
@@ -125,7 +118,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     ckpt = ctx.ledger.checkpoint_bytes_by_config()
     plan_jobs = [
         controller.plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task,
-                            epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt)
+                            epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt,
+                            nodes=j.nodes)
         for j in parsed.jobs
     ]
     rows = _target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})

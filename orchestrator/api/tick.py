@@ -378,7 +378,8 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
             # a requeued job resumes from the checkpoint on its last host: stay there while it is usable
             pin = j.host_pin or (j.host if j.attempt_count and j.host in usable else None)
             plan_jobs.append(controller.plan_job(j.id, gpus=j.gpus, config=j.config, task=j.task, epochs=j.epochs,
-                                                 est_min=j.est_min, host_pin=pin, rates=rates, ckpt_bytes=ckpt))
+                                                 est_min=j.est_min, host_pin=pin, rates=rates, ckpt_bytes=ckpt,
+                                                 nodes=j.nodes))
         try:
             decided, _ = controller.plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
                                                   rates)

@@ -133,12 +133,13 @@ def render(template: Sequence[str], values: dict[str, str], args: Sequence[str] 
     return out
 
 
-def launcher_prefix(launcher: str, python: str, nproc: int, extra: Sequence[str] = ()) -> list[str]:
-    """What goes before the rendered command: torchrun (single node, its own free rendezvous port),
-    the interpreter, or nothing."""
+def launcher_prefix(launcher: str, python: str, nproc: int, extra: Sequence[str] = (),
+                    rendezvous: Sequence[str] | None = None) -> list[str]:
+    """What goes before the rendered command: torchrun (single node with its own free rendezvous port,
+    or ``rendezvous``: one node of a multi-node job), the interpreter, or nothing."""
     if launcher == "torchrun":
-        return [python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                "--nproc-per-node=%d" % nproc] + list(extra)
+        where = list(rendezvous) if rendezvous is not None else ["--standalone", "--nnodes=1"]
+        return [python, "-m", "torch.distributed.run"] + where + ["--nproc-per-node=%d" % nproc] + list(extra)
     if launcher == "python":
         return [python]
     if launcher == "none":
@@ -148,12 +149,12 @@ def launcher_prefix(launcher: str, python: str, nproc: int, extra: Sequence[str]
 
 def job_argv(*, launcher: str, python: str, nproc: int, command: Sequence[str], args: Sequence[str],
              resume_args: Sequence[str], values: dict[str, str], checkpoint: str | None,
-             launcher_extra: Sequence[str] = ()) -> list[str]:
+             launcher_extra: Sequence[str] = (), rendezvous: Sequence[str] | None = None) -> list[str]:
     """The whole argv of one attempt: launcher prefix, the rendered command with the trainer arguments,
     then the rendered ``resume_args`` when a checkpoint exists (``checkpoint`` is its path)."""
     vals = dict(values)
     vals["checkpoint"] = checkpoint or ""
-    argv = launcher_prefix(launcher, python, nproc, launcher_extra)
+    argv = launcher_prefix(launcher, python, nproc, launcher_extra, rendezvous)
     argv += render(command, vals, args)
     if checkpoint:
         argv += render(resume_args, vals, (), append_args=False)

@@ -112,12 +112,13 @@ def link_project(workdir: str, run_dir: str, run: dict[str, Any] | None) -> None
 
 
 def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
-              launch: dict[str, Any]) -> dict[str, str]:
-    """run.env: what the trainer gets on top of PATH/HOME/...; never a secret."""
+              launch: dict[str, Any], adir: str | None = None) -> dict[str, str]:
+    """run.env: what the trainer gets on top of PATH/HOME/...; never a secret.  ``adir``: where this
+    wrapper keeps its attempt files (a multi-node job's other nodes: attempts/<n>/node-<r>)."""
     sha = str(spec.get("bundle_sha", ""))
     workdir = lay.p(P.BUNDLES_DIR, sha, P.BUNDLE_WORKDIR)
     jdir = lay.job(job_id)
-    adir = lay.attempt(job_id, attempt)
+    adir = adir or lay.attempt(job_id, attempt)
     kind = launch.get("kind", "cpu")
     slots = launch.get("slots") or []
     resume = spec.get("resume_from")
@@ -193,14 +194,15 @@ def secrets_for(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
 
 
 def job_argv(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any], run_env: dict[str, str],
-             python: str, nproc: int) -> list[str]:
+             python: str, nproc: int, rendezvous: list[str] | None = None) -> list[str]:
     """The trainer's argv: the legacy payload command when spec "run" is absent, else the
-    project's template rendered by gpuq_argv."""
+    project's template rendered by gpuq_argv.  ``rendezvous``: torchrun's multi-node arguments
+    (``--nnodes --node-rank --master-addr --master-port``) instead of ``--standalone --nnodes=1``."""
     sha = str(spec.get("bundle_sha", ""))
     entry = lay.p(P.BUNDLES_DIR, sha, str(spec.get("entry") or P.TRAIN_ENTRY))
     run = run_section(spec)
     launcher = str((run or {}).get("launcher") or spec.get("launcher") or "torchrun")
-    extra = local_addr_args() if launcher == "torchrun" else []
+    extra = local_addr_args() if launcher == "torchrun" and rendezvous is None else []
     command = [str(a) for a in ((run or {}).get("command") or [])]
     if not command:
         literal = entry.replace("{", "{{").replace("}", "}}")
@@ -217,7 +219,7 @@ def job_argv(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any], run_e
     resume_args = [str(a) for a in ((run or {}).get("resume_args") or [])]
     return gpuq_argv.job_argv(launcher=launcher, python=python, nproc=nproc, command=command, args=args,
                               resume_args=resume_args, values=values, checkpoint=ckpt,
-                              launcher_extra=extra)
+                              launcher_extra=extra, rendezvous=rendezvous)
 
 
 def local_addr_args() -> list[str]:

@@ -44,6 +44,7 @@ from gpuq_files import (
 
 CONFIG_FILE = "slurm.json"  # under the root: its presence puts the root in Slurm mode
 JOB_FILE = "slurm.json"  # under attempts/<n>/: {"job_id", "submitted_at", "argv"}
+NODE_FILE = "node.json"  # under attempts/<n>/ (rank 0) and attempts/<n>/node-<r>/: {"rank", "host", ...}
 SCRIPT_FILE = "sbatch.sh"  # under attempts/<n>/: the batch script Slurm runs (and re-runs on requeue)
 ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                    "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
@@ -75,8 +76,10 @@ def sbatch_argv(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], depende
     gpus = int(spec.get("gpus") or 0)
     grace = int(conf.get("signal_grace_s") or 0) or max(60, int(float(spec.get("kill_grace_s") or 30)) + 30)
     argv = ["sbatch", "--parsable", "--job-name", job_name(spec), "--comment", "gpuq %s a%d" % (job_id, n),
-            "--output", os.path.join(adir, P.JOB_LOG), "--open-mode=append", "--chdir", lay.root,
-            "--nodes=1", "--ntasks=1", "--requeue", "--signal=B:USR1@%d" % grace]
+            "--output", os.path.join(adir, P.JOB_LOG), "--open-mode=append", "--chdir", lay.root]
+    nodes = job_nodes(spec)
+    argv += ["--nodes=%d" % nodes, "--ntasks-per-node=1"] if nodes > 1 else ["--nodes=1", "--ntasks=1"]
+    argv += ["--requeue", "--signal=B:USR1@%d" % grace]
     if gpus > 0 and conf.get("gres", True):
         argv.append("--gres=gpu:%d" % gpus)
     for key, flag in (("partition", "--partition"), ("account", "--account"), ("qos", "--qos"),
@@ -94,9 +97,23 @@ def batch_script(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], agent_
     job_id, n = str(spec["job_id"]), spec_attempt(spec)
     python = str(spec.get("python") or conf.get("python") or "python3")
     argv = [python, agent_file, "--root", lay.root, "wrap", job_id, str(n)]
+    nodes = job_nodes(spec)
+    if nodes > 1:  # one wrapper per node, each starting torchrun for its node rank; one failing ends them all
+        gpus = int(spec.get("gpus") or 0)
+        step = ["srun", "--nodes=%d" % nodes, "--ntasks=%d" % nodes, "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+        if gpus > 0 and conf.get("gres", True):
+            step.append("--gres=gpu:%d" % gpus)
+        argv = step + argv
     return ("#!/bin/sh\n"
             "# gpuq: attempt %d of job %s (%s). Slurm runs this on a compute node, and again after a requeue.\n"
             "exec %s\n" % (n, job_id, spec.get("name", ""), " ".join(shlex.quote(a) for a in argv)))
+
+
+def job_nodes(spec: dict[str, Any]) -> int:
+    try:
+        return max(1, int(spec.get("nodes") or 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 def previous_alive(lay: Layout, job_id: str, n: int) -> str:
@@ -344,3 +361,51 @@ def cmd_submit(lay: Layout, agent_file: str) -> int:
     finally:
         os.close(fd)
     return 0
+
+
+def node_rank() -> int:
+    """This node's rank within a multi-node job (SLURM_NODEID; 0 outside one)."""
+    try:
+        return max(0, int(os.environ.get("SLURM_NODEID") or 0))
+    except ValueError:
+        return 0
+
+
+def rendezvous(nodes: int) -> tuple[list[str], dict[str, str]]:
+    """torchrun's static rendezvous for this node of a multi-node Slurm job, and the environment every
+    node gets alike: node 0 (the one running the batch script) is the master; the port comes from the
+    Slurm job id and restart, so every node computes the same one without talking; the socket
+    interface is the one that reaches the master (never lo, which the other nodes cannot reach)."""
+    master = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or ""
+    try:
+        job = int(os.environ.get("SLURM_JOB_ID") or 0)
+    except ValueError:
+        job = 0
+    port = 20000 + (job * 7 + restart_count()) % 30000
+    args = ["--nnodes=%d" % nodes, "--node-rank=%d" % node_rank(), "--master-addr=%s" % master,
+            "--master-port=%d" % port]
+    env = {"MASTER_PORT": str(port), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    iface = interface_to(master)
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
+        env["NCCL_SOCKET_IFNAME"] = iface
+    return args, env
+
+
+def interface_to(address: str) -> str:
+    """The network interface this node uses to reach ``address`` ("" when unknown): the one holding the
+    address when it is this node's own, else the route's device."""
+    if not address:
+        return ""
+    for argv in (["ip", "-o", "-4", "addr", "show", "to", address + "/32"], ["ip", "-o", "route", "get", address]):
+        try:
+            out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        words = out.stdout.decode("utf-8", "replace").split()
+        if argv[3] == "addr" and len(words) > 1:
+            return words[1].rstrip(":").split("@")[0]
+        if "dev" in words and words.index("dev") + 1 < len(words):
+            dev = words[words.index("dev") + 1]
+            return "" if dev == "lo" else dev
+    return ""

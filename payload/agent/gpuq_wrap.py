@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -118,7 +119,16 @@ class Wrapper:
             return P.EXIT_SETUP
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
         if launch.get("slurm") and os.environ.get("SLURM_JOB_ID"):
+            rank = gpuq_slurm.node_rank()
+            if rank > 0 and os.path.isdir(self.adir):  # a multi-node job's other nodes keep their own files
+                self.adir = os.path.join(self.adir, "node-%d" % rank)
+                mkdirs(self.adir)
+                atomic_write_json(os.path.join(self.adir, P.LAUNCH_FILE), launch)
             self.slurm_restart = gpuq_slurm.restart_count()
+            if int(os.environ.get("SLURM_NNODES") or 1) > 1:  # which machine got which node rank
+                atomic_write_json(os.path.join(self.adir, gpuq_slurm.NODE_FILE), {
+                    "rank": rank, "host": socket.gethostname(), "slurm_job_id": os.environ["SLURM_JOB_ID"],
+                    "restart": self.slurm_restart, "time": utc()})
             stale = gpuq_slurm.set_aside_stale_exit(self.adir)
             if self.slurm_restart:
                 append_line(os.path.join(self.adir, P.JOB_LOG), "=== gpuq: Slurm job %s runs this attempt again "
@@ -145,7 +155,7 @@ class Wrapper:
                                f"wrapper error in phase {self.phase}: {e!r}")
 
     def build_env(self, spec: dict[str, Any], launch: dict[str, Any]) -> dict[str, str]:
-        return build_env(self.lay, self.job_id, self.attempt, spec, launch)
+        return build_env(self.lay, self.job_id, self.attempt, spec, launch, adir=self.adir)
 
     def _run(self, spec: dict[str, Any]) -> int:
         lay = self.lay
@@ -159,6 +169,11 @@ class Wrapper:
         workdir = os.path.join(bundle, P.BUNDLE_WORKDIR)
         entry = os.path.join(bundle, str(spec.get("entry") or P.TRAIN_ENTRY))
         run_env = self.build_env(spec, launch)
+        rendezvous: list[str] | None = None
+        if launch.get("slurm") and gpuq_slurm.job_nodes(spec) > 1:  # the same on every node but the rank
+            rendezvous, same_env = gpuq_slurm.rendezvous(gpuq_slurm.job_nodes(spec))
+            for key, value in same_env.items():
+                run_env[key] = str((spec.get("env") or {}).get(key, value))  # the project's own setting wins
         atomic_write(os.path.join(self.adir, P.RUN_ENV_FILE),
                      "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(run_env.items())))
         env: dict[str, str] = {}
@@ -228,7 +243,7 @@ class Wrapper:
         run_dir = run_env[P.ENV_RUN_DIR]
         link_project(workdir, run_dir, run_section(spec))
         try:
-            argv = job_argv(lay, self.job_id, self.attempt, spec, run_env, python, gpus)
+            argv = job_argv(lay, self.job_id, self.attempt, spec, run_env, python, gpus, rendezvous=rendezvous)
         except ValueError as e:  # a template the controller should have refused
             self.phase = "setup"
             return self.finish(P.EXIT_SETUP, "cannot build the trainer's command: %s" % e)

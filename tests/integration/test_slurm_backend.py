@@ -254,6 +254,75 @@ def test_a_job_warned_of_its_time_limit_checkpoints_and_continues_in_a_new_slurm
     assert weights[0] == weights[1]
 
 
+def test_a_two_node_job_trains_to_the_weights_of_the_same_world_on_one_node(user: SlurmUser, tmp_path: Path) -> None:
+    """nodes=2 gpus=1 (one torchrun per node through srun, static rendezvous on node 0, gloo over the
+    routed test network) against nodes=1 gpus=2: the same world size, so the same weights."""
+    said = user.add()
+    assert "2 GPUs per node" in said, said
+    queue = _project(tmp_path, {"tiny": _config(0.0, 512)},
+                     ["configs/tiny.yaml classify 2 name=spread nodes=2 gpus=1",
+                      "configs/tiny.yaml classify 2 name=packed nodes=1 gpus=2"])
+    code, text = user.gpuq("submit", str(queue))
+    assert code == 0, text
+    code, text = user.gpuq("wait", "--timeout", "300", timeout=400)
+    assert code == 0, text + user.history("spread") + user.logs()[-6000:]
+    jobs = user.jobs()
+    assert jobs["spread"].state == "SUCCEEDED" and jobs["packed"].state == "SUCCEEDED", jobs  # type: ignore[attr-defined]
+    spread = user.job_dir("spread")
+    first, second = (spread / "attempts" / "1" / "run.env").read_text(), (
+        spread / "attempts" / "1" / "node-1" / "run.env").read_text()
+    log = (spread / "attempts" / "1" / "job.log").read_text()
+    assert "--nnodes=2" in log and "--node-rank=0" in log and "--standalone" not in log, log[-2000:]
+    assert "--node-rank=1" in (spread / "attempts" / "1" / "node-1" / "job.log").read_text()
+    assert "GLOO_SOCKET_IFNAME=eth0" in first and "GLOO_SOCKET_IFNAME=eth0" in second, (first, second)
+    shown = user.cluster.show_job(user.slurm_id("spread"))
+    assert shown["NumNodes"] == "2" and shown["JobState"] == "COMPLETED", shown
+    weights = [json.loads((user.job_dir(n) / "result" / "summary.json").read_text())["weights_sha256"]
+               for n in ("spread", "packed")]
+    assert weights[0] == weights[1]
+
+
+def test_one_node_of_a_two_node_job_killed_fails_the_attempt_and_both_resume(user: SlurmUser,
+                                                                             tmp_path: Path) -> None:
+    """kill -9 of node 1's whole group mid-run: srun ends node 0's part too (--kill-on-bad-exit), the
+    attempt ends as a stop, and the job resumes on two nodes from the newest checkpoint to the weights
+    of an uninterrupted twin."""
+    user.add()
+    queue = _project(tmp_path, {"victim": _config(0.05, 1024), "twin": _config(0.0, 1024)},
+                     ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=1 retries=1",
+                      "configs/twin.yaml classify 2 name=twin nodes=1 gpus=2"])
+    code, text = user.gpuq("submit", str(queue))
+    assert code == 0, text
+    victim = user.job_dir("victim")
+    assert wait_for(lambda: _latest_step(victim) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), user.logs()
+    node = json.loads((victim / "attempts" / "1" / "node-1" / "node.json").read_text())
+    pgid = json.loads((victim / "attempts" / "1" / "node-1" / "pgid").read_text())["pgid"]
+    killed = user.cluster.ssh(user.cluster.host_index(node["host"]), f"kill -9 -{int(pgid)}")
+    assert killed.returncode == 0, killed
+    code, text = user.gpuq("wait", "--timeout", "400", timeout=500)
+    assert code == 0, text + user.history("victim") + user.logs()[-6000:]
+    jobs = user.jobs()
+    assert jobs["victim"].state == "SUCCEEDED" and jobs["victim"].attempt_count == 2, user.history("victim")  # type: ignore[attr-defined]
+    first = json.loads((victim / "attempts" / "1" / "exit.json").read_text())
+    assert first["wrapper_code"] != 0, first
+    log = (victim / "attempts" / "2" / "job.log").read_text()
+    resumed = [line for line in log.splitlines() if "GPUQ_RESUMED" in line]
+    assert resumed and int(resumed[0].split("step=")[1].split()[0]) >= 2 * CKPT_EVERY, log[-3000:]
+    ranks = {json.loads(p.read_text())["rank"] for p in (victim / "attempts" / "2").glob("**/node.json")}
+    assert ranks == {0, 1}
+    weights = [json.loads((user.job_dir(n) / "result" / "summary.json").read_text())["weights_sha256"]
+               for n in ("victim", "twin")]
+    assert weights[0] == weights[1]
+
+
+def test_a_multi_node_job_without_a_slurm_host_is_refused_with_the_reason(user: SlurmUser, tmp_path: Path) -> None:
+    queue = _project(tmp_path, {"tiny": _config()}, ["configs/tiny.yaml classify 1 name=wide nodes=2 gpus=1"])
+    code, text = user.gpuq("submit", str(queue), "--host", "local")
+    assert code != 0 and "needs 2 nodes; multi-node jobs run on a Slurm host" in text, text
+    assert "nothing was submitted" in text, text
+    assert not user.jobs()
+
+
 def test_gpuq_cancel_reaches_scancel(user: SlurmUser, tmp_path: Path) -> None:
     user.add()
     queue = _project(tmp_path, {"slow": _config(0.2, 1024)}, ["configs/slow.yaml classify 5 name=long gpus=1"])
