@@ -204,3 +204,62 @@ def test_no_agent_serves_a_slurm_root(tmp_path: Path, capsys: pytest.CaptureFixt
     assert serve.cmd_serve(files.Layout(str(tmp_path)), args) == 0
     assert "no agent serves it" in capsys.readouterr().out
     assert not (tmp_path / P.AGENT_PID).exists() and not (tmp_path / P.INBOX_DIR).exists()
+
+
+def test_a_multi_node_job_asks_slurm_for_its_nodes_and_starts_one_wrapper_per_node(tmp_path: Path) -> None:
+    lay = files.Layout(str(tmp_path))
+    argv = slurm.sbatch_argv(lay, _spec(nodes=3, gpus=4), {"gres": True})
+    assert "--nodes=3" in argv and "--ntasks-per-node=1" in argv and "--gres=gpu:4" in argv
+    assert "--ntasks=1" not in argv and "--nodes=1" not in argv
+    script = slurm.batch_script(lay, _spec(nodes=3, gpus=4), {"gres": True}, "/b/agent.py").strip().splitlines()[-1]
+    assert script.startswith("exec srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --kill-on-bad-exit=1 --gres=gpu:4 ")
+    assert script.endswith(f"wrap {JOB} 1")
+    single = slurm.batch_script(lay, _spec(nodes=1), {}, "/b/agent.py").strip().splitlines()[-1]
+    assert "srun" not in single
+    assert slurm.job_nodes({"nodes": "junk"}) == 1 and slurm.job_nodes({}) == 1
+
+
+def test_every_node_computes_the_same_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm, "interface_to", lambda address: "ib0" if address == "10.0.0.5" else "")
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "10.0.0.5")
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    seen = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("SLURM_NODEID", rank)
+        seen.append(slurm.rendezvous(2))
+    (args0, env0), (args1, env1) = seen
+    port = 20000 + (1234 * 7) % 30000
+    assert args0 == ["--nnodes=2", "--node-rank=0", "--master-addr=10.0.0.5", f"--master-port={port}"]
+    assert args1 == ["--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.5", f"--master-port={port}"]
+    assert env0 == env1 == {"MASTER_PORT": str(port), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                            "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0"}
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeued run never meets the old run's port
+    assert slurm.rendezvous(2)[1]["MASTER_PORT"] == str(port + 1)
+
+
+def test_the_interface_is_the_one_holding_or_routing_to_the_master(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    answers = {"addr": "", "route": ""}
+
+    def fake_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.CompletedProcess(argv, 0, answers[argv[3] if argv[3] == "addr" else "route"].encode(), b"")
+
+    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
+    answers["addr"] = "2: eth0    inet 10.0.0.5/30 brd 10.0.0.7 scope global eth0"
+    assert slurm.interface_to("10.0.0.5") == "eth0"  # node 0 itself: never lo
+    answers["addr"], answers["route"] = "", "10.0.0.5 via 10.0.1.1 dev ens5 src 10.0.1.2 uid 0"
+    assert slurm.interface_to("10.0.0.5") == "ens5"
+    answers["route"] = "local 10.0.0.5 dev lo src 10.0.0.5"
+    assert slurm.interface_to("10.0.0.5") == ""
+    assert slurm.interface_to("") == ""
+
+
+def test_torchrun_gets_the_rendezvous_instead_of_standalone() -> None:
+    argv_mod = load_agent_module("gpuq_argv")
+    multi = argv_mod.launcher_prefix("torchrun", "py", 2, rendezvous=["--nnodes=2", "--node-rank=1"])
+    assert multi == ["py", "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--nproc-per-node=2"]
+    single = argv_mod.launcher_prefix("torchrun", "py", 2, ["--local-addr=127.0.0.1"])
+    assert single == ["py", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+                      "--local-addr=127.0.0.1"]

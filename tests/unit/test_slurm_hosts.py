@@ -72,3 +72,16 @@ def test_a_job_waiting_in_slurms_queue_says_slurms_state_and_reason() -> None:
     assert len(slurm_wait({"slurm": {"id": "41", "state": "PENDING", "reason": "y" * 200}})) == 80
     assert slurm_wait({"slurm": {"id": "41", "state": "RUNNING", "reason": "None"}}) == ""
     assert slurm_wait({}) == "" and slurm_wait({"slurm": "PENDING"}) == ""
+
+
+def test_a_multi_node_job_goes_only_where_that_many_nodes_are() -> None:
+    hpc = HostSlots(host="hpc", total=10, job_slots=1, max_gpus=4, max_nodes=4)
+    box = HostSlots(host="box", total=8)
+    decided = plan([PlanJob("wide", 4, 100.0, nodes=3)], [box, hpc])
+    assert [a.host for a in decided.assignments] == ["hpc"]
+    nowhere = plan([PlanJob("wider", 4, 100.0, nodes=8)], [box, hpc])
+    assert not nowhere.assignments
+    assert nowhere.unplaced[0][1] == ("needs 8 nodes; multi-node jobs run on a Slurm host with that many nodes "
+                                      "(the most any usable host has is 4)")
+    fat = plan([PlanJob("fat", 8, 100.0, nodes=2)], [box, hpc])
+    assert not fat.assignments and "needs 8 slots" in fat.unplaced[0][1]  # 8 GPUs on each node: none has 8
