@@ -19,6 +19,11 @@ run and on the same cluster:
   same jobs (the floor of any tool that asks Slurm).
 - **squeue output**: the bytes the agent's one squeue call returns for N jobs.
 
+- **a 2-node launch vs a 1-node launch**: the partition back UP, the same one-epoch job as
+  ``nodes=2 gpus=1`` and as ``nodes=1 gpus=2`` (world size 2 both times), ``--pairs`` times each, one
+  job at a time, alternating: the wrapper's wall time on node 0 (from the exit record: start,
+  rendezvous, training, finalize) and submit -> SUCCEEDED as gpuq saw it; medians and ratios.
+
 Everything is cancelled (``scancel``) and torn down at the end.
 
     sudo python scripts/bench_slurm.py [--jobs 1000] [--ticks 3]
@@ -59,10 +64,49 @@ def round_trips(ctx: Any) -> int:
     return sum(int(getattr(api.host_for(ctx, row), "round_trips", 0)) for row in ctx.ledger.hosts())
 
 
+def _two_nodes_vs_one(args: argparse.Namespace, base: Path, cluster: Any) -> dict[str, Any]:
+    """The same one-epoch job as nodes=2 gpus=1 and as nodes=1 gpus=2 (world size 2 both times), one
+    at a time, alternating: the wrapper's wall time on node 0 (start, rendezvous, training, finalize)
+    and submit -> success as gpuq saw it."""
+    from orchestrator import api
+
+    cluster.check_login(["scontrol", "update", "PartitionName=gpu", "State=UP"])
+    times: dict[str, list[float]] = {"2x1": [], "1x2": []}
+    whole: dict[str, list[float]] = {"2x1": [], "1x2": []}
+    for rep in range(args.pairs):
+        for shape, line in (("2x1", "nodes=2 gpus=1"), ("1x2", "nodes=1 gpus=2")):
+            work = base / f"launch-{shape}-{rep}"
+            (work / "configs").mkdir(parents=True)
+            (work / "configs" / "tiny.yaml").write_text(TINY)
+            (work / "queue.txt").write_text(f"configs/tiny.yaml classify 1 name=l{rep}x{shape} {line}\n")
+            ctx = api.open_context()
+            try:
+                t0 = time.perf_counter()
+                result = api.submit(ctx, work / "queue.txt")
+                api.wait(ctx, sweep=result.sweep_id, interval_s=0.5, timeout_s=300)
+                whole[shape].append(time.perf_counter() - t0)
+                (job,) = ctx.ledger.jobs(sweep_id=result.sweep_id)
+                att = ctx.ledger.attempts(job.id)[-1]
+                if job.state != "SUCCEEDED" or att.started_at is None or att.ended_at is None:
+                    raise SystemExit(f"bench_slurm: {shape} job ended {job.state}: {att.message}")
+                times[shape].append(att.ended_at - att.started_at)
+            finally:
+                ctx.close()
+    wrapper = {k: statistics.median(v) for k, v in times.items()}
+    total = {k: statistics.median(v) for k, v in whole.items()}
+    return {"launch_pairs": args.pairs,
+            "wrapper_s_2nodes_x1": round(wrapper["2x1"], 2), "wrapper_s_1node_x2": round(wrapper["1x2"], 2),
+            "wrapper_2nodes_over_1node": round(wrapper["2x1"] / wrapper["1x2"], 3),
+            "submit_to_success_s_2nodes_x1": round(total["2x1"], 2),
+            "submit_to_success_s_1node_x2": round(total["1x2"], 2),
+            "submit_to_success_2nodes_over_1node": round(total["2x1"] / total["1x2"], 3)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--ticks", type=int, default=3, help="status calls to time (the median is reported)")
+    ap.add_argument("--pairs", type=int, default=3, help="2-node and 1-node launches of the same job to time")
     args = ap.parse_args()
 
     from tests.support.slurmcluster import SlurmCluster, requirements_problem
@@ -139,8 +183,15 @@ def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> i
     t0 = time.perf_counter()
     subprocess.run([*ssh, "bash", "-c", shlex.quote(loop)], check=True, capture_output=True)
     loop_s = time.perf_counter() - t0
-    subprocess.run([*ssh, "scancel", "--user", "root"], check=False, capture_output=True)
+    subprocess.run([*ssh, shlex.join(["scancel", "--name", ",".join(f"loop-{i}" for i in range(1, args.jobs + 1))])],
+                   check=False, capture_output=True)
+    ctx = api.open_context()
+    try:  # gpuq's own jobs go through gpuq: the ledger says CANCELLED, nothing is retried
+        api.cancel(ctx, sweep=result.sweep_id)
+    finally:
+        ctx.close()
 
+    launch = _two_nodes_vs_one(args, base, cluster)
     tick = statistics.median(ticks)
     doc = {
         "jobs": args.jobs, "register_s": round(register_s, 2),
@@ -151,6 +202,7 @@ def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> i
         "bare_squeue_s_median": round(statistics.median(squeue_s), 3),
         "tick_over_bare_squeue": round(tick / statistics.median(squeue_s), 2),
         "squeue_bytes": squeue_bytes,
+        **launch,
     }
     print(json.dumps(doc, indent=1))
     return 0
