@@ -314,6 +314,12 @@ def _progress(ledger: Ledger, job: Job, number: int, seen: dict[str, Any]) -> No
     pointer = seen.get("ckpt")
     if isinstance(pointer, dict) and pointer.get("sha256"):
         ledger.record_checkpoint(job.id, number, pointer)
+    nodes = seen.get("nodes")
+    if isinstance(nodes, list) and len(nodes) > 1:  # which machine got which node rank, once per attempt
+        ranks = ", ".join(f"node {n.get('rank')} on {n.get('host')}" for n in nodes if isinstance(n, dict))
+        message = f"attempt {number} runs on {len(nodes)} nodes: {ranks}"
+        if not any(e.message == message for e in ledger.events(subject=job.id, limit=100)):
+            ledger.record_event("job", job.id, message)
 
 
 def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Job]) -> None:

@@ -176,9 +176,15 @@ class SlurmSection(_Open):
     error: Annotated[str, Field(max_length=1024)] = ""
 
 
+class NodeRank(_Open):
+    rank: Annotated[int, Field(ge=0, le=1_000_000)]
+    host: Short = ""
+
+
 class JobEntry(_Open):
     job_id: Short
     slurm: SlurmJob | None = None
+    nodes: Annotated[list[NodeRank], Field(max_length=1024)] | None = None  # a multi-node attempt's machines
     attempt: Count = 0
     state: Short = ""
     boot_id: Short | None = None

@@ -100,6 +100,7 @@ class JobView:
     cost: float | None  # money spent so far (host price per hour); None: no attempt on a priced host
     note: str = ""  # a trainer without a heartbeat: elapsed time and its last log line (plain text)
     waiting: str = ""  # a job placed but not started: Slurm's state and reason ("Slurm job 41 PENDING (Priority)")
+    nodes: str = ""  # the Slurm nodes a running job has ("gpu-[01-02]"), as squeue names them
 
     @property
     def where(self) -> str:
@@ -107,7 +108,7 @@ class JobView:
         if not self.job.host:
             return "-"
         if not self.host_gpus:
-            return self.job.host
+            return f"{self.job.host}:{self.nodes}" if self.nodes else self.job.host
         return f"{self.job.host}:{','.join(str(i) for i in self.host_gpus)}"
 
     @property
@@ -207,6 +208,9 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
             since = observed.elapsed_s(entry, att.started_at if att is not None else None, now)
             note = " ".join(x for x in (duration(since) if since is not None else "", observed.last_line(entry)) if x)
         waiting = observed.slurm_wait(entry) if job.state == JobState.ASSIGNED.value else ""
+        slurm = entry.get("slurm")
+        nodes = str(slurm.get("nodes") or "") if isinstance(slurm, dict) and running else ""
+        nodes = "".join(c for c in nodes if c.isprintable())[:60]  # the host's text: printable, bounded
         note = waiting or note  # waiting in a Slurm queue: Slurm's state and reason
         terminal = JobState(job.state).terminal
         hb_age = None if terminal or att is None or att.heartbeat_at is None else max(0.0, now - att.heartbeat_at)
@@ -214,7 +218,7 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
         views.append(JobView(
             job=job, attempt=att, host_gpus=slots, fraction=fraction,
             eta_s=eta_seconds(att, rate if isinstance(rate, int | float) else None) if running else None,
-            heartbeat_age_s=hb_age, cost=job_cost(job, attempts, hosts, now), note=note, waiting=waiting,
+            heartbeat_age_s=hb_age, cost=job_cost(job, attempts, hosts, now), note=note, waiting=waiting, nodes=nodes,
         ))
     return views
 

@@ -272,6 +272,9 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
     alive = 0
     for e, sid in mine:
         e["group_alive"] = None
+        nodes = node_ranks(lay.attempt(e["job_id"], e["attempt"]))
+        if nodes:
+            e["nodes"] = nodes
         seen = (view or {}).get(sid)
         state = seen["state"] if seen else ""
         e["slurm"] = {"id": sid, "state": state or ("UNKNOWN" if view is None else "GONE"),
@@ -409,3 +412,21 @@ def interface_to(address: str) -> str:
             dev = words[words.index("dev") + 1]
             return "" if dev == "lo" else dev
     return ""
+
+
+MAX_NODES_SHOWN = 256
+
+
+def node_ranks(adir: str) -> list[dict[str, Any]]:
+    """[{"rank", "host"}] of a multi-node attempt, from the node.json each node's wrapper wrote
+    (node 0 in the attempt dir, node r in node-<r>/); [] for a single-node one."""
+    found = []
+    try:
+        names = sorted(n for n in os.listdir(adir) if n.startswith("node-"))[:MAX_NODES_SHOWN]
+    except OSError:
+        return []
+    for where in [adir] + [os.path.join(adir, n) for n in names]:
+        doc = read_json(os.path.join(where, NODE_FILE))
+        if isinstance(doc, dict) and isinstance(doc.get("rank"), int):
+            found.append({"rank": doc["rank"], "host": str(doc.get("host", ""))[:128]})
+    return sorted(found, key=lambda d: d["rank"])

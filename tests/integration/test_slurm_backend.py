@@ -277,6 +277,11 @@ def test_a_two_node_job_trains_to_the_weights_of_the_same_world_on_one_node(user
     assert "GLOO_SOCKET_IFNAME=eth0" in first and "GLOO_SOCKET_IFNAME=eth0" in second, (first, second)
     shown = user.cluster.show_job(user.slurm_id("spread"))
     assert shown["NumNodes"] == "2" and shown["JobState"] == "COMPLETED", shown
+    hosts = {json.loads(p.read_text())["host"] for p in (spread / "attempts" / "1").glob("**/node.json")}
+    assert hosts == set(user.cluster.nodes), hosts
+    head = json.loads((spread / "attempts" / "1" / "node.json").read_text())["host"]
+    told = user.history("spread")
+    assert f"attempt 1 runs on 2 nodes: node 0 on {head}, node 1 on " in told, told  # which machine got which rank
     weights = [json.loads((user.job_dir(n) / "result" / "summary.json").read_text())["weights_sha256"]
                for n in ("spread", "packed")]
     assert weights[0] == weights[1]

@@ -263,3 +263,23 @@ def test_torchrun_gets_the_rendezvous_instead_of_standalone() -> None:
     single = argv_mod.launcher_prefix("torchrun", "py", 2, ["--local-addr=127.0.0.1"])
     assert single == ["py", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
                       "--local-addr=127.0.0.1"]
+
+
+def test_a_multi_node_attempt_reports_which_machine_got_which_rank(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    lay = files.Layout(str(tmp_path))
+    adir = _attempt(tmp_path)
+    (adir / "node.json").write_text(json.dumps({"rank": 0, "host": "gpu-01"}))
+    (adir / "node-1").mkdir()
+    (adir / "node-1" / "node.json").write_text(json.dumps({"rank": 1, "host": "gpu-07" + "x" * 300}))
+    (adir / "node-2").mkdir()
+    (adir / "node-2" / "node.json").write_text("not json")
+    _view(monkeypatch, {"41": {"state": "RUNNING", "reason": "None", "nodes": "gpu-[01,07]"}})
+    jobs = [_entry()]
+    slurm.apply_view(lay, jobs, 0.0)
+    assert jobs[0]["nodes"] == [{"rank": 0, "host": "gpu-01"}, {"rank": 1, "host": ("gpu-07" + "x" * 300)[:128]}]
+    single = tmp_path / "single"
+    _attempt(single)
+    jobs = [_entry()]
+    slurm.apply_view(files.Layout(str(single)), jobs, 0.0)
+    assert "nodes" not in jobs[0]
