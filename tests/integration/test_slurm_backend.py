@@ -11,6 +11,8 @@ and gpuq resumes it; ``gpuq cancel`` reaches scancel.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 
 from orchestrator.ledger import Ledger
 from scripts.bench_project import TINY_CONFIG
-from tests.conftest import run_gpuq, wait_for
+from tests.conftest import ROOT, run_gpuq, wait_for
 from tests.support.slurmcluster import SlurmCluster, requirements_problem
 from tests.support.testhosts import HostFarm
 
@@ -326,6 +328,36 @@ def test_a_multi_node_job_without_a_slurm_host_is_refused_with_the_reason(user: 
     assert code != 0 and "needs 2 nodes; multi-node jobs run on a Slurm host" in text, text
     assert "nothing was submitted" in text, text
     assert not user.jobs()
+
+
+def test_gpuq_running_on_the_login_node_registers_the_cluster_as_local(user: SlurmUser, tmp_path: Path) -> None:
+    """`gpuq hosts add hpc --slurm local`: gpuq itself runs on the login node (here: over SSH into the
+    login host, with this interpreter, which the host sees at its own path, and a copy of this
+    checkout on the cluster's shared directory: the checkout may lie under a /tmp the host does not see)."""
+    cluster = user.cluster
+    home = cluster.shared_dir / f"home-{tmp_path.name[:30]}"
+    project = cluster.shared_dir / f"project-{tmp_path.name[:30]}"
+    source = cluster.shared_dir / f"gpuq-src-{tmp_path.name[:30]}"
+    for part in ("orchestrator", "profiles", "payload"):
+        shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (project / "configs").mkdir(parents=True)
+    (project / "configs" / "tiny.yaml").write_text(_config())
+    (project / "queue.txt").write_text("configs/tiny.yaml classify 1 name=here gpus=1\n")
+    gpuq = f"cd {source} && GPUQ_HOME={home} GPUQ_HEARTBEAT_S=1 {sys.executable} -m orchestrator"
+    added = cluster.ssh_login(f"{gpuq} hosts add hpc --slurm local --root {user.root} --profile rehearsal", timeout=200)
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert "Slurm cluster via local" in added.stdout and "shared with the compute nodes: yes" in added.stdout, added
+    ran = cluster.ssh_login(f"{gpuq} submit {project / 'queue.txt'} && {gpuq} wait --timeout 200", timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr + user.logs()
+    ledger = Ledger(home / "ledger.db")
+    try:
+        (job,) = ledger.jobs()
+        row = ledger.host("hpc")
+    finally:
+        ledger.close()
+    assert job.state == "SUCCEEDED" and job.host == "hpc", job
+    assert row is not None and row.kind == "slurm" and row.target == "local", row
+    assert (user.job_dir("here") / "attempts" / "1" / "slurm.json").is_file()
 
 
 def test_gpuq_cancel_reaches_scancel(user: SlurmUser, tmp_path: Path) -> None:
