@@ -55,6 +55,7 @@ import gpuq_manifest  # noqa: E402
 import gpuq_protocol as P  # noqa: E402
 import gpuq_reap  # noqa: E402
 import gpuq_slurm  # noqa: E402
+import gpuq_slurm_submit  # noqa: E402
 from gpuq_cancel import cmd_cancel, cmd_kill, cmd_withdraw  # noqa: E402
 from gpuq_files import Layout  # noqa: E402
 from gpuq_serve import cmd_serve  # noqa: E402
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0 or not args.serve:
             return code
         if gpuq_slurm.config(lay) is not None:  # a Slurm login node: sbatch now, no agent stays behind
-            return gpuq_slurm.cmd_submit(lay, os.path.abspath(__file__))
+            return gpuq_slurm_submit.cmd_submit(lay, os.path.abspath(__file__))
         args.detach = True
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
             return cmd_serve(lay, args)

@@ -17,6 +17,7 @@ import time
 
 import gpuq_protocol as P
 import gpuq_slurm
+import gpuq_slurm_submit
 from gpuq_files import Layout, mkdirs, read_json, spec_attempt, touch
 from gpuq_procs import group_alive, proc_cmdline, proc_stat, signal_group
 
@@ -80,7 +81,7 @@ def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
     on_slurm = gpuq_slurm.config(lay) is not None
     for job_id in job_ids:
         if job_id not in verdicts and job_id not in unknown:
-            verdicts[job_id] = (gpuq_slurm.cancel(lay, job_id) or "not running") if on_slurm \
+            verdicts[job_id] = (gpuq_slurm_submit.cancel(lay, job_id) or "not running") if on_slurm \
                 else _kill_claimed(lay, job_id)
     for job_id in unknown:
         print(f"gpuq cancel: unknown job {job_id} (not in inbox/ or claimed/ under {lay.root})",
@@ -100,7 +101,7 @@ def cmd_kill(lay: Layout, job_id: str, attempt: int) -> int:
     if gpuq_slurm.config(lay) is not None:
         spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
         n = spec_attempt(spec if isinstance(spec, dict) else {})
-        verdict = gpuq_slurm.cancel(lay, job_id) if n == attempt else ""
+        verdict = gpuq_slurm_submit.cancel(lay, job_id) if n == attempt else ""
         verdict = "killed" if verdict.startswith("cancelled in Slurm") else verdict or "not running"
     else:
         verdict = _kill_claimed(lay, job_id, attempt)

@@ -19,6 +19,7 @@ from typing import Any
 
 import gpuq_protocol as P
 import gpuq_slurm
+import gpuq_slurm_view
 from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_attempt, utc
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_inbox import collect_one
@@ -121,7 +122,7 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     slurm_conf = gpuq_slurm.config(lay)
     slurm = None
     if slurm_conf is not None:  # a login node: Slurm says which jobs live, capacity is the job cap
-        slurm = gpuq_slurm.apply_view(lay, jobs, now)
+        slurm = gpuq_slurm_view.apply_view(lay, jobs, now)
         kind, total = "slurm", int(slurm_conf.get("max_jobs") or 1)
         used = slurm["jobs"]
     if kind == "gpu":  # what a trainer without a heartbeat shows on its GPUs (shown, not a liveness proof:

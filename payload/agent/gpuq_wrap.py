@@ -25,6 +25,7 @@ from typing import Any
 
 import gpuq_protocol as P
 import gpuq_slurm
+import gpuq_slurm_node
 from gpuq_files import (
     Layout,
     append_line,
@@ -119,7 +120,7 @@ class Wrapper:
             return P.EXIT_SETUP
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
         if launch.get("slurm") and os.environ.get("SLURM_JOB_ID"):
-            rank = gpuq_slurm.node_rank()
+            rank = gpuq_slurm_node.node_rank()
             if rank > 0 and os.path.isdir(self.adir):  # a multi-node job's other nodes keep their own files
                 self.adir = os.path.join(self.adir, "node-%d" % rank)
                 mkdirs(self.adir)
@@ -129,7 +130,7 @@ class Wrapper:
                 atomic_write_json(os.path.join(self.adir, gpuq_slurm.NODE_FILE), {
                     "rank": rank, "host": socket.gethostname(), "slurm_job_id": os.environ["SLURM_JOB_ID"],
                     "restart": self.slurm_restart, "time": utc()})
-            stale = gpuq_slurm.set_aside_stale_exit(self.adir)
+            stale = gpuq_slurm_node.set_aside_stale_exit(self.adir)
             if self.slurm_restart:
                 append_line(os.path.join(self.adir, P.JOB_LOG), "=== gpuq: Slurm job %s runs this attempt again "
                             "(restart %d)%s; resuming from the newest checkpoint ===" % (
@@ -161,7 +162,7 @@ class Wrapper:
         lay = self.lay
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
         if launch.get("slurm"):
-            launch = gpuq_slurm.launch_on_node(launch)
+            launch = gpuq_slurm_node.launch_on_node(launch)
             if self.slurm_restart:  # the controller's resume point is older than what this attempt saved
                 spec = dict(spec, resume_from="")
         sha = str(spec.get("bundle_sha", ""))
@@ -171,7 +172,7 @@ class Wrapper:
         run_env = self.build_env(spec, launch)
         rendezvous: list[str] | None = None
         if launch.get("slurm") and gpuq_slurm.job_nodes(spec) > 1:  # the same on every node but the rank
-            rendezvous, same_env = gpuq_slurm.rendezvous(gpuq_slurm.job_nodes(spec))
+            rendezvous, same_env = gpuq_slurm_node.rendezvous(gpuq_slurm.job_nodes(spec))
             for key, value in same_env.items():
                 run_env[key] = str((spec.get("env") or {}).get(key, value))  # the project's own setting wins
         atomic_write(os.path.join(self.adir, P.RUN_ENV_FILE),

@@ -1,4 +1,4 @@
-"""The agent's Slurm mode in process (payload/agent/gpuq_slurm.py): the sbatch line, which status an
+"""The agent's Slurm mode in process (payload/agent/gpuq_slurm*.py): the sbatch line, which status an
 attempt gets from Slurm's word, the requeued run's stale record, the node's view of its GPUs.
 
 tests/integration/test_slurm_backend.py drives the same code on a real slurmctld/slurmd cluster;
@@ -17,6 +17,9 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 
 slurm = load_agent_module("gpuq_slurm")
+submit = load_agent_module("gpuq_slurm_submit")
+view = load_agent_module("gpuq_slurm_view")
+node = load_agent_module("gpuq_slurm_node")
 files = load_agent_module("gpuq_files")
 P = load_agent_module("gpuq_protocol")
 
@@ -60,7 +63,7 @@ def test_the_sbatch_line_names_the_job_routes_its_log_and_asks_for_its_gpus(tmp_
     lay = files.Layout(str(tmp_path))
     conf = {"partition": "gpu", "account": "lab", "qos": "low", "time_limit": "2:00:00",
             "sbatch_args": ["--constraint=a100"], "gres": True}
-    argv = slurm.sbatch_argv(lay, _spec(), conf, dependency="40")
+    argv = submit.sbatch_argv(lay, _spec(), conf, dependency="40")
     adir = str(tmp_path / P.JOBS_DIR / JOB / P.ATTEMPTS_DIR / "1")
     assert argv[:2] == ["sbatch", "--parsable"]
     assert argv[argv.index("--job-name") + 1] == "gpuq-q1-lr_3"  # a name Slurm's tools print cleanly
@@ -72,14 +75,14 @@ def test_the_sbatch_line_names_the_job_routes_its_log_and_asks_for_its_gpus(tmp_
     assert argv[argv.index("--qos") + 1] == "low" and argv[argv.index("--time") + 1] == "2:00:00"
     assert "--dependency=afterany:40" in argv and "--constraint=a100" in argv
     assert argv[-1] == adir + "/sbatch.sh"
-    bare = slurm.sbatch_argv(lay, _spec(gpus=1, kill_grace_s=120), {"gres": False, "signal_grace_s": 0})
+    bare = submit.sbatch_argv(lay, _spec(gpus=1, kill_grace_s=120), {"gres": False, "signal_grace_s": 0})
     assert not any(a.startswith("--gres") for a in bare) and "--signal=B:USR1@150" in bare
     assert not any(a.startswith(("--partition", "--account", "--qos", "--time", "--dependency")) for a in bare)
 
 
 def test_the_batch_script_execs_the_wrapper_of_this_attempt_with_every_word_quoted(tmp_path: Path) -> None:
     lay = files.Layout(str(tmp_path / "my root"))
-    text = slurm.batch_script(lay, _spec(python="/opt/py 3/bin/python"), {}, "/b/agent.py")
+    text = submit.batch_script(lay, _spec(python="/opt/py 3/bin/python"), {}, "/b/agent.py")
     last = text.strip().splitlines()[-1]
     assert last == f"exec '/opt/py 3/bin/python' /b/agent.py --root '{tmp_path}/my root' wrap {JOB} 1"
     assert text.startswith("#!/bin/sh\n")
@@ -87,11 +90,11 @@ def test_the_batch_script_execs_the_wrapper_of_this_attempt_with_every_word_quot
 
 def test_a_new_attempt_waits_for_an_earlier_one_slurm_may_still_run(tmp_path: Path) -> None:
     lay = files.Layout(str(tmp_path))
-    assert slurm.previous_alive(lay, JOB, 1) == ""
+    assert submit.previous_alive(lay, JOB, 1) == ""
     _attempt(tmp_path, 1, slurm_id="41")
-    assert slurm.previous_alive(lay, JOB, 2) == "41"
+    assert submit.previous_alive(lay, JOB, 2) == "41"
     _attempt(tmp_path, 1, slurm_id="41", exit_doc={"wrapper_code": 1})
-    assert slurm.previous_alive(lay, JOB, 2) == ""  # it ended with a record: nothing to wait for
+    assert submit.previous_alive(lay, JOB, 2) == ""  # it ended with a record: nothing to wait for
 
 
 def test_a_job_slurm_runs_or_queues_is_running_or_claimed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,13 +102,13 @@ def test_a_job_slurm_runs_or_queues_is_running_or_claimed(tmp_path: Path, monkey
     _attempt(tmp_path)
     _view(monkeypatch, {"41": {"state": "PENDING", "reason": "Resources", "nodes": ""}})
     jobs = [_entry()]
-    section = slurm.apply_view(lay, jobs, 0.0)
+    section = view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["state"] == "claimed" and jobs[0]["exit"] is None
     assert jobs[0]["slurm"] == {"id": "41", "state": "PENDING", "reason": "Resources", "nodes": ""}
     assert section == {"jobs": 1, "error": ""}
     _view(monkeypatch, {"41": {"state": "RUNNING", "reason": "None", "nodes": "n1"}})
     jobs = [_entry()]
-    slurm.apply_view(lay, jobs, 0.0)
+    view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["state"] == "running" and jobs[0]["slurm"]["nodes"] == "n1"
 
 
@@ -115,7 +118,7 @@ def test_a_job_that_ended_in_slurm_without_a_record_is_an_exit_naming_slurms_sta
     _attempt(tmp_path)
     _view(monkeypatch, {"41": {"state": "NODE_FAIL", "reason": "NodeDown", "nodes": "n1"}})
     jobs = [_entry()]
-    section = slurm.apply_view(lay, jobs, 0.0)
+    section = view.apply_view(lay, jobs, 0.0)
     ex = jobs[0]["exit"]
     assert jobs[0]["state"] == "exited" and ex["vanished"] is True and ex["slurm_state"] == "NODE_FAIL"
     assert ex["wrapper_code"] == 137 and ex["message"] == (
@@ -123,7 +126,7 @@ def test_a_job_that_ended_in_slurm_without_a_record_is_an_exit_naming_slurms_sta
     assert section["jobs"] == 0
     _view(monkeypatch, {})  # purged from Slurm's memory
     jobs = [_entry()]
-    slurm.apply_view(lay, jobs, 0.0)
+    view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["exit"]["slurm_state"] == "GONE" and "no longer listed by squeue" in jobs[0]["exit"]["message"]
 
 
@@ -134,16 +137,16 @@ def test_a_record_of_a_run_slurm_requeued_is_held_back_while_slurm_still_has_the
     _attempt(tmp_path, exit_doc=stopped)
     _view(monkeypatch, {"41": {"state": "PENDING", "reason": "BeginTime", "nodes": ""}})
     jobs = [_entry("exited", stopped)]
-    slurm.apply_view(lay, jobs, 0.0)
+    view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["state"] == "claimed" and jobs[0]["exit"] is None  # the attempt goes on: no second copy
     _view(monkeypatch, {"41": {"state": "CANCELLED", "reason": "None", "nodes": "n1"}})
     jobs = [_entry("exited", stopped)]
-    slurm.apply_view(lay, jobs, 0.0)
+    view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["state"] == "exited" and jobs[0]["exit"] == stopped
     done = {"wrapper_code": 0, "wrapper_signal": None}
     _view(monkeypatch, {"41": {"state": "COMPLETING", "reason": "None", "nodes": "n1"}})
     jobs = [_entry("exited", done)]
-    slurm.apply_view(lay, jobs, 0.0)
+    view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["state"] == "exited" and jobs[0]["exit"] == done  # a verdict of its own stands
 
 
@@ -152,7 +155,7 @@ def test_when_squeue_cannot_answer_nothing_is_concluded(tmp_path: Path, monkeypa
     _attempt(tmp_path)
     _view(monkeypatch, OSError("squeue exited 1: slurm_load_jobs error: Unable to contact slurm controller"))
     jobs = [_entry("dead", heartbeat={"step": 3}), ]
-    section = slurm.apply_view(lay, jobs, 0.0)
+    section = view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["state"] == "running" and jobs[0]["exit"] is None
     assert jobs[0]["slurm"]["state"] == "UNKNOWN" and "Unable to contact" in section["error"]
 
@@ -164,20 +167,20 @@ def test_an_attempt_whose_sbatch_never_answered_is_dead_after_the_grace(tmp_path
     _view(monkeypatch, {})
     launched = (adir / P.LAUNCH_FILE).stat().st_mtime
     jobs = [_entry()]
-    slurm.apply_view(lay, jobs, launched + 5)
+    view.apply_view(lay, jobs, launched + 5)
     assert jobs[0]["state"] == "claimed" and jobs[0]["slurm"]["state"] == "SUBMITTING"
     jobs = [_entry()]
-    slurm.apply_view(lay, jobs, launched + slurm.UNSUBMITTED_GRACE_S + 1)
+    view.apply_view(lay, jobs, launched + slurm.UNSUBMITTED_GRACE_S + 1)
     assert jobs[0]["state"] == "dead"
 
 
 def test_a_requeued_run_sets_the_stopped_runs_record_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     adir = _attempt(tmp_path, exit_doc={"wrapper_code": 143})
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    moved = slurm.set_aside_stale_exit(str(adir))
+    moved = node.set_aside_stale_exit(str(adir))
     assert moved.endswith("exit.slurm-1.json") and not (adir / P.EXIT_FILE).exists()
     assert json.loads(Path(moved).read_text()) == {"wrapper_code": 143}
-    assert slurm.set_aside_stale_exit(str(adir)) == ""
+    assert node.set_aside_stale_exit(str(adir)) == ""
     monkeypatch.setenv("SLURM_RESTART_COUNT", "junk")
     assert slurm.restart_count() == 0
 
@@ -185,11 +188,11 @@ def test_a_requeued_run_sets_the_stopped_runs_record_aside(tmp_path: Path, monke
 def test_on_the_node_the_gpus_are_the_ones_slurm_gave(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "16")
-    out = slurm.launch_on_node({"slurm": True, "kind": "slurm", "device": "cuda", "slots": []})
+    out = node.launch_on_node({"slurm": True, "kind": "slurm", "device": "cuda", "slots": []})
     assert out["kind"] == "gpu" and out["slots"] == [2, 3] and out["device"] == "cuda" and out["total_slots"] == 2
     assert 0 < out["master_port"] < 65536
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    out = slurm.launch_on_node({"slurm": True, "kind": "slurm", "device": "cuda", "total_slots": 1})
+    out = node.launch_on_node({"slurm": True, "kind": "slurm", "device": "cuda", "total_slots": 1})
     assert out["kind"] == "cpu" and out["slots"] == [] and out["device"] == "cpu" and out["total_slots"] == 16
 
 
@@ -208,26 +211,26 @@ def test_no_agent_serves_a_slurm_root(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_a_multi_node_job_asks_slurm_for_its_nodes_and_starts_one_wrapper_per_node(tmp_path: Path) -> None:
     lay = files.Layout(str(tmp_path))
-    argv = slurm.sbatch_argv(lay, _spec(nodes=3, gpus=4), {"gres": True})
+    argv = submit.sbatch_argv(lay, _spec(nodes=3, gpus=4), {"gres": True})
     assert "--nodes=3" in argv and "--ntasks-per-node=1" in argv and "--gres=gpu:4" in argv
     assert "--ntasks=1" not in argv and "--nodes=1" not in argv
-    script = slurm.batch_script(lay, _spec(nodes=3, gpus=4), {"gres": True}, "/b/agent.py").strip().splitlines()[-1]
+    script = submit.batch_script(lay, _spec(nodes=3, gpus=4), {"gres": True}, "/b/agent.py").strip().splitlines()[-1]
     assert script.startswith("exec srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --kill-on-bad-exit=1 --gres=gpu:4 ")
     assert script.endswith(f"wrap {JOB} 1")
-    single = slurm.batch_script(lay, _spec(nodes=1), {}, "/b/agent.py").strip().splitlines()[-1]
+    single = submit.batch_script(lay, _spec(nodes=1), {}, "/b/agent.py").strip().splitlines()[-1]
     assert "srun" not in single
     assert slurm.job_nodes({"nodes": "junk"}) == 1 and slurm.job_nodes({}) == 1
 
 
 def test_every_node_computes_the_same_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(slurm, "interface_to", lambda address: "ib0" if address == "10.0.0.5" else "")
+    monkeypatch.setattr(node, "interface_to", lambda address: "ib0" if address == "10.0.0.5" else "")
     monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "10.0.0.5")
     monkeypatch.setenv("SLURM_JOB_ID", "1234")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     seen = []
     for rank in ("0", "1"):
         monkeypatch.setenv("SLURM_NODEID", rank)
-        seen.append(slurm.rendezvous(2))
+        seen.append(node.rendezvous(2))
     (args0, env0), (args1, env1) = seen
     port = 20000 + (1234 * 7) % 30000
     assert args0 == ["--nnodes=2", "--node-rank=0", "--master-addr=10.0.0.5", f"--master-port={port}"]
@@ -235,7 +238,7 @@ def test_every_node_computes_the_same_rendezvous(monkeypatch: pytest.MonkeyPatch
     assert env0 == env1 == {"MASTER_PORT": str(port), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
                             "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0"}
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeued run never meets the old run's port
-    assert slurm.rendezvous(2)[1]["MASTER_PORT"] == str(port + 1)
+    assert node.rendezvous(2)[1]["MASTER_PORT"] == str(port + 1)
 
 
 def test_the_interface_is_the_one_holding_or_routing_to_the_master(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,14 +249,14 @@ def test_the_interface_is_the_one_holding_or_routing_to_the_master(monkeypatch: 
     def fake_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
         return subprocess.CompletedProcess(argv, 0, answers[argv[3] if argv[3] == "addr" else "route"].encode(), b"")
 
-    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
+    monkeypatch.setattr(node.subprocess, "run", fake_run)
     answers["addr"] = "2: eth0    inet 10.0.0.5/30 brd 10.0.0.7 scope global eth0"
-    assert slurm.interface_to("10.0.0.5") == "eth0"  # node 0 itself: never lo
+    assert node.interface_to("10.0.0.5") == "eth0"  # node 0 itself: never lo
     answers["addr"], answers["route"] = "", "10.0.0.5 via 10.0.1.1 dev ens5 src 10.0.1.2 uid 0"
-    assert slurm.interface_to("10.0.0.5") == "ens5"
+    assert node.interface_to("10.0.0.5") == "ens5"
     answers["route"] = "local 10.0.0.5 dev lo src 10.0.0.5"
-    assert slurm.interface_to("10.0.0.5") == ""
-    assert slurm.interface_to("") == ""
+    assert node.interface_to("10.0.0.5") == ""
+    assert node.interface_to("") == ""
 
 
 def test_torchrun_gets_the_rendezvous_instead_of_standalone() -> None:
@@ -276,10 +279,10 @@ def test_a_multi_node_attempt_reports_which_machine_got_which_rank(tmp_path: Pat
     (adir / "node-2" / "node.json").write_text("not json")
     _view(monkeypatch, {"41": {"state": "RUNNING", "reason": "None", "nodes": "gpu-[01,07]"}})
     jobs = [_entry()]
-    slurm.apply_view(lay, jobs, 0.0)
+    view.apply_view(lay, jobs, 0.0)
     assert jobs[0]["nodes"] == [{"rank": 0, "host": "gpu-01"}, {"rank": 1, "host": ("gpu-07" + "x" * 300)[:128]}]
     single = tmp_path / "single"
     _attempt(single)
     jobs = [_entry()]
-    slurm.apply_view(files.Layout(str(single)), jobs, 0.0)
+    view.apply_view(files.Layout(str(single)), jobs, 0.0)
     assert "nodes" not in jobs[0]
