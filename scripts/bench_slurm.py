@@ -46,16 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TINY = """seed: 3
-batch_size: 32
-model: {width: 32, depth: 1, dropout: 0.0}
-data: {n_train: 256, n_val: 64, n_features: 8, n_classes: 4, noise: 1.0}
-augment: {noise_std: 0.1, feature_drop: 0.0}
-optim: {lr: 0.05, momentum: 0.9, weight_decay: 0.0}
-schedule: {warmup_steps: 1, kind: constant}
-ckpt_every_steps: 0
-log_every_steps: 4
-"""
+from scripts.bench_project import TINY_CONFIG  # noqa: E402  (after the path insert)
 
 
 def round_trips(ctx: Any) -> int:
@@ -77,7 +68,7 @@ def _two_nodes_vs_one(args: argparse.Namespace, base: Path, cluster: Any) -> dic
         for shape, line in (("2x1", "nodes=2 gpus=1"), ("1x2", "nodes=1 gpus=2")):
             work = base / f"launch-{shape}-{rep}"
             (work / "configs").mkdir(parents=True)
-            (work / "configs" / "tiny.yaml").write_text(TINY)
+            (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
             (work / "queue.txt").write_text(f"configs/tiny.yaml classify 1 name=l{rep}x{shape} {line}\n")
             ctx = api.open_context()
             try:
@@ -145,7 +136,7 @@ def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> i
     cluster.check_login(["scontrol", "update", "PartitionName=gpu", "State=DOWN"])
     work = base / "project"
     (work / "configs").mkdir(parents=True)
-    (work / "configs" / "tiny.yaml").write_text(TINY)
+    (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
     (work / "queue.txt").write_text("".join(f"configs/tiny.yaml classify 1 name=j{i} gpus=1 seed={i}\n"
                                             for i in range(args.jobs)))
 
