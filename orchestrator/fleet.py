@@ -350,12 +350,17 @@ def forget_keys(settings: Settings, endpoint: Endpoint, *, only: Iterable[str] |
     return dropped
 
 
+def over_ssh(row: HostRow) -> bool:
+    """The host is reached over SSH: an SSH host, or a Slurm cluster's login node (not `--slurm local`)."""
+    return row.kind == "ssh" or (row.kind == "slurm" and row.target != SLURM_ON_THIS_MACHINE)
+
+
 def trust(ledger: Ledger, settings: Settings, name: str, fingerprint_: str) -> str:
     """Replace one host's known key with the key it offers now, if that key has the fingerprint given."""
     from orchestrator.hosts.ssh import known_hosts_key, offered_key, resolve
 
     row = ledger.host(name)
-    if row is None or row.kind != "ssh":
+    if row is None or not over_ssh(row):
         raise UsageError(f'unknown SSH host "{name}"; `gpuq hosts list` shows the registered ones')
     endpoint = resolve(row.target, port=row.port, user=row.user, key_file=row.key_path)
     key_type, key_b64, offered_fp = offered_key(name, endpoint)
@@ -410,7 +415,7 @@ def forget_row_keys(settings: Settings, row: HostRow) -> int:
     """Forget the key pinned for a host's endpoint (a terminated rental: RunPod reuses IP:port)."""
     from orchestrator.hosts.ssh import resolve
 
-    if row.kind != "ssh":
+    if not over_ssh(row):
         return 0
     try:
         return forget_keys(settings, resolve(row.target, port=row.port, user=row.user, key_file=row.key_path))
@@ -422,7 +427,7 @@ def forget_host(ledger: Ledger, settings: Settings, row: HostRow) -> None:
     """Drop the host from the ledger and its key from gpuq's known_hosts."""
     from orchestrator.hosts.ssh import resolve
 
-    if row.kind == "ssh":
+    if over_ssh(row):
         # an alias that no longer resolves: its key entry cannot be named either
         with contextlib.suppress(HostError):
             forget_keys(settings, resolve(row.target, port=row.port, user=row.user, key_file=row.key_path))

@@ -159,6 +159,11 @@ def test_a_sweep_runs_to_completion_as_slurm_jobs_within_the_cap(user: SlurmUser
     assert not (user.root / "agent.pid").exists()  # no agent ever served the login node's root
     hosts = {h["name"]: h for h in json.loads(text)["hosts"]}
     assert hosts["hpc"]["reachable"] is True, hosts
+    login = user.cluster.farm.hosts[0].address
+    assert login in (user.home / "known_hosts").read_text()
+    code, text = user.gpuq("hosts", "rm", "hpc", "--force")
+    assert code == 0, text
+    assert login not in (user.home / "known_hosts").read_text()  # the login node's key goes with the host
 
 
 def test_a_slurm_requeue_continues_the_attempt_from_its_checkpoint(user: SlurmUser, tmp_path: Path) -> None:
