@@ -90,7 +90,9 @@ def reserved_names(run: dict[str, Any] | None) -> set[str]:
 
 
 def link_project(workdir: str, run_dir: str, run: dict[str, Any] | None) -> None:
-    """(Re)link the project's top-level entries into the run dir; real files are never touched."""
+    """(Re)link the project's top-level entries into the run dir; real files are never touched.
+    Safe when several wrappers of one job do it at once (the nodes of a multi-node job share the
+    run dir): an entry another one made meanwhile is kept."""
     os.makedirs(run_dir, exist_ok=True)
     skip = reserved_names(run)
     try:
@@ -108,7 +110,10 @@ def link_project(workdir: str, run_dir: str, run: dict[str, Any] | None) -> None
             os.unlink(link)  # a stale link (another bundle): replace it
         elif os.path.lexists(link):
             continue  # the job's own file or dir
-        os.symlink(target, link)
+        try:
+            os.symlink(target, link)
+        except FileExistsError:
+            continue  # another wrapper of this job made it a moment ago
 
 
 def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],

@@ -87,6 +87,25 @@ def test_the_project_is_linked_into_the_run_dir(tmp_path: Path) -> None:
     assert list((tmp_path / "run2").iterdir()) == []
 
 
+def test_two_wrappers_linking_one_run_dir_at_once_both_succeed(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes of a multi-node job share its run dir: the other node's wrapper may create a link
+    between this one's look and its symlink call."""
+    work, run_dir = tmp_path / "work", tmp_path / "run"
+    for name in ("src", "configs"):
+        (work / name).mkdir(parents=True)
+    real = os.symlink
+
+    def racing(target: str, link: str) -> None:
+        real(target, link)  # the other node was first
+        raise FileExistsError(17, "File exists", link)
+
+    monkeypatch.setattr(launch.os, "symlink", racing)
+    launch.link_project(str(work), str(run_dir), None)
+    assert {p.name: os.readlink(p) for p in run_dir.iterdir()} == {"src": str(work / "src"),
+                                                                   "configs": str(work / "configs")}
+
+
 def _env(tmp_path: Path, spec: dict[str, Any], launch_doc: dict[str, Any]) -> dict[str, str]:
     return launch.build_env(files.Layout(str(tmp_path)), "c1", 2, spec, launch_doc)
 
