@@ -74,6 +74,9 @@ class Settings(BaseModel):
     provider_ready_timeout_s: float = Field(default=900.0, gt=0)  # a rented machine must be ready by then
     ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
     max_preemptions: int = Field(default=10, ge=0)  # per job, counted apart from retries (docs/health.md)
+    # Multi-node jobs over SSH hosts (docs/multinode.md): how long the nodes of one attempt may wait for
+    # each other (a node not started, the head's rendezvous port not reachable) before the attempt is given up
+    gang_timeout_s: float = Field(default=300.0, ge=10)
     # Bring your own trainer (project gpuq.toml): a script in the project that honours the payload
     # contract (protocol.py).  "" = the bundled payload/train.py.  Recorded per sweep at submit.
     entry: str = ""

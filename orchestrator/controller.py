@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestrator import host_documents, observed, protocol, slurm_hosts, stops
+from orchestrator import gangs, host_documents, observed, protocol, slurm_hosts, stops
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
@@ -115,11 +115,16 @@ class Settled:
 class Reconciled:
     succeeded: list[str] = field(default_factory=list)  # job ids that just succeeded
     settled: list[Settled] = field(default_factory=list)
+    multi_node_ended: list[str] = field(default_factory=list)  # multi-node attempts that ended: stop their nodes
 
 
-def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> Reconciled:
+def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
+              parts: Mapping[str, Sequence[gangs.Part]] | None = None) -> Reconciled:
     """Apply one successful probe to the ledger: progress, exits, vanished attempts; an attempt
-    that ended badly is classified and settled by the retry policy (docs/health.md)."""
+    that ended badly is classified and settled by the retry policy (docs/health.md).
+
+    ``parts``: this tick's view of every multi-node attempt's nodes (gangs.parts_this_tick); such an
+    attempt is judged on all of them, on the host of its node 0."""
     now = time.time()
     row = ledger.host(host.name)
     memory = report.doc.get("memory") or {}
@@ -143,13 +148,18 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> 
     for job in ledger.jobs(states=ACTIVE):
         if job.host != host.name:
             continue
-        seen = on_host.get(job.id)
+        multi = parts.get(job.id) if parts is not None else None
+        seen = gangs.standing_entry(multi) if multi else on_host.get(job.id)
+        if multi and seen is None:
+            continue  # node 0's spec never arrived: the tick sends it again with the node's section
         if seen is None or int(seen.get("attempt") or 0) < job.attempt_count:
             missing.append(job)
             continue
         if int(seen.get("attempt") or 0) != job.attempt_count:
             continue
         outcome = _apply(ledger, job, seen)
+        if multi and outcome:
+            out.multi_node_ended.append(job.id)
         if outcome == "succeeded":
             out.succeeded.append(job.id)
         elif outcome == "failed" and is_setup_failure(seen.get("exit") or {}):
@@ -392,7 +402,8 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
     elif slurm is not None:  # a slot is a place in Slurm's queue (the host's job cap); Slurm packs the GPUs
         total = slurm.max_jobs
     free_at = [0.0] * max(total, 0)
-    mine = [j for j in active if j.host == row.name]
+    mine = [j for j in active if j.host == row.name
+            or (j.id in attempts and row.name in attempts[j.id].node_hosts()[1:])]  # a node of a multi-node job
     mine.sort(key=lambda j: (j.state != JobState.RUNNING.value, attempts[j.id].created_at if j.id in attempts else 0))
     for job in mine:
         need = 1 if slurm is not None else min(job.gpus, len(free_at))
@@ -418,7 +429,8 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
     return HostSlots(host=row.name, total=total, usable=not reason and total > 0, slot_free_at=tuple(free_at),
                      reason=reason, disk_free_bytes=budget, job_slots=1 if slurm is not None else 0,
                      max_gpus=(slurm.gpus_per_node or None) if slurm is not None and slurm.gres else None,
-                     max_nodes=max(1, slurm.nodes) if slurm is not None else 1)
+                     max_nodes=max(1, slurm.nodes) if slurm is not None else 1,
+                     gang=slurm is None and row.kind != "local")
 
 
 def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int, est_min: float | None,
@@ -452,7 +464,7 @@ def plan_and_push(ledger: Ledger, fleet: Fleet, settings: Settings, jobs: Sequen
             for s in capacities(ledger, settings, rows, rates)
         ]
         decided = plan(jobs, slots)
-        targets = sorted({a.host for a in decided.assignments} - set(dropped))
+        targets = sorted({n for a in decided.assignments for n in (a.host, *a.peers)} - set(dropped))
         failed = push_all([fleet.named(name) for name in targets], bundle, pushed)
         for name in targets:
             if name not in failed:
@@ -544,10 +556,16 @@ def preflight_all(ledger: Ledger, fleet: Fleet, settings: Settings, names: Seque
 
 def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, decided: Plan, jobs: dict[str, Job],
             bundle_sha: str) -> dict[str, str]:
-    """Record attempts and enqueue every assignment of ``decided``, hosts in parallel."""
+    """Record attempts and enqueue every assignment of ``decided``, hosts in parallel.  A multi-node
+    job goes out only when all its nodes start now (gangs.hold_back); its parts go to every node host."""
+    decided, waiting = gangs.hold_back(decided)
+    for job_id, why in waiting:
+        ledger.record_event("job", job_id, f"still queued: {why}", unless_repeated=True)
     by_host: dict[str, list[Job]] = {}
+    multi = [a for a in decided.assignments if a.peers]
     for assignment in decided.assignments:
-        by_host.setdefault(assignment.host, []).append(jobs[assignment.job_id])
+        if not assignment.peers:
+            by_host.setdefault(assignment.host, []).append(jobs[assignment.job_id])
     for name, group in by_host.items():
         row = ledger.host(name)
         slurm = slurm_hosts.settings_of(row) if row is not None else None
@@ -555,7 +573,10 @@ def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, decided: Plan, job
             held = sum(1 for j in ledger.jobs(states=ACTIVE) if j.host == name and j.id not in jobs)
             by_host[name] = group[:max(0, slurm.max_jobs - held)]
     hosts = {name: fleet.named(name) for name in by_host}
-    return deliver_all(ledger, hosts, bundle_sha, by_host, settings)
+    failed = deliver_all(ledger, hosts, bundle_sha, by_host, settings)
+    for name, err in gangs.deliver(ledger, fleet, settings, multi, jobs, bundle_sha).items():
+        failed[name] = f"{failed[name]}; {err}" if name in failed else err
+    return failed
 
 
 # --- work stealing ---------------------------------------------------------------------------
@@ -592,6 +613,8 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
             job = ledger_jobs.get(str(doc.get("job_id")))
             if job is None or job.host != row.name or int(doc.get("attempt") or 0) != job.attempt_count:
                 continue
+            if job.nodes > 1:
+                continue  # a node of a multi-node job stays with its gang
             est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
             entries.append(QueuedJob(job.id, job.gpus, est, job.host_pin))
         queued[row.name] = entries

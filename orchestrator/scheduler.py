@@ -109,7 +109,7 @@ class PlanJob:
     est_s: float
     host_pin: str | None = None
     disk_bytes: int = 0  # checkpoints + scratch this job needs on its host
-    nodes: int = 1  # machines the job spans (gpus on each); above 1 only a Slurm host takes it
+    nodes: int = 1  # machines the job spans (gpus on each): a Slurm host's nodes, or that many SSH hosts
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,7 @@ class Placement:
     host: str
     start_s: float
     end_s: float
+    peers: tuple[str, ...] = ()  # a multi-node job over SSH hosts: the hosts of node ranks 1.. (host is rank 0)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,8 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
     placements = tuple(p for _, _, p in best.placed)
     host_finish = {name: max(times, default=0.0) for name, times in best.slots.items()}
     return Plan(
-        assignments=tuple(Assignment(job_id=p.job_id, host=p.host) for p in placements),
+        assignments=tuple(Assignment(job_id=p.job_id, host=p.host, peers=p.peers, start_s=p.start_s)
+                          for p in placements),
         unplaced=tuple(best.unplaced),
         placements=placements,
         host_finish_s=host_finish,
@@ -223,7 +225,8 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
 
 def _same_shape(a: PlanJob, b: PlanJob) -> bool:
     """Swapping two such jobs changes no time, only which id runs where."""
-    return (a.est_s, a.gpus, a.host_pin, a.disk_bytes) == (b.est_s, b.gpus, b.host_pin, b.disk_bytes)
+    return (a.est_s, a.gpus, a.host_pin, a.disk_bytes, a.nodes) == (b.est_s, b.gpus, b.host_pin, b.disk_bytes,
+                                                                    b.nodes)
 
 
 def _lower_bound(jobs: Sequence[PlanJob], usable: Sequence[HostSlots], base: Mapping[str, list[float]]) -> float:
@@ -268,27 +271,52 @@ class _ListScheduler:
             est = max(0.0, job.est_s)
             for h in fits:
                 left = disk_left[h.host]
-                if left is not None and left < job.disk_bytes:
-                    continue
+                if (job.nodes > 1 and h.gang) or (left is not None and left < job.disk_bytes):
+                    continue  # an SSH host takes a multi-node job only as one of a gang (below)
                 start = slots[h.host][job_need(job.gpus, h) - 1]
                 finish = start + est / h.speed
                 if best is None or (finish, start, h.host) < best:
                     best = (finish, start, h.host)
+            chosen = [best[2]] if best is not None else []
+            if job.nodes > 1:
+                gang = _gang(job, [h for h in fits if h.gang], slots, disk_left)
+                if gang is not None and (best is None or gang[:2] < best[:2]):
+                    best, chosen = (gang[0], gang[1], gang[2][0]), gang[2]
             if best is None:
                 if fits:  # every host that fits it is out of disk: say how much is left
                     _, why = _candidates(job, max(1, job.gpus), self.hosts, self.by_name, self.usable, disk_left)
                 run.unplaced.append((job.job_id, why))
                 continue
             finish, start, name = best
-            need = job_need(job.gpus, self.by_name[name])
-            times = slots[name]
-            times[:need] = [finish] * need
-            times.sort()
-            left = disk_left[name]
-            if left is not None:
-                disk_left[name] = left - job.disk_bytes
-            run.placed.append((start, seq, Placement(job.job_id, name, start, finish)))
+            for member in chosen:
+                need = job_need(job.gpus, self.by_name[member])
+                times = slots[member]
+                times[:need] = [finish] * need
+                times.sort()
+                left = disk_left[member]
+                if left is not None:
+                    disk_left[member] = left - job.disk_bytes
+            run.placed.append((start, seq, Placement(job.job_id, name, start, finish, peers=tuple(chosen[1:]))))
         return run
+
+
+def _gang(job: PlanJob, hosts: Sequence[HostSlots], slots: Mapping[str, list[float]],
+          disk_left: Mapping[str, float | None]) -> tuple[float, float, list[str]] | None:
+    """A multi-node job over ``job.nodes`` distinct SSH hosts, reserved together: the hosts whose
+    ``gpus``-th slot frees first (the pinned host, if any, is node 0); all start when the last of them
+    is free and run at the slowest one's speed.  (finish, start, [node 0, node 1, ...]) or None."""
+    need = max(1, job.gpus)
+    ready = sorted((slots[h.host][need - 1], -h.speed, h.host, h) for h in hosts
+                   if h.total >= need and ((left := disk_left[h.host]) is None or left >= job.disk_bytes))
+    head = [r for r in ready if r[2] == job.host_pin]
+    if job.host_pin is not None and not head:
+        return None
+    chosen = (head + [r for r in ready if r[2] != job.host_pin])[:job.nodes]
+    if len(chosen) < job.nodes:
+        return None
+    start = max(r[0] for r in chosen)
+    finish = start + max(0.0, job.est_s) / min(r[3].speed for r in chosen)
+    return finish, start, [r[2] for r in chosen]
 
 
 def job_need(gpus: int, host: HostSlots) -> int:
@@ -313,7 +341,8 @@ def _candidates(
             return [], f"pinned to host {job.host_pin}, which is not among the hosts to plan on ({known})"
         if not pinned.usable:
             return [], f"pinned to host {job.host_pin}, which is {_unusable(pinned)}"
-        pool = [pinned]
+        # a multi-node job pinned to an SSH host runs its node 0 there, the other nodes on other hosts
+        pool = [pinned] + ([h for h in usable if h.gang and h is not pinned] if job.nodes > 1 and pinned.gang else [])
     elif not usable:
         if not hosts:
             return [], "no hosts to run on"
@@ -322,12 +351,17 @@ def _candidates(
     else:
         pool = list(usable)
     if job.nodes > 1:
-        spans = [h for h in pool if h.max_nodes >= job.nodes]
-        if not spans:
-            most = max(h.max_nodes for h in pool)
-            return [], (f"needs {job.nodes} nodes; multi-node jobs run on a Slurm host with that many nodes "
-                        f"(the most any usable host has is {most})")
-        pool = spans
+        spans = [h for h in pool if not h.gang and h.max_nodes >= job.nodes]
+        gang = [h for h in pool if h.gang and h.total >= need]
+        if len(gang) < job.nodes:
+            gang = []
+        if not spans and not gang:
+            most = max((h.max_nodes for h in pool if not h.gang), default=0)
+            wide = sum(1 for h in pool if h.gang and h.total >= need)
+            return [], (f"needs {job.nodes} nodes with gpus={need} each: {job.nodes} SSH hosts with {need} slots "
+                        f"each ({wide} usable), or a Slurm host with {job.nodes} nodes"
+                        + (f" (the most any has is {most})" if most > 1 else ""))
+        pool = spans + gang
     fits = [h for h in pool if h.total >= job_need(job.gpus, h) and (h.max_gpus is None or need <= h.max_gpus)]
     if not fits:
         most = max(h.total if h.max_gpus is None else h.max_gpus for h in pool)

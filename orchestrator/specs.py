@@ -85,6 +85,7 @@ class HostSlots(BaseModel):
     job_slots: int = 0  # > 0: every job takes this many slots here whatever its GPUs (a Slurm host: 1)
     max_gpus: int | None = None  # the most GPUs one job may ask for here (a Slurm node's GRES), None = total
     max_nodes: int = 1  # the most nodes one job may span here (a Slurm partition's nodes)
+    gang: bool = False  # may be one node of a multi-node job spanning several hosts (an SSH host)
     speed: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
@@ -103,6 +104,8 @@ class Assignment(BaseModel):
 
     job_id: str
     host: str
+    peers: tuple[str, ...] = ()  # a multi-node job across SSH hosts: the hosts of node ranks 1..K-1 (host is 0)
+    start_s: float = 0.0  # planned start, seconds from now (a multi-node job is only sent when it is 0)
 
 
 # --- identity (docs/queue.md) -----------------------------------------------------

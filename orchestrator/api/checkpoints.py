@@ -253,10 +253,20 @@ def newest_durable(ctx: Context, job_id: str) -> Any:
     return rows[-1] if rows else None
 
 
-def place_checkpoint(ctx: Context, job: Job, host_name: str) -> str:
+def refresh_from(ctx: Context, job: Job, host_name: str) -> bool:
+    """Copy the job's newest checkpoint home from ``host_name`` now, whatever the job's state (a
+    multi-node job about to resume: every node must get the newest one).  True when a copy was kept."""
+    row = ctx.ledger.host(host_name)
+    if row is None:
+        raise GpuqError(f"host {host_name} is no longer registered")
+    return _ship_one(ctx, row, job.id, job, {"attempt": job.attempt_count})
+
+
+def place_checkpoint(ctx: Context, job: Job, host_name: str, *, same_on_every_node: bool = False) -> str:
     """Before attempt n+1 starts on ``host_name``: make sure its newest checkpoint is there.  A host
     that already has a checkpoint at least as new keeps it; otherwise the controller's verified copy
-    is pushed.  Returns what happened."""
+    is pushed.  ``same_on_every_node`` (a multi-node job): the host keeps its own only when it is that
+    very copy (same sha256), so every node loads the same checkpoint.  Returns what happened."""
     ckpt = newest_durable(ctx, job.id)
     if ckpt is None:
         return "no shipped checkpoint"
@@ -268,7 +278,10 @@ def place_checkpoint(ctx: Context, job: Job, host_name: str) -> str:
     with contextlib.suppress(host_documents.ProtocolError):
         there = host_documents.read_pointer(host_name, probe.stdout or "{}")
         step = there.get("step")
-        if step is not None and step >= ckpt.step:
+        if same_on_every_node:
+            if there.get("sha256") == ckpt.sha256:
+                return f"kept the host's own checkpoint (step {step}, the same one)"
+        elif step is not None and step >= ckpt.step:
             return f"kept the host's own checkpoint (step {there.get('step')})"
     _mkdir(host, host_name, remote_dir)
     local_dir = Path(ckpt.durable_path).parent

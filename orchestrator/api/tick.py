@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from orchestrator import controller, notify, stops
-from orchestrator.api import host_answers
+from orchestrator import controller, gangs, notify, stops
+from orchestrator.api import host_answers, multinode
 from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
@@ -92,6 +92,8 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         requests.append((host_for(ctx, row), row.agent_bundle, [j.id for j in by_host.get(row.name, [])], extra))
     probes = host_answers.only_known(ctx.ledger, controller.probe_all(requests, ctx.settings))
     row_by_name = {r.name: r for r in rows}
+    parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok})
+    ended: list[str] = []
     for probe in probes:
         report.probes[probe.host] = probe
         report.round_trips[probe.host] = probe.round_trips
@@ -100,7 +102,9 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
             _failed_probe(ctx, row, probe, now, th, report)
             continue
         with host_answers.contained(ctx.ledger, row.name, report.lines):
-            _patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report)
+            ended += _patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report, parts)
+    if parts:
+        multinode.after_reconcile(ctx, parts, ended, report.actions)
     for row in waiting:
         report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
                                       failures=row.probe_failures, next_try=row.next_probe_at))
@@ -146,7 +150,9 @@ def _failed_probe(ctx: Context, row: HostRow, probe: controller.Probe, now: floa
 
 
 def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequence[Job],
-                 attempts: dict[str, Attempt], now: float, th: Thresholds, report: TickReport) -> None:
+                 attempts: dict[str, Attempt], now: float, th: Thresholds, report: TickReport,
+                 parts: Mapping[str, Sequence[gangs.Part]]) -> list[str]:
+    """Patrol and reconcile one host that answered; returns the multi-node attempts that ended there."""
     host = host_for(ctx, row)
     doc = probe.doc
     findings = host_findings(HostView(row.name, row.oom_kill, row.unreachable_since, 0), doc, th)
@@ -180,7 +186,7 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
     # record this tick's crash evidence before reconcile classifies attempts that just ended
     subjects = [row.name] + [j.id for j in mine]
     _record(ctx, findings, subjects=subjects, report=report)
-    done = controller.reconcile(ctx.ledger, host, ctx.settings, probe)
+    done = controller.reconcile(ctx.ledger, host, ctx.settings, probe, parts)
     names = {j.id: j for j in mine}
     ended = []
     for item in done.settled:
@@ -204,6 +210,7 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
         except GpuqError as exc:  # results are collected again by `gpuq results`; never fail a tick
             ctx.ledger.record_event("host", row.name, f"collecting results failed: {exc}", unless_repeated=True)
     report.lines.append(host_line(row.name, doc, findings))
+    return done.multi_node_ended
 
 
 def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: TickReport) -> None:
@@ -346,7 +353,10 @@ def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan
             keep.append(assignment)
             continue
         try:
-            place_checkpoint(ctx, job, assignment.host)
+            if assignment.peers:
+                multinode.place_on_every_node(ctx, job, [assignment.host, *assignment.peers])
+            else:
+                place_checkpoint(ctx, job, assignment.host)
             keep.append(assignment)
         except GpuqError as exc:
             ctx.ledger.record_event("job", job.id, f"checkpoint not placed on {assignment.host}: {exc}",

@@ -141,6 +141,8 @@ class JobStatus(_Doc):
     message: str
     waiting: str = Field("", description="Why a placed job has not started yet: a job in a Slurm queue says Slurm's "
                                          "state and reason (`Slurm job 41 PENDING (Priority)`); empty otherwise.")
+    node_hosts: list[str] = Field(default_factory=list, description="A multi-node job over SSH hosts: the host of "
+                                  "each node rank of its current attempt (node 0 is `host`); empty for a one-host job.")
 
 
 class Alert(_Doc):

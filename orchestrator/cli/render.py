@@ -100,7 +100,7 @@ class JobView:
     cost: float | None  # money spent so far (host price per hour); None: no attempt on a priced host
     note: str = ""  # a trainer without a heartbeat: elapsed time and its last log line (plain text)
     waiting: str = ""  # a job placed but not started: Slurm's state and reason ("Slurm job 41 PENDING (Priority)")
-    nodes: str = ""  # the Slurm nodes a running job has ("gpu-[01-02]"), as squeue names them
+    nodes: str = ""  # the Slurm nodes a running job has ("gpu-[01-02]"), or a multi-node job's other SSH hosts
 
     @property
     def where(self) -> str:
@@ -109,7 +109,8 @@ class JobView:
             return "-"
         if not self.host_gpus:
             return f"{self.job.host}:{self.nodes}" if self.nodes else self.job.host
-        return f"{self.job.host}:{','.join(str(i) for i in self.host_gpus)}"
+        where = f"{self.job.host}:{','.join(str(i) for i in self.host_gpus)}"
+        return f"{where}+{self.nodes}" if self.nodes else where  # a multi-node job's other hosts
 
     @property
     def progress(self) -> str:
@@ -211,6 +212,8 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
         slurm = entry.get("slurm")
         nodes = str(slurm.get("nodes") or "") if isinstance(slurm, dict) and running else ""
         nodes = "".join(c for c in nodes if c.isprintable())[:60]  # the host's text: printable, bounded
+        if att is not None and att.nodes and not JobState(job.state).terminal:  # a multi-node job over SSH hosts
+            nodes = "+".join(att.node_hosts()[1:])
         note = waiting or note  # waiting in a Slurm queue: Slurm's state and reason
         terminal = JobState(job.state).terminal
         hb_age = None if terminal or att is None or att.heartbeat_at is None else max(0.0, now - att.heartbeat_at)
@@ -444,7 +447,7 @@ def job_model(view: JobView) -> documents.JobStatus:
         step=att.step if att else None, total_steps=att.total_steps if att else None,
         epoch=att.epoch if att else None, loss=att.loss if att else None, eta_s=view.eta_s,
         heartbeat_age_s=view.heartbeat_age_s, cost=view.cost, exit_code=att.exit_code if att else None,
-        message=att.message if att else "", waiting=view.waiting,
+        message=att.message if att else "", waiting=view.waiting, node_hosts=att.node_hosts() if att else [],
     )
 
 

@@ -262,8 +262,14 @@ def _v8_slurm(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE host ADD COLUMN slurm VARCHAR NOT NULL DEFAULT ''")
 
 
+def _v9_nodes(conn: sqlite3.Connection) -> None:
+    """v9: a multi-node attempt over SSH hosts names the host of each node rank (JSON list, rank order)."""
+    conn.execute("ALTER TABLE attempt ADD COLUMN nodes VARCHAR NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
-                                                          _v5_providers, _v6_run, _v7_replacements, _v8_slurm]
+                                                          _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
+                                                          _v9_nodes]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

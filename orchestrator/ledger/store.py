@@ -289,12 +289,14 @@ class Ledger(PullRecords):
 
     # --- attempts ------------------------------------------------------------------
 
-    def start_attempt(self, job_id: str, *, host: str, bundle_sha: str, resume_from: str = "") -> Attempt:
+    def start_attempt(self, job_id: str, *, host: str, bundle_sha: str, resume_from: str = "",
+                      peers: Sequence[str] = ()) -> Attempt:
         """Create attempt n+1 (STARTING) and move the job to ASSIGNED, in one transaction.
 
         Only from QUEUED: a job another gpuq command started meanwhile (ASSIGNED, RUNNING, ...)
         raises IllegalTransition, never gets a second live attempt.  The write lock is held from
-        the state read on (``BEGIN IMMEDIATE``), so two commands cannot both see it QUEUED."""
+        the state read on (``BEGIN IMMEDIATE``), so two commands cannot both see it QUEUED.
+        ``peers``: the other hosts of a multi-node attempt (node ranks 1..), ``host`` being rank 0."""
         with self.session() as s:
             job = s.get(Job, job_id)
             if job is None:
@@ -314,6 +316,7 @@ class Ledger(PullRecords):
                 bundle_sha=bundle_sha,
                 resume_from=resume_from,
                 created_at=time.time(),
+                nodes=json.dumps([host, *peers]) if peers else "",
                 **_price(s, host, job.gpus),
             )
             s.add(attempt)

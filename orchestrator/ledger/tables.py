@@ -132,6 +132,15 @@ class Attempt(SQLModel, table=True):
     gpu_share: float = 1.0  # the attempt's GPUs / the host's GPUs: its share of the price
     resumed_step: int | None = None  # the step the attempt resumed from (GPUQ_RESUMED), None = fresh
     lost_step: int | None = None  # preempted/lost: the last step seen; minus the checkpoint step = work lost
+    # v9: multi-node over SSH hosts
+    nodes: str = ""  # JSON list of the hosts of node ranks 0..K-1 (rank 0 is ``host``); "" = one host
+
+    def node_hosts(self) -> list[str]:
+        """The hosts of a multi-node attempt by node rank ([] for a one-host attempt)."""
+        if not self.nodes:
+            return []
+        found = json.loads(self.nodes)
+        return [str(h) for h in found] if isinstance(found, list) else []
 
 
 class Event(SQLModel, table=True):

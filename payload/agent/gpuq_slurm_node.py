@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from typing import Any
 
 import gpuq_protocol as P
+from gpuq_gang import interface_to
 from gpuq_slurm import restart_count
 
 
@@ -77,22 +77,3 @@ def rendezvous(nodes: int) -> tuple[list[str], dict[str, str]]:
         env["GLOO_SOCKET_IFNAME"] = iface
         env["NCCL_SOCKET_IFNAME"] = iface
     return args, env
-
-
-def interface_to(address: str) -> str:
-    """The network interface this node uses to reach ``address`` ("" when unknown): the one holding the
-    address when it is this node's own, else the route's device."""
-    if not address:
-        return ""
-    for argv in (["ip", "-o", "-4", "addr", "show", "to", address + "/32"], ["ip", "-o", "route", "get", address]):
-        try:
-            out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        words = out.stdout.decode("utf-8", "replace").split()
-        if argv[3] == "addr" and len(words) > 1:
-            return words[1].rstrip(":").split("@")[0]
-        if "dev" in words and words.index("dev") + 1 < len(words):
-            dev = words[words.index("dev") + 1]
-            return "" if dev == "lo" else dev
-    return ""

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+import gpuq_gang
 import gpuq_protocol as P
 import gpuq_slurm
 import gpuq_slurm_node
@@ -155,6 +156,18 @@ class Wrapper:
             return self.finish(P.EXIT_SETUP if self.phase in ("setup", "gate") else 1,
                                f"wrapper error in phase {self.phase}: {e!r}")
 
+    def meet(self, node: dict[str, Any]) -> tuple[str, str]:
+        """(the head's address to use, "") or ("", why this node cannot take part)."""
+        log = os.path.join(self.adir, P.JOB_LOG)
+        if node["rank"] == 0:
+            problem = gpuq_gang.port_free(node["master_port"])
+            return ("", problem) if problem else (node["master_addrs"][0], "")
+        master, problem = gpuq_gang.reach_head(node, lambda line: append_line(log, line))
+        if master:
+            append_line(log, "gpuq: node %d of %d reaches node 0 at %s:%d" % (
+                node["rank"], node["nodes"], master, node["master_port"]))
+        return master, problem
+
     def build_env(self, spec: dict[str, Any], launch: dict[str, Any]) -> dict[str, str]:
         return build_env(self.lay, self.job_id, self.attempt, spec, launch, adir=self.adir)
 
@@ -171,10 +184,16 @@ class Wrapper:
         entry = os.path.join(bundle, str(spec.get("entry") or P.TRAIN_ENTRY))
         run_env = self.build_env(spec, launch)
         rendezvous: list[str] | None = None
+        same_env: dict[str, str] = {}
+        node = None if launch.get("slurm") else gpuq_gang.node_of(spec)  # one node of a job over SSH hosts
         if launch.get("slurm") and gpuq_slurm.job_nodes(spec) > 1:  # the same on every node but the rank
             rendezvous, same_env = gpuq_slurm_node.rendezvous(gpuq_slurm.job_nodes(spec))
-            for key, value in same_env.items():
-                run_env[key] = str((spec.get("env") or {}).get(key, value))  # the project's own setting wins
+        elif node is not None:  # the head's address is settled by the reachability check before the launch
+            rendezvous, same_env = gpuq_gang.rendezvous(node, node["master_addrs"][0])
+        elif gpuq_slurm.job_nodes(spec) > 1:
+            return self.finish(P.EXIT_SETUP, "a multi-node job reached this host without its node section")
+        for key, value in same_env.items():
+            run_env[key] = str((spec.get("env") or {}).get(key, value))  # the project's own setting wins
         atomic_write(os.path.join(self.adir, P.RUN_ENV_FILE),
                      "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(run_env.items())))
         env: dict[str, str] = {}
@@ -239,6 +258,14 @@ class Wrapper:
             append_line(os.path.join(self.adir, P.JOB_LOG), line)
             self.lay.log("[%s] %s %s a%d" % (utc(), line, self.job_id, self.attempt))
             return self.finish(P.EXIT_DISK_GATE, line)
+        if node is not None:  # before the launch: node 0's port free here, or node 0 reachable from here
+            self.phase = "rendezvous"
+            master, problem = self.meet(node)
+            if problem:
+                return self.finish(1, problem)
+            rendezvous, same_env = gpuq_gang.rendezvous(node, master)
+            for key, value in same_env.items():
+                run_env[key] = env[key] = str((spec.get("env") or {}).get(key, value))
         # train
         self.phase = "train"
         run_dir = run_env[P.ENV_RUN_DIR]

@@ -187,6 +187,9 @@ class Trainer:
                 if found is not None:
                     path, expected = found
                     choice = {"path": path, "sha256": checkpoint.verify(path, expected)}
+                    inside = os.path.relpath(os.path.abspath(path), os.path.abspath(self.s.ckpt_dir))
+                    if not inside.startswith(os.pardir):
+                        choice["in_ckpt_dir"] = inside  # another node's ckpt dir may lie elsewhere
             except checkpoint.CheckpointError as exc:
                 choice = {"error": str(exc)}
         choice = self.dist.broadcast_object(choice)
@@ -194,6 +197,8 @@ class Trainer:
             return
         if "error" in choice:
             raise checkpoint.CheckpointError(choice["error"])
+        if "in_ckpt_dir" in choice:  # the same file under this node's own ckpt dir (multi-node over SSH hosts)
+            choice["path"] = os.path.join(self.s.ckpt_dir, choice["in_ckpt_dir"])
         ck = checkpoint.load_checkpoint(choice["path"], check=False)
         ws = ck.get("meta", {}).get("world_size")
         if ws != self.world:

@@ -241,24 +241,6 @@ def test_every_node_computes_the_same_rendezvous(monkeypatch: pytest.MonkeyPatch
     assert node.rendezvous(2)[1]["MASTER_PORT"] == str(port + 1)
 
 
-def test_the_interface_is_the_one_holding_or_routing_to_the_master(monkeypatch: pytest.MonkeyPatch) -> None:
-    import subprocess
-
-    answers = {"addr": "", "route": ""}
-
-    def fake_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.CompletedProcess(argv, 0, answers[argv[3] if argv[3] == "addr" else "route"].encode(), b"")
-
-    monkeypatch.setattr(node.subprocess, "run", fake_run)
-    answers["addr"] = "2: eth0    inet 10.0.0.5/30 brd 10.0.0.7 scope global eth0"
-    assert node.interface_to("10.0.0.5") == "eth0"  # node 0 itself: never lo
-    answers["addr"], answers["route"] = "", "10.0.0.5 via 10.0.1.1 dev ens5 src 10.0.1.2 uid 0"
-    assert node.interface_to("10.0.0.5") == "ens5"
-    answers["route"] = "local 10.0.0.5 dev lo src 10.0.0.5"
-    assert node.interface_to("10.0.0.5") == ""
-    assert node.interface_to("") == ""
-
-
 def test_torchrun_gets_the_rendezvous_instead_of_standalone() -> None:
     argv_mod = load_agent_module("gpuq_argv")
     multi = argv_mod.launcher_prefix("torchrun", "py", 2, rendezvous=["--nnodes=2", "--node-rank=1"])

@@ -81,7 +81,7 @@ def test_a_multi_node_job_goes_only_where_that_many_nodes_are() -> None:
     assert [a.host for a in decided.assignments] == ["hpc"]
     nowhere = plan([PlanJob("wider", 4, 100.0, nodes=8)], [box, hpc])
     assert not nowhere.assignments
-    assert nowhere.unplaced[0][1] == ("needs 8 nodes; multi-node jobs run on a Slurm host with that many nodes "
-                                      "(the most any usable host has is 4)")
+    assert nowhere.unplaced[0][1] == ("needs 8 nodes with gpus=4 each: 8 SSH hosts with 4 slots each (0 usable), "
+                                      "or a Slurm host with 8 nodes (the most any has is 4)")
     fat = plan([PlanJob("fat", 8, 100.0, nodes=2)], [box, hpc])
     assert not fat.assignments and "needs 8 slots" in fat.unplaced[0][1]  # 8 GPUs on each node: none has 8

@@ -1,0 +1,96 @@
+"""Multi-node jobs over SSH hosts in the planner (scheduler._gang) and in delivery (gangs.hold_back):
+K distinct hosts reserved together, sent only when all start now, never starved by the jobs behind."""
+
+from __future__ import annotations
+
+from orchestrator.gangs import Part, hold_back, rendezvous_port, standing_entry, waiting
+from orchestrator.scheduler import Plan, PlanJob, plan
+from orchestrator.specs import Assignment, HostSlots
+
+
+def _hosts(*busy: tuple[float, ...], total: int = 2) -> list[HostSlots]:
+    return [HostSlots(host=f"h{i}", total=total, gang=True, slot_free_at=times or (0.0,) * total)
+            for i, times in enumerate(busy)]
+
+
+def test_a_gang_takes_k_distinct_hosts_with_its_gpus_each_and_starts_when_the_last_is_free() -> None:
+    decided = plan([PlanJob("g", 2, 100.0, nodes=2)], _hosts((0.0, 50.0), (), (0.0, 0.0)))
+    (placed,) = decided.placements
+    assert (placed.host, placed.peers, placed.start_s, placed.end_s) == ("h1", ("h2",), 0.0, 100.0)
+    late = plan([PlanJob("g", 2, 100.0, nodes=2)], _hosts((0.0, 50.0), (0.0, 80.0)))
+    assert [(p.host, p.peers, p.start_s) for p in late.placements] == [("h0", ("h1",), 80.0)]
+
+
+def test_a_gang_runs_at_its_slowest_hosts_speed_and_honours_a_pin_as_node_0() -> None:
+    hosts = [HostSlots(host="fast", total=2, gang=True, speed=2.0), HostSlots(host="slow", total=2, gang=True)]
+    (placed,) = plan([PlanJob("g", 2, 100.0, nodes=2, host_pin="slow")], hosts).placements
+    assert (placed.host, placed.peers, placed.end_s) == ("slow", ("fast",), 100.0)
+
+
+def test_a_gang_that_no_set_of_hosts_fits_says_why() -> None:
+    too_few = plan([PlanJob("g", 2, 100.0, nodes=3)], _hosts((), ()))
+    assert too_few.unplaced == (("g", "needs 3 nodes with gpus=2 each: 3 SSH hosts with 2 slots each (2 usable), "
+                                      "or a Slurm host with 3 nodes"),)
+    local = HostSlots(host="local", total=8)  # the local machine is never a node of a gang
+    assert not plan([PlanJob("g", 1, 1.0, nodes=2)], [local, *_hosts(())]).assignments
+
+
+def test_one_host_jobs_fill_around_a_gang_and_the_plan_keeps_the_gang_reserved() -> None:
+    jobs = [PlanJob("g", 2, 100.0, nodes=2), PlanJob("a", 1, 30.0), PlanJob("b", 1, 30.0)]
+    decided = plan(jobs, _hosts((0.0, 0.0), (0.0, 60.0), (0.0, 0.0)))
+    by_id = {p.job_id: p for p in decided.placements}
+    assert by_id["g"].start_s == 0.0 and {by_id["g"].host, *by_id["g"].peers} == {"h0", "h2"}
+    assert {by_id["a"].host, by_id["b"].host} == {"h1"}  # the one-GPU jobs take the host the gang cannot use
+
+
+def test_a_gang_that_cannot_start_now_is_held_back_with_the_jobs_planned_after_it_on_its_hosts() -> None:
+    decided = Plan(assignments=(
+        Assignment(job_id="early", host="h0", start_s=0.0),  # backfill that ends before the gang starts
+        Assignment(job_id="elsewhere", host="h2", start_s=90.0),
+        Assignment(job_id="g", host="h0", peers=("h1",), start_s=40.0),
+        Assignment(job_id="after", host="h1", start_s=40.0),
+    ), unplaced=())
+    sent, held = hold_back(decided)
+    assert [a.job_id for a in sent.assignments] == ["early", "elsewhere"]
+    assert held == [("g", "waiting for 2 hosts with its GPUs free at once (h0, h1, in about 1 min)"),
+                    ("after", "waiting behind a multi-node job that reserved h1")]
+    ready = plan([PlanJob("g", 2, 100.0, nodes=2)], _hosts((), ()))
+    assert ready.assignments[0].start_s == 0.0 and hold_back(ready) == (ready, [])
+
+
+def test_the_rendezvous_port_is_known_to_every_node_and_new_for_each_attempt() -> None:
+    ports = {rendezvous_port("c000000000001", n) for n in range(1, 50)}
+    assert len(ports) == 49 and all(20000 <= p < 50000 for p in ports)
+    assert rendezvous_port("c000000000001", 3) == rendezvous_port("c000000000001", 3)
+
+
+def _part(rank: int, state: str, code: int | None = None, **exit_extra: object) -> Part:
+    entry: dict[str, object] = {"job_id": "c1", "attempt": 1, "state": state}
+    if code is not None:
+        entry["exit"] = {"wrapper_code": code, "message": f"exit of node {rank}", **exit_extra}
+    return Part(rank, f"h{rank}", True, entry)
+
+
+def test_the_attempt_stands_on_node_0_until_any_node_fails() -> None:
+    assert standing_entry([_part(0, "running"), _part(1, "running")])["state"] == "running"
+    assert standing_entry([Part(0, "h0", True, None), _part(1, "running")]) is None
+    done = standing_entry([_part(0, "exited", 0), _part(1, "running")])
+    assert done["exit"]["wrapper_code"] == 0 and "gang_cause" not in done
+
+
+def test_a_killed_node_is_the_cause_even_when_node_0_failed_too() -> None:
+    killed = standing_entry([_part(0, "exited", 1), _part(1, "exited", 137, vanished=True)])
+    assert killed["state"] == "exited" and killed["exit"]["wrapper_code"] == 137
+    assert killed["exit"]["message"] == "node 1 on h1: exit of node 1" and killed["gang_cause"] == "node 1 on h1"
+    dead = standing_entry([_part(0, "running"), _part(1, "dead")])
+    assert dead["state"] == "dead" and "exit" not in dead and dead["gang_cause"] == "node 1 on h1"
+    own = standing_entry([_part(0, "exited", 1), _part(1, "exited", 1)])
+    assert own["exit"]["message"] == "node 0 on h0: exit of node 0"  # node 0's own error when nothing was killed
+    peer = standing_entry([_part(0, "running"), _part(1, "exited", 1)])
+    assert peer["exit"]["message"] == "node 1 on h1: exit of node 1"
+
+
+def test_nodes_not_started_while_another_runs_are_waiting() -> None:
+    assert waiting([_part(0, "queued"), _part(1, "queued")]) == []  # none started: no slot is held
+    late = waiting([_part(0, "running"), _part(1, "queued"), Part(2, "h2", True, None), Part(3, "h3", False, None)])
+    assert [p.rank for p in late] == [1, 2]
