@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import controller, observed, protocol, transfer
+from orchestrator import controller, gangs, observed, protocol, transfer
 from orchestrator.api.context import Context, host_for
 from orchestrator.api.status import tick
 from orchestrator.cost import JobCost, job_cost
@@ -130,8 +130,18 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
                 out.append(CancelOutcome(job, f"already {ctx.ledger.job(job.id).state}"))
                 continue
             out.append(CancelOutcome(job, verdict))
+            _stop_other_nodes(ctx, job)
     order = {job.id: i for i, job in enumerate(jobs)}
     return sorted(out, key=lambda o: order[o.job.id])
+
+
+def _stop_other_nodes(ctx: Context, job: Job) -> None:
+    """A cancelled multi-node job: its parts on the other node hosts are stopped too."""
+    attempt = ctx.ledger.attempt(job.id, job.attempt_count)
+    if attempt is not None and attempt.nodes:
+        parts = [gangs.Part(rank, name, False, None)  # not probed: withdrawn if waiting, killed if running
+                 for rank, name in enumerate(attempt.node_hosts()) if rank > 0]
+        gangs.stop_parts(ctx.ledger, ctx.fleet, job, attempt, parts, "it was cancelled")
 
 
 @dataclass

@@ -330,7 +330,8 @@ def test_one_node_of_a_two_node_job_killed_fails_the_attempt_and_both_resume(use
 def test_a_multi_node_job_without_a_slurm_host_is_refused_with_the_reason(user: SlurmUser, tmp_path: Path) -> None:
     queue = _project(tmp_path, {"tiny": _config()}, ["configs/tiny.yaml classify 1 name=wide nodes=2 gpus=1"])
     code, text = user.gpuq("submit", str(queue), "--host", "local")
-    assert code != 0 and "needs 2 nodes; multi-node jobs run on a Slurm host" in text, text
+    assert code != 0 and "needs 2 nodes with gpus=1 each: 2 SSH hosts with 1 slots each (0 usable), or a Slurm " \
+        "host with 2 nodes" in text, text
     assert "nothing was submitted" in text, text
     assert not user.jobs()
 
