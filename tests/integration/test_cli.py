@@ -100,8 +100,8 @@ def test_unknown_host_and_unplaceable_job(gpuq_home: Path, tmp_path: Path) -> No
 def test_multi_node_is_refused_not_silently_shrunk(gpuq_home: Path, tmp_path: Path) -> None:
     queue = _project(tmp_path, ["configs/tiny.yaml classify 1", "configs/tiny.yaml classify 1 name=mn nodes=2"])
     result = run_gpuq("submit", str(queue))
-    _assert_usage(result, "queue.txt:2: job 'mn' cannot be placed: needs 2 nodes; multi-node jobs run on a Slurm "
-                          "host with that many nodes (the most any usable host has is 1)", "nothing was submitted")
+    _assert_usage(result, "queue.txt:2: job 'mn' cannot be placed: needs 2 nodes with gpus=1 each: 2 SSH hosts with "
+                          "1 slots each (0 usable), or a Slurm host with 2 nodes", "nothing was submitted")
     assert _ledger_rows(gpuq_home, "select * from job") == []
 
 
