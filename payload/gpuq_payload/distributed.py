@@ -72,3 +72,27 @@ class Dist:
             with contextlib.suppress(Exception):  # best effort at exit
                 tdist.destroy_process_group()
             self.initialized = False
+
+
+def per_parameter_allreduce(state, bucket):  # unannotated: DDP checks annotations, and here they are strings
+    """DDP's gradient averaging, one parameter at a time, so that a resumed run sums exactly as an
+    uninterrupted one.
+
+    DDP packs gradients into buckets and lays them out again after the first step of every run
+    (bucket rebuild): a run resumed at step k uses the first layout at step k + 1 where the
+    uninterrupted run used the rebuilt one.  With three or more ranks, where a gradient sits in the
+    bucket decides how the ring allreduce splits it and so in which order floats are added: the
+    weights drift apart.  Reducing each parameter's slice on its own makes the order depend only on
+    the parameter's size and the world size."""
+    buffer = bucket.buffer()
+    world = tdist.get_world_size()
+    offset = 0
+    for param in bucket.parameters():
+        n = param.numel()
+        piece = buffer[offset:offset + n]
+        piece.div_(world)
+        tdist.all_reduce(piece)
+        offset += n
+    done = torch.futures.Future()
+    done.set_result(buffer)
+    return done

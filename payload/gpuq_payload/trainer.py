@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from . import ConfigError, checkpoint, contract, grace, rng, signals
 from .data import SkipSampler, augment, make_datasets
+from .distributed import per_parameter_allreduce
 from .heartbeat import Heartbeat, write_json_atomic
 from .model import MLP
 
@@ -111,6 +112,7 @@ class Trainer:
         if self.dist.initialized:
             kw = {"device_ids": [self.dist.local_rank]} if self.amp else {}
             self.ddp = DDP(self.model, **kw)
+            self.ddp.register_comm_hook(None, per_parameter_allreduce)  # a resume sums as the uninterrupted run
         else:
             self.ddp = self.model
         o = cfg["optim"]
