@@ -1,0 +1,95 @@
+"""The tick's part of a multi-node attempt (orchestrator/api/multinode.py), with a real ledger and
+FakeHosts that record what gpuq asked of each node host: nodes that never all started are given up
+without spending retries=, and an ended attempt has its other nodes stopped.
+
+The same flows with real agents and torchrun run in tests/integration/test_multinode_ssh.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.api import multinode
+from orchestrator.api.context import Context, open_context
+from orchestrator.gangs import Part
+from orchestrator.ledger import Host as HostRow
+from orchestrator.specs import JobSpec, job_id_for
+from orchestrator.states import AttemptState, JobState
+from tests.support.fakehost import FakeHost
+
+SHA = "b" * 64
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Context, str, dict[str, FakeHost]]]:
+    monkeypatch.setenv("GPUQ_HOME", str(tmp_path / "home"))
+    ctx = open_context(overrides={"gang_timeout_s": 60})
+    hosts = {}
+    for name in ("a", "b"):
+        host = FakeHost(tmp_path / f"host-{name}", name=name)
+        Path(host.root).mkdir(parents=True)
+        ctx.ledger.add_host(HostRow(name=name, kind="ssh", target=f"fake@{name}", root=host.root, slots_kind="cpu",
+                                    slots_total=2, created_at=0, agent_bundle=SHA))
+        ctx.fleet._hosts[name] = host
+        hosts[name] = host
+    ctx.ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir=str(tmp_path), queue_text="",
+                         jobs=[JobSpec(name="wide", config="c.yaml", task="t", nodes=2, gpus=2)], default_retries=1)
+    job = job_id_for("qaaaaaa", "wide")
+    ctx.ledger.start_attempt(job, host="a", bundle_sha=SHA, peers=["b"])
+    try:
+        yield ctx, job, hosts
+    finally:
+        ctx.close()
+
+
+def _verbs(host: FakeHost) -> list[str]:
+    return [" ".join(call[call.index("--root") + 2:]) for call in host.calls if "--root" in call]
+
+
+def _parts(job_id: str, head: str, peer: str) -> list[Part]:
+    return [Part(0, "a", True, {"job_id": job_id, "attempt": 1, "state": head}),
+            Part(1, "b", True, {"job_id": job_id, "attempt": 1, "state": peer})]
+
+
+def test_nodes_that_never_all_started_are_given_up_without_spending_a_retry(
+        world: tuple[Context, str, dict[str, FakeHost]], monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx, job, hosts = world
+    actions: list[str] = []
+    multinode.after_reconcile(ctx, {job: _parts(job, "running", "queued")}, [], actions)
+    assert actions == [] and ctx.ledger.job(job).state == JobState.ASSIGNED.value  # within gang_timeout_s
+    created = ctx.ledger.attempt(job, 1).created_at
+    monkeypatch.setattr(time, "time", lambda: created + 61)
+    multinode.after_reconcile(ctx, {job: _parts(job, "running", "queued")}, [], actions)
+    why = ("node 1 on b did not start within 60 s of the others (gang_timeout_s); requeued, not counted "
+           "against retries=")
+    assert actions == [f"wide ({job}): {why}"]
+    assert (ctx.ledger.job(job).state, ctx.ledger.attempt(job, 1).state) == ("QUEUED", AttemptState.KILLED.value)
+    assert ctx.ledger.failed_attempts(job) == 0
+    assert _verbs(hosts["a"]) == [f"kill {job} 1"]  # node 0 runs: killed by its group
+    assert _verbs(hosts["b"]) == [f"withdraw {job}", f"kill {job} 1"]  # node 1 waits: taken out of the inbox
+    told = [e.message for e in ctx.ledger.events(subject=job)]
+    assert any(m.startswith("attempt 1: its nodes did not all start; stopped the other nodes: node 0 on a: ")
+               for m in told), told
+
+
+def test_none_started_is_no_reason_to_give_up(world: tuple[Context, str, dict[str, FakeHost]],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx, job, hosts = world
+    monkeypatch.setattr(time, "time", lambda: ctx.ledger.attempt(job, 1).created_at + 3600)
+    multinode.after_reconcile(ctx, {job: _parts(job, "queued", "queued")}, [], [])
+    assert ctx.ledger.job(job).state == JobState.ASSIGNED.value and not _verbs(hosts["a"]) + _verbs(hosts["b"])
+
+
+def test_an_ended_attempt_has_its_other_nodes_stopped(world: tuple[Context, str, dict[str, FakeHost]]) -> None:
+    ctx, job, hosts = world
+    ctx.ledger.transition(job, AttemptState.EXITED, attempt=1, message="exit 1")
+    ctx.ledger.transition(job, JobState.FAILED, message="exit 1", of_attempt=1)
+    parts = [Part(0, "a", True, {"job_id": job, "attempt": 1, "state": "exited", "exit": {"wrapper_code": 1}}),
+             Part(1, "b", True, {"job_id": job, "attempt": 1, "state": "running"})]
+    multinode.after_reconcile(ctx, {job: parts}, [job], [])
+    assert _verbs(hosts["a"]) == [] and _verbs(hosts["b"]) == [f"kill {job} 1"]
+    assert any(e.message.startswith("attempt 1: it ended; stopped the other nodes: node 1 on b: ")
+               for e in ctx.ledger.events(subject=job))
