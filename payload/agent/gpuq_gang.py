@@ -68,6 +68,8 @@ def rendezvous(node: dict[str, Any], master: str) -> tuple[list[str], dict[str, 
 def port_free(port: int) -> str:
     """"" when this host can listen on ``port`` (node 0, before its rendezvous), else why not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as torchrun's store binds it: a previous attempt's connections in TIME_WAIT do not make it taken
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError as e:

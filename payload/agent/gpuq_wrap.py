@@ -261,8 +261,8 @@ class Wrapper:
         if node is not None:  # before the launch: node 0's port free here, or node 0 reachable from here
             self.phase = "rendezvous"
             master, problem = self.meet(node)
-            if problem:
-                return self.finish(1, problem)
+            if problem:  # a taken port is retried (the next attempt draws another); an unreachable head is not
+                return self.finish(P.EXIT_TRANSIENT if node["rank"] == 0 else 1, problem)
             rendezvous, same_env = gpuq_gang.rendezvous(node, master)
             for key, value in same_env.items():
                 run_env[key] = env[key] = str((spec.get("env") or {}).get(key, value))
