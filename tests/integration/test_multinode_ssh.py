@@ -20,20 +20,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
+from orchestrator.cli.render import status_doc
 from orchestrator.states import JobState
-from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups, wait_for
+from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
 
-CKPT_EVERY = 4
 
 
-def _config(step_sleep_s: float = 0.0, n_train: int = 512) -> str:
-    text = (TINY_CONFIG.replace("n_train: 256", f"n_train: {n_train}")
-            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}"))
-    return text + (f"test_hook_step_sleep_s: {step_sleep_s}\n" if step_sleep_s else "")
 
 
 @pytest.fixture(scope="module")
@@ -71,31 +67,18 @@ def world(farm: HostFarm, gpuq_home: Path, request: pytest.FixtureRequest) -> It
     ctx.close()
 
 
-def _project(tmp_path: Path, configs: dict[str, str], lines: list[str]) -> Path:
-    work = tmp_path / "project"
-    (work / "configs").mkdir(parents=True)
-    for name, text in configs.items():
-        (work / "configs" / f"{name}.yaml").write_text(text)
-    (work / "queue.txt").write_text("\n".join(lines) + "\n")
-    return work / "queue.txt"
 
 
 def _weights(world: World, name: str) -> str:
-    job = world.job(name)
-    summary = world.job_dir(job.host, name) / "result" / "summary.json"  # type: ignore[attr-defined]
-    return str(json.loads(summary.read_text())["weights_sha256"])
+    return final_weights(world.job_dir(world.job(name).host, name))  # type: ignore[attr-defined]
 
 
-def _latest_step(job_dir: Path) -> int:
-    try:
-        return int(json.loads((job_dir / "ckpt" / "LATEST").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
 
 
 def test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host(world: World, tmp_path: Path) -> None:
-    queue = _project(tmp_path, {"tiny": _config()}, ["configs/tiny.yaml classify 2 name=spread nodes=2 gpus=2",
-                                                     "configs/tiny.yaml classify 2 name=packed gpus=4"])
+    queue = write_project(tmp_path, {"tiny": tiny_config(0.0, 512)},
+                          ["configs/tiny.yaml classify 2 name=spread nodes=2 gpus=2",
+                           "configs/tiny.yaml classify 2 name=packed gpus=4"])
     result = api.submit(world.ctx, queue)
     snap = api.wait(world.ctx, sweep=result.sweep_id, interval_s=0.5, timeout_s=400)
     states = {j.name: j.state for j in snap.jobs}
@@ -110,6 +93,9 @@ def test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host(world: Wor
     assert "--node-rank=1" in peer_log and "--nproc-per-node=2" in peer_log, peer_log
     assert "gpuq: node 1 of 2 reaches node 0 at " in peer_log, peer_log
     assert f"attempt 1 runs on 2 nodes: node 0 on {head}, node 1 on {peer}" in world.history("spread")
+    shown = {j["name"]: j for j in status_doc(api.status(world.ctx))["jobs"]}  # the job once, with its nodes
+    assert shown["spread"]["host"] == head and shown["spread"]["node_hosts"] == [head, peer], shown["spread"]
+    assert shown["packed"]["node_hosts"] == []
     assert _weights(world, "spread") == _weights(world, "packed")
     # the head's outputs are the job's: its results are collected, the peer wrote no checkpoint of its own
     assert not (world.job_dir(peer, "spread") / "ckpt" / "LATEST").exists()
@@ -118,16 +104,16 @@ def test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host(world: Wor
 def test_one_node_killed_fails_the_attempt_and_both_resume_from_the_checkpoint(world: World, farm: HostFarm,
                                                                               tmp_path: Path) -> None:
     # a world of 4 over 4096 samples: 64 steps, ~13 s of sleeps, so the kill always lands mid-run
-    queue = _project(tmp_path, {"victim": _config(0.2, 4096), "twin": _config(0.0, 4096)},
-                     ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=2 retries=1",
-                      "configs/twin.yaml classify 2 name=twin gpus=4"])
+    queue = write_project(tmp_path, {"victim": tiny_config(0.2, 4096), "twin": tiny_config(0.0, 4096)},
+                          ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=2 retries=1",
+                           "configs/twin.yaml classify 2 name=twin gpus=4"])
     result = api.submit(world.ctx, queue)
     victim = world.job("victim")
     (first,) = world.ctx.ledger.attempts(victim.id)  # type: ignore[attr-defined]
     head, peer = first.node_hosts()
     head_dir = world.job_dir(head, "victim")
     pgid_file = world.job_dir(peer, "victim") / "attempts" / "1" / "pgid"
-    assert wait_for(lambda: _latest_step(head_dir) >= 2 * CKPT_EVERY and pgid_file.is_file(), timeout=300,
+    assert wait_for(lambda: latest_step(head_dir) >= 2 * CKPT_EVERY and pgid_file.is_file(), timeout=300,
                     interval=0.2), world.history("victim")
     pgid = int(json.loads(pgid_file.read_text())["pgid"])  # in the host's own pid namespace
     killed = farm.ssh(int(peer[1:]), "kill", "-9", f"-{pgid}")
@@ -161,15 +147,15 @@ def test_a_gang_that_cannot_start_waits_without_holding_the_free_hosts_slots(
     free.  The two-node job cannot start (it needs two hosts with two GPUs free at once): it waits QUEUED
     in the ledger, nothing of it reaches any host, and a one-GPU job submitted with it runs on s2
     meanwhile.  Once the busy jobs are cancelled, the two-node job runs."""
-    busy = _project(tmp_path / "busy", {"hold": _config(1.0, 8192)},
-                    ["configs/hold.yaml classify 1 name=hold0 gpus=4 host=s0 est_min=2",
-                     "configs/hold.yaml classify 1 name=hold1 gpus=4 host=s1 est_min=2"])
+    busy = write_project(tmp_path / "busy", {"hold": tiny_config(1.0, 8192)},
+                         ["configs/hold.yaml classify 1 name=hold0 gpus=4 host=s0 est_min=2",
+                          "configs/hold.yaml classify 1 name=hold1 gpus=4 host=s1 est_min=2"])
     first = api.submit(world.ctx, busy)
     assert wait_for(lambda: (api.status(world.ctx), {world.job(n).state for n in ("hold0", "hold1")})[1]  # type: ignore[attr-defined]
                     == {"RUNNING"}, timeout=300, interval=0.5), world.history("hold0")
-    queue = _project(tmp_path / "gang", {"tiny": _config(0.0, 256)},
-                     ["configs/tiny.yaml classify 1 name=wide nodes=2 gpus=2 est_min=1",
-                      "configs/tiny.yaml classify 1 name=small gpus=1 host=s2 est_min=0.1"])
+    queue = write_project(tmp_path / "gang", {"tiny": tiny_config(0.0, 256)},
+                          ["configs/tiny.yaml classify 1 name=wide nodes=2 gpus=2 est_min=1",
+                           "configs/tiny.yaml classify 1 name=small gpus=1 host=s2 est_min=0.1"])
     second = api.submit(world.ctx, queue)
     wide = world.job("wide")
     assert wide.state == JobState.QUEUED.value and wide.attempt_count == 0, world.history("wide")  # type: ignore[attr-defined]

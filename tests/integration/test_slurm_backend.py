@@ -20,14 +20,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.ledger import Ledger
-from scripts.bench_project import TINY_CONFIG
 from tests.conftest import ROOT, run_gpuq, wait_for
 from tests.support.slurmcluster import SlurmCluster, requirements_problem
+from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
 
-CKPT_EVERY = 4
 
 
 @pytest.fixture(scope="module")
@@ -109,33 +108,17 @@ def user(cluster: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest) 
             cluster.scancel(job.job_id)
 
 
-def _config(step_sleep_s: float = 0.0, n_train: int = 256) -> str:
-    text = (TINY_CONFIG.replace("n_train: 256", f"n_train: {n_train}")
-            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}"))
-    return text + (f"test_hook_step_sleep_s: {step_sleep_s}\n" if step_sleep_s else "")
 
 
-def _project(tmp_path: Path, configs: dict[str, str], lines: list[str]) -> Path:
-    work = tmp_path / "project"
-    (work / "configs").mkdir(parents=True)
-    for name, text in configs.items():
-        (work / "configs" / f"{name}.yaml").write_text(text)
-    (work / "queue.txt").write_text("\n".join(lines) + "\n")
-    return work / "queue.txt"
 
 
-def _latest_step(job_dir: Path) -> int:
-    try:
-        return int(json.loads((job_dir / "ckpt" / "LATEST").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
 
 
 def test_a_sweep_runs_to_completion_as_slurm_jobs_within_the_cap(user: SlurmUser, tmp_path: Path) -> None:
     said = user.add("--max-jobs", "2", "--time-limit", "10")
     assert "2 GPUs per node" in said and "shared with the compute nodes: yes" in said, said
     assert json.loads((user.root / "slurm.json").read_text())["max_jobs"] == 2
-    queue = _project(tmp_path, {"tiny": _config()}, [f"configs/tiny.yaml classify 1 name=c{i} gpus=1 seed={i}"
+    queue = write_project(tmp_path, {"tiny": tiny_config()}, [f"configs/tiny.yaml classify 1 name=c{i} gpus=1 seed={i}"
                                                      for i in range(3)])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
@@ -168,14 +151,14 @@ def test_a_sweep_runs_to_completion_as_slurm_jobs_within_the_cap(user: SlurmUser
 
 def test_a_slurm_requeue_continues_the_attempt_from_its_checkpoint(user: SlurmUser, tmp_path: Path) -> None:
     user.add()
-    queue = _project(tmp_path, {"victim": _config(0.05, 1024), "twin": _config(0.0, 1024)},
-                     ["configs/victim.yaml classify 2 name=victim gpus=1",
-                      "configs/twin.yaml classify 2 name=twin gpus=1"])
+    queue = write_project(tmp_path, {"victim": tiny_config(0.05, 1024), "twin": tiny_config(0.0, 1024)},
+                          ["configs/victim.yaml classify 2 name=victim gpus=1",
+                           "configs/twin.yaml classify 2 name=twin gpus=1"])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
-    assert wait_for(lambda: _latest_step(user.job_dir("victim")) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), \
+    assert wait_for(lambda: latest_step(user.job_dir("victim")) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), \
         user.logs()
-    saved = _latest_step(user.job_dir("victim"))
+    saved = latest_step(user.job_dir("victim"))
     sid = user.slurm_id("victim")
     user.cluster.requeue(sid)  # what a preemption with PreemptMode=REQUEUE does to the job
     code, text = user.gpuq("wait", "--timeout", "400", timeout=500)
@@ -190,17 +173,16 @@ def test_a_slurm_requeue_continues_the_attempt_from_its_checkpoint(user: SlurmUs
     assert "runs this attempt again (restart 1)" in log, log[-3000:]
     resumed = [line for line in log.splitlines() if "GPUQ_RESUMED" in line]
     assert resumed and int(resumed[-1].split("step=")[1].split()[0]) >= saved, log[-3000:]
-    weights = [json.loads((d / "result" / "summary.json").read_text())["weights_sha256"]
-               for d in (victim, user.job_dir("twin"))]
-    assert weights[0] == weights[1]
+    assert final_weights(victim) == final_weights(user.job_dir("twin"))
 
 
 def test_a_dead_node_is_requeued_by_slurm_and_the_attempt_resumes_elsewhere(user: SlurmUser, tmp_path: Path) -> None:
     user.add()
-    queue = _project(tmp_path, {"slow": _config(0.05, 1024)}, ["configs/slow.yaml classify 2 name=slow gpus=1"])
+    queue = write_project(tmp_path, {"slow": tiny_config(0.05, 1024)},
+                          ["configs/slow.yaml classify 2 name=slow gpus=1"])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
-    assert wait_for(lambda: _latest_step(user.job_dir("slow")) >= CKPT_EVERY, timeout=240, interval=0.2), user.logs()
+    assert wait_for(lambda: latest_step(user.job_dir("slow")) >= CKPT_EVERY, timeout=240, interval=0.2), user.logs()
     sid = user.slurm_id("slow")
     job = user.cluster.job(sid)
     assert job is not None and job.nodes in user.cluster.nodes, job
@@ -227,12 +209,12 @@ def test_a_job_warned_of_its_time_limit_checkpoints_and_continues_in_a_new_slurm
     minute early and too coarse for a test): the payload saves a checkpoint, and gpuq continues the
     run in a new Slurm job without spending retries=, to the weights of an uninterrupted twin."""
     user.add("--time-limit", "30", "--signal-grace", "90")
-    queue = _project(tmp_path, {"long": _config(0.05, 1024), "twin": _config(0.0, 1024)},
-                     ["configs/long.yaml classify 2 name=long gpus=1 retries=0",
-                      "configs/twin.yaml classify 2 name=twin gpus=1"])
+    queue = write_project(tmp_path, {"long": tiny_config(0.05, 1024), "twin": tiny_config(0.0, 1024)},
+                          ["configs/long.yaml classify 2 name=long gpus=1 retries=0",
+                           "configs/twin.yaml classify 2 name=twin gpus=1"])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
-    assert wait_for(lambda: _latest_step(user.job_dir("long")) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), \
+    assert wait_for(lambda: latest_step(user.job_dir("long")) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), \
         user.logs()
     sid = user.slurm_id("long")
     shown = user.cluster.show_job(sid)
@@ -256,9 +238,7 @@ def test_a_job_warned_of_its_time_limit_checkpoints_and_continues_in_a_new_slurm
     log = (user.job_dir("long") / "attempts" / "2" / "job.log").read_text()
     resumed = [line for line in log.splitlines() if "GPUQ_RESUMED" in line]
     assert resumed and int(resumed[0].split("step=")[1].split()[0]) >= 2 * CKPT_EVERY, log[-3000:]
-    weights = [json.loads((user.job_dir(n) / "result" / "summary.json").read_text())["weights_sha256"]
-               for n in ("long", "twin")]
-    assert weights[0] == weights[1]
+    assert final_weights(user.job_dir("long")) == final_weights(user.job_dir("twin"))
 
 
 def test_a_two_node_job_trains_to_the_weights_of_the_same_world_on_one_node(user: SlurmUser, tmp_path: Path) -> None:
@@ -266,9 +246,9 @@ def test_a_two_node_job_trains_to_the_weights_of_the_same_world_on_one_node(user
     routed test network) against nodes=1 gpus=2: the same world size, so the same weights."""
     said = user.add()
     assert "2 GPUs per node" in said, said
-    queue = _project(tmp_path, {"tiny": _config(0.0, 512)},
-                     ["configs/tiny.yaml classify 2 name=spread nodes=2 gpus=1",
-                      "configs/tiny.yaml classify 2 name=packed nodes=1 gpus=2"])
+    queue = write_project(tmp_path, {"tiny": tiny_config(0.0, 512)},
+                          ["configs/tiny.yaml classify 2 name=spread nodes=2 gpus=1",
+                           "configs/tiny.yaml classify 2 name=packed nodes=1 gpus=2"])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
     code, text = user.gpuq("wait", "--timeout", "300", timeout=400)
@@ -289,9 +269,7 @@ def test_a_two_node_job_trains_to_the_weights_of_the_same_world_on_one_node(user
     head = json.loads((spread / "attempts" / "1" / "node.json").read_text())["host"]
     told = user.history("spread")
     assert f"attempt 1 runs on 2 nodes: node 0 on {head}, node 1 on " in told, told  # which machine got which rank
-    weights = [json.loads((user.job_dir(n) / "result" / "summary.json").read_text())["weights_sha256"]
-               for n in ("spread", "packed")]
-    assert weights[0] == weights[1]
+    assert final_weights(user.job_dir("spread")) == final_weights(user.job_dir("packed"))
 
 
 def test_one_node_of_a_two_node_job_killed_fails_the_attempt_and_both_resume(user: SlurmUser,
@@ -300,13 +278,13 @@ def test_one_node_of_a_two_node_job_killed_fails_the_attempt_and_both_resume(use
     attempt ends as a stop, and the job resumes on two nodes from the newest checkpoint to the weights
     of an uninterrupted twin."""
     user.add()
-    queue = _project(tmp_path, {"victim": _config(0.05, 1024), "twin": _config(0.0, 1024)},
-                     ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=1 retries=1",
-                      "configs/twin.yaml classify 2 name=twin nodes=1 gpus=2"])
+    queue = write_project(tmp_path, {"victim": tiny_config(0.05, 1024), "twin": tiny_config(0.0, 1024)},
+                          ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=1 retries=1",
+                           "configs/twin.yaml classify 2 name=twin nodes=1 gpus=2"])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
     victim = user.job_dir("victim")
-    assert wait_for(lambda: _latest_step(victim) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), user.logs()
+    assert wait_for(lambda: latest_step(victim) >= 2 * CKPT_EVERY, timeout=240, interval=0.2), user.logs()
     node = json.loads((victim / "attempts" / "1" / "node-1" / "node.json").read_text())
     pgid = json.loads((victim / "attempts" / "1" / "node-1" / "pgid").read_text())["pgid"]
     killed = user.cluster.ssh(user.cluster.host_index(node["host"]), f"kill -9 -{int(pgid)}")
@@ -322,13 +300,11 @@ def test_one_node_of_a_two_node_job_killed_fails_the_attempt_and_both_resume(use
     assert resumed and int(resumed[0].split("step=")[1].split()[0]) >= 2 * CKPT_EVERY, log[-3000:]
     ranks = {json.loads(p.read_text())["rank"] for p in (victim / "attempts" / "2").glob("**/node.json")}
     assert ranks == {0, 1}
-    weights = [json.loads((user.job_dir(n) / "result" / "summary.json").read_text())["weights_sha256"]
-               for n in ("victim", "twin")]
-    assert weights[0] == weights[1]
+    assert final_weights(user.job_dir("victim")) == final_weights(user.job_dir("twin"))
 
 
 def test_a_multi_node_job_without_a_slurm_host_is_refused_with_the_reason(user: SlurmUser, tmp_path: Path) -> None:
-    queue = _project(tmp_path, {"tiny": _config()}, ["configs/tiny.yaml classify 1 name=wide nodes=2 gpus=1"])
+    queue = write_project(tmp_path, {"tiny": tiny_config()}, ["configs/tiny.yaml classify 1 name=wide nodes=2 gpus=1"])
     code, text = user.gpuq("submit", str(queue), "--host", "local")
     assert code != 0 and "needs 2 nodes with gpus=1 each: 2 SSH hosts with 1 slots each (0 usable), or a Slurm " \
         "host with 2 nodes" in text, text
@@ -347,7 +323,7 @@ def test_gpuq_running_on_the_login_node_registers_the_cluster_as_local(user: Slu
     for part in ("orchestrator", "profiles", "payload"):
         shutil.copytree(ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
     (project / "configs").mkdir(parents=True)
-    (project / "configs" / "tiny.yaml").write_text(_config())
+    (project / "configs" / "tiny.yaml").write_text(tiny_config())
     (project / "queue.txt").write_text("configs/tiny.yaml classify 1 name=here gpus=1\n")
     gpuq = f"cd {source} && GPUQ_HOME={home} GPUQ_HEARTBEAT_S=1 {sys.executable} -m orchestrator"
     added = cluster.ssh_login(f"{gpuq} hosts add hpc --slurm local --root {user.root} --profile rehearsal", timeout=200)
@@ -368,7 +344,7 @@ def test_gpuq_running_on_the_login_node_registers_the_cluster_as_local(user: Slu
 
 def test_gpuq_cancel_reaches_scancel(user: SlurmUser, tmp_path: Path) -> None:
     user.add()
-    queue = _project(tmp_path, {"slow": _config(0.2, 1024)}, ["configs/slow.yaml classify 5 name=long gpus=1"])
+    queue = write_project(tmp_path, {"slow": tiny_config(0.2, 1024)}, ["configs/slow.yaml classify 5 name=long gpus=1"])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
     assert wait_for(lambda: (user.job_dir("long") / "attempts" / "1" / "heartbeat").exists(), timeout=120)
