@@ -27,7 +27,7 @@ import getpass
 import os
 import re
 import subprocess
-from typing import Any
+from typing import Any, Iterable
 
 from gpuq_files import Layout, read_json
 
@@ -65,30 +65,40 @@ def job_nodes(spec: dict[str, Any]) -> int:
         return 1
 
 
-def slurm_states(lay: Layout, ids: list[str]) -> dict[str, dict[str, str]]:
-    """One squeue call: {slurm id: {"state", "reason", "nodes"}} for the ids Slurm still knows.
+def attempt_comment(job_id: str, attempt: int) -> str:
+    """The ``--comment`` an attempt's Slurm job carries: how an orphan (sbatch submitted it, but its
+    reply with the job id was lost) is found again."""
+    return "gpuq %s a%d" % (job_id, attempt)
+
+
+def slurm_states(lay: Layout, ids: list[str], comments: Iterable[str] = ()) -> dict[str, dict[str, str]]:
+    """One squeue call: {slurm id: {"state", "reason", "nodes", "comment"}} for the ids Slurm still knows,
+    and for the jobs whose comment is one of ``comments``.
     Raises OSError when squeue cannot answer (then nothing may be concluded about any job)."""
-    if not ids:
+    if not ids and not comments:
         return {}
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    argv = ["squeue", "--noheader", "--states=all", "--user", user, "--format=%i|%T|%r|%N"]
+    argv = ["squeue", "--noheader", "--states=all", "--user", user, "--format=%i|%T|%r|%N|%k"]
     try:
         out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=QUERY_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as e:
         raise OSError("squeue did not answer: %s" % e) from None
     if out.returncode != 0:
         raise OSError("squeue exited %d: %s" % (out.returncode, out.stderr.decode("utf-8", "replace").strip()[-300:]))
-    wanted = set(ids)
+    wanted, notes = set(ids), set(comments)
     seen: dict[str, dict[str, str]] = {}
     for line in out.stdout[:MAX_QUERY_BYTES].decode("utf-8", "replace").splitlines():
-        parts = line.strip().split("|")
-        if len(parts) < 4 or parts[0] not in wanted:
+        parts = line.strip().split("|", 4)  # the comment last: it may hold "|"
+        if len(parts) < 4 or not JOB_ID.match(parts[0]):
+            continue
+        comment = parts[4].strip() if len(parts) > 4 else ""
+        if parts[0] not in wanted and comment not in notes:
             continue
         seen[parts[0]] = {"state": parts[1].split()[0] if parts[1] else "", "reason": parts[2][:200],
-                          "nodes": parts[3][:200]}
+                          "nodes": parts[3][:200], "comment": comment[:200]}
     return seen
 
 

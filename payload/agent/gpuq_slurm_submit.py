@@ -16,7 +16,18 @@ from typing import Any
 
 import gpuq_protocol as P
 from gpuq_files import Layout, atomic_write, atomic_write_json, exit_record, mkdirs, read_json, spec_attempt, utc
-from gpuq_slurm import ALIVE, JOB_FILE, JOB_ID, SCRIPT_FILE, SUBMIT_TIMEOUT_S, config, job_name, job_nodes, slurm_states
+from gpuq_slurm import (
+    ALIVE,
+    JOB_FILE,
+    JOB_ID,
+    SCRIPT_FILE,
+    SUBMIT_TIMEOUT_S,
+    attempt_comment,
+    config,
+    job_name,
+    job_nodes,
+    slurm_states,
+)
 
 
 def sbatch_argv(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], dependency: str = "") -> list[str]:
@@ -25,7 +36,7 @@ def sbatch_argv(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], depende
     adir = lay.attempt(job_id, n)
     gpus = int(spec.get("gpus") or 0)
     grace = int(conf.get("signal_grace_s") or 0) or max(60, int(float(spec.get("kill_grace_s") or 30)) + 30)
-    argv = ["sbatch", "--parsable", "--job-name", job_name(spec), "--comment", "gpuq %s a%d" % (job_id, n),
+    argv = ["sbatch", "--parsable", "--job-name", job_name(spec), "--comment", attempt_comment(job_id, n),
             "--output", os.path.join(adir, P.JOB_LOG), "--open-mode=append", "--chdir", lay.root]
     nodes = job_nodes(spec)
     argv += ["--nodes=%d" % nodes, "--ntasks-per-node=1"] if nodes > 1 else ["--nodes=1", "--ntasks=1"]
@@ -143,7 +154,13 @@ def cancel(lay: Layout, job_id: str) -> str:
     n = spec_attempt(spec if isinstance(spec, dict) else {})
     rec = read_json(lay.attempt(job_id, n, JOB_FILE))
     if not isinstance(rec, dict) or not JOB_ID.match(str(rec.get("job_id", ""))):
-        return ""
+        try:  # sbatch's reply was lost: the job is found by its comment
+            found = slurm_states(lay, [], [attempt_comment(job_id, n)])
+        except OSError:
+            found = {}
+        if not found:
+            return ""
+        rec = {"job_id": sorted(found)[0]}
     if os.path.exists(lay.attempt(job_id, n, P.EXIT_FILE)) and slurm_states(lay, [str(rec["job_id"])]).get(
             str(rec["job_id"]), {}).get("state") not in ALIVE:
         return "not running"

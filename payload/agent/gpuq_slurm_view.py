@@ -30,6 +30,7 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
 
     Returns the document's "slurm" section: {"jobs": alive count, "error": ""}."""
     mine = []
+    unsubmitted = {}  # comment -> entry: launched, but no Slurm id recorded (sbatch running, or its reply lost)
     for e in jobs:
         if e["state"] in ("queued", "withdrawn"):
             continue
@@ -42,11 +43,18 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
             launched = mtime(lay.attempt(e["job_id"], e["attempt"], P.LAUNCH_FILE)) or 0.0
             e["state"] = "claimed" if now - launched < UNSUBMITTED_GRACE_S else "dead"
             e["group_alive"] = None
+            unsubmitted[gpuq_slurm.attempt_comment(e["job_id"], int(e["attempt"]))] = e
     try:
-        view = gpuq_slurm.slurm_states(lay, [sid for _e, sid in mine])
+        view = gpuq_slurm.slurm_states(lay, [sid for _e, sid in mine], list(unsubmitted))
         error = ""
     except OSError as exc:
         view, error = None, str(exc)
+        for e in unsubmitted.values():  # Slurm did not answer: nothing is concluded, an orphan may run
+            e["state"] = "claimed"
+    for sid, seen in sorted((view or {}).items()):
+        orphan = unsubmitted.pop(seen.get("comment", ""), None)
+        if orphan is not None:  # sbatch submitted it, its reply was lost: this is the attempt's Slurm job
+            mine.append((orphan, sid))
     alive = 0
     for e, sid in mine:
         e["group_alive"] = None

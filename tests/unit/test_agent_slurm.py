@@ -9,6 +9,7 @@ forgot, a node failure without --requeue).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,10 @@ def _entry(state: str = "dead", exit_doc: dict[str, Any] | None = None, **kw: An
 
 
 def _view(monkeypatch: pytest.MonkeyPatch, seen: dict[str, dict[str, str]] | Exception) -> None:
-    def fake(lay: Any, ids: list[str]) -> dict[str, dict[str, str]]:
+    def fake(lay: Any, ids: list[str], comments: Sequence[str] = ()) -> dict[str, dict[str, str]]:
         if isinstance(seen, Exception):
             raise seen
-        return {k: v for k, v in seen.items() if k in ids}
+        return {k: v for k, v in seen.items() if k in ids or v.get("comment") in comments}
 
     monkeypatch.setattr(slurm, "slurm_states", fake)
 
@@ -172,6 +173,48 @@ def test_an_attempt_whose_sbatch_never_answered_is_dead_after_the_grace(tmp_path
     jobs = [_entry()]
     view.apply_view(lay, jobs, launched + slurm.UNSUBMITTED_GRACE_S + 1)
     assert jobs[0]["state"] == "dead"
+
+
+def test_an_attempt_whose_sbatch_reply_was_lost_is_found_by_its_comment(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch submitted the job but its reply (the id) never came back: squeue's comment column finds
+    the attempt's Slurm job, so the attempt is never reported dead and resumed as a second copy."""
+    lay = files.Layout(str(tmp_path))
+    adir = _attempt(tmp_path, slurm_id=None)
+    launched = (adir / P.LAUNCH_FILE).stat().st_mtime
+    other = {"state": "RUNNING", "reason": "None", "nodes": "n9", "comment": f"gpuq {JOB} a2"}  # another attempt
+    _view(monkeypatch, {"77": {"state": "RUNNING", "reason": "None", "nodes": "n1", "comment": f"gpuq {JOB} a1"},
+                        "78": other})
+    jobs = [_entry()]
+    view.apply_view(lay, jobs, launched + slurm.UNSUBMITTED_GRACE_S + 1)
+    assert jobs[0]["state"] == "running" and jobs[0]["slurm"]["id"] == "77", jobs[0]
+    _view(monkeypatch, {"77": {"state": "PENDING", "reason": "Priority", "nodes": "", "comment": f"gpuq {JOB} a1"}})
+    jobs = [_entry()]
+    view.apply_view(lay, jobs, launched + slurm.UNSUBMITTED_GRACE_S + 1)
+    assert jobs[0]["state"] == "claimed" and jobs[0]["slurm"]["reason"] == "Priority"
+    _view(monkeypatch, OSError("squeue exited 1"))  # Slurm silent: an orphan may run, nothing is concluded
+    jobs = [_entry()]
+    view.apply_view(lay, jobs, launched + slurm.UNSUBMITTED_GRACE_S + 1)
+    assert jobs[0]["state"] == "claimed"
+
+
+def test_squeue_rows_are_kept_by_id_or_by_comment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import subprocess
+
+    out = (f"41|RUNNING|None|n1|gpuq {JOB} a1\n42|PENDING|Priority||not | ours\n"
+           f"43|PENDING|Resources||gpuq {JOB} a2\nx|RUNNING|None|n1|gpuq {JOB} a3\n41\n")
+
+    def fake_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
+        assert argv[-1] == "--format=%i|%T|%r|%N|%k"
+        return subprocess.CompletedProcess(argv, 0, out.encode(), b"")
+
+    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
+    lay = files.Layout(str(tmp_path))
+    seen = slurm.slurm_states(lay, ["41", "42"], [f"gpuq {JOB} a2", f"gpuq {JOB} a3"])
+    assert seen == {"41": {"state": "RUNNING", "reason": "None", "nodes": "n1", "comment": f"gpuq {JOB} a1"},
+                    "42": {"state": "PENDING", "reason": "Priority", "nodes": "", "comment": "not | ours"},
+                    "43": {"state": "PENDING", "reason": "Resources", "nodes": "", "comment": f"gpuq {JOB} a2"}}
+    assert slurm.slurm_states(lay, [], []) == {}
 
 
 def test_a_requeued_run_sets_the_stopped_runs_record_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
