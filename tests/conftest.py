@@ -19,6 +19,28 @@ pytest_plugins = ["tests.support.pullworld"]  # the `world` fixture of the pull 
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The suite runs with `-n 3 --dist loadgroup` (README): every test is a unit of work of its own, except a
+# module whose tests share one expensive module-scoped fixture (a Slurm cluster, a farm of hosts), marked
+# `xdist_group` and run on one worker; xdist hands out the groups first, then single tests in
+# collection order, each worker taking the next one when it is done.  So the long integration tests
+# go first and the many short unit tests fill the end, instead of one worker finishing a long tail
+# while the others idle.  The slowest modules (from `--durations`) lead.
+SLOW_FIRST = (
+    "tests/integration/test_ssh_hosts.py", "tests/integration/test_cloud.py", "tests/integration/test_cli.py",
+    "tests/integration/test_concurrent_commands.py", "tests/integration/test_ssh_work_stealing.py",
+    "tests/integration/test_example_queue.py", "tests/integration/test_report_example.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def order(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        if path in SLOW_FIRST:
+            return 0, SLOW_FIRST.index(path)
+        return (1, 0) if path.startswith("tests/integration/") else (2, 0)
+
+    items.sort(key=order)  # stable: a module keeps its own order
+
 
 def kill_recorded_groups(local: Path) -> None:
     """Kill the agent and every attempt group recorded under a host root, by recorded pgid."""
