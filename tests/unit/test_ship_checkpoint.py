@@ -82,13 +82,13 @@ from orchestrator.states import AttemptState, JobState  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["latest-000000008.pt", "latest-000000008-1.pt", "run/snapshot.pt",
-                                  "run/checkpoints/epoch=3-step=120.ckpt"])
+                                  "run/checkpoints/epoch=3-step=120.ckpt", "run/" + "d/" * 7 + "x"])  # 8 deep
 def test_plain_checkpoint_names_are_accepted(name: str) -> None:
     assert safe_checkpoint_file(name) == name
 
 
 @pytest.mark.parametrize("name", ["../authorized_keys", "authorized_keys", "run/../../x", "run/./x", "run/.ssh/k",
-                                  "run/", "run", "/etc/passwd", "ckpt/best.pt", "run/a\nb", "run/" + "d/" * 9 + "x",
+                                  "run/", "run", "/etc/passwd", "ckpt/best.pt", "run/a\nb", "run/" + "d/" * 8 + "x",
                                   None, 7, "latest-8.pt/../../x"])
 def test_unsafe_checkpoint_names_are_refused(name: object) -> None:
     assert safe_checkpoint_file(name) is None
