@@ -186,7 +186,8 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
         final = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "final"}
         best = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "best"}
         entry = ResultRow(job, final, best, latest.get(job.id), metric=metric, mode=mode)
-        entry.cost = job_cost(job.gpus, [a for a in every if a.job_id == job.id], ctx.ledger.checkpoints(job.id), now)
+        entry.cost = job_cost(job.gpus * job.nodes, [a for a in every if a.job_id == job.id],
+                              ctx.ledger.checkpoints(job.id), now)
         mark = verified.get(job.id)
         if mark is not None:
             present = (Path(mark.local_dir) / transfer.PULL_VERIFIED).is_file()

@@ -175,12 +175,15 @@ def job_cost(job: Job, attempts: Sequence[Attempt], hosts: dict[str, HostRow], n
     None when no attempt ran on a host with a price (the local host, a box you own)."""
     total: float | None = None
     for att in attempts:
-        row = hosts.get(att.host)
-        if row is None or row.price_per_hour is None or att.started_at is None:
+        if att.started_at is None:
             continue
         hours = max(0.0, (att.ended_at or now) - att.started_at) / 3600
-        share = min(1.0, job.gpus / row.slots_total) if row.slots_total > 0 else 1.0
-        total = (total or 0.0) + hours * row.price_per_hour * share
+        for name in att.node_hosts() or [att.host]:  # a multi-node job pays for every node's host
+            row = hosts.get(name)
+            if row is None or row.price_per_hour is None:
+                continue
+            share = min(1.0, job.gpus / row.slots_total) if row.slots_total > 0 else 1.0
+            total = (total or 0.0) + hours * row.price_per_hour * share
     return total
 
 

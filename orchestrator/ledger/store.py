@@ -317,7 +317,7 @@ class Ledger(PullRecords):
                 resume_from=resume_from,
                 created_at=time.time(),
                 nodes=json.dumps([host, *peers]) if peers else "",
-                **_price(s, host, job.gpus),
+                **_price(s, job.gpus, host, *peers),
             )
             s.add(attempt)
             _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
@@ -344,7 +344,7 @@ class Ledger(PullRecords):
             job.updated_at = time.time()
             attempt = Attempt(job_id=job_id, number=job.attempt_count, host=to_host, state=AttemptState.STARTING.value,
                               bundle_sha=bundle_sha, resume_from=old.resume_from, created_at=time.time(),
-                              **_price(s, to_host, job.gpus))
+                              **_price(s, job.gpus, to_host))
             s.add(attempt)
             _event(s, "job", job_id, job.state, job.state, message)
             _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, to_host)
@@ -637,13 +637,21 @@ class Ledger(PullRecords):
             return [(config, task, epochs, secs) for config, task, epochs, secs in s.exec(query) if secs is not None]
 
 
-def _price(s: Session, host: str, gpus: int) -> dict[str, Any]:
-    """An attempt's share of its host's price, fixed when it starts (prices change; bills do not)."""
-    row = s.get(Host, host)
-    if row is None or row.price_per_hour is None:
+def _price(s: Session, gpus: int, *hosts: str) -> dict[str, Any]:
+    """An attempt's share of its host's price, fixed when it starts (prices change; bills do not).  A
+    multi-node attempt pays its share of every node's host: the sum, as one price at a share of 1."""
+    shares = []
+    for name in hosts:
+        row = s.get(Host, name)
+        if row is None or row.price_per_hour is None:
+            continue
+        slots = row.gpu_count or row.slots_total or gpus
+        shares.append((row.price_per_hour, min(1.0, gpus / max(1, slots))))
+    if not shares:
         return {}
-    slots = row.gpu_count or row.slots_total or gpus
-    return {"price_per_hour": row.price_per_hour, "gpu_share": min(1.0, gpus / max(1, slots))}
+    if len(hosts) == 1:
+        return {"price_per_hour": shares[0][0], "gpu_share": shares[0][1]}
+    return {"price_per_hour": sum(price * share for price, share in shares), "gpu_share": 1.0}
 
 
 def _event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:

@@ -206,6 +206,9 @@ def test_cost_adds_up_every_attempt_on_priced_hosts() -> None:
                 _attempt("cj", "b", number=3, started=NOW - 1800)]  # 0.5 h x $1 x min(1, 2/1) = $0.50
     assert render.job_cost(job, attempts, hosts, NOW) == pytest.approx(2.5)
     assert render.job_cost(job, attempts[1:2], hosts, NOW) is None
+    gang = _attempt("cj", "a", number=4, started=NOW - 3600, ended=NOW)
+    gang.nodes = '["a", "b", "free"]'  # a multi-node attempt: every node's host counts
+    assert render.job_cost(job, [gang], hosts, NOW) == pytest.approx(1 * 4.0 * 2 / 4 + 1 * 1.0 * 1.0)
 
 
 def test_eta_falls_back_to_the_mean_rate_of_a_fresh_attempt() -> None:

@@ -162,6 +162,20 @@ def test_start_attempt_only_from_queued_and_with_the_hosts_price(ledger: Ledger)
     assert ledger.attempt(a, 1) is not None and ledger.attempt(a, 2) is None
 
 
+def test_a_multi_node_attempt_names_its_nodes_and_pays_for_every_nodes_host(ledger: Ledger) -> None:
+    a, b, c = _sweep(ledger, "q1bbbbb", gpus=2)
+    ledger.add_host(Host(name="h0", kind="ssh", target="t", root="/r", price_per_hour=4.0, gpu_count=8))
+    ledger.add_host(Host(name="h1", kind="ssh", target="t", root="/r", price_per_hour=2.0, gpu_count=4))
+    ledger.add_host(Host(name="own", kind="ssh", target="t", root="/r"))
+    both = ledger.start_attempt(a, host="h0", bundle_sha="b", peers=["h1"])
+    assert both.node_hosts() == ["h0", "h1"] and ledger.job(a).host == "h0"
+    assert (both.price_per_hour, both.gpu_share) == (4.0 * 0.25 + 2.0 * 0.5, 1.0)
+    mixed = ledger.start_attempt(b, host="own", bundle_sha="b", peers=["h1"])  # a box you own costs nothing
+    assert (mixed.price_per_hour, mixed.gpu_share) == (1.0, 1.0)
+    one = ledger.start_attempt(c, host="h1", bundle_sha="b")
+    assert one.node_hosts() == [] and one.nodes == "" and (one.price_per_hour, one.gpu_share) == (2.0, 0.5)
+
+
 def test_move_job_word_for_word(ledger: Ledger) -> None:
     (a,) = _sweep(ledger, "q1aaaaa", ("a",))
     ledger.add_host(Host(name="paid", kind="ssh", target="t", root="/r", price_per_hour=2.0, gpu_count=2))
