@@ -48,7 +48,8 @@ MODULES: dict[str, ModuleSet] = {
     ),
     "scheduler": ModuleSet(
         ("orchestrator/scheduler.py",),
-        ("tests/unit/test_scheduler.py", "tests/unit/test_scheduler_edges.py", "tests/unit/test_capacity.py"),
+        ("tests/unit/test_scheduler.py", "tests/unit/test_scheduler_edges.py", "tests/unit/test_capacity.py",
+         "tests/unit/test_scheduler_gangs.py", "tests/unit/test_slurm_hosts.py"),
     ),
     "queuefile": ModuleSet(
         ("orchestrator/queuefile.py", "orchestrator/queueline.py", "orchestrator/queuegrid.py"),
