@@ -350,7 +350,9 @@ def _candidates(
         return [], f"no usable host ({down})"
     else:
         pool = list(usable)
-    if job.nodes > 1:
+    if job.nodes > 1 and job.host_pin is not None and pool[0].gang and pool[0].total < need:
+        pool = pool[:1]  # node 0 goes to its pinned host, which is too small: said below
+    elif job.nodes > 1:
         spans = [h for h in pool if not h.gang and h.max_nodes >= job.nodes]
         gang = [h for h in pool if h.gang and h.total >= need]
         if len(gang) < job.nodes:
@@ -368,6 +370,12 @@ def _candidates(
         where = f"host {job.host_pin} has" if job.host_pin is not None else "the largest usable host has"
         return [], f"needs {need} slots (gpus={need}); {where} {most}"
     room = [h for h in fits if (left := disk_left[h.host]) is None or left >= job.disk_bytes]
+    if job.nodes > 1 and room and all(h.gang for h in room):  # a gang needs the disk on every node
+        ready = [h.host for h in room]
+        if len(ready) < job.nodes or (job.host_pin is not None and job.host_pin not in ready):
+            return [], (f"needs {job.nodes} hosts with {_gb(job.disk_bytes)} of disk each"
+                        + (f", {job.host_pin} among them" if job.host_pin is not None else "")
+                        + f"; {len(ready)} {'has' if len(ready) == 1 else 'have'} that much left ({', '.join(ready)})")
     if not room:
         most_left = max(disk_left[h.host] or 0.0 for h in fits)
         where = (f"host {job.host_pin} has {_gb(most_left)} left" if job.host_pin is not None

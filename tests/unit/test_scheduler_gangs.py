@@ -94,3 +94,28 @@ def test_nodes_not_started_while_another_runs_are_waiting() -> None:
     assert waiting([_part(0, "queued"), _part(1, "queued")]) == []  # none started: no slot is held
     late = waiting([_part(0, "running"), _part(1, "queued"), Part(2, "h2", True, None), Part(3, "h3", False, None)])
     assert [p.rank for p in late] == [1, 2]
+
+
+def test_a_gang_prefers_faster_hosts_among_those_free_at_once_and_needs_disk_on_every_node() -> None:
+    hosts = [HostSlots(host="a", total=2, gang=True, speed=1.0), HostSlots(host="b", total=2, gang=True, speed=2.0),
+             HostSlots(host="c", total=2, gang=True, speed=4.0)]
+    (placed,) = plan([PlanJob("g", 2, 100.0, nodes=2)], hosts).placements
+    assert (placed.host, placed.peers, placed.end_s) == ("c", ("b",), 50.0)  # the slower of the two: speed 2
+    disks = (10**9, 10**9, 10**9 - 1)
+    budget = [h.model_copy(update={"disk_free_bytes": d}) for h, d in zip(hosts, disks, strict=True)]
+    (fits,) = plan([PlanJob("g", 2, 100.0, nodes=2, disk_bytes=10**9)], budget).placements
+    assert (fits.host, fits.peers) == ("b", ("a",))  # exactly enough disk is enough; one byte short is not
+    short = plan([PlanJob("g", 2, 100.0, nodes=3, disk_bytes=10**9)], budget)
+    assert not short.assignments and short.unplaced[0][1] == ("needs 3 hosts with 1.0 GB of disk each; 2 have that "
+                                                              "much left (a, b)")  # said, never an empty reason
+    pinned = plan([PlanJob("g", 2, 100.0, nodes=2, disk_bytes=10**9, host_pin="c")], budget)
+    assert pinned.unplaced[0][1] == "needs 2 hosts with 1.0 GB of disk each, c among them; 2 have that much left (a, b)"
+
+
+def test_a_gang_pinned_to_a_host_that_cannot_take_it_is_not_placed_elsewhere() -> None:
+    hosts = [HostSlots(host="a", total=1, gang=True), HostSlots(host="b", total=2, gang=True),
+             HostSlots(host="c", total=2, gang=True)]
+    pinned = plan([PlanJob("g", 2, 100.0, nodes=2, host_pin="a")], hosts)
+    assert not pinned.assignments and pinned.unplaced == (("g", "needs 2 slots (gpus=2); host a has 1"),)
+    free = plan([PlanJob("g", 2, 100.0, nodes=2)], hosts)
+    assert [(p.host, p.peers) for p in free.placements] == [("b", ("c",))]
