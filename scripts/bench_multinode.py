@@ -24,14 +24,13 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_project import TINY_CONFIG  # noqa: E402  (after the path insert)
+from scripts.bench_project import TINY_CONFIG, time_one_job  # noqa: E402  (after the path insert)
 
 
 def _launches(args: argparse.Namespace, base: Path, farm: Any) -> dict[str, Any]:
@@ -54,14 +53,8 @@ def _launches(args: argparse.Namespace, base: Path, farm: Any) -> dict[str, Any]
             (work / "queue.txt").write_text(f"configs/tiny.yaml classify 1 name=l{rep}x{shape} {line}\n")
             ctx = api.open_context(overrides={"heartbeat_s": 1})
             try:
-                t0 = time.perf_counter()
-                result = api.submit(ctx, work / "queue.txt")
-                api.wait(ctx, sweep=result.sweep_id, interval_s=0.5, timeout_s=300)
-                whole[shape].append(time.perf_counter() - t0)
-                (job,) = ctx.ledger.jobs(sweep_id=result.sweep_id)
-                att = ctx.ledger.attempts(job.id)[-1]
-                if job.state != "SUCCEEDED" or att.started_at is None or att.ended_at is None:
-                    raise SystemExit(f"bench_multinode: {shape} job ended {job.state}: {att.message}")
+                took, att = time_one_job(ctx, work / "queue.txt", "bench_multinode")
+                whole[shape].append(took)
                 if shape == "2x1" and len(att.node_hosts()) != 2:
                     raise SystemExit(f"bench_multinode: the 2-node job ran on {att.node_hosts() or [att.host]}")
                 wrapper[shape].append(att.ended_at - att.started_at)

@@ -44,3 +44,21 @@ def stop_local_agent(home: Path) -> None:
         os.killpg(int(record["pgid"]), signal.SIGTERM)
     except (OSError, ValueError, KeyError):
         pass
+
+
+def time_one_job(ctx: object, queue: Path, who: str) -> tuple[float, object]:
+    """Submit a one-job queue, wait for it, and return (submit -> end in seconds, its last attempt);
+    exits naming ``who`` unless the job SUCCEEDED with a start and end recorded."""
+    import time
+
+    from orchestrator import api
+
+    t0 = time.perf_counter()
+    result = api.submit(ctx, queue)  # type: ignore[arg-type]
+    api.wait(ctx, sweep=result.sweep_id, interval_s=0.5, timeout_s=300)  # type: ignore[arg-type]
+    took = time.perf_counter() - t0
+    (job,) = ctx.ledger.jobs(sweep_id=result.sweep_id)  # type: ignore[attr-defined]
+    att = ctx.ledger.attempts(job.id)[-1]  # type: ignore[attr-defined]
+    if job.state != "SUCCEEDED" or att.started_at is None or att.ended_at is None:
+        raise SystemExit(f"{who}: job {job.name} ended {job.state}: {att.message}")
+    return took, att

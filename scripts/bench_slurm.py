@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_project import TINY_CONFIG  # noqa: E402  (after the path insert)
+from scripts.bench_project import TINY_CONFIG, time_one_job  # noqa: E402  (after the path insert)
 
 
 def round_trips(ctx: Any) -> int:
@@ -72,14 +72,8 @@ def _two_nodes_vs_one(args: argparse.Namespace, base: Path, cluster: Any) -> dic
             (work / "queue.txt").write_text(f"configs/tiny.yaml classify 1 name=l{rep}x{shape} {line}\n")
             ctx = api.open_context()
             try:
-                t0 = time.perf_counter()
-                result = api.submit(ctx, work / "queue.txt")
-                api.wait(ctx, sweep=result.sweep_id, interval_s=0.5, timeout_s=300)
-                whole[shape].append(time.perf_counter() - t0)
-                (job,) = ctx.ledger.jobs(sweep_id=result.sweep_id)
-                att = ctx.ledger.attempts(job.id)[-1]
-                if job.state != "SUCCEEDED" or att.started_at is None or att.ended_at is None:
-                    raise SystemExit(f"bench_slurm: {shape} job ended {job.state}: {att.message}")
+                took, att = time_one_job(ctx, work / "queue.txt", "bench_slurm")
+                whole[shape].append(took)
                 times[shape].append(att.ended_at - att.started_at)
             finally:
                 ctx.close()
