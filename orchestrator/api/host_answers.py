@@ -20,9 +20,11 @@ PROTOCOL_PREFIX = "protocol error: "
 
 
 def only_known(ledger: Ledger, probes: Sequence[controller.Probe]) -> list[controller.Probe]:
-    """The probes with each status document cut to the jobs the ledger placed on that host."""
+    """The probes with each status document cut to the jobs the ledger placed on that host (for a
+    multi-node attempt: on any of its node hosts, each of which reports its own part)."""
     wanted = {str(j.get("job_id", "")) for p in probes if p.ok for j in p.doc.get("jobs") or []}
-    placed = {(a.job_id, a.host) for a in ledger.attempts_of(wanted)} if wanted else set()
+    placed = {(a.job_id, host) for a in (ledger.attempts_of(wanted) if wanted else [])
+              for host in (a.host, *a.node_hosts())}
     out = []
     for probe in probes:
         if probe.ok:

@@ -330,6 +330,9 @@ class Wrapper:
                     rc, told.get("rank"), code, ": " + detail if detail else "", self._why()), trainer_code=code)
             return self.finish(rc, "trainer exited %d%s" % (rc, self._why()), trainer_code=rc)
         self.phase = "finalize"
+        rank = node["rank"] if node is not None else gpuq_slurm_node.node_rank() if launch.get("slurm") else 0
+        if rank > 0:  # rank 0 writes results and checkpoints, on node 0: they are verified there
+            return self.finish(P.EXIT_OK, "trained as node %d; node 0 verifies the artifacts" % rank, trainer_code=0)
         problem = self.verify(spec, env)
         if problem:
             return self.finish(P.EXIT_FINALIZE, problem, trainer_code=0)

@@ -45,7 +45,8 @@ def test_node_checks_before_the_launch(host: Host) -> None:
         held.listen()
         taken_port = int(held.getsockname()[1])
         taken = host.spec("taken", host.config("taken"), nodes=2, node=_node(0, taken_port))
-        meets = host.spec("meets", host.config("meets"), nodes=2, node=_node(1, taken_port))
+        # no results here: rank 0 writes them on node 0, whose wrapper alone verifies them
+        meets = host.spec("meets", host.config("meets", no_metrics=True), nodes=2, node=_node(1, taken_port))
         far = host.wait_exit(unreachable["job_id"])
         head = host.wait_exit(taken["job_id"])
         ok = host.wait_exit(meets["job_id"])
@@ -55,6 +56,6 @@ def test_node_checks_before_the_launch(host: Host) -> None:
     assert head["wrapper_code"] == 3 and head["message"].startswith(f"rendezvous port {taken_port} is taken on this "
                                                                     "host"), head  # retried: a new attempt, a new port
     assert host.runs_of(unreachable["job_id"]) == [] and host.runs_of(taken["job_id"]) == []  # no trainer started
-    assert ok["wrapper_code"] == 0, ok
+    assert (ok["wrapper_code"], ok["message"]) == (0, "trained as node 1; node 0 verifies the artifacts"), ok
     log = (host.attempt(meets["job_id"]) / "job.log").read_text()
     assert f"gpuq: node 1 of 2 reaches node 0 at 127.0.0.1:{taken_port}" in log, log

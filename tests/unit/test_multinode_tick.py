@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api import multinode
+from orchestrator import gangs
+from orchestrator.api import host_answers, multinode
 from orchestrator.api.context import Context, open_context
+from orchestrator.controller import Probe
 from orchestrator.gangs import Part
 from orchestrator.ledger import Host as HostRow
 from orchestrator.specs import JobSpec, job_id_for
@@ -93,3 +95,24 @@ def test_an_ended_attempt_has_its_other_nodes_stopped(world: tuple[Context, str,
     assert _verbs(hosts["a"]) == [] and _verbs(hosts["b"]) == [f"kill {job} 1"]
     assert any(e.message.startswith("attempt 1: it ended; stopped the other nodes: node 1 on b: ")
                for e in ctx.ledger.events(subject=job))
+
+
+def test_a_running_gang_seen_through_the_ticks_filter_is_never_given_up(
+        world: tuple[Context, str, dict[str, FakeHost]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tick cuts each host's document to the jobs placed there (host_answers.only_known): node 1's
+    host must keep its part, or a gang that runs past gang_timeout_s looks half-started and is killed."""
+    ctx, job, hosts = world
+    stranger = job_id_for("qzzzzzz", "other")
+    probes = [Probe("a", True, {"jobs": [{"job_id": job, "attempt": 1, "state": "running"}]}),
+              Probe("b", True, {"jobs": [{"job_id": job, "attempt": 1, "state": "running"},
+                                         {"job_id": stranger, "attempt": 1, "state": "running"}]})]
+    kept = host_answers.only_known(ctx.ledger, probes)
+    assert [[j["job_id"] for j in p.doc["jobs"]] for p in kept] == [[job], [job]]  # the stranger is dropped
+    active = ctx.ledger.jobs(states=[JobState.ASSIGNED])
+    parts = gangs.parts_this_tick(active, ctx.ledger.latest_attempts([job]), {p.host: p.doc for p in kept})
+    assert [(p.host, p.state) for p in parts[job]] == [("a", "running"), ("b", "running")]
+    monkeypatch.setattr(time, "time", lambda: ctx.ledger.attempt(job, 1).created_at + 3600)
+    actions: list[str] = []
+    multinode.after_reconcile(ctx, parts, [], actions)
+    assert actions == [] and ctx.ledger.job(job).state == JobState.ASSIGNED.value
+    assert not _verbs(hosts["a"]) + _verbs(hosts["b"])
