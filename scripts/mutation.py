@@ -74,6 +74,7 @@ MODULES: dict[str, ModuleSet] = {
             "tests/unit/test_place_run_checkpoint.py",
             "tests/unit/test_place_checkpoint.py",
             "tests/unit/test_late_preemption.py",
+            "tests/unit/test_checkpoint_transfers.py",
         ),
     ),
     # The agent's claim path (enqueue: which launch orders are written, "busy" while another attempt

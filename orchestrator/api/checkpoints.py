@@ -37,7 +37,7 @@ from orchestrator.transfer.verify import checkpoint_problem
 CHECKPOINTS_DIR = "checkpoints"
 JOB_ID_RE = re.compile(r"c[0-9a-f]{12}")
 _ROLLING_RE = re.compile(r"latest(?:-[0-9]{1,12}(?:-[0-9]{1,3})?)?\.pt")
-_PART_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9._=+-]{0,127}")
+_PART_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9._=+-]{0,127}")  # never "." or "..", nothing hidden
 _MAX_DEPTH = 8
 # what a payload job needs besides its rolling checkpoint to finish on another host: the best
 # checkpoint so far and the metrics written so far (the payload trims lines past the checkpoint's step)
@@ -55,7 +55,7 @@ def safe_checkpoint_file(name: object) -> str | None:
     parts = name.split("/")
     if len(parts) < 2 or len(parts) > _MAX_DEPTH + 1 or parts[0] != protocol.RUN_DIR:
         return None
-    if all(_PART_RE.fullmatch(p) and p not in (".", "..") for p in parts[1:]):
+    if all(_PART_RE.fullmatch(p) for p in parts[1:]):
         return name
     return None
 
@@ -159,10 +159,9 @@ def _fetch_companions(host: Any, job_id: str, target_dir: Path) -> None:
 def _run_metrics(ctx: Context, job: Job) -> str | None:
     """The project's metrics file (relative to the run dir) when the sweep names one."""
     sweep = ctx.ledger.sweep(job.sweep_id)
-    raw = getattr(sweep, "run", "") if sweep is not None else ""
     try:
-        metrics = json.loads(raw).get("metrics") if raw else None
-    except (ValueError, AttributeError):
+        metrics = json.loads(sweep.run).get("metrics") if sweep is not None and sweep.run else None
+    except (ValueError, AttributeError):  # not JSON, or not a table
         return None
     if not isinstance(metrics, str) or not metrics or metrics == "log":
         return None

@@ -122,6 +122,8 @@ def test_a_run_dir_path_that_cannot_be_made_is_a_clear_error(world: World) -> No
     (dict(RUN, metrics=""), None),
     (dict(RUN, metrics="../../etc/passwd"), None),
     (dict(RUN, metrics=".hidden/m.csv"), None),
+    (dict(RUN, metrics=5), None),
+    (dict(RUN, metrics=["logs/m.csv"]), None),
     ({"checkpoint": ["ckpt/*.pt"]}, None),
     ("not json", None),
     ([1, 2], None),
