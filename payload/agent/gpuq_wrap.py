@@ -346,20 +346,29 @@ class Wrapper:
         return ""
 
     def kill_rest(self) -> None:
-        """SIGKILL our group and every descendant (workers in other sessions included), then reap."""
+        """SIGKILL our group and every descendant (workers in other sessions included), then reap.
+
+        The trainer is reaped through its Popen first: a status reaped here would be lost to it (Popen
+        then reads the missing child as exit 0, and a trainer killed after its grace would look trained)."""
         me = os.getpid()
         for pid in set(group_members(os.getpgrp())) | set(descendants(me)):
             if pid != me:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+        trainer = self.trainer
+        if trainer is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                trainer.wait(timeout=2.0)
         deadline = time.time() + 2.0
         while time.time() < deadline:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 time.sleep(0.02)
+            elif trainer is not None and pid == trainer.pid and trainer.returncode is None:
+                trainer.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
     def verify(self, spec: dict[str, Any], env: dict[str, str]) -> str:
         checks = spec.get("verify") or []

@@ -355,6 +355,20 @@ def test_agent_kill9_restart_adopts_and_never_reruns(host: Host) -> None:
     assert "ADOPTED " + slow["job_id"] in log and "DEAD " + doomed["job_id"] in log
 
 
+def test_a_trainer_that_ignores_sigterm_is_killed_after_the_grace_and_says_so(host: Host) -> None:
+    """Only the wrapper is told to stop (as a preemption or Slurm's --signal tells it): after kill_grace_s
+    it kills the trainer itself, and the exit record says so (signal 9), never "trained" (exit 82)."""
+    stubborn = host.spec("stubborn", host.config("stubborn", hang=True, ignore_term=True), kill_grace_s=1)
+    host.serve(slots=1, idle=30)
+    wait_for(lambda: (host.attempt(stubborn["job_id"]) / "heartbeat").exists(), 15, "heartbeat")
+    wrapper = json.loads((host.attempt(stubborn["job_id"]) / "pgid").read_text())["pgid"]  # the group's leader
+    assert b"\x00wrap\x00" + stubborn["job_id"].encode() in Path(f"/proc/{wrapper}/cmdline").read_bytes()
+    os.kill(wrapper, signal.SIGTERM)
+    e = host.wait_exit(stubborn["job_id"], 15)
+    assert (e["wrapper_code"], e["trainer_code"], e["signal"], e["wrapper_signal"]) == (137, -9, 9, 15), e
+    assert e["message"] == "trainer killed by signal 9 (wrapper got signal 15)", e
+
+
 def test_cancel_queued_and_running(host: Host) -> None:
     running = host.spec("hang", host.config("hang", hang=True))
     stubborn = host.spec("stubborn", host.config("stubborn", hang=True, ignore_term=True), kill_grace_s=1)
