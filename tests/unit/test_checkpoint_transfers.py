@@ -141,9 +141,10 @@ def test_a_payload_checkpoint_round_trip_is_bounded_shown_and_written_into_made_
     assert bars.shown == [(f"checkpoint {world.job} <- local", pointer["bytes"])]
     assert [progress is not None for remote, progress in host.gets if remote.endswith("/.ship.pt")] == [True]
     shutil.rmtree(world.root / "jobs" / world.job)
+    bars.done.clear()
     assert ck.place_checkpoint(world.ctx, world.job_row(), "local") == "pushed checkpoint step 8"
     assert bars.shown[1:] == [(f"checkpoint {world.job} -> local", pointer["bytes"])]
-    assert bars.done[-1] == pointer["bytes"]
+    assert bars.done and bars.done[-1] == pointer["bytes"]  # the push itself fed the bar
     jdir = f"{world.root}/jobs/{world.job}"
     assert sorted(set(host.made_dirs())) == [f"{jdir}/ckpt", f"{jdir}/result"]
     _bounded(host)
@@ -159,9 +160,10 @@ def test_a_projects_checkpoint_round_trip_is_bounded_shown_and_written_into_made
     kept = project.home / "checkpoints" / project.job / "run"
     assert (kept / "logs" / "train" / "metrics.csv").read_text() == "step,loss\n1,2.0\n"  # two levels made at home
     shutil.rmtree(project.root / "jobs" / project.job)
+    bars.done.clear()
     assert ck.place_checkpoint(project.ctx, project.job_row(), "local") == "pushed checkpoint run/ckpt/e1.pt"
     assert bars.shown == [(f"checkpoint {project.job} <- local", 7), (f"checkpoint {project.job} -> local", 7)]
-    assert bars.done[-1] == 7
+    assert bars.done and bars.done[-1] == 7  # the push itself fed the bar
     jdir = f"{project.root}/jobs/{project.job}"
     assert sorted(set(host.made_dirs())) == [f"{jdir}/run/ckpt", f"{jdir}/run/logs/train"]
     _bounded(host)
@@ -340,3 +342,24 @@ def test_a_resuming_job_refreshes_its_copy_from_its_last_host_whatever_its_state
     (world.root / "jobs" / world.job / "ckpt" / "LATEST").unlink()
     assert ck.refresh_from(world.ctx, job, "local") is False  # nothing to copy: the copy kept stands
     assert ck.newest_durable(world.ctx, world.job).step == 12
+
+
+def test_a_projects_metrics_dir_that_cannot_be_made_names_the_host(project: World) -> None:
+    assert _ship_project(project, _project_checkpoint(project)) == [project.job]
+    jdir = project.root / "jobs" / project.job
+    shutil.rmtree(jdir)
+    (jdir / "run" / "ckpt").mkdir(parents=True)
+    (jdir / "run" / "logs").write_text("a file where the metrics dir belongs")
+    with pytest.raises(GpuqError, match=rf"^host local: cannot create {jdir}/run/logs/train: mkdir: "):
+        ck.place_checkpoint(project.ctx, project.job_row(), "local")
+
+
+def test_a_resuming_projects_checkpoint_is_refreshed_with_its_metrics(project: World) -> None:
+    """refresh_from on a project's own checkpoint copies the metrics file beside it, as the tick's ship does."""
+    assert _ship_project(project, _project_checkpoint(project)) == [project.job]
+    metrics = project.root / "jobs" / project.job / "run" / "logs" / "train" / "metrics.csv"
+    metrics.write_text("step,loss\n1,2.0\n2,1.5\n")
+    project.ctx.ledger.transition(project.job, JobState.CANCELLED, message="cancelled by the user", of_attempt=1)
+    assert ck.refresh_from(project.ctx, project.job_row(), "local") is True
+    kept = project.home / "checkpoints" / project.job / "run" / "logs" / "train" / "metrics.csv"
+    assert kept.read_text() == "step,loss\n1,2.0\n2,1.5\n"
