@@ -124,6 +124,10 @@ def gpu_value(state: dict, gpu: dict, field: str) -> object:
         return False
     if field in ("ecc.mode.current", "ecc.mode.pending"):
         return "Enabled"
+    if field == "retired_pages.pending":
+        return None  # as a real Hopper prints it ([N/A]): these GPUs remap rows instead of retiring pages
+    if field in ("remapped_rows.failure", "remapped_rows.pending"):
+        return "No"
     if field.startswith(("ecc.errors.", "retired_pages.", "remapped_rows.")):
         return 0
     if field == "persistence_mode":

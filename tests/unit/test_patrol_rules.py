@@ -271,3 +271,16 @@ def test_a_trainer_without_heartbeat_lives_by_its_log_and_checkpoint_glob() -> N
     (found,) = patrol.job_findings("h", JOB, dict(quiet_log, run_ckpt_mtime=NOW - 1800), NOW, TH)
     assert found.rule == "stalled" and "last step 120" in found.message
     assert "last log line: Epoch 3 | step 120" in found.message
+
+
+def test_a_real_torchrun_stopped_by_sigterm_is_a_stop_and_its_resume_is_read() -> None:
+    """torchrun 2.11 on an H200 (scripts/gpu_check.py's resume check, 2026-11-26): SIGTERM to torchrun, the
+    payload's checkpoint at the signal, torchrun's SignalException traceback, then the relaunch's marker."""
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "torchrun" / "sigterm-h200-torch-2.11.log"
+    scan = gpuq_scan.scan_log(str(log), 0)
+    assert [h["signature"] for h in scan["hits"]] == ["stopped_by_signal"]
+    assert scan["traceback"][-1].startswith("torch.distributed.elastic.multiprocessing.api.SignalException: "
+                                            "Process 641 got signal: 15")
+    assert scan["resumed"] == {"step": 9, "epoch": 0,
+                               "sha256": "907dfdb78d865378bc631d5a5df3a9ad5929d2f660e841a8a673d2637cc66081"}
+    assert patrol.job_findings("h", JOB, _running(scan=scan), NOW, TH) == []
