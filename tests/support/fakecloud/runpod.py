@@ -369,7 +369,7 @@ class FakeRunPod(FakeCloud):
             "uptimeSeconds": int(self.clock.now() - pod.started_at) if running else 0,
             "machineId": pod.machine_id, "env": list(pod.env), "ports": pod.ports, "port": None,
             "dockerArgs": "", "dockerId": None,
-            "machine": {"__typename": "Machine", "gpuDisplayName": pod.gpu_type.display_name,
+            "machine": {"__typename": "PodMachineInfo", "gpuDisplayName": pod.gpu_type.display_name,
                         "podHostId": pod.host_id},
             "runtime": runtime,
         }
