@@ -23,8 +23,7 @@ from orchestrator.errors import GpuqError, HostError
 from orchestrator.fleet import Fleet
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, deliver_all, enqueue, ensure_agent, ensure_bundle, job_spec, push_all
-from orchestrator.ledger import Attempt, Job, Ledger
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Attempt, HostRow, Job, Ledger
 from orchestrator.patrol import Decision, classify, decide, signatures_of, timestamp
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, QueuedJob, estimate_s, plan, plan_steals
 from orchestrator.setup_holds import is_setup_failure, settle_setup_failure

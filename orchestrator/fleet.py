@@ -27,8 +27,7 @@ from orchestrator.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
-from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Ledger
+from orchestrator.ledger import HostRow, Ledger
 
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`)
     from orchestrator.hosts.ssh import Endpoint, SSHOptions

@@ -23,8 +23,7 @@ from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTransition
 from orchestrator.hosts.base import Host
-from orchestrator.ledger import Attempt, Job, Ledger, Sweep
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep
 
 # Unpack into a private temp dir, then rename: a live bundle is never overwritten.
 UNPACK_SCRIPT = (

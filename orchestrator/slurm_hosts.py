@@ -20,8 +20,7 @@ from orchestrator.config import Settings, load_profile
 from orchestrator.errors import HostError, UsageError
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
-from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Ledger
+from orchestrator.ledger import HostRow, Ledger
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 TIME_LIMIT = re.compile(r"^([0-9]{1,6}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2}|UNLIMITED|INFINITE)$")

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
-    from orchestrator.api.context import Context, host_for, open_context
     from orchestrator.api.dryrun import DryRun, dry_run
     from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
     from orchestrator.api.hosts import (
@@ -35,10 +34,11 @@ if TYPE_CHECKING:
     from orchestrator.api.status import Snapshot, status, tick, wait
     from orchestrator.api.submit import SubmitResult, submit
     from orchestrator.api.tick import TickReport, run_tick
+    from orchestrator.context import Context, host_for, open_context
 
 _WHERE = {
     "CancelOutcome": "orchestrator.api.jobs",
-    "Context": "orchestrator.api.context",
+    "Context": "orchestrator.context",
     "DownPlan": "orchestrator.api.cloud",
     "DryRun": "orchestrator.api.dryrun",
     "HostDetail": "orchestrator.api.hosts",
@@ -57,7 +57,7 @@ _WHERE = {
     "down": "orchestrator.api.cloud",
     "down_plan": "orchestrator.api.cloud",
     "dry_run": "orchestrator.api.dryrun",
-    "host_for": "orchestrator.api.context",
+    "host_for": "orchestrator.context",
     "hosts_add": "orchestrator.api.hosts",
     "hosts_add_slurm": "orchestrator.api.hosts",
     "hosts_list": "orchestrator.api.hosts",
@@ -66,7 +66,7 @@ _WHERE = {
     "hosts_show": "orchestrator.api.hosts",
     "hosts_trust": "orchestrator.api.hosts",
     "logs": "orchestrator.api.jobs",
-    "open_context": "orchestrator.api.context",
+    "open_context": "orchestrator.context",
     "pull": "orchestrator.api.pull",
     "reap": "orchestrator.api.health",
     "results": "orchestrator.api.jobs",

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import host_documents, protocol, transfer_progress
-from orchestrator.api.context import Context
 from orchestrator.config import Settings
+from orchestrator.context import Context
 from orchestrator.errors import GpuqError, HostError
 from orchestrator.launcher import agent_argv
-from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Job
+from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
 from orchestrator.transfer.verify import checkpoint_problem
 

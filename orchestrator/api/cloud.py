@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import controller, fleet, stops
-from orchestrator.api.context import Context, _verified_ids
 from orchestrator.config import Settings, load_profile
+from orchestrator.context import Context, verified_ids
 from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import HostRow
 from orchestrator.providers.base import Instance, PollPolicy, Provider, ProvisionRequest, classify
 from orchestrator.states import AttemptState, JobState
 
@@ -177,7 +177,7 @@ def down_plan(ctx: Context, names: Sequence[str] = (), *, sweep: str | None = No
             raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
         if row not in rows:
             rows.append(row)
-    verified = _verified_ids(ctx)
+    verified = verified_ids(ctx)
     refused: dict[str, str] = {}
     for row in rows:
         if not row.provider or not row.instance_id:

@@ -10,9 +10,9 @@ from collections import Counter
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator import protocol
-from orchestrator.api.context import Context
 from orchestrator.api.submit import SubmitResult
-from orchestrator.ledger import Host as HostRow
+from orchestrator.context import Context
+from orchestrator.ledger import HostRow
 from orchestrator.runconfig import RunConfig
 from orchestrator.scheduler import epoch_rates, estimate_s
 from orchestrator.specs import JobSpec, job_id_for

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import controller, host_documents
-from orchestrator.api.context import Context
 from orchestrator.api.tick import TickReport, run_tick
 from orchestrator.bundle import build_bundle
+from orchestrator.context import Context
 from orchestrator.errors import GpuqError, HostError, UsageError
 from orchestrator.launcher import agent_argv, ensure_bundle
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import HostRow
 from orchestrator.states import JobState
 
 

@@ -9,11 +9,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import controller, fleet, protocol, setup_holds, slurm_hosts
-from orchestrator.api.context import Context, _verified_ids
 from orchestrator.config import LOCAL_HOST
+from orchestrator.context import Context, verified_ids
 from orchestrator.errors import HostError, UsageError
-from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Job
+from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
 
 
@@ -73,7 +72,7 @@ def hosts_show(ctx: Context, name: str) -> HostDetail:
 
 def _unverified_on(ctx: Context, name: str) -> list[Job]:
     """Succeeded jobs whose results on ``name`` have not been pulled and verified."""
-    verified = _verified_ids(ctx)
+    verified = verified_ids(ctx)
     return [j for j in ctx.ledger.jobs(states=[JobState.SUCCEEDED]) if j.host == name and j.id not in verified]
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import controller, gangs, observed, protocol, transfer
-from orchestrator.api.context import Context, host_for
 from orchestrator.api.status import tick
+from orchestrator.context import Context, host_for
 from orchestrator.cost import JobCost, job_cost
 from orchestrator.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.hosts.base import Host

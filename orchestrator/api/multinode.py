@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator import gangs
 from orchestrator.api.checkpoints import place_checkpoint, refresh_from
-from orchestrator.api.context import Context
+from orchestrator.context import Context
 from orchestrator.errors import GpuqError, IllegalTransition
 from orchestrator.ledger import Job
 from orchestrator.states import AttemptState, JobState

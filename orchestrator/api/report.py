@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import observed, protocol
-from orchestrator.api.context import Context
 from orchestrator.api.jobs import collect_missing
+from orchestrator.context import Context
 from orchestrator.cost import job_cost
 from orchestrator.errors import UsageError
 from orchestrator.ledger import Attempt, Job, Metric, Sweep

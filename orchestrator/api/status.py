@@ -7,10 +7,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.api.context import Context
+from orchestrator.context import Context
 from orchestrator.errors import WaitTimeout
-from orchestrator.ledger import Attempt, Event, Job, Sweep
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:

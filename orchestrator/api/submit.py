@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import controller
-from orchestrator.api.context import Context, _known_hosts, _payload_tasks
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.config import LOCAL_HOST, PROJECT_CONFIG
+from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
-from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Job
+from orchestrator.ledger import HostRow, Job
 from orchestrator.queuefile import parse_queue
 from orchestrator.runconfig import RunConfig, check_jobs, load_run, project_root, setup_key
 from orchestrator.scheduler import epoch_rates, plan
@@ -75,7 +74,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     bundle is pushed to every host that gets work before anything is written, and a host
     whose push fails is left out of the plan.
     """
-    known = _known_hosts(ctx)
+    known = known_hosts(ctx)
     for name in hosts:
         if name not in known:
             raise UsageError(f'unknown host "{name}"; known hosts: {", ".join(sorted(known))} '
@@ -84,7 +83,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     toml_path = queue.parent / PROJECT_CONFIG
     run = load_run(toml_path)
     payload_command = not entry and (run is None or not run.command)
-    parsed = parse_queue(queue, known_hosts=known, tasks=_payload_tasks() if payload_command else None,
+    parsed = parse_queue(queue, known_hosts=known, tasks=payload_tasks() if payload_command else None,
                          needs_config=run is None or run.needs_config)
     if run is not None:
         parsed = _under_project(parsed, run, toml_path, str(queue))

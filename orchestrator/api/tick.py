@@ -18,14 +18,13 @@ from dataclasses import dataclass, field, replace
 from orchestrator import controller, gangs, notify, stops
 from orchestrator.api import host_answers, multinode
 from orchestrator.api.checkpoints import place_checkpoint, ship_checkpoints, ship_wanted
-from orchestrator.api.context import Context, host_for
 from orchestrator.api.submit import _target_rows
 from orchestrator.bundle import Bundle
+from orchestrator.context import Context, host_for
 from orchestrator.errors import GpuqError, HostError
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
-from orchestrator.ledger import Attempt, Job
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.patrol import (
     Finding,
     HostView,

@@ -10,7 +10,7 @@ from orchestrator.cli import documents as d
 
 if TYPE_CHECKING:
     from orchestrator.api import HostDetail, PullReport, ResultRow, Snapshot, SubmitResult
-    from orchestrator.ledger import Host as HostRow
+    from orchestrator.ledger import HostRow
 
 
 def _out(doc: d._Doc) -> None:

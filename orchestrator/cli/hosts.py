@@ -12,7 +12,7 @@ from orchestrator.cli import complete
 
 if TYPE_CHECKING:
     from orchestrator.api import Context, HostDetail
-    from orchestrator.ledger import Host as HostRow
+    from orchestrator.ledger import HostRow
 
 
 def _ctx() -> Context:

@@ -39,7 +39,7 @@ from orchestrator.cli.render import (
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
     from orchestrator.controller import Probe
-    from orchestrator.ledger import Host as HostRow
+    from orchestrator.ledger import HostRow
 
 SPARKS = "▁▂▃▄▅▆▇█"
 FULL, EMPTY = "█", "░"

@@ -40,8 +40,7 @@ if TYPE_CHECKING:
     from orchestrator.api import PullReport, ResultRow, Snapshot, SubmitResult
     from orchestrator.cli import documents
     from orchestrator.controller import Probe
-    from orchestrator.ledger import Attempt, Job
-    from orchestrator.ledger import Host as HostRow
+    from orchestrator.ledger import Attempt, HostRow, Job
 
 STATUS_SCHEMA = "gpuq.cli.status/1"
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "ASSIGNED": "blue",

@@ -2,6 +2,8 @@
 
 from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.store import Ledger
-from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Pull, Sweep
+from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Pull, Sweep
 
-__all__ = ["Artifact", "Attempt", "Checkpoint", "Event", "Host", "Job", "JobRef", "Ledger", "Metric", "Pull", "Sweep"]
+__all__ = [
+    "Artifact", "Attempt", "Checkpoint", "Event", "HostRow", "Job", "JobRef", "Ledger", "Metric", "Pull", "Sweep",
+]

@@ -35,7 +35,7 @@ from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.refs import JobRef
-from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Host, Job, Metric, Sweep
+from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Sweep
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
 from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
@@ -94,21 +94,21 @@ class Ledger(PullRecords):
 
     # --- hosts ----------------------------------------------------------------------
 
-    def ensure_host(self, name: str, *, kind: str, root: str, python: str = "", target: str = "") -> Host:
+    def ensure_host(self, name: str, *, kind: str, root: str, python: str = "", target: str = "") -> HostRow:
         with self.session() as s:
-            host = s.get(Host, name)
+            host = s.get(HostRow, name)
             if host is None:
-                host = Host(name=name, kind=kind, root=root, python=python, target=target, created_at=time.time())
+                host = HostRow(name=name, kind=kind, root=root, python=python, target=target, created_at=time.time())
                 s.add(host)
                 _event(s, "host", name, "", "added", f"{kind} root={root}")
             else:
                 host.root, host.python = root, python
             return host
 
-    def add_host(self, row: Host) -> Host:
+    def add_host(self, row: HostRow) -> HostRow:
         """Register a new host (the name must be free); one event records it."""
         with self.session() as s:
-            if s.get(Host, row.name) is not None:
+            if s.get(HostRow, row.name) is not None:
                 raise LedgerError(f'host "{row.name}" is already registered')
             row.created_at = time.time()
             s.add(row)
@@ -117,22 +117,22 @@ class Ledger(PullRecords):
 
     def remove_host(self, name: str, message: str) -> None:
         with self.session() as s:
-            row = s.get(Host, name)
+            row = s.get(HostRow, name)
             if row is not None:
                 s.delete(row)
                 _event(s, "host", name, "added", "removed", message)
 
-    def host(self, name: str) -> Host | None:
+    def host(self, name: str) -> HostRow | None:
         with self.reading() as s:
-            return s.get(Host, name)
+            return s.get(HostRow, name)
 
-    def hosts(self) -> list[Host]:
+    def hosts(self) -> list[HostRow]:
         with self.reading() as s:
-            return list(s.exec(select(Host).order_by(Host.name)))
+            return list(s.exec(select(HostRow).order_by(HostRow.name)))
 
     def update_host(self, name: str, **fields: Any) -> None:
         with self.session() as s:
-            host = s.get(Host, name)
+            host = s.get(HostRow, name)
             if host is None:
                 raise LedgerError(f"unknown host {name!r}")
             for key, value in fields.items():
@@ -642,7 +642,7 @@ def _price(s: Session, gpus: int, *hosts: str) -> dict[str, Any]:
     multi-node attempt pays its share of every node's host: the sum, as one price at a share of 1."""
     shares = []
     for name in hosts:
-        row = s.get(Host, name)
+        row = s.get(HostRow, name)
         if row is None or row.price_per_hour is None:
             continue
         slots = row.gpu_count or row.slots_total or gpus

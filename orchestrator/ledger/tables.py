@@ -7,7 +7,11 @@ import json
 from sqlmodel import Field, SQLModel
 
 
-class Host(SQLModel, table=True):
+class HostRow(SQLModel, table=True):
+    """One registered host (the ledger's row; the host seam's object is ``hosts.base.Host``)."""
+
+    __tablename__ = "host"
+
     name: str = Field(primary_key=True)
     kind: str  # "local" | "ssh" | "slurm"
     target: str = ""

@@ -185,7 +185,7 @@ def test_results_show_the_headline_metric_of_a_summary_from_a_csv(
         root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`gpuq results` on a job whose summary the agent computed from a project's CSV: final and best
     of the headline metric, whatever trainer wrote it."""
-    from orchestrator.api.context import open_context
+    from orchestrator.context import open_context
     from orchestrator.controller import record_collected
     from orchestrator.specs import JobSpec
     from orchestrator.states import JobState

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Ledger
+from orchestrator.ledger import HostRow, Ledger
 from orchestrator.specs import JobSpec
 from tests.conftest import run_gpuq
 

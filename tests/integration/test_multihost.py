@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import HostRow
 from orchestrator.states import JobState
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups

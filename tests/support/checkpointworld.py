@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator.api import checkpoints as ck
-from orchestrator.api.context import Context, open_context
+from orchestrator.context import Context, open_context
 from orchestrator.ledger import Job
 from orchestrator.specs import JobSpec, job_id_for
 from orchestrator.states import AttemptState, JobState

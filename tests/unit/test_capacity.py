@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from orchestrator.config import Settings
 from orchestrator.controller import host_capacity, plan_job
-from orchestrator.ledger import Attempt, Job
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduler import EpochRates, plan
 
 NOW = 10_000.0

@@ -206,10 +206,10 @@ def test_json_of_results_hosts_and_wait(home: Path) -> None:
     _validate("wait", doc)
     assert doc["ok"] is False and doc["states"] == {"FAILED": 3}
 
-    from orchestrator.ledger import Host
+    from orchestrator.ledger import HostRow
 
     ledger = Ledger(home / "ledger.db")
-    ledger.add_host(Host(name="g1", kind="ssh", target="me@192.0.2.1", root="/srv/gpuq", profile="ssh"))
+    ledger.add_host(HostRow(name="g1", kind="ssh", target="me@192.0.2.1", root="/srv/gpuq", profile="ssh"))
     ledger.close()
     listed = run_gpuq("hosts", "list", "--json")
     assert listed.returncode == 0, listed.stderr

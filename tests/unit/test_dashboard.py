@@ -19,8 +19,7 @@ from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
 from orchestrator.controller import Probe
 from orchestrator.errors import LedgerError
-from orchestrator.ledger import Attempt, Event, Job, Sweep
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.specs import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator import api
 from orchestrator.api.cloud import down_plan
-from orchestrator.ledger.tables import Host
+from orchestrator.ledger.tables import HostRow
 from orchestrator.queuefile import parse_queue
 from orchestrator.states import AttemptState, JobState
 
@@ -21,7 +21,7 @@ def ctx(gpuq_home: Path) -> api.Context:
 
 
 def _rented(ctx: api.Context, name: str, *, replaces: str = "", lease: str = "running", hold: str = "") -> None:
-    ctx.ledger.add_host(Host(name=name, kind="ssh", target=f"root@{name}", root="/srv/gpuq", provider="lambda",
+    ctx.ledger.add_host(HostRow(name=name, kind="ssh", target=f"root@{name}", root="/srv/gpuq", provider="lambda",
                              instance_id=f"i-{name}", lease_state=lease, hold_reason=hold, replaces=replaces))
 
 

@@ -13,8 +13,7 @@ from orchestrator.api import Snapshot
 from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
 from orchestrator.controller import Probe
-from orchestrator.ledger import Event
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import Event, HostRow
 
 NOW = 1_800_000_000.0
 GPU_NAME = "A100[/]"

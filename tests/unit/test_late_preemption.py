@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator import controller
 from orchestrator.api.cloud import check_lease
-from orchestrator.api.context import Context, open_context
-from orchestrator.ledger import Host as HostRow
+from orchestrator.context import Context, open_context
+from orchestrator.ledger import HostRow
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState

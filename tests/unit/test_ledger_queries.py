@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger import Ledger
-from orchestrator.ledger.tables import Event, Host
+from orchestrator.ledger.tables import Event, HostRow
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
 
@@ -60,11 +60,11 @@ def test_ensure_host_adds_once_then_updates_root_and_python(ledger: Ledger) -> N
 
 
 def test_add_update_and_remove_a_host(ledger: Ledger) -> None:
-    ledger.add_host(Host(name="zz", kind="ssh", target="root@zz", root="/r", profile="p1"))
-    ledger.add_host(Host(name="aa", kind="ssh", target="root@aa", root="/r"))
+    ledger.add_host(HostRow(name="zz", kind="ssh", target="root@zz", root="/r", profile="p1"))
+    ledger.add_host(HostRow(name="aa", kind="ssh", target="root@aa", root="/r"))
     assert [h.name for h in ledger.hosts()] == ["aa", "zz"]
     with pytest.raises(LedgerError) as info:
-        ledger.add_host(Host(name="zz", kind="ssh", target="x", root="/r"))
+        ledger.add_host(HostRow(name="zz", kind="ssh", target="x", root="/r"))
     assert str(info.value) == 'host "zz" is already registered'
     ledger.update_host("zz", slots_total=4, hold_reason="held")
     row = ledger.host("zz")
@@ -139,9 +139,9 @@ def test_jobs_by_sweep_and_state_and_the_counts(ledger: Ledger) -> None:
 
 def test_start_attempt_only_from_queued_and_with_the_hosts_price(ledger: Ledger) -> None:
     a, b, c = _sweep(ledger, "q1aaaaa", gpus=2)
-    ledger.add_host(Host(name="paid", kind="ssh", target="t", root="/r", price_per_hour=4.0, gpu_count=8))
-    ledger.add_host(Host(name="slots", kind="ssh", target="t", root="/r", price_per_hour=1.0, slots_total=1))
-    ledger.add_host(Host(name="free", kind="ssh", target="t", root="/r"))
+    ledger.add_host(HostRow(name="paid", kind="ssh", target="t", root="/r", price_per_hour=4.0, gpu_count=8))
+    ledger.add_host(HostRow(name="slots", kind="ssh", target="t", root="/r", price_per_hour=1.0, slots_total=1))
+    ledger.add_host(HostRow(name="free", kind="ssh", target="t", root="/r"))
     first = ledger.start_attempt(a, host="paid", bundle_sha="b1", resume_from="ck")
     assert (first.job_id, first.number, first.host, first.state, first.bundle_sha, first.resume_from) == (
         a, 1, "paid", "STARTING", "b1", "ck")
@@ -164,9 +164,9 @@ def test_start_attempt_only_from_queued_and_with_the_hosts_price(ledger: Ledger)
 
 def test_a_multi_node_attempt_names_its_nodes_and_pays_for_every_nodes_host(ledger: Ledger) -> None:
     a, b, c = _sweep(ledger, "q1bbbbb", gpus=2)
-    ledger.add_host(Host(name="h0", kind="ssh", target="t", root="/r", price_per_hour=4.0, gpu_count=8))
-    ledger.add_host(Host(name="h1", kind="ssh", target="t", root="/r", price_per_hour=2.0, gpu_count=4))
-    ledger.add_host(Host(name="own", kind="ssh", target="t", root="/r"))
+    ledger.add_host(HostRow(name="h0", kind="ssh", target="t", root="/r", price_per_hour=4.0, gpu_count=8))
+    ledger.add_host(HostRow(name="h1", kind="ssh", target="t", root="/r", price_per_hour=2.0, gpu_count=4))
+    ledger.add_host(HostRow(name="own", kind="ssh", target="t", root="/r"))
     both = ledger.start_attempt(a, host="h0", bundle_sha="b", peers=["h1"])
     assert both.node_hosts() == ["h0", "h1"] and ledger.job(a).host == "h0"
     assert (both.price_per_hour, both.gpu_share) == (4.0 * 0.25 + 2.0 * 0.5, 1.0)
@@ -178,7 +178,7 @@ def test_a_multi_node_attempt_names_its_nodes_and_pays_for_every_nodes_host(ledg
 
 def test_move_job_word_for_word(ledger: Ledger) -> None:
     (a,) = _sweep(ledger, "q1aaaaa", ("a",))
-    ledger.add_host(Host(name="paid", kind="ssh", target="t", root="/r", price_per_hour=2.0, gpu_count=2))
+    ledger.add_host(HostRow(name="paid", kind="ssh", target="t", root="/r", price_per_hour=2.0, gpu_count=2))
     ledger.start_attempt(a, host="busy", bundle_sha="b1", resume_from="ck")
     moved = ledger.move_job(a, from_attempt=1, to_host="paid", bundle_sha="b2", message="stolen by paid")
     assert (moved.number, moved.host, moved.state, moved.bundle_sha, moved.resume_from) == (

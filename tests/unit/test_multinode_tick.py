@@ -14,10 +14,10 @@ import pytest
 
 from orchestrator import gangs
 from orchestrator.api import host_answers, multinode
-from orchestrator.api.context import Context, open_context
+from orchestrator.context import Context, open_context
 from orchestrator.controller import Probe
 from orchestrator.gangs import Part
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import HostRow
 from orchestrator.specs import JobSpec, job_id_for
 from orchestrator.states import AttemptState, JobState
 from tests.support.fakehost import FakeHost

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.ledger import Host as HostRow
+from orchestrator.ledger import HostRow
 from orchestrator.scheduler import PlanJob, plan
 from orchestrator.slurm_hosts import SlurmSettings, _gres_gpus, settings_of
 from orchestrator.specs import HostSlots

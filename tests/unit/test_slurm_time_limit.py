@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from orchestrator import controller
-from orchestrator.api.context import Context, open_context
-from orchestrator.ledger import Host as HostRow
+from orchestrator.context import Context, open_context
+from orchestrator.ledger import HostRow
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
 

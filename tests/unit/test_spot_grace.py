@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from orchestrator.launcher import sigterm_grace_s
-from orchestrator.ledger import Host
+from orchestrator.ledger import HostRow
 
 
-def _row(**kw: object) -> Host:
+def _row(**kw: object) -> HostRow:
     base: dict[str, object] = {"name": "h", "kind": "ssh", "root": "/r", "created_at": 0.0}
     base.update(kw)
-    return Host(**base)  # type: ignore[arg-type]
+    return HostRow(**base)  # type: ignore[arg-type]
 
 
 def test_on_demand_hosts_wait_for_kill_grace() -> None:

@@ -1,4 +1,6 @@
-"""The context every verb runs in: settings, the ledger, and the command's hosts."""
+"""The context every verb and every stage of the tick runs in: settings, the ledger, and the command's hosts.
+
+It lives below ``api/`` and ``tick/`` so that both reach it without importing each other."""
 
 from __future__ import annotations
 
@@ -9,8 +11,7 @@ from typing import Any
 from orchestrator.config import LOCAL_HOST, Settings, load_settings
 from orchestrator.fleet import Fleet
 from orchestrator.hosts.base import Host
-from orchestrator.ledger import Host as HostRow
-from orchestrator.ledger import Ledger
+from orchestrator.ledger import HostRow, Ledger
 
 
 @dataclass
@@ -33,7 +34,7 @@ def open_context(*, overrides: dict[str, Any] | None = None, project_dir: Path |
 # --- hosts ------------------------------------------------------------------------
 
 
-def _local(ctx: Context) -> Host:
+def local_host(ctx: Context) -> Host:
     return ctx.fleet.local()
 
 
@@ -42,15 +43,15 @@ def host_for(ctx: Context, row: HostRow) -> Host:
     return ctx.fleet.host(row)
 
 
-def _verified_ids(ctx: Context) -> set[str]:
+def verified_ids(ctx: Context) -> set[str]:
     return set(ctx.ledger.verified_job_ids())
 
 
-def _known_hosts(ctx: Context) -> set[str]:
+def known_hosts(ctx: Context) -> set[str]:
     return {LOCAL_HOST} | {h.name for h in ctx.ledger.hosts()}
 
 
-def _payload_tasks() -> list[str]:
+def payload_tasks() -> list[str]:
     from orchestrator.bundle import payload_dir  # pathspec and tarfile: not for `gpuq status`
 
     tasks_file = payload_dir() / "TASKS"
