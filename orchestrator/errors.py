@@ -23,8 +23,21 @@ subprocess, paramiko, httpx) are translated at the module that touches them.
     │   ├── HostAuthFailed                  the host refused our SSH key
     │   ├── CommandFailed                   a remote command exited non-zero
     │   └── TransferError                   `gpuq pull` could not get a job's manifest or files
+    ├── ProtocolError                       a host answered with something that is not a gpuq document
+    │                                       (orchestrator/host_documents: that host only is affected)
     ├── AgentError                          the host agent refused or failed
-    └── BundleError                         the bundle could not be built or placed
+    ├── BundleError                         the bundle could not be built or placed
+    └── ProviderError                       a cloud provider API refused or failed (raw code kept)
+        ├── ProviderAuthError               missing, rejected or inactive API key (never shows the key)
+        ├── NoCapacity                      no machines of the requested kind right now (retry later)
+        ├── RateLimited                     HTTP 429 persisted through every bounded retry
+        ├── ProviderUnreachable             network error, timeout or 5xx through every retry;
+        │                                   the outcome of the last call is unknown
+        ├── ProvisioningFailed              an instance never became ready (stuck, or died while booting)
+        └── ProviderUnsupported             the provider has no such operation (Lambda has no stop or spot)
+
+Every subclass of ``GpuqError`` anywhere in ``orchestrator/`` is drawn here
+(``tests/unit/test_error_tree.py`` fails otherwise).
 """
 
 from __future__ import annotations
@@ -163,17 +176,7 @@ class TransferError(HostError):
     was unreadable, a remote file vanished).  A transport drop is HostUnreachable instead."""
 
 
-# Provider errors (orchestrator/providers/, docs/providers.md).  Appended to the tree above:
-#
-#     GpuqError
-#     └── ProviderError                    a cloud provider API refused or failed (raw code kept)
-#         ├── ProviderAuthError            missing, rejected or inactive API key (never shows the key)
-#         ├── NoCapacity                   no machines of the requested kind right now (retry later)
-#         ├── RateLimited                  HTTP 429 persisted through every bounded retry
-#         ├── ProviderUnreachable          network error, timeout or 5xx through every retry;
-#         │                                the outcome of the last call is unknown
-#         ├── ProvisioningFailed           an instance never became ready (stuck, or died while booting)
-#         └── ProviderUnsupported          the provider has no such operation (Lambda has no stop or spot)
+# Provider errors (orchestrator/providers/, docs/providers.md): drawn in the tree above.
 
 
 class ProviderError(GpuqError):
