@@ -19,7 +19,6 @@ from orchestrator.errors import HostError, HostUnreachable
 from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.specs import CommandResult
 
-
 # what a command on this machine inherits from the controller: enough to find programs (PATH), name
 # the user and their files (HOME, USER, LOGNAME, TMPDIR), speak their locale (LANG, LC_*, TZ) and reach
 # a site's Slurm (SLURM_CONF); the agent gets everything else it needs as arguments (--root, specs)
