@@ -78,10 +78,10 @@ REDACTED = "<redacted>"
 def _redact_inline(text: str) -> str:
     """Secrets inside one argument: ``KEY="..."``, ``--api-key=x``, ``Authorization: Bearer x``,
     ``X-Api-Key: x``, ``Bearer x``, ``-pPASSWORD``, ``https://user:pass@host``."""
-    def assign(m: "re.Match[str]") -> str:
+    def assign(m: re.Match[str]) -> str:
         return m.group(1) + "=" + REDACTED if SECRET_NAME_RE.search(m.group(1)) else m.group(0)
 
-    def header(m: "re.Match[str]") -> str:
+    def header(m: re.Match[str]) -> str:
         return m.group(1) + ": " + REDACTED if SECRET_NAME_RE.search(m.group(1)) else m.group(0)
 
     text = INLINE_ASSIGN_RE.sub(assign, text)
