@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Mapping
@@ -36,6 +37,9 @@ USER_CONFIG = "config.toml"
 PROJECT_CONFIG = "gpuq.toml"
 LOCAL_HOST = "local"
 RUN_TABLE = "run"  # the project's trainer: read by orchestrator/runconfig.py, not a setting
+
+
+_ALLOW_RE = re.compile(r"[A-Za-z0-9_*?]+")
 
 
 class Settings(BaseModel):
@@ -82,6 +86,11 @@ class Settings(BaseModel):
     entry: str = ""
     launcher: Literal["torchrun", "python"] = "torchrun"
     verify: tuple[Literal["metrics", "best_ckpt"], ...] = ("metrics", "best_ckpt")
+    # Which of your environment variables a project's `[run] forward_env` may send to hosts: names or
+    # shell-style patterns ("WANDB_*").  Only your own config.toml or GPUQ_FORWARD_ENV_ALLOW sets it (a
+    # cloned project must not choose what leaves this machine); gpuq's own credentials are never forwarded
+    # whatever it says (orchestrator/runconfig.py, docs/security.md).
+    forward_env_allow: tuple[str, ...] = ()
 
     @field_validator("webhook_url")
     @classmethod
@@ -95,6 +104,14 @@ class Settings(BaseModel):
         if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
             return url
         raise ValueError("must be an https:// URL (plain http:// only to this machine: 127.0.0.1, ::1, localhost)")
+
+    @field_validator("forward_env_allow")
+    @classmethod
+    def _allow_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            if not _ALLOW_RE.fullmatch(item):
+                raise ValueError(f"{item!r} is not a variable name or a pattern of one ([A-Za-z0-9_*?])")
+        return value
 
     @property
     def ledger_path(self) -> Path:
@@ -115,7 +132,7 @@ class Settings(BaseModel):
 _FIELDS = {name for name in Settings.model_fields if name != "home"}
 # settings only the user may set (their own config.toml or environment), never a project's gpuq.toml: a
 # cloned repository must not redirect notifications or choose what gpuq runs or writes on this machine
-USER_ONLY = ("webhook_url", "local_python", "local_root")
+USER_ONLY = ("webhook_url", "local_python", "local_root", "forward_env_allow")
 _LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
 
 

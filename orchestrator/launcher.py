@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import host_documents, protocol, transfer_progress
+from orchestrator import host_documents, protocol, runconfig, transfer_progress
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTransition
@@ -145,14 +145,25 @@ def run_spec(sweep: Sweep | None) -> dict[str, Any] | None:
     return out
 
 
-def enqueue_payload(specs: Sequence[dict[str, Any]], environ: Mapping[str, str] | None = None) -> bytes:
+def enqueue_payload(specs: Sequence[dict[str, Any]], environ: Mapping[str, str] | None = None,
+                    allowed: Sequence[str] = ()) -> bytes:
     """The `enqueue` verb's stdin: the plain list of specs, or, when any spec forwards variables,
-    {"specs": [...], "secrets": {queue_id: {NAME: value}}} with values read from the environment now."""
+    {"specs": [...], "secrets": {queue_id: {NAME: value}}} with values read from the environment now.
+    Only names the user's ``forward_env_allow`` allows leave the machine, and never gpuq's own
+    credentials, whatever a sweep recorded (checked again here: the sweep may predate the rule)."""
     environ = os.environ if environ is None else environ
     secrets: dict[str, dict[str, str]] = {}
     for spec in specs:
         names = (spec.get("run") or {}).get("forward_env") or []
         for name in names:
+            why = runconfig.never_forwarded(name)
+            if why:
+                raise GpuqError(f"forward_env: {name} is {why}; gpuq never sends it to a host (sweep "
+                                f"{spec['queue_id']}: cancel it and submit again without it)")
+            if not runconfig.is_allowed(name, allowed):
+                raise GpuqError(f"forward_env: {name} is not in your forward_env_allow (sweep {spec['queue_id']}); "
+                                f"add it to $GPUQ_HOME/config.toml or GPUQ_FORWARD_ENV_ALLOW, or cancel the sweep "
+                                "(the job stays queued)")
             if name not in environ:
                 raise GpuqError(f"forward_env: {name} is not set in the controller's environment; export it "
                                 "and run the command again (the job stays queued)")
@@ -181,7 +192,8 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
     """
     argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings))
     # a Slurm login node runs one sbatch per spec inside this call: allow for each of them
-    result = host.run(argv, stdin=enqueue_payload(specs), timeout=60 + ENQUEUE_S_PER_SPEC * len(specs))
+    result = host.run(argv, stdin=enqueue_payload(specs, allowed=settings.forward_env_allow),
+                      timeout=60 + ENQUEUE_S_PER_SPEC * len(specs))
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
     verdicts = host_documents.read_verdicts(host.name, result.stdout)  # ProtocolError: this host only

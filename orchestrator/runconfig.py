@@ -3,11 +3,15 @@
 
 Every error names gpuq.toml, the key and, for template problems, the line and column in that file.
 Secrets: ``forward_env`` holds NAMES only; values are read from the controller's environment when a
-job is enqueued and never stored (docs/security.md).
+job is enqueued and never stored (docs/security.md).  A project may forward only names the user allowed
+(``forward_env_allow`` in their own config.toml or GPUQ_FORWARD_ENV_ALLOW) and never gpuq's own
+credentials (``never_forwarded``).  The project root stays inside the gpuq.toml's repository
+(``project_root``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -21,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.config import tomllib
 from orchestrator.errors import ConfigError
+from orchestrator.providers.credentials import LAMBDA, RUNPOD
 from orchestrator.specs import JobSpec
 from orchestrator.trainer_command import argv_module
 
@@ -30,6 +35,25 @@ DEPENDENCY_GLOBS = ("requirements*.txt", "pyproject.toml", "setup.py", "setup.cf
                     "Pipfile*", "poetry.lock", "uv.lock")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VERIFY = ("metrics", "best_ckpt")
+VCS_MARKERS = (".git", ".hg")  # a directory holding one is a repository's root
+USER_CONFIG_HINT = "$GPUQ_HOME/config.toml"
+
+
+def never_forwarded(name: str) -> str:
+    """Why gpuq never forwards ``name`` to a host ("" when it may): its own settings and credentials
+    (``GPUQ_*``: the webhook, the provider keys and URLs) and the providers' conventional key variables."""
+    upper = name.upper()
+    for spec in (RUNPOD, LAMBDA):
+        if upper in (*spec.key_vars, *spec.url_vars):
+            return f"gpuq's {spec.label} API credential"
+    if upper.startswith("GPUQ_"):
+        return "gpuq's own setting or credential (GPUQ_*)"
+    return ""
+
+
+def is_allowed(name: str, allowed: Iterable[str]) -> bool:
+    """True when ``name`` matches a name or shell pattern of the user's ``forward_env_allow``."""
+    return not never_forwarded(name) and any(fnmatch.fnmatchcase(name, item) for item in allowed)
 
 
 def _argv(value: object) -> object:
@@ -75,6 +99,15 @@ class RunConfig(BaseModel):
         for name in value:
             if not _ENV_NAME_RE.fullmatch(name):
                 raise ValueError(f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        return value
+
+    @field_validator("forward_env")
+    @classmethod
+    def _not_gpuqs_own(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            why = never_forwarded(name)
+            if why:
+                raise ValueError(f"{name} is {why}: gpuq never sends it to a host; remove it")
         return value
 
     @field_validator("progress", "metrics_regex")
@@ -167,14 +200,55 @@ def _where(text: str, key: str, element: tuple[str, int] | None) -> str:
     return f"{line}:{column}"
 
 
-def project_root(run: RunConfig | None, toml_dir: Path) -> Path:
-    """The directory bundled as the project root (``project``, relative to gpuq.toml)."""
+def repository_root(toml_dir: Path) -> Path:
+    """The VCS root holding ``toml_dir`` (the nearest directory above it with ``.git`` or ``.hg``), else
+    ``toml_dir`` itself."""
+    start = toml_dir.resolve()
+    for directory in (start, *start.parents):
+        if any((directory / marker).exists() for marker in VCS_MARKERS):
+            return directory
+    return start
+
+
+def project_root(run: RunConfig | None, toml_dir: Path, *, gpuq_home: Path | None = None) -> Path:
+    """The directory bundled as the project root (``project``, relative to gpuq.toml).  A root other than
+    the file's own directory must stay inside its repository (``repository_root``) and must be neither
+    ``/``, your home directory nor a directory holding ``gpuq_home``: a cloned project must not bundle
+    your other files."""
     if run is None:
         return toml_dir
-    root = (toml_dir / run.project).resolve()
+    toml = toml_dir / "gpuq.toml"
+    try:
+        root = (toml_dir / run.project).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a permission error
+        raise ConfigError(f"{toml}: [run] project: cannot resolve {run.project!r}: {exc}") from exc
     if not root.is_dir():
-        raise ConfigError(f"{toml_dir / 'gpuq.toml'}: [run] project: {run.project!r} is not a directory")
+        raise ConfigError(f"{toml}: [run] project: {run.project!r} is not a directory")
+    if root == toml_dir.resolve():
+        return root
+    repo = repository_root(toml_dir)
+    if not root.is_relative_to(repo):
+        raise ConfigError(f"{toml}: [run] project: {run.project!r} is {root}, outside the repository {repo}; "
+                          "the project root must stay inside the repository that holds gpuq.toml")
+    home = Path.home().resolve()
+    for refused, what in ((Path("/"), "/"), (home, "your home directory")):
+        if root == refused:
+            raise ConfigError(f"{toml}: [run] project: {run.project!r} is {what}; point it at the project's "
+                              "own directory")
+    if gpuq_home is not None and gpuq_home.resolve().is_relative_to(root):
+        raise ConfigError(f"{toml}: [run] project: {run.project!r} ({root}) holds gpuq's state directory "
+                          f"{gpuq_home}; point it at the project's own directory")
     return root
+
+
+def check_forward_allowed(run: RunConfig, toml_path: Path, allowed: Sequence[str],
+                          user_config: str = USER_CONFIG_HINT) -> None:
+    """ConfigError (one line) for the first ``forward_env`` name the user did not allow."""
+    for name in run.forward_env:
+        if not is_allowed(name, allowed):
+            raise ConfigError(f"{toml_path}: [run] forward_env: {name} is not in your forward_env_allow; if this "
+                              f"project may send it to its hosts, add forward_env_allow = [\"{name}\"] to "
+                              f"{user_config} (or set GPUQ_FORWARD_ENV_ALLOW={name}); nothing was submitted")
 
 
 def check_jobs(run: RunConfig, jobs: Sequence[JobSpec], toml_path: Path, queue: str,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from orchestrator import fleet, host_documents, protocol
 from orchestrator.config import Settings, load_profile
@@ -24,10 +24,18 @@ from orchestrator.ledger import HostRow, Ledger
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 TIME_LIMIT = re.compile(r"^([0-9]{1,6}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2}|UNLIMITED|INFINITE)$")
-# sbatch options gpuq sets itself for every attempt: a user's copy would break logs, identity or resume
-OWN_OPTIONS = ("--output", "--error", "--job-name", "--chdir", "--parsable", "--wrap", "--array", "--requeue",
-               "--no-requeue", "--signal", "--open-mode", "--comment", "--dependency", "--nodes", "--ntasks",
-               "--gres", "-o", "-e", "-J", "-D", "-a", "-N", "-n", "-d")
+# sbatch options gpuq sets itself for every attempt: a user's copy would break logs, identity, resume or
+# the job's environment (--export: the login node's environment must not be stored with the job)
+OWN_LONG = ("--output", "--error", "--job-name", "--chdir", "--parsable", "--wrap", "--array", "--requeue",
+            "--no-requeue", "--signal", "--open-mode", "--comment", "--dependency", "--nodes", "--ntasks", "--gres",
+            "--export")
+OWN_SHORT = {"o": "--output", "e": "--error", "J": "--job-name", "D": "--chdir", "a": "--array", "N": "--nodes",
+             "n": "--ntasks", "d": "--dependency"}
+# sbatch's other short options (getopt): those that take a value (attached, "-pgpu", or it would take the
+# next word) and those that do not (they may be clustered, "-HQ"); "-h", "-u", "-V" print and exit
+SHORT_WITH_VALUE = frozenset("AbBcCFGiLMmpqStwx")
+SHORT_FLAGS = frozenset("HkOQsvW")
+OWN_OPTIONS = (*OWN_LONG, *(f"-{c}" for c in OWN_SHORT))
 DEFAULT_MAX_JOBS = 100
 PROBE_WAIT_S = 120.0
 
@@ -68,15 +76,42 @@ class SlurmSettings(BaseModel):
     @classmethod
     def _args(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for arg in value:
-            if not arg.startswith("-"):
-                raise ValueError(f"{arg!r}: give each sbatch option as one --name=value word")
-            flag = arg.split("=", 1)[0]
-            if flag in OWN_OPTIONS or (len(flag) == 2 and any(arg.startswith(o) for o in OWN_OPTIONS if len(o) == 2)):
-                raise ValueError(f"{arg!r}: gpuq sets {flag} itself for every job")
+            problem = sbatch_arg_problem(arg)
+            if problem:
+                raise ValueError(f"{arg!r}: {problem}")
         return value
 
     def agent_config(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def sbatch_arg_problem(arg: str) -> str:
+    """Why ``arg`` may not be a user's sbatch option ("" when it may), read the way sbatch's getopt_long
+    reads it: a short option's value may be attached (``-o/x`` is ``--output``), short flags may be
+    clustered (``-HJx``), and a long option may be any unique prefix (``--out=`` is ``--output``; a prefix
+    of one of gpuq's own options is refused even where sbatch would find it ambiguous)."""
+    if not arg.startswith("-") or arg == "-":
+        return "give each sbatch option as one --name=value word"
+    if arg.startswith("--"):
+        name = "--" + arg[2:].split("=", 1)[0]
+        if name == "--":
+            return "a bare -- would end sbatch's options; give each option as one --name=value word"
+        own = [o for o in OWN_LONG if o.startswith(name)]
+        if own:
+            meant = f"{name} (which sbatch reads as {own[0]})" if own[0] != name else name
+            return f"gpuq sets {meant} itself for every job" if len(own) == 1 else \
+                f"{name} could mean {', '.join(own)}, which gpuq sets itself for every job"
+        return ""
+    for index, char in enumerate(arg[1:], start=1):
+        if char in OWN_SHORT:
+            return f"gpuq sets -{char} ({OWN_SHORT[char]}) itself for every job"
+        if char in SHORT_WITH_VALUE:
+            if index == len(arg) - 1:
+                return f"-{char} needs its value in the same word (-{char}VALUE, or the --name=value form)"
+            return ""  # the rest of the word is its value
+        if char not in SHORT_FLAGS:
+            return f"-{char} is not an sbatch option gpuq can pass on; use the --name=value form"
+    return ""
 
 
 def settings_of(row: HostRow) -> SlurmSettings | None:
@@ -156,6 +191,50 @@ if not doc["missing"] and wait_s > 0:
 print("\n@BEGIN@\n" + json.dumps(doc) + "\n@END@")
 """.replace("@BEGIN@", protocol.DOCUMENT_BEGIN).replace("@END@", protocol.DOCUMENT_END)
 
+_Text = Annotated[str, StringConstraints(max_length=400)]
+
+
+class AuditPartition(BaseModel):
+    """One line of the audit's ``sinfo --format=%P|%a|%D|%G|%c|%l``, bounded."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, StringConstraints(max_length=128)]
+    default: bool = False
+    avail: Annotated[str, StringConstraints(max_length=32)] = ""
+    nodes: Annotated[str, StringConstraints(max_length=32)] = ""
+    gres: Annotated[str, StringConstraints(max_length=300)] = ""
+    cpus: Annotated[str, StringConstraints(max_length=64)] = ""
+    time_limit: Annotated[str, StringConstraints(max_length=64)] = ""
+
+
+class SlurmAudit(BaseModel):
+    """The login node's answer to ``AUDIT``: parsed here, at the edge, into bounded fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    root: Annotated[str, StringConstraints(max_length=4096)] = ""
+    versions: dict[Annotated[str, StringConstraints(max_length=16)], _Text] = Field(default_factory=dict,
+                                                                                      max_length=8)
+    missing: list[_Text] = Field(default_factory=list, max_length=8)
+    partitions: list[AuditPartition] = Field(default_factory=list, max_length=1000)
+    probe: Literal["", "shared", "pending", "not_shared", "failed"] = ""
+    probe_detail: Annotated[str, StringConstraints(max_length=1000)] = ""
+
+
+MAX_NODE_DIGITS = 7  # sinfo's %D of one partition line: a bigger count is a lie, not a cluster
+
+
+def _node_count(text: str) -> int | None:
+    """A partition line's node count (None for sinfo's placeholders such as "n/a"); ValueError for a
+    number too long to be one."""
+    if not re.fullmatch(r"[0-9]+", text):
+        return None
+    if len(text) > MAX_NODE_DIGITS:
+        raise ValueError(f"a partition of {text[:12]}... nodes")
+    return int(text)
+
+
 WRITE_CONFIG = ('set -eu; cd "$1"; umask 077; cat > .slurm.json.tmp; mv -f .slurm.json.tmp slurm.json')
 
 
@@ -196,50 +275,59 @@ def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe
         raise HostError(host.name, f"the Slurm audit failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}")
     text, _noise = host_documents.unframe(result.stdout)
     try:
-        doc = json.loads(text)
-        assert isinstance(doc, dict)
-    except (ValueError, AssertionError):
-        raise HostError(host.name, "the Slurm audit's answer is not a JSON document") from None
-    if doc.get("missing"):
-        raise HostError(host.name, "Slurm's commands do not work on the login node: "
-                        + "; ".join(str(m) for m in doc["missing"][:4])
+        doc = SlurmAudit.model_validate_json(text)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "document"
+        raise HostError(host.name, f"the Slurm audit's answer is not a valid document ({where}: "
+                        f"{err['msg']})") from None
+    if doc.missing:
+        raise HostError(host.name, "Slurm's commands do not work on the login node: " + "; ".join(doc.missing[:4])
                         + " (is this a login node? is SLURM_CONF or the munge socket missing?)")
-    parts = [p for p in doc.get("partitions") or [] if isinstance(p, dict)]
-    wanted = slurm.partition or next((str(p["name"]) for p in parts if p.get("default")), "")
-    mine = [p for p in parts if p.get("name") == wanted]
+    parts = doc.partitions
+    wanted = slurm.partition or next((p.name for p in parts if p.default), "")
+    mine = [p for p in parts if p.name == wanted]
     if not mine:
-        known = ", ".join(sorted({str(p.get("name")) for p in parts})) or "none"
+        known = ", ".join(sorted({p.name for p in parts})) or "none"
         raise UsageError(f"host {host.name}: partition {wanted or '(default)'!r} not found on the cluster "
                          f"(partitions: {known}); pass --partition NAME")
-    if not any(p.get("avail") == "up" for p in mine):
-        out.warnings.append(f"partition {wanted} is {mine[0].get('avail')}: jobs wait until it is up")
-    gpus = max((_gres_gpus(str(p.get("gres", ""))) for p in mine), default=0)
-    nodes = sum(int(p["nodes"]) for p in mine if str(p.get("nodes", "")).isdigit())
+    if not any(p.avail == "up" for p in mine):
+        out.warnings.append(f"partition {wanted} is {mine[0].avail}: jobs wait until it is up")
+    gpus = max((_gres_gpus(p.gres) for p in mine), default=0)
+    try:
+        nodes = sum(n for n in (_node_count(p.nodes) for p in mine) if n is not None)
+    except ValueError as exc:
+        raise HostError(host.name, f"the Slurm audit reported {exc}: refusing the registration") from None
     update: dict[str, Any] = {"gpus_per_node": gpus, "nodes": nodes, "python": row.python, "partition": wanted,
                               "train_device": slurm.train_device or row.train_device}
     if gpus == 0 and slurm.gres:
         update["gres"] = False
         out.warnings.append(f"partition {wanted} offers no GPU GRES (sinfo %G: "
-                            f"{', '.join(sorted({str(p.get('gres')) for p in mine}))}): jobs run on CPUs without "
+                            f"{', '.join(sorted({p.gres for p in mine}))}): jobs run on CPUs without "
                             "--gres")
-    probe = str(doc.get("probe", ""))
+    probe = doc.probe
     if probe == "not_shared":
         raise HostError(host.name, f"a job on a compute node wrote into {row.root}, and the login node does not see "
                         "the file: the root is not on a filesystem the compute nodes share; pass --root on one "
                         "(e.g. /scratch/$USER/gpuq or your home on the cluster)")
     if probe == "failed":
-        raise HostError(host.name, f"sbatch refused the probe job: {doc.get('probe_detail')}; check --partition, "
+        raise HostError(host.name, f"sbatch refused the probe job: {doc.probe_detail}; check --partition, "
                         "--account, --qos and --sbatch-arg")
     if probe == "pending":
         out.warnings.append(f"could not confirm that {row.root} is shared with the compute nodes: "
-                            f"{doc.get('probe_detail')} (the partition is busy)")
-    final = slurm.model_copy(update=update)
+                            f"{doc.probe_detail} (the partition is busy)")
+    try:  # validated again, never model_copy: the audit's counts must pass the same bounds as the user's
+        final = SlurmSettings.model_validate({**slurm.model_dump(), **update})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        raise HostError(host.name, f"the Slurm audit reported {field} = {str(update.get(field, '?'))[:20]}, "
+                        f"which gpuq refuses ({err['msg']})") from None
     written = host.run(["sh", "-c", WRITE_CONFIG, "sh", row.root], stdin=json.dumps(final.agent_config()).encode(),
                        timeout=60)
     if written.exit_code != 0:
         raise HostError(host.name, f"cannot write {row.root}/slurm.json: {written.stderr.strip()[-300:]}")
-    versions = doc.get("versions") or {}
-    out.facts["slurm"] = {"version": str(versions.get("sbatch", "")), "partition": wanted, "gpus_per_node": gpus,
+    out.facts["slurm"] = {"version": doc.versions.get("sbatch", ""), "partition": wanted, "gpus_per_node": gpus,
                           "nodes": nodes, "probe": probe}
     row.kind, row.slurm = "slurm", final.model_dump_json()
     row.slots_kind, row.slots_total = "slurm", final.max_jobs
@@ -250,6 +338,6 @@ def _gres_gpus(gres: str) -> int:
     best = 0
     for item in gres.split(","):
         fields = item.split("(")[0].split(":")
-        if fields and fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+        if fields and fields[0] == "gpu" and len(fields) >= 2 and re.fullmatch(r"[0-9]{1,300}", fields[-1]):
             best = max(best, int(fields[-1]))
     return best

@@ -50,6 +50,7 @@ class DryRun(BaseModel):
     bundle_files: int
     bundle_bytes: int
     warnings: list[str]
+    forward_env: list[str]  # the names of the variables whose values would be sent to the hosts
     jobs: list[DryRunJob]
     makespan_s: float | None  # None: unknown until one job of each config has run
 
@@ -76,7 +77,8 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
             task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host, est_s=seconds,
             estimate_from=source, argv=argv.of(spec, job_id, rows.get(host))))
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
-                  bundle_bytes=result.bundle.bytes, warnings=result.warnings, jobs=jobs,
+                  bundle_bytes=result.bundle.bytes, warnings=result.warnings,
+                  forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
                   makespan_s=result.makespan_s if known else None)
 
 

@@ -15,7 +15,7 @@ from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
 from orchestrator.ledger import HostRow, Job
 from orchestrator.queuefile import parse_queue
-from orchestrator.runconfig import RunConfig, check_jobs, load_run, project_root, setup_key
+from orchestrator.runconfig import RunConfig, check_forward_allowed, check_jobs, load_run, project_root, setup_key
 from orchestrator.scheduler import epoch_rates, plan
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
@@ -86,7 +86,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     parsed = parse_queue(queue, known_hosts=known, tasks=payload_tasks() if payload_command else None,
                          needs_config=run is None or run.needs_config)
     if run is not None:
-        parsed = _under_project(parsed, run, toml_path, str(queue))
+        check_forward_allowed(run, toml_path, ctx.settings.forward_env_allow, str(ctx.settings.home / "config.toml"))
+        parsed = _under_project(parsed, run, toml_path, str(queue), ctx.settings.home)
     if entry:
         path = Path(parsed.workdir) / entry
         if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
@@ -96,7 +97,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir)}) if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
-    warnings = list(parsed.warnings)
+    warnings = list(parsed.warnings) + _what_leaves(run, workdir, queue, toml_path)
     hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
     done = ctx.ledger.succeeded_with(hashes.values())
     for spec in parsed.jobs:
@@ -170,9 +171,23 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     return result
 
 
-def _under_project(parsed: ParsedQueue, run: RunConfig, toml_path: Path, queue: str) -> ParsedQueue:
+def _what_leaves(run: RunConfig | None, workdir: Path, queue: Path, toml_path: Path) -> list[str]:
+    """Lines naming what a submit sends beyond the queue's directory: the forwarded variables' names and a
+    bundled root that is not the queue's directory (docs/security.md)."""
+    lines = []
+    if run is not None and run.forward_env:
+        lines.append(f"forwarding these environment variables to the hosts ([run] forward_env in {toml_path}): "
+                     + ", ".join(run.forward_env))
+    if workdir.resolve() != queue.parent.resolve():
+        lines.append(f"bundling the project root {workdir.resolve()} ([run] project in {toml_path}), not the "
+                     f"queue's directory {queue.parent.resolve()}")
+    return lines
+
+
+def _under_project(parsed: ParsedQueue, run: RunConfig, toml_path: Path, queue: str,
+                   gpuq_home: Path) -> ParsedQueue:
     """Config paths relative to the project root (``[run] project``), and the [run] checks of every job."""
-    root = project_root(run, toml_path.parent)
+    root = project_root(run, toml_path.parent, gpuq_home=gpuq_home)
     errors = check_jobs(run, parsed.jobs, toml_path, queue)
     jobs = []
     for job in parsed.jobs:

@@ -1,4 +1,9 @@
-"""LocalHost: this machine, through subprocess (the embedded default host)."""
+"""LocalHost: this machine, through subprocess (the embedded default host).
+
+Commands get a fixed minimal environment (``command_env``), never the controller's own: on a Slurm
+login node (``--slurm local``) it would otherwise reach sbatch and be stored with every job, keys and
+tokens included (docs/security.md).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,27 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.errors import HostError, HostUnreachable
 from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.specs import CommandResult
+
+# what a command on this machine inherits from the controller: enough to find programs (PATH), name
+# the user and their files (HOME, USER, LOGNAME, TMPDIR), speak their locale (LANG, LC_*, TZ) and reach
+# a site's Slurm (SLURM_CONF); the agent gets everything else it needs as arguments (--root, specs)
+INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR", "TZ", "SLURM_CONF")
+INHERITED_PREFIXES = ("LC_",)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def command_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every command LocalHost runs: ``INHERITED`` and ``LC_*`` from ``environ``."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
 
 
 class LocalHost(Host):
@@ -25,7 +45,7 @@ class LocalHost(Host):
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
         started = time.monotonic()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+        env = command_env()
         try:
             proc = subprocess.run(
                 list(argv),

@@ -12,7 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 import gpuq_protocol as P
 from gpuq_files import Layout, atomic_write, atomic_write_json, exit_record, mkdirs, read_json, spec_attempt, utc
@@ -30,6 +30,20 @@ from gpuq_slurm import (
 )
 
 
+# The only variables of the login node's environment a job gets (besides Slurm's own SLURM_*): sbatch's
+# default --export=ALL would hand the whole environment to slurmctld, which stores it with the job.  The
+# batch script needs PATH (python3, srun); the wrapper builds the trainer's environment from scratch.
+EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TMPDIR", "TZ")
+
+
+def export_option(environ: Mapping[str, str] | None = None) -> str:
+    """``--export=`` naming the ``EXPORTED`` (and ``LC_*``) variables that are set (never NONE: that
+    makes slurmd run the user's login shell to build an environment)."""
+    environ = os.environ if environ is None else environ
+    names = [k for k in EXPORTED if k in environ] + sorted(k for k in environ if k.startswith("LC_"))
+    return "--export=%s" % ",".join(names or ["PATH"])
+
+
 def sbatch_argv(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], dependency: str = "") -> list[str]:
     """The sbatch command line for one attempt (the script path last)."""
     job_id, n = str(spec["job_id"]), spec_attempt(spec)
@@ -37,7 +51,7 @@ def sbatch_argv(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], depende
     gpus = int(spec.get("gpus") or 0)
     grace = int(conf.get("signal_grace_s") or 0) or max(60, int(float(spec.get("kill_grace_s") or 30)) + 30)
     argv = ["sbatch", "--parsable", "--job-name", job_name(spec), "--comment", attempt_comment(job_id, n),
-            "--output", os.path.join(adir, P.JOB_LOG), "--open-mode=append", "--chdir", lay.root]
+            "--output", os.path.join(adir, P.JOB_LOG), "--open-mode=append", "--chdir", lay.root, export_option()]
     nodes = job_nodes(spec)
     argv += ["--nodes=%d" % nodes, "--ntasks-per-node=1"] if nodes > 1 else ["--nodes=1", "--ntasks=1"]
     argv += ["--requeue", "--signal=B:USR1@%d" % grace]

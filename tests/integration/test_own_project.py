@@ -98,7 +98,7 @@ def test_grid_runs_each_cell_once_in_its_own_run_dir_side_by_side(gpuq_home: Pat
 def test_forwarded_secret_reaches_only_the_trainer(gpuq_home: Path, tmp_path: Path) -> None:
     queue = copy_example("ddp_snapshot", tmp_path, queue="name=sec gpus=2 -- 2 1 --batch_size 64\n",
                          toml_extra='forward_env = ["WANDB_API_KEY"]\nenv = { WANDB_MODE = "offline" }\n')
-    env = {**ENV, "WANDB_API_KEY": SECRET}
+    env = {**ENV, "WANDB_API_KEY": SECRET, "GPUQ_FORWARD_ENV_ALLOW": "WANDB_API_KEY"}  # the user allows it
     outputs: list[str] = []
     dry = run_gpuq("submit", str(queue), "--dry-run", env=env)
     outputs.append(dry.stdout + dry.stderr)

@@ -329,8 +329,14 @@ def test_gpuq_running_on_the_login_node_registers_the_cluster_as_local(user: Slu
     added = cluster.ssh_login(f"{gpuq} hosts add hpc --slurm local --root {user.root} --profile rehearsal", timeout=200)
     assert added.returncode == 0, added.stdout + added.stderr
     assert "Slurm cluster via local" in added.stdout and "shared with the compute nodes: yes" in added.stdout, added
-    ran = cluster.ssh_login(f"{gpuq} submit {project / 'queue.txt'} && {gpuq} wait --timeout 200", timeout=300)
+    # a variable of gpuq's own environment never reaches Slurm: slurmctld keeps each job's environment in
+    # its state directory while the job lives (sbatch's default --export=ALL stored all of it there)
+    probe = "leak-probe-5e1f"
+    ran = cluster.ssh_login(f"export MY_TOKEN={probe}; {gpuq} submit {project / 'queue.txt'} && "
+                            f"(grep -rl {probe} /run/gpuq-slurm/ctld || echo not-stored) && {gpuq} wait --timeout 200",
+                            timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr + user.logs()
+    assert "not-stored" in ran.stdout and "/run/gpuq-slurm" not in ran.stdout, ran.stdout
     ledger = Ledger(home / "ledger.db")
     try:
         (job,) = ledger.jobs()

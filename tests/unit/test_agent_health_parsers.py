@@ -331,3 +331,27 @@ def test_oom_killer_lines_after_the_cursor() -> None:
     assert "oom_kills" not in K.kernel_section("3.5", lines=lines)  # nothing new: the key is absent
     many = [f"[ {i + 1}.000000] Out of memory: Killed process {i} (x)" for i in range(30)]
     assert len(K.kernel_section(None, lines=many)["oom_kills"]) == PROTO.KERNEL_MAX_OOM_KILLS == 20
+
+
+@pytest.mark.parametrize(("argv", "shown"), [
+    (["curl", "-H", "Authorization: Bearer eyJhbGciOi.abc", "https://api.x"],
+     "curl -H Authorization: <redacted> https://api.x"),
+    (["curl", "-H", "Authorization:", "Bearer", "eyJhbGciOi.abc", "https://api.x"],
+     "curl -H Authorization: <redacted> <redacted> https://api.x"),
+    (["curl", "-H", "X-Api-Key: k-123", "-H", "Accept: json"], "curl -H X-Api-Key: <redacted> -H Accept: json"),
+    (["wget", "--header=Authorization: Basic dXNlcjpwdw=="], "wget --header=Authorization: <redacted>"),
+    (["mysql", "-uroot", "-pHUNTER2", "db"], "mysql -uroot -p<redacted> db"),
+    (["sshpass", "-ps3cret", "ssh", "host"], "sshpass -p<redacted> ssh host"),
+    (["sh", "-c", 'API_KEY="abc def" python train.py --lr 1'],
+     "sh -c API_KEY=<redacted> python train.py --lr 1"),
+    (["bash", "-c", "export HF_TOKEN='x y'; DB_PASS=pw mysql -pHUNTER2 -e 'select 1'"],
+     "bash -c export HF_TOKEN=<redacted>; DB_PASS=<redacted> mysql -p<redacted> -e 'select 1'"),
+    (["sh", "-c", 'curl -H "Authorization: Bearer tok" https://x && echo ok'],
+     'sh -c curl -H "Authorization: <redacted>" https://x && echo ok'),
+    (["python", "train.py", "--lr=0.1", "--config", "a:b", "MODE=fast"],
+     "python train.py --lr=0.1 --config a:b MODE=fast"),  # nothing secret-named: unchanged
+])
+def test_reap_redacts_headers_attached_passwords_and_inline_assignments(argv: list[str], shown: str) -> None:
+    assert R.redact(argv) == shown
+    for secret in ("eyJhbGciOi", "k-123", "dXNlcjpwdw", "HUNTER2", "s3cret", "abc def", "x y", "pw mysql", "tok"):
+        assert secret not in R.redact(argv)

@@ -311,3 +311,21 @@ def test_a_multi_node_attempt_reports_which_machine_got_which_rank(tmp_path: Pat
     jobs = [_entry()]
     view.apply_view(files.Layout(str(single)), jobs, 0.0)
     assert "nodes" not in jobs[0]
+
+
+def test_sbatch_exports_a_fixed_list_never_the_login_nodes_whole_environment(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch's default --export=ALL would store every variable of the agent's environment with the job."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    argv = submit.sbatch_argv(files.Layout(str(tmp_path)), _spec(), {"gres": True,
+                                                                     "sbatch_args": ["--constraint=a100"]})
+    exports = [a for a in argv if a.startswith("--export")]
+    assert len(exports) == 1 and argv.index(exports[0]) < argv.index("--constraint=a100")
+    names = exports[0].split("=", 1)[1].split(",")
+    assert "PATH" in names and "LC_TIME" in names
+    assert all(k in submit.EXPORTED or k.startswith("LC_") for k in names)
+    assert "AWS_SECRET_ACCESS_KEY" not in exports[0] and "=" not in ",".join(names)  # names only: no values
+    assert submit.export_option({}) == "--export=PATH"
+    assert submit.export_option({"HOME": "/h", "TOKEN": "t", "LC_ALL": "C"}) == "--export=HOME,LC_ALL"

@@ -47,3 +47,29 @@ def test_dry_run_plans_every_job_and_writes_nothing(ctx: api.Context, tmp_path: 
     result = api.submit(ctx, queue, dry_run=True)
     assert set(result.placements.values()) == {"local"} and len(result.placements) == 2
     assert ctx.ledger.sweeps() == []
+
+
+def test_a_project_root_outside_the_repository_is_refused_and_another_one_is_named(ctx: api.Context,
+                                                                                   tmp_path: Path) -> None:
+    from orchestrator.errors import ConfigError
+
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "src").mkdir()
+    (repo / "src" / "train.py").write_text("print(1)\n")
+    (tmp_path / "private.txt").write_text("another project\n")
+    exp = repo / "exp"
+    exp.mkdir()
+    queue = exp / "queue.txt"
+    queue.write_text("name=a -- x\n")
+    (exp / "gpuq.toml").write_text('[run]\nproject = "../.."\ncommand = "src/train.py {args}"\n')
+    with pytest.raises(ConfigError) as info:
+        api.submit(ctx, queue, dry_run=True)
+    assert f"{exp}/gpuq.toml: [run] project: '../..' is {tmp_path.resolve()}, outside the repository" in str(info.value)
+    (exp / "gpuq.toml").write_text('[run]\nproject = ".."\ncommand = "src/train.py {args}"\n')
+    result = api.submit(ctx, queue, dry_run=True)
+    assert (f"bundling the project root {repo.resolve()} ([run] project in {exp}/gpuq.toml), not the queue's "
+            f"directory {exp.resolve()}") in result.warnings
+    (exp / "gpuq.toml").write_text('[run]\ncommand = "train.py {args}"\n')
+    (exp / "train.py").write_text("print(1)\n")
+    assert not [w for w in api.submit(ctx, queue, dry_run=True).warnings if "bundling" in w]

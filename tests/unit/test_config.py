@@ -68,7 +68,7 @@ def test_unknown_profile_lists_known_ones() -> None:
         load_profile("nope")
 
 
-@pytest.mark.parametrize("key", ["webhook_url", "local_python", "local_root"])
+@pytest.mark.parametrize("key", ["webhook_url", "local_python", "local_root", "forward_env_allow"])
 def test_a_project_cannot_set_what_only_the_user_may(tmp_path: Path, key: str) -> None:
     """A cloned repository's gpuq.toml must not redirect notifications or pick what runs locally."""
     project = tmp_path / "proj"
@@ -113,3 +113,19 @@ def test_config_toml_with_a_webhook_must_be_private(tmp_path: Path) -> None:
 ])
 def test_list_settings_come_from_the_environment(tmp_path: Path, value: str, expected: tuple[str, ...]) -> None:
     assert load_settings(env={"GPUQ_HOME": str(tmp_path), "GPUQ_VERIFY": value}).verify == expected
+
+
+def test_forward_env_allow_comes_from_the_user_alone(tmp_path: Path) -> None:
+    """Which variables may leave this machine is the user's choice (their config.toml or environment)."""
+    assert load_settings(env={"GPUQ_HOME": str(tmp_path)}).forward_env_allow == ()
+    (tmp_path / "config.toml").write_text('forward_env_allow = ["WANDB_API_KEY", "HF_*"]\n')
+    assert load_settings(env={"GPUQ_HOME": str(tmp_path)}).forward_env_allow == ("WANDB_API_KEY", "HF_*")
+    env = {"GPUQ_HOME": str(tmp_path), "GPUQ_FORWARD_ENV_ALLOW": "A,B_*"}
+    assert load_settings(env=env).forward_env_allow == ("A", "B_*")
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "gpuq.toml").write_text('forward_env_allow = ["*"]\n')
+    with pytest.raises(ConfigError, match=r"gpuq.toml: forward_env_allow can only be set in your own"):
+        load_settings(env={"GPUQ_HOME": str(tmp_path)}, project_dir=project)
+    with pytest.raises(ConfigError, match=r"GPUQ_FORWARD_ENV_ALLOW: .*'A B' is not a variable name or a pattern"):
+        load_settings(env={"GPUQ_HOME": str(tmp_path), "GPUQ_FORWARD_ENV_ALLOW": '["A B"]'})

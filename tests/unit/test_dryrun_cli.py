@@ -22,10 +22,14 @@ TOML = '[run]\ncommand = "train.py --name {name} {args}"\nlauncher = "python"\nf
 
 def test_dry_run_prints_every_job_with_its_argv_and_masks_secrets(gpuq_home: Path, tmp_path: Path) -> None:
     queue = _project(tmp_path, "name=lr gpus=1 -- --lr {1e-3,3e-4} --key tok-123\n", TOML)
-    env = {"MY_TOKEN": "tok-123", "GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_LOCAL_PYTHON": "/usr/bin/python3"}
+    env = {"MY_TOKEN": "tok-123", "GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_LOCAL_PYTHON": "/usr/bin/python3",
+           "GPUQ_FORWARD_ENV_ALLOW": "MY_*"}
     done = run_gpuq("submit", "--dry-run", str(queue), env=env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
+    assert lines[0] == "warning: forwarding these environment variables to the hosts ([run] forward_env in " \
+        f"{tmp_path}/gpuq.toml): MY_TOKEN"
+    lines = lines[1:]
     assert lines[0].split() == ["name", "config", "task", "epochs", "gpus", "host", "estimate", "argv"]
     assert lines[1].split()[:7] == ["lr-lr1e-3", "-", "-", "20", "1", "local", "no"]
     assert lines[1].endswith("/usr/bin/python3 train.py --name lr-lr1e-3 --lr 1e-3 --key '***'")
@@ -37,7 +41,7 @@ def test_dry_run_prints_every_job_with_its_argv_and_masks_secrets(gpuq_home: Pat
     doc = json.loads(done.stdout)
     assert [j["name"] for j in doc["jobs"]] == ["lr-lr1e-3", "lr-lr3e-4"]
     assert doc["jobs"][0]["argv"][-1] == "***" and doc["jobs"][0]["estimate_from"] == "no history"
-    assert doc["makespan_s"] is None
+    assert doc["makespan_s"] is None and doc["forward_env"] == ["MY_TOKEN"]
     conn = sqlite3.connect(gpuq_home / "ledger.db")
     assert conn.execute("SELECT COUNT(*) FROM sweep").fetchone()[0] == 0
 
@@ -57,7 +61,7 @@ def test_payload_jobs_show_the_payload_argv_and_a_makespan(gpuq_home: Path, tmp_
 
 def test_errors_exit_2_and_write_nothing(gpuq_home: Path, tmp_path: Path) -> None:
     queue = _project(tmp_path, "name=a -- x\n", TOML)
-    done = run_gpuq("submit", "--dry-run", str(queue), env={"MY_TOKEN": ""})
+    done = run_gpuq("submit", "--dry-run", str(queue), env={"MY_TOKEN": "", "GPUQ_FORWARD_ENV_ALLOW": "MY_TOKEN"})
     assert done.returncode == 0, done.stderr  # set (even empty) is enough
     queue.write_text("name=a -- x\ngpus=2 -- y\n")
     done = run_gpuq("submit", "--dry-run", str(queue))
@@ -67,5 +71,36 @@ def test_errors_exit_2_and_write_nothing(gpuq_home: Path, tmp_path: Path) -> Non
     done = run_gpuq("submit", str(queue))
     assert done.returncode == 2 and "gpuq.toml:2:21: [run] command: unknown placeholder {nope}" in done.stderr
     assert "Traceback" not in done.stderr
+    conn = sqlite3.connect(gpuq_home / "ledger.db")
+    assert conn.execute("SELECT COUNT(*) FROM sweep").fetchone()[0] == 0
+
+
+def test_a_project_forwards_only_names_the_user_allowed_and_never_gpuqs_credentials(gpuq_home: Path,
+                                                                                     tmp_path: Path) -> None:
+    keys = {"RUNPOD_API_KEY": "rp-secret", "GPUQ_RUNPOD_API_KEY": "gq-secret", "MY_TOKEN": "tok-123"}
+    everything = {**keys, "GPUQ_FORWARD_ENV_ALLOW": "*"}  # even a user who allows every name
+    for name in ("RUNPOD_API_KEY", "GPUQ_RUNPOD_API_KEY"):
+        queue = _project(tmp_path, "name=a -- x\n", f'[run]\ncommand = "train.py {{args}}"\nforward_env = ["{name}"]\n')
+        for args in (("submit", "--dry-run", str(queue)), ("submit", str(queue))):
+            done = run_gpuq(*args, env=everything)
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert done.stderr.strip().splitlines() == [
+                f"gpuq: {tmp_path}/gpuq.toml:3:1: [run] forward_env: Value error, {name} is gpuq's RunPod API "
+                "credential: gpuq never sends it to a host; remove it"], done.stderr
+            assert "secret" not in done.stdout + done.stderr
+    queue = _project(tmp_path, "name=a -- x\n", TOML)
+    done = run_gpuq("submit", str(queue), env=keys)  # MY_TOKEN set, but this user allowed nothing
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"gpuq: {tmp_path}/gpuq.toml: [run] forward_env: MY_TOKEN is not in your forward_env_allow; if this "
+        f'project may send it to its hosts, add forward_env_allow = ["MY_TOKEN"] to {gpuq_home}/config.toml (or set '
+        "GPUQ_FORWARD_ENV_ALLOW=MY_TOKEN); nothing was submitted")
+    (gpuq_home / "config.toml").write_text('forward_env_allow = ["MY_TOKEN"]\n')
+    done = run_gpuq("submit", "--dry-run", "--json", str(queue), env={**keys, "GPUQ_LOCAL_CPU_SLOTS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["forward_env"] == ["MY_TOKEN"]
+    (tmp_path / "gpuq.toml").write_text('forward_env_allow = ["MY_TOKEN"]\n' + TOML)
+    done = run_gpuq("submit", "--dry-run", str(queue), env=keys)
+    assert done.returncode == 2 and "forward_env_allow can only be set in your own" in done.stderr
     conn = sqlite3.connect(gpuq_home / "ledger.db")
     assert conn.execute("SELECT COUNT(*) FROM sweep").fetchone()[0] == 0

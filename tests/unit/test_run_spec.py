@@ -61,12 +61,28 @@ def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_pat
     }
     assert spec["verify"] == []
     assert spec["env"] == {"NCCL_DEBUG": "WARN", "PIP_NO_INDEX": "1"}  # [run] env: the job's run.env
-    payload = json.loads(launcher.enqueue_payload([spec], environ={"TOKEN": "s3cret"}))
+    payload = json.loads(launcher.enqueue_payload([spec], environ={"TOKEN": "s3cret"}, allowed=["TOK*"]))
     assert payload == {"specs": [spec], "secrets": {"qaaaaaa": {"TOKEN": "s3cret"}}}
     assert "s3cret" not in json.dumps(spec)
     with pytest.raises(GpuqError) as info:
-        launcher.enqueue_payload([spec], environ={})
+        launcher.enqueue_payload([spec], environ={}, allowed=["TOKEN"])
     assert "TOKEN" in str(info.value)
+
+
+@pytest.mark.parametrize(("names", "allowed", "refused"), [
+    (["TOKEN"], [], "TOKEN is not in your forward_env_allow"),  # the user's config allows nothing
+    (["RUNPOD_API_KEY"], ["*"], "RUNPOD_API_KEY is gpuq's RunPod API credential"),  # a sweep recorded before the rule
+    (["GPUQ_RUNPOD_API_KEY"], ["GPUQ_RUNPOD_API_KEY"], "gpuq never sends it"),
+    (["GPUQ_WEBHOOK_URL"], ["*"], "GPUQ_WEBHOOK_URL is gpuq's own setting or credential"),
+    (["LAMBDA_API_KEY"], ["LAMBDA_API_KEY"], "gpuq's Lambda Cloud API credential"),
+])
+def test_enqueue_never_sends_a_name_the_user_did_not_allow_or_gpuqs_own(names: list[str], allowed: list[str],
+                                                                         refused: str) -> None:
+    spec = {"queue_id": "qaaaaaa", "run": {"forward_env": names}}
+    environ = {name: "s3cret" for name in names}
+    with pytest.raises(GpuqError) as info:
+        launcher.enqueue_payload([spec], environ=environ, allowed=allowed)
+    assert refused in str(info.value) and "s3cret" not in str(info.value)
 
 
 def test_a_v5_ledger_upgrades_with_defaults(tmp_path: Path) -> None:

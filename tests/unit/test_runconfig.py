@@ -8,7 +8,18 @@ import pytest
 
 from orchestrator.config import load_settings
 from orchestrator.errors import ConfigError
-from orchestrator.runconfig import RunConfig, check_jobs, load_run, secrets_for, setup_key
+from orchestrator.runconfig import (
+    RunConfig,
+    check_forward_allowed,
+    check_jobs,
+    is_allowed,
+    load_run,
+    never_forwarded,
+    project_root,
+    repository_root,
+    secrets_for,
+    setup_key,
+)
 from orchestrator.specs import JobSpec
 
 
@@ -103,3 +114,92 @@ def test_setup_key_follows_setup_env_and_dependency_files(tmp_path: Path) -> Non
     third = setup_key(run, tmp_path)
     assert third != second
     assert setup_key(run.model_copy(update={"env": {"A": "2"}}), tmp_path) != third
+
+
+@pytest.mark.parametrize("name", ["RUNPOD_API_KEY", "GPUQ_RUNPOD_API_KEY", "LAMBDA_API_KEY", "GPUQ_WEBHOOK_URL",
+                                  "gpuq_lambda_api_key", "GPUQ_ANYTHING"])
+def test_gpuqs_own_credentials_are_never_forwarded(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_run(write(tmp_path, f'[run]\nforward_env = ["WANDB_API_KEY", "{name}"]\n'))
+    assert f"{tmp_path}/gpuq.toml:2:1: [run] forward_env: Value error, {name} is gpuq's" in str(info.value)
+    assert never_forwarded(name) and not is_allowed(name, ["*", name])
+    assert not never_forwarded("WANDB_API_KEY") and is_allowed("WANDB_API_KEY", ["WANDB_*"])
+
+
+def test_forward_env_needs_the_users_allow_list(tmp_path: Path) -> None:
+    run = RunConfig(forward_env=("WANDB_API_KEY", "HF_TOKEN"))
+    check_forward_allowed(run, tmp_path / "gpuq.toml", ["WANDB_*", "HF_TOKEN"])
+    with pytest.raises(ConfigError) as info:
+        check_forward_allowed(run, tmp_path / "gpuq.toml", ["WANDB_API_KEY"], "/h/config.toml")
+    assert str(info.value) == (
+        f'{tmp_path}/gpuq.toml: [run] forward_env: HF_TOKEN is not in your forward_env_allow; if this project may '
+        'send it to its hosts, add forward_env_allow = ["HF_TOKEN"] to /h/config.toml (or set '
+        "GPUQ_FORWARD_ENV_ALLOW=HF_TOKEN); nothing was submitted")
+
+
+def _tree(tmp_path: Path, vcs: str | None) -> Path:
+    repo = tmp_path / "outer" / "repo"
+    (repo / "sub" / "proj").mkdir(parents=True)
+    (repo / "lib").mkdir()
+    (tmp_path / "outer" / "private").mkdir()
+    if vcs:
+        (repo / vcs).mkdir()
+    return repo
+
+
+@pytest.mark.parametrize(("vcs", "project", "ok"), [
+    (".git", "..", True),  # sub/proj -> sub: inside the repository
+    (".git", "../../lib", True),
+    (".hg", "../..", True),  # the repository's root itself
+    (".git", "../../..", False),  # outer: holds the repository and another private project
+    (".git", "../../../private", False),
+    (None, ".", True),
+    (None, "..", False),  # no repository: the gpuq.toml's own directory is the limit
+    (None, "../../../../../../../../..", False),  # up to /
+])
+def test_the_project_root_stays_inside_the_repository(tmp_path: Path, vcs: str | None, project: str,
+                                                       ok: bool) -> None:
+    repo = _tree(tmp_path, vcs)
+    toml_dir = repo / "sub" / "proj"
+    run = RunConfig(project=project)
+    if ok:
+        assert project_root(run, toml_dir).is_relative_to(repo)
+        return
+    with pytest.raises(ConfigError) as info:
+        project_root(run, toml_dir)
+    assert str(info.value).startswith(f"{toml_dir}/gpuq.toml: [run] project: {project!r} is ")
+    assert "outside the repository" in str(info.value)
+
+
+def test_a_git_file_marks_a_repository_root_too(tmp_path: Path) -> None:
+    repo = _tree(tmp_path, None)
+    (repo / ".git").write_text("gitdir: /elsewhere\n")  # a worktree or submodule
+    assert repository_root(repo / "sub" / "proj") == repo.resolve()
+    assert repository_root(tmp_path) == tmp_path.resolve()
+
+
+def test_home_root_and_gpuq_home_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = _tree(tmp_path, ".git")
+    toml_dir = repo / "sub" / "proj"
+    monkeypatch.setenv("HOME", str(repo))  # a dotfiles repository in $HOME: the repository is the home
+    with pytest.raises(ConfigError) as info:
+        project_root(RunConfig(project="../.."), toml_dir)
+    assert "is your home directory" in str(info.value)
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigError) as info:
+        project_root(RunConfig(project=".."), toml_dir, gpuq_home=repo / "sub" / "state")
+    assert "holds gpuq's state directory" in str(info.value)
+    assert project_root(RunConfig(project="../../lib"), toml_dir, gpuq_home=repo / "sub" / "state") == repo / "lib"
+    (repo / "sub" / "loop").symlink_to(repo / "sub" / "loop")
+    with pytest.raises(ConfigError):
+        project_root(RunConfig(project="../loop"), toml_dir)
+
+
+def test_the_filesystem_root_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.runconfig as runconfig
+
+    monkeypatch.setattr(runconfig, "repository_root", lambda toml_dir: Path("/"))  # a machine with /.git
+    depth = len(tmp_path.resolve().parts) - 1
+    with pytest.raises(ConfigError) as info:
+        project_root(RunConfig(project="/".join([".."] * depth)), tmp_path)
+    assert "is /; point it at the project's own directory" in str(info.value)

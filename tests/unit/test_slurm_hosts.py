@@ -4,12 +4,19 @@ place in Slurm's queue; a job larger than a node has nowhere to go)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from orchestrator import protocol
+from orchestrator.errors import HostError
+from orchestrator.fleet import Registered
+from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow
 from orchestrator.scheduler import PlanJob, plan
-from orchestrator.slurm_hosts import SlurmSettings, _gres_gpus, settings_of
+from orchestrator.slurm_hosts import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
 from orchestrator.specs import HostSlots
 
 
@@ -85,3 +92,101 @@ def test_a_multi_node_job_goes_only_where_that_many_nodes_are() -> None:
                                       "or a Slurm host with 8 nodes (the most any has is 4)")
     fat = plan([PlanJob("fat", 8, 100.0, nodes=2)], [box, hpc])
     assert not fat.assignments and "needs 8 slots" in fat.unplaced[0][1]  # 8 GPUs on each node: none has 8
+
+
+# --- the --sbatch-arg guard reads each word the way sbatch's getopt_long does --------------------------
+@pytest.mark.parametrize(("arg", "refused"), [
+    ("-o/x", "gpuq sets -o (--output) itself"),  # a short option's value attached
+    ("-Jname", "gpuq sets -J (--job-name) itself"),
+    ("-HJname", "gpuq sets -J (--job-name) itself"),  # clustered after a flag
+    ("-QHo/x", "gpuq sets -o (--output) itself"),
+    ("-e/tmp/err", "gpuq sets -e (--error) itself"),
+    ("-D/", "gpuq sets -D (--chdir) itself"),
+    ("-a1-9", "gpuq sets -a (--array) itself"),
+    ("-N4", "gpuq sets -N (--nodes) itself"),
+    ("-n4", "gpuq sets -n (--ntasks) itself"),
+    ("-dafterok:1", "gpuq sets -d (--dependency) itself"),
+    ("--out=/x", "gpuq sets --out (which sbatch reads as --output) itself"),  # a unique prefix
+    ("--comm=x", "gpuq sets --comm (which sbatch reads as --comment) itself"),
+    ("--dep=afterok:1", "gpuq sets --dep (which sbatch reads as --dependency) itself"),
+    ("--open=truncate", "gpuq sets --open (which sbatch reads as --open-mode) itself"),
+    ("--output=/x", "gpuq sets --output itself"),
+    ("--job-name", "gpuq sets --job-name itself"),
+    ("--err=/x", "gpuq sets --err (which sbatch reads as --error) itself"),
+    ("--export=ALL", "gpuq sets --export itself"),  # the job's environment is gpuq's to choose
+    ("--expo=ALL", "gpuq sets --expo (which sbatch reads as --export) itself"),
+    ("--no-req", "gpuq sets --no-req (which sbatch reads as --no-requeue) itself"),
+    ("--n=2", "--n could mean --no-requeue, --nodes, --ntasks"),  # ambiguous: sbatch refuses it too
+    ("--", "a bare -- would end sbatch's options"),
+    ("--=x", "a bare -- would end sbatch's options"),
+    ("-", "give each sbatch option as one --name=value word"),
+    ("x", "give each sbatch option as one --name=value word"),
+    ("-p", "-p needs its value in the same word"),  # it would take the next word (the script path)
+    ("-Z", "-Z is not an sbatch option gpuq can pass on"),
+    ("-h", "-h is not an sbatch option gpuq can pass on"),  # prints help and exits: every job would fail
+])
+def test_the_sbatch_arg_guard_reads_options_the_way_sbatch_does(arg: str, refused: str) -> None:
+    assert refused in sbatch_arg_problem(arg)
+    with pytest.raises(ValidationError) as info:
+        SlurmSettings(sbatch_args=("--mem=4G", arg))
+    assert refused in str(info.value)
+
+
+@pytest.mark.parametrize("arg", [
+    "--constraint=a100", "--mem=64G", "--exclusive", "-pgpu", "-Cv100", "-HQ", "-x/node[1-3]", "-t10",
+    "-Hpgpu-o", "--export-file=/x", "--gres-flags=enforce-binding", "--ntasks-per-node=1", "--nodelist=n1",
+    "--mail-user=a@b", "-wnode1", "--time=10", "-Aoops-J",  # after -A, "oops-J" is -A's value
+])
+def test_the_sbatch_arg_guard_keeps_what_is_not_gpuqs(arg: str) -> None:
+    assert sbatch_arg_problem(arg) == ""
+    assert SlurmSettings(sbatch_args=(arg,)).sbatch_args == (arg,)
+
+
+# --- the registration audit is host input: parsed at the edge, bounded, validated again ---------------------
+def _audit(tmp_path: Path, doc: object) -> tuple[LocalHost, Registered]:
+    """A login node whose interpreter answers the audit with ``doc`` (a real process, framed like the agent's)."""
+    answer = tmp_path / "answer.txt"
+    answer.write_text(f"{protocol.DOCUMENT_BEGIN}\n{json.dumps(doc) if not isinstance(doc, str) else doc}\n"
+                      f"{protocol.DOCUMENT_END}\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncat {answer}\n")
+    python.chmod(0o755)
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    row = HostRow(name="hpc", kind="ssh", root=str(root), python=str(python), created_at=0.0)
+    return LocalHost(root, name="hpc", python=str(python)), Registered(row, {})
+
+
+def _doc(nodes: str = "4", gres: str = "gpu:4") -> dict[str, object]:
+    return {"root": "/r", "versions": {"sbatch": "slurm 23.02"}, "missing": [], "probe": "shared", "probe_detail": "",
+            "partitions": [{"name": "gpu", "default": True, "avail": "up", "nodes": nodes, "gres": gres,
+                            "cpus": "64", "time_limit": "infinite"}]}
+
+
+def test_an_honest_audit_records_the_partitions_counts(tmp_path: Path) -> None:
+    host, out = _audit(tmp_path, _doc())
+    _slurm_checks(host, out, SlurmSettings(), 0)
+    final = settings_of(out.row)
+    assert final is not None and (final.nodes, final.gpus_per_node, final.partition) == (4, 4, "gpu")
+    assert json.loads((tmp_path / "root" / "slurm.json").read_text())["nodes"] == 4
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    (_doc(nodes="9" * 5000), "(partitions.0.nodes: String should have at most 32 characters)"),  # was a traceback
+    (_doc(nodes="9" * 20), "the Slurm audit reported a partition of 999999999999... nodes"),
+    (_doc(nodes="2000000"), "the Slurm audit reported nodes = 2000000, which gpuq refuses"),  # was stored
+    (_doc(gres="gpu:99999"), "the Slurm audit reported gpus_per_node = 99999, which gpuq refuses"),
+    (_doc(gres="gpu:" + "9" * 400), "partitions.0.gres"),
+    ({**_doc(), "partitions": [_doc()["partitions"][0]] * 1001}, "the Slurm audit's answer is not a valid document "
+                                                                 "(partitions"),
+    ({**_doc(), "probe": "yes"}, "(probe: Input should be"),
+    ({**_doc(), "missing": "sinfo"}, "(missing: Input should be a valid array"),
+    ("[1, 2]", "the Slurm audit's answer is not a valid document"),
+    ("{" * 5000, "the Slurm audit's answer is not a valid document"),
+])
+def test_a_lying_audit_is_refused_in_one_line(tmp_path: Path, doc: object, message: str) -> None:
+    host, out = _audit(tmp_path, doc)
+    with pytest.raises(HostError) as info:
+        _slurm_checks(host, out, SlurmSettings(), 0)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert out.row.slurm == "" and not (tmp_path / "root" / "slurm.json").exists()  # nothing recorded
