@@ -83,8 +83,11 @@ def reserved_names(run: dict[str, Any] | None) -> set[str]:
     """Top-level names never linked: the first path component of each outputs/checkpoint glob."""
     out = set()
     for pattern in _globs(run, "outputs") + _globs(run, "checkpoint"):
-        first = pattern.replace("\\", "/").lstrip("./").split("/", 1)[0]
-        if first and not any(c in first for c in "*?["):
+        path = pattern.replace("\\", "/")
+        while path.startswith("./") or path.startswith("/"):  # "./x" and "/x" name x; ".cache" stays .cache
+            path = path[2:] if path.startswith("./") else path[1:]
+        first = path.split("/", 1)[0]
+        if first not in ("", ".", "..") and not any(c in first for c in "*?["):
             out.add(first)
     return out
 

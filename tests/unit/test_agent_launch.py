@@ -52,6 +52,14 @@ def test_run_section_and_reserved_names() -> None:
     assert launch.reserved_names(None) == set()
 
 
+def test_a_glob_under_a_dot_directory_reserves_the_dot_name() -> None:
+    """``.cache/**`` reserves ``.cache`` (not ``cache``, which would leave ``.cache`` linked to the
+    bundle and reserve a project directory the job never writes)."""
+    run = {"outputs": [".cache/**", "./.hidden/x", ".//.git/y", "./../up/z"], "checkpoint": "./ckpt/*.pt"}
+    assert launch.reserved_names(run) == {".cache", ".hidden", ".git", "ckpt"}
+    assert launch.reserved_names({"outputs": [".", "./", ".."]}) == set()
+
+
 def test_the_newest_real_checkpoint_file_wins(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / "ckpt" / "sub").mkdir(parents=True)
