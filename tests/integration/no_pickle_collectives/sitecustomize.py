@@ -1,6 +1,9 @@
 """Loaded by every Python process of the payload resume tests (PYTHONPATH): torch.distributed's
 pickle-based collectives raise, so a payload that still used one fails its run (issue 23 item 3)."""
 
+from collections.abc import Callable
+from typing import Any, NoReturn
+
 import torch.distributed as _tdist
 import torch.distributed.distributed_c10d as _c10d
 
@@ -8,9 +11,9 @@ OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list", "gather_obje
                       "send_object_list", "recv_object_list")
 
 
-def _refuse(name):
-    def refused(*args, **kwargs):
-        raise RuntimeError("pickle-based collective torch.distributed.%s used (unpickles what a peer sends)" % name)
+def _refuse(name: str) -> Callable[..., NoReturn]:
+    def refused(*args: Any, **kwargs: Any) -> NoReturn:
+        raise RuntimeError(f"pickle-based collective torch.distributed.{name} used (unpickles what a peer sends)")
     return refused
 
 
