@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from typing import Any
 
 import gpuq_argv
@@ -245,19 +246,41 @@ def local_addr_args() -> list[str]:
         return ["--local-addr=127.0.0.1"]
 
 
-RO_BIND = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+# Run in a private mount namespace (unshare -m) as root: bind bundles/ read-only, then drop from the
+# bounding set the capabilities that would undo it (CAP_SYS_ADMIN: remount, umount, setns; CAP_SYS_PTRACE:
+# /proc/<agent pid>/root reaches the host's own view; CAP_SYS_MODULE), then exec the trainer.  python -I:
+# neither the run dir (cwd) nor PYTHON* variables can put project code on its sys.path; mount by the
+# path the agent found (not the job's PATH).  argv: mount, the bundles dir, then the trainer's argv.
+CAPS_DROPPED = {"CAP_SYS_MODULE": 16, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21}
+PR_CAPBSET_DROP = 24
+JAIL = (
+    "import ctypes, os, subprocess, sys\n"
+    "mount, d = sys.argv[1], sys.argv[2]\n"
+    "for argv in ([mount, '--bind', d, d], [mount, '-o', 'remount,bind,ro', d]):\n"
+    "    if subprocess.call(argv, stdin=subprocess.DEVNULL) != 0:\n"
+    "        sys.exit('gpuq: %%s failed' %% ' '.join(argv))\n"
+    "prctl = ctypes.CDLL(None, use_errno=True).prctl\n"
+    "for cap in %r:\n"
+    "    if prctl(%d, cap, 0, 0, 0) != 0:\n"
+    "        sys.exit('gpuq: cannot drop capability %%d: %%s' %% (cap, os.strerror(ctypes.get_errno())))\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n"
+) % (tuple(sorted(CAPS_DROPPED.values())), PR_CAPBSET_DROP)
 
 
 def read_only_prefix(bundle: str) -> tuple[list[str], str]:
-    """As root (mode bits do not stop root), run the trainer in a private mount namespace with the
-    bundle bind-mounted read-only.  Returns (argv prefix, "" or why it fell back to mode bits).
-    unshare and sh exec, so the trainer keeps the pid (and process group) Popen gave it."""
+    """As root (mode bits do not stop root), run the trainer in a private mount namespace where all of
+    ``bundles/`` (``bundle``'s parent: every project's code, not only this job's) is bind-mounted
+    read-only and the trainer cannot remount it (``JAIL``).  Returns (argv prefix, "" or why it fell
+    back to mode bits).  unshare and python exec, so the trainer keeps the pid (and process group)
+    Popen gave it."""
     if os.geteuid() != 0:
         return [], ""
-    unshare = shutil.which("unshare")
-    if not unshare or not shutil.which("mount"):
+    unshare, mount = shutil.which("unshare"), shutil.which("mount")
+    if not unshare or not mount:
         return [], "unshare/mount not found"
-    probe = [unshare, "-m", "--propagation", "private", "--", "sh", "-c", RO_BIND, bundle, "true"]
+    bundles = os.path.dirname(os.path.normpath(bundle))
+    probe = [unshare, "-m", "--propagation", "private", "--", sys.executable, "-I", "-c", JAIL, mount, bundles,
+             "true"]
     try:
         rc = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, timeout=30).returncode

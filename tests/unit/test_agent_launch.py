@@ -7,9 +7,13 @@ tests pin each rule (scripts/mutation.py launch).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -238,14 +242,63 @@ def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare --mount exited 3")
     Done.returncode = 0
     prefix, why = launch.read_only_prefix(str(tmp_path))
-    assert why == "" and prefix == ["/bin/unshare", "-m", "--propagation", "private", "--", "sh", "-c",
-                                    launch.RO_BIND, str(tmp_path)]
+    assert why == "" and prefix == ["/bin/unshare", "-m", "--propagation", "private", "--", sys.executable, "-I",
+                                    "-c", launch.JAIL, "/bin/mount", str(tmp_path.parent)]
 
     def broken(*a: Any, **k: Any) -> Any:
         raise OSError("denied")
 
     monkeypatch.setattr(launch.subprocess, "run", broken)
     assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
+
+
+ESCAPES = r"""
+import json, os, subprocess, sys
+bundles, outside = sys.argv[1], sys.argv[2]
+seen = {}
+def attempt(name, path):
+    try:
+        with open(path, "a") as fh:
+            fh.write("tampered")
+        seen[name] = 0
+    except OSError as e:
+        seen[name] = e.errno
+attempt("other_bundle", os.path.join(bundles, "other", "train.py"))
+attempt("own_bundle", os.path.join(bundles, "own", "train.py"))
+attempt("via_agent_root", "/proc/%s/root%s" % (outside, os.path.join(bundles, "other", "train.py")))
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+seen["remount"] = subprocess.call(["mount", "-o", "remount,bind,rw", bundles], **quiet)
+seen["umount"] = subprocess.call(["umount", "-l", bundles], **quiet)
+seen["userns_remount"] = subprocess.call(["unshare", "-U", "-r", "-m", "mount", "-o", "remount,bind,rw", bundles],
+                                         **quiet)
+attempt("after_all", os.path.join(bundles, "other", "train.py"))
+seen["cap_bnd"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapBnd")][0]
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_root_trainer_cannot_write_any_bundle_nor_remount_them(tmp_path: Path) -> None:
+    """All of bundles/ is read-only to a job run as root, and stays so: no remount, no umount, no user
+    namespace, no detour through /proc/<agent pid>/root (issue 23 item 5)."""
+    bundles = tmp_path / "bundles"
+    for name in ("own", "other"):
+        (bundles / name).mkdir(parents=True)
+        (bundles / name / "train.py").write_text("print('honest')\n")
+    prefix, why = launch.read_only_prefix(str(bundles / "own"))
+    assert why == "" and prefix
+    out = subprocess.run(prefix + [sys.executable, "-c", ESCAPES, str(bundles), str(os.getpid())],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    for name in ("other_bundle", "own_bundle", "after_all"):
+        assert seen[name] == errno.EROFS, (name, seen)
+    assert seen["via_agent_root"] in (errno.EACCES, errno.EPERM), seen
+    assert seen["remount"] != 0 and seen["umount"] != 0 and seen["userns_remount"] != 0, seen
+    assert not int(seen["cap_bnd"], 16) & (1 << launch.CAPS_DROPPED["CAP_SYS_ADMIN"]), seen
+    for name in ("own", "other"):
+        assert (bundles / name / "train.py").read_text() == "print('honest')\n"
+    (bundles / "other" / "new.txt").write_text("the agent still writes here")  # outside the job's namespace
 
 
 def test_a_spec_without_optional_fields_gives_empty_values_never_none(tmp_path: Path) -> None:
