@@ -287,7 +287,7 @@ def test_a_root_trainer_cannot_write_any_bundle_nor_remount_them(tmp_path: Path)
         (bundles / name / "train.py").write_text("print('honest')\n")
     prefix, why = launch.read_only_prefix(str(bundles / "own"))
     assert why == "" and prefix
-    out = subprocess.run(prefix + [sys.executable, "-c", ESCAPES, str(bundles), str(os.getpid())],
+    out = subprocess.run([*prefix, sys.executable, "-c", ESCAPES, str(bundles), str(os.getpid())],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
