@@ -73,6 +73,8 @@ class Settings(BaseModel):
     provider_poll_s: float | None = Field(default=None, gt=0)  # API poll/pace interval (None = adapter default)
     provider_ready_timeout_s: float = Field(default=900.0, gt=0)  # a rented machine must be ready by then
     ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
+    # same-host: a project's own checkpoint is placed back only on the host(s) that wrote it (checkpoint_trust.py)
+    checkpoint_trust: Literal["any-host", "same-host"] = "any-host"
     max_preemptions: int = Field(default=10, ge=0)  # per job, counted apart from retries (docs/health.md)
     # Multi-node jobs over SSH hosts (docs/multinode.md): how long the nodes of one attempt may wait for
     # each other (a node not started, the head's rendezvous port not reachable) before the attempt is given up
