@@ -243,7 +243,7 @@ def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     Done.returncode = 0
     prefix, why = launch.read_only_prefix(str(tmp_path))
     assert why == "" and prefix == ["/bin/unshare", "-m", "--propagation", "private", "--", sys.executable, "-I",
-                                    "-c", launch.JAIL, "/bin/mount", str(tmp_path.parent)]
+                                    "-c", launch.JAIL, "/bin/mount", str(tmp_path.parent), "{}"]
 
     def broken(*a: Any, **k: Any) -> Any:
         raise OSError("denied")
@@ -299,6 +299,24 @@ def test_a_root_trainer_cannot_write_any_bundle_nor_remount_them(tmp_path: Path)
     for name in ("own", "other"):
         assert (bundles / name / "train.py").read_text() == "print('honest')\n"
     (bundles / "other" / "new.txt").write_text("the agent still writes here")  # outside the job's namespace
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_jobs_loader_variables_reach_only_the_trainer_not_the_root_steps_before_it(tmp_path: Path) -> None:
+    """LD_PRELOAD from a project's [run] env would load its code into unshare, mount and the jail as
+    root with every capability; the jail starts without it and sets it for the trainer's exec only."""
+    (tmp_path / "bundles" / "own").mkdir(parents=True)
+    env = dict(os.environ, LD_PRELOAD="/nonexistent/gpuq-preload.so", KEEP="1")
+    clean, loader = launch.split_loader_env(env)
+    assert loader == {"LD_PRELOAD": "/nonexistent/gpuq-preload.so"} and clean["KEEP"] == "1"
+    assert "LD_PRELOAD" not in clean
+    prefix, why = launch.read_only_prefix(str(tmp_path / "bundles" / "own"), loader)
+    assert why == ""
+    show = "import os; print(os.environ.get('LD_PRELOAD'), os.environ.get('KEEP'))"
+    out = subprocess.run([*prefix, sys.executable, "-c", show], env=clean, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["/nonexistent/gpuq-preload.so", "1"], out
+    # the loader complains once per dynamically linked exec that sees the variable: the trainer only
+    assert out.stderr.count("gpuq-preload.so") == 1, out.stderr
 
 
 def test_a_spec_without_optional_fields_gives_empty_values_never_none(tmp_path: Path) -> None:
