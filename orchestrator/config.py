@@ -117,7 +117,7 @@ class Settings(BaseModel):
 _FIELDS = {name for name in Settings.model_fields if name != "home"}
 # settings only the user may set (their own config.toml or environment), never a project's gpuq.toml: a
 # cloned repository must not redirect notifications or choose what gpuq runs or writes on this machine
-USER_ONLY = ("webhook_url", "local_python", "local_root")
+USER_ONLY = ("webhook_url", "local_python", "local_root", "checkpoint_trust")
 _LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
 
 

@@ -170,3 +170,17 @@ def test_same_host_trust_never_places_a_projects_checkpoint_from_another_host(wo
 def test_the_trust_rule(trust: str, file: str, wrote: set[str], target: str, refused: bool) -> None:
     from orchestrator.checkpoint_trust import placement_refusal
     assert (placement_refusal(trust, file, wrote, target) is not None) is refused
+
+
+def test_a_cloned_project_cannot_loosen_checkpoint_trust(tmp_path: Path) -> None:
+    """Only the user's own config or environment sets it: a project's gpuq.toml saying "any-host"
+    would undo a user's "same-host"."""
+    from orchestrator.config import load_settings
+    from orchestrator.errors import ConfigError
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "gpuq.toml").write_text('checkpoint_trust = "any-host"\n')
+    env = {"GPUQ_HOME": str(tmp_path / "home"), "GPUQ_CHECKPOINT_TRUST": "same-host"}
+    with pytest.raises(ConfigError, match="checkpoint_trust can only be set in your own"):
+        load_settings(env=env, project_dir=project)
+    assert load_settings(env=env).checkpoint_trust == "same-host"
