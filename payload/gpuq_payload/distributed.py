@@ -80,7 +80,7 @@ class Dist:
         mine[:len(data)] = _as_tensor(data).to(self.device)
         boxes = [torch.empty(width, dtype=torch.uint8, device=self.device) for _ in range(self.world)]
         tdist.all_gather(boxes, mine)
-        return [_decode(bytes(box[:n].cpu().tolist()), r) for r, (box, n) in enumerate(zip(boxes, lengths))]
+        return [_decode(bytes(boxes[r][:n].cpu().tolist()), r) for r, n in enumerate(lengths)]
 
     def broadcast_json(self, doc):
         """Everyone gets rank 0's JSON-able ``doc`` (two tensor broadcasts: length, bytes)."""

@@ -61,13 +61,13 @@ def to_doc(state: dict) -> dict:
 def _ints(value, n: int, low: int, high: int) -> list:
     if not (isinstance(value, list) and len(value) == n
             and all(type(v) is int and low <= v < high for v in value)):
-        raise RngDocError("expected %d integers in [%d, %d)" % (n, low, high))
+        raise RngDocError(f"expected {n} integers in [{low}, {high})")
     return value
 
 
 def _hex_bytes(value, most: int) -> torch.Tensor:
     if not (isinstance(value, str) and 0 < len(value) <= 2 * most):
-        raise RngDocError("expected a hex string of at most %d bytes" % most)
+        raise RngDocError(f"expected a hex string of at most {most} bytes")
     try:
         raw = bytes.fromhex(value)
     except ValueError:
@@ -77,7 +77,7 @@ def _hex_bytes(value, most: int) -> torch.Tensor:
 
 def _number(value, kinds: tuple):
     if type(value) not in kinds:
-        raise RngDocError("expected %s" % " or ".join(k.__name__ for k in kinds))
+        raise RngDocError("expected " + " or ".join(k.__name__ for k in kinds))
     return value
 
 
