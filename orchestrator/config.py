@@ -77,6 +77,8 @@ class Settings(BaseModel):
     provider_poll_s: float | None = Field(default=None, gt=0)  # API poll/pace interval (None = adapter default)
     provider_ready_timeout_s: float = Field(default=900.0, gt=0)  # a rented machine must be ready by then
     ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
+    # same-host: a project's own checkpoint is placed back only on the host(s) that wrote it (checkpoint_trust.py)
+    checkpoint_trust: Literal["any-host", "same-host"] = "any-host"
     max_preemptions: int = Field(default=10, ge=0)  # per job, counted apart from retries (docs/health.md)
     # Multi-node jobs over SSH hosts (docs/multinode.md): how long the nodes of one attempt may wait for
     # each other (a node not started, the head's rendezvous port not reachable) before the attempt is given up
@@ -132,7 +134,7 @@ class Settings(BaseModel):
 _FIELDS = {name for name in Settings.model_fields if name != "home"}
 # settings only the user may set (their own config.toml or environment), never a project's gpuq.toml: a
 # cloned repository must not redirect notifications or choose what gpuq runs or writes on this machine
-USER_ONLY = ("webhook_url", "local_python", "local_root", "forward_env_allow")
+USER_ONLY = ("webhook_url", "local_python", "local_root", "forward_env_allow", "checkpoint_trust")
 _LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
 
 

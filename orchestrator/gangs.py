@@ -42,7 +42,6 @@ RENDEZVOUS_PORTS = (20000, 50000)
 """Rendezvous ports are drawn from this range by job and attempt, so every node knows the port without
 asking; a new attempt gets a new one (a port still held by a dying attempt is never reused at once)."""
 
-MAX_ADDRESSES = 8
 
 
 @dataclass(frozen=True)
@@ -85,27 +84,25 @@ def node_section(rank: int, hosts: Sequence[str], addresses: Sequence[str], port
             "master_port": port, "timeout_s": timeout_s}
 
 
-def head_addresses(host: Host, fallback: str) -> list[str]:
-    """The addresses the other nodes may reach the head on: its global IPv4 addresses (then IPv6), as
-    ``hostname -I`` lists them, else ``fallback`` (the address gpuq reaches it by).  What the host says
-    is untrusted: only well-formed, non-loopback addresses are kept, at most MAX_ADDRESSES."""
-    found: list[str] = []
+def head_addresses(host: Host) -> list[str]:
+    """The address the other nodes reach the head on: the one gpuq itself reaches it by (its SSH
+    endpoint's host name, after ``~/.ssh/config``, as the user or the provider's API gave it).
+
+    Never what the head says about itself: node 0 is one rented host of the job, and a host that
+    lies would point the other nodes' torchrun at a machine of its choosing.  [] when that name is
+    not one other hosts can use (loopback, ``localhost``, not a well-formed name): the job is then
+    not started (``deliver``)."""
+    endpoint = getattr(host, "endpoint", None)
+    name = str(getattr(endpoint, "hostname", "") or "")
+    if not _HOSTNAME.fullmatch(name) or name.lower().rstrip(".") in ("localhost", "localhost.localdomain"):
+        return []
     try:
-        result = host.run(["hostname", "-I"], timeout=30)
-        words = result.stdout.split()[:64] if result.exit_code == 0 else []
-    except HostError:
-        words = []
-    for word in words:
-        try:
-            ip = ipaddress.ip_address(word)
-        except ValueError:
-            continue
-        if not (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast):
-            found.append(str(ip))
-    found.sort(key=lambda a: ipaddress.ip_address(a).version)
-    if fallback and fallback not in found:
-        found.append(fallback)
-    return found[:MAX_ADDRESSES]
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return [name]
+    if ip.is_loopback or ip.is_unspecified or ip.is_multicast or ip.is_link_local:
+        return []
+    return [str(ip)]
 
 
 def parts_this_tick(jobs: Sequence[Job], attempts: Mapping[str, Attempt],
@@ -214,10 +211,7 @@ def part_spec(ledger: Ledger, fleet: Fleet, settings: Settings, job: Job, attemp
 
 
 def addresses_of_head(fleet: Fleet, name: str) -> list[str]:
-    host = fleet.named(name)
-    endpoint = getattr(host, "endpoint", None)
-    fallback = str(getattr(endpoint, "hostname", "") or "")
-    return head_addresses(host, fallback if _HOSTNAME.fullmatch(fallback) else "")
+    return head_addresses(fleet.named(name))
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")
@@ -233,6 +227,11 @@ def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, assignments: Seque
         job = jobs[a.job_id]
         names = [a.host, *a.peers]
         addresses = addresses_of_head(fleet, a.host)
+        if not addresses:
+            ledger.record_event("job", job.id, f"not started on {', '.join(names)}: gpuq reaches node 0's host "
+                                f"{a.host} by a name the other nodes cannot use (loopback, a tunnel); "
+                                "give it a HostName the other hosts reach", unless_repeated=True)
+            continue
         try:
             attempt = ledger.start_attempt(job.id, host=a.host, bundle_sha=bundle_sha, peers=a.peers)
         except IllegalTransition as exc:

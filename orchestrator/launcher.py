@@ -10,6 +10,7 @@ a job that runs without the ledger knowing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
@@ -18,12 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import host_documents, protocol, runconfig, transfer_progress
+from orchestrator import bundle_check, host_documents, protocol, runconfig, transfer_progress
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTransition
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep
+
+_log = logging.getLogger(__name__)
 
 # Unpack into a private temp dir, then rename: a live bundle is never overwritten.
 UNPACK_SCRIPT = (
@@ -48,10 +51,13 @@ def agent_argv(host: Host, bundle_sha: str, *args: str) -> list[str]:
 
 
 def ensure_bundle(host: Host, bundle: Bundle) -> bool:
-    """Place the bundle on the host unless it is there; True when bytes were pushed."""
-    present = host.run(["test", "-f", host.path(protocol.BUNDLES_DIR, bundle.sha256, protocol.BUNDLE_MANIFEST)])
-    if present.exit_code == 0:
+    """Place the bundle on the host unless it is there and still matches its manifest (a tampered
+    copy is moved aside on the host and pushed again, bundle_check.py); True when bytes were pushed."""
+    verdict = bundle_check.verify_on_host(host, bundle.sha256, bundle_check.manifest_digest(bundle.path))
+    if verdict.code == bundle_check.PRESENT:
         return False
+    if verdict.code == bundle_check.TAMPERED:
+        _log.warning("host %s: %s; pushing it again", host.name, verdict.detail)
     # a name of its own per push: two submits pushing the same bundle to a fresh host must not share it
     remote_tar = host.path(protocol.BUNDLES_DIR, f".{bundle.sha256}.{secrets.token_hex(8)}.tar")
     with transfer_progress.track(f"bundle {bundle.sha256[:12]} -> {host.name}", bundle.path.stat().st_size) as shown:

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator import host_documents, protocol, transfer_progress
+from orchestrator import checkpoint_trust, host_documents, protocol, transfer_progress
 from orchestrator.config import Settings
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, HostError
@@ -269,6 +269,11 @@ def place_checkpoint(ctx: Context, job: Job, host_name: str, *, same_on_every_no
     if ckpt is None:
         return "no shipped checkpoint"
     if ckpt.file.startswith(protocol.RUN_DIR + "/"):
+        wrote = ctx.ledger.attempt(job.id, ckpt.attempt)
+        why = checkpoint_trust.placement_refusal(ctx.settings.checkpoint_trust, ckpt.file,
+                                                 {ckpt.host, *(wrote.node_hosts() if wrote else [])}, host_name)
+        if why is not None:
+            raise GpuqError(why)
         return _place_run_checkpoint(ctx, job, host_name, ckpt)
     host = ctx.fleet.named(host_name)
     remote_dir = host.path("jobs", job.id, "ckpt")

@@ -1,13 +1,26 @@
-"""Process-group setup and collectives that degrade to no-ops for a single plain process."""
+"""Process-group setup and collectives that degrade to no-ops for a single plain process.
+
+Only tensor collectives cross between ranks.  Documents (RNG states, the resume choice) travel as
+UTF-8 JSON in a uint8 tensor after an int64 length, bounded by ``MAX_DOC_BYTES``: never pickle, so a
+rank on another host cannot make this one run code by what it sends (torch's ``*_object``
+collectives unpickle whatever a peer sends, docs/security.md).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 
 import torch
 import torch.distributed as tdist
+
+MAX_DOC_BYTES = 1 << 20  # one rank's document; RNG states are about 30 KB
+
+
+class PeerDocumentError(RuntimeError):
+    """A rank sent a document that is not bounded, well-formed JSON."""
 
 
 class Dist:
@@ -52,26 +65,64 @@ class Dist:
             tdist.all_reduce(t, op=red)
         return t
 
-    def all_gather_object(self, obj) -> list:
+    def gather_json(self, doc) -> list:
+        """Every rank's JSON-able ``doc``, indexed by rank (two tensor all_gathers: lengths, bytes)."""
+        data = _encode(doc)
         if not self.initialized:
-            return [obj]
-        out = [None] * self.world
-        tdist.all_gather_object(out, obj)
-        return out
+            return [_decode(data, 0)]  # the same round trip as with peers: the same types either way
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world)]
+        tdist.all_gather(sizes, size)
+        lengths = [int(n.item()) for n in sizes]
+        _check_lengths(lengths)  # every rank sees the same lengths, so every rank stops alike
+        width = max(lengths)
+        mine = torch.zeros(width, dtype=torch.uint8, device=self.device)
+        mine[:len(data)] = _as_tensor(data).to(self.device)
+        boxes = [torch.empty(width, dtype=torch.uint8, device=self.device) for _ in range(self.world)]
+        tdist.all_gather(boxes, mine)
+        return [_decode(bytes(boxes[r][:n].cpu().tolist()), r) for r, n in enumerate(lengths)]
 
-    def broadcast_object(self, obj):
-        """Everyone gets rank 0's ``obj``."""
+    def broadcast_json(self, doc):
+        """Everyone gets rank 0's JSON-able ``doc`` (two tensor broadcasts: length, bytes)."""
+        data = _encode(doc) if self.is_main else b""
         if not self.initialized:
-            return obj
-        box = [obj if self.is_main else None]
-        tdist.broadcast_object_list(box, src=0)
-        return box[0]
+            return _decode(data, 0)
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        tdist.broadcast(size, src=0)
+        n = int(size.item())
+        _check_lengths([n])
+        box = _as_tensor(data).to(self.device) if self.is_main else torch.empty(n, dtype=torch.uint8,
+                                                                               device=self.device)
+        tdist.broadcast(box, src=0)
+        return _decode(bytes(box.cpu().tolist()), 0)
 
     def close(self) -> None:
         if self.initialized and tdist.is_initialized():
             with contextlib.suppress(Exception):  # best effort at exit
                 tdist.destroy_process_group()
             self.initialized = False
+
+
+def _encode(doc) -> bytes:
+    data = json.dumps(doc, sort_keys=True, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return data
+
+
+def _as_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def _check_lengths(lengths: list) -> None:
+    for rank, n in enumerate(lengths):
+        if not 0 < n <= MAX_DOC_BYTES:
+            raise PeerDocumentError(f"rank {rank} sent a document of {n} bytes (1 to {MAX_DOC_BYTES} allowed)")
+
+
+def _decode(data: bytes, rank: int):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise PeerDocumentError(f"rank {rank} sent a document that is not JSON: {exc}") from None
 
 
 def per_parameter_allreduce(state, bucket):  # unannotated: DDP checks annotations, and here they are strings

@@ -49,6 +49,21 @@ def _fmt(x: float) -> str:
     return f"{x:.4f}" if math.isfinite(x) else ("nan" if x != x else ("inf" if x > 0 else "-inf"))
 
 
+_CHOICE_KEYS = ("path", "sha256", "in_ckpt_dir", "error")
+
+
+def resume_choice(doc) -> dict | None:
+    """Rank 0's resume choice as the other ranks received it: None, or strings under known keys
+    (path + sha256 [+ in_ckpt_dir], or error); anything else is refused."""
+    if doc is None:
+        return None
+    if not (isinstance(doc, dict) and doc and set(doc) <= set(_CHOICE_KEYS)
+            and all(isinstance(v, str) and len(v) <= 65536 for v in doc.values())
+            and ("error" in doc or {"path", "sha256"} <= set(doc))):
+        raise checkpoint.CheckpointError(f"rank 0 sent a resume choice of the wrong shape: {str(doc)[:200]}")
+    return doc
+
+
 class Trainer:
     def __init__(self, settings, dist) -> None:
         self.s = settings
@@ -157,7 +172,7 @@ class Trainer:
         """Collective: every rank contributes its RNG state; rank 0 writes; all meet at a barrier.
         The whole of it (gather, write, fsync, rename, pointer, barrier) is the measured save time."""
         t0 = time.monotonic()
-        rng_states = self.dist.all_gather_object(rng.capture())
+        rng_states = [rng.from_doc(doc) for doc in self.dist.gather_json(rng.to_doc(rng.capture()))]
         doc = None
         if self.main:
             doc = checkpoint.save_checkpoint(self.state(rng_states), self.s.ckpt_dir, step=self.step,
@@ -194,7 +209,7 @@ class Trainer:
                         choice["in_ckpt_dir"] = inside  # another node's ckpt dir may lie elsewhere
             except checkpoint.CheckpointError as exc:
                 choice = {"error": str(exc)}
-        choice = self.dist.broadcast_object(choice)
+        choice = resume_choice(self.dist.broadcast_json(choice))
         if choice is None:
             return
         if "error" in choice:

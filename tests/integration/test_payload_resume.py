@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 PAYLOAD = Path(__file__).resolve().parents[2] / "payload"
 TRAIN = PAYLOAD / "train.py"
 EPOCHS = 6
+NO_PICKLE = Path(__file__).resolve().parent / "no_pickle_collectives"
 
 CONFIG = """\
 seed: 7
@@ -58,6 +59,8 @@ def _env(run_dir: Path, **extra: str) -> dict:
         "GPUQ_HEARTBEAT": str(run_dir / "heartbeat"), "GPUQ_HEARTBEAT_S": "0.5",
         "GPUQ_CKPT_INTERVAL_S": "600", "GPUQ_JOB_ID": "c0123456789ab", "GPUQ_ATTEMPT": "1",
     })
+    # torch.distributed's pickling collectives raise in every process of these runs
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(NO_PICKLE), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
 
@@ -164,6 +167,17 @@ def _interrupt_and_resume(tmp: Path, reference: Path, sig: int, ckpt_every: int,
     assert _evals(run_dir) == _evals(reference)
 
 
+
+
+def test_the_runs_refuse_pickling_collectives(tmp_path: Path) -> None:
+    """The guard the resume tests run under is live: each save (RNG states of every rank) and each
+    resume (rank 0's choice) above crossed ranks without any ``*_object`` collective."""
+    probe = ("import torch.distributed as d\n"
+             "try:\n    d.all_gather_object([None], 1)\nexcept RuntimeError as e:\n    print(e)\n"
+             "try:\n    d.broadcast_object_list([None])\nexcept RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", probe], env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.count("pickle-based collective") == 2, out
 
 
 def reference_steps(reference: Path) -> int:

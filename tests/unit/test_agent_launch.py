@@ -7,9 +7,13 @@ tests pin each rule (scripts/mutation.py launch).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,14 @@ def test_run_section_and_reserved_names() -> None:
     assert launch.reserved_names(run) == {"out", "figs", "a", "ckpt"}
     assert launch.reserved_names({"outputs": "[ab]/x"}) == set()
     assert launch.reserved_names(None) == set()
+
+
+def test_a_glob_under_a_dot_directory_reserves_the_dot_name() -> None:
+    """``.cache/**`` reserves ``.cache`` (not ``cache``, which would leave ``.cache`` linked to the
+    bundle and reserve a project directory the job never writes)."""
+    run = {"outputs": [".cache/**", "./.hidden/x", ".//.git/y", "./../up/z"], "checkpoint": "./ckpt/*.pt"}
+    assert launch.reserved_names(run) == {".cache", ".hidden", ".git", "ckpt"}
+    assert launch.reserved_names({"outputs": [".", "./", ".."]}) == set()
 
 
 def test_the_newest_real_checkpoint_file_wins(tmp_path: Path) -> None:
@@ -230,14 +242,81 @@ def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare --mount exited 3")
     Done.returncode = 0
     prefix, why = launch.read_only_prefix(str(tmp_path))
-    assert why == "" and prefix == ["/bin/unshare", "-m", "--propagation", "private", "--", "sh", "-c",
-                                    launch.RO_BIND, str(tmp_path)]
+    assert why == "" and prefix == ["/bin/unshare", "-m", "--propagation", "private", "--", sys.executable, "-I",
+                                    "-c", launch.JAIL, "/bin/mount", str(tmp_path.parent), "{}"]
 
     def broken(*a: Any, **k: Any) -> Any:
         raise OSError("denied")
 
     monkeypatch.setattr(launch.subprocess, "run", broken)
     assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
+
+
+ESCAPES = r"""
+import json, os, subprocess, sys
+bundles, outside = sys.argv[1], sys.argv[2]
+seen = {}
+def attempt(name, path):
+    try:
+        with open(path, "a") as fh:
+            fh.write("tampered")
+        seen[name] = 0
+    except OSError as e:
+        seen[name] = e.errno
+attempt("other_bundle", os.path.join(bundles, "other", "train.py"))
+attempt("own_bundle", os.path.join(bundles, "own", "train.py"))
+attempt("via_agent_root", "/proc/%s/root%s" % (outside, os.path.join(bundles, "other", "train.py")))
+quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+seen["remount"] = subprocess.call(["mount", "-o", "remount,bind,rw", bundles], **quiet)
+seen["umount"] = subprocess.call(["umount", "-l", bundles], **quiet)
+seen["userns_remount"] = subprocess.call(["unshare", "-U", "-r", "-m", "mount", "-o", "remount,bind,rw", bundles],
+                                         **quiet)
+attempt("after_all", os.path.join(bundles, "other", "train.py"))
+seen["cap_bnd"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapBnd")][0]
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_root_trainer_cannot_write_any_bundle_nor_remount_them(tmp_path: Path) -> None:
+    """All of bundles/ is read-only to a job run as root, and stays so: no remount, no umount, no user
+    namespace, no detour through /proc/<agent pid>/root (issue 23 item 5)."""
+    bundles = tmp_path / "bundles"
+    for name in ("own", "other"):
+        (bundles / name).mkdir(parents=True)
+        (bundles / name / "train.py").write_text("print('honest')\n")
+    prefix, why = launch.read_only_prefix(str(bundles / "own"))
+    assert why == "" and prefix
+    out = subprocess.run([*prefix, sys.executable, "-c", ESCAPES, str(bundles), str(os.getpid())],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    for name in ("other_bundle", "own_bundle", "after_all"):
+        assert seen[name] == errno.EROFS, (name, seen)
+    assert seen["via_agent_root"] in (errno.EACCES, errno.EPERM), seen
+    assert seen["remount"] != 0 and seen["umount"] != 0 and seen["userns_remount"] != 0, seen
+    assert not int(seen["cap_bnd"], 16) & (1 << launch.CAPS_DROPPED["CAP_SYS_ADMIN"]), seen
+    for name in ("own", "other"):
+        assert (bundles / name / "train.py").read_text() == "print('honest')\n"
+    (bundles / "other" / "new.txt").write_text("the agent still writes here")  # outside the job's namespace
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_jobs_loader_variables_reach_only_the_trainer_not_the_root_steps_before_it(tmp_path: Path) -> None:
+    """LD_PRELOAD from a project's [run] env would load its code into unshare, mount and the jail as
+    root with every capability; the jail starts without it and sets it for the trainer's exec only."""
+    (tmp_path / "bundles" / "own").mkdir(parents=True)
+    env = dict(os.environ, LD_PRELOAD="/nonexistent/gpuq-preload.so", KEEP="1")
+    clean, loader = launch.split_loader_env(env)
+    assert loader == {"LD_PRELOAD": "/nonexistent/gpuq-preload.so"} and clean["KEEP"] == "1"
+    assert "LD_PRELOAD" not in clean
+    prefix, why = launch.read_only_prefix(str(tmp_path / "bundles" / "own"), loader)
+    assert why == ""
+    show = "import os; print(os.environ.get('LD_PRELOAD'), os.environ.get('KEEP'))"
+    out = subprocess.run([*prefix, sys.executable, "-c", show], env=clean, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["/nonexistent/gpuq-preload.so", "1"], out
+    # the loader complains once per dynamically linked exec that sees the variable: the trainer only
+    assert out.stderr.count("gpuq-preload.so") == 1, out.stderr
 
 
 def test_a_spec_without_optional_fields_gives_empty_values_never_none(tmp_path: Path) -> None:

@@ -265,3 +265,68 @@ def test_the_full_training_state_loads_with_weights_only(tmp_path: Path) -> None
     first = np.random.rand()
     rng.restore(loaded["rng"][0])
     assert np.random.rand() == first
+
+
+# --- what crosses ranks (issue 23 item 3): JSON in uint8 tensors, checked on arrival, never pickle ---
+
+
+def test_an_rng_state_crosses_ranks_as_json_and_comes_back_the_same(tmp_path: Path) -> None:
+    import random
+
+    from gpuq_payload import rng
+    from gpuq_payload.distributed import Dist
+    rng.seed_all(11)
+    random.gauss(0, 1)  # a cached gauss value travels too
+    state = rng.capture()
+    doc = json.loads(json.dumps(rng.to_doc(state)))
+    back = rng.from_doc(Dist(10, False).gather_json(doc)[0])
+    assert back["python"] == state["python"] and torch.equal(back["torch"], state["torch"])
+    rng.restore(back)
+    drawn = (random.random(), torch.rand(1).item())
+    rng.restore(state)
+    assert drawn == (random.random(), torch.rand(1).item())
+    torch.save({"rng": [back]}, tmp_path / "c.pt")  # still loads with weights_only=True
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["rng"][0]["python"] == state["python"]
+
+
+@pytest.mark.parametrize("bad", [
+    None, [], {"python": [3, [0] * 625, None]}, {"python": [3, [0] * 624, None], "torch": "00"},
+    {"python": [3, [0] * 624 + [2**32], None], "torch": "00"}, {"python": [3, [0] * 625, "x"], "torch": "00"},
+    {"python": [3, [0] * 625, None], "torch": "zz"}, {"python": [3, [0] * 625, None], "torch": "00", "x": 1},
+    {"python": [3, [0] * 625, None], "torch": "00", "numpy": ["MT19937", [0] * 3, 0, 0, 0.0]},
+    {"python": [3, [0] * 625, None], "torch": "00", "cuda": ["00"] * 65},
+    {"python": [3, [True] * 625, None], "torch": "00"},
+])
+def test_an_rng_state_of_the_wrong_shape_from_a_peer_is_refused(bad: object) -> None:
+    from gpuq_payload import rng
+    with pytest.raises(rng.RngDocError):
+        rng.from_doc(bad)
+
+
+def test_a_resume_choice_of_the_wrong_shape_is_refused() -> None:
+    from gpuq_payload.trainer import resume_choice
+    assert resume_choice(None) is None
+    assert resume_choice({"path": "/c/x.pt", "sha256": "ab"}) == {"path": "/c/x.pt", "sha256": "ab"}
+    assert resume_choice({"error": "no such checkpoint"}) == {"error": "no such checkpoint"}
+    for bad in ({}, [], "x", {"path": "/c/x.pt"}, {"path": 1, "sha256": "ab"}, {"path": "p", "sha256": "s", "x": "y"}):
+        with pytest.raises(checkpoint.CheckpointError):
+            resume_choice(bad)
+
+
+def test_a_document_that_is_not_json_or_too_long_is_refused() -> None:
+    from gpuq_payload import distributed
+    with pytest.raises(distributed.PeerDocumentError, match="rank 1 sent a document that is not JSON"):
+        distributed._decode(b"\x80\x04K\x01.", 1)  # a pickle is not JSON
+    with pytest.raises(distributed.PeerDocumentError, match="rank 1 sent a document of"):
+        distributed._check_lengths([10, distributed.MAX_DOC_BYTES + 1])
+    with pytest.raises(distributed.PeerDocumentError):
+        distributed._check_lengths([0])
+
+
+def test_the_payload_calls_no_pickling_collective() -> None:
+    payload = Path(__file__).resolve().parents[2] / "payload"
+    for path in [*payload.joinpath("gpuq_payload").glob("*.py"), payload / "train.py"]:
+        text = path.read_text()
+        for name in ("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+                     "send_object_list", "recv_object_list"):
+            assert name not in text, f"{path.name} uses torch.distributed.{name} (it unpickles what peers send)"

@@ -133,3 +133,54 @@ def test_the_metrics_file_that_travels_is_a_clean_run_dir_path(world: World, run
     with sqlite3.connect(world.home / "ledger.db") as conn:
         conn.execute("UPDATE sweep SET run = ? WHERE id = 'qaaaaaa'", (raw,))
     assert ck._run_metrics(world.ctx, world.job_row()) == metrics
+
+
+def test_same_host_trust_never_places_a_projects_checkpoint_from_another_host(world: World) -> None:
+    """checkpoint_trust = "same-host": a project's own checkpoint (any format, loaded by the project's
+    own code, gpuq never reads its content) goes back only to the host that wrote it (issue 23 item 18)."""
+    assert _ship(world, _project_job(world)) == [world.job]
+    job = world.job_row()
+    jdir = world.root / "jobs" / world.job
+    shutil.rmtree(jdir)
+    sha = hashlib.sha256(WEIGHTS).hexdigest()
+    durable = str(world.home / "checkpoints" / world.job / "run" / "ckpt" / "e1.pt")
+    world.ctx.settings = world.ctx.settings.model_copy(update={"checkpoint_trust": "same-host"})
+    world.ctx.ledger.mark_checkpoint_durable(world.job, sha, durable, "rented-a")  # written on another host
+    with pytest.raises(GpuqError, match='checkpoint_trust = "same-host": the project\'s own checkpoint '
+                                       r"run/ckpt/e1\.pt was written on rented-a and is not placed on local"):
+        ck.place_checkpoint(world.ctx, job, "local")
+    assert not jdir.exists()  # nothing reached the host
+    world.ctx.ledger.mark_checkpoint_durable(world.job, sha, durable, "local")  # the host that wrote it
+    assert ck.place_checkpoint(world.ctx, job, "local") == "pushed checkpoint run/ckpt/e1.pt"
+    shutil.rmtree(jdir)
+    world.ctx.ledger.mark_checkpoint_durable(world.job, sha, durable, "rented-a")
+    world.ctx.settings = world.ctx.settings.model_copy(update={"checkpoint_trust": "any-host"})
+    assert ck.place_checkpoint(world.ctx, job, "local") == "pushed checkpoint run/ckpt/e1.pt"  # the default
+    assert (jdir / "run" / "ckpt" / "e1.pt").read_bytes() == WEIGHTS
+
+
+@pytest.mark.parametrize(("trust", "file", "wrote", "target", "refused"), [
+    ("same-host", "run/ckpt/e1.pt", {"a"}, "a", False),
+    ("same-host", "run/ckpt/e1.pt", {"a"}, "b", True),
+    ("same-host", "run/ckpt/e1.pt", {"a", "b"}, "b", False),  # a node of the multi-node attempt that wrote it
+    ("same-host", "run/ckpt/e1.pt", {""}, "a", True),  # the writer unrecorded: not trusted
+    ("same-host", "latest-000000008.pt", {"a"}, "b", False),  # gpuq's own: read by opcodes before it is kept
+    ("any-host", "run/ckpt/e1.pt", {"a"}, "b", False),
+])
+def test_the_trust_rule(trust: str, file: str, wrote: set[str], target: str, refused: bool) -> None:
+    from orchestrator.checkpoint_trust import placement_refusal
+    assert (placement_refusal(trust, file, wrote, target) is not None) is refused
+
+
+def test_a_cloned_project_cannot_loosen_checkpoint_trust(tmp_path: Path) -> None:
+    """Only the user's own config or environment sets it: a project's gpuq.toml saying "any-host"
+    would undo a user's "same-host"."""
+    from orchestrator.config import load_settings
+    from orchestrator.errors import ConfigError
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "gpuq.toml").write_text('checkpoint_trust = "any-host"\n')
+    env = {"GPUQ_HOME": str(tmp_path / "home"), "GPUQ_CHECKPOINT_TRUST": "same-host"}
+    with pytest.raises(ConfigError, match="checkpoint_trust can only be set in your own"):
+        load_settings(env=env, project_dir=project)
+    assert load_settings(env=env).checkpoint_trust == "same-host"

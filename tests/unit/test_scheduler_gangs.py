@@ -3,9 +3,13 @@ K distinct hosts reserved together, sent only when all start now, never starved 
 
 from __future__ import annotations
 
-from orchestrator.gangs import Part, hold_back, rendezvous_port, standing_entry, waiting
+from pathlib import Path
+
+from orchestrator.gangs import Part, head_addresses, hold_back, rendezvous_port, standing_entry, waiting
+from orchestrator.hosts.sshconfig import Endpoint
 from orchestrator.scheduler import Plan, PlanJob, plan
 from orchestrator.specs import Assignment, HostSlots
+from tests.support.fakehost import FakeHost
 
 
 def _hosts(*busy: tuple[float, ...], total: int = 2) -> list[HostSlots]:
@@ -119,3 +123,17 @@ def test_a_gang_pinned_to_a_host_that_cannot_take_it_is_not_placed_elsewhere() -
     assert not pinned.assignments and pinned.unplaced == (("g", "needs 2 slots (gpus=2); host a has 1"),)
     free = plan([PlanJob("g", 2, 100.0, nodes=2)], hosts)
     assert [(p.host, p.peers) for p in free.placements] == [("b", ("c",))]
+
+
+def test_the_heads_address_is_the_one_gpuq_reaches_it_by_never_what_it_says(tmp_path: Path) -> None:
+    """Node 0 is one rented host: what it would say about itself (``hostname -I``) could point the
+    other nodes' torchrun at a machine of its choosing; the address is the SSH endpoint's, and the
+    head is not even asked (issue 23 item 3)."""
+    head = FakeHost(tmp_path / "h0", name="h0")
+    for hostname, expected in (("10.0.0.5", ["10.0.0.5"]), ("gpu1.lan", ["gpu1.lan"]), ("fd00::7", ["fd00::7"]),
+                               ("127.0.0.1", []), ("localhost", []), ("::1", []), ("0.0.0.0", []),
+                               ("-oProxyCommand=x", []), ("", [])):
+        head.endpoint = Endpoint(hostname=hostname)  # type: ignore[attr-defined]
+        assert head_addresses(head) == expected, hostname
+    assert head.calls == []
+    assert head_addresses(FakeHost(tmp_path / "h1", name="h1")) == []  # no endpoint: no address
