@@ -34,6 +34,7 @@ from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pulls import PullRecords
+from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Sweep
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
@@ -67,6 +68,7 @@ class Ledger(PullRecords):
         except (OSError, sqlite3.Error) as exc:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
         self.engine: Engine = ledger_engine(f"sqlite:///{path}")
+        self._redaction = LedgerRedaction()  # host text loses forwarded secret values as it is written
 
     def close(self) -> None:
         self.engine.dispose()
@@ -88,9 +90,17 @@ class Ledger(PullRecords):
     def _transaction(self, *, write: bool) -> Iterator[Session]:
         try:
             with transaction(self.engine, write=write) as session:
+                if write:
+                    self._redaction.install(session)
                 yield session
         except SQLAlchemyError as exc:
             raise LedgerError(f"{self.path}: ledger error: {exc.__class__.__name__}: {exc}") from exc
+
+    def redact(self, value: Any) -> Any:
+        """``value`` (text, or JSON-like) without the values the ledger's sweeps forward, as this
+        process's environment holds them, nor common token shapes (``orchestrator/redact.py``)."""
+        with self.reading() as s:
+            return self._redaction.redactor(s).value(value)
 
     # --- hosts ----------------------------------------------------------------------
 
