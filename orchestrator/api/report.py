@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import observed, protocol
-from orchestrator.api.jobs import collect_missing
+from orchestrator.api.jobs import collect_missing, collect_notes
 from orchestrator.context import Context
 from orchestrator.cost import job_cost
-from orchestrator.errors import UsageError
+from orchestrator.errors import GpuqError, UsageError
 from orchestrator.ledger import Attempt, Job, Metric, Sweep
 from orchestrator.report import stats
 from orchestrator.report.cells import group
@@ -90,8 +90,7 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     jobs: list[Job] = []
     for sweep in rows:
         jobs.extend(ctx.ledger.jobs(sweep_id=sweep.id))
-    if collect:
-        collect_missing(ctx, jobs)
+    missing = collect_missing(ctx, jobs) if collect else {}
     values: dict[str, dict[str, Metric]] = {}
     for m in ctx.ledger.metrics(j.id for j in jobs):
         if m.name == metric and m.scope in ("final", "best"):
@@ -99,13 +98,15 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     attempts: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(j.id for j in jobs):
         attempts.setdefault(att.job_id, []).append(att)
+    if jobs and not values and missing and all(j.id in missing for j in jobs if j.state == JobState.SUCCEEDED.value):
+        raise GpuqError("no finished job's results could be read: " + "; ".join(collect_notes(missing)))
     if jobs and not values and any(j.state == JobState.SUCCEEDED.value for j in jobs):
         raise UsageError(f"no finished job of {', '.join(s.id for s in rows)} reported the metric {metric!r}; "
                          "name the one your trainer writes with --metric (gpuq results shows what each job has)")
     cells = group(jobs)
     base_name = _baseline(cells, baseline)
     now = time.time()
-    notes: list[str] = []
+    notes: list[str] = collect_notes(missing)
     out: list[CellRow] = []
     finals_of: dict[str, list[float]] = {}
     for name, members in cells.items():

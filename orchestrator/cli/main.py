@@ -265,6 +265,10 @@ def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     if as_csv and as_json:
         raise click.UsageError("give --csv or --json, not both")
     rows = api.results(_ctx(), sweep=sweep)
+    from orchestrator.api.jobs import collect_notes
+
+    for note in collect_notes({row.job.id: row.error for row in rows if row.error}):
+        click.echo(f"gpuq: warning: {note}", err=True)  # one host's failure: the other rows stand
     if as_json:
         emit.results(rows)
     elif as_csv:

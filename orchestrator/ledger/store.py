@@ -17,6 +17,7 @@ Rules this class enforces:
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -528,7 +529,14 @@ class Ledger(PullRecords):
         artifacts: Sequence[tuple[str, int, str]],
         checkpoint: dict[str, Any] | None = None,
     ) -> None:
-        """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch)."""
+        """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch).
+
+        A non-finite value (NaN, an infinity) is refused whole (LedgerError, nothing changed): host
+        documents are checked at the edge, and this is the last line before SQLite."""
+        bad = next(((scope, name, value) for scope, name, value, _, _ in metrics if not math.isfinite(value)), None)
+        if bad is not None:
+            raise LedgerError(f"job {job_id}: metric {bad[1]!r} ({bad[0]}) is {bad[2]!r}, not a finite number; "
+                              "its results were not recorded")
         now = time.time()
         with self.session() as s:
             # set-based: a job's learning curves are hundreds of rows (ORM objects cost ~100x more)
