@@ -134,6 +134,11 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     if finished_n < len(jobs):
         notes.append(f"{len(jobs) - finished_n} of {len(jobs)} jobs have not finished with the metric "
                      f"{metric!r}: only the {finished_n} finished ones count")
+    huge = [c.cell for c in out if (c.n_finished >= 2 and (c.std is None or c.ci_low is None))
+            or c.verdict == "cannot compute"]
+    if huge:
+        notes.append(f"cannot compute the spread, interval or comparison of {', '.join(huge)}: their values "
+                     "lie too far apart for floating point (beyond ±1.8e308); the means are shown")
     if base_name is None:
         notes.append("no baseline: name a cell with --baseline (a cell called 'baseline' is chosen by itself)")
     cell_of = {j.id: name for name, members in cells.items() for j in members}
@@ -184,10 +189,12 @@ def _compare(cells: list[CellRow], finals_of: dict[str, list[float]], base: str 
         if cell.n_finished == 0:
             continue
         if base_finals:
-            cell.delta = stats.mean(finals_of[cell.cell]) - stats.mean(base_finals)
+            delta = stats.mean(finals_of[cell.cell]) - stats.mean(base_finals)
+            cell.delta = delta if stats.finite(delta) else None  # beyond the float range: cannot compute
         test = stats.welch(finals_of[cell.cell], base_finals)
         if test is None:
-            cell.verdict = "n too small"
+            enough = len(finals_of[cell.cell]) >= 2 and len(base_finals) >= 2
+            cell.verdict = "cannot compute" if enough else "n too small"
             continue
         cell.delta_ci_low, cell.delta_ci_high, cell.p_value = test.ci.low, test.ci.high, test.p_value
         cell.verdict = _better(test.ci.low, test.ci.high, mode)
