@@ -95,8 +95,14 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_j
     from orchestrator import api
     from orchestrator.cli import emit, render
 
+    from orchestrator.errors import UsageError
+
     ctx = _ctx(queue.parent)
-    result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
+    try:
+        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
+    except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)
+        raise UsageError(f"{exc.filename or queue}: permission denied while reading the project; make it "
+                         "readable to you, or leave it out ([run] project, .gpuqignore)") from exc
     if dry_run:
         from orchestrator.cli.dryrun import print_dry_run
 

@@ -250,7 +250,7 @@ class Ledger(PullRecords):
                 if newest is None:
                     raise JobNotFound("no sweeps yet; submit one with `gpuq submit QUEUE`")
                 return newest
-            found = list(s.exec(select(Sweep).where(col(Sweep.id).startswith(ref))))
+            found = list(s.exec(select(Sweep).where(col(Sweep.id).startswith(ref, autoescape=True))))
         if len(found) == 1:
             return found[0]
         if not found:
@@ -517,7 +517,7 @@ class Ledger(PullRecords):
         with self.reading() as s:
             query = select(Event)
             if subject is not None:
-                query = query.where(col(Event.subject).startswith(subject))
+                query = query.where(col(Event.subject).startswith(subject, autoescape=True))
             return list(s.exec(query.order_by(col(Event.id).desc()).limit(limit)))[::-1]
 
     def record_results(
