@@ -53,12 +53,12 @@ class Settings(BaseModel):
     ckpt_interval_s: int = Field(default=600, ge=1, le=604800)
     kill_grace_s: int = Field(default=30, ge=0, le=3600)
     min_free_gb: float = Field(default=1.0, ge=0, le=1e6)
-    bundle_max_mb: float = Field(default=1024.0, gt=0, le=1e6)  # a bigger project is refused at submit (docs/security.md)
+    bundle_max_mb: float = Field(default=1024.0, gt=0, le=1e6)  # a bigger project: refused at submit (docs/security.md)
     retries: int = Field(default=2, ge=0, le=10)  # per-cell `retries=` overrides (docs/health.md)
     status_timeout_s: float = Field(default=25.0, ge=0.1, le=3600)
     # Health patrol (docs/health.md): thresholds, cadence, preflight, reaping, notifications
     stall_after_s: float = Field(default=900.0, ge=1, le=604800)  # heartbeat, log and checkpoint all older: stalled
-    startup_grace_s: float = Field(default=600.0, ge=1, le=604800)  # launched this recently without a heartbeat: starting
+    startup_grace_s: float = Field(default=600.0, ge=1, le=604800)  # launched this recently, no heartbeat: starting
     patrol_interval_s: float = Field(default=60.0, ge=0.1, le=86400)  # `gpuq watch` tick while attempts run
     patrol_idle_interval_s: float = Field(default=300.0, ge=0.1, le=86400)  # ... while nothing runs
     patrol_min_interval_s: float = Field(default=15.0, ge=0.1, le=86400)  # floor for --interval (sshd MaxStartups)
@@ -71,7 +71,7 @@ class Settings(BaseModel):
     # Rented hosts (gpuq up / down / resume; docs/providers.md, docs/checkpoints.md).  API keys never live
     # here (credentials).
     ssh_key: str = ""  # private key for hosts gpuq rents ("" = ~/.ssh/id_ed25519, else id_rsa)
-    provider_poll_s: float | None = Field(default=None, ge=0.1, le=3600)  # API poll/pace interval (None = adapter default)
+    provider_poll_s: float | None = Field(default=None, ge=0.1, le=3600)  # API poll/pace (None = adapter default)
     provider_ready_timeout_s: float = Field(default=900.0, ge=1, le=86400)  # a rented machine must be ready by then
     ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
     max_preemptions: int = Field(default=10, ge=0, le=1000)  # per job, counted apart from retries (docs/health.md)

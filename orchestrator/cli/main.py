@@ -94,7 +94,6 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_j
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
-
     from orchestrator.errors import UsageError
 
     ctx = _ctx(queue.parent)

@@ -18,7 +18,7 @@ _TINY = 1e-300
 
 def mean(values: Sequence[float]) -> float:
     """The arithmetic mean; finite for any finite values (a sum past the float range is taken in
-    units of a power of two near the largest instead, so 1.5e308 and 1.5e308 average to 1.5e308, not an OverflowError)."""
+    units of a power of two near the largest instead: 1.5e308 and 1.5e308 average to 1.5e308)."""
     if not values:
         raise ValueError("mean of no values")
     try:
