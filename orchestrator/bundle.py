@@ -21,6 +21,7 @@ biggest paths; one over ``max_bytes`` is refused before any byte is read.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import io
@@ -35,7 +36,7 @@ from typing import IO
 import pathspec
 
 from orchestrator import protocol
-from orchestrator.errors import BundleError
+from orchestrator.errors import BundleError, UsageError
 
 IGNORE_FILE = ".gpuqignore"
 ALWAYS_EXCLUDED_DIRS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
@@ -118,7 +119,11 @@ def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool) -> tuple[l
     real_root = root.resolve()
     found: list[_Entry] = []
     secrets: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    def unreadable(exc: OSError) -> None:  # a directory the walk cannot list: never left out in silence
+        raise UsageError(f"{exc.filename}: cannot read this directory of the project ({exc.strerror}); "
+                         f"make it readable or list it in {IGNORE_FILE}; nothing was submitted")
+
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False, onerror=unreadable):
         here = Path(dirpath)
         rel_dir = here.relative_to(root).as_posix()
         keep = []
@@ -145,7 +150,15 @@ def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool) -> tuple[l
             if verdict == "ignored":
                 continue
             if full.is_symlink():
-                target = full.resolve()
+                try:
+                    target = full.resolve(strict=True)
+                except FileNotFoundError:
+                    continue  # a dangling link: nothing to ship
+                except (OSError, RuntimeError) as exc:  # a symlink loop (ELOOP / RuntimeError), EACCES
+                    why = "a symlink loop" if isinstance(exc, RuntimeError) or getattr(exc, "errno", 0) == errno.ELOOP \
+                        else f"a symlink that cannot be followed ({getattr(exc, 'strerror', '') or exc})"
+                    raise UsageError(f"{full}: {why} in the project; remove it or list it in {IGNORE_FILE}; "
+                                     "nothing was submitted") from exc
                 if not target.is_file() or not target.is_relative_to(real_root):
                     continue  # symlinks leaving the project never travel
             try:

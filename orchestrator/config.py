@@ -43,7 +43,8 @@ _ALLOW_RE = re.compile(r"[A-Za-z0-9_*?]+")
 
 
 class Settings(BaseModel):
-    """Everything gpuq can be told, with its default."""
+    """Everything gpuq can be told, with its default.  Every number is bounded both ways: a project's
+    gpuq.toml setting ``patrol_interval_s = 1e-9`` (a tick loop hammering every host) or 1e308 is refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -51,38 +52,38 @@ class Settings(BaseModel):
     local_root: Path | None = None
     local_cpu_slots: int | None = Field(default=None, ge=1, le=1024)
     local_python: str = ""
-    agent_idle_exit_s: int = Field(default=600, ge=5)
-    heartbeat_s: int = Field(default=10, ge=1)
-    ckpt_interval_s: int = Field(default=600, ge=1)
-    kill_grace_s: int = Field(default=30, ge=0)
-    min_free_gb: float = Field(default=1.0, ge=0)
-    bundle_max_mb: float = Field(default=1024.0, gt=0)  # a bigger project is refused at submit (docs/security.md)
+    agent_idle_exit_s: int = Field(default=600, ge=5, le=604800)
+    heartbeat_s: int = Field(default=10, ge=1, le=3600)
+    ckpt_interval_s: int = Field(default=600, ge=1, le=604800)
+    kill_grace_s: int = Field(default=30, ge=0, le=3600)
+    min_free_gb: float = Field(default=1.0, ge=0, le=1e6)
+    bundle_max_mb: float = Field(default=1024.0, gt=0, le=1e6)  # a bigger project: refused at submit (docs/security.md)
     retries: int = Field(default=2, ge=0, le=10)  # per-cell `retries=` overrides (docs/health.md)
-    status_timeout_s: float = Field(default=25.0, gt=0)
+    status_timeout_s: float = Field(default=25.0, ge=0.1, le=3600)
     # Health patrol (docs/health.md): thresholds, cadence, preflight, reaping, notifications
-    stall_after_s: float = Field(default=900.0, gt=0)  # heartbeat, log and checkpoint all older: stalled
-    startup_grace_s: float = Field(default=600.0, gt=0)  # launched this recently without a heartbeat: starting
-    patrol_interval_s: float = Field(default=60.0, gt=0)  # `gpuq watch` tick while attempts run
-    patrol_idle_interval_s: float = Field(default=300.0, gt=0)  # ... while nothing runs
-    patrol_min_interval_s: float = Field(default=15.0, gt=0)  # floor for --interval (sshd MaxStartups)
-    patrol_max_backoff_s: float = Field(default=900.0, gt=0)  # cap of the per-host probe backoff
+    stall_after_s: float = Field(default=900.0, ge=1, le=604800)  # heartbeat, log and checkpoint all older: stalled
+    startup_grace_s: float = Field(default=600.0, ge=1, le=604800)  # launched this recently, no heartbeat: starting
+    patrol_interval_s: float = Field(default=60.0, ge=0.1, le=86400)  # `gpuq watch` tick while attempts run
+    patrol_idle_interval_s: float = Field(default=300.0, ge=0.1, le=86400)  # ... while nothing runs
+    patrol_min_interval_s: float = Field(default=15.0, ge=0.1, le=86400)  # floor for --interval (sshd MaxStartups)
+    patrol_max_backoff_s: float = Field(default=900.0, ge=1, le=604800)  # cap of the per-host probe backoff
     preflight: bool = True  # GPU preflight (`gpuq doctor`) before a host's first job
     preflight_samples: int = Field(default=5, ge=1, le=60)  # one-second GPU samples per preflight
-    reap_min_age_s: float = Field(default=120.0, ge=0)  # younger device holders are starting contexts
-    reap_resample_s: float = Field(default=60.0, ge=0)  # a zombie must show in two samples this far apart
+    reap_min_age_s: float = Field(default=120.0, ge=0, le=86400)  # younger device holders are starting contexts
+    reap_resample_s: float = Field(default=60.0, ge=0, le=3600)  # a zombie must show in two samples this far apart
     webhook_url: str = ""  # JSON POST on escalations and sweep completion; "" = off; never logged
     # Rented hosts (gpuq up / down / resume; docs/providers.md, docs/checkpoints.md).  API keys never live
     # here (credentials).
     ssh_key: str = ""  # private key for hosts gpuq rents ("" = ~/.ssh/id_ed25519, else id_rsa)
-    provider_poll_s: float | None = Field(default=None, gt=0)  # API poll/pace interval (None = adapter default)
-    provider_ready_timeout_s: float = Field(default=900.0, gt=0)  # a rented machine must be ready by then
+    provider_poll_s: float | None = Field(default=None, ge=0.1, le=3600)  # API poll/pace (None = adapter default)
+    provider_ready_timeout_s: float = Field(default=900.0, ge=1, le=86400)  # a rented machine must be ready by then
     ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
     # same-host: a project's own checkpoint is placed back only on the host(s) that wrote it (checkpoint_trust.py)
     checkpoint_trust: Literal["any-host", "same-host"] = "any-host"
-    max_preemptions: int = Field(default=10, ge=0)  # per job, counted apart from retries (docs/health.md)
+    max_preemptions: int = Field(default=10, ge=0, le=1000)  # per job, counted apart from retries (docs/health.md)
     # Multi-node jobs over SSH hosts (docs/multinode.md): how long the nodes of one attempt may wait for
     # each other (a node not started, the head's rendezvous port not reachable) before the attempt is given up
-    gang_timeout_s: float = Field(default=300.0, ge=10)
+    gang_timeout_s: float = Field(default=300.0, ge=10, le=86400)
     # Bring your own trainer (project gpuq.toml): a script in the project that honours the payload
     # contract (protocol.py).  "" = the bundled payload/train.py.  Recorded per sweep at submit.
     entry: str = ""
@@ -181,7 +182,7 @@ class ProfileLaunch(_Strict):
     detach: str = "setsid"
     setup_hook: str = ""
     cred_file: str = ""
-    kill_grace_s: int = Field(default=30, ge=0)
+    kill_grace_s: int = Field(default=30, ge=0, le=3600)
     min_free_gb: float = Field(default=20, ge=0)
     # "" trains on whatever the slots are; "cpu" trains on CPU even on GPU slots (rehearsal hosts)
     train_device: Literal["", "cpu"] = ""
@@ -241,6 +242,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return {}
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}; fix the file or remove it") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     section = data.get("gpuq", data)

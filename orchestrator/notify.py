@@ -2,7 +2,9 @@
 
 The URL is a secret in practice (Slack and Discord webhooks carry their token in the path): it
 comes from settings (``GPUQ_WEBHOOK_URL`` or a config file) and is never written to the ledger or
-a log; a failed delivery is recorded without it.  Delivery never breaks a tick: every error is
+a log; a failed delivery is recorded without it.  The body's text is redacted first (the ledger's
+``redact``: forwarded secret values and common token shapes, ``orchestrator/redact.py``), since
+findings quote host text.  Delivery never breaks a tick: every error is
 swallowed after one event.  Standard library only (urllib), with a short timeout.
 """
 
@@ -15,6 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Protocol
 
+from orchestrator import redact
 from orchestrator.config import Settings
 
 TIMEOUT_S = 5.0
@@ -23,13 +26,16 @@ TIMEOUT_S = 5.0
 class _Events(Protocol):
     def record_event(self, kind: str, subject: str, message: str, *, unless_repeated: bool = False) -> None: ...
 
+    def redact(self, value: Any) -> Any: ...
+
 
 def send(settings: Settings, ledger: _Events | None, message: dict[str, Any]) -> bool:
     """POST ``message`` (plus ``source`` and ``time``) as JSON; True when the hook answered 2xx."""
     url = settings.webhook_url
     if not url:
         return False
-    body = {"source": "gpuq", "host": socket.gethostname(), "time": time.time(), **message}
+    body = {"source": "gpuq", "host": socket.gethostname(), "time": time.time(),
+            **(ledger.redact(message) if ledger is not None else redact.Redactor().value(message))}
     request = urllib.request.Request(url, data=json.dumps(body, sort_keys=True, default=str).encode(),
                                      headers={"Content-Type": "application/json", "User-Agent": "gpuq"},
                                      method="POST")

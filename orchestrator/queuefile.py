@@ -43,6 +43,7 @@ from orchestrator.specs import JobSpec, ParsedQueue
 __all__ = ["ALLOWED_KEYS", "parse_bytes", "parse_queue"]
 
 MAX_LINE_BYTES = 4096
+MAX_QUEUE_BYTES = 8 * 1024 * 1024  # a bigger queue file is refused (`gpuq submit /dev/zero` must not eat memory)
 BOM = b"\xef\xbb\xbf"
 _TOKEN_RE = re.compile(r"[^ \t]+")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -72,14 +73,39 @@ def parse_queue(
     ``needs_config=False`` (the project's command uses neither ``{config}`` nor ``{task}``) lets a
     line be only fields and trainer arguments."""
     label = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise QueueParseError(label, [QueueIssue(0, None, f"cannot read queue file: {reason}")]) from exc
+    data = read_queue_bytes(path)
     workdir = Path(os.path.abspath(path)).parent
     return parse_bytes(data, label=label, workdir=workdir, known_hosts=known_hosts, tasks=tasks,
                        needs_config=needs_config)
+
+
+def read_queue_bytes(path: Path) -> bytes:
+    """The queue file's bytes: a regular file of at most MAX_QUEUE_BYTES, else QueueParseError (a FIFO,
+    a device such as /dev/zero or a directory is refused before a byte is read; nothing waits on it)."""
+    label = str(path)
+
+    def refuse(why: str) -> QueueParseError:
+        return QueueParseError(label, [QueueIssue(0, None, why)])
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise refuse(f"cannot read queue file: {reason}") from exc
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+            raise refuse(f"cannot read queue file: it is {kind}; give a regular text file")
+        try:
+            data = handle.read(MAX_QUEUE_BYTES + 1)
+        except OSError as exc:
+            raise refuse(f"cannot read queue file: {exc.strerror or exc}") from exc
+    if len(data) > MAX_QUEUE_BYTES:
+        raise refuse(f"queue file is larger than {MAX_QUEUE_BYTES // (1024 * 1024)} MiB; split it into several "
+                     "queue files")
+    return data
 
 
 def parse_bytes(

@@ -155,26 +155,48 @@ class ResultRow:
     cost: JobCost | None = None
     metric: str = observed.DEFAULT_METRIC[0]  # the sweep's headline metric ([run] metric) and its direction
     mode: str = observed.DEFAULT_METRIC[1]
+    error: str = ""  # why this job's results could not be read from its host ("" = none failed)
 
 
-def collect_missing(ctx: Context, jobs: Sequence[Job]) -> None:
+def collect_missing(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
     """Read the summaries of SUCCEEDED jobs the ledger has no metrics of yet from their hosts
-    (one ``collect`` round trip per host)."""
+    (one ``collect`` round trip per host).
+
+    Errors are per host: a host that cannot be reached, or whose answer the ledger refuses (a
+    non-finite metric), leaves its own jobs without metrics and the others are read all the same.
+    Returns {job id: why its results are missing} for the jobs of the hosts that failed."""
     have = {m.job_id for m in ctx.ledger.metrics(j.id for j in jobs)}
     pending: dict[str, list[str]] = {}
     for job in jobs:
         if job.state == JobState.SUCCEEDED.value and job.id not in have and job.host:
             pending.setdefault(job.host, []).append(job.id)
+    errors: dict[str, str] = {}
     for name, ids in pending.items():
         row = ctx.ledger.host(name)
-        if row is not None:
+        if row is None:
+            continue
+        try:
             controller.collect(ctx.ledger, host_for(ctx, row), row.agent_bundle, ids)
+        except GpuqError as exc:
+            reason = " ".join(str(exc).split())[:300]
+            why = reason if reason.startswith(f"host {name}") else f"host {name}: {reason}"
+            done = {m.job_id for m in ctx.ledger.metrics(ids)}  # jobs recorded before the failure
+            errors.update({jid: f"results not collected: {why}" for jid in ids if jid not in done})
+    return errors
+
+
+def collect_notes(errors: dict[str, str]) -> list[str]:
+    """One line per distinct failure of ``collect_missing`` (a host's), with how many jobs it hides."""
+    counts: dict[str, int] = {}
+    for why in errors.values():
+        counts[why] = counts.get(why, 0) + 1
+    return [f"{why} ({n} job{'s' if n != 1 else ''} without metrics)" for why, n in counts.items()]
 
 
 def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
-    collect_missing(ctx, jobs)
+    errors = collect_missing(ctx, jobs)
     metrics = ctx.ledger.metrics(j.id for j in jobs)
     every = ctx.ledger.attempts_of(j.id for j in jobs)
     latest = {a.job_id: a for a in every}
@@ -185,7 +207,8 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     for job in jobs:
         final = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "final"}
         best = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "best"}
-        entry = ResultRow(job, final, best, latest.get(job.id), metric=metric, mode=mode)
+        entry = ResultRow(job, final, best, latest.get(job.id), metric=metric, mode=mode,
+                          error=errors.get(job.id, ""))
         entry.cost = job_cost(job.gpus * job.nodes, [a for a in every if a.job_id == job.id],
                               ctx.ledger.checkpoints(job.id), now)
         mark = verified.get(job.id)

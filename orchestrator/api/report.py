@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import observed, protocol
-from orchestrator.api.jobs import collect_missing
+from orchestrator.api.jobs import collect_missing, collect_notes
 from orchestrator.context import Context
 from orchestrator.cost import job_cost
-from orchestrator.errors import UsageError
+from orchestrator.errors import GpuqError, UsageError
 from orchestrator.ledger import Attempt, Job, Metric, Sweep
 from orchestrator.report import stats
 from orchestrator.report.cells import group
@@ -90,8 +90,7 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     jobs: list[Job] = []
     for sweep in rows:
         jobs.extend(ctx.ledger.jobs(sweep_id=sweep.id))
-    if collect:
-        collect_missing(ctx, jobs)
+    missing = collect_missing(ctx, jobs) if collect else {}
     values: dict[str, dict[str, Metric]] = {}
     for m in ctx.ledger.metrics(j.id for j in jobs):
         if m.name == metric and m.scope in ("final", "best"):
@@ -99,13 +98,15 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     attempts: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(j.id for j in jobs):
         attempts.setdefault(att.job_id, []).append(att)
+    if jobs and not values and missing and all(j.id in missing for j in jobs if j.state == JobState.SUCCEEDED.value):
+        raise GpuqError("no finished job's results could be read: " + "; ".join(collect_notes(missing)))
     if jobs and not values and any(j.state == JobState.SUCCEEDED.value for j in jobs):
         raise UsageError(f"no finished job of {', '.join(s.id for s in rows)} reported the metric {metric!r}; "
                          "name the one your trainer writes with --metric (gpuq results shows what each job has)")
     cells = group(jobs)
     base_name = _baseline(cells, baseline)
     now = time.time()
-    notes: list[str] = []
+    notes: list[str] = collect_notes(missing)
     out: list[CellRow] = []
     finals_of: dict[str, list[float]] = {}
     for name, members in cells.items():
@@ -133,6 +134,11 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     if finished_n < len(jobs):
         notes.append(f"{len(jobs) - finished_n} of {len(jobs)} jobs have not finished with the metric "
                      f"{metric!r}: only the {finished_n} finished ones count")
+    huge = [c.cell for c in out if (c.n_finished >= 2 and (c.std is None or c.ci_low is None))
+            or c.verdict == "cannot compute"]
+    if huge:
+        notes.append(f"cannot compute the spread, interval or comparison of {', '.join(huge)}: their values "
+                     "lie too far apart for floating point (beyond ±1.8e308); the means are shown")
     if base_name is None:
         notes.append("no baseline: name a cell with --baseline (a cell called 'baseline' is chosen by itself)")
     cell_of = {j.id: name for name, members in cells.items() for j in members}
@@ -183,10 +189,12 @@ def _compare(cells: list[CellRow], finals_of: dict[str, list[float]], base: str 
         if cell.n_finished == 0:
             continue
         if base_finals:
-            cell.delta = stats.mean(finals_of[cell.cell]) - stats.mean(base_finals)
+            delta = stats.mean(finals_of[cell.cell]) - stats.mean(base_finals)
+            cell.delta = delta if stats.finite(delta) else None  # beyond the float range: cannot compute
         test = stats.welch(finals_of[cell.cell], base_finals)
         if test is None:
-            cell.verdict = "n too small"
+            enough = len(finals_of[cell.cell]) >= 2 and len(base_finals) >= 2
+            cell.verdict = "cannot compute" if enough else "n too small"
             continue
         cell.delta_ci_low, cell.delta_ci_high, cell.p_value = test.ci.low, test.ci.high, test.p_value
         cell.verdict = _better(test.ci.low, test.ci.high, mode)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from orchestrator.config import LOCAL_HOST, PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
 from orchestrator.ledger import HostRow, Job
-from orchestrator.queuefile import parse_queue
+from orchestrator.queuefile import parse_queue, read_queue_bytes
 from orchestrator.runconfig import RunConfig, check_forward_allowed, check_jobs, load_run, project_root, setup_key
 from orchestrator.scheduler import epoch_rates, plan
 from orchestrator.setup_holds import held_bundles, is_held
@@ -149,7 +150,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         sweep_id=sweep_id,
         queue_path=str(queue),
         workdir=str(workdir.resolve()),
-        queue_text=queue.read_text(encoding="utf-8-sig", errors="replace"),
+        queue_text=read_queue_bytes(queue).decode("utf-8-sig", errors="replace"),
         jobs=parsed.jobs,
         default_retries=ctx.settings.retries,
         bundle_sha=bundle.sha256,
@@ -188,7 +189,7 @@ def _under_project(parsed: ParsedQueue, run: RunConfig, toml_path: Path, queue: 
                    gpuq_home: Path) -> ParsedQueue:
     """Config paths relative to the project root (``[run] project``), and the [run] checks of every job."""
     root = project_root(run, toml_path.parent, gpuq_home=gpuq_home)
-    errors = check_jobs(run, parsed.jobs, toml_path, queue)
+    errors = check_jobs(run, parsed.jobs, toml_path, queue) + _glob_errors(run, toml_path)
     jobs = []
     for job in parsed.jobs:
         if job.config:
@@ -201,3 +202,36 @@ def _under_project(parsed: ParsedQueue, run: RunConfig, toml_path: Path, queue: 
     if errors:
         raise UsageError("\n".join([*errors, "nothing was submitted"]))
     return parsed.model_copy(update={"jobs": tuple(jobs), "workdir": str(root)})
+
+
+def _glob_errors(run: RunConfig, toml_path: Path) -> list[str]:
+    """``outputs``/``checkpoint`` globs are relative to the job's run directory: an absolute one or one
+    with a ``..`` part would match nothing there (the host drops it), so it is refused here, at its
+    line and column of gpuq.toml."""
+    errors = []
+    text = ""
+    for key in ("outputs", "checkpoint"):
+        for pattern in getattr(run, key):
+            parts = pattern.replace("\\", "/").split("/")
+            if not (pattern.startswith(("/", "\\", "~")) or ".." in parts):
+                continue
+            if not text:
+                try:
+                    text = toml_path.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    text = " "
+            why = "is absolute" if pattern.startswith(("/", "\\", "~")) else "leaves the run directory (..)"
+            errors.append(f"{toml_path}:{_position(text, key, pattern)}: [run] {key}: {pattern!r} {why}; "
+                          "globs are relative to the job's run directory (e.g. \"outputs/**\")")
+    return errors
+
+
+def _position(text: str, key: str, needle: str) -> str:
+    """``line:column`` of ``needle`` after ``key =`` in the [run] table (of the key when not found)."""
+    section = re.search(r"^\s*\[run\]\s*$", text, re.M)
+    match = re.compile(rf"^\s*{re.escape(key)}\s*=", re.M).search(text, section.end() if section else 0)
+    if match is None:
+        return "1:1"
+    found = text.find(needle, match.end())
+    offset = found if found >= 0 else match.start() + len(match.group()) - len(match.group().lstrip())
+    return f"{text.count(chr(10), 0, offset) + 1}:{offset - (text.rfind(chr(10), 0, offset) + 1) + 1}"

@@ -12,7 +12,7 @@ from orchestrator.report import tables
 from orchestrator.report.model import CellRow, Report
 
 VERDICT_STYLE = {"better": "bold green", "worse": "bold red", "within noise": "yellow", "baseline": "bold",
-                 "n too small": "dim", "no data": "dim", "no baseline": "dim"}
+                 "n too small": "dim", "cannot compute": "dim", "no data": "dim", "no baseline": "dim"}
 
 
 def plus_minus(mean: float | None, low: float | None, high: float | None, sign: bool = False) -> str:

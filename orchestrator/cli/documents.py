@@ -203,6 +203,8 @@ class ResultJob(_Doc):
     pulled: Literal["", "verified", "missing"] = Field(
         description='"verified": a verified copy is in local_dir; "missing": verified, the copy is gone.')
     local_dir: str
+    error: str = Field(default="", description='Why the job\'s results could not be read from its host '
+                       '(unreachable, or a non-finite metric); "" when nothing failed.')
 
 
 class ResultsDocument(_Doc):

@@ -94,9 +94,14 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_j
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
+    from orchestrator.errors import UsageError
 
     ctx = _ctx(queue.parent)
-    result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
+    try:
+        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
+    except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)
+        raise UsageError(f"{exc.filename or queue}: permission denied while reading the project; make it "
+                         "readable to you, or leave it out ([run] project, .gpuqignore)") from exc
     if dry_run:
         from orchestrator.cli.dryrun import print_dry_run
 
@@ -265,6 +270,10 @@ def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     if as_csv and as_json:
         raise click.UsageError("give --csv or --json, not both")
     rows = api.results(_ctx(), sweep=sweep)
+    from orchestrator.api.jobs import collect_notes
+
+    for note in collect_notes({row.job.id: row.error for row in rows if row.error}):
+        click.echo(f"gpuq: warning: {note}", err=True)  # one host's failure: the other rows stand
     if as_json:
         emit.results(rows)
     elif as_csv:

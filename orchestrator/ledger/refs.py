@@ -27,7 +27,7 @@ def resolve_job(s: Session, ref: str) -> JobRef:
     """The job ``ref`` names (see the module doc); JobNotFound (exit 2) when none or several match."""
     if ":" in ref:
         sweep_ref, name = ref.split(":", 1)
-        found = list(s.exec(select(Job).where(col(Job.sweep_id).startswith(sweep_ref),
+        found = list(s.exec(select(Job).where(col(Job.sweep_id).startswith(sweep_ref, autoescape=True),
                                               func.lower(Job.name) == name.casefold())))
         if len(found) == 1:
             return JobRef(found[0])
@@ -53,7 +53,7 @@ def resolve_job(s: Session, ref: str) -> JobRef:
     if len(ref) < MIN_PREFIX:
         raise JobNotFound(f"no job is named {ref!r}, and {ref!r} is too short for an id prefix: "
                           f"give at least {MIN_PREFIX} characters; `gpuq status --all` lists jobs")
-    found = list(s.exec(select(Job).where(col(Job.id).startswith(ref)).limit(6)))
+    found = list(s.exec(select(Job).where(col(Job.id).startswith(ref, autoescape=True)).limit(6)))
     if len(found) == 1:
         return JobRef(found[0])
     if not found:

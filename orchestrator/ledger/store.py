@@ -17,6 +17,7 @@ Rules this class enforces:
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -34,6 +35,7 @@ from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pulls import PullRecords
+from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Sweep
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
@@ -67,6 +69,7 @@ class Ledger(PullRecords):
         except (OSError, sqlite3.Error) as exc:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from exc
         self.engine: Engine = ledger_engine(f"sqlite:///{path}")
+        self._redaction = LedgerRedaction()  # host text loses forwarded secret values as it is written
 
     def close(self) -> None:
         self.engine.dispose()
@@ -88,9 +91,17 @@ class Ledger(PullRecords):
     def _transaction(self, *, write: bool) -> Iterator[Session]:
         try:
             with transaction(self.engine, write=write) as session:
+                if write:
+                    self._redaction.install(session)
                 yield session
         except SQLAlchemyError as exc:
             raise LedgerError(f"{self.path}: ledger error: {exc.__class__.__name__}: {exc}") from exc
+
+    def redact(self, value: Any) -> Any:
+        """``value`` (text, or JSON-like) without the values the ledger's sweeps forward, as this
+        process's environment holds them, nor common token shapes (``orchestrator/redact.py``)."""
+        with self.reading() as s:
+            return self._redaction.redactor(s).value(value)
 
     # --- hosts ----------------------------------------------------------------------
 
@@ -239,7 +250,7 @@ class Ledger(PullRecords):
                 if newest is None:
                     raise JobNotFound("no sweeps yet; submit one with `gpuq submit QUEUE`")
                 return newest
-            found = list(s.exec(select(Sweep).where(col(Sweep.id).startswith(ref))))
+            found = list(s.exec(select(Sweep).where(col(Sweep.id).startswith(ref, autoescape=True))))
         if len(found) == 1:
             return found[0]
         if not found:
@@ -506,7 +517,7 @@ class Ledger(PullRecords):
         with self.reading() as s:
             query = select(Event)
             if subject is not None:
-                query = query.where(col(Event.subject).startswith(subject))
+                query = query.where(col(Event.subject).startswith(subject, autoescape=True))
             return list(s.exec(query.order_by(col(Event.id).desc()).limit(limit)))[::-1]
 
     def record_results(
@@ -518,7 +529,14 @@ class Ledger(PullRecords):
         artifacts: Sequence[tuple[str, int, str]],
         checkpoint: dict[str, Any] | None = None,
     ) -> None:
-        """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch)."""
+        """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch).
+
+        A non-finite value (NaN, an infinity) is refused whole (LedgerError, nothing changed): host
+        documents are checked at the edge, and this is the last line before SQLite."""
+        bad = next(((scope, name, value) for scope, name, value, _, _ in metrics if not math.isfinite(value)), None)
+        if bad is not None:
+            raise LedgerError(f"job {job_id}: metric {bad[1]!r} ({bad[0]}) is {bad[2]!r}, not a finite number; "
+                              "its results were not recorded")
         now = time.time()
         with self.session() as s:
             # set-based: a job's learning curves are hundreds of rows (ORM objects cost ~100x more)

@@ -3,7 +3,9 @@
 One figure per curve: the headline metric and the training loss against step.  One line per cell
 (the mean over its seeds at each logged step), a shaded band from the lowest to the highest seed,
 the baseline drawn black, thicker and dashed; the legend sits outside the plot, and a loss axis
-is logarithmic when its values span more than two decades.
+is logarithmic when its values span more than two decades.  Points beyond ±PLOT_LIMIT (huge finite
+metrics: matplotlib's axis arithmetic overflows near the float range) are left out of the figure,
+and its title says how many.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.report import stats
 from orchestrator.report.model import CellRow, Report
 
 Curves = Mapping[str, Mapping[str, Sequence[tuple[int, float]]]]  # job id -> metric -> [(step, value)]
 LOG_SPAN = 100.0  # max/min above this: a log axis
 MAX_LINES = 12  # cells drawn per figure: the baseline and the best others by mean (more are unreadable)
+PLOT_LIMIT = 1e300  # |value| beyond this is not drawn (matplotlib fails on axes reaching ~1e308)
 _LOSS_NAMES = ("loss", "train_loss", "train/loss", "training_loss")
 
 
@@ -50,7 +54,13 @@ def cell_band(jobs: Sequence[str], curves: Curves, name: str) -> list[tuple[int,
     for job in jobs:
         for step, value in curves.get(job, {}).get(name, ()):
             at.setdefault(int(step), []).append(float(value))
-    return [(step, math.fsum(v) / len(v), min(v), max(v)) for step, v in sorted(at.items())]
+    return [(step, stats.mean(v), min(v), max(v)) for step, v in sorted(at.items())]
+
+
+def drawable(band: Sequence[tuple[int, float, float, float]]) -> tuple[list[tuple[int, float, float, float]], int]:
+    """The band's points that can be drawn (mean, low and high within ±PLOT_LIMIT), and how many were left out."""
+    kept = [b for b in band if all(math.isfinite(v) and abs(v) <= PLOT_LIMIT for v in b[1:])]
+    return kept, len(band) - len(kept)
 
 
 def drawn_cells(report: Report) -> list[CellRow]:
@@ -82,8 +92,10 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
         lows: list[float] = []
         highs: list[float] = []
         shown = drawn_cells(report)
+        dropped = 0
         for cell in shown:
-            band = cell_band(cell.jobs, curves, name)
+            band, left_out = drawable(cell_band(cell.jobs, curves, name))
+            dropped += left_out
             if not band:
                 continue
             steps = [b[0] for b in band]
@@ -104,7 +116,8 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
         better = "lower" if is_loss or (name == report.metric and report.mode == "min") else "higher"
         sweeps = ", ".join(s.id for s in report.sweeps)
         some = f", the best {len(shown)} of {len(report.cells)} cells" if len(shown) < len(report.cells) else ""
-        ax.set_title(f"{name} against step ({better} is better), sweep {sweeps}{some}")
+        beyond = f"\n{dropped} points beyond ±{PLOT_LIMIT:.0e} not drawn" if dropped else ""
+        ax.set_title(f"{name} against step ({better} is better), sweep {sweeps}{some}{beyond}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9,
                   title="cell: mean over seeds\nband: lowest to highest", title_fontsize=8)

@@ -52,7 +52,7 @@ window.addEventListener('load', function () {
 });
 """
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "within noise": "noise", "n too small": "small",
-                  "no data": "small", "no baseline": "small"}
+                  "cannot compute": "small", "no data": "small", "no baseline": "small"}
 
 
 def _table(report: Report) -> str:

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Verdict = Literal["baseline", "better", "worse", "within noise", "n too small", "no data", "no baseline"]
+Verdict = Literal["baseline", "better", "worse", "within noise", "n too small", "cannot compute", "no data",
+                  "no baseline"]
 
 
 class _Strict(BaseModel):

@@ -17,17 +17,42 @@ _TINY = 1e-300
 
 
 def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean; finite for any finite values (a sum past the float range is taken in
+    units of a power of two near the largest instead: 1.5e308 and 1.5e308 average to 1.5e308)."""
     if not values:
         raise ValueError("mean of no values")
-    return math.fsum(values) / len(values)
+    try:
+        total = math.fsum(values) / len(values)
+    except OverflowError:
+        total = math.inf
+    if math.isfinite(total):
+        return total
+    k = _scale(values)
+    return math.fsum(v / k for v in values) / len(values) * k
+
+
+def _scale(values: Sequence[float]) -> float:
+    """A power of two near the largest magnitude among ``values`` (1.0 when all are 0): dividing by
+    it is exact and keeps every square in range."""
+    top = max((abs(v) for v in values), default=0.0)
+    return math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0.0 else 1.0
 
 
 def std(values: Sequence[float]) -> float | None:
-    """Sample standard deviation (n - 1 in the denominator); None below two values."""
+    """Sample standard deviation (n - 1 in the denominator); None below two values, and None when it
+    cannot be computed: the values' spread exceeds the float range (``finite`` says which)."""
     if len(values) < 2:
         return None
-    m = mean(values)
-    return math.sqrt(math.fsum((v - m) ** 2 for v in values) / (len(values) - 1))
+    k = _scale(values)
+    scaled = [v / k for v in values]
+    m = math.fsum(scaled) / len(scaled)
+    out = math.sqrt(math.fsum((v - m) ** 2 for v in scaled) / (len(scaled) - 1)) * k
+    return out if math.isfinite(out) else None
+
+
+def finite(*numbers: float | None) -> bool:
+    """True when every number is given and finite: the statistic could be computed."""
+    return all(n is not None and math.isfinite(n) for n in numbers)
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -107,14 +132,17 @@ class Interval:
 
 
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
-    """The Student-t confidence interval of the mean; None below two values."""
+    """The Student-t confidence interval of the mean; None below two values, or when its bounds
+    lie outside the float range (cannot be computed)."""
     s = std(values)
     if s is None:
         return None
     n = len(values)
-    half = t_quantile(0.5 + confidence / 2.0, n - 1) * s / math.sqrt(n)
-    m = mean(values)
-    return Interval(m - half, m + half)
+    k = _scale(values)
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * (s / k) / math.sqrt(n)
+    m = mean(values) / k
+    low, high = (m - half) * k, (m + half) * k
+    return Interval(low, high) if finite(low, high) else None
 
 
 @dataclass(frozen=True)
@@ -128,21 +156,34 @@ class Welch:
 
 
 def welch(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> Welch | None:
-    """Welch's t-test of mean(a) - mean(b); None unless both sides have at least two values.
+    """Welch's t-test of mean(a) - mean(b); None unless both sides have at least two values, and
+    None when the difference or its interval lies outside the float range (cannot be computed).
 
     Both samples without variance (every seed gave the same number): the difference is exact, so
     its interval is the point itself and the p-value is 0 when the means differ, 1 when they do not.
+    Computed on the values divided by the largest magnitude (the test does not depend on the
+    scale), so huge finite values neither overflow nor turn into NaN.
     """
-    sa, sb = std(a), std(b)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    k = _scale([*a, *b])
+    a_s, b_s = [v / k for v in a], [v / k for v in b]
+    sa, sb = std(a_s), std(b_s)
     if sa is None or sb is None:
         return None
-    delta = mean(a) - mean(b)
+    delta = mean(a_s) - mean(b_s)
     va, vb = sa * sa / len(a), sb * sb / len(b)
     se2 = va + vb
     if se2 == 0.0:
-        return Welch(delta, Interval(delta, delta), 0.0 if delta != 0.0 else 1.0, None)
+        exact = delta * k
+        if not finite(exact):
+            return None
+        return Welch(exact, Interval(exact, exact), 0.0 if delta != 0.0 else 1.0, None)
     df = se2 * se2 / ((va * va) / (len(a) - 1) + (vb * vb) / (len(b) - 1))
     se = math.sqrt(se2)
     half = t_quantile(0.5 + confidence / 2.0, df) * se
     p = 2.0 * (1.0 - t_cdf(abs(delta) / se, df))
-    return Welch(delta, Interval(delta - half, delta + half), min(1.0, max(0.0, p)), df)
+    low, mid, high = (delta - half) * k, delta * k, (delta + half) * k
+    if not finite(low, mid, high):
+        return None
+    return Welch(mid, Interval(low, high), min(1.0, max(0.0, p)), df)

@@ -19,6 +19,9 @@ class Events:
     def record_event(self, kind: str, subject: str, message: str, *, unless_repeated: bool = False) -> None:
         self.messages.append(message)
 
+    def redact(self, value: object) -> object:
+        return value
+
 
 def _settings(tmp_path: Path, url: str):  # type: ignore[no-untyped-def]
     return load_settings(env={"GPUQ_HOME": str(tmp_path), "GPUQ_WEBHOOK_URL": url})
