@@ -57,7 +57,7 @@ import gpuq_reap  # noqa: E402
 import gpuq_slurm  # noqa: E402
 import gpuq_slurm_submit  # noqa: E402
 from gpuq_cancel import cmd_cancel, cmd_kill, cmd_withdraw  # noqa: E402
-from gpuq_files import Layout  # noqa: E402
+from gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
 from gpuq_serve import cmd_serve  # noqa: E402
 from gpuq_status import cmd_status  # noqa: E402
 from gpuq_wrap import cmd_wrap  # noqa: E402
@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return P.AGENT_EXIT_USAGE if e.code else 0
     lay = Layout(args.root)
+    os.umask(PRIVATE_UMASK)  # the agent's every directory 0700, every file 0600 (docs/security.md)
+    if args.cmd in ("serve", "enqueue"):
+        make_private(lay.root)
     if args.cmd in FRAMED:
         return framed(lambda: run_document_verb(lay, args))
     if args.cmd == "serve":
