@@ -34,6 +34,8 @@ This file only parses the command line; each command lives in a sibling module: 
 (serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
 (enqueue, collect), gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top
 of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
+Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
+itself to 0700 (docs/security.md).
 """
 
 from __future__ import annotations
