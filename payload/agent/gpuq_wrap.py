@@ -1,9 +1,12 @@
 """``wrap JOB_ID ATTEMPT``: the per-attempt wrapper (docs/host-protocol.md), spawned by ``serve``.
 
-It records its process group (pgid file), builds the job's environment (run.env), runs the setup
-checks and the disk gate, starts the trainer (torchrun or python), touches wrapper.alive, samples
-memory into mem.tsv, forwards signals, ends every leftover process of the attempt, verifies the
-artifacts and always leaves exit.json, written last.
+It records its process group (pgid file), then runs the attempt's phases in order, each a method
+that returns an exit code (the attempt ends) or None (the next phase runs): prepare (the job's
+environment, run.env), setup check (bundle, entry, GPUs, the project's setup hook), gate (disk),
+meet (one node of a multi-node job over SSH hosts), train (starts the trainer, touches
+wrapper.alive, samples memory into mem.tsv, forwards signals, ends every leftover process of the
+attempt) and finalize (verifies the artifacts).  It always leaves exit.json, written last, with the
+forwarded secret values redacted (gpuq_secrets.py).
 
 stdlib only, Python >= 3.8.
 """
