@@ -34,6 +34,8 @@ This file only parses the command line; each command lives in a sibling module: 
 (serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
 (enqueue, collect), gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top
 of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
+Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
+itself to 0700 (docs/security.md).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import gpuq_reap  # noqa: E402
 import gpuq_slurm  # noqa: E402
 import gpuq_slurm_submit  # noqa: E402
 from gpuq_cancel import cmd_cancel, cmd_kill, cmd_withdraw  # noqa: E402
-from gpuq_files import Layout  # noqa: E402
+from gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
 from gpuq_serve import cmd_serve  # noqa: E402
 from gpuq_status import cmd_status  # noqa: E402
 from gpuq_wrap import cmd_wrap  # noqa: E402
@@ -113,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return P.AGENT_EXIT_USAGE if e.code else 0
     lay = Layout(args.root)
+    os.umask(PRIVATE_UMASK)  # the agent's every directory 0700, every file 0600 (docs/security.md)
+    if args.cmd in ("serve", "enqueue"):
+        make_private(lay.root)
     if args.cmd in FRAMED:
         return framed(lambda: run_document_verb(lay, args))
     if args.cmd == "serve":

@@ -1,4 +1,5 @@
-"""``cancel JOB_ID...``: withdraw queued jobs, then kill running ones (identity-checked).
+"""``cancel JOB_ID...``: withdraw queued jobs, then kill running ones (identity-checked); then the
+forwarded secrets of a sweep with no job left queued or alive go (gpuq_secrets.py).
 
 Killing is always by the recorded process group (the attempt's pgid file), and only after the
 group proves it is still that attempt's wrapper: same boot, same start ticks, the job id in the
@@ -16,6 +17,7 @@ import sys
 import time
 
 import gpuq_protocol as P
+import gpuq_secrets
 import gpuq_slurm
 import gpuq_slurm_submit
 from gpuq_files import Layout, mkdirs, read_json, spec_attempt, touch
@@ -58,6 +60,14 @@ def _kill_claimed(lay: Layout, job_id: str, attempt: int | None = None) -> str:
     return "killed"
 
 
+def drop_secrets(lay: Layout) -> None:
+    """Delete the forwarded secrets of every sweep none of whose jobs is queued or lives: a claimed
+    job lives until its attempt's exit record, unless it was cancelled (a cancelled job never
+    starts again, and its group has been killed by now)."""
+    gpuq_secrets.drop_unused(lay, lambda j, s: not os.path.exists(lay.job(j, P.CANCEL_FILE))
+                             and not os.path.exists(lay.attempt(j, spec_attempt(s), P.EXIT_FILE)))
+
+
 def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
     """Three phases, so cancelling many jobs never lets a freed slot start one of them:
     withdraw every job still in the inbox; mark every claimed one; only then kill."""
@@ -83,6 +93,7 @@ def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
         if job_id not in verdicts and job_id not in unknown:
             verdicts[job_id] = (gpuq_slurm_submit.cancel(lay, job_id) or "not running") if on_slurm \
                 else _kill_claimed(lay, job_id)
+    drop_secrets(lay)
     for job_id in unknown:
         print(f"gpuq cancel: unknown job {job_id} (not in inbox/ or claimed/ under {lay.root})",
               file=sys.stderr)
@@ -128,5 +139,6 @@ def cmd_withdraw(lay: Layout, job_ids: list[str]) -> int:
             verdicts[job_id] = "claimed"
         else:
             verdicts[job_id] = "unknown"
+    drop_secrets(lay)
     print(json.dumps(verdicts))
     return 0

@@ -122,6 +122,18 @@ class Layout:
             append_line(self.p(P.AGENT_LOG), msg)
 
 
+PRIVATE_UMASK = 0o077  # everything the agent creates is its user's alone (dirs 0700, files 0600)
+
+
+def make_private(root: str) -> None:
+    """The root itself 0700 when it is ours and more open: what others could otherwise read under
+    it (bundles unpacked by the controller, specs, logs, checkpoints) is out of their reach."""
+    with contextlib.suppress(OSError):
+        st = os.stat(root)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(root, 0o700)
+
+
 def list_specs(dirpath: str) -> list[str]:
     """Job ids of the specs in inbox/, claimed/ or withdrawn/ (tmp files and dot files skipped)."""
     try:

@@ -25,7 +25,8 @@ import sys
 from typing import Any
 
 import gpuq_protocol as P
-from gpuq_files import atomic_write_json, read_json, sha256_hex
+import gpuq_secrets
+from gpuq_files import Layout, atomic_write_json, read_json, sha256_hex
 from gpuq_procs import live_attempt
 from gpuq_runmetrics import payload_curves, run_summary
 
@@ -70,11 +71,16 @@ def verdict_for(root: str, spec: Any) -> str | None:
     return None
 
 
-def write_secrets(root: str, queue_id: str, values: dict[str, str]) -> None:
-    """secrets/<queue_id>.json, mode 0600 in a 0700 dir, written atomically (never logged)."""
+def _secrets_dir(root: str) -> str:
     sdir = os.path.join(root, P.SECRETS_DIR)
     os.makedirs(sdir, mode=0o700, exist_ok=True)
     os.chmod(sdir, 0o700)
+    return sdir
+
+
+def write_secrets(root: str, queue_id: str, values: dict[str, str]) -> None:
+    """secrets/<queue_id>.json, mode 0600 in a 0700 dir, written atomically (never logged)."""
+    sdir = _secrets_dir(root)
     tmp = os.path.join(sdir, ".%s.json.%d.tmp" % (queue_id, os.getpid()))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -106,16 +112,19 @@ def cmd_enqueue(root: str, stdin: Any) -> int:
     if bad:
         print("gpuq enqueue: malformed spec (job_id/attempt): %r" % (bad[0],), file=sys.stderr)
         return P.AGENT_EXIT_USAGE
-    for queue_id, values in sorted(secrets.items()):
-        write_secrets(root, queue_id, {str(k): str(v) for k, v in values.items()})
+    if secrets:
+        _secrets_dir(root)
     verdicts: dict[str, str] = {}
-    for spec in specs:
-        job_id = str(spec["job_id"])
-        why = verdict_for(root, spec)
-        if why is None:
-            _write_spec(root, job_id, spec)
-            why = "queued"
-        verdicts[job_id] = why
+    with gpuq_secrets.locked(Layout(root)):  # no deletion between a sweep's secrets and its specs
+        for queue_id, values in sorted(secrets.items()):
+            write_secrets(root, queue_id, {str(k): str(v) for k, v in values.items()})
+        for spec in specs:
+            job_id = str(spec["job_id"])
+            why = verdict_for(root, spec)
+            if why is None:
+                _write_spec(root, job_id, spec)
+                why = "queued"
+            verdicts[job_id] = why
     sys.stdout.write(json.dumps(verdicts, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0

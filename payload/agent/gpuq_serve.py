@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_secrets
 import gpuq_slurm
 from gpuq_files import (
     Layout,
@@ -305,25 +306,9 @@ class Agent:
 
     def drop_secrets(self) -> None:
         """Delete secrets/<queue_id>.json once no job of that queue is queued, claimed or running."""
-        sdir = self.lay.p(P.SECRETS_DIR)
-        try:
-            held = [n[:-5] for n in os.listdir(sdir) if n.endswith(".json") and not n.startswith(".")]
-        except OSError:
-            return
-        if not held:
-            return
-        live = {str(r.spec.get("queue_id", "")) for r in self.running.values()}
-        for j in list_specs(self.lay.p(P.INBOX_DIR)):
-            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
-            live.add(str(s.get("queue_id", "")) if isinstance(s, dict) else "")
-        for j in list_specs(self.lay.p(P.CLAIMED_DIR)):
-            s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json"))
-            if isinstance(s, dict) and not os.path.exists(self.lay.attempt(j, spec_attempt(s), P.EXIT_FILE)):
-                live.add(str(s.get("queue_id", "")))
-        for qid in held:
-            if qid not in live:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(sdir, qid + ".json"))
+        lay = self.lay
+        gpuq_secrets.drop_unused(lay, lambda j, s: j in self.running or not os.path.exists(
+            lay.attempt(j, spec_attempt(s), P.EXIT_FILE)))
 
     def free_port(self) -> int:
         """A free TCP port for MASTER_PORT that no live attempt of this root holds."""
@@ -417,11 +402,16 @@ class Agent:
             return False  # withdrawn by the controller, or taken by someone else
 
     def claim_and_launch(self) -> int:
-        lay = self.lay
+        """Launch what fits now: the jobs claimed but never launched first, then the inbox oldest
+        first (a smaller job behind one that waits may backfill).  Returns how many inbox jobs wait."""
+        self._launch_pending()
+        return sum(self._take(job_id, spec) for _created, job_id, spec in self._inbox_by_age())
+
+    def _launch_pending(self) -> None:
+        """Claimed but never launched (found at start-up): launched once they fit, failed if they never can."""
         total = len(self.slots["ids"])
-        # claimed but never launched (found at start-up) go first
         for job_id in list(self.pending):
-            spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+            spec = read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
             if not isinstance(spec, dict):
                 self.pending.remove(job_id)
                 continue
@@ -432,12 +422,12 @@ class Agent:
             elif need <= len(self.free_slots()) and self.alive_other(job_id, spec_attempt(spec)) is None:
                 self.pending.remove(job_id)
                 self.launch(job_id, spec, need)
-        names = list_specs(lay.p(P.INBOX_DIR))
-        if not names:
-            return 0
+
+    def _inbox_by_age(self) -> list[tuple[float, str, Any]]:
+        """(created_at, job id, spec or None) of every inbox spec, oldest first."""
         entries = []
-        for job_id in names:
-            spec = read_json(lay.p(P.INBOX_DIR, job_id + ".json"))
+        for job_id in list_specs(self.lay.p(P.INBOX_DIR)):
+            spec = read_json(self.lay.p(P.INBOX_DIR, job_id + ".json"))
             created = spec.get("created_at", 0) if isinstance(spec, dict) else 0
             try:
                 created = float(created)
@@ -445,45 +435,42 @@ class Agent:
                 created = 0.0
             entries.append((created, job_id, spec))
         entries.sort(key=lambda e: (e[0], e[1]))
-        left = 0
-        for _created, job_id, spec in entries:
-            if not isinstance(spec, dict):
-                if self._claim(job_id):
-                    self._fail(job_id, None, P.EXIT_SETUP, "job spec is not a JSON object")
-                continue
-            major = spec_major(spec.get("schema"))
-            if major is None:
-                if self._claim(job_id):
-                    self._fail(job_id, spec, P.EXIT_SETUP,
-                               "job spec has no valid schema (%r); this agent reads %s"
-                               % (spec.get("schema"), P.SPEC_SCHEMA))
-                continue
-            if major > (spec_major(P.SPEC_SCHEMA) or 1):
-                if self._claim(job_id):
-                    self._fail(job_id, spec, P.EXIT_SETUP,
-                               "job spec schema %s is newer than this agent (%s); upgrade the bundle"
-                               % (spec.get("schema"), P.SPEC_SCHEMA))
-                continue
-            need = spec_slots(spec)
-            if need > total:
-                if self._claim(job_id):
-                    self._fail(job_id, spec, P.EXIT_SETUP, self._too_big(need, total))
-                continue
-            if need > len(self.free_slots()):
-                left += 1
-                continue  # waits; a smaller job behind it may backfill
-            other = self.alive_other(job_id, spec_attempt(spec))
-            if other is not None:  # attempt n+1 waits in the inbox until attempt n has ended
-                left += 1
-                if self.refused.get(job_id) != spec_attempt(spec):
-                    self.refused[job_id] = spec_attempt(spec)
-                    self.log("WAITING %s a%d: attempt %d of this job is still alive here; never two at once"
-                             % (job_id, spec_attempt(spec), other))
-                continue
+        return entries
+
+    def _unfit(self, spec: Any) -> str:
+        """Why this host can never run the spec ("" when it can)."""
+        if not isinstance(spec, dict):
+            return "job spec is not a JSON object"
+        major = spec_major(spec.get("schema"))
+        if major is None:
+            return "job spec has no valid schema (%r); this agent reads %s" % (spec.get("schema"), P.SPEC_SCHEMA)
+        if major > (spec_major(P.SPEC_SCHEMA) or 1):
+            return "job spec schema %s is newer than this agent (%s); upgrade the bundle" % (
+                spec.get("schema"), P.SPEC_SCHEMA)
+        need, total = spec_slots(spec), len(self.slots["ids"])
+        return self._too_big(need, total) if need > total else ""
+
+    def _take(self, job_id: str, spec: Any) -> int:
+        """Claim and launch one inbox job, or fail it when it can never run here.  1 when it waits."""
+        unfit = self._unfit(spec)
+        if unfit:
             if self._claim(job_id):
-                self.queue_of[job_id] = str(spec.get("queue_id", ""))
-                self.launch(job_id, spec, need)
-        return left
+                self._fail(job_id, spec if isinstance(spec, dict) else None, P.EXIT_SETUP, unfit)
+            return 0
+        need = spec_slots(spec)
+        if need > len(self.free_slots()):
+            return 1  # waits; a smaller job behind it may backfill
+        other = self.alive_other(job_id, spec_attempt(spec))
+        if other is not None:  # attempt n+1 waits in the inbox until attempt n has ended
+            if self.refused.get(job_id) != spec_attempt(spec):
+                self.refused[job_id] = spec_attempt(spec)
+                self.log("WAITING %s a%d: attempt %d of this job is still alive here; never two at once"
+                         % (job_id, spec_attempt(spec), other))
+            return 1
+        if self._claim(job_id):
+            self.queue_of[job_id] = str(spec.get("queue_id", ""))
+            self.launch(job_id, spec, need)
+        return 0
 
     def _too_big(self, need: int, total: int) -> str:
         return "job needs %d slots and the host has %d (%s)" % (need, total, self.slots["kind"])

@@ -2,7 +2,8 @@
 
 Under flock <root>/setup/<key>.lock: ok.json -> skip; failed.json -> fail fast; else run
 ``sh -c <setup>`` in a fresh writable copy of the project (setup/<key>/project), output to
-setup/<key>/setup.log, and record ok.json or failed.json {"code", "tail", "bundle_sha", "at"}.
+setup/<key>/setup.log, and record ok.json or failed.json {"code", "tail", "bundle_sha", "at"}; the
+tail has the job's forwarded secret values redacted (gpuq_secrets.py).
 Concurrent wrappers wait on the lock, so the hook runs once.
 
 stdlib only, Python >= 3.8.
@@ -21,6 +22,7 @@ from typing import Any
 
 import gpuq_protocol as P
 from gpuq_files import Layout, atomic_write_json, read_json, utc
+from gpuq_secrets import redact
 
 KEY_RE = re.compile(r"^[0-9a-f]{8,128}$")
 TAIL_LINES = 20
@@ -41,8 +43,10 @@ def _failure(key: str, rec: dict[str, Any]) -> str:
     return "setup failed (exit %s) on %s: %s" % (rec.get("code"), socket.gethostname(), tail[-1] if tail else "")
 
 
-def run_setup(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, str]) -> str:
-    """"" when the project's setup has succeeded on this host (now or before); else the message."""
+def run_setup(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, str],
+              hide: list[str] | None = None) -> str:
+    """"" when the project's setup has succeeded on this host (now or before); else the message.
+    ``hide``: forwarded secret values, redacted from the recorded tail (and so from the message)."""
     run = spec.get("run") if isinstance(spec.get("run"), dict) else {}
     script = str(run.get("setup") or "")
     key = str(run.get("setup_key") or "")
@@ -60,7 +64,7 @@ def run_setup(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, st
             return ""
         failed = read_json(os.path.join(kdir, "failed.json"))
         if isinstance(failed, dict):
-            return _failure(key, failed)
+            return redact(_failure(key, failed), hide or [])
         project = os.path.join(kdir, "project")
         if os.path.isdir(project):
             subprocess.run(["chmod", "-R", "u+w", project], check=False)
@@ -78,7 +82,8 @@ def run_setup(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, st
             except OSError as e:
                 logf.write(("cannot run sh: %s\n" % e).encode())
                 code = 127
-        rec = {"code": code, "tail": _tail(log_path), "bundle_sha": str(spec.get("bundle_sha", "")), "at": utc()}
+        tail = [redact(line, hide or []) for line in _tail(log_path)]
+        rec = {"code": code, "tail": tail, "bundle_sha": str(spec.get("bundle_sha", "")), "at": utc()}
         if code == 0:
             atomic_write_json(os.path.join(kdir, "ok.json"), rec)
             return ""

@@ -13,8 +13,33 @@ import socket
 from typing import Any
 
 import gpuq_protocol as P
+from gpuq_files import append_line, atomic_write_json, mkdirs, utc
 from gpuq_gang import interface_to
-from gpuq_slurm import restart_count
+from gpuq_slurm import NODE_FILE, restart_count
+
+
+def enter_node(adir: str, launch: dict[str, Any]) -> tuple[str, int]:
+    """The wrapper's first step on a compute node: (the attempt dir this node writes, the restart
+    count).  A multi-node job's other nodes keep their own files (``node-<rank>/``); every node of a
+    multi-node job records which machine got which rank (node.json); a requeued run sets the
+    stopped run's exit record aside and says so in the job log."""
+    rank = node_rank()
+    if rank > 0 and os.path.isdir(adir):
+        adir = os.path.join(adir, "node-%d" % rank)
+        mkdirs(adir)
+        atomic_write_json(os.path.join(adir, P.LAUNCH_FILE), launch)
+    restart = restart_count()
+    if int(os.environ.get("SLURM_NNODES") or 1) > 1:  # which machine got which node rank
+        atomic_write_json(os.path.join(adir, NODE_FILE), {
+            "rank": rank, "host": socket.gethostname(), "slurm_job_id": os.environ["SLURM_JOB_ID"],
+            "restart": restart, "time": utc()})
+    stale = set_aside_stale_exit(adir)
+    if restart:
+        append_line(os.path.join(adir, P.JOB_LOG), "=== gpuq: Slurm job %s runs this attempt again "
+                    "(restart %d)%s; resuming from the newest checkpoint ===" % (
+                        os.environ["SLURM_JOB_ID"], restart,
+                        ", the stopped run's record is " + os.path.basename(stale) if stale else ""))
+    return adir, restart
 
 
 def set_aside_stale_exit(adir: str) -> str:

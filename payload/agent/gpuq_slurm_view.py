@@ -1,5 +1,6 @@
-"""Slurm mode, in ``status``: correct the attempts' entries with Slurm's word (one squeue call) and
-report which machine got which node rank (gpuq_slurm.py says what Slurm mode is).
+"""Slurm mode, in ``status``: correct the attempts' entries with Slurm's word (one squeue call),
+report which machine got which node rank, and delete the forwarded secrets of a sweep none of whose
+attempts lives any more (gpuq_slurm.py says what Slurm mode is).
 
 stdlib only, Python >= 3.8.
 """
@@ -11,12 +12,14 @@ import os
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_secrets
 import gpuq_slurm
-from gpuq_files import Layout, exit_record, mtime, read_json
+from gpuq_files import Layout, exit_record, mtime, read_json, spec_attempt
 from gpuq_slurm import ALIVE, JOB_FILE, JOB_ID, NODE_FILE, UNSUBMITTED_GRACE_S
 
 
 MAX_NODES_SHOWN = 256
+LIVE_STATES = ("claimed", "running")
 
 
 def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str, Any]:
@@ -92,6 +95,18 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
         e["exit"] = rec
         e["state"] = "exited"
     return {"jobs": alive, "error": error}
+
+
+def drop_ended_secrets(lay: Layout, jobs: list[dict[str, Any]], slurm: dict[str, Any]) -> list[str]:
+    """No agent runs on a login node to delete a sweep's forwarded secrets: ``status`` deletes them
+    once Slurm has answered and no attempt of that sweep is queued, pending or running (the entries
+    as apply_view corrected them; an attempt that appeared since counts as alive).  Returns the queue
+    ids deleted."""
+    if slurm.get("error"):
+        return []  # Slurm did not answer: nothing is concluded
+    state = {(str(e["job_id"]), e["attempt"]): e["state"] for e in jobs}
+    return gpuq_secrets.drop_unused(
+        lay, lambda j, s: state.get((j, spec_attempt(s)), "claimed") in LIVE_STATES)
 
 
 def node_ranks(adir: str) -> list[dict[str, Any]]:

@@ -1,7 +1,10 @@
 """``status --json``: the read-only probe, one "gpuq.status/1" document on stdout.
 
 It reads the root and /proc and writes nothing (no file, no .pyc): safe on a read-only bundle,
-safe while an agent runs.  The document's fields are listed in gpuq_protocol.py.
+safe while an agent runs; the one exception is on a Slurm login node, where no agent runs: there it
+deletes the forwarded secrets of a sweep none of whose attempts lives (gpuq_slurm_view.py).
+The document's fields are listed in gpuq_protocol.py.  The forwarded secret values held on the
+host are redacted from every job entry (gpuq_secrets.py).
 
 stdlib only, Python >= 3.8.
 """
@@ -18,6 +21,7 @@ import time
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_secrets
 import gpuq_slurm
 import gpuq_slurm_view
 from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_attempt, utc
@@ -153,6 +157,10 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         ex = e.get("exit") or {}
         if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
             e["results"] = collect_one(lay.root, e["job_id"], write=False)
+    hide = gpuq_secrets.held_values(lay)  # host text (progress lines, scans, exit records, results)
+    jobs = [gpuq_secrets.redact_doc(e, hide) for e in jobs]
+    if slurm is not None:
+        gpuq_slurm_view.drop_ended_secrets(lay, jobs, slurm)
     doc = {"schema": P.STATUS_SCHEMA, "protocol": P.PROTOCOL_VERSION, "hostname": socket.gethostname(),
            "root": lay.root, "time": utc(now), "boot_id": boot_id(), "uptime_s": uptime, "agent": agent,
            "slots": {"kind": kind, "total": total, "free": max(0, total - used)},

@@ -1,9 +1,12 @@
 """``wrap JOB_ID ATTEMPT``: the per-attempt wrapper (docs/host-protocol.md), spawned by ``serve``.
 
-It records its process group (pgid file), builds the job's environment (run.env), runs the setup
-checks and the disk gate, starts the trainer (torchrun or python), touches wrapper.alive, samples
-memory into mem.tsv, forwards signals, ends every leftover process of the attempt, verifies the
-artifacts and always leaves exit.json, written last.
+It records its process group (pgid file), then runs the attempt's phases in order, each a method
+that returns an exit code (the attempt ends) or None (the next phase runs): prepare (the job's
+environment, run.env), setup check (bundle, entry, GPUs, the project's setup hook), gate (disk),
+meet (one node of a multi-node job over SSH hosts), train (starts the trainer, touches
+wrapper.alive, samples memory into mem.tsv, forwards signals, ends every leftover process of the
+attempt) and finalize (verifies the artifacts).  It always leaves exit.json, written last, with the
+forwarded secret values redacted (gpuq_secrets.py).
 
 stdlib only, Python >= 3.8.
 """
@@ -12,11 +15,9 @@ stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,8 +26,10 @@ from typing import Any
 
 import gpuq_gang
 import gpuq_protocol as P
+import gpuq_secrets
 import gpuq_slurm
 import gpuq_slurm_node
+from gpuq_checks import cuda_sees, disk_gate, verify_artifacts
 from gpuq_files import (
     Layout,
     append_line,
@@ -35,13 +38,11 @@ from gpuq_files import (
     exit_record,
     mkdirs,
     read_json,
-    read_text,
     sha256_file,
     spec_slots,
     touch,
     utc,
 )
-from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_launch import (
     build_env,
     job_argv,
@@ -51,11 +52,26 @@ from gpuq_launch import (
     run_section,
     secrets_for,
 )
+from gpuq_memwatch import sample_memory
 from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
 from gpuq_setup import run_setup
 
-INODE_LIMIT_PCT = 95.0
-MEM_SAMPLE_S = 5.0
+
+def process_env(run_env: dict[str, str]) -> dict[str, str]:
+    """The trainer's process environment: PATH, HOME, LANG, USER and TMPDIR from the wrapper's own,
+    then run.env on top (the forwarded secrets are added only at the launch)."""
+    env: dict[str, str] = {}
+    for k in ("PATH", "HOME", "LANG", "USER", "TMPDIR"):
+        if os.environ.get(k) is not None:
+            env[k] = os.environ[k]
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    # the job's interpreter first on PATH, as activating its venv does: the `pip` of a project's
+    # setup and a `python` in its command are the interpreter the trainer runs with
+    bindir = os.path.dirname(sys.executable)
+    if bindir and env["PATH"].split(":")[0] != bindir:
+        env["PATH"] = bindir + ":" + env["PATH"]
+    env.update(run_env)
+    return env
 
 
 class Wrapper:
@@ -74,6 +90,17 @@ class Wrapper:
         self.done = threading.Event()
         self.time_limit_near = False
         self.slurm_restart = 0  # SLURM_RESTART_COUNT when Slurm runs this attempt (again)
+        self.hide: list[str] = []  # forwarded secret values: never in a record the controller reads
+        # what the phases settle for the ones after them
+        self.launch: dict[str, Any] = {}
+        self.sha = ""
+        self.bundle = ""
+        self.run_env: dict[str, str] = {}  # run.env: what the trainer gets on top of PATH/HOME/...
+        self.env: dict[str, str] = {}  # the trainer's whole process environment
+        self.node: dict[str, Any] | None = None  # one node of a job over SSH hosts
+        self.rendezvous: list[str] | None = None  # torchrun's multi-node arguments
+        self.python = sys.executable
+        self.gpus = 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGUSR1:  # Slurm's --signal=B:USR1@grace: the time limit is near
@@ -107,10 +134,17 @@ class Wrapper:
                 rec["slurm_time_limit"] = True
                 rec["message"] = "Slurm time limit near (SIGUSR1): checkpointed and stopped; " + rec["message"]
         rec.update(extra or {})
+        rec = gpuq_secrets.redact_doc(rec, self._hidden())  # host text: the setup tail, the trainer's word
         atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
         self.done.set()
         self.marker("FINISHED", "(exit=%d)" % code)
         return code
+
+    def _hidden(self, more: dict[str, str] | None = None) -> list[str]:
+        """The secret values to redact: those held when the wrapper started, those held now and ``more``."""
+        now = gpuq_secrets.held_values(self.lay)
+        extra = [v for v in (more or {}).values() if len(v) >= gpuq_secrets.MIN_REDACT_CHARS]
+        return sorted(set(self.hide) | set(now) | set(extra), key=lambda v: (-len(v), v))
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
@@ -119,24 +153,10 @@ class Wrapper:
         if not os.path.isdir(self.adir):
             print(f"gpuq wrap: no attempt directory {self.adir}", file=sys.stderr)
             return P.EXIT_SETUP
+        self.hide = gpuq_secrets.held_values(self.lay)  # before anything can delete them
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
         if launch.get("slurm") and os.environ.get("SLURM_JOB_ID"):
-            rank = gpuq_slurm_node.node_rank()
-            if rank > 0 and os.path.isdir(self.adir):  # a multi-node job's other nodes keep their own files
-                self.adir = os.path.join(self.adir, "node-%d" % rank)
-                mkdirs(self.adir)
-                atomic_write_json(os.path.join(self.adir, P.LAUNCH_FILE), launch)
-            self.slurm_restart = gpuq_slurm.restart_count()
-            if int(os.environ.get("SLURM_NNODES") or 1) > 1:  # which machine got which node rank
-                atomic_write_json(os.path.join(self.adir, gpuq_slurm.NODE_FILE), {
-                    "rank": rank, "host": socket.gethostname(), "slurm_job_id": os.environ["SLURM_JOB_ID"],
-                    "restart": self.slurm_restart, "time": utc()})
-            stale = gpuq_slurm_node.set_aside_stale_exit(self.adir)
-            if self.slurm_restart:
-                append_line(os.path.join(self.adir, P.JOB_LOG), "=== gpuq: Slurm job %s runs this attempt again "
-                            "(restart %d)%s; resuming from the newest checkpoint ===" % (
-                                os.environ["SLURM_JOB_ID"], self.slurm_restart,
-                                ", the stopped run's record is " + os.path.basename(stale) if stale else ""))
+            self.adir, self.slurm_restart = gpuq_slurm_node.enter_node(self.adir, launch)
         me = os.getpid()
         become_subreaper()
         atomic_write_json(os.path.join(self.adir, P.PGID_FILE),
@@ -172,115 +192,114 @@ class Wrapper:
         return build_env(self.lay, self.job_id, self.attempt, spec, launch, adir=self.adir)
 
     def _run(self, spec: dict[str, Any]) -> int:
-        lay = self.lay
+        """The attempt's phases in order; the first to return an exit code ends it."""
+        self.spec = spec
+        for phase in (self._prepare, self._check_setup, self._gate, self._meet, self._train, self._finalize):
+            code = phase()
+            if code is not None:
+                return code
+        return self.finish(P.EXIT_OK, "trained, artifacts verified", trainer_code=0)
+
+    def _prepare(self) -> int | None:
+        """Phase "setup", first half: the launch record as this node sees it, the bundle's paths, the
+        job's environment (run.env written, the process env built) and its directories."""
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
         if launch.get("slurm"):
             launch = gpuq_slurm_node.launch_on_node(launch)
             if self.slurm_restart:  # the controller's resume point is older than what this attempt saved
-                spec = dict(spec, resume_from="")
-        sha = str(spec.get("bundle_sha", ""))
-        bundle = lay.p(P.BUNDLES_DIR, sha)
-        workdir = os.path.join(bundle, P.BUNDLE_WORKDIR)
-        entry = os.path.join(bundle, str(spec.get("entry") or P.TRAIN_ENTRY))
+                self.spec = dict(self.spec, resume_from="")
+        self.launch = launch
+        spec = self.spec
+        self.sha = str(spec.get("bundle_sha", ""))
+        self.bundle = self.lay.p(P.BUNDLES_DIR, self.sha)
         run_env = self.build_env(spec, launch)
-        rendezvous: list[str] | None = None
         same_env: dict[str, str] = {}
-        node = None if launch.get("slurm") else gpuq_gang.node_of(spec)  # one node of a job over SSH hosts
+        self.node = None if launch.get("slurm") else gpuq_gang.node_of(spec)  # one node of a job over SSH hosts
         if launch.get("slurm") and gpuq_slurm.job_nodes(spec) > 1:  # the same on every node but the rank
-            rendezvous, same_env = gpuq_slurm_node.rendezvous(gpuq_slurm.job_nodes(spec))
-        elif node is not None:  # the head's address is settled by the reachability check before the launch
-            rendezvous, same_env = gpuq_gang.rendezvous(node, node["master_addrs"][0])
+            self.rendezvous, same_env = gpuq_slurm_node.rendezvous(gpuq_slurm.job_nodes(spec))
+        elif self.node is not None:  # the head's address is settled by the reachability check before the launch
+            self.rendezvous, same_env = gpuq_gang.rendezvous(self.node, self.node["master_addrs"][0])
         elif gpuq_slurm.job_nodes(spec) > 1:
             return self.finish(P.EXIT_SETUP, "a multi-node job reached this host without its node section")
         for key, value in same_env.items():
             run_env[key] = str((spec.get("env") or {}).get(key, value))  # the project's own setting wins
         atomic_write(os.path.join(self.adir, P.RUN_ENV_FILE),
                      "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(run_env.items())))
-        env: dict[str, str] = {}
-        for k in ("PATH", "HOME", "LANG", "USER", "TMPDIR"):
-            if os.environ.get(k) is not None:
-                env[k] = os.environ[k]
-        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        # the job's interpreter first on PATH, as activating its venv does: the `pip` of a project's
-        # setup and a `python` in its command are the interpreter the trainer runs with
-        bindir = os.path.dirname(sys.executable)
-        if bindir and env["PATH"].split(":")[0] != bindir:
-            env["PATH"] = bindir + ":" + env["PATH"]
-        env.update(run_env)
+        self.run_env, self.env = run_env, process_env(run_env)
         for d in (run_env["HF_HOME"], run_env["PIP_CACHE_DIR"], run_env[P.ENV_CKPT_DIR],
                   run_env[P.ENV_RESULT_DIR]):
             mkdirs(d)
-        # setup checks
-        if not sha or not os.path.isdir(bundle):
-            return self.finish(P.EXIT_SETUP, f"bundle {sha} is not on this host")
+        return None
+
+    def _check_setup(self) -> int | None:
+        """Phase "setup", second half: the bundle and its entry here, torch sees the assigned GPUs,
+        the project's setup hook has succeeded on this host."""
+        spec, launch = self.spec, self.launch
+        if not self.sha or not os.path.isdir(self.bundle):
+            return self.finish(P.EXIT_SETUP, f"bundle {self.sha} is not on this host")
+        entry = os.path.join(self.bundle, str(spec.get("entry") or P.TRAIN_ENTRY))
         if not (run_section(spec) or {}).get("command") and not os.path.isfile(entry):
             return self.finish(P.EXIT_SETUP, "trainer entry %s not found in bundle %s"
-                               % (spec.get("entry"), sha))
-        python = sys.executable
-        gpus = len(launch.get("slots") or []) or spec_slots(spec)
-        if launch.get("kind") == "gpu" and launch.get("device", "cuda") == "cuda":
-            probe = ("import sys, torch; ok = torch.cuda.is_available() and "
-                     "torch.cuda.device_count() == %d; sys.exit(0 if ok else 1)" % gpus)
-            try:
-                rc = subprocess.run([python, "-c", probe], env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    timeout=300).returncode
-            except (OSError, subprocess.SubprocessError):
-                rc = 1
-            if rc != 0:
-                return self.finish(P.EXIT_SETUP, "torch.cuda does not see the %d assigned GPUs %s" % (
-                    gpus, run_env.get("CUDA_VISIBLE_DEVICES")))
-        problem = run_setup(lay, spec, workdir, dict(env, **secrets_for(lay, spec)))
-        if problem:
-            key = str((run_section(spec) or {}).get("setup_key") or "")
-            failed = read_json(lay.p(P.SETUP_DIR, key, "failed.json")) if key else None
-            tail = failed.get("tail") if isinstance(failed, dict) else None
-            tail_text = "\n".join(str(t)[:300] for t in tail[-20:]) if isinstance(tail, list) else ""
-            return self.finish(P.EXIT_SETUP, problem, extra={"setup_failed": True, "setup_key": key,
-                                                             "setup_tail": tail_text})
-        # disk gate
+                               % (spec.get("entry"), self.sha))
+        self.gpus = len(launch.get("slots") or []) or spec_slots(spec)
+        if launch.get("kind") == "gpu" and launch.get("device", "cuda") == "cuda" \
+                and not cuda_sees(self.python, self.env, self.gpus):
+            return self.finish(P.EXIT_SETUP, "torch.cuda does not see the %d assigned GPUs %s" % (
+                self.gpus, self.run_env.get("CUDA_VISIBLE_DEVICES")))
+        workdir = os.path.join(self.bundle, P.BUNDLE_WORKDIR)
+        secrets = secrets_for(self.lay, spec)
+        problem = run_setup(self.lay, spec, workdir, dict(self.env, **secrets), hide=self._hidden(secrets))
+        if not problem:
+            return None
+        key = str((run_section(spec) or {}).get("setup_key") or "")
+        failed = read_json(self.lay.p(P.SETUP_DIR, key, "failed.json")) if key else None
+        tail = failed.get("tail") if isinstance(failed, dict) else None
+        tail_text = "\n".join(str(t)[:300] for t in tail[-20:]) if isinstance(tail, list) else ""
+        return self.finish(P.EXIT_SETUP, problem, extra={"setup_failed": True, "setup_key": key,
+                                                         "setup_tail": tail_text})
+
+    def _gate(self) -> int | None:
+        """Phase "gate": room on the disk for the attempt's checkpoints and scratch."""
         self.phase = "gate"
-        ckpt = run_env[P.ENV_CKPT_DIR]
-        for name in os.listdir(ckpt):
-            if name.endswith(".tmp"):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(ckpt, name))
-        pointer = read_json(os.path.join(ckpt, P.LATEST_POINTER))  # names the rolling latest-<step>.pt
-        ckpt_bytes = int(pointer.get("bytes") or 0) if isinstance(pointer, dict) else 0
-        gb = 1e9
-        need = max(float(spec.get("min_free_gb") or 0),
-                   ckpt_bytes * 2 / gb + float(spec.get("scratch_gb") or 0))
-        disk = disk_info(lay.root)
-        have = (disk["free_bytes"] or 0) / gb
-        ipct = disk["inodes_used_pct"] or 0.0
-        if have < need or ipct >= INODE_LIMIT_PCT:
-            line = f"DISK_GATE_ABORT need={need:.2f} have={have:.2f} inodes={ipct:.1f}"
-            append_line(os.path.join(self.adir, P.JOB_LOG), line)
-            self.lay.log("[%s] %s %s a%d" % (utc(), line, self.job_id, self.attempt))
-            return self.finish(P.EXIT_DISK_GATE, line)
-        if node is not None:  # before the launch: node 0's port free here, or node 0 reachable from here
-            self.phase = "rendezvous"
-            master, problem = self.meet(node)
-            if problem:  # a taken port is retried (the next attempt draws another); an unreachable head is not
-                return self.finish(P.EXIT_TRANSIENT if node["rank"] == 0 else 1, problem)
-            rendezvous, same_env = gpuq_gang.rendezvous(node, master)
-            for key, value in same_env.items():
-                run_env[key] = env[key] = str((spec.get("env") or {}).get(key, value))
-        # train
+        line = disk_gate(self.lay.root, self.run_env[P.ENV_CKPT_DIR], self.spec)
+        if not line:
+            return None
+        append_line(os.path.join(self.adir, P.JOB_LOG), line)
+        self.lay.log("[%s] %s %s a%d" % (utc(), line, self.job_id, self.attempt))
+        return self.finish(P.EXIT_DISK_GATE, line)
+
+    def _meet(self) -> int | None:
+        """Phase "rendezvous" (one node of a multi-node job over SSH hosts), before the launch: node 0's
+        port free here, or node 0 reachable from here."""
+        node = self.node
+        if node is None:
+            return None
+        self.phase = "rendezvous"
+        master, problem = self.meet(node)
+        if problem:  # a taken port is retried (the next attempt draws another); an unreachable head is not
+            return self.finish(P.EXIT_TRANSIENT if node["rank"] == 0 else 1, problem)
+        self.rendezvous, same_env = gpuq_gang.rendezvous(node, master)
+        for key, value in same_env.items():
+            self.run_env[key] = self.env[key] = str((self.spec.get("env") or {}).get(key, value))
+        return None
+
+    def _train(self) -> int | None:
+        """Phase "train": start the trainer in the run dir, supervise it, end whatever it left."""
         self.phase = "train"
+        spec, run_env = self.spec, self.run_env
         run_dir = run_env[P.ENV_RUN_DIR]
-        link_project(workdir, run_dir, run_section(spec))
+        link_project(os.path.join(self.bundle, P.BUNDLE_WORKDIR), run_dir, run_section(spec))
         try:
-            argv = job_argv(lay, self.job_id, self.attempt, spec, run_env, python, gpus, rendezvous=rendezvous)
+            argv = job_argv(self.lay, self.job_id, self.attempt, spec, run_env, self.python, self.gpus,
+                            rendezvous=self.rendezvous)
         except ValueError as e:  # a template the controller should have refused
             self.phase = "setup"
             return self.finish(P.EXIT_SETUP, "cannot build the trainer's command: %s" % e)
-        env.update(secrets_for(lay, spec))  # the process environment only: never run.env, never logged
-        prefix, why = read_only_prefix(bundle)
-        if why:
-            append_line(os.path.join(self.adir, P.JOB_LOG),
-                        "gpuq: the bundle is read-only by mode bits only (%s)" % why)
+        self.env.update(secrets_for(self.lay, spec))  # the process environment only: never run.env, never logged
+        prefix, why = read_only_prefix(self.bundle)
         log_path = os.path.join(self.adir, P.JOB_LOG)
+        if why:
+            append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
                 self.job_id, self.attempt, spec.get("name", ""), utc(), run_dir,
@@ -290,13 +309,23 @@ class Wrapper:
                 return self.finish(P.EXIT_SIGNAL_BASE + self.got_signal, "signal %d before training started"
                                    % self.got_signal, sig=self.got_signal)
             self.trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                            stderr=subprocess.STDOUT, env=env, close_fds=True,
+                                            stderr=subprocess.STDOUT, env=self.env, close_fds=True,
                                             cwd=run_dir)
-        sampler = threading.Thread(target=self.sample_memory, args=(self.trainer.pid,), name="gpuq-mem")
+        sampler = threading.Thread(target=sample_memory, name="gpuq-mem", args=(
+            os.path.join(self.adir, P.MEM_FILE), self.trainer.pid,
+            (read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}).get("kind") == "gpu", self.done))
         sampler.daemon = True
         sampler.start()
-        hb_s = float(spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S)
-        grace = kill_grace(spec)
+        rc = self._supervise(self.trainer)
+        self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
+        self.done.set()
+        return self._trainer_verdict(rc)
+
+    def _supervise(self, trainer: subprocess.Popen) -> int:
+        """Wait for the trainer: touch wrapper.alive every heartbeat, kill the rest of the group once
+        a relayed signal's grace has passed.  Returns the trainer's exit status."""
+        hb_s = float(self.spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S)
+        grace = kill_grace(self.spec)
         alive_path = os.path.join(self.adir, P.WRAPPER_ALIVE)
         next_touch = 0.0
         killed_rest = False
@@ -310,12 +339,12 @@ class Wrapper:
                 self.kill_rest()
                 killed_rest = True
             try:
-                rc = self.trainer.wait(timeout=0.2)
-                break
+                return int(trainer.wait(timeout=0.2))
             except subprocess.TimeoutExpired:
                 continue
-        self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
-        self.done.set()
+
+    def _trainer_verdict(self, rc: int) -> int | None:
+        """None when the trainer exited 0, else the attempt's end as the trainer's status says it."""
         if rc < 0:
             sig = -rc
             return self.finish(P.EXIT_SIGNAL_BASE + sig, "trainer killed by signal %d%s" % (
@@ -329,14 +358,19 @@ class Wrapper:
                 return self.finish(code, "trainer exited %d (rank %s exited %d%s)%s" % (
                     rc, told.get("rank"), code, ": " + detail if detail else "", self._why()), trainer_code=code)
             return self.finish(rc, "trainer exited %d%s" % (rc, self._why()), trainer_code=rc)
+        return None
+
+    def _finalize(self) -> int | None:
+        """Phase "finalize": node 0 verifies the artifacts; None when they are sound."""
         self.phase = "finalize"
-        rank = node["rank"] if node is not None else gpuq_slurm_node.node_rank() if launch.get("slurm") else 0
+        node = self.node
+        rank = node["rank"] if node is not None else gpuq_slurm_node.node_rank() if self.launch.get("slurm") else 0
         if rank > 0:  # rank 0 writes results and checkpoints, on node 0: they are verified there
             return self.finish(P.EXIT_OK, "trained as node %d; node 0 verifies the artifacts" % rank, trainer_code=0)
-        problem = self.verify(spec, env)
+        problem = verify_artifacts(self.jdir, self.spec, self.env)
         if problem:
             return self.finish(P.EXIT_FINALIZE, problem, trainer_code=0)
-        return self.finish(P.EXIT_OK, "trained, artifacts verified", trainer_code=0)
+        return None
 
     def _why(self) -> str:
         if os.path.exists(os.path.join(self.jdir, P.CANCEL_FILE)):
@@ -369,93 +403,6 @@ class Wrapper:
                 time.sleep(0.02)
             elif trainer is not None and pid == trainer.pid and trainer.returncode is None:
                 trainer.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-    def verify(self, spec: dict[str, Any], env: dict[str, str]) -> str:
-        checks = spec.get("verify") or []
-        if "metrics" in checks:
-            path = os.path.join(self.jdir, P.RESULT_DIR, P.METRICS_FILE)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    lines = [ln for ln in f.read().splitlines() if ln.strip()]
-            except OSError:
-                return f"finalize: {path} missing"
-            if not lines:
-                return f"finalize: {path} is empty"
-            for i, ln in enumerate(lines):
-                try:
-                    json.loads(ln)
-                except ValueError:
-                    return "finalize: %s line %d is not JSON" % (path, i + 1)
-        if "best_ckpt" in checks:
-            path = os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT)
-            if not os.path.isfile(path):
-                return f"finalize: {path} missing"
-            code = ("import sys, torch\n"
-                    "obj = torch.load(sys.argv[1], map_location='cpu', weights_only=True)\n"
-                    "sys.exit(0 if isinstance(obj, dict) else 3)\n")
-            try:
-                rc = subprocess.run([sys.executable, "-c", code, path], env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    timeout=900).returncode
-            except (OSError, subprocess.SubprocessError) as e:
-                return f"finalize: cannot check {path}: {e}"
-            if rc != 0:
-                return "finalize: %s does not load with weights_only=True as a dict (rc=%d)" % (path, rc)
-        return ""
-
-    def sample_memory(self, trainer_pid: int) -> None:
-        path = os.path.join(self.adir, P.MEM_FILE)
-        gpu = (read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}).get("kind") == "gpu"
-        try:
-            if not os.path.exists(path):
-                append_line(path, "\t".join([
-                    "time", "cg_used_bytes", "cg_limit_bytes", "cg_used_pct", "oom_kill", "cpu_pct",
-                    "trainer_rss_bytes", "trainer_threads", "trainer_fds", "group_procs", "group_rss_bytes",
-                    "gpus"]))
-        except OSError:
-            return
-        last_cpu: tuple[float, float] | None = None
-        page = os.sysconf("SC_PAGE_SIZE")
-        tick = os.sysconf("SC_CLK_TCK")
-        while not self.done.is_set():
-            try:
-                m = memory_info()
-                members = group_members(os.getpgrp())
-                rss_total, cpu_ticks = 0, 0.0
-                for pid in members:
-                    statm = (read_text("/proc/%d/statm" % pid) or "0 0").split()
-                    rss_total += int(statm[1]) * page if len(statm) > 1 else 0
-                    text = read_text("/proc/%d/stat" % pid) or ""
-                    rest = text[text.rfind(")") + 2:].split()
-                    if len(rest) > 12:
-                        cpu_ticks += int(rest[11]) + int(rest[12])
-                now = time.time()
-                cpu_pct = ""
-                if last_cpu is not None and now > last_cpu[0]:
-                    dt = now - last_cpu[0]
-                    cpu_pct = "%.1f" % max(0.0, 100.0 * (cpu_ticks - last_cpu[1]) / tick / dt)
-                last_cpu = (now, cpu_ticks)
-                tstat = read_text("/proc/%d/status" % trainer_pid) or ""
-                t_rss = t_thr = ""
-                for line in tstat.splitlines():
-                    if line.startswith("VmRSS:"):
-                        t_rss = str(int(line.split()[1]) * 1024)
-                    elif line.startswith("Threads:"):
-                        t_thr = line.split()[1]
-                try:
-                    t_fds = str(len(os.listdir("/proc/%d/fd" % trainer_pid)))
-                except OSError:
-                    t_fds = ""
-                gpus = ""
-                if gpu:
-                    gpus = ";".join("{}:{}%:{}MiB".format(g["index"], g["util_pct"], g["mem_used_mib"])
-                                    for g in query_gpus())
-                fields = [utc(now), m["used_bytes"], m["limit_bytes"], m["used_pct"], m["oom_kill"], cpu_pct,
-                          t_rss, t_thr, t_fds, len(members), rss_total, gpus]
-                append_line(path, "\t".join("" if f is None else str(f) for f in fields))
-            except Exception:  # the sampler must never take the attempt down
-                pass
-            self.done.wait(MEM_SAMPLE_S)
 
 
 def cmd_wrap(lay: Layout, job_id: str, attempt: str) -> int:

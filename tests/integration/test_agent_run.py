@@ -3,6 +3,7 @@ bundle, on a local root driven like tests/integration/test_agent.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -173,3 +174,57 @@ def test_failed_setup_fails_fast_with_its_message(host: Host) -> None:
     assert ex2["wrapper_code"] == 80 and ex2["message"] == ex["message"]
     assert (host.root / "setup" / KEY / "setup.log").read_text().count("installing") == 1
     assert not (host.root / "jobs" / second["job_id"] / "run" / "seen.json").exists()
+
+
+def _enqueue_with_secret(host: Host, spec: dict[str, Any], **values: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(host.root / "inbox" / (spec["job_id"] + ".json"))
+    r = subprocess.run([*host.cli_argv(), "enqueue"], input=json.dumps(
+        {"specs": [spec], "secrets": {"q1": values}}), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_setup_hook_that_echoes_its_token_leaves_it_in_no_document(host: Host) -> None:
+    """docs/security.md: a forwarded value never reaches a document the controller reads (the exit
+    record's message and setup tail, the setup's failed.json, status)."""
+    project(host)
+    secret = "hf_" + os.urandom(12).hex()
+    leak = 'echo "logging in with $HF_TOKEN"; echo "ERROR: token $HF_TOKEN rejected" >&2; exit 3'
+    first = run_spec(host, "first", setup=leak, setup_key=KEY, forward_env=["HF_TOKEN"])
+    second = run_spec(host, "second", setup=leak, setup_key=KEY, forward_env=["HF_TOKEN"])
+    os.unlink(host.root / "inbox" / (second["job_id"] + ".json"))
+    _enqueue_with_secret(host, first, HF_TOKEN=secret)
+    host.serve(slots=1, idle=30)
+    ex = host.wait_exit(first["job_id"])
+    assert secret in (host.root / "setup" / KEY / "setup.log").read_text()  # the hook did see and echo it
+    assert ex["wrapper_code"] == 80 and ex["setup_failed"] is True
+    assert ex["message"].endswith(": ERROR: token [redacted] rejected"), ex["message"]
+    assert "logging in with [redacted]" in ex["setup_tail"]
+    _enqueue_with_secret(host, second, HF_TOKEN=secret)  # fails fast on the recorded failure
+    ex2 = host.wait_exit(second["job_id"])
+    assert ex2["wrapper_code"] == 80 and ex2["message"] == ex["message"]
+    documents = [host.attempt(s["job_id"]) / "exit.json" for s in (first, second)]
+    documents.append(host.root / "setup" / KEY / "failed.json")
+    for path in documents:
+        assert secret not in path.read_text(), path
+    assert secret not in json.dumps(host.status())
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_what_the_agent_creates_is_private(host: Host) -> None:
+    """docs/security.md: on a shared host other users read nothing of a root (umask 077, root 0700)."""
+    project(host)
+    os.chmod(host.root, 0o755)
+    spec = run_spec(host, "private")
+    host.serve(slots=1, idle=30)
+    assert host.wait_exit(spec["job_id"])["wrapper_code"] == 0
+    job = host.root / "jobs" / spec["job_id"]
+    assert _mode(host.root) == 0o700
+    for d in (job, job / "attempts" / "1", job / "ckpt", job / "result", job / "run"):
+        assert _mode(d) == 0o700, d
+    for f in (job / "attempts" / "1" / "exit.json", job / "attempts" / "1" / "job.log",
+              job / "attempts" / "1" / "run.env", job / "run" / "seen.json", host.root / "agent.log"):
+        assert _mode(f) == 0o600, f
