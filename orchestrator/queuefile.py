@@ -24,6 +24,7 @@ the line's epochs gives a warning, which never blocks.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -92,16 +93,27 @@ def read_queue_bytes(path: Path) -> bytes:
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise refuse(f"cannot read queue file: {reason}") from exc
-    with os.fdopen(fd, "rb") as handle:
+    try:
         mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise refuse(f"cannot read queue file: {os.strerror(errno.EISDIR)}")
         if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else \
                 "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
             raise refuse(f"cannot read queue file: it is {kind}; give a regular text file")
-        try:
-            data = handle.read(MAX_QUEUE_BYTES + 1)
-        except OSError as exc:
-            raise refuse(f"cannot read queue file: {exc.strerror or exc}") from exc
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_QUEUE_BYTES:
+            chunk = os.read(fd, min(1 << 20, MAX_QUEUE_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise refuse(f"cannot read queue file: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
     if len(data) > MAX_QUEUE_BYTES:
         raise refuse(f"queue file is larger than {MAX_QUEUE_BYTES // (1024 * 1024)} MiB; split it into several "
                      "queue files")

@@ -210,8 +210,9 @@ def _failure(ctx: Context, job: Job, attempts: Sequence[Attempt], cell: str) -> 
             klass, reason = found.group(1) or found.group(2), event.message
             break
     text = "; ".join(part for part in (message, reason) if part)
-    return FailureRow(job=job.id, name=job.name, cell=cell, state=job.state, failure_class=klass, message=text,
-                      log_tail=_log_tail(ctx, job))
+    return FailureRow(job=job.id, name=job.name, cell=cell, state=job.state, failure_class=klass,
+                      message=ctx.ledger.redact(text),
+                      log_tail=ctx.ledger.redact(_log_tail(ctx, job)))  # host text: no forwarded value
 
 
 def _sweep_info(sweep: Sweep, jobs: Sequence[Job], attempts: dict[str, list[Attempt]]) -> SweepInfo:

@@ -10,6 +10,7 @@ place, so no caller can forget it; the names are read again only when the sweeps
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from sqlalchemy import event, text
@@ -31,6 +32,7 @@ class LedgerRedaction:
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
         self._names: tuple[str, ...] = ()
+        self._made: tuple[tuple[tuple[str, str], ...], redact.Redactor] | None = None  # (name, value) pairs
 
     def install(self, session: Session) -> None:
         event.listen(session, "before_flush", self._before_flush)
@@ -50,7 +52,11 @@ class LedgerRedaction:
         return self._names
 
     def redactor(self, session: Session) -> redact.Redactor:
-        return redact.from_environment(self.forwarded_names(session))
+        """The redactor of the forwarded names' current values (rebuilt only when they change)."""
+        pairs = tuple((n, os.environ[n]) for n in self.forwarded_names(session) if n in os.environ)
+        if self._made is None or self._made[0] != pairs:
+            self._made = (pairs, redact.Redactor.of(dict(pairs)))
+        return self._made[1]
 
     def _before_flush(self, session: Session, _context: Any, _instances: Any) -> None:
         pending = [obj for obj in (*session.new, *session.dirty) if type(obj) in FIELDS]
