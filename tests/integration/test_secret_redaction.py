@@ -15,7 +15,8 @@ from tests.support.ownproject import copy_example
 pytestmark = pytest.mark.integration
 
 TOKEN = "hf-echoed-token-9b2e7c4a1d"
-ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1", "LEAKY_TOKEN": TOKEN}
+ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1", "LEAKY_TOKEN": TOKEN,
+       "GPUQ_FORWARD_ENV_ALLOW": "LEAKY_TOKEN"}  # the user allows the project to forward it
 
 
 def test_a_setup_hook_echoing_its_token_leaks_it_nowhere_the_controller_keeps(gpuq_home: Path,
@@ -38,7 +39,8 @@ def test_a_setup_hook_echoing_its_token_leaks_it_nowhere_the_controller_keeps(gp
     with sqlite3.connect(gpuq_home / "ledger.db") as db:
         events = [m for (m,) in db.execute("SELECT message FROM event")]
         attempts = [m for (m,) in db.execute("SELECT message FROM attempt")]
-    assert any("[redacted:LEAKY_TOKEN]" in m for m in events + attempts), (events, attempts)
+    # the agent redacts first ("[redacted]"); the controller catches what reaches it unredacted
+    assert any("[redacted" in m for m in events + attempts), (events, attempts)
     assert not [m for m in events if TOKEN in m], events
     assert not [m for m in attempts if TOKEN in m], attempts
     assert TOKEN not in doc.stdout and TOKEN not in seen[-1]
