@@ -17,11 +17,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 from orchestrator import gangs
-from orchestrator.api.checkpoints import place_checkpoint, refresh_from
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, IllegalTransition
 from orchestrator.ledger import Job
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick.checkpoints import place_checkpoint, refresh_from
 
 _ACTIVE = (JobState.ASSIGNED.value, JobState.RUNNING.value)
 
