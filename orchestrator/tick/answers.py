@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from orchestrator import gangs, stops
 from orchestrator.context import Context, host_for
@@ -15,6 +16,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.patrol import (
+    Finding,
     HostView,
     JobView,
     Thresholds,
@@ -37,7 +39,7 @@ from orchestrator.tick.findings import (
 )
 from orchestrator.tick.leases import check_lease
 from orchestrator.tick.probe import Probe
-from orchestrator.tick.reconcile import reconcile
+from orchestrator.tick.reconcile import Settled, reconcile
 from orchestrator.tick.settle import settle
 
 
@@ -77,21 +79,7 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
     if isinstance(kernel, dict) and kernel.get("cursor"):
         ctx.ledger.update_host(row.name, kernel_cursor=str(kernel["cursor"]))
     entries = {str(j.get("job_id")): j for j in doc.get("jobs", [])}
-    stalled: list[Job] = []
-    for job in mine:
-        entry = entries.get(job.id)
-        if entry is None or int(entry.get("attempt") or 0) != job.attempt_count:
-            continue
-        att = attempts.get(job.id)
-        view = JobView(job.id, job.name, job.attempt_count, att.started_at if att else None)
-        found = job_findings(row.name, view, entry, now, th)
-        findings += found
-        scan = entry.get("scan") or {}
-        if scan:
-            ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=int(scan.get("log_to") or 0),
-                                      metrics_scanned=int(scan.get("metrics_to") or 0))
-        if any(f.rule == "stalled" for f in found):
-            stalled.append(job)
+    stalled = _job_findings(ctx, row.name, mine, entries, attempts, now, th, findings)
     # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
     # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
     if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id, {})) for j in mine):
@@ -102,15 +90,7 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
     subjects = [row.name] + [j.id for j in mine]
     record(ctx, findings, subjects=subjects, report=report)
     done = reconcile(ctx.ledger, host, ctx.settings, probe, parts)
-    names = {j.id: j for j in mine}
-    ended = []
-    for item in done.settled:
-        job = names[item.job_id]
-        report.actions.append(f"{job.name} ({item.job_id}): {item.decision.reason}")
-        att = ctx.ledger.attempt(job.id, job.attempt_count)
-        ended.append(ended_badly(row.name, JobView(job.id, job.name, job.attempt_count), item.outcome, item.klass,
-                                 item.decision.reason, item.decision.action == "requeue", rebooted=item.rebooted,
-                                 message=att.message if att else ""))
+    ended = _settled_findings(ctx, row.name, mine, done.settled, report)
     record(ctx, ended, subjects=[], report=report)
     for job in stalled:
         _kill_stalled(ctx, host, row, job, report)
@@ -126,6 +106,42 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
             ctx.ledger.record_event("host", row.name, f"collecting results failed: {exc}", unless_repeated=True)
     report.lines.append(host_line(row.name, doc, findings))
     return done.multi_node_ended
+
+
+def _job_findings(ctx: Context, host: str, mine: Sequence[Job], entries: dict[str, dict[str, Any]],
+                  attempts: dict[str, Attempt], now: float, th: Thresholds, findings: list[Finding]) -> list[Job]:
+    """Each current attempt's findings (added to ``findings``) and scan offsets; returns the stalled jobs."""
+    stalled: list[Job] = []
+    for job in mine:
+        entry = entries.get(job.id)
+        if entry is None or int(entry.get("attempt") or 0) != job.attempt_count:
+            continue
+        att = attempts.get(job.id)
+        view = JobView(job.id, job.name, job.attempt_count, att.started_at if att else None)
+        found = job_findings(host, view, entry, now, th)
+        findings += found
+        scan = entry.get("scan") or {}
+        if scan:
+            ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=int(scan.get("log_to") or 0),
+                                      metrics_scanned=int(scan.get("metrics_to") or 0))
+        if any(f.rule == "stalled" for f in found):
+            stalled.append(job)
+    return stalled
+
+
+def _settled_findings(ctx: Context, host: str, mine: Sequence[Job], settled: Sequence[Settled],
+                      report: TickReport) -> list[Finding]:
+    """What reconcile settled this tick, as actions and "ended badly" findings."""
+    names = {j.id: j for j in mine}
+    ended = []
+    for item in settled:
+        job = names[item.job_id]
+        report.actions.append(f"{job.name} ({item.job_id}): {item.decision.reason}")
+        att = ctx.ledger.attempt(job.id, job.attempt_count)
+        ended.append(ended_badly(host, JobView(job.id, job.name, job.attempt_count), item.outcome, item.klass,
+                                 item.decision.reason, item.decision.action == "requeue", rebooted=item.rebooted,
+                                 message=att.message if att else ""))
+    return ended
 
 
 def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: TickReport) -> None:

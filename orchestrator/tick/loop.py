@@ -11,10 +11,11 @@ also when nothing changed.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from orchestrator import gangs
 from orchestrator.context import Context, host_for
-from orchestrator.ledger import HostRow, Job
+from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.patrol import (
     host_line,
 )
@@ -28,7 +29,7 @@ from orchestrator.tick.findings import (
     sweeps_done,
     thresholds,
 )
-from orchestrator.tick.probe import ProbeRequest, probe_all
+from orchestrator.tick.probe import Probe, ProbeRequest, probe_all
 from orchestrator.tick.steal import steal
 
 
@@ -44,6 +45,34 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     by_host: dict[str, list[Job]] = {}
     for job in active:
         by_host.setdefault(job.host or "", []).append(job)
+    requests, waiting = _requests(ctx, rows, by_host, attempts, now, honour_backoff)
+    probes = host_answers.only_known(ctx.ledger, probe_all(requests, ctx.settings))
+    row_by_name = {r.name: r for r in rows}
+    parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok})
+    ended: list[str] = []
+    for probe in probes:
+        report.probes[probe.host] = probe
+        report.round_trips[probe.host] = probe.round_trips
+        row = row_by_name[probe.host]
+        if not probe.ok:
+            failed_probe(ctx, row, probe, now, th, report)
+            continue
+        with host_answers.contained(ctx.ledger, row.name, report.lines):
+            ended += patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report, parts)
+    if parts:
+        multinode.after_reconcile(ctx, parts, ended, report.actions)
+    for row in waiting:
+        report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
+                                      failures=row.probe_failures, next_try=row.next_probe_at))
+    _place(ctx, probes)
+    sweeps_done(ctx, report)
+    return report
+
+
+def _requests(ctx: Context, rows: Sequence[HostRow], by_host: dict[str, list[Job]], attempts: dict[str, Attempt],
+              now: float, honour_backoff: bool) -> tuple[list[ProbeRequest], list[HostRow]]:
+    """One probe request per host (with the patrol's scan offsets and kernel cursor), and the hosts
+    still backing off (skipped this tick)."""
     requests: list[ProbeRequest] = []
     waiting: list[HostRow] = []
     for row in rows:
@@ -63,24 +92,11 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         if row.kernel_cursor:
             extra += ["--kernel-since", row.kernel_cursor]
         requests.append((host_for(ctx, row), row.agent_bundle, [j.id for j in by_host.get(row.name, [])], extra))
-    probes = host_answers.only_known(ctx.ledger, probe_all(requests, ctx.settings))
-    row_by_name = {r.name: r for r in rows}
-    parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok})
-    ended: list[str] = []
-    for probe in probes:
-        report.probes[probe.host] = probe
-        report.round_trips[probe.host] = probe.round_trips
-        row = row_by_name[probe.host]
-        if not probe.ok:
-            failed_probe(ctx, row, probe, now, th, report)
-            continue
-        with host_answers.contained(ctx.ledger, row.name, report.lines):
-            ended += patrol_host(ctx, row, probe, by_host.get(row.name, []), attempts, now, th, report, parts)
-    if parts:
-        multinode.after_reconcile(ctx, parts, ended, report.actions)
-    for row in waiting:
-        report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
-                                      failures=row.probe_failures, next_try=row.next_probe_at))
+    return requests, waiting
+
+
+def _place(ctx: Context, probes: Sequence[Probe]) -> None:
+    """Work stealing and dispatch of QUEUED jobs."""
     # placement needs the run history (one join over every finished attempt): read it only when
     # some inbox holds waiting jobs (work stealing) or the ledger holds QUEUED ones
     queued_remote = any(j.get("state") == "queued" for p in probes if p.ok for j in p.doc.get("jobs", []))
@@ -91,5 +107,3 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
             steal(ctx.ledger, ctx.fleet, ctx.settings, probes, rates)
         if queued:
             dispatch_queued(ctx, rates, queued)
-    sweeps_done(ctx, report)
-    return report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator import gangs, stops
 from orchestrator.config import Settings
@@ -50,23 +51,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
 
     ``parts``: this tick's view of every multi-node attempt's nodes (gangs.parts_this_tick); such an
     attempt is judged on all of them, on the host of its node 0."""
-    now = time.time()
-    row = ledger.host(host.name)
-    memory = report.doc.get("memory") or {}
-    kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
-    oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
-    oom_rose = oom_rose or stops.kernel_oom_kills(report.doc)  # or the kernel log's OOM killer, since the cursor
-    ledger.update_host(
-        host.name,
-        last_probe_at=now,
-        unreachable_since=None,
-        probe_failures=0,
-        next_probe_at=None,
-        slots_kind=str(report.doc.get("slots", {}).get("kind", "")),
-        slots_total=int(report.doc.get("slots", {}).get("total", 0)),
-        disk_free_bytes=report.doc.get("disk", {}).get("free_bytes"),
-        oom_kill=kills,
-    )
+    oom_rose = _record_probe(ledger, host.name, report)
     on_host = {str(j["job_id"]): j for j in report.doc.get("jobs", [])}
     out = Reconciled()
     missing: list[Job] = []
@@ -94,26 +79,58 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
                                             exit_doc, exit_message(exit_doc))
             out.settled.append(Settled(job.id, outcome, "setup", decision))
         elif outcome in ("failed", "lost"):
-            exit_doc = seen.get("exit") or {}
-            if outcome == "lost" and job.state != JobState.LOST.value:
-                ledger.transition(job.id, JobState.LOST, message=exit_message(exit_doc), of_attempt=job.attempt_count)
-            scan = seen.get("scan") or {}
-            rebooted = outcome == "lost" and bool(seen.get("boot_id")) and seen.get("boot_id") != report.doc.get(
-                "boot_id")
-            klass = classify(
-                exit_doc.get("wrapper_code") if outcome == "failed" else None,
-                exit_doc.get("trainer_code") if outcome == "failed" else None,
-                [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
-                oom_kill_rose=oom_rose, rebooted=rebooted,
-                wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
-            decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
-            if decision.action != "stale":  # another gpuq command settled this attempt first
-                out.settled.append(Settled(job.id, outcome, klass, decision, rebooted))
+            done = _settle_ended(ledger, job, seen, outcome, settings, report, oom_rose)
+            if done is not None:
+                out.settled.append(done)
     if missing:
         _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent
     else:
         _revive_agent(ledger, host, settings, report)
     return out
+
+
+def _record_probe(ledger: Ledger, name: str, report: Probe) -> bool:
+    """The host's row after a probe that answered; returns whether its OOM killer fired since the last one."""
+    now = time.time()
+    row = ledger.host(name)
+    memory = report.doc.get("memory") or {}
+    kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
+    oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
+    oom_rose = oom_rose or stops.kernel_oom_kills(report.doc)  # or the kernel log's OOM killer, since the cursor
+    ledger.update_host(
+        name,
+        last_probe_at=now,
+        unreachable_since=None,
+        probe_failures=0,
+        next_probe_at=None,
+        slots_kind=str(report.doc.get("slots", {}).get("kind", "")),
+        slots_total=int(report.doc.get("slots", {}).get("total", 0)),
+        disk_free_bytes=report.doc.get("disk", {}).get("free_bytes"),
+        oom_kill=kills,
+    )
+    return oom_rose
+
+
+def _settle_ended(ledger: Ledger, job: Job, seen: dict[str, Any], outcome: str, settings: Settings, report: Probe,
+                  oom_rose: bool) -> Settled | None:
+    """An attempt that failed or vanished: classified (crash lines, OOM, reboot) and settled by the
+    retry policy; None when another gpuq command settled it first."""
+    exit_doc = seen.get("exit") or {}
+    if outcome == "lost" and job.state != JobState.LOST.value:
+        ledger.transition(job.id, JobState.LOST, message=exit_message(exit_doc), of_attempt=job.attempt_count)
+    scan = seen.get("scan") or {}
+    rebooted = outcome == "lost" and bool(seen.get("boot_id")) and seen.get("boot_id") != report.doc.get(
+        "boot_id")
+    klass = classify(
+        exit_doc.get("wrapper_code") if outcome == "failed" else None,
+        exit_doc.get("trainer_code") if outcome == "failed" else None,
+        [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
+        oom_kill_rose=oom_rose, rebooted=rebooted,
+        wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
+    decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
+    if decision.action != "stale":  # another gpuq command settled this attempt first
+        return Settled(job.id, outcome, klass, decision, rebooted)
+    return None
 
 
 def earlier_hits(ledger: Ledger, job: Job) -> list[dict[str, str]]:
