@@ -251,7 +251,7 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
             ctx.ledger.record_event("job", job.id, f"not resumed: {preemptions} preemptions (max_preemptions "
                                     f"{ctx.settings.max_preemptions})", unless_repeated=True)
             continue
-        ctx.ledger.transition(job.id, JobState.QUEUED, message="gpuq resume: from the newest verified checkpoint")
+        ctx.ledger.requeue(job.id, message="gpuq resume: from the newest verified checkpoint", via=None)
         out.requeued.append(job.id)
     if out.requeued:
         run_tick(ctx)  # places them (the host holding their checkpoint first) and pushes checkpoints

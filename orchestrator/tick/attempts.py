@@ -44,9 +44,8 @@ def apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
         if _time_limit_chunk(ledger, job, number, exit_doc, code, seen):
             message = (f"Slurm time limit: stopped at step {exit_doc.get('last_step')} with a checkpoint; "
                        "continues in a new Slurm job (not counted against retries=)")
-            ledger.transition(job.id, AttemptState.PREEMPTED, attempt=number, message=message)
-            ledger.transition(job.id, JobState.PREEMPTED, message=message, of_attempt=number)
-            ledger.transition(job.id, JobState.QUEUED, message=message, of_attempt=number)
+            ledger.requeue(job.id, message=message, of_attempt=number, end_attempt=AttemptState.PREEMPTED,
+                           via=JobState.PREEMPTED)
             return ""
         ledger.transition(job.id, AttemptState.LOST if exit_doc.get("vanished") and code != protocol.EXIT_OK
                           else AttemptState.EXITED, attempt=number, message=exit_message(exit_doc))
