@@ -1,5 +1,4 @@
-"""Placement, first stage: what the scheduler may assume about each host, from the ledger alone.
-"""
+"""Placement, first stage: what the scheduler may assume about each host, from the ledger alone."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Results collection: finished jobs' summaries and file hashes into the ledger.
-"""
+"""Results collection: finished jobs' summaries and file hashes into the ledger."""
 
 from __future__ import annotations
 

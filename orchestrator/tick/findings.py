@@ -1,5 +1,4 @@
-"""What the tick records of the patrol's findings, and the host holds and checks that follow them.
-"""
+"""What the tick records of the patrol's findings, and the host holds and checks that follow them."""
 
 from __future__ import annotations
 

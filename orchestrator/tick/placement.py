@@ -1,5 +1,4 @@
-"""Placement: plan → push the bundle (preflight fresh hosts) → deliver; the hosts a sweep may use.
-"""
+"""Placement: plan → push the bundle (preflight fresh hosts) → deliver; the hosts a sweep may use."""
 
 from __future__ import annotations
 

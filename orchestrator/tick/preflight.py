@@ -1,5 +1,4 @@
-"""The GPU preflight (the agent's ``health`` verb, docs/health.md): run, record, hold a failing host.
-"""
+"""The GPU preflight (the agent's ``health`` verb, docs/health.md): run, record, hold a failing host."""
 
 from __future__ import annotations
 
