@@ -38,7 +38,7 @@ from orchestrator.cli.render import (
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
-    from orchestrator.controller import Probe
+    from orchestrator.tick.probe import Probe
     from orchestrator.ledger import HostRow
 
 SPARKS = "▁▂▃▄▅▆▇█"

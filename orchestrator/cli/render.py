@@ -39,7 +39,7 @@ from orchestrator.states import JobState
 if TYPE_CHECKING:
     from orchestrator.api import PullReport, ResultRow, Snapshot, SubmitResult
     from orchestrator.cli import documents
-    from orchestrator.controller import Probe
+    from orchestrator.tick.probe import Probe
     from orchestrator.ledger import Attempt, HostRow, Job
 
 STATUS_SCHEMA = "gpuq.cli.status/1"
