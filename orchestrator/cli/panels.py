@@ -38,8 +38,8 @@ from orchestrator.cli.render import (
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
-    from orchestrator.tick.probe import Probe
     from orchestrator.ledger import HostRow
+    from orchestrator.tick.probe import Probe
 
 SPARKS = "▁▂▃▄▅▆▇█"
 FULL, EMPTY = "█", "░"
