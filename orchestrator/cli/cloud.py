@@ -3,25 +3,12 @@ continue preempted or lost jobs from their last checkpoints."""
 
 from __future__ import annotations
 
-import gc
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator import exitcodes
-
-if TYPE_CHECKING:
-    from orchestrator.api import Context
-
-
-def _ctx() -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context()
-    finally:
-        gc.enable()  # main() turns it off for start-up
+from orchestrator.cli.ctx import open_ctx
 
 
 @click.command()
@@ -45,7 +32,7 @@ def up(provider: str, gpu_type: str, count: int, gpus: int, spot: bool, bid: flo
     """
     from orchestrator import api
 
-    result = api.up(_ctx(), provider=provider, gpu_type=gpu_type, count=count, gpus=gpus, spot=spot, bid=bid,
+    result = api.up(open_ctx(), provider=provider, gpu_type=gpu_type, count=count, gpus=gpus, spot=spot, bid=bid,
                     region=region, key=key, profile=profile, prefix=prefix)
     for row in result.hosts:
         price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "price unknown"
@@ -72,7 +59,7 @@ def down(hosts: tuple[str, ...], sweep: str | None, force: bool, yes: bool) -> N
     or has results not yet pulled and verified, unless --force."""
     from orchestrator import api
 
-    ctx = _ctx()
+    ctx = open_ctx()
     plan = api.down_plan(ctx, hosts, sweep=sweep, force=force)
     for name, why in plan.refused.items():
         click.echo(f"gpuq: not terminating {name}: {why}", err=True)
@@ -103,7 +90,7 @@ def resume(sweep: str | None, no_provision: bool) -> None:
     twice never starts a job twice."""
     from orchestrator import api
 
-    result = api.resume(_ctx(), sweep=sweep, provision=not no_provision)
+    result = api.resume(open_ctx(), sweep=sweep, provision=not no_provision)
     for host, how in result.revived.items():
         click.echo(f"{host}: {how}")
     for host, why in result.failed.items():

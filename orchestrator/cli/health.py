@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 import time
@@ -12,18 +11,10 @@ import click
 
 from orchestrator import exitcodes
 from orchestrator.cli import complete
+from orchestrator.cli.ctx import open_ctx
 
 if TYPE_CHECKING:
-    from orchestrator.api import Context, ReapReport, TickReport
-
-
-def _ctx() -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context()
-    finally:
-        gc.enable()  # main() turns it off for start-up
+    from orchestrator.api import ReapReport, TickReport
 
 
 def _stamp(t: float | None = None) -> str:
@@ -69,7 +60,7 @@ def patrol(as_json: bool) -> None:
     """
     from orchestrator import api
 
-    report = api.run_tick(_ctx())
+    report = api.run_tick(open_ctx())
     if as_json:
         sys.stdout.write(json.dumps(_tick_doc(report), indent=2, sort_keys=True) + "\n")
     else:
@@ -90,7 +81,7 @@ def watch(sweep: str | None, interval_s: float | None, max_hours: float, auto_re
     """Patrol until the sweep is done, one line per host per tick, backing off unreachable hosts."""
     from orchestrator import api
 
-    result = api.watch(_ctx(), sweep=sweep, interval_s=interval_s, max_hours=max_hours,
+    result = api.watch(open_ctx(), sweep=sweep, interval_s=interval_s, max_hours=max_hours,
                        on_tick=lambda r: _print_tick(r, stamp=True), auto_resume=auto_resume)
     click.echo(f"watch: {result.reason} after {result.ticks} tick(s)")
 
@@ -103,7 +94,7 @@ def doctor(hosts: tuple[str, ...], as_json: bool) -> None:
     GPUs, torch/CUDA, disk, /dev/shm.  A FAIL holds the host (no new jobs) until a later pass."""
     from orchestrator import api
 
-    verdicts = api.doctor(_ctx(), hosts)
+    verdicts = api.doctor(open_ctx(), hosts)
     if as_json:
         doc = [{"host": v.host, "verdict": v.verdict, "detail": v.detail, "checks": v.doc.get("checks", [])}
                for v in verdicts]
@@ -145,7 +136,7 @@ def reap(host: str, force: bool, yes: bool) -> None:
     gpuq's own live jobs (confirmed over two samples).  Dry run unless --force."""
     from orchestrator import api
 
-    ctx = _ctx()
+    ctx = open_ctx()
     report = api.reap(ctx, host)
     _print_reap(report)
     if report.error and not report.doc:

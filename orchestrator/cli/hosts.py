@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.cli import complete
+from orchestrator.cli.ctx import open_ctx
 
 if TYPE_CHECKING:
-    from orchestrator.api import Context, HostDetail
+    from orchestrator.api import HostDetail
     from orchestrator.ledger import HostRow
-
-
-def _ctx() -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context()
-    finally:
-        gc.enable()  # main() turns it off for start-up
 
 
 @click.group()
@@ -75,7 +66,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
     used = [flag for flag, value in slurm_only.items() if value]
     if used and not slurm_target:
         raise UsageError(f"{', '.join(used)} only apply to a Slurm host: add --slurm TARGET")
-    ctx = _ctx()
+    ctx = open_ctx()
     if slurm_target:
         done = api.hosts_add_slurm(ctx, name, slurm_target, port=port, key=key, root=root, python=python,
                                    profile=profile,
@@ -115,7 +106,7 @@ def list_(as_json: bool) -> None:
     from orchestrator import api
     from orchestrator.cli import emit
 
-    rows = api.hosts_list(_ctx())
+    rows = api.hosts_list(open_ctx())
     if as_json:
         emit.hosts(rows)
         return
@@ -139,7 +130,7 @@ def show(name: str, as_json: bool) -> None:
     from orchestrator import api
     from orchestrator.cli import emit
 
-    detail = api.hosts_show(_ctx(), name)
+    detail = api.hosts_show(open_ctx(), name)
     if as_json:
         emit.host(detail)
     else:
@@ -153,7 +144,7 @@ def rm(name: str, force: bool) -> None:
     """Forget host NAME (refused while jobs run there or results are unverified)."""
     from orchestrator import api
 
-    api.hosts_rm(_ctx(), name, force=force)
+    api.hosts_rm(open_ctx(), name, force=force)
     click.echo(f"removed {name} (nothing on the machine was touched)")
 
 
@@ -165,7 +156,7 @@ def trust(name: str, fingerprint: str) -> None:
     """Accept host NAME's new SSH key, only if it has the FINGERPRINT you checked out of band."""
     from orchestrator import api
 
-    accepted = api.hosts_trust(_ctx(), name, fingerprint)
+    accepted = api.hosts_trust(open_ctx(), name, fingerprint)
     click.echo(f"{name}: host key replaced; now trusting {accepted}")
 
 
@@ -176,7 +167,7 @@ def release(name: str) -> None:
     and the next one runs the setup again (after a transient failure, e.g. a package index outage)."""
     from orchestrator import api
 
-    released = api.hosts_release(_ctx(), name)
+    released = api.hosts_release(open_ctx(), name)
     click.echo(f"{name}: released the setup hold of bundle {', '.join(released)}" if released
                else f"{name}: no setup hold to release")
 
