@@ -48,14 +48,14 @@ def escape(text: str) -> str:
     return _markup_escape(printable(text))
 
 
-def _console() -> Console:
+def console() -> Console:
     # Not a terminal (a pipe, a CI log): do not squeeze tables to 80 columns and cut job ids.
     width = None if sys.stdout.isatty() else 200
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
 def submitted(result: SubmitResult) -> None:
-    out = _console()
+    out = console()
     for warning in result.warnings:
         out.print(f"[yellow]warning:[/] {escape(warning)}")
     if result.dry_run:
@@ -90,7 +90,7 @@ def status_table(snap: Snapshot) -> None:
 
     Jobs that fit on the screen get a rich table; more (``status --all`` on a long history) get a
     plain aligned table, written at once: the same columns, no boxes, no wrapping."""
-    out = _console()
+    out = console()
     out.print(hosts_table(host_views(snap)))
     views = job_views(snap)
     room = out.size.height - 12 if sys.stdout.isatty() else RICH_ROWS

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from orchestrator.cli.render import STATE_STYLE, _console, escape
+from orchestrator.cli.render import STATE_STYLE, console, escape
 from orchestrator.views.text import printable
 
 if TYPE_CHECKING:
@@ -56,13 +56,13 @@ def results_table(rows: list[ResultRow]) -> None:
             cells += [f"{c.lost_gpu_hours:.3f}" if c is not None else "-", str(c.preemptions) if c is not None else "-"]
         cells.append(PULLED_CELL.get(row.pulled, "-"))
         table.add_row(*cells)
-    _console().print(table)
+    console().print(table)
     total = [r.cost for r in rows if r.cost is not None]
     if total:
         money = [c.cost for c in total if c.cost is not None]
         spent = f", ${sum(money):.2f}" if money else ""
         wasted = sum(c.lost_gpu_hours for c in total)
-        _console().print(f"total {sum(c.gpu_hours for c in total):.3f} GPU-h{spent}"
+        console().print(f"total {sum(c.gpu_hours for c in total):.3f} GPU-h{spent}"
                          + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""))
 
 
@@ -97,7 +97,7 @@ def _size(n: int) -> str:
 
 def pulled(report: PullReport) -> None:
     """One row per job (state, files, bytes, local dir), then why each unverified job is not."""
-    out = _console()
+    out = console()
     table = Table(title=f"pull of {report.sweep_id}", title_justify="left")
     for col in ("job", "name", "state", "files", "bytes", "local dir"):
         table.add_column(col, no_wrap=col in ("job", "state", "local dir"))
