@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli import complete
-from orchestrator.cli.ctx import open_ctx
+from orchestrator.cli.ctx import echo, open_ctx
 
 if TYPE_CHECKING:
     from orchestrator.api import HostDetail
@@ -75,7 +75,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
                                    signal_grace_s=signal_grace)
         about = done.facts.get("slurm") or {}
         gpus = about.get("gpus_per_node") or 0
-        click.echo(f"added {name}: Slurm cluster via {slurm_target} ({about.get('version', '?')}), partition "
+        echo(f"added {name}: Slurm cluster via {slurm_target} ({about.get('version', '?')}), partition "
                    f"{about.get('partition', '?')}, {f'{gpus} GPUs per node' if gpus else 'no GPU GRES'}, "
                    f"root={done.row.root} (shared with the compute nodes: "
                    f"{'yes' if about.get('probe') == 'shared' else 'not confirmed'}), "
@@ -86,13 +86,13 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
         facts = done.facts
         gpus_found = facts.get("gpus") or []
         kind = f"{len(gpus_found)} GPU ({gpus_found[0]['name']})" if gpus_found else f"{done.row.slots_total} CPU slots"
-        click.echo(f"added {name}: {target} root={done.row.root} python={done.row.python} "
+        echo(f"added {name}: {target} root={done.row.root} python={done.row.python} "
                    f"(Python {'.'.join(map(str, facts.get('version', [])))}), {kind}, "
                    f"{float(facts.get('free_bytes', 0)) / 1e9:.1f} GB free")
     if done.trusted_key:
-        click.echo(f"trusted new host key {key_fingerprint(done.trusted_key)} (recorded in gpuq's known_hosts)")
+        echo(f"trusted new host key {key_fingerprint(done.trusted_key)} (recorded in gpuq's known_hosts)")
     for warning in done.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        echo(f"warning: {warning}", err=True)
 
 
 @hosts.command("list")
@@ -145,7 +145,7 @@ def rm(name: str, force: bool) -> None:
     from orchestrator import api
 
     api.hosts_rm(open_ctx(), name, force=force)
-    click.echo(f"removed {name} (nothing on the machine was touched)")
+    echo(f"removed {name} (nothing on the machine was touched)")
 
 
 @hosts.command("trust")
@@ -157,7 +157,7 @@ def trust(name: str, fingerprint: str) -> None:
     from orchestrator import api
 
     accepted = api.hosts_trust(open_ctx(), name, fingerprint)
-    click.echo(f"{name}: host key replaced; now trusting {accepted}")
+    echo(f"{name}: host key replaced; now trusting {accepted}")
 
 
 @hosts.command("release")
@@ -168,7 +168,7 @@ def release(name: str) -> None:
     from orchestrator import api
 
     released = api.hosts_release(open_ctx(), name)
-    click.echo(f"{name}: released the setup hold of bundle {', '.join(released)}" if released
+    echo(f"{name}: released the setup hold of bundle {', '.join(released)}" if released
                else f"{name}: no setup hold to release")
 
 
@@ -201,7 +201,7 @@ def _print_detail(d: HostDetail) -> None:
         f"jobs        {len(d.active)} unfinished, {len(d.unverified)} with unverified results",
     ]
     for line in lines:
-        click.echo(line)
+        echo(line)
     for event in d.events:
-        click.echo(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(event.time))}  {event.new or ''} "
+        echo(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(event.time))}  {event.new or ''} "
                    f"{event.message}")

@@ -136,3 +136,10 @@ def test_gpuq_logs_shows_control_sequences_escaped_unless_raw(ledger_home: tuple
     assert "\\x1b]0;pwned\\x07" in shown.stdout and "\\x1b[8msecret" in shown.stdout and "\\u202eevil" in shown.stdout
     raw = run_gpuq("logs", "--raw", job_id)
     assert raw.returncode == 0 and raw.stdout == f"step 1\n{EVIL}\nstep\t2\n"
+
+
+def test_hosts_show_prints_no_host_control_sequence(ledger_home: tuple[Path, str]) -> None:
+    done = run_gpuq("hosts", "show", "local")
+    assert done.returncode == 0, done.stderr
+    _assert_clean(done.stdout)
+    assert "pwned" in done.stdout
