@@ -1,7 +1,10 @@
 """What a job cost: GPU-hours, money, and the GPU-hours preemptions threw away.  Pure.
 
-Each attempt carries the price of its host when it started (the whole machine, dollars per hour)
-and its share of the machine (its GPUs / the machine's).  Work lost to a preemption or a vanished
+The one cost policy of gpuq (``gpuq status``, the dashboard, ``results`` and ``report`` all call it):
+each attempt carries the price of its host when it started (the whole machine, dollars per hour;
+fixed by the ledger when the attempt is created, ``ledger/store._price``) and its share of the
+machine (its GPUs / the machine's).  A host's price that changes later never changes what an
+attempt that already started costs: prices change, bills do not.  Work lost to a preemption or a vanished
 attempt is the time from the newest checkpoint it could resume from to the attempt's last sign of
 life (its last heartbeat), times its GPUs: what the resumed attempt had to train again.
 """
@@ -25,22 +28,35 @@ class JobCost:
     preemptions: int
 
 
+def attempt_hours(att: Attempt, now: float) -> float:
+    """Hours an attempt ran: from its start to its end (``now`` while it runs); 0 before it started."""
+    if att.started_at is None:
+        return 0.0
+    end = att.ended_at if att.ended_at is not None else now
+    return max(0.0, end - att.started_at) / 3600
+
+
+def money_spent(attempts: Sequence[Attempt], now: float) -> float | None:
+    """Dollars the attempts cost at the price each fixed when it started; None when none ran on a priced host."""
+    money: float | None = None
+    for att in attempts:
+        if att.started_at is not None and att.price_per_hour is not None:
+            money = (money or 0.0) + attempt_hours(att, now) * att.price_per_hour * att.gpu_share
+    return money
+
+
 def job_cost(gpus: int, attempts: Sequence[Attempt], checkpoints: Sequence[Checkpoint], now: float) -> JobCost:
     gpu_hours = 0.0
-    money: float | None = None
     lost = 0.0
     for att in attempts:
         if att.started_at is None:
             continue
         end = att.ended_at if att.ended_at is not None else now
-        hours = max(0.0, end - att.started_at) / 3600
-        gpu_hours += hours * gpus
-        if att.price_per_hour is not None:
-            money = (money or 0.0) + hours * att.price_per_hour * att.gpu_share
+        gpu_hours += attempt_hours(att, now) * gpus
         if att.state in LOST_STATES:
             alive = att.heartbeat_at if att.heartbeat_at is not None else end
             saved = [c.written_at for c in checkpoints if c.attempt <= att.number and c.written_at <= alive]
             since = max([att.started_at, *saved])
             lost += max(0.0, alive - since) / 3600 * gpus
     preemptions = sum(a.state == AttemptState.PREEMPTED.value for a in attempts)
-    return JobCost(gpu_hours, money, lost, preemptions)
+    return JobCost(gpu_hours, money_spent(attempts, now), lost, preemptions)

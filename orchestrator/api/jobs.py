@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import gangs, observed, protocol, transfer
-from orchestrator.api.status import tick
+from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, host_for
 from orchestrator.cost import JobCost, job_cost
 from orchestrator.errors import GpuqError, IllegalTransition, JobNotFound, UsageError

@@ -3,25 +3,12 @@ continue preempted or lost jobs from their last checkpoints."""
 
 from __future__ import annotations
 
-import gc
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator import exitcodes
-
-if TYPE_CHECKING:
-    from orchestrator.api import Context
-
-
-def _ctx() -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context()
-    finally:
-        gc.enable()  # main() turns it off for start-up
+from orchestrator.cli.ctx import echo, open_ctx
 
 
 @click.command()
@@ -45,19 +32,19 @@ def up(provider: str, gpu_type: str, count: int, gpus: int, spot: bool, bid: flo
     """
     from orchestrator import api
 
-    result = api.up(_ctx(), provider=provider, gpu_type=gpu_type, count=count, gpus=gpus, spot=spot, bid=bid,
+    result = api.up(open_ctx(), provider=provider, gpu_type=gpu_type, count=count, gpus=gpus, spot=spot, bid=bid,
                     region=region, key=key, profile=profile, prefix=prefix)
     for row in result.hosts:
         price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "price unknown"
         verdict = result.verdicts.get(row.name)
         health = verdict.verdict.upper() if verdict else "not checked"
-        click.echo(f"{row.name}: {row.provider} {row.instance_id} {row.gpu_count}x {row.gpu_type}"
+        echo(f"{row.name}: {row.provider} {row.instance_id} {row.gpu_count}x {row.gpu_type}"
                    f"{' spot' if row.spot else ''} at {row.target}:{row.port}  {price}  preflight {health}")
         if verdict and verdict.verdict != "pass":
-            click.echo(f"  {verdict.detail}")
+            echo(f"  {verdict.detail}")
     for instance_id, why in result.failed.items():
-        click.echo(f"gpuq: {provider} {instance_id} is not usable: {why}", err=True)
-        click.echo(f"  it may still bill: terminate it in the {provider} console", err=True)
+        echo(f"gpuq: {provider} {instance_id} is not usable: {why}", err=True)
+        echo(f"  it may still bill: terminate it in the {provider} console", err=True)
     if result.failed or not result.hosts:
         sys.exit(exitcodes.FAILED)
 
@@ -72,24 +59,24 @@ def down(hosts: tuple[str, ...], sweep: str | None, force: bool, yes: bool) -> N
     or has results not yet pulled and verified, unless --force."""
     from orchestrator import api
 
-    ctx = _ctx()
+    ctx = open_ctx()
     plan = api.down_plan(ctx, hosts, sweep=sweep, force=force)
     for name, why in plan.refused.items():
-        click.echo(f"gpuq: not terminating {name}: {why}", err=True)
+        echo(f"gpuq: not terminating {name}: {why}", err=True)
     if not plan.hosts:
         sys.exit(exitcodes.FAILED if plan.refused else exitcodes.OK)
     for row in plan.hosts:
         price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "an unknown price"
-        click.echo(f"{row.name}: {row.provider} {row.instance_id} costs {price} while kept")
-    click.echo(f"keeping them costs ${plan.hourly:.2f} per hour; terminating deletes their disks")
+        echo(f"{row.name}: {row.provider} {row.instance_id} costs {price} while kept")
+    echo(f"keeping them costs ${plan.hourly:.2f} per hour; terminating deletes their disks")
     if not yes:
         if not sys.stdin.isatty():
-            click.echo("gpuq: terminating needs confirmation; re-run in a terminal or add --yes", err=True)
+            echo("gpuq: terminating needs confirmation; re-run in a terminal or add --yes", err=True)
             sys.exit(exitcodes.USAGE)
         click.confirm(f"terminate {len(plan.hosts)} host(s)?", abort=True)
     outcomes = api.down(ctx, plan)
     for name, outcome in outcomes.items():
-        click.echo(f"{name}: {outcome}")
+        echo(f"{name}: {outcome}")
     if plan.refused or any(o != "terminated" for o in outcomes.values()):
         sys.exit(exitcodes.FAILED)
 
@@ -103,11 +90,11 @@ def resume(sweep: str | None, no_provision: bool) -> None:
     twice never starts a job twice."""
     from orchestrator import api
 
-    result = api.resume(_ctx(), sweep=sweep, provision=not no_provision)
+    result = api.resume(open_ctx(), sweep=sweep, provision=not no_provision)
     for host, how in result.revived.items():
-        click.echo(f"{host}: {how}")
+        echo(f"{host}: {how}")
     for host, why in result.failed.items():
-        click.echo(f"gpuq: {host} not brought back: {why}", err=True)
+        echo(f"gpuq: {host} not brought back: {why}", err=True)
     for job_id in result.skipped:
-        click.echo(f"gpuq: {job_id} not resumed (too many preemptions; see `gpuq status`)", err=True)
-    click.echo(f"resumed {len(result.requeued)} job(s)" if result.requeued else "nothing to resume")
+        echo(f"gpuq: {job_id} not resumed (too many preemptions; see `gpuq status`)", err=True)
+    echo(f"resumed {len(result.requeued)} job(s)" if result.requeued else "nothing to resume")

@@ -67,7 +67,8 @@ def pulled(report: PullReport) -> None:
 
 
 def waited(snap: Snapshot, sweep_id: str) -> None:
-    from orchestrator.cli.render import job_model, job_views
+    from orchestrator.cli.statusjson import job_model
+    from orchestrator.views import job_views
 
     states: dict[str, int] = {}
     for job in snap.jobs:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 import time
@@ -12,18 +11,10 @@ import click
 
 from orchestrator import exitcodes
 from orchestrator.cli import complete
+from orchestrator.cli.ctx import echo, open_ctx
 
 if TYPE_CHECKING:
-    from orchestrator.api import Context, ReapReport, TickReport
-
-
-def _ctx() -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context()
-    finally:
-        gc.enable()  # main() turns it off for start-up
+    from orchestrator.api import ReapReport, TickReport
 
 
 def _stamp(t: float | None = None) -> str:
@@ -33,16 +24,16 @@ def _stamp(t: float | None = None) -> str:
 def _print_tick(report: TickReport, *, stamp: bool = False) -> None:
     prefix = f"{_stamp()} " if stamp else ""
     for line in report.lines:
-        click.echo(prefix + line)
+        echo(prefix + line)
     for f in report.findings:
         subject = f"{f.host}/{f.job}" if f.job else f.host
         action = f" -> {f.action}" if f.action else ""
-        click.echo(f"{prefix}{f.severity.value.upper():8} {f.rule:12} {subject}: {f.message}{action}")
+        echo(f"{prefix}{f.severity.value.upper():8} {f.rule:12} {subject}: {f.message}{action}")
         if f.rule == "crash" and len(f.evidence) > 1:  # the first traceback, up to 50 lines
             for line in f.evidence:
-                click.echo(f"{prefix}    | {line}")
+                echo(f"{prefix}    | {line}")
     for action in report.actions:
-        click.echo(f"{prefix}ACTION   {action}")
+        echo(f"{prefix}ACTION   {action}")
 
 
 def _tick_doc(report: TickReport) -> dict[str, Any]:
@@ -69,7 +60,7 @@ def patrol(as_json: bool) -> None:
     """
     from orchestrator import api
 
-    report = api.run_tick(_ctx())
+    report = api.run_tick(open_ctx())
     if as_json:
         sys.stdout.write(json.dumps(_tick_doc(report), indent=2, sort_keys=True) + "\n")
     else:
@@ -90,9 +81,9 @@ def watch(sweep: str | None, interval_s: float | None, max_hours: float, auto_re
     """Patrol until the sweep is done, one line per host per tick, backing off unreachable hosts."""
     from orchestrator import api
 
-    result = api.watch(_ctx(), sweep=sweep, interval_s=interval_s, max_hours=max_hours,
+    result = api.watch(open_ctx(), sweep=sweep, interval_s=interval_s, max_hours=max_hours,
                        on_tick=lambda r: _print_tick(r, stamp=True), auto_resume=auto_resume)
-    click.echo(f"watch: {result.reason} after {result.ticks} tick(s)")
+    echo(f"watch: {result.reason} after {result.ticks} tick(s)")
 
 
 @click.command()
@@ -103,36 +94,36 @@ def doctor(hosts: tuple[str, ...], as_json: bool) -> None:
     GPUs, torch/CUDA, disk, /dev/shm.  A FAIL holds the host (no new jobs) until a later pass."""
     from orchestrator import api
 
-    verdicts = api.doctor(_ctx(), hosts)
+    verdicts = api.doctor(open_ctx(), hosts)
     if as_json:
         doc = [{"host": v.host, "verdict": v.verdict, "detail": v.detail, "checks": v.doc.get("checks", [])}
                for v in verdicts]
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
         for v in verdicts:
-            click.echo(f"{v.host}: {v.verdict.upper()}")
+            echo(f"{v.host}: {v.verdict.upper()}")
             for check in v.doc.get("checks", []):
                 if isinstance(check, dict):
                     status = str(check.get("status", "?")).upper()
-                    click.echo(f"  {status:5} {check.get('check')}: {check.get('detail')}")
+                    echo(f"  {status:5} {check.get('check')}: {check.get('detail')}")
             if not v.doc:
-                click.echo(f"  {v.detail}")
+                echo(f"  {v.detail}")
     if any(v.verdict in ("fail", "unreachable") for v in verdicts):
         sys.exit(exitcodes.HEALTH)
 
 
 def _print_reap(report: ReapReport) -> None:
     if report.error and not report.doc:
-        click.echo(f"{report.host}: reaper failed: {report.error}", err=True)
+        echo(f"{report.host}: reaper failed: {report.error}", err=True)
         return
     if not report.candidates:
-        click.echo(f"{report.host}: clean (no process holds a GPU device without nvidia-smi and gpuq knowing it)")
+        echo(f"{report.host}: clean (no process holds a GPU device without nvidia-smi and gpuq knowing it)")
         return
-    click.echo(f"{report.host}: {len(report.candidates)} VRAM zombie candidate(s):")
-    click.echo(f"  {'PID':>7}  {'USER':10} {'AGE':>7}  {'COMMAND':16} DEVICES / CMDLINE")
+    echo(f"{report.host}: {len(report.candidates)} VRAM zombie candidate(s):")
+    echo(f"  {'PID':>7}  {'USER':10} {'AGE':>7}  {'COMMAND':16} DEVICES / CMDLINE")
     for c in report.candidates:
         devices = ",".join(str(d) for d in c.get("devices", []))
-        click.echo(f"  {c.get('pid'):>7}  {c.get('user', '?')!s:10} {float(c.get('age_s') or 0):6.0f}s  "
+        echo(f"  {c.get('pid'):>7}  {c.get('user', '?')!s:10} {float(c.get('age_s') or 0):6.0f}s  "
                    f"{c.get('comm', '?')!s:16} {devices}  {c.get('cmdline', '')}")
 
 
@@ -145,27 +136,27 @@ def reap(host: str, force: bool, yes: bool) -> None:
     gpuq's own live jobs (confirmed over two samples).  Dry run unless --force."""
     from orchestrator import api
 
-    ctx = _ctx()
+    ctx = open_ctx()
     report = api.reap(ctx, host)
     _print_reap(report)
     if report.error and not report.doc:
         sys.exit(exitcodes.FAILED)
     if not force or not report.candidates:
         if report.candidates:
-            click.echo(f"dry run: nothing killed; `gpuq reap {host} --force` kills them after re-checking")
+            echo(f"dry run: nothing killed; `gpuq reap {host} --force` kills them after re-checking")
         return
     if not yes:
         if not sys.stdin.isatty():
-            click.echo("gpuq: --force needs confirmation; re-run in a terminal or add --yes", err=True)
+            echo("gpuq: --force needs confirmation; re-run in a terminal or add --yes", err=True)
             sys.exit(exitcodes.USAGE)
         click.confirm(f"kill these processes on {host}?", abort=True)
     forced = api.reap(ctx, host, force=True)
     killed = forced.doc.get("killed", []) if forced.doc else []
     if not killed:
-        click.echo("nothing killed: the candidates were gone when re-checked")
+        echo("nothing killed: the candidates were gone when re-checked")
     for k in killed:
         if isinstance(k, dict):
-            click.echo(f"  {k.get('pid')}: {k.get('outcome')}")
+            echo(f"  {k.get('pid')}: {k.get('outcome')}")
     if forced.exit_code != 0:
-        click.echo(f"gpuq: some kills failed on {host}: {forced.error}", err=True)
+        echo(f"gpuq: some kills failed on {host}: {forced.error}", err=True)
         sys.exit(exitcodes.FAILED)

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.cli import complete
+from orchestrator.cli.ctx import echo, open_ctx
 
 if TYPE_CHECKING:
-    from orchestrator.api import Context, HostDetail
+    from orchestrator.api import HostDetail
     from orchestrator.ledger import HostRow
-
-
-def _ctx() -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context()
-    finally:
-        gc.enable()  # main() turns it off for start-up
 
 
 @click.group()
@@ -75,7 +66,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
     used = [flag for flag, value in slurm_only.items() if value]
     if used and not slurm_target:
         raise UsageError(f"{', '.join(used)} only apply to a Slurm host: add --slurm TARGET")
-    ctx = _ctx()
+    ctx = open_ctx()
     if slurm_target:
         done = api.hosts_add_slurm(ctx, name, slurm_target, port=port, key=key, root=root, python=python,
                                    profile=profile,
@@ -84,7 +75,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
                                    signal_grace_s=signal_grace)
         about = done.facts.get("slurm") or {}
         gpus = about.get("gpus_per_node") or 0
-        click.echo(f"added {name}: Slurm cluster via {slurm_target} ({about.get('version', '?')}), partition "
+        echo(f"added {name}: Slurm cluster via {slurm_target} ({about.get('version', '?')}), partition "
                    f"{about.get('partition', '?')}, {f'{gpus} GPUs per node' if gpus else 'no GPU GRES'}, "
                    f"root={done.row.root} (shared with the compute nodes: "
                    f"{'yes' if about.get('probe') == 'shared' else 'not confirmed'}), "
@@ -95,13 +86,13 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
         facts = done.facts
         gpus_found = facts.get("gpus") or []
         kind = f"{len(gpus_found)} GPU ({gpus_found[0]['name']})" if gpus_found else f"{done.row.slots_total} CPU slots"
-        click.echo(f"added {name}: {target} root={done.row.root} python={done.row.python} "
+        echo(f"added {name}: {target} root={done.row.root} python={done.row.python} "
                    f"(Python {'.'.join(map(str, facts.get('version', [])))}), {kind}, "
                    f"{float(facts.get('free_bytes', 0)) / 1e9:.1f} GB free")
     if done.trusted_key:
-        click.echo(f"trusted new host key {key_fingerprint(done.trusted_key)} (recorded in gpuq's known_hosts)")
+        echo(f"trusted new host key {key_fingerprint(done.trusted_key)} (recorded in gpuq's known_hosts)")
     for warning in done.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        echo(f"warning: {warning}", err=True)
 
 
 @hosts.command("list")
@@ -115,7 +106,7 @@ def list_(as_json: bool) -> None:
     from orchestrator import api
     from orchestrator.cli import emit
 
-    rows = api.hosts_list(_ctx())
+    rows = api.hosts_list(open_ctx())
     if as_json:
         emit.hosts(rows)
         return
@@ -139,7 +130,7 @@ def show(name: str, as_json: bool) -> None:
     from orchestrator import api
     from orchestrator.cli import emit
 
-    detail = api.hosts_show(_ctx(), name)
+    detail = api.hosts_show(open_ctx(), name)
     if as_json:
         emit.host(detail)
     else:
@@ -153,8 +144,8 @@ def rm(name: str, force: bool) -> None:
     """Forget host NAME (refused while jobs run there or results are unverified)."""
     from orchestrator import api
 
-    api.hosts_rm(_ctx(), name, force=force)
-    click.echo(f"removed {name} (nothing on the machine was touched)")
+    api.hosts_rm(open_ctx(), name, force=force)
+    echo(f"removed {name} (nothing on the machine was touched)")
 
 
 @hosts.command("trust")
@@ -165,8 +156,8 @@ def trust(name: str, fingerprint: str) -> None:
     """Accept host NAME's new SSH key, only if it has the FINGERPRINT you checked out of band."""
     from orchestrator import api
 
-    accepted = api.hosts_trust(_ctx(), name, fingerprint)
-    click.echo(f"{name}: host key replaced; now trusting {accepted}")
+    accepted = api.hosts_trust(open_ctx(), name, fingerprint)
+    echo(f"{name}: host key replaced; now trusting {accepted}")
 
 
 @hosts.command("release")
@@ -176,8 +167,8 @@ def release(name: str) -> None:
     and the next one runs the setup again (after a transient failure, e.g. a package index outage)."""
     from orchestrator import api
 
-    released = api.hosts_release(_ctx(), name)
-    click.echo(f"{name}: released the setup hold of bundle {', '.join(released)}" if released
+    released = api.hosts_release(open_ctx(), name)
+    echo(f"{name}: released the setup hold of bundle {', '.join(released)}" if released
                else f"{name}: no setup hold to release")
 
 
@@ -210,7 +201,7 @@ def _print_detail(d: HostDetail) -> None:
         f"jobs        {len(d.active)} unfinished, {len(d.unverified)} with unverified results",
     ]
     for line in lines:
-        click.echo(line)
+        echo(line)
     for event in d.events:
-        click.echo(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(event.time))}  {event.new or ''} "
+        echo(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(event.time))}  {event.new or ''} "
                    f"{event.message}")

@@ -11,28 +11,17 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from orchestrator import exitcodes
 from orchestrator.cli import complete
-
-if TYPE_CHECKING:
-    from orchestrator.api import Context
+from orchestrator.cli.ctx import open_ctx
 
 
 class _State:
     debug = False
-
-
-def _ctx(project_dir: Path | None = None) -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context(project_dir=project_dir)
-    finally:
-        gc.enable()  # off while the heavy modules load (main()); a long command needs it back
 
 
 def version() -> str:
@@ -96,7 +85,7 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_j
     from orchestrator.cli import emit, render
     from orchestrator.errors import UsageError
 
-    ctx = _ctx(queue.parent)
+    ctx = open_ctx(queue.parent)
     try:
         result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
     except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)
@@ -163,7 +152,7 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
     from orchestrator import api
     from orchestrator.states import JobState
 
-    ctx = _ctx()
+    ctx = open_ctx()
     wanted = [JobState(s) for s in states]
     if not (once or as_json) and sys.stdout.isatty() and sys.stdin.isatty() and _dashboard().interactive():
         from orchestrator.cli import dashboard
@@ -173,12 +162,14 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
         if code:
             sys.exit(code)
         return
-    from orchestrator.cli import render
-
     snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=not no_probe, states=wanted)
     if as_json:
-        render.status_json(snap)
+        from orchestrator.cli.statusjson import status_json
+
+        status_json(snap)
     else:
+        from orchestrator.cli import render
+
         render.status_table(snap)
 
 
@@ -192,7 +183,7 @@ def wait(sweep: str | None, timeout_s: float | None, as_json: bool) -> None:
     from orchestrator import api
     from orchestrator.cli import emit, render
 
-    ctx = _ctx()
+    ctx = open_ctx()
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     snap = api.wait(ctx, sweep=sweep_id, timeout_s=timeout_s)
     if as_json:
@@ -206,18 +197,24 @@ def wait(sweep: str | None, timeout_s: float | None, as_json: bool) -> None:
 @cli.command()
 @click.argument("job", shell_complete=complete.jobs)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
-def logs(job: str, follow: bool) -> None:
+@click.option("--raw", is_flag=True,
+              help="Print the log as the host wrote it, terminal control sequences included "
+                   "(default: shown escaped, e.g. \\x1b).")
+def logs(job: str, follow: bool, raw: bool) -> None:
     """Print the log of JOB's latest attempt (a name, id, prefix >= 4, or SWEEP:NAME).
 
-    A bare name means that job of the newest sweep that has one."""
+    A bare name means that job of the newest sweep that has one.  Control characters other than
+    line breaks and tabs are shown escaped (\\x1b), so nothing in a log acts on the terminal."""
     from orchestrator import api
+    from orchestrator.views.text import shown_escaped
 
-    ctx = _ctx()
+    ctx = open_ctx()
     found = ctx.ledger.resolve_job_ref(job)
     if found.note:
         click.echo(f"gpuq: {found.note}", err=True)
     for chunk in api.logs(ctx, found.job, follow=follow):
-        click.echo(chunk, nl=False)
+        # color=True: click would strip some escape sequences on a pipe; --raw means every byte as written
+        click.echo(chunk if raw else shown_escaped(chunk), nl=False, color=True if raw else None)
 
 
 @cli.command()
@@ -234,7 +231,7 @@ def cancel(jobs: tuple[str, ...], sweeps: tuple[str, ...], all_sweeps: bool, yes
     from orchestrator import api
     from orchestrator.states import JobState
 
-    ctx = _ctx()
+    ctx = open_ctx()
     targets, notes = api.cancel_targets(ctx, refs=jobs, sweeps=sweeps, all_sweeps=all_sweeps)
     for note in notes:
         click.echo(f"gpuq: {note}", err=True)
@@ -265,11 +262,11 @@ def cancel(jobs: tuple[str, ...], sweeps: tuple[str, ...], all_sweeps: bool, yes
 def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     """One row per job: state, final and best metrics."""
     from orchestrator import api
-    from orchestrator.cli import emit, render
+    from orchestrator.cli import emit, resulttables
 
     if as_csv and as_json:
         raise click.UsageError("give --csv or --json, not both")
-    rows = api.results(_ctx(), sweep=sweep)
+    rows = api.results(open_ctx(), sweep=sweep)
     from orchestrator.api.jobs import collect_notes
 
     for note in collect_notes({row.job.id: row.error for row in rows if row.error}):
@@ -277,9 +274,9 @@ def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     if as_json:
         emit.results(rows)
     elif as_csv:
-        render.results_csv(rows)
+        resulttables.results_csv(rows)
     else:
-        render.results_table(rows)
+        resulttables.results_table(rows)
 
 
 @cli.command()
@@ -293,13 +290,13 @@ def pull(sweep: str | None, as_json: bool) -> None:
     not verified (incomplete, quarantined, failed) or nothing could be pulled.
     """
     from orchestrator import api
-    from orchestrator.cli import emit, render
+    from orchestrator.cli import emit, resulttables
 
-    report = api.pull(_ctx(), sweep=sweep)
+    report = api.pull(open_ctx(), sweep=sweep)
     if as_json:
         emit.pulled(report)
     else:
-        render.pulled(report)
+        resulttables.pulled(report)
     if not report.ok:
         sys.exit(exitcodes.FAILED)
 
@@ -338,6 +335,7 @@ _register_groups()
 
 def main(argv: list[str] | None = None) -> Any:
     from orchestrator.errors import GpuqError, QueueParseError
+    from orchestrator.views.text import printable
 
     gc.disable()  # importing sqlalchemy, pydantic and rich allocates much and frees little: ~10% of start-up
     try:
@@ -361,8 +359,8 @@ def main(argv: list[str] | None = None) -> Any:
 
             traceback.print_exc()
         prefix = "" if isinstance(exc, QueueParseError) else "gpuq: "
-        for line in str(exc).splitlines() or ["error"]:
-            click.echo(f"{prefix}{line}", err=True)
+        for line in str(exc).splitlines() or ["error"]:  # may quote a host: no control sequence reaches the terminal
+            click.echo(f"{prefix}{printable(line)}", err=True)
         sys.exit(exc.exit_code)
 
 

@@ -10,7 +10,7 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -19,27 +19,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.render import (
-    HEALTH_STYLE,
-    SEVERITY_STYLE,
-    STATE_STYLE,
-    AlertView,
-    JobView,
-    alert_views,
-    clock,
-    duration,
-    host_flags,
-    host_state,
-    job_views,
-    money,
-    one_line,
-    slot_jobs,
-)
+from orchestrator.cli.render import SEVERITY_STYLE, STATE_STYLE
+from orchestrator.views import HEALTH_STYLE, AlertView, HostView, JobView, alert_views, host_views, job_views
+from orchestrator.views.text import clock, duration, money, one_line, printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
-    from orchestrator.ledger import HostRow
-    from orchestrator.tick.probe import Probe
 
 SPARKS = "▁▂▃▄▅▆▇█"
 FULL, EMPTY = "█", "░"
@@ -141,21 +126,20 @@ def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, 
     for name in ("host", "state", "probed", "slots", "disk", "inodes", "mem", "gpu", "util", "vram", "temp"):
         table.add_column(name, no_wrap=True, overflow="ellipsis", max_width=26 if name == "gpu" else None)
     table.add_column("job", no_wrap=True, overflow="ellipsis", ratio=1, min_width=12)
-    names = {j.id: j.name for j in snap.jobs}
+    names = {j.id: printable(j.name) for j in snap.jobs}
     notes: list[Text] = []
-    for row in snap.hosts:
-        probe = snap.probes.get(row.name)
-        doc = probe.doc if probe is not None and probe.ok else {}
-        host_cells = _host_cells(row, probe, doc, now, stale_after_s)
+    for host in host_views(snap):
+        row = host.row
+        host_cells = _host_cells(host, now, stale_after_s)
         blank: list[RenderableType] = [""] * len(host_cells)
-        devices: list[list[RenderableType]] = _device_rows(doc, names) or [["", "", "", "", ""]]
+        devices: list[list[RenderableType]] = _device_rows(host, names) or [["", "", "", "", ""]]
         for i, device in enumerate(devices):
             table.add_row(*(host_cells if i == 0 else blank), *device)
-        text, style = host_state(row, probe)
+        text, style = host.state
         said = [(text, style)] if style != "green" and text != "not probed" else []
-        if said or host_flags(row):
-            note = Text.assemble((f"{row.name}: ", "bold"))
-            for i, (flag, flag_style) in enumerate(said + host_flags(row)):
+        if said or host.flags:
+            note = Text.assemble((f"{printable(row.name)}: ", "bold"))
+            for i, (flag, flag_style) in enumerate(said + host.flags):
                 note.append(" · " if i else "")
                 note.append(flag, style=flag_style)
             note.no_wrap, note.overflow = True, "ellipsis"
@@ -163,8 +147,8 @@ def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, 
     return Panel(Group(table, *notes), title=title, title_align="left", border_style="blue")
 
 
-def _host_cells(row: HostRow, probe: Probe | None, doc: dict[str, Any], now: float,
-                stale_after_s: float | None) -> list[RenderableType]:
+def _host_cells(host: HostView, now: float, stale_after_s: float | None) -> list[RenderableType]:
+    row, probe = host.row, host.probe
     if probe is not None and probe.ok:
         state = Text("ok", style="green")
     elif probe is not None and probe.reachable:
@@ -183,44 +167,37 @@ def _host_cells(row: HostRow, probe: Probe | None, doc: dict[str, Any], now: flo
     probed = Text(duration(age), style="dim" if age is None else "")
     if age is not None and stale_after_s is not None and age > stale_after_s:
         probed = Text(f"{duration(age)} stale", style="bold red")
-    slots, disk, mem = doc.get("slots", {}), doc.get("disk", {}), doc.get("memory", {})
-    inodes, mem_pct = _num(disk.get("inodes_used_pct")), _num(mem.get("used_pct"))
+    inodes, mem_pct = host.inodes_pct, host.mem_pct
     return [
-        Text(row.name, style="bold"), state, probed,
-        Text(f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')} free") if slots else "-",
-        _pct_bar(_num(disk.get("used_pct")), 90, 95),
+        Text(printable(row.name), style="bold"), state, probed,
+        Text(f"{host.slots} free") if host.has_slots else "-",
+        _pct_bar(host.disk_pct, 90, 95),
         Text(f"{inodes:.0f}%", style=level_style(inodes, 90, 95)) if inodes is not None else "-",
         Text(f"{mem_pct:.0f}%", style=level_style(mem_pct, 90, 95)) if mem_pct is not None else "-",
     ]
 
 
-def _device_rows(doc: dict[str, Any], names: dict[str, str]) -> list[list[RenderableType]]:
+def _device_rows(host: HostView, names: dict[str, str]) -> list[list[RenderableType]]:
     """Per GPU: index and model, utilisation, memory, temperature, the job on it; on a CPU host one
     row per running job with the CPU slots it holds."""
-    held = slot_jobs(doc)
     rows: list[list[RenderableType]] = []
-    for gpu in doc.get("gpus", []):
-        index = gpu.get("index")
-        util, used, total = _num(gpu.get("util_pct")), _num(gpu.get("mem_used_mib")), _num(gpu.get("mem_total_mib"))
+    for gpu in host.gpus:
+        used, total = gpu.mem_used_mib, gpu.mem_total_mib
         vram = 100 * used / total if used is not None and total else None
-        temp = _num(gpu.get("temp_c"))
-        job_id = held.get(index) if isinstance(index, int) else None
-        model = str(gpu.get("name") or "").removeprefix("NVIDIA ")
+        temp = gpu.temp_c
+        job_id = gpu.job_id
         rows.append([
-            Text(f"{index} {model}".strip()),  # host text: a Text is never parsed as rich markup
-            _pct_bar(util, 101, 101, "cyan"),
+            Text(f"{'None' if gpu.index is None else gpu.index} {gpu.model}".strip()),  # a Text is never markup
+            _pct_bar(gpu.util_pct, 101, 101, "cyan"),
             Text.assemble(bar(None if vram is None else vram / 100, BAR_W, level_style(vram, 90, 97)),
                           f" {_gib(used)}/{_gib(total)}G"),
             Text(f"{temp:.0f}°C", style=level_style(temp, 80, 88)) if temp is not None else "-",
             Text(names.get(job_id, job_id[:8])) if job_id else Text("idle", style="dim"),
         ])
-    if doc and not doc.get("gpus"):
-        by_job: dict[str, list[int]] = {}
-        for slot, job_id in sorted(held.items()):
-            by_job.setdefault(job_id, []).append(slot)
-        for job_id, ids in by_job.items():
+    if host.answered and not host.gpus:
+        for job_id, ids in host.cpu_jobs:
             rows.append([f"cpu {','.join(map(str, ids))}", "", "", "", Text(names.get(job_id, job_id[:8]))])
-        if not by_job:
+        if not host.cpu_jobs:
             rows.append(["cpu", "", "", "", Text("idle", style="dim")])
     return rows
 
@@ -260,7 +237,8 @@ def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, r
         )
         old = view.heartbeat_age_s is not None and view.heartbeat_age_s > HEARTBEAT_OLD_S
         table.add_row(
-            job.id, Text(job.name), Text(job.state, style=STATE_STYLE.get(job.state, "")), Text(view.where), progress,
+            job.id, Text(printable(job.name)), Text(job.state, style=STATE_STYLE.get(job.state, "")),
+            Text(printable(view.where)), progress,
             duration(view.eta_s), f"{att.loss:.4g}" if att is not None and att.loss is not None else "-",
             Text(sparkline(history.losses(job.id)), style="magenta"),
             Text(duration(view.heartbeat_age_s), style="bold red" if old else ""),
@@ -300,7 +278,7 @@ def footer(view: View, now: float) -> Table:
     if view.ticking:
         left.append(" · probing…", style="cyan")
     if view.error:
-        left.append(f" · last tick failed: {view.error}", style="red")
+        left.append(f" · last tick failed: {one_line(view.error)}", style="red")
     grid.add_row(left, Text("q quit  ↑↓ scroll  r refresh  c cells/jobs", style="dim"))
     return grid
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,9 +9,9 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli import complete
+from orchestrator.cli.ctx import open_ctx
 
 if TYPE_CHECKING:
-    from orchestrator.api import Context
     from orchestrator.report.model import Report
 
 
@@ -36,7 +35,7 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
 
     if fmt == "html" and out_dir is None:
         raise UsageError("gpuq report --format html needs -o DIR (the page and its figures are written there)")
-    ctx = _ctx()
+    ctx = open_ctx()
     doc = build_report(ctx, list(sweeps), baseline=baseline, metric=metric, mode=mode)
     if fmt == "html" and out_dir is not None:
         from orchestrator.report.figures import drawn_cells
@@ -57,15 +56,6 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
             sys.stdout.write(text)
         return
     _table(doc)
-
-
-def _ctx() -> Context:
-    from orchestrator import api
-
-    try:
-        return api.open_context()
-    finally:
-        gc.enable()  # main() turns it off for start-up
 
 
 WIDE = 170  # terminal columns from which every column of the table fits

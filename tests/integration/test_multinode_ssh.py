@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
-from orchestrator.cli.render import status_doc
+from orchestrator.cli.statusjson import status_doc
 from orchestrator.states import JobState
 from tests.conftest import kill_recorded_groups, wait_for
 from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project

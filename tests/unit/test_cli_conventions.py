@@ -274,3 +274,24 @@ def test_an_eof_error_inside_gpuq_is_its_own_traceback_not_aborted(monkeypatch: 
         main(["eof-at-prompt"])
     assert ended.value.code == exitcodes.INTERRUPTED
     assert capsys.readouterr().err.rstrip().endswith("aborted")
+
+
+def test_no_cli_module_is_over_400_lines() -> None:
+    """cli/ holds tables and emitters only (the view models are orchestrator/views/): one purpose per module."""
+    long = {p.name: n for p in (ROOT / "orchestrator" / "cli").glob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+
+
+def test_the_api_package_is_plain_re_exports() -> None:
+    """``api.status``, ``api.wait``, ``api.pull`` and ``api.submit`` are the verbs, whatever was imported
+    before (no module of the package shadows one; no module-class trick)."""
+    code = ("import importlib, pkgutil, types, orchestrator.api as api\n"
+            "for m in pkgutil.iter_modules(api.__path__): importlib.import_module(f'orchestrator.api.{m.name}')\n"
+            "assert type(api) is types.ModuleType, type(api)\n"
+            "bad = [n for n in api.__all__ if isinstance(getattr(api, n), types.ModuleType)]\n"
+            "assert not bad, bad\n"
+            "assert all(callable(getattr(api, n)) for n in ('status', 'wait', 'pull', 'submit'))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr

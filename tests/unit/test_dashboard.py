@@ -15,12 +15,13 @@ from rich.console import Console
 
 from orchestrator import api
 from orchestrator.api import Snapshot
-from orchestrator.cli import dashboard, render
+from orchestrator.cli import dashboard, render, statusjson
 from orchestrator.cli.dashboard import LossHistory, View
 from orchestrator.errors import LedgerError
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.specs import JobSpec
 from orchestrator.tick.probe import Probe
+from orchestrator.views import eta_seconds, job_views
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "schemas" / "status.schema.json").read_text())
@@ -41,9 +42,13 @@ def _attempt(job_id: str, host: str, *, number: int = 1, step: int | None = None
              epoch: int | None = None, loss: float | None = None, started: float | None = NOW - 3600,
              ended: float | None = None, heartbeat: float | None = None, exit_code: int | None = None,
              state: str = "RUNNING") -> Attempt:
+    price, share = PRICES.get(host, (None, 1.0))  # as the ledger fixes them when the attempt starts
     return Attempt(job_id=job_id, number=number, host=host, state=state, bundle_sha="b" * 64, created_at=NOW - 3700,
                    started_at=started, ended_at=ended, step=step, total_steps=total, epoch=epoch, loss=loss,
-                   heartbeat_at=heartbeat, exit_code=exit_code)
+                   heartbeat_at=heartbeat, exit_code=exit_code, price_per_hour=price, gpu_share=share)
+
+
+PRICES = {"g1": (2.4, 0.5)}  # g1: $2.40/h for its 2 GPUs; the jobs here take 1
 
 
 def _gpu_doc() -> dict[str, Any]:
@@ -182,7 +187,7 @@ def test_loss_history_keeps_distinct_points_of_listed_jobs() -> None:
 
 
 def test_job_views_derive_slots_eta_heartbeat_and_cost() -> None:
-    views = {v.job.name: v for v in render.job_views(_snapshot())}
+    views = {v.job.name: v for v in job_views(_snapshot())}
     running = views["baseline"]
     assert running.where == "g1:0" and running.host_gpus == [0]
     assert running.eta_s == pytest.approx(200.0)  # 400 steps left at 2 steps/s (the trainer's rate)
@@ -195,27 +200,25 @@ def test_job_views_derive_slots_eta_heartbeat_and_cost() -> None:
     assert views["broken"].cost is None  # the local host has no price
 
 
-def test_cost_adds_up_every_attempt_on_priced_hosts() -> None:
-    hosts = {"a": HostRow(name="a", kind="ssh", root="/", slots_total=4, price_per_hour=4.0, created_at=0),
-             "b": HostRow(name="b", kind="ssh", root="/", slots_total=1, price_per_hour=1.0, created_at=0),
-             "free": HostRow(name="free", kind="ssh", root="/", slots_total=1, created_at=0)}
-    job = _job("cj", "j", "RUNNING", "b", gpus=2)
-    attempts = [_attempt("cj", "a", started=NOW - 7200, ended=NOW - 3600),  # 1 h x $4 x 2/4 = $2
-                _attempt("cj", "free", started=NOW - 3600, ended=NOW - 1800),  # no price: nothing
-                _attempt("cj", "b", number=3, started=NOW - 1800)]  # 0.5 h x $1 x min(1, 2/1) = $0.50
-    assert render.job_cost(job, attempts, hosts, NOW) == pytest.approx(2.5)
-    assert render.job_cost(job, attempts[1:2], hosts, NOW) is None
-    gang = _attempt("cj", "a", number=4, started=NOW - 3600, ended=NOW)
-    gang.nodes = '["a", "b", "free"]'  # a multi-node attempt: every node's host counts
-    assert render.job_cost(job, [gang], hosts, NOW) == pytest.approx(1 * 4.0 * 2 / 4 + 1 * 1.0 * 1.0)
+def test_cost_is_the_price_each_attempt_fixed_when_it_started() -> None:
+    """The one cost policy (orchestrator/cost.py): a host's price that changes later changes nothing."""
+    snap = _snapshot()
+    snap.hosts[0].price_per_hour = 100.0  # g1's price rises after the attempts started
+    shown = {v.job.name: v for v in job_views(snap)}
+    assert shown["baseline"].cost == pytest.approx(1.2) and shown["deeper"].cost == pytest.approx(0.6)
+    first = _attempt("crunning00001", "g1", started=NOW - 7200, ended=NOW - 3600, state="LOST")
+    first.price_per_hour, first.gpu_share = 4.0, 1.0  # attempt 1 ran whole on a $4/h machine
+    snap.attempt_history = {"crunning00001": [first, snap.attempts["crunning00001"]]}
+    baseline = next(v for v in job_views(snap) if v.job.name == "baseline")
+    assert baseline.cost == pytest.approx(4.0 + 1.2)  # every attempt adds up
 
 
 def test_eta_falls_back_to_the_mean_rate_of_a_fresh_attempt() -> None:
     att = _attempt("cj", "g1", step=100, total=400, started=NOW - 100, heartbeat=NOW)
-    assert render.eta_seconds(att, None) == pytest.approx(300.0)
+    assert eta_seconds(att, None) == pytest.approx(300.0)
     att.resume_from = "ckpt/step_50.pt"  # a resumed attempt did not start at step 0: no mean rate
-    assert render.eta_seconds(att, None) is None
-    assert render.eta_seconds(att, 0.0) is None
+    assert eta_seconds(att, None) is None
+    assert eta_seconds(att, 0.0) is None
 
 
 # --- what a person sees --------------------------------------------------------------------------------
@@ -333,7 +336,7 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 
 def test_json_document_matches_the_schema() -> None:
-    doc = json.loads(json.dumps(render.status_doc(_snapshot())))
+    doc = json.loads(json.dumps(statusjson.status_doc(_snapshot())))
     _validator().validate(doc)
     jobs = {j["name"]: j for j in doc["jobs"]}
     assert jobs["baseline"]["host_gpus"] == [0] and jobs["baseline"]["eta_s"] == pytest.approx(200.0)
@@ -359,7 +362,7 @@ def test_json_from_a_real_ledger_matches_the_schema(gpuq_home: Path) -> None:
     finally:
         ctx.close()
     snap.probes["local"] = Probe("local", True, _gpu_doc(), duration_s=0.2, reachable=True)
-    doc = json.loads(json.dumps(render.status_doc(snap)))
+    doc = json.loads(json.dumps(statusjson.status_doc(snap)))
     _validator().validate(doc)
     assert doc["jobs"][0]["state"] == "QUEUED" and doc["alerts"][0]["rule"] == "early_finish"
 
@@ -376,7 +379,7 @@ def test_json_from_a_real_ledger_matches_the_schema(gpuq_home: Path) -> None:
     lambda d: d["alerts"][0].update(severity="fatal"),
 ])
 def test_schema_rejects_a_wrong_document(breakage: Any) -> None:
-    doc = json.loads(json.dumps(render.status_doc(_snapshot())))
+    doc = json.loads(json.dumps(statusjson.status_doc(_snapshot())))
     breakage(doc)
     assert list(_validator().iter_errors(doc)), "the schema accepted a wrong document"
 
@@ -404,7 +407,7 @@ def _project_snapshot(progress: dict[str, Any]) -> Snapshot:
 def test_a_trainer_without_heartbeat_shows_elapsed_time_and_its_escaped_last_line(
         capsys: pytest.CaptureFixture[str]) -> None:
     snap = _project_snapshot({"line": "[bold]Epoch 3[/bold] | loss 0.2", "pct": None, "source": "pattern"})
-    view = next(v for v in render.job_views(snap) if v.job.name == "baseline")
+    view = next(v for v in job_views(snap) if v.job.name == "baseline")
     assert view.fraction is None and view.note == "2m [bold]Epoch 3[/bold] | loss 0.2"
     render.status_table(snap)
     out = capsys.readouterr().out
@@ -416,7 +419,7 @@ def test_a_trainer_without_heartbeat_shows_elapsed_time_and_its_escaped_last_lin
 def test_a_trainer_without_heartbeat_shows_the_percentage_its_log_gives(capsys: pytest.CaptureFixture[str]) -> None:
     snap = _project_snapshot({"step": 12, "total": 100, "pct": 12.0, "line": "12/100 [00:01<00:09]",
                               "source": "tqdm"})
-    view = next(v for v in render.job_views(snap) if v.job.name == "baseline")
+    view = next(v for v in job_views(snap) if v.job.name == "baseline")
     assert view.fraction == pytest.approx(0.12)
     render.status_table(snap)
     assert "12% 2m 12/100" in capsys.readouterr().out

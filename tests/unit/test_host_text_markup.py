@@ -54,7 +54,7 @@ def test_the_dashboard_shows_host_text_as_text() -> None:
 
 def test_the_status_table_shows_host_text_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
     console = _console()
-    monkeypatch.setattr(render, "_console", lambda *a, **k: console)
+    monkeypatch.setattr(render, "console", lambda *a, **k: console)
     render.status_table(_snapshot())
     text = console.export_text()
     assert "[link=http://x]click me[/link]" in text and "[red]boom[/]" in text and "g1[/]" in text

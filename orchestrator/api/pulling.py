@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import protocol, transfer
-from orchestrator.api.status import tick
+from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, host_for
 from orchestrator.errors import GpuqError, JobNotFound
 from orchestrator.launcher import agent_argv

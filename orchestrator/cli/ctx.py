@@ -1,0 +1,31 @@
+"""What every ``gpuq`` command shares: opening its ``Context`` (``open_ctx``) and printing text
+that may quote a host (``echo``)."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.context import Context
+
+
+def open_ctx(project_dir: Path | None = None) -> Context:
+    """The context of the project at ``project_dir`` (default: the working directory's)."""
+    from orchestrator.context import open_context
+
+    try:
+        return open_context(project_dir=project_dir)
+    finally:
+        gc.enable()  # off while the heavy modules load (main()); a long command needs it back
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """``click.echo`` for text that may quote a host: each line printable (views/text.py), so no
+    terminal control sequence a host wrote reaches the terminal."""
+    import click
+
+    from orchestrator.views.text import printable
+
+    click.echo("\n".join(printable(line) for line in text.split("\n")), err=err)

@@ -1,0 +1,126 @@
+"""One host as ``gpuq status`` and the live dashboard show it: ``HostView`` (and ``GpuView`` per device).
+
+Everything a host's status document says is read here once, bounded to numbers and printable text
+(``views/text.py``); the tables in ``cli/`` draw these fields and never read the document.  The
+reachability line and the flags come with the rich style they are drawn in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.views.jobs import slot_jobs
+from orchestrator.views.text import clock, one_line, printable
+
+if TYPE_CHECKING:
+    from orchestrator.api import Snapshot
+    from orchestrator.controller import Probe
+    from orchestrator.ledger import HostRow
+
+HEALTH_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int | None
+    model: str  # "A100-SXM4-80GB": the host's name for it, without "NVIDIA ", printable
+    util_pct: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+    temp_c: float | None
+    job_id: str | None  # the job whose attempt holds this GPU
+
+
+@dataclass(frozen=True)
+class HostView:
+    row: HostRow
+    probe: Probe | None
+    state: tuple[str, str]  # (text, style): host_state
+    flags: list[tuple[str, str]]  # (text, style): host_flags
+    answered: bool  # this tick's probe returned a valid document
+    slots: str  # "free/total kind" ("?" where the document did not say)
+    has_slots: bool
+    gpus: list[GpuView] = field(default_factory=list)
+    cpu_jobs: list[tuple[str, list[int]]] = field(default_factory=list)  # a CPU host: job id, the slots it holds
+    disk_pct: float | None = None
+    inodes_pct: float | None = None
+    mem_pct: float | None = None
+
+
+def host_views(snap: Snapshot) -> list[HostView]:
+    return [host_view(row, snap.probes.get(row.name)) for row in snap.hosts]
+
+
+def host_view(row: HostRow, probe: Probe | None) -> HostView:
+    doc: dict[str, Any] = probe.doc if probe is not None and probe.ok else {}
+    slots = _dict(doc.get("slots"))
+    disk, memory = _dict(doc.get("disk")), _dict(doc.get("memory"))
+    held = slot_jobs(doc)
+    gpus = [_gpu(g, held) for g in doc.get("gpus") or [] if isinstance(g, dict)]
+    cpu_jobs: dict[str, list[int]] = {}
+    if not gpus:
+        for slot, job_id in sorted(held.items()):
+            cpu_jobs.setdefault(printable(job_id), []).append(slot)
+    return HostView(
+        row=row, probe=probe, state=host_state(row, probe), flags=host_flags(row), answered=bool(doc),
+        slots=printable(f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}"),
+        has_slots=bool(slots), gpus=gpus, cpu_jobs=list(cpu_jobs.items()),
+        disk_pct=number(disk.get("used_pct")), inodes_pct=number(disk.get("inodes_used_pct")),
+        mem_pct=number(memory.get("used_pct")),
+    )
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _gpu(gpu: dict[str, Any], held: dict[int, str]) -> GpuView:
+    index = gpu.get("index")
+    index = index if isinstance(index, int) and not isinstance(index, bool) else None
+    job_id = held.get(index) if index is not None else None
+    return GpuView(index=index, model=printable(str(gpu.get("name") or "")).removeprefix("NVIDIA "),
+                   util_pct=number(gpu.get("util_pct")), mem_used_mib=number(gpu.get("mem_used_mib")),
+                   mem_total_mib=number(gpu.get("mem_total_mib")), temp_c=number(gpu.get("temp_c")),
+                   job_id=printable(job_id) if job_id else None)
+
+
+def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
+    """(text, style) of a host's reachability: ok; unreachable since T (never "dead": a transport
+    failure says nothing about the jobs); reachable without an agent answer; not probed this tick."""
+    if probe is not None and probe.ok:
+        return "ok", "green"
+    if probe is not None and probe.reachable and probe.error.startswith("protocol error"):
+        return one_line(probe.error, 100), "bold red"  # the host answered with no valid document
+    if probe is not None and probe.reachable:
+        return f"reachable ({one_line(probe.error, 100)})", "yellow"
+    if probe is None and not row.unreachable_since:
+        return "not probed", "dim"
+    since = clock(row.unreachable_since) if row.unreachable_since else "now"
+    notes = [f"{row.probe_failures} failures"] if row.probe_failures > 1 else []
+    if row.next_probe_at:
+        notes.append(f"next try {clock(row.next_probe_at)}")
+    text = f"unreachable since {since}" + (f" ({', '.join(notes)})" if notes else "")
+    return (f"{text}: {one_line(probe.error, 100)}" if probe is not None and probe.error else text), "red"
+
+
+def host_flags(row: HostRow) -> list[tuple[str, str]]:
+    """(text, style) flags a person must not miss: an unhealthy verdict, a hold on new jobs."""
+    flags = []
+    detail = f": {one_line(row.health_detail, 80)}" if row.health_detail else ""
+    if row.health == "fail":
+        flags.append((f"UNHEALTHY{detail}", HEALTH_STYLE["fail"]))
+    elif row.health == "warn":
+        flags.append((f"health warn{detail}", HEALTH_STYLE["warn"]))
+    if row.hold_reason:
+        flags.append((f"HELD: {one_line(row.hold_reason, 80)}", "bold yellow"))
+    if row.provider and row.lease_state and row.lease_state != "running":
+        why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
+        flags.append((f"{printable(row.lease_state).upper()}{why}", "bold red"))
+    if row.provider and row.price_per_hour is not None:
+        flags.append((f"{printable(row.provider)}{' spot' if row.spot else ''} ${row.price_per_hour:.2f}/h", "dim"))
+    return flags
