@@ -15,8 +15,8 @@ from orchestrator.views.text import clock, one_line, printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
-    from orchestrator.controller import Probe
     from orchestrator.ledger import HostRow
+    from orchestrator.tick.probe import Probe
 
 HEALTH_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
