@@ -21,7 +21,7 @@ JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "
 Severity = Literal["info", "warn", "escalate"]
 
 
-class _Doc(BaseModel):
+class Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def as_dict(self) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class Memory(_Open):
     oom_kill: int | None = None
 
 
-class HostStatus(_Doc):
+class HostStatus(Doc):
     name: str = Field(min_length=1)
     kind: str = Field(description='"local" or "ssh" (providers add their own).')
     reachable: bool = Field(description="This tick's probe got the agent's status document.")
@@ -107,7 +107,7 @@ class HostStatus(_Doc):
     memory: Memory
 
 
-class SweepStatus(_Doc):
+class SweepStatus(Doc):
     id: str = Field(min_length=1)
     queue_path: str
     created_at: float
@@ -115,7 +115,7 @@ class SweepStatus(_Doc):
     states: dict[JobStateName, int] = Field(description="Jobs of the sweep per state (states with none left out).")
 
 
-class JobStatus(_Doc):
+class JobStatus(Doc):
     id: str = Field(min_length=1)
     sweep_id: str = Field(min_length=1)
     name: str
@@ -145,7 +145,7 @@ class JobStatus(_Doc):
                                   "each node rank of its current attempt (node 0 is `host`); empty for a one-host job.")
 
 
-class Alert(_Doc):
+class Alert(Doc):
     time: float
     severity: Severity
     rule: str = Field(description="The rule that fired: stalled, disk, crash, nan, xid, dead, unreachable, ...")
@@ -154,7 +154,7 @@ class Alert(_Doc):
     action: str = Field(description='What to do about it ("" when nothing).')
 
 
-class StatusDocument(_Doc):
+class StatusDocument(Doc):
     """`gpuq status --json`: hosts, sweeps, the jobs shown, the latest findings."""
 
     schema_: Literal["gpuq.cli.status/1"] = Field(alias="schema")
@@ -168,13 +168,13 @@ class StatusDocument(_Doc):
 # --- gpuq submit --json ---------------------------------------------------------------------------
 
 
-class SubmittedJob(_Doc):
+class SubmittedJob(Doc):
     id: str
     name: str
     host: str | None = Field(description="Where the scheduler placed it; null when not placed yet.")
 
 
-class SubmitDocument(_Doc):
+class SubmitDocument(Doc):
     """`gpuq submit --json`: the sweep id and its jobs (like `sbatch --parsable`)."""
 
     schema_: Literal["gpuq.cli.submit/1"] = Field(alias="schema")
@@ -186,7 +186,7 @@ class SubmitDocument(_Doc):
 # --- gpuq results --json --------------------------------------------------------------------------
 
 
-class ResultJob(_Doc):
+class ResultJob(Doc):
     id: str
     sweep_id: str
     name: str
@@ -207,7 +207,7 @@ class ResultJob(_Doc):
                        '(unreachable, or a non-finite metric); "" when nothing failed.')
 
 
-class ResultsDocument(_Doc):
+class ResultsDocument(Doc):
     """`gpuq results --json`: one entry per job of the sweep."""
 
     schema_: Literal["gpuq.cli.results/1"] = Field(alias="schema")
@@ -220,7 +220,7 @@ class ResultsDocument(_Doc):
 # --- gpuq hosts list|show --json ------------------------------------------------------------------
 
 
-class HostEntry(_Doc):
+class HostEntry(Doc):
     name: str
     kind: str
     target: str
@@ -236,20 +236,20 @@ class HostEntry(_Doc):
     provider: str
 
 
-class HostsDocument(_Doc):
+class HostsDocument(Doc):
     """`gpuq hosts list --json`."""
 
     schema_: Literal["gpuq.cli.hosts/1"] = Field(alias="schema")
     hosts: list[HostEntry]
 
 
-class HostEvent(_Doc):
+class HostEvent(Doc):
     time: float
     state: str
     message: str
 
 
-class HostDocument(_Doc):
+class HostDocument(Doc):
     """`gpuq hosts show NAME --json`."""
 
     schema_: Literal["gpuq.cli.host/1"] = Field(alias="schema")
@@ -266,7 +266,7 @@ class HostDocument(_Doc):
 # --- gpuq pull --json -----------------------------------------------------------------------------
 
 
-class PulledJob(_Doc):
+class PulledJob(Doc):
     id: str
     name: str
     host: str
@@ -279,7 +279,7 @@ class PulledJob(_Doc):
     local_dir: str
 
 
-class PullDocument(_Doc):
+class PullDocument(Doc):
     """`gpuq pull --json`; ok is the exit status's verdict (exit 1 when false)."""
 
     schema_: Literal["gpuq.cli.pull/1"] = Field(alias="schema")
@@ -292,7 +292,7 @@ class PullDocument(_Doc):
 # --- gpuq wait --json -----------------------------------------------------------------------------
 
 
-class WaitDocument(_Doc):
+class WaitDocument(Doc):
     """`gpuq wait --json`: how the sweep ended (exit 1 unless every job succeeded)."""
 
     schema_: Literal["gpuq.cli.wait/1"] = Field(alias="schema")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from orchestrator.ledger import HostRow
 
 
-def _out(doc: d._Doc) -> None:
+def _out(doc: d.Doc) -> None:
     sys.stdout.write(doc.dump())
 
 

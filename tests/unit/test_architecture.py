@@ -18,7 +18,7 @@ GUARDED = ("orchestrator.api", "orchestrator.tick", "orchestrator.cli")
 MAX_MODULE_LINES = 400
 MAX_TICK_FUNCTION_LINES = 60
 # left to the module's owner (cli/ is being rewritten beside this change): remove the entry with the fix
-KNOWN = {"orchestrator/cli/emit.py: orchestrator.cli.documents._Doc"}
+KNOWN: set[str] = set()  # private names still reached across modules (none; the test says when one is fixed)
 
 
 def _module_name(path: Path) -> str:
