@@ -151,6 +151,8 @@ def load_run(toml_path: Path) -> RunConfig | None:
         return None
     except OSError as exc:
         raise ConfigError(f"{toml_path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{toml_path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from exc
     try:
         table = tomllib.loads(text).get(TABLE)
     except tomllib.TOMLDecodeError as exc:

@@ -203,3 +203,10 @@ def test_the_filesystem_root_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(ConfigError) as info:
         project_root(RunConfig(project="/".join([".."] * depth)), tmp_path)
     assert "is /; point it at the project's own directory" in str(info.value)
+
+
+def test_a_gpuq_toml_that_is_not_utf8_is_one_config_error_naming_the_byte(tmp_path: Path) -> None:
+    path = tmp_path / "gpuq.toml"
+    path.write_bytes(b'[run]\ncommand = "python train.py \xff"\n')
+    with pytest.raises(ConfigError, match=r"gpuq\.toml: not UTF-8 text \(byte 33\)"):
+        load_run(path)
