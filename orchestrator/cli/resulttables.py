@@ -41,6 +41,8 @@ def results_table(rows: list[ResultRow]) -> None:
     cols = ["job", "name", "state", *[f"final {n}" for n in names],
             *[f"best {n}{arrow if n == head else ''}" for n in names], "GPU-h"]
     cols += (["cost"] if priced else []) + (["lost GPU-h", "preempted"] if lost else []) + ["pulled"]
+    unknown = any(r.error for r in rows)  # a host that could not answer: its rows say so, the others stand
+    cols += ["note"] if unknown else []
     for col in cols:
         table.add_column(col, no_wrap=col in ("job", "state", "pulled"))
     for row in rows:
@@ -55,6 +57,8 @@ def results_table(rows: list[ResultRow]) -> None:
         if lost:
             cells += [f"{c.lost_gpu_hours:.3f}" if c is not None else "-", str(c.preemptions) if c is not None else "-"]
         cells.append(PULLED_CELL.get(row.pulled, "-"))
+        if unknown:
+            cells.append(f"[yellow]{escape(printable(row.error))}[/]" if row.error else "")
         table.add_row(*cells)
     console().print(table)
     total = [r.cost for r in rows if r.cost is not None]
@@ -71,7 +75,7 @@ def results_csv(rows: list[ResultRow]) -> None:
     writer = csv.writer(sys.stdout)
     writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
                      *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "gpu_hours", "cost_usd",
-                     "lost_gpu_hours", "preemptions", "pulled", "local_dir"])
+                     "lost_gpu_hours", "preemptions", "pulled", "local_dir", "error"])
     for row in rows:
         j = row.job
         c = row.cost
@@ -79,7 +83,7 @@ def results_csv(rows: list[ResultRow]) -> None:
                          *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names],
                          f"{c.gpu_hours:.6f}" if c else "", f"{c.cost:.4f}" if c and c.cost is not None else "",
                          f"{c.lost_gpu_hours:.6f}" if c else "", c.preemptions if c else "",
-                         row.pulled, row.local_dir])
+                         row.pulled, row.local_dir, row.error or ""])
 
 
 PULL_STYLE = {"verified": "green", "already verified": "green", "incomplete": "yellow", "quarantined": "red",

@@ -76,3 +76,20 @@ def test_the_ledger_refuses_a_non_finite_metric_whole(ctx: Context) -> None:
                                                           ("final", "b", bad, None, None)], artifacts=[])
     assert ctx.ledger.metrics([job.id]) == []
     assert json.dumps([m.value for m in ctx.ledger.metrics([job.id])]) == "[]"
+
+
+def test_the_table_and_csv_say_on_each_row_why_its_results_are_missing(ctx: Context,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    from orchestrator.cli.resulttables import results_csv, results_table
+
+    rows = results(ctx, sweep=SWEEP)
+    results_csv(rows)
+    by_name = {r["name"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert by_name["good"]["error"] == "" and by_name["good"]["final_val_acc"] == "0.75"
+    assert "h-dead" in by_name["dead"]["error"] and by_name["dead"]["final_val_acc"] == ""
+    results_table(rows)
+    table = capsys.readouterr().out
+    assert "note" in table and "h-dead" in table and "h-nan" in table
