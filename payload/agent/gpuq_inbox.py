@@ -156,6 +156,10 @@ def cmd_collect(root: str, job_ids: list[str]) -> int:
             print("gpuq collect: bad job id %r" % job_id, file=sys.stderr)
             return P.AGENT_EXIT_USAGE
         out[job_id] = collect_one(root, job_id)
+    hide = gpuq_secrets.held_values(Layout(root))
+    for got in out.values():  # the summary is the project's own text; paths and hashes stay as they are
+        if isinstance(got, dict) and got.get("summary") is not None:
+            got["summary"] = gpuq_secrets.redact_doc(got["summary"], hide)
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     return 0
 

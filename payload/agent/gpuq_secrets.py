@@ -4,10 +4,11 @@
 Two duties, both here so every path does them the same way:
 
 - **redaction**: every value held on the host is replaced by ``[redacted]`` in the host text the
-  agent reports (exit records, the setup tail, status entries: progress lines, scan hits and
-  tracebacks, anything else a job's files put there) before it is written where the controller reads
-  it.  Values shorter than MIN_REDACT_CHARS are not redacted (they cannot be told apart from ordinary
-  text); the controller redacts the values it knows as well.
+  agent reports (exit records with the setup tail, the setup's failed.json, in status entries the
+  progress line, scan hits and tracebacks, the heartbeat and the results' summary) before it is
+  written where the controller reads it; paths and hashes the controller acts on are left as they are.
+  Values shorter than MIN_REDACT_CHARS are not redacted (they cannot be told apart from ordinary
+  text), nor text read after the sweep's secrets file is gone (the agent no longer knows them).
 - **deletion**: a secrets file goes once no job of its sweep (queue id) is queued or still lives
   here.  The long-running agent, ``cancel``/``withdraw`` and, on a Slurm login node, ``status``
   delete them.  Deleting and ``enqueue`` (which writes the secrets before its specs) hold the same

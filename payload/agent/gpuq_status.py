@@ -106,6 +106,20 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
     return e
 
 
+HOST_TEXT = ("exit", "progress", "scan", "heartbeat")  # what a job's own output or files can put in an entry
+
+
+def redact_host_text(entry: dict[str, Any], hide: list[str]) -> None:
+    """Forwarded secret values out of an entry's host text (exit record, progress line, scan hits and
+    traceback, heartbeat, the results' summary); paths and hashes the controller acts on stay as they are."""
+    for key in HOST_TEXT:
+        if entry.get(key) is not None:
+            entry[key] = gpuq_secrets.redact_doc(entry[key], hide)
+    results = entry.get("results")
+    if isinstance(results, dict) and results.get("summary") is not None:
+        results["summary"] = gpuq_secrets.redact_doc(results["summary"], hide)
+
+
 def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     now = time.time()
     agent, rec = agent_state(lay)
@@ -157,8 +171,9 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         ex = e.get("exit") or {}
         if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
             e["results"] = collect_one(lay.root, e["job_id"], write=False)
-    hide = gpuq_secrets.held_values(lay)  # host text (progress lines, scans, exit records, results)
-    jobs = [gpuq_secrets.redact_doc(e, hide) for e in jobs]
+    hide = gpuq_secrets.held_values(lay)
+    for e in jobs:
+        redact_host_text(e, hide)
     if slurm is not None:
         gpuq_slurm_view.drop_ended_secrets(lay, jobs, slurm)
     doc = {"schema": P.STATUS_SCHEMA, "protocol": P.PROTOCOL_VERSION, "hostname": socket.gethostname(),
