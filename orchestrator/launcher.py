@@ -30,7 +30,7 @@ _log = logging.getLogger(__name__)
 
 # Unpack into a private temp dir, then rename: a live bundle is never overwritten.
 UNPACK_SCRIPT = (
-    'set -eu; cd "$1"; mkdir -p bundles; '
+    'set -eu; umask 077; cd "$1"; mkdir -p bundles; '
     'if command -v sha256sum >/dev/null 2>&1; then printf "%s  %s\\n" "$2" "$3" | sha256sum -c - >/dev/null '
     '|| { rm -f "$3"; echo "bundle bytes do not match sha256 $2 after upload" >&2; exit 3; }; fi; '
     'd="bundles/.$2.unpack.$$"; rm -rf "$d"; mkdir -p "$d"; '

@@ -35,7 +35,8 @@ Remote layout (one root per host, the profile's data dir)::
       setup/<setup_key>.lock       flock: one setup run per host and setup_key
       setup/<setup_key>/           ok.json | failed.json, setup.log, project/ (writable copy, setup's cwd)
       secrets/<queue_id>.json      forwarded env values (0600, dir 0700); deleted once no job of that
-                                   queue is queued, claimed or running here
+                                   queue is queued, claimed or running here (by the serving agent, by
+                                   cancel/withdraw, or by status on a Slurm login node)
       jobs/<job_id>/MANIFEST.json  what `gpuq pull` fetches and verifies (agent verb `manifest`)
 """
 

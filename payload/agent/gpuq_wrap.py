@@ -51,6 +51,7 @@ from gpuq_launch import (
     read_only_prefix,
     run_section,
     secrets_for,
+    split_loader_env,
 )
 from gpuq_memwatch import sample_memory
 from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
@@ -296,7 +297,11 @@ class Wrapper:
             self.phase = "setup"
             return self.finish(P.EXIT_SETUP, "cannot build the trainer's command: %s" % e)
         self.env.update(secrets_for(self.lay, spec))  # the process environment only: never run.env, never logged
-        prefix, why = read_only_prefix(self.bundle)
+        # the job's LD_* variables reach the trainer's exec only, never the root steps that make the bundles
+        # read-only (unshare, mount, the jail): gpuq_launch.split_loader_env
+        clean, loader = split_loader_env(self.env)
+        prefix, why = read_only_prefix(self.bundle, loader)
+        env = clean if prefix else self.env
         log_path = os.path.join(self.adir, P.JOB_LOG)
         if why:
             append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
@@ -309,7 +314,7 @@ class Wrapper:
                 return self.finish(P.EXIT_SIGNAL_BASE + self.got_signal, "signal %d before training started"
                                    % self.got_signal, sig=self.got_signal)
             self.trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                            stderr=subprocess.STDOUT, env=self.env, close_fds=True,
+                                            stderr=subprocess.STDOUT, env=env, close_fds=True,
                                             cwd=run_dir)
         sampler = threading.Thread(target=sample_memory, name="gpuq-mem", args=(
             os.path.join(self.adir, P.MEM_FILE), self.trainer.pid,
