@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from orchestrator.controller import Probe
 from rich.console import Console
 
 from orchestrator import protocol
@@ -19,6 +18,7 @@ from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Ledger
 from orchestrator.specs import JobSpec
+from orchestrator.tick.probe import Probe
 from orchestrator.views.text import one_line, printable, shown_escaped
 from tests.conftest import run_gpuq
 
