@@ -37,8 +37,12 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]) -> Any:
     """The value ``build(directory)`` returned in whichever worker of this run built ``name`` first."""
-    root = shared_dir(tmp_path_factory) / "once"
-    root.mkdir(exist_ok=True)
+    return once_in(shared_dir(tmp_path_factory) / "once", name, build)
+
+
+def once_in(root: Path, name: str, build: Callable[[Path], Any]) -> Any:
+    """``once`` with the shared directory given: ``root/name/`` holds what ``build`` made."""
+    root.mkdir(parents=True, exist_ok=True)
     directory = root / name
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this worker dies
