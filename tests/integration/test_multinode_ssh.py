@@ -103,11 +103,10 @@ def test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host(world: Wor
 
 def test_one_node_killed_fails_the_attempt_and_both_resume_from_the_checkpoint(world: World, farm: HostFarm,
                                                                               tmp_path: Path) -> None:
-    # one rank per node (the two-ranks-per-node layout is the first test's): a world of 2 over 2048
-    # samples, 64 steps, ~13 s of sleeps, so the kill always lands mid-run
-    queue = write_project(tmp_path, {"victim": tiny_config(0.2, 2048), "twin": tiny_config(0.0, 2048)},
-                          ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=1 retries=1",
-                           "configs/twin.yaml classify 2 name=twin gpus=2"])
+    # a world of 4 over 4096 samples: 64 steps, ~13 s of sleeps, so the kill always lands mid-run
+    queue = write_project(tmp_path, {"victim": tiny_config(0.2, 4096), "twin": tiny_config(0.0, 4096)},
+                          ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=2 retries=1",
+                           "configs/twin.yaml classify 2 name=twin gpus=4"])
     result = api.submit(world.ctx, queue)
     victim = world.job("victim")
     (first,) = world.ctx.ledger.attempts(victim.id)  # type: ignore[attr-defined]
