@@ -19,25 +19,43 @@ pytest_plugins = ["tests.support.pullworld"]  # the `world` fixture of the pull 
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The suite runs with `-n 3 --dist loadgroup` (README): every test is a unit of work of its own, except a
-# module whose tests share one expensive module-scoped fixture (a Slurm cluster, a farm of hosts), marked
-# `xdist_group` and run on one worker; xdist hands out the groups first, then single tests in
-# collection order, each worker taking the next one when it is done.  So the long integration tests
-# go first and the many short unit tests fill the end, instead of one worker finishing a long tail
-# while the others idle.  The slowest modules (from `--durations`) lead.
+# The suite runs with `-n 3 --dist loadgroup` (README).  Every test is a unit of work of its own: with
+# pytest 9.2 xdist's `xdist_group` mark no longer groups anything (its worker stamps the group onto the
+# node id the old way, which pytest ignores since node ids are structured: pytest-dev/pytest-xdist#1386),
+# so the suite uses none.  A module-scoped fixture is therefore built once per worker that runs one of
+# the module's tests: a farm of namespace hosts (about 0.5 s) or a Slurm cluster (about 3.5 s) may be;
+# a reference run that costs a minute of CPU is built once per run instead (tests/support/once.py).
+# xdist hands each worker the next test in collection order when it has two or fewer left, so the
+# slowest tests go first (measured with `--durations`, slowest module first) and the many short unit
+# tests fill the end, instead of one worker finishing a long tail while the others idle.
 SLOW_FIRST = (
-    "tests/integration/test_ssh_hosts.py", "tests/integration/test_cloud.py", "tests/integration/test_cli.py",
-    "tests/integration/test_concurrent_commands.py", "tests/integration/test_ssh_work_stealing.py",
-    "tests/integration/test_example_queue.py", "tests/integration/test_report_example.py",
+    "tests/integration/test_multinode_ssh.py", "tests/integration/test_example_queue.py",
+    "tests/integration/test_ssh_hosts.py", "tests/integration/test_hostile_host.py",
+    "tests/integration/test_multihost.py", "tests/integration/test_cli_pull.py",
+    "tests/integration/test_report_example.py", "tests/integration/test_cloud.py",
+    "tests/integration/test_slurm_backend.py", "tests/integration/test_cli.py",
+    "tests/integration/test_dashboard_tmux.py", "tests/integration/test_concurrent_commands.py",
+    "tests/integration/test_ssh_work_stealing.py", "tests/integration/test_cli_hosts.py",
+    "tests/integration/test_own_project_hosts.py", "tests/integration/test_patrol.py",
+    "tests/integration/test_payload_sigterm.py", "tests/integration/test_payload_resume.py",
+    "tests/integration/test_kill_resume.py", "tests/integration/test_cli_cloud_errors.py",
 )
+SLOW_UNITS_FIRST = ("tests/unit/test_static.py",)  # mypy --strict, ruff, lint-imports, vermin: CPU for minutes
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    grouped = [item.nodeid for item in items if item.get_closest_marker("xdist_group")]
+    if grouped:  # it would be silently ignored: say so rather than run "grouped" tests apart
+        raise pytest.UsageError(f"xdist_group no longer groups tests (pytest-dev/pytest-xdist#1386); build a "
+                                f"costly shared value with tests/support/once.py instead: {grouped[0]}")
+
     def order(item: pytest.Item) -> tuple[int, int]:
         path = item.nodeid.split("::", 1)[0]
         if path in SLOW_FIRST:
             return 0, SLOW_FIRST.index(path)
-        return (1, 0) if path.startswith("tests/integration/") else (2, 0)
+        if path.startswith("tests/integration/"):
+            return 1, 0
+        return (2, 0) if path in SLOW_UNITS_FIRST else (3, 0)
 
     items.sort(key=order)  # stable: a module keeps its own order
 

@@ -27,6 +27,7 @@ from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups, run_gpuq, wait_for
 from tests.support.fakecloud import FakeLambda, FakeRunPod
 from tests.support.fakecloud.netns_backend import NetnsBackend
+from tests.support.once import once
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -61,8 +62,12 @@ def _weights(summary: Path) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """job name -> weights sha256 of the same jobs run without interruption (the local host)."""
-    base = tmp_path_factory.mktemp("reference")
+    """job name -> weights sha256 of the same jobs run without interruption (the local host); one
+    sweep for the whole run, whichever workers this module's tests land on (tests/support/once.py)."""
+    return dict(once(tmp_path_factory, "test_cloud-reference", _reference))
+
+
+def _reference(base: Path) -> dict[str, str]:
     queue = _project(base)
     env = {"GPUQ_HOME": str(base / "home"), "GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1"}
     try:

@@ -26,7 +26,7 @@ from tests.conftest import kill_recorded_groups, wait_for
 from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project
 from tests.support.testhosts import HostFarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("multinode-farm")]  # one shared fixture: one worker
+pytestmark = pytest.mark.integration
 
 
 

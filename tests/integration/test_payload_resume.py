@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.once import once
 from tests.support.proctree import assert_gone, descendants
 
 torch = pytest.importorskip("torch")
@@ -111,7 +112,11 @@ def _evals(run_dir: Path) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("reference")
+    """The uninterrupted run, once for the whole test run (tests/support/once.py); tests only read it."""
+    return Path(once(tmp_path_factory, "test_payload_resume-reference", _reference))
+
+
+def _reference(tmp: Path) -> str:
     run_dir = tmp / "run"
     rc = _run(_write_config(tmp, 40), run_dir, tmp / "log.txt")
     log = (tmp / "log.txt").read_text()
@@ -122,7 +127,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert summary["world_size"] == 2 and summary["effective_batch"] == 32
     assert json.loads((run_dir / "heartbeat").read_text())["phase"] == "done"
     assert torch.load(run_dir / "ckpt" / "best.pt", weights_only=True)["metrics"]["kind"] == "eval"
-    return run_dir
+    return str(run_dir)
 
 
 def _interrupt_and_resume(tmp: Path, reference: Path, sig: int, ckpt_every: int, **env: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.once import once
 from tests.support.proctree import assert_gone, descendants
 
 torch = pytest.importorskip("torch")
@@ -177,12 +178,17 @@ def _final_model(run_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = Run(tmp_path_factory.mktemp("reference"), ckpt_every=0)
+    """The uninterrupted run, once for the whole test run (tests/support/once.py); tests only read it."""
+    return Path(once(tmp_path_factory, "test_payload_sigterm-reference", _reference))
+
+
+def _reference(base: Path) -> str:
+    run = Run(base, ckpt_every=0)
     run.start()
     rc = run.wait()
     assert rc == 0, run.text()
     assert _summary(run.dir)["steps"] == EPOCHS * STEPS_PER_EPOCH
-    return run.dir
+    return str(run.dir)
 
 
 def test_generous_grace_saves_at_the_boundary_after_the_signal(tmp_path: Path, reference: Path) -> None:

@@ -25,7 +25,7 @@ from tests.support.slurmcluster import SlurmCluster, requirements_problem
 from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project
 from tests.support.testhosts import HostFarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm-backend")]  # one shared fixture: one worker
+pytestmark = pytest.mark.integration
 
 
 

@@ -15,7 +15,7 @@ from tests.support import slurmcluster
 from tests.support.slurmcluster import SlurmCluster
 from tests.support.testhosts import FarmFactory, pid_ns
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm-cluster")]  # one shared fixture: one worker
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from tests.support.testhosts import HostFarm
 pytestmark = pytest.mark.integration
 
 GPUQ = [sys.executable, "-m", "orchestrator"]
+EXAMPLE_EPOCHS = 3
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +45,27 @@ def _project(tmp_path: Path, lines: list[str], epochs_config: str = TINY_CONFIG)
     return work / "queue.txt"
 
 
-def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verified(user: User) -> None:
+def _example_queue(tmp_path: Path) -> Path:
+    """The README's example project and queue (four jobs of two GPUs each), with EXAMPLE_EPOCHS epochs
+    instead of 10-12: placement, launches, pulls and re-submission are the same for any length, and
+    the queue exactly as shipped runs in test_example_queue.py."""
+    project = tmp_path / "example"
+    shutil.copytree(ROOT / "payload", project, ignore=shutil.ignore_patterns("__pycache__", "queue.txt"))
+    lines = [line.split("#", 1)[0].split() for line in (ROOT / "payload" / "queue.txt").read_text().splitlines()]
+    queue = project / "queue.txt"
+    queue.write_text("".join(f"{w[0]} {w[1]} {EXAMPLE_EPOCHS} {' '.join(w[3:])}\n" for w in lines if w))
+    assert queue.read_text().count("gpus=2") == 4
+    return queue
+
+
+def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verified(user: User,
+                                                                                    tmp_path: Path) -> None:
     user.add_hosts()
     listed = user.gpuq("hosts", "list")
     assert listed.returncode == 0 and all(f"g{i}" in listed.stdout for i in range(3))
 
-    submitted = user.gpuq("submit", str(ROOT / "payload" / "queue.txt"), "--wait", timeout=900)
+    example = _example_queue(tmp_path)
+    submitted = user.gpuq("submit", str(example), "--wait", timeout=900)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr + user.logs_of_unfinished()
     doc = user.status_doc()
     jobs = doc["jobs"]
@@ -77,7 +94,7 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
     # an unchanged project re-submitted pushes no bundle bytes: the hosts' bundle dirs stay as they are
     before = {i: sorted(p.name for p in user.host_dir(i).glob("bundles/*")) for i in range(3)}
     stamps = {i: [p.stat().st_mtime_ns for p in sorted(user.host_dir(i).glob("bundles/*"))] for i in range(3)}
-    again = user.gpuq("submit", str(ROOT / "payload" / "queue.txt"))
+    again = user.gpuq("submit", str(example))
     assert again.returncode == 0, again.stderr
     assert before == {i: sorted(p.name for p in user.host_dir(i).glob("bundles/*")) for i in range(3)}
     assert stamps == {i: [p.stat().st_mtime_ns for p in sorted(user.host_dir(i).glob("bundles/*"))]
