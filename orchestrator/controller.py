@@ -21,23 +21,35 @@ from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
 from orchestrator.fleet import Fleet
+from orchestrator.host_documents import (
+    ExitRecord,
+    HealthDocument,
+    JobEntry,
+    Results,
+    Scan,
+    ScanHit,
+    StatusDocument,
+    Verdicts,
+)
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, deliver_all, enqueue, ensure_agent, ensure_bundle, job_spec, push_all
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger
-from orchestrator.patrol import Decision, classify, decide, signatures_of, timestamp
+from orchestrator.patrol import Decision, classify, decide, signatures_of
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, QueuedJob, estimate_s, plan, plan_steals
 from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
-from orchestrator.specs import HostSlots
+from orchestrator.specs import HostSlots, clamp_slots
 from orchestrator.states import AttemptState, JobState
 
 ACTIVE = (JobState.ASSIGNED, JobState.RUNNING)
+_EMPTY = StatusDocument.model_validate({"schema": "gpuq.status/1"})  # what a host that said nothing says
+NONE_SAID = Verdicts({})
 
 
 @dataclass
 class Probe:
     host: str
     ok: bool
-    doc: dict[str, Any] = field(default_factory=dict)
+    doc: StatusDocument | None = None  # the host's status document (ok: always one)
     error: str = ""
     round_trips: int = 1
     duration_s: float = 0.0
@@ -89,12 +101,12 @@ def probe_all(hosts: Sequence[ProbeRequest], settings: Settings) -> list[Probe]:
         return list(pool.map(lambda item: probe(item[0], item[1], settings, item[2], item[3]), hosts))
 
 
-def _exit_message(exit_doc: dict[str, Any]) -> str:
-    code = int(exit_doc.get("wrapper_code", -1))
+def _exit_message(exit_doc: ExitRecord) -> str:
+    code = exit_doc.code
     meaning = protocol.EXIT_MEANINGS.get(code)
     if meaning is None and code > protocol.EXIT_SIGNAL_BASE:
         meaning = f"killed by signal {code - protocol.EXIT_SIGNAL_BASE}"
-    detail = str(exit_doc.get("message") or "")
+    detail = exit_doc.message or ""
     parts = [f"exit {code}"] + ([meaning] if meaning else []) + ([detail] if detail else [])
     return ": ".join(parts)
 
@@ -126,22 +138,22 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
     attempt is judged on all of them, on the host of its node 0."""
     now = time.time()
     row = ledger.host(host.name)
-    memory = report.doc.get("memory") or {}
-    kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
+    doc = report.doc if report.doc is not None else _EMPTY
+    kills = doc.memory.oom_kill if doc.memory is not None else None
     oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
-    oom_rose = oom_rose or stops.kernel_oom_kills(report.doc)  # or the kernel log's OOM killer, since the cursor
+    oom_rose = oom_rose or stops.kernel_oom_kills(doc)  # or the kernel log's OOM killer, since the cursor
     ledger.update_host(
         host.name,
         last_probe_at=now,
         unreachable_since=None,
         probe_failures=0,
         next_probe_at=None,
-        slots_kind=str(report.doc.get("slots", {}).get("kind", "")),
-        slots_total=int(report.doc.get("slots", {}).get("total", 0)),
-        disk_free_bytes=report.doc.get("disk", {}).get("free_bytes"),
+        slots_kind=doc.slots.kind,
+        slots_total=clamp_slots(doc.slots.total),
+        disk_free_bytes=doc.disk.free_bytes,
         oom_kill=kills,
     )
-    on_host = {str(j["job_id"]): j for j in report.doc.get("jobs", [])}
+    on_host = doc.entries()
     out = Reconciled()
     missing: list[Job] = []
     for job in ledger.jobs(states=ACTIVE):
@@ -151,33 +163,32 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
         seen = gangs.standing_entry(multi) if multi else on_host.get(job.id)
         if multi and seen is None:
             continue  # node 0's spec never arrived: the tick sends it again with the node's section
-        if seen is None or int(seen.get("attempt") or 0) < job.attempt_count:
+        if seen is None or seen.attempt < job.attempt_count:
             missing.append(job)
             continue
-        if int(seen.get("attempt") or 0) != job.attempt_count:
+        if seen.attempt != job.attempt_count:
             continue
         outcome = _apply(ledger, job, seen)
         if multi and outcome:
             out.multi_node_ended.append(job.id)
         if outcome == "succeeded":
             out.succeeded.append(job.id)
-        elif outcome == "failed" and is_setup_failure(seen.get("exit") or {}):
+        elif outcome == "failed" and is_setup_failure(seen.exit_or_empty):
             attempt = ledger.attempt(job.id, job.attempt_count)
-            exit_doc = seen.get("exit") or {}
+            exit_doc = seen.exit_or_empty
             decision = settle_setup_failure(ledger, job.id, host.name, attempt.bundle_sha if attempt else "",
                                             exit_doc, _exit_message(exit_doc))
             out.settled.append(Settled(job.id, outcome, "setup", decision))
         elif outcome in ("failed", "lost"):
-            exit_doc = seen.get("exit") or {}
+            exit_doc = seen.exit_or_empty
             if outcome == "lost" and job.state != JobState.LOST.value:
                 ledger.transition(job.id, JobState.LOST, message=_exit_message(exit_doc), of_attempt=job.attempt_count)
-            scan = seen.get("scan") or {}
-            rebooted = outcome == "lost" and bool(seen.get("boot_id")) and seen.get("boot_id") != report.doc.get(
-                "boot_id")
+            scan = seen.scan if seen.scan is not None else Scan()
+            rebooted = outcome == "lost" and bool(seen.boot_id) and seen.boot_id != doc.boot_id
             klass = classify(
-                exit_doc.get("wrapper_code") if outcome == "failed" else None,
-                exit_doc.get("trainer_code") if outcome == "failed" else None,
-                [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
+                exit_doc.wrapper_code if outcome == "failed" else None,
+                exit_doc.trainer_code if outcome == "failed" else None,
+                [*earlier_hits(ledger, job), *scan.hits], scan.traceback,
                 oom_kill_rose=oom_rose, rebooted=rebooted,
                 wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
             decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
@@ -190,14 +201,14 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
     return out
 
 
-def earlier_hits(ledger: Ledger, job: Job) -> list[dict[str, str]]:
+def earlier_hits(ledger: Ledger, job: Job) -> list[ScanHit]:
     """Crash signatures earlier ticks found in this attempt's log (stored as "crash" findings)."""
     attempt = ledger.attempt(job.id, job.attempt_count)
     since = attempt.created_at if attempt is not None else 0.0
     hits = []
     for event in ledger.events(subject=job.id, limit=50):
         if event.rule == "crash" and event.time >= since:
-            hits += [{"signature": name, "line": event.message} for name in signatures_of(event.action)]
+            hits += [ScanHit(signature=name, line=event.message) for name in signatures_of(event.action)]
     return hits
 
 
@@ -232,8 +243,9 @@ def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe)
     Safe without asking (docs/host-protocol.md, detached launch): the flock admits one agent per
     root, and a new agent adopts live attempt groups and never re-runs a launched attempt.
     """
-    pending = [j for j in report.doc.get("jobs", []) if j.get("state") in ("queued", "claimed")]
-    if report.doc.get("agent", {}).get("alive") or not pending:
+    doc = report.doc if report.doc is not None else _EMPTY
+    pending = [j for j in doc.jobs if j.state in ("queued", "claimed")]
+    if doc.agent.alive or not pending:
         return
     row = ledger.host(host.name)
     if row is None or not row.agent_bundle or row.kind == "slurm":  # on a login node Slurm holds the queue
@@ -242,40 +254,40 @@ def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe)
     ledger.record_event("host", host.name, f"agent was not running with {len(pending)} jobs pending: {verdict}")
 
 
-def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
+def _apply(ledger: Ledger, job: Job, seen: JobEntry) -> str:
     """Move the attempt (and, for success or cancel, the job) to what the host says; returns
     "succeeded" | "failed" (exited non-zero) | "lost" (vanished) | "" (nothing ended)."""
     number = job.attempt_count
-    state = str(seen.get("state", ""))
+    state = seen.state
     _progress(ledger, job, number, seen)
     if state == "running":
         ledger.transition(job.id, AttemptState.RUNNING, attempt=number, message="group alive")
         ledger.transition(job.id, JobState.RUNNING, of_attempt=number)
     elif state == "exited":
-        exit_doc = seen.get("exit") or {}
-        code = int(exit_doc.get("wrapper_code", -1))
+        exit_doc = seen.exit_or_empty
+        code = exit_doc.code
         ledger.update_attempt(
-            job.id, number, exit_code=code, trainer_code=exit_doc.get("trainer_code"),
-            phase=exit_doc.get("phase"), message=_exit_message(exit_doc),
-            ended_at=timestamp(exit_doc.get("ended_at")), started_at=timestamp(exit_doc.get("started_at")),
+            job.id, number, exit_code=code, trainer_code=exit_doc.trainer_code,
+            phase=exit_doc.phase, message=_exit_message(exit_doc),
+            ended_at=exit_doc.ended_at, started_at=exit_doc.started_at,
         )
         if _time_limit_chunk(ledger, job, number, exit_doc, code, seen):
-            message = (f"Slurm time limit: stopped at step {exit_doc.get('last_step')} with a checkpoint; "
+            message = (f"Slurm time limit: stopped at step {exit_doc.last_step} with a checkpoint; "
                        "continues in a new Slurm job (not counted against retries=)")
             ledger.transition(job.id, AttemptState.PREEMPTED, attempt=number, message=message)
             ledger.transition(job.id, JobState.PREEMPTED, message=message, of_attempt=number)
             ledger.transition(job.id, JobState.QUEUED, message=message, of_attempt=number)
             return ""
-        ledger.transition(job.id, AttemptState.LOST if exit_doc.get("vanished") and code != protocol.EXIT_OK
+        ledger.transition(job.id, AttemptState.LOST if exit_doc.vanished and code != protocol.EXIT_OK
                           else AttemptState.EXITED, attempt=number, message=_exit_message(exit_doc))
         if code == protocol.EXIT_OK:
             ledger.transition(job.id, JobState.SUCCEEDED, message="exit record 0, artifacts verified",
                               of_attempt=number)
             return "succeeded"
-        if seen.get("cancel_requested"):
+        if seen.cancel_requested:
             ledger.transition(job.id, JobState.CANCELLED, message=_exit_message(exit_doc), of_attempt=number)
             return ""
-        if exit_doc.get("vanished"):  # the agent wrote it: the wrapper's whole group died (kill -9)
+        if exit_doc.vanished:  # the agent wrote it: the wrapper's whole group died (kill -9)
             return "lost"
         return "failed"
     elif state == "dead":
@@ -290,42 +302,39 @@ def _apply(ledger: Ledger, job: Job, seen: dict[str, Any]) -> str:
     return ""
 
 
-def _time_limit_chunk(ledger: Ledger, job: Job, number: int, exit_doc: dict[str, Any], code: int,
-                      seen: dict[str, Any]) -> bool:
+def _time_limit_chunk(ledger: Ledger, job: Job, number: int, exit_doc: ExitRecord, code: int,
+                      seen: JobEntry) -> bool:
     """A Slurm job stopped near its time limit (the wrapper's ``slurm_time_limit``) that trained past
     where this attempt began: one chunk of a run longer than the partition allows, continued like a
     preemption.  A chunk that made no progress is an ordinary stop (it counts against retries=, so a
     time limit shorter than the start-up cannot loop forever)."""
-    if exit_doc.get("slurm_time_limit") is not True or code == protocol.EXIT_OK or seen.get("cancel_requested"):
+    if not exit_doc.slurm_time_limit or code == protocol.EXIT_OK or seen.cancel_requested:
         return False
-    last = exit_doc.get("last_step")
+    last = exit_doc.last_step
     previous = ledger.attempt(job.id, number - 1) if number > 1 else None
     began = (previous.step or 0) if previous is not None else 0
-    return isinstance(last, int) and not isinstance(last, bool) and last > began
+    return last is not None and last > began
 
 
-def _progress(ledger: Ledger, job: Job, number: int, seen: dict[str, Any]) -> None:
-    beat = seen.get("heartbeat") or {}
+def _progress(ledger: Ledger, job: Job, number: int, seen: JobEntry) -> None:
+    beat = seen.heartbeat
     fields: dict[str, Any] = {}
-    if beat:
-        fields.update(
-            step=beat.get("step"), total_steps=beat.get("total_steps"), epoch=beat.get("epoch"),
-            loss=beat.get("loss") if isinstance(beat.get("loss"), (int, float)) else None,
-            heartbeat_at=timestamp(beat.get("time")),
-        )
+    if beat is not None:
+        fields.update(step=beat.step, total_steps=beat.total_steps, epoch=beat.epoch, loss=beat.loss,
+                      heartbeat_at=beat.time)
     fields.update(observed.attempt_progress(seen))  # no heartbeat: what the log's tail says
-    if seen.get("launched_at"):
-        fields["started_at"] = timestamp(seen.get("launched_at"))
-    if seen.get("log_bytes") is not None:
-        fields["log_bytes"] = seen.get("log_bytes")
+    if seen.launched_at is not None:
+        fields["started_at"] = seen.launched_at
+    if seen.log_bytes is not None:
+        fields["log_bytes"] = seen.log_bytes
     if fields:
         ledger.update_attempt(job.id, number, **fields)
-    pointer = seen.get("ckpt")
-    if isinstance(pointer, dict) and pointer.get("sha256"):
-        ledger.record_checkpoint(job.id, number, pointer)
-    nodes = seen.get("nodes")
-    if isinstance(nodes, list) and len(nodes) > 1:  # which machine got which node rank, once per attempt
-        ranks = ", ".join(f"node {n.get('rank')} on {n.get('host')}" for n in nodes if isinstance(n, dict))
+    pointer = seen.ckpt
+    if pointer is not None and pointer.sha256:
+        ledger.record_checkpoint(job.id, number, pointer.recorded())
+    nodes = seen.nodes
+    if nodes is not None and len(nodes) > 1:  # which machine got which node rank, once per attempt
+        ranks = ", ".join(f"node {n.rank} on {n.host}" for n in nodes)
         message = f"attempt {number} runs on {len(nodes)} nodes: {ranks}"
         if not any(e.message == message for e in ledger.events(subject=job.id, limit=100)):
             ledger.record_event("job", job.id, message)
@@ -343,7 +352,7 @@ def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Jo
         specs.append(job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(host.name)))
     if specs:
         verdicts = enqueue(host, sha, specs, settings)
-        for job_id, verdict in verdicts.items():
+        for job_id, verdict in verdicts.root.items():
             if verdict == "queued":
                 ledger.record_event("job", job_id, f"re-enqueued on {host.name} (spec was never delivered)")
             elif verdict == "busy":  # the agent never runs two attempts of a job at once
@@ -355,8 +364,8 @@ def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str
             report: Probe | None = None) -> None:
     """Read finished jobs' summaries and file hashes into the ledger: from the probe's document
     when it carried them, else in one ``collect`` round trip for the rest."""
-    carried = {str(j["job_id"]): j["results"] for j in (report.doc.get("jobs", []) if report else [])
-               if isinstance(j.get("results"), dict)}
+    doc = report.doc if report is not None and report.doc is not None else _EMPTY
+    carried = {j.job_id: j.results for j in doc.jobs if j.results is not None}
     record_collected(ledger, {jid: carried[jid] for jid in job_ids if jid in carried})
     rest = [jid for jid in job_ids if jid not in carried]
     if not rest:
@@ -364,24 +373,21 @@ def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str
     result = host.run(agent_argv(host, agent_bundle, "collect", *rest), timeout=120)
     if result.exit_code != 0:
         raise GpuqError(f"host {host.name}: collecting results failed: {result.stderr.strip()[-300:]}")
-    record_collected(ledger, host_documents.read_collect(host.name, result.stdout))
+    record_collected(ledger, host_documents.read_collect(host.name, result.stdout).root)
 
 
-def record_collected(ledger: Ledger, docs: dict[str, Any]) -> None:
+def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
     for job_id, doc in docs.items():
-        summary = doc.get("summary") or {}
+        summary = doc.summary
         metrics: list[tuple[str, str, float, int | None, int | None]] = []
-        for scope in ("final", "best"):
-            row = summary.get(scope) or {}
-            for name, value in row.items():
-                if name in ("step", "epoch", "time", "kind") or not isinstance(value, (int, float)):
-                    continue
-                metrics.append((scope, name, float(value), row.get("step"), row.get("epoch")))
-        for name, points in (summary.get("curves") or {}).items():  # checked finite and bounded at the edge
-            metrics += [("curve", name, float(value), int(step), None) for step, value in points]
-        artifacts = [(str(f["path"]), int(f["bytes"]), str(f["sha256"])) for f in doc.get("files", [])]
-        ledger.record_results(job_id, int(doc.get("attempt", 0)), metrics=metrics, artifacts=artifacts,
-                              checkpoint=doc.get("ckpt"))
+        for scope, row in (("final", summary.final if summary else None), ("best", summary.best if summary else None)):
+            if row is not None:  # finite numbers only, checked at the edge
+                metrics += [(scope, name, value, row.step_int(), row.epoch_int())
+                            for name, value in row.metrics().items()]
+        for name, points in (summary.curves if summary else {}).items():  # checked finite and bounded at the edge
+            metrics += [("curve", name, value, int(step), None) for step, value in points]
+        artifacts = [(f.path, f.bytes, f.sha256) for f in doc.files]
+        ledger.record_results(job_id, doc.attempt, metrics=metrics, artifacts=artifacts, checkpoint=doc.ckpt)
 
 
 # --- placement: capacity → plan → push → deliver ------------------------------------------
@@ -400,7 +406,7 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
         total = settings.local_cpu_slots or os.cpu_count() or 1
     elif slurm is not None:  # a slot is a place in Slurm's queue (the host's job cap); Slurm packs the GPUs
         total = slurm.max_jobs
-    free_at = [0.0] * max(total, 0)
+    free_at = [0.0] * clamp_slots(total)  # the ledger may hold what an older gpuq let a host report
     mine = [j for j in active if j.host == row.name
             or (j.id in attempts and row.name in attempts[j.id].node_hosts()[1:])]  # a node of a multi-node job
     mine.sort(key=lambda j: (j.state != JobState.RUNNING.value, attempts[j.id].created_at if j.id in attempts else 0))
@@ -485,7 +491,7 @@ class HealthVerdict:
     host: str
     verdict: str  # "pass" | "warn" | "fail" | "unreachable" (no verdict)
     detail: str  # the warning/failing checks, one line
-    doc: dict[str, Any] = field(default_factory=dict)
+    doc: HealthDocument | None = None
 
 
 def _needs_preflight(row: HostRow | None) -> bool:
@@ -509,9 +515,8 @@ def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | 
         tail = (result.stderr or result.stdout).strip()[-300:]
         return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {result.exit_code}, "
                                                 f"{exc.detail}): {tail}")
-    bad = [f"{c.get('check')}: {c.get('detail')}" for c in doc.get("checks", [])
-           if isinstance(c, dict) and c.get("status") in ("warn", "fail")]
-    return HealthVerdict(host.name, str(doc["verdict"]), "; ".join(bad) or "all checks passed", doc)
+    bad = [f"{c.check}: {c.detail}" for c in doc.problems()]
+    return HealthVerdict(host.name, doc.verdict, "; ".join(bad) or "all checks passed", doc)
 
 
 def record_health(ledger: Ledger, verdict: HealthVerdict) -> None:
@@ -597,20 +602,20 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
         if row.kind == "slurm":
             continue  # nothing waits in a Slurm host's inbox (Slurm holds the queue), and its slots are not GPUs
         report = reports.get(row.name)
-        if report is not None and report.ok:
-            docs = report.doc.get("jobs", [])
-            total = int(report.doc.get("slots", {}).get("total", 0))
-            free = int(report.doc.get("slots", {}).get("free", 0))
+        if report is not None and report.ok and report.doc is not None:
+            docs = report.doc.jobs
+            total = clamp_slots(report.doc.slots.total)
+            free = min(clamp_slots(report.doc.slots.free), total)
         elif report is not None and report.reachable and not row.agent_bundle:
-            docs, total = [], row.slots_total  # reachable, nothing of ours placed there yet: all idle
+            docs, total = [], clamp_slots(row.slots_total)  # reachable, nothing of ours placed there yet: all idle
             free = total
         else:
             continue  # unreachable hosts neither give nor take work
-        waiting = sorted((d for d in docs if d.get("state") == "queued"), key=lambda d: str(d.get("created_at", "")))
+        waiting = [d for d in docs if d.state == "queued"]
         entries = []
         for doc in waiting:
-            job = ledger_jobs.get(str(doc.get("job_id")))
-            if job is None or job.host != row.name or int(doc.get("attempt") or 0) != job.attempt_count:
+            job = ledger_jobs.get(doc.job_id)
+            if job is None or job.host != row.name or doc.attempt != job.attempt_count:
                 continue
             if job.nodes > 1:
                 continue  # a node of a multi-node job stays with its gang
@@ -642,11 +647,11 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
         argv = agent_argv(host, src_row.agent_bundle if src_row else "", "withdraw", *[m.job_id for m in group])
         try:
             result = host.run(argv, timeout=60)
-            verdicts = host_documents.read_verdicts(host.name, result.stdout) if result.exit_code == 0 else {}
+            verdicts = host_documents.read_verdicts(host.name, result.stdout) if result.exit_code == 0 else NONE_SAID
         except (HostError, host_documents.ProtocolError):  # nothing moves from a host that answers garbage
             continue
         for move in group:
-            if verdicts.get(move.job_id) != "withdrawn":
+            if verdicts.of(move.job_id) != "withdrawn":
                 continue  # claimed meanwhile: it runs where it is
             job = ledger_jobs[move.job_id]
             old = ledger.attempt(job.id, job.attempt_count)

@@ -8,6 +8,15 @@ import json
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_EPOCHS = 20
+MAX_SLOTS = 100_000
+"""The most slots one host may have: a count a host reports (or the ledger kept) becomes a list this
+long (a slot's free time), so it is bounded at the edge and clamped again where it becomes a size.
+A Slurm host's slots are its job cap (at most 100,000, ``slurm_hosts``)."""
+
+
+def clamp_slots(count: int) -> int:
+    """A slot count fit to size a list: 0..MAX_SLOTS (docs/security.md, a host reporting 10**12 slots)."""
+    return min(max(int(count), 0), MAX_SLOTS)
 
 
 class JobSpec(BaseModel):

@@ -22,6 +22,7 @@ from orchestrator.api.submit import _target_rows
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context, host_for
 from orchestrator.errors import GpuqError, HostError
+from orchestrator.host_documents import JobEntry
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, HostRow, Job
@@ -91,7 +92,7 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         requests.append((host_for(ctx, row), row.agent_bundle, [j.id for j in by_host.get(row.name, [])], extra))
     probes = host_answers.only_known(ctx.ledger, controller.probe_all(requests, ctx.settings))
     row_by_name = {r.name: r for r in rows}
-    parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok})
+    parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok and p.doc is not None})
     ended: list[str] = []
     for probe in probes:
         report.probes[probe.host] = probe
@@ -109,7 +110,7 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
                                       failures=row.probe_failures, next_try=row.next_probe_at))
     # placement needs the run history (one join over every finished attempt): read it only when
     # some inbox holds waiting jobs (work stealing) or the ledger holds QUEUED ones
-    queued_remote = any(j.get("state") == "queued" for p in probes if p.ok for j in p.doc.get("jobs", []))
+    queued_remote = any(j.state == "queued" for p in probes if p.ok and p.doc is not None for j in p.doc.jobs)
     queued = ctx.ledger.jobs(states=[JobState.QUEUED])
     if queued_remote or queued:
         rates = epoch_rates(ctx.ledger.run_history())
@@ -154,29 +155,28 @@ def _patrol_host(ctx: Context, row: HostRow, probe: controller.Probe, mine: Sequ
     """Patrol and reconcile one host that answered; returns the multi-node attempts that ended there."""
     host = host_for(ctx, row)
     doc = probe.doc
+    assert doc is not None  # an ok probe carries its document
     findings = host_findings(HostView(row.name, row.oom_kill, row.unreachable_since, 0), doc, th)
-    kernel = doc.get("kernel") or {}
-    if isinstance(kernel, dict) and kernel.get("cursor"):
-        ctx.ledger.update_host(row.name, kernel_cursor=str(kernel["cursor"]))
-    entries = {str(j.get("job_id")): j for j in doc.get("jobs", [])}
+    if doc.kernel is not None and doc.kernel.cursor:
+        ctx.ledger.update_host(row.name, kernel_cursor=doc.kernel.cursor)
+    entries = doc.entries()
     stalled: list[Job] = []
     for job in mine:
         entry = entries.get(job.id)
-        if entry is None or int(entry.get("attempt") or 0) != job.attempt_count:
+        if entry is None or entry.attempt != job.attempt_count:
             continue
         att = attempts.get(job.id)
         view = JobView(job.id, job.name, job.attempt_count, att.started_at if att else None)
         found = job_findings(row.name, view, entry, now, th)
         findings += found
-        scan = entry.get("scan") or {}
-        if scan:
-            ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=int(scan.get("log_to") or 0),
-                                      metrics_scanned=int(scan.get("metrics_to") or 0))
+        if entry.scan is not None:
+            ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=entry.scan.log_to,
+                                      metrics_scanned=entry.scan.metrics_to)
         if any(f.rule == "stalled" for f in found):
             stalled.append(job)
     # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
     # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
-    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id, {})) for j in mine):
+    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id)) for j in mine):
         from orchestrator.api.cloud import check_lease
 
         verdict = check_lease(ctx, row)
@@ -237,16 +237,16 @@ def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: Tick
     report.actions.append(f"{job.name} ({job.id}): {decision.reason}")
 
 
-def _resumed(ctx: Context, host: str, mine: Sequence[Job], entries: dict[str, dict[str, object]],
+def _resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, JobEntry],
              report: TickReport) -> None:
     """Proof that a resume resumed (docs/checkpoints.md): the step the payload says it loaded, checked
     against the newest checkpoint the ledger knew when the attempt started."""
     for job in mine:
-        scan = entries.get(job.id, {}).get("scan")
-        resumed = scan.get("resumed") if isinstance(scan, dict) else None
-        if not isinstance(resumed, dict) or resumed.get("step") is None:
+        entry = entries.get(job.id)
+        resumed = entry.scan.resumed if entry is not None and entry.scan is not None else None
+        if resumed is None or resumed.step is None:
             continue
-        step = int(str(resumed["step"]))
+        step = resumed.step
         ctx.ledger.update_attempt(job.id, job.attempt_count, resumed_step=step)
         earlier = [c for c in ctx.ledger.checkpoints(job.id) if c.attempt < job.attempt_count]
         expected = max((c.step for c in earlier), default=None)

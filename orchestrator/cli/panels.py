@@ -10,7 +10,7 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -39,6 +39,7 @@ from orchestrator.cli.render import (
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
     from orchestrator.controller import Probe
+    from orchestrator.host_documents import StatusDocument
     from orchestrator.ledger import HostRow
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -125,10 +126,6 @@ def _gib(mib: object) -> str:
     return f"{mib / 1024:.1f}" if isinstance(mib, int | float) else "?"
 
 
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, title: str = "hosts") -> Panel:
     """One row per host (state and flags, probe age, slots, disk, inodes, memory), one more per GPU
     (utilisation and memory bars, temperature, the job on it), then one line per host that needs a
@@ -145,7 +142,7 @@ def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, 
     notes: list[Text] = []
     for row in snap.hosts:
         probe = snap.probes.get(row.name)
-        doc = probe.doc if probe is not None and probe.ok else {}
+        doc = probe.doc if probe is not None and probe.ok else None
         host_cells = _host_cells(row, probe, doc, now, stale_after_s)
         blank: list[RenderableType] = [""] * len(host_cells)
         devices: list[list[RenderableType]] = _device_rows(doc, names) or [["", "", "", "", ""]]
@@ -163,7 +160,7 @@ def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, 
     return Panel(Group(table, *notes), title=title, title_align="left", border_style="blue")
 
 
-def _host_cells(row: HostRow, probe: Probe | None, doc: dict[str, Any], now: float,
+def _host_cells(row: HostRow, probe: Probe | None, doc: StatusDocument | None, now: float,
                 stale_after_s: float | None) -> list[RenderableType]:
     if probe is not None and probe.ok:
         state = Text("ok", style="green")
@@ -183,29 +180,30 @@ def _host_cells(row: HostRow, probe: Probe | None, doc: dict[str, Any], now: flo
     probed = Text(duration(age), style="dim" if age is None else "")
     if age is not None and stale_after_s is not None and age > stale_after_s:
         probed = Text(f"{duration(age)} stale", style="bold red")
-    slots, disk, mem = doc.get("slots", {}), doc.get("disk", {}), doc.get("memory", {})
-    inodes, mem_pct = _num(disk.get("inodes_used_pct")), _num(mem.get("used_pct"))
+    disk = doc.disk if doc is not None else None
+    inodes = disk.inodes_used_pct if disk is not None else None
+    mem_pct = doc.memory.used_pct if doc is not None and doc.memory is not None else None
     return [
         Text(row.name, style="bold"), state, probed,
-        Text(f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')} free") if slots else "-",
-        _pct_bar(_num(disk.get("used_pct")), 90, 95),
+        Text(f"{doc.slots.free}/{doc.slots.total} {doc.slots.kind} free") if doc is not None else "-",
+        _pct_bar(disk.used_pct if disk is not None else None, 90, 95),
         Text(f"{inodes:.0f}%", style=level_style(inodes, 90, 95)) if inodes is not None else "-",
         Text(f"{mem_pct:.0f}%", style=level_style(mem_pct, 90, 95)) if mem_pct is not None else "-",
     ]
 
 
-def _device_rows(doc: dict[str, Any], names: dict[str, str]) -> list[list[RenderableType]]:
+def _device_rows(doc: StatusDocument | None, names: dict[str, str]) -> list[list[RenderableType]]:
     """Per GPU: index and model, utilisation, memory, temperature, the job on it; on a CPU host one
     row per running job with the CPU slots it holds."""
     held = slot_jobs(doc)
     rows: list[list[RenderableType]] = []
-    for gpu in doc.get("gpus", []):
-        index = gpu.get("index")
-        util, used, total = _num(gpu.get("util_pct")), _num(gpu.get("mem_used_mib")), _num(gpu.get("mem_total_mib"))
+    for gpu in doc.gpus if doc is not None else []:
+        index = gpu.index
+        util, used, total = gpu.util_pct, gpu.mem_used_mib, gpu.mem_total_mib
         vram = 100 * used / total if used is not None and total else None
-        temp = _num(gpu.get("temp_c"))
-        job_id = held.get(index) if isinstance(index, int) else None
-        model = str(gpu.get("name") or "").removeprefix("NVIDIA ")
+        temp = gpu.temp_c
+        job_id = held.get(index) if index is not None else None
+        model = gpu.name.removeprefix("NVIDIA ")
         rows.append([
             Text(f"{index} {model}".strip()),  # host text: a Text is never parsed as rich markup
             _pct_bar(util, 101, 101, "cyan"),
@@ -214,7 +212,7 @@ def _device_rows(doc: dict[str, Any], names: dict[str, str]) -> list[list[Render
             Text(f"{temp:.0f}°C", style=level_style(temp, 80, 88)) if temp is not None else "-",
             Text(names.get(job_id, job_id[:8])) if job_id else Text("idle", style="dim"),
         ])
-    if doc and not doc.get("gpus"):
+    if doc is not None and not doc.gpus:
         by_job: dict[str, list[int]] = {}
         for slot, job_id in sorted(held.items()):
             by_job.setdefault(job_id, []).append(slot)

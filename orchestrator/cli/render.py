@@ -28,12 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from orchestrator import observed
 from orchestrator.cli.dryrun import duration as rough_duration
+from orchestrator.host_documents import Disk, JobEntry, StatusDocument
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
@@ -132,25 +134,24 @@ class AlertView:
     action: str
 
 
-def agent_entries(snap: Snapshot) -> dict[tuple[str, str], dict[str, Any]]:
+def agent_entries(snap: Snapshot) -> dict[tuple[str, str], JobEntry]:
     """The host agents' job entries by (host, job id), from this tick's status documents."""
-    entries: dict[tuple[str, str], dict[str, Any]] = {}
+    entries: dict[tuple[str, str], JobEntry] = {}
     for name, probe in snap.probes.items():
-        if probe.ok:
-            for entry in probe.doc.get("jobs", []):
-                if isinstance(entry, dict) and entry.get("job_id"):
-                    entries[(name, str(entry["job_id"]))] = entry
+        if probe.ok and probe.doc is not None:
+            for entry in probe.doc.jobs:
+                if entry.job_id:
+                    entries[(name, entry.job_id)] = entry
     return entries
 
 
-def slot_jobs(doc: dict[str, Any]) -> dict[int, str]:
+def slot_jobs(doc: StatusDocument | None) -> dict[int, str]:
     """Slot index -> id of the job whose attempt runs on it, from one host's status document."""
     held: dict[int, str] = {}
-    for entry in doc.get("jobs", []):
-        if isinstance(entry, dict) and entry.get("state") == "running":
-            for slot in entry.get("slots") or []:
-                if isinstance(slot, int):
-                    held[slot] = str(entry.get("job_id"))
+    for entry in doc.jobs if doc is not None else []:
+        if entry.state == "running":
+            for slot in entry.slots or []:
+                held[slot] = entry.job_id
     return held
 
 
@@ -195,15 +196,15 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
     views = []
     for job in snap.jobs:
         att = snap.attempts.get(job.id)
-        entry = entries.get((job.host or "", job.id), {})
-        slots = [s for s in entry.get("slots") or [] if isinstance(s, int)] if entry.get("state") == "running" else []
+        entry = entries.get((job.host or "", job.id)) or JobEntry(job_id=job.id)
+        slots = list(entry.slots or []) if entry.state == "running" else []
         fraction = None
         if job.state == JobState.SUCCEEDED.value:
             fraction = 1.0
         elif att is not None and att.step is not None and att.total_steps:
             fraction = min(1.0, max(0.0, att.step / att.total_steps))
-        heartbeat = entry.get("heartbeat")
-        rate = heartbeat.get("steps_per_s") if isinstance(heartbeat, dict) else None
+        heartbeat = entry.heartbeat
+        rate = heartbeat.steps_per_s if heartbeat is not None else None
         running = job.state == JobState.RUNNING.value
         note = ""
         if running and not heartbeat:  # a project's own trainer: what its log says
@@ -211,8 +212,7 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
             since = observed.elapsed_s(entry, att.started_at if att is not None else None, now)
             note = " ".join(x for x in (duration(since) if since is not None else "", observed.last_line(entry)) if x)
         waiting = observed.slurm_wait(entry) if job.state == JobState.ASSIGNED.value else ""
-        slurm = entry.get("slurm")
-        nodes = str(slurm.get("nodes") or "") if isinstance(slurm, dict) and running else ""
+        nodes = entry.slurm.nodes if entry.slurm is not None and running else ""
         nodes = "".join(c for c in nodes if c.isprintable())[:60]  # the host's text: printable, bounded
         if att is not None and att.nodes and not JobState(job.state).terminal:  # a multi-node job over SSH hosts
             nodes = "+".join(att.node_hosts()[1:])
@@ -367,21 +367,20 @@ def hosts_table(snap: Snapshot) -> Table:
         table.add_column(col)
     for row in snap.hosts:
         probe = snap.probes.get(row.name)
-        doc = probe.doc if probe and probe.ok else {}
-        slots = doc.get("slots", {})
-        disk = doc.get("disk", {})
+        doc = probe.doc if probe and probe.ok else None
+        slots, disk = (doc.slots, doc.disk) if doc is not None else (None, Disk())
         text, style = host_state(row, probe)
         health = " ".join(f"[{s}]{escape(t)}[/]" for t, s in host_flags(row)) or escape(row.health or "-")
-        gpus = doc.get("gpus", [])
+        gpus = doc.gpus if doc is not None else []
         gpu_cell = str(len(gpus))
         if gpus:
-            util = [g.get("util_pct") for g in gpus if isinstance(g.get("util_pct"), int | float)]
+            util = [g.util_pct for g in gpus if g.util_pct is not None]
             gpu_cell += f" ({sum(util) / len(util):.0f}% util)" if util else ""
         table.add_row(
             escape(row.name), f"[{style}]{escape(text)}[/]", health,  # host text is never rich markup
-            escape(f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}"),
-            gpu_cell, pct(disk.get("used_pct")), pct(disk.get("inodes_used_pct")),
-            pct(doc.get("memory", {}).get("used_pct")),
+            escape(f"{slots.free}/{slots.total} {slots.kind}" if slots is not None else "?/? "),
+            gpu_cell, pct(disk.used_pct), pct(disk.inodes_used_pct),
+            pct(doc.memory.used_pct if doc is not None and doc.memory is not None else None),
             "-" if row.price_per_hour is None else f"${row.price_per_hour:.2f}/h",
         )
     return table
@@ -410,6 +409,11 @@ def alerts_table(alerts: list[AlertView]) -> Table:
     return table
 
 
+def _shown(part: BaseModel | None) -> dict[str, Any]:
+    """A part of a host's checked status document, as the host sent it (its unknown fields too)."""
+    return {} if part is None else dict(part.model_dump(mode="json", exclude_unset=True))
+
+
 def status_model(snap: Snapshot) -> documents.StatusDocument:
     """The ``--json`` document (``docs/schemas/status.schema.json``, generated from the model)."""
     from orchestrator.cli import documents  # pydantic models: only for --json
@@ -417,18 +421,18 @@ def status_model(snap: Snapshot) -> documents.StatusDocument:
     hosts = []
     for row in snap.hosts:
         probe = snap.probes.get(row.name)
-        doc = probe.doc if probe and probe.ok else {}
+        doc = probe.doc if probe and probe.ok else None
         hosts.append(documents.HostStatus(
             name=row.name, kind=row.kind, reachable=bool(probe and probe.ok),
             error=probe.error if probe and not probe.ok else "",
             unreachable_since=row.unreachable_since, last_probe_at=row.last_probe_at,
             probe_s=probe.duration_s if probe else None,
-            agent_alive=bool(doc.get("agent", {}).get("alive")) if doc else None,
+            agent_alive=doc.agent.alive if doc is not None else None,
             health=row.health, health_detail=row.health_detail, hold_reason=row.hold_reason,
             price_per_hour=row.price_per_hour, provider=row.provider, instance_id=row.instance_id, spot=row.spot,
             lease_state=row.lease_state, lease_reason=row.lease_reason,
-            slots=doc.get("slots", {}), gpus=doc.get("gpus", []), disk=doc.get("disk", {}),
-            memory=doc.get("memory", {}),
+            slots=_shown(doc.slots if doc else None), gpus=[_shown(g) for g in (doc.gpus if doc else [])],
+            disk=_shown(doc.disk if doc else None), memory=_shown(doc.memory if doc else None),
         ))
     sweeps = [documents.SweepStatus(id=sweep.id, queue_path=sweep.queue_path, created_at=sweep.created_at,
                                     jobs=sweep.job_count, states=snap.counts.get(sweep.id, {}))
