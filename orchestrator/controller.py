@@ -317,7 +317,7 @@ def _time_limit_chunk(ledger: Ledger, job: Job, number: int, exit_doc: ExitRecor
 
 
 def _progress(ledger: Ledger, job: Job, number: int, seen: JobEntry) -> None:
-    beat = seen.heartbeat
+    beat = seen.beat
     fields: dict[str, Any] = {}
     if beat is not None:
         fields.update(step=beat.step, total_steps=beat.total_steps, epoch=beat.epoch, loss=beat.loss,

@@ -22,7 +22,7 @@ def attempt_progress(seen: JobEntry) -> dict[str, Any]:
     writes no heartbeat; {} when it has a heartbeat (the heartbeat is the better source) or no
     progress.  A total that counts epochs (no step) is not a step total."""
     progress = seen.progress
-    if seen.heartbeat is not None or progress is None:
+    if seen.beat is not None or progress is None:
         return {}
     fields: dict[str, Any] = {}
     if progress.step is not None:

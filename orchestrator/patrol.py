@@ -333,7 +333,7 @@ def host_line(host: str, doc: StatusDocument | None, findings: Iterable[Finding]
     util = [g.util_pct for g in doc.gpus if g.util_pct is not None]
     detail: dict[str, str] = {}
     for j in jobs[:3]:
-        beat = j.heartbeat
+        beat = j.beat
         label = f"{j.name or j.job_id}:a{j.attempt}"
         if beat is not None:
             detail[label] = f"step={beat.step} ep={beat.epoch}/{beat.epochs}"

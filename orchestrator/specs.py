@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 DEFAULT_EPOCHS = 20
 MAX_SLOTS = 100_000
@@ -85,8 +86,8 @@ class HostSlots(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     host: str
-    total: int
-    busy: int = 0
+    total: Annotated[int, BeforeValidator(clamp_slots)]  # a count a host reported: never more than MAX_SLOTS
+    busy: Annotated[int, BeforeValidator(clamp_slots)] = 0
     usable: bool = True
     slot_free_at: tuple[float, ...] = ()
     disk_free_bytes: int | None = None

@@ -203,7 +203,7 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
             fraction = 1.0
         elif att is not None and att.step is not None and att.total_steps:
             fraction = min(1.0, max(0.0, att.step / att.total_steps))
-        heartbeat = entry.heartbeat
+        heartbeat = entry.beat
         rate = heartbeat.steps_per_s if heartbeat is not None else None
         running = job.state == JobState.RUNNING.value
         note = ""

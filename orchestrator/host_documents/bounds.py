@@ -41,12 +41,13 @@ MAX_PCT = 1_000.0  # a percentage (a few tools report slightly over 100)
 Short = Annotated[str, Field(max_length=MAX_ID)]
 Text = Annotated[str, Field(max_length=MAX_STR)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-Count = Annotated[int, Field(ge=0, le=MAX_INT)]
-AnyInt = Annotated[int, Field(ge=-MAX_INT, le=MAX_INT)]
-SlotCount = Annotated[int, Field(ge=0, le=MAX_SLOTS)]
-Attempt = Annotated[int, Field(ge=0, le=MAX_ATTEMPTS)]
-Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e300, le=1e300)]
-Pct = Annotated[float, Field(allow_inf_nan=False, ge=0.0, le=MAX_PCT)]
+# numbers are JSON numbers (strict: never a string, never a bool)
+Count = Annotated[int, Field(ge=0, le=MAX_INT, strict=True)]
+AnyInt = Annotated[int, Field(ge=-MAX_INT, le=MAX_INT, strict=True)]
+SlotCount = Annotated[int, Field(ge=0, le=MAX_SLOTS, strict=True)]
+Attempt = Annotated[int, Field(ge=0, le=MAX_ATTEMPTS, strict=True)]
+Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e300, le=1e300, strict=True)]
+Pct = Annotated[float, Field(allow_inf_nan=False, ge=0.0, le=MAX_PCT, strict=True)]
 
 
 def _or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -79,6 +80,17 @@ LenientPct = Annotated[Pct | None, WrapValidator(_or_none)]
 LenientText = Annotated[Text | None, WrapValidator(_or_none)]
 Stamp = Annotated[float | None, BeforeValidator(_stamp)]
 """A time a host reports, as epoch seconds: an ISO-8601 string or a number; None when unreadable."""
+
+
+def objects_only(value: Any) -> Any:
+    """A list of records a host reports (Xids, scan hits, ...): an item that is not a JSON object is
+    dropped, as the rules always ignored it; the list's own type and length are still checked."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def object_or_none(value: Any) -> Any:
+    """A section a trainer's file fills (heartbeat, pointer, exit record): not a JSON object, none."""
+    return value if isinstance(value, dict) else None
 
 
 def finite_number(value: Any) -> float | None:

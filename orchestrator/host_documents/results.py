@@ -84,7 +84,7 @@ class SummaryRow(Open):
 
     def metrics(self) -> dict[str, float]:
         """The row's metrics: its other fields that are finite numbers (a NaN loss is no metric)."""
-        out: dict[str, float] = Field(default_factory=dict)
+        out: dict[str, float] = {}
         for name, value in (self.model_extra or {}).items():
             number = finite_number(value)
             if name not in NOT_METRICS and number is not None and len(name) <= 128:

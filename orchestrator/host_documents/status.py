@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from orchestrator.host_documents.bounds import (
     MAX_GPUS,
@@ -21,7 +21,7 @@ from orchestrator.host_documents.bounds import (
     AnyInt,
     Attempt,
     Count,
-    Finite,
+    LenientCount,
     LenientFloat,
     LenientInt,
     LenientPct,
@@ -31,8 +31,12 @@ from orchestrator.host_documents.bounds import (
     SlotCount,
     Stamp,
     Text,
+    object_or_none,
+    objects_only,
 )
 from orchestrator.host_documents.results import Pointer, Results
+
+Objects = BeforeValidator(objects_only)  # a list of records: items that are no JSON object are dropped
 
 
 class Slots(Open):
@@ -56,7 +60,7 @@ class Memory(Open):
     used_bytes: Count | None = None
     limit_bytes: Count | None = None
     used_pct: LenientPct = None
-    oom_kill: Count | None = None
+    oom_kill: LenientCount = None  # not a count: unknown
 
 
 class Agent(Open):
@@ -81,8 +85,8 @@ class Kernel(Open):
     readable: bool | None = None
     error: Text = ""
     cursor: Text | None = None
-    xids: Annotated[list[Xid], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
-    oom_kills: Annotated[list[OomKill], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+    xids: Annotated[list[Xid], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
+    oom_kills: Annotated[list[OomKill], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
 
 
 class Gpu(Open):
@@ -100,7 +104,7 @@ class ExitRecord(Open):
 
     wrapper_code: AnyInt | None = None
     trainer_code: AnyInt | None = None
-    wrapper_signal: AnyInt | None = None
+    wrapper_signal: LenientInt = None
     message: Text | None = None
     phase: LenientText = None  # "setup" | "gate" | "train" | "finalize"
     started_at: Stamp = None
@@ -144,10 +148,10 @@ class Resumed(Open):
 class Scan(Open):
     log_to: Count = 0
     metrics_to: Count = 0
-    hits: Annotated[list[ScanHit], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+    hits: Annotated[list[ScanHit], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
     traceback: Annotated[list[Text], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
-    resumed: Resumed | None = None
-    nonfinite: Annotated[list[NonFinite], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+    resumed: Annotated[Resumed | None, BeforeValidator(object_or_none)] = None
+    nonfinite: Annotated[list[NonFinite], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
 
 
 class Heartbeat(Open):
@@ -204,7 +208,8 @@ class JobEntry(Open):
     name: LenientText = None
     queue_id: LenientText = None
     slurm: SlurmJob | None = None
-    nodes: Annotated[list[NodeRank], Field(max_length=MAX_NODES)] | None = None  # a multi-node attempt's machines
+    # a multi-node attempt's machines
+    nodes: Annotated[list[NodeRank], Field(max_length=MAX_NODES)] | None = None
     attempt: Attempt = 0
     state: JobState = ""
     boot_id: Short | None = None
@@ -212,19 +217,25 @@ class JobEntry(Open):
     group_alive: bool | None = None
     launched_at: Stamp = None
     cancel_requested: bool = False
-    exit: ExitRecord | None = None
+    exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None
     scan: Scan | None = None
     results: Results | None = None
     slots: Annotated[list[SlotCount], Field(max_length=MAX_GPUS)] | None = None
-    ckpt: Pointer | None = None
-    heartbeat: Heartbeat | None = None
-    heartbeat_age_s: Finite | None = None
-    log_mtime: Finite | None = None
+    ckpt: Annotated[Pointer | None, BeforeValidator(object_or_none)] = None
+    heartbeat: Annotated[Heartbeat | None, BeforeValidator(object_or_none)] = None
+    heartbeat_age_s: LenientFloat = None
+    log_mtime: LenientFloat = None
     log_bytes: Count | None = None
-    progress: Progress | None = None
+    progress: Annotated[Progress | None, BeforeValidator(object_or_none)] = None
     run_ckpt_mtime: LenientFloat = None
     gpu_util_pct: LenientPct = None
     gang_cause: Text = ""  # set by the controller (gangs.standing_entry): the node that ended the attempt
+
+    @property
+    def beat(self) -> Heartbeat | None:
+        """The heartbeat when the trainer wrote one that says anything (an empty file says nothing)."""
+        hb = self.heartbeat
+        return hb if hb is not None and (hb.model_fields_set or hb.model_extra) else None
 
     @property
     def exit_or_empty(self) -> ExitRecord:

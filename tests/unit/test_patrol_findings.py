@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import patrol
+from tests.support.wire import patrol
 from orchestrator.patrol import Decision, Finding, HostView, JobView, Severity, Thresholds
 
 TH = Thresholds()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import patrol
+from tests.support.wire import patrol
 from orchestrator.patrol import HostView, JobView, Severity, Thresholds
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "payload" / "agent"))

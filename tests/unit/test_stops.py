@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import controller, stops
+from orchestrator import controller
+from tests.support.wire import stops
 from orchestrator.config import Settings
 from orchestrator.ledger import Ledger
 from orchestrator.specs import JobSpec
