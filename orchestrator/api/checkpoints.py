@@ -140,7 +140,7 @@ def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, attempt: int) -
         _fetch_run_companions(ctx, host, job, target_dir)
     else:
         _fetch_companions(host, job_id, target_dir)
-    _write_pointer(target_dir, recorded)
+    _write_pointer(target_dir, pointer, recorded)
     if previous is not None and previous.durable_path:
         old = Path(previous.durable_path)
         if old != final and old.is_relative_to(target_dir):
@@ -239,9 +239,13 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_pointer(directory: Path, pointer: ResultCheckpoint) -> None:
+def _write_pointer(directory: Path, pointer: SnapshotPointer, recorded: ResultCheckpoint) -> None:
+    """The copy's LATEST: the host's pointer (not its pin), with the step and time the ledger records."""
+    fields = pointer.model_dump(mode="json", exclude_unset=True, exclude={"snapshot"})
+    if pointer.file.startswith(protocol.RUN_DIR + "/"):
+        fields.update(step=recorded.step, written_at=recorded.written_at)
     tmp = directory / ".LATEST.tmp"
-    tmp.write_text(json.dumps(pointer.model_dump(mode="json"), sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(fields, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, directory / "LATEST")
 
 

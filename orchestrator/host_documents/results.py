@@ -23,7 +23,10 @@ from orchestrator.host_documents.bounds import (
     Attempt,
     Count,
     Finite,
+    LenientCount,
+    LenientFloat,
     LenientInt,
+    LenientText,
     Open,
     Sha256,
     Short,
@@ -51,15 +54,16 @@ class ResultCheckpoint(Open):
 
 
 class Pointer(Open):
-    """The checkpoint pointer (ckpt/LATEST) as the agent read it, with the file's ``mtime``."""
+    """The checkpoint pointer (ckpt/LATEST, a file the trainer writes) as the agent read it, with the
+    file's ``mtime``: a value that does not fit is dropped (None), the pointer kept."""
 
-    file: Text | None = None
-    step: AnyInt | None = None
+    file: LenientText = None
+    step: LenientInt = None
     epoch: LenientInt = None
-    mtime: Finite | None = None
-    written_at: Annotated[Finite | None, WrapValidator(_or_none)] = None
-    sha256: Text | None = None
-    bytes: Count | None = None
+    mtime: LenientFloat = None
+    written_at: LenientFloat = None
+    sha256: LenientText = None
+    bytes: LenientCount = None
 
     def recorded(self) -> ResultCheckpoint:
         """The pointer as the ledger records it."""

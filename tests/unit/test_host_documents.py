@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from pydantic import BaseModel
 
 from orchestrator import host_documents as hd

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator import controller
-from tests.support.wire import stops
 from orchestrator.config import Settings
 from orchestrator.ledger import Ledger
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
+from tests.support.wire import stops
 
 
 @pytest.fixture
