@@ -207,7 +207,7 @@ class JobEntry(Open):
     job_id: Short
     name: LenientText = None
     queue_id: LenientText = None
-    slurm: SlurmJob | None = None
+    slurm: Annotated[SlurmJob | None, BeforeValidator(object_or_none)] = None
     # a multi-node attempt's machines
     nodes: Annotated[list[NodeRank], Field(max_length=MAX_NODES)] | None = None
     attempt: Attempt = 0
