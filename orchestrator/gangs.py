@@ -15,7 +15,7 @@ A ``nodes=K gpus=G`` job that no Slurm host takes runs on K SSH hosts at once (d
   parts are stopped (``stop_parts``), and the job resumes on K healthy hosts from the newest
   checkpoint, which the controller places on every node.
 
-Nothing here does placement arithmetic (scheduler.py) or writes the ledger's states (controller.py).
+Nothing here does placement arithmetic (scheduler.py) or writes the ledger's states (tick/attempts.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from orchestrator.host_documents import ExitRecord
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.store import SETUP_PHASE
 from orchestrator.patrol import Decision
-from orchestrator.states import JobState
 
 RULE_PREFIX = "setup:"
 PHASE = SETUP_PHASE  # the attempt's phase: a setup failure never counts against retries=
@@ -53,12 +52,8 @@ def settle_setup_failure(ledger: Ledger, job_id: str, host: str, bundle_sha: str
             message=f"setup failed on {host} for bundle {sha}: {message}" + (f"\n{tail}" if tail else ""),
             action=f"fix the project's setup and submit again (jobs of bundle {sha} wait or run elsewhere); "
                    f"for a transient failure: gpuq hosts release {host}")
-    job = ledger.job(job_id)
-    ledger.update_attempt(job_id, job.attempt_count, phase=PHASE)
     reason = f"setup failed on {host}: waits for another host (no retry spent)"
-    if job.state != JobState.LOST.value:
-        ledger.transition(job_id, JobState.LOST, message=reason)
-    ledger.transition(job_id, JobState.QUEUED, message=reason)
+    ledger.requeue(job_id, message=reason, attempt_fields={"phase": PHASE})
     return Decision("requeue", reason)
 
 

@@ -194,52 +194,49 @@ def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe
                       timeout=probe_wait_s + 120)
     if result.exit_code != 0:
         raise HostError(host.name, f"the Slurm audit failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}")
-    text, _noise = host_documents.unframe(result.stdout)
     try:
-        doc = json.loads(text)
-        assert isinstance(doc, dict)
-    except (ValueError, AssertionError):
-        raise HostError(host.name, "the Slurm audit's answer is not a JSON document") from None
-    if doc.get("missing"):
+        doc = host_documents.read_slurm_audit(host.name, result.stdout)
+    except host_documents.ProtocolError as exc:
+        raise HostError(host.name, f"the Slurm audit's answer is not a usable document: {exc.detail}") from None
+    if doc.missing:
         raise HostError(host.name, "Slurm's commands do not work on the login node: "
-                        + "; ".join(str(m) for m in doc["missing"][:4])
+                        + "; ".join(doc.missing[:4])
                         + " (is this a login node? is SLURM_CONF or the munge socket missing?)")
-    parts = [p for p in doc.get("partitions") or [] if isinstance(p, dict)]
-    wanted = slurm.partition or next((str(p["name"]) for p in parts if p.get("default")), "")
-    mine = [p for p in parts if p.get("name") == wanted]
+    parts = doc.partitions
+    wanted = slurm.partition or next((p.name for p in parts if p.default), "")
+    mine = [p for p in parts if p.name == wanted]
     if not mine:
-        known = ", ".join(sorted({str(p.get("name")) for p in parts})) or "none"
+        known = ", ".join(sorted({p.name for p in parts})) or "none"
         raise UsageError(f"host {host.name}: partition {wanted or '(default)'!r} not found on the cluster "
                          f"(partitions: {known}); pass --partition NAME")
-    if not any(p.get("avail") == "up" for p in mine):
-        out.warnings.append(f"partition {wanted} is {mine[0].get('avail')}: jobs wait until it is up")
-    gpus = max((_gres_gpus(str(p.get("gres", ""))) for p in mine), default=0)
-    nodes = sum(int(p["nodes"]) for p in mine if str(p.get("nodes", "")).isdigit())
+    if not any(p.avail == "up" for p in mine):
+        out.warnings.append(f"partition {wanted} is {mine[0].avail}: jobs wait until it is up")
+    gpus = max((_gres_gpus(p.gres) for p in mine), default=0)
+    nodes = sum(p.node_count() for p in mine)
     update: dict[str, Any] = {"gpus_per_node": gpus, "nodes": nodes, "python": row.python, "partition": wanted,
                               "train_device": slurm.train_device or row.train_device}
     if gpus == 0 and slurm.gres:
         update["gres"] = False
         out.warnings.append(f"partition {wanted} offers no GPU GRES (sinfo %G: "
-                            f"{', '.join(sorted({str(p.get('gres')) for p in mine}))}): jobs run on CPUs without "
+                            f"{', '.join(sorted({p.gres for p in mine}))}): jobs run on CPUs without "
                             "--gres")
-    probe = str(doc.get("probe", ""))
+    probe = doc.probe
     if probe == "not_shared":
         raise HostError(host.name, f"a job on a compute node wrote into {row.root}, and the login node does not see "
                         "the file: the root is not on a filesystem the compute nodes share; pass --root on one "
                         "(e.g. /scratch/$USER/gpuq or your home on the cluster)")
     if probe == "failed":
-        raise HostError(host.name, f"sbatch refused the probe job: {doc.get('probe_detail')}; check --partition, "
+        raise HostError(host.name, f"sbatch refused the probe job: {doc.probe_detail}; check --partition, "
                         "--account, --qos and --sbatch-arg")
     if probe == "pending":
         out.warnings.append(f"could not confirm that {row.root} is shared with the compute nodes: "
-                            f"{doc.get('probe_detail')} (the partition is busy)")
+                            f"{doc.probe_detail} (the partition is busy)")
     final = slurm.model_copy(update=update)
     written = host.run(["sh", "-c", WRITE_CONFIG, "sh", row.root], stdin=json.dumps(final.agent_config()).encode(),
                        timeout=60)
     if written.exit_code != 0:
         raise HostError(host.name, f"cannot write {row.root}/slurm.json: {written.stderr.strip()[-300:]}")
-    versions = doc.get("versions") or {}
-    out.slurm = {"version": str(versions.get("sbatch", "")), "partition": wanted, "gpus_per_node": gpus,
+    out.slurm = {"version": doc.sbatch_version, "partition": wanted, "gpus_per_node": gpus,
                           "nodes": nodes, "probe": probe}
     row.kind, row.slurm = "slurm", final.model_dump_json()
     row.slots_kind, row.slots_total = "slurm", final.max_jobs

@@ -3,7 +3,7 @@
 
 Builds a GPUQ_HOME in a temp dir: one sweep of CELLS cells x SEEDS seeds (`seeds=` lines), every job
 SUCCEEDED with final/best val_acc and 200-point val_acc and loss curves recorded the way a collect
-records them (controller.record_collected).  Then times, as a user runs them (a fresh
+records them (tick.collect.record_collected).  Then times, as a user runs them (a fresh
 `python -m orchestrator` process each, output to a file), the median of 3 runs of: the table,
 `--format json`, `--format csv` and `--format html -o DIR`, and prints each against its target.
 
@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import controller  # noqa: E402
 from orchestrator.ledger import Ledger  # noqa: E402
 from orchestrator.queuefile import parse_queue  # noqa: E402
 from orchestrator.states import AttemptState, JobState  # noqa: E402
+from orchestrator.tick.collect import record_collected  # noqa: E402
 
 
 def build(home: Path, project: Path, cells: int, seeds: int, points: int) -> int:
@@ -56,7 +56,7 @@ def build(home: Path, project: Path, cells: int, seeds: int, points: int) -> int
         docs[job.id] = {"attempt": 1, "summary": {
             "final": {"val_acc": acc[-1][1], "step": 1000}, "best": {"val_acc": max(v for _, v in acc), "step": 900},
             "curves": {"val_acc": acc, "loss": loss}}}
-    controller.record_collected(ledger, docs)
+    record_collected(ledger, docs)
     return len(jobs)
 
 

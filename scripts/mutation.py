@@ -68,7 +68,7 @@ MODULES: dict[str, ModuleSet] = {
         ("tests/unit/test_specs.py", "tests/unit/test_run_spec.py", "tests/unit/test_runconfig.py"),
     ),
     "checkpoints": ModuleSet(
-        ("orchestrator/api/checkpoints.py",),
+        ("orchestrator/tick/checkpoints.py",),
         (
             "tests/unit/test_ship_checkpoint.py",
             "tests/unit/test_place_run_checkpoint.py",

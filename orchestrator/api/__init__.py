@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from orchestrator.api.pull import PullReport, pull
     from orchestrator.api.status import Snapshot, status, tick, wait
     from orchestrator.api.submit import SubmitResult, submit
-    from orchestrator.api.tick import TickReport, run_tick
     from orchestrator.context import Context, host_for, open_context
+    from orchestrator.tick.findings import TickReport
+    from orchestrator.tick.loop import run_tick
 
 _WHERE = {
     "CancelOutcome": "orchestrator.api.jobs",
@@ -48,7 +49,7 @@ _WHERE = {
     "ResumeResult": "orchestrator.api.cloud",
     "Snapshot": "orchestrator.api.status",
     "SubmitResult": "orchestrator.api.submit",
-    "TickReport": "orchestrator.api.tick",
+    "TickReport": "orchestrator.tick.findings",
     "UpResult": "orchestrator.api.cloud",
     "WatchResult": "orchestrator.api.health",
     "cancel": "orchestrator.api.jobs",
@@ -71,7 +72,7 @@ _WHERE = {
     "reap": "orchestrator.api.health",
     "results": "orchestrator.api.jobs",
     "resume": "orchestrator.api.cloud",
-    "run_tick": "orchestrator.api.tick",
+    "run_tick": "orchestrator.tick.loop",
     "status": "orchestrator.api.status",
     "submit": "orchestrator.api.submit",
     "tick": "orchestrator.api.status",

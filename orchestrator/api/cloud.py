@@ -1,6 +1,6 @@
 """Rented hosts: ``up`` (provision, wait for SSH, register, preflight), ``down`` (terminate behind the
-teardown gate), preemption detection and ``resume``; checkpoint shipping lives in
-``api/checkpoints.py`` (docs/checkpoints.md, docs/providers.md).
+teardown gate) and ``resume``; preemption detection lives in ``tick/leases.py``, checkpoint shipping in
+``tick/checkpoints.py`` (docs/checkpoints.md, docs/providers.md).
 
 The provider adapters (``orchestrator.providers``) speak the vendor APIs; this module decides.  gpuq
 never destroys anything on its own: only ``down`` terminates, only when the user asked, and never
@@ -9,53 +9,26 @@ while a job on the host has results that are not pulled and verified (unless for
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
-from orchestrator import controller, fleet, stops
+from orchestrator import fleet
 from orchestrator.config import Settings, load_profile
 from orchestrator.context import Context, verified_ids
 from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
 from orchestrator.ledger import HostRow
-from orchestrator.providers.base import Instance, PollPolicy, Provider, ProvisionRequest, classify
+from orchestrator.providers.base import Instance, ProvisionRequest
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick.leases import PROVIDERS, provider_for
+from orchestrator.tick.loop import run_tick
+from orchestrator.tick.preflight import HealthVerdict
 
-PROVIDERS = ("runpod", "lambda")
 LEASE_GONE = ("terminated",)
 LEASE_DOWN = ("preempted", "stopped", "failed", "terminated")
-
-
-def open_provider(name: str, settings: Settings) -> Provider:
-    """The adapter for ``name``, its key and URL from the environment or the keys file."""
-    options: dict[str, Any] = {}
-    if settings.provider_poll_s is not None:
-        poll = settings.provider_poll_s
-        options.update(ready=PollPolicy(settings.provider_ready_timeout_s, poll, poll),
-                       gone=PollPolicy(max(60.0, 100 * poll), poll, poll), min_interval_s=0.0)
-    if name == "runpod":
-        from orchestrator.providers.runpod import RunPodProvider
-
-        return RunPodProvider.from_env(os.environ, **options)
-    if name == "lambda":
-        from orchestrator.providers.lambda_cloud import LambdaProvider
-
-        if settings.provider_poll_s is not None:
-            options["launch_interval_s"] = 0.0
-        return LambdaProvider.from_env(os.environ, **options)
-    raise UsageError(f"unknown provider {name!r} (known: {', '.join(PROVIDERS)})")
-
-
-def _provider(ctx: Context, name: str) -> Provider:
-    cache: dict[str, Provider] = ctx.__dict__.setdefault("_providers", {})
-    if name not in cache:
-        cache[name] = open_provider(name, ctx.settings)
-    return cache[name]
 
 
 def _key_pair(settings: Settings, key: str) -> tuple[str, str]:
@@ -80,7 +53,7 @@ class UpResult:
     lease: str
     hosts: list[HostRow] = field(default_factory=list)
     instances: list[Instance] = field(default_factory=list)
-    verdicts: dict[str, controller.HealthVerdict] = field(default_factory=dict)
+    verdicts: dict[str, HealthVerdict] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # instance id -> why it is not a usable host
 
 
@@ -98,7 +71,7 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
         raise UsageError("--bid is a spot bid: add --spot")
     prof = load_profile(profile or provider)
     private, public = _key_pair(ctx.settings, key)
-    prov = _provider(ctx, provider)
+    prov = provider_for(ctx, provider)
     lease = secrets.token_hex(3)
     base = prefix or provider[:6]
     names = [f"{base}-{lease}-{i}" for i in range(count)]
@@ -222,7 +195,7 @@ def down(ctx: Context, plan: DownPlan) -> dict[str, str]:
     acknowledgement is not proof).  Returns {host: outcome}."""
     out: dict[str, str] = {}
     for row in plan.hosts:
-        prov = _provider(ctx, row.provider)
+        prov = provider_for(ctx, row.provider)
         try:
             prov.terminate(row.instance_id)
             prov.wait_gone(row.instance_id)
@@ -237,62 +210,6 @@ def down(ctx: Context, plan: DownPlan) -> dict[str, str]:
         ctx.ledger.record_event("host", row.name, f"{row.provider} {row.instance_id} terminated (gone)")
         out[row.name] = "terminated"
     return out
-
-
-# --- preemption --------------------------------------------------------------------------------
-
-LEASE_FOR = {"spot_preemption": "preempted", "manual_stop": "stopped", "host_failure": "failed", "unknown": "failed"}
-
-
-def check_lease(ctx: Context, row: HostRow) -> str | None:
-    """A rented host stopped answering: ask its provider what happened and, when it is gone,
-    settle its jobs (PREEMPTED for a spot preemption, LOST otherwise) with the reason in the ledger.
-    Returns the classification, or None when the provider says it runs (a mere SSH drop)."""
-    try:
-        inst = _provider(ctx, row.provider).get(row.instance_id)
-    except ProviderError as exc:
-        ctx.ledger.record_event("host", row.name, f"provider {row.provider} unreachable: {exc}", unless_repeated=True)
-        return None
-    verdict = classify(inst)
-    if verdict in ("running", "pending"):
-        return None
-    state = LEASE_FOR.get(verdict, "failed")
-    if inst is None or inst.state in ("terminating", "terminated"):
-        state = "terminated"  # gone for good: its jobs resume elsewhere (a replacement, or any host)
-    reason = (inst.reason or inst.raw_status) if inst is not None else "the provider no longer knows this instance"
-    if inst is not None and inst.gpu_count == 0 and inst.state == "running":
-        reason = "came back with zero GPUs"
-    if row.lease_state != state or row.lease_reason != reason:
-        ctx.ledger.update_host(row.name, lease_state=state, lease_reason=reason, lease_changed_at=time.time())
-        label = {"spot_preemption": "spot preemption", "manual_stop": "stopped by the user",
-                 "host_failure": "host failure"}.get(verdict, verdict)
-        ctx.ledger.record_finding("host", row.name, severity="escalate", rule=verdict,
-                                  message=f"{label}: {row.provider} {row.instance_id} is {reason}",
-                                  action="`gpuq resume` continues its jobs from their last checkpoints")
-    settle_host_jobs(ctx, row.name, verdict, reason)
-    if verdict == "spot_preemption":  # the grace came first: attempts that just ended there were stopped
-        window = 2 * ctx.settings.patrol_interval_s + ctx.settings.kill_grace_s
-        stops.reclaim_preempted(ctx.ledger, row.name, reason, within_s=window)
-    return verdict
-
-
-def settle_host_jobs(ctx: Context, host: str, verdict: str, reason: str) -> list[str]:
-    """Every live attempt on ``host`` ends PREEMPTED (spot) or LOST; the jobs follow."""
-    preempted = verdict == "spot_preemption"
-    now = time.time()
-    done = []
-    for job in ctx.ledger.jobs(states=controller.ACTIVE):
-        if job.host != host:
-            continue
-        att = ctx.ledger.attempt(job.id, job.attempt_count)
-        message = f"{'spot preemption' if preempted else verdict.replace('_', ' ')}: {reason}"
-        if att is not None and not AttemptState(att.state).terminal:
-            ctx.ledger.update_attempt(job.id, att.number, message=message, ended_at=now, lost_step=att.step)
-            ctx.ledger.transition(job.id, AttemptState.PREEMPTED if preempted else AttemptState.LOST,
-                                  attempt=att.number, message=message)
-        ctx.ledger.transition(job.id, JobState.PREEMPTED if preempted else JobState.LOST, message=message)
-        done.append(job.id)
-    return done
 
 
 # --- resume ------------------------------------------------------------------------------------
@@ -311,8 +228,6 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
     checkpoint: re-bid the same spot pod when possible, else rent a replacement of the same shape
     (``provision``), else any healthy registered host.  Idempotent: jobs that run are left alone, a
     second run changes nothing."""
-    from orchestrator.api.tick import run_tick
-
     if tick:
         run_tick(ctx)  # probe: a mere SSH drop is not a loss; detect what the providers say
     sweep_id = ctx.ledger.resolve_sweep(sweep).id if sweep is not None else None
@@ -336,7 +251,7 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
             ctx.ledger.record_event("job", job.id, f"not resumed: {preemptions} preemptions (max_preemptions "
                                     f"{ctx.settings.max_preemptions})", unless_repeated=True)
             continue
-        ctx.ledger.transition(job.id, JobState.QUEUED, message="gpuq resume: from the newest verified checkpoint")
+        ctx.ledger.requeue(job.id, message="gpuq resume: from the newest verified checkpoint", via=None)
         out.requeued.append(job.id)
     if out.requeued:
         run_tick(ctx)  # places them (the host holding their checkpoint first) and pushes checkpoints
@@ -345,7 +260,7 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
 
 def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
     """Bring a rented host back: the same pod (re-bid or resume), else a replacement."""
-    prov = _provider(ctx, row.provider)
+    prov = provider_for(ctx, row.provider)
     if prov.supports_stop and row.lease_state in ("preempted", "stopped"):
         try:
             bid = Decimal(str(row.bid_per_gpu)) if row.spot and row.bid_per_gpu is not None else None

@@ -8,8 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import controller, host_documents
-from orchestrator.api.tick import TickReport, run_tick
+from orchestrator import host_documents
 from orchestrator.bundle import build_bundle
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, HostError, UsageError
@@ -17,6 +16,10 @@ from orchestrator.host_documents import ReapCandidate, ReapDocument
 from orchestrator.launcher import agent_argv, ensure_bundle
 from orchestrator.ledger import HostRow
 from orchestrator.states import JobState
+from orchestrator.tick import ACTIVE
+from orchestrator.tick.findings import TickReport
+from orchestrator.tick.loop import run_tick
+from orchestrator.tick.preflight import HealthVerdict, preflight_all
 
 
 def _rows(ctx: Context, names: Sequence[str]) -> list[HostRow]:
@@ -44,19 +47,19 @@ def _agent_bundle(ctx: Context, row: HostRow) -> str:
     return bundle.sha256
 
 
-def doctor(ctx: Context, names: Sequence[str] = ()) -> list[controller.HealthVerdict]:
+def doctor(ctx: Context, names: Sequence[str] = ()) -> list[HealthVerdict]:
     """Run the GPU preflight on these hosts (default: all) in parallel and record each verdict:
     a FAIL holds the host, a later PASS or WARN releases it."""
     rows = _rows(ctx, names)
-    out: list[controller.HealthVerdict] = []
+    out: list[HealthVerdict] = []
     ready: list[str] = []
     for row in rows:
         try:
             _agent_bundle(ctx, row)
             ready.append(row.name)
         except GpuqError as exc:
-            out.append(controller.HealthVerdict(row.name, "unreachable", str(exc)))
-    verdicts = controller.preflight_all(ctx.ledger, ctx.fleet, ctx.settings, ready, "")
+            out.append(HealthVerdict(row.name, "unreachable", str(exc)))
+    verdicts = preflight_all(ctx.ledger, ctx.fleet, ctx.settings, ready, "")
     out += [verdicts[n] for n in ready]
     order = {r.name: i for i, r in enumerate(rows)}
     return sorted(out, key=lambda v: order[v.host])
@@ -147,7 +150,7 @@ def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = 
         if time.monotonic() > deadline:
             result.reason = f"gave up after {max_hours:g} h; check the sweep by hand (`gpuq status`)"
             return result
-        running = bool(ctx.ledger.jobs(sweep_id=sweep_id, states=controller.ACTIVE))
+        running = bool(ctx.ledger.jobs(sweep_id=sweep_id, states=ACTIVE))
         wanted = interval_s if interval_s is not None else (
             ctx.settings.patrol_interval_s if running else ctx.settings.patrol_idle_interval_s)
         sleep(max(floor, wanted))

@@ -8,12 +8,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator import controller, fleet, protocol, setup_holds, slurm_hosts
+from orchestrator import fleet, protocol, setup_holds, slurm_hosts
 from orchestrator.config import LOCAL_HOST
 from orchestrator.context import Context, verified_ids
 from orchestrator.errors import HostError, UsageError
 from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
+from orchestrator.tick import ACTIVE
 
 
 def hosts_add(ctx: Context, name: str, target: str, *, port: int | None = None, key: str = "",
@@ -65,7 +66,7 @@ def hosts_show(ctx: Context, name: str) -> HostDetail:
     row = ctx.ledger.host(name)
     if row is None:
         raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
-    active = [j for j in ctx.ledger.jobs(states=controller.ACTIVE) if j.host == name]
+    active = [j for j in ctx.ledger.jobs(states=ACTIVE) if j.host == name]
     return HostDetail(row, active, _unverified_on(ctx, name), fleet.key_fingerprint(row.host_key),
                       ctx.ledger.events(subject=name, limit=10))
 

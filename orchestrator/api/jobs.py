@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import controller, gangs, observed, protocol, transfer
+from orchestrator import gangs, observed, protocol, transfer
 from orchestrator.api.status import tick
 from orchestrator.context import Context, host_for
 from orchestrator.cost import JobCost, job_cost
@@ -16,6 +16,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
 from orchestrator.states import JobState
+from orchestrator.tick.collect import collect
 
 
 def _job_host(ctx: Context, job: Job) -> Host:
@@ -168,7 +169,7 @@ def collect_missing(ctx: Context, jobs: Sequence[Job]) -> None:
     for name, ids in pending.items():
         row = ctx.ledger.host(name)
         if row is not None:
-            controller.collect(ctx.ledger, host_for(ctx, row), row.agent_bundle, ids)
+            collect(ctx.ledger, host_for(ctx, row), row.agent_bundle, ids)
 
 
 def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:

@@ -13,8 +13,8 @@ from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
-    from orchestrator import controller
     from orchestrator.report.model import Report
+    from orchestrator.tick.probe import Probe
 
 ALERTS_SHOWN = 20
 
@@ -23,7 +23,7 @@ ALERTS_SHOWN = 20
 class Snapshot:
     generated_at: float
     hosts: list[HostRow]
-    probes: dict[str, controller.Probe]
+    probes: dict[str, Probe]
     sweeps: list[Sweep]
     jobs: list[Job]
     attempts: dict[str, Attempt]
@@ -35,9 +35,9 @@ class Snapshot:
     cells_error: str = ""  # why it could not be built
 
 
-def tick(ctx: Context) -> dict[str, controller.Probe]:
-    """One controller tick over every host (``api.tick.run_tick``); the probes it made."""
-    from orchestrator.api.tick import run_tick  # the controller, SSH: only when a host is probed
+def tick(ctx: Context) -> dict[str, Probe]:
+    """One controller tick over every host (``tick.loop.run_tick``); the probes it made."""
+    from orchestrator.tick.loop import run_tick  # the tick, SSH: only when a host is probed
 
     return run_tick(ctx).probes
 
@@ -50,10 +50,10 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
     when all are finished); ``all_jobs`` shows the whole history; ``states`` keeps only jobs in
     those states.  Without ``probe`` the snapshot is the ledger's alone (no host is contacted).
     """
-    probes: dict[str, controller.Probe] = {}
+    probes: dict[str, Probe] = {}
     lines: list[str] = []
     if probe:
-        from orchestrator.api.tick import run_tick  # the controller, SSH: only when a host is probed
+        from orchestrator.tick.loop import run_tick  # the tick, SSH: only when a host is probed
 
         report = run_tick(ctx, honour_backoff=honour_backoff)
         probes, lines = report.probes, report.lines

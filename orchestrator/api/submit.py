@@ -8,9 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import controller
 from orchestrator.bundle import Bundle, build_bundle
-from orchestrator.config import LOCAL_HOST, PROJECT_CONFIG
+from orchestrator.config import PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
 from orchestrator.ledger import HostRow, Job
@@ -19,6 +18,8 @@ from orchestrator.runconfig import RunConfig, check_jobs, load_run, project_root
 from orchestrator.scheduler import epoch_rates, plan
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
+from orchestrator.tick.capacity import capacities, plan_job
+from orchestrator.tick.placement import deliver, plan_and_push, target_rows
 
 
 @dataclass
@@ -46,31 +47,10 @@ def _new_sweep_id(ctx: Context) -> str:
             return candidate
 
 
-def _target_rows(ctx: Context, hosts: Sequence[str], pins: set[str]) -> list[HostRow]:
-    """Hosts a submit may use: the named ones; else every remote host (local only when none is
-    registered); plus any host a queue line pins with ``host=``."""
-    remote = ctx.fleet.remote_rows()
-    if hosts:
-        names = list(dict.fromkeys(hosts))
-    elif remote:
-        names = [row.name for row in remote]
-    else:
-        names = [LOCAL_HOST]
-    names += sorted(pins - set(names))
-    rows = []
-    for name in names:
-        row = ctx.ledger.host(name)
-        if row is None and name == LOCAL_HOST:  # registered by its first real use, never by a dry run
-            row = HostRow(name=LOCAL_HOST, kind="local", root=str(ctx.settings.local_host_root), created_at=0.0)
-        if row is not None:
-            rows.append(row)
-    return rows
-
-
 def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: bool = False) -> SubmitResult:
     """Validate the whole queue, record it in one transaction, place and start its jobs.
 
-    Jobs are packed across the target hosts (see ``_target_rows``) by ``scheduler.plan``; the
+    Jobs are packed across the target hosts (see ``target_rows``) by ``scheduler.plan``; the
     bundle is pushed to every host that gets work before anything is written, and a host
     whose push fails is left out of the plan.
     """
@@ -116,12 +96,12 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     rates = epoch_rates(ctx.ledger.run_history())
     ckpt = ctx.ledger.checkpoint_bytes_by_config()
     plan_jobs = [
-        controller.plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task,
+        plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task,
                             epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt,
                             nodes=j.nodes)
         for j in parsed.jobs
     ]
-    rows = _target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
+    rows = target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
     holds = held_bundles(ctx.ledger, [r.name for r in rows])
     for row in [r for r in rows if is_held(holds, r.name, bundle.sha256)]:
         warnings.append(f"host {row.name} left out: this project's setup failed there (`gpuq hosts release "
@@ -129,10 +109,10 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         rows.remove(row)
     pushed: list[str] = []
     if dry_run:
-        decided = plan(plan_jobs, controller.capacities(ctx.ledger, ctx.settings, rows, rates))
+        decided = plan(plan_jobs, capacities(ctx.ledger, ctx.settings, rows, rates))
         dropped: dict[str, str] = {}
     else:
-        decided, dropped = controller.plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
+        decided, dropped = plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
                                                     rates, pushed)
     warnings += [f"host {name} left out: {why}" for name, why in sorted(dropped.items())]
     if decided.unplaced:
@@ -160,7 +140,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     )
     result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, pushed_to=sorted(pushed))
-    failed = controller.deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in rows_added},
+    failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in rows_added},
                                 bundle.sha256)
     if failed:
         for name, err in failed.items():

@@ -38,9 +38,9 @@ from orchestrator.cli.render import (
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
-    from orchestrator.controller import Probe
     from orchestrator.host_documents import StatusDocument
     from orchestrator.ledger import HostRow
+    from orchestrator.tick.probe import Probe
 
 SPARKS = "▁▂▃▄▅▆▇█"
 FULL, EMPTY = "█", "░"

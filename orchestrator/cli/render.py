@@ -41,8 +41,8 @@ from orchestrator.states import JobState
 if TYPE_CHECKING:
     from orchestrator.api import PullReport, ResultRow, Snapshot, SubmitResult
     from orchestrator.cli import documents
-    from orchestrator.controller import Probe
     from orchestrator.ledger import Attempt, HostRow, Job
+    from orchestrator.tick.probe import Probe
 
 STATUS_SCHEMA = "gpuq.cli.status/1"
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "ASSIGNED": "blue",

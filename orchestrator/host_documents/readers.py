@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from orchestrator.host_documents.facts import HostFacts, Verdicts
+from orchestrator.host_documents.facts import HostFacts, SlurmAudit, Verdicts
 from orchestrator.host_documents.framing import load, validate
 from orchestrator.host_documents.health import HealthDocument, ReapDocument
 from orchestrator.host_documents.results import CollectDocument, ManifestDocument, Pointer, SnapshotPointer
@@ -35,20 +35,10 @@ read_snapshot: Callable[[str, str], SnapshotPointer] = _reader("snapshot", Snaps
 read_facts: Callable[[str, str], HostFacts] = _reader("host audit", HostFacts)
 read_pointer: Callable[[str, str], Pointer] = _reader("checkpoint pointer", Pointer)
 read_verdicts: Callable[[str, str], Verdicts] = _reader("verdicts", Verdicts)
+read_slurm_audit: Callable[[str, str], SlurmAudit] = _reader("Slurm audit", SlurmAudit)
 
 READERS: Mapping[str, Callable[[str, str], BaseModel]] = {
     "status": read_status, "health": read_health, "reap": read_reap, "collect": read_collect,
     "manifest": read_manifest, "snapshot": read_snapshot, "pointer": read_pointer,
-    "verdicts": read_verdicts, "facts": read_facts,
+    "verdicts": read_verdicts, "facts": read_facts, "slurm audit": read_slurm_audit,
 }
-
-
-def dump(model: BaseModel) -> Any:
-    """TEMPORARY (phase 1 of the typed host documents): the checked document as the plain data the
-    tick's modules still index; goes when the tick reads the models (orchestrator/tick/)."""
-    return model.model_dump(mode="python", by_alias=True, exclude_unset=True)
-
-
-def read_status_dict(host: str, stdout: str) -> dict[str, Any]:
-    """TEMPORARY compatibility reader for the tick's modules (see ``dump``)."""
-    return dict(dump(read_status(host, stdout)))

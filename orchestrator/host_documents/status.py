@@ -259,6 +259,11 @@ class StatusDocument(Open):
     jobs: Annotated[list[JobEntry], Field(max_length=MAX_JOBS)] = Field(default_factory=list)
     slurm: SlurmSection | None = None
 
+    @classmethod
+    def empty(cls) -> StatusDocument:
+        """What a host that said nothing says."""
+        return cls.model_validate({"schema": "gpuq.status/1"})
+
     def entries(self) -> dict[str, JobEntry]:
         """The job entries by job id."""
         return {j.job_id: j for j in self.jobs}

@@ -21,7 +21,7 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -429,14 +429,58 @@ class Ledger(PullRecords):
             row = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)).first()
             if row is None:
                 raise JobNotFound(f"no attempt {attempt} of job {job_id!r}")
-            old = AttemptState(row.state)
-            if old == new:
+            return self._transition_attempt(s, row, new, message)
+
+    def requeue(
+        self,
+        job_id: str,
+        *,
+        message: str,
+        of_attempt: int | None = None,
+        end_attempt: AttemptState | None = None,
+        via: JobState | None = JobState.LOST,
+        attempt_fields: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Put a job whose attempt ended back in the queue, in ONE transaction: the attempt
+        (``of_attempt``, else the job's current one) gets ``attempt_fields`` and, with ``end_attempt``,
+        ends in that state; the job passes through ``via`` (LOST, or PREEMPTED for a chunk that
+        continues; None: the job is already LOST or PREEMPTED) and goes QUEUED.  Every step appends its
+        event with ``message``, as ``transition`` would; a step that is not allowed raises
+        IllegalTransition and nothing changes.  ``of_attempt``: when the job has moved on to a later
+        attempt meanwhile, the job is left alone and False is returned (news of an old attempt never
+        requeues a newer one)."""
+        attempt_fields = attempt_fields or {}
+        if "state" in attempt_fields:
+            raise LedgerError("requeue sets the attempt's state only through end_attempt")
+        with self.session() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            if attempt_fields or end_attempt is not None:
+                number = of_attempt if of_attempt is not None else job.attempt_count
+                row = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)).first()
+                if row is None:
+                    raise JobNotFound(f"no attempt {number} of job {job_id!r}")
+                for key, value in attempt_fields.items():
+                    setattr(row, key, value)
+                if end_attempt is not None:
+                    self._transition_attempt(s, row, end_attempt, message)
+            if of_attempt is not None and job.attempt_count != of_attempt:
                 return False
-            if not attempt_may(old, new):
-                raise IllegalTransition("attempt", f"{job_id}/a{attempt}", old.value, new.value)
-            row.state = new.value
-            _event(s, "attempt", f"{job_id}/a{attempt}", old.value, new.value, message)
-            return True
+            if via is not None:
+                self._transition_job(s, job, via, message)
+            return self._transition_job(s, job, JobState.QUEUED, message)
+
+    @staticmethod
+    def _transition_attempt(s: Session, row: Attempt, new: AttemptState, message: str) -> bool:
+        old = AttemptState(row.state)
+        if old == new:
+            return False
+        if not attempt_may(old, new):
+            raise IllegalTransition("attempt", f"{row.job_id}/a{row.number}", old.value, new.value)
+        row.state = new.value
+        _event(s, "attempt", f"{row.job_id}/a{row.number}", old.value, new.value, message)
+        return True
 
     @staticmethod
     def _transition_job(s: Session, job: Job, new: JobState, message: str) -> bool:

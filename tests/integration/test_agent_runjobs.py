@@ -186,9 +186,9 @@ def test_results_show_the_headline_metric_of_a_summary_from_a_csv(
     """`gpuq results` on a job whose summary the agent computed from a project's CSV: final and best
     of the headline metric, whatever trainer wrote it."""
     from orchestrator.context import open_context
-    from orchestrator.controller import record_collected
     from orchestrator.specs import JobSpec
     from orchestrator.states import JobState
+    from orchestrator.tick.collect import record_collected
     from tests.conftest import run_gpuq
 
     home = tmp_path / "home"

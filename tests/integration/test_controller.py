@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import controller, protocol
+from orchestrator import protocol
 from orchestrator.config import Settings
 from orchestrator.launcher import job_spec
 from orchestrator.ledger import Ledger
 from orchestrator.specs import JobSpec
 from orchestrator.states import JobState
+from orchestrator.tick.collect import collect
+from orchestrator.tick.probe import probe, probe_all
+from orchestrator.tick.reconcile import reconcile
 from tests.conftest import ROOT, kill_recorded_groups
 from tests.support.fakehost import FakeHost
 
@@ -100,10 +103,10 @@ def test_reconcile_maps_every_host_state(setup: tuple[Ledger, FakeHost, Settings
     ledger, host, settings, ids = setup
     live = _fabricate(ledger, host, settings, ids)
     try:
-        report = controller.probe(host, SHA, settings)
+        report = probe(host, SHA, settings)
         assert report.ok, report.error
-        done = controller.reconcile(ledger, host, settings, report)
-        controller.collect(ledger, host, SHA, done.succeeded)
+        done = reconcile(ledger, host, settings, report)
+        collect(ledger, host, SHA, done.succeeded)
     finally:
         live.kill()
         live.wait()
@@ -122,8 +125,8 @@ def test_reconcile_maps_every_host_state(setup: tuple[Ledger, FakeHost, Settings
     assert {(m.scope, m.value) for m in ledger.metrics([ids[0]])} == {("final", 0.75), ("best", 0.8)}
     # the undelivered spec was handed over again, exactly once
     assert (Path(host.root) / protocol.INBOX_DIR / f"{ids[4]}.json").is_file()
-    again = controller.probe(host, SHA, settings)
-    controller.reconcile(ledger, host, settings, again)
+    again = probe(host, SHA, settings)
+    reconcile(ledger, host, settings, again)
     inbox = list((Path(host.root) / protocol.INBOX_DIR).glob("*.json"))
     assert [p.stem for p in inbox] == [ids[4]]
 
@@ -131,7 +134,7 @@ def test_reconcile_maps_every_host_state(setup: tuple[Ledger, FakeHost, Settings
 def test_one_round_trip_per_probe(setup: tuple[Ledger, FakeHost, Settings, list[str]]) -> None:
     _ledger, host, settings, _ids = setup
     host.calls.clear()
-    probes = controller.probe_all([(host, SHA, (), ())], settings)
+    probes = probe_all([(host, SHA, (), ())], settings)
     assert probes[0].ok and len(host.calls) == 1 and "status" in host.calls[0]
 
 
@@ -140,10 +143,10 @@ def test_a_job_that_finished_costs_no_second_round_trip(setup: tuple[Ledger, Fak
     live = _fabricate(ledger, host, settings, ids)
     try:
         host.calls.clear()
-        report = controller.probe(host, SHA, settings, results_for=ids)
-        done = controller.reconcile(ledger, host, settings, report)
+        report = probe(host, SHA, settings, results_for=ids)
+        done = reconcile(ledger, host, settings, report)
         status_calls = len(host.calls)
-        controller.collect(ledger, host, SHA, done.succeeded, report)
+        collect(ledger, host, SHA, done.succeeded, report)
     finally:
         live.kill()
         live.wait()
@@ -158,7 +161,7 @@ def test_transport_failure_changes_no_job(setup: tuple[Ledger, FakeHost, Setting
     ledger, host, settings, ids = setup
     before = {i: ledger.job(i).state for i in ids}
     host.down = True
-    report = controller.probe(host, SHA, settings)
+    report = probe(host, SHA, settings)
     assert not report.ok and "link cut" in report.error
     assert {i: ledger.job(i).state for i in ids} == before
     assert all(s == JobState.ASSIGNED.value for s in before.values())

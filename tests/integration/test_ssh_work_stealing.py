@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import api, controller
+from orchestrator import api
 from orchestrator.scheduler import epoch_rates
 from orchestrator.states import JobState
+from orchestrator.tick.probe import probe
+from orchestrator.tick.steal import steal
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups, wait_for
 from tests.support.testhosts import HostFarm
@@ -128,14 +130,14 @@ def test_a_job_the_busy_host_claimed_meanwhile_stays(
     farm.start_sshd(1)
     farm.start_sshd(2)
     rows = ctx.ledger.hosts()
-    stale = [controller.probe(ctx.fleet.host(r), r.agent_bundle, ctx.settings) for r in rows if r.kind != "local"]
+    stale = [probe(ctx.fleet.host(r), r.agent_bundle, ctx.settings) for r in rows if r.kind != "local"]
     s0 = next(p for p in stale if p.host == "s0")
     assert {d["job_id"]: d["state"] for d in s0.doc["jobs"]}.get(late) == "queued", s0.doc["jobs"]
     assert all(p.reachable for p in stale)
     # the busy host finishes its job and claims the waiting one
     assert wait_for(lambda: any((dirs[0] / "jobs" / late).glob("attempts/*/launch.json")), timeout=240,
                     interval=0.5)
-    moves = controller.steal(ctx.ledger, ctx.fleet, ctx.settings, stale, epoch_rates(ctx.ledger.run_history()))
+    moves = steal(ctx.ledger, ctx.fleet, ctx.settings, stale, epoch_rates(ctx.ledger.run_history()))
     assert moves == []
     job = ctx.ledger.job(late)
     assert (job.host, job.attempt_count) == ("s0", 1)

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.api import checkpoints as ck
 from orchestrator.context import Context, open_context
 from orchestrator.ledger import Job
 from orchestrator.specs import JobSpec, job_id_for
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import checkpoints as ck
 from tests.support.jobtree import SHA, install_agent
 from tests.support.wire import status
 

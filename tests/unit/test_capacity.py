@@ -1,11 +1,11 @@
-"""controller.host_capacity: what the scheduler may assume about a host, from the ledger alone."""
+"""tick.capacity.host_capacity: what the scheduler may assume about a host, from the ledger alone."""
 
 from __future__ import annotations
 
 from orchestrator.config import Settings
-from orchestrator.controller import host_capacity, plan_job
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduler import EpochRates, plan
+from orchestrator.tick.capacity import host_capacity, plan_job
 
 NOW = 10_000.0
 

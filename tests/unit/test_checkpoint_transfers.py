@@ -1,5 +1,5 @@
 """What a checkpoint's trip between a host and the controller asks of the host, call by call
-(orchestrator/api/checkpoints.py), through a local host that records every command and transfer:
+(orchestrator/tick/checkpoints.py), through a local host that records every command and transfer:
 
 - every command has a time limit (a hung host never hangs the tick), and each file goes into a directory
   gpuq made first, so a directory that cannot be made is a clear error naming the host before any bytes
@@ -28,11 +28,11 @@ import pytest
 
 from orchestrator import host_documents as hd
 from orchestrator import transfer_progress
-from orchestrator.api import checkpoints as ck
 from orchestrator.errors import GpuqError, HostError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.specs import CommandResult
 from orchestrator.states import JobState
+from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, archive, running_world
 from tests.support.jobtree import SHA
 from tests.support.wire import status

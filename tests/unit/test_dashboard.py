@@ -17,10 +17,10 @@ from orchestrator import api
 from orchestrator.api import Snapshot
 from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
-from orchestrator.controller import Probe
 from orchestrator.errors import LedgerError
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.specs import JobSpec
+from orchestrator.tick.probe import Probe
 from tests.support.wire import status
 
 ROOT = Path(__file__).resolve().parents[2]

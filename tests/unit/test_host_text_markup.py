@@ -12,8 +12,8 @@ from rich.console import Console
 from orchestrator.api import Snapshot
 from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
-from orchestrator.controller import Probe
 from orchestrator.ledger import Event, HostRow
+from orchestrator.tick.probe import Probe
 from tests.support.wire import status
 
 NOW = 1_800_000_000.0

@@ -1,6 +1,6 @@
 """The provider's word a tick late: a rented host whose job just failed (a rank exited 1 in the
 preemption's grace, before anything said "preempted") is found preempted on the next look, and the
-just-failed job becomes PREEMPTED, so auto-resume continues it (api/cloud.py check_lease with
+just-failed job becomes PREEMPTED, so auto-resume continues it (tick/leases.py check_lease with
 orchestrator/stops.py; the RunPod API is the fake, the ledger is real)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import controller
-from orchestrator.api.cloud import check_lease
 from orchestrator.context import Context, open_context
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick.leases import check_lease
+from orchestrator.tick.settle import settle
 from tests.support.fakecloud import FakeRunPod
 
 KEY = "rp-test-key-0123456789"
@@ -37,9 +37,9 @@ def setup(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Co
 def test_a_preemption_reported_a_tick_late_turns_the_failed_job_into_preempted(
         setup: tuple[Context, FakeRunPod]) -> None:
     ctx, fake = setup
-    from orchestrator.api.cloud import _provider
+    from orchestrator.tick.leases import provider_for
 
-    (pod,) = _provider(ctx, "runpod").provision(ProvisionRequest(name="gpuq-late", gpu_type="NVIDIA RTX A6000",
+    (pod,) = provider_for(ctx, "runpod").provision(ProvisionRequest(name="gpuq-late", gpu_type="NVIDIA RTX A6000",
                                                                  gpu_count=2, spot=True))
     ctx.ledger.add_host(HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/root/gpuq",
                                 provider="runpod", instance_id=pod.id, spot=True))
@@ -54,7 +54,7 @@ def test_a_preemption_reported_a_tick_late_turns_the_failed_job_into_preempted(
     # this tick: j0's rank exited 1 (its peer vanished); nothing says "signal"; the pod still runs
     ctx.ledger.update_attempt(failed, 1, exit_code=1, message="exit 1: trainer exited 1")
     ctx.ledger.transition(failed, AttemptState.EXITED, attempt=1)
-    assert controller.settle(ctx.ledger, failed, "unknown", ctx.settings).action == "none"
+    assert settle(ctx.ledger, failed, "unknown", ctx.settings).action == "none"
     assert ctx.ledger.job(failed).state == "FAILED"
     assert check_lease(ctx, ctx.ledger.host("pod")) is None  # the provider: still running
     assert ctx.ledger.job(failed).state == "FAILED"

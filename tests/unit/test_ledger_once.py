@@ -127,18 +127,18 @@ def test_racing_steals_move_an_attempt_once(ledger: Ledger) -> None:
 def test_news_of_an_old_attempt_never_ends_a_newer_one(ledger: Ledger) -> None:
     """A tick that probed while attempt 1 was ending settles it after another command already
     requeued the job and started attempt 2: nothing changes (no LOST, no attempt 3)."""
-    from orchestrator import controller
+    from orchestrator.tick.settle import settle
 
     job_id = _sweep(ledger, 1)[0]
     ledger.start_attempt(job_id, host="a", bundle_sha="s")
     ledger.transition(job_id, AttemptState.LOST, attempt=1, message="group gone")
     ledger.transition(job_id, JobState.LOST, message="group gone", of_attempt=1)
-    first = controller.settle(ledger, job_id, "vanished", Settings(), attempt=1)
+    first = settle(ledger, job_id, "vanished", Settings(), attempt=1)
     assert first.action == "requeue" and ledger.job(job_id).state == JobState.QUEUED.value
     ledger.start_attempt(job_id, host="b", bundle_sha="s")
     # the stale tick, one step behind
     assert ledger.transition(job_id, JobState.LOST, message="group gone", of_attempt=1) is False
-    again = controller.settle(ledger, job_id, "vanished", Settings(), attempt=1)
+    again = settle(ledger, job_id, "vanished", Settings(), attempt=1)
     assert again.action == "stale"
     job = ledger.job(job_id)
     assert (job.state, job.attempt_count, job.host) == (JobState.ASSIGNED.value, 2, "b")

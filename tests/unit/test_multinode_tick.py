@@ -1,4 +1,4 @@
-"""The tick's part of a multi-node attempt (orchestrator/api/multinode.py), with a real ledger and
+"""The tick's part of a multi-node attempt (orchestrator/tick/multinode.py), with a real ledger and
 FakeHosts that record what gpuq asked of each node host: nodes that never all started are given up
 without spending retries=, and an ended attempt has its other nodes stopped.
 
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator import gangs
-from orchestrator.api import host_answers, multinode
 from orchestrator.context import Context, open_context
-from orchestrator.controller import Probe
 from orchestrator.gangs import Part
 from orchestrator.ledger import HostRow
 from orchestrator.specs import JobSpec, job_id_for
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import host_answers, multinode
+from orchestrator.tick.probe import Probe
 from tests.support.fakehost import FakeHost
 from tests.support.wire import entry, status
 

@@ -1,4 +1,4 @@
-"""Checkpoints between hosts and the controller (orchestrator/api/checkpoints.py): which a tick ships
+"""Checkpoints between hosts and the controller (orchestrator/tick/checkpoints.py): which a tick ships
 home, what travels with them, how a resume places them on a host, and every refusal word for word.
 
 Runs against the local host with the real host agent (`snapshot`); tests/unit/test_ship_checkpoint.py
@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.api import checkpoints as ck
 from orchestrator.errors import HostError
 from orchestrator.host_documents import Pointer
 from orchestrator.hosts.base import too_big
 from orchestrator.specs import CommandResult
+from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, archive, running_world
 from tests.support.jobtree import SHA
 from tests.support.wire import status

@@ -1,4 +1,4 @@
-"""A project's own checkpoint between a host and the controller (orchestrator/api/checkpoints.py): the
+"""A project's own checkpoint between a host and the controller (orchestrator/tick/checkpoints.py): the
 file the sweep's `checkpoint` globs match in the job's run dir is shipped home with the whole lines of
 its metrics file, and a resume puts both back at the same paths unless the host holds those exact bytes.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api import checkpoints as ck
 from orchestrator.errors import GpuqError
+from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, running_world
 from tests.support.wire import status
 

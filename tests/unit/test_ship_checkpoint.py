@@ -1,4 +1,4 @@
-"""Shipping a checkpoint off a host that saves faster than the controller copies (api/checkpoints.py and the
+"""Shipping a checkpoint off a host that saves faster than the controller copies (tick/checkpoints.py and the
 agent's ``snapshot`` verb)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api.checkpoints import _fetch_checkpoint
 from orchestrator.hosts.local import LocalHost
+from orchestrator.tick.checkpoints import _fetch_checkpoint
 from tests.support.checkpointworld import archive
 from tests.support.jobtree import SHA, install_agent
 from tests.support.wire import status
@@ -76,10 +76,10 @@ def test_no_checkpoint_yet_is_said_plainly(host: LocalHost, tmp_path: Path) -> N
 
 # --- a host's status document is untrusted (docs/security.md) ------------------------------------
 
-from orchestrator.api.checkpoints import newest_durable, safe_checkpoint_file, ship_checkpoints  # noqa: E402
 from orchestrator.context import open_context  # noqa: E402
 from orchestrator.specs import JobSpec, job_id_for  # noqa: E402
 from orchestrator.states import AttemptState, JobState  # noqa: E402
+from orchestrator.tick.checkpoints import newest_durable, safe_checkpoint_file, ship_checkpoints  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["latest-000000008.pt", "latest-000000008-1.pt", "run/snapshot.pt",

@@ -1,7 +1,7 @@
 """A Slurm job stopped near its time limit (the wrapper's ``slurm_time_limit``) is one chunk of a
 longer run: when it trained past where its attempt began, the attempt is PREEMPTED and the job goes
 back to QUEUED without spending retries=; a chunk that made no progress is an ordinary stop
-(orchestrator/controller.py ``_apply``; the ledger is real)."""
+(orchestrator/tick/attempts.py ``apply``; the ledger is real)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator import controller
 from orchestrator.context import Context, open_context
 from orchestrator.ledger import HostRow
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import attempts
+from tests.support.wire import entry
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ def _seen(last_step: int | None, **exit_fields: Any) -> dict[str, Any]:
 
 def test_a_chunk_that_trained_is_preempted_and_queued_again_without_spending_retries(ctx: Context) -> None:
     job = _running_job(ctx)
-    assert controller._apply(ctx.ledger, ctx.ledger.job(job), _seen(40)) == ""
+    assert attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(_seen(40))) == ""
     assert ctx.ledger.job(job).state == JobState.QUEUED.value
     (attempt,) = ctx.ledger.attempts(job)
     assert attempt.state == AttemptState.PREEMPTED.value
@@ -58,7 +59,7 @@ def test_a_chunk_that_trained_is_preempted_and_queued_again_without_spending_ret
     ctx.ledger.update_attempt(job, 1, step=40)
     ctx.ledger.transition(job, AttemptState.RUNNING, attempt=2)
     ctx.ledger.transition(job, JobState.RUNNING)
-    assert controller._apply(ctx.ledger, ctx.ledger.job(job), _seen(40)) == "failed"  # no progress: a stop
+    assert attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(_seen(40))) == "failed"  # no progress: a stop
     assert ctx.ledger.attempts(job)[-1].state == AttemptState.EXITED.value
 
 
@@ -70,7 +71,7 @@ def test_a_chunk_that_trained_is_preempted_and_queued_again_without_spending_ret
 ])
 def test_anything_else_takes_the_usual_path(ctx: Context, seen: dict[str, Any]) -> None:
     job = _running_job(ctx)
-    outcome = controller._apply(ctx.ledger, ctx.ledger.job(job), seen)
+    outcome = attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(seen))
     assert outcome in ("failed", "succeeded")
     assert ctx.ledger.attempts(job)[0].state == AttemptState.EXITED.value
 
@@ -78,5 +79,5 @@ def test_anything_else_takes_the_usual_path(ctx: Context, seen: dict[str, Any]) 
 def test_a_cancelled_job_is_cancelled_not_continued(ctx: Context) -> None:
     job = _running_job(ctx)
     seen = dict(_seen(40), cancel_requested=True)
-    controller._apply(ctx.ledger, ctx.ledger.job(job), seen)
+    attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(seen))
     assert ctx.ledger.job(job).state == JobState.CANCELLED.value

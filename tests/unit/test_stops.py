@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import controller
 from orchestrator.config import Settings
 from orchestrator.ledger import Ledger
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick.settle import settle
 from tests.support.wire import stops
 
 
@@ -37,7 +37,7 @@ def _ended(ledger: Ledger, job: str, host: str, code: int, klass: str) -> None:
     ledger.transition(job, JobState.RUNNING)
     ledger.update_attempt(job, number, exit_code=code, message=f"exit {code}")
     ledger.transition(job, AttemptState.EXITED, attempt=number)
-    controller.settle(ledger, job, klass, Settings())
+    settle(ledger, job, klass, Settings())
 
 
 def test_exit_records() -> None:

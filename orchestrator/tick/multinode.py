@@ -17,11 +17,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 from orchestrator import gangs
-from orchestrator.api.checkpoints import place_checkpoint, refresh_from
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, IllegalTransition
 from orchestrator.ledger import Job
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick.checkpoints import place_checkpoint, refresh_from
 
 _ACTIVE = (JobState.ASSIGNED.value, JobState.RUNNING.value)
 
@@ -60,10 +60,8 @@ def give_up(ctx: Context, job: Job, number: int, nodes: Sequence[gangs.Part], la
         return
     gangs.stop_parts(ctx.ledger, ctx.fleet, job, attempt, nodes, "its nodes did not all start")
     try:
-        ctx.ledger.update_attempt(job.id, number, message=why, ended_at=time.time())
-        ctx.ledger.transition(job.id, AttemptState.KILLED, attempt=number, message=why)
-        ctx.ledger.transition(job.id, JobState.LOST, message=why, of_attempt=number)
-        ctx.ledger.transition(job.id, JobState.QUEUED, message=why, of_attempt=number)
+        ctx.ledger.requeue(job.id, message=why, of_attempt=number, end_attempt=AttemptState.KILLED,
+                           attempt_fields={"message": why, "ended_at": time.time()})
     except IllegalTransition:  # another gpuq command settled it meanwhile
         return
     actions.append(f"{job.name} ({job.id}): {why}")

@@ -12,14 +12,15 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from orchestrator import controller, host_documents
+from orchestrator import host_documents
 from orchestrator.ledger import Ledger
 from orchestrator.patrol import Finding, Severity
+from orchestrator.tick.probe import Probe
 
 PROTOCOL_PREFIX = "protocol error: "
 
 
-def only_known(ledger: Ledger, probes: Sequence[controller.Probe]) -> list[controller.Probe]:
+def only_known(ledger: Ledger, probes: Sequence[Probe]) -> list[Probe]:
     """The probes with each status document cut to the jobs the ledger placed on that host (for a
     multi-node attempt: on any of its node hosts, each of which reports its own part)."""
     wanted = {j.job_id for p in probes if p.doc is not None for j in p.doc.jobs}

@@ -1,0 +1,167 @@
+"""One host's answer, acted on: a failed probe (backoff, lease check), or a status document
+(patrol, reconcile, stalled kills, checkpoint shipping, results).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping, Sequence
+
+from orchestrator import gangs, stops
+from orchestrator.context import Context, host_for
+from orchestrator.errors import GpuqError, HostError
+from orchestrator.host_documents import JobEntry
+from orchestrator.hosts.base import Host
+from orchestrator.launcher import agent_argv
+from orchestrator.ledger import Attempt, HostRow, Job
+from orchestrator.patrol import (
+    Finding,
+    HostView,
+    JobView,
+    Thresholds,
+    ended_badly,
+    host_findings,
+    host_line,
+    job_findings,
+    unreachable,
+)
+from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import host_answers
+from orchestrator.tick.checkpoints import ship_checkpoints, ship_wanted
+from orchestrator.tick.collect import collect
+from orchestrator.tick.findings import (
+    TickReport,
+    early_finishes,
+    holds,
+    record,
+    resumed,
+)
+from orchestrator.tick.leases import check_lease
+from orchestrator.tick.probe import Probe
+from orchestrator.tick.reconcile import Settled, reconcile
+from orchestrator.tick.settle import settle
+
+
+def failed_probe(ctx: Context, row: HostRow, probe: Probe, now: float, th: Thresholds,
+                  report: TickReport) -> None:
+    if probe.reachable:  # the link works; the agent could not answer (no bundle yet, or it failed)
+        ctx.ledger.update_host(row.name, last_probe_at=now, unreachable_since=None, probe_failures=0,
+                               next_probe_at=None)
+        report.lines.append(host_line(row.name, None, (), error=probe.error or "reachable"))
+        record(ctx, host_answers.protocol_findings(row.name, probe.error), subjects=[], report=report)
+        return
+    failures = row.probe_failures + 1
+    since = row.unreachable_since or now
+    # min(cap, tick × 2^k) ± 20 % jitter: reconnect storms trip MaxStartups, gateways and fail2ban
+    delay = min(ctx.settings.patrol_max_backoff_s, ctx.settings.patrol_interval_s * 2 ** (failures - 1))
+    next_at = now + delay * random.uniform(0.8, 1.2)
+    ctx.ledger.update_host(row.name, unreachable_since=since, probe_failures=failures, next_probe_at=next_at)
+    view = HostView(row.name, row.oom_kill, since, failures)
+    verdict = None
+    if row.provider and row.instance_id:  # a rented host: its provider says whether it is gone and why
+        verdict = check_lease(ctx, row)
+        if verdict is not None:
+            report.actions.append(f"{row.name}: {verdict.replace('_', ' ')}; its jobs wait for `gpuq resume`")
+    if verdict is None:
+        record(ctx, [unreachable(view, probe.error, now, th)], subjects=[], report=report)
+    report.lines.append(host_line(row.name, None, (), unreachable_since=since, failures=failures, next_try=next_at))
+
+
+def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
+                 attempts: dict[str, Attempt], now: float, th: Thresholds, report: TickReport,
+                 parts: Mapping[str, Sequence[gangs.Part]]) -> list[str]:
+    """Patrol and reconcile one host that answered; returns the multi-node attempts that ended there."""
+    host = host_for(ctx, row)
+    doc = probe.document
+    findings = host_findings(HostView(row.name, row.oom_kill, row.unreachable_since, 0), doc, th)
+    if doc.kernel is not None and doc.kernel.cursor:
+        ctx.ledger.update_host(row.name, kernel_cursor=doc.kernel.cursor)
+    entries = doc.entries()
+    stalled = _job_findings(ctx, row.name, mine, entries, attempts, now, th, findings)
+    # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
+    # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
+    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id)) for j in mine):
+        verdict = check_lease(ctx, row)
+        if verdict is not None:
+            report.actions.append(f"{row.name}: {verdict.replace('_', ' ')}; its jobs wait for `gpuq resume`")
+    # record this tick's crash evidence before reconcile classifies attempts that just ended
+    subjects = [row.name] + [j.id for j in mine]
+    record(ctx, findings, subjects=subjects, report=report)
+    done = reconcile(ctx.ledger, host, ctx.settings, probe, parts)
+    ended = _settled_findings(ctx, row.name, mine, done.settled, report)
+    record(ctx, ended, subjects=[], report=report)
+    for job in stalled:
+        _kill_stalled(ctx, host, row, job, report)
+    resumed(ctx, row.name, mine, entries, report)
+    if ship_wanted(ctx.settings, row):
+        ship_checkpoints(ctx, row, doc)
+    holds(ctx, row, findings)
+    if done.succeeded:
+        early_finishes(ctx, row.name, done.succeeded, report)
+        try:
+            collect(ctx.ledger, host, row.agent_bundle, done.succeeded, probe)
+        except GpuqError as exc:  # results are collected again by `gpuq results`; never fail a tick
+            ctx.ledger.record_event("host", row.name, f"collecting results failed: {exc}", unless_repeated=True)
+    report.lines.append(host_line(row.name, doc, findings))
+    return done.multi_node_ended
+
+
+def _job_findings(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, JobEntry],
+                  attempts: dict[str, Attempt], now: float, th: Thresholds, findings: list[Finding]) -> list[Job]:
+    """Each current attempt's findings (added to ``findings``) and scan offsets; returns the stalled jobs."""
+    stalled: list[Job] = []
+    for job in mine:
+        entry = entries.get(job.id)
+        if entry is None or entry.attempt != job.attempt_count:
+            continue
+        att = attempts.get(job.id)
+        view = JobView(job.id, job.name, job.attempt_count, att.started_at if att else None)
+        found = job_findings(host, view, entry, now, th)
+        findings += found
+        if entry.scan is not None:
+            ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=entry.scan.log_to,
+                                      metrics_scanned=entry.scan.metrics_to)
+        if any(f.rule == "stalled" for f in found):
+            stalled.append(job)
+    return stalled
+
+
+def _settled_findings(ctx: Context, host: str, mine: Sequence[Job], settled: Sequence[Settled],
+                      report: TickReport) -> list[Finding]:
+    """What reconcile settled this tick, as actions and "ended badly" findings."""
+    names = {j.id: j for j in mine}
+    ended = []
+    for item in settled:
+        job = names[item.job_id]
+        report.actions.append(f"{job.name} ({item.job_id}): {item.decision.reason}")
+        att = ctx.ledger.attempt(job.id, job.attempt_count)
+        ended.append(ended_badly(host, JobView(job.id, job.name, job.attempt_count), item.outcome, item.klass,
+                                 item.decision.reason, item.decision.action == "requeue", rebooted=item.rebooted,
+                                 message=att.message if att else ""))
+    return ended
+
+
+def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: TickReport) -> None:
+    """A stalled attempt (alive, nothing written for stall_after_s) is killed by its recorded group,
+    then settled like a vanished one: requeued with resume while retries last."""
+    current = ctx.ledger.job(job.id)
+    live = (JobState.RUNNING.value, JobState.ASSIGNED.value)
+    if current.state not in live or current.attempt_count != job.attempt_count:
+        return
+    try:
+        result = host.run(agent_argv(host, row.agent_bundle, "kill", job.id, str(job.attempt_count)),
+                          timeout=ctx.settings.kill_grace_s + 60)
+    except HostError as exc:
+        ctx.ledger.record_event("job", job.id, f"stalled; killing it failed: {exc}", unless_repeated=True)
+        return
+    verdict = result.stdout.strip() or result.stderr.strip()
+    if result.exit_code != 0:
+        ctx.ledger.record_event("job", job.id, f"stalled; not killed: {verdict}", unless_repeated=True)
+        return
+    message = f"stalled: killed group of attempt {job.attempt_count} ({verdict})"
+    ctx.ledger.update_attempt(job.id, job.attempt_count, message=message, ended_at=time.time())
+    ctx.ledger.transition(job.id, AttemptState.LOST, attempt=job.attempt_count, message=message)
+    ctx.ledger.transition(job.id, JobState.LOST, message=message)
+    decision = settle(ctx.ledger, job.id, "stalled", ctx.settings, attempt=job.attempt_count)
+    report.actions.append(f"{job.name} ({job.id}): {decision.reason}")

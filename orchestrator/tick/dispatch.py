@@ -1,0 +1,79 @@
+"""Dispatch: place QUEUED jobs (a submit killed after its ledger write, a host left out at submit, a
+job requeued by the patrol), with their checkpoints placed first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.bundle import Bundle
+from orchestrator.context import Context
+from orchestrator.errors import GpuqError
+from orchestrator.ledger import Job
+from orchestrator.scheduler import EpochRates, Plan
+from orchestrator.setup_holds import held_bundles, is_held
+from orchestrator.tick import multinode
+from orchestrator.tick.capacity import plan_job
+from orchestrator.tick.checkpoints import place_checkpoint
+from orchestrator.tick.placement import deliver, plan_and_push, target_rows
+
+
+def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan:
+    """A job resuming on a host that lacks its newest checkpoint gets the controller's verified copy
+    first; a job whose copy cannot be placed waits (QUEUED) for the next tick."""
+    keep = []
+    for assignment in decided.assignments:
+        job = jobs[assignment.job_id]
+        if job.attempt_count == 0:
+            keep.append(assignment)
+            continue
+        try:
+            if assignment.peers:
+                multinode.place_on_every_node(ctx, job, [assignment.host, *assignment.peers])
+            else:
+                place_checkpoint(ctx, job, assignment.host)
+            keep.append(assignment)
+        except GpuqError as exc:
+            ctx.ledger.record_event("job", job.id, f"checkpoint not placed on {assignment.host}: {exc}",
+                                    unless_repeated=True)
+    return replace(decided, assignments=tuple(keep))
+
+
+def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
+    """Place QUEUED jobs: a submit killed after its ledger write, a host left out at submit, or a
+    job requeued by the patrol (preferring the host that holds its checkpoint)."""
+    for sweep_id in sorted({j.sweep_id for j in queued}):
+        sweep = ctx.ledger.sweep(sweep_id)
+        if sweep is None:
+            continue
+        bundle_path = ctx.settings.bundle_cache / f"{sweep.bundle_sha}.tar"
+        if not bundle_path.is_file():
+            ctx.ledger.record_event("sweep", sweep_id, "bundle missing from the cache; cannot launch queued jobs",
+                                    unless_repeated=True)
+            continue
+        bundle = Bundle(sweep.bundle_sha, bundle_path, 0, bundle_path.stat().st_size)
+        jobs = {j.id: j for j in queued if j.sweep_id == sweep_id}
+        ckpt = ctx.ledger.checkpoint_bytes_by_config()
+        rows = target_rows(ctx, sorted(sweep.host_set()), {j.host_pin for j in jobs.values() if j.host_pin})
+        holds = held_bundles(ctx.ledger, [r.name for r in rows])
+        rows = [r for r in rows if not is_held(holds, r.name, sweep.bundle_sha)]  # its setup failed there
+        usable = {r.name for r in rows if not r.hold_reason and r.unreachable_since is None}
+        plan_jobs = []
+        for j in jobs.values():
+            # a requeued job resumes from the checkpoint on its last host: stay there while it is usable
+            pin = j.host_pin or (j.host if j.attempt_count and j.host in usable else None)
+            plan_jobs.append(plan_job(j.id, gpus=j.gpus, config=j.config, task=j.task, epochs=j.epochs,
+                                                 est_min=j.est_min, host_pin=pin, rates=rates, ckpt_bytes=ckpt,
+                                                 nodes=j.nodes))
+        try:
+            decided, _ = plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
+                                                  rates)
+        except GpuqError as exc:
+            ctx.ledger.record_event("sweep", sweep_id, f"cannot place queued jobs yet: {exc}", unless_repeated=True)
+            continue
+        for job_id, why in decided.unplaced:
+            ctx.ledger.record_event("job", job_id, f"still queued: {why}", unless_repeated=True)
+        decided = _with_checkpoints(ctx, decided, jobs)
+        failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, jobs, bundle.sha256)
+        for name, err in failed.items():
+            ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}", unless_repeated=True)

@@ -1,0 +1,107 @@
+"""Leases of rented hosts, as the tick sees them (docs/providers.md): a rented host that stopped answering,
+or whose jobs just exited on a SIGTERM gpuq did not send, is looked up at its provider; when the provider
+says it is gone, its jobs are settled PREEMPTED (spot) or LOST with the reason in the ledger.
+
+Also the provider adapters' opener and the per-context cache the verbs (``api/cloud.py``) share.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from orchestrator import stops
+from orchestrator.config import Settings
+from orchestrator.context import Context
+from orchestrator.errors import ProviderError, UsageError
+from orchestrator.ledger import HostRow
+from orchestrator.providers.base import PollPolicy, Provider, classify
+from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import ACTIVE
+
+PROVIDERS = ("runpod", "lambda")
+
+
+def open_provider(name: str, settings: Settings) -> Provider:
+    """The adapter for ``name``, its key and URL from the environment or the keys file."""
+    options: dict[str, Any] = {}
+    if settings.provider_poll_s is not None:
+        poll = settings.provider_poll_s
+        options.update(ready=PollPolicy(settings.provider_ready_timeout_s, poll, poll),
+                       gone=PollPolicy(max(60.0, 100 * poll), poll, poll), min_interval_s=0.0)
+    if name == "runpod":
+        from orchestrator.providers.runpod import RunPodProvider
+
+        return RunPodProvider.from_env(os.environ, **options)
+    if name == "lambda":
+        from orchestrator.providers.lambda_cloud import LambdaProvider
+
+        if settings.provider_poll_s is not None:
+            options["launch_interval_s"] = 0.0
+        return LambdaProvider.from_env(os.environ, **options)
+    raise UsageError(f"unknown provider {name!r} (known: {', '.join(PROVIDERS)})")
+
+
+def provider_for(ctx: Context, name: str) -> Provider:
+    """The adapter for ``name``, opened once per context."""
+    cache: dict[str, Provider] = ctx.__dict__.setdefault("_providers", {})
+    if name not in cache:
+        cache[name] = open_provider(name, ctx.settings)
+    return cache[name]
+
+
+# --- preemption --------------------------------------------------------------------------------
+
+LEASE_FOR = {"spot_preemption": "preempted", "manual_stop": "stopped", "host_failure": "failed", "unknown": "failed"}
+
+
+def check_lease(ctx: Context, row: HostRow) -> str | None:
+    """A rented host stopped answering: ask its provider what happened and, when it is gone,
+    settle its jobs (PREEMPTED for a spot preemption, LOST otherwise) with the reason in the ledger.
+    Returns the classification, or None when the provider says it runs (a mere SSH drop)."""
+    try:
+        inst = provider_for(ctx, row.provider).get(row.instance_id)
+    except ProviderError as exc:
+        ctx.ledger.record_event("host", row.name, f"provider {row.provider} unreachable: {exc}", unless_repeated=True)
+        return None
+    verdict = classify(inst)
+    if verdict in ("running", "pending"):
+        return None
+    state = LEASE_FOR.get(verdict, "failed")
+    if inst is None or inst.state in ("terminating", "terminated"):
+        state = "terminated"  # gone for good: its jobs resume elsewhere (a replacement, or any host)
+    reason = (inst.reason or inst.raw_status) if inst is not None else "the provider no longer knows this instance"
+    if inst is not None and inst.gpu_count == 0 and inst.state == "running":
+        reason = "came back with zero GPUs"
+    if row.lease_state != state or row.lease_reason != reason:
+        ctx.ledger.update_host(row.name, lease_state=state, lease_reason=reason, lease_changed_at=time.time())
+        label = {"spot_preemption": "spot preemption", "manual_stop": "stopped by the user",
+                 "host_failure": "host failure"}.get(verdict, verdict)
+        ctx.ledger.record_finding("host", row.name, severity="escalate", rule=verdict,
+                                  message=f"{label}: {row.provider} {row.instance_id} is {reason}",
+                                  action="`gpuq resume` continues its jobs from their last checkpoints")
+    settle_host_jobs(ctx, row.name, verdict, reason)
+    if verdict == "spot_preemption":  # the grace came first: attempts that just ended there were stopped
+        window = 2 * ctx.settings.patrol_interval_s + ctx.settings.kill_grace_s
+        stops.reclaim_preempted(ctx.ledger, row.name, reason, within_s=window)
+    return verdict
+
+
+def settle_host_jobs(ctx: Context, host: str, verdict: str, reason: str) -> list[str]:
+    """Every live attempt on ``host`` ends PREEMPTED (spot) or LOST; the jobs follow."""
+    preempted = verdict == "spot_preemption"
+    now = time.time()
+    done = []
+    for job in ctx.ledger.jobs(states=ACTIVE):
+        if job.host != host:
+            continue
+        att = ctx.ledger.attempt(job.id, job.attempt_count)
+        message = f"{'spot preemption' if preempted else verdict.replace('_', ' ')}: {reason}"
+        if att is not None and not AttemptState(att.state).terminal:
+            ctx.ledger.update_attempt(job.id, att.number, message=message, ended_at=now, lost_step=att.step)
+            ctx.ledger.transition(job.id, AttemptState.PREEMPTED if preempted else AttemptState.LOST,
+                                  attempt=att.number, message=message)
+        ctx.ledger.transition(job.id, JobState.PREEMPTED if preempted else JobState.LOST, message=message)
+        done.append(job.id)
+    return done

@@ -1,0 +1,183 @@
+"""Reconcile: map one host's status document onto the ledger, only ever through ``Ledger.transition``.
+
+An attempt that ended badly is classified (``patrol.classify``) and settled by the retry policy
+(``tick/settle.py``); a spec the host never received is sent again; an agent that died with work
+pending is relaunched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator import gangs, stops
+from orchestrator.config import Settings
+from orchestrator.host_documents import JobEntry, Scan, ScanHit
+from orchestrator.hosts.base import Host
+from orchestrator.launcher import enqueue, ensure_agent, job_spec
+from orchestrator.ledger import Job, Ledger
+from orchestrator.patrol import Decision, classify, signatures_of
+from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
+from orchestrator.specs import clamp_slots
+from orchestrator.states import JobState
+from orchestrator.tick import ACTIVE
+from orchestrator.tick.attempts import apply, exit_message
+from orchestrator.tick.probe import Probe
+from orchestrator.tick.settle import settle
+
+
+@dataclass(frozen=True)
+class Settled:
+    """An attempt that ended badly this tick, classified (docs/health.md) and acted on."""
+
+    job_id: str
+    outcome: str  # "failed" (exited non-zero) | "lost" (vanished: no exit record of its own)
+    klass: str
+    decision: Decision
+    rebooted: bool = False
+
+
+@dataclass
+class Reconciled:
+    succeeded: list[str] = field(default_factory=list)  # job ids that just succeeded
+    settled: list[Settled] = field(default_factory=list)
+    multi_node_ended: list[str] = field(default_factory=list)  # multi-node attempts that ended: stop their nodes
+
+
+def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
+              parts: Mapping[str, Sequence[gangs.Part]] | None = None) -> Reconciled:
+    """Apply one successful probe to the ledger: progress, exits, vanished attempts; an attempt
+    that ended badly is classified and settled by the retry policy (docs/health.md).
+
+    ``parts``: this tick's view of every multi-node attempt's nodes (gangs.parts_this_tick); such an
+    attempt is judged on all of them, on the host of its node 0."""
+    oom_rose = _record_probe(ledger, host.name, report)
+    on_host = report.document.entries()
+    out = Reconciled()
+    missing: list[Job] = []
+    for job in ledger.jobs(states=ACTIVE):
+        if job.host != host.name:
+            continue
+        multi = parts.get(job.id) if parts is not None else None
+        seen = gangs.standing_entry(multi) if multi else on_host.get(job.id)
+        if multi and seen is None:
+            continue  # node 0's spec never arrived: the tick sends it again with the node's section
+        if seen is None or seen.attempt < job.attempt_count:
+            missing.append(job)
+            continue
+        if seen.attempt != job.attempt_count:
+            continue
+        outcome = apply(ledger, job, seen)
+        if multi and outcome:
+            out.multi_node_ended.append(job.id)
+        if outcome == "succeeded":
+            out.succeeded.append(job.id)
+        elif outcome == "failed" and is_setup_failure(seen.exit_or_empty):
+            attempt = ledger.attempt(job.id, job.attempt_count)
+            exit_doc = seen.exit_or_empty
+            decision = settle_setup_failure(ledger, job.id, host.name, attempt.bundle_sha if attempt else "",
+                                            exit_doc, exit_message(exit_doc))
+            out.settled.append(Settled(job.id, outcome, "setup", decision))
+        elif outcome in ("failed", "lost"):
+            done = _settle_ended(ledger, job, seen, outcome, settings, report, oom_rose)
+            if done is not None:
+                out.settled.append(done)
+    if missing:
+        _reenqueue(ledger, host, settings, missing)  # `enqueue --serve` also ensures the agent
+    else:
+        _revive_agent(ledger, host, settings, report)
+    return out
+
+
+def _record_probe(ledger: Ledger, name: str, report: Probe) -> bool:
+    """The host's row after a probe that answered; returns whether its OOM killer fired since the last one."""
+    now = time.time()
+    row = ledger.host(name)
+    doc = report.document
+    kills = doc.memory.oom_kill if doc.memory is not None else None
+    oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
+    oom_rose = oom_rose or stops.kernel_oom_kills(doc)  # or the kernel log's OOM killer, since the cursor
+    ledger.update_host(
+        name,
+        last_probe_at=now,
+        unreachable_since=None,
+        probe_failures=0,
+        next_probe_at=None,
+        slots_kind=doc.slots.kind,
+        slots_total=clamp_slots(doc.slots.total),
+        disk_free_bytes=doc.disk.free_bytes,
+        oom_kill=kills,
+    )
+    return oom_rose
+
+
+def _settle_ended(ledger: Ledger, job: Job, seen: JobEntry, outcome: str, settings: Settings, report: Probe,
+                  oom_rose: bool) -> Settled | None:
+    """An attempt that failed or vanished: classified (crash lines, OOM, reboot) and settled by the
+    retry policy; None when another gpuq command settled it first."""
+    exit_doc = seen.exit_or_empty
+    if outcome == "lost" and job.state != JobState.LOST.value:
+        ledger.transition(job.id, JobState.LOST, message=exit_message(exit_doc), of_attempt=job.attempt_count)
+    scan = seen.scan if seen.scan is not None else Scan()
+    rebooted = outcome == "lost" and bool(seen.boot_id) and seen.boot_id != report.document.boot_id
+    klass = classify(
+        exit_doc.wrapper_code if outcome == "failed" else None,
+        exit_doc.trainer_code if outcome == "failed" else None,
+        [*earlier_hits(ledger, job), *scan.hits], scan.traceback,
+        oom_kill_rose=oom_rose, rebooted=rebooted,
+        wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
+    decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
+    if decision.action != "stale":  # another gpuq command settled this attempt first
+        return Settled(job.id, outcome, klass, decision, rebooted)
+    return None
+
+
+def earlier_hits(ledger: Ledger, job: Job) -> list[ScanHit]:
+    """Crash signatures earlier ticks found in this attempt's log (stored as "crash" findings)."""
+    attempt = ledger.attempt(job.id, job.attempt_count)
+    since = attempt.created_at if attempt is not None else 0.0
+    hits = []
+    for event in ledger.events(subject=job.id, limit=50):
+        if event.rule == "crash" and event.time >= since:
+            hits += [ScanHit(signature=name, line=event.message) for name in signatures_of(event.action)]
+    return hits
+
+
+
+def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe) -> None:
+    """An agent that died with work pending (inbox, or claimed and never launched) is relaunched.
+
+    Safe without asking (docs/host-protocol.md, detached launch): the flock admits one agent per
+    root, and a new agent adopts live attempt groups and never re-runs a launched attempt.
+    """
+    doc = report.document
+    pending = [j for j in doc.jobs if j.state in ("queued", "claimed")]
+    if doc.agent.alive or not pending:
+        return
+    row = ledger.host(host.name)
+    if row is None or not row.agent_bundle or row.kind == "slurm":  # on a login node Slurm holds the queue
+        return
+    verdict = ensure_agent(host, row.agent_bundle, settings)
+    ledger.record_event("host", host.name, f"agent was not running with {len(pending)} jobs pending: {verdict}")
+
+
+
+def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Job]) -> None:
+    """Specs the ledger recorded but the host never received (controller died mid-launch)."""
+    specs = []
+    sha = ""
+    for job in jobs:
+        attempt = ledger.attempt(job.id, job.attempt_count)
+        if attempt is None:
+            continue
+        sha = attempt.bundle_sha
+        specs.append(job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(host.name)))
+    if specs:
+        verdicts = enqueue(host, sha, specs, settings)
+        for job_id, verdict in verdicts.root.items():
+            if verdict == "queued":
+                ledger.record_event("job", job_id, f"re-enqueued on {host.name} (spec was never delivered)")
+            elif verdict == "busy":  # the agent never runs two attempts of a job at once
+                ledger.record_event("job", job_id, f"waiting on {host.name}: an earlier attempt of this job is "
+                                    "still alive there", unless_repeated=True)

@@ -1,0 +1,105 @@
+"""Where code lives (docs/architecture.md): what import-linter cannot see.
+
+- No module under ``orchestrator/`` reaches for a ``_private`` name of another module of ``api/``,
+  ``tick/`` or ``cli/`` (by ``from … import _name`` or ``module._name``): what another module needs is
+  public, in the layer it belongs to (``tick/placement.target_rows``, not ``api/submit._target_rows``).
+- The verbs (``api/``) and the control loop (``tick/``) stay small: no module over 400 lines, no
+  function of the tick over 60 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "orchestrator"
+GUARDED = ("orchestrator.api", "orchestrator.tick", "orchestrator.cli")
+MAX_MODULE_LINES = 400
+MAX_TICK_FUNCTION_LINES = 60
+# left to the module's owner (cli/ is being rewritten beside this change): remove the entry with the fix
+KNOWN = {"orchestrator/cli/emit.py: orchestrator.cli.documents._Doc"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _guarded(module: str) -> bool:
+    return any(module == g or module.startswith(g + ".") for g in GUARDED)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_reaches(path: Path) -> list[str]:
+    """``file:line: name`` for each private name of another guarded module this file uses."""
+    me = _module_name(path)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    aliases: dict[str, str] = {}  # local name -> guarded module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _guarded(alias.name) and alias.asname:
+                    aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                if _guarded(node.module) and node.module != me and _private(alias.name):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
+                elif _guarded(target):  # `from orchestrator.tick import attempts`: a module
+                    aliases[alias.asname or alias.name] = target
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr)
+                and node.value.id in aliases and aliases[node.value.id] != me):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_reaches_for_another_modules_privates() -> None:
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in private_reaches(path)]
+    known = {f"{hit.split(':', 1)[0]}: {hit.split(': ', 1)[1]}" for hit in found} & KNOWN
+    new = [hit for hit in found if f"{hit.split(':', 1)[0]}: {hit.split(': ', 1)[1]}" not in KNOWN]
+    assert new == [], "make the name public in the module that owns it:\n" + "\n".join(new)
+    assert known == KNOWN, f"fixed: remove {sorted(KNOWN - known)} from KNOWN"
+
+
+def test_the_check_sees_both_ways_of_reaching(tmp_path: Path) -> None:
+    """The check itself: a `from … import _x` and a `module._x` are both reported, a dunder is not."""
+    probe = PACKAGE / "api" / "_architecture_probe.py"
+    probe.write_text("from orchestrator.api.submit import _target_rows\nfrom orchestrator.tick import attempts\n"
+                     "from orchestrator.tick.loop import __doc__\nattempts._apply\n")
+    try:
+        found = private_reaches(probe)
+    finally:
+        probe.unlink()
+    assert [hit.split(": ", 1)[1] for hit in found] == ["orchestrator.api.submit._target_rows",
+                                                        "orchestrator.tick.attempts._apply"]
+
+
+def test_verbs_and_tick_modules_stay_small() -> None:
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for folder in ("api", "tick")
+            for p in sorted((PACKAGE / folder).glob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert long == [], f"over {MAX_MODULE_LINES} lines: split by purpose\n" + "\n".join(long)
+
+
+def test_tick_functions_stay_short() -> None:
+    long = []
+    for path in sorted((PACKAGE / "tick").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_TICK_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} is {lines} lines")
+    assert long == [], f"over {MAX_TICK_FUNCTION_LINES} lines: split into its steps\n" + "\n".join(long)
+
+
+def test_the_control_loop_has_one_home() -> None:
+    assert not (PACKAGE / "controller.py").exists()
+    assert not (PACKAGE / "api" / "tick.py").exists()
+    tick_modules = {p.stem for p in (PACKAGE / "tick").glob("*.py")}
+    assert not tick_modules & {p.stem for p in (PACKAGE / "api").glob("*.py")} - {"__init__"}
