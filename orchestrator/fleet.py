@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from orchestrator import host_documents, protocol
 from orchestrator.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
+from orchestrator.host_documents import HostFacts
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow, Ledger
+from orchestrator.specs import clamp_slots
 
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`)
     from orchestrator.hosts.ssh import Endpoint, SSHOptions
@@ -83,8 +85,9 @@ print("\n@BEGIN@\n" + json.dumps(doc) + "\n@END@")
 @dataclass
 class Registered:
     row: HostRow
-    facts: dict[str, Any]
+    facts: HostFacts
     trusted_key: str = ""
+    slurm: dict[str, Any] = field(default_factory=dict)  # a Slurm host: what its audit found (slurm_hosts)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -213,13 +216,13 @@ def register(
                                   prof.launch.train_device, prof.launch.min_free_gb), facts)
         out.trusted_key = host.trusted_keys[0] if host.trusted_keys else ""
         out.row.host_key = out.trusted_key or _known_key(settings, endpoint)
-        free_gb = float(facts.get("free_bytes", 0)) / 1e9
+        free_gb = (facts.free_bytes or 0) / 1e9
         if prof.launch.min_free_gb and free_gb < prof.launch.min_free_gb:
-            out.warnings.append(f"{facts['root']} has {free_gb:.1f} GB free, below the profile's "
+            out.warnings.append(f"{facts.root} has {free_gb:.1f} GB free, below the profile's "
                                 f"{prof.launch.min_free_gb:g} GB: jobs will be refused by the disk gate")
-        if not facts.get("gpus"):
-            detail = f" ({facts['gpu_error']})" if facts.get("gpu_error") else ""
-            out.warnings.append(f"no GPUs reported by nvidia-smi{detail}: jobs get {facts.get('cpus', 1)} CPU slots")
+        if not facts.gpus:
+            detail = f" ({facts.gpu_error})" if facts.gpu_error else ""
+            out.warnings.append(f"no GPUs reported by nvidia-smi{detail}: jobs get {facts.cpus} CPU slots")
         if then is not None:
             then(host, out)
         ledger.add_host(out.row)
@@ -233,7 +236,7 @@ def register(
         host.close()
 
 
-def audit(host: Host, interpreter: str, root: str) -> dict[str, Any]:
+def audit(host: Host, interpreter: str, root: str) -> HostFacts:
     """The registration audit's facts (see AUDIT); HostError when the host cannot serve as one."""
     try:
         result = host.run([interpreter, "-c", AUDIT, root], timeout=60)
@@ -251,22 +254,22 @@ def audit(host: Host, interpreter: str, root: str) -> dict[str, Any]:
         facts = host_documents.read_facts(host.name, result.stdout)
     except host_documents.ProtocolError as exc:
         raise HostError(host.name, f"the audit's answer is unusable: {exc.detail}") from exc
-    if tuple(facts.get("version", (0,))) < (3, 8):
-        raise HostError(host.name, f"{interpreter} is Python {'.'.join(map(str, facts.get('version', [])))}; "
+    if tuple(facts.version) < (3, 8):
+        raise HostError(host.name, f"{interpreter} is Python {'.'.join(map(str, facts.version))}; "
                                    "the host agent needs 3.8+; pass --python PATH")
-    if not facts.get("writable"):
-        raise HostError(host.name, f"cannot write the data dir: {facts.get('error')}; pass --root DIR")
+    if not facts.writable:
+        raise HostError(host.name, f"cannot write the data dir: {facts.error}; pass --root DIR")
     return facts
 
 
 def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: str, profile: str,
-             facts: dict[str, Any], interpreter: str, train_device: str, min_free_gb: float) -> HostRow:
-    gpus = facts.get("gpus") or []
+             facts: HostFacts, interpreter: str, train_device: str, min_free_gb: float) -> HostRow:
+    gpus = facts.gpus
     return HostRow(
-        name=name, kind="ssh", target=target, root=str(facts["root"]), python=interpreter, profile=profile,
-        slots_kind="gpu" if gpus else "cpu", slots_total=len(gpus) or int(facts.get("cpus") or 1),
+        name=name, kind="ssh", target=target, root=facts.root, python=interpreter, profile=profile,
+        slots_kind="gpu" if gpus else "cpu", slots_total=clamp_slots(len(gpus) or facts.cpus),
         port=port or 0, user="", key_path=str(Path(key).expanduser()) if key else "",
-        train_device=train_device, created_at=0.0, disk_free_bytes=facts.get("free_bytes"),
+        train_device=train_device, created_at=0.0, disk_free_bytes=facts.free_bytes,
         min_free_gb=min_free_gb,
     )
 

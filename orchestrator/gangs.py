@@ -32,6 +32,7 @@ from orchestrator import protocol
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError, IllegalTransition
 from orchestrator.fleet import Fleet
+from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, enqueue, job_spec, on_each_host
 from orchestrator.ledger import Attempt, Job, Ledger
@@ -51,7 +52,7 @@ class Part:
     rank: int
     host: str
     probed: bool  # the host answered this tick
-    entry: Mapping[str, Any] | None  # the part's status entry (None: the host does not hold this attempt)
+    entry: JobEntry | None  # the part's status entry (None: the host does not hold this attempt)
 
     @property
     def state(self) -> str:
@@ -60,15 +61,14 @@ class Part:
             return "unknown"
         if self.entry is None:
             return "missing"
-        return str(self.entry.get("state") or "")
+        return self.entry.state
 
     def ended_badly(self) -> bool:
         if self.state == "dead":
             return True
         if self.state != "exited":
             return False
-        exit_doc = (self.entry or {}).get("exit") or {}
-        return int(exit_doc.get("wrapper_code", -1)) != protocol.EXIT_OK
+        return self.entry is None or self.entry.exit_or_empty.code != protocol.EXIT_OK
 
 
 def rendezvous_port(job_id: str, attempt: int) -> int:
@@ -106,7 +106,7 @@ def head_addresses(host: Host) -> list[str]:
 
 
 def parts_this_tick(jobs: Sequence[Job], attempts: Mapping[str, Attempt],
-                    docs: Mapping[str, Mapping[str, Any] | None]) -> dict[str, list[Part]]:
+                    docs: Mapping[str, StatusDocument | None]) -> dict[str, list[Part]]:
     """{job id: its parts by rank} for every active multi-node attempt; ``docs`` maps each host to its
     status document this tick (None: not probed, or its probe failed)."""
     out: dict[str, list[Part]] = {}
@@ -117,17 +117,13 @@ def parts_this_tick(jobs: Sequence[Job], attempts: Mapping[str, Attempt],
         parts = []
         for rank, name in enumerate(attempt.node_hosts()):
             doc = docs.get(name)
-            entry = None
-            for item in (doc or {}).get("jobs", []):
-                if str(item.get("job_id")) == job.id and int(item.get("attempt") or 0) == attempt.number:
-                    entry = item
-                    break
+            entry = doc.entry(job.id, attempt.number) if doc is not None else None
             parts.append(Part(rank, name, doc is not None, entry))
         out[job.id] = parts
     return out
 
 
-def standing_entry(parts: Sequence[Part]) -> dict[str, Any] | None:
+def standing_entry(parts: Sequence[Part]) -> JobEntry | None:
     """The status entry that stands for the whole attempt, or None while nothing can be said.
 
     Node 0's entry carries progress, checkpoints and results.  When a part ended badly the attempt has
@@ -139,31 +135,26 @@ def standing_entry(parts: Sequence[Part]) -> dict[str, Any] | None:
         return None
     bad = [p for p in parts if p.ended_badly()]
     if not bad or (head.state == "exited" and not head.ended_badly()):
-        return dict(head.entry)
+        return head.entry
     cause = next((p for p in bad if _outside_stop(p)), None) or (head if head in bad else bad[0])
     assert cause.entry is not None
-    out = dict(head.entry)
     where = f"node {cause.rank} on {cause.host}"
     if cause.state == "dead":
-        out["state"] = "dead"
-        out.pop("exit", None)
-        out["gang_cause"] = where
-        return out
-    exit_doc = dict(cause.entry.get("exit") or {})
-    exit_doc["message"] = f"{where}: {exit_doc.get('message') or 'failed'}"
-    out.update(state="exited", exit=exit_doc, gang_cause=where)
+        return head.entry.model_copy(update={"state": "dead", "exit": None, "gang_cause": where})
+    exit_doc = cause.entry.exit_or_empty
+    exit_doc = exit_doc.model_copy(update={"message": f"{where}: {exit_doc.message or 'failed'}"})
+    update: dict[str, Any] = {"state": "exited", "exit": exit_doc, "gang_cause": where}
     if cause is not head:
-        out["scan"] = cause.entry.get("scan") or {}
-    return out
+        update["scan"] = cause.entry.scan
+    return head.entry.model_copy(update=update)
 
 
 def _outside_stop(part: Part) -> bool:
     """The part died, vanished or was killed by a signal (not a trainer error of its own)."""
     if part.state == "dead":
         return True
-    exit_doc = (part.entry or {}).get("exit") or {}
-    code = int(exit_doc.get("wrapper_code", -1))
-    return bool(exit_doc.get("vanished")) or code > protocol.EXIT_SIGNAL_BASE or bool(exit_doc.get("wrapper_signal"))
+    exit_doc = part.entry.exit_or_empty if part.entry is not None else ExitRecord()
+    return exit_doc.vanished or exit_doc.code > protocol.EXIT_SIGNAL_BASE or bool(exit_doc.wrapper_signal)
 
 
 def waiting(parts: Sequence[Part]) -> list[Part]:
@@ -265,7 +256,7 @@ def resend_missing(ledger: Ledger, fleet: Fleet, settings: Settings, job: Job, a
             ledger.record_event("job", job.id, f"node {part.rank} not re-sent to {part.host}: {exc}",
                                 unless_repeated=True)
             continue
-        if verdicts.get(job.id) == "queued":
+        if verdicts.of(job.id) == "queued":
             ledger.record_event("job", job.id, f"node {part.rank} re-enqueued on {part.host} (its spec was never "
                                 "delivered)")
 

@@ -23,6 +23,7 @@ from orchestrator import bundle_check, host_documents, protocol, runconfig, tran
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings, load_profile
 from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTransition
+from orchestrator.host_documents import Verdicts
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep
 
@@ -191,7 +192,7 @@ def ensure_agent(host: Host, bundle_sha: str, settings: Settings) -> str:
     return result.stdout.strip()
 
 
-def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settings: Settings) -> dict[str, str]:
+def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settings: Settings) -> Verdicts:
     """Write specs into the host's inbox (idempotent) and make sure its agent runs.
 
     Returns the agent's verdict per job id ("queued", "exists").
@@ -202,8 +203,7 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
                       timeout=60 + ENQUEUE_S_PER_SPEC * len(specs))
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
-    verdicts = host_documents.read_verdicts(host.name, result.stdout)  # ProtocolError: this host only
-    return {str(k): str(v) for k, v in verdicts.items()}
+    return host_documents.read_verdicts(host.name, result.stdout)  # ProtocolError: this host only
 
 
 def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[Job],

@@ -13,12 +13,13 @@ comes only from the exit record.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from orchestrator import observed, protocol, stops
+from orchestrator.host_documents import JobEntry, Memory, Scan, ScanHit, StatusDocument
 
 
 class Severity(str, Enum):
@@ -98,19 +99,14 @@ def unreachable(host: HostView, error: str, now: float, th: Thresholds) -> Findi
                    "jobs keep running detached; gpuq retries with backoff")
 
 
-def _pct(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def host_findings(host: HostView, doc: Mapping[str, Any], th: Thresholds) -> list[Finding]:
+def host_findings(host: HostView, doc: StatusDocument, th: Thresholds) -> list[Finding]:
     """Disk and inodes of the data mount, cgroup memory and OOM kills, new kernel Xids."""
     out: list[Finding] = []
-    disk = doc.get("disk") or {}
-    for rule, key, what in (("disk", "used_pct", "disk"), ("inodes", "inodes_used_pct", "inodes")):
-        pct = _pct(disk.get(key))
+    disk = doc.disk
+    for rule, pct, what in (("disk", disk.used_pct, "disk"), ("inodes", disk.inodes_used_pct, "inodes")):
         if pct is None:
             continue
-        where = disk.get("path") or "the data dir"
+        where = disk.path or "the data dir"
         if pct >= th.disk_escalate_pct:
             out.append(Finding(rule, Severity.ESCALATE, host.name, f"{what} {pct:.0f}% used on {where}",
                                "the host gets no new job until space is freed: prune *.tmp, rolling "
@@ -118,20 +114,19 @@ def host_findings(host: HostView, doc: Mapping[str, Any], th: Thresholds) -> lis
         elif pct >= th.disk_warn_pct:
             out.append(Finding(rule, Severity.WARN, host.name, f"{what} {pct:.0f}% used on {where}",
                                "free space before it fills"))
-    mem = doc.get("memory") or {}
-    pct = _pct(mem.get("used_pct"))
+    mem = doc.memory if doc.memory is not None else Memory()
+    pct = mem.used_pct
     if pct is not None and pct > th.memory_warn_pct:
         out.append(Finding("memory", Severity.WARN, host.name,
-                           f"memory {pct:.0f}% of the {mem.get('source') or 'cgroup'} limit",
+                           f"memory {pct:.0f}% of the {mem.source or 'cgroup'} limit",
                            "OOM risk: see the attempt's mem.tsv; fewer loader workers or smaller eval buffers"))
-    kills = mem.get("oom_kill")
-    if isinstance(kills, int) and host.oom_kill is not None and kills > host.oom_kill:
+    kills = mem.oom_kill
+    if kills is not None and host.oom_kill is not None and kills > host.oom_kill:
         out.append(Finding("oom_kill", Severity.ESCALATE, host.name,
                            f"host OOM: oom_kill counter {host.oom_kill} -> {kills}",
                            "show the memory trace; retry only once the cause is removed"))
-    for xid in (doc.get("kernel") or {}).get("xids") or []:
-        code = xid.get("code") if isinstance(xid, dict) else None
-        line = str(xid.get("line", "")) if isinstance(xid, dict) else str(xid)
+    for xid in doc.kernel.xids if doc.kernel is not None else []:
+        code, line = xid.code, xid.line
         if code in (48, 79):
             meaning = "double-bit ECC error" if code == 48 else "GPU fell off the bus"
             out.append(Finding("xid", Severity.ESCALATE, host.name, f"Xid {code} ({meaning})",
@@ -158,7 +153,7 @@ CONFIG_EXCEPTIONS = ("KeyError", "AttributeError", "ImportError", "ModuleNotFoun
                      "TypeError", "ValueError", "NameError", "SyntaxError", "IndentationError")
 
 
-def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Mapping[str, str]],
+def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[ScanHit],
              traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False,
              wrapper_signal: int | None = None) -> str:
     """The failure class (docs/health.md) from the exit code and the log evidence:
@@ -166,7 +161,7 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Map
     | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown; ``wrapper_signal`` is the
     signal the wrapper received, a stop whatever the trainer's code) | "killed" (a signal death gpuq
     did not cause, no OOM evidence) | "vanished" | "unknown".  See ``orchestrator.stops``."""
-    signatures = {h.get("signature", "") for h in hits}
+    signatures = {h.signature for h in hits}
     last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
     outside = stops.outside_class(exit_code, trainer_code, wrapper_signal,
                                   oom_evidence=oom_kill_rose or "killed" in signatures,
@@ -223,34 +218,28 @@ def decide(klass: str, failures: int, retries: int) -> Decision:
     return Decision("none", f"{klass}: not retried automatically; see `gpuq logs`")
 
 
-def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, th: Thresholds) -> list[Finding]:
+def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thresholds) -> list[Finding]:
     """Rules over one job's entry of the status document (state, heartbeat, log, checkpoint, scan)."""
     out: list[Finding] = []
-    state = str(entry.get("state") or "")
-    scan = entry.get("scan") or {}
-    hits = [h for h in scan.get("hits") or [] if isinstance(h, dict) and h.get("signature") != "stopped_by_signal"]
+    scan = entry.scan if entry.scan is not None else Scan()
+    hits = [h for h in scan.hits if h.signature != "stopped_by_signal"]
     if hits:
-        names = sorted({str(h.get("signature")) for h in hits})
-        first = str(hits[0].get("line", ""))
-        tb = tuple(str(x) for x in scan.get("traceback") or [])
+        names = sorted({h.signature for h in hits})
+        first = hits[0].line
+        tb = tuple(scan.traceback)
         out.append(Finding("crash", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {first}",
                            f"{SIGNATURES_PREFIX}{', '.join(names)}; triage from the traceback: gpuq logs {job.job_id}",
                            job=job.job_id, evidence=tb or (first,)))
-    bad = [x for x in scan.get("nonfinite") or [] if isinstance(x, dict)]
-    if bad:
-        b = bad[0]
+    if scan.nonfinite:
+        b = scan.nonfinite[0]
         out.append(Finding("nan", Severity.ESCALATE, host,
-                           f"{job.name}: non-finite {b.get('field')}={b.get('value')} at step {b.get('step')}",
+                           f"{job.name}: non-finite {b.field}={b.value} at step {b.step}",
                            "divergence: no automatic retry", job=job.job_id))
-    if state == "running":
-        launched = job.launched_at
-        if launched is None:
-            launched_raw = entry.get("launched_at")
-            launched = timestamp(launched_raw)
-        beat_age = _age_or_none(entry.get("heartbeat_age_s"))
-        log_age = None if entry.get("log_mtime") is None else now - float(entry["log_mtime"])
-        ckpt = entry.get("ckpt") or {}
-        ckpt_age = None if not isinstance(ckpt, dict) or ckpt.get("mtime") is None else now - float(ckpt["mtime"])
+    if entry.state == "running":
+        launched = job.launched_at if job.launched_at is not None else entry.launched_at
+        beat_age = entry.heartbeat_age_s
+        log_age = None if entry.log_mtime is None else now - entry.log_mtime
+        ckpt_age = None if entry.ckpt is None or entry.ckpt.mtime is None else now - entry.ckpt.mtime
         since_launch = None if launched is None else now - launched
         # a trainer without a heartbeat lives by its log and its checkpoint-glob matches
         signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None] + observed.liveness_ages(entry, now)
@@ -259,7 +248,7 @@ def job_findings(host: str, job: JobView, entry: Mapping[str, Any], now: float, 
             pass  # starting: no heartbeat yet, within the start-up grace
         elif freshest is not None and freshest > th.stall_after_s and (
                 since_launch is None or since_launch > min(th.stall_after_s, th.startup_grace_s)):
-            step = (entry.get("heartbeat") or {}).get("step")
+            step = entry.heartbeat.step if entry.heartbeat is not None else None
             if step is None:  # a trainer without a heartbeat: the step its log last showed
                 step = observed.attempt_progress(entry).get("step")
             hb = "never" if beat_age is None else f"{beat_age:.0f}s ago"
@@ -295,10 +284,6 @@ def early_finish(host: str, job: JobView, duration_s: float | None, expected_s: 
                    job=job.job_id)
 
 
-def _age_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def timestamp(value: Any) -> float | None:
     """Agent documents carry ISO-8601 UTC strings; the payload's heartbeat carries epoch floats."""
     from datetime import datetime
@@ -327,7 +312,14 @@ class HostLine:
         return " ".join(parts)
 
 
-def host_line(host: str, doc: Mapping[str, Any] | None, findings: Iterable[Finding], *, error: str = "",
+def _shown(pct: float | None) -> str:
+    """A percentage as the host reported it (an integral one without ".0"), "?" when unknown."""
+    if pct is None:
+        return "?"
+    return str(int(pct)) if pct == int(pct) else str(pct)
+
+
+def host_line(host: str, doc: StatusDocument | None, findings: Iterable[Finding], *, error: str = "",
               unreachable_since: float | None = None, failures: int = 0, next_try: float | None = None,
               done: tuple[int, int] | None = None) -> str:
     if doc is None:
@@ -336,24 +328,22 @@ def host_line(host: str, doc: Mapping[str, Any] | None, findings: Iterable[Findi
         since = time.strftime("%H:%MZ", time.gmtime(unreachable_since)) if unreachable_since else "now"
         nxt = f", next try {time.strftime('%H:%M:%SZ', time.gmtime(next_try))}" if next_try else ""
         return HostLine(host, f"unreachable since {since} ({failures} failures{nxt})").render()
-    jobs = [j for j in doc.get("jobs") or [] if j.get("state") == "running"]
-    disk = doc.get("disk") or {}
-    mem = doc.get("memory") or {}
-    gpus = doc.get("gpus") or []
-    util = [g.get("util_pct") for g in gpus if isinstance(g.get("util_pct"), (int, float))]
+    jobs = [j for j in doc.jobs if j.state == "running"]
+    mem = doc.memory if doc.memory is not None else Memory()
+    util = [g.util_pct for g in doc.gpus if g.util_pct is not None]
     detail: dict[str, str] = {}
     for j in jobs[:3]:
-        beat = j.get("heartbeat") or {}
-        label = f"{j.get('name') or j.get('job_id')}:a{j.get('attempt')}"
-        if beat:
-            detail[label] = f"step={beat.get('step')} ep={beat.get('epoch')}/{beat.get('epochs')}"
+        beat = j.beat
+        label = f"{j.name or j.job_id}:a{j.attempt}"
+        if beat is not None:
+            detail[label] = f"step={beat.step} ep={beat.epoch}/{beat.epochs}"
         else:
             detail[label] = "starting"
     if len(jobs) > 3:
         detail["more"] = str(len(jobs) - 3)
-    detail["disk"] = f"{disk.get('used_pct', '?')}%"
-    detail["ino"] = f"{disk.get('inodes_used_pct', '?')}%"
-    detail["mem"] = f"{mem.get('used_pct', '?')}%"
+    detail["disk"] = f"{_shown(doc.disk.used_pct)}%"
+    detail["ino"] = f"{_shown(doc.disk.inodes_used_pct)}%"
+    detail["mem"] = f"{_shown(mem.used_pct)}%"
     if util:
         detail["gpu"] = f"{sum(util) / len(util):.0f}%"
     if done is not None:

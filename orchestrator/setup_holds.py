@@ -11,8 +11,8 @@ a changed requirements file makes a new bundle (and setup key), which is never h
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
+from orchestrator.host_documents import ExitRecord
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.store import SETUP_PHASE
 from orchestrator.patrol import Decision
@@ -22,9 +22,9 @@ PHASE = SETUP_PHASE  # the attempt's phase: a setup failure never counts against
 SHA_CHARS = 12
 
 
-def is_setup_failure(exit_doc: Mapping[str, Any]) -> bool:
+def is_setup_failure(exit_doc: ExitRecord) -> bool:
     """The wrapper ended the attempt because the project's setup command failed."""
-    return exit_doc.get("setup_failed") is True
+    return exit_doc.setup_failed
 
 
 def held_bundles(ledger: Ledger, hosts: Iterable[str]) -> dict[str, set[str]]:
@@ -41,11 +41,11 @@ def is_held(holds: Mapping[str, set[str]], host: str, bundle_sha: str) -> bool:
 
 
 def settle_setup_failure(ledger: Ledger, job_id: str, host: str, bundle_sha: str,
-                         exit_doc: Mapping[str, Any], message: str) -> Decision:
+                         exit_doc: ExitRecord, message: str) -> Decision:
     """Hold ``host`` for the bundle (once) and put the job back in the queue: it goes to another host, or
     waits.  The attempt (already EXITED) is marked so it does not count against ``retries=``."""
     sha = bundle_sha[:SHA_CHARS]
-    tail = str(exit_doc.get("setup_tail") or exit_doc.get("message") or "")[-1500:]
+    tail = (exit_doc.setup_tail or exit_doc.message or "")[-1500:]
     if not is_held(held_bundles(ledger, [host]), host, bundle_sha):
         ledger.record_finding(
             "host", host, severity="escalate", rule=RULE_PREFIX + sha,

@@ -258,8 +258,8 @@ def register(ledger: Ledger, settings: Settings, name: str, target: str, slurm: 
     interpreter = python or "python3"
     host = LocalHost(Path(root).expanduser(), name=name, python=interpreter)
     facts = fleet.audit(host, interpreter, root)
-    row = HostRow(name=name, kind="slurm", target=target, root=str(facts["root"]), python=interpreter,
-                  profile=profile, created_at=0.0, disk_free_bytes=facts.get("free_bytes"),
+    row = HostRow(name=name, kind="slurm", target=target, root=facts.root, python=interpreter,
+                  profile=profile, created_at=0.0, disk_free_bytes=facts.free_bytes,
                   train_device=load_profile(profile).launch.train_device)
     out = fleet.Registered(row, facts)
     then(host, out)
@@ -327,7 +327,7 @@ def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe
                        timeout=60)
     if written.exit_code != 0:
         raise HostError(host.name, f"cannot write {row.root}/slurm.json: {written.stderr.strip()[-300:]}")
-    out.facts["slurm"] = {"version": doc.versions.get("sbatch", ""), "partition": wanted, "gpus_per_node": gpus,
+    out.slurm = {"version": doc.versions.get("sbatch", ""), "partition": wanted, "gpus_per_node": gpus,
                           "nodes": nodes, "probe": probe}
     row.kind, row.slurm = "slurm", final.model_dump_json()
     row.slots_kind, row.slots_total = "slurm", final.max_jobs

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 DEFAULT_EPOCHS = 20
+MAX_SLOTS = 100_000
+"""The most slots one host may have: a count a host reports (or the ledger kept) becomes a list this
+long (a slot's free time), so it is bounded at the edge and clamped again where it becomes a size.
+A Slurm host's slots are its job cap (at most 100,000, ``slurm_hosts``)."""
+
+
+def clamp_slots(count: int) -> int:
+    """A slot count fit to size a list: 0..MAX_SLOTS (docs/security.md, a host reporting 10**12 slots)."""
+    return min(max(int(count), 0), MAX_SLOTS)
 
 
 class JobSpec(BaseModel):
@@ -76,8 +86,8 @@ class HostSlots(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     host: str
-    total: int
-    busy: int = 0
+    total: Annotated[int, BeforeValidator(clamp_slots)]  # a count a host reported: never more than MAX_SLOTS
+    busy: Annotated[int, BeforeValidator(clamp_slots)] = 0
     usable: bool = True
     slot_free_at: tuple[float, ...] = ()
     disk_free_bytes: int | None = None

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection
 
 from orchestrator import protocol
+from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.ledger import Ledger
 from orchestrator.states import AttemptState, JobState
 
@@ -32,10 +32,10 @@ STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})  # a request
 MAX_SIGNAL = 64
 
 
-def wrapper_signal(exit_doc: Mapping[str, Any]) -> int | None:
+def wrapper_signal(exit_doc: ExitRecord | None) -> int | None:
     """The signal the wrapper itself received, from its exit record; None when it got none."""
-    value = exit_doc.get("wrapper_signal")
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SIGNAL:
+    value = exit_doc.wrapper_signal if exit_doc is not None else None
+    if value is not None and 0 < value <= MAX_SIGNAL:
         return value
     return None
 
@@ -91,26 +91,20 @@ def reclaim_preempted(ledger: Ledger, host: str, reason: str, *, within_s: float
     return changed
 
 
-def interrupted(entry: Mapping[str, Any]) -> bool:
+def interrupted(entry: JobEntry | None) -> bool:
     """A status document's job entry that exited non-zero on a signal from outside (not a cancel):
     on a rented host, worth asking the provider about before the attempt is called a failure."""
-    exit_doc = entry.get("exit")
-    if entry.get("state") != "exited" or entry.get("cancel_requested") or not isinstance(exit_doc, Mapping):
+    if entry is None or entry.state != "exited" or entry.cancel_requested or entry.exit is None:
         return False
-    code = exit_doc.get("wrapper_code")
+    code = entry.exit.wrapper_code
     if code == protocol.EXIT_OK:
         return False
-    trainer = exit_doc.get("trainer_code")
-    scan = entry.get("scan")
-    hits = scan.get("hits") if isinstance(scan, Mapping) else None
-    signatures = {str(h.get("signature")) for h in hits if isinstance(h, Mapping)} if isinstance(hits, list) else set()
-    return outside_class(code if isinstance(code, int) else None, trainer if isinstance(trainer, int) else None,
-                         wrapper_signal(exit_doc), oom_evidence=False, signatures=signatures) is not None
+    signatures = {h.signature for h in entry.scan.hits} if entry.scan is not None else set()
+    return outside_class(code, entry.exit.trainer_code, wrapper_signal(entry.exit), oom_evidence=False,
+                         signatures=signatures) is not None
 
 
-def kernel_oom_kills(doc: Mapping[str, Any]) -> bool:
+def kernel_oom_kills(doc: StatusDocument) -> bool:
     """Whether a status document's kernel section reports OOM-killer kills since the cursor it was
     asked with (docs/host-protocol.md: "oom_kills", present only when there were some)."""
-    kernel = doc.get("kernel")
-    kills = kernel.get("oom_kills") if isinstance(kernel, Mapping) else None
-    return isinstance(kills, list) and any(isinstance(k, Mapping) for k in kills)
+    return doc.kernel is not None and bool(doc.kernel.oom_kills)

@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.host_documents import CollectDocument  # noqa: E402
 from orchestrator.ledger import Ledger  # noqa: E402
 from orchestrator.queuefile import parse_queue  # noqa: E402
 from orchestrator.states import AttemptState, JobState  # noqa: E402
@@ -44,7 +45,7 @@ def build(home: Path, project: Path, cells: int, seeds: int, points: int) -> int
     jobs = ledger.add_sweep(sweep_id="qbench1", queue_path=str(queue), workdir=str(project),
                             queue_text=queue.read_text(), jobs=parse_queue(queue).jobs, default_retries=0)
     rng = random.Random(7)
-    docs = {}
+    docs: dict[str, object] = {}
     for job in jobs:
         ledger.start_attempt(job.id, host="local", bundle_sha="s")
         ledger.transition(job.id, AttemptState.EXITED, attempt=1)
@@ -56,7 +57,7 @@ def build(home: Path, project: Path, cells: int, seeds: int, points: int) -> int
         docs[job.id] = {"attempt": 1, "summary": {
             "final": {"val_acc": acc[-1][1], "step": 1000}, "best": {"val_acc": max(v for _, v in acc), "step": 900},
             "curves": {"val_acc": acc, "loss": loss}}}
-    record_collected(ledger, docs)
+    record_collected(ledger, CollectDocument.model_validate(docs).root)  # as the edge checks a host's answer
     return len(jobs)
 
 

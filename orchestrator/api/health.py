@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from orchestrator import host_documents
 from orchestrator.bundle import build_bundle
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, HostError, UsageError
+from orchestrator.host_documents import ReapCandidate, ReapDocument
 from orchestrator.launcher import agent_argv, ensure_bundle
 from orchestrator.ledger import HostRow
 from orchestrator.states import JobState
@@ -68,13 +68,13 @@ def doctor(ctx: Context, names: Sequence[str] = ()) -> list[HealthVerdict]:
 @dataclass
 class ReapReport:
     host: str
-    doc: dict[str, Any]
+    doc: ReapDocument | None  # None: the agent printed no reap document (see ``error``)
     exit_code: int
     error: str = ""
 
     @property
-    def candidates(self) -> list[dict[str, Any]]:
-        return [c for c in self.doc.get("candidates", []) if isinstance(c, dict)]
+    def candidates(self) -> list[ReapCandidate]:
+        return list(self.doc.candidates) if self.doc is not None else []
 
 
 def reap(ctx: Context, name: str, *, force: bool = False) -> ReapReport:
@@ -93,11 +93,10 @@ def reap(ctx: Context, name: str, *, force: bool = False) -> ReapReport:
     try:
         doc = host_documents.read_reap(name, result.stdout)
     except host_documents.ProtocolError:
-        return ReapReport(name, {}, result.exit_code, (result.stderr or result.stdout).strip()[-400:])
+        return ReapReport(name, None, result.exit_code, (result.stderr or result.stdout).strip()[-400:])
     if force:
-        killed = [k for k in doc.get("killed", []) if isinstance(k, dict)]
-        ctx.ledger.record_event("host", name, "reaped: " + (", ".join(f"{k.get('pid')} {k.get('outcome')}"
-                                                                      for k in killed) or "nothing"))
+        ctx.ledger.record_event("host", name, "reaped: " + (", ".join(f"{k.pid} {k.outcome}"
+                                                                      for k in doc.killed) or "nothing"))
     return ReapReport(name, doc, result.exit_code, result.stderr.strip()[-400:] if result.exit_code else "")
 
 

@@ -96,17 +96,16 @@ def doctor(hosts: tuple[str, ...], as_json: bool) -> None:
 
     verdicts = api.doctor(open_ctx(), hosts)
     if as_json:
-        doc = [{"host": v.host, "verdict": v.verdict, "detail": v.detail, "checks": v.doc.get("checks", [])}
+        doc = [{"host": v.host, "verdict": v.verdict, "detail": v.detail,
+                "checks": [c.model_dump(mode="json") for c in v.doc.checks] if v.doc is not None else []}
                for v in verdicts]
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
         for v in verdicts:
             echo(f"{v.host}: {v.verdict.upper()}")
-            for check in v.doc.get("checks", []):
-                if isinstance(check, dict):
-                    status = str(check.get("status", "?")).upper()
-                    echo(f"  {status:5} {check.get('check')}: {check.get('detail')}")
-            if not v.doc:
+            for check in v.doc.checks if v.doc is not None else []:
+                echo(f"  {(check.status or '?').upper():5} {check.check}: {check.detail}")
+            if v.doc is None:
                 echo(f"  {v.detail}")
     if any(v.verdict in ("fail", "unreachable") for v in verdicts):
         sys.exit(exitcodes.HEALTH)
@@ -122,9 +121,8 @@ def _print_reap(report: ReapReport) -> None:
     echo(f"{report.host}: {len(report.candidates)} VRAM zombie candidate(s):")
     echo(f"  {'PID':>7}  {'USER':10} {'AGE':>7}  {'COMMAND':16} DEVICES / CMDLINE")
     for c in report.candidates:
-        devices = ",".join(str(d) for d in c.get("devices", []))
-        echo(f"  {c.get('pid'):>7}  {c.get('user', '?')!s:10} {float(c.get('age_s') or 0):6.0f}s  "
-                   f"{c.get('comm', '?')!s:16} {devices}  {c.get('cmdline', '')}")
+        echo(f"  {c.pid!s:>7}  {c.user or '?':10} {c.age_s or 0.0:6.0f}s  "
+                   f"{c.comm or '?':16} {','.join(c.devices)}  {c.cmdline}")
 
 
 @click.command()
@@ -151,12 +149,11 @@ def reap(host: str, force: bool, yes: bool) -> None:
             sys.exit(exitcodes.USAGE)
         click.confirm(f"kill these processes on {host}?", abort=True)
     forced = api.reap(ctx, host, force=True)
-    killed = forced.doc.get("killed", []) if forced.doc else []
+    killed = forced.doc.killed if forced.doc is not None else []
     if not killed:
         echo("nothing killed: the candidates were gone when re-checked")
     for k in killed:
-        if isinstance(k, dict):
-            echo(f"  {k.get('pid')}: {k.get('outcome')}")
+        echo(f"  {k.pid}: {k.outcome}")
     if forced.exit_code != 0:
         echo(f"gpuq: some kills failed on {host}: {forced.error}", err=True)
         sys.exit(exitcodes.FAILED)

@@ -73,7 +73,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
                                    trust_new_host_key=trust_new_host_key, partition=partition, account=account,
                                    qos=qos, time_limit=time_limit, sbatch_args=sbatch_args, max_jobs=max_jobs,
                                    signal_grace_s=signal_grace)
-        about = done.facts.get("slurm") or {}
+        about = done.slurm
         gpus = about.get("gpus_per_node") or 0
         echo(f"added {name}: Slurm cluster via {slurm_target} ({about.get('version', '?')}), partition "
                    f"{about.get('partition', '?')}, {f'{gpus} GPUs per node' if gpus else 'no GPU GRES'}, "
@@ -84,11 +84,11 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
         done = api.hosts_add(ctx, name, target, port=port, key=key, profile=profile, root=root, python=python,
                              trust_new_host_key=trust_new_host_key)
         facts = done.facts
-        gpus_found = facts.get("gpus") or []
-        kind = f"{len(gpus_found)} GPU ({gpus_found[0]['name']})" if gpus_found else f"{done.row.slots_total} CPU slots"
+        gpus_found = facts.gpus
+        kind = f"{len(gpus_found)} GPU ({gpus_found[0].name})" if gpus_found else f"{done.row.slots_total} CPU slots"
         echo(f"added {name}: {target} root={done.row.root} python={done.row.python} "
-                   f"(Python {'.'.join(map(str, facts.get('version', [])))}), {kind}, "
-                   f"{float(facts.get('free_bytes', 0)) / 1e9:.1f} GB free")
+                   f"(Python {'.'.join(map(str, facts.version))}), {kind}, "
+                   f"{(facts.free_bytes or 0) / 1e9:.1f} GB free")
     if done.trusted_key:
         echo(f"trusted new host key {key_fingerprint(done.trusted_key)} (recorded in gpuq's known_hosts)")
     for warning in done.warnings:

@@ -110,10 +110,6 @@ def _gib(mib: object) -> str:
     return f"{mib / 1024:.1f}" if isinstance(mib, int | float) else "?"
 
 
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, title: str = "hosts") -> Panel:
     """One row per host (state and flags, probe age, slots, disk, inodes, memory), one more per GPU
     (utilisation and memory bars, temperature, the job on it), then one line per host that needs a

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from orchestrator.cli import documents
 from orchestrator.views import JobView, alert_views, job_views
 
@@ -18,23 +20,28 @@ if TYPE_CHECKING:
 STATUS_SCHEMA = "gpuq.cli.status/1"
 
 
+def _shown(part: BaseModel | None) -> dict[str, Any]:
+    """A part of a host's checked status document, as the host sent it (its unknown fields too)."""
+    return {} if part is None else dict(part.model_dump(mode="json", exclude_unset=True))
+
+
 def status_model(snap: Snapshot) -> documents.StatusDocument:
     """The ``--json`` document (``docs/schemas/status.schema.json``, generated from the model)."""
     hosts = []
     for row in snap.hosts:
         probe = snap.probes.get(row.name)
-        doc: dict[str, Any] = probe.doc if probe and probe.ok else {}
+        doc = probe.doc if probe and probe.ok else None
         hosts.append(documents.HostStatus(
             name=row.name, kind=row.kind, reachable=bool(probe and probe.ok),
             error=probe.error if probe and not probe.ok else "",
             unreachable_since=row.unreachable_since, last_probe_at=row.last_probe_at,
             probe_s=probe.duration_s if probe else None,
-            agent_alive=bool(doc.get("agent", {}).get("alive")) if doc else None,
+            agent_alive=doc.agent.alive if doc is not None else None,
             health=row.health, health_detail=row.health_detail, hold_reason=row.hold_reason,
             price_per_hour=row.price_per_hour, provider=row.provider, instance_id=row.instance_id, spot=row.spot,
             lease_state=row.lease_state, lease_reason=row.lease_reason,
-            slots=doc.get("slots", {}), gpus=doc.get("gpus", []), disk=doc.get("disk", {}),
-            memory=doc.get("memory", {}),
+            slots=_shown(doc.slots if doc else None), gpus=[_shown(g) for g in (doc.gpus if doc else [])],
+            disk=_shown(doc.disk if doc else None), memory=_shown(doc.memory if doc else None),
         ))
     sweeps = [documents.SweepStatus(id=sweep.id, queue_path=sweep.queue_path, created_at=sweep.created_at,
                                     jobs=sweep.job_count, states=snap.counts.get(sweep.id, {}))

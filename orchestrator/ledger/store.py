@@ -32,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.host_documents import ResultCheckpoint
 from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pulls import PullRecords
@@ -39,7 +40,7 @@ from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Sweep
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
-from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
+from orchestrator.specs import JobSpec, clamp_slots, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
 
 
@@ -147,7 +148,7 @@ class Ledger(PullRecords):
             if host is None:
                 raise LedgerError(f"unknown host {name!r}")
             for key, value in fields.items():
-                setattr(host, key, value)
+                setattr(host, key, clamp_slots(value) if key == "slots_total" else value)
 
     # --- sweeps and jobs -----------------------------------------------------------
 
@@ -571,7 +572,7 @@ class Ledger(PullRecords):
         *,
         metrics: Sequence[tuple[str, str, float, int | None, int | None]],
         artifacts: Sequence[tuple[str, int, str]],
-        checkpoint: dict[str, Any] | None = None,
+        checkpoint: ResultCheckpoint | None = None,
     ) -> None:
         """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch).
 
@@ -587,23 +588,26 @@ class Ledger(PullRecords):
             s.execute(delete(Metric).where(col(Metric.job_id) == job_id))
             for old_artifact in s.exec(select(Artifact).where(Artifact.job_id == job_id)):
                 s.delete(old_artifact)
-            if metrics:
-                s.execute(insert(Metric), [
-                    {"job_id": job_id, "attempt": attempt, "scope": scope, "name": name, "value": value,
-                     "step": step, "epoch": epoch} for scope, name, value, step, epoch in metrics])
+            rows = [{"job_id": job_id, "attempt": attempt, "scope": scope, "name": name, "value": value,
+                     "step": step, "epoch": epoch} for scope, name, value, step, epoch in metrics
+                    if math.isfinite(value)]  # checked at the edge too: a NaN is no value SQLite keeps
+            if rows:
+                s.execute(insert(Metric), rows)
             for path, size, sha in artifacts:
                 s.add(Artifact(job_id=job_id, attempt=attempt, path=path, bytes=size, sha256=sha,
                                verified_at=now))
-            if checkpoint:
+            if checkpoint is not None:
                 self._add_checkpoint(s, job_id, attempt, checkpoint)
 
-    def record_checkpoint(self, job_id: str, attempt: int, pointer: dict[str, Any]) -> None:
+    def record_checkpoint(self, job_id: str, attempt: int, pointer: ResultCheckpoint) -> None:
+        """A checkpoint the host reported (checked at the edge, host_documents); one without a sha256
+        names nothing to pin and is not recorded."""
         with self.session() as s:
             self._add_checkpoint(s, job_id, attempt, pointer)
 
     @staticmethod
-    def _add_checkpoint(s: Session, job_id: str, attempt: int, pointer: dict[str, Any]) -> None:
-        sha = str(pointer.get("sha256", ""))
+    def _add_checkpoint(s: Session, job_id: str, attempt: int, pointer: ResultCheckpoint) -> None:
+        sha = pointer.sha256
         if not sha:
             return
         seen = s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.sha256 == sha)).first()
@@ -613,12 +617,12 @@ class Ledger(PullRecords):
             Checkpoint(
                 job_id=job_id,
                 attempt=attempt,
-                file=str(pointer.get("file", "")),
-                step=int(pointer.get("step", 0)),
-                epoch=pointer.get("epoch"),
+                file=pointer.file,
+                step=pointer.step,
+                epoch=pointer.epoch,
                 sha256=sha,
-                bytes=int(pointer.get("bytes", 0)),
-                written_at=float(pointer.get("written_at", time.time())),
+                bytes=pointer.bytes,
+                written_at=pointer.written(),
             )
         )
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from orchestrator import gangs, stops
 from orchestrator.context import Context, host_for
 from orchestrator.errors import GpuqError, HostError
+from orchestrator.host_documents import JobEntry
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, HostRow, Job
@@ -73,16 +73,15 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
                  parts: Mapping[str, Sequence[gangs.Part]]) -> list[str]:
     """Patrol and reconcile one host that answered; returns the multi-node attempts that ended there."""
     host = host_for(ctx, row)
-    doc = probe.doc
+    doc = probe.document
     findings = host_findings(HostView(row.name, row.oom_kill, row.unreachable_since, 0), doc, th)
-    kernel = doc.get("kernel") or {}
-    if isinstance(kernel, dict) and kernel.get("cursor"):
-        ctx.ledger.update_host(row.name, kernel_cursor=str(kernel["cursor"]))
-    entries = {str(j.get("job_id")): j for j in doc.get("jobs", [])}
+    if doc.kernel is not None and doc.kernel.cursor:
+        ctx.ledger.update_host(row.name, kernel_cursor=doc.kernel.cursor)
+    entries = doc.entries()
     stalled = _job_findings(ctx, row.name, mine, entries, attempts, now, th, findings)
     # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
     # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
-    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id, {})) for j in mine):
+    if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id)) for j in mine):
         verdict = check_lease(ctx, row)
         if verdict is not None:
             report.actions.append(f"{row.name}: {verdict.replace('_', ' ')}; its jobs wait for `gpuq resume`")
@@ -108,22 +107,21 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
     return done.multi_node_ended
 
 
-def _job_findings(ctx: Context, host: str, mine: Sequence[Job], entries: dict[str, dict[str, Any]],
+def _job_findings(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, JobEntry],
                   attempts: dict[str, Attempt], now: float, th: Thresholds, findings: list[Finding]) -> list[Job]:
     """Each current attempt's findings (added to ``findings``) and scan offsets; returns the stalled jobs."""
     stalled: list[Job] = []
     for job in mine:
         entry = entries.get(job.id)
-        if entry is None or int(entry.get("attempt") or 0) != job.attempt_count:
+        if entry is None or entry.attempt != job.attempt_count:
             continue
         att = attempts.get(job.id)
         view = JobView(job.id, job.name, job.attempt_count, att.started_at if att else None)
         found = job_findings(host, view, entry, now, th)
         findings += found
-        scan = entry.get("scan") or {}
-        if scan:
-            ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=int(scan.get("log_to") or 0),
-                                      metrics_scanned=int(scan.get("metrics_to") or 0))
+        if entry.scan is not None:
+            ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=entry.scan.log_to,
+                                      metrics_scanned=entry.scan.metrics_to)
         if any(f.rule == "stalled" for f in found):
             stalled.append(job)
     return stalled

@@ -11,7 +11,7 @@ from orchestrator import slurm_hosts
 from orchestrator.config import Settings
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, PlanJob, estimate_s
-from orchestrator.specs import HostSlots
+from orchestrator.specs import HostSlots, clamp_slots
 from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
 
@@ -29,7 +29,7 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
         total = settings.local_cpu_slots or os.cpu_count() or 1
     elif slurm is not None:  # a slot is a place in Slurm's queue (the host's job cap); Slurm packs the GPUs
         total = slurm.max_jobs
-    free_at = [0.0] * max(total, 0)
+    free_at = [0.0] * clamp_slots(total)  # the ledger may hold what an older gpuq let a host report
     mine = [j for j in active if j.host == row.name
             or (j.id in attempts and row.name in attempts[j.id].node_hosts()[1:])]  # a node of a multi-node job
     mine.sort(key=lambda j: (j.state != JobState.RUNNING.value, attempts[j.id].created_at if j.id in attempts else 0))

@@ -28,6 +28,7 @@ from orchestrator import checkpoint_trust, host_documents, protocol, transfer_pr
 from orchestrator.config import Settings
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, HostError
+from orchestrator.host_documents import Pointer, ResultCheckpoint, SnapshotPointer, StatusDocument
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
@@ -69,47 +70,45 @@ def _assigned(ctx: Context, host: str) -> dict[str, Job]:
     return {job.id: job for job in ctx.ledger.jobs(states=_ACTIVE) if job.host == host}
 
 
-def _is_newer(have: Any, pointer: dict[str, Any]) -> bool:
+def _is_newer(have: Any, pointer: Pointer) -> bool:
     if have is None:
         return True
-    if have.sha256 == pointer.get("sha256"):
+    if have.sha256 == pointer.sha256:
         return False
-    step = pointer.get("step")
-    if isinstance(step, int) and not isinstance(step, bool):
-        return bool(step > have.step)
-    mtime = pointer.get("mtime")  # a project's checkpoint has no step: the newer file wins
-    return isinstance(mtime, (int, float)) and float(mtime) > have.written_at
+    if pointer.step is not None:
+        return bool(pointer.step > have.step)
+    mtime = pointer.mtime  # a project's checkpoint has no step: the newer file wins
+    return mtime is not None and mtime > have.written_at
 
 
-def ship_checkpoints(ctx: Context, row: HostRow, doc: dict[str, Any]) -> list[str]:
+def ship_checkpoints(ctx: Context, row: HostRow, doc: StatusDocument) -> list[str]:
     """Copy the newest checkpoint of every running job the ledger assigned to ``row``.  A failed copy
     is retried next tick.  Returns the job ids shipped."""
     shipped = []
     assigned = _assigned(ctx, row.name)
-    entries = doc.get("jobs")
-    for entry in entries if isinstance(entries, list) else []:
-        if not isinstance(entry, dict) or entry.get("state") != "running":
+    for entry in doc.jobs:
+        if entry.state != "running":
             continue
-        job_id = entry.get("job_id")
-        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id) or job_id not in assigned:
+        job_id = entry.job_id
+        if not JOB_ID_RE.fullmatch(job_id) or job_id not in assigned:
             continue  # not gpuq's, or not this host's to report
-        pointer = entry.get("ckpt")
-        own = entry.get("run_ckpt_mtime")
-        if isinstance(pointer, dict) and pointer.get("sha256"):
+        pointer = entry.ckpt
+        own = entry.run_ckpt_mtime
+        if pointer is not None and pointer.sha256:
             if not _is_newer(newest_durable(ctx, job_id), pointer):
                 continue
-        elif not isinstance(own, (int, float)) or isinstance(own, bool):
+        elif own is None:
             continue
         else:
             have = newest_durable(ctx, job_id)
-            if have is not None and have.file.startswith(protocol.RUN_DIR + "/") and float(own) <= have.written_at:
+            if have is not None and have.file.startswith(protocol.RUN_DIR + "/") and own <= have.written_at:
                 continue
-        if _ship_one(ctx, row, job_id, assigned[job_id], entry):
+        if _ship_one(ctx, row, job_id, assigned[job_id], entry.attempt):
             shipped.append(job_id)
     return shipped
 
 
-def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, entry: dict[str, Any]) -> bool:
+def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, attempt: int) -> bool:
     target_dir = ctx.settings.home / CHECKPOINTS_DIR / job_id
     target_dir.mkdir(parents=True, exist_ok=True)
     host = ctx.fleet.host(row)
@@ -119,7 +118,7 @@ def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, entry: dict[str
                                 unless_repeated=True)
         return False
     pointer, part = fetched
-    name = str(pointer["file"])
+    name = pointer.file
     if not name.startswith(protocol.RUN_DIR + "/"):
         # gpuq's payload checkpoint: a torch archive of plain state, read by opcodes (never unpickled);
         # one that needs more than a state dict's globals is never kept, so never pushed to another host
@@ -133,20 +132,21 @@ def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, entry: dict[str
     final = target_dir.joinpath(*name.split("/"))
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(part, final)
+    recorded = ResultCheckpoint(sha256=pointer.sha256, file=name, step=pointer.step or 0, epoch=pointer.epoch,
+                                bytes=pointer.bytes or 0, written_at=pointer.written_at)
     if name.startswith(protocol.RUN_DIR + "/"):
-        pointer["step"] = 0  # a project's checkpoint carries no step gpuq can read
-        pointer["written_at"] = float(pointer.get("mtime") or 0.0)
+        # a project's checkpoint carries no step gpuq can read
+        recorded = recorded.model_copy(update={"step": 0, "written_at": pointer.mtime or 0.0})
         _fetch_run_companions(ctx, host, job, target_dir)
     else:
         _fetch_companions(host, job_id, target_dir)
-    _write_pointer(target_dir, pointer)
+    _write_pointer(target_dir, pointer, recorded)
     if previous is not None and previous.durable_path:
         old = Path(previous.durable_path)
         if old != final and old.is_relative_to(target_dir):
             old.unlink(missing_ok=True)  # one copy per job: the newest
-    attempt = entry.get("attempt")
-    ctx.ledger.record_checkpoint(job_id, attempt if isinstance(attempt, int) else job.attempt_count, pointer)
-    ctx.ledger.mark_checkpoint_durable(job_id, pointer["sha256"], str(final), row.name)
+    ctx.ledger.record_checkpoint(job_id, attempt or job.attempt_count, recorded)
+    ctx.ledger.mark_checkpoint_durable(job_id, pointer.sha256, str(final), row.name)
     return True
 
 
@@ -190,7 +190,7 @@ def _fetch_whole_lines(host: Any, remote: str, local: Path) -> None:
 
 
 def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
-                      target_dir: Path) -> tuple[dict[str, Any], Path] | str:
+                      target_dir: Path) -> tuple[SnapshotPointer, Path] | str:
     """Copy the checkpoint the job's agent pins now, verified by size and sha256.  The agent first pins
     it as ``ckpt/.ship.pt``: a hard link of the payload's rolling file (a trainer that saves often
     rotates it away faster than a copy runs), a private copy of a project's own file (``torch.save`` to
@@ -204,16 +204,16 @@ def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
         pointer = host_documents.read_snapshot(host.name, pinned.stdout) if pinned.exit_code == 0 else None
     except host_documents.ProtocolError:
         pointer = None
-    if not isinstance(pointer, dict) or not pointer.get("sha256") or not pointer.get("snapshot"):
+    if pointer is None:
         return (pinned.stderr or pinned.stdout).strip()[-300:] or "the agent pinned no checkpoint"
-    name = safe_checkpoint_file(pointer.get("file"))
+    name = safe_checkpoint_file(pointer.file)
     if name is None:
-        return f"the pointer names an unsafe file {str(pointer.get('file'))[:80]!r}"
-    snapshot = pointer.pop("snapshot")
+        return f"the pointer names an unsafe file {pointer.file[:80]!r}"
+    snapshot = pointer.snapshot
     if snapshot != f"{protocol.CKPT_DIR}/.ship.pt":
-        return f"the agent pinned an unexpected file {str(snapshot)[:80]!r}"
-    sha, size = pointer.get("sha256"), pointer.get("bytes")
-    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha) or not isinstance(size, int) or size < 0:
+        return f"the agent pinned an unexpected file {snapshot[:80]!r}"
+    sha, size = pointer.sha256, pointer.bytes  # sha256 checked at the edge
+    if size is None:
         return "the pointer's sha256 or size is malformed"
     part = target_dir / ".checkpoint.part"
     remote = host.path("jobs", job_id, *snapshot.split("/"))
@@ -239,9 +239,13 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_pointer(directory: Path, pointer: dict[str, Any]) -> None:
+def _write_pointer(directory: Path, pointer: SnapshotPointer, recorded: ResultCheckpoint) -> None:
+    """The copy's LATEST: the host's pointer (not its pin), with the step and time the ledger records."""
+    fields = pointer.model_dump(mode="json", exclude_unset=True, exclude={"snapshot"})
+    if pointer.file.startswith(protocol.RUN_DIR + "/"):
+        fields.update(step=recorded.step, written_at=recorded.written_at)
     tmp = directory / ".LATEST.tmp"
-    tmp.write_text(json.dumps(pointer, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(fields, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, directory / "LATEST")
 
 
@@ -257,7 +261,7 @@ def refresh_from(ctx: Context, job: Job, host_name: str) -> bool:
     row = ctx.ledger.host(host_name)
     if row is None:
         raise GpuqError(f"host {host_name} is no longer registered")
-    return _ship_one(ctx, row, job.id, job, {"attempt": job.attempt_count})
+    return _ship_one(ctx, row, job.id, job, job.attempt_count)
 
 
 def place_checkpoint(ctx: Context, job: Job, host_name: str, *, same_on_every_node: bool = False) -> str:
@@ -280,12 +284,12 @@ def place_checkpoint(ctx: Context, job: Job, host_name: str, *, same_on_every_no
     probe = host.run(["sh", "-c", 'cat "$1/LATEST" 2>/dev/null; true', "sh", remote_dir], timeout=60)
     with contextlib.suppress(host_documents.ProtocolError):
         there = host_documents.read_pointer(host_name, probe.stdout or "{}")
-        step = there.get("step")
+        step = there.step
         if same_on_every_node:
-            if there.get("sha256") == ckpt.sha256:
+            if there.sha256 == ckpt.sha256:
                 return f"kept the host's own checkpoint (step {step}, the same one)"
         elif step is not None and step >= ckpt.step:
-            return f"kept the host's own checkpoint (step {there.get('step')})"
+            return f"kept the host's own checkpoint (step {step})"
     _mkdir(host, host_name, remote_dir)
     local_dir = Path(ckpt.durable_path).parent
     for remote, name in COMPANIONS.items():

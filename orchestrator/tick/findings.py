@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import notify
 from orchestrator.context import Context
+from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import HostRow, Job
 from orchestrator.patrol import (
     Finding,
@@ -37,16 +38,16 @@ def thresholds(ctx: Context) -> Thresholds:
 
 
 
-def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: dict[str, dict[str, object]],
+def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, JobEntry],
              report: TickReport) -> None:
     """Proof that a resume resumed (docs/checkpoints.md): the step the payload says it loaded, checked
     against the newest checkpoint the ledger knew when the attempt started."""
     for job in mine:
-        scan = entries.get(job.id, {}).get("scan")
-        resumed = scan.get("resumed") if isinstance(scan, dict) else None
-        if not isinstance(resumed, dict) or resumed.get("step") is None:
+        entry = entries.get(job.id)
+        resumed = entry.scan.resumed if entry is not None and entry.scan is not None else None
+        if resumed is None or resumed.step is None:
             continue
-        step = int(str(resumed["step"]))
+        step = resumed.step
         ctx.ledger.update_attempt(job.id, job.attempt_count, resumed_step=step)
         earlier = [c for c in ctx.ledger.checkpoints(job.id) if c.attempt < job.attempt_count]
         expected = max((c.step for c in earlier), default=None)

@@ -23,14 +23,14 @@ PROTOCOL_PREFIX = "protocol error: "
 def only_known(ledger: Ledger, probes: Sequence[Probe]) -> list[Probe]:
     """The probes with each status document cut to the jobs the ledger placed on that host (for a
     multi-node attempt: on any of its node hosts, each of which reports its own part)."""
-    wanted = {str(j.get("job_id", "")) for p in probes if p.ok for j in p.doc.get("jobs") or []}
+    wanted = {j.job_id for p in probes if p.doc is not None for j in p.doc.jobs}
     placed = {(a.job_id, host) for a in (ledger.attempts_of(wanted) if wanted else [])
               for host in (a.host, *a.node_hosts())}
     out = []
     for probe in probes:
-        if probe.ok:
+        if probe.ok and probe.doc is not None:
             here = {job_id for job_id, host in placed if host == probe.host}
-            doc = host_documents.known_jobs_only(probe.doc, here.__contains__)
+            doc = probe.doc.known_jobs_only(here.__contains__)
             probe = dataclasses.replace(probe, doc=doc) if doc is not probe.doc else probe
         out.append(probe)
     return out

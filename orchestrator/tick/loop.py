@@ -48,7 +48,7 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     requests, waiting = _requests(ctx, rows, by_host, attempts, now, honour_backoff)
     probes = host_answers.only_known(ctx.ledger, probe_all(requests, ctx.settings))
     row_by_name = {r.name: r for r in rows}
-    parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok})
+    parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok and p.doc is not None})
     ended: list[str] = []
     for probe in probes:
         report.probes[probe.host] = probe
@@ -99,7 +99,7 @@ def _place(ctx: Context, probes: Sequence[Probe]) -> None:
     """Work stealing and dispatch of QUEUED jobs."""
     # placement needs the run history (one join over every finished attempt): read it only when
     # some inbox holds waiting jobs (work stealing) or the ledger holds QUEUED ones
-    queued_remote = any(j.get("state") == "queued" for p in probes if p.ok for j in p.doc.get("jobs", []))
+    queued_remote = any(j.state == "queued" for p in probes if p.ok for j in p.document.jobs)
     queued = ctx.ledger.jobs(states=[JobState.QUEUED])
     if queued_remote or queued:
         rates = epoch_rates(ctx.ledger.run_history())

@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import host_documents
 from orchestrator.config import Settings
 from orchestrator.errors import HostError
 from orchestrator.fleet import Fleet
+from orchestrator.host_documents import HealthDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Ledger
@@ -22,7 +23,7 @@ class HealthVerdict:
     host: str
     verdict: str  # "pass" | "warn" | "fail" | "unreachable" (no verdict)
     detail: str  # the warning/failing checks, one line
-    doc: dict[str, Any] = field(default_factory=dict)
+    doc: HealthDocument | None = None  # the host's verdict document (None: it printed none)
 
 
 def needs_preflight(row: HostRow | None) -> bool:
@@ -46,9 +47,8 @@ def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | 
         tail = (result.stderr or result.stdout).strip()[-300:]
         return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {result.exit_code}, "
                                                 f"{exc.detail}): {tail}")
-    bad = [f"{c.get('check')}: {c.get('detail')}" for c in doc.get("checks", [])
-           if isinstance(c, dict) and c.get("status") in ("warn", "fail")]
-    return HealthVerdict(host.name, str(doc["verdict"]), "; ".join(bad) or "all checks passed", doc)
+    bad = [f"{c.check}: {c.detail}" for c in doc.problems()]
+    return HealthVerdict(host.name, doc.verdict, "; ".join(bad) or "all checks passed", doc)
 
 
 def record_health(ledger: Ledger, verdict: HealthVerdict) -> None:

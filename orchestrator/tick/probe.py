@@ -8,12 +8,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from orchestrator import host_documents
 from orchestrator.config import Settings
 from orchestrator.errors import HostError
+from orchestrator.host_documents import StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 
@@ -22,11 +22,16 @@ from orchestrator.launcher import agent_argv
 class Probe:
     host: str
     ok: bool
-    doc: dict[str, Any] = field(default_factory=dict)
+    doc: StatusDocument | None = None  # the host's checked status document (ok: always one)
     error: str = ""
     round_trips: int = 1
     duration_s: float = 0.0
     reachable: bool = False  # the transport worked (ok adds: the agent answered with a status document)
+
+    @property
+    def document(self) -> StatusDocument:
+        """The status document, or an empty one when the probe brought none."""
+        return self.doc if self.doc is not None else StatusDocument.empty()
 
 
 def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequence[str] = (),

@@ -10,15 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from orchestrator import gangs, stops
 from orchestrator.config import Settings
+from orchestrator.host_documents import JobEntry, Scan, ScanHit
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import enqueue, ensure_agent, job_spec
 from orchestrator.ledger import Job, Ledger
 from orchestrator.patrol import Decision, classify, signatures_of
 from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
+from orchestrator.specs import clamp_slots
 from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
 from orchestrator.tick.attempts import apply, exit_message
@@ -52,7 +53,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
     ``parts``: this tick's view of every multi-node attempt's nodes (gangs.parts_this_tick); such an
     attempt is judged on all of them, on the host of its node 0."""
     oom_rose = _record_probe(ledger, host.name, report)
-    on_host = {str(j["job_id"]): j for j in report.doc.get("jobs", [])}
+    on_host = report.document.entries()
     out = Reconciled()
     missing: list[Job] = []
     for job in ledger.jobs(states=ACTIVE):
@@ -62,19 +63,19 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
         seen = gangs.standing_entry(multi) if multi else on_host.get(job.id)
         if multi and seen is None:
             continue  # node 0's spec never arrived: the tick sends it again with the node's section
-        if seen is None or int(seen.get("attempt") or 0) < job.attempt_count:
+        if seen is None or seen.attempt < job.attempt_count:
             missing.append(job)
             continue
-        if int(seen.get("attempt") or 0) != job.attempt_count:
+        if seen.attempt != job.attempt_count:
             continue
         outcome = apply(ledger, job, seen)
         if multi and outcome:
             out.multi_node_ended.append(job.id)
         if outcome == "succeeded":
             out.succeeded.append(job.id)
-        elif outcome == "failed" and is_setup_failure(seen.get("exit") or {}):
+        elif outcome == "failed" and is_setup_failure(seen.exit_or_empty):
             attempt = ledger.attempt(job.id, job.attempt_count)
-            exit_doc = seen.get("exit") or {}
+            exit_doc = seen.exit_or_empty
             decision = settle_setup_failure(ledger, job.id, host.name, attempt.bundle_sha if attempt else "",
                                             exit_doc, exit_message(exit_doc))
             out.settled.append(Settled(job.id, outcome, "setup", decision))
@@ -93,38 +94,37 @@ def _record_probe(ledger: Ledger, name: str, report: Probe) -> bool:
     """The host's row after a probe that answered; returns whether its OOM killer fired since the last one."""
     now = time.time()
     row = ledger.host(name)
-    memory = report.doc.get("memory") or {}
-    kills = memory.get("oom_kill") if isinstance(memory.get("oom_kill"), int) else None
+    doc = report.document
+    kills = doc.memory.oom_kill if doc.memory is not None else None
     oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
-    oom_rose = oom_rose or stops.kernel_oom_kills(report.doc)  # or the kernel log's OOM killer, since the cursor
+    oom_rose = oom_rose or stops.kernel_oom_kills(doc)  # or the kernel log's OOM killer, since the cursor
     ledger.update_host(
         name,
         last_probe_at=now,
         unreachable_since=None,
         probe_failures=0,
         next_probe_at=None,
-        slots_kind=str(report.doc.get("slots", {}).get("kind", "")),
-        slots_total=int(report.doc.get("slots", {}).get("total", 0)),
-        disk_free_bytes=report.doc.get("disk", {}).get("free_bytes"),
+        slots_kind=doc.slots.kind,
+        slots_total=clamp_slots(doc.slots.total),
+        disk_free_bytes=doc.disk.free_bytes,
         oom_kill=kills,
     )
     return oom_rose
 
 
-def _settle_ended(ledger: Ledger, job: Job, seen: dict[str, Any], outcome: str, settings: Settings, report: Probe,
+def _settle_ended(ledger: Ledger, job: Job, seen: JobEntry, outcome: str, settings: Settings, report: Probe,
                   oom_rose: bool) -> Settled | None:
     """An attempt that failed or vanished: classified (crash lines, OOM, reboot) and settled by the
     retry policy; None when another gpuq command settled it first."""
-    exit_doc = seen.get("exit") or {}
+    exit_doc = seen.exit_or_empty
     if outcome == "lost" and job.state != JobState.LOST.value:
         ledger.transition(job.id, JobState.LOST, message=exit_message(exit_doc), of_attempt=job.attempt_count)
-    scan = seen.get("scan") or {}
-    rebooted = outcome == "lost" and bool(seen.get("boot_id")) and seen.get("boot_id") != report.doc.get(
-        "boot_id")
+    scan = seen.scan if seen.scan is not None else Scan()
+    rebooted = outcome == "lost" and bool(seen.boot_id) and seen.boot_id != report.document.boot_id
     klass = classify(
-        exit_doc.get("wrapper_code") if outcome == "failed" else None,
-        exit_doc.get("trainer_code") if outcome == "failed" else None,
-        [*earlier_hits(ledger, job), *(scan.get("hits") or [])], scan.get("traceback") or (),
+        exit_doc.wrapper_code if outcome == "failed" else None,
+        exit_doc.trainer_code if outcome == "failed" else None,
+        [*earlier_hits(ledger, job), *scan.hits], scan.traceback,
         oom_kill_rose=oom_rose, rebooted=rebooted,
         wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
     decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
@@ -133,14 +133,14 @@ def _settle_ended(ledger: Ledger, job: Job, seen: dict[str, Any], outcome: str, 
     return None
 
 
-def earlier_hits(ledger: Ledger, job: Job) -> list[dict[str, str]]:
+def earlier_hits(ledger: Ledger, job: Job) -> list[ScanHit]:
     """Crash signatures earlier ticks found in this attempt's log (stored as "crash" findings)."""
     attempt = ledger.attempt(job.id, job.attempt_count)
     since = attempt.created_at if attempt is not None else 0.0
     hits = []
     for event in ledger.events(subject=job.id, limit=50):
         if event.rule == "crash" and event.time >= since:
-            hits += [{"signature": name, "line": event.message} for name in signatures_of(event.action)]
+            hits += [ScanHit(signature=name, line=event.message) for name in signatures_of(event.action)]
     return hits
 
 
@@ -151,8 +151,9 @@ def _revive_agent(ledger: Ledger, host: Host, settings: Settings, report: Probe)
     Safe without asking (docs/host-protocol.md, detached launch): the flock admits one agent per
     root, and a new agent adopts live attempt groups and never re-runs a launched attempt.
     """
-    pending = [j for j in report.doc.get("jobs", []) if j.get("state") in ("queued", "claimed")]
-    if report.doc.get("agent", {}).get("alive") or not pending:
+    doc = report.document
+    pending = [j for j in doc.jobs if j.state in ("queued", "claimed")]
+    if doc.agent.alive or not pending:
         return
     row = ledger.host(host.name)
     if row is None or not row.agent_bundle or row.kind == "slurm":  # on a login node Slurm holds the queue
@@ -174,7 +175,7 @@ def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Jo
         specs.append(job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(host.name)))
     if specs:
         verdicts = enqueue(host, sha, specs, settings)
-        for job_id, verdict in verdicts.items():
+        for job_id, verdict in verdicts.root.items():
             if verdict == "queued":
                 ledger.record_event("job", job_id, f"re-enqueued on {host.name} (spec was never delivered)")
             elif verdict == "busy":  # the agent never runs two attempts of a job at once

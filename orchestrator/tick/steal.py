@@ -9,11 +9,12 @@ from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError, HostError
 from orchestrator.fleet import Fleet
+from orchestrator.host_documents import Verdicts
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, enqueue, ensure_bundle, job_spec
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, Move, QueuedJob, estimate_s, plan_steals
-from orchestrator.specs import HostSlots
+from orchestrator.specs import HostSlots, clamp_slots
 from orchestrator.states import JobState
 from orchestrator.tick.probe import Probe
 
@@ -52,19 +53,18 @@ def _inboxes(rows: Sequence[HostRow], reports: dict[str, Probe], ledger_jobs: di
             continue  # nothing waits in a Slurm host's inbox (Slurm holds the queue), and its slots are not GPUs
         report = reports.get(row.name)
         if report is not None and report.ok:
-            docs = report.doc.get("jobs", [])
-            total = int(report.doc.get("slots", {}).get("total", 0))
-            free = int(report.doc.get("slots", {}).get("free", 0))
+            docs = report.document.jobs
+            total = clamp_slots(report.document.slots.total)  # bounded at the edge too
+            free = min(clamp_slots(report.document.slots.free), total)
         elif report is not None and report.reachable and not row.agent_bundle:
-            docs, total = [], row.slots_total  # reachable, nothing of ours placed there yet: all idle
+            docs, total = [], clamp_slots(row.slots_total)  # reachable, nothing of ours placed there yet: all idle
             free = total
         else:
             continue  # unreachable hosts neither give nor take work
-        waiting = sorted((d for d in docs if d.get("state") == "queued"), key=lambda d: str(d.get("created_at", "")))
         entries = []
-        for doc in waiting:
-            job = ledger_jobs.get(str(doc.get("job_id")))
-            if job is None or job.host != row.name or int(doc.get("attempt") or 0) != job.attempt_count:
+        for doc in (d for d in docs if d.state == "queued"):  # in the host's order
+            job = ledger_jobs.get(doc.job_id)
+            if job is None or job.host != row.name or doc.attempt != job.attempt_count:
                 continue
             if job.nodes > 1:
                 continue  # a node of a multi-node job stays with its gang
@@ -98,12 +98,12 @@ def _move_from(ledger: Ledger, fleet: Fleet, settings: Settings, source: str, gr
     argv = agent_argv(host, src_row.agent_bundle if src_row else "", "withdraw", *[m.job_id for m in group])
     try:
         result = host.run(argv, timeout=60)
-        verdicts = host_documents.read_verdicts(host.name, result.stdout) if result.exit_code == 0 else {}
+        verdicts = host_documents.read_verdicts(host.name, result.stdout) if result.exit_code == 0 else Verdicts({})
     except (HostError, host_documents.ProtocolError):  # nothing moves from a host that answers garbage
         return []
     done = []
     for move in group:
-        if verdicts.get(move.job_id) != "withdrawn":
+        if verdicts.of(move.job_id) != "withdrawn":
             continue  # claimed meanwhile: it runs where it is
         if _move_one(ledger, fleet, settings, move, ledger_jobs[move.job_id]):
             done.append(move)

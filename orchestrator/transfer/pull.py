@@ -45,6 +45,7 @@ from typing import Any
 
 from orchestrator import host_documents, protocol, transfer_progress
 from orchestrator.errors import GpuqError, HostError, HostUnreachable, TransferError
+from orchestrator.host_documents import ManifestReply
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger
 from orchestrator.transfer.verify import (
@@ -98,7 +99,7 @@ def backoff_delay(failures: int, backoff: tuple[float, float], jitter: float) ->
     return min(cap, base * 2.0 ** max(0, failures - 1)) * (1.0 - 0.2 * min(1.0, max(0.0, jitter)))
 
 
-def request_manifests(host: Host, agent: Sequence[str], job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def request_manifests(host: Host, agent: Sequence[str], job_ids: Sequence[str]) -> dict[str, ManifestReply]:
     """One round trip: the agent builds each job's MANIFEST.json; {job_id: reply entry}."""
     result = host.run([*agent, "manifest", *job_ids], timeout=MANIFEST_TIMEOUT_S)
     if result.exit_code == protocol.AGENT_EXIT_USAGE and "invalid choice: 'manifest'" in result.stderr:
@@ -110,7 +111,7 @@ def request_manifests(host: Host, agent: Sequence[str], job_ids: Sequence[str]) 
         detail = result.stderr.strip()[-300:] or exc.detail
         raise TransferError(host.name, f"the agent could not build manifests (exit {result.exit_code}): "
                             f"{detail}") from exc
-    return {str(k): v for k, v in doc.items()}
+    return dict(doc.root)
 
 
 def _utc(t: float | None = None) -> str:
@@ -288,17 +289,17 @@ def _check_against_ledger(run: _Pull, job: Job, manifest: Manifest) -> str | Non
     return None
 
 
-def _pull_one(run: _Pull, job: Job, reply: dict[str, Any]) -> PullOutcome:
+def _pull_one(run: _Pull, job: Job, reply: ManifestReply) -> PullOutcome:
     sweep_dir = run.results_root / job.sweep_id
     final = sweep_dir / job.id
     staging = sweep_dir / f"{job.id}{STAGING_SUFFIX}"
-    if "error" in reply or not isinstance(reply.get("sha256"), str):
-        why = reply.get("error") or "no manifest in the agent's reply"
+    if "error" in reply.model_fields_set or reply.sha256 is None:
+        why = reply.error or "no manifest in the agent's reply"
         return _outcome(job, run.host, NOT_PULLED, f"{run.host.name} refused to manifest it: {why}")
     failures: list[str] = []  # one transport budget per job directory: manifest and files
     stale = read_manifest(staging / protocol.JOB_MANIFEST_FILE, job.id, _required(run, job))
     try:
-        manifest = _fetch_manifest(run, job, staging, str(reply["sha256"]), failures)
+        manifest = _fetch_manifest(run, job, staging, reply.sha256, failures)
     except HostUnreachable as exc:
         return _outcome(job, run.host, INCOMPLETE, f"manifest not fetched after {len(failures)} tries: {exc}")
     except (HostError, ValueError, OSError) as exc:
@@ -412,7 +413,7 @@ def pull_jobs(
         else:
             todo.append(job)
     if todo:
-        replies: dict[str, dict[str, Any]] = {}
+        replies: dict[str, ManifestReply] = {}
         failures: list[str] = []
         try:
             def ask() -> None:
@@ -431,7 +432,8 @@ def pull_jobs(
             todo = []
         for job in todo:
             try:
-                outcomes[job.id] = _pull_one(run, job, replies.get(job.id) or {"error": "missing from the reply"})
+                missing = ManifestReply(error="missing from the reply")
+                outcomes[job.id] = _pull_one(run, job, replies.get(job.id) or missing)
             except OSError as exc:  # this machine's disk: full, read-only, permissions
                 where = f" ({exc.filename})" if exc.filename else ""
                 outcomes[job.id] = _outcome(job, host, INCOMPLETE, f"local file error: {exc.strerror or exc}{where}; "

@@ -8,13 +8,14 @@ reachability line and the flags come with the rich style they are drawn in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.views.jobs import slot_jobs
 from orchestrator.views.text import clock, one_line, printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
+    from orchestrator.host_documents import Gpu
     from orchestrator.ledger import HostRow
     from orchestrator.tick.probe import Probe
 
@@ -57,35 +58,28 @@ def host_views(snap: Snapshot) -> list[HostView]:
 
 
 def host_view(row: HostRow, probe: Probe | None) -> HostView:
-    doc: dict[str, Any] = probe.doc if probe is not None and probe.ok else {}
-    slots = _dict(doc.get("slots"))
-    disk, memory = _dict(doc.get("disk")), _dict(doc.get("memory"))
+    doc = probe.doc if probe is not None and probe.ok else None
     held = slot_jobs(doc)
-    gpus = [_gpu(g, held) for g in doc.get("gpus") or [] if isinstance(g, dict)]
+    gpus = [_gpu(g, held) for g in doc.gpus] if doc is not None else []
     cpu_jobs: dict[str, list[int]] = {}
     if not gpus:
         for slot, job_id in sorted(held.items()):
             cpu_jobs.setdefault(printable(job_id), []).append(slot)
     return HostView(
-        row=row, probe=probe, state=host_state(row, probe), flags=host_flags(row), answered=bool(doc),
-        slots=printable(f"{slots.get('free', '?')}/{slots.get('total', '?')} {slots.get('kind', '')}"),
-        has_slots=bool(slots), gpus=gpus, cpu_jobs=list(cpu_jobs.items()),
-        disk_pct=number(disk.get("used_pct")), inodes_pct=number(disk.get("inodes_used_pct")),
-        mem_pct=number(memory.get("used_pct")),
+        row=row, probe=probe, state=host_state(row, probe), flags=host_flags(row), answered=doc is not None,
+        slots=printable(f"{doc.slots.free}/{doc.slots.total} {doc.slots.kind}") if doc is not None else "",
+        has_slots=doc is not None, gpus=gpus, cpu_jobs=list(cpu_jobs.items()),
+        disk_pct=number(doc.disk.used_pct) if doc is not None else None,
+        inodes_pct=number(doc.disk.inodes_used_pct) if doc is not None else None,
+        mem_pct=number(doc.memory.used_pct) if doc is not None and doc.memory is not None else None,
     )
 
 
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _gpu(gpu: dict[str, Any], held: dict[int, str]) -> GpuView:
-    index = gpu.get("index")
-    index = index if isinstance(index, int) and not isinstance(index, bool) else None
-    job_id = held.get(index) if index is not None else None
-    return GpuView(index=index, model=printable(str(gpu.get("name") or "")).removeprefix("NVIDIA "),
-                   util_pct=number(gpu.get("util_pct")), mem_used_mib=number(gpu.get("mem_used_mib")),
-                   mem_total_mib=number(gpu.get("mem_total_mib")), temp_c=number(gpu.get("temp_c")),
+def _gpu(gpu: Gpu, held: dict[int, str]) -> GpuView:
+    job_id = held.get(gpu.index) if gpu.index is not None else None
+    return GpuView(index=gpu.index, model=printable(gpu.name).removeprefix("NVIDIA "),
+                   util_pct=number(gpu.util_pct), mem_used_mib=number(gpu.mem_used_mib),
+                   mem_total_mib=number(gpu.mem_total_mib), temp_c=number(gpu.temp_c),
                    job_id=printable(job_id) if job_id else None)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator import observed
 from orchestrator.cost import money_spent
@@ -18,6 +18,7 @@ from orchestrator.views.text import duration, printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
+    from orchestrator.host_documents import JobEntry, StatusDocument
     from orchestrator.ledger import Attempt, Job
 
 
@@ -57,25 +58,24 @@ class JobView:
         return f"ep {epoch}/{self.job.epochs} step {att.step}{total}"
 
 
-def agent_entries(snap: Snapshot) -> dict[tuple[str, str], dict[str, Any]]:
+def agent_entries(snap: Snapshot) -> dict[tuple[str, str], JobEntry]:
     """The host agents' job entries by (host, job id), from this tick's status documents."""
-    entries: dict[tuple[str, str], dict[str, Any]] = {}
+    entries: dict[tuple[str, str], JobEntry] = {}
     for name, probe in snap.probes.items():
         if probe.ok:
-            for entry in probe.doc.get("jobs", []):
-                if isinstance(entry, dict) and entry.get("job_id"):
-                    entries[(name, str(entry["job_id"]))] = entry
+            for entry in probe.doc.jobs:
+                if entry.job_id:
+                    entries[(name, entry.job_id)] = entry
     return entries
 
 
-def slot_jobs(doc: dict[str, Any]) -> dict[int, str]:
+def slot_jobs(doc: StatusDocument | None) -> dict[int, str]:
     """Slot index -> id of the job whose attempt runs on it, from one host's status document."""
     held: dict[int, str] = {}
-    for entry in doc.get("jobs", []):
-        if isinstance(entry, dict) and entry.get("state") == "running":
-            for slot in entry.get("slots") or []:
-                if isinstance(slot, int):
-                    held[slot] = str(entry.get("job_id"))
+    for entry in doc.jobs if doc is not None else []:
+        if entry.state == "running":
+            for slot in entry.slots or []:
+                held[slot] = entry.job_id
     return held
 
 
@@ -100,38 +100,38 @@ def job_views(snap: Snapshot, now: float | None = None) -> list[JobView]:
     views = []
     for job in snap.jobs:
         att = snap.attempts.get(job.id)
-        entry = entries.get((job.host or "", job.id), {})
+        entry = entries.get((job.host or "", job.id))
         attempts = history.get(job.id) or ([att] if att is not None else [])
         views.append(_job_view(job, att, entry, attempts, now))
     return views
 
 
-def _job_view(job: Job, att: Attempt | None, entry: dict[str, Any], attempts: Sequence[Attempt],
+def _job_view(job: Job, att: Attempt | None, entry: JobEntry | None, attempts: Sequence[Attempt],
               now: float) -> JobView:
-    slots = [s for s in entry.get("slots") or [] if isinstance(s, int)] if entry.get("state") == "running" else []
+    slots = list(entry.slots or []) if entry is not None and entry.state == "running" else []
     fraction = None
     if job.state == JobState.SUCCEEDED.value:
         fraction = 1.0
     elif att is not None and att.step is not None and att.total_steps:
         fraction = min(1.0, max(0.0, att.step / att.total_steps))
-    heartbeat = entry.get("heartbeat")
-    rate = heartbeat.get("steps_per_s") if isinstance(heartbeat, dict) else None
+    heartbeat = entry.beat if entry is not None else None
+    rate = heartbeat.steps_per_s if heartbeat is not None else None
     running = job.state == JobState.RUNNING.value
     note = ""
-    if running and not heartbeat:  # a project's own trainer: what its log says
+    if running and heartbeat is None and entry is not None:  # a project's own trainer: what its log says
         fraction = fraction if fraction is not None else observed.progress_fraction(entry)
         since = observed.elapsed_s(entry, att.started_at if att is not None else None, now)
         note = " ".join(x for x in (duration(since) if since is not None else "", observed.last_line(entry)) if x)
-    waiting = observed.slurm_wait(entry) if job.state == JobState.ASSIGNED.value else ""
-    slurm = entry.get("slurm")
-    nodes = printable(str(slurm.get("nodes") or ""))[:60] if isinstance(slurm, dict) and running else ""
+    waiting = observed.slurm_wait(entry) if entry is not None and job.state == JobState.ASSIGNED.value else ""
+    slurm = entry.slurm if entry is not None else None
+    nodes = printable(slurm.nodes)[:60] if slurm is not None and running else ""
     terminal = JobState(job.state).terminal
     if att is not None and att.nodes and not terminal:  # a multi-node job over SSH hosts
         nodes = "+".join(att.node_hosts()[1:])
     hb_age = None if terminal or att is None or att.heartbeat_at is None else max(0.0, now - att.heartbeat_at)
     return JobView(
         job=job, attempt=att, host_gpus=slots, fraction=fraction,
-        eta_s=eta_seconds(att, rate if isinstance(rate, int | float) else None) if running else None,
+        eta_s=eta_seconds(att, rate) if running else None,
         heartbeat_age_s=hb_age, cost=money_spent(attempts, now), note=printable(waiting or note),
         waiting=printable(waiting), nodes=nodes,
     )

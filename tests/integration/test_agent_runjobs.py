@@ -186,6 +186,7 @@ def test_results_show_the_headline_metric_of_a_summary_from_a_csv(
     """`gpuq results` on a job whose summary the agent computed from a project's CSV: final and best
     of the headline metric, whatever trainer wrote it."""
     from orchestrator.context import open_context
+    from orchestrator.host_documents import CollectDocument
     from orchestrator.specs import JobSpec
     from orchestrator.states import JobState
     from orchestrator.tick.collect import record_collected
@@ -202,7 +203,7 @@ def test_results_show_the_headline_metric_of_a_summary_from_a_csv(
     run_job(root, job_id)
     code, doc, err = agent(root, "collect", job_id)
     assert code == 0, err
-    record_collected(ctx.ledger, doc)
+    record_collected(ctx.ledger, CollectDocument.model_validate(doc).root)  # through the edge model
     table = run_gpuq("results", env={"GPUQ_HOME": str(home), "COLUMNS": "250"})
     assert table.returncode == 0, table.stderr
     line = next(ln for ln in table.stdout.splitlines() if job_id in ln)

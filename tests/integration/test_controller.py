@@ -151,8 +151,8 @@ def test_a_job_that_finished_costs_no_second_round_trip(setup: tuple[Ledger, Fak
         live.kill()
         live.wait()
     assert done.succeeded == [ids[0]]
-    carried = [j for j in report.doc["jobs"] if "results" in j]
-    assert [j["job_id"] for j in carried] == [ids[0]]  # only the job that exited 0 carries results
+    carried = [j for j in report.document.jobs if j.results is not None]
+    assert [j.job_id for j in carried] == [ids[0]]  # only the job that exited 0 carries results
     assert status_calls >= 1 and len(host.calls) == status_calls  # collect() made no call of its own
     assert {(m.scope, m.value) for m in ledger.metrics([ids[0]])} == {("final", 0.75), ("best", 0.8)}
 

@@ -43,6 +43,8 @@ docs = {
     "no_job_id": '{"schema": "gpuq.status/1", "jobs": [{"state": "running", "attempt": 1}]}',
     "types": '{"schema": "gpuq.status/1", "slots": {"total": "lots"}, "jobs": "x"}',
     "deep": "[" * 200000 + "]" * 200000,
+    "huge_slots": '{"schema": "gpuq.status/1", "slots": {"kind": "gpu", "total": 1000000000000, '
+                  '"free": 1000000000000}, "jobs": []}',
 }
 if mode == "flood":
     chunk = "A" * 65536
@@ -64,7 +66,7 @@ if mode == "noise":
 print(docs[mode])
 '''.replace("FLOOD_BYTES", str(FLOOD_BYTES))
 
-HOSTILE_MODES = ("traversal", "list", "no_job_id", "types", "deep", "flood")
+HOSTILE_MODES = ("traversal", "list", "no_job_id", "types", "deep", "huge_slots", "flood")
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +139,9 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
         assert _tree(decoy) == before, mode  # nothing outside $GPUQ_HOME changed
         assert rss < MAX_RSS_KIB, (mode, rss)
         assert _du(user.home) - home_before < 4 * 1024 * 1024, mode  # the answer was not stored
+    # a host that claimed 10**12 slots left nothing behind that a later plan sizes a list by
+    planned = user.gpuq("submit", "--dry-run", str(work / "queue.txt"))
+    assert planned.returncode == 0 and "Traceback" not in planned.stderr, planned.stdout + planned.stderr
 
     # an answer without end: the transport stops reading at its bound, the host is unreachable this tick
     mode_file.write_text("endless")

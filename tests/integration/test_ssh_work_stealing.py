@@ -132,7 +132,7 @@ def test_a_job_the_busy_host_claimed_meanwhile_stays(
     rows = ctx.ledger.hosts()
     stale = [probe(ctx.fleet.host(r), r.agent_bundle, ctx.settings) for r in rows if r.kind != "local"]
     s0 = next(p for p in stale if p.host == "s0")
-    assert {d["job_id"]: d["state"] for d in s0.doc["jobs"]}.get(late) == "queued", s0.doc["jobs"]
+    assert {d.job_id: d.state for d in s0.document.jobs}.get(late) == "queued", s0.doc
     assert all(p.reachable for p in stale)
     # the busy host finishes its job and claims the waiting one
     assert wait_for(lambda: any((dirs[0] / "jobs" / late).glob("attempts/*/launch.json")), timeout=240,

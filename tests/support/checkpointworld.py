@@ -22,6 +22,7 @@ from orchestrator.specs import JobSpec, job_id_for
 from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import checkpoints as ck
 from tests.support.jobtree import SHA, install_agent
+from tests.support.wire import status
 
 
 def archive(payload: bytes | None = None) -> bytes:
@@ -67,7 +68,7 @@ class World:
         row = self.ctx.ledger.host("local")
         assert row is not None
         doc = {"jobs": [{"job_id": self.job, "state": "running", "attempt": 1, "ckpt": pointer, **entry}]}
-        return ck.ship_checkpoints(self.ctx, row, doc)
+        return ck.ship_checkpoints(self.ctx, row, status(doc))
 
     def kept(self) -> list[str]:
         base = self.home / "checkpoints"

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import host_documents as hd
 from orchestrator import transfer_progress
 from orchestrator.errors import GpuqError, HostError
 from orchestrator.hosts.local import LocalHost
@@ -34,6 +35,7 @@ from orchestrator.states import JobState
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, archive, running_world
 from tests.support.jobtree import SHA
+from tests.support.wire import status
 
 RUN = {"checkpoint": ["ckpt/*.pt"], "metrics": "logs/train/metrics.csv", "command": ["train.py"]}
 
@@ -116,8 +118,8 @@ def _project_checkpoint(world: World, data: bytes = b"weights") -> float:
 def _ship_project(world: World, mtime: float) -> list[str]:
     row = world.ctx.ledger.host("local")
     assert row is not None
-    return ck.ship_checkpoints(world.ctx, row, {"jobs": [{"job_id": world.job, "state": "running", "attempt": 1,
-                                                          "run_ckpt_mtime": mtime}]})
+    return ck.ship_checkpoints(world.ctx, row, status({"jobs": [{"job_id": world.job, "state": "running", "attempt": 1,
+                                                          "run_ckpt_mtime": mtime}]}))
 
 
 def _job_events(world: World) -> list[tuple[str, str]]:
@@ -191,7 +193,7 @@ def test_a_projects_checkpoint_without_a_time_counts_as_written_at_zero(project:
     def without_mtime(*args: Any) -> Any:
         got = real(*args)
         if not isinstance(got, str):
-            got[0].pop("mtime", None)
+            got = (got[0].model_copy(update={"mtime": None}), got[1])
         return got
 
     monkeypatch.setattr(ck, "_fetch_checkpoint", without_mtime)
@@ -236,20 +238,24 @@ def test_only_jobs_still_running_on_the_host_are_shipped(world: World) -> None:
 
 
 @pytest.mark.parametrize("jobs", [None, 7, {"job_id": "c0123456789ab"}])
-def test_a_document_whose_jobs_are_not_a_list_ships_nothing(world: World, jobs: object) -> None:
+def test_a_document_whose_jobs_are_not_a_list_never_reaches_the_shipper(world: World, jobs: object) -> None:
+    with pytest.raises(hd.ProtocolError, match="jobs"):
+        hd.read_status("local", json.dumps({"schema": "gpuq.status/1", "jobs": jobs}))
     row = world.ctx.ledger.host("local")
     assert row is not None
-    assert ck.ship_checkpoints(world.ctx, row, {"jobs": jobs}) == []
+    assert ck.ship_checkpoints(world.ctx, row, status({"jobs": []})) == []
 
 
 @pytest.mark.parametrize("job_id", [7, None, ["c0123456789ab"], 1.5])
-def test_a_job_id_that_is_not_a_string_is_passed_over(world: World, job_id: object) -> None:
+def test_a_job_id_that_is_not_a_string_never_reaches_the_shipper(world: World, job_id: object) -> None:
     pointer = world.save(8)
+    doc = {"schema": "gpuq.status/1", "jobs": [{"job_id": job_id, "state": "running", "ckpt": pointer},
+                                               {"job_id": world.job, "state": "running", "ckpt": pointer}]}
+    with pytest.raises(hd.ProtocolError, match="job_id"):
+        hd.read_status("local", json.dumps(doc))
     row = world.ctx.ledger.host("local")
     assert row is not None
-    doc = {"jobs": [{"job_id": job_id, "state": "running", "ckpt": pointer},
-                    {"job_id": world.job, "state": "running", "ckpt": pointer}]}
-    assert ck.ship_checkpoints(world.ctx, row, doc) == [world.job]
+    assert ck.ship_checkpoints(world.ctx, row, status({"jobs": doc["jobs"][1:]})) == [world.job]
 
 
 class _Answers:

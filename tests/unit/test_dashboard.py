@@ -22,6 +22,7 @@ from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.specs import JobSpec
 from orchestrator.tick.probe import Probe
 from orchestrator.views import eta_seconds, job_views
+from tests.support.wire import status
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "schemas" / "status.schema.json").read_text())
@@ -82,11 +83,11 @@ def _snapshot(n_extra_jobs: int = 0) -> Snapshot:
                 last_probe_at=NOW - 1, created_at=NOW - 86400),
     ]
     probes = {
-        "g1": Probe("g1", True, _gpu_doc(), duration_s=0.8, reachable=True),
+        "g1": Probe("g1", True, status(_gpu_doc()), duration_s=0.8, reachable=True),
         "g2": Probe("g2", False, error="ssh: connect to g2 port 22:\nConnection refused", duration_s=0.1),
-        "local": Probe("local", True, {"slots": {"kind": "cpu", "total": 2, "free": 2}, "gpus": [],
-                                       "disk": {"used_pct": 40.0, "inodes_used_pct": 5.0},
-                                       "memory": {"used_pct": 10.0}, "agent": {"alive": True}, "jobs": []},
+        "local": Probe("local", True, status({"slots": {"kind": "cpu", "total": 2, "free": 2}, "gpus": [],
+                                              "disk": {"used_pct": 40.0, "inodes_used_pct": 5.0},
+                                              "memory": {"used_pct": 10.0}, "agent": {"alive": True}, "jobs": []}),
                        duration_s=0.1, reachable=True),
     }
     jobs = [
@@ -361,7 +362,7 @@ def test_json_from_a_real_ledger_matches_the_schema(gpuq_home: Path) -> None:
         snap = api.status(ctx, probe=False)
     finally:
         ctx.close()
-    snap.probes["local"] = Probe("local", True, _gpu_doc(), duration_s=0.2, reachable=True)
+    snap.probes["local"] = Probe("local", True, status(_gpu_doc()), duration_s=0.2, reachable=True)
     doc = json.loads(json.dumps(statusjson.status_doc(snap)))
     _validator().validate(doc)
     assert doc["jobs"][0]["state"] == "QUEUED" and doc["alerts"][0]["rule"] == "early_finish"
@@ -399,7 +400,9 @@ def test_columns_are_as_wide_as_their_content_on_a_wide_terminal() -> None:
 
 def _project_snapshot(progress: dict[str, Any]) -> Snapshot:
     snap = _snapshot()
-    snap.probes["g1"].doc["jobs"][0].update(heartbeat=None, progress=progress)
+    doc = _gpu_doc()
+    doc["jobs"][0].update(heartbeat=None, progress=progress)
+    snap.probes["g1"] = Probe("g1", True, status(doc), duration_s=0.8, reachable=True)
     snap.attempts["crunning00001"] = _attempt("crunning00001", "g1", number=2, total=None, started=NOW - 125)
     return snap
 

@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from orchestrator import host_documents as hd
+from orchestrator.observed import attempt_progress
 from orchestrator.patrol import HostView, JobView, Thresholds, host_findings, host_line, job_findings
+from orchestrator.stops import interrupted, kernel_oom_kills
 from orchestrator.transfer.verify import parse_manifest
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
@@ -47,8 +50,8 @@ def _read_all(stdout: str) -> None:
         except hd.ProtocolError as exc:
             assert exc.host == "h1" and str(exc).startswith("host h1: protocol error: "), name
             continue
-        assert isinstance(doc, dict), name
-        if name == "status":
+        assert isinstance(doc, BaseModel), name  # never the host's raw JSON
+        if isinstance(doc, hd.StatusDocument):
             _consume_status(doc)
 
 
@@ -58,18 +61,19 @@ def _read_manifest_file(raw: bytes) -> None:
         parse_manifest(raw, job_id="c0123456789ab")
 
 
-def _consume_status(doc: dict[str, Any]) -> None:
+def _consume_status(doc: hd.StatusDocument) -> None:
     """What a tick does with a status document that passed the reader must not raise either."""
     th = Thresholds(stall_after_s=600, startup_grace_s=300)
     host_findings(HostView("h1", 0, None, 0), doc, th)
     host_line("h1", doc, ())
-    for entry in doc.get("jobs") or []:
-        job_findings("h1", JobView(str(entry["job_id"]), "n", int(entry.get("attempt") or 0), 1.0), entry, 2.0, th)
-        int(entry.get("attempt") or 0)
-        scan = entry.get("scan") or {}
-        int(scan.get("log_to") or 0), int(scan.get("metrics_to") or 0)
-    int(doc.get("slots", {}).get("total", 0))
-    hd.known_jobs_only(doc, lambda job_id: job_id.startswith("c"))
+    for entry in doc.jobs:
+        job_findings("h1", JobView(entry.job_id, "n", entry.attempt, 1.0), entry, 2.0, th)
+        attempt_progress(entry)
+        interrupted(entry)
+    kernel_oom_kills(doc)
+    assert 0 <= doc.slots.free <= hd.MAX_SLOTS and 0 <= doc.slots.total <= hd.MAX_SLOTS
+    [0.0] * doc.slots.total  # a count from a host is fit to size a list
+    doc.known_jobs_only(lambda job_id: job_id.startswith("c"))
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,11 +126,11 @@ def test_noise_around_a_framed_document_is_ignored_and_said_once(capsys: pytest.
     out = f"hi\nWelcome (conda base)\n{hd.BEGIN_MARK}\n{body}\n{hd.END_MARK}\nbye\n"
     for _ in range(3):
         doc = hd.read_status("noisy-host", out)
-        assert doc["jobs"][0]["job_id"] == "c1"
+        assert doc.jobs[0].job_id == "c1"
     err = capsys.readouterr().err
     assert err.count("noisy-host") == 1 and "shell start-up" in err and "'hi" in err
     # an agent of an older bundle prints its document unframed: still read
-    assert hd.read_status("old-agent", body + "\n")["jobs"][0]["state"] == "running"
+    assert hd.read_status("old-agent", body + "\n").jobs[0].state == "running"
     # noise without a frame is not a document
     with pytest.raises(hd.ProtocolError, match="not JSON"):
         hd.read_status("old-agent", "hi\n" + body)
@@ -136,5 +140,5 @@ def test_jobs_gpuq_did_not_place_are_dropped() -> None:
     doc = hd.read_status("h", json.dumps({"schema": "gpuq.status/1", "jobs": [
         {"job_id": "cmine", "state": "running"}, {"job_id": "../../victim", "state": "exited"},
         {"job_id": "cforeign", "state": "queued"}]}))
-    kept = hd.known_jobs_only(doc, {"cmine"}.__contains__)
-    assert [j["job_id"] for j in kept["jobs"]] == ["cmine"]
+    kept = doc.known_jobs_only({"cmine"}.__contains__)
+    assert [j.job_id for j in kept.jobs] == ["cmine"]

@@ -14,6 +14,7 @@ from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
 from orchestrator.ledger import Event, HostRow
 from orchestrator.tick.probe import Probe
+from tests.support.wire import status
 
 NOW = 1_800_000_000.0
 GPU_NAME = "A100[/]"
@@ -29,7 +30,7 @@ def _snapshot() -> Snapshot:
     hosts = [HostRow(name="g1", kind="ssh", root="/r", slots_kind="gpu", slots_total=1, last_probe_at=NOW - 1,
                      created_at=NOW - 10, health="warn", health_detail=f"{LINK} [bold]x", hold_reason="[/] held"),
              HostRow(name="g2", kind="ssh", root="/r", last_probe_at=NOW - 1, created_at=NOW - 10)]
-    probes = {"g1": Probe("g1", True, doc, reachable=True),
+    probes = {"g1": Probe("g1", True, status(doc), reachable=True),
               "g2": Probe("g2", False, error=f"protocol error: {LINK} [/]", reachable=True)}
     alerts = [Event(id=1, time=NOW - 5, kind="host", subject="g1[/]", severity="warn", rule="xid",
                     message=f"Xid in {LINK} [red]boom[/]", action=f"{LINK} [/]")]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError, LedgerVersionError
+from orchestrator.host_documents import ResultCheckpoint
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.specs import JobSpec, job_id_for
@@ -155,7 +156,7 @@ def test_results_replace_previous(ledger: Ledger) -> None:
     job = _sweep(ledger, n=1)[0]
     ledger.record_results(job, 1, metrics=[("final", "val_acc", 0.5, 10, 1)], artifacts=[("a", 1, "x")])
     ledger.record_results(job, 2, metrics=[("final", "val_acc", 0.9, 20, 2)], artifacts=[],
-                          checkpoint={"file": "latest.pt", "step": 20, "sha256": "ab", "bytes": 3})
+                          checkpoint=ResultCheckpoint(file="latest.pt", step=20, sha256="ab", bytes=3))
     assert [(m.attempt, m.value) for m in ledger.metrics([job])] == [(2, 0.9)]
     assert ledger.artifacts(job) == []
     assert [c.step for c in ledger.checkpoints(job)] == [20]

@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.host_documents import ResultCheckpoint
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.tables import Event, HostRow
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
+
+_ck = ResultCheckpoint.model_validate  # a checkpoint as checked at the edge
 
 
 @pytest.fixture
@@ -275,11 +278,11 @@ def test_findings_open_close_and_alerts(ledger: Ledger) -> None:
 def test_checkpoints_are_recorded_once_per_sha_and_one_copy_is_durable(ledger: Ledger) -> None:
     a, b, _ = _sweep(ledger, "q1aaaaa", config="big.yaml")
     ledger.start_attempt(a, host="h", bundle_sha="s")
-    ledger.record_checkpoint(a, 1, {"file": "latest-000020.pt", "step": 20, "epoch": 1, "sha256": "b" * 64,
-                                    "bytes": 300, "written_at": 5.0})
-    ledger.record_checkpoint(a, 1, {"file": "latest-000010.pt", "step": 10, "sha256": "a" * 64, "bytes": 900})
-    ledger.record_checkpoint(a, 1, {"file": "dup.pt", "step": 99, "sha256": "a" * 64, "bytes": 1})  # seen
-    ledger.record_checkpoint(a, 1, {"file": "nosha.pt", "step": 5})  # no sha: nothing to pin
+    ledger.record_checkpoint(a, 1, _ck({"file": "latest-000020.pt", "step": 20, "epoch": 1, "sha256": "b" * 64,
+                                    "bytes": 300, "written_at": 5.0}))
+    ledger.record_checkpoint(a, 1, _ck({"file": "latest-000010.pt", "step": 10, "sha256": "a" * 64, "bytes": 900}))
+    ledger.record_checkpoint(a, 1, _ck({"file": "dup.pt", "step": 99, "sha256": "a" * 64, "bytes": 1}))  # seen
+    ledger.record_checkpoint(a, 1, _ck({"file": "nosha.pt", "step": 5}))  # no sha: nothing to pin
     rows = ledger.checkpoints(a)
     assert [(r.file, r.step, r.epoch, r.sha256[0], r.bytes, r.attempt) for r in rows] == [
         ("latest-000010.pt", 10, None, "a", 900, 1), ("latest-000020.pt", 20, 1, "b", 300, 1)]
@@ -290,11 +293,11 @@ def test_checkpoints_are_recorded_once_per_sha_and_one_copy_is_durable(ledger: L
     ledger.mark_checkpoint_durable(a, "c" * 64, "/x", "h3")  # unknown sha: the known copies lose the mark
     assert [r.durable_path for r in ledger.checkpoints(a)] == ["", ""]
     ledger.start_attempt(b, host="h", bundle_sha="s")
-    ledger.record_checkpoint(b, 1, {"file": "x.pt", "step": 1, "sha256": "d" * 64, "bytes": 1200})
+    ledger.record_checkpoint(b, 1, _ck({"file": "x.pt", "step": 1, "sha256": "d" * 64, "bytes": 1200}))
     assert ledger.checkpoint_bytes_by_config() == {"big.yaml": 1200}
     # the same bytes in another job are that job's own checkpoint; a bare pointer gets empty values
-    ledger.record_checkpoint(b, 1, {"file": "same.pt", "step": 3, "sha256": "a" * 64, "bytes": 900})
-    ledger.record_checkpoint(b, 1, {"sha256": "e" * 64})
+    ledger.record_checkpoint(b, 1, _ck({"file": "same.pt", "step": 3, "sha256": "a" * 64, "bytes": 900}))
+    ledger.record_checkpoint(b, 1, _ck({"sha256": "e" * 64}))
     assert {(r.file, r.step, r.sha256[0], r.bytes) for r in ledger.checkpoints(b)} == {
         ("x.pt", 1, "d", 1200), ("same.pt", 3, "a", 900), ("", 0, "e", 0)}
     assert len(ledger.checkpoints(a)) == 2
@@ -404,7 +407,7 @@ def test_results_keep_each_metrics_step_and_epoch(ledger: Ledger) -> None:
     (a,) = _sweep(ledger, "q1aaaaa", ("a",))
     ledger.start_attempt(a, host="h", bundle_sha="s")
     ledger.record_results(a, 1, metrics=[("final", "val_acc", 0.8, 30, 3)], artifacts=[],
-                          checkpoint={"file": "best.pt", "step": 30, "sha256": "c" * 64, "bytes": 10})
+                          checkpoint=_ck({"file": "best.pt", "step": 30, "sha256": "c" * 64, "bytes": 10}))
     [m] = ledger.metrics([a])
     assert (m.attempt, m.scope, m.name, m.value, m.step, m.epoch) == (1, "final", "val_acc", 0.8, 30, 3)
     assert [c.file for c in ledger.checkpoints(a)] == ["best.pt"]

@@ -21,6 +21,7 @@ from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import host_answers, multinode
 from orchestrator.tick.probe import Probe
 from tests.support.fakehost import FakeHost
+from tests.support.wire import entry, status
 
 SHA = "b" * 64
 
@@ -52,8 +53,8 @@ def _verbs(host: FakeHost) -> list[str]:
 
 
 def _parts(job_id: str, head: str, peer: str) -> list[Part]:
-    return [Part(0, "a", True, {"job_id": job_id, "attempt": 1, "state": head}),
-            Part(1, "b", True, {"job_id": job_id, "attempt": 1, "state": peer})]
+    return [Part(0, "a", True, entry({"job_id": job_id, "attempt": 1, "state": head})),
+            Part(1, "b", True, entry({"job_id": job_id, "attempt": 1, "state": peer}))]
 
 
 def test_nodes_that_never_all_started_are_given_up_without_spending_a_retry(
@@ -89,8 +90,8 @@ def test_an_ended_attempt_has_its_other_nodes_stopped(world: tuple[Context, str,
     ctx, job, hosts = world
     ctx.ledger.transition(job, AttemptState.EXITED, attempt=1, message="exit 1")
     ctx.ledger.transition(job, JobState.FAILED, message="exit 1", of_attempt=1)
-    parts = [Part(0, "a", True, {"job_id": job, "attempt": 1, "state": "exited", "exit": {"wrapper_code": 1}}),
-             Part(1, "b", True, {"job_id": job, "attempt": 1, "state": "running"})]
+    parts = [Part(0, "a", True, entry({"job_id": job, "attempt": 1, "state": "exited", "exit": {"wrapper_code": 1}})),
+             Part(1, "b", True, entry({"job_id": job, "attempt": 1, "state": "running"}))]
     multinode.after_reconcile(ctx, {job: parts}, [job], [])
     assert _verbs(hosts["a"]) == [] and _verbs(hosts["b"]) == [f"kill {job} 1"]
     assert any(e.message.startswith("attempt 1: it ended; stopped the other nodes: node 1 on b: ")
@@ -103,11 +104,11 @@ def test_a_running_gang_seen_through_the_ticks_filter_is_never_given_up(
     host must keep its part, or a gang that runs past gang_timeout_s looks half-started and is killed."""
     ctx, job, hosts = world
     stranger = job_id_for("qzzzzzz", "other")
-    probes = [Probe("a", True, {"jobs": [{"job_id": job, "attempt": 1, "state": "running"}]}),
-              Probe("b", True, {"jobs": [{"job_id": job, "attempt": 1, "state": "running"},
-                                         {"job_id": stranger, "attempt": 1, "state": "running"}]})]
+    probes = [Probe("a", True, status({"jobs": [{"job_id": job, "attempt": 1, "state": "running"}]})),
+              Probe("b", True, status({"jobs": [{"job_id": job, "attempt": 1, "state": "running"},
+                                                {"job_id": stranger, "attempt": 1, "state": "running"}]}))]
     kept = host_answers.only_known(ctx.ledger, probes)
-    assert [[j["job_id"] for j in p.doc["jobs"]] for p in kept] == [[job], [job]]  # the stranger is dropped
+    assert [[j.job_id for j in p.doc.jobs] for p in kept if p.doc] == [[job], [job]]  # the stranger is dropped
     active = ctx.ledger.jobs(states=[JobState.ASSIGNED])
     parts = gangs.parts_this_tick(active, ctx.ledger.latest_attempts([job]), {p.host: p.doc for p in kept})
     assert [(p.host, p.state) for p in parts[job]] == [("a", "running"), ("b", "running")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator import observed
+from tests.support.wire import observed
 
 
 def test_progress_fills_attempt_fields_only_without_a_heartbeat() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import patrol
 from orchestrator.patrol import Decision, Finding, HostView, JobView, Severity, Thresholds
+from tests.support.wire import patrol
 
 TH = Thresholds()
 NOW = 1_800_000_000.0  # 2027-01-15 08:00:00Z

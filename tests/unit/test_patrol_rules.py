@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import patrol
 from orchestrator.patrol import HostView, JobView, Severity, Thresholds
+from tests.support.wire import patrol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "payload" / "agent"))
 

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import HostError
+from orchestrator.host_documents import Pointer
 from orchestrator.hosts.base import too_big
 from orchestrator.specs import CommandResult
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, archive, running_world
 from tests.support.jobtree import SHA
+from tests.support.wire import status
 
 
 @pytest.fixture
@@ -68,9 +70,8 @@ def test_entries_that_are_not_shipped(world: World, entry: dict[str, Any]) -> No
     row = world.ctx.ledger.host("local")
     assert row is not None
     doc = {"jobs": [{"job_id": world.job, "state": "running", "attempt": 1, "ckpt": pointer, **entry}]}
-    assert ck.ship_checkpoints(world.ctx, row, doc) == []
-    assert ck.ship_checkpoints(world.ctx, row, {"jobs": "not a list"}) == []
-    assert ck.ship_checkpoints(world.ctx, row, {"jobs": [{"job_id": world.job, "state": "running"}]}) == []
+    assert ck.ship_checkpoints(world.ctx, row, status(doc)) == []
+    assert ck.ship_checkpoints(world.ctx, row, status({"jobs": [{"job_id": world.job, "state": "running"}]})) == []
     assert not (world.home / "checkpoints").exists() or world.kept() == []
 
 
@@ -78,22 +79,22 @@ def test_entries_not_shipped_never_stop_the_ones_after_them(world: World) -> Non
     pointer = world.save(8)
     row = world.ctx.ledger.host("local")
     assert row is not None
-    skipped: list[Any] = ["not an entry", {"job_id": world.job, "state": "exited", "ckpt": pointer},
+    skipped: list[Any] = [{"job_id": world.job, "state": "exited", "ckpt": pointer},
                           {"job_id": "c" + "0" * 12, "state": "running", "ckpt": pointer},
                           {"job_id": world.job, "state": "running"},  # neither pointer nor project mtime
-                          {"job_id": world.job, "state": "running", "run_ckpt_mtime": True}]
+                          {"job_id": world.job, "state": "running", "run_ckpt_mtime": True}]  # no time: none
     doc = {"jobs": [*skipped, {"job_id": world.job, "state": "running", "attempt": 3, "ckpt": pointer}]}
-    assert ck.ship_checkpoints(world.ctx, row, doc) == [world.job]
+    assert ck.ship_checkpoints(world.ctx, row, status(doc)) == [world.job]
     # the attempt the host reported is the checkpoint's; without one, the job's current attempt
     assert [c.attempt for c in world.ctx.ledger.checkpoints(world.job)] == [3]
     newer = world.save(9, archive(pickle.dumps({"step": 9}, protocol=2)))
-    assert world.ship(newer, attempt="2") == [world.job]
+    assert world.ship(newer, attempt=0) == [world.job]  # the host names no attempt (a string never passes the edge)
     assert [c.attempt for c in world.ctx.ledger.checkpoints(world.job)] == [3, 1]
     # an entry no newer than the kept copy is passed over, and the next one is still read
     newest = world.save(10, archive(pickle.dumps({"step": 10}, protocol=2)))
     doc = {"jobs": [{"job_id": world.job, "state": "running", "ckpt": newer},
                     {"job_id": world.job, "state": "running", "ckpt": newest}]}
-    assert ck.ship_checkpoints(world.ctx, row, doc) == [world.job]
+    assert ck.ship_checkpoints(world.ctx, row, status(doc)) == [world.job]
     assert ck.newest_durable(world.ctx, world.job).step == 10
 
 
@@ -214,7 +215,8 @@ def test_the_pinned_copy_is_fetched_within_its_size_and_unpinned(tmp_path: Path)
     assert not isinstance(got, str), got
     pointer, part = got
     assert (part, part.read_bytes()) == (tmp_path / ".checkpoint.part", b"")
-    assert pointer == {"file": "latest-000000001.pt", "step": 1, "sha256": hashlib.sha256(b"").hexdigest(), "bytes": 0}
+    assert pointer.model_dump(exclude_unset=True, exclude={"snapshot"}) == {
+        "file": "latest-000000001.pt", "step": 1, "sha256": hashlib.sha256(b"").hexdigest(), "bytes": 0}
     assert host.gets == [("/r/jobs/c1/ckpt/.ship.pt", 0)]
     assert host.removed == [["rm", "-f", "/r/jobs/c1/ckpt/.ship.pt"]]
     # the pin cannot be removed (the link dropped after the copy): the copy still counts
@@ -254,7 +256,7 @@ def test_which_checkpoint_is_newer(have: dict[str, Any] | None, pointer: dict[st
         def __init__(self, **kw: Any) -> None:
             self.__dict__.update(kw)
 
-    assert ck._is_newer(Row(**have) if have else None, pointer) is newer
+    assert ck._is_newer(Row(**have) if have else None, Pointer.model_validate(pointer)) is newer
 
 
 @pytest.mark.parametrize(("mode", "kind", "provider", "wanted"), [

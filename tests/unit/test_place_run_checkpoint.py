@@ -21,6 +21,7 @@ import pytest
 from orchestrator.errors import GpuqError
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, running_world
+from tests.support.wire import status
 
 RUN = {"checkpoint": ["ckpt/*.pt"], "metrics": "logs/metrics.csv", "command": ["train.py"]}
 WEIGHTS = b"weights of epoch 1"
@@ -46,7 +47,7 @@ def _ship(world: World, mtime: float) -> list[str]:
     row = world.ctx.ledger.host("local")
     assert row is not None
     doc = {"jobs": [{"job_id": world.job, "state": "running", "attempt": 1, "run_ckpt_mtime": mtime}]}
-    return ck.ship_checkpoints(world.ctx, row, doc)
+    return ck.ship_checkpoints(world.ctx, row, status(doc))
 
 
 def test_a_projects_checkpoint_comes_home_with_the_whole_lines_of_its_metrics(world: World) -> None:
@@ -71,7 +72,7 @@ def test_a_projects_checkpoint_comes_home_with_the_whole_lines_of_its_metrics(wo
     assert row is not None
     stale_then_new = {"jobs": [{"job_id": world.job, "state": "running", "run_ckpt_mtime": mtime},
                                {"job_id": world.job, "state": "running", "run_ckpt_mtime": mtime + 1}]}
-    assert ck.ship_checkpoints(world.ctx, row, stale_then_new) == [world.job]  # the stale entry stops nothing
+    assert ck.ship_checkpoints(world.ctx, row, status(stale_then_new)) == [world.job]  # the stale entry stops nothing
     _project_job(world, b"weights of epoch 2", "step,loss\n1,2.0\n")
     os.utime(world.root / "jobs" / world.job / "run" / "ckpt" / "e1.pt", (mtime + 10, mtime + 10))
     assert _ship(world, mtime + 10) == [world.job]

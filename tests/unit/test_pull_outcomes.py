@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator import protocol
 from orchestrator.errors import GpuqError, HostError, HostUnreachable
+from orchestrator.host_documents import ManifestReply
 from orchestrator.specs import CommandResult
 from orchestrator.transfer import (
     ALREADY,
@@ -78,13 +79,13 @@ def test_a_missing_verified_record_means_the_job_is_pulled_again(world: World) -
 
 @pytest.mark.parametrize(("reply", "why"), [
     ({"error": "exited 4 (config error)"}, "exited 4 (config error)"),
-    ({"sha256": 7}, "no manifest in the agent's reply"),
+    ({"sha256": None}, "no manifest in the agent's reply"),  # a sha256 that is no hash never passes the edge
     ({}, "no manifest in the agent's reply"),
 ])
 def test_a_refused_manifest_word_for_word(world: World, reply: dict[str, Any], why: str) -> None:
     run = pull_mod._Pull(world.ledger, world.host, world.results, world.quarantine, 5, (10.0, 120.0),
                          world.sleeps.append, lambda: 0.0)
-    out = pull_mod._pull_one(run, world.jobs[0], reply)
+    out = pull_mod._pull_one(run, world.jobs[0], ManifestReply.model_validate(reply))
     assert (out.state, out.reason) == (NOT_PULLED, f"fake refused to manifest it: {why}")
     assert not world.results.exists()
 
@@ -268,7 +269,8 @@ class _Answer:
 
 def test_request_manifests_asks_once_with_a_long_timeout() -> None:
     host = _Answer(0, json.dumps({"c1": {"sha256": "a" * 64}}) + "\n")
-    assert request_manifests(host, ["agent"], ["c1", "c2"]) == {"c1": {"sha256": "a" * 64}}  # type: ignore[arg-type]
+    replies = request_manifests(host, ["agent"], ["c1", "c2"])  # type: ignore[arg-type]
+    assert list(replies) == ["c1"] and replies["c1"].sha256 == "a" * 64 and replies["c1"].error is None
     assert host.calls == [(["agent", "manifest", "c1", "c2"], pull_mod.MANIFEST_TIMEOUT_S)]
     assert pull_mod.MANIFEST_TIMEOUT_S == 900.0
 

@@ -73,6 +73,6 @@ def test_curves_land_in_the_ledger_beside_final_and_best(tmp_path: Path) -> None
     doc = hd.read_collect("h1", json.dumps({row.id: {"attempt": 1, "summary": {
         "final": {"val_acc": 0.9, "step": 4}, "best": {"val_acc": 0.95, "step": 2},
         "curves": {"val_acc": [[4, 0.9], [2, 0.95]], "loss": [[1, 2.0], [3, 1.0]]}}}}))
-    record_collected(ledger, doc)
+    record_collected(ledger, doc.root)
     assert ledger.curves([row.id]) == {row.id: {"val_acc": [(2, 0.95), (4, 0.9)], "loss": [(1, 2.0), (3, 1.0)]}}
     assert sorted((m.scope, m.name) for m in ledger.metrics([row.id])) == [("best", "val_acc"), ("final", "val_acc")]

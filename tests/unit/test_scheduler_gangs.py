@@ -4,8 +4,10 @@ K distinct hosts reserved together, sent only when all start now, never starved 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator.gangs import Part, head_addresses, hold_back, rendezvous_port, standing_entry, waiting
+from orchestrator.host_documents import JobEntry
 from orchestrator.hosts.sshconfig import Endpoint
 from orchestrator.scheduler import Plan, PlanJob, plan
 from orchestrator.specs import Assignment, HostSlots
@@ -68,29 +70,35 @@ def test_the_rendezvous_port_is_known_to_every_node_and_new_for_each_attempt() -
     assert rendezvous_port("c000000000001", 3) == rendezvous_port("c000000000001", 3)
 
 
+def _dict(entry: JobEntry | None) -> dict[str, Any]:
+    """The entry as the host would have written it (what the controller set included)."""
+    assert entry is not None
+    return dict(entry.model_dump(exclude_unset=True))
+
+
 def _part(rank: int, state: str, code: int | None = None, **exit_extra: object) -> Part:
     entry: dict[str, object] = {"job_id": "c1", "attempt": 1, "state": state}
     if code is not None:
         entry["exit"] = {"wrapper_code": code, "message": f"exit of node {rank}", **exit_extra}
-    return Part(rank, f"h{rank}", True, entry)
+    return Part(rank, f"h{rank}", True, JobEntry.model_validate(entry))
 
 
 def test_the_attempt_stands_on_node_0_until_any_node_fails() -> None:
-    assert standing_entry([_part(0, "running"), _part(1, "running")])["state"] == "running"
+    assert _dict(standing_entry([_part(0, "running"), _part(1, "running")]))["state"] == "running"
     assert standing_entry([Part(0, "h0", True, None), _part(1, "running")]) is None
-    done = standing_entry([_part(0, "exited", 0), _part(1, "running")])
+    done = _dict(standing_entry([_part(0, "exited", 0), _part(1, "running")]))
     assert done["exit"]["wrapper_code"] == 0 and "gang_cause" not in done
 
 
 def test_a_killed_node_is_the_cause_even_when_node_0_failed_too() -> None:
-    killed = standing_entry([_part(0, "exited", 1), _part(1, "exited", 137, vanished=True)])
+    killed = _dict(standing_entry([_part(0, "exited", 1), _part(1, "exited", 137, vanished=True)]))
     assert killed["state"] == "exited" and killed["exit"]["wrapper_code"] == 137
     assert killed["exit"]["message"] == "node 1 on h1: exit of node 1" and killed["gang_cause"] == "node 1 on h1"
-    dead = standing_entry([_part(0, "running"), _part(1, "dead")])
-    assert dead["state"] == "dead" and "exit" not in dead and dead["gang_cause"] == "node 1 on h1"
-    own = standing_entry([_part(0, "exited", 1), _part(1, "exited", 1)])
+    dead = _dict(standing_entry([_part(0, "running"), _part(1, "dead")]))
+    assert dead["state"] == "dead" and dead.get("exit") is None and dead["gang_cause"] == "node 1 on h1"
+    own = _dict(standing_entry([_part(0, "exited", 1), _part(1, "exited", 1)]))
     assert own["exit"]["message"] == "node 0 on h0: exit of node 0"  # node 0's own error when nothing was killed
-    peer = standing_entry([_part(0, "running"), _part(1, "exited", 1)])
+    peer = _dict(standing_entry([_part(0, "running"), _part(1, "exited", 1)]))
     assert peer["exit"]["message"] == "node 1 on h1: exit of node 1"
 
 

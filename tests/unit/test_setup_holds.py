@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.host_documents import ExitRecord
 from orchestrator.ledger import Ledger
 from orchestrator.setup_holds import held_bundles, is_held, is_setup_failure, release, settle_setup_failure
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
 
 SHA = "ab" * 32
-EXIT = {"wrapper_code": 80, "phase": "setup", "setup_failed": True, "setup_key": "k" * 64,
+EXIT = ExitRecord.model_validate({"wrapper_code": 80, "phase": "setup", "setup_failed": True, "setup_key": "k" * 64,
         "message": "setup failed (exit 1) on g1: ERROR: No matching distribution found for hydra-core",
-        "setup_tail": "Collecting hydra-core\nERROR: No matching distribution found for hydra-core"}
+        "setup_tail": "Collecting hydra-core\nERROR: No matching distribution found for hydra-core"})
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def _failed_setup(ledger: Ledger, host: str = "g1") -> str:
 
 def test_a_failed_setup_holds_the_host_for_that_bundle_and_requeues_without_a_retry(ledger: Ledger) -> None:
     job = _failed_setup(ledger)
-    assert is_setup_failure(EXIT) and not is_setup_failure({"wrapper_code": 80, "phase": "setup"})
+    assert is_setup_failure(EXIT) and not is_setup_failure(ExitRecord(wrapper_code=80, phase="setup"))
     decision = settle_setup_failure(ledger, job, "g1", SHA, EXIT, "exit 80: setup failed (exit 1) on g1")
     assert decision.action == "requeue"
     assert ledger.job(job).state == JobState.QUEUED.value  # retries=0, yet nothing is lost

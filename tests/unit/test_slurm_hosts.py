@@ -68,7 +68,9 @@ def test_on_a_slurm_host_every_job_takes_one_place_in_the_queue_and_fits_a_node(
 
 
 def test_a_job_waiting_in_slurms_queue_says_slurms_state_and_reason() -> None:
-    from orchestrator.observed import slurm_wait
+    from tests.support.wire import observed
+
+    slurm_wait = observed.slurm_wait
 
     pending = {"slurm": {"id": "41", "state": "PENDING", "reason": "Priority"}}
     assert slurm_wait(pending) == "Slurm job 41 PENDING (Priority)"

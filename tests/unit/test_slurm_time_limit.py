@@ -16,6 +16,7 @@ from orchestrator.ledger import HostRow
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import attempts
+from tests.support.wire import entry
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ def _seen(last_step: int | None, **exit_fields: Any) -> dict[str, Any]:
 
 def test_a_chunk_that_trained_is_preempted_and_queued_again_without_spending_retries(ctx: Context) -> None:
     job = _running_job(ctx)
-    assert attempts.apply(ctx.ledger, ctx.ledger.job(job), _seen(40)) == ""
+    assert attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(_seen(40))) == ""
     assert ctx.ledger.job(job).state == JobState.QUEUED.value
     (attempt,) = ctx.ledger.attempts(job)
     assert attempt.state == AttemptState.PREEMPTED.value
@@ -58,7 +59,7 @@ def test_a_chunk_that_trained_is_preempted_and_queued_again_without_spending_ret
     ctx.ledger.update_attempt(job, 1, step=40)
     ctx.ledger.transition(job, AttemptState.RUNNING, attempt=2)
     ctx.ledger.transition(job, JobState.RUNNING)
-    assert attempts.apply(ctx.ledger, ctx.ledger.job(job), _seen(40)) == "failed"  # no progress: a stop
+    assert attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(_seen(40))) == "failed"  # no progress: a stop
     assert ctx.ledger.attempts(job)[-1].state == AttemptState.EXITED.value
 
 
@@ -70,7 +71,7 @@ def test_a_chunk_that_trained_is_preempted_and_queued_again_without_spending_ret
 ])
 def test_anything_else_takes_the_usual_path(ctx: Context, seen: dict[str, Any]) -> None:
     job = _running_job(ctx)
-    outcome = attempts.apply(ctx.ledger, ctx.ledger.job(job), seen)
+    outcome = attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(seen))
     assert outcome in ("failed", "succeeded")
     assert ctx.ledger.attempts(job)[0].state == AttemptState.EXITED.value
 
@@ -78,5 +79,5 @@ def test_anything_else_takes_the_usual_path(ctx: Context, seen: dict[str, Any]) 
 def test_a_cancelled_job_is_cancelled_not_continued(ctx: Context) -> None:
     job = _running_job(ctx)
     seen = dict(_seen(40), cancel_requested=True)
-    attempts.apply(ctx.ledger, ctx.ledger.job(job), seen)
+    attempts.apply(ctx.ledger, ctx.ledger.job(job), entry(seen))
     assert ctx.ledger.job(job).state == JobState.CANCELLED.value

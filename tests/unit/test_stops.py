@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import stops
 from orchestrator.config import Settings
 from orchestrator.ledger import Ledger
 from orchestrator.specs import JobSpec
 from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.settle import settle
+from tests.support.wire import stops
 
 
 @pytest.fixture

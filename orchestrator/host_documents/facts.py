@@ -1,0 +1,44 @@
+"""What `gpuq hosts add` learns about a host (its audit script, orchestrator/fleet.py), and the
+per-job verdicts of ``enqueue`` / ``withdraw`` / ``cancel``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, RootModel
+
+from orchestrator.host_documents.bounds import (
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_JOBS,
+    Count,
+    Open,
+    Short,
+    Text,
+)
+
+
+class AuditGpu(Open):
+    index: Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+    name: Text = ""
+
+
+class HostFacts(Open):
+    home: Text = ""
+    root: Annotated[str, Field(min_length=1, max_length=4096)]
+    python: Text = ""
+    version: Annotated[list[Annotated[int, Field(ge=0, le=1_000_000)]], Field(min_length=1, max_length=5)]
+    writable: bool = False
+    error: Text = ""
+    free_bytes: Count | None = None
+    gpus: Annotated[list[AuditGpu], Field(max_length=MAX_GPUS)] = Field(default_factory=list)
+    gpu_error: Text | None = None
+    cpus: Annotated[int, Field(ge=1, le=MAX_CPUS)] = 1
+
+
+class Verdicts(RootModel[Annotated[dict[Short, Short], Field(max_length=MAX_JOBS)]]):
+    """enqueue / withdraw / cancel: {job_id: verdict}."""
+
+    def of(self, job_id: str) -> str:
+        """The verdict on ``job_id`` ("" when the host said nothing about it)."""
+        return self.root.get(job_id, "")

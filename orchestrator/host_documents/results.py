@@ -1,0 +1,152 @@
+"""What a finished job left on its host, as the host reports it: the checkpoint pointer, the summary's
+metrics and learning curves, the result files (``collect``), the manifest ``gpuq pull`` fetches, and
+a pinned checkpoint snapshot (docs/host-protocol.md, gpuq_inbox.py, gpuq_manifest.py).
+
+Every metric is a finite number here: a NaN or an infinity in a host's summary never reaches the
+ledger (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from pydantic import Field, RootModel, WrapValidator
+
+from orchestrator.host_documents.bounds import (
+    MAX_CURVE_POINTS,
+    MAX_CURVES,
+    MAX_FILES,
+    MAX_INT,
+    MAX_JOBS,
+    AnyInt,
+    Attempt,
+    Count,
+    Finite,
+    LenientCount,
+    LenientFloat,
+    LenientInt,
+    LenientText,
+    Open,
+    Sha256,
+    Short,
+    Text,
+    _or_none,
+    finite_number,
+)
+
+NOT_METRICS = frozenset({"step", "epoch", "time", "kind"})  # a summary row's fields that are no metric
+
+
+class ResultCheckpoint(Open):
+    """A checkpoint as the ledger records it (a collect's ``ckpt``, or a pointer made one): absent
+    fields take the ledger's defaults, a null one is refused."""
+
+    sha256: Text = ""
+    file: Text = ""
+    step: AnyInt = 0
+    epoch: AnyInt | None = None
+    bytes: Count = 0
+    written_at: Finite | None = None  # None: recorded at the time it is stored
+
+    def written(self) -> float:
+        return self.written_at if self.written_at is not None else time.time()
+
+
+class Pointer(Open):
+    """The checkpoint pointer (ckpt/LATEST, a file the trainer writes) as the agent read it, with the
+    file's ``mtime``: a value that does not fit is dropped (None), the pointer kept."""
+
+    file: LenientText = None
+    step: LenientInt = None
+    epoch: LenientInt = None
+    mtime: LenientFloat = None
+    written_at: LenientFloat = None
+    sha256: LenientText = None
+    bytes: LenientCount = None
+
+    def recorded(self) -> ResultCheckpoint:
+        """The pointer as the ledger records it."""
+        return ResultCheckpoint(sha256=self.sha256 or "", file=self.file or "", step=self.step or 0,
+                                epoch=self.epoch, bytes=self.bytes or 0, written_at=self.written_at)
+
+
+class ResultFile(Open):
+    path: Text
+    bytes: Count
+    sha256: Sha256
+
+
+Number = Annotated[AnyInt | Finite | None, WrapValidator(_or_none)]
+
+
+class SummaryRow(Open):
+    """One scope of summary.json (final, best): metric name -> number, plus where it was taken."""
+
+    step: Number = None  # a project's own metrics may log fractional epochs
+    epoch: Number = None
+
+    def metrics(self) -> dict[str, float]:
+        """The row's metrics: its other fields that are finite numbers (a NaN loss is no metric)."""
+        out: dict[str, float] = {}
+        for name, value in (self.model_extra or {}).items():
+            number = finite_number(value)
+            if name not in NOT_METRICS and number is not None and len(name) <= 128:
+                out[name] = number
+        return out
+
+    def step_int(self) -> int | None:
+        return None if self.step is None else int(self.step)
+
+    def epoch_int(self) -> int | None:
+        return None if self.epoch is None else int(self.epoch)
+
+
+CurvePoint = tuple[Annotated[float, Field(ge=-MAX_INT, le=MAX_INT, allow_inf_nan=False)], Finite]
+Curve = Annotated[list[CurvePoint], Field(max_length=MAX_CURVE_POINTS)]
+
+
+class Summary(Open):
+    metric: Short | None = None
+    mode: Short | None = None
+    final: SummaryRow | None = None
+    best: SummaryRow | None = None
+    # metric -> [[step, value]]
+    curves: Annotated[dict[Short, Curve], Field(max_length=MAX_CURVES)] = Field(default_factory=dict)
+
+
+class Results(Open):
+    attempt: Attempt = 0
+    summary: Summary | None = None
+    files: Annotated[list[ResultFile], Field(max_length=MAX_FILES)] = Field(default_factory=list)
+    ckpt: ResultCheckpoint | None = None
+
+
+class CollectDocument(RootModel[Annotated[dict[Short, Results], Field(max_length=MAX_JOBS)]]):
+    """``collect``: {job_id: its results}."""
+
+
+class ManifestReply(Open):
+    error: Text | None = None
+    manifest: Text | None = None
+    sha256: Sha256 | None = None
+    attempt: Attempt | None = None
+    files: Count | None = None
+    bytes: Count | None = None
+
+
+class ManifestDocument(RootModel[Annotated[dict[Short, ManifestReply], Field(max_length=MAX_JOBS)]]):
+    """``manifest``: {job_id: where its MANIFEST.json is, or why there is none}."""
+
+
+class SnapshotPointer(Open):
+    """A checkpoint pinned for copying (``snapshot``): the pointer plus the pinned file's path."""
+
+    file: Annotated[str, Field(min_length=1, max_length=1024)]
+    sha256: Sha256
+    snapshot: Annotated[str, Field(min_length=1, max_length=1024)]
+    bytes: Count | None = None
+    step: AnyInt | None = None
+    epoch: LenientInt = None
+    mtime: Annotated[Finite | None, WrapValidator(_or_none)] = None
+    written_at: Annotated[Finite | None, WrapValidator(_or_none)] = None
