@@ -62,7 +62,7 @@ def agent_entries(snap: Snapshot) -> dict[tuple[str, str], JobEntry]:
     """The host agents' job entries by (host, job id), from this tick's status documents."""
     entries: dict[tuple[str, str], JobEntry] = {}
     for name, probe in snap.probes.items():
-        if probe.ok:
+        if probe.ok and probe.doc is not None:
             for entry in probe.doc.jobs:
                 if entry.job_id:
                     entries[(name, entry.job_id)] = entry
