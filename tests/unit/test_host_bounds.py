@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator import api
 from orchestrator import host_documents as hd
+from orchestrator.errors import LedgerError
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.scheduler import EpochRates, PlanJob, plan
 from orchestrator.specs import MAX_SLOTS, HostSlots, JobSpec
@@ -115,9 +116,10 @@ def test_a_nan_metric_never_reaches_the_ledger(tmp_path: Path) -> None:
     record_collected(ledger, {job.id: doc.root["c0123456789ab"]})
     assert sorted((m.scope, m.name, m.value, m.step) for m in ledger.metrics([job.id])) == [
         ("best", "val_acc", 0.5, 3), ("final", "val_acc", 0.5, 3)]
-    # the ledger's own guard: a non-finite value handed to it is not stored either
-    ledger.record_results(job.id, 1, metrics=[("final", "loss", math.nan, 1, None)], artifacts=[])
-    assert ledger.metrics([job.id]) == []
+    # the ledger's own guard: a non-finite value handed to it is refused whole, and nothing changes
+    with pytest.raises(LedgerError, match="not a finite number"):
+        ledger.record_results(job.id, 1, metrics=[("final", "loss", math.nan, 1, None)], artifacts=[])
+    assert len(ledger.metrics([job.id])) == 2
 
 
 @pytest.mark.parametrize("field", ["heartbeat_age_s", "log_mtime", "run_ckpt_mtime"])

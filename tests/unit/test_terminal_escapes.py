@@ -21,6 +21,7 @@ from orchestrator.specs import JobSpec
 from orchestrator.tick.probe import Probe
 from orchestrator.views.text import one_line, printable, shown_escaped
 from tests.conftest import run_gpuq
+from tests.support.wire import status
 
 NOW = 1_800_000_000.0
 TITLE, CLIP, HIDE = "\x1b]0;", "\x1b]52;", "\x1b[8m"
@@ -55,7 +56,7 @@ def _snapshot() -> Snapshot:
                      provider="runpod", lease_state=f"stopping{HIDE}", lease_reason=EVIL, price_per_hour=1.0),
              HostRow(name="g2", kind="ssh", root="/r", last_probe_at=NOW - 1, created_at=NOW - 10,
                      unreachable_since=NOW - 60)]
-    probes = {"g1": Probe("g1", True, doc, reachable=True),
+    probes = {"g1": Probe("g1", True, status(doc), reachable=True),
               "g2": Probe("g2", False, error=f"ssh: {EVIL}", reachable=False)}
     job = Job(id="cjob00000001", sweep_id="qs1", name="j", line=1, raw="", config="c.yaml", config_sha256="0" * 64,
               task="classify", epochs=1, gpus=1, nodes=1, retries=0, spec_hash="h", state="RUNNING", host="g1",
