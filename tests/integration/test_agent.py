@@ -26,6 +26,7 @@ import pytest
 
 from orchestrator import patrol, protocol, stops
 from orchestrator.host_documents import unframe
+from tests.support.wire import exit_record
 
 pytestmark = pytest.mark.integration
 
@@ -309,8 +310,8 @@ def test_a_sigterm_to_the_wrapper_is_a_stop_whatever_the_trainer_exits(host: Hos
     e = host.wait_exit(s["job_id"])
     assert (e["wrapper_code"], e["trainer_code"], e["wrapper_signal"]) == (1, 1, 15), e
     assert "(wrapper got signal 15)" in e["message"]
-    assert patrol.classify(e["wrapper_code"], e["trainer_code"], [], wrapper_signal=stops.wrapper_signal(e)) \
-        == "stopped"
+    signalled = stops.wrapper_signal(exit_record(e))
+    assert patrol.classify(e["wrapper_code"], e["trainer_code"], [], wrapper_signal=signalled) == "stopped"
     assert patrol.decide("stopped", 1, 2).action == "requeue"
 
 

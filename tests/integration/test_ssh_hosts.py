@@ -92,13 +92,17 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
     assert results.returncode == 0 and "val_acc" in results.stdout and results.stdout.count("verified") >= 4
 
     # an unchanged project re-submitted pushes no bundle bytes: the hosts' bundle dirs stay as they are
-    before = {i: sorted(p.name for p in user.host_dir(i).glob("bundles/*")) for i in range(3)}
-    stamps = {i: [p.stat().st_mtime_ns for p in sorted(user.host_dir(i).glob("bundles/*"))] for i in range(3)}
+    # (the reuse check leaves its marker, bundles/.<sha>.verified, beside them: bundle_check.py)
+    def bundles(i: int) -> list[Path]:
+        return sorted(p for p in user.host_dir(i).glob("bundles/*") if not p.name.startswith("."))
+
+    before = {i: [p.name for p in bundles(i)] for i in range(3)}
+    stamps = {i: [p.stat().st_mtime_ns for p in bundles(i)] for i in range(3)}
     again = user.gpuq("submit", str(example))
     assert again.returncode == 0, again.stderr
-    assert before == {i: sorted(p.name for p in user.host_dir(i).glob("bundles/*")) for i in range(3)}
-    assert stamps == {i: [p.stat().st_mtime_ns for p in sorted(user.host_dir(i).glob("bundles/*"))]
-                      for i in range(3)}
+    assert before == {i: [p.name for p in bundles(i)] for i in range(3)}
+    assert stamps == {i: [p.stat().st_mtime_ns for p in bundles(i)] for i in range(3)}
+    assert all(list(user.host_dir(i).glob("bundles/.*.verified")) for i in range(3))  # checked before reuse
     assert "already succeeded" in again.stdout + again.stderr  # the twins are named
     assert "bundle already on g0, g1, g2" in again.stdout
     assert "bundle pushed to g0, g1, g2" in submitted.stdout

@@ -57,15 +57,17 @@ def test_results_show_every_row_and_say_which_host_failed(ctx: Context) -> None:
     rows = {r.job.name: r for r in results(ctx, sweep=SWEEP)}
     assert rows["good"].final == {"val_acc": 0.75} and rows["good"].error == ""
     assert rows["dead"].final == {} and "h-dead" in rows["dead"].error
-    assert rows["nan"].final == {} and "h-nan" in rows["nan"].error and "finite" in rows["nan"].error
+    # a NaN final metric is no metric (dropped at the edge: host_documents.results); the host's other
+    # numbers stand, and nothing breaks the sweep's other rows
+    assert rows["nan"].final == {} and rows["nan"].best == {"val_acc": 0.8} and rows["nan"].error == ""
     again = {r.job.name: r for r in results(ctx, sweep=SWEEP)}  # every call, not only the first
-    assert again["good"].final == {"val_acc": 0.75} and again["nan"].error
+    assert again["good"].final == {"val_acc": 0.75} and "h-dead" in again["dead"].error
 
 
 def test_report_counts_the_good_jobs_and_notes_the_bad_hosts(ctx: Context) -> None:
     report = build_report(ctx, [SWEEP], metric="val_acc", mode="max")
     assert report.finished == 1
-    assert any("h-dead" in n for n in report.notes) and any("h-nan" in n for n in report.notes), report.notes
+    assert any("h-dead" in n for n in report.notes), report.notes
 
 
 def test_the_ledger_refuses_a_non_finite_metric_whole(ctx: Context) -> None:
@@ -92,4 +94,4 @@ def test_the_table_and_csv_say_on_each_row_why_its_results_are_missing(ctx: Cont
     assert "h-dead" in by_name["dead"]["error"] and by_name["dead"]["final_val_acc"] == ""
     results_table(rows)
     table = capsys.readouterr().out
-    assert "note" in table and "h-dead" in table and "h-nan" in table
+    assert "note" in table and "h-dead" in table
