@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from orchestrator.ledger import Attempt, Checkpoint
 from orchestrator.states import AttemptState
+
+if TYPE_CHECKING:  # the ledger (sqlalchemy) only for the types: views.text must stay cheap to import
+    from orchestrator.ledger import Attempt, Checkpoint
 
 LOST_STATES = (AttemptState.PREEMPTED.value, AttemptState.LOST.value)
 
