@@ -28,7 +28,7 @@ from tests.support.testhosts import HostFarm
 pytestmark = pytest.mark.integration
 
 GPUQ = [sys.executable, "-m", "orchestrator"]
-EXAMPLE_EPOCHS = 3
+EXAMPLE_EPOCHS = 1
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def _project(tmp_path: Path, lines: list[str], epochs_config: str = TINY_CONFIG)
 
 def _example_queue(tmp_path: Path) -> Path:
     """The README's example project and queue (four jobs of two GPUs each), with EXAMPLE_EPOCHS epochs
-    instead of 10-12: placement, launches, pulls and re-submission are the same for any length, and
+    instead of 5-6: placement, launches, pulls and re-submission are the same for any length, and
     the queue exactly as shipped runs in test_example_queue.py."""
     project = tmp_path / "example"
     shutil.copytree(ROOT / "payload", project, ignore=shutil.ignore_patterns("__pycache__", "queue.txt"))
@@ -112,7 +112,8 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
 
 def test_cut_connection_and_stopped_sshd_leave_jobs_running(user: User, farm: HostFarm, tmp_path: Path) -> None:
     user.add_hosts()
-    slow = TINY_CONFIG.replace("n_train: 256", "n_train: 4096")
+    # 40 steps of 0.5 s each (a test-hook sleep, no CPU): the jobs outlast the cuts on any machine's load
+    slow = TINY_CONFIG.replace("n_train: 256", "n_train: 512") + "test_hook_step_sleep_s: 0.5\n"
     queue = _project(tmp_path, [f"configs/tiny.yaml classify 5 name=f{i} gpus=2" for i in range(3)], slow)
     submitted = user.gpuq("submit", str(queue))
     assert submitted.returncode == 0, submitted.stderr
