@@ -173,7 +173,7 @@ def job_progress(log_path: str, pattern: Any = None) -> dict[str, Any] | None:
 # --- the run dir's globs ----------------------------------------------------------------
 
 
-def _glob_regex(pattern: str) -> Any:
+def glob_regex(pattern: str) -> Any:
     """A POSIX glob relative to the run dir as a regex: ``*`` and ``?`` stay inside one path
     component, ``**`` spans any number of them (``a/**`` = everything under a/)."""
     out = []
@@ -265,7 +265,7 @@ def matching_files(run_dir: str, globs: Any) -> list[tuple[str, os.stat_result]]
     pats = safe_globs(globs)
     if not pats or os.path.islink(run_dir) or not os.path.isdir(run_dir):
         return []
-    rxs = [_glob_regex(g) for g in pats]
+    rxs = [glob_regex(g) for g in pats]
     # a glob without "/" or "**" only looks at the top level: no need to walk the whole tree
     deep = any("/" in g or "**" in g for g in pats)
     out = []
