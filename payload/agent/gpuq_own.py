@@ -10,7 +10,7 @@ link into the project or the bundle, and the one file-name rule the host and the
 - A **directory** matching a glob (HF's ``checkpoint-500/``, a DCP dir) is one checkpoint: every real
   file under it belongs to it.  It is *complete* (:func:`dir_problem`) when it is not empty, holds no
   partial file (``*.tmp``, ``*.part``, ...), holds a completion marker at its top (``trainer_state.json``:
-  HF's Trainer writes it after the weights, optimizer and RNG state; ``.metadata``: torch.distributed
+  HF's Trainer writes it after the weights, optimizer and RNG state, and it must parse; ``.metadata``: torch.distributed
   .checkpoint writes it after every shard), and, while the job may still be writing, nothing in it
   changed for ``SETTLE_S``.  A directory killed mid-save lacks its marker and is never chosen.
 - Directories reached through a symlink are never walked.
@@ -26,6 +26,7 @@ stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import time
@@ -133,6 +134,13 @@ def dir_problem(path: str, settle_s: float = 0.0, now: float | None = None) -> s
         return "it holds a partial file %s" % partial[0]
     if not any(rel in DIR_MARKERS for rel, _ in files):
         return "it has no completion marker (%s)" % ", ".join(DIR_MARKERS)
+    state = os.path.join(path, DIR_MARKERS[0])
+    if os.path.isfile(state):  # HF writes it in place: a kill mid-write leaves it cut short
+        try:
+            with open(state, "rb") as f:
+                json.loads(f.read(4 * 1024 * 1024).decode("utf-8"))
+        except (OSError, ValueError):
+            return "its %s is cut short" % DIR_MARKERS[0]
     if settle_s > 0:
         age = (time.time() if now is None else now) - _newest_file_mtime(path)
         if age < settle_s:

@@ -89,12 +89,15 @@ def test_the_newest_complete_checkpoint_directory_wins(tmp_path: Path) -> None:
     _write(run / "out" / "checkpoint-8" / "trainer_state.json", mtime=now - 90)
     _write(run / "out" / "checkpoint-8" / "model.safetensors.tmp", mtime=now - 90)  # a partial file
     (run / "out" / "checkpoint-9").mkdir()  # empty
+    _write(run / "out" / "checkpoint-7" / "model.safetensors", mtime=now - 95)
+    _write(run / "out" / "checkpoint-7" / "trainer_state.json", b'{"global_step": 7, "log_hi', mtime=now - 95)
     rule = {"checkpoint": "out/checkpoint-*"}
     assert launch.newest_checkpoint(str(run), rule) == str(run / "out" / "checkpoint-4")
     assert own.dir_problem(str(run / "out" / "checkpoint-6")) == \
         "it has no completion marker (trainer_state.json, .metadata)"
     assert own.dir_problem(str(run / "out" / "checkpoint-8")) == "it holds a partial file model.safetensors.tmp"
     assert own.dir_problem(str(run / "out" / "checkpoint-9")) == "it is empty"
+    assert own.dir_problem(str(run / "out" / "checkpoint-7")) == "its trainer_state.json is cut short"
     # while the job runs, a directory written a moment ago may still be growing: not shipped yet
     _write(run / "out" / "checkpoint-4" / "extra.bin")
     assert own.newest_checkpoint(str(run), "out/checkpoint-*", settle_s=own.SETTLE_S).rel == "out/checkpoint-2"
