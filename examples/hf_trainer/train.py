@@ -68,7 +68,8 @@ def main() -> None:
     trainer = Trainer(model=model, args=training, train_dataset=Sequences(256, 16, vocab, args.seed),
                       callbacks=[Report("metrics.jsonl", args.step_sleep)])
     if args.resume_from_checkpoint:
-        state = json.loads(open(os.path.join(args.resume_from_checkpoint, "trainer_state.json")).read())
+        with open(os.path.join(args.resume_from_checkpoint, "trainer_state.json")) as f:
+            state = json.load(f)
         print(f"resuming from {args.resume_from_checkpoint} at step {state['global_step']}", flush=True)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint or None)
     print(f"done at step {trainer.state.global_step}", flush=True)
