@@ -84,9 +84,9 @@ def test_the_newest_complete_checkpoint_directory_wins(tmp_path: Path) -> None:
     now = time.time()
     for step, age in ((2, 300), (4, 200)):
         for name in ("model.safetensors", "trainer_state.json"):
-            _write(run / "out" / f"checkpoint-{step}" / name, mtime=now - age)
+            _write(run / "out" / f"checkpoint-{step}" / name, b"{}", mtime=now - age)
     _write(run / "out" / "checkpoint-6" / "model.safetensors", mtime=now - 100)  # killed mid-save: no marker
-    _write(run / "out" / "checkpoint-8" / "trainer_state.json", mtime=now - 90)
+    _write(run / "out" / "checkpoint-8" / "trainer_state.json", b"{}", mtime=now - 90)
     _write(run / "out" / "checkpoint-8" / "model.safetensors.tmp", mtime=now - 90)  # a partial file
     (run / "out" / "checkpoint-9").mkdir()  # empty
     _write(run / "out" / "checkpoint-7" / "model.safetensors", mtime=now - 95)
