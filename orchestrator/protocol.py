@@ -252,15 +252,18 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py) |
 #   snapshot JOB_ID (hard-link the checkpoint LATEST names to ckpt/.ship.pt and print the pointer plus
 #   "snapshot": "ckpt/.ship.pt"; the controller copies the link, verifies it and removes it; for a
-#   spec with run.checkpoint: the newest (mtime) real file under run/ a checkpoint glob matches, printed
-#   as {"file": "run/<rel>", "sha256", "bytes", "mtime", "step": null, "snapshot": "ckpt/.ship.pt"};
-#   its size/mtime/inode must not change while it is hashed, else it is read again; exit 1 with the
-#   reason on stderr when nothing matches) |
+#   spec with run.checkpoint: the job's newest own checkpoint under run/ (gpuq_own.py: a real file, a
+#   link to one of its files, or a complete directory), a file printed as {"file": "run/<rel>", "sha256",
+#   "bytes", "mtime", "step": null, "snapshot": "ckpt/.ship.pt"}, a directory copied to ckpt/.ship.d/ and
+#   printed with "dir": true, "files": [{"path", "bytes", "sha256"}], "sha256" (their tree hash,
+#   tree_sha256 below), "snapshot": "ckpt/.ship.d"; what changes while it is copied is read again;
+#   exit 1 with the reason on stderr when nothing matches) |
 #   kill JOB_ID ATTEMPT (kill one attempt's group, identity-checked, without a cancel file: a stalled
 #   attempt the patrol will run again as attempt n+1; prints "killed" or why not, exit 0 only if killed)
 #   status --scan JOB_ID:ATTEMPT:LOG_OFFSET:METRICS_OFFSET ...: each named job's entry gains "scan"
 #   (gpuq_scan.py): {"attempt", "log_from", "log_to", "log_skipped", "hits": [{"signature", "line"}],
-#   "traceback": [<= 50 lines], "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}]};
+#   "traceback": [<= 50 lines], "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}],
+#   "from_scratch" (only when the wrapper's "gpuq: restarted from scratch: ..." line is among the new bytes)};
 #   every launched job's entry carries "boot_id" (the boot its attempt started in)
 #
 # MANIFEST.json (jobs/<job_id>/, schema "gpuq.manifest/1", rebuilt atomically on each `manifest`):
@@ -268,10 +271,12 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #    "files": [{"path", "bytes", "sha256"}]}   paths relative to jobs/<job_id>/, POSIX, sorted:
 #   result/** , ckpt/best.pt, attempts/<n>/job.log (when present), attempts/<n>/exit.json
 #   For a spec with "run" (a project's own trainer): result/** when present (with the summary.json the
-#   agent writes from run.metrics), "run/<rel>" for every real file under run/ an "outputs" glob
-#   matches (`*`/`?` within a path component, `**` across them; never a symlink or a file under a
-#   symlinked dir; names outside [A-Za-z0-9._-] left out), the run.metrics file, ckpt/best.pt only
-#   when present (never required), and the attempt's job.log and exit.json.
+#   agent writes from run.metrics), "run/<rel>" for everything of the job's own under run/ an "outputs"
+#   or "checkpoint" glob matches (`*`/`?` within a path component, `**` across them; every file of a
+#   matched directory; a link to one of its own files as that file; never a link into the project or a
+#   file under a symlinked dir; *.tmp left out), the run.metrics file, ckpt/best.pt only when present
+#   (never required), and the attempt's job.log and exit.json.  A match that cannot travel (a name
+#   name_problem refuses, a link out of run/, a FIFO) is an error entry naming it: no manifest.
 #   `manifest` prints {job_id: {"manifest", "sha256" (of the manifest bytes), "attempt", "files",
 #   "bytes"} | {"error"}}; exit 0 if any manifest was built, 1 if none, 64 for a malformed roster.
 #
