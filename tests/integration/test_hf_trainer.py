@@ -24,7 +24,8 @@ from tests.support.ownproject import copy_example
 pytestmark = pytest.mark.integration
 
 ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1", "GPUQ_KILL_GRACE_S": "2",
-       "GPUQ_STALL_AFTER_S": "300", "GPUQ_STARTUP_GRACE_S": "300"}
+       "GPUQ_STALL_AFTER_S": "300", "GPUQ_STARTUP_GRACE_S": "300", "GPUQ_PATROL_MIN_INTERVAL_S": "0.5",
+       "GPUQ_PATROL_INTERVAL_S": "1"}
 
 
 def test_hf_trainer_killed_minus_nine_resumes_from_its_newest_complete_checkpoint_dir(
