@@ -17,6 +17,7 @@ from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
 from orchestrator.states import JobState
 from orchestrator.tick.collect import collect
+from orchestrator.tick.findings import FROM_SCRATCH
 
 
 def _job_host(ctx: Context, job: Job) -> Host:
@@ -157,6 +158,7 @@ class ResultRow:
     metric: str = observed.DEFAULT_METRIC[0]  # the sweep's headline metric ([run] metric) and its direction
     mode: str = observed.DEFAULT_METRIC[1]
     error: str = ""  # why this job's results could not be read from its host ("" = none failed)
+    restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
 
 
 def collect_missing(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
@@ -212,6 +214,7 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
                           error=errors.get(job.id, ""))
         entry.cost = job_cost(job.gpus * job.nodes, [a for a in every if a.job_id == job.id],
                               ctx.ledger.checkpoints(job.id), now)
+        entry.restarts_from_scratch = sum(1 for e in ctx.ledger.events(job.id) if e.rule == FROM_SCRATCH)
         mark = verified.get(job.id)
         if mark is not None:
             present = (Path(mark.local_dir) / transfer.PULL_VERIFIED).is_file()

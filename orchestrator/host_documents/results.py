@@ -150,3 +150,6 @@ class SnapshotPointer(Open):
     epoch: LenientInt = None
     mtime: Annotated[Finite | None, WrapValidator(_or_none)] = None
     written_at: Annotated[Finite | None, WrapValidator(_or_none)] = None
+    # a checkpoint directory (docs/checkpoints.md): its files, hashed one by one; sha256 is their tree hash
+    dir: bool = False
+    files: Annotated[list[ResultFile], Field(max_length=MAX_FILES)] = Field(default_factory=list)

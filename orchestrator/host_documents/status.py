@@ -151,6 +151,7 @@ class Scan(Open):
     hits: Annotated[list[ScanHit], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
     traceback: Annotated[list[Text], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     resumed: Annotated[Resumed | None, BeforeValidator(object_or_none)] = None
+    from_scratch: LenientText = None  # a retry that found no checkpoint to resume from (the wrapper's line)
     nonfinite: Annotated[list[NonFinite], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, 
     against the newest checkpoint the ledger knew when the attempt started."""
     for job in mine:
         entry = entries.get(job.id)
+        if entry is not None and entry.scan is not None and entry.scan.from_scratch is not None:
+            from_scratch(ctx, host, job, report)
         resumed = entry.scan.resumed if entry is not None and entry.scan is not None else None
         if resumed is None or resumed.step is None:
             continue
@@ -57,6 +60,27 @@ def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, 
                             f"step {expected} existed", "the newer checkpoint was lost or not shipped: check "
                             "the host's ckpt dir and `gpuq logs`", job=job.id)
             record(ctx, [found], subjects=[], report=report)
+
+
+FROM_SCRATCH = "from_scratch"  # the rule of a retry that restarted from scratch (counted by `gpuq results`)
+
+
+def from_scratch(ctx: Context, host: str, job: Job, report: TickReport) -> None:
+    """A retry found no checkpoint to pass (the wrapper says so in the log): requeued "with resume", it
+    trains again from the start.  Loud, never silent (docs/checkpoints.md)."""
+    if job.attempt_count < 2:
+        return
+    sweep = ctx.ledger.sweep(job.sweep_id)
+    try:
+        globs = json.loads(sweep.run).get("checkpoint") if sweep is not None and sweep.run else None
+    except (ValueError, AttributeError):
+        globs = None
+    shown = f" {json.dumps(globs)}" if globs else ""
+    found = Finding(FROM_SCRATCH, Severity.ESCALATE, host,
+                    f"{job.name} a{job.attempt_count}: restarted from scratch: no file matched `checkpoint`{shown} "
+                    "in its run dir", "the retry trains again from step 0: compare `checkpoint` in gpuq.toml with "
+                    "what the trainer writes (`gpuq logs`)", job=job.id)
+    record(ctx, [found], subjects=[], report=report)
 
 
 def holds(ctx: Context, row: HostRow, findings: Sequence[Finding]) -> None:

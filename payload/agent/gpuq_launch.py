@@ -12,7 +12,6 @@ stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import sys
 from typing import Any
 
 import gpuq_argv
+import gpuq_own
 import gpuq_protocol as P
 from gpuq_files import Layout, read_json
 from gpuq_hostfacts import thread_cap
@@ -67,17 +67,28 @@ def _globs(run: dict[str, Any] | None, key: str) -> list[str]:
 
 
 def newest_checkpoint(run_dir: str, run: dict[str, Any] | None) -> str | None:
-    """Absolute path of the newest real file under ``run_dir`` matching a checkpoint glob."""
-    best: tuple[float, str] | None = None
-    for pattern in _globs(run, "checkpoint"):
-        for path in glob.glob(os.path.join(run_dir, pattern), recursive=True):
-            if os.path.islink(path) or not os.path.isfile(path):
-                continue
-            with contextlib.suppress(OSError):
-                m = os.stat(path).st_mtime
-                if best is None or m > best[0]:
-                    best = (m, path)
-    return best[1] if best else None
+    """Absolute path of the job's newest own checkpoint under ``run_dir`` (gpuq_own: a real file, a link
+    to one of its own files, or a complete directory; never anything reached through the project)."""
+    found = gpuq_own.newest_checkpoint(run_dir, _globs(run, "checkpoint"))
+    return os.path.join(run_dir, *found.rel.split("/")) if found is not None else None
+
+
+FROM_SCRATCH = "gpuq: restarted from scratch: no file matched checkpoint"
+
+
+def resume_note(run_dir: str, run: dict[str, Any] | None, attempt: int) -> str | None:
+    """The log line that says what this attempt starts from (a project's own trainer with ``checkpoint``
+    globs): the checkpoint passed as ``{checkpoint}``, or, for a retry, that there was none (the tick's
+    scan turns that line into an alert: a resume that did not happen is loud)."""
+    globs = _globs(run, "checkpoint")
+    if not globs:
+        return None
+    found = newest_checkpoint(run_dir, run)
+    if found is not None:
+        return "gpuq: resuming from checkpoint %s" % os.path.relpath(found, run_dir)
+    if attempt > 1:
+        return "%s %s in the run dir" % (FROM_SCRATCH, json.dumps(globs))
+    return None
 
 
 def reserved_names(run: dict[str, Any] | None) -> set[str]:

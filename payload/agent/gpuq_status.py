@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+import gpuq_own
 import gpuq_protocol as P
 import gpuq_secrets
 import gpuq_slurm
@@ -28,7 +29,7 @@ from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_att
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_inbox import collect_one
 from gpuq_kernel import kernel_section
-from gpuq_observe import job_progress, newest_checkpoint, spec_run
+from gpuq_observe import job_progress, spec_run
 from gpuq_procs import boot_id, group_alive, leader_alive
 from gpuq_scan import parse_scan_args, scan_job
 
@@ -101,8 +102,8 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
         if e["log_bytes"]:
             e["progress"] = job_progress(log_p, run.get("progress"))
         if run.get("checkpoint"):
-            newest = newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.get("checkpoint"))
-            e["run_ckpt_mtime"] = newest[1].st_mtime if newest is not None else None
+            newest = gpuq_own.newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.get("checkpoint"))
+            e["run_ckpt_mtime"] = newest.mtime if newest is not None else None
     return e
 
 

@@ -49,6 +49,7 @@ from gpuq_launch import (
     kill_grace,
     link_project,
     read_only_prefix,
+    resume_note,
     run_section,
     secrets_for,
     split_loader_env,
@@ -305,6 +306,9 @@ class Wrapper:
         log_path = os.path.join(self.adir, P.JOB_LOG)
         if why:
             append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
+        note = resume_note(run_dir, run_section(spec), self.attempt)
+        if note:
+            append_line(log_path, note)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
                 self.job_id, self.attempt, spec.get("name", ""), utc(), run_dir,
