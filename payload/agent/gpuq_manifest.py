@@ -170,7 +170,7 @@ def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, An
     globs = safe_globs(run.get("outputs"))
     metrics = run.get("metrics")
     if isinstance(metrics, str) and metrics not in ("", "log"):
-        globs += [g for g in safe_globs([metrics]) if not any(c in g for c in "*?[")]
+        globs += safe_globs([metrics])  # a path or a glob (lightning_logs/version_*/metrics.csv)
     for rel, _st in matching_files(run_dir, globs):
         if rel.endswith(".tmp") or not all(SAFE_NAME_RE.match(part) and part not in (".", "..")
                                            for part in rel.split("/")):
