@@ -204,7 +204,8 @@ class ResultJob(Doc):
         description='"verified": a verified copy is in local_dir; "missing": verified, the copy is gone.')
     local_dir: str
     error: str = Field(default="", description='Why the job\'s results could not be read from its host '
-                       '(unreachable, or a non-finite metric); "" when nothing failed.')
+                       '(unreachable, or a non-finite metric), or why its [run] metrics gave no value (a setting '
+                       'that matched no file, names the setting); "" when nothing failed.')
 
 
 class ResultsDocument(Doc):
