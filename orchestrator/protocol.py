@@ -308,8 +308,9 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   "epochs", "loss", "pct" (0..100 when a total is known), "line" (the last non-empty log line,
 #   escape sequences and control characters removed, <= 200 chars), "source": "regex" (spec
 #   run.progress, named groups epoch/step/total/loss; a "total" without "step" counts epochs) |
-#   "tqdm" ("12/100 [", or a Rich bar's "━━╸ 12/100") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200", "loss 0.3") | null (only
-#   the line)}, from the last 64 KiB of the attempt's job.log.
+#   "tqdm" ("12/100 [", or a Rich bar's "━━╸ 12/100") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200",
+#   "loss 0.3") | "metrics" (below) | null (only the line)}, from the last 64 KiB of the attempt's
+#   job.log; gpuq's own lines there (the wrapper's "=== gpuq ... ===" header, "gpuq: " notes) are skipped.
 #   "run_ckpt_mtime": the newest mtime among real files under run/ that spec run.checkpoint globs
 #   match (running and dead jobs; null when none; the walk stops after 20,000 entries).
 #   "run_metrics_mtime": the same for the files spec run.metrics names (a path or a glob; null for

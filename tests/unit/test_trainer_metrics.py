@@ -91,7 +91,8 @@ def test_files_are_ordered_by_the_attempt_that_wrote_them_not_by_name(tmp_path: 
 def test_one_file_appended_after_a_resume_keeps_the_retrained_rows_only(tmp_path: Path) -> None:
     # examples/hydra_csv style: the same metrics.csv, epochs 1..5, then a resume from epoch 3 appends 3..6
     jdir = _job(tmp_path, [1000.0, 2000.0])
-    rows = ["epoch,train_loss,val_acc"] + [f"{e},0.5,0.{e}" for e in range(1, 6)] + [f"{e},0.4,0.{e}5" for e in range(3, 7)]
+    rows = ["epoch,train_loss,val_acc"] + [f"{e},0.5,0.{e}" for e in range(1, 6)]
+    rows += [f"{e},0.4,0.{e}5" for e in range(3, 7)]
     _write(jdir / "run/metrics.csv", "\n".join(rows) + "\n", 2500.0)
     s = M.run_summary(str(jdir), {"metrics": "metrics.csv", "metric": "val_acc", "mode": "max"}, 2)
     assert dict(s["curves"]["val_acc"]) == {1: 0.1, 2: 0.2, 3: 0.35, 4: 0.45, 5: 0.55, 6: 0.65}
@@ -182,4 +183,5 @@ def test_a_band_spans_seeds_never_two_attempts_of_one_job() -> None:
     assert [b[0] for b in band] == [10, 20, 30]
     assert all(low == high == mean for _, mean, low, high in band), band  # no spread from one job
     two = figures.cell_band(["j1", "j2"], {**curves, "j2": {"val_loss": [(20, 0.5)]}}, "val_loss")
-    assert two[1] == (20, pytest.approx(0.6), 0.5, 0.7)  # across seeds: the later attempt's 0.7 and the other seed's 0.5
+    # across seeds: the later attempt's 0.7 and the other seed's 0.5
+    assert two[1] == (20, pytest.approx(0.6), 0.5, 0.7)
