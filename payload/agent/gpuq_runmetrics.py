@@ -355,11 +355,11 @@ def _last(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> float | None:
     return None
 
 
-def metrics_progress(job_dir: str, run: dict[str, Any], attempt: int,
+def metrics_progress(job_dir: str, run: dict[str, Any], attempt: int, rows_too: bool = True,
                      tail: int = 64 * 1024) -> tuple[float | None, dict[str, Any] | None]:
     """For the status probe of a running job whose ``metrics`` names files: (the newest mtime among
-    them, a sign of life; progress from the newest file's last rows: step, epoch, loss).  Bounded:
-    one capped walk and the newest file's header and last ``tail`` bytes."""
+    them, a sign of life; with ``rows_too``, progress from the newest file's last rows: step, epoch,
+    loss).  Bounded: one capped walk and the newest file's header and last ``tail`` bytes."""
     metrics = run.get("metrics")
     globs = safe_globs([metrics]) if isinstance(metrics, str) and metrics != "log" else []
     if not globs:
@@ -368,6 +368,8 @@ def metrics_progress(job_dir: str, run: dict[str, Any], attempt: int,
     if not files:
         return None, None
     rel, st = files[-1]
+    if not rows_too:
+        return st.st_mtime, None
     try:
         rows, _ = _file_rows(os.path.join(job_dir, P.RUN_DIR, rel), rel, tail)
     except OSError:

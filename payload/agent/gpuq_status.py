@@ -111,10 +111,11 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
 def observe_metrics(e: dict[str, Any], job_dir: str, run: dict[str, Any], attempt: int) -> None:
     """A trainer's metrics files as signs of life ("run_metrics_mtime") and, when its log shows no
     step or epoch (a Rich progress bar writes nothing to a file), as its progress."""
-    mtime_, rows = metrics_progress(job_dir, run, attempt)
-    e["run_metrics_mtime"] = mtime_
     prog = e.get("progress")
-    if rows is None or (prog is not None and (prog.get("step") is not None or prog.get("epoch") is not None)):
+    shown = prog is not None and (prog.get("step") is not None or prog.get("epoch") is not None)
+    mtime_, rows = metrics_progress(job_dir, run, attempt, rows_too=not shown)
+    e["run_metrics_mtime"] = mtime_
+    if rows is None:
         return
     prog = dict(prog or {"total": None, "epochs": None, "pct": None, "line": None})
     prog.update(step=rows["step"], epoch=rows["epoch"], source="metrics")
