@@ -9,7 +9,9 @@ and saves ``version_N/checkpoints/last.ckpt``; a resume passes ``--ckpt_path``. 
 - ``quiet``: writes nothing to its log while it trains (as Lightning under a Rich bar) and no
   checkpoint, only metrics rows, for longer than the stall timeout: alive, never killed.
 - ``nowhere``: logs to ``logs/`` which the glob does not match: a warning naming the setting, and the
-  report names the setting, not the metric."""
+  report names the setting, not the metric.
+
+``gpuq pull`` brings home every file the glob matched."""
 
 from __future__ import annotations
 
@@ -121,6 +123,11 @@ def test_metrics_glob_resume_liveness_and_a_setting_that_matched_nothing(gpuq_ho
     (warning,) = conn.execute("SELECT severity, message FROM event WHERE subject = ? AND rule = 'metrics_missing'",
                               (jobs["nowhere"]["id"],)).fetchall()
     assert warning[0] == "warn" and "lightning_logs/version_*/metrics.csv" in warning[1], warning
+
+    pulled = run_gpuq("pull", env=ENV)  # every file the glob matched comes home with the job
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    home = sorted((gpuq_home / "results").glob(f"*/{jobs['resume']['id']}/run/lightning_logs/version_*/metrics.csv"))
+    assert [p.parent.name for p in home] == ["version_0", "version_1"], home
 
     report = run_gpuq("report", "--format", "json", env=ENV)
     assert report.returncode == 0, report.stderr
