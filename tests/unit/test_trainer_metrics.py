@@ -88,6 +88,17 @@ def test_files_are_ordered_by_the_attempt_that_wrote_them_not_by_name(tmp_path: 
                                                                                  39: 0.25, 49: 0.25}
 
 
+def test_tensorboard_style_run_dirs_of_json_lines(tmp_path: Path) -> None:
+    jdir = _job(tmp_path, [1000.0, 2000.0])
+    first = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 6))
+    again = "".join(json.dumps({"step": s, "loss": 0.5 / s}) + "\n" for s in range(4, 8))
+    _write(jdir / "run/runs/Nov26_10-00-00_gpu1/metrics.jsonl", first, 1500.0)
+    _write(jdir / "run/runs/Nov26_10-09-30_gpu1/metrics.jsonl", again, 2500.0)
+    s = M.run_summary(str(jdir), {"metrics": "runs/**/metrics.jsonl", "metric": "loss", "mode": "min"}, 2)
+    assert s["files"] == 2 and [p[0] for p in s["curves"]["loss"]] == list(range(1, 8))
+    assert s["final"]["loss"] == 0.5 / 7 and dict(s["curves"]["loss"])[4] == 0.5 / 4
+
+
 def test_one_file_appended_after_a_resume_keeps_the_retrained_rows_only(tmp_path: Path) -> None:
     # examples/hydra_csv style: the same metrics.csv, epochs 1..5, then a resume from epoch 3 appends 3..6
     jdir = _job(tmp_path, [1000.0, 2000.0])
