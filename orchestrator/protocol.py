@@ -303,7 +303,8 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #    "bundles": [sha, ...],
 #    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
 #              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "gpu_util_pct"}],
+#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "run_metrics_mtime",
+#              "gpu_util_pct"}],
 #    "kernel": {"readable", "error", "cursor", "xids": [{"ts", "code", "pci", "line"}]}}
 #   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
 #                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
@@ -312,10 +313,14 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   "epochs", "loss", "pct" (0..100 when a total is known), "line" (the last non-empty log line,
 #   escape sequences and control characters removed, <= 200 chars), "source": "regex" (spec
 #   run.progress, named groups epoch/step/total/loss; a "total" without "step" counts epochs) |
-#   "tqdm" ("12/100 [") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200", "loss 0.3") | null (only
-#   the line)}, from the last 64 KiB of the attempt's job.log.
+#   "tqdm" ("12/100 [", or a Rich bar's "━━╸ 12/100") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200",
+#   "loss 0.3") | "metrics" (below) | null (only the line)}, from the last 64 KiB of the attempt's
+#   job.log; gpuq's own lines there (the wrapper's "=== gpuq ... ===" header, "gpuq: " notes) are skipped.
 #   "run_ckpt_mtime": the newest mtime among real files under run/ that spec run.checkpoint globs
 #   match (running and dead jobs; null when none; the walk stops after 20,000 entries).
+#   "run_metrics_mtime": the same for the files spec run.metrics names (a path or a glob; null for
+#   "log", none, or no match).  When the log's tail shows no step or epoch, "progress" takes them (and
+#   a loss) from the newest metrics file's last rows, with "source": "metrics".
 #   "gpu_util_pct": the highest util_pct among a running job's GPU slots (GPU hosts), else null; shown,
 #   never taken as liveness (a hung NCCL collective keeps a GPU at 100%).
 #   "kernel" (gpuq_kernel.py): the kernel log read with `dmesg` (5 s timeout; `journalctl -k -o

@@ -205,6 +205,11 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     latest = {a.job_id: a for a in every}
     verified = ctx.ledger.verified_jobs(sweep_id)
     metric, mode = observed.headline(getattr(ctx.ledger.sweep(sweep_id), "run", ""))  # "" before ledger v6
+    warned = ctx.ledger.open_findings(j.id for j in jobs)  # a [run] metrics that gave no value says why
+    for job in jobs:
+        event = warned.get((job.id, observed.METRICS_RULE))
+        if event is not None and job.id not in errors:
+            errors[job.id] = event.message.split(": succeeded, but ", 1)[-1]
     now = time.time()
     rows = []
     for job in jobs:

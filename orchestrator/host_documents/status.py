@@ -229,6 +229,7 @@ class JobEntry(Open):
     log_bytes: Count | None = None
     progress: Annotated[Progress | None, BeforeValidator(object_or_none)] = None
     run_ckpt_mtime: LenientFloat = None
+    run_metrics_mtime: LenientFloat = None  # protocol 1.x: the newest mtime of the files [run] metrics names
     gpu_util_pct: LenientPct = None
     gang_cause: Text = ""  # set by the controller (gangs.standing_entry): the node that ended the attempt
 

@@ -92,9 +92,11 @@ def resume_note(run_dir: str, run: dict[str, Any] | None, attempt: int) -> str |
 
 
 def reserved_names(run: dict[str, Any] | None) -> set[str]:
-    """Top-level names never linked: the first path component of each outputs/checkpoint glob."""
+    """Top-level names never linked: the first path component of each outputs/checkpoint glob and
+    of the metrics setting (a trainer's log dir such as lightning_logs/ is the job's own)."""
     out = set()
-    for pattern in _globs(run, "outputs") + _globs(run, "checkpoint"):
+    metrics = [m for m in _globs(run, "metrics") if m != "log"]
+    for pattern in _globs(run, "outputs") + _globs(run, "checkpoint") + metrics:
         path = pattern.replace("\\", "/")
         while path.startswith("./") or path.startswith("/"):  # "./x" and "/x" name x; ".cache" stays .cache
             path = path[2:] if path.startswith("./") else path[1:]
@@ -183,6 +185,10 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
     })
     if launch.get("master_port"):
         env["MASTER_PORT"] = str(launch["master_port"])
+    # Rich (Lightning's default progress bar when rich is installed) draws nothing into a file until
+    # the bar ends; TTY_COMPATIBLE=1 makes it redraw into the log as it goes, so the log shows progress
+    # and grows while the trainer works (docs/your-project.md).  The project's [run] env may say otherwise.
+    env.setdefault("TTY_COMPATIBLE", "1")
     # torchrun SIGKILLs its workers 30 s after relaying a SIGTERM unless told otherwise: never
     # before the wrapper's own kill_grace_s (a torch that ignores this keeps 30 s, and the
     # payload then counts on 30 s at most)

@@ -175,7 +175,7 @@ def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, An
     globs = safe_globs(run.get("outputs")) + safe_globs(run.get("checkpoint"))
     metrics = run.get("metrics")
     if isinstance(metrics, str) and metrics not in ("", "log"):
-        globs += [g for g in safe_globs([metrics]) if not any(c in g for c in "*?[")]
+        globs += safe_globs([metrics])  # a path or a glob (lightning_logs/version_*/metrics.csv)
     found, refused = gpuq_own.scan(run_dir, globs, bundles=lay.p(P.BUNDLES_DIR))
     chosen: dict[str, str] = {}
     for item in found:

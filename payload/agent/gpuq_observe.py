@@ -24,6 +24,9 @@ LINE_SHOWN_CHARS = 200
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 TQDM = re.compile(r"(?:\|\s*|^\s*)(\d+)/(\d+)\s*\[")  # " 12%|###   | 12/100 [00:01<00:09, ...]"
+RICH = re.compile("[\u2501\u2578\u257a\u2500]\\s+(\\d+)/(\\d+)\\b")  # Lightning's Rich bar: "━━━╸━━ 12/50 0:00:01"
+# gpuq's own lines in a job's log (the wrapper's header, its notes): never the trainer's last line
+OWN_LINE = re.compile(r"^(?:=== gpuq\b.*===\s*$|gpuq: )")
 EPOCH = re.compile(r"\bepoch\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
 STEP = re.compile(r"\b(?:global_)?step\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
 LOSS = re.compile(r"\b(?:train_)?loss\b\s*[:=]?\s*(" + _NUM + r")\b", re.IGNORECASE)
@@ -59,8 +62,13 @@ def clean_line(line: str) -> str:
 
 
 def _lines(text: str) -> list[str]:
-    """Log lines, newest last; tqdm's carriage-return redraws count as lines."""
-    return [ln[-MAX_LINE_CHARS:] for ln in re.split(r"[\r\n]+", text) if ln.strip()]
+    """The trainer's log lines, newest last; tqdm's carriage-return redraws count as lines; gpuq's
+    own lines (the wrapper's header) are left out."""
+    out = []
+    for ln in re.split(r"[\r\n]+", text):
+        if ln.strip() and not OWN_LINE.match(_ANSI.sub("", ln).strip()):
+            out.append(ln[-MAX_LINE_CHARS:])
+    return out
 
 
 def _to_int(value: Any) -> int | None:
@@ -112,7 +120,7 @@ def _from_patterns(lines: list[str]) -> tuple[dict[str, Any], str | None]:
     source = None
     for line in reversed(lines):
         if "step" not in found:
-            m = TQDM.search(line)
+            m = TQDM.search(line) or RICH.search(_ANSI.sub("", line))
             if m is not None:
                 found["step"], found["total"] = m.group(1), m.group(2)
                 source = source or "tqdm"
@@ -124,7 +132,7 @@ def _from_patterns(lines: list[str]) -> tuple[dict[str, Any], str | None]:
                     found["total"] = m.group(2)
                 source = source or "pattern"
         if "epoch" not in found:
-            m = EPOCH.search(line)
+            m = EPOCH.search(_ANSI.sub("", line))
             if m is not None:
                 found["epoch"] = m.group(1)
                 if m.group(2) is not None:

@@ -197,7 +197,8 @@ def test_run_summary_reads_the_file_in_the_run_dir(tmp_path: Path) -> None:
     s = M.run_summary(str(jdir), {"metrics": "logs/metrics.csv", "metric": "val_acc", "mode": "max"}, 1)
     assert s["best"]["val_acc"] == 0.72 and s["source"] == "run/logs/metrics.csv"
     assert M.run_summary(str(jdir), {"metrics": "../../etc/passwd", "metric": "x"}, 1) is None
-    assert M.run_summary(str(jdir), {"metrics": "absent.csv", "metric": "x"}, 1) is None
+    absent = M.run_summary(str(jdir), {"metrics": "absent.csv", "metric": "x"}, 1)
+    assert (absent["files"], absent["rows"], absent["final"], absent["best"]) == (0, 0, None, None)  # said, not silent
     assert M.run_summary(str(jdir), {"metrics": ""}, 1) is None
 
 
@@ -213,7 +214,8 @@ def test_metrics_symlink_is_refused(tmp_path: Path) -> None:
     jdir = _job(tmp_path, {}, {"elsewhere.csv": b"val_acc\n1\n"})
     (jdir / "run").mkdir()
     (jdir / "run" / "m.csv").symlink_to(jdir / "elsewhere.csv")
-    assert M.run_summary(str(jdir), {"metrics": "m.csv", "metric": "val_acc"}, 1) is None
+    s = M.run_summary(str(jdir), {"metrics": "m.csv", "metric": "val_acc"}, 1)
+    assert s["files"] == 0 and s["final"] is None and s["rows"] == 0  # a link is never read
 
 
 def test_a_big_metrics_file_is_read_as_header_plus_newest_bytes(tmp_path: Path) -> None:
