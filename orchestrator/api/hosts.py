@@ -132,7 +132,8 @@ def hosts_stop_agent(ctx: Context, name: str, *, force: bool = False) -> AgentSt
     except HostError as exc:
         raise GpuqError(f"host {name}: {exc}") from exc
     if result.exit_code != 0:
-        raise HostError(name, f"stop-agent exited {result.exit_code}: {(result.stderr or result.stdout).strip()[-200:]}")
+        said = (result.stderr or result.stdout).strip()[-200:]
+        raise HostError(name, f"stop-agent exited {result.exit_code}: {said}")
     done = host_documents.read_agent_stop(name, result.stdout)
     if done.outcome == "stopped":
         ctx.ledger.record_event("host", name, f"agent {done.pid} stopped on request"

@@ -34,7 +34,8 @@ orchestrator/protocol.py.  Killing is always by recorded process group after ide
 This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
 (serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
 (enqueue, collect), gpuq_stopagent.py (stop-agent), gpuq_manifest.py (manifest), gpuq_health.py
-(health) and gpuq_reap.py (reap), on top of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
+(health) and gpuq_reap.py (reap), on top of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and
+gpuq_kernel.py (kernel-log Xids, status and health).
 Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
 itself to 0700 (docs/security.md).
 """

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,9 +21,9 @@ if "RANK" not in os.environ:  # launcher = "python": this process is rank 0 and 
     os.spawnve(os.P_NOWAIT, sys.executable, [sys.executable, *sys.argv], dict(os.environ, RANK="1", LOCAL_RANK="1"))
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-start = int(open(args.resume).read()) if args.resume else 0
-print("rank %d pid %d from step %d" % (rank, os.getpid(), start), flush=True)
-with open("rank%d.pid" % rank, "w") as f:
+start = int(Path(args.resume).read_text()) if args.resume else 0
+print(f"rank {rank} pid {os.getpid()} from step {start}", flush=True)
+with open(f"rank{rank}.pid", "w") as f:
     f.write(str(os.getpid()))
 t = torch.ones(16)
 for step in range(start + 1, args.steps + 1):
@@ -32,5 +33,5 @@ for step in range(start + 1, args.steps + 1):
         with open("ckpt.tmp", "w") as f:
             f.write(str(step))
         os.replace("ckpt.tmp", "ckpt.txt")
-        print("step %d/%d" % (step, args.steps), flush=True)
+        print(f"step {step}/{args.steps}", flush=True)
 dist.destroy_process_group()
