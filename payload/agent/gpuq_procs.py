@@ -103,6 +103,9 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+_CLD_SIGNALED = (2, 3)  # CLD_KILLED, CLD_DUMPED (os.CLD_* only from Python 3.9)
+
+
 def signaled_children(exclude: Any = ()) -> list:
     """[(pid, signal)] of this process's unreaped children (orphans a subreaper inherited included) that
     died of a signal.  Peeked with WNOWAIT: they stay for the reaper.  [] where /proc or waitid is missing."""
@@ -122,7 +125,7 @@ def signaled_children(exclude: Any = ()) -> list:
                 info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except (OSError, AttributeError):
                 continue
-            if info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+            if info is not None and info.si_code in _CLD_SIGNALED:
                 out.append((pid, info.si_status))
     return sorted(set(out))
 
