@@ -36,7 +36,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_stop_agent_on_the_local_host(gpuq_home: Path, tmp_path: Path) -> None:
-    queue = sleeper_project(tmp_path / "project", "name=nap -- 8")
+    queue = sleeper_project(tmp_path / "project", "name=nap -- 20")
     submitted = run_gpuq("submit", str(queue), "--host", "local", env=ENV)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     root = gpuq_home / "local"
