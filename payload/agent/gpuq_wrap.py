@@ -330,7 +330,7 @@ class Wrapper:
         sampler.daemon = True
         sampler.start()
         rc = self._supervise(self.trainer)
-        if rc != 0:
+        if rc != 0 and self.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
             self._report_dead_ranks(log_path)
         self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
         self.done.set()
