@@ -236,7 +236,7 @@ def _group(chars: list[Char], i: int, column: int) -> tuple[tuple[str, ...] | No
                             "write \\{ for a literal brace")
         if not quoted and ch == "}":
             if not alternatives:
-                return None, i + 1  # {x}: literal
+                return None, i + 1  # {1}: literal (a name was a placeholder, _placeholder)
             alternatives.append("".join(current))
             return tuple(alternatives), j + 1
         if not quoted and ch == ",":
