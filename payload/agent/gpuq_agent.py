@@ -21,6 +21,7 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
   collect JOB_ID...       summaries and sha256-hashed result files of finished jobs
   manifest JOB_ID...      build jobs/<id>/MANIFEST.json (path, bytes, sha256) of jobs that exited 0
   snapshot JOB_ID         hard-link the checkpoint LATEST names to ckpt/.ship.pt, print the pointer
+  stop-agent [--force]    stop this root's agent now; refused while it has work unless --force
   version                 print the protocol version
 
 A root with slurm.json is on a Slurm login node (gpuq_slurm.py): ``enqueue --serve`` submits each
@@ -32,8 +33,9 @@ orchestrator/protocol.py.  Killing is always by recorded process group after ide
 
 This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
 (serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
-(enqueue, collect), gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top
-of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
+(enqueue, collect), gpuq_stopagent.py (stop-agent), gpuq_manifest.py (manifest), gpuq_health.py
+(health) and gpuq_reap.py (reap), on top of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and
+gpuq_kernel.py (kernel-log Xids, status and health).
 Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
 itself to 0700 (docs/security.md).
 """
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     sn.add_argument("job_id")
     mp = sub.add_parser("manifest", help="build MANIFEST.json of finished jobs for `gpuq pull`")
     mp.add_argument("job_ids", nargs="+")
+    sa = sub.add_parser("stop-agent", help="stop this root's idle agent now (--force: even with work)")
+    sa.add_argument("--force", action="store_true")
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -172,7 +176,7 @@ def enqueue(lay: Layout, args: argparse.Namespace) -> int:
         return cmd_serve(lay, args)
 
 
-FRAMED = ("status", "health", "reap", "withdraw", "collect", "snapshot", "manifest")
+FRAMED = ("status", "health", "reap", "withdraw", "collect", "snapshot", "manifest", "stop-agent")
 
 
 def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
@@ -191,6 +195,9 @@ def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "collect":
         import gpuq_inbox
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)
+    if args.cmd == "stop-agent":
+        from gpuq_stopagent import cmd_stop_agent
+        return cmd_stop_agent(lay, args.force)
     import gpuq_manifest
     if args.cmd == "snapshot":
         return gpuq_manifest.cmd_snapshot(lay.root, args.job_id)

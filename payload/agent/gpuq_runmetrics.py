@@ -384,4 +384,4 @@ def metrics_progress(job_dir: str, run: dict[str, Any], attempt: int, rows_too: 
     if step is None and epoch is None:
         return newest, None
     return newest, {"step": None if step is None else int(step), "epoch": None if epoch is None else int(epoch),
-                         "loss": loss, "source": "metrics"}
+                      "loss": loss, "source": "metrics"}

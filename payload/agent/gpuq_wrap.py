@@ -55,7 +55,15 @@ from gpuq_launch import (
     split_loader_env,
 )
 from gpuq_memwatch import sample_memory
-from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
+from gpuq_procs import (
+    become_subreaper,
+    boot_id,
+    dead_rank_line,
+    descendants,
+    group_members,
+    signaled_children,
+    start_ticks,
+)
 from gpuq_setup import run_setup
 
 
@@ -326,6 +334,8 @@ class Wrapper:
         sampler.daemon = True
         sampler.start()
         rc = self._supervise(self.trainer)
+        if rc != 0 and self.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
+            self._report_dead_ranks(log_path)
         self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
         self.done.set()
         return self._trainer_verdict(rc)
@@ -351,6 +361,15 @@ class Wrapper:
                 return int(trainer.wait(timeout=0.2))
             except subprocess.TimeoutExpired:
                 continue
+
+    def _report_dead_ranks(self, log_path: str) -> None:
+        """A process the trainer started that died of a signal before it (a rank Lightning or another
+        framework spawned, kill -9'd; the survivor then fails on the lost peer): say so in the log, in
+        torchrun's own words, so the attempt is classed by that death (docs/health.md).  Only orphans the
+        wrapper inherited as a subreaper are seen, and only before gpuq's own kill below."""
+        trainer = self.trainer
+        for pid, sig in signaled_children({trainer.pid} if trainer is not None else ()):
+            append_line(log_path, dead_rank_line(pid, sig))
 
     def _trainer_verdict(self, rc: int) -> int | None:
         """None when the trainer exited 0, else the attempt's end as the trainer's status says it."""

@@ -22,6 +22,7 @@ import pytest
 
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import ROOT, wait_for
+from tests.integration.test_stop_agent import sleeper_project
 from tests.support.gpuquser import User
 from tests.support.testhosts import HostFarm
 
@@ -280,3 +281,25 @@ def test_controller_killed_mid_pull_then_pull_resumes_and_verifies(user: User, f
     assert json.loads((final / "PULL_VERIFIED.json").read_text())["job_id"] == job["id"]
     assert not (sweep_dir / f"{job['id']}.incoming").exists()
     assert "verified" in user.gpuq("results").stdout
+
+
+def test_stop_agent_on_an_ssh_host(user: User, tmp_path: Path) -> None:
+    """`gpuq hosts stop-agent` over SSH: nothing to stop before any work, refused while the job runs, then the
+    idle agent stops at once (docs/cli.md; the local host's case, --force included, is in test_stop_agent.py)."""
+    user.env.update({"GPUQ_PATROL_INTERVAL_S": "1", "GPUQ_PATROL_MIN_INTERVAL_S": "0.5"})
+    (name,) = user.add_hosts(1)
+    none = user.gpuq("hosts", "stop-agent", name)
+    assert (none.returncode, none.stdout.strip()) == (0, f"{name}: no agent running; nothing to stop"), none.stderr
+    queue = sleeper_project(tmp_path / "project", "name=nap -- 10")
+    assert user.gpuq("submit", str(queue)).returncode == 0
+    root = user.host_dir(0)
+    assert wait_for(lambda: any(root.glob("jobs/*/attempts/1/pgid")), timeout=120)
+    pid = json.loads((root / "agent.pid").read_text())["pid"]
+    refused = user.gpuq("hosts", "stop-agent", name)
+    assert refused.returncode == 2 and f"{name}: agent {pid} has 1 running jobs (nap); not stopped" in refused.stderr
+    waited = user.gpuq("wait", "--timeout", "200", timeout=300)
+    assert waited.returncode == 0, waited.stdout + waited.stderr + user.logs_of_unfinished()
+    assert (root / "agent.pid").is_file()  # idle now, it would linger for its idle timeout
+    stopped = user.gpuq("hosts", "stop-agent", name)
+    assert (stopped.returncode, stopped.stdout.strip()) == (0, f"{name}: agent {pid} stopped"), stopped.stderr
+    assert not (root / "agent.pid").exists()
