@@ -85,7 +85,9 @@ def test_lightning_cli_grid_with_seeds_kill_and_resume(gpuq_home: Path, tmp_path
     # attempt 2 resumed from the job's own last.ckpt and logged to the next version
     second_log = (victim / "attempts" / "2" / "job.log").read_text(errors="replace")
     own = victim / "run" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    assert f"--ckpt_path {own}" in second_log.splitlines()[0] or f"--ckpt_path '{own}'" in second_log.splitlines()[0]
+    header = next(line for line in second_log.splitlines() if line.startswith("=== gpuq "))  # the argv it ran
+    assert f"--ckpt_path {own}" in header or f"--ckpt_path '{own}'" in header, header
+    assert "gpuq: resuming from checkpoint lightning_logs/version_0/checkpoints/last.ckpt" in second_log
     assert "Restored all states from the checkpoint" in second_log, second_log[-3000:]
     before = _val_losses(victim / "run" / "lightning_logs" / "version_0" / "metrics.csv")
     after = _val_losses(victim / "run" / "lightning_logs" / "version_1" / "metrics.csv")
