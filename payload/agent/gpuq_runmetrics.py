@@ -267,9 +267,9 @@ def _launch_times(job_dir: str, attempt: int) -> list[float]:
 
 
 def metrics_files(job_dir: str, pattern: str, attempt: int) -> list[tuple[str, float]]:
-    """(path under run/, mtime) of the real files under run/ that the ``metrics`` setting (a path or a glob) matches, in the
-    order the trainer wrote them: by the attempt that wrote each (the last one started before its
-    mtime), then mtime, then name; at most MAX_METRICS_FILES, the newest kept."""
+    """(path under run/, mtime) of the real files under run/ that the ``metrics`` setting (a path or a
+    glob) matches, in the order the trainer wrote them: by the attempt that wrote each (the last one
+    started before its mtime), then mtime, then name; at most MAX_METRICS_FILES, the newest kept."""
     own, _refused = gpuq_own.scan(os.path.join(job_dir, P.RUN_DIR), [pattern])
     found = [(f.rel, f.mtime) for f in own if f.kind == "file"]  # never through a link (gpuq_own.py)
     starts = _launch_times(job_dir, attempt)
