@@ -12,6 +12,7 @@ from orchestrator import fleet, protocol, setup_holds, slurm_hosts
 from orchestrator.config import LOCAL_HOST
 from orchestrator.context import Context, verified_ids
 from orchestrator.errors import HostError, UsageError
+from orchestrator.host_documents import Provenance
 from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
@@ -60,6 +61,7 @@ class HostDetail:
     unverified: list[Job]
     fingerprint: str
     events: list[Any]
+    ran_with: Provenance | None = None  # what the newest attempt there ran with (GPUs, driver, versions)
 
 
 def hosts_show(ctx: Context, name: str) -> HostDetail:
@@ -67,8 +69,10 @@ def hosts_show(ctx: Context, name: str) -> HostDetail:
     if row is None:
         raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
     active = [j for j in ctx.ledger.jobs(states=ACTIVE) if j.host == name]
+    newest = ctx.ledger.newest_provenance(name)
     return HostDetail(row, active, _unverified_on(ctx, name), fleet.key_fingerprint(row.host_key),
-                      ctx.ledger.events(subject=name, limit=10))
+                      ctx.ledger.events(subject=name, limit=10),
+                      Provenance.from_stored(newest.provenance) if newest is not None else None)
 
 
 def _unverified_on(ctx: Context, name: str) -> list[Job]:

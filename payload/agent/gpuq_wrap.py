@@ -26,6 +26,7 @@ from typing import Any
 
 import gpuq_gang
 import gpuq_protocol as P
+import gpuq_provenance
 import gpuq_secrets
 import gpuq_slurm
 import gpuq_slurm_node
@@ -303,6 +304,7 @@ class Wrapper:
         prefix, why = read_only_prefix(self.bundle, loader)
         env = clean if prefix else self.env
         log_path = os.path.join(self.adir, P.JOB_LOG)
+        gpuq_provenance.record(self.adir, self.python, self.env, self.launch)  # beside the trainer, never waited for
         if why:
             append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
         with open(log_path, "ab") as logf:
