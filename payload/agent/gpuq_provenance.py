@@ -21,7 +21,7 @@ from typing import Any
 import gpuq_protocol as P
 from gpuq_files import atomic_write_json
 
-PROBE_TIMEOUT_S = 20
+PROBE_TIMEOUT_S = 10
 FIELD_CHARS = 120  # each string field; the controller bounds them again
 MAX_GPUS = 1024
 
@@ -100,13 +100,16 @@ def versions(python: str, env: dict[str, str]) -> dict[str, Any]:
     found: dict[str, Any] = {"python": None, "torch": None, "cuda": None, "nccl": None}
     try:
         out = subprocess.run([python, "-c", VERSIONS], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S, env=env,
+                             stderr=subprocess.PIPE, timeout=PROBE_TIMEOUT_S, env=env,
                              universal_newlines=True)
         doc = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else {}
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        doc = {}
+        why = "" if doc else "exit %d: %s" % (out.returncode, (out.stderr or "").strip()[-300:])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        doc, why = {}, repr(e)[:300]
+    if why:
+        found["versions_error"] = _clean(why)
     if isinstance(doc, dict):
-        for key in found:
+        for key in ("python", "torch", "cuda", "nccl"):
             found[key] = _clean(doc.get(key))
     return found
 

@@ -304,7 +304,7 @@ class Wrapper:
         prefix, why = read_only_prefix(self.bundle, loader)
         env = clean if prefix else self.env
         log_path = os.path.join(self.adir, P.JOB_LOG)
-        gpuq_provenance.record(self.adir, self.python, self.env, self.launch)  # beside the trainer, never waited for
+        probe = gpuq_provenance.record(self.adir, self.python, self.env, self.launch)  # beside the trainer
         if why:
             append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
         with open(log_path, "ab") as logf:
@@ -324,6 +324,7 @@ class Wrapper:
         sampler.daemon = True
         sampler.start()
         rc = self._supervise(self.trainer)
+        probe.join(gpuq_provenance.PROBE_TIMEOUT_S)  # a short trainer: the probe ends before the group does
         self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
         self.done.set()
         return self._trainer_verdict(rc)
