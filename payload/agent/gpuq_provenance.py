@@ -79,7 +79,7 @@ def gpu_facts(kind: str, slots: list[int]) -> dict[str, Any]:
     drivers: list[str] = []
     try:
         out = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S, universal_newlines=True)
+                             stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S, text=True)
         lines = out.stdout.splitlines() if out.returncode == 0 else []
     except (OSError, subprocess.SubprocessError):
         lines = []
@@ -99,11 +99,10 @@ def versions(python: str, env: dict[str, str]) -> dict[str, Any]:
     """{"python", "torch", "cuda", "nccl"} as the job's interpreter sees them (nulls when it cannot say)."""
     found: dict[str, Any] = {"python": None, "torch": None, "cuda": None, "nccl": None}
     try:
-        out = subprocess.run([python, "-c", VERSIONS], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, timeout=PROBE_TIMEOUT_S, env=env,
-                             universal_newlines=True)
+        out = subprocess.run([python, "-c", VERSIONS], stdin=subprocess.DEVNULL, capture_output=True,
+                             timeout=PROBE_TIMEOUT_S, env=env, text=True)
         doc = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else {}
-        why = "" if doc else "exit %d: %s" % (out.returncode, (out.stderr or "").strip()[-300:])
+        why = "" if doc else "exit {}: {}".format(out.returncode, (out.stderr or "").strip()[-300:])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
         doc, why = {}, repr(e)[:300]
     if why:

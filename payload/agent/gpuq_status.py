@@ -109,7 +109,8 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float, wanted: Any = ()
     return e
 
 
-HOST_TEXT = ("exit", "progress", "scan", "heartbeat", "provenance")  # what a job's own output or files can put in an entry
+# what a job's own output or files can put in an entry
+HOST_TEXT = ("exit", "progress", "scan", "heartbeat", "provenance")
 
 
 def redact_host_text(entry: dict[str, Any], hide: list[str]) -> None:

@@ -62,7 +62,8 @@ def test_seeds_on_two_gpu_models_are_recorded_apart_and_flagged(user: User, tmp_
     for i, host in enumerate(hosts):
         got = ran[f"base_s{i}"]
         assert (got["host"], got["gpu_model"], got["gpu_count"], got["driver"]) == (host, MODELS[i], 1, DRIVERS[i])
-        assert got["python"] == platform.python_version(), [p.read_text() for p in user.host_dir(i).glob("jobs/*/attempts/*/provenance.json")]
+        stored = [p.read_text() for p in user.host_dir(i).glob("jobs/*/attempts/*/provenance.json")]
+        assert got["python"] == platform.python_version(), stored
         shown = _json(user, "hosts", "show", host)["ran_with"]
         assert (shown["gpu_model"], shown["driver"]) == (MODELS[i], DRIVERS[i])
 
