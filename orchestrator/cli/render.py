@@ -75,7 +75,8 @@ def submitted(result: SubmitResult) -> None:
     out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {escape(str(result.queue_path))} "
               f"(bundle {result.bundle.sha256[:12]})")
     for job in result.jobs:
-        out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {job.epochs or '-'}ep gpus={job.gpus} -> "
+        epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
+        out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> "
                          f"{result.placements.get(job.id, '?')}"))
     hosts = sorted(set(result.placements.values()))
     if result.pushed_to:

@@ -167,7 +167,7 @@ class Wrapper:
         if not isinstance(spec, dict):
             return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable")
         self.spec = spec
-        self.marker("STARTING", "({}, {}ep)".format(spec.get("task"), spec.get("epochs")))
+        self.marker("STARTING", "({}, {}ep)".format(spec.get("task"), spec.get("epochs") or "-"))
         try:
             return self._run(spec)
         except Exception as e:  # a wrapper bug must still leave an exit record
