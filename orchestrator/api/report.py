@@ -195,8 +195,7 @@ def _flags(finished: Sequence[Job], values: dict[str, dict[str, Metric]], mode: 
 
 
 def _signature(value: dict[str, Metric], curve: list[tuple[str, int | None, float]]) -> trust.Signature:
-    best = value.get("best")
-    return trust.signature(curve, value["final"].value, best.value if best else None, value["final"].step)
+    return trust.signature(curve, value["final"].value)
 
 
 def _against_baseline(out: list[CellRow], cells: dict[str, list[Job]], ran: dict[str, list[Provenance]],

@@ -13,21 +13,21 @@ from orchestrator.host_documents.provenance import SOFTWARE
 
 IDENTICAL = "seeds identical: does the trainer use its seed? (they count as one run: no interval, no p-value)"
 BASELINE_IDENTICAL = "baseline seeds identical: no interval or p-value against it"
-Signature = tuple[object, ...]
+Signature = tuple[object, ...] | None
 
 
 def identical(signatures: Sequence[Signature]) -> bool:
-    """True when two or more seeds produced the very same numbers (their metric curves, or without
-    curves their final and best values and steps)."""
-    return len(signatures) >= 2 and all(s == signatures[0] for s in signatures[1:])
+    """True when two or more seeds produced the very same curves, and their final values (a seed
+    without curves is no evidence: equal final numbers alone may be a metric that saturates)."""
+    first = signatures[0] if signatures else None
+    return len(signatures) >= 2 and first is not None and all(s == first for s in signatures[1:])
 
 
-def signature(curve: Iterable[tuple[str, int | None, float]], final: float, best: float | None,
-              step: int | None) -> Signature:
-    """What one seed produced: its curve points (name, step, value) in order; without curves its final
-    value, best value and step."""
+def signature(curve: Iterable[tuple[str, int | None, float]], final: float) -> Signature:
+    """What one seed produced: its curve points (name, step, value) in order and its final value; None
+    without curves."""
     points = sorted(curve, key=lambda p: (p[0], -1 if p[1] is None else p[1], p[2]))
-    return ("curve", *points) if points else ("final", final, best, step)
+    return (final, *points) if points else None
 
 
 def _values(runs: Iterable[Provenance]) -> dict[str, set[str]]:

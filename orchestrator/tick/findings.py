@@ -96,7 +96,8 @@ def early_finishes(ctx: Context, host: str, job_ids: Sequence[str], report: Tick
                     del others[index]
                     break
             rates = epoch_rates(others)
-            if (job.config, job.task) in rates.by_config_task:
+            alike = rates.by_config_task if job.epochs else rates.whole_runs  # no epochs: whole runs only
+            if (job.config, job.task) in alike:
                 expected = estimate_s(config=job.config, task=job.task, epochs=job.epochs, history=rates)
         found = early_finish(host, JobView(job.id, job.name, job.attempt_count), duration, expected,
                              thresholds(ctx))

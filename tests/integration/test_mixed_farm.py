@@ -74,3 +74,8 @@ def test_seeds_on_two_gpu_models_are_recorded_apart_and_flagged(user: User, tmp_
     mixed = [f for f in cell["flags"] if f.startswith("mixed machines across seeds")]
     assert mixed and all(m in mixed[0] for m in (*MODELS, *DRIVERS)), cell["flags"]
     assert len(cell["ran_with"]) == 2 and not any("seeds identical" in f for f in cell["flags"])
+    page = tmp_path / "report"
+    done = user.gpuq("report", "--format", "html", "-o", str(page))
+    assert done.returncode == 0, done.stdout + done.stderr
+    html = (page / "report.html").read_text()
+    assert all(m in html for m in (*MODELS, *DRIVERS, "mixed machines across seeds", "<h2>Machines</h2>"))

@@ -89,10 +89,10 @@ def test_provenance_from_a_host_is_short_printable_text_or_unknown() -> None:
 
 def test_identical_seeds_and_mixed_machines_are_told_apart() -> None:
     curve = [("val_acc", 1, 0.5), ("val_acc", 2, 0.7)]
-    assert trust.identical([trust.signature(curve, 0.7, 0.7, 2), trust.signature(list(reversed(curve)), 0.7, 0.7, 2)])
-    assert not trust.identical([trust.signature(curve, 0.7, 0.7, 2), trust.signature(curve[:1], 0.7, 0.7, 2)])
-    assert not trust.identical([trust.signature([], 0.7, 0.7, 2)])  # one seed is no evidence
-    assert trust.identical([trust.signature([], 0.7, 0.8, 2)] * 3)  # no curves: finals, bests and steps
+    assert trust.identical([trust.signature(curve, 0.7), trust.signature(list(reversed(curve)), 0.7)])
+    assert not trust.identical([trust.signature(curve, 0.7), trust.signature(curve[:1], 0.7)])
+    assert not trust.identical([trust.signature(curve, 0.7)])  # one seed is no evidence
+    assert not trust.identical([trust.signature([], 0.7)] * 3)  # equal finals without curves: a saturated metric
     a100 = Provenance(slot_kind="gpu", gpu_model="A100", gpu_count=1, torch="2.3.1")
     rtx = Provenance(slot_kind="gpu", gpu_model="RTX 4090", gpu_count=1, torch="2.3.1")
     unknown = Provenance()
