@@ -93,12 +93,9 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
         jobs.extend(ctx.ledger.jobs(sweep_id=sweep.id))
     missing = collect_missing(ctx, jobs) if collect else {}
     values: dict[str, dict[str, Metric]] = {}
-    curves: dict[str, list[tuple[str, int | None, float]]] = {}
     for m in ctx.ledger.metrics(j.id for j in jobs):
         if m.name == metric and m.scope in ("final", "best"):
             values.setdefault(m.job_id, {})[m.scope] = m
-        elif m.scope == "curve":
-            curves.setdefault(m.job_id, []).append((m.name, m.step, m.value))
     attempts: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(j.id for j in jobs):
         attempts.setdefault(att.job_id, []).append(att)
@@ -116,7 +113,8 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     notes: list[str] = collect_notes(missing)
     out: list[CellRow] = []
     finals_of: dict[str, list[float]] = {}
-    same: set[str] = set()  # cells whose seeds produced identical numbers
+    same: set[str] = set()  # cells whose seeds produced identical curves
+    curves = ctx.ledger.curves(j.id for j in jobs if j.state == JobState.SUCCEEDED.value)
     for name, members in cells.items():
         finished = [j for j in members if j.state == JobState.SUCCEEDED.value and "final" in values.get(j.id, {})]
         finals = [values[j.id]["final"].value for j in finished]
@@ -127,7 +125,7 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
         priced = [c.cost for c in costs if c.cost is not None]
         mean = stats.mean(finals) if finals else None
         flags = _flags(finished, values, mode, finals)
-        if trust.identical([_signature(values[j.id], curves.get(j.id, [])) for j in finished]):
+        if trust.identical([_signature(values[j.id], curves.get(j.id, {})) for j in finished]):
             same.add(name)
             flags.append(trust.IDENTICAL)
         mix = trust.mixed({j.name: ran[j.id] for j in finished})
@@ -194,8 +192,9 @@ def _flags(finished: Sequence[Job], values: dict[str, dict[str, Metric]], mode: 
     return flags
 
 
-def _signature(value: dict[str, Metric], curve: list[tuple[str, int | None, float]]) -> trust.Signature:
-    return trust.signature(curve, value["final"].value)
+def _signature(value: dict[str, Metric], curve: dict[str, list[tuple[int, float]]]) -> trust.Signature:
+    return trust.signature([(name, step, v) for name, points in curve.items() for step, v in points],
+                           value["final"].value)
 
 
 def _against_baseline(out: list[CellRow], cells: dict[str, list[Job]], ran: dict[str, list[Provenance]],

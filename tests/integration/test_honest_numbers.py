@@ -108,7 +108,7 @@ def test_a_project_without_epochs_or_seed_shows_no_invented_number(gpuq_home: Pa
     report = _json_report()
     cells = {c["cell"]: c for c in report["cells"]}
     assert set(cells) == {"baseline", "fast"}
-    assert all(trust.IDENTICAL in c["flags"] for c in cells.values())
+    assert all(trust.IDENTICAL in c["flags"] for c in cells.values()), cells
     fast = cells["fast"]
     assert fast["verdict"] == "seeds identical" and fast["p_value"] is None and fast["delta_ci_low"] is None
     assert fast["ci_low"] is None and fast["delta"] is not None  # the difference is shown, no certainty
