@@ -117,9 +117,9 @@ def _git(commit: str | None, dirty: bool | None) -> str:
 
 def _machines(report: Report) -> str:
     """What each cell's seeds ran with: one line per distinct machine and software."""
-    rows = "".join(f"<tr><td>{escape(c.cell)}</td><td>{'<br>'.join(escape(x) for x in c.ran_with) or 'unknown'}"
-                   "</td></tr>" for c in report.cells)
-    return f"<table><tr><th>cell</th><th>ran with</th></tr>{rows}</table>"
+    items = "".join(f"<li><b>{escape(c.cell)}</b>: {'; '.join(escape(x) for x in c.ran_with) or 'unknown'}</li>"
+                    for c in report.cells)
+    return f"<ul>{items}</ul>"
 
 
 def _cpu(report: Report) -> str:
