@@ -1,4 +1,5 @@
-"""What a job cost: GPU-hours, money, and the GPU-hours preemptions threw away.  Pure.
+"""What a job cost: GPU-hours (CPU-hours for attempts on CPU slots), money, and the GPU-hours
+preemptions threw away.  Pure.
 
 The one cost policy of gpuq (``gpuq status``, the dashboard, ``results`` and ``report`` all call it):
 each attempt carries the price of its host when it started (the whole machine, dollars per hour;
@@ -11,7 +12,7 @@ life (its last heartbeat), times its GPUs: what the resumed attempt had to train
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ class JobCost:
     cost: float | None  # None when no attempt ran on a priced host
     lost_gpu_hours: float  # trained again after preemptions and losses
     preemptions: int
+    cpu_hours: float = 0.0  # slot-hours of attempts that ran on CPU slots (never counted as GPU-hours)
 
 
 def attempt_hours(att: Attempt, now: float) -> float:
@@ -48,18 +50,25 @@ def money_spent(attempts: Sequence[Attempt], now: float) -> float | None:
     return money
 
 
-def job_cost(gpus: int, attempts: Sequence[Attempt], checkpoints: Sequence[Checkpoint], now: float) -> JobCost:
+def job_cost(gpus: int, attempts: Sequence[Attempt], checkpoints: Sequence[Checkpoint], now: float,
+             on_cpu: Callable[[Attempt], bool] | None = None) -> JobCost:
+    """``gpus``: the slots each attempt held; ``on_cpu(attempt)``: whether those slots were CPUs (their
+    hours are CPU-hours then)."""
     gpu_hours = 0.0
+    cpu_hours = 0.0
     lost = 0.0
     for att in attempts:
         if att.started_at is None:
             continue
         end = att.ended_at if att.ended_at is not None else now
-        gpu_hours += attempt_hours(att, now) * gpus
+        if on_cpu is not None and on_cpu(att):
+            cpu_hours += attempt_hours(att, now) * gpus
+        else:
+            gpu_hours += attempt_hours(att, now) * gpus
         if att.state in LOST_STATES:
             alive = att.heartbeat_at if att.heartbeat_at is not None else end
             saved = [c.written_at for c in checkpoints if c.attempt <= att.number and c.written_at <= alive]
             since = max([att.started_at, *saved])
             lost += max(0.0, alive - since) / 3600 * gpus
     preemptions = sum(a.state == AttemptState.PREEMPTED.value for a in attempts)
-    return JobCost(gpu_hours, money_spent(attempts, now), lost, preemptions)
+    return JobCost(gpu_hours, money_spent(attempts, now), lost, preemptions, cpu_hours)

@@ -102,7 +102,7 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
         "queue_id": job.sweep_id,
         "attempt": attempt.number,
         "task": job.task,
-        "epochs": job.epochs,
+        "epochs": job.epochs or None,  # null: nothing gave the job epochs (GPUQ_EPOCHS is then empty)
         "gpus": job.gpus,
         "nodes": job.nodes,
         "seed": job.seed,

@@ -81,6 +81,7 @@ PGID_FILE = "pgid"
 HEARTBEAT_FILE = "heartbeat"
 WRAPPER_ALIVE = "wrapper.alive"
 MEM_FILE = "mem.tsv"
+PROVENANCE_FILE = "provenance.json"  # GPUs, driver, CUDA, torch, NCCL, Python the attempt ran with
 EXIT_FILE = "exit.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"  # {"code", "rank", "message"}: first writer wins
 

@@ -39,7 +39,7 @@ import yaml
 from orchestrator.errors import QueueIssue, QueueParseError
 from orchestrator.queuegrid import ArgsError, Cell, expand, job_name
 from orchestrator.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
-from orchestrator.specs import JobSpec, ParsedQueue
+from orchestrator.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
 
 __all__ = ["ALLOWED_KEYS", "parse_bytes", "parse_queue"]
 
@@ -68,16 +68,18 @@ def parse_queue(
     known_hosts: Collection[str] | None = None,
     tasks: Collection[str] | None = None,
     needs_config: bool = True,
+    uses_epochs: bool = True,
 ) -> ParsedQueue:
     """Read and validate the queue file at ``path``; its directory is the workdir.
 
     ``needs_config=False`` (the project's command uses neither ``{config}`` nor ``{task}``) lets a
-    line be only fields and trainer arguments."""
+    line be only fields and trainer arguments.  ``uses_epochs=False`` (the command has no ``{epochs}``):
+    a line without epochs gets its config's ``epochs:``, else none (never the default 20)."""
     label = str(path)
     data = read_queue_bytes(path)
     workdir = Path(os.path.abspath(path)).parent
     return parse_bytes(data, label=label, workdir=workdir, known_hosts=known_hosts, tasks=tasks,
-                       needs_config=needs_config)
+                       needs_config=needs_config, uses_epochs=uses_epochs)
 
 
 def read_queue_bytes(path: Path) -> bytes:
@@ -128,13 +130,14 @@ def parse_bytes(
     known_hosts: Collection[str] | None = None,
     tasks: Collection[str] | None = None,
     needs_config: bool = True,
+    uses_epochs: bool = True,
 ) -> ParsedQueue:
     """Validate queue-file bytes; ``workdir=None`` skips the config-file checks and hashing."""
     issues: list[QueueIssue] = []
     drafts, saw_job = _parse_lines(data, issues, needs_config)
     jobs = _expand(drafts, issues)
     _check_hosts_and_tasks(drafts, known_hosts, tasks, issues)
-    warnings = _check_environment(drafts, workdir, label, issues) if workdir is not None else []
+    warnings = _check_environment(drafts, workdir, label, issues, uses_epochs) if workdir is not None else []
     if not saw_job and not issues:
         issues.append(QueueIssue(0, None, "no jobs"))
     if issues:
@@ -142,7 +145,7 @@ def parse_bytes(
     return ParsedQueue(
         path=label,
         workdir=str(workdir) if workdir is not None else "",
-        jobs=tuple(_to_spec(draft, name, cell) for draft, name, cell in jobs),
+        jobs=tuple(_to_spec(draft, name, cell, uses_epochs) for draft, name, cell in jobs),
         warnings=tuple(warnings),
     )
 
@@ -278,7 +281,7 @@ def _check_hosts_and_tasks(
 
 
 def _check_environment(
-    drafts: list[Draft], workdir: Path, label: str, issues: list[QueueIssue]
+    drafts: list[Draft], workdir: Path, label: str, issues: list[QueueIssue], uses_epochs: bool = True
 ) -> list[str]:
     """Check and hash every config file; return the epochs warnings."""
     root = os.path.realpath(workdir)
@@ -295,10 +298,14 @@ def _check_environment(
             issues.append(QueueIssue(draft.number, draft.config.column, info.error))
             continue
         draft.sha256 = info.sha256
-        if _epochs_differ(info.epochs, draft.epochs):
+        given = info.epochs
+        if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+            draft.config_epochs = given
+        runs = draft.epochs if draft.epochs is not None else DEFAULT_EPOCHS
+        if _epochs_differ(info.epochs, runs) and (draft.epochs is not None or uses_epochs):
             warnings.append(
                 f"{label}:{draft.number}: config {rel} sets epochs: {info.epochs} "
-                f"but the queue line runs {draft.epochs}"
+                f"but the queue line runs {runs}"
             )
     return warnings
 
@@ -352,14 +359,24 @@ def _issue_order(issue: QueueIssue) -> tuple[int, float]:
     return issue.line, issue.column if issue.column is not None else math.inf
 
 
-def _to_spec(draft: Draft, name: str, cell: Cell) -> JobSpec:
+def _epochs(draft: Draft, uses_epochs: bool) -> int | None:
+    """The line's epochs; else what the trainer gets (``{epochs}``: the default); else the config's
+    ``epochs:``; else None: gpuq does not know and never invents a number."""
+    if draft.epochs is not None:
+        return draft.epochs
+    if uses_epochs:
+        return DEFAULT_EPOCHS
+    return draft.config_epochs
+
+
+def _to_spec(draft: Draft, name: str, cell: Cell, uses_epochs: bool = True) -> JobSpec:
     assert draft.name is not None, "a draft without a name always comes with an issue"
     return JobSpec(
         name=name,
         cell=draft.name,
         config=draft.config.text if draft.config is not None else "",
         task=draft.task.text if draft.task is not None else "",
-        epochs=draft.epochs,
+        epochs=_epochs(draft, uses_epochs),
         gpus=draft.ints.get("gpus", 1),
         nodes=draft.ints.get("nodes", 1),
         est_min=draft.est_min,

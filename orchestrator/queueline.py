@@ -58,7 +58,8 @@ class Draft:
     raw: str
     config: Token | None
     task: Token | None
-    epochs: int = DEFAULT_EPOCHS
+    epochs: int | None = None  # None: the line gives no epochs (queuefile decides what the job gets)
+    config_epochs: int | None = None  # the config file's top-level ``epochs:`` (a positive integer), if any
     ints: dict[str, int] = field(default_factory=dict)
     est_min: float | None = None
     host: Token | None = None

@@ -15,6 +15,11 @@ long (a slot's free time), so it is bounded at the edge and clamped again where 
 A Slurm host's slots are its job cap (at most 100,000, ``slurm_hosts``)."""
 
 
+def known_epochs(epochs: int | None) -> int | None:
+    """A job's epochs as shown: None when nothing gave them (the ledger keeps 0 for "not given")."""
+    return epochs if epochs else None
+
+
 def clamp_slots(count: int) -> int:
     """A slot count fit to size a list: 0..MAX_SLOTS (docs/security.md, a host reporting 10**12 slots)."""
     return min(max(int(count), 0), MAX_SLOTS)
@@ -33,7 +38,7 @@ class JobSpec(BaseModel):
     name: str
     config: str
     task: str
-    epochs: int = DEFAULT_EPOCHS
+    epochs: int | None = DEFAULT_EPOCHS  # None: neither the line, the config nor the command gives epochs
     gpus: int = 1
     nodes: int = 1
     est_min: float | None = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import Counter
 
 from pydantic import BaseModel, ConfigDict
 
@@ -14,7 +13,7 @@ from orchestrator.api.submit import SubmitResult
 from orchestrator.context import Context
 from orchestrator.ledger import HostRow
 from orchestrator.runconfig import RunConfig
-from orchestrator.scheduler import epoch_rates, estimate_s
+from orchestrator.scheduler import epoch_rates, estimate_s, estimate_source
 from orchestrator.specs import JobSpec, job_id_for
 from orchestrator.trainer_command import argv_module
 
@@ -31,7 +30,7 @@ class DryRunJob(BaseModel):
     line: int
     config: str
     task: str
-    epochs: int
+    epochs: int | None  # None: nothing gave the job epochs
     gpus: int
     seed: int | None
     host: str
@@ -71,10 +70,7 @@ def metrics_plan(run: RunConfig | None) -> str:
 
 
 def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
-    history = ctx.ledger.run_history()
-    pairs = Counter((config, task) for config, task, epochs, seconds in history if epochs > 0 and seconds > 0)
-    tasks = Counter(task for config, task, epochs, seconds in history if epochs > 0 and seconds > 0)
-    rates = epoch_rates(history)
+    rates = epoch_rates(ctx.ledger.run_history())
     rows = {row.name: row for row in result.hosts}
     secrets = [v for v in (os.environ.get(n) for n in (result.run.forward_env if result.run else ())) if v]
     argv = _Argv(ctx, result, secrets)
@@ -83,27 +79,20 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
     for spec in result.specs:
         job_id = job_id_for(result.sweep_id, spec.name)
         host = result.placements.get(job_id, "")
-        source, est = _estimate(spec, pairs, tasks)
-        known = known and est
+        source = estimate_source(config=spec.config, task=spec.task, epochs=spec.epochs, est_min=spec.est_min,
+                                 rates=rates)
+        known = known and source is not None
         seconds = estimate_s(config=spec.config, task=spec.task, epochs=spec.epochs, est_min=spec.est_min,
-                             history=rates) if est else None
+                             history=rates) if source is not None else None
         jobs.append(DryRunJob(
             job_id=job_id, name=spec.name, cell=spec.cell or spec.name, line=spec.line, config=spec.config,
             task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host, est_s=seconds,
-            estimate_from=source, argv=argv.of(spec, job_id, rows.get(host))))
+            estimate_from=source or "no history", argv=argv.of(spec, job_id, rows.get(host))))
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
                   bundle_bytes=result.bundle.bytes, warnings=result.warnings,
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
-                  makespan_s=result.makespan_s if known else None, metrics=metrics_plan(result.run))
-
-
-def _estimate(spec: JobSpec, pairs: Counter[tuple[str, str]], tasks: Counter[str]) -> tuple[str, bool]:
-    if spec.est_min is not None:
-        return "est_min=", True
-    runs = pairs.get((spec.config, spec.task)) or tasks.get(spec.task)
-    if runs:
-        return f"history of {runs} runs", True
-    return "no history", False
+                  makespan_s=result.makespan_s if known and result.makespan_known else None,
+                  metrics=metrics_plan(result.run))
 
 
 class _Argv:
@@ -131,7 +120,7 @@ class _Argv:
             command = [f"{bundle}/{self.entry}", "--config", "{config}", "--task", "{task}", "--epochs", "{epochs}"]
         values = {
             "config": f"{bundle}/{protocol.BUNDLE_WORKDIR}/{spec.config}", "task": spec.task,
-            "epochs": str(spec.epochs), "name": spec.name, "seed": "" if spec.seed is None else str(spec.seed),
+            "epochs": str(spec.epochs or ""), "name": spec.name, "seed": "" if spec.seed is None else str(spec.seed),
             "job_id": job_id, "attempt": "1", "run_dir": f"{job_dir}/run", "ckpt_dir": f"{job_dir}/{protocol.CKPT_DIR}",
             "master_port": MASTER_PORT,
         }

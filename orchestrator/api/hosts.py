@@ -15,7 +15,7 @@ from orchestrator.bundle import build_bundle
 from orchestrator.config import LOCAL_HOST
 from orchestrator.context import Context, verified_ids
 from orchestrator.errors import GpuqError, HostError, UsageError
-from orchestrator.host_documents import AgentStop
+from orchestrator.host_documents import AgentStop, Provenance
 from orchestrator.launcher import agent_argv, ensure_bundle
 from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
@@ -65,6 +65,7 @@ class HostDetail:
     unverified: list[Job]
     fingerprint: str
     events: list[Any]
+    ran_with: Provenance | None = None  # what the newest attempt there ran with (GPUs, driver, versions)
 
 
 def hosts_show(ctx: Context, name: str) -> HostDetail:
@@ -72,8 +73,10 @@ def hosts_show(ctx: Context, name: str) -> HostDetail:
     if row is None:
         raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
     active = [j for j in ctx.ledger.jobs(states=ACTIVE) if j.host == name]
+    newest = ctx.ledger.newest_provenance(name)
     return HostDetail(row, active, _unverified_on(ctx, name), fleet.key_fingerprint(row.host_key),
-                      ctx.ledger.events(subject=name, limit=10))
+                      ctx.ledger.events(subject=name, limit=10),
+                      Provenance.from_stored(newest.provenance) if newest is not None else None)
 
 
 def _unverified_on(ctx: Context, name: str) -> list[Job]:

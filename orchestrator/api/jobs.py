@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, host_for
 from orchestrator.cost import JobCost, job_cost
 from orchestrator.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
+from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
@@ -158,7 +159,21 @@ class ResultRow:
     metric: str = observed.DEFAULT_METRIC[0]  # the sweep's headline metric ([run] metric) and its direction
     mode: str = observed.DEFAULT_METRIC[1]
     error: str = ""  # why this job's results could not be read from its host ("" = none failed)
+    provenance: Provenance | None = None  # what the newest attempt ran with (None: its host has not said)
+    git: tuple[str, bool | None] = ("", None)  # the project's commit at submit and whether it was dirty
     restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
+
+
+def cpu_slots(ctx: Context) -> Callable[[Attempt], bool]:
+    """Whether an attempt ran on CPU slots (its hours are CPU-hours): its provenance says so, else its
+    host's slots at the last probe."""
+    kinds = {row.name: row.slots_kind for row in ctx.ledger.hosts()}
+
+    def on_cpu(att: Attempt) -> bool:
+        ran = Provenance.from_stored(att.provenance)
+        kind = ran.slot_kind if ran is not None and ran.slot_kind else kinds.get(att.host, "")
+        return kind == "cpu"
+    return on_cpu
 
 
 def collect_missing(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
@@ -204,7 +219,10 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     every = ctx.ledger.attempts_of(j.id for j in jobs)
     latest = {a.job_id: a for a in every}
     verified = ctx.ledger.verified_jobs(sweep_id)
-    metric, mode = observed.headline(getattr(ctx.ledger.sweep(sweep_id), "run", ""))  # "" before ledger v6
+    sweep_row = ctx.ledger.sweep(sweep_id)
+    metric, mode = observed.headline(getattr(sweep_row, "run", ""))  # "" before ledger v6
+    git = (sweep_row.git_commit, sweep_row.git_dirty) if sweep_row is not None else ("", None)
+    on_cpu = cpu_slots(ctx)
     warned = ctx.ledger.open_findings(j.id for j in jobs)  # a [run] metrics that gave no value says why
     for job in jobs:
         event = warned.get((job.id, observed.METRICS_RULE))
@@ -215,10 +233,12 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     for job in jobs:
         final = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "final"}
         best = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "best"}
-        entry = ResultRow(job, final, best, latest.get(job.id), metric=metric, mode=mode,
-                          error=errors.get(job.id, ""))
+        newest = latest.get(job.id)
+        entry = ResultRow(job, final, best, newest, metric=metric, mode=mode, error=errors.get(job.id, ""),
+                          provenance=Provenance.from_stored(newest.provenance) if newest is not None else None,
+                          git=git)
         entry.cost = job_cost(job.gpus * job.nodes, [a for a in every if a.job_id == job.id],
-                              ctx.ledger.checkpoints(job.id), now)
+                              ctx.ledger.checkpoints(job.id), now, on_cpu)
         entry.restarts_from_scratch = sum(1 for e in ctx.ledger.events(job.id) if e.rule == FROM_SCRATCH)
         mark = verified.get(job.id)
         if mark is not None:

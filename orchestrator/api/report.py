@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from orchestrator import observed, protocol
-from orchestrator.api.jobs import collect_missing, collect_notes
+from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots
 from orchestrator.context import Context
 from orchestrator.cost import job_cost
 from orchestrator.errors import GpuqError, UsageError
+from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job, Metric, Sweep
-from orchestrator.report import stats
+from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Verdict
 from orchestrator.states import JobState
@@ -124,30 +125,43 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     cells = group(jobs)
     base_name = _baseline(cells, baseline)
     now = time.time()
+    on_cpu = cpu_slots(ctx)
+    ran = {j.id: [p for p in (Provenance.from_stored(a.provenance) for a in attempts.get(j.id, [])) if p]
+           for j in jobs}
     notes: list[str] = collect_notes(missing) + unread
     out: list[CellRow] = []
     finals_of: dict[str, list[float]] = {}
+    same: set[str] = set()  # cells whose seeds produced identical curves
+    curves = ctx.ledger.curves(j.id for j in jobs if j.state == JobState.SUCCEEDED.value)
     for name, members in cells.items():
         finished = [j for j in members if j.state == JobState.SUCCEEDED.value and "final" in values.get(j.id, {})]
         finals = [values[j.id]["final"].value for j in finished]
         bests = [values[j.id]["best"].value for j in finished if "best" in values[j.id]]
         steps = [s for s in (values[j.id]["final"].step for j in finished) if s is not None]
         finals_of[name] = finals
-        costs = [job_cost(j.gpus * j.nodes, attempts.get(j.id, []), [], now) for j in members]
+        costs = [job_cost(j.gpus * j.nodes, attempts.get(j.id, []), [], now, on_cpu) for j in members]
         priced = [c.cost for c in costs if c.cost is not None]
-        ci = stats.mean_ci(finals)
         mean = stats.mean(finals) if finals else None
         flags = _flags(finished, values, mode, finals)
+        if trust.identical([_signature(values[j.id], curves.get(j.id, {})) for j in finished]):
+            same.add(name)
+            flags.append(trust.IDENTICAL)
+        mix = trust.mixed({j.name: ran[j.id] for j in finished})
+        flags += [mix] if mix else []
+        ci = None if name in same else stats.mean_ci(finals)
         out.append(CellRow(
             cell=name, sweeps=sorted({j.sweep_id for j in members}), jobs=[j.id for j in members],
             names=[j.name for j in members], n_finished=len(finished), n_total=len(members),
             mean=mean, std=stats.std(finals), ci_low=ci.low if ci else None, ci_high=ci.high if ci else None,
             best=(max(bests) if mode == "max" else min(bests)) if bests else None, final=mean,
             steps=max(steps) if steps else None, gpu_hours=sum(c.gpu_hours for c in costs),
+            cpu_hours=sum(c.cpu_hours for c in costs),
             cost_usd=sum(priced) if priced else None, is_baseline=name == base_name,
             delta=None, delta_ci_low=None, delta_ci_high=None, p_value=None,
-            verdict="no data" if not finished else "no baseline", flags=flags))
-    _compare(out, finals_of, base_name, mode)
+            verdict="no data" if not finished else "no baseline", flags=flags,
+            ran_with=trust.lines(p for j in members for p in ran[j.id])))
+    _compare(out, finals_of, base_name, mode, same)
+    _against_baseline(out, cells, ran, base_name, same)
     finished_n = sum(c.n_finished for c in out)
     if finished_n < len(jobs):
         notes.append(f"{len(jobs) - finished_n} of {len(jobs)} jobs have not finished with the metric "
@@ -165,7 +179,7 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
         generated_at=now, sweeps=[_sweep_info(s, jobs, attempts) for s in rows], metric=metric,
         mode="max" if mode == "max" else "min", baseline=base_name, finished=finished_n, total=len(jobs),
         partial=any(not JobState(j.state).terminal for j in jobs), cells=out, failures=failures,
-        gpu_hours=sum(c.gpu_hours for c in out),
+        gpu_hours=sum(c.gpu_hours for c in out), cpu_hours=sum(c.cpu_hours for c in out),
         cost_usd=sum(c.cost_usd for c in out if c.cost_usd is not None) if any(c.cost_usd is not None for c in out)
         else None, notes=notes)
 
@@ -196,7 +210,28 @@ def _flags(finished: Sequence[Job], values: dict[str, dict[str, Metric]], mode: 
     return flags
 
 
-def _compare(cells: list[CellRow], finals_of: dict[str, list[float]], base: str | None, mode: str) -> None:
+def _signature(value: dict[str, Metric], curve: dict[str, list[tuple[int, float]]]) -> trust.Signature:
+    return trust.signature([(name, step, v) for name, points in curve.items() for step, v in points],
+                           value["final"].value)
+
+
+def _against_baseline(out: list[CellRow], cells: dict[str, list[Job]], ran: dict[str, list[Provenance]],
+                      base: str | None, same: set[str]) -> None:
+    """Flags against the baseline: seeds identical there, or other machines or software than here."""
+    if base is None:
+        return
+    base_runs = [p for j in cells[base] for p in ran[j.id]]
+    for cell in out:
+        if cell.cell == base or cell.n_finished == 0:
+            continue
+        if base in same:
+            cell.flags.append(trust.BASELINE_IDENTICAL)
+        unlike = trust.unlike_baseline([p for j in cells[cell.cell] for p in ran[j.id]], base_runs)
+        cell.flags += [unlike] if unlike else []
+
+
+def _compare(cells: list[CellRow], finals_of: dict[str, list[float]], base: str | None, mode: str,
+             same: Collection[str] = ()) -> None:
     if base is None:
         return
     base_finals = finals_of[base]
@@ -209,6 +244,9 @@ def _compare(cells: list[CellRow], finals_of: dict[str, list[float]], base: str 
         if base_finals:
             delta = stats.mean(finals_of[cell.cell]) - stats.mean(base_finals)
             cell.delta = delta if stats.finite(delta) else None  # beyond the float range: cannot compute
+        if cell.cell in same or base in same:  # one run counted n times: no interval, no p-value
+            cell.verdict = "seeds identical"
+            continue
         test = stats.welch(finals_of[cell.cell], base_finals)
         if test is None:
             enough = len(finals_of[cell.cell]) >= 2 and len(base_finals) >= 2
@@ -236,4 +274,5 @@ def _failure(ctx: Context, job: Job, attempts: Sequence[Attempt], cell: str) -> 
 def _sweep_info(sweep: Sweep, jobs: Sequence[Job], attempts: dict[str, list[Attempt]]) -> SweepInfo:
     hosts = sorted({a.host for j in jobs if j.sweep_id == sweep.id for a in attempts.get(j.id, [])})
     return SweepInfo(id=sweep.id, queue=sweep.queue_path, queue_text=sweep.queue_text, bundle_sha=sweep.bundle_sha,
-                     created_at=sweep.created_at, hosts=hosts)
+                     created_at=sweep.created_at, hosts=hosts, git_commit=sweep.git_commit or None,
+                     git_dirty=sweep.git_dirty)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from orchestrator.errors import UsageError
 from orchestrator.ledger import HostRow, Job
 from orchestrator.queuefile import parse_queue, read_queue_bytes
 from orchestrator.runconfig import RunConfig, check_forward_allowed, check_jobs, load_run, project_root, setup_key
-from orchestrator.scheduler import epoch_rates, plan
+from orchestrator.scheduler import epoch_rates, estimate_source, plan
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.tick.capacity import capacities, plan_job
@@ -34,6 +35,7 @@ class SubmitResult:
     dry_run: bool
     launch_error: str = ""
     makespan_s: float = 0.0
+    makespan_known: bool = False  # every job's estimate comes from est_min= or history (else never shown)
     pushed_to: list[str] = field(default_factory=list)  # hosts that received the bundle's bytes
     specs: list[JobSpec] = field(default_factory=list)  # every expanded job (dry run: what would be recorded)
     run: RunConfig | None = None  # the project's [run] table
@@ -65,7 +67,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     run = load_run(toml_path)
     payload_command = not entry and (run is None or not run.command)
     parsed = parse_queue(queue, known_hosts=known, tasks=payload_tasks() if payload_command else None,
-                         needs_config=run is None or run.needs_config)
+                         needs_config=run is None or run.needs_config,
+                         uses_epochs=run is None or "epochs" in run.uses())
     if run is not None:
         check_forward_allowed(run, toml_path, ctx.settings.forward_env_allow, str(ctx.settings.home / "config.toml"))
         parsed = _under_project(parsed, run, toml_path, str(queue), ctx.settings.home)
@@ -79,6 +82,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings) + _what_leaves(run, workdir, queue, toml_path)
+    if entry or (run is not None and run.command):  # gpuq's own payload reads GPUQ_SEED
+        warnings += seed_warnings(parsed.jobs, run, str(queue))
     hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
     done = ctx.ledger.succeeded_with(hashes.values())
     for spec in parsed.jobs:
@@ -128,9 +133,12 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                  for jid, why in decided.unplaced]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     placements = {a.job_id: a.host for a in decided.assignments}
+    estimated = all(estimate_source(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min, rates=rates)
+                for j in parsed.jobs)
     if dry_run:
         return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True,
-                            makespan_s=decided.makespan_s, specs=list(parsed.jobs), run=run, hosts=rows)
+                            makespan_s=decided.makespan_s, makespan_known=estimated, specs=list(parsed.jobs), run=run,
+                            hosts=rows)
     rows_added = ctx.ledger.add_sweep(
         sweep_id=sweep_id,
         queue_path=str(queue),
@@ -144,9 +152,10 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         launcher=ctx.settings.launcher,
         verify=run.verify if run is not None else ctx.settings.verify,
         run=run_json,
+        git=project_git(workdir),
     )
     result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
-                          makespan_s=decided.makespan_s, pushed_to=sorted(pushed))
+                          makespan_s=decided.makespan_s, makespan_known=estimated, pushed_to=sorted(pushed))
     failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in rows_added},
                                 bundle.sha256)
     if failed:
@@ -155,6 +164,49 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         result.launch_error = "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)"
                                         for err in failed.values())
     return result
+
+
+def seed_warnings(jobs: Sequence[JobSpec], run: RunConfig | None, queue: str) -> list[str]:
+    """One warning per group of jobs that differ only by their seed while the trainer's command does not
+    use ``{seed}``: their argv is the same, so only a trainer that reads GPUQ_SEED makes them differ."""
+    if run is not None and "seed" in run.uses():
+        return []
+    groups: dict[tuple[object, ...], list[JobSpec]] = {}
+    for job in jobs:
+        if job.seed is not None:
+            key = (job.config, job.config_sha256, job.task, job.epochs, job.gpus, job.nodes, job.args)
+            groups.setdefault(key, []).append(job)
+    out = []
+    for group in groups.values():
+        if len({j.seed for j in group}) < 2:
+            continue
+        names = ", ".join(j.name for j in group[:3]) + (f" and {len(group) - 3} more" if len(group) > 3 else "")
+        out.append(f"{queue}:{group[0].line}: jobs {names} differ only by their seed, but the command does not use "
+                   "{seed}: they run the same argv, so the trainer must read GPUQ_SEED (else every seed is the same "
+                   "run and the report flags them as identical)")
+    return out
+
+
+GIT_TIMEOUT_S = 20
+
+
+def project_git(workdir: Path) -> tuple[str, bool | None]:
+    """(commit, dirty) of the project at submit: ``git rev-parse HEAD`` and whether ``git status`` lists
+    a change under the project root (untracked files included: the bundle ships them).  ("", None) when
+    it is not a git checkout or git cannot say; never guessed."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(workdir), *args], stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=GIT_TIMEOUT_S, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    head = (git("rev-parse", "--verify", "HEAD") or "").strip()
+    if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", head):
+        return "", None
+    changes = git("status", "--porcelain", "--untracked-files=normal", "--", ".")
+    return head, None if changes is None else bool(changes.strip())
 
 
 def _what_leaves(run: RunConfig | None, workdir: Path, queue: Path, toml_path: Path) -> list[str]:

@@ -120,7 +120,8 @@ class JobStatus(Doc):
     sweep_id: str = Field(min_length=1)
     name: str
     task: str
-    epochs: int = Field(ge=1)
+    epochs: int | None = Field(ge=1, description="null: nothing gave the job epochs (the queue line, its config "
+                                                 "or a command with {epochs}); gpuq never invents them.")
     gpus: int = Field(ge=1)
     state: JobStateName
     host: str | None = Field(description="Where the job is placed; null before placement.")
@@ -186,17 +187,33 @@ class SubmitDocument(Doc):
 # --- gpuq results --json --------------------------------------------------------------------------
 
 
+class RanWith(Doc):
+    """What an attempt ran with, as its host said (docs/results.md, "Provenance"); null: it could not say."""
+
+    host: str
+    slot_kind: str | None = Field(description='"gpu" or "cpu"')
+    gpu_model: str | None = Field(description='the GPUs\' model ("A + B" when they differ)')
+    gpu_count: int | None
+    driver: str | None
+    cuda: str | None = Field(description='the CUDA torch was built with ("none": a CPU build)')
+    torch: str | None
+    nccl: str | None
+    python: str | None
+
+
 class ResultJob(Doc):
     id: str
     sweep_id: str
     name: str
     task: str
-    epochs: int
+    epochs: int | None = Field(description="null: nothing gave the job epochs; gpuq never invents them.")
     state: JobStateName
     attempts: int = Field(ge=0)
     final: dict[str, float] = Field(description="The last metrics the trainer reported.")
     best: dict[str, float] = Field(description="The best metrics, by the sweep's metric and mode.")
     gpu_hours: float | None
+    cpu_hours: float | None = Field(default=None, description="Hours of attempts on CPU slots, times the slots "
+                                                              "(never counted as GPU-hours).")
     cost: float | None
     lost_gpu_hours: float | None
     preemptions: int | None
@@ -208,6 +225,12 @@ class ResultJob(Doc):
     error: str = Field(default="", description='Why the job\'s results could not be read from its host '
                        '(unreachable, or a non-finite metric), or why its [run] metrics gave no value (a setting '
                        'that matched no file, names the setting); "" when nothing failed.')
+    ran_with: RanWith | None = Field(default=None, description="What the newest attempt ran with; null before "
+                                                               "its host said.")
+    git_commit: str | None = Field(default=None, description="The project's git commit at submit; null: not "
+                                                             "a git checkout, or unknown.")
+    git_dirty: bool | None = Field(default=None, description="Uncommitted changes under the project root at "
+                                                             "submit; null: unknown.")
 
 
 class ResultsDocument(Doc):
@@ -264,6 +287,8 @@ class HostDocument(Doc):
     active_jobs: list[str] = Field(description="Ids of the host's unfinished jobs.")
     unverified_jobs: list[str] = Field(description="Ids of jobs whose results there are not pulled yet.")
     events: list[HostEvent]
+    ran_with: RanWith | None = Field(default=None, description="What the newest attempt there ran with (GPUs, "
+                                                               "driver, CUDA, torch, NCCL, Python); null: none said.")
 
 
 # --- gpuq pull --json -----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
     for warning in doc.warnings:
         out.write(f"warning: {warning}\n")
     rows = [COLUMNS] + [
-        (j.name, j.config or "-", j.task or "-", str(j.epochs), str(j.gpus), j.host or "-",
+        (j.name, j.config or "-", j.task or "-", str(j.epochs or "-"), str(j.gpus), j.host or "-",
          _estimate(j.est_s, j.estimate_from), shlex.join(j.argv))
         for j in doc.jobs
     ]

@@ -7,9 +7,11 @@ import sys
 from typing import TYPE_CHECKING
 
 from orchestrator.cli import documents as d
+from orchestrator.specs import known_epochs
 
 if TYPE_CHECKING:
     from orchestrator.api import HostDetail, PullReport, ResultRow, Snapshot, SubmitResult
+    from orchestrator.host_documents import Provenance
     from orchestrator.ledger import HostRow
 
 
@@ -23,17 +25,30 @@ def submitted(result: SubmitResult) -> None:
                           launch_error=result.launch_error))
 
 
+def _ran_with(row: ResultRow) -> d.RanWith | None:
+    return _ran(row.attempt.host, row.provenance) if row.attempt is not None else None
+
+
+def _ran(host: str, ran: Provenance | None) -> d.RanWith | None:
+    if ran is None:
+        return None
+    return d.RanWith(host=host, slot_kind=ran.slot_kind, gpu_model=ran.gpu_model, gpu_count=ran.gpu_count,
+                     driver=ran.driver, cuda=ran.cuda, torch=ran.torch, nccl=ran.nccl, python=ran.python)
+
+
 def results(rows: list[ResultRow]) -> None:
     jobs = []
     for row in rows:
         j, c = row.job, row.cost
         jobs.append(d.ResultJob(
-            id=j.id, sweep_id=j.sweep_id, name=j.name, task=j.task, epochs=j.epochs, state=j.state,
+            id=j.id, sweep_id=j.sweep_id, name=j.name, task=j.task, epochs=known_epochs(j.epochs), state=j.state,
             attempts=j.attempt_count, final=row.final, best=row.best,
             gpu_hours=c.gpu_hours if c else None, cost=c.cost if c else None,
             lost_gpu_hours=c.lost_gpu_hours if c else None, preemptions=c.preemptions if c else None,
             pulled=row.pulled, local_dir=row.local_dir, error=row.error,
             restarts_from_scratch=row.restarts_from_scratch,
+            cpu_hours=c.cpu_hours if c else None, ran_with=_ran_with(row), git_commit=row.git[0] or None,
+            git_dirty=row.git[1],
         ))
     _out(d.ResultsDocument(schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id,
                             metric=rows[0].metric, mode=rows[0].mode, jobs=jobs))
@@ -56,7 +71,7 @@ def host(detail: HostDetail) -> None:
     _out(d.HostDocument(schema_="gpuq.cli.host/1", host=host_entry(row), python=row.python, port=row.port,
                         fingerprint=detail.fingerprint, agent_bundle=row.agent_bundle,
                         active_jobs=[j.id for j in detail.active], unverified_jobs=[j.id for j in detail.unverified],
-                        events=events))
+                        events=events, ran_with=_ran(row.name, detail.ran_with)))
 
 
 def pulled(report: PullReport) -> None:

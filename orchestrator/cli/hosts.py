@@ -228,6 +228,7 @@ def _print_detail(d: HostDetail) -> None:
         f"state       {_state(row, now)}; last probe {_ago(row.last_probe_at, now)}",
         f"bundle      {row.agent_bundle[:12] or '-'}",
         f"jobs        {len(d.active)} unfinished, {len(d.unverified)} with unverified results",
+        f"ran with    {d.ran_with.line() if d.ran_with is not None else '- (no attempt has said yet)'}",
     ]
     for line in lines:
         echo(line)

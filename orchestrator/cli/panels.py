@@ -228,7 +228,8 @@ def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, r
         progress = Text.assemble(
             bar(view.fraction, PROGRESS_W, "green" if job.state == "SUCCEEDED" else "cyan"),
             f" {view.fraction:4.0%}" if view.fraction is not None else "     ",
-            (f" ep {att.epoch}/{job.epochs}" if att is not None and att.epoch is not None else "", "dim"),
+            (f" ep {att.epoch}" + (f"/{view.epochs}" if view.epochs else "")
+             if att is not None and att.epoch is not None else "", "dim"),
             (f" {view.note}" if view.note else "", "dim"),  # no heartbeat: elapsed and the last log line
         )
         old = view.heartbeat_age_s is not None and view.heartbeat_age_s > HEARTBEAT_OLD_S

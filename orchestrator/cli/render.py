@@ -54,6 +54,13 @@ def console() -> Console:
     return Console(highlight=False, soft_wrap=False, width=width)
 
 
+def _makespan(result: SubmitResult) -> str:
+    """The plan's makespan only when every estimate is est_min= or history; never the plan's guess."""
+    if not result.makespan_known:
+        return "makespan unknown (no est_min= and no history of these jobs)"
+    return f"projected makespan {rough_duration(result.makespan_s)}"
+
+
 def submitted(result: SubmitResult) -> None:
     out = console()
     for warning in result.warnings:
@@ -63,20 +70,20 @@ def submitted(result: SubmitResult) -> None:
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
         for job_id, host in result.placements.items():
             out.print(f"  {job_id} -> {escape(host)}")
-        out.print(f"projected makespan {rough_duration(result.makespan_s)} (estimates: est_min=, else history)")
+        out.print(f"{_makespan(result)} (estimates: est_min=, else history)")
         return
     out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {escape(str(result.queue_path))} "
               f"(bundle {result.bundle.sha256[:12]})")
     for job in result.jobs:
-        out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {job.epochs}ep gpus={job.gpus} -> "
+        epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
+        out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> "
                          f"{result.placements.get(job.id, '?')}"))
     hosts = sorted(set(result.placements.values()))
     if result.pushed_to:
         out.print(f"bundle pushed to {escape(', '.join(result.pushed_to))} ({result.bundle.bytes / 1e6:.2f} MB each); "
-                  f"projected makespan {rough_duration(result.makespan_s)}")
+                  f"{_makespan(result)}")
     else:
-        out.print(f"bundle already on {escape(', '.join(hosts))}; "
-                  f"projected makespan {rough_duration(result.makespan_s)}")
+        out.print(f"bundle already on {escape(', '.join(hosts))}; {_makespan(result)}")
     if result.launch_error:
         out.print(f"[red]launch failed:[/] {escape(result.launch_error)}\n"
                   "the sweep is recorded; `gpuq status` retries the launch")

@@ -95,7 +95,8 @@ def _table(doc: Report) -> None:
             for flag in row.flags:
                 console.print(f"[red]{escape(row.cell)}[/]: {escape(flag)}")
         cost = tables.cost(doc.cost_usd)
-        console.print(f"GPU-hours {doc.gpu_hours:.2f}" + (f", cost {cost}" if cost else "")
+        console.print(f"GPU-hours {doc.gpu_hours:.2f}" + (f", CPU-hours {doc.cpu_hours:.2f}" if doc.cpu_hours else "")
+                      + (f", cost {cost}" if cost else "")
                       + f" · every column: a terminal {WIDE} wide, or --format md|csv|json|html")
     for note in doc.notes:
         console.print(f"[dim]note: {escape(note)}[/]")

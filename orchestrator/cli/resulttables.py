@@ -39,7 +39,10 @@ def results_table(rows: list[ResultRow]) -> None:
     head = rows[0].metric
     arrow = {"max": " (max)", "min": " (min)"}.get(rows[0].mode, "")
     cols = ["job", "name", "state", *[f"final {n}" for n in names],
-            *[f"best {n}{arrow if n == head else ''}" for n in names], "GPU-h"]
+            *[f"best {n}{arrow if n == head else ''}" for n in names]]
+    on_cpu = any(r.cost is not None and r.cost.cpu_hours for r in rows)  # CPU slots: CPU-hours, never "GPU-h"
+    on_gpu = not on_cpu or any(r.cost is not None and r.cost.gpu_hours for r in rows)
+    cols += (["GPU-h"] if on_gpu else []) + (["CPU-h"] if on_cpu else [])
     cols += (["cost"] if priced else []) + (["lost GPU-h", "preempted"] if lost else []) + ["pulled"]
     unknown = any(r.error for r in rows)  # a host that could not answer: its rows say so, the others stand
     cols += ["note"] if unknown else []
@@ -51,7 +54,10 @@ def results_table(rows: list[ResultRow]) -> None:
         cells += [f"{row.final[n]:.4f}" if n in row.final else "-" for n in names]
         cells += [f"{row.best[n]:.4f}" if n in row.best else "-" for n in names]
         c = row.cost
-        cells.append(f"{c.gpu_hours:.3f}" if c is not None else "-")
+        if on_gpu:
+            cells.append(f"{c.gpu_hours:.3f}" if c is not None else "-")
+        if on_cpu:
+            cells.append(f"{c.cpu_hours:.3f}" if c is not None else "-")
         if priced:
             cells.append(f"${c.cost:.2f}" if c is not None and c.cost is not None else "-")
         if lost:
@@ -71,7 +77,9 @@ def results_table(rows: list[ResultRow]) -> None:
         money = [c.cost for c in total if c.cost is not None]
         spent = f", ${sum(money):.2f}" if money else ""
         wasted = sum(c.lost_gpu_hours for c in total)
-        console().print(f"total {sum(c.gpu_hours for c in total):.3f} GPU-h{spent}"
+        hours = [f"{sum(c.gpu_hours for c in total):.3f} GPU-h"] if on_gpu else []
+        hours += [f"{sum(c.cpu_hours for c in total):.3f} CPU-h"] if on_cpu else []
+        console().print(f"total {', '.join(hours)}{spent}"
                          + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""))
 
 
@@ -80,15 +88,15 @@ def results_csv(rows: list[ResultRow]) -> None:
     writer = csv.writer(sys.stdout)
     writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
                      *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "gpu_hours", "cost_usd",
-                     "lost_gpu_hours", "preemptions", "pulled", "local_dir", "error"])
+                     "lost_gpu_hours", "preemptions", "pulled", "local_dir", "error", "cpu_hours"])
     for row in rows:
         j = row.job
         c = row.cost
-        writer.writerow([j.id, j.sweep_id, j.name, j.task, j.epochs, j.state, j.attempt_count,
+        writer.writerow([j.id, j.sweep_id, j.name, j.task, j.epochs or "", j.state, j.attempt_count,
                          *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names],
                          f"{c.gpu_hours:.6f}" if c else "", f"{c.cost:.4f}" if c and c.cost is not None else "",
                          f"{c.lost_gpu_hours:.6f}" if c else "", c.preemptions if c else "",
-                         row.pulled, row.local_dir, row.error or ""])
+                         row.pulled, row.local_dir, row.error or "", f"{c.cpu_hours:.6f}" if c else ""])
 
 
 PULL_STYLE = {"verified": "green", "already verified": "green", "incomplete": "yellow", "quarantined": "red",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from orchestrator.cli import documents
+from orchestrator.specs import known_epochs
 from orchestrator.views import JobView, alert_views, job_views
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def status_model(snap: Snapshot) -> documents.StatusDocument:
 def job_model(view: JobView) -> documents.JobStatus:
     job, att = view.job, view.attempt
     return documents.JobStatus(
-        id=job.id, sweep_id=job.sweep_id, name=job.name, task=job.task, epochs=job.epochs, gpus=job.gpus,
+        id=job.id, sweep_id=job.sweep_id, name=job.name, task=job.task, epochs=known_epochs(job.epochs), gpus=job.gpus,
         state=job.state, host=job.host, host_gpus=view.host_gpus, attempt=job.attempt_count,
         step=att.step if att else None, total_steps=att.total_steps if att else None,
         epoch=att.epoch if att else None, loss=att.loss if att else None, eta_s=view.eta_s,

@@ -11,6 +11,7 @@ to sane sizes, floats finite (``bounds``).
 - ``status``: the probe (``StatusDocument``, its ``JobEntry`` per job).
 - ``results``: checkpoint pointers, collected results and summaries, manifests, snapshots.
 - ``health``: the GPU preflight and the reaper.
+- ``provenance``: what one attempt ran with (GPUs, driver, CUDA, torch, NCCL, Python).
 - ``facts``: the host audit of `gpuq hosts add`, and enqueue/withdraw/cancel verdicts.
 """
 
@@ -43,6 +44,7 @@ from orchestrator.host_documents.framing import (
     warn_noise,
 )
 from orchestrator.host_documents.health import Check, HealthDocument, ReapCandidate, ReapDocument, ReapEntry
+from orchestrator.host_documents.provenance import Provenance
 from orchestrator.host_documents.readers import (
     READERS,
     read_agent_stop,
@@ -132,6 +134,7 @@ __all__ = [
     "Pointer",
     "Progress",
     "ProtocolError",
+    "Provenance",
     "ReapCandidate",
     "ReapDocument",
     "ReapEntry",

@@ -34,6 +34,7 @@ from orchestrator.host_documents.bounds import (
     object_or_none,
     objects_only,
 )
+from orchestrator.host_documents.provenance import Provenance
 from orchestrator.host_documents.results import Pointer, Results
 
 Objects = BeforeValidator(objects_only)  # a list of records: items that are no JSON object are dropped
@@ -231,6 +232,7 @@ class JobEntry(Open):
     run_ckpt_mtime: LenientFloat = None
     run_metrics_mtime: LenientFloat = None  # protocol 1.x: the newest mtime of the files [run] metrics names
     gpu_util_pct: LenientPct = None
+    provenance: Annotated[Provenance | None, BeforeValidator(object_or_none)] = None  # what the attempt ran with
     gang_cause: Text = ""  # set by the controller (gangs.standing_entry): the node that ended the attempt
 
     @property

@@ -267,9 +267,16 @@ def _v9_nodes(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attempt ADD COLUMN nodes VARCHAR NOT NULL DEFAULT ''")
 
 
+def _v10_provenance(conn: sqlite3.Connection) -> None:
+    """v10: what an attempt ran with (JSON of host_documents.Provenance), the project's git commit at submit."""
+    conn.execute("ALTER TABLE attempt ADD COLUMN provenance VARCHAR NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE sweep ADD COLUMN git_commit VARCHAR NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE sweep ADD COLUMN git_dirty BOOLEAN")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
-                                                          _v9_nodes]
+                                                          _v9_nodes, _v10_provenance]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

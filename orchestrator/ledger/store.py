@@ -167,10 +167,12 @@ class Ledger(PullRecords):
         launcher: str = "torchrun",
         verify: Sequence[str] = ("metrics", "best_ckpt"),
         run: str = "",
+        git: tuple[str, bool | None] = ("", None),
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
         ``hosts``: the hosts the user restricted the sweep to (empty: any registered host).
+        ``git``: the project's commit and whether it had uncommitted changes (("", None): unknown).
         """
         now = time.time()
         rows: list[Job] = []
@@ -189,6 +191,8 @@ class Ledger(PullRecords):
                     launcher=launcher,
                     verify=",".join(verify),
                     run=run,
+                    git_commit=git[0],
+                    git_dirty=git[1],
                     job_count=len(jobs),
                     created_at=now,
                 )
@@ -204,7 +208,7 @@ class Ledger(PullRecords):
                     config=spec.config,
                     config_sha256=spec.config_sha256,
                     task=spec.task,
-                    epochs=spec.epochs,
+                    epochs=spec.epochs or 0,  # 0: not given (specs.known_epochs)
                     gpus=spec.gpus,
                     nodes=spec.nodes,
                     est_min=spec.est_min,
@@ -383,6 +387,12 @@ class Ledger(PullRecords):
                               .order_by(col(Attempt.job_id), col(Attempt.number)))
                 out.extend(rows)
         return out
+
+    def newest_provenance(self, host: str) -> Attempt | None:
+        """The newest attempt on ``host`` whose host said what it ran with (``Attempt.provenance``)."""
+        with self.reading() as s:
+            return s.exec(select(Attempt).where(Attempt.host == host, Attempt.provenance != "")
+                          .order_by(col(Attempt.created_at).desc(), col(Attempt.id).desc()).limit(1)).first()
 
     def latest_attempts(self, job_ids: Iterable[str]) -> dict[str, Attempt]:
         """The newest attempt of each given job."""

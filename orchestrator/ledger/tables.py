@@ -72,6 +72,8 @@ class Sweep(SQLModel, table=True):
     launcher: str = "torchrun"  # v2: "torchrun" | "python"
     verify: str = "metrics,best_ckpt"  # v2: comma-separated finalize checks (protocol.py, job spec)
     run: str = ""  # v6: JSON of the project's [run] table (runconfig.RunConfig; names only, no secrets); "" = none
+    git_commit: str = ""  # v10: the project's git commit at submit ("" = not a git checkout, or unknown)
+    git_dirty: bool | None = None  # v10: uncommitted changes at submit (None = unknown)
 
     def host_set(self) -> set[str]:
         return {h for h in self.hosts.split(",") if h}
@@ -86,7 +88,7 @@ class Job(SQLModel, table=True):
     config: str
     config_sha256: str
     task: str
-    epochs: int
+    epochs: int  # 0: nothing gave the job epochs (specs.known_epochs); never shown as a number
     gpus: int
     nodes: int
     est_min: float | None = None
@@ -138,6 +140,8 @@ class Attempt(SQLModel, table=True):
     lost_step: int | None = None  # preempted/lost: the last step seen; minus the checkpoint step = work lost
     # v9: multi-node over SSH hosts
     nodes: str = ""  # JSON list of the hosts of node ranks 0..K-1 (rank 0 is ``host``); "" = one host
+    # v10: provenance
+    provenance: str = ""  # JSON of host_documents.Provenance: GPUs, driver, CUDA, torch, NCCL, Python ("" = none yet)
 
     def node_hosts(self) -> list[str]:
         """The hosts of a multi-node attempt by node rank ([] for a one-host attempt)."""

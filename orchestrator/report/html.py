@@ -104,8 +104,26 @@ def _sweeps(report: Report) -> str:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(s.created_at))
         parts.append(f"<h3>sweep {escape(s.id)}</h3><p>queue {escape(s.queue)}, submitted {when}; bundle "
                      f"<code>{escape(s.bundle_sha[:12] or 'none')}</code>; hosts {escape(', '.join(s.hosts) or 'none')}"
-                     f"</p><pre>{escape(s.queue_text)}</pre>")
+                     f"; git {_git(s.git_commit, s.git_dirty)}</p><pre>{escape(s.queue_text)}</pre>")
     return "".join(parts)
+
+
+def _git(commit: str | None, dirty: bool | None) -> str:
+    if not commit:
+        return "unknown"
+    state = " (dirty: unknown)" if dirty is None else " (uncommitted changes)" if dirty else " (clean)"
+    return f"<code>{escape(commit[:12])}</code>{escape(state)}"
+
+
+def _machines(report: Report) -> str:
+    """What each cell's seeds ran with: one line per distinct machine and software."""
+    items = "".join(f"<li><b>{escape(c.cell)}</b>: {'; '.join(escape(x) for x in c.ran_with) or 'unknown'}</li>"
+                    for c in report.cells)
+    return f"<ul>{items}</ul>"
+
+
+def _cpu(report: Report) -> str:
+    return f", CPU-hours {report.cpu_hours:.2f}" if report.cpu_hours else ""
 
 
 def write_report(report: Report, curves: Curves, out: Path) -> Path:
@@ -120,7 +138,7 @@ def write_report(report: Report, curves: Curves, out: Path) -> Path:
 <style>{_STYLE}</style><script>{_SCRIPT}</script></head>
 <body>
 <h1>gpuq report</h1>
-<p>{escape(tables.heading(report))}. GPU-hours {report.gpu_hours:.2f}, cost {escape(cost)}.</p>
+<p>{escape(tables.heading(report))}. GPU-hours {report.gpu_hours:.2f}{_cpu(report)}, cost {escape(cost)}.</p>
 <ul>{notes}</ul>
 <h2>Cells against the baseline</h2>
 {_table(report)}
@@ -128,6 +146,8 @@ def write_report(report: Report, curves: Curves, out: Path) -> Path:
 are Welch's t-test against the baseline (docs/report.md in gpuq explains the verdicts and flags).</p>
 <h2>Learning curves</h2>
 {_figures(report, curves, out)}
+<h2>Machines</h2>
+{_machines(report)}
 <h2>Failures</h2>
 {_failures(report)}
 <h2>Sweeps</h2>

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Verdict = Literal["baseline", "better", "worse", "within noise", "n too small", "cannot compute", "no data",
-                  "no baseline"]
+                  "no baseline", "seeds identical"]
 
 
 class _Strict(BaseModel):
@@ -32,6 +32,8 @@ class CellRow(_Strict):
     final: float | None = Field(description="the mean of the seeds' final values (the same number as mean)")
     steps: int | None = Field(description="the most steps a finished seed reached")
     gpu_hours: float = Field(description="GPU-hours of every attempt of every seed, unfinished ones included")
+    cpu_hours: float = Field(default=0.0, description="the hours of those attempts that ran on CPU slots, times "
+                                                      "their slots (never counted as GPU-hours)")
     cost_usd: float | None = Field(description="what those attempts cost on priced hosts; null when none was priced")
     is_baseline: bool
     delta: float | None = Field(description="mean minus the baseline's mean")
@@ -39,7 +41,10 @@ class CellRow(_Strict):
     delta_ci_high: float | None
     p_value: float | None = Field(description="two-sided Welch t-test p-value of the delta")
     verdict: Verdict
-    flags: list[str] = Field(description="warnings in words: a diverged seed, seeds that disagree")
+    flags: list[str] = Field(description="warnings in words: a diverged seed, seeds that disagree, seeds "
+                                         "identical, seeds or a baseline on other machines")
+    ran_with: list[str] = Field(default_factory=list, description="what the seeds' attempts ran with, one line "
+                                "per distinct machine and software (GPUs, driver, CUDA, torch, NCCL, Python)")
 
 
 class SweepInfo(_Strict):
@@ -49,6 +54,8 @@ class SweepInfo(_Strict):
     bundle_sha: str
     created_at: float
     hosts: list[str] = Field(description="hosts its attempts ran on")
+    git_commit: str | None = Field(default=None, description="the project's git commit at submit; null: unknown")
+    git_dirty: bool | None = Field(default=None, description="uncommitted changes at submit; null: unknown")
 
 
 class FailureRow(_Strict):
@@ -76,5 +83,6 @@ class Report(_Strict):
     cells: list[CellRow]
     failures: list[FailureRow]
     gpu_hours: float
+    cpu_hours: float = 0.0
     cost_usd: float | None
     notes: list[str] = Field(description="what the reader must know: unfinished jobs, a missing baseline, ...")

@@ -37,11 +37,16 @@ def cost(value: float | None) -> str:
     return "" if value is None else f"${value:.2f}"
 
 
+def _hours(row: CellRow) -> str:
+    """GPU-hours, and the CPU-hours of attempts on CPU slots beside them (never added to them)."""
+    return f"{row.gpu_hours:.2f}" + (f" +{row.cpu_hours:.2f} CPU-h" if row.cpu_hours else "")
+
+
 def cells(row: CellRow) -> list[str]:
     """One cell's columns, in the order of COLUMNS."""
     return [row.cell + (" (baseline)" if row.is_baseline else ""), f"{row.n_finished}/{row.n_total}",
             num(row.mean), num(row.std), interval(row.ci_low, row.ci_high), num(row.best),
-            "" if row.steps is None else str(row.steps), f"{row.gpu_hours:.2f}", cost(row.cost_usd),
+            "" if row.steps is None else str(row.steps), _hours(row), cost(row.cost_usd),
             signed(row.delta), interval(row.delta_ci_low, row.delta_ci_high, sign=True), p_value(row.p_value),
             row.verdict, "; ".join(row.flags)]
 
@@ -78,7 +83,7 @@ def csv_text(report: Report) -> str:
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     fields = ("cell", "is_baseline", "n_finished", "n_total", "mean", "std", "ci_low", "ci_high", "best", "steps",
-              "gpu_hours", "cost_usd", "delta", "delta_ci_low", "delta_ci_high", "p_value", "verdict")
+              "gpu_hours", "cpu_hours", "cost_usd", "delta", "delta_ci_low", "delta_ci_high", "p_value", "verdict")
     out.writerow((*fields, "flags", "sweeps", "metric", "mode"))
     for row in report.cells:
         data = row.model_dump()

@@ -96,6 +96,8 @@ def _progress(ledger: Ledger, job: Job, number: int, seen: JobEntry) -> None:
         fields["started_at"] = seen.launched_at
     if seen.log_bytes is not None:
         fields["log_bytes"] = seen.log_bytes
+    if seen.provenance is not None:  # what the attempt ran with (the wrapper writes it once)
+        fields["provenance"] = seen.provenance.stored()
     if fields:
         ledger.update_attempt(job.id, number, **fields)
     pointer = seen.ckpt

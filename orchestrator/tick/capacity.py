@@ -61,7 +61,7 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
                      gang=slurm is None and row.kind != "local")
 
 
-def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int, est_min: float | None,
+def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int | None, est_min: float | None,
              host_pin: str | None, rates: EpochRates, ckpt_bytes: dict[str, int] | None = None,
              nodes: int = 1) -> PlanJob:
     """``ckpt_bytes``: largest checkpoint seen per config; a job keeps two (latest + best)."""

@@ -36,6 +36,7 @@ class JobView:
     note: str = ""  # a trainer without a heartbeat: elapsed time and its last log line (plain text)
     waiting: str = ""  # a job placed but not started: Slurm's state and reason ("Slurm job 41 PENDING (Priority)")
     nodes: str = ""  # the Slurm nodes a running job has ("gpu-[01-02]"), or a multi-node job's other SSH hosts
+    epochs: int | None = None  # the job's epochs, else the total its progress regex reports; None: unknown
 
     @property
     def where(self) -> str:
@@ -49,13 +50,17 @@ class JobView:
 
     @property
     def progress(self) -> str:
-        """``ep 3/6 step 120/240``, or "-" before the first heartbeat."""
+        """``ep 3/6 step 120/240``, or "-" before the first heartbeat; no total that nothing gave
+        (``ep 3 step 120``, ``step 120``)."""
         att = self.attempt
         if att is None or att.step is None:
             return "-"
         total = f"/{att.total_steps}" if att.total_steps else ""
+        of = f"/{self.epochs}" if self.epochs else ""
+        if att.epoch is None and not of:
+            return f"step {att.step}{total}"
         epoch = "?" if att.epoch is None else str(att.epoch)
-        return f"ep {epoch}/{self.job.epochs} step {att.step}{total}"
+        return f"ep {epoch}{of} step {att.step}{total}"
 
 
 def agent_entries(snap: Snapshot) -> dict[tuple[str, str], JobEntry]:
@@ -128,10 +133,11 @@ def _job_view(job: Job, att: Attempt | None, entry: JobEntry | None, attempts: S
     terminal = JobState(job.state).terminal
     if att is not None and att.nodes and not terminal:  # a multi-node job over SSH hosts
         nodes = "+".join(att.node_hosts()[1:])
+    told = entry.progress.epochs if entry is not None and entry.progress is not None else None
     hb_age = None if terminal or att is None or att.heartbeat_at is None else max(0.0, now - att.heartbeat_at)
     return JobView(
         job=job, attempt=att, host_gpus=slots, fraction=fraction,
         eta_s=eta_seconds(att, rate) if running else None,
         heartbeat_age_s=hb_age, cost=money_spent(attempts, now), note=printable(waiting or note),
-        waiting=printable(waiting), nodes=nodes,
+        waiting=printable(waiting), nodes=nodes, epochs=job.epochs or told or None,
     )

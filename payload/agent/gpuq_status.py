@@ -45,7 +45,7 @@ def agent_state(lay: Layout) -> tuple[dict[str, Any], Any]:
     return {"alive": alive, "pid": rec.get("pid")}, rec
 
 
-def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any]:
+def job_entry(lay: Layout, job_id: str, where: str, now: float, wanted: Any = ()) -> dict[str, Any]:
     spec = read_json(lay.p(where, job_id + ".json"))
     spec = spec if isinstance(spec, dict) else {}
     n = spec_attempt(spec)
@@ -81,6 +81,8 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
     e["heartbeat"] = hb if isinstance(hb, dict) else None
     e["heartbeat_age_s"] = round(now - hb_m, 1) if hb_m is not None else None
     e["exit"] = ex if isinstance(ex, dict) else None
+    prov = read_json(os.path.join(adir, P.PROVENANCE_FILE))
+    e["provenance"] = prov if isinstance(prov, dict) else None
     if isinstance(launch, dict):
         e["slots"] = launch.get("slots")
         e["launched_at"] = launch.get("time")
@@ -98,7 +100,8 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
         e["state"] = "claimed"  # launching: the wrapper has not recorded its group yet
     else:
         e["state"] = "dead"
-    if e["state"] in ("running", "dead"):  # bounded: the log's last 64 KiB, a capped walk of run/
+    final = e["state"] == "exited" and job_id in wanted  # just ended: its last progress, once
+    if e["state"] in ("running", "dead") or final:  # bounded: the log's last 64 KiB, a capped walk of run/
         run = spec_run(spec) or {}
         if e["log_bytes"]:
             e["progress"] = job_progress(log_p, run.get("progress"))
@@ -125,7 +128,8 @@ def observe_metrics(e: dict[str, Any], job_dir: str, run: dict[str, Any], attemp
     e["progress"] = prog
 
 
-HOST_TEXT = ("exit", "progress", "scan", "heartbeat")  # what a job's own output or files can put in an entry
+# what a job's own output or files can put in an entry
+HOST_TEXT = ("exit", "progress", "scan", "heartbeat", "provenance")
 
 
 def redact_host_text(entry: dict[str, Any], hide: list[str]) -> None:
@@ -154,7 +158,8 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     for where in (P.WITHDRAWN_DIR, P.INBOX_DIR, P.CLAIMED_DIR):  # later wins: claimed > inbox > withdrawn
         for job_id in list_specs(lay.p(where)):
             seen[job_id] = where
-    jobs = [job_entry(lay, j, w, now) for j, w in sorted(seen.items())]
+    wanted = set(getattr(args, "results_for", ()) or ())
+    jobs = [job_entry(lay, j, w, now, wanted) for j, w in sorted(seen.items())]
     used = sum(len(j["slots"] or []) for j in jobs if j["state"] == "running")
     slurm_conf = gpuq_slurm.config(lay)
     slurm = None
@@ -176,7 +181,6 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         bundles = sorted(n for n in os.listdir(lay.p(P.BUNDLES_DIR)) if not n.startswith("."))
     except OSError:
         bundles = []
-    wanted = set(getattr(args, "results_for", ()) or ())
     try:
         scans = parse_scan_args(getattr(args, "scan", ()))
     except ValueError as exc:

@@ -26,6 +26,7 @@ from typing import Any
 
 import gpuq_gang
 import gpuq_protocol as P
+import gpuq_provenance
 import gpuq_secrets
 import gpuq_slurm
 import gpuq_slurm_node
@@ -175,7 +176,7 @@ class Wrapper:
         if not isinstance(spec, dict):
             return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable")
         self.spec = spec
-        self.marker("STARTING", "({}, {}ep)".format(spec.get("task"), spec.get("epochs")))
+        self.marker("STARTING", "({}, {}ep)".format(spec.get("task"), spec.get("epochs") or "-"))
         try:
             return self._run(spec)
         except Exception as e:  # a wrapper bug must still leave an exit record
@@ -312,6 +313,7 @@ class Wrapper:
         prefix, why = read_only_prefix(self.bundle, loader)
         env = clean if prefix else self.env
         log_path = os.path.join(self.adir, P.JOB_LOG)
+        probe = gpuq_provenance.record(self.adir, self.python, self.env, self.launch)  # beside the trainer
         if why:
             append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
         note = resume_note(run_dir, run_section(spec), self.attempt)
@@ -334,6 +336,7 @@ class Wrapper:
         sampler.daemon = True
         sampler.start()
         rc = self._supervise(self.trainer)
+        probe.join(gpuq_provenance.PROBE_TIMEOUT_S)  # a short trainer: the probe ends before the group does
         if rc != 0 and self.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
             self._report_dead_ranks(log_path)
         self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt

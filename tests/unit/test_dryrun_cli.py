@@ -31,7 +31,7 @@ def test_dry_run_prints_every_job_with_its_argv_and_masks_secrets(gpuq_home: Pat
         f"{tmp_path}/gpuq.toml): MY_TOKEN"
     lines = lines[1:]
     assert lines[0].split() == ["name", "config", "task", "epochs", "gpus", "host", "estimate", "argv"]
-    assert lines[1].split()[:7] == ["lr-lr1e-3", "-", "-", "20", "1", "local", "no"]
+    assert lines[1].split()[:7] == ["lr-lr1e-3", "-", "-", "-", "1", "local", "no"]  # no epochs given: none shown
     assert lines[1].endswith("/usr/bin/python3 train.py --name lr-lr1e-3 --lr 1e-3 --key '***'")
     assert lines[2].endswith("--name lr-lr3e-4 --lr 3e-4 --key '***'")
     assert "tok-123" not in done.stdout + done.stderr

@@ -26,17 +26,28 @@ from orchestrator.specs import HostSlots
 # --- estimates -----------------------------------------------------------------------------------
 
 
-def test_history_skips_only_runs_without_epochs_or_time() -> None:
+def test_history_rates_skip_runs_without_epochs_or_time() -> None:
     history = [("a.yaml", "t", 0, 50.0), ("a.yaml", "t", 2, 0.0), ("a.yaml", "t", 1, 1.0), ("a.yaml", "t", 2, 20.0)]
     # kept: 1 s / 1 epoch and 20 s / 2 epochs -> (1 + 10) / 2; a skipped run does not end the scan
-    assert epoch_rates(history) == EpochRates({("a.yaml", "t"): 5.5}, {"t": 5.5})
-    assert epoch_rates([("a.yaml", "t", 1, 30.0)]) == EpochRates({("a.yaml", "t"): 30.0}, {"t": 30.0})
+    rates = epoch_rates(history)
+    assert (rates.by_config_task, rates.by_task) == ({("a.yaml", "t"): 5.5}, {"t": 5.5})
+    assert rates.whole_runs == {("a.yaml", "t"): [50.0]}  # a run without epochs counts as a whole run
+    one = epoch_rates([("a.yaml", "t", 1, 30.0)])
+    assert (one.by_config_task, one.by_task) == ({("a.yaml", "t"): 30.0}, {"t": 30.0})
+    assert isinstance(one, EpochRates)
 
 
-def test_est_min_wins_only_when_positive_and_zero_epochs_cost_nothing() -> None:
+def test_est_min_wins_only_when_positive_and_unknown_epochs_are_only_guessed() -> None:
     assert estimate_s(config="a", task="t", epochs=3, est_min=1.0) == 60.0
     assert estimate_s(config="a", task="t", epochs=2, est_min=0.0) == 2 * scheduler.DEFAULT_EST_S_PER_EPOCH
-    assert estimate_s(config="a", task="t", epochs=0) == 0.0
+    guess = estimate_s(config="a", task="t", epochs=None)  # orders the plan; never shown
+    assert guess > 0 and scheduler.estimate_source(config="a", task="t", epochs=None, est_min=None,
+                                                   rates=epoch_rates([])) is None
+    rates = epoch_rates([("a", "t", 0, 40.0), ("a", "t", 0, 60.0), ("", "", 0, 9.0)])
+    assert estimate_s(config="a", task="t", epochs=0, history=rates) == 50.0
+    assert scheduler.estimate_source(config="a", task="t", epochs=0, est_min=None, rates=rates) == "history of 2 runs"
+    # jobs without a config path are not alike: another project's runs are no history of this one
+    assert scheduler.estimate_source(config="", task="", epochs=None, est_min=None, rates=rates) is None
 
 
 # --- plan --------------------------------------------------------------------------------------
