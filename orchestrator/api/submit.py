@@ -22,6 +22,7 @@ from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
+from orchestrator.trainer_command import argv_module
 
 
 @dataclass
@@ -167,13 +168,15 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
 
 
 def seed_warnings(jobs: Sequence[JobSpec], run: RunConfig | None, queue: str) -> list[str]:
-    """One warning per group of jobs that differ only by their seed while the trainer's command does not
-    use ``{seed}``: their argv is the same, so only a trainer that reads GPUQ_SEED makes them differ."""
+    """One warning per group of jobs that differ only by their seed while neither the trainer's command
+    nor the line's own arguments use ``{seed}``: their argv is the same, so only a trainer that reads
+    GPUQ_SEED makes them differ."""
     if run is not None and "seed" in run.uses():
         return []
     groups: dict[tuple[object, ...], list[JobSpec]] = {}
+    module = argv_module()
     for job in jobs:
-        if job.seed is not None:
+        if job.seed is not None and "seed" not in module.uses(list(job.args)):  # a line's own {seed} counts
             key = (job.config, job.config_sha256, job.task, job.epochs, job.gpus, job.nodes, job.args)
             groups.setdefault(key, []).append(job)
     out = []
