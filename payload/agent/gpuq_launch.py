@@ -26,6 +26,7 @@ import gpuq_argv
 import gpuq_protocol as P
 from gpuq_files import Layout, read_json
 from gpuq_hostfacts import thread_cap
+from gpuq_setup import project_root
 
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 TORCHRUN_DEFAULT_SHUTDOWN_S = 30
@@ -125,7 +126,7 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
     """run.env: what the trainer gets on top of PATH/HOME/...; never a secret.  ``adir``: where this
     wrapper keeps its attempt files (a multi-node job's other nodes: attempts/<n>/node-<r>)."""
     sha = str(spec.get("bundle_sha", ""))
-    workdir = lay.p(P.BUNDLES_DIR, sha, P.BUNDLE_WORKDIR)
+    workdir = project_root(lay, spec)  # the bundle's project, as its setup hook left it
     jdir = lay.job(job_id)
     adir = adir or lay.attempt(job_id, attempt)
     kind = launch.get("kind", "cpu")

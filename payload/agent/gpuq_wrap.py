@@ -55,7 +55,7 @@ from gpuq_launch import (
 )
 from gpuq_memwatch import sample_memory
 from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
-from gpuq_setup import run_setup
+from gpuq_setup import project_root, run_setup
 
 
 def process_env(run_env: dict[str, str]) -> dict[str, str]:
@@ -289,7 +289,7 @@ class Wrapper:
         self.phase = "train"
         spec, run_env = self.spec, self.run_env
         run_dir = run_env[P.ENV_RUN_DIR]
-        link_project(os.path.join(self.bundle, P.BUNDLE_WORKDIR), run_dir, run_section(spec))
+        link_project(project_root(self.lay, spec), run_dir, run_section(spec))  # as the setup hook left it
         try:
             argv = job_argv(self.lay, self.job_id, self.attempt, spec, run_env, self.python, self.gpus,
                             rendezvous=self.rendezvous)
