@@ -38,6 +38,7 @@ class SubmitResult:
     specs: list[JobSpec] = field(default_factory=list)  # every expanded job (dry run: what would be recorded)
     run: RunConfig | None = None  # the project's [run] table
     hosts: list[HostRow] = field(default_factory=list)  # the hosts the plan could use
+    run_json: str = ""  # the sweep's [run] JSON as recorded (setup_key included); "" without [run]
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -125,7 +126,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     placements = {a.job_id: a.host for a in decided.assignments}
     if dry_run:
         return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True,
-                            makespan_s=decided.makespan_s, specs=list(parsed.jobs), run=run, hosts=rows)
+                            makespan_s=decided.makespan_s, specs=list(parsed.jobs), run=run, hosts=rows,
+                            run_json=run_json)
     rows_added = ctx.ledger.add_sweep(
         sweep_id=sweep_id,
         queue_path=str(queue),
