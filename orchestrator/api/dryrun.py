@@ -3,6 +3,7 @@ run there (rendered by the agent's own gpuq_argv.py; forwarded secrets' values s
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections import Counter
@@ -103,6 +104,8 @@ class _Argv:
         self.entry = f"{protocol.BUNDLE_WORKDIR}/{entry}" if entry else protocol.TRAIN_ENTRY
         self.launcher = self.run.launcher if self.run is not None else ctx.settings.launcher
         self.local_python = ctx.settings.local_python
+        data = json.loads(result.run_json).get("data") if result.run_json else None
+        self.data: dict[str, dict[str, str]] = data if isinstance(data, dict) else {}
 
     def of(self, spec: JobSpec, job_id: str, row: HostRow | None) -> list[str]:
         root = row.root if row is not None else "<root>"
@@ -120,6 +123,9 @@ class _Argv:
             "job_id": job_id, "attempt": "1", "run_dir": f"{job_dir}/run", "ckpt_dir": f"{job_dir}/{protocol.CKPT_DIR}",
             "master_port": MASTER_PORT,
         }
+        for name, ref in self.data.items():  # [data]: the synced tree on the host (transfer/datasync.py)
+            tree = f"{root}/{protocol.BUNDLES_DIR}/.data/trees/{ref.get('tree', '')}"
+            values[f"data.{name}"] = f"{tree}/{ref['file']}" if ref.get("file") else tree
         argv: list[str] = self.module.job_argv(
             launcher=self.launcher, python=python, nproc=spec.gpus, command=command, args=list(spec.args),
             resume_args=list(self.run.resume_args) if self.run is not None else [], values=values, checkpoint=None)

@@ -15,7 +15,16 @@ from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
 from orchestrator.ledger import HostRow, Job
 from orchestrator.queuefile import parse_queue, read_queue_bytes
-from orchestrator.runconfig import RunConfig, check_forward_allowed, check_jobs, load_run, project_root, setup_key
+from orchestrator import datasets
+from orchestrator.runconfig import (
+    RunConfig,
+    check_forward_allowed,
+    check_jobs,
+    load_run,
+    project_root,
+    repository_root,
+    setup_key,
+)
 from orchestrator.scheduler import epoch_rates, plan
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
@@ -76,7 +85,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
             raise UsageError(f"entry = {entry!r} (gpuq.toml / GPUQ_ENTRY): must name a file inside the project "
                              f"{parsed.workdir}; nothing was submitted")
     workdir = Path(parsed.workdir)
-    run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir)}) if run is not None else ""
+    data = _data(run, toml_path, ctx.settings.home)
+    run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir), **data}) if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings) + _what_leaves(run, workdir, queue, toml_path)
@@ -152,6 +162,21 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         result.launch_error = "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)"
                                         for err in failed.values())
     return result
+
+
+def _data(run: RunConfig | None, toml_path: Path, home: Path) -> dict[str, object]:
+    """``{"data": {NAME: {"tree", "file"}}}`` of the gpuq.toml's ``[data]`` table ({} without one), each
+    entry hashed (datasets.py); every ``{data.NAME}`` the templates use must be declared there."""
+    manifests = datasets.load_data(toml_path, repository_root(toml_path.parent), home)
+    names = {m.name for m in manifests}
+    if manifests and run is None:
+        raise UsageError(f"{toml_path}: [data] needs a [run] table (an empty one runs gpuq's own payload); "
+                         "nothing was submitted")
+    for used in sorted(run.uses() if run is not None else set()):
+        if used.startswith("data.") and used[5:] not in names:
+            raise UsageError(f"{toml_path}: [run] uses {{{used}}} but [data] has no {used[5:]!r}"
+                             f" (declared: {', '.join(sorted(names)) or 'none'}); nothing was submitted")
+    return {"data": datasets.wire(manifests)} if manifests else {}
 
 
 def _what_leaves(run: RunConfig | None, workdir: Path, queue: Path, toml_path: Path) -> list[str]:
