@@ -6,8 +6,8 @@ Per cell (the first seed of it; seeds only change GPUQ_SEED), in a private host 
 hook, the prepared tree, the run dir, the argv, the environment a host gives the job):
 
 1. attempt 1 with ``[run] smoke_args`` appended to the cell's arguments (gpuq's own payload: its
-   epochs cut to ``PAYLOAD_SMOKE_EPOCHS``), stopped with SIGTERM as soon as a checkpoint exists (or
-   left to end);
+   epochs cut to ``PAYLOAD_SMOKE_EPOCHS``), stopped with SIGTERM as soon as a checkpoint and a metrics
+   row exist (or left to end);
 2. attempt 2 in the same run dir: the wrapper adds ``resume_args`` with the newest checkpoint, as a
    resume on a host does, and it must exit 0;
 3. the metrics are read by the agent's own reader (``gpuq_runmetrics``); the run *resumed* when the
@@ -64,7 +64,7 @@ else:
     curves = m.payload_curves(job_dir, "val_acc")
     metric = "val_acc"
     rows = sum(len(c) for c in curves.values())
-points = curves.get(metric) or (list(curves.values())[0] if curves else [])
+points = max(curves.values(), key=len) if curves else []  # the curve with the most rows: eval rows may be rare
 print(json.dumps({"rows": rows, "steps": [p[0] for p in points]}))
 """
 
@@ -77,7 +77,7 @@ class SmokeRow:
     started: bool = False
     metrics: int = 0  # rows gpuq read
     checkpoint: str = ""  # the newest checkpoint after attempt 1, relative to the job dir
-    resumed: bool = False
+    resumed: bool | None = False  # None: no metric row before the stop to tell by
     exit_code: int | None = None  # attempt 2's (attempt 1's when it failed on its own)
     seconds: float = 0.0
     problem: str = ""
@@ -185,6 +185,24 @@ def _checkpoint(host: LocalHost, job_id: str, doc: dict[str, Any]) -> str:
     return os.path.relpath(max(found, key=os.path.getmtime), jdir) if found else ""
 
 
+def _has_rows(host: LocalHost, job_id: str, doc: dict[str, Any]) -> bool:
+    """A metrics row is written (cheaply: a CSV with a line after its header, a JSON-lines file with a
+    line; ``metrics = "log"`` and no metrics at all: True, the checkpoint alone decides)."""
+    jdir = os.path.join(host.root, protocol.JOBS_DIR, job_id)
+    run = doc.get("run") or {}
+    metrics = str(run.get("metrics") or "")
+    if run.get("command") and (not metrics or metrics == "log"):
+        return True
+    path = (os.path.join(jdir, protocol.RUN_DIR, metrics) if run.get("command")
+            else os.path.join(jdir, protocol.RESULT_DIR, protocol.METRICS_FILE))
+    try:
+        with open(path, "rb") as f:
+            lines = f.read(1 << 16).count(b"\n")
+    except OSError:
+        return False
+    return lines >= (2 if path.endswith(".csv") else 1)
+
+
 def _wait(proc: subprocess.Popen[bytes], timeout_s: float, stop_when: Any = None) -> tuple[bool, bool]:
     """(ended in time, stopped by us): SIGTERM once ``stop_when()`` is true; SIGKILL at the deadline."""
     deadline = time.monotonic() + timeout_s
@@ -238,13 +256,16 @@ def _probe(host: LocalHost, job_id: str, sha: str, number: int) -> tuple[int, li
         return 0, []
 
 
-def resumed_from(before: list[float], after: list[float]) -> bool:
+def resumed_from(before: list[float], after: list[float]) -> bool | None:
     """Attempt 2 resumed: the rows it added begin after attempt 1's first row (a trainer that ignores
-    its checkpoint starts over at the same step), or it added none (nothing left to train)."""
+    its checkpoint starts over at the same step), or it added none (nothing left to train).  None when
+    attempt 1 left no row to compare with."""
     added = after[len(before):] if after[:len(before)] == before else after
     if not added:
         return True
-    return bool(before) and added[0] > before[0]
+    if not before:
+        return None
+    return added[0] > before[0]
 
 
 def _smoke_cell(ctx: Context, host: LocalHost, planned: SubmitResult, spec: JobSpec, index: int,
@@ -264,7 +285,8 @@ def _smoke_cell(ctx: Context, host: LocalHost, planned: SubmitResult, spec: JobS
 def _run_cell(host: LocalHost, row: SmokeRow, first: dict[str, Any], second: dict[str, Any], job_id: str,
               sha: str, gpus: int, timeout_s: float) -> None:
     proc = _start(host, first, job_id, 1, gpus)
-    in_time, stopped = _wait(proc, timeout_s, stop_when=lambda: bool(_checkpoint(host, job_id, first)))
+    in_time, stopped = _wait(proc, timeout_s, stop_when=lambda: bool(_checkpoint(host, job_id, first))
+                            and _has_rows(host, job_id, first))
     rec = _exit_record(host, job_id, 1)
     row.started = rec.get("phase") not in (None, "setup", "gate")
     row.checkpoint = _checkpoint(host, job_id, first)
@@ -295,6 +317,6 @@ def _run_cell(host: LocalHost, row: SmokeRow, first: dict[str, Any], second: dic
                        + _last_line(host, job_id, 2))
     elif not row.metrics:
         row.problem = "no metrics gpuq can read ([run] metrics)"
-    elif not row.resumed:
+    elif row.resumed is False:
         row.problem = (f"the trainer started over instead of resuming from {row.checkpoint} "
                        "(check [run] resume_args and that the trainer loads it)")

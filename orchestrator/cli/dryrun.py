@@ -62,8 +62,8 @@ def print_smoke(result: SmokeResult) -> None:
     for warning in result.warnings:
         out.write(f"warning: {warning}\n")
 
-    def yes(flag: bool) -> str:
-        return "yes" if flag else "no"
+    def yes(flag: bool | None) -> str:
+        return "?" if flag is None else "yes" if flag else "no"
 
     rows = [SMOKE_COLUMNS] + [
         (r.cell, yes(r.started), f"{r.metrics} rows" if r.metrics else "no", r.checkpoint or "no",
