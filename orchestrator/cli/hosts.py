@@ -203,8 +203,9 @@ def _print_detail(d: HostDetail, data: list[dict[str, Any]] | None = None) -> No
         f"bundle      {row.agent_bundle[:12] or '-'}",
         f"jobs        {len(d.active)} unfinished, {len(d.unverified)} with unverified results",
     ]
-    lines += [f"data        {h.get('name')}: {int(h.get('files') or 0)} file(s), {int(h.get('bytes') or 0) / 1e6:.1f} MB "
-              f"(tree {str(h.get('tree'))[:12]}, [data] synced by gpuq)" for h in data or []]
+    lines += [f"data        {h.get('name')}: {int(h.get('files') or 0)} file(s), "
+              f"{int(h.get('bytes') or 0) / 1e6:.1f} MB (tree {str(h.get('tree'))[:12]}, [data] synced by gpuq)"
+              for h in data or []]
     for line in lines:
         echo(line)
     for event in d.events:

@@ -92,9 +92,9 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
         from orchestrator.api.smoke import smoke as run_smoke
         from orchestrator.cli.dryrun import print_smoke
 
-        result = run_smoke(ctx, queue)
-        print_smoke(result)
-        sys.exit(0 if result.ok else exitcodes.FAILED)
+        smoked = run_smoke(ctx, queue)
+        print_smoke(smoked)
+        sys.exit(0 if smoked.ok else exitcodes.FAILED)
     try:
         result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
     except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)

@@ -135,7 +135,7 @@ def _call(host: Host, verb: str, doc: dict[str, Any]) -> dict[str, Any]:
 
 def _pieces(m: Manifest) -> dict[str, tuple[str, int, int]]:
     """{chunk sha256: (local file, offset, size)}: where each chunk's bytes are here."""
-    out = {}
+    out: dict[str, tuple[str, int, int]] = {}
     for e in m.entries:
         path = Path(m.source) / e.rel if m.kind == "dir" else Path(m.source)
         for i, c in enumerate(e.chunks):

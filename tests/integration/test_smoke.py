@@ -113,7 +113,8 @@ def test_smoke_passes_the_payload_and_fails_clearly_on_a_bad_config_key(gpuq_hom
     shutil.copytree(ROOT / "payload" / "configs", payload / "configs")
     config = payload / "configs" / "baseline.yaml"
     (payload / "configs" / "typo.yaml").write_text(config.read_text().replace("batch_size: 32", "batch_sise: 32"))
-    (payload / "queue.txt").write_text("configs/baseline.yaml classify 12 gpus=1\nconfigs/typo.yaml classify 12 gpus=1\n")
+    (payload / "queue.txt").write_text("configs/baseline.yaml classify 12 gpus=1\n"
+                                       "configs/typo.yaml classify 12 gpus=1\n")
     done = run_gpuq("submit", "--smoke", str(payload / "queue.txt"), env=ENV, timeout=600)
     assert done.returncode == 1, done.stdout + done.stderr
     rows = _table(done.stdout)
