@@ -36,6 +36,7 @@ Remote layout (one root per host, the profile's data dir)::
       setup/<setup_key>/           ok.json | failed.json, setup.log
       bundles/.setup/<setup_key>/  project/ (the hook's cwd, a copy of the project), products.json
       bundles/.prepared/<sha>-<key>/  the project as the hook left it, read-only: what jobs link
+      bundles/.data/               [data]: chunks/, files/<sha256>, trees/<tree>/ (transfer/datasync.py)
       secrets/<queue_id>.json      forwarded env values (0600, dir 0700); deleted once no job of that
                                    queue is queued, claimed or running here (by the serving agent, by
                                    cancel/withdraw, or by status on a Slurm login node)
