@@ -40,6 +40,7 @@ from orchestrator.context import Context
 from orchestrator.hosts.local import LocalHost, command_env
 from orchestrator.ledger import Attempt, Job, Sweep
 from orchestrator.specs import JobSpec, spec_hash_for
+from orchestrator.transfer import datasync
 
 PAYLOAD_SMOKE_EPOCHS = 2  # gpuq's own payload: its short mode is fewer epochs
 RUN_TIMEOUT_S = 600.0  # one attempt of one cell
@@ -276,6 +277,7 @@ def _smoke_cell(ctx: Context, host: LocalHost, planned: SubmitResult, spec: JobS
     sha = planned.bundle.sha256
     first = _documents(ctx, planned, spec, job_id, 1)
     try:
+        datasync.sync_specs(host, [first], ctx.settings.home, record=False)  # [data], as a host gets it
         _run_cell(host, row, first, _documents(ctx, planned, spec, job_id, 2), job_id, sha, spec.gpus, timeout_s)
     finally:
         row.seconds = time.monotonic() - started

@@ -164,8 +164,9 @@ def _upload(host: Host, m: Manifest, missing: list[str]) -> int:
     return moved
 
 
-def sync(host: Host, m: Manifest, home: Path) -> int:
-    """Make tree ``m.tree`` present on ``host``; returns the bytes moved (0 when it was there)."""
+def sync(host: Host, m: Manifest, home: Path, *, record: bool = True) -> int:
+    """Make tree ``m.tree`` present on ``host``; returns the bytes moved (0 when it was there).
+    ``record``: log it in syncs.jsonl and held/<host>.json (not for a smoke run's private root)."""
     doc = m.model_dump(mode="json")
     wire = {k: doc[k] for k in ("name", "tree", "kind", "entries")}
     moved = 0
@@ -177,7 +178,8 @@ def sync(host: Host, m: Manifest, home: Path) -> int:
         if not need["tree"]:
             moved = _upload(host, m, [str(c) for c in need.get("missing") or []])
             _call(host, "build", wire)
-    _record(home, host.name, m, moved)
+    if record:
+        _record(home, host.name, m, moved)
     return moved
 
 
@@ -212,7 +214,7 @@ def held(home: Path, host: str) -> list[dict[str, Any]]:
             if isinstance(v, dict)]
 
 
-def sync_specs(host: Host, specs: list[dict[str, Any]], home: Path) -> int:
+def sync_specs(host: Host, specs: list[dict[str, Any]], home: Path, *, record: bool = True) -> int:
     """Sync every tree the specs' ``run.data`` names to ``host`` (each once); the bytes moved."""
     from orchestrator.datasets import manifest
 
@@ -227,5 +229,5 @@ def sync_specs(host: Host, specs: list[dict[str, Any]], home: Path) -> int:
         if m is None:
             raise HostError(host.name, f"data {name}: its manifest {tree[:12]} is not in "
                             f"{data_dir(home)}/manifests; submit the sweep again")
-        moved += sync(host, m, home)
+        moved += sync(host, m, home, record=record)
     return moved

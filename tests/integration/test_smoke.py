@@ -21,10 +21,12 @@ ENV = {"GPUQ_KILL_GRACE_S": "2"}
 
 TRAINER = """import argparse, json, os, time
 p = argparse.ArgumentParser()
+p.add_argument("words")  # the [data] file, synced into the smoke root as onto a host
 p.add_argument("epochs", type=int)
 p.add_argument("--resume", default="")
 p.add_argument("--sleep", type=float, default=2.0)
 a = p.parse_args()
+assert open(a.words).read() == "hello" and a.words == os.environ["GPUQ_DATA_WORDS"]
 start = 0
 if a.resume and {honour}:
     start = json.load(open(a.resume))["epoch"]
@@ -40,8 +42,10 @@ for epoch in range(start, a.epochs):
     os.replace("ckpt.json.tmp", "ckpt.json")
 """
 
-TOML = """[run]
-command = "train.py {args}"
+TOML = """[data]
+words = "words.txt"
+[run]
+command = "train.py {data.words} {args}"
 launcher = "python"
 checkpoint = "ckpt.json"
 resume_args = "--resume {checkpoint}"
@@ -76,6 +80,7 @@ def _toy(tmp_path: Path, honour: bool) -> Path:
     work.mkdir()
     (work / "train.py").write_text(TRAINER.format(honour=honour))
     (work / "gpuq.toml").write_text(TOML)
+    (work / "words.txt").write_text("hello")
     # two seeds and two cells: one smoke run per cell
     (work / "queue.txt").write_text("name=toy seeds=2 -- {3,4}\n")
     return work / "queue.txt"
