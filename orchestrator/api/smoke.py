@@ -122,9 +122,19 @@ def smoke(ctx: Context, queue: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> Smo
     rows = [_smoke_cell(ctx, host, planned, spec, i, timeout_s) for i, spec in enumerate(distinct_cells(planned.specs))]
     result = SmokeResult(rows, root, list(planned.warnings))
     if result.ok:
-        shutil.rmtree(root, ignore_errors=True)
+        _remove(root)
         result.root = ""
     return result
+
+
+def _remove(root: str) -> None:
+    """Remove the smoke root: its bundle, prepared trees and data are read-only by mode bits."""
+    for top, dirs, _files in os.walk(root):
+        for d in dirs:
+            path = os.path.join(top, d)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _documents(ctx: Context, planned: SubmitResult, spec: JobSpec, job_id: str, number: int) -> dict[str, Any]:

@@ -90,6 +90,7 @@ def test_smoke_passes_a_trainer_that_resumes_and_fails_one_that_starts_over(gpuq
                                                                             tmp_path: Path) -> None:
     good = run_gpuq("submit", "--smoke", str(_toy(tmp_path, True)), env=ENV, timeout=300)
     assert good.returncode == 0, good.stdout + good.stderr
+    assert not list((gpuq_home / "smoke").iterdir())  # a smoke that passed leaves nothing behind
     rows = _table(good.stdout)
     assert len(rows) == 2, good.stdout  # a cell per argument, not per seed
     for cols in rows.values():  # started, metrics, checkpoint, resumed, exit
@@ -101,7 +102,8 @@ def test_smoke_passes_a_trainer_that_resumes_and_fails_one_that_starts_over(gpuq
     assert all(cols[4] == "no" for cols in _table(bad.stdout).values()), bad.stdout
     assert "Traceback" not in bad.stdout + bad.stderr
     _no_sweep_recorded()
-    assert not list((gpuq_home / "smoke").glob("*/jobs")) or "kept for a look" in bad.stdout
+    (kept,) = (gpuq_home / "smoke").iterdir()  # one that failed is kept for a look
+    assert str(kept) in bad.stdout and list(kept.glob("jobs/*/attempts/2/job.log")), bad.stdout
 
 
 def test_smoke_passes_the_ddp_example(gpuq_home: Path, tmp_path: Path) -> None:
