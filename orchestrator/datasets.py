@@ -175,8 +175,8 @@ def _local(toml_path: Path, repo: Path, name: str, value: str, cache: _HashCache
     return Manifest(name=name, tree=tree, kind=kind, source=str(path), entries=tuple(entries))
 
 
-def _digest(doc: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def _digest(content: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _entry(path: Path, rel: str, cache: _HashCache) -> Entry:
@@ -205,19 +205,19 @@ class _HashCache:
         self.path = path
         self.dirty = False
         try:
-            doc = json.loads(path.read_text())
-            self.doc: dict[str, Any] = doc if isinstance(doc, dict) else {}
+            table = json.loads(path.read_text())
+            self.table: dict[str, Any] = table if isinstance(table, dict) else {}
         except (OSError, ValueError):
-            self.doc = {}
+            self.table = {}
 
     def get(self, key: str, stat: list[int]) -> tuple[str, list[str]] | None:
-        got = self.doc.get(key)
+        got = self.table.get(key)
         if isinstance(got, list) and len(got) == 5 and got[:3] == stat:
             return str(got[3]), [str(c) for c in got[4]]
         return None
 
     def put(self, key: str, stat: list[int], value: tuple[str, list[str]]) -> None:
-        self.doc[key] = [*stat, value[0], value[1]]
+        self.table[key] = [*stat, value[0], value[1]]
         self.dirty = True
 
     def save(self) -> None:
@@ -225,5 +225,5 @@ class _HashCache:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(self.doc))
+        tmp.write_text(json.dumps(self.table))
         os.replace(tmp, self.path)

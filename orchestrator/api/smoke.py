@@ -34,9 +34,12 @@ from glob import glob
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from orchestrator import launcher, protocol
 from orchestrator.api.submit import SubmitResult, submit
 from orchestrator.context import Context
+from orchestrator.host_documents import ExitRecord
 from orchestrator.hosts.local import LocalHost, command_env
 from orchestrator.ledger import Attempt, Job, Sweep
 from orchestrator.specs import JobSpec, spec_hash_for
@@ -154,23 +157,23 @@ def _documents(ctx: Context, planned: SubmitResult, spec: JobSpec, job_id: str, 
               updated_at=now, args=json.dumps(args), cell=spec.cell or spec.name)
     attempt = Attempt(job_id=job_id, number=number, host="smoke", state="STARTING",
                       bundle_sha=planned.bundle.sha256, created_at=now)
-    doc = launcher.job_spec(job, attempt, ctx.settings, sweep=sweep)
-    doc["ckpt_interval_s"] = min(float(doc.get("ckpt_interval_s") or 5), 5.0)  # the payload saves early
-    return doc
+    spec_doc = launcher.job_spec(job, attempt, ctx.settings, sweep=sweep)
+    spec_doc["ckpt_interval_s"] = min(float(spec_doc["ckpt_interval_s"] or 5), 5.0)  # the payload saves early
+    return spec_doc
 
 
-def _start(host: LocalHost, doc: dict[str, Any], job_id: str, number: int, gpus: int) -> subprocess.Popen[bytes]:
+def _start(host: LocalHost, spec_doc: dict[str, Any], job_id: str, number: int, gpus: int) -> subprocess.Popen[bytes]:
     """Write the spec and launch record as the agent's ``serve`` does, and start the wrapper."""
     jdir = Path(host.root) / protocol.JOBS_DIR / job_id
     adir = jdir / protocol.ATTEMPTS_DIR / str(number)
     for d in (adir, jdir / protocol.CKPT_DIR, jdir / protocol.RESULT_DIR):
         d.mkdir(parents=True, exist_ok=True)
-    (jdir / protocol.SPEC_FILE).write_text(json.dumps(doc))
+    (jdir / protocol.SPEC_FILE).write_text(json.dumps(spec_doc))
     slots = list(range(max(1, gpus)))
     (adir / protocol.LAUNCH_FILE).write_text(json.dumps({
         "time": "", "slots": slots, "kind": "cpu", "device": "cpu", "total_slots": len(slots), "index": 1,
         "count": 1, "master_port": _free_port()}))
-    agent = launcher.agent_path(host, str(doc["bundle_sha"]))
+    agent = launcher.agent_path(host, str(spec_doc["bundle_sha"]))
     with open(adir / protocol.JOB_LOG, "ab") as logf:
         return subprocess.Popen([host.python, agent, "--root", host.root, "wrap", job_id, str(number)],
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=host.root,
@@ -185,22 +188,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _checkpoint(host: LocalHost, job_id: str, doc: dict[str, Any]) -> str:
+def _checkpoint(host: LocalHost, job_id: str, spec_doc: dict[str, Any]) -> str:
     """The newest file matching the cell's checkpoint globs (gpuq's payload: its ckpt dir), relative to
     the job dir; "" when none."""
     jdir = os.path.join(host.root, protocol.JOBS_DIR, job_id)
-    run = doc.get("run") or {}
+    run = spec_doc["run"] or {}
     patterns = ([os.path.join(jdir, protocol.RUN_DIR, g) for g in run.get("checkpoint") or []]
                 if run.get("command") else [os.path.join(jdir, protocol.CKPT_DIR, "*.pt")])
     found = [p for pat in patterns for p in glob(pat, recursive=True) if os.path.isfile(p) and not os.path.islink(p)]
     return os.path.relpath(max(found, key=os.path.getmtime), jdir) if found else ""
 
 
-def _has_rows(host: LocalHost, job_id: str, doc: dict[str, Any]) -> bool:
+def _has_rows(host: LocalHost, job_id: str, spec_doc: dict[str, Any]) -> bool:
     """A metrics row is written (cheaply: a CSV with a line after its header, a JSON-lines file with a
     line; ``metrics = "log"`` and no metrics at all: True, the checkpoint alone decides)."""
     jdir = os.path.join(host.root, protocol.JOBS_DIR, job_id)
-    run = doc.get("run") or {}
+    run = spec_doc["run"] or {}
     metrics = str(run.get("metrics") or "")
     if run.get("command") and (not metrics or metrics == "log"):
         return True
@@ -230,13 +233,13 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float, stop_when: Any = None
     return True, stopped
 
 
-def _exit_record(host: LocalHost, job_id: str, number: int) -> dict[str, Any]:
+def _exit_record(host: LocalHost, job_id: str, number: int) -> ExitRecord:
+    """The attempt's exit.json, typed at the edge (an empty record when there is none)."""
     path = Path(host.root) / protocol.JOBS_DIR / job_id / protocol.ATTEMPTS_DIR / str(number) / protocol.EXIT_FILE
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        return ExitRecord.model_validate_json(path.read_bytes()[:1 << 20])
+    except (OSError, ValidationError):
+        return ExitRecord()
 
 
 def _last_line(host: LocalHost, job_id: str, number: int) -> str:
@@ -254,17 +257,25 @@ def _last_line(host: LocalHost, job_id: str, number: int) -> str:
     return f" (its log says: {said[:300]})" if said else ""
 
 
+class ProbeAnswer(BaseModel):
+    """What ``PROBE`` printed: the agent reader's row count and the steps of the longest curve."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rows: int = Field(default=0, ge=0)
+    steps: list[float] = Field(default_factory=list, max_length=100_000)
+
+
 def _probe(host: LocalHost, job_id: str, sha: str, number: int) -> tuple[int, list[float]]:
     agent_dir = os.path.dirname(launcher.agent_path(host, sha))
     jdir = os.path.join(host.root, protocol.JOBS_DIR, job_id)
     got = host.run(["python3" if not host.python else host.python, "-I", "-c", PROBE, agent_dir, jdir, str(number)],
                    timeout=120)
     try:
-        doc = json.loads(got.stdout)
-        steps = [float(s) for s in doc.get("steps") or [] if math.isfinite(float(s))]
-        return int(doc.get("rows") or 0), steps
-    except (ValueError, TypeError, AttributeError):
+        answer = ProbeAnswer.model_validate_json(got.stdout.strip() or "{}")
+    except ValidationError:
         return 0, []
+    return answer.rows, [s for s in answer.steps if math.isfinite(s)]
 
 
 def resumed_from(before: list[float], after: list[float]) -> bool | None:
@@ -300,16 +311,16 @@ def _run_cell(host: LocalHost, row: SmokeRow, first: dict[str, Any], second: dic
     in_time, stopped = _wait(proc, timeout_s, stop_when=lambda: bool(_checkpoint(host, job_id, first))
                             and _has_rows(host, job_id, first))
     rec = _exit_record(host, job_id, 1)
-    row.started = rec.get("phase") not in (None, "setup", "gate")
+    row.started = rec.phase not in (None, "setup", "gate")
     row.checkpoint = _checkpoint(host, job_id, first)
     row.metrics, before = _probe(host, job_id, sha, 1)
-    code = rec.get("wrapper_code")
+    code = rec.wrapper_code
     if not in_time:
         row.problem = f"attempt 1 did not end within {timeout_s:.0f} s"
         return
     if not stopped and code != 0:
-        row.exit_code = code if isinstance(code, int) else None
-        row.problem = (f"attempt 1 failed: {str(rec.get('message') or 'no exit record')[:300]}"
+        row.exit_code = code
+        row.problem = (f"attempt 1 failed: {(rec.message or 'no exit record')[:300]}"
                        + _last_line(host, job_id, 1))
         return
     if not row.checkpoint:
@@ -318,14 +329,14 @@ def _run_cell(host: LocalHost, row: SmokeRow, first: dict[str, Any], second: dic
     proc = _start(host, second, job_id, 2, gpus)
     in_time, _ = _wait(proc, timeout_s)
     rec = _exit_record(host, job_id, 2)
-    code = rec.get("wrapper_code")
-    row.exit_code = code if isinstance(code, int) else None
+    code = rec.wrapper_code
+    row.exit_code = code
     row.metrics, after = _probe(host, job_id, sha, 2)
     row.resumed = resumed_from(before, after)
     if not in_time:
         row.problem = f"the resumed attempt did not end within {timeout_s:.0f} s"
     elif code != 0:
-        row.problem = (f"the resumed attempt failed: {str(rec.get('message') or 'no exit record')[:300]}"
+        row.problem = (f"the resumed attempt failed: {(rec.message or 'no exit record')[:300]}"
                        + _last_line(host, job_id, 2))
     elif not row.metrics:
         row.problem = "no metrics gpuq can read ([run] metrics)"

@@ -24,7 +24,9 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator import protocol, transfer_progress
 from orchestrator.datasets import CHUNK, Manifest, data_dir
@@ -119,18 +121,32 @@ print(json.dumps({"tree": True}))
 """
 
 
-def _call(host: Host, verb: str, doc: dict[str, Any]) -> dict[str, Any]:
-    got = host.run([host.python, "-I", "-c", DATA, host.root, verb], stdin=json.dumps(doc).encode(),
+class Answer(BaseModel):
+    """The host's answer to ``DATA``: is the tree there, which chunks does it lack (need)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tree: bool = False
+    missing: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(default_factory=list,
+                                                                            max_length=10_000_000)
+
+
+def _call(host: Host, verb: str, request: dict[str, Any]) -> Answer:
+    name = request["name"]
+    got = host.run([host.python, "-I", "-c", DATA, host.root, verb], stdin=json.dumps(request).encode(),
                    timeout=TIMEOUT_S)
     if got.exit_code != 0:
-        raise HostError(host.name, f"data {doc['name']}: {verb} failed: {got.stderr.strip()[-300:]}")
+        why = clean_line(got.stderr.strip().splitlines()[-1] if got.stderr.strip() else f"exit {got.exit_code}")
+        raise HostError(host.name, f"data {name}: {verb} failed: {why[:300]}")
     try:
-        out = json.loads(got.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError) as exc:
-        raise HostError(host.name, f"data {doc['name']}: {verb}: unreadable answer") from exc
-    if not isinstance(out, dict):
-        raise HostError(host.name, f"data {doc['name']}: {verb}: unreadable answer")
-    return out
+        return Answer.model_validate_json((got.stdout.strip().splitlines() or ["{}"])[-1])
+    except ValidationError as exc:
+        raise HostError(host.name, f"data {name}: {verb}: unreadable answer") from exc
+
+
+def clean_line(text: str) -> str:
+    """Host text for a message: control characters out."""
+    return "".join(c if c.isprintable() else " " for c in text)
 
 
 def _pieces(m: Manifest) -> dict[str, tuple[str, int, int]]:
@@ -167,16 +183,16 @@ def _upload(host: Host, m: Manifest, missing: list[str]) -> int:
 def sync(host: Host, m: Manifest, home: Path, *, record: bool = True) -> int:
     """Make tree ``m.tree`` present on ``host``; returns the bytes moved (0 when it was there).
     ``record``: log it in syncs.jsonl and held/<host>.json (not for a smoke run's private root)."""
-    doc = m.model_dump(mode="json")
-    wire = {k: doc[k] for k in ("name", "tree", "kind", "entries")}
+    dumped = m.model_dump(mode="json")
+    wire = {k: dumped[k] for k in ("name", "tree", "kind", "entries")}
     moved = 0
     if m.kind == "url":
-        if not _call(host, "need", {**wire, "entries": []})["tree"]:
+        if not _call(host, "need", {**wire, "entries": []}).tree:
             _call(host, "fetch", {**wire, "source": m.source})
     else:
         need = _call(host, "need", wire)
-        if not need["tree"]:
-            moved = _upload(host, m, [str(c) for c in need.get("missing") or []])
+        if not need.tree:
+            moved = _upload(host, m, need.missing)
             _call(host, "build", wire)
     if record:
         _record(home, host.name, m, moved)
