@@ -2,8 +2,8 @@
 hosts, read-only to the jobs there; a sync killed halfway resumes with what it had moved; a second
 sweep with the same data moves 0 bytes; `gpuq hosts show` lists what a host holds.
 
-The size is GPUQ_TEST_DATA_MB (default 48 MB: scripts/bench_data_sync.py measures 200 MB; see
-docs/testing.md)."""
+The size is GPUQ_TEST_DATA_MB (default 200 MB, as issue 26 asks: about 3 s more than 48 MB on an idle
+2-core box, 30 s for the whole test; scripts/bench_data_sync.py times the sync alone)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
 
-MB = int(os.environ.get("GPUQ_TEST_DATA_MB", "48"))
+MB = int(os.environ.get("GPUQ_TEST_DATA_MB", "200"))
 
 READER = """import hashlib, os, sys
 root = os.environ["GPUQ_DATA_CORPUS"]
