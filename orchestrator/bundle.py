@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -51,6 +52,12 @@ DEFAULT_DENY = (
     "**/.config/gcloud/", "**/.cache/huggingface/token", "**/.huggingface/token", "*_history", ".*_history",
     ".*history", "*.kdbx",
 )
+# what training frameworks write into the working directory: a project's stale local runs, never its code.
+# Left out unless a `!name/` line of .gpuqignore asks for one (docs/your-project.md).  Top-level names,
+# plus HF Trainer's checkpoint-<N>/ directories at any depth.
+FRAMEWORK_OUTPUT_DIRS = ("lightning_logs", "wandb", "outputs", "multirun", "mlruns", "runs", "tb_logs",
+                         ".neptune")
+FRAMEWORK_OUTPUT_ANYWHERE = re.compile(r"checkpoint-[0-9]+")
 WARN_BYTES = 200 * 1024 * 1024
 CHUNK = 1 << 20
 
@@ -63,6 +70,7 @@ class Bundle:
     bytes: int
     skipped_secrets: tuple[str, ...] = field(default_factory=tuple)
     biggest: tuple[tuple[str, int], ...] = field(default_factory=tuple)  # set when over warn_bytes
+    skipped_outputs: tuple[str, ...] = field(default_factory=tuple)  # framework output dirs left out
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,7 @@ class _Filter:
 
     def __init__(self, root: Path, *, deny: bool) -> None:
         self.deny = pathspec.GitIgnoreSpec.from_lines(DEFAULT_DENY if deny else ())
+        self.project = deny  # gpuq's own payload has no project rules
         path = root / IGNORE_FILE
         lines: list[str] = []
         if path.is_file():
@@ -104,17 +113,29 @@ class _Filter:
             raise BundleError(f"{path}: {exc}; fix the pattern (gitignore syntax)") from exc
 
     def verdict(self, rel: str) -> str:
-        """"keep", "ignored" (the user's .gpuqignore) or "secret" (the default deny list)."""
+        """"keep", "ignored" (the user's .gpuqignore), "secret" (the default deny list) or "output" (a
+        framework's output directory: ``rel`` ends with "/")."""
         user = self.user.check_file(rel).include
         if user is True:
             return "ignored"
         if user is False:  # a "!" line: the user asked for this path
             return "keep"
-        return "secret" if self.deny.match_file(rel) else "keep"
+        if self.deny.match_file(rel):
+            return "secret"
+        return "output" if self.project and rel.endswith("/") and framework_output(rel) else "keep"
 
 
-def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool) -> tuple[list[_Entry], list[str]]:
-    """Files under ``root`` that travel, plus the credential-looking paths left out."""
+def framework_output(rel: str) -> bool:
+    """Is ``rel`` (a directory, ending with "/") a training framework's output directory?"""
+    parts = rel.rstrip("/").split("/")
+    top = len(parts) == 1 and parts[0] in FRAMEWORK_OUTPUT_DIRS
+    return top or bool(FRAMEWORK_OUTPUT_ANYWHERE.fullmatch(parts[-1]))
+
+
+def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool,
+          outputs: list[str] | None = None) -> tuple[list[_Entry], list[str]]:
+    """Files under ``root`` that travel, plus the credential-looking paths left out (and, into
+    ``outputs``, the framework output directories left out)."""
     rules = _Filter(root, deny=deny)
     real_root = root.resolve()
     found: list[_Entry] = []
@@ -135,6 +156,8 @@ def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool) -> tuple[l
             verdict = rules.verdict(rel + "/")
             if verdict == "secret":
                 secrets.append(f"{prefix}/{rel}/")
+            elif verdict == "output" and outputs is not None:
+                outputs.append(f"{rel}/")
             elif verdict == "keep":
                 keep.append(d)
         dirnames[:] = keep
@@ -235,7 +258,8 @@ def build_bundle(workdir: Path, cache_dir: Path, *, exclude: tuple[Path, ...] = 
     Raises BundleError naming the biggest paths when the project exceeds ``max_bytes``."""
     excluded = {p.resolve() for p in exclude}
     entries, secrets = _walk(payload_dir(), protocol.BUNDLE_PAYLOAD, excluded, deny=False)
-    work_entries, work_secrets = _walk(workdir, protocol.BUNDLE_WORKDIR, excluded, deny=True)
+    outputs: list[str] = []
+    work_entries, work_secrets = _walk(workdir, protocol.BUNDLE_WORKDIR, excluded, deny=True, outputs=outputs)
     secrets += work_secrets
     total = sum(e.size for e in work_entries)
     if max_bytes is not None and total > max_bytes:
@@ -274,4 +298,5 @@ def build_bundle(workdir: Path, cache_dir: Path, *, exclude: tuple[Path, ...] = 
         tmp.unlink(missing_ok=True)
         raise
     biggest = _biggest(work_entries) if total > warn_bytes else ()
-    return Bundle(sha, target, len(manifest), sum(e.size for e in entries), tuple(secrets), biggest)
+    return Bundle(sha, target, len(manifest), sum(e.size for e in entries), tuple(secrets), biggest,
+                  tuple(outputs))

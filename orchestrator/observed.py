@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.host_documents import JobEntry
+from orchestrator.host_documents import JobEntry, Summary
 
 DEFAULT_METRIC = ("val_acc", "max")  # gpuq's own payload
 LINE_CHARS = 80  # the last log line as a dashboard cell
@@ -58,26 +58,57 @@ def elapsed_s(entry: JobEntry, started_at: float | None, now: float | None = Non
 
 
 def liveness_ages(entry: JobEntry, now: float) -> list[float]:
-    """Ages (s) of what a trainer without a heartbeat last wrote: its checkpoint-glob matches."""
-    mtime = entry.run_ckpt_mtime
-    return [] if mtime is None else [max(0.0, now - mtime)]
+    """Ages (s) of what a trainer without a heartbeat last wrote: its checkpoint-glob matches and
+    its metrics files (a Rich progress bar writes nothing to the log while the metrics grow)."""
+    return [max(0.0, now - m) for m in (entry.run_ckpt_mtime, entry.run_metrics_mtime) if m is not None]
 
 
 def headline(run_json: Any) -> tuple[str, str]:
     """(metric, mode) from a sweep's run config (the ledger's JSON text or a dict); the payload's
     val_acc/max when the sweep has none, or it cannot be read."""
+    run = _run_table(run_json)
+    if run is None:
+        return DEFAULT_METRIC
+    metric = run.get("metric")
+    mode = run.get("mode")
+    return (metric if isinstance(metric, str) and metric else DEFAULT_METRIC[0],
+            mode if mode in ("max", "min") else DEFAULT_METRIC[1])
+
+
+METRICS_RULE = "metrics_missing"  # a finding on a job: its [run] metrics gave no value (docs/health.md)
+
+
+def metrics_problem(run_json: Any, summary: Summary | None) -> str:
+    """Why a succeeded job of a sweep with ``[run] metrics`` has no value of its headline metric, in
+    words that name the setting ("" when it has one, or the sweep has no such setting).  Only what
+    the agent counted (files matched, rows read) is believed; a summary without counts says nothing."""
+    run = _run_table(run_json)
+    setting = run.get("metrics") if run is not None else None
+    if not isinstance(setting, str) or not setting or summary is None or summary.files is None:
+        return ""
+    metric, _ = headline(run)
+    if summary.final is not None and metric in summary.final.metrics():
+        return ""
+    if setting == "log":
+        if not summary.rows:
+            return "no line of its logs matched [run] metrics_regex: no metric was recorded"
+    elif summary.files == 0:
+        return (f"[run] metrics = {setting!r} matched no file in its run dir: no metric was recorded "
+                "(a path or glob relative to the job's run dir)")
+    elif not summary.rows:
+        return f"[run] metrics = {setting!r} matched {summary.files} file(s) without a row: no metric was recorded"
+    return (f"the metric {metric!r} ([run] metric) is in none of the {summary.rows} rows that "
+            f"[run] metrics = {setting!r} gave")
+
+
+def _run_table(run_json: Any) -> Mapping[str, Any] | None:
     run = run_json
     if isinstance(run_json, str):
         try:
             run = json.loads(run_json) if run_json.strip() else None
         except ValueError:
             run = None
-    if not isinstance(run, Mapping):
-        return DEFAULT_METRIC
-    metric = run.get("metric")
-    mode = run.get("mode")
-    return (metric if isinstance(metric, str) and metric else DEFAULT_METRIC[0],
-            mode if mode in ("max", "min") else DEFAULT_METRIC[1])
+    return run if isinstance(run, Mapping) else None
 
 
 def slurm_wait(entry: JobEntry) -> str:

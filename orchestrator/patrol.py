@@ -170,8 +170,10 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Sca
         return outside
     if exit_code == protocol.EXIT_CONFIG or trainer_code == protocol.EXIT_CONFIG or "state_dict" in signatures:
         return "config"
-    if exit_code == protocol.EXIT_TRANSIENT or trainer_code == protocol.EXIT_TRANSIENT or "nccl" in signatures:
+    if exit_code == protocol.EXIT_TRANSIENT or trainer_code == protocol.EXIT_TRANSIENT:
         return "transient"
+    if "nccl" in signatures and outside is None:
+        return "transient"  # a collective failing after a rank's signal death is that death's (below)
     if exit_code == protocol.EXIT_FINALIZE:
         return "control_plane"
     if exit_code == protocol.EXIT_SIGNAL_BASE + 15 or trainer_code == protocol.EXIT_SIGNAL_BASE + 15:

@@ -255,15 +255,18 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   manifest JOB_ID... (build jobs/<id>/MANIFEST.json of jobs that exited 0; gpuq_manifest.py) |
 #   snapshot JOB_ID (hard-link the checkpoint LATEST names to ckpt/.ship.pt and print the pointer plus
 #   "snapshot": "ckpt/.ship.pt"; the controller copies the link, verifies it and removes it; for a
-#   spec with run.checkpoint: the newest (mtime) real file under run/ a checkpoint glob matches, printed
-#   as {"file": "run/<rel>", "sha256", "bytes", "mtime", "step": null, "snapshot": "ckpt/.ship.pt"};
-#   its size/mtime/inode must not change while it is hashed, else it is read again; exit 1 with the
-#   reason on stderr when nothing matches) |
+#   spec with run.checkpoint: the job's newest own checkpoint under run/ (gpuq_own.py: a real file, a
+#   link to one of its files, or a complete directory), a file printed as {"file": "run/<rel>", "sha256",
+#   "bytes", "mtime", "step": null, "snapshot": "ckpt/.ship.pt"}, a directory copied to ckpt/.ship.d/ and
+#   printed with "dir": true, "files": [{"path", "bytes", "sha256"}], "sha256" (their tree hash,
+#   tree_sha256 below), "snapshot": "ckpt/.ship.d"; what changes while it is copied is read again;
+#   exit 1 with the reason on stderr when nothing matches) |
 #   kill JOB_ID ATTEMPT (kill one attempt's group, identity-checked, without a cancel file: a stalled
 #   attempt the patrol will run again as attempt n+1; prints "killed" or why not, exit 0 only if killed)
 #   status --scan JOB_ID:ATTEMPT:LOG_OFFSET:METRICS_OFFSET ...: each named job's entry gains "scan"
 #   (gpuq_scan.py): {"attempt", "log_from", "log_to", "log_skipped", "hits": [{"signature", "line"}],
-#   "traceback": [<= 50 lines], "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}]};
+#   "traceback": [<= 50 lines], "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}],
+#   "from_scratch" (only when the wrapper's "gpuq: restarted from scratch: ..." line is among the new bytes)};
 #   every launched job's entry carries "boot_id" (the boot its attempt started in)
 #
 # MANIFEST.json (jobs/<job_id>/, schema "gpuq.manifest/1", rebuilt atomically on each `manifest`):
@@ -271,10 +274,12 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #    "files": [{"path", "bytes", "sha256"}]}   paths relative to jobs/<job_id>/, POSIX, sorted:
 #   result/** , ckpt/best.pt, attempts/<n>/job.log (when present), attempts/<n>/exit.json
 #   For a spec with "run" (a project's own trainer): result/** when present (with the summary.json the
-#   agent writes from run.metrics), "run/<rel>" for every real file under run/ an "outputs" glob
-#   matches (`*`/`?` within a path component, `**` across them; never a symlink or a file under a
-#   symlinked dir; names outside [A-Za-z0-9._-] left out), the run.metrics file, ckpt/best.pt only
-#   when present (never required), and the attempt's job.log and exit.json.
+#   agent writes from run.metrics), "run/<rel>" for everything of the job's own under run/ an "outputs"
+#   or "checkpoint" glob matches (`*`/`?` within a path component, `**` across them; every file of a
+#   matched directory; a link to one of its own files as that file; never a link into the project or a
+#   file under a symlinked dir; *.tmp left out), the run.metrics file, ckpt/best.pt only when present
+#   (never required), and the attempt's job.log and exit.json.  A match that cannot travel (a name
+#   name_problem refuses, a link out of run/, a FIFO) is an error entry naming it: no manifest.
 #   `manifest` prints {job_id: {"manifest", "sha256" (of the manifest bytes), "attempt", "files",
 #   "bytes"} | {"error"}}; exit 0 if any manifest was built, 1 if none, 64 for a malformed roster.
 #
@@ -301,7 +306,8 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #    "bundles": [sha, ...],
 #    "jobs": [{"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
 #              "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "gpu_util_pct"}],
+#              "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "run_metrics_mtime",
+#              "gpu_util_pct"}],
 #    "kernel": {"readable", "error", "cursor", "xids": [{"ts", "code", "pci", "line"}]}}
 #   job "state": "queued" (in inbox) | "withdrawn" | "claimed" (claimed, not yet launched) |
 #                "running" (group alive) | "exited" (exit.json present) | "dead" (launched, group
@@ -310,10 +316,14 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   "epochs", "loss", "pct" (0..100 when a total is known), "line" (the last non-empty log line,
 #   escape sequences and control characters removed, <= 200 chars), "source": "regex" (spec
 #   run.progress, named groups epoch/step/total/loss; a "total" without "step" counts epochs) |
-#   "tqdm" ("12/100 [") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200", "loss 0.3") | null (only
-#   the line)}, from the last 64 KiB of the attempt's job.log.
+#   "tqdm" ("12/100 [", or a Rich bar's "━━╸ 12/100") | "pattern" ("epoch 3", "Epoch 3/10", "step 1200",
+#   "loss 0.3") | "metrics" (below) | null (only the line)}, from the last 64 KiB of the attempt's
+#   job.log; gpuq's own lines there (the wrapper's "=== gpuq ... ===" header, "gpuq: " notes) are skipped.
 #   "run_ckpt_mtime": the newest mtime among real files under run/ that spec run.checkpoint globs
 #   match (running and dead jobs; null when none; the walk stops after 20,000 entries).
+#   "run_metrics_mtime": the same for the files spec run.metrics names (a path or a glob; null for
+#   "log", none, or no match).  When the log's tail shows no step or epoch, "progress" takes them (and
+#   a loss) from the newest metrics file's last rows, with "source": "metrics".
 #   "gpu_util_pct": the highest util_pct among a running job's GPU slots (GPU hosts), else null; shown,
 #   never taken as liveness (a hung NCCL collective keeps a GPU at 100%).
 #   "kernel" (gpuq_kernel.py): the kernel log read with `dmesg` (5 s timeout; `journalctl -k -o
@@ -357,3 +367,49 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   Pids are the host's (the reaper's PID namespace).  Dry run unless --force (SIGTERM, 10 s,
 #   SIGKILL).  Exit 0; 1 (AGENT_EXIT_REAP_FAILED) for no device nodes, no fuser/lsof, or a failed
 #   kill; 64 usage.
+
+
+# --- the file-name rule, shared with the agent (payload/agent/gpuq_own.py) --------------
+# A name travels unless it is unsafe: empty, "." or "..", a path separator, a control character,
+# over 255 bytes, not UTF-8.  "=", "+", "@", ",", spaces and leading dots are ordinary
+# (Lightning's epoch=19-step=40.ckpt, HF's checkpoint-500/, a DCP dir's .metadata).
+MAX_NAME_BYTES = 255
+MAX_PATH_PARTS = 32
+
+
+def name_problem(name: str) -> str | None:
+    """Why one path component cannot travel, or None (the agent's gpuq_own.name_problem)."""
+    if name in ("", ".", ".."):
+        return "an empty, '.' or '..' name"
+    if "/" in name or "\\" in name:
+        return "a path separator in the name"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+        return "a control character in the name"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "a name that is not UTF-8"
+    if size > MAX_NAME_BYTES:
+        return f"a name longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def path_problem(rel: str) -> str | None:
+    """Why a relative POSIX path cannot travel, or None."""
+    parts = rel.split("/")
+    if len(parts) > MAX_PATH_PARTS:
+        return f"more than {MAX_PATH_PARTS} levels deep"
+    for part in parts:
+        why = name_problem(part)
+        if why is not None:
+            return why
+    return None
+
+
+def tree_sha256(entries: list[tuple[str, int, str]]) -> str:
+    """A checkpoint directory's hash from its (path, bytes, sha256) entries: the agent's
+    gpuq_own.tree_sha256 (sha256 over "<sha256> <bytes> <path>\\n" lines sorted by path)."""
+    import hashlib
+
+    lines = "".join(f"{sha} {size} {path}\n" for path, size, sha in sorted(entries))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()

@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.errors import QueueIssue, QueueParseError
-from orchestrator.queuegrid import Cell, expand, job_name
+from orchestrator.queuegrid import ArgsError, Cell, expand, job_name
 from orchestrator.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
 from orchestrator.specs import JobSpec, ParsedQueue
 
@@ -232,7 +232,12 @@ def _expand(drafts: list[Draft], issues: list[QueueIssue]) -> list[tuple[Draft, 
     for draft in drafts:
         if draft.name is None:
             continue
-        for cell in expand(draft.words, draft.ints.get("seeds")):
+        try:
+            cells = expand(draft.words, draft.ints.get("seeds"))
+        except ArgsError as exc:
+            issues.append(QueueIssue(draft.number, exc.column, exc.message))
+            continue
+        for cell in cells:
             name = job_name(draft.name, cell.suffix)
             key = name.casefold()
             if key not in first_by_key:

@@ -10,7 +10,9 @@ split the way a POSIX shell splits words, and nothing is ever expanded or evalua
 
 Grids.  An unquoted, unescaped ``{a,b,c}`` group inside a word expands the line into the cartesian
 product of all its groups (in the order they appear).  ``\\{`` and quoted braces are literal; a group
-without a comma (``{x}``) is literal; ``${...}`` (an OmegaConf/Hydra interpolation, even with commas
+without a comma is a placeholder when it holds a name (``{seed}``: ``LINE_PLACEHOLDERS``, rendered on the
+host by gpuq_argv.render_args; any other name is an error at its column), else literal (``{1}``);
+``${...}`` (an OmegaConf/Hydra interpolation, even with commas
 or nested braces inside) passes through untouched.  A group inside a group is an error.  The field
 ``seeds=N`` (1..1000) repeats every cell N times with seed 0..N-1 (``GPUQ_SEED``/``{seed}``).  A line
 that expands to more than 1,000 jobs is an error.
@@ -41,8 +43,29 @@ MAX_JOBS_PER_LINE = 1000
 MAX_NAME = 64
 _UNSAFE_RE = re.compile(r"[^A-Za-z0-9._-]")
 _DQ_ESCAPES = '"\\$`'
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-Piece = str | tuple[str, ...]  # a literal run, or a grid group's alternatives
+# The [run] command's placeholders that mean something per line (payload/agent/gpuq_argv.py renders them
+# on the host; tests/unit/test_queue_placeholders.py keeps the two lists equal), and those that do not.
+LINE_PLACEHOLDERS = ("config", "task", "epochs", "name", "seed", "job_id", "attempt", "run_dir", "ckpt_dir",
+                     "master_port")
+NOT_IN_ARGS = {"checkpoint": "it is empty on a first attempt; put it in [run] resume_args",
+               "args": "it stands for these arguments; it belongs in [run] command"}
+
+_LITERAL_RE = re.compile(r"\{(" + "|".join(LINE_PLACEHOLDERS) + r")\}")
+
+Char = tuple[str, bool, int]  # (character, literal: quoted or escaped, offset in the arguments' text)
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """An unquoted ``{name}`` in an argument, rendered on the host; ``column`` is its brace's."""
+
+    name: str
+    column: int
+
+
+Piece = str | tuple[str, ...] | Placeholder  # a literal run, a grid group's alternatives, or a placeholder
 
 
 class ArgsError(ValueError):
@@ -67,16 +90,20 @@ class Word:
 
     @property
     def literal(self) -> str | None:
-        """The word's text when it holds no group."""
-        if self.groups:
+        """The word's text when it holds no group and no placeholder."""
+        if any(not isinstance(p, str) for p in self.pieces):
             return None
         return "".join(p for p in self.pieces if isinstance(p, str))
+
+    @property
+    def placeholders(self) -> tuple[Placeholder, ...]:
+        return tuple(p for p in self.pieces if isinstance(p, Placeholder))
 
 
 def split_args(text: str, column: int) -> list[Word]:
     """Split ``text`` (which starts at 1-based ``column`` of its line) into words; raise ArgsError."""
     words: list[Word] = []
-    chars: list[tuple[str, bool]] = []  # (character, literal: quoted or escaped)
+    chars: list[Char] = []
     start = 0
     in_word = False
     i = 0
@@ -85,7 +112,7 @@ def split_args(text: str, column: int) -> list[Word]:
         ch = text[i]
         if ch in " \t":
             if in_word:
-                words.append(_word(chars, column + start))
+                words.append(_word(chars, column, start))
                 chars, in_word = [], False
             i += 1
             continue
@@ -97,71 +124,96 @@ def split_args(text: str, column: int) -> list[Word]:
             end = text.find("'", i + 1)
             if end < 0:
                 raise ArgsError(column + i, "unterminated single quote")
-            chars.extend((c, True) for c in text[i + 1 : end])
+            chars.extend((c, True, k) for k, c in enumerate(text[i + 1 : end], i + 1))
             i = end + 1
         elif ch == '"':
             i = _double_quoted(text, i, column, chars)
         elif ch == "\\":
             if i + 1 >= n:
                 raise ArgsError(column + i, "trailing backslash; write \\\\ for a literal one")
-            chars.append((text[i + 1], True))
+            chars.append((text[i + 1], True, i + 1))
             i += 2
         else:
-            chars.append((ch, False))
+            chars.append((ch, False, i))
             i += 1
     if in_word:
-        words.append(_word(chars, column + start))
+        words.append(_word(chars, column, start))
     return words
 
 
-def _double_quoted(text: str, i: int, column: int, chars: list[tuple[str, bool]]) -> int:
+def _double_quoted(text: str, i: int, column: int, chars: list[Char]) -> int:
     j = i + 1
     while j < len(text):
         ch = text[j]
         if ch == '"':
             return j + 1
         if ch == "\\" and j + 1 < len(text) and text[j + 1] in _DQ_ESCAPES:
-            chars.append((text[j + 1], True))
+            chars.append((text[j + 1], True, j + 1))
             j += 2
             continue
-        chars.append((ch, True))
+        chars.append((ch, True, j))
         j += 1
     raise ArgsError(column + i, "unterminated double quote")
 
 
-def _word(chars: list[tuple[str, bool]], column: int) -> Word:
-    """Find the grid groups of one word (see the module docstring)."""
+def _word(chars: list[Char], column: int, start: int) -> Word:
+    """Find the grid groups and placeholders of one word (see the module docstring); ``column`` is the
+    line's column of the arguments' first character, ``start`` the word's offset in them."""
     pieces: list[Piece] = []
     lit: list[str] = []
     i, n = 0, len(chars)
     while i < n:
-        ch, quoted = chars[i]
-        if not quoted and ch == "$" and i + 1 < n and chars[i + 1] == ("{", False):
+        ch, quoted, _ = chars[i]
+        if not quoted and ch == "$" and i + 1 < n and chars[i + 1][:2] == ("{", False):
             end = _interpolation_end(chars, i + 1)
-            lit.extend(c for c, _ in chars[i:end])
+            lit.extend(c for c, _, _ in chars[i:end])
             i = end
             continue
         if not quoted and ch == "{":
-            group, end = _group(chars, i, column)
-            if group is not None:
+            found: Piece | None
+            found, end = _placeholder(chars, i, column)
+            if found is None:
+                found, end = _group(chars, i, column + start)
+            if found is not None:
                 if lit:
                     pieces.append("".join(lit))
                     lit = []
-                pieces.append(group)
+                pieces.append(found)
                 i = end
                 continue
         lit.append(ch)
         i += 1
     if lit or not pieces:
         pieces.append("".join(lit))
-    return Word(tuple(pieces), column)
+    return Word(tuple(pieces), column + start)
 
 
-def _interpolation_end(chars: list[tuple[str, bool]], open_index: int) -> int:
+def _placeholder(chars: list[Char], i: int, column: int) -> tuple[Placeholder | None, int]:
+    """The ``{name}`` placeholder opening at ``i`` (unquoted braces around a name) and the index after
+    it; None when the brace opens something else.  An unknown name is an error at its column."""
+    j = i + 1
+    while j < len(chars) and not chars[j][1] and chars[j][0] != "}":
+        j += 1
+    if j >= len(chars) or chars[j][1]:
+        return None, i + 1
+    name = "".join(c for c, _, _ in chars[i + 1 : j])
+    if not _NAME_RE.fullmatch(name):
+        return None, i + 1
+    at = column + chars[i][2]
+    if name in NOT_IN_ARGS:
+        raise ArgsError(at, f"{{{name}}} is not available in a line's arguments ({NOT_IN_ARGS[name]})")
+    if name not in LINE_PLACEHOLDERS:
+        known = ", ".join(f"{{{p}}}" for p in LINE_PLACEHOLDERS)
+        raise ArgsError(at, f"unknown placeholder {{{name}}} (known here: {known}); quote it ('{{{name}}}') "
+                        "to pass it literally")
+    return Placeholder(name, at), j + 1
+
+
+def _interpolation_end(chars: list[Char], open_index: int) -> int:
     """Index after the ``}`` closing the ``${`` at ``open_index`` (nested unquoted braces counted)."""
     depth = 0
     for j in range(open_index, len(chars)):
-        ch, quoted = chars[j]
+        ch, quoted, _ = chars[j]
         if quoted:
             continue
         if ch == "{":
@@ -173,18 +225,18 @@ def _interpolation_end(chars: list[tuple[str, bool]], open_index: int) -> int:
     return len(chars)
 
 
-def _group(chars: list[tuple[str, bool]], i: int, column: int) -> tuple[tuple[str, ...] | None, int]:
+def _group(chars: list[Char], i: int, column: int) -> tuple[tuple[str, ...] | None, int]:
     """The alternatives of the group opening at ``i`` and the index after it; None when literal."""
     alternatives: list[str] = []
     current: list[str] = []
     for j in range(i + 1, len(chars)):
-        ch, quoted = chars[j]
+        ch, quoted, _ = chars[j]
         if not quoted and ch == "{":
             raise ArgsError(column, "a grid group inside a grid group is not supported; "
                             "write \\{ for a literal brace")
         if not quoted and ch == "}":
             if not alternatives:
-                return None, i + 1  # {x}: literal
+                return None, i + 1  # {1}: literal (a name was a placeholder, _placeholder)
             alternatives.append("".join(current))
             return tuple(alternatives), j + 1
         if not quoted and ch == ",":
@@ -220,7 +272,7 @@ def _keys(words: list[Word]) -> list[str]:
         before = ""
         for piece in word.pieces:
             if not isinstance(piece, tuple):
-                before += piece
+                before += piece if isinstance(piece, str) else f"{{{piece.name}}}"
                 continue
             prev = words[index - 1].literal if index > 0 else None
             if len(word.pieces) == 1 and prev is not None and prev.startswith("-"):
@@ -242,19 +294,42 @@ def expand(words: list[Word], seeds: int | None) -> list[Cell]:
         args: list[str] = []
         position = 0
         for word in words:
-            parts = []
+            parts: list[str | Placeholder] = []
             for piece in word.pieces:
                 if isinstance(piece, tuple):
                     parts.append(combo[position])
                     position += 1
                 else:
                     parts.append(piece)
-            args.append("".join(parts))
+            args.append(_encode(parts))
         suffix = tuple(key + value for key, value in zip(keys, combo, strict=True))
         for seed in seed_values:
             extra = (f"seed{seed}",) if seed is not None else ()
             cells.append(Cell(suffix + extra, tuple(args), seed))
     return cells
+
+
+def _encode(parts: list[str | Placeholder]) -> str:
+    """One argument as the host renders it (gpuq_argv.render_args): a placeholder as ``{name}``, a
+    literal ``{name}`` of a known name doubled to ``{{name}}``, every other character as it is."""
+    merged: list[str | Placeholder] = []
+    for part in parts:
+        if isinstance(part, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += part
+        else:
+            merged.append(part)
+    out: list[str] = []
+    for index, part in enumerate(merged):
+        if isinstance(part, str):
+            out.append(_LITERAL_RE.sub(r"{{\1}}", part))
+            continue
+        before = merged[index - 1] if index > 0 else ""
+        after = merged[index + 1] if index + 1 < len(merged) else ""
+        if isinstance(before, str) and before.endswith("{") and isinstance(after, str) and after.startswith("}"):
+            raise ArgsError(part.column, f"{{{part.name}}} between literal braces is ambiguous; quote the "
+                            "whole argument to pass it literally, or drop the braces")
+        out.append(f"{{{part.name}}}")
+    return "".join(out)
 
 
 def job_name(cell_name: str, suffix: tuple[str, ...]) -> str:

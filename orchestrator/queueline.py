@@ -132,12 +132,24 @@ def _check_expansion(draft: Draft, issues: list[QueueIssue]) -> None:
     if seeds is not None and "seed" in draft.ints:
         issues.append(QueueIssue(draft.number, None, "seed= and seeds= cannot both be set "
                                                      "(seeds=N runs seeds 0 to N-1)"))
+    _check_placeholders(draft, issues)
     total = count(draft.words, seeds)
     if total > MAX_JOBS_PER_LINE:
         issues.append(QueueIssue(draft.number, None, f"line expands to {total} jobs, more than "
                                                      f"{MAX_JOBS_PER_LINE}; split it into several lines"))
         draft.words = []
         draft.ints.pop("seeds", None)
+
+
+def _check_placeholders(draft: Draft, issues: list[QueueIssue]) -> None:
+    """A placeholder in the arguments needs its value on every job of the line (as in [run] command)."""
+    for word in draft.words:
+        for ph in word.placeholders:
+            if ph.name == "seed" and "seed" not in draft.ints and "seeds" not in draft.ints:
+                issues.append(QueueIssue(draft.number, ph.column, "{seed} needs seed= or seeds= on the line"))
+            elif ph.name in ("config", "task") and draft.config is None:
+                issues.append(QueueIssue(draft.number, ph.column, f"{{{ph.name}}} needs a config path and task "
+                                                                  "at the start of the line"))
 
 
 def _has_key(tokens: list[Token], key: str) -> bool:

@@ -127,7 +127,8 @@ class RunConfig(BaseModel):
             if value.startswith("/") or ".." in value.split("/"):
                 raise ValueError("must be a path relative to the job's run dir")
             return value
-        raise ValueError('must be "", "log", or a .csv/.jsonl/.json file relative to the run dir')
+        raise ValueError('must be "", "log", or a .csv/.jsonl/.json file relative to the run dir, or a glob of '
+                         'them (lightning_logs/version_*/metrics.csv)')
 
     def uses(self) -> set[str]:
         """Placeholders the command and resume_args use (the payload's command: config, task, epochs)."""

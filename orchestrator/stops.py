@@ -57,9 +57,10 @@ def outside_class(exit_code: int | None, trainer_code: int | None, got_signal: i
     if got_signal in STOP_SIGNALS:
         return "stopped"
     sig = death_signal(exit_code, trainer_code)
-    if sig in STOP_SIGNALS or (sig is None and "rank_terminated" in signatures):
+    killed_rank = "rank_killed" in signatures  # torchrun SIGTERMs the survivors of a killed rank itself
+    if sig in STOP_SIGNALS or (sig is None and "rank_terminated" in signatures and not killed_rank):
         return "stopped"  # SIGTERM straight to the trainer (a container stop): a stop, not a verdict
-    if sig is None and "rank_killed" not in signatures:
+    if sig is None and not killed_rank:
         return None
     return "host_oom" if oom_evidence else "killed"
 

@@ -21,6 +21,7 @@ from orchestrator.api.hosts import (
     hosts_release,
     hosts_rm,
     hosts_show,
+    hosts_stop_agent,
     hosts_trust,
 )
 from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
@@ -59,6 +60,7 @@ __all__ = [
     "hosts_release",
     "hosts_rm",
     "hosts_show",
+    "hosts_stop_agent",
     "hosts_trust",
     "logs",
     "open_context",

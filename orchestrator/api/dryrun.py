@@ -54,6 +54,21 @@ class DryRun(BaseModel):
     forward_env: list[str]  # the names of the variables whose values would be sent to the hosts
     jobs: list[DryRunJob]
     makespan_s: float | None  # None: unknown until one job of each config has run
+    metrics: str = ""  # what each job's results will be read from ([run] metrics), in words; "" = gpuq's payload
+
+
+def metrics_plan(run: RunConfig | None) -> str:
+    """What the agent will read a job's metrics from, in words (a glob said as one)."""
+    if run is None or not run.metrics:
+        return ""
+    metric = run.metric or "val_acc"
+    head = f"headline {metric} ({run.mode}); a resumed run's rows replace the steps it trains again"
+    if run.metrics == "log":
+        return f"the named groups of [run] metrics_regex over every attempt's log, in order; {head}"
+    if any(c in run.metrics for c in "*?["):
+        return (f"every file in the job's run dir matching the glob {run.metrics!r}, read in the order the "
+                f"trainer wrote them (attempt, then mtime) and merged by step; {head}")
+    return f"the file {run.metrics!r} in the job's run dir; {head}"
 
 
 def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
@@ -80,7 +95,7 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
                   bundle_bytes=result.bundle.bytes, warnings=result.warnings,
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
-                  makespan_s=result.makespan_s if known else None)
+                  makespan_s=result.makespan_s if known else None, metrics=metrics_plan(result.run))
 
 
 def _estimate(spec: JobSpec, pairs: Counter[tuple[str, str]], tasks: Counter[str]) -> tuple[str, bool]:

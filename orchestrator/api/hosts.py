@@ -1,17 +1,22 @@
-"""Host verbs: register, list, show, forget SSH hosts and accept a checked host key."""
+"""Host verbs: register, list, show, forget SSH hosts, accept a checked host key, stop an idle agent."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator import fleet, protocol, setup_holds, slurm_hosts
+from orchestrator import fleet, host_documents, protocol, setup_holds, slurm_hosts
+from orchestrator.bundle import build_bundle
 from orchestrator.config import LOCAL_HOST
 from orchestrator.context import Context, verified_ids
-from orchestrator.errors import HostError, UsageError
+from orchestrator.errors import GpuqError, HostError, UsageError
+from orchestrator.host_documents import AgentStop
+from orchestrator.launcher import agent_argv, ensure_bundle
 from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
@@ -108,3 +113,29 @@ def hosts_release(ctx: Context, name: str) -> list[str]:
     if result.exit_code != 0:
         raise HostError(name, f"could not clear the failed-setup records: {result.stderr.strip()[:200]}")
     return setup_holds.release(ctx.ledger, name)
+
+
+def hosts_stop_agent(ctx: Context, name: str, *, force: bool = False) -> AgentStop:
+    """Stop the agent of host ``name`` now instead of after its idle timeout (docs/cli.md).  The host's
+    own agent code decides (payload/agent/gpuq_stopagent.py): refused while it has work unless ``force``;
+    forced, its running attempts keep running and the next agent adopts them.  Runs the agent of a bare
+    bundle of this gpuq (pushed once, content-addressed) so an older bundle on the host never answers."""
+    if name != LOCAL_HOST and ctx.ledger.host(name) is None:
+        raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
+    host = ctx.fleet.named(name)
+    with tempfile.TemporaryDirectory(prefix="gpuq-stop-agent-") as empty:
+        bundle = build_bundle(Path(empty), ctx.settings.bundle_cache)
+    try:
+        ensure_bundle(host, bundle)
+        result = host.run(agent_argv(host, bundle.sha256, "stop-agent", *(["--force"] if force else [])),
+                          timeout=60)
+    except HostError as exc:
+        raise GpuqError(f"host {name}: {exc}") from exc
+    if result.exit_code != 0:
+        said = (result.stderr or result.stdout).strip()[-200:]
+        raise HostError(name, f"stop-agent exited {result.exit_code}: {said}")
+    done = host_documents.read_agent_stop(name, result.stdout)
+    if done.outcome == "stopped":
+        ctx.ledger.record_event("host", name, f"agent {done.pid} stopped on request"
+                                + (f" with {len(done.running)} running jobs" if done.running else ""))
+    return done

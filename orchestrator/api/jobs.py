@@ -17,6 +17,7 @@ from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
 from orchestrator.states import JobState
 from orchestrator.tick.collect import collect
+from orchestrator.tick.findings import FROM_SCRATCH
 
 
 def _job_host(ctx: Context, job: Job) -> Host:
@@ -157,6 +158,7 @@ class ResultRow:
     metric: str = observed.DEFAULT_METRIC[0]  # the sweep's headline metric ([run] metric) and its direction
     mode: str = observed.DEFAULT_METRIC[1]
     error: str = ""  # why this job's results could not be read from its host ("" = none failed)
+    restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
 
 
 def collect_missing(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
@@ -203,6 +205,11 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     latest = {a.job_id: a for a in every}
     verified = ctx.ledger.verified_jobs(sweep_id)
     metric, mode = observed.headline(getattr(ctx.ledger.sweep(sweep_id), "run", ""))  # "" before ledger v6
+    warned = ctx.ledger.open_findings(j.id for j in jobs)  # a [run] metrics that gave no value says why
+    for job in jobs:
+        event = warned.get((job.id, observed.METRICS_RULE))
+        if event is not None and job.id not in errors:
+            errors[job.id] = event.message.split(": succeeded, but ", 1)[-1]
     now = time.time()
     rows = []
     for job in jobs:
@@ -212,6 +219,7 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
                           error=errors.get(job.id, ""))
         entry.cost = job_cost(job.gpus * job.nodes, [a for a in every if a.job_id == job.id],
                               ctx.ledger.checkpoints(job.id), now)
+        entry.restarts_from_scratch = sum(1 for e in ctx.ledger.events(job.id) if e.rule == FROM_SCRATCH)
         mark = verified.get(job.id)
         if mark is not None:
             present = (Path(mark.local_dir) / transfer.PULL_VERIFIED).is_file()

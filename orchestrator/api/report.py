@@ -67,6 +67,20 @@ def _headline(sweeps: Sequence[Sweep], metric: str | None, mode: str | None) -> 
     return metric or default_metric, mode or default_mode
 
 
+def _metrics_problems(ctx: Context, jobs: Sequence[Job]) -> list[str]:
+    """Why succeeded jobs have no metric, as their warnings said (observed.metrics_problem): one line
+    per distinct reason with how many jobs it hides, the setting named, never the metric blamed for a
+    file that was not there."""
+    found = ctx.ledger.open_findings(j.id for j in jobs)
+    counts: dict[str, int] = {}
+    for job in jobs:
+        event = found.get((job.id, observed.METRICS_RULE))
+        if event is not None:
+            why = event.message.split(": succeeded, but ", 1)[-1]
+            counts[why] = counts.get(why, 0) + 1
+    return [f"{why} ({n} job{'s' if n != 1 else ''})" for why, n in counts.items()]
+
+
 def _log_tail(ctx: Context, job: Job) -> list[str]:
     """The last lines of the job's newest log in a pulled copy; none without one."""
     mark = ctx.ledger.verified_pulls([job.id]).get(job.id)
@@ -100,13 +114,17 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
         attempts.setdefault(att.job_id, []).append(att)
     if jobs and not values and missing and all(j.id in missing for j in jobs if j.state == JobState.SUCCEEDED.value):
         raise GpuqError("no finished job's results could be read: " + "; ".join(collect_notes(missing)))
+    unread = _metrics_problems(ctx, [j for j in jobs if j.state == JobState.SUCCEEDED.value and j.id not in values])
     if jobs and not values and any(j.state == JobState.SUCCEEDED.value for j in jobs):
+        if unread:
+            raise UsageError(f"no finished job of {', '.join(s.id for s in rows)} has a value of {metric!r}: "
+                             + "; ".join(unread))
         raise UsageError(f"no finished job of {', '.join(s.id for s in rows)} reported the metric {metric!r}; "
                          "name the one your trainer writes with --metric (gpuq results shows what each job has)")
     cells = group(jobs)
     base_name = _baseline(cells, baseline)
     now = time.time()
-    notes: list[str] = collect_notes(missing)
+    notes: list[str] = collect_notes(missing) + unread
     out: list[CellRow] = []
     finals_of: dict[str, list[float]] = {}
     for name, members in cells.items():

@@ -195,7 +195,8 @@ def _checkpoint(host: LocalHost, job_id: str, spec_doc: dict[str, Any]) -> str:
     run = spec_doc["run"] or {}
     patterns = ([os.path.join(jdir, protocol.RUN_DIR, g) for g in run.get("checkpoint") or []]
                 if run.get("command") else [os.path.join(jdir, protocol.CKPT_DIR, "*.pt")])
-    found = [p for pat in patterns for p in glob(pat, recursive=True) if os.path.isfile(p) and not os.path.islink(p)]
+    found = [p for pat in patterns for p in glob(pat, recursive=True)  # a file, or a checkpoint directory
+             if (os.path.isfile(p) or os.path.isdir(p)) and not os.path.islink(p)]
     return os.path.relpath(max(found, key=os.path.getmtime), jdir) if found else ""
 
 

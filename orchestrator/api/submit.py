@@ -101,6 +101,11 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         more = len(bundle.skipped_secrets) - 5
         warnings.append("left out of the bundle (credential-like paths; a `!path` line in .gpuqignore ships one): "
                         + ", ".join(bundle.skipped_secrets[:5]) + (f" and {more} more" if more > 0 else ""))
+    if bundle.skipped_outputs:
+        more = len(bundle.skipped_outputs) - 5
+        warnings.append("left out of the bundle (training framework output, never the job's own; a `!name/` line "
+                        "in .gpuqignore ships one): " + ", ".join(bundle.skipped_outputs[:5])
+                        + (f" and {more} more" if more > 0 else ""))
     if bundle.biggest:
         warnings.append(f"the bundle is large ({bundle.bytes / 1e6:.0f} MB); biggest: "
                         + ", ".join(f"{rel} ({size / 1e6:.0f} MB)" for rel, size in bundle.biggest)

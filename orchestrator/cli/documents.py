@@ -203,8 +203,11 @@ class ResultJob(Doc):
     pulled: Literal["", "verified", "missing"] = Field(
         description='"verified": a verified copy is in local_dir; "missing": verified, the copy is gone.')
     local_dir: str
+    restarts_from_scratch: int = Field(default=0, ge=0, description="Retries that found no checkpoint to resume "
+                                       "from and trained again from the start (never counted as resumed).")
     error: str = Field(default="", description='Why the job\'s results could not be read from its host '
-                       '(unreachable, or a non-finite metric); "" when nothing failed.')
+                       '(unreachable, or a non-finite metric), or why its [run] metrics gave no value (a setting '
+                       'that matched no file, names the setting); "" when nothing failed.')
 
 
 class ResultsDocument(Doc):

@@ -47,6 +47,8 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
     out.write("\n".join(lines) + "\n")
     out.write(f"dry run: {len(doc.jobs)} jobs valid; bundle {doc.bundle_sha[:12]} ({doc.bundle_files} files, "
               f"{doc.bundle_bytes} bytes); nothing was written\n")
+    if doc.metrics:
+        out.write(f"metrics: {doc.metrics}\n")
     if doc.makespan_s is None:
         out.write("makespan unknown until one job of each config has run\n")
     else:

@@ -33,6 +33,7 @@ def results(rows: list[ResultRow]) -> None:
             gpu_hours=c.gpu_hours if c else None, cost=c.cost if c else None,
             lost_gpu_hours=c.lost_gpu_hours if c else None, preemptions=c.preemptions if c else None,
             pulled=row.pulled, local_dir=row.local_dir, error=row.error,
+            restarts_from_scratch=row.restarts_from_scratch,
         ))
     _out(d.ResultsDocument(schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id,
                             metric=rows[0].metric, mode=rows[0].mode, jobs=jobs))

@@ -1,4 +1,4 @@
-"""``gpuq hosts add|list|show|rm|trust``: the SSH hosts gpuq may use."""
+"""``gpuq hosts add|list|show|rm|trust|release|stop-agent``: the SSH hosts gpuq may use."""
 
 from __future__ import annotations
 
@@ -173,6 +173,35 @@ def release(name: str) -> None:
     released = api.hosts_release(open_ctx(), name)
     echo(f"{name}: released the setup hold of bundle {', '.join(released)}" if released
                else f"{name}: no setup hold to release")
+
+
+@hosts.command("stop-agent")
+@click.argument("name", shell_complete=complete.hosts)
+@click.option("--force", is_flag=True,
+              help="Stop it even with work: running jobs keep running and the next agent adopts them.")
+def stop_agent(name: str, force: bool) -> None:
+    """Stop the agent of host NAME (or `local`) now, instead of after its 10 idle minutes.  Refused while
+    it has running or waiting jobs, unless --force."""
+    from orchestrator import api
+    from orchestrator.errors import GpuqError, UsageError
+
+    ctx = open_ctx()
+    done = api.hosts_stop_agent(ctx, name, force=force)
+    known = {j.id: j.name for j in ctx.ledger.jobs()}
+    names = [known.get(j, j) for j in done.running]
+    jobs = f"{len(names)} running jobs ({', '.join(names[:5])})" if names else ""
+    queued = f"{done.queued} waiting jobs" if done.queued else ""
+    work = " and ".join(p for p in (jobs, queued) if p)
+    if done.outcome == "none":
+        echo(f"{name}: no agent running; nothing to stop")
+    elif done.outcome == "busy":
+        raise UsageError(f"{name}: agent {done.pid} has {work}; not stopped (--force stops it anyway: running "
+                         "jobs keep running and the next agent adopts them)")
+    elif done.outcome == "timeout":
+        raise GpuqError(f"{name}: agent {done.pid} was asked to stop and still runs after 15 s")
+    else:
+        echo(f"{name}: agent {done.pid} stopped" + (f" (forced: {work}; running jobs keep running, the next agent "
+                                                     "adopts them)" if work else ""))
 
 
 def _ago(ts: float | None, now: float) -> str:

@@ -61,6 +61,11 @@ def results_table(rows: list[ResultRow]) -> None:
             cells.append(f"[yellow]{escape(printable(row.error))}[/]" if row.error else "")
         table.add_row(*cells)
     console().print(table)
+    for row in rows:
+        if row.restarts_from_scratch:
+            console().print(f"[yellow]{row.job.id} {escape(row.job.name)}: {row.restarts_from_scratch} retr"
+                            f"{'ies' if row.restarts_from_scratch > 1 else 'y'} restarted from scratch: no file "
+                            "matched `checkpoint`[/]")
     total = [r.cost for r in rows if r.cost is not None]
     if total:
         money = [c.cost for c in total if c.cost is not None]

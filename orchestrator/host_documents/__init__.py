@@ -31,7 +31,7 @@ from orchestrator.host_documents.bounds import (
     MAX_STR,
     finite_number,
 )
-from orchestrator.host_documents.facts import AuditGpu, HostFacts, Verdicts
+from orchestrator.host_documents.facts import AgentStop, AuditGpu, HostFacts, Verdicts
 from orchestrator.host_documents.framing import (
     BEGIN_MARK,
     END_MARK,
@@ -45,6 +45,7 @@ from orchestrator.host_documents.framing import (
 from orchestrator.host_documents.health import Check, HealthDocument, ReapCandidate, ReapDocument, ReapEntry
 from orchestrator.host_documents.readers import (
     READERS,
+    read_agent_stop,
     read_collect,
     read_facts,
     read_health,
@@ -110,6 +111,7 @@ __all__ = [
     "NOISE_SHOWN",
     "READERS",
     "Agent",
+    "AgentStop",
     "AuditGpu",
     "Check",
     "CollectDocument",
@@ -150,6 +152,7 @@ __all__ = [
     "Xid",
     "finite_number",
     "load",
+    "read_agent_stop",
     "read_collect",
     "read_facts",
     "read_health",

@@ -1,9 +1,9 @@
-"""What `gpuq hosts add` learns about a host (its audit script, orchestrator/fleet.py), and the
-per-job verdicts of ``enqueue`` / ``withdraw`` / ``cancel``."""
+"""What `gpuq hosts add` learns about a host (its audit script, orchestrator/fleet.py), the
+per-job verdicts of ``enqueue`` / ``withdraw`` / ``cancel``, and what ``stop-agent`` did."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, RootModel
 
@@ -42,3 +42,12 @@ class Verdicts(RootModel[Annotated[dict[Short, Short], Field(max_length=MAX_JOBS
     def of(self, job_id: str) -> str:
         """The verdict on ``job_id`` ("" when the host said nothing about it)."""
         return self.root.get(job_id, "")
+
+
+class AgentStop(Open):
+    """``stop-agent``: "stopped", "none" (no agent ran), "busy" (refused: it has work) or "timeout"."""
+
+    outcome: Literal["stopped", "none", "busy", "timeout"]
+    pid: Count | None = None
+    running: Annotated[list[Short], Field(max_length=MAX_JOBS)] = Field(default_factory=list)
+    queued: Count = 0

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from orchestrator.host_documents.facts import HostFacts, Verdicts
+from orchestrator.host_documents.facts import AgentStop, HostFacts, Verdicts
 from orchestrator.host_documents.framing import load, validate
 from orchestrator.host_documents.health import HealthDocument, ReapDocument
 from orchestrator.host_documents.results import CollectDocument, ManifestDocument, Pointer, SnapshotPointer
@@ -35,9 +35,10 @@ read_snapshot: Callable[[str, str], SnapshotPointer] = _reader("snapshot", Snaps
 read_facts: Callable[[str, str], HostFacts] = _reader("host audit", HostFacts)
 read_pointer: Callable[[str, str], Pointer] = _reader("checkpoint pointer", Pointer)
 read_verdicts: Callable[[str, str], Verdicts] = _reader("verdicts", Verdicts)
+read_agent_stop: Callable[[str, str], AgentStop] = _reader("agent stop", AgentStop)
 
 READERS: Mapping[str, Callable[[str, str], BaseModel]] = {
     "status": read_status, "health": read_health, "reap": read_reap, "collect": read_collect,
     "manifest": read_manifest, "snapshot": read_snapshot, "pointer": read_pointer,
-    "verdicts": read_verdicts, "facts": read_facts,
+    "verdicts": read_verdicts, "facts": read_facts, "agent stop": read_agent_stop,
 }

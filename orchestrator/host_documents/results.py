@@ -111,6 +111,10 @@ class Summary(Open):
     mode: Short | None = None
     final: SummaryRow | None = None
     best: SummaryRow | None = None
+    # a project's own metrics (gpuq_runmetrics.run_summary): how many files the setting matched
+    # (attempts' logs with metrics = "log") and how many rows they gave; None from gpuq's payload
+    files: Count | None = None
+    rows: Count | None = None
     # metric -> [[step, value]]
     curves: Annotated[dict[Short, Curve], Field(max_length=MAX_CURVES)] = Field(default_factory=dict)
 
@@ -150,3 +154,6 @@ class SnapshotPointer(Open):
     epoch: LenientInt = None
     mtime: Annotated[Finite | None, WrapValidator(_or_none)] = None
     written_at: Annotated[Finite | None, WrapValidator(_or_none)] = None
+    # a checkpoint directory (docs/checkpoints.md): its files, hashed one by one; sha256 is their tree hash
+    dir: bool = False
+    files: Annotated[list[ResultFile], Field(max_length=MAX_FILES)] = Field(default_factory=list)

@@ -151,6 +151,7 @@ class Scan(Open):
     hits: Annotated[list[ScanHit], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
     traceback: Annotated[list[Text], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     resumed: Annotated[Resumed | None, BeforeValidator(object_or_none)] = None
+    from_scratch: LenientText = None  # a retry that found no checkpoint to resume from (the wrapper's line)
     nonfinite: Annotated[list[NonFinite], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
 
 
@@ -228,6 +229,7 @@ class JobEntry(Open):
     log_bytes: Count | None = None
     progress: Annotated[Progress | None, BeforeValidator(object_or_none)] = None
     run_ckpt_mtime: LenientFloat = None
+    run_metrics_mtime: LenientFloat = None  # protocol 1.x: the newest mtime of the files [run] metrics names
     gpu_util_pct: LenientPct = None
     gang_cause: Text = ""  # set by the controller (gangs.standing_entry): the node that ended the attempt
 

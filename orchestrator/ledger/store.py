@@ -639,12 +639,12 @@ class Ledger(PullRecords):
         ids = list(job_ids)
         with self.reading() as s:  # plain rows, not ORM objects: a report may read a million points
             rows = s.exec(select(Metric.job_id, Metric.name, Metric.step, Metric.value)
-                          .where(col(Metric.job_id).in_(ids), Metric.scope == "curve")).all()
+                          .where(col(Metric.job_id).in_(ids), Metric.scope == "curve").order_by(col(Metric.id))).all()
         for job_id, name, step, value in rows:
             out.setdefault(job_id, {}).setdefault(name, []).append((step or 0, value))
         for by_name in out.values():
             for points in by_name.values():
-                points.sort()
+                points.sort(key=lambda p: p[0])  # stable: points of one step stay in the order the host sent them
         return out
 
     def artifacts(self, job_id: str) -> list[Artifact]:

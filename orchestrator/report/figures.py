@@ -1,7 +1,8 @@
 """Learning-curve figures of ``gpuq report`` (PNG, matplotlib's Agg backend; the ``gpuq[report]`` extra).
 
 One figure per curve: the headline metric and the training loss against step.  One line per cell
-(the mean over its seeds at each logged step), a shaded band from the lowest to the highest seed,
+(the mean over its seeds at each logged step), a shaded band from the lowest to the highest seed
+(cells of two or more seeds only; each job counts once per step),
 the baseline drawn black, thicker and dashed; the legend sits outside the plot, and a loss axis
 is logarithmic when its values span more than two decades.  Points beyond ±PLOT_LIMIT (huge finite
 metrics: matplotlib's axis arithmetic overflows near the float range) are left out of the figure,
@@ -49,11 +50,16 @@ def curve_names(report: Report, curves: Curves) -> list[str]:
 
 
 def cell_band(jobs: Sequence[str], curves: Curves, name: str) -> list[tuple[int, float, float, float]]:
-    """(step, mean, low, high) over the cell's seeds at each step any seed logged."""
+    """(step, mean, low, high) over the cell's seeds at each step any seed logged.  A job counts once
+    per step (its last point there: a resumed attempt's row replaces the earlier one), so the band
+    spans seeds only, never two attempts of one job."""
     at: dict[int, list[float]] = {}
     for job in jobs:
+        own: dict[int, float] = {}
         for step, value in curves.get(job, {}).get(name, ()):
-            at.setdefault(int(step), []).append(float(value))
+            own[int(step)] = float(value)
+        for step, value in own.items():
+            at.setdefault(step, []).append(value)
     return [(step, stats.mean(v), min(v), max(v)) for step, v in sorted(at.items())]
 
 
@@ -104,8 +110,9 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
             label = f"{cell.cell} (baseline)" if cell.is_baseline else cell.cell
             seeds = len([j for j in cell.jobs if name in curves.get(j, {})])
             line = ax.plot(steps, [b[1] for b in band], label=f"{label}, n={seeds}", **style)[0]
-            ax.fill_between(steps, [b[2] for b in band], [b[3] for b in band], color=line.get_color(), alpha=0.18,
-                            linewidth=0)
+            if seeds >= 2:  # a band is the spread of seeds: none for a cell of one job
+                ax.fill_between(steps, [b[2] for b in band], [b[3] for b in band], color=line.get_color(),
+                                alpha=0.18, linewidth=0)
             lows += [b[2] for b in band]
             highs += [b[3] for b in band]
         is_loss = "loss" in name.lower()

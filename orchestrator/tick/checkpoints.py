@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,12 @@ from orchestrator.host_documents import Pointer, ResultCheckpoint, SnapshotPoint
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
+from orchestrator.transfer import ckptdir
 from orchestrator.transfer.verify import checkpoint_problem
 
 CHECKPOINTS_DIR = "checkpoints"
 JOB_ID_RE = re.compile(r"c[0-9a-f]{12}")
 _ROLLING_RE = re.compile(r"latest(?:-[0-9]{1,12}(?:-[0-9]{1,3})?)?\.pt")
-_PART_RE = re.compile(r"[A-Za-z0-9_=+-][A-Za-z0-9._=+-]{0,127}")  # never "." or "..", nothing hidden
 _MAX_DEPTH = 8
 # what a payload job needs besides its rolling checkpoint to finish on another host: the best
 # checkpoint so far and the metrics written so far (the payload trims lines past the checkpoint's step)
@@ -55,7 +56,7 @@ def safe_checkpoint_file(name: object) -> str | None:
     parts = name.split("/")
     if len(parts) < 2 or len(parts) > _MAX_DEPTH + 1 or parts[0] != protocol.RUN_DIR:
         return None
-    if all(_PART_RE.fullmatch(p) for p in parts[1:]):
+    if protocol.path_problem("/".join(parts[1:])) is None:  # the agent's rule (gpuq_own.name_problem)
         return name
     return None
 
@@ -131,7 +132,7 @@ def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, attempt: int) -
     previous = newest_durable(ctx, job_id)
     final = target_dir.joinpath(*name.split("/"))
     final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(part, final)
+    ckptdir.swap_in(part, final) if pointer.dir else os.replace(part, final)
     recorded = ResultCheckpoint(sha256=pointer.sha256, file=name, step=pointer.step or 0, epoch=pointer.epoch,
                                 bytes=pointer.bytes or 0, written_at=pointer.written_at)
     if name.startswith(protocol.RUN_DIR + "/"):
@@ -144,7 +145,7 @@ def _ship_one(ctx: Context, row: HostRow, job_id: str, job: Job, attempt: int) -
     if previous is not None and previous.durable_path:
         old = Path(previous.durable_path)
         if old != final and old.is_relative_to(target_dir):
-            old.unlink(missing_ok=True)  # one copy per job: the newest
+            ckptdir.remove(old)  # one copy per job: the newest
     ctx.ledger.record_checkpoint(job_id, attempt or job.attempt_count, recorded)
     ctx.ledger.mark_checkpoint_durable(job_id, pointer.sha256, str(final), row.name)
     return True
@@ -210,11 +211,13 @@ def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
     if name is None:
         return f"the pointer names an unsafe file {pointer.file[:80]!r}"
     snapshot = pointer.snapshot
-    if snapshot != f"{protocol.CKPT_DIR}/.ship.pt":
+    if snapshot != f"{protocol.CKPT_DIR}/{'.ship.d' if pointer.dir else '.ship.pt'}":
         return f"the agent pinned an unexpected file {snapshot[:80]!r}"
     sha, size = pointer.sha256, pointer.bytes  # sha256 checked at the edge
     if size is None:
         return "the pointer's sha256 or size is malformed"
+    if pointer.dir:
+        return _fetch_dir(host, job_id, pointer, target_dir)
     part = target_dir / ".checkpoint.part"
     remote = host.path("jobs", job_id, *snapshot.split("/"))
     try:
@@ -229,6 +232,22 @@ def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
         part.unlink(missing_ok=True)
         return f"{name} did not match its pointer (torn or replaced)"
     return pointer, part
+
+
+def _fetch_dir(host: Any, job_id: str, pointer: SnapshotPointer,
+               target_dir: Path) -> tuple[SnapshotPointer, Path] | str:
+    """A checkpoint directory: every file verified, then the tree (orchestrator/transfer/ckptdir.py)."""
+    part = target_dir / ".checkpoint.part.d"
+    remote = host.path("jobs", job_id, *pointer.snapshot.split("/"))
+    try:
+        with transfer_progress.track(f"checkpoint {job_id} <- {host.name}", pointer.bytes or 0):
+            why = ckptdir.fetch_dir(host, job_id, pointer, part)
+        with contextlib.suppress(HostError):
+            host.run(["rm", "-rf", remote], timeout=60)
+    except HostError as exc:
+        shutil.rmtree(part, ignore_errors=True)
+        return str(exc)
+    return why if why is not None else (pointer, part)
 
 
 def _sha256(path: Path) -> str:
@@ -251,7 +270,7 @@ def _write_pointer(directory: Path, pointer: SnapshotPointer, recorded: ResultCh
 
 def newest_durable(ctx: Context, job_id: str) -> Any:
     """The newest checkpoint of the job with a verified copy on the controller, or None."""
-    rows = [c for c in ctx.ledger.checkpoints(job_id) if c.durable_path and Path(c.durable_path).is_file()]
+    rows = [c for c in ctx.ledger.checkpoints(job_id) if c.durable_path and Path(c.durable_path).exists()]
     return rows[-1] if rows else None
 
 
@@ -316,20 +335,30 @@ def _place_run_checkpoint(ctx: Context, job: Job, host_name: str, ckpt: Any) -> 
     file beside it), unless the host already holds those exact bytes."""
     host = ctx.fleet.named(host_name)
     remote = host.path("jobs", job.id, *ckpt.file.split("/"))
+    if Path(ckpt.durable_path).is_dir():  # a checkpoint directory goes back whole, or not at all
+        _place_run_metrics(ctx, job, host, host_name)
+        if not ckptdir.place_dir(host, host_name, Path(ckpt.durable_path), remote):
+            return "kept the host's own checkpoint (same files)"
+        ctx.ledger.record_event("job", job.id, f"checkpoint {ckpt.file}/ ({ckpt.sha256[:12]}) placed on {host_name}")
+        return f"pushed checkpoint {ckpt.file}/"
     probe = host.run(["sh", "-c", 'sha256sum "$1" 2>/dev/null; true', "sh", remote], timeout=120)
     if probe.stdout.split(" ", 1)[0] == ckpt.sha256:
         return "kept the host's own checkpoint (same bytes)"
     _mkdir(host, host_name, remote.rsplit("/", 1)[0])
+    _place_run_metrics(ctx, job, host, host_name)
+    with transfer_progress.track(f"checkpoint {job.id} -> {host_name}", ckpt.bytes) as shown:
+        host.put(Path(ckpt.durable_path), remote, progress=shown)
+    ctx.ledger.record_event("job", job.id, f"checkpoint {ckpt.file} ({ckpt.sha256[:12]}) placed on {host_name}")
+    return f"pushed checkpoint {ckpt.file}"
+
+
+def _place_run_metrics(ctx: Context, job: Job, host: Any, host_name: str) -> None:
     metrics = _run_metrics(ctx, job)
     local_dir = ctx.settings.home / CHECKPOINTS_DIR / job.id
     if metrics is not None and local_dir.joinpath(protocol.RUN_DIR, *metrics.split("/")).is_file():
         target = host.path("jobs", job.id, protocol.RUN_DIR, *metrics.split("/"))
         _mkdir(host, host_name, target.rsplit("/", 1)[0])
         host.put(local_dir.joinpath(protocol.RUN_DIR, *metrics.split("/")), target)
-    with transfer_progress.track(f"checkpoint {job.id} -> {host_name}", ckpt.bytes) as shown:
-        host.put(Path(ckpt.durable_path), remote, progress=shown)
-    ctx.ledger.record_event("job", job.id, f"checkpoint {ckpt.file} ({ckpt.sha256[:12]}) placed on {host_name}")
-    return f"pushed checkpoint {ckpt.file}"
 
 
 def _mkdir(host: Any, host_name: str, path: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from orchestrator import host_documents
+from orchestrator import host_documents, observed
 from orchestrator.errors import GpuqError
 from orchestrator.host_documents import Results, StatusDocument, Summary
 from orchestrator.hosts.base import Host
@@ -29,6 +29,23 @@ def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str
     record_collected(ledger, host_documents.read_collect(host.name, result.stdout).root)
 
 
+def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
+    """A succeeded job whose ``[run] metrics`` gave no value of the headline metric gets a warning that
+    names the setting (once per job and words), never a silent "-" (observed.metrics_problem)."""
+    for job_id, doc in docs.items():
+        job = ledger.job(job_id)
+        sweep = ledger.sweep(job.sweep_id)
+        problem = observed.metrics_problem(getattr(sweep, "run", ""), doc.summary)
+        if not problem:
+            continue
+        message = f"{job.name}: succeeded, but {problem}"
+        seen = ledger.open_findings([job_id]).get((job_id, observed.METRICS_RULE))
+        if seen is not None and seen.message == message:
+            continue
+        ledger.record_finding("job", job_id, severity="warn", rule=observed.METRICS_RULE, message=message,
+                              action=f"fix [run] metrics in gpuq.toml; the trainer's files: gpuq logs {job_id}")
+
+
 def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
     """Each job's results as the ledger keeps them: finite metrics of the final and best rows, the
     learning curves, the files' hashes and the checkpoint (all checked at the edge)."""
@@ -43,3 +60,4 @@ def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
             metrics += [("curve", name, value, int(step), None) for step, value in points]
         artifacts = [(f.path, f.bytes, f.sha256) for f in doc.files]
         ledger.record_results(job_id, doc.attempt, metrics=metrics, artifacts=artifacts, checkpoint=doc.ckpt)
+    metrics_warnings(ledger, docs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from orchestrator.patrol import (
     Thresholds,
     early_finish,
 )
-from orchestrator.scheduler import epoch_rates, estimate_s
-from orchestrator.states import JobState
+from orchestrator.report import cells
+from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.probe import Probe
 
 PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled", "protocol"})  # open till cleared
@@ -44,6 +45,8 @@ def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, 
     against the newest checkpoint the ledger knew when the attempt started."""
     for job in mine:
         entry = entries.get(job.id)
+        if entry is not None and entry.scan is not None and entry.scan.from_scratch is not None:
+            from_scratch(ctx, host, job, report)
         resumed = entry.scan.resumed if entry is not None and entry.scan is not None else None
         if resumed is None or resumed.step is None:
             continue
@@ -57,6 +60,27 @@ def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, 
                             f"step {expected} existed", "the newer checkpoint was lost or not shipped: check "
                             "the host's ckpt dir and `gpuq logs`", job=job.id)
             record(ctx, [found], subjects=[], report=report)
+
+
+FROM_SCRATCH = "from_scratch"  # the rule of a retry that restarted from scratch (counted by `gpuq results`)
+
+
+def from_scratch(ctx: Context, host: str, job: Job, report: TickReport) -> None:
+    """A retry found no checkpoint to pass (the wrapper says so in the log): requeued "with resume", it
+    trains again from the start.  Loud, never silent (docs/checkpoints.md)."""
+    if job.attempt_count < 2:
+        return
+    sweep = ctx.ledger.sweep(job.sweep_id)
+    try:
+        globs = json.loads(sweep.run).get("checkpoint") if sweep is not None and sweep.run else None
+    except (ValueError, AttributeError):
+        globs = None
+    shown = f" {json.dumps(globs)}" if globs else ""
+    found = Finding(FROM_SCRATCH, Severity.ESCALATE, host,
+                    f"{job.name} a{job.attempt_count}: restarted from scratch: no file matched `checkpoint`{shown} "
+                    "in its run dir", "the retry trains again from step 0: compare `checkpoint` in gpuq.toml with "
+                    "what the trainer writes (`gpuq logs`)", job=job.id)
+    record(ctx, [found], subjects=[], report=report)
 
 
 def holds(ctx: Context, row: HostRow, findings: Sequence[Finding]) -> None:
@@ -76,32 +100,33 @@ def holds(ctx: Context, row: HostRow, findings: Sequence[Finding]) -> None:
 
 
 def early_finishes(ctx: Context, host: str, job_ids: Sequence[str], report: TickReport) -> None:
-    """A job that succeeded in under half its expected time (est_min, else the history of other
-    runs of the same config, task and epochs) is suspect."""
-    history: list[tuple[str, str, int, float]] | None = None
+    """A job that succeeded in under half its expected time is suspect: its ``est_min``, else the
+    mean time of its own cell's other seeds that ran from scratch (report/cells.py), never other
+    cells' (another learning rate, another model size).  Without either there is no verdict."""
     for job_id in job_ids:
         job = ctx.ledger.job(job_id)
         att = ctx.ledger.attempt(job_id, job.attempt_count)
         if att is None or att.started_at is None or att.ended_at is None or att.resume_from or job.attempt_count > 1:
             continue  # a resumed run trains part of its epochs: no verdict
         duration = att.ended_at - att.started_at
-        expected: float | None = job.est_min * 60 if job.est_min else None
-        if expected is None:
-            if history is None:
-                history = ctx.ledger.run_history()
-            own = (job.config, job.task, job.epochs, duration)
-            others = list(history)
-            for index in range(len(others) - 1, -1, -1):  # this run is in the history too: leave it out
-                if others[index][:3] == own[:3] and abs(others[index][3] - duration) < 1e-6:
-                    del others[index]
-                    break
-            rates = epoch_rates(others)
-            if (job.config, job.task) in rates.by_config_task:
-                expected = estimate_s(config=job.config, task=job.task, epochs=job.epochs, history=rates)
+        expected: float | None = job.est_min * 60 if job.est_min else _own_cell_seconds(ctx, job)
         found = early_finish(host, JobView(job.id, job.name, job.attempt_count), duration, expected,
                              thresholds(ctx))
         if found is not None:
             record(ctx, [found], subjects=[], report=report)
+
+
+def _own_cell_seconds(ctx: Context, job: Job) -> float | None:
+    """The mean seconds of the successful, from-scratch runs of the other jobs of ``job``'s cell in
+    its sweep; None when none has finished."""
+    done = [j for j in ctx.ledger.jobs(sweep_id=job.sweep_id, states=[JobState.SUCCEEDED]) if j.id != job.id]
+    mates = next((members for members in cells.group([*done, job]).values()
+                  if any(m is job for m in members)), [])
+    others = [j.id for j in mates if j.id != job.id]
+    seconds = [a.ended_at - a.started_at for a in ctx.ledger.attempts_of(others)
+               if a.state == AttemptState.EXITED.value and a.exit_code == 0 and not a.resume_from
+               and a.started_at is not None and a.ended_at is not None and a.ended_at > a.started_at]
+    return sum(seconds) / len(seconds) if seconds else None
 
 
 def record(ctx: Context, findings: Sequence[Finding], *, subjects: Sequence[str], report: TickReport) -> None:

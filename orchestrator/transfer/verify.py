@@ -42,7 +42,6 @@ _STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICO
 # opcodes that precede the outermost object's own opcode (framing, memo, a global's name strings)
 _PRELUDE_OPS = _STRING_OPS | {"PROTO", "FRAME", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "BINGET", "LONG_BINGET",
                               "GET"}
-_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 # the pickle globals a state dict of tensors needs, and nothing else: what torch.load(weights_only=True)
 # accepts for tensors, storages and ordered dicts (an arbitrary torch.* name could be a callable such as
 # torch.load or torch.hub.load: never accepted)
@@ -92,7 +91,7 @@ def _safe_path(path: object) -> str | None:
     if not isinstance(path, str) or not path or path.startswith("/"):
         return None
     parts = path.split("/")
-    if any(not p or p in (".", "..") or not set(p) <= _SAFE_CHARS for p in parts):
+    if protocol.path_problem(path) is not None:  # the agent's rule: only what is unsafe is refused
         return None
     if path.endswith(".tmp") or (len(parts) == 1 and path in IGNORED_TOP | {PROVENANCE}):
         return None

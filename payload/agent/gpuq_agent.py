@@ -21,6 +21,7 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
   collect JOB_ID...       summaries and sha256-hashed result files of finished jobs
   manifest JOB_ID...      build jobs/<id>/MANIFEST.json (path, bytes, sha256) of jobs that exited 0
   snapshot JOB_ID         hard-link the checkpoint LATEST names to ckpt/.ship.pt, print the pointer
+  stop-agent [--force]    stop this root's agent now; refused while it has work unless --force
   version                 print the protocol version
 
 A root with slurm.json is on a Slurm login node (gpuq_slurm.py): ``enqueue --serve`` submits each
@@ -32,8 +33,9 @@ orchestrator/protocol.py.  Killing is always by recorded process group after ide
 
 This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
 (serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
-(enqueue, collect), gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top
-of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
+(enqueue, collect), gpuq_stopagent.py (stop-agent), gpuq_manifest.py (manifest), gpuq_health.py
+(health) and gpuq_reap.py (reap), on top of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and
+gpuq_kernel.py (kernel-log Xids, status and health).
 Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
 itself to 0700 (docs/security.md).
 """
@@ -51,18 +53,23 @@ import io  # noqa: E402
 import os  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
-import gpuq_health  # noqa: E402
-import gpuq_inbox  # noqa: E402
-import gpuq_manifest  # noqa: E402
 import gpuq_protocol as P  # noqa: E402
-import gpuq_reap  # noqa: E402
-import gpuq_slurm  # noqa: E402
-import gpuq_slurm_submit  # noqa: E402
-from gpuq_cancel import cmd_cancel, cmd_kill, cmd_withdraw  # noqa: E402
 from gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
-from gpuq_serve import cmd_serve  # noqa: E402
-from gpuq_status import cmd_status  # noqa: E402
-from gpuq_wrap import cmd_wrap  # noqa: E402
+
+# Each verb imports its own module when it runs, never the others: the agent runs from a read-only
+# bundle without bytecode files, so every module it imports is compiled from source on every call, and
+# `status` runs on every host at every tick (it needs about a third of the agent's code).
+
+
+def _verb(argv: list[str]) -> str | None:
+    """The command word of ``argv`` (the first word that is not ``--root`` or its value)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--root":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,8 +94,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="kernel.xids: only Xid lines after this cursor (TS or BOOT_ID:TS)")
     st.add_argument("--scan", nargs="*", default=(), metavar="JOB:ATTEMPT:LOG_OFF:METRICS_OFF",
                     help="scan these attempts' new log and metrics bytes for crash signatures and NaN")
-    gpuq_health.add_arguments(sub.add_parser("health", help="GPU preflight"))
-    gpuq_reap.add_arguments(sub.add_parser("reap", help="find (--force: kill) VRAM zombies"))
+    verb = _verb(sys.argv[1:] if argv is None else argv)
+    hp = sub.add_parser("health", help="GPU preflight")
+    rp = sub.add_parser("reap", help="find (--force: kill) VRAM zombies")
+    if verb == "health":
+        import gpuq_health
+        gpuq_health.add_arguments(hp)
+    elif verb == "reap":
+        import gpuq_reap
+        gpuq_reap.add_arguments(rp)
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
     cp.add_argument("job_ids", nargs="+")
     kp = sub.add_parser("kill", help="kill one attempt's process group (identity-checked), no cancel")
@@ -110,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     sn.add_argument("job_id")
     mp = sub.add_parser("manifest", help="build MANIFEST.json of finished jobs for `gpuq pull`")
     mp.add_argument("job_ids", nargs="+")
+    sa = sub.add_parser("stop-agent", help="stop this root's idle agent now (--force: even with work)")
+    sa.add_argument("--force", action="store_true")
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -120,44 +136,69 @@ def main(argv: list[str] | None = None) -> int:
         make_private(lay.root)
     if args.cmd in FRAMED:
         return framed(lambda: run_document_verb(lay, args))
-    if args.cmd == "serve":
-        return cmd_serve(lay, args)
-    if args.cmd == "wrap":
-        return cmd_wrap(lay, args.job_id, args.attempt)
-    if args.cmd == "cancel":
-        return cmd_cancel(lay, args.job_ids)
-    if args.cmd == "kill":
-        return cmd_kill(lay, args.job_id, args.attempt)
     if args.cmd == "version":
         print(P.PROTOCOL_VERSION)
         return 0
-    if args.cmd == "enqueue":
-        code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
-        if code != 0 or not args.serve:
-            return code
-        if gpuq_slurm.config(lay) is not None:  # a Slurm login node: sbatch now, no agent stays behind
-            return gpuq_slurm_submit.cmd_submit(lay, os.path.abspath(__file__))
-        args.detach = True
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
-            return cmd_serve(lay, args)
+    if args.cmd in ("serve", "wrap", "cancel", "kill", "enqueue"):
+        return run_verb(lay, args)
     ap.print_usage(sys.stderr)
     return P.AGENT_EXIT_USAGE
 
 
-FRAMED = ("status", "health", "reap", "withdraw", "collect", "snapshot", "manifest")
+def run_verb(lay: Layout, args: argparse.Namespace) -> int:
+    if args.cmd == "serve":
+        from gpuq_serve import cmd_serve
+        return cmd_serve(lay, args)
+    if args.cmd == "wrap":
+        from gpuq_wrap import cmd_wrap
+        return cmd_wrap(lay, args.job_id, args.attempt)
+    if args.cmd == "cancel":
+        from gpuq_cancel import cmd_cancel
+        return cmd_cancel(lay, args.job_ids)
+    if args.cmd == "kill":
+        from gpuq_cancel import cmd_kill
+        return cmd_kill(lay, args.job_id, args.attempt)
+    return enqueue(lay, args)
+
+
+def enqueue(lay: Layout, args: argparse.Namespace) -> int:
+    import gpuq_inbox
+    import gpuq_slurm
+    code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
+    if code != 0 or not args.serve:
+        return code
+    if gpuq_slurm.config(lay) is not None:  # a Slurm login node: sbatch now, no agent stays behind
+        import gpuq_slurm_submit
+        return gpuq_slurm_submit.cmd_submit(lay, os.path.abspath(__file__))
+    from gpuq_serve import cmd_serve
+    args.detach = True
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
+        return cmd_serve(lay, args)
+
+
+FRAMED = ("status", "health", "reap", "withdraw", "collect", "snapshot", "manifest", "stop-agent")
 
 
 def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "status":
+        from gpuq_status import cmd_status
         return cmd_status(lay, args)
     if args.cmd == "health":
+        import gpuq_health
         return gpuq_health.cmd_health(lay, args)
     if args.cmd == "reap":
+        import gpuq_reap
         return gpuq_reap.cmd_reap(lay, args)
     if args.cmd == "withdraw":
+        from gpuq_cancel import cmd_withdraw
         return cmd_withdraw(lay, args.job_ids)
     if args.cmd == "collect":
+        import gpuq_inbox
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)
+    if args.cmd == "stop-agent":
+        from gpuq_stopagent import cmd_stop_agent
+        return cmd_stop_agent(lay, args.force)
+    import gpuq_manifest
     if args.cmd == "snapshot":
         return gpuq_manifest.cmd_snapshot(lay.root, args.job_id)
     return gpuq_manifest.cmd_manifest(lay.root, args.job_ids)

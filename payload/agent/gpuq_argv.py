@@ -18,6 +18,8 @@ from typing import Sequence
 
 PLACEHOLDERS = ("config", "task", "epochs", "name", "seed", "job_id", "attempt", "run_dir", "ckpt_dir",
                 "checkpoint", "args", "master_port")
+LINE_PLACEHOLDERS = ("config", "task", "epochs", "name", "seed", "job_id", "attempt", "run_dir", "ckpt_dir",
+                     "master_port")  # those a queue line's own arguments may use (docs/queue.md)
 LAUNCHERS = ("torchrun", "python", "none")
 ARGS = "args"
 
@@ -133,6 +135,20 @@ def render(template: Sequence[str], values: dict[str, str], args: Sequence[str] 
     return out
 
 
+_LINE_RE = re.compile(r"\{(\{(%s)\})\}|\{(%s)\}" % ("|".join(LINE_PLACEHOLDERS), "|".join(LINE_PLACEHOLDERS)))
+
+
+def render_args(args: Sequence[str], values: dict[str, str]) -> list[str]:
+    """A queue line's arguments for this job: ``{name}`` (a name of ``LINE_PLACEHOLDERS``) is its value,
+    ``{{name}}`` the literal text ``{name}``; every other character stays as it is (the controller's
+    queuegrid.py writes literal ``{name}`` text doubled).  Never re-split, never given to a shell."""
+    def one(match: re.Match[str]) -> str:
+        if match.group(1) is not None:
+            return match.group(1)
+        return str(values.get(match.group(3)) or "")
+    return [_LINE_RE.sub(one, str(arg)) for arg in args]
+
+
 def launcher_prefix(launcher: str, python: str, nproc: int, extra: Sequence[str] = (),
                     rendezvous: Sequence[str] | None = None) -> list[str]:
     """What goes before the rendered command: torchrun (single node with its own free rendezvous port,
@@ -155,7 +171,7 @@ def job_argv(*, launcher: str, python: str, nproc: int, command: Sequence[str], 
     vals = dict(values)
     vals["checkpoint"] = checkpoint or ""
     argv = launcher_prefix(launcher, python, nproc, launcher_extra, rendezvous)
-    argv += render(command, vals, args)
+    argv += render(command, vals, render_args(args, vals))
     if checkpoint:
         argv += render(resume_args, vals, (), append_args=False)
     return argv

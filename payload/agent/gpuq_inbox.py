@@ -171,13 +171,14 @@ def job_spec(root: str, job_id: str) -> Any:
 
 def project_summary(root: str, job_id: str, spec: Any, write: bool) -> Any:
     """For a job whose spec has ``run.metrics``: its metrics summarized like the payload's
-    summary.json (gpuq_runmetrics.py), written to result/summary.json when ``write``; else None."""
+    summary.json (gpuq_runmetrics.py), written to result/summary.json when ``write`` and it has a
+    value (a summary that found nothing still travels, for the controller's warning); else None."""
     run = spec.get("run") if isinstance(spec, dict) else None
     if not isinstance(run, dict) or not run.get("metrics"):
         return None
     job_dir = os.path.join(root, P.JOBS_DIR, job_id)
     summary = run_summary(job_dir, run, _attempt_of(spec))
-    if summary is not None and write:
+    if summary is not None and summary.get("final") is not None and write:
         try:
             os.makedirs(os.path.join(job_dir, P.RESULT_DIR), exist_ok=True)
             atomic_write_json(os.path.join(job_dir, P.RESULT_DIR, P.SUMMARY_FILE), summary)
@@ -192,10 +193,13 @@ def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
     own trainer (spec ``run.metrics``) the summary comes from its metrics; ``write`` = False (the
     read-only status probe) computes it without writing result/summary.json."""
     spec = job_spec(root, job_id)
-    summary = project_summary(root, job_id, spec, write)
-    if summary is None:
+    counted = project_summary(root, job_id, spec, write)
+    summary = counted
+    if summary is None or summary.get("final") is None:  # no value from [run] metrics: a summary.json of its own?
         summary = read_json(os.path.join(root, P.JOBS_DIR, job_id, P.RESULT_DIR, P.SUMMARY_FILE))
-        if isinstance(summary, dict) and "curves" not in summary:  # gpuq's payload: from metrics.jsonl
+        if not isinstance(summary, dict):
+            summary = counted  # what the metrics setting found (nothing): the controller warns about it
+        elif "curves" not in summary:  # gpuq's payload: from metrics.jsonl
             summary["curves"] = payload_curves(os.path.join(root, P.JOBS_DIR, job_id), str(summary.get("metric")
                                                                                            or "val_acc"))
     return {

@@ -12,7 +12,6 @@ stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import math
 import os
@@ -24,6 +23,7 @@ import sys
 from typing import Any
 
 import gpuq_argv
+import gpuq_own
 import gpuq_protocol as P
 from gpuq_files import Layout, read_json
 from gpuq_hostfacts import thread_cap
@@ -69,17 +69,28 @@ def _globs(run: dict[str, Any] | None, key: str) -> list[str]:
 
 
 def newest_checkpoint(run_dir: str, run: dict[str, Any] | None) -> str | None:
-    """Absolute path of the newest real file under ``run_dir`` matching a checkpoint glob."""
-    best: tuple[float, str] | None = None
-    for pattern in _globs(run, "checkpoint"):
-        for path in glob.glob(os.path.join(run_dir, pattern), recursive=True):
-            if os.path.islink(path) or not os.path.isfile(path):
-                continue
-            with contextlib.suppress(OSError):
-                m = os.stat(path).st_mtime
-                if best is None or m > best[0]:
-                    best = (m, path)
-    return best[1] if best else None
+    """Absolute path of the job's newest own checkpoint under ``run_dir`` (gpuq_own: a real file, a link
+    to one of its own files, or a complete directory; never anything reached through the project)."""
+    found = gpuq_own.newest_checkpoint(run_dir, _globs(run, "checkpoint"))
+    return os.path.join(run_dir, *found.rel.split("/")) if found is not None else None
+
+
+FROM_SCRATCH = "gpuq: restarted from scratch: no file matched checkpoint"
+
+
+def resume_note(run_dir: str, run: dict[str, Any] | None, attempt: int) -> str | None:
+    """The log line that says what this attempt starts from (a project's own trainer with ``checkpoint``
+    globs): the checkpoint passed as ``{checkpoint}``, or, for a retry, that there was none (the tick's
+    scan turns that line into an alert: a resume that did not happen is loud)."""
+    globs = _globs(run, "checkpoint")
+    if not globs:
+        return None
+    found = newest_checkpoint(run_dir, run)
+    if found is not None:
+        return "gpuq: resuming from checkpoint %s" % os.path.relpath(found, run_dir)
+    if attempt > 1:
+        return "%s %s in the run dir" % (FROM_SCRATCH, json.dumps(globs))
+    return None
 
 
 DATA_TREE_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -103,9 +114,11 @@ def data_paths(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
 
 
 def reserved_names(run: dict[str, Any] | None) -> set[str]:
-    """Top-level names never linked: the first path component of each outputs/checkpoint glob."""
+    """Top-level names never linked: the first path component of each outputs/checkpoint glob and
+    of the metrics setting (a trainer's log dir such as lightning_logs/ is the job's own)."""
     out = set()
-    for pattern in _globs(run, "outputs") + _globs(run, "checkpoint"):
+    metrics = [m for m in _globs(run, "metrics") if m != "log"]
+    for pattern in _globs(run, "outputs") + _globs(run, "checkpoint") + metrics:
         path = pattern.replace("\\", "/")
         while path.startswith("./") or path.startswith("/"):  # "./x" and "/x" name x; ".cache" stays .cache
             path = path[2:] if path.startswith("./") else path[1:]
@@ -194,6 +207,10 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
     })
     if launch.get("master_port"):
         env["MASTER_PORT"] = str(launch["master_port"])
+    # Rich (Lightning's default progress bar when rich is installed) draws nothing into a file until
+    # the bar ends; TTY_COMPATIBLE=1 makes it redraw into the log as it goes, so the log shows progress
+    # and grows while the trainer works (docs/your-project.md).  The project's [run] env may say otherwise.
+    env.setdefault("TTY_COMPATIBLE", "1")
     # torchrun SIGKILLs its workers 30 s after relaying a SIGTERM unless told otherwise: never
     # before the wrapper's own kill_grace_s (a torch that ignores this keeps 30 s, and the
     # payload then counts on 30 s at most)

@@ -35,16 +35,17 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 from typing import Any
 
+import gpuq_own
 import gpuq_protocol as P
 from gpuq_files import Layout, atomic_write, read_json, spec_attempt, utc
 from gpuq_inbox import JOB_ID_RE, job_spec, project_summary
-from gpuq_observe import matching_files, newest_checkpoint, safe_globs, spec_run
+from gpuq_observe import safe_globs, spec_run
 
-SAFE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 CHUNK = 1 << 20
 
 
@@ -53,8 +54,9 @@ class Refused(Exception):
 
 
 def _safe(name: str, where: str) -> None:
-    if not SAFE_NAME_RE.match(name) or name in (".", ".."):
-        raise Refused("unsafe name %r in %s (allowed: [A-Za-z0-9._-])" % (name, where))
+    why = gpuq_own.name_problem(name)
+    if why is not None:
+        raise Refused("unsafe name %r in %s: %s" % (name[:120], where, why))
 
 
 def _no_link(path: str, what: str) -> None:
@@ -157,9 +159,12 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
 
 def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
     """A project's own trainer (spec "run"): result/** when any (its summary, written now from its
-    metrics), every real file under run/ an ``outputs`` glob matches, the metrics file, and
-    ckpt/best.pt only when present.  Symlinks are never followed or shipped; ``*.tmp`` files and
-    names outside [A-Za-z0-9._-] are left out (the transfer refuses such paths)."""
+    metrics), everything of the job's own that an ``outputs`` or ``checkpoint`` glob matches under run/
+    (gpuq_own: real files, links to its own files as those files, every file of a matched directory),
+    the metrics file, and ckpt/best.pt only when present.  Links into the project are not the job's;
+    ``*.tmp`` files are interrupted writes.  Anything else the globs match that cannot travel (an unsafe
+    name, a link out of the run dir, a FIFO) refuses the whole manifest, naming it: a pull never leaves
+    a file behind in silence."""
     jdir = lay.job(job_id)
     project_summary(lay.root, job_id, spec, write=True)
     files: list[dict[str, Any]] = []
@@ -167,15 +172,27 @@ def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, An
         files.extend(_result_files(jdir))
     run_dir = lay.job(job_id, P.RUN_DIR)
     _no_link(run_dir, P.RUN_DIR + "/")
-    globs = safe_globs(run.get("outputs"))
+    globs = safe_globs(run.get("outputs")) + safe_globs(run.get("checkpoint"))
     metrics = run.get("metrics")
     if isinstance(metrics, str) and metrics not in ("", "log"):
-        globs += [g for g in safe_globs([metrics]) if not any(c in g for c in "*?[")]
-    for rel, _st in matching_files(run_dir, globs):
-        if rel.endswith(".tmp") or not all(SAFE_NAME_RE.match(part) and part not in (".", "..")
-                                           for part in rel.split("/")):
-            continue  # an interrupted write, or a name the transfer refuses
-        files.append(_hash_regular(os.path.join(run_dir, *rel.split("/")), P.RUN_DIR + "/" + rel))
+        globs += safe_globs([metrics])  # a path or a glob (lightning_logs/version_*/metrics.csv)
+    found, refused = gpuq_own.scan(run_dir, globs, bundles=lay.p(P.BUNDLES_DIR))
+    chosen: dict[str, str] = {}
+    for item in found:
+        inner = gpuq_own.dir_files(item.real) if item.kind == "dir" else [("", item.real)]
+        for sub, full in inner:
+            rel = item.rel + "/" + sub if sub else item.rel
+            why = gpuq_own.path_problem(rel)
+            if why is not None:
+                refused.append((rel, why))
+            elif not rel.endswith(".tmp"):  # an interrupted write, never a result
+                chosen[rel] = full
+    if refused:
+        listed = "; ".join("%r: %s" % (rel[:120], why) for rel, why in refused[:5])
+        raise Refused("%d path(s) that [run] outputs/checkpoint match cannot travel: %s%s (rename them, or "
+                      "narrow the globs)" % (len(refused), listed, " ..." if len(refused) > 5 else ""))
+    for rel in sorted(chosen):
+        files.append(_hash_regular(chosen[rel], P.RUN_DIR + "/" + rel))
     best = lay.job(job_id, P.CKPT_DIR, P.BEST_CKPT)
     if os.path.isfile(best) and not os.path.islink(best):
         files.append(_hash_regular(best, "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT)))
@@ -303,30 +320,37 @@ def _copy_stable(src: str, dst: str, rel: str) -> dict[str, Any]:
 
 
 def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
-    """A project's own checkpoint (spec ``run.checkpoint`` globs): COPY the newest matching real file
-    under run/ to ckpt/.ship.pt and print {"file": "run/<rel>", "sha256", "bytes", "mtime", "step": null,
-    "snapshot"}.  A copy, not a hard link: a trainer that saves with ``torch.save(state, "snapshot.pt")``
-    rewrites the same inode in place, and a link would change under the controller's transfer.  A file
-    written while it is copied is copied again (up to 5 times)."""
+    """A project's own checkpoint (spec ``run.checkpoint`` globs, gpuq_own): COPY the job's newest own
+    checkpoint under run/ to ckpt/.ship.pt and print {"file": "run/<rel>", "sha256", "bytes", "mtime",
+    "step": null, "snapshot"}.  A copy, not a hard link: a trainer that saves with ``torch.save(state,
+    "snapshot.pt")`` rewrites the same inode in place, and a link would change under the controller's
+    transfer.  A complete checkpoint directory (settled for gpuq_own.SETTLE_S) is copied file by file to
+    ckpt/.ship.d/ and printed with ``"dir": true``, its ``files`` [{"path", "bytes", "sha256"}] and as
+    ``sha256`` their tree hash (gpuq_own.tree_sha256).  What changes while it is copied is copied again
+    (up to 5 times)."""
     run_dir = lay.job(job_id, P.RUN_DIR)
     ckpt = lay.job(job_id, P.CKPT_DIR)
     tmp = os.path.join(ckpt, SHIP_SNAPSHOT + ".copy")
     for _ in range(5):
-        newest = newest_checkpoint(run_dir, run.get("checkpoint"))
+        newest = gpuq_own.newest_checkpoint(run_dir, run.get("checkpoint"), settle_s=gpuq_own.SETTLE_S)
         if newest is None:
-            print("gpuq snapshot: nothing under %s matches the checkpoint globs %r"
+            print("gpuq snapshot: nothing of the job's own under %s matches the checkpoint globs %r"
                   % (run_dir, run.get("checkpoint")), file=sys.stderr)
             return 1
-        rel = newest[0]
+        rel = newest.rel
         try:
             os.makedirs(ckpt, exist_ok=True)
-            entry = _copy_stable(os.path.join(run_dir, *rel.split("/")), tmp, rel)
+            if newest.kind == "dir":
+                doc = _copy_dir(newest, os.path.join(ckpt, SHIP_DIR))
+            else:
+                entry = _copy_stable(newest.real, tmp, rel)
+                os.replace(tmp, os.path.join(ckpt, SHIP_SNAPSHOT))
+                doc = {"sha256": entry["sha256"], "bytes": entry["bytes"], "mtime": entry["mtime"],
+                       "snapshot": P.CKPT_DIR + "/" + SHIP_SNAPSHOT}
         except (FileNotFoundError, Refused):
             continue
-        os.replace(tmp, os.path.join(ckpt, SHIP_SNAPSHOT))
-        print(json.dumps({"file": P.RUN_DIR + "/" + rel, "sha256": entry["sha256"], "bytes": entry["bytes"],
-                          "mtime": entry["mtime"], "step": None,
-                          "snapshot": P.CKPT_DIR + "/" + SHIP_SNAPSHOT}, sort_keys=True))
+        doc.update(file=P.RUN_DIR + "/" + rel, step=None)
+        print(json.dumps(doc, sort_keys=True))
         return 0
     try:
         os.unlink(tmp)
@@ -335,3 +359,32 @@ def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
     print("gpuq snapshot: the checkpoint kept changing under %s; the next tick tries again" % run_dir,
           file=sys.stderr)
     return 1
+
+
+SHIP_DIR = ".ship.d"  # ckpt/.ship.d/: the private copy of a checkpoint directory
+
+
+def _copy_dir(found: Any, target: str) -> dict[str, Any]:
+    """Copy a complete checkpoint directory file by file to ``target`` (replaced whole); Refused when
+    it changed meanwhile (a file rewritten, added or removed, or it no longer counts as complete)."""
+    staging = target + ".copy"
+    for path in (staging, target):
+        if os.path.lexists(path):
+            shutil.rmtree(path)
+    before = gpuq_own.dir_files(found.real)
+    entries = []
+    for sub, full in before:
+        why = gpuq_own.path_problem(sub)
+        if why is not None:
+            raise Refused("%r in %s: %s" % (sub[:120], found.rel, why))
+        dst = os.path.join(staging, *sub.split("/"))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        entry = _copy_stable(full, dst, sub)
+        entries.append({"path": sub, "bytes": entry["bytes"], "sha256": entry["sha256"]})
+    if gpuq_own.dir_files(found.real) != before or gpuq_own.dir_problem(found.real) is not None:
+        shutil.rmtree(staging)
+        raise Refused("%s changed while it was copied" % found.rel)
+    os.replace(staging, target)
+    return {"dir": True, "files": entries, "sha256": gpuq_own.tree_sha256(entries),
+            "bytes": sum(e["bytes"] for e in entries), "mtime": found.mtime,
+            "snapshot": P.CKPT_DIR + "/" + SHIP_DIR}

@@ -1,5 +1,6 @@
 """What the agent sees of a trainer that does not follow gpuq's payload contract: its progress in
-the log, and the files its ``run`` globs (checkpoint, outputs) match in the job's run dir.
+the log, and the glob rule its ``run`` globs (checkpoint, outputs) are matched with (gpuq_own.py
+decides what they match: the job's own files).
 
 Everything here is read-only and bounded: a probe reads at most PROGRESS_TAIL_BYTES of a log and
 walks at most MAX_WALK_ENTRIES entries of a run dir, so ``status --json`` stays fast with 100 jobs.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterator
+from typing import Any
 
 import gpuq_protocol as P
 
@@ -23,6 +24,9 @@ LINE_SHOWN_CHARS = 200
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 TQDM = re.compile(r"(?:\|\s*|^\s*)(\d+)/(\d+)\s*\[")  # " 12%|###   | 12/100 [00:01<00:09, ...]"
+RICH = re.compile("[\u2501\u2578\u257a\u2500]\\s+(\\d+)/(\\d+)\\b")  # Lightning's Rich bar: "━━━╸━━ 12/50 0:00:01"
+# gpuq's own lines in a job's log (the wrapper's header, its notes): never the trainer's last line
+OWN_LINE = re.compile(r"^(?:=== gpuq\b.*===\s*$|gpuq: )")
 EPOCH = re.compile(r"\bepoch\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
 STEP = re.compile(r"\b(?:global_)?step\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
 LOSS = re.compile(r"\b(?:train_)?loss\b\s*[:=]?\s*(" + _NUM + r")\b", re.IGNORECASE)
@@ -58,8 +62,13 @@ def clean_line(line: str) -> str:
 
 
 def _lines(text: str) -> list[str]:
-    """Log lines, newest last; tqdm's carriage-return redraws count as lines."""
-    return [ln[-MAX_LINE_CHARS:] for ln in re.split(r"[\r\n]+", text) if ln.strip()]
+    """The trainer's log lines, newest last; tqdm's carriage-return redraws count as lines; gpuq's
+    own lines (the wrapper's header) are left out."""
+    out = []
+    for ln in re.split(r"[\r\n]+", text):
+        if ln.strip() and not OWN_LINE.match(_ANSI.sub("", ln).strip()):
+            out.append(ln[-MAX_LINE_CHARS:])
+    return out
 
 
 def _to_int(value: Any) -> int | None:
@@ -111,7 +120,7 @@ def _from_patterns(lines: list[str]) -> tuple[dict[str, Any], str | None]:
     source = None
     for line in reversed(lines):
         if "step" not in found:
-            m = TQDM.search(line)
+            m = TQDM.search(line) or RICH.search(_ANSI.sub("", line))
             if m is not None:
                 found["step"], found["total"] = m.group(1), m.group(2)
                 source = source or "tqdm"
@@ -123,7 +132,7 @@ def _from_patterns(lines: list[str]) -> tuple[dict[str, Any], str | None]:
                     found["total"] = m.group(2)
                 source = source or "pattern"
         if "epoch" not in found:
-            m = EPOCH.search(line)
+            m = EPOCH.search(_ANSI.sub("", line))
             if m is not None:
                 found["epoch"] = m.group(1)
                 if m.group(2) is not None:
@@ -173,7 +182,7 @@ def job_progress(log_path: str, pattern: Any = None) -> dict[str, Any] | None:
 # --- the run dir's globs ----------------------------------------------------------------
 
 
-def _glob_regex(pattern: str) -> Any:
+def glob_regex(pattern: str) -> Any:
     """A POSIX glob relative to the run dir as a regex: ``*`` and ``?`` stay inside one path
     component, ``**`` spans any number of them (``a/**`` = everything under a/)."""
     out = []
@@ -225,62 +234,6 @@ def safe_globs(globs: Any) -> list[str]:
             continue
         out.append(g)
     return out
-
-
-def walk_real_files(top: str, limit: int = MAX_WALK_ENTRIES,
-                    descend: bool = True) -> Iterator[tuple[str, os.stat_result]]:
-    """(POSIX path relative to ``top``, lstat) of every regular file under ``top``, never through a
-    symlink, sorted, at most ``limit`` directory entries looked at."""
-    seen = 0
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        try:
-            with os.scandir(os.path.join(top, rel_dir) if rel_dir else top) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue
-        subdirs = []
-        for entry in entries:
-            seen += 1
-            if seen > limit:
-                return
-            rel = rel_dir + "/" + entry.name if rel_dir else entry.name
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if entry.is_symlink():
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                if descend:
-                    subdirs.append(rel)
-            elif entry.is_file(follow_symlinks=False):
-                yield rel, st
-        stack.extend(reversed(subdirs))
-
-
-def matching_files(run_dir: str, globs: Any) -> list[tuple[str, os.stat_result]]:
-    """Real files under ``run_dir`` whose relative POSIX path matches one of ``globs``."""
-    pats = safe_globs(globs)
-    if not pats or os.path.islink(run_dir) or not os.path.isdir(run_dir):
-        return []
-    rxs = [_glob_regex(g) for g in pats]
-    # a glob without "/" or "**" only looks at the top level: no need to walk the whole tree
-    deep = any("/" in g or "**" in g for g in pats)
-    out = []
-    for rel, st in walk_real_files(run_dir, descend=deep):
-        if any(rx.match(rel) for rx in rxs):
-            out.append((rel, st))
-    return out
-
-
-def newest_checkpoint(run_dir: str, globs: Any) -> tuple[str, os.stat_result] | None:
-    """The newest (mtime, then name) real file matching the checkpoint globs, or None."""
-    found = matching_files(run_dir, globs)
-    if not found:
-        return None
-    return max(found, key=lambda f: (f[1].st_mtime, f[0]))
 
 
 def spec_run(spec: Any) -> dict[str, Any] | None:

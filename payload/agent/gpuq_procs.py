@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from typing import Any
 
@@ -100,6 +101,43 @@ def descendants(pid: int) -> list[int]:
                     out.append(int(child))
                     todo.append(int(child))
     return out
+
+
+_CLD_SIGNALED = (2, 3)  # CLD_KILLED, CLD_DUMPED (os.CLD_* only from Python 3.9)
+
+
+def signaled_children(exclude: Any = ()) -> list:
+    """[(pid, signal)] of this process's unreaped children (orphans a subreaper inherited included) that
+    died of a signal.  Peeked with WNOWAIT: they stay for the reaper.  [] where /proc or waitid is missing."""
+    me = os.getpid()
+    out = []
+    try:
+        tids = os.listdir("/proc/%d/task" % me)
+    except OSError:
+        return out
+    for tid in tids:
+        for child in (read_text("/proc/%d/task/%s/children" % (me, tid)) or "").split():
+            pid = int(child) if child.isdigit() else 0
+            st = proc_stat(pid) if pid and pid not in exclude else None
+            if not st or st[0] != "Z":
+                continue
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except (OSError, AttributeError):
+                continue
+            if info is not None and info.si_code in _CLD_SIGNALED:
+                out.append((pid, info.si_status))
+    return sorted(set(out))
+
+
+def dead_rank_line(pid: int, sig: int) -> str:
+    """The wrapper's log line for a process of the trainer that died of a signal before it, in torchrun's
+    words ("Signal 9 (SIGKILL) received by PID 7"), so the log scan's rank signatures see it."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = "SIG%d" % sig
+    return "gpuq: process %d of the trainer died before it: Signal %d (%s) received by PID %d" % (pid, sig, name, pid)
 
 
 def group_alive(rec: Any) -> bool:

@@ -1,10 +1,13 @@
 """A summary of a project's own metrics, in the shape of the payload's ``result/summary.json``:
 {"metric", "mode", "final": {..row.., "step"}, "best": {..row..}, "steps", "source"}.
 
-Sources (spec ``run.metrics``): a CSV file with a header in the run dir (as Lightning's CSVLogger
-writes it: rows may leave cells empty; a step and/or epoch column), a JSON-lines file, or "log":
-the named groups of ``run.metrics_regex`` over the attempts' job.log files.  At most
-MAX_METRICS_BYTES are read (a bigger file: its header and its newest bytes).  ``final`` is the last
+Sources (spec ``run.metrics``): CSV files with a header in the run dir (as Lightning's CSVLogger
+writes them: rows may leave cells empty; a step and/or epoch column) or JSON-lines files, named by a
+path or a glob (``lightning_logs/version_*/metrics.csv``, ``outputs/*/*/metrics.csv``), or "log": the
+named groups of ``run.metrics_regex`` over the attempts' job.log files.  Every source is read in the
+order the trainer wrote it and merged into one series (``merge_runs``: the rows of steps a resumed
+run trains again replace the earlier ones).  At most MAX_METRICS_BYTES are read in all (a bigger
+file: its header and its newest bytes).  ``final`` is the last
 row that has the metric; ``best`` the best finite value by ``mode``; non-numeric and NaN values never
 win.
 
@@ -24,6 +27,7 @@ import stat
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_own
 from gpuq_observe import safe_globs
 
 MAX_METRICS_BYTES = 64 * 1024 * 1024
@@ -193,45 +197,191 @@ def payload_curves(job_dir: str, metric: str) -> dict[str, list[list[float]]]:
     return curves(jsonl_rows(head, body), metric)
 
 
-def _safe_rel(path: str) -> str | None:
-    globs = safe_globs([path])
-    return globs[0] if globs and not any(c in globs[0] for c in "*?[") else None
+MAX_METRICS_FILES = 64  # files a metrics glob may merge (the newest kept)
+_STEP_KEYS = ("step", "global_step", "trainer/global_step")
+
+
+def _position(row: dict[str, Any]) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
+    """Where a row sits in training: (the keys present, their values) of epoch and step, or None.
+    Rows are compared only with rows that have the same keys (a step within an epoch, a global
+    step, an epoch alone)."""
+    keys, values = [], []
+    e = number(row.get("epoch"))
+    if e is not None and math.isfinite(e):
+        keys.append("epoch")
+        values.append(e)
+    for key in _STEP_KEYS:
+        s = number(row.get(key))
+        if s is not None and math.isfinite(s):
+            keys.append("step")
+            values.append(s)
+            break
+    return (tuple(keys), tuple(values)) if keys else None
+
+
+def _drop_from(rows: list[dict[str, Any]], where: tuple[tuple[str, ...], tuple[float, ...]]) -> list[dict[str, Any]]:
+    """``rows`` without those at or after ``where`` (same keys only): the steps a run trains again."""
+    kept = []
+    for row in rows:
+        pos = _position(row)
+        if pos is not None and pos[0] == where[0] and pos[1] >= where[1]:
+            continue
+        kept.append(row)
+    return kept
+
+
+def merge_runs(sources: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One series from the rows of every run of a job, oldest source first (an attempt's log, a
+    Lightning ``version_N``, a Hydra dated dir).  A run that trains steps again replaces what earlier
+    rows said of them: rows from a later source, or a row whose step goes back within one file (a
+    trainer that appends to the same file after a resume), drop the earlier rows at or after their
+    own first step.  Rows without an epoch or step are kept as they come."""
+    merged: list[dict[str, Any]] = []
+    for rows in sources:
+        first = True
+        high: dict[tuple[str, ...], tuple[float, ...]] = {}
+        for row in rows:
+            pos = _position(row)
+            if pos is not None:
+                keys, values = pos
+                if first or (keys in high and values < high[keys]):
+                    merged = _drop_from(merged, pos)
+                    high = {}
+                first = False
+                high[keys] = max(high.get(keys, values), values)
+            merged.append(row)
+    return merged
+
+
+def _launch_times(job_dir: str, attempt: int) -> list[float]:
+    """When each attempt 1..attempt started (its launch.json's time; 0 when unknown)."""
+    out = []
+    for n in range(1, max(1, attempt) + 1):
+        try:
+            with open(os.path.join(job_dir, P.ATTEMPTS_DIR, str(n), P.LAUNCH_FILE), "rb") as f:
+                t = number(json.loads(f.read(65536).decode("utf-8", "replace")).get("time"))
+        except (OSError, ValueError, AttributeError):
+            t = None
+        out.append(t if t is not None and math.isfinite(t) else 0.0)
+    return out
+
+
+def metrics_files(job_dir: str, pattern: str, attempt: int) -> list[tuple[str, float]]:
+    """(path under run/, mtime) of the real files under run/ that the ``metrics`` setting (a path or a glob) matches, in the
+    order the trainer wrote them: by the attempt that wrote each (the last one started before its
+    mtime), then mtime, then name; at most MAX_METRICS_FILES, the newest kept."""
+    own, _refused = gpuq_own.scan(os.path.join(job_dir, P.RUN_DIR), [pattern])
+    found = [(f.rel, f.mtime) for f in own if f.kind == "file"]  # never through a link (gpuq_own.py)
+    starts = _launch_times(job_dir, attempt)
+
+    def written_by(mtime: float) -> int:
+        return max([n for n, t in enumerate(starts, 1) if t <= mtime] or [0])
+
+    found.sort(key=lambda f: (written_by(f[1]), f[1], f[0]))
+    return found[-MAX_METRICS_FILES:]
+
+
+def _file_rows(path: str, rel: str, budget: int) -> tuple[list[dict[str, Any]], int]:
+    head, body = _read_bounded(path, budget)
+    is_json = rel.endswith((".jsonl", ".json", ".ndjson")) or head.lstrip().startswith("{")
+    return (jsonl_rows(head, body) if is_json else csv_rows(head, body)), len(head) + len(body)
+
+
+def file_sources(job_dir: str, pattern: str, attempt: int) -> tuple[list[list[dict[str, Any]]], int]:
+    """(rows of each matching file, oldest first; how many files matched), within MAX_METRICS_BYTES
+    in all: the newest files are read first."""
+    files = metrics_files(job_dir, pattern, attempt)
+    sources: list[list[dict[str, Any]]] = []
+    budget = MAX_METRICS_BYTES
+    for rel, _st in reversed(files):
+        if budget <= 0:
+            break
+        try:
+            rows, used = _file_rows(os.path.join(job_dir, P.RUN_DIR, rel), rel, budget)
+        except OSError:
+            continue
+        budget -= used
+        sources.insert(0, rows)
+    return sources, len(files)
+
+
+def log_sources(job_dir: str, run: dict[str, Any], attempt: int) -> list[list[dict[str, Any]]]:
+    """The rows of ``metrics_regex`` over each attempt's job.log, oldest attempt first, within budget."""
+    sources: list[list[dict[str, Any]]] = []
+    budget = MAX_METRICS_BYTES
+    for n in range(max(1, attempt), 0, -1):  # the newest attempts first, within the budget
+        if budget <= 0:
+            break
+        try:
+            head, body = _read_bounded(os.path.join(job_dir, P.ATTEMPTS_DIR, str(n), P.JOB_LOG), budget)
+        except OSError:
+            continue
+        budget -= len(head) + len(body)
+        sources.insert(0, log_rows([head + "\n" + body], str(run.get("metrics_regex") or "")))
+    return sources
 
 
 def run_summary(job_dir: str, run: dict[str, Any], attempt: int) -> dict[str, Any] | None:
-    """The summary of a job whose spec has ``run.metrics``, or None (no metrics, no rows)."""
+    """The summary of a job whose spec has ``run.metrics`` (None without it, or with an unsafe path).
+    It always says what was read: ``files`` (how many files the setting matched; attempts' logs for
+    "log") and ``rows``; ``final`` and ``best`` are null when no row has the metric."""
     metrics = run.get("metrics")
     if not isinstance(metrics, str) or not metrics:
         return None
-    metric = run.get("metric") or "val_acc"
+    metric = str(run.get("metric") or "val_acc")
     mode = "min" if run.get("mode") == "min" else "max"
     if metrics == "log":
-        texts = []
-        budget = MAX_METRICS_BYTES
-        for n in range(max(1, attempt), 0, -1):  # the newest attempts first, within the budget
-            if budget <= 0:
-                break
-            try:
-                head, body = _read_bounded(os.path.join(job_dir, P.ATTEMPTS_DIR, str(n), P.JOB_LOG), budget)
-            except OSError:
-                continue
-            budget -= len(head) + len(body)
-            texts.insert(0, head + "\n" + body)
-        rows = log_rows(texts, str(run.get("metrics_regex") or ""))
-        source = "log"
+        sources = log_sources(job_dir, run, attempt)
+        files, source = sum(1 for rows in sources if rows), "log"
     else:
-        rel = _safe_rel(metrics)
-        if rel is None:
+        globs = safe_globs([metrics])
+        if not globs:
             return None
-        try:
-            head, body = _read_bounded(os.path.join(job_dir, P.RUN_DIR, rel))
-        except OSError:
-            return None
-        is_json = rel.endswith((".jsonl", ".json", ".ndjson")) or head.lstrip().startswith("{")
-        rows = jsonl_rows(head, body) if is_json else csv_rows(head, body)
-        source = P.RUN_DIR + "/" + rel
-    out = summarize(rows, str(metric), mode)
-    if out is not None:
-        out["source"] = source
-        out["curves"] = curves(rows, str(metric))
+        sources, files = file_sources(job_dir, globs[0], attempt)
+        source = P.RUN_DIR + "/" + globs[0]
+    rows = merge_runs(sources)
+    out = summarize(rows, metric, mode) or {"metric": metric, "mode": mode, "final": None, "best": None,
+                                            "steps": 0, "rows": len(rows)}
+    out["source"] = source
+    out["files"] = files
+    out["curves"] = curves(rows, metric)
     return out
+
+
+def _last(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> float | None:
+    for row in reversed(rows):
+        for key in keys:
+            v = number(row.get(key))
+            if v is not None and math.isfinite(v):
+                return v
+    return None
+
+
+def metrics_progress(job_dir: str, run: dict[str, Any], attempt: int, rows_too: bool = True,
+                     tail: int = 64 * 1024) -> tuple[float | None, dict[str, Any] | None]:
+    """For the status probe of a running job whose ``metrics`` names files: (the newest mtime among
+    them, a sign of life; with ``rows_too``, progress from the newest file's last rows: step, epoch,
+    loss).  Bounded: one capped walk and the newest file's header and last ``tail`` bytes."""
+    metrics = run.get("metrics")
+    globs = safe_globs([metrics]) if isinstance(metrics, str) and metrics != "log" else []
+    if not globs:
+        return None, None
+    files = metrics_files(job_dir, globs[0], attempt)
+    if not files:
+        return None, None
+    rel, newest = files[-1]
+    if not rows_too:
+        return newest, None
+    try:
+        rows, _ = _file_rows(os.path.join(job_dir, P.RUN_DIR, rel), rel, tail)
+    except OSError:
+        return newest, None
+    step = _last(rows, _STEP_KEYS)
+    epoch = _last(rows, ("epoch",))
+    loss_keys = tuple(k for k in ("train_loss", "loss", "train/loss", "train_loss_step", "train_loss_epoch")
+                      if any(k in r for r in rows))
+    loss = _last(rows, loss_keys) if loss_keys else None
+    if step is None and epoch is None:
+        return newest, None
+    return newest, {"step": None if step is None else int(step), "epoch": None if epoch is None else int(epoch),
+                      "loss": loss, "source": "metrics"}

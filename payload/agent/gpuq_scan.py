@@ -8,6 +8,7 @@ scanned job's status entry then carries::
     "scan": {"attempt", "log_from", "log_to", "log_skipped", "hits": [{"signature", "line"}],
              "traceback": [up to 50 lines of the first new traceback],
              "resumed": {"step", "epoch", "sha256"} (only when a GPUQ_RESUMED line is among the new bytes),
+             "from_scratch": "why" (only when the wrapper's "restarted from scratch" line is among them),
              "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}]}
 
 ``log_to``/``metrics_to`` are the offsets to store for the next tick.  A log that shrank (rotated,
@@ -53,6 +54,8 @@ SIGNATURES = (
 )
 # the last line of a traceback names the exception: the patrol classifies by it
 STOPPED = re.compile(r"\b(SignalException|KeyboardInterrupt)\b")
+# the wrapper's own line when a retry found no checkpoint to pass (gpuq_launch.resume_note)
+FROM_SCRATCH = re.compile(r"^gpuq: restarted from scratch: (.{0,300})")
 RESUMED = re.compile(r"GPUQ_RESUMED step=(\d+)(?: epoch=(\d+))?(?: sha256=([0-9a-f]+))?")
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyError|StopIteration)\b")
 
@@ -98,6 +101,7 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
     hits: list[dict[str, str]] = []
     traceback: list[str] = []
     resumed: dict[str, Any] | None = None
+    scratch: str | None = None
     in_tb = False
     for raw in data.decode("utf-8", "replace").splitlines():
         line = raw.rstrip("\r")
@@ -106,6 +110,9 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
             resumed = {"step": int(marker.group(1)),
                        "epoch": int(marker.group(2)) if marker.group(2) is not None else None,
                        "sha256": marker.group(3)}
+        fresh = FROM_SCRATCH.match(line) if scratch is None else None
+        if fresh is not None:
+            scratch = fresh.group(1)
         if in_tb:
             traceback.append(line[:400])
             if EXCEPTION_LINE.match(line) or len(traceback) >= MAX_TRACEBACK_LINES:
@@ -125,6 +132,8 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
                            "traceback": traceback}
     if resumed is not None:
         out["resumed"] = resumed  # the payload's proof of what it loaded (docs/checkpoints.md)
+    if scratch is not None:
+        out["from_scratch"] = scratch  # a retry that found no checkpoint to resume from
     return out
 
 

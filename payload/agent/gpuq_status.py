@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+import gpuq_own
 import gpuq_protocol as P
 import gpuq_secrets
 import gpuq_slurm
@@ -28,8 +29,9 @@ from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_att
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_inbox import collect_one
 from gpuq_kernel import kernel_section
-from gpuq_observe import job_progress, newest_checkpoint, spec_run
+from gpuq_observe import job_progress, spec_run
 from gpuq_procs import boot_id, group_alive, leader_alive
+from gpuq_runmetrics import metrics_progress
 from gpuq_scan import parse_scan_args, scan_job
 
 LAUNCH_PGID_GRACE_S = 10.0  # launched, pgid not yet written: still "claimed" (launching) this long
@@ -51,7 +53,7 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
                          "attempt": n, "state": None, "slots": None, "pgid": None, "group_alive": None,
                          "launched_at": None, "exit": None, "heartbeat": None, "heartbeat_age_s": None,
                          "log_bytes": None, "log_mtime": None, "ckpt": None, "progress": None,
-                         "run_ckpt_mtime": None, "gpu_util_pct": None,
+                         "run_ckpt_mtime": None, "run_metrics_mtime": None, "gpu_util_pct": None,
                          "cancel_requested": os.path.exists(lay.job(job_id, P.CANCEL_FILE))}
     if where == P.INBOX_DIR:
         e["state"] = "queued"
@@ -100,10 +102,27 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float) -> dict[str, Any
         run = spec_run(spec) or {}
         if e["log_bytes"]:
             e["progress"] = job_progress(log_p, run.get("progress"))
+        observe_metrics(e, lay.job(job_id), run, n)
         if run.get("checkpoint"):
-            newest = newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.get("checkpoint"))
-            e["run_ckpt_mtime"] = newest[1].st_mtime if newest is not None else None
+            newest = gpuq_own.newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.get("checkpoint"))
+            e["run_ckpt_mtime"] = newest.mtime if newest is not None else None
     return e
+
+
+def observe_metrics(e: dict[str, Any], job_dir: str, run: dict[str, Any], attempt: int) -> None:
+    """A trainer's metrics files as signs of life ("run_metrics_mtime") and, when its log shows no
+    step or epoch (a Rich progress bar writes nothing to a file), as its progress."""
+    prog = e.get("progress")
+    shown = prog is not None and (prog.get("step") is not None or prog.get("epoch") is not None)
+    mtime_, rows = metrics_progress(job_dir, run, attempt, rows_too=not shown)
+    e["run_metrics_mtime"] = mtime_
+    if rows is None:
+        return
+    prog = dict(prog or {"total": None, "epochs": None, "pct": None, "line": None})
+    prog.update(step=rows["step"], epoch=rows["epoch"], source="metrics")
+    if prog.get("loss") is None:
+        prog["loss"] = rows["loss"]
+    e["progress"] = prog
 
 
 HOST_TEXT = ("exit", "progress", "scan", "heartbeat")  # what a job's own output or files can put in an entry

@@ -49,12 +49,21 @@ from gpuq_launch import (
     kill_grace,
     link_project,
     read_only_prefix,
+    resume_note,
     run_section,
     secrets_for,
     split_loader_env,
 )
 from gpuq_memwatch import sample_memory
-from gpuq_procs import become_subreaper, boot_id, descendants, group_members, start_ticks
+from gpuq_procs import (
+    become_subreaper,
+    boot_id,
+    dead_rank_line,
+    descendants,
+    group_members,
+    signaled_children,
+    start_ticks,
+)
 from gpuq_setup import project_root, run_setup
 
 
@@ -305,6 +314,9 @@ class Wrapper:
         log_path = os.path.join(self.adir, P.JOB_LOG)
         if why:
             append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
+        note = resume_note(run_dir, run_section(spec), self.attempt)
+        if note:
+            append_line(log_path, note)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
                 self.job_id, self.attempt, spec.get("name", ""), utc(), run_dir,
@@ -322,6 +334,8 @@ class Wrapper:
         sampler.daemon = True
         sampler.start()
         rc = self._supervise(self.trainer)
+        if rc != 0 and self.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
+            self._report_dead_ranks(log_path)
         self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
         self.done.set()
         return self._trainer_verdict(rc)
@@ -347,6 +361,15 @@ class Wrapper:
                 return int(trainer.wait(timeout=0.2))
             except subprocess.TimeoutExpired:
                 continue
+
+    def _report_dead_ranks(self, log_path: str) -> None:
+        """A process the trainer started that died of a signal before it (a rank Lightning or another
+        framework spawned, kill -9'd; the survivor then fails on the lost peer): say so in the log, in
+        torchrun's own words, so the attempt is classed by that death (docs/health.md).  Only orphans the
+        wrapper inherited as a subreaper are seen, and only before gpuq's own kill below."""
+        trainer = self.trainer
+        for pid, sig in signaled_children({trainer.pid} if trainer is not None else ()):
+            append_line(log_path, dead_rank_line(pid, sig))
 
     def _trainer_verdict(self, rc: int) -> int | None:
         """None when the trainer exited 0, else the attempt's end as the trainer's status says it."""

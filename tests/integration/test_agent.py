@@ -419,7 +419,8 @@ def test_status_shape_and_states(host: Host) -> None:
     job = st["jobs"][0]
     assert set(job) == {"job_id", "name", "queue_id", "attempt", "state", "slots", "pgid", "group_alive",
                         "launched_at", "exit", "heartbeat", "heartbeat_age_s", "log_bytes", "log_mtime",
-                        "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "gpu_util_pct"}
+                        "ckpt", "cancel_requested", "progress", "run_ckpt_mtime", "run_metrics_mtime",
+                        "gpu_util_pct"}
     assert (job["job_id"], job["state"], job["name"]) == (queued["job_id"], "queued", "q")
     # 100 exited jobs with checkpoints and heartbeats: every one reported with its state
     for i in range(100):

@@ -70,7 +70,7 @@ def test_every_unsafe_job_fails_closed_alone(root: Path) -> None:
     finished_job(root, "cgood")
     finished_job(root, "clink")
     os.symlink("../ckpt/best.pt", root / "jobs" / "clink" / "result" / "alias.pt")
-    finished_job(root, "cname", extra={"result/bad name.txt": b"x"})
+    finished_job(root, "cname", extra={"result/bad\x1bname.txt": b"x"})  # a control character (a space is fine)
     finished_job(root, "cnobest")
     (root / "jobs" / "cnobest" / "ckpt" / "best.pt").unlink()
     finished_job(root, "cnometrics")
@@ -89,7 +89,7 @@ def test_every_unsafe_job_fails_closed_alone(root: Path) -> None:
     assert code == 0, err  # one manifest was built
     assert set(doc["cgood"]) >= {"manifest", "sha256", "files", "bytes"}
     expected = {
-        "clink": "symlink", "cname": "unsafe name 'bad name.txt'", "cnobest": "best checkpoint",
+        "clink": "symlink", "cname": "unsafe name 'bad\\x1bname.txt'", "cnobest": "best checkpoint",
         "cnometrics": "metrics.jsonl is missing", "cfailed": "exited 4, not 0", "cswapped": "changed after the wrapper",
         "crunning": "no exit record", "clinkdir": "symlink", "cfifo": "not a regular file",
         "cnothere": "no job directory",

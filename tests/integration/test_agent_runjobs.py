@@ -75,23 +75,93 @@ def test_manifest_of_a_project_job_lists_outputs_metrics_summary_and_evidence(ro
     elsewhere = root.parent / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "secret.txt").write_text("not the job's")
-    (jdir / "run" / "outputs" / "linked").symlink_to(elsewhere)  # a symlinked dir is never walked
-    (jdir / "run" / "outputs" / "bad name.txt").write_text("left out: the transfer refuses such names")
+    (jdir / "run" / "outputs" / "ckpt dir").mkdir()
+    (jdir / "run" / "outputs" / "ckpt dir" / "linked").symlink_to(elsewhere)  # a symlinked dir is never walked...
+    (jdir / "run" / "outputs" / "bad name.txt").write_text("a space is an ordinary character")
     (jdir / "run" / "outputs" / "model.txt.tmp").write_text("an interrupted write")
+    code, doc, err = agent(root, "manifest", "c000000000101")
+    # ...and a link out of the run dir that a glob matches is never left behind in silence
+    assert code == 1 and doc["c000000000101"]["error"] == (
+        "1 path(s) that [run] outputs/checkpoint match cannot travel: 'outputs/ckpt dir/linked': a link out of "
+        "the job's run dir (rename them, or narrow the globs)")
+    (jdir / "run" / "outputs" / "ckpt dir" / "linked").unlink()
     code, doc, err = agent(root, "manifest", "c000000000101")
     assert code == 0, err
     raw = Path(doc["c000000000101"]["manifest"]).read_bytes()
     parse_manifest(raw, job_id="c000000000101", required=())  # the controller's pull accepts it as it is
     man = json.loads(raw)
     paths = {f["path"] for f in man["files"]}
-    assert paths == {"run/outputs/model.txt", "run/outputs/plots/curve.png", "run/final.json",
-                     "run/logs/metrics.csv", "result/summary.json", "attempts/1/job.log", "attempts/1/exit.json"}
-    for entry in man["files"]:  # no best.pt required, no symlink, no scratch file
+    # the checkpoint (snapshot.pt) comes home too; a link to the job's own file as that file; the project's
+    # links (project_file.json) are not the job's
+    assert paths == {"run/outputs/model.txt", "run/outputs/plots/curve.png", "run/final.json", "run/snapshot.pt",
+                     "run/outputs/bad name.txt", "run/outputs/link.txt", "run/logs/metrics.csv",
+                     "result/summary.json", "attempts/1/job.log", "attempts/1/exit.json"}
+    for entry in man["files"]:  # no best.pt required, no scratch file
         data = (jdir / entry["path"]).read_bytes()
         assert entry["sha256"] == hashlib.sha256(data).hexdigest()
     summary = json.loads((jdir / "result" / "summary.json").read_text())
     assert summary["best"]["val_acc"] == 0.8 and summary["final"]["val_acc"] == 0.7
     assert summary["final"]["step"] == 29 and summary["metric"] == "val_acc"
+
+
+LIGHTNING_HF = {"command": ["train.py"], "launcher": "python", "outputs": ["lightning_logs/**"],
+                "checkpoint": ["**/last.ckpt", "out/checkpoint-*"]}
+
+
+def test_a_pull_brings_every_file_lightning_and_hf_write_or_names_what_it_refused(root: Path) -> None:
+    """Real names (``epoch=19-step=40.ckpt``, ``checkpoint-500/``, ``model.safetensors``) all come home; a link
+    the job made to its own file (``save_last: link``) as that file; a name that cannot travel refuses the
+    manifest, named, so the pull is never "verified" with a file left behind."""
+    jdir = run_job(root, "c000000000107", run=LIGHTNING_HF)
+    rdir = jdir / "run"
+    ckpts = rdir / "lightning_logs" / "version_0" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (ckpts / "epoch=19-step=40.ckpt").write_bytes(b"lightning weights")
+    (ckpts / "last.ckpt").symlink_to("epoch=19-step=40.ckpt")
+    (rdir / "lightning_logs" / "version_0" / "metrics.csv").write_text(CSV)
+    (rdir / "lightning_logs" / "version_0" / "hparams.yaml").write_text("lr: 0.1\n")
+    hf = rdir / "out" / "checkpoint-500"
+    hf.mkdir(parents=True)
+    for name in ("model.safetensors", "trainer_state.json", "optimizer.pt"):
+        (hf / name).write_bytes(name.encode())
+    code, doc, err = agent(root, "manifest", "c000000000107")
+    assert code == 0, err
+    raw = Path(doc["c000000000107"]["manifest"]).read_bytes()
+    parse_manifest(raw, job_id="c000000000107", required=())  # the controller accepts every one of these names
+    files = {f["path"]: f for f in json.loads(raw)["files"]}
+    lightning = "run/lightning_logs/version_0/"
+    assert {p for p in files if p.startswith("run/")} == {
+        lightning + "checkpoints/epoch=19-step=40.ckpt", lightning + "checkpoints/last.ckpt",
+        lightning + "metrics.csv", lightning + "hparams.yaml", "run/out/checkpoint-500/model.safetensors",
+        "run/out/checkpoint-500/trainer_state.json", "run/out/checkpoint-500/optimizer.pt"}
+    assert files[lightning + "checkpoints/last.ckpt"]["sha256"] == hashlib.sha256(b"lightning weights").hexdigest()
+    (ckpts / "epoch=20\x1b[2J.ckpt").write_bytes(b"a control character")
+    code, doc, _ = agent(root, "manifest", "c000000000107")
+    assert code == 1 and doc["c000000000107"]["error"] == (
+        "1 path(s) that [run] outputs/checkpoint match cannot travel: "
+        "'lightning_logs/version_0/checkpoints/epoch=20\\x1b[2J.ckpt': a control character in the name "
+        "(rename them, or narrow the globs)")
+
+
+def test_snapshot_copies_a_complete_checkpoint_directory_file_by_file(root: Path) -> None:
+    jdir = run_job(root, "c000000000108", code=None, run=LIGHTNING_HF)
+    then = time.time() - 60
+    hf = jdir / "run" / "out" / "checkpoint-500"
+    hf.mkdir(parents=True)
+    files = {"model.safetensors": b"w", "trainer_state.json": b"{}", "rng state/r.pth": b"r"}
+    for name, data in files.items():
+        (hf / name).parent.mkdir(parents=True, exist_ok=True)
+        (hf / name).write_bytes(data)
+        os.utime(hf / name, (then, then))
+    (jdir / "run" / "out" / "checkpoint-600").mkdir()
+    (jdir / "run" / "out" / "checkpoint-600" / "model.safetensors").write_bytes(b"killed mid-save")
+    code, doc, err = agent(root, "snapshot", "c000000000108")
+    assert code == 0, err
+    listed = [(f["path"], f["bytes"], f["sha256"]) for f in doc["files"]]
+    assert sorted(listed) == sorted((p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items())
+    assert (doc["file"], doc["dir"], doc["snapshot"]) == ("run/out/checkpoint-500", True, "ckpt/.ship.d")
+    assert doc["sha256"] == protocol.tree_sha256(listed) and doc["bytes"] == 4
+    assert (jdir / "ckpt" / ".ship.d" / "rng state" / "r.pth").read_bytes() == b"r"
 
 
 def test_manifest_of_a_failed_project_job_is_refused(root: Path) -> None:

@@ -1,8 +1,8 @@
 """Multi-node jobs over real OpenSSH hosts (a routed tests/support/testhosts.py farm: the hosts reach
 each other, as the nodes of one job must), driven through the api.
 
-- ``nodes=2 gpus=2`` (one torchrun per host, static rendezvous on node 0, gloo over the test network)
-  trains to the weights of ``gpus=4`` on one host: the same world size, so the same run;
+- ``nodes=2 gpus=1`` (one torchrun per host, static rendezvous on node 0, gloo over the test network)
+  trains to the weights of ``gpus=2`` on one host: the same world size, so the same run;
 - kill -9 of node 1's whole group mid-run fails the attempt, node 0 is stopped too, and the job
   resumes on two nodes from the newest checkpoint to the weights of an uninterrupted twin;
 - a gang that cannot start (one of the two hosts busy) waits in the ledger without holding the free
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def farm(host_farm_module: Callable[..., HostFarm]) -> HostFarm:
-    return host_farm_module(n=3, gpus=4, routed=True)
+    return host_farm_module(n=3, gpus=2, routed=True)
 
 
 class World:
@@ -54,7 +54,8 @@ class World:
 
 @pytest.fixture
 def world(farm: HostFarm, gpuq_home: Path, request: pytest.FixtureRequest) -> Iterator[World]:
-    """A context with the farm's hosts s0..s2 (four emulated GPUs each, training on CPU)."""
+    """A context with the farm's hosts s0..s2 (two emulated GPUs each, training on CPU). Worlds are kept to
+    two ranks: every rank is a process that imports torch, the suite's largest CPU cost."""
     rel = f"gpuq-{request.node.name[:40]}"
     ctx = api.open_context(overrides={"heartbeat_s": 1, "gang_timeout_s": 120})
     for i, host in enumerate(farm.hosts):
@@ -77,8 +78,8 @@ def _weights(world: World, name: str) -> str:
 
 def test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host(world: World, tmp_path: Path) -> None:
     queue = write_project(tmp_path, {"tiny": tiny_config(0.0, 512)},
-                          ["configs/tiny.yaml classify 2 name=spread nodes=2 gpus=2",
-                           "configs/tiny.yaml classify 2 name=packed gpus=4"])
+                          ["configs/tiny.yaml classify 2 name=spread nodes=2 gpus=1",
+                           "configs/tiny.yaml classify 2 name=packed gpus=2"])
     result = api.submit(world.ctx, queue)
     snap = api.wait(world.ctx, sweep=result.sweep_id, interval_s=0.5, timeout_s=400)
     states = {j.name: j.state for j in snap.jobs}
@@ -90,7 +91,7 @@ def test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host(world: Wor
     head_log = (world.job_dir(head, "spread") / "attempts" / "1" / "job.log").read_text()
     peer_log = (world.job_dir(peer, "spread") / "attempts" / "1" / "job.log").read_text()
     assert "--nnodes=2" in head_log and "--node-rank=0" in head_log and "--standalone" not in head_log, head_log
-    assert "--node-rank=1" in peer_log and "--nproc-per-node=2" in peer_log, peer_log
+    assert "--node-rank=1" in peer_log and "--nproc-per-node=1" in peer_log, peer_log
     assert "gpuq: node 1 of 2 reaches node 0 at " in peer_log, peer_log
     assert f"attempt 1 runs on 2 nodes: node 0 on {head}, node 1 on {peer}" in world.history("spread")
     shown = {j["name"]: j for j in status_doc(api.status(world.ctx))["jobs"]}  # the job once, with its nodes
@@ -103,10 +104,10 @@ def test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host(world: Wor
 
 def test_one_node_killed_fails_the_attempt_and_both_resume_from_the_checkpoint(world: World, farm: HostFarm,
                                                                               tmp_path: Path) -> None:
-    # a world of 4 over 4096 samples: 64 steps, ~13 s of sleeps, so the kill always lands mid-run
-    queue = write_project(tmp_path, {"victim": tiny_config(0.2, 4096), "twin": tiny_config(0.0, 4096)},
-                          ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=2 retries=1",
-                           "configs/twin.yaml classify 2 name=twin gpus=4"])
+    # a world of 2 over 2048 samples: 64 steps, ~13 s of sleeps, so the kill always lands mid-run
+    queue = write_project(tmp_path, {"victim": tiny_config(0.2, 2048), "twin": tiny_config(0.0, 2048)},
+                          ["configs/victim.yaml classify 2 name=victim nodes=2 gpus=1 retries=1",
+                           "configs/twin.yaml classify 2 name=twin gpus=2"])
     result = api.submit(world.ctx, queue)
     victim = world.job("victim")
     (first,) = world.ctx.ledger.attempts(victim.id)  # type: ignore[attr-defined]
@@ -143,13 +144,13 @@ def test_one_node_killed_fails_the_attempt_and_both_resume_from_the_checkpoint(w
 
 def test_a_gang_that_cannot_start_waits_without_holding_the_free_hosts_slots(
         world: World, farm: HostFarm, tmp_path: Path) -> None:
-    """s0 and s1 are busy with four-GPU jobs (64 steps of 1 s: they outlast the test's waits); s2 is
-    free.  The two-node job cannot start (it needs two hosts with two GPUs free at once): it waits QUEUED
-    in the ledger, nothing of it reaches any host, and a one-GPU job submitted with it runs on s2
-    meanwhile.  Once the busy jobs are cancelled, the two-node job runs."""
+    """s0 and s1 each have one of their two GPUs busy (jobs of 256 steps of 1 s: they outlast the
+    test's waits); s2 is free.  The two-node job cannot start (it needs two hosts with two GPUs free at
+    once): it waits QUEUED in the ledger, nothing of it reaches any host, and a one-GPU job submitted
+    with it runs on s2 meanwhile.  Once the busy jobs are cancelled, the two-node job runs."""
     busy = write_project(tmp_path / "busy", {"hold": tiny_config(1.0, 8192)},
-                         ["configs/hold.yaml classify 1 name=hold0 gpus=4 host=s0 est_min=2",
-                          "configs/hold.yaml classify 1 name=hold1 gpus=4 host=s1 est_min=2"])
+                         ["configs/hold.yaml classify 1 name=hold0 gpus=1 host=s0 est_min=2",
+                          "configs/hold.yaml classify 1 name=hold1 gpus=1 host=s1 est_min=2"])
     first = api.submit(world.ctx, busy)
     assert wait_for(lambda: (api.status(world.ctx), {world.job(n).state for n in ("hold0", "hold1")})[1]  # type: ignore[attr-defined]
                     == {"RUNNING"}, timeout=300, interval=0.5), world.history("hold0")

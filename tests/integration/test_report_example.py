@@ -15,7 +15,7 @@ from tests.conftest import ROOT, run_gpuq
 from tests.integration.test_report_html import _browser
 
 pytestmark = pytest.mark.integration
-EPOCHS = 3  # the example's 10-12 epochs take minutes with two seeds; the cells and curves are the same shape
+EPOCHS = 3  # the example's 5-6 epochs take minutes with two seeds; the cells and curves are the same shape
 
 
 def test_example_sweep_with_two_seeds_reports_cells_curves_and_a_page(gpuq_home: Path, tmp_path: Path) -> None:

@@ -22,13 +22,14 @@ import pytest
 
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import ROOT, wait_for
+from tests.integration.test_stop_agent import sleeper_project
 from tests.support.gpuquser import User
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
 
 GPUQ = [sys.executable, "-m", "orchestrator"]
-EXAMPLE_EPOCHS = 3
+EXAMPLE_EPOCHS = 1
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def _project(tmp_path: Path, lines: list[str], epochs_config: str = TINY_CONFIG)
 
 def _example_queue(tmp_path: Path) -> Path:
     """The README's example project and queue (four jobs of two GPUs each), with EXAMPLE_EPOCHS epochs
-    instead of 10-12: placement, launches, pulls and re-submission are the same for any length, and
+    instead of 5-6: placement, launches, pulls and re-submission are the same for any length, and
     the queue exactly as shipped runs in test_example_queue.py."""
     project = tmp_path / "example"
     shutil.copytree(ROOT / "payload", project, ignore=shutil.ignore_patterns("__pycache__", "queue.txt"))
@@ -112,7 +113,8 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
 
 def test_cut_connection_and_stopped_sshd_leave_jobs_running(user: User, farm: HostFarm, tmp_path: Path) -> None:
     user.add_hosts()
-    slow = TINY_CONFIG.replace("n_train: 256", "n_train: 4096")
+    # 40 steps of 0.5 s each (a test-hook sleep, no CPU): the jobs outlast the cuts on any machine's load
+    slow = TINY_CONFIG.replace("n_train: 256", "n_train: 512") + "test_hook_step_sleep_s: 0.5\n"
     queue = _project(tmp_path, [f"configs/tiny.yaml classify 5 name=f{i} gpus=2" for i in range(3)], slow)
     submitted = user.gpuq("submit", str(queue))
     assert submitted.returncode == 0, submitted.stderr
@@ -279,3 +281,25 @@ def test_controller_killed_mid_pull_then_pull_resumes_and_verifies(user: User, f
     assert json.loads((final / "PULL_VERIFIED.json").read_text())["job_id"] == job["id"]
     assert not (sweep_dir / f"{job['id']}.incoming").exists()
     assert "verified" in user.gpuq("results").stdout
+
+
+def test_stop_agent_on_an_ssh_host(user: User, tmp_path: Path) -> None:
+    """`gpuq hosts stop-agent` over SSH: nothing to stop before any work, refused while the job runs, then the
+    idle agent stops at once (docs/cli.md; the local host's case, --force included, is in test_stop_agent.py)."""
+    user.env.update({"GPUQ_PATROL_INTERVAL_S": "1", "GPUQ_PATROL_MIN_INTERVAL_S": "0.5"})
+    (name,) = user.add_hosts(1)
+    none = user.gpuq("hosts", "stop-agent", name)
+    assert (none.returncode, none.stdout.strip()) == (0, f"{name}: no agent running; nothing to stop"), none.stderr
+    queue = sleeper_project(tmp_path / "project", "name=nap -- 10")
+    assert user.gpuq("submit", str(queue)).returncode == 0
+    root = user.host_dir(0)
+    assert wait_for(lambda: any(root.glob("jobs/*/attempts/1/pgid")), timeout=120)
+    pid = json.loads((root / "agent.pid").read_text())["pid"]
+    refused = user.gpuq("hosts", "stop-agent", name)
+    assert refused.returncode == 2 and f"{name}: agent {pid} has 1 running jobs (nap); not stopped" in refused.stderr
+    waited = user.gpuq("wait", "--timeout", "200", timeout=300)
+    assert waited.returncode == 0, waited.stdout + waited.stderr + user.logs_of_unfinished()
+    assert (root / "agent.pid").is_file()  # idle now, it would linger for its idle timeout
+    stopped = user.gpuq("hosts", "stop-agent", name)
+    assert (stopped.returncode, stopped.stdout.strip()) == (0, f"{name}: agent {pid} stopped"), stopped.stderr
+    assert not (root / "agent.pid").exists()

@@ -100,6 +100,7 @@ def test_a_projects_metrics_are_summarized_on_the_host_and_written_once(tmp_path
     job = _own_project(tmp_path)
     expected = {
         "metric": "val_acc", "mode": "max", "rows": 3, "steps": 300, "source": f"{P.RUN_DIR}/logs/metrics.csv",
+        "files": 1,
         "final": {"epoch": 2, "step": 300, "train_loss": 1.0, "val_acc": 0.4},
         "best": {"epoch": 1, "step": 200, "train_loss": 1.5, "val_acc": 0.5},
         "curves": {"val_acc": [[100, 0.25], [200, 0.5], [300, 0.4]],
@@ -130,7 +131,10 @@ def test_a_summary_that_cannot_be_written_still_travels(tmp_path: Path) -> None:
 
 def test_a_project_without_usable_metrics_falls_back_to_its_summary_file(tmp_path: Path) -> None:
     job = _own_project(tmp_path, metrics="logs/missing.csv")
-    assert inbox.project_summary(str(tmp_path), JOB, json.loads((job / P.SPEC_FILE).read_text()), True) is None
+    counted = inbox.project_summary(str(tmp_path), JOB, json.loads((job / P.SPEC_FILE).read_text()), True)
+    assert (counted["files"], counted["final"]) == (0, None)  # it says what it found: nothing
+    assert not (job / P.RESULT_DIR / P.SUMMARY_FILE).exists()  # and writes no summary without a value
+    assert inbox.collect_one(str(tmp_path), JOB)["summary"] == counted
     _write(job / P.RESULT_DIR / P.SUMMARY_FILE, json.dumps({"metric": "val_acc", "curves": {}}))
     assert inbox.collect_one(str(tmp_path), JOB)["summary"] == {"metric": "val_acc", "curves": {}}
     for run in ({"metrics": ""}, {"metric": "val_acc"}, "not a table"):

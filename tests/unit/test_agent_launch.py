@@ -143,7 +143,7 @@ def test_the_trainers_environment_value_for_value(tmp_path: Path) -> None:
         "GPUQ_SPEC_HASH": "h", "GPUQ_BUNDLE_SHA": SHA, "GPUQ_DEVICE": "cuda",
         "GPUQ_EXIT_FILE": f"{att}/{P.TRAINER_EXIT_FILE}", "GPUQ_SIGTERM_GRACE_S": "5", "MASTER_PORT": "29511",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "45", "GPUQ_SEED": "7", "CUDA_VISIBLE_DEVICES": "2,3",
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TTY_COMPATIBLE": "1",
     }
 
 

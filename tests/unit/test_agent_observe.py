@@ -14,6 +14,7 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 
 OB = load_agent_module("gpuq_observe")
+OWN = load_agent_module("gpuq_own")
 M = load_agent_module("gpuq_runmetrics")
 
 
@@ -100,15 +101,19 @@ def _tree(run: Path) -> None:
     (run / "link.json").symlink_to(run / "result.json")
 
 
-def test_globs_match_real_files_only_with_recursive_double_star(tmp_path: Path) -> None:
+def test_globs_match_the_jobs_own_files_with_recursive_double_star(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     _tree(run)
-    rels = [r for r, _ in OB.matching_files(str(run), ["outputs/**", "*.json"])]
-    assert sorted(rels) == ["outputs/a/b/deep.txt", "outputs/top.txt", "result.json"]
-    assert [r for r, _ in OB.matching_files(str(run), "outputs/*")] == ["outputs/top.txt"]
-    assert [r for r, _ in OB.matching_files(str(run), ["**/*.ckpt"])] == ["ckpts/epoch=1.ckpt"]
-    assert OB.matching_files(str(run), ["../*", "/etc/*", ""]) == []
+    found, refused = OWN.scan(str(run), ["outputs/**", "*.json"])
+    assert refused == []
+    assert sorted((f.rel, f.kind) for f in found) == [
+        ("link.json", "link"), ("outputs/a/b/deep.txt", "file"), ("outputs/top.txt", "file"), ("result.json", "file")]
+    # a glob that names a directory takes it whole (for outputs: every file under it comes home)
+    assert [(f.rel, f.kind) for f in OWN.scan(str(run), "outputs/*")[0]] == [("outputs/a", "dir"),
+                                                                           ("outputs/top.txt", "file")]
+    assert [f.rel for f in OWN.scan(str(run), ["**/*.ckpt"])[0]] == ["ckpts/epoch=1.ckpt"]
+    assert OWN.scan(str(run), ["../*", "/etc/*", ""]) == ([], [])
 
 
 def test_newest_checkpoint_by_mtime(tmp_path: Path) -> None:
@@ -117,10 +122,10 @@ def test_newest_checkpoint_by_mtime(tmp_path: Path) -> None:
     _tree(run)
     os.utime(run / "snapshot.pt", (1000, 1000))
     os.utime(run / "ckpts" / "epoch=1.ckpt", (2000, 2000))
-    rel, st = OB.newest_checkpoint(str(run), ["snapshot.pt", "ckpts/*.ckpt"])
-    assert rel == "ckpts/epoch=1.ckpt" and st.st_mtime == 2000
-    assert OB.newest_checkpoint(str(run), ["nothing*.pt"]) is None
-    assert OB.newest_checkpoint(str(tmp_path / "absent"), ["*.pt"]) is None
+    found = OWN.newest_checkpoint(str(run), ["snapshot.pt", "ckpts/*.ckpt"])
+    assert (found.rel, found.kind, found.mtime) == ("ckpts/epoch=1.ckpt", "file", 2000)
+    assert OWN.newest_checkpoint(str(run), ["nothing*.pt"]) is None
+    assert OWN.newest_checkpoint(str(tmp_path / "absent"), ["*.pt"]) is None
 
 
 def test_the_walk_is_capped(tmp_path: Path) -> None:
@@ -128,7 +133,7 @@ def test_the_walk_is_capped(tmp_path: Path) -> None:
     (run / "d").mkdir(parents=True)
     for i in range(50):
         (run / "d" / f"f{i:03d}.txt").write_text("x")
-    assert len(list(OB.walk_real_files(str(run), limit=10))) < 10
+    assert len(OWN.scan(str(run), "**", limit=10)[0]) < 10
 
 
 # --- metrics ------------------------------------------------------------------------------
@@ -192,7 +197,8 @@ def test_run_summary_reads_the_file_in_the_run_dir(tmp_path: Path) -> None:
     s = M.run_summary(str(jdir), {"metrics": "logs/metrics.csv", "metric": "val_acc", "mode": "max"}, 1)
     assert s["best"]["val_acc"] == 0.72 and s["source"] == "run/logs/metrics.csv"
     assert M.run_summary(str(jdir), {"metrics": "../../etc/passwd", "metric": "x"}, 1) is None
-    assert M.run_summary(str(jdir), {"metrics": "absent.csv", "metric": "x"}, 1) is None
+    absent = M.run_summary(str(jdir), {"metrics": "absent.csv", "metric": "x"}, 1)
+    assert (absent["files"], absent["rows"], absent["final"], absent["best"]) == (0, 0, None, None)  # said, not silent
     assert M.run_summary(str(jdir), {"metrics": ""}, 1) is None
 
 
@@ -208,7 +214,8 @@ def test_metrics_symlink_is_refused(tmp_path: Path) -> None:
     jdir = _job(tmp_path, {}, {"elsewhere.csv": b"val_acc\n1\n"})
     (jdir / "run").mkdir()
     (jdir / "run" / "m.csv").symlink_to(jdir / "elsewhere.csv")
-    assert M.run_summary(str(jdir), {"metrics": "m.csv", "metric": "val_acc"}, 1) is None
+    s = M.run_summary(str(jdir), {"metrics": "m.csv", "metric": "val_acc"}, 1)
+    assert s["files"] == 0 and s["final"] is None and s["rows"] == 0  # a link is never read
 
 
 def test_a_big_metrics_file_is_read_as_header_plus_newest_bytes(tmp_path: Path) -> None:

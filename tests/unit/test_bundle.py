@@ -144,3 +144,23 @@ def test_the_tarball_matches_its_manifest(workdir: Path, tmp_path: Path) -> None
             data = tar.extractfile(member).read()  # type: ignore[union-attr]
             assert (len(data), hashlib.sha256(data).hexdigest()) == (item["bytes"], item["sha256"])
         assert tar.getmember("workdir/run.sh").mode == 0o755
+
+
+def test_framework_output_dirs_stay_out_unless_gpuqignore_asks_for_them(workdir: Path, tmp_path: Path) -> None:
+    """An old local run (Lightning's lightning_logs/, wandb/, Hydra's outputs/, an HF checkpoint-N/) is never
+    the job's: it stays out of the bundle, said by name; a `!name/` line of .gpuqignore ships one."""
+    for rel in ("lightning_logs/version_0/checkpoints/last.ckpt", "wandb/run-1/files/x", "outputs/2026-11-26/a.log",
+                "mlruns/0/meta.yaml", "runs/Nov26/events.out", "multirun/0/x", "out/checkpoint-500/model.safetensors",
+                "src/outputs/keep.py", "src/runs.py"):
+        (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / rel).write_text("x\n")
+    bundle = build_bundle(workdir, tmp_path / "cache")
+    names = _names(bundle.path)
+    assert not any(n.startswith(("workdir/lightning_logs", "workdir/wandb", "workdir/outputs", "workdir/mlruns",
+                                 "workdir/runs/", "workdir/multirun", "workdir/out/checkpoint-500")) for n in names)
+    assert {"workdir/src/outputs/keep.py", "workdir/src/runs.py"} <= names  # only top-level names (and checkpoint-N)
+    assert bundle.skipped_outputs == ("lightning_logs/", "mlruns/", "multirun/", "outputs/", "runs/", "wandb/",
+                                      "out/checkpoint-500/")
+    (workdir / ".gpuqignore").write_text("!runs/\n")
+    again = build_bundle(workdir, tmp_path / "cache")
+    assert "workdir/runs/Nov26/events.out" in _names(again.path) and "runs/" not in again.skipped_outputs

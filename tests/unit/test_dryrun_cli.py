@@ -104,3 +104,14 @@ def test_a_project_forwards_only_names_the_user_allowed_and_never_gpuqs_credenti
     assert done.returncode == 2 and "forward_env_allow can only be set in your own" in done.stderr
     conn = sqlite3.connect(gpuq_home / "ledger.db")
     assert conn.execute("SELECT COUNT(*) FROM sweep").fetchone()[0] == 0
+
+
+def test_dry_run_names_the_framework_output_dirs_it_left_out(gpuq_home: Path, tmp_path: Path) -> None:
+    queue = _project(tmp_path, "name=a -- --x 1\n", '[run]\ncommand = "train.py {args}"\nlauncher = "python"\n')
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").write_text("epoch\n0\n")
+    done = run_gpuq("submit", "--dry-run", str(queue), env={"GPUQ_LOCAL_CPU_SLOTS": "2"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == (
+        "warning: left out of the bundle (training framework output, never the job's own; a `!name/` line in "
+        ".gpuqignore ships one): lightning_logs/")

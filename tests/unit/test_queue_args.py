@@ -58,8 +58,8 @@ def test_group_keys_come_from_the_flag_the_dotted_key_or_nothing() -> None:
 
 
 def test_literal_braces_interpolations_and_quoted_groups_do_not_expand() -> None:
-    (job,) = jobs("a.yaml t -- \\{a,b} '{c,d}' \"{e,f}\" ${oc.env:X,1} ${a.{b,c}} {x} {open\n")
-    assert job.args == ("{a,b}", "{c,d}", "{e,f}", "${oc.env:X,1}", "${a.{b,c}}", "{x}", "{open")
+    (job,) = jobs("a.yaml t -- \\{a,b} '{c,d}' \"{e,f}\" ${oc.env:X,1} ${a.{b,c}} {1} '{x}' {open\n")
+    assert job.args == ("{a,b}", "{c,d}", "{e,f}", "${oc.env:X,1}", "${a.{b,c}}", "{1}", "{x}", "{open")
     assert job.name == "a"
 
 

@@ -36,7 +36,7 @@ def _names(text: str, seeds: int | None = None) -> list[str]:
     ("${a'}'}{1,2}", 1, [Word(("${a}}", ("1", "2")), 1)]),  # a quoted brace inside is not counted
     ("${a{1,2}", 1, [Word(("${a{1,2}",), 1)]),  # never closed: all literal
     ("a{1,2}b{3,4}", 1, [Word(("a", ("1", "2"), "b", ("3", "4")), 1)]),
-    ("{x}y {a,b", 1, [Word(("{x}y",), 1), Word(("{a,b",), 6)]),
+    ("{1}y {a,b", 1, [Word(("{1}y",), 1), Word(("{a,b",), 6)]),
     ("{,}", 1, [Word((("", ""),), 1)]),
     ("'{a,b}' \\{a,b}", 1, [Word(("{a,b}",), 1), Word(("{a,b}",), 9)]),
 ])

@@ -83,13 +83,17 @@ from orchestrator.tick.checkpoints import newest_durable, safe_checkpoint_file, 
 
 
 @pytest.mark.parametrize("name", ["latest-000000008.pt", "latest-000000008-1.pt", "run/snapshot.pt",
-                                  "run/checkpoints/epoch=3-step=120.ckpt", "run/" + "d/" * 7 + "x"])  # 8 deep
+                                  "run/checkpoints/epoch=3-step=120.ckpt", "run/" + "d/" * 7 + "x",  # 8 deep
+                                  # ordinary names of real trainers (Lightning, HF, DCP): only the unsafe is refused
+                                  "run/lightning_logs/version_0/checkpoints/epoch=19-step=40.ckpt",
+                                  "run/out/checkpoint-500", "run/ckpt/step+1@a,b c.pt", "run/dcp/.metadata"])
 def test_plain_checkpoint_names_are_accepted(name: str) -> None:
     assert safe_checkpoint_file(name) == name
 
 
-@pytest.mark.parametrize("name", ["../authorized_keys", "authorized_keys", "run/../../x", "run/./x", "run/.ssh/k",
-                                  "run/", "run", "/etc/passwd", "ckpt/best.pt", "run/a\nb", "run/" + "d/" * 8 + "x",
+@pytest.mark.parametrize("name", ["../authorized_keys", "authorized_keys", "run/../../x", "run/./x",
+                                  "run/", "run", "run/a\\b", "run/" + "x" * 256, "run/a\x85b", "/etc/passwd",
+                                  "ckpt/best.pt", "run/a\nb", "run/" + "d/" * 8 + "x",
                                   None, 7, "latest-8.pt/../../x"])
 def test_unsafe_checkpoint_names_are_refused(name: object) -> None:
     assert safe_checkpoint_file(name) is None

@@ -425,7 +425,8 @@ def _with(extra: dict[str, Any]) -> list[dict[str, Any]]:
     (_manifest(_GOOD_FILES, attempt=True), r"^manifest attempt True is not a positive integer$"),
     (_manifest(_GOOD_FILES, attempt="1"), r"^manifest attempt '1' is not a positive integer$"),
     *[(_manifest(_with({"path": bad, "bytes": 1, "sha256": "a" * 64})), r"^manifest lists an unsafe path: ")
-      for bad in ("../escape", "/etc/passwd", "a//b", "result/x.tmp", "PULL_VERIFIED.json", "sp ace", "./a", "")],
+      for bad in ("../escape", "/etc/passwd", "a//b", "result/x.tmp", "PULL_VERIFIED.json", "a\x01b", "a\\b", "./a",
+                  "")],
     (_manifest(_with({"path": "ckpt/best.pt", "bytes": 1, "sha256": "a" * 64})), r"^manifest lists a path twice$"),
     (_manifest(_with({"path": "x.bin", "bytes": -1, "sha256": "a" * 64})),
      r"^manifest size of x\.bin is not a byte count: -1$"),

@@ -1,0 +1,78 @@
+"""A peer's death is not the survivor's fault, with real processes (docs/health.md, issue 29 item 7).
+
+A two-rank gloo job on the local host (tests/support/ddp_peer.py: an all-reduce loop that checkpoints a
+step counter) under each launcher: torchrun's ranks, or `launcher = "python"` where rank 0 starts rank 1
+itself as Lightning does.  kill -9 of rank 1 only; rank 0 then fails on the lost peer ("Connection reset by
+peer").  The attempt is classed `killed` (torchrun's report of the SIGKILL wins over the SIGTERM it sent the
+survivor; under the python launcher the wrapper reports the rank it inherited), requeued with resume, and
+the job finishes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.ledger import Ledger
+from tests.conftest import run_gpuq, wait_for
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).resolve().parents[1] / "support" / "ddp_peer.py"
+STEPS = 140  # 0.05 s each at least: the kill lands mid-run
+
+
+def _job_dir(root: Path) -> Path | None:
+    found = list(root.glob("jobs/*/spec.json"))
+    return found[0].parent if found else None
+
+
+def _step(run: Path) -> int:
+    try:
+        return int((run / "ckpt.txt").read_text())
+    except (OSError, ValueError):
+        return -1
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "python"])
+def test_a_rank_killed_minus_nine_is_killed_and_resumed(gpuq_home: Path, tmp_path: Path, launcher: str) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    shutil.copy(SCRIPT, work / "ddp_peer.py")
+    (work / "gpuq.toml").write_text(f'[run]\ncommand = "ddp_peer.py {{args}}"\nlauncher = "{launcher}"\n'
+                                    'checkpoint = "ckpt.txt"\nresume_args = "--resume {checkpoint}"\n')
+    (work / "queue.txt").write_text(f"name=peer gpus=2 retries=1 -- --steps {STEPS}\n")
+    env = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1", "GPUQ_PATROL_INTERVAL_S": "1",
+           "GPUQ_PATROL_MIN_INTERVAL_S": "0.5"}
+    submitted = run_gpuq("submit", str(work / "queue.txt"), "--host", "local", env=env)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    root = gpuq_home / "local"
+    assert wait_for(lambda: (d := _job_dir(root)) is not None and 20 <= _step(d / "run") < STEPS - 50
+                    and (d / "run" / "rank1.pid").is_file(), timeout=240, interval=0.2)
+    jdir = _job_dir(root)
+    assert jdir is not None and not (jdir / "attempts" / "1" / "exit.json").exists()
+    os.kill(int((jdir / "run" / "rank1.pid").read_text()), signal.SIGKILL)  # rank 1 only, no warning
+    waited = run_gpuq("wait", "--timeout", "400", env=env, timeout=500)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    ledger = Ledger(gpuq_home / "ledger.db")
+    try:
+        (job,) = ledger.jobs()
+        events = [e.message for e in ledger.events(subject=job.id, limit=200)]
+    finally:
+        ledger.close()
+    first_log = (jdir / "attempts" / "1" / "job.log").read_text()
+    assert "Connection reset by peer" in first_log or "Connection closed by peer" in first_log, first_log[-3000:]
+    assert "Signal 9 (SIGKILL) received by PID" in first_log, first_log[-3000:]
+    assert job.state == "SUCCEEDED" and job.attempt_count == 2, (job, events)
+    assert any("killed: requeued with resume" in m for m in events), events
+    assert not any(m.startswith(("stopped", "unknown")) for m in events), events
+    assert json.loads((jdir / "attempts" / "1" / "exit.json").read_text())["wrapper_code"] != 0
+    second = (jdir / "attempts" / "2" / "job.log").read_text()
+    resumed = [int(line.split("from step ")[1]) for line in second.splitlines() if "rank 0 pid" in line]
+    assert resumed and resumed[0] >= 20, second[-2000:]
+    assert _step(jdir / "run") == STEPS
