@@ -26,6 +26,7 @@ from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTrans
 from orchestrator.host_documents import Verdicts
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep
+from orchestrator.transfer import datasync
 
 _log = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ def run_spec(sweep: Sweep | None) -> dict[str, Any] | None:
         out[key] = list(out[key] or [])
     out["launcher"] = out["launcher"] or "torchrun"
     out["mode"] = out["mode"] or "max"
+    if isinstance(doc.get("data"), dict) and doc["data"]:
+        out["data"] = doc["data"]  # {NAME: {"tree", "file"}}: synced before the specs go (transfer/datasync.py)
     return out
 
 
@@ -197,6 +200,7 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
 
     Returns the agent's verdict per job id ("queued", "exists").
     """
+    datasync.sync_specs(host, list(specs), settings.home)  # [data] first: a killed sync resumes on re-delivery
     argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings))
     # a Slurm login node runs one sbatch per spec inside this call: allow for each of them
     result = host.run(argv, stdin=enqueue_payload(specs, allowed=settings.forward_env_allow),

@@ -33,7 +33,10 @@ Remote layout (one root per host, the profile's data dir)::
                                    symlink into the read-only bundle, except names that begin an
                                    `outputs`/`checkpoint` glob; what the job writes is real and its own
       setup/<setup_key>.lock       flock: one setup run per host and setup_key
-      setup/<setup_key>/           ok.json | failed.json, setup.log, project/ (writable copy, setup's cwd)
+      setup/<setup_key>/           ok.json | failed.json, setup.log
+      bundles/.setup/<setup_key>/  project/ (the hook's cwd, a copy of the project), products.json
+      bundles/.prepared/<sha>-<key>/  the project as the hook left it, read-only: what jobs link
+      bundles/.data/               [data]: chunks/, files/<sha256>, trees/<tree>/ (transfer/datasync.py)
       secrets/<queue_id>.json      forwarded env values (0600, dir 0700); deleted once no job of that
                                    queue is queued, claimed or running here (by the serving agent, by
                                    cancel/withdraw, or by status on a Slurm login node)
@@ -61,7 +64,7 @@ WITHDRAWN_DIR = "withdrawn"
 JOBS_DIR = "jobs"
 CACHE_DIR = "cache"
 QUARANTINE_DIR = "quarantine"
-SETUP_DIR = "setup"  # setup/<setup_key>/{ok.json,failed.json,setup.log,project/} + <key>.lock
+SETUP_DIR = "setup"  # setup/<setup_key>/{ok.json,failed.json,setup.log} + <key>.lock (gpuq_setup.py)
 SECRETS_DIR = "secrets"  # secrets/<queue_id>.json (0600, dir 0700): forwarded env values
 
 # per job (relative to jobs/<job_id>/)

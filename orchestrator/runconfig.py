@@ -82,6 +82,7 @@ class RunConfig(BaseModel):
     forward_env: tuple[str, ...] = ()
     checkpoint: tuple[str, ...] = ()
     resume_args: tuple[str, ...] = ()
+    smoke_args: tuple[str, ...] = ()  # appended to a cell's arguments by `gpuq submit --smoke` (literal)
     outputs: tuple[str, ...] = ()
     metrics: str = ""
     metrics_regex: str = ""
@@ -90,7 +91,7 @@ class RunConfig(BaseModel):
     progress: str = ""
     verify: tuple[Literal["metrics", "best_ckpt"], ...] = ()
 
-    _split = field_validator("command", "resume_args", mode="before")(_argv)
+    _split = field_validator("command", "resume_args", "smoke_args", mode="before")(_argv)
     _wrap = field_validator("checkpoint", "outputs", mode="before")(_globs)
 
     @field_validator("forward_env", "env")

@@ -42,6 +42,7 @@ SLOW_FIRST = (
     "tests/integration/test_patrol.py",
     "tests/integration/test_payload_sigterm.py", "tests/integration/test_payload_resume.py",
     "tests/integration/test_kill_resume.py", "tests/integration/test_cli_cloud_errors.py",
+    "tests/integration/test_smoke.py", "tests/integration/test_data_sync.py",
 )
 SLOW_UNITS_FIRST = ("tests/unit/test_static.py",)  # mypy --strict, ruff, lint-imports, vermin: CPU for minutes
 

@@ -3,6 +3,7 @@ run there (rendered by the agent's own gpuq_argv.py; forwarded secrets' values s
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -107,6 +108,12 @@ class _Argv:
         self.entry = f"{protocol.BUNDLE_WORKDIR}/{entry}" if entry else protocol.TRAIN_ENTRY
         self.launcher = self.run.launcher if self.run is not None else ctx.settings.launcher
         self.local_python = ctx.settings.local_python
+        recorded = json.loads(result.run_json) if result.run_json else {}
+        data = recorded.get("data")
+        self.data: dict[str, dict[str, str]] = data if isinstance(data, dict) else {}
+        key = str(recorded.get("setup_key") or "") if recorded.get("setup") else ""
+        # with a setup hook, jobs see its prepared tree (payload/agent/gpuq_setup.py project_root)
+        self.project = f".prepared/{self.sha}-{key[:32]}" if key else f"{self.sha}/{protocol.BUNDLE_WORKDIR}"
 
     def of(self, spec: JobSpec, job_id: str, row: HostRow | None) -> list[str]:
         root = row.root if row is not None else "<root>"
@@ -119,11 +126,14 @@ class _Argv:
         if not command:
             command = [f"{bundle}/{self.entry}", "--config", "{config}", "--task", "{task}", "--epochs", "{epochs}"]
         values = {
-            "config": f"{bundle}/{protocol.BUNDLE_WORKDIR}/{spec.config}", "task": spec.task,
+            "config": f"{root}/{protocol.BUNDLES_DIR}/{self.project}/{spec.config}", "task": spec.task,
             "epochs": str(spec.epochs or ""), "name": spec.name, "seed": "" if spec.seed is None else str(spec.seed),
             "job_id": job_id, "attempt": "1", "run_dir": f"{job_dir}/run", "ckpt_dir": f"{job_dir}/{protocol.CKPT_DIR}",
             "master_port": MASTER_PORT,
         }
+        for name, ref in self.data.items():  # [data]: the synced tree on the host (transfer/datasync.py)
+            tree = f"{root}/{protocol.BUNDLES_DIR}/.data/trees/{ref.get('tree', '')}"
+            values[f"data.{name}"] = f"{tree}/{ref['file']}" if ref.get("file") else tree
         argv: list[str] = self.module.job_argv(
             launcher=self.launcher, python=python, nproc=spec.gpus, command=command, args=list(spec.args),
             resume_args=list(self.run.resume_args) if self.run is not None else [], values=values, checkpoint=None)

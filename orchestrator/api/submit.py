@@ -10,19 +10,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import datasets
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.config import PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
 from orchestrator.ledger import HostRow, Job
 from orchestrator.queuefile import parse_queue, read_queue_bytes
-from orchestrator.runconfig import RunConfig, check_forward_allowed, check_jobs, load_run, project_root, setup_key
+from orchestrator.runconfig import (
+    RunConfig,
+    check_forward_allowed,
+    check_jobs,
+    load_run,
+    project_root,
+    repository_root,
+    setup_key,
+)
 from orchestrator.scheduler import epoch_rates, estimate_source, plan
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
 from orchestrator.trainer_command import argv_module
+from orchestrator.transfer import datasync
 
 
 @dataclass
@@ -41,6 +51,7 @@ class SubmitResult:
     specs: list[JobSpec] = field(default_factory=list)  # every expanded job (dry run: what would be recorded)
     run: RunConfig | None = None  # the project's [run] table
     hosts: list[HostRow] = field(default_factory=list)  # the hosts the plan could use
+    run_json: str = ""  # the sweep's [run] JSON as recorded (setup_key included); "" without [run]
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -79,7 +90,9 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
             raise UsageError(f"entry = {entry!r} (gpuq.toml / GPUQ_ENTRY): must name a file inside the project "
                              f"{parsed.workdir}; nothing was submitted")
     workdir = Path(parsed.workdir)
-    run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir)}) if run is not None else ""
+    manifests = _data(run, toml_path, ctx.settings.home)
+    data = {"data": datasets.wire(manifests)} if manifests else {}
+    run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir), **data}) if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings) + _what_leaves(run, workdir, queue, toml_path)
@@ -115,6 +128,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         for j in parsed.jobs
     ]
     rows = target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
+    warnings += _data_room(ctx, manifests, rows)
     holds = held_bundles(ctx.ledger, [r.name for r in rows])
     for row in [r for r in rows if is_held(holds, r.name, bundle.sha256)]:
         warnings.append(f"host {row.name} left out: this project's setup failed there (`gpuq hosts release "
@@ -139,7 +153,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     if dry_run:
         return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True,
                             makespan_s=decided.makespan_s, makespan_known=estimated, specs=list(parsed.jobs), run=run,
-                            hosts=rows)
+                            hosts=rows, run_json=run_json)
     rows_added = ctx.ledger.add_sweep(
         sweep_id=sweep_id,
         queue_path=str(queue),
@@ -210,6 +224,35 @@ def project_git(workdir: Path) -> tuple[str, bool | None]:
         return "", None
     changes = git("status", "--porcelain", "--untracked-files=normal", "--", ".")
     return head, None if changes is None else bool(changes.strip())
+def _data_room(ctx: Context, manifests: list[datasets.Manifest], rows: list[HostRow]) -> list[str]:
+    """A warning per host whose disk (beyond its gate, at its last probe) cannot take the ``[data]`` it does
+    not hold yet: the data counts against the same disk budget as the jobs' checkpoints."""
+    out = []
+    for row in rows:
+        if row.disk_free_bytes is None or not manifests:
+            continue
+        have = {h["tree"] for h in datasync.held(ctx.settings.home, row.name)}
+        need = sum(m.bytes for m in manifests if m.tree not in have)
+        room = row.disk_free_bytes - max(row.min_free_gb, ctx.settings.min_free_gb) * 1e9
+        if need > room:
+            out.append(f"host {row.name}: [data] needs {need / 1e9:.1f} GB there and its disk has "
+                       f"{max(0.0, room) / 1e9:.1f} GB free above min_free_gb; its jobs will stop at the disk gate")
+    return out
+
+
+def _data(run: RunConfig | None, toml_path: Path, home: Path) -> list[datasets.Manifest]:
+    """The gpuq.toml's ``[data]`` entries, each hashed (datasets.py; [] without a table); every
+    ``{data.NAME}`` the templates use must be declared there."""
+    manifests = datasets.load_data(toml_path, repository_root(toml_path.parent), home)
+    names = {m.name for m in manifests}
+    if manifests and run is None:
+        raise UsageError(f"{toml_path}: [data] needs a [run] table (an empty one runs gpuq's own payload); "
+                         "nothing was submitted")
+    for used in sorted(run.uses() if run is not None else set()):
+        if used.startswith("data.") and used[5:] not in names:
+            raise UsageError(f"{toml_path}: [run] uses {{{used}}} but [data] has no {used[5:]!r}"
+                             f" (declared: {', '.join(sorted(names)) or 'none'}); nothing was submitted")
+    return manifests
 
 
 def _what_leaves(run: RunConfig | None, workdir: Path, queue: Path, toml_path: Path) -> list[str]:

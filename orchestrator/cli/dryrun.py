@@ -1,4 +1,5 @@
-"""Print ``gpuq submit --dry-run``: a plain aligned table (fast for 10,000 rows), or one JSON document."""
+"""Print ``gpuq submit --dry-run``: a plain aligned table (fast for 10,000 rows), or one JSON document; and
+``gpuq submit --smoke``'s table of cells."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import shlex
 import sys
 
 from orchestrator.api.dryrun import DryRun
+from orchestrator.api.smoke import SmokeResult
 
 COLUMNS = ("name", "config", "task", "epochs", "gpus", "host", "estimate", "argv")
 
@@ -51,3 +53,32 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
         out.write("makespan unknown until one job of each config has run\n")
     else:
         out.write(f"projected makespan {duration(doc.makespan_s)}\n")
+
+
+SMOKE_COLUMNS = ("cell", "started", "metrics", "checkpoint", "resumed", "exit", "seconds")
+
+
+def print_smoke(result: SmokeResult) -> None:
+    """``gpuq submit --smoke``: one row per cell, then each failure on its own line."""
+    out = sys.stdout
+    for warning in result.warnings:
+        out.write(f"warning: {warning}\n")
+
+    def yes(flag: bool | None) -> str:
+        return "?" if flag is None else "yes" if flag else "no"
+
+    rows = [SMOKE_COLUMNS] + [
+        (r.cell, yes(r.started), f"{r.metrics} rows" if r.metrics else "no", r.checkpoint or "no",
+         yes(r.resumed), "-" if r.exit_code is None else str(r.exit_code), f"{r.seconds:.0f}")
+        for r in result.rows
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(SMOKE_COLUMNS))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    for r in result.rows:
+        if r.problem:
+            out.write(f"FAILED {r.cell}: {r.problem}\n")
+    if result.root:
+        out.write(f"the smoke runs are kept for a look in {result.root} (jobs/*/attempts/*/job.log)\n")
+    passed = sum(r.ok for r in result.rows)
+    out.write(f"smoke: {passed} of {len(result.rows)} cell(s) passed on this machine; nothing was submitted\n")

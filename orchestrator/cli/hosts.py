@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -130,11 +130,14 @@ def show(name: str, as_json: bool) -> None:
     from orchestrator import api
     from orchestrator.cli import emit
 
-    detail = api.hosts_show(open_ctx(), name)
+    ctx = open_ctx()
+    detail = api.hosts_show(ctx, name)
     if as_json:
         emit.host(detail)
     else:
-        _print_detail(detail)
+        from orchestrator.transfer.datasync import held
+
+        _print_detail(detail, held(ctx.settings.home, name))
 
 
 @hosts.command("rm")
@@ -214,7 +217,7 @@ def _state(row: HostRow, now: float) -> str:
     return "ok" if row.last_probe_at else "not probed yet"
 
 
-def _print_detail(d: HostDetail) -> None:
+def _print_detail(d: HostDetail, data: list[dict[str, Any]] | None = None) -> None:
     row = d.row
     now = time.time()
     lines = [
@@ -230,6 +233,9 @@ def _print_detail(d: HostDetail) -> None:
         f"jobs        {len(d.active)} unfinished, {len(d.unverified)} with unverified results",
         f"ran with    {d.ran_with.line() if d.ran_with is not None else '- (no attempt has said yet)'}",
     ]
+    lines += [f"data        {h.get('name')}: {int(h.get('files') or 0)} file(s), "
+              f"{int(h.get('bytes') or 0) / 1e6:.1f} MB (tree {str(h.get('tree'))[:12]}, [data] synced by gpuq)"
+              for h in data or []]
     for line in lines:
         echo(line)
     for event in d.events:

@@ -75,17 +75,26 @@ def cli(debug: bool, verbose: int) -> None:
 @click.option("--host", "hosts", metavar="NAME", multiple=True,
               help="Use only this host (repeatable). Default: every registered remote host, else local.")
 @click.option("--dry-run", is_flag=True, help="Validate and plan; write nothing.")
+@click.option("--smoke", is_flag=True, help="Run every distinct cell briefly on this machine (start, metrics, "
+              "checkpoint, resume); exit 1 on any failure; record nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
                    "--parsable; with --dry-run: one JSON document of every expanded job and its argv.")
-def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, wait_: bool, as_json: bool) -> None:
+def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait_: bool, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
     from orchestrator.errors import UsageError
 
     ctx = open_ctx(queue.parent)
+    if smoke:
+        from orchestrator.api.smoke import smoke as run_smoke
+        from orchestrator.cli.dryrun import print_smoke
+
+        smoked = run_smoke(ctx, queue)
+        print_smoke(smoked)
+        sys.exit(0 if smoked.ok else exitcodes.FAILED)
     try:
         result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
     except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)

@@ -23,7 +23,7 @@ LINE_PLACEHOLDERS = ("config", "task", "epochs", "name", "seed", "job_id", "atte
 LAUNCHERS = ("torchrun", "python", "none")
 ARGS = "args"
 
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|data\.[A-Za-z_][A-Za-z0-9_]*")  # {data.NAME}: a [data] path
 
 
 class TemplateError(ValueError):
@@ -59,7 +59,7 @@ def _parts(index: int, text: str) -> list[tuple]:
             if end < 0 or not _NAME_RE.fullmatch(name):
                 raise TemplateError(index, i + 1, 'unbalanced "{"; placeholders look like {name}, '
                                     'and "{{" is a literal brace')
-            if name not in PLACEHOLDERS:
+            if name not in PLACEHOLDERS and not name.startswith("data."):
                 raise TemplateError(index, i + 1, "unknown placeholder {%s} (known: %s)" % (
                     name, ", ".join("{%s}" % p for p in PLACEHOLDERS)))
             if lit:

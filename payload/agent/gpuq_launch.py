@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,7 @@ import gpuq_own
 import gpuq_protocol as P
 from gpuq_files import Layout, read_json
 from gpuq_hostfacts import thread_cap
+from gpuq_setup import project_root
 
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 TORCHRUN_DEFAULT_SHUTDOWN_S = 30
@@ -91,6 +93,26 @@ def resume_note(run_dir: str, run: dict[str, Any] | None, attempt: int) -> str |
     return None
 
 
+DATA_TREE_RE = re.compile(r"^[0-9a-f]{64}$")
+DATA_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def data_paths(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
+    """{NAME: its path on this host} of the spec's ``run.data`` ([data] in gpuq.toml): the read-only tree
+    the controller synced to bundles/.data/trees/<tree>, or the file in it."""
+    out: dict[str, str] = {}
+    data = (run_section(spec) or {}).get("data")
+    for name, ref in (data.items() if isinstance(data, dict) else []):
+        if not isinstance(ref, dict) or not DATA_NAME_RE.match(str(name)):
+            continue
+        tree, file = str(ref.get("tree") or ""), str(ref.get("file") or "")
+        if not DATA_TREE_RE.match(tree) or "/" in file or file in (".", ".."):
+            continue
+        path = lay.p(P.BUNDLES_DIR, ".data", "trees", tree)
+        out[str(name)] = os.path.join(path, file) if file else path
+    return out
+
+
 def reserved_names(run: dict[str, Any] | None) -> set[str]:
     """Top-level names never linked: the first path component of each outputs/checkpoint glob and
     of the metrics setting (a trainer's log dir such as lightning_logs/ is the job's own)."""
@@ -138,7 +160,7 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
     """run.env: what the trainer gets on top of PATH/HOME/...; never a secret.  ``adir``: where this
     wrapper keeps its attempt files (a multi-node job's other nodes: attempts/<n>/node-<r>)."""
     sha = str(spec.get("bundle_sha", ""))
-    workdir = lay.p(P.BUNDLES_DIR, sha, P.BUNDLE_WORKDIR)
+    workdir = project_root(lay, spec)  # the bundle's project, as its setup hook left it
     jdir = lay.job(job_id)
     adir = adir or lay.attempt(job_id, attempt)
     kind = launch.get("kind", "cpu")
@@ -193,6 +215,8 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
     # before the wrapper's own kill_grace_s (a torch that ignores this keeps 30 s, and the
     # payload then counts on 30 s at most)
     env.setdefault(TORCHRUN_SHUTDOWN_ENV, str(max(TORCHRUN_DEFAULT_SHUTDOWN_S, math.ceil(kill_grace(spec)))))
+    for name, path in data_paths(lay, spec).items():
+        env["GPUQ_DATA_" + name.upper()] = path
     env.pop(P.ENV_SEED, None)
     if spec.get("seed") is not None:
         env[P.ENV_SEED] = str(spec["seed"])
@@ -240,6 +264,7 @@ def job_argv(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any], run_e
         "job_id": job_id, "attempt": str(attempt), "run_dir": run_dir,
         "ckpt_dir": run_env[P.ENV_CKPT_DIR], "master_port": run_env.get("MASTER_PORT", ""),
     }
+    values.update({"data." + name: path for name, path in data_paths(lay, spec).items()})
     args = [str(a) for a in (spec.get("args") or [])]
     ckpt = newest_checkpoint(run_dir, run) if run else None
     resume_args = [str(a) for a in ((run or {}).get("resume_args") or [])]

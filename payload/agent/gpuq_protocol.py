@@ -26,7 +26,7 @@ WITHDRAWN_DIR = "withdrawn"
 JOBS_DIR = "jobs"
 CACHE_DIR = "cache"
 QUARANTINE_DIR = "quarantine"
-SETUP_DIR = "setup"  # setup/<setup_key>/{ok.json,failed.json,setup.log,project/} + <key>.lock
+SETUP_DIR = "setup"  # setup/<setup_key>/{ok.json,failed.json,setup.log} + <key>.lock (gpuq_setup.py)
 SECRETS_DIR = "secrets"  # secrets/<queue_id>.json (0600, dir 0700): forwarded env values
 
 # per job (relative to jobs/<job_id>/)

@@ -65,7 +65,7 @@ from gpuq_procs import (
     signaled_children,
     start_ticks,
 )
-from gpuq_setup import run_setup
+from gpuq_setup import project_root, run_setup
 
 
 def process_env(run_env: dict[str, str]) -> dict[str, str]:
@@ -299,7 +299,7 @@ class Wrapper:
         self.phase = "train"
         spec, run_env = self.spec, self.run_env
         run_dir = run_env[P.ENV_RUN_DIR]
-        link_project(os.path.join(self.bundle, P.BUNDLE_WORKDIR), run_dir, run_section(spec))
+        link_project(project_root(self.lay, spec), run_dir, run_section(spec))  # as the setup hook left it
         try:
             argv = job_argv(self.lay, self.job_id, self.attempt, spec, run_env, self.python, self.gpus,
                             rendezvous=self.rendezvous)

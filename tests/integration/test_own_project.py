@@ -1,5 +1,6 @@
 """A user's own project, unchanged, on the embedded local host: examples/ddp_snapshot (a plain argparse
-torchrun DDP script with a grid) and a failing setup hook.  See docs/your-project.md."""
+torchrun DDP script with a grid), a setup hook that prepares data the jobs read, and a failing setup
+hook.  See docs/your-project.md."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_gpuq, wait_for
-from tests.support.ownproject import all_text_under, copy_example, launches, states
+from tests.support.ownproject import all_text_under, copy_example, data_prep_project, launches, states
 
 pytestmark = pytest.mark.integration
 
@@ -150,3 +151,29 @@ def test_failing_setup_is_one_clear_error_and_loses_nothing(gpuq_home: Path, tmp
     assert len(logs) == 1 and "no matching distribution" in logs[0].read_text()
     assert not list(local.glob("jobs/*/run/metrics.csv"))
     assert states(doc) and run_gpuq("status", "--once", env=ENV).returncode == 0  # ledger still readable
+
+
+def test_setup_that_prepares_data_serves_every_job_read_only(gpuq_home: Path, tmp_path: Path) -> None:
+    queue = data_prep_project(tmp_path)
+    done = run_gpuq("submit", str(queue), "--host", "local", "--wait", env=ENV, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    local = gpuq_home / "local"
+    doc = json.loads(run_gpuq("status", "--json", env=ENV).stdout)
+    assert {j["state"] for j in doc["jobs"]} == {"SUCCEEDED"}, [
+        p.read_text()[-1500:] for p in local.glob("jobs/*/attempts/*/job.log")]
+    for job in doc["jobs"]:
+        rows = (local / "jobs" / job["id"] / "run" / "metrics.csv").read_text().splitlines()
+        assert rows[1] == "1,1000,0", rows  # every job read the hook's data and could not write it
+    # a code change is a new bundle with the same setup key: the hook's data serves it, not run again
+    train = queue.parent / "train.py"
+    train.write_text(train.read_text() + "# tuned\n")
+    queue.write_text("name=c -- 3\n")
+    again = run_gpuq("submit", str(queue), "--host", "local", "--wait", env=ENV, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    (job,) = [j for j in json.loads(run_gpuq("status", "--json", env=ENV).stdout)["jobs"] if j["name"] == "c"]
+    assert job["state"] == "SUCCEEDED", [p.read_text()[-1500:] for p in local.glob("jobs/*/attempts/*/job.log")]
+    run = local / "jobs" / job["id"] / "run"
+    assert (run / "metrics.csv").read_text().splitlines()[1] == "1,1000,0"
+    assert (run / "train.py").read_text().endswith("# tuned\n")  # the new code, beside the old data
+    (log,) = local.glob("setup/*/setup.log")
+    assert log.read_text().count("prepared data/train.txt") == 1  # once per host and setup key

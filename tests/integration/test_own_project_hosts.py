@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.integration.test_cloud import Cloud
 from tests.support.gpuquser import User
-from tests.support.ownproject import copy_example, host_python, hydra_wheelhouse, offline_pip_env
+from tests.support.ownproject import copy_example, data_prep_project, host_python, hydra_wheelhouse, offline_pip_env
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -68,6 +68,22 @@ def test_ddp_script_killed_minus_nine_resumes_from_its_own_snapshot(user: User, 
     assert found and 0 < int(found[0]) <= reached, second[-2000:]  # the script resumed by itself
     epochs_seen = [int(r["epoch"]) for r in _csv_rows(run / "metrics.csv")]
     assert epochs_seen[-1] == epochs and max(epochs_seen) == epochs
+
+
+def test_setup_that_prepares_data_serves_every_job_on_an_ssh_host(user: User, tmp_path: Path) -> None:
+    user.add_hosts(1)
+    queue = data_prep_project(tmp_path, queue="name=a gpus=1 -- 1\nname=b gpus=1 -- 2\n")
+    submitted = user.gpuq("submit", str(queue))
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    watched = user.gpuq("watch", "--interval", "1", timeout=300)
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    jobs = user.status_doc()["jobs"]
+    assert {j["state"] for j in jobs} == {"SUCCEEDED"}, user.logs_of_unfinished()
+    root = user.host_dir(0)
+    for job in jobs:  # a root trainer read the hook's data and could write neither it nor beside it
+        assert (root / "jobs" / job["id"] / "run" / "metrics.csv").read_text().splitlines()[1] == "1,1000,0"
+    (log,) = root.glob("setup/*/setup.log")
+    assert log.read_text().count("prepared data/train.txt") == 1
 
 
 @pytest.fixture

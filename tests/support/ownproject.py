@@ -93,3 +93,41 @@ def all_text_under(path: Path, skip: tuple[str, ...] = ()) -> list[tuple[Path, b
                 with contextlib.suppress(OSError):
                     out.append((p, p.read_bytes()))
     return out
+
+
+PREPARE = """import os
+os.makedirs("data", exist_ok=True)
+with open(os.path.join("data", "train.txt"), "w") as f:
+    f.write(" ".join(str(i) for i in range(1000)))
+print("prepared data/train.txt")
+"""
+
+READ_DATA = """import sys
+rows = open("data/train.txt").read().split()  # what the setup hook wrote next to itself
+wrote = 0
+for path in ("data/train.txt", "data/new.txt"):
+    try:
+        with open(path, "a") as f:
+            f.write("x")
+        wrote += 1
+    except OSError as e:
+        print("the prepared tree is read-only:", e)
+with open("metrics.csv", "w") as f:
+    f.write("step,rows,wrote\\n1,%d,%d\\n" % (len(rows), wrote))
+print("read %d rows (%s)" % (len(rows), " ".join(sys.argv[1:])))
+sys.exit(3 if wrote else 0)
+"""
+
+
+def data_prep_project(dest: Path, queue: str = "name=a -- 1\nname=b -- 2\n") -> Path:
+    """A nanoGPT-like project whose setup hook prepares data/train.txt next to itself and whose trainer
+    reads it (and fails if it can write the prepared tree); returns its queue file."""
+    work = dest / "prep"
+    work.mkdir(parents=True)
+    (work / "prepare.py").write_text(PREPARE)
+    (work / "train.py").write_text(READ_DATA)
+    (work / "queue.txt").write_text(queue)
+    (work / "gpuq.toml").write_text('[run]\ncommand = "train.py {args}"\nlauncher = "python"\n'
+                                    'setup = "python prepare.py"\nmetrics = "metrics.csv"\nmetric = "rows"\n'
+                                    'mode = "max"\n')
+    return work / "queue.txt"
