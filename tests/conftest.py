@@ -39,6 +39,8 @@ SLOW_FIRST = (
     "tests/integration/test_own_project_hosts.py", "tests/integration/test_hf_trainer.py",
     "tests/integration/test_lightning_cli.py", "tests/integration/test_stop_agent.py",
     "tests/integration/test_peer_death.py", "tests/integration/test_trainer_metrics_e2e.py",
+    "tests/integration/test_data_sync.py", "tests/integration/test_smoke.py",
+    "tests/integration/test_honest_numbers.py", "tests/integration/test_mixed_farm.py",
     "tests/integration/test_patrol.py",
     "tests/integration/test_payload_sigterm.py", "tests/integration/test_payload_resume.py",
     "tests/integration/test_kill_resume.py", "tests/integration/test_cli_cloud_errors.py",

@@ -145,7 +145,9 @@ def _documents(ctx: Context, planned: SubmitResult, spec: JobSpec, job_id: str, 
     now = time.time()
     run = planned.run
     args = list(spec.args) + (list(run.smoke_args) if run is not None else [])
-    epochs = spec.epochs if run is not None and run.command else min(spec.epochs, PAYLOAD_SMOKE_EPOCHS)
+    # a trainer of its own keeps its epochs (0: none given); gpuq's payload is cut short
+    epochs = (spec.epochs or 0) if run is not None and run.command else min(spec.epochs or PAYLOAD_SMOKE_EPOCHS,
+                                                                             PAYLOAD_SMOKE_EPOCHS)
     sweep = Sweep(id="smoke", queue_path=planned.queue_path, workdir="", queue_text="",
                   bundle_sha=planned.bundle.sha256, job_count=1, created_at=now, entry=ctx.settings.entry,
                   launcher=ctx.settings.launcher,
