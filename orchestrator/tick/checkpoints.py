@@ -17,7 +17,6 @@ clean ``run/`` path, so a host can never make the controller write outside the j
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.states import JobState
 from orchestrator.transfer import ckptdir
-from orchestrator.transfer.verify import checkpoint_problem
+from orchestrator.transfer.verify import checkpoint_problem, file_sha256
 
 CHECKPOINTS_DIR = "checkpoints"
 JOB_ID_RE = re.compile(r"c[0-9a-f]{12}")
@@ -228,7 +227,7 @@ def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
     except HostError as exc:
         part.unlink(missing_ok=True)
         return str(exc)
-    if part.stat().st_size != size or _sha256(part) != sha:
+    if part.stat().st_size != size or file_sha256(part) != sha:
         part.unlink(missing_ok=True)
         return f"{name} did not match its pointer (torn or replaced)"
     return pointer, part
@@ -249,13 +248,6 @@ def _fetch_dir(host: Any, job_id: str, pointer: SnapshotPointer,
         return str(exc)
     return why if why is not None else (pointer, part)
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_pointer(directory: Path, pointer: SnapshotPointer, recorded: ResultCheckpoint) -> None:

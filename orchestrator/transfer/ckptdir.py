@@ -15,7 +15,6 @@ byte moves.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -24,16 +23,10 @@ from typing import Any
 from orchestrator import protocol
 from orchestrator.errors import GpuqError
 from orchestrator.host_documents import SnapshotPointer
+from orchestrator.transfer.verify import file_sha256
 
 INCOMING = ".gpuq-incoming"
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def local_entries(directory: Path) -> list[tuple[str, int, str]]:
@@ -43,7 +36,7 @@ def local_entries(directory: Path) -> list[tuple[str, int, str]]:
         for name in names:
             full = Path(dirpath) / name
             if full.is_file() and not full.is_symlink():
-                out.append((full.relative_to(directory).as_posix(), full.stat().st_size, _sha256(full)))
+                out.append((full.relative_to(directory).as_posix(), full.stat().st_size, file_sha256(full)))
     return sorted(out)
 
 
@@ -70,7 +63,7 @@ def _fetch_files(host: Any, job_id: str, pointer: SnapshotPointer, part: Path) -
         local = part.joinpath(*item.path.split("/"))
         host.get(host.path(protocol.JOBS_DIR, job_id, *pointer.snapshot.split("/"), *item.path.split("/")),
                  local, size=item.bytes)
-        if local.stat().st_size != item.bytes or _sha256(local) != item.sha256:
+        if local.stat().st_size != item.bytes or file_sha256(local) != item.sha256:
             return f"{pointer.file}/{item.path} did not match its listing (torn or replaced)"
         entries.append((item.path, item.bytes, item.sha256))
     if not entries or protocol.tree_sha256(entries) != pointer.sha256:

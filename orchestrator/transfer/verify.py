@@ -157,7 +157,8 @@ def read_manifest(path: Path, job_id: str, required: Sequence[str] = PAYLOAD_REQ
         return None
 
 
-def _hash(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a local file, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
@@ -283,7 +284,7 @@ def verify_copy(directory: Path, manifest: Manifest) -> Problem | None:
         if size != entry.size:
             return Problem("size-mismatch", f"{entry.path} has {size} bytes, the manifest says {entry.size}")
     for entry in manifest.files:
-        sha = _hash(files[entry.path])
+        sha = file_sha256(files[entry.path])
         if sha != entry.sha256:
             return Problem("sha256-mismatch", f"{entry.path} has sha256 {sha[:12]}, the manifest says "
                            f"{entry.sha256[:12]}")
