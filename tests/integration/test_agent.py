@@ -491,7 +491,9 @@ def test_trainer_environment_is_clean(host: Host) -> None:
     assert start["cwd"] == str(run_dir) and start["task"] == "cls" and start["epochs"] == 2
     assert e1["GPUQ_RUN_DIR"] == str(run_dir)
     assert e1["PYTHONPATH"].split(":")[0] == str(host.workdir)
-    assert e1["PYTHONPYCACHEPREFIX"] == str(host.root / "cache" / "pycache")
+    # libraries load their installed bytecode; nothing is compiled into the root or the read-only bundle
+    assert e1["PYTHONDONTWRITEBYTECODE"] == "1" and "PYTHONPYCACHEPREFIX" not in e1
+    assert not list((host.root / "bundles").rglob("*.pyc")) and not (host.root / "cache" / "pycache").exists()
 
 
 def test_torchrun_two_processes_gloo(host: Host) -> None:

@@ -133,7 +133,7 @@ def test_the_trainers_environment_value_for_value(tmp_path: Path) -> None:
     threads = str(hostfacts.thread_cap(4))
     assert env == {
         "MY": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{work}:/extra",
-        "PYTHONPYCACHEPREFIX": f"{tmp_path}/{P.CACHE_DIR}/pycache", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": threads,
+        "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": threads,
         "HF_HOME": f"{tmp_path}/{P.CACHE_DIR}/huggingface", "PIP_CACHE_DIR": f"{tmp_path}/{P.CACHE_DIR}/pip",
         "GPUQ_JOB_ID": "c1", "GPUQ_JOB_NAME": "base", "GPUQ_QUEUE_ID": "q1", "GPUQ_ATTEMPT": "2",
         "GPUQ_CONFIG": f"{work}/configs/a.yaml", "GPUQ_TASK": "classify", "GPUQ_EPOCHS": "3",
