@@ -19,7 +19,7 @@ pytest_plugins = ["tests.support.pullworld"]  # the `world` fixture of the pull 
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The suite runs with `-n 3 --dist loadgroup` (README).  Every test is a unit of work of its own: with
+# The suite runs with `-n 4 --dist loadgroup` (README).  Every test is a unit of work of its own: with
 # pytest 9.2 xdist's `xdist_group` mark no longer groups anything (its worker stamps the group onto the
 # node id the old way, which pytest ignores since node ids are structured: pytest-dev/pytest-xdist#1386),
 # so the suite uses none.  A module-scoped fixture is therefore built once per worker that runs one of
