@@ -153,8 +153,9 @@ def test_setup_runs_once_for_two_racing_jobs(host: Host) -> None:
         assert host.wait_exit(s["job_id"])["wrapper_code"] == 0
     assert count.read_text() == "ran\n"
     kdir = host.root / "setup" / KEY
-    assert (kdir / "ok.json").exists() and (kdir / "project" / "built.txt").exists()
-    assert "job.py" in os.listdir(kdir / "project")
+    ran_in = host.root / "bundles" / ".setup" / KEY / "project"  # the hook's writable copy (gpuq_setup.py)
+    assert (kdir / "ok.json").exists() and (ran_in / "built.txt").exists()
+    assert "job.py" in os.listdir(ran_in)
 
 
 def test_failed_setup_fails_fast_with_its_message(host: Host) -> None:
