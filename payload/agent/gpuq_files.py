@@ -153,6 +153,20 @@ def spec_attempt(spec: Any) -> int:
         return 1
 
 
+def unfinished_claims(lay: Layout) -> list[tuple[str, dict[str, Any], int]]:
+    """(job id, claimed spec, attempt) of every claimed job whose current attempt has no exit record:
+    launched or not, what an agent (re)starting or stopping must account for."""
+    out = []
+    for job_id in list_specs(lay.p(P.CLAIMED_DIR)):
+        spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+        if not isinstance(spec, dict):
+            continue
+        n = spec_attempt(spec)
+        if not os.path.exists(lay.attempt(job_id, n, P.EXIT_FILE)):
+            out.append((job_id, spec, n))
+    return out
+
+
 def spec_major(schema: Any) -> int | None:
     if not isinstance(schema, str) or "/" not in schema:
         return None

@@ -38,6 +38,7 @@ from gpuq_files import (
     spec_attempt,
     spec_major,
     spec_slots,
+    unfinished_claims,
     utc,
 )
 from gpuq_detach import serve_detached
@@ -178,13 +179,7 @@ class Agent:
     def recover(self) -> None:
         """Restart safety: adopt live groups, leave dead attempts dead, launch claimed-unlaunched."""
         lay = self.lay
-        for job_id in list_specs(lay.p(P.CLAIMED_DIR)):
-            spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-            if not isinstance(spec, dict):
-                continue
-            n = spec_attempt(spec)
-            if os.path.exists(lay.attempt(job_id, n, P.EXIT_FILE)):
-                continue
+        for job_id, spec, n in unfinished_claims(lay):
             launch = read_json(lay.attempt(job_id, n, P.LAUNCH_FILE))
             rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
             if launch is None and not os.path.exists(lay.attempt(job_id, n, P.LAUNCH_FILE)):

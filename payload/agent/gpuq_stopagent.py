@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import gpuq_protocol as P
-from gpuq_files import Layout, list_specs, read_json, spec_attempt
+from gpuq_files import Layout, list_specs, read_json, unfinished_claims
 from gpuq_procs import group_alive, leader_alive
 
 STOP_WAIT_S = 15.0
@@ -29,13 +29,7 @@ def work(lay: Layout) -> tuple[list[str], int]:
     """(job ids with a live attempt, jobs waiting: claimed but not launched, or still in the inbox)."""
     running: list[str] = []
     waiting = len(list_specs(lay.p(P.INBOX_DIR)))
-    for job_id in list_specs(lay.p(P.CLAIMED_DIR)):
-        spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-        if not isinstance(spec, dict):
-            continue
-        n = spec_attempt(spec)
-        if os.path.exists(lay.attempt(job_id, n, P.EXIT_FILE)):
-            continue
+    for job_id, _spec, n in unfinished_claims(lay):
         if not os.path.exists(lay.attempt(job_id, n, P.LAUNCH_FILE)):
             waiting += 1
         else:
