@@ -19,6 +19,14 @@ pytest_plugins = ["tests.support.pullworld"]  # the `world` fixture of the pull 
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The suite starts hundreds of `gpuq` processes.  Where the environment forbids writing bytecode (some CI
+# images set PYTHONDONTWRITEBYTECODE), every one of them would compile the controller's modules again
+# (about a tenth of each command's CPU).  The suite lets Python cache it, as on a user's machine.  What
+# runs from a bundle is unaffected: the agent sets sys.dont_write_bytecode itself and a trainer's
+# environment gets PYTHONDONTWRITEBYTECODE=1 from the wrapper (tests/integration/test_agent.py).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # The suite runs with `-n 4 --dist loadgroup` (README).  Every test is a unit of work of its own: with
 # pytest 9.2 xdist's `xdist_group` mark no longer groups anything (its worker stamps the group onto the
 # node id the old way, which pytest ignores since node ids are structured: pytest-dev/pytest-xdist#1386),

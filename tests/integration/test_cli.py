@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_gpuq, wait_for
+from tests.support.lightproject import light_config, light_project
 
 pytestmark = pytest.mark.integration
 
@@ -248,7 +249,9 @@ def test_kill_during_submit_leaves_all_or_nothing(gpuq_home: Path, tmp_path: Pat
 
 
 def test_dead_agent_is_revived_and_nothing_runs_twice(gpuq_home: Path, tmp_path: Path) -> None:
-    queue = _project(tmp_path, ["configs/tiny.yaml classify 2 gpus=2", "configs/tiny.yaml classify 2 gpus=2 name=b"])
+    # the light stdlib trainer (tests/support/lightproject.py): what is under test is the agent, not training
+    queue = light_project(tmp_path, {"tiny": light_config(steps=8, step_s=0.5)},
+                          ["configs/tiny.yaml classify 2 gpus=2", "configs/tiny.yaml classify 2 gpus=2 name=b"])
     env = {"GPUQ_LOCAL_CPU_SLOTS": "2"}
     assert run_gpuq("submit", str(queue), env=env).returncode == 0
     root = gpuq_home / "local"

@@ -1,6 +1,6 @@
 """Racing gpuq commands never start one job twice (issue: "A job can start twice").
 
-For STORM_S seconds (60 by default; GPUQ_TEST_STORM_S), six processes loop `gpuq status --once`,
+For STORM_S seconds (40 by default; GPUQ_TEST_STORM_S), six processes loop `gpuq status --once`,
 `gpuq patrol` and a bounded `gpuq watch` against sweeps on two namespace SSH hosts plus the local
 host, while more jobs are submitted, some cancelled and some requeued (their attempt's whole
 process group killed on the host: the patrol finds it gone and requeues it).  Afterwards every
@@ -28,8 +28,8 @@ from orchestrator.states import AttemptState, JobState
 from tests.conftest import ROOT, kill_recorded_groups, wait_for
 from tests.support.gpuquser import User
 
-STORM_S = float(os.environ.get("GPUQ_TEST_STORM_S", "60"))
-# the storm, plus a farm start and the last jobs draining (about 95 s in all with the default storm);
+STORM_S = float(os.environ.get("GPUQ_TEST_STORM_S", "40"))
+# the storm, plus a farm start and the last jobs draining (about 75 s in all with the default storm);
 # pytest-timeout ends a hung run
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(int(STORM_S) + 90)]
 

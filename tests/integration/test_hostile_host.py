@@ -21,6 +21,7 @@ from orchestrator import protocol
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import ROOT, wait_for
 from tests.support.gpuquser import User
+from tests.support.lightproject import light_config, light_project
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -105,10 +106,10 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
     (decoy / "config").write_text("Host *\n")
     before = _tree(decoy)
     user.add_hosts(2)
-    work = tmp_path / "project"
-    (work / "configs").mkdir(parents=True)
-    (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
-    (work / "queue.txt").write_text("".join(f"configs/tiny.yaml classify 1 name=j{i} gpus=2\n" for i in range(2)))
+    # the light stdlib trainer (tests/support/lightproject.py): what is under test is the controller
+    queue = light_project(tmp_path, {"tiny": light_config(steps=12, step_s=0.5)},
+                          [f"configs/tiny.yaml classify 1 name=j{i} gpus=2" for i in range(2)])
+    work = queue.parent
     submitted = user.gpuq("submit", str(work / "queue.txt"))
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     jobs = user.status_doc()["jobs"]
@@ -130,11 +131,14 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
         doc = json.loads(done.stdout)
         hosts = {h["name"]: h for h in doc["hosts"]}
         if mode == "traversal":  # a well-formed document: its forged and foreign jobs are ignored
+            # (no alert of its own: a job id the ledger never placed there may be another controller's;
+            # a "protocol" alert shows here only when this tick also collected g0's finished jobs, which
+            # the stand-in answers with garbage, and whether they finished before now is timing)
             assert hosts["g0"]["reachable"], hosts["g0"]
         else:
             assert hosts["g0"]["error"].startswith("protocol error: "), (mode, hosts["g0"])
+            assert any(a["rule"] == "protocol" and a["subject"] == "g0" for a in doc["alerts"]), (mode, doc["alerts"])
         assert hosts["g1"]["reachable"] and hosts["g1"]["error"] == "", (mode, hosts["g1"])  # its tick went on
-        assert any(a["rule"] == "protocol" and a["subject"] == "g0" for a in doc["alerts"]), (mode, doc["alerts"])
         assert not any(j["id"] in ("../../decoy", "cf0reign00001") for j in doc["jobs"])
         assert _tree(decoy) == before, mode  # nothing outside $GPUQ_HOME changed
         assert rss < MAX_RSS_KIB, (mode, rss)

@@ -2,7 +2,9 @@
 
 The hosts here are FakeHosts (real host agents under separate roots on this machine, reached
 without SSH) so placement and stealing are exercised quickly; the same flows over real OpenSSH
-hosts in namespaces live in test_ssh_hosts.py.
+hosts in namespaces live in test_ssh_hosts.py and test_ssh_work_stealing.py.  The jobs are the
+light stdlib trainer (tests/support/lightproject.py): what is under test is where and how often
+they run, not what they train.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import pytest
 from orchestrator import api
 from orchestrator.ledger import HostRow
 from orchestrator.states import JobState
-from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups
 from tests.support.fakehost import FakeHost
+from tests.support.lightproject import light_config, light_project
 
 pytestmark = pytest.mark.integration
 
@@ -42,11 +44,7 @@ def fleet(gpuq_home: Path, tmp_path: Path) -> Iterator[tuple[api.Context, dict[s
 
 
 def _project(tmp_path: Path, lines: list[str]) -> Path:
-    work = tmp_path / "project"
-    (work / "configs").mkdir(parents=True, exist_ok=True)
-    (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
-    (work / "queue.txt").write_text("\n".join(lines) + "\n")
-    return work / "queue.txt"
+    return light_project(tmp_path, {"tiny": light_config(steps=4, step_s=0.5)}, lines)  # ~2 s a job
 
 
 def _launches(hosts: dict[str, FakeHost]) -> dict[str, list[str]]:

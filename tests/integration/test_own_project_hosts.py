@@ -29,6 +29,13 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
         return []
 
 
+def _story(user: User, job_dir: Path) -> str:
+    """What a failed wait should show: the job's files on the host, its log's tail, gpuq's view."""
+    files = sorted(str(p.relative_to(job_dir)) for p in job_dir.rglob("*")) if job_dir.is_dir() else ["(no job dir)"]
+    logs = [f"--- {log}\n{log.read_text(errors='replace')[-2000:]}" for log in job_dir.glob("attempts/*/job.log")]
+    return "\n".join([" ".join(files), *logs, json.dumps(user.status_doc()["jobs"])])
+
+
 @pytest.fixture
 def user(host_farm: Callable[..., HostFarm], tmp_path: Path) -> Iterator[User]:
     home = tmp_path / "gpuq-home"
@@ -53,7 +60,7 @@ def test_ddp_script_killed_minus_nine_resumes_from_its_own_snapshot(user: User, 
     def snapshotted() -> bool:  # a snapshot of epoch >= 2 exists and training goes on
         return (run / "snapshot.pt").is_file() and 2 <= len(_csv_rows(run / "metrics.csv")) < epochs - 5
 
-    assert wait_for(snapshotted, timeout=240, interval=0.3), user.logs_of_unfinished()
+    assert wait_for(snapshotted, timeout=240, interval=0.3), _story(user, root / "jobs" / job["id"])
     pgid = json.loads((root / "jobs" / job["id"] / "attempts" / "1" / "pgid").read_text())["pgid"]
     user.farm.ssh(0, "kill", "-9", f"-{pgid}")  # the trainer's processes (torchrun and both ranks), no warning
     reached = len(_csv_rows(run / "metrics.csv"))

@@ -5,8 +5,9 @@ attempt, only on the host that ran it); a job the busy host claimed meanwhile st
 The FakeHost flavour of these flows is tests/integration/test_multihost.py.
 
 Every wait is for a state (a job RUNNING, a launch record on a host), never a duration: the job
-that keeps the busy host busy sleeps in every step (the payload's step-sleep test hook), so it is
-still running when the idle hosts come back.
+that keeps the busy host busy sleeps in every step, so it is still running when the idle hosts come
+back.  The jobs are the light stdlib trainer (tests/support/lightproject.py): what is under test is
+where and how often they run, not what they train.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from orchestrator.scheduler import epoch_rates
 from orchestrator.states import JobState
 from orchestrator.tick.probe import probe
 from orchestrator.tick.steal import steal
-from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups, wait_for
+from tests.support.lightproject import light_config, light_project
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
 
-HOLD_CONFIG = TINY_CONFIG + "test_hook_step_sleep_s: 1.5\n"  # 8 steps: ~12 s of a busy slot
+HOLD_CONFIG = light_config(steps=8, step_s=1.5)  # ~12 s of a busy slot
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +55,7 @@ def setup(farm: HostFarm, gpuq_home: Path, tmp_path: Path,
 
 
 def _project(tmp_path: Path, lines: list[str]) -> Path:
-    work = tmp_path / "project"
-    (work / "configs").mkdir(parents=True, exist_ok=True)
-    (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
-    (work / "configs" / "hold.yaml").write_text(HOLD_CONFIG)
-    (work / "queue.txt").write_text("\n".join(lines) + "\n")
-    return work / "queue.txt"
+    return light_project(tmp_path, {"tiny": light_config(steps=4, step_s=0.5), "hold": HOLD_CONFIG}, lines)
 
 
 def _launches(dirs: list[Path]) -> dict[str, list[str]]:

@@ -457,6 +457,9 @@ class HostFarm:
         if self.host_pids(i):
             raise RuntimeError(f"{h.name}: processes survived the preemption: {self.host_pids(i)}")
         h.init_pid = h.init_start = h.launcher_pid = 0
+        # the kernel hands a dead namespace's inode number to the next new one (another worker's host):
+        # a down host has no PID namespace, so host_pids/signal_workload never reach a stranger's processes
+        h.pidns = ""
         self._save()
 
     def boot(self, i: int, *, wipe_tmp: bool = True) -> None:
