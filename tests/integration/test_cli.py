@@ -134,11 +134,12 @@ def test_dry_run_writes_nothing(gpuq_home: Path, tmp_path: Path) -> None:
 
 def test_submit_detaches_runs_to_success_and_reports(gpuq_home: Path, tmp_path: Path) -> None:
     bad = dict(TINY, model={"width": 32, "depth": 1, "dropout": 0.0, "colour": "red"})
+    # one process each (two-process jobs on the local host: test_example_queue.py)
     queue = _project(tmp_path, [
-        "configs/tiny.yaml classify 2 gpus=2",
-        "configs/tiny.yaml classify 3 gpus=2 name=longer seed=11",
-        "configs/bad.yaml  classify 1 gpus=2",
-        "configs/tiny.yaml classify 2 gpus=2 name=quoted seed=0",
+        "configs/tiny.yaml classify 2 gpus=1",
+        "configs/tiny.yaml classify 3 gpus=1 name=longer seed=11",
+        "configs/bad.yaml  classify 1 gpus=1",
+        "configs/tiny.yaml classify 2 gpus=1 name=quoted seed=0",
     ], configs={"tiny": TINY, "bad": bad})
     env = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1"}
     submitted = run_gpuq("submit", str(queue), env=env)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-import yaml
 
 from tests.conftest import ROOT, run_gpuq, wait_for
+from tests.support.lightproject import light_config, light_project
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,15 +26,6 @@ pytestmark = [
 ]
 
 WIDTH, HEIGHT = 160, 48
-SLOW = {
-    "seed": 7, "batch_size": 32,
-    "model": {"width": 32, "depth": 1, "dropout": 0.0},
-    "data": {"n_train": 20000, "n_val": 128, "n_features": 8, "n_classes": 4, "noise": 1.0},
-    "augment": {"noise_std": 0.1, "feature_drop": 0.0},
-    "optim": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},
-    "schedule": {"warmup_steps": 2, "kind": "cosine"},
-    "ckpt_every_steps": 50, "log_every_steps": 10,
-}
 ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1"}
 
 
@@ -88,11 +79,11 @@ def _child_of(pid: int) -> int:
 
 
 def test_live_dashboard_in_a_real_terminal(gpuq_home: Path, tmp_path: Path) -> None:
-    work = tmp_path / "project"
-    (work / "configs").mkdir(parents=True)
-    (work / "configs" / "slow.yaml").write_text(yaml.safe_dump(SLOW))
-    (work / "queue.txt").write_text("configs/slow.yaml classify 200 gpus=2 name=dashjob\n")
-    submitted = run_gpuq("submit", str(work / "queue.txt"), env=ENV)
+    # the light stdlib trainer (tests/support/lightproject.py) beats like the payload, sleeping between
+    # steps: the dashboard is under test, and two ranks training all along would only load the machine
+    queue = light_project(tmp_path, {"slow": light_config(steps=600, step_s=0.5)},
+                          ["configs/slow.yaml classify 200 gpus=2 name=dashjob"])
+    submitted = run_gpuq("submit", str(queue), env=ENV)
     assert submitted.returncode == 0, submitted.stderr
 
     schema = json.loads((ROOT / "docs" / "schemas" / "status.schema.json").read_text())

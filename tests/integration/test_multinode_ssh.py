@@ -23,6 +23,7 @@ from orchestrator import api
 from orchestrator.cli.statusjson import status_doc
 from orchestrator.states import JobState
 from tests.conftest import kill_recorded_groups, wait_for
+from tests.support.lightproject import light_config, light_project
 from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project
 from tests.support.testhosts import HostFarm
 
@@ -148,7 +149,8 @@ def test_a_gang_that_cannot_start_waits_without_holding_the_free_hosts_slots(
     test's waits); s2 is free.  The two-node job cannot start (it needs two hosts with two GPUs free at
     once): it waits QUEUED in the ledger, nothing of it reaches any host, and a one-GPU job submitted
     with it runs on s2 meanwhile.  Once the busy jobs are cancelled, the two-node job runs."""
-    busy = write_project(tmp_path / "busy", {"hold": tiny_config(1.0, 8192)},
+    # the busy jobs are the light stdlib trainer (tests/support/lightproject.py): they only hold a GPU each
+    busy = light_project(tmp_path / "busy", {"hold": light_config(steps=256, step_s=1.0)},
                          ["configs/hold.yaml classify 1 name=hold0 gpus=1 host=s0 est_min=2",
                           "configs/hold.yaml classify 1 name=hold1 gpus=1 host=s1 est_min=2"])
     first = api.submit(world.ctx, busy)

@@ -21,6 +21,7 @@ import pytest
 
 from orchestrator.ledger import Ledger
 from tests.conftest import ROOT, run_gpuq, wait_for
+from tests.support.lightproject import light_config, light_project
 from tests.support.slurmcluster import SlurmCluster, requirements_problem
 from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project
 from tests.support.testhosts import HostFarm
@@ -118,8 +119,9 @@ def test_a_sweep_runs_to_completion_as_slurm_jobs_within_the_cap(user: SlurmUser
     said = user.add("--max-jobs", "2", "--time-limit", "10")
     assert "2 GPUs per node" in said and "shared with the compute nodes: yes" in said, said
     assert json.loads((user.root / "slurm.json").read_text())["max_jobs"] == 2
-    queue = write_project(tmp_path, {"tiny": tiny_config()}, [f"configs/tiny.yaml classify 1 name=c{i} gpus=1 seed={i}"
-                                                     for i in range(3)])
+    # the light stdlib trainer (tests/support/lightproject.py): what is under test is the cap, not training
+    queue = light_project(tmp_path, {"tiny": light_config(steps=4, step_s=0.25)},
+                          [f"configs/tiny.yaml classify 1 name=c{i} gpus=1 seed={i}" for i in range(3)])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
     submitted = [p for p in user.root.glob("jobs/*/attempts/1/slurm.json")]

@@ -24,6 +24,7 @@ from scripts.bench_project import TINY_CONFIG
 from tests.conftest import ROOT, wait_for
 from tests.integration.test_stop_agent import sleeper_project
 from tests.support.gpuquser import User
+from tests.support.lightproject import light_config, light_project
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -113,9 +114,10 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
 
 def test_cut_connection_and_stopped_sshd_leave_jobs_running(user: User, farm: HostFarm, tmp_path: Path) -> None:
     user.add_hosts()
-    # 40 steps of 0.5 s each (a test-hook sleep, no CPU): the jobs outlast the cuts on any machine's load
-    slow = TINY_CONFIG.replace("n_train: 256", "n_train: 512") + "test_hook_step_sleep_s: 0.5\n"
-    queue = _project(tmp_path, [f"configs/tiny.yaml classify 5 name=f{i} gpus=2" for i in range(3)], slow)
+    # 40 steps of 0.5 s each (a sleep, no CPU): the jobs outlast the cuts on any machine's load.  The light
+    # stdlib trainer (tests/support/lightproject.py): what is under test is the transport, not training
+    queue = light_project(tmp_path, {"tiny": light_config(steps=40, step_s=0.5)},
+                          [f"configs/tiny.yaml classify 5 name=f{i} gpus=2" for i in range(3)])
     submitted = user.gpuq("submit", str(queue))
     assert submitted.returncode == 0, submitted.stderr
 
