@@ -352,7 +352,8 @@ def test_gpuq_running_on_the_login_node_registers_the_cluster_as_local(user: Slu
 
 def test_gpuq_cancel_reaches_scancel(user: SlurmUser, tmp_path: Path) -> None:
     user.add()
-    queue = write_project(tmp_path, {"slow": tiny_config(0.2, 1024)}, ["configs/slow.yaml classify 5 name=long gpus=1"])
+    queue = light_project(tmp_path, {"slow": light_config(steps=300, step_s=0.5)},
+                          ["configs/slow.yaml classify 5 name=long gpus=1"])
     code, text = user.gpuq("submit", str(queue))
     assert code == 0, text
     assert wait_for(lambda: (user.job_dir("long") / "attempts" / "1" / "heartbeat").exists(), timeout=120)
