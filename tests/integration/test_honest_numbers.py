@@ -15,7 +15,7 @@ import pytest
 from orchestrator.report import trust
 from tests.conftest import run_gpuq
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.honest]
 
 ENV = {"GPUQ_LOCAL_CPU_SLOTS": "4", "GPUQ_HEARTBEAT_S": "1"}
 HOLD_S = 4  # the trainer waits at step 4 longer than a probe interval (2 s), then prints step 5 and exits

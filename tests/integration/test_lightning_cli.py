@@ -25,7 +25,7 @@ from orchestrator.ledger import Ledger
 from tests.conftest import run_gpuq, wait_for
 from tests.support.ownproject import copy_example
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.honest]
 pytest.importorskip("lightning.pytorch", reason="the example's trainer needs lightning")
 pytest.importorskip("jsonargparse", reason="LightningCLI needs jsonargparse[signatures] (examples/lightning_cli/"
                     "requirements.txt; the setup hook installs it on a host with network)")

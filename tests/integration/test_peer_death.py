@@ -21,7 +21,7 @@ import pytest
 from orchestrator.ledger import Ledger
 from tests.conftest import run_gpuq, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.honest]
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "ddp_peer.py"
 STEPS = 140  # 0.05 s each at least: the kill lands mid-run

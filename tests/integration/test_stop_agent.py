@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_gpuq, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.honest]
 
 ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1", "GPUQ_PATROL_INTERVAL_S": "1",
        "GPUQ_PATROL_MIN_INTERVAL_S": "0.5"}

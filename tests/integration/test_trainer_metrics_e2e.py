@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import run_gpuq
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.honest]
 
 TRAINER = textwrap.dedent("""
     import argparse, csv, json, os, signal, time

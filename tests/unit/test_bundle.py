@@ -146,6 +146,7 @@ def test_the_tarball_matches_its_manifest(workdir: Path, tmp_path: Path) -> None
         assert tar.getmember("workdir/run.sh").mode == 0o755
 
 
+@pytest.mark.honest
 def test_framework_output_dirs_stay_out_unless_gpuqignore_asks_for_them(workdir: Path, tmp_path: Path) -> None:
     """An old local run (Lightning's lightning_logs/, wandb/, Hydra's outputs/, an HF checkpoint-N/) is never
     the job's: it stays out of the bundle, said by name; a `!name/` line of .gpuqignore ships one."""

@@ -89,6 +89,7 @@ def test_a_directory_still_being_written_is_not_shipped(world: World) -> None:
     assert world.ctx.ledger.checkpoints(world.job) == []
 
 
+@pytest.mark.honest
 def test_a_retry_that_restarted_from_scratch_is_loud_and_counted(world: World) -> None:
     """Requeued "with resume", the retry found no checkpoint: the history, the alert and `gpuq results`
     say it restarted from scratch (never that it resumed)."""

@@ -15,6 +15,8 @@ import pytest
 from orchestrator import protocol
 from tests.support.agentmodule import load_agent_module
 
+pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
+
 own = load_agent_module("gpuq_own")
 launch = load_agent_module("gpuq_launch", qualified=True)
 scan = load_agent_module("gpuq_scan")

@@ -34,6 +34,8 @@ from orchestrator.transfer.pull import PullOutcome, request_manifests, sweep_loc
 from tests.support.jobtree import SHA, finished_job
 from tests.support.pullworld import SWEEP, World
 
+pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
+
 UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 

@@ -17,6 +17,8 @@ from orchestrator.specs import JobSpec
 from orchestrator.trainer_command import argv_module
 from tests.conftest import run_gpuq
 
+pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
+
 
 def jobs(text: str) -> list[JobSpec]:
     return list(parse_bytes(text.encode(), label="q.txt", workdir=None, needs_config=False).jobs)

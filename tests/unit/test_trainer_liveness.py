@@ -24,6 +24,8 @@ from tests.conftest import run_gpuq
 from tests.support.agentmodule import load_agent_module
 from tests.support.wire import patrol
 
+pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
+
 OB = load_agent_module("gpuq_observe")
 ST = load_agent_module("gpuq_status")
 LAUNCH = load_agent_module("gpuq_launch")

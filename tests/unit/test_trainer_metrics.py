@@ -26,6 +26,8 @@ from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.collect import record_collected
 from tests.support.agentmodule import load_agent_module
 
+pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
+
 M = load_agent_module("gpuq_runmetrics")
 
 HEADER = "epoch,step,train_loss,val_loss"
