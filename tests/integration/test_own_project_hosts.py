@@ -49,11 +49,14 @@ def user(host_farm: Callable[..., HostFarm], tmp_path: Path) -> Iterator[User]:
 
 def test_ddp_script_killed_minus_nine_resumes_from_its_own_snapshot(user: User, tmp_path: Path) -> None:
     user.add_hosts(1)
-    epochs = 30  # ~1 s each: the kill below lands after epoch 2's snapshot and long before the end
+    # 0.25-1 s each (by the machine's load): the kill below lands after epoch 2's snapshot and long before
+    # the end.  The wait starts as soon as submit returns (its --json names the job: no status call first),
+    # and epochs 2..40 leave it ~10 s of window even on an idle machine
+    epochs = 45
     queue = copy_example("ddp_snapshot", tmp_path, queue=f"name=victim gpus=2 -- {epochs} 1 --batch_size 16\n")
-    submitted = user.gpuq("submit", str(queue))
+    submitted = user.gpuq("submit", str(queue), "--json")
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    (job,) = user.status_doc()["jobs"]
+    (job,) = json.loads(submitted.stdout)["jobs"]
     root = user.host_dir(0)
     run = root / "jobs" / job["id"] / "run"
 
