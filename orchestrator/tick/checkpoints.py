@@ -249,7 +249,6 @@ def _fetch_dir(host: Any, job_id: str, pointer: SnapshotPointer,
     return why if why is not None else (pointer, part)
 
 
-
 def _write_pointer(directory: Path, pointer: SnapshotPointer, recorded: ResultCheckpoint) -> None:
     """The copy's LATEST: the host's pointer (not its pin), with the step and time the ledger records."""
     fields = pointer.model_dump(mode="json", exclude_unset=True, exclude={"snapshot"})

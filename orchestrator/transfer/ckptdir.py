@@ -28,7 +28,6 @@ from orchestrator.transfer.verify import file_sha256
 INCOMING = ".gpuq-incoming"
 
 
-
 def local_entries(directory: Path) -> list[tuple[str, int, str]]:
     """(path, bytes, sha256) of every regular file under a local checkpoint directory, sorted."""
     out = []

@@ -109,8 +109,7 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
     # the light stdlib trainer (tests/support/lightproject.py): what is under test is the controller
     queue = light_project(tmp_path, {"tiny": light_config(steps=12, step_s=0.5)},
                           [f"configs/tiny.yaml classify 1 name=j{i} gpus=2" for i in range(2)])
-    work = queue.parent
-    submitted = user.gpuq("submit", str(work / "queue.txt"))
+    submitted = user.gpuq("submit", str(queue))
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     jobs = user.status_doc()["jobs"]
     on_g1 = [j["id"] for j in jobs if j["host"] == "g1"]
@@ -144,7 +143,7 @@ def test_a_hostile_agent_is_a_protocol_error_of_its_host_only(user: User, farm: 
         assert rss < MAX_RSS_KIB, (mode, rss)
         assert _du(user.home) - home_before < 4 * 1024 * 1024, mode  # the answer was not stored
     # a host that claimed 10**12 slots left nothing behind that a later plan sizes a list by
-    planned = user.gpuq("submit", "--dry-run", str(work / "queue.txt"))
+    planned = user.gpuq("submit", "--dry-run", str(queue))
     assert planned.returncode == 0 and "Traceback" not in planned.stderr, planned.stdout + planned.stderr
 
     # an answer without end: the transport stops reading at its bound, the host is unreachable this tick

@@ -22,9 +22,8 @@ import pytest
 
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import ROOT, wait_for
-from tests.integration.test_stop_agent import sleeper_project
 from tests.support.gpuquser import User
-from tests.support.lightproject import light_config, light_project
+from tests.support.lightproject import light_config, light_project, sleeper_project
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration

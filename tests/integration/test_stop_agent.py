@@ -11,20 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_gpuq, wait_for
+from tests.support.lightproject import sleeper_project
 
 pytestmark = [pytest.mark.integration, pytest.mark.honest]
 
 ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1", "GPUQ_PATROL_INTERVAL_S": "1",
        "GPUQ_PATROL_MIN_INTERVAL_S": "0.5"}
-
-
-def sleeper_project(work: Path, line: str) -> Path:
-    """A project whose trainer only sleeps (seconds from the line): no torch, starts at once."""
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "sleeper.py").write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\nprint('slept', flush=True)\n")
-    (work / "gpuq.toml").write_text('[run]\ncommand = "sleeper.py {args}"\nlauncher = "python"\n')
-    (work / "queue.txt").write_text(line + "\n")
-    return work / "queue.txt"
 
 
 def _alive(pid: int) -> bool:

@@ -9,6 +9,9 @@ saves, gloo worlds) and the real frameworks' conventions are tested with the rea
 The trainer keeps the payload's contract with the agent (docs/your-project.md): it beats its
 heartbeat every step, writes ``result/metrics.jsonl`` with a final eval line, and exits 0.  Its
 config file says how long it trains: ``steps: N`` and ``step_s: S`` (seconds per step).
+
+``sleeper_project`` is lighter still: a trainer that only sleeps for the seconds its line gives and
+writes nothing (a project with no heartbeat and no metrics, as many are).
 """
 
 from __future__ import annotations
@@ -59,4 +62,13 @@ def light_project(base: Path, configs: dict[str, str], lines: list[str]) -> Path
     for name, text in configs.items():
         (work / "configs" / f"{name}.yaml").write_text(text)
     (work / "queue.txt").write_text("\n".join(lines) + "\n")
+    return work / "queue.txt"
+
+
+def sleeper_project(work: Path, line: str) -> Path:
+    """``work`` with a trainer that only sleeps (seconds from the line) and one queue line (returned)."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "sleeper.py").write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\nprint('slept', flush=True)\n")
+    (work / "gpuq.toml").write_text('[run]\ncommand = "sleeper.py {args}"\nlauncher = "python"\n')
+    (work / "queue.txt").write_text(line + "\n")
     return work / "queue.txt"
