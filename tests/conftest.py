@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import warmcli
+
 pytest_plugins = ["tests.support.pullworld"]  # the `world` fixture of the pull tests
 
 
@@ -102,11 +104,11 @@ def gpuq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 def run_gpuq(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
+    """Run the real CLI in a process of its own, as a user would: forked from a warm interpreter that has
+    imported the controller once (tests/support/warmcli.py), or exec'd with GPUQ_TEST_EXEC_CLI=1."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd or ROOT, check=False)
+    return warmcli.run(list(args), full_env, cwd or ROOT, timeout)
 
 
 def wait_for(predicate: object, timeout: float = 60.0, interval: float = 0.2) -> bool:

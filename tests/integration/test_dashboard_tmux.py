@@ -111,9 +111,9 @@ def test_live_dashboard_in_a_real_terminal(gpuq_home: Path, tmp_path: Path) -> N
         "PS1='$ '",
         f"stty -g > {tmp_path}/stty.before",
         gpuq, f'code=$?; echo "gpuq-exit=$code"; echo $code > {tmp_path}/exit.1',
-        f"stty -g > {tmp_path}/stty.1",
+        f"stty -g > {tmp_path}/stty.1.tmp && mv {tmp_path}/stty.1.tmp {tmp_path}/stty.1",  # whole when it appears
         gpuq, f'code=$?; echo "gpuq-exit=$code"; echo $code > {tmp_path}/exit.2',
-        f"stty -g > {tmp_path}/stty.2",
+        f"stty -g > {tmp_path}/stty.2.tmp && mv {tmp_path}/stty.2.tmp {tmp_path}/stty.2",  # whole when it appears
         "exec sleep 600",
     ]) + "\n")
     pane = Pane()
