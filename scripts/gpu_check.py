@@ -21,6 +21,9 @@ Checks, in this order (the agent's probes first, while nothing of this check hol
                   deterministic algorithms (CUBLAS_WORKSPACE_CONFIG=:4096:8)
   checkpoint      --ckpt-mib MiB of CUDA tensors saved and loaded through the payload's atomic
                   checkpoint code (fsync, sha256 verified), bit-equal; MB/s both ways
+  gpuq local      two one-GPU jobs through the real `gpuq submit --host local --wait`, `results` and
+                  `pull`: SUCCEEDED on a GPU slot, trained on cuda:0, verified, and what each attempt
+                  says it ran with (GPU model, driver, CUDA, torch, NCCL) is what this machine has
   reap find       a child that allocates CUDA memory and is orphaned: the agent's ``reap`` lists
                   it, or (where nvidia-smi lists its pid) leaves it to nvidia-smi by design
   reap kill       ``reap --force`` kills it and its GPU memory comes back (SKIP where nvidia-smi
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_check_agent import FAIL, PASS, SKIP, AgentChecks, tail
+from gpu_check_gpuq import GpuqChecks
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "payload" / "train.py"
@@ -62,7 +66,7 @@ EXIT_USAGE = 2
 EXIT_NO_GPU = 77  # the automake convention for "skipped": nothing here could be checked
 
 CHECKS = ("torch", "agent status", "agent health", "train nccl", "amp scaler", "resume", "checkpoint",
-          "reap find", "reap kill")
+          "gpuq local", "reap find", "reap kill")
 MIN_TORCH = (2, 3)
 EPOCHS = 3
 STEP_SLEEP_S = 0.25  # the interrupted run's steps are slow, so the SIGTERM lands mid-run at any speed
@@ -108,7 +112,7 @@ def no_gpu_results(why: str) -> list[Result]:
     return [Result(name, SKIP, None, why) for name in CHECKS]
 
 
-class Checker(AgentChecks):
+class Checker(AgentChecks, GpuqChecks):
     """Runs the checks in order; each one is a method returning (status, detail)."""
 
     def __init__(self, work: Path, probe: dict[str, Any], ckpt_mib: int) -> None:
@@ -304,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, fn in zip(CHECKS, (checker.check_torch, checker.check_status, checker.check_health,
                                      checker.check_train, checker.check_amp, checker.check_resume,
-                                     checker.check_checkpoint, checker.check_reap_find, checker.check_reap_kill),
+                                     checker.check_checkpoint, checker.check_gpuq_local, checker.check_reap_find,
+                                     checker.check_reap_kill),
                             strict=True):
             checker.run(name, fn)
     finally:

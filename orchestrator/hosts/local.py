@@ -35,6 +35,22 @@ def command_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def gpu_count(timeout: float = 15.0) -> int:
+    """How many GPUs this machine's ``nvidia-smi`` lists (0 without one): the slots its agent will
+    find (the agent's ``detect_slots`` takes GPUs over CPU slots), known before it has ever run."""
+    exe = shutil.which("nvidia-smi", path=command_env().get("PATH"))
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "--query-gpu=index", "--format=csv,noheader"], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=timeout, env=command_env(), check=False)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    if out.returncode != 0:
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.strip().isdigit())
+
+
 class LocalHost(Host):
     """Runs commands on the controller's own machine."""
 

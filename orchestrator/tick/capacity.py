@@ -25,7 +25,7 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
     """
     total = row.slots_total
     slurm = slurm_hosts.settings_of(row)
-    if row.kind == "local":
+    if row.kind == "local" and row.slots_kind != "gpu":  # its agent runs on CPU slots (GPUs win, as there)
         total = settings.local_cpu_slots or os.cpu_count() or 1
     elif slurm is not None:  # a slot is a place in Slurm's queue (the host's job cap); Slurm packs the GPUs
         total = slurm.max_jobs

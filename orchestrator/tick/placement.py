@@ -9,6 +9,7 @@ from orchestrator.bundle import Bundle
 from orchestrator.config import LOCAL_HOST, Settings
 from orchestrator.context import Context
 from orchestrator.fleet import Fleet
+from orchestrator.hosts.local import gpu_count as local_gpu_count
 from orchestrator.launcher import deliver_all, push_all
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, Plan, PlanJob, plan
@@ -91,7 +92,9 @@ def target_rows(ctx: Context, hosts: Sequence[str], pins: set[str]) -> list[Host
     for name in names:
         row = ctx.ledger.host(name)
         if row is None and name == LOCAL_HOST:  # registered by its first real use, never by a dry run
-            row = HostRow(name=LOCAL_HOST, kind="local", root=str(ctx.settings.local_host_root), created_at=0.0)
+            gpus = local_gpu_count()  # before its first probe, what its agent will find: GPUs win
+            row = HostRow(name=LOCAL_HOST, kind="local", root=str(ctx.settings.local_host_root), created_at=0.0,
+                          slots_kind="gpu" if gpus else "", slots_total=gpus)
         if row is not None:
             rows.append(row)
     return rows

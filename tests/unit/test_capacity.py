@@ -50,3 +50,16 @@ def test_disk_budget_is_free_bytes_minus_the_gate_and_checkpoints_count_twice() 
     assert big.disk_bytes == 4_000_000_000
     result = plan([big], [cap])
     assert result.assignments == () and "disk" in result.unplaced[0][1]
+
+
+def test_the_local_host_has_its_gpus_once_probed_and_its_cpu_slots_otherwise() -> None:
+    """A workstation with one GPU and sixteen cores runs one job at a time, as its agent does (GPUs win
+    over CPU slots there); a CPU machine runs GPUQ_LOCAL_CPU_SLOTS jobs (default: one per core)."""
+    settings = Settings(local_cpu_slots=16)
+    gpu = host_capacity(_row(name="local", kind="local", slots_kind="gpu", slots_total=1), [], {}, settings,
+                        EpochRates(), NOW)
+    assert gpu.total == 1 and len(gpu.slot_free_at) == 1
+    for kind in ("cpu", ""):  # probed as a CPU machine, or not probed yet
+        cpu = host_capacity(_row(name="local", kind="local", slots_kind=kind, slots_total=1), [], {}, settings,
+                            EpochRates(), NOW)
+        assert cpu.total == 16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -115,3 +116,28 @@ def test_dry_run_names_the_framework_output_dirs_it_left_out(gpuq_home: Path, tm
     assert done.stdout.splitlines()[0] == (
         "warning: left out of the bundle (training framework output, never the job's own; a `!name/` line in "
         ".gpuqignore ships one): lightning_logs/")
+
+
+def test_a_workstation_with_one_gpu_refuses_a_two_gpu_job_before_its_host_was_ever_used(gpuq_home: Path,
+                                                                                         tmp_path: Path) -> None:
+    """This machine's agent takes its GPUs over its CPU slots: with one GPU listed by nvidia-smi (and
+    sixteen CPU slots allowed), a gpus=2 line cannot be placed, in the dry run and in the real submit,
+    though the local host has never been probed; nothing is written."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=index ] && echo 0 && exit 0\nexit 9\n")
+    smi.chmod(0o755)
+    queue = _project(tmp_path, "name=big gpus=2\nname=small gpus=1\n",
+                     '[run]\ncommand = "train.py --name {name}"\nlauncher = "python"\n')
+    # GPUQ_PREFLIGHT=false: the real submit would first check that GPU with the agent's health preflight
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GPUQ_LOCAL_CPU_SLOTS": "16", "GPUQ_PREFLIGHT": "false"}
+    for extra in (["--dry-run"], []):
+        done = run_gpuq("submit", *extra, str(queue), env=env)
+        assert done.returncode == 2, (extra, done.stdout, done.stderr)
+        assert "queue.txt:1: job 'big' cannot be placed: needs 2 slots (gpus=2); the largest usable host has 1" \
+            in done.stderr, done.stderr
+        assert not (gpuq_home / "ledger.db").exists() or not sqlite3.connect(gpuq_home / "ledger.db").execute(
+            "select count(*) from job").fetchone()[0]
+    without = run_gpuq("submit", "--dry-run", str(queue), env={"GPUQ_LOCAL_CPU_SLOTS": "16"})
+    assert without.returncode == 0, without.stderr  # the same queue on a CPU machine with 16 slots
