@@ -62,15 +62,20 @@ if verb == "need":
     print(json.dumps({"tree": os.path.isdir(tree), "missing": sorted(set(missing))}))
     sys.exit(0)
 if verb == "fetch":
-    import urllib.request
+    import urllib.error, urllib.request
     e = doc["entries"][0]
     final = os.path.join(files, e["sha256"])
     if not os.path.isfile(final):
         part = os.path.join(base, "fetch", e["sha256"] + ".part")
         have = os.path.getsize(part) if os.path.exists(part) else 0
         req = urllib.request.Request(doc["source"], headers={"Range": "bytes=%d-" % have} if have else {})
-        with urllib.request.urlopen(req, timeout=60) as r, open(part, "ab" if have and r.status == 206 else "wb") as f:
-            shutil.copyfileobj(r, f, 1 << 20)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r, \
+                    open(part, "ab" if have and r.status == 206 else "wb") as f:
+                shutil.copyfileobj(r, f, 1 << 20)
+        except urllib.error.HTTPError as err:
+            if not (have and err.code == 416):  # 416: the part holds every byte (a fetch died before its check)
+                raise
         if digest(part) != e["sha256"]:
             os.unlink(part)
             sys.exit("%s: the download's sha256 is not %s" % (doc["source"], e["sha256"]))
