@@ -153,7 +153,16 @@ def test_time_limit_gives_timeout(cluster: SlurmCluster) -> None:
     job's EndTime to now makes it TIMEOUT at the next check (under 31 s, not 60-90 s)."""
     job = cluster.sbatch("--time=10", wrap="sleep 300")
     cluster.wait_job(job, {"RUNNING"})
-    cluster.check_login(["scontrol", "update", f"JobId={job}", "EndTime=now"])
+    # StartTime and "now" are whole seconds: in the second the job started, EndTime=now would be a time
+    # limit of 0 and is refused ("Invalid time specified"); from the next second on it is taken
+    deadline = time.monotonic() + 10
+    while True:
+        moved = cluster.ssh_login(["scontrol", "update", f"JobId={job}", "EndTime=now"])
+        if moved.returncode == 0 or "Invalid time specified" not in moved.stdout + moved.stderr \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert moved.returncode == 0, moved.stdout + moved.stderr + cluster.log_tails()
     ended = cluster.wait_job(job, {"TIMEOUT"}, timeout=45)
     assert ended.reason == "TimeLimit"
     assert cluster.show_job(job)["ExitCode"] == "0:15"  # SIGTERM
