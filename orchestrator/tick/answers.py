@@ -89,7 +89,7 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
     subjects = [row.name] + [j.id for j in mine]
     record(ctx, findings, subjects=subjects, report=report)
     done = reconcile(ctx.ledger, host, ctx.settings, probe, parts)
-    ended = _settled_findings(ctx, row.name, mine, done.settled, report)
+    ended = _settled_findings(ctx, row.name, done.settled, report)
     record(ctx, ended, subjects=[], report=report)
     for job in stalled:
         _kill_stalled(ctx, host, row, job, report)
@@ -127,16 +127,15 @@ def _job_findings(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping
     return stalled
 
 
-def _settled_findings(ctx: Context, host: str, mine: Sequence[Job], settled: Sequence[Settled],
-                      report: TickReport) -> list[Finding]:
-    """What reconcile settled this tick, as actions and "ended badly" findings."""
-    names = {j.id: j for j in mine}
+def _settled_findings(ctx: Context, host: str, settled: Sequence[Settled], report: TickReport) -> list[Finding]:
+    """What reconcile settled this tick, as actions and "ended badly" findings.  Each names the job and
+    attempt reconcile read: a job that another command placed on this host after the tick listed the
+    host's jobs is settled here too."""
     ended = []
     for item in settled:
-        job = names[item.job_id]
-        report.actions.append(f"{job.name} ({item.job_id}): {item.decision.reason}")
-        att = ctx.ledger.attempt(job.id, job.attempt_count)
-        ended.append(ended_badly(host, JobView(job.id, job.name, job.attempt_count), item.outcome, item.klass,
+        report.actions.append(f"{item.name} ({item.job_id}): {item.decision.reason}")
+        att = ctx.ledger.attempt(item.job_id, item.attempt)
+        ended.append(ended_badly(host, JobView(item.job_id, item.name, item.attempt), item.outcome, item.klass,
                                  item.decision.reason, item.decision.action == "requeue", rebooted=item.rebooted,
                                  message=att.message if att else ""))
     return ended

@@ -32,6 +32,8 @@ class Settled:
     """An attempt that ended badly this tick, classified (docs/health.md) and acted on."""
 
     job_id: str
+    name: str  # the job's name and the attempt settled, as reconcile read them (another command may have
+    attempt: int  # placed the job here after this tick listed the host's jobs)
     outcome: str  # "failed" (exited non-zero) | "lost" (vanished: no exit record of its own)
     klass: str
     decision: Decision
@@ -78,7 +80,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
             exit_doc = seen.exit_or_empty
             decision = settle_setup_failure(ledger, job.id, host.name, attempt.bundle_sha if attempt else "",
                                             exit_doc, exit_message(exit_doc))
-            out.settled.append(Settled(job.id, outcome, "setup", decision))
+            out.settled.append(Settled(job.id, job.name, job.attempt_count, outcome, "setup", decision))
         elif outcome in ("failed", "lost"):
             done = _settle_ended(ledger, job, seen, outcome, settings, report, oom_rose)
             if done is not None:
@@ -129,7 +131,7 @@ def _settle_ended(ledger: Ledger, job: Job, seen: JobEntry, outcome: str, settin
         wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
     decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
     if decision.action != "stale":  # another gpuq command settled this attempt first
-        return Settled(job.id, outcome, klass, decision, rebooted)
+        return Settled(job.id, job.name, job.attempt_count, outcome, klass, decision, rebooted)
     return None
 
 

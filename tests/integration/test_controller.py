@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,7 +23,9 @@ from orchestrator.launcher import job_spec
 from orchestrator.ledger import Ledger
 from orchestrator.specs import JobSpec
 from orchestrator.states import JobState
+from orchestrator.tick.answers import _settled_findings
 from orchestrator.tick.collect import collect
+from orchestrator.tick.findings import TickReport
 from orchestrator.tick.probe import probe, probe_all
 from orchestrator.tick.reconcile import reconcile
 from tests.conftest import ROOT, kill_recorded_groups
@@ -118,6 +121,13 @@ def test_reconcile_maps_every_host_state(setup: tuple[Ledger, FakeHost, Settings
     assert done.succeeded == [ids[0]]
     settled = {item.job_id: (item.klass, item.decision.action) for item in done.settled}
     assert settled == {ids[1]: ("config", "fail"), ids[2]: ("vanished", "requeue")}
+    # each settled attempt names its job and attempt as reconcile read them: the tick's report needs no
+    # list of the host's jobs taken before (a racing command may have placed one here since; that list
+    # lacked it, and `gpuq status` once died on a KeyError in the race storm)
+    assert {(item.name, item.attempt) for item in done.settled} == {("badcfg", 1), ("dead", 1)}
+    told = TickReport()
+    found = _settled_findings(SimpleNamespace(ledger=ledger), host.name, done.settled, told)  # type: ignore[arg-type]
+    assert sorted(a.split(" ", 1)[0] for a in told.actions) == ["badcfg", "dead"] and len(found) == 2
     assert ledger.attempt(ids[2], 1).state == "LOST"  # type: ignore[union-attr]
     bad = ledger.attempt(ids[1], 1)
     assert bad is not None and bad.exit_code == 4 and "configuration error" in bad.message

@@ -3,8 +3,9 @@
 A two-rank gloo job on the local host (tests/support/ddp_peer.py: an all-reduce loop that checkpoints a
 step counter) under each launcher: torchrun's ranks, or `launcher = "python"` where rank 0 starts rank 1
 itself as Lightning does.  kill -9 of rank 1 only; rank 0 then fails on the lost peer ("Connection reset by
-peer").  The attempt is classed `killed` (torchrun's report of the SIGKILL wins over the SIGTERM it sent the
-survivor; under the python launcher the wrapper reports the rank it inherited), requeued with resume, and
+peer"), or torchrun's monitor, seeing rank 1 gone first, stops it with SIGTERM.  The attempt is classed
+`killed` (torchrun's report of the SIGKILL wins over the SIGTERM it sent the survivor; under the python
+launcher the wrapper reports the rank it inherited), requeued with resume, and
 the job finishes from its checkpoint.
 """
 
@@ -66,7 +67,12 @@ def test_a_rank_killed_minus_nine_is_killed_and_resumed(gpuq_home: Path, tmp_pat
     finally:
         ledger.close()
     first_log = (jdir / "attempts" / "1" / "job.log").read_text()
-    assert "Connection reset by peer" in first_log or "Connection closed by peer" in first_log, first_log[-3000:]
+    # the survivor learns of the loss itself; under torchrun its monitor may get there first and stop the
+    # survivor with SIGTERM (seen once on a loaded machine): either way it is not the survivor's fault
+    lost_peer = ("Connection reset by peer", "Connection closed by peer")
+    if launcher == "torchrun":
+        lost_peer += ("closing signal SIGTERM",)
+    assert any(line in first_log for line in lost_peer), first_log[-3000:]
     assert "Signal 9 (SIGKILL) received by PID" in first_log, first_log[-3000:]
     assert job.state == "SUCCEEDED" and job.attempt_count == 2, (job, events)
     assert any("killed: requeued with resume" in m for m in events), events
