@@ -38,12 +38,13 @@ def command_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def gpu_count(timeout: float = 15.0) -> int:
     """How many GPUs this machine's ``nvidia-smi`` lists (0 without one): the slots its agent will
     find (the agent's ``detect_slots`` takes GPUs over CPU slots), known before it has ever run."""
-    exe = shutil.which("nvidia-smi", path=command_env().get("PATH"))
+    env = command_env()
+    exe = shutil.which("nvidia-smi", path=env["PATH"])
     if exe is None:
         return 0
     try:
         out = subprocess.run([exe, "--query-gpu=index", "--format=csv,noheader"], stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=timeout, env=command_env(), check=False)
+                             capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except (OSError, subprocess.SubprocessError):
         return 0
     if out.returncode != 0:

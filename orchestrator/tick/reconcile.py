@@ -29,11 +29,13 @@ from orchestrator.tick.settle import settle
 
 @dataclass(frozen=True)
 class Settled:
-    """An attempt that ended badly this tick, classified (docs/health.md) and acted on."""
+    """An attempt that ended badly this tick, classified (docs/health.md) and acted on.  It names the job
+    and attempt as reconcile read them: another command may have placed the job on this host after the
+    tick listed the host's jobs."""
 
     job_id: str
-    name: str  # the job's name and the attempt settled, as reconcile read them (another command may have
-    attempt: int  # placed the job here after this tick listed the host's jobs)
+    name: str
+    attempt: int
     outcome: str  # "failed" (exited non-zero) | "lost" (vanished: no exit record of its own)
     klass: str
     decision: Decision

@@ -54,11 +54,6 @@ def _startup_env(env: dict[str, str]) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------ the server
 
 
-def _send(conn: socket.socket, doc: dict[str, Any]) -> None:
-    data = json.dumps(doc).encode()
-    conn.sendall(struct.pack("!I", len(data)) + data)
-
-
 def _recv_exact(conn: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
@@ -139,9 +134,9 @@ def _handle(conn: socket.socket, listener: socket.socket) -> None:
             os._exit(120)
     os.close(out_fd)
     os.close(err_fd)
-    _send(conn, {"pid": pid})
+    conn.sendall(struct.pack("!i", pid))  # the caller's to kill on a timeout
     _, status = os.waitpid(pid, 0)
-    _send(conn, {"status": status})
+    conn.sendall(struct.pack("!i", status))
 
 
 def serve(path: str) -> None:
@@ -176,10 +171,10 @@ class _Server:
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="gpuq-warmcli-")
         self.path = os.path.join(self.dir, "sock")
-        self.env = dict(os.environ)
+        self.startup = _startup_env(dict(os.environ))
         self.proc = subprocess.Popen(
             [sys.executable, "-c", f"from tests.support.warmcli import serve; serve({self.path!r})"],
-            cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, start_new_session=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -226,7 +221,7 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subp
     server = None
     if os.environ.get(EXEC_ENV) != "1":
         server = _get_server()
-        if _startup_env(env) != _startup_env(server.env):
+        if _startup_env(env) != server.startup:
             server = None
     if server is None:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
@@ -268,15 +263,11 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subp
                         if status is None:
                             raise RuntimeError("the warm gpuq server went away mid-command")
                         continue
-                    reply += data
-                    while len(reply) >= 4 and len(reply) >= 4 + struct.unpack("!I", reply[:4])[0]:
-                        n = struct.unpack("!I", reply[:4])[0]
-                        doc = json.loads(reply[4:4 + n])
-                        reply = reply[4 + n:]
-                        if "pid" in doc:
-                            pid = int(doc["pid"])
-                        else:
-                            status = int(doc["status"])
+                    reply += data  # the command's pid, then its wait status: 4 bytes each
+                    if len(reply) >= 4:
+                        pid = struct.unpack("!i", reply[:4])[0]
+                    if len(reply) >= 8:
+                        status = struct.unpack("!i", reply[4:8])[0]
                 else:
                     data = os.read(fd, 65536)
                     if data:
