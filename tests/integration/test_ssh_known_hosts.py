@@ -118,11 +118,11 @@ def test_a_channel_that_cannot_be_closed_never_hides_the_hosts_error(farm: HostF
     """paramiko raises EOFError from Channel.close when the close cannot be sent; closing after the
     output cap must still end in the cap's HostError (a bare EOFError became "aborted" in CI)."""
     real_close = paramiko.Channel.close
-    closes: list[int] = []
+    closes: list[tuple[object, int]] = []  # (transport, channel id): any Channel in this process may close
 
     def close_then_fail(chan: paramiko.Channel) -> None:
         real_close(chan)
-        closes.append(chan.get_id())
+        closes.append((chan.get_transport(), chan.get_id()))
         raise EOFError()
 
     host = make_host(farm, no_ssh_config, max_output_bytes=1 << 20)
@@ -131,7 +131,11 @@ def test_a_channel_that_cannot_be_closed_never_hides_the_hosts_error(farm: HostF
         with pytest.raises(HostError, match="more than 1 MiB"):
             host.run(["sh", "-c", "yes gpuq | head -c 5000000"])
         assert host.run(["echo", "still here"]).stdout == "still here\n"
-        assert len(set(closes)) == 2  # both commands' channels went through the failing close
+        # both commands' channels went through the failing close (a channel of an earlier test's connection
+        # collected meanwhile closes too: only this host's connection counts)
+        assert host._client is not None
+        mine = host._client.get_transport()
+        assert len({cid for transport, cid in closes if transport is mine}) == 2
     finally:
         monkeypatch.undo()
         host.close()
