@@ -267,8 +267,9 @@ def test_slot_packing_and_too_big(host: Host) -> None:
         for i, x in enumerate(busy):
             for y in busy[i + 1:]:
                 assert not (x & y), "overlapping jobs share a slot"
-    # 1+2+1 start together; the 3-slot job waits for the 2-slot one and one more
-    assert intervals[3][0] >= max(intervals[0][1], intervals[1][1]) - 0.05
+    # 1+2+1 start together; the 3-slot job waits for the 2-slot one and one more (either 1-slot job: on a
+    # loaded machine the second may end first)
+    assert intervals[3][0] >= max(intervals[1][1], min(intervals[0][1], intervals[2][1])) - 0.05
     assert len(host.runs_of(big["job_id"])) == 0
 
 
