@@ -23,11 +23,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from orchestrator.agent_modules import argv_module
 from orchestrator.config import tomllib
 from orchestrator.errors import ConfigError
 from orchestrator.providers.credentials import LAMBDA, RUNPOD
 from orchestrator.specs import JobSpec
-from orchestrator.trainer_command import argv_module
 
 TABLE = "run"
 LEGACY_USES = frozenset({"config", "task", "epochs"})  # `command = []`: the payload's own argv

@@ -10,13 +10,13 @@ import sys
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator import protocol
+from orchestrator.agent_modules import argv_module
 from orchestrator.api.submit import SubmitResult
 from orchestrator.context import Context
 from orchestrator.ledger import HostRow
 from orchestrator.runconfig import RunConfig
 from orchestrator.scheduler import epoch_rates, estimate_s, estimate_source
 from orchestrator.specs import JobSpec, job_id_for
-from orchestrator.trainer_command import argv_module
 
 MASK = "***"
 MASTER_PORT = "<master_port>"  # picked by the host's agent per launch

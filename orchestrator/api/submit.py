@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import datasets
+from orchestrator.agent_modules import argv_module
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.config import PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
@@ -31,7 +32,6 @@ from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
-from orchestrator.trainer_command import argv_module
 from orchestrator.transfer import datasync
 
 

@@ -7,13 +7,13 @@ it: the file set equals the manifest's exactly (missing and unexpected files bot
 manifest itself, the verification record and ``*.tmp`` are bookkeeping), then sizes, then sha256,
 then content: metrics and summary parse, and the best checkpoint is a sound torch archive.
 
-The controller never imports torch, so a checkpoint is checked with the stdlib: the zip archive
-opens, every member passes its CRC, and its ``data.pkl`` is a complete pickle of a dict whose
-globals are torch's tensor-rebuild and storage names (what ``torch.load(weights_only=True)``
-accepts for a state dict).  The
-host's wrapper has loaded the same bytes with ``weights_only=True`` (the agent refuses to
-manifest a best.pt whose sha256 differs from the one the wrapper recorded).  Nothing is ever
-unpickled here.
+The controller never imports torch, so a checkpoint is checked with the stdlib, by the agent's own
+``gpuq_ckptcheck.py`` (loaded by path, agent_modules.py): the zip archive opens, every member passes
+its CRC, its ``data.pkl`` is a complete pickle of a dict whose globals are torch's tensor-rebuild and
+storage names (what ``torch.load(weights_only=True)`` accepts for a state dict), and every storage
+it names is in the archive.  The host's wrapper ran the same check on the same bytes (the agent
+refuses to manifest a best.pt whose sha256 differs from the one the wrapper recorded).  Nothing is
+ever unpickled here.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickletools
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator import protocol
+from orchestrator.agent_modules import ckptcheck_module
 
 PULL_VERIFIED = "PULL_VERIFIED.json"
 PULL_VERIFIED_SCHEMA = "gpuq.pull-verified/1"
@@ -36,25 +35,6 @@ PROVENANCE = "PROVENANCE.txt"
 MANIFEST_INCOMING = protocol.JOB_MANIFEST_FILE + ".incoming"
 IGNORED_TOP = frozenset({protocol.JOB_MANIFEST_FILE, MANIFEST_INCOMING, PULL_VERIFIED})  # bookkeeping, not results
 CHUNK = 1 << 20
-
-_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
-                         "BINSTRING", "STRING"})
-# opcodes that precede the outermost object's own opcode (framing, memo, a global's name strings)
-_PRELUDE_OPS = _STRING_OPS | {"PROTO", "FRAME", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "BINGET", "LONG_BINGET",
-                              "GET"}
-# the pickle globals a state dict of tensors needs, and nothing else: what torch.load(weights_only=True)
-# accepts for tensors, storages and ordered dicts (an arbitrary torch.* name could be a callable such as
-# torch.load or torch.hub.load: never accepted)
-_STORAGE_KINDS = ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",
-                  "ComplexFloat", "ComplexDouble", "Untyped")
-_SAFE_GLOBALS = frozenset({
-    "collections.OrderedDict", "_codecs.encode", "builtins.set", "builtins.frozenset",
-    "builtins.bytearray", "builtins.slice", "builtins.complex",
-    "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
-    "torch._utils._rebuild_parameter_with_state", "torch.Size",
-    *(f"torch.{kind}Storage" for kind in _STORAGE_KINDS),
-})
-
 
 @dataclass(frozen=True)
 class ManifestEntry:
@@ -189,60 +169,17 @@ def _local_files(directory: Path) -> tuple[dict[str, Path], list[str]]:
 
 
 def pickle_problem(data: bytes) -> str | None:
-    """Why a torch ``data.pkl`` would not load with weights_only=True as a dict; None when it would.
-
-    Reads opcodes only (pickletools); nothing is unpickled.
-    """
-    recent: list[str | None] = []  # values pushed lately, for STACK_GLOBAL's two operands
-    memo: dict[int, str | None] = {}
-    first: str | None = None  # what the outermost object is built from
-    try:
-        for op, arg, _pos in pickletools.genops(data):
-            name = op.name
-            ref: str | None = None
-            if name in ("GLOBAL", "INST"):
-                ref = str(arg).replace(" ", ".", 1)
-            elif name == "STACK_GLOBAL":
-                module, attr = (recent[-2], recent[-1]) if len(recent) >= 2 else (None, None)
-                if module is None or attr is None:
-                    return "it holds a pickle global that cannot be read statically"
-                ref = f"{module}.{attr}"
-            if ref is not None and ref not in _SAFE_GLOBALS:
-                return f"it references {ref}, which torch.load(weights_only=True) refuses"
-            if first is None and name not in _PRELUDE_OPS:
-                first = "dict" if name == "EMPTY_DICT" or ref == "collections.OrderedDict" else (ref or name)
-            if name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                memo[int(str(arg))] = recent[-1] if recent else None
-            elif name == "MEMOIZE":
-                memo[len(memo)] = recent[-1] if recent else None
-            elif name in ("BINGET", "LONG_BINGET", "GET"):
-                recent.append(memo.get(int(str(arg))))
-            elif name in _STRING_OPS:
-                recent.append(str(arg))
-            elif name not in ("PROTO", "FRAME"):
-                recent.append(None)
-            del recent[:-4]
-    except ValueError as exc:
-        return f"its pickle is damaged: {exc}"
-    if first != "dict":
-        return f"it does not hold a dict (a state dict) but {first or 'nothing'}"
-    return None
+    """Why a torch ``data.pkl`` would not load with weights_only=True as a dict; None when it would
+    (opcodes only, nothing unpickled: the agent's gpuq_ckptcheck.py)."""
+    why: str | None = ckptcheck_module().pickle_problem(data)
+    return why
 
 
 def checkpoint_problem(path: Path) -> str | None:
-    """Why ``path`` is not a sound torch checkpoint (zip archive of a state dict); None when it is."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pickles = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
-            if len(pickles) != 1:
-                return "it is not a torch checkpoint archive (no single <name>/data.pkl)"
-            damaged = archive.testzip()
-            if damaged is not None:
-                return f"archive member {damaged} fails its CRC check"
-            data = archive.read(pickles[0])
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, RuntimeError, ValueError) as exc:
-        return f"it is not a readable zip archive: {exc}"
-    return pickle_problem(data)
+    """Why ``path`` is not a sound torch checkpoint (zip archive of a state dict); None when it is
+    (the agent's gpuq_ckptcheck.py: the wrapper runs the same check on the host)."""
+    why: str | None = ckptcheck_module().checkpoint_problem(str(path))
+    return why
 
 
 def _metrics_problem(path: Path, rel: str) -> str | None:

@@ -1,7 +1,8 @@
 """What the wrapper checks around the trainer (docs/host-protocol.md): before it, that torch sees the
 assigned GPUs and that the disk has room (the disk gate); after it, that the artifacts the spec's
-``verify`` names are there and load.  Each check returns "" (or True) when it passes, else the one
-line the exit record carries.
+``verify`` names are there and sound (a best checkpoint is read without loading it or importing
+torch: gpuq_ckptcheck, the controller's check too).  Each check returns "" (or True) when it passes,
+else the one line the exit record carries.
 
 stdlib only, Python >= 3.8.
 """
@@ -13,10 +14,10 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from typing import Any
 
 import gpuq_protocol as P
+from gpuq_ckptcheck import checkpoint_problem
 from gpuq_files import read_json
 from gpuq_hostfacts import disk_info
 
@@ -55,7 +56,7 @@ def disk_gate(root: str, ckpt: str, spec: dict[str, Any]) -> str:
     return ""
 
 
-def verify_artifacts(jdir: str, spec: dict[str, Any], env: dict[str, str]) -> str:
+def verify_artifacts(jdir: str, spec: dict[str, Any]) -> str:
     """"" when the artifacts the spec's ``verify`` names are sound, else why not ("finalize: ...")."""
     checks = spec.get("verify") or []
     if "metrics" in checks:
@@ -76,15 +77,7 @@ def verify_artifacts(jdir: str, spec: dict[str, Any], env: dict[str, str]) -> st
         path = os.path.join(jdir, P.CKPT_DIR, P.BEST_CKPT)
         if not os.path.isfile(path):
             return f"finalize: {path} missing"
-        code = ("import sys, torch\n"
-                "obj = torch.load(sys.argv[1], map_location='cpu', weights_only=True)\n"
-                "sys.exit(0 if isinstance(obj, dict) else 3)\n")
-        try:
-            rc = subprocess.run([sys.executable, "-c", code, path], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                timeout=900).returncode
-        except (OSError, subprocess.SubprocessError) as e:
-            return f"finalize: cannot check {path}: {e}"
-        if rc != 0:
-            return "finalize: %s does not load with weights_only=True as a dict (rc=%d)" % (path, rc)
+        why = checkpoint_problem(path)
+        if why is not None:
+            return "finalize: %s: %s" % (path, why)
     return ""

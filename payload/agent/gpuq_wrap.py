@@ -398,7 +398,7 @@ class Wrapper:
         rank = node["rank"] if node is not None else gpuq_slurm_node.node_rank() if self.launch.get("slurm") else 0
         if rank > 0:  # rank 0 writes results and checkpoints, on node 0: they are verified there
             return self.finish(P.EXIT_OK, "trained as node %d; node 0 verifies the artifacts" % rank, trainer_code=0)
-        problem = verify_artifacts(self.jdir, self.spec, self.env)
+        problem = verify_artifacts(self.jdir, self.spec)
         if problem:
             return self.finish(P.EXIT_FINALIZE, problem, trainer_code=0)
         return None

@@ -26,6 +26,7 @@ import pytest
 
 from orchestrator import patrol, protocol, stops
 from orchestrator.host_documents import unframe
+from tests.support.jobtree import fake_checkpoint
 from tests.support.wire import exit_record
 
 pytestmark = pytest.mark.integration
@@ -273,13 +274,18 @@ def test_slot_packing_and_too_big(host: Host) -> None:
     assert len(host.runs_of(big["job_id"])) == 0
 
 
-def test_exit_codes_crash_kill9_passthrough_finalize(host: Host) -> None:
+def test_exit_codes_crash_kill9_passthrough_finalize(host: Host, tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    good.write_bytes(fake_checkpoint())
+    bad.write_bytes(fake_checkpoint([1.0, 2.0]))  # a sound archive of a list: not a state dict
     jobs = {
         "crash": (host.spec("crash", host.config("crash", crash=True)), 1),
         "killed": (host.spec("killed", host.config("killed", sleep=0.2, kill_self=True)), 137),
         "seven": (host.spec("seven", host.config("seven", exit=7)), 7),
         "nometrics": (host.spec("nometrics", host.config("nometrics", no_metrics=True)), 82),
         "ok": (host.spec("ok", host.config("ok")), 0),
+        "goodckpt": (host.spec("goodckpt", host.config("goodckpt", best_pt=str(good)), verify=["best_ckpt"]), 0),
+        "badckpt": (host.spec("badckpt", host.config("badckpt", best_pt=str(bad)), verify=["best_ckpt"]), 82),
     }
     host.serve(slots=1, idle=30)
     for name, (s, code) in jobs.items():
@@ -292,6 +298,9 @@ def test_exit_codes_crash_kill9_passthrough_finalize(host: Host) -> None:
     assert killed["signal"] == 9 and killed["wrapper_signal"] is None  # nobody signalled the wrapper
     assert patrol.classify(killed["wrapper_code"], killed["trainer_code"], []) == "killed"  # retried
     assert host.exit_of(jobs["nometrics"][0]["job_id"])["phase"] == "finalize"
+    badckpt = host.exit_of(jobs["badckpt"][0]["job_id"])
+    assert badckpt["phase"] == "finalize" and badckpt["trainer_code"] == 0
+    assert "best.pt: it does not hold a dict (a state dict) but EMPTY_LIST" in badckpt["message"], badckpt
     ok = host.exit_of(jobs["ok"][0]["job_id"])
     assert ok["phase"] == "finalize" and ok["trainer_code"] == 0 and ok["last_step"] is not None
     crash_log = (host.attempt(jobs["crash"][0]["job_id"]) / "job.log").read_text()

@@ -3,7 +3,7 @@
 Takes the real trainer's arguments (--config --task --epochs), reads the GPUQ_* environment,
 writes a heartbeat and result/metrics.jsonl, and behaves per its JSON config file:
   sleep (s), exit (code), crash (uncaught exception), hang (sleep forever), kill_self (SIGKILL
-  itself), ignore_term (SIG_IGN SIGTERM), wait_file (block until that file exists), no_metrics,
+  itself), ignore_term (SIG_IGN SIGTERM), wait_file (block until that file exists), no_metrics, best_pt (copied to ckpt/best.pt),
   dump_env (write the environment to result/env.json), runs_file (append start/end records),
   orphan_pid_file (start a sleeper in a new session, as torchrun starts its workers, and write
   its pid there).
@@ -83,6 +83,9 @@ def main():
         with open(os.path.join(result, "metrics.jsonl"), "a") as f:
             f.write(json.dumps({"kind": "train", "step": step, "epoch": 0, "loss": 0.5, "lr": 0.1,
                                 "time": time.time()}) + "\n")
+    if cfg.get("best_pt"):  # a file to leave as ckpt/best.pt (the wrapper's best_ckpt check reads it)
+        import shutil
+        shutil.copyfile(cfg["best_pt"], os.path.join(env["GPUQ_CKPT_DIR"], "best.pt"))
     heartbeat(step, "done")
     record("end")
     sys.exit(int(cfg.get("exit", 0)))

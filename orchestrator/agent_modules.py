@@ -1,0 +1,41 @@
+"""The host agent's stdlib-only modules that the controller runs too, loaded by file path: one
+implementation for both sides, nothing copied.
+
+* ``gpuq_argv.py``: the trainer's command line (docs/your-project.md).  The controller uses it to
+  check ``[run]`` templates at submit and to print the exact argv in ``gpuq submit --dry-run``.
+* ``gpuq_ckptcheck.py``: is a file a sound torch checkpoint (docs/results.md).  The wrapper's
+  ``best_ckpt`` check on the host and the controller's check of a pulled or shipped copy.
+
+Only modules without sibling imports can be loaded this way (the agent's others import each other by
+bare name from the bundle's directory).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from types import ModuleType
+
+from orchestrator.bundle import payload_dir
+from orchestrator.errors import BundleError
+
+
+@functools.cache
+def _load(name: str) -> ModuleType:
+    path = payload_dir() / "agent" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"gpuq_payload_agent_{name}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise BundleError(f"{path} is missing from this installation; reinstall gpuq")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def argv_module() -> ModuleType:
+    """``payload/agent/gpuq_argv.py`` of this installation, imported once."""
+    return _load("gpuq_argv")
+
+
+def ckptcheck_module() -> ModuleType:
+    """``payload/agent/gpuq_ckptcheck.py`` of this installation, imported once."""
+    return _load("gpuq_ckptcheck")
