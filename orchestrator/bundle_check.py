@@ -8,8 +8,11 @@ on the host with the host's Python in isolated mode (``-I``), sent by the contro
 the bundle it checks:
 
 * the manifest's sha256 must be the one in the controller's own tarball (``manifest_digest``);
-* the files under ``bundles/<sha>/`` must be exactly the manifest's (no extra ``.pyc``, no link),
-  each of its size and sha256;
+* the files under ``bundles/<sha>/`` must be exactly the manifest's (no link, no extra file),
+  each of its size and sha256, plus the agent's bytecode that the unpack compiled with the host's
+  Python (``payload/agent/__pycache__/<module>.<tag>.pyc`` of a listed module, for this interpreter's
+  tag only): each is admitted only when its code object equals a fresh compile of its verified source,
+  so a planted or rewritten ``.pyc`` is tampering like any other file;
 * cheaply: a pass writes ``bundles/.<sha>.verified`` with every file's (size, mtime, ctime, inode);
   the next check rehashes only when one of those changed (ctime cannot be set back by a user);
 * a failed check moves the directory aside to ``bundles/.<sha>.tampered.<time>`` (quarantined, never
@@ -32,7 +35,7 @@ VERIFY_TIMEOUT_S = 300.0
 
 # stdlib only, Python >= 3.8 (the host's interpreter); argv: root, sha, the manifest's sha256
 VERIFY = r"""
-import hashlib, json, os, sys, time
+import hashlib, importlib.util, json, marshal, os, sys, time
 root, sha, want = sys.argv[1], sys.argv[2], sys.argv[3]
 bundles = os.path.join(root, "bundles")
 d = os.path.join(bundles, sha)
@@ -74,7 +77,29 @@ if digest(manifest) != want:
 with open(manifest, "rb") as fh:
     listed = {f["path"]: f for f in json.load(fh)["files"]}
 now = stats()
-extra = sorted(set(now) - set(listed) - {"MANIFEST.json"})
+TAG = getattr(sys.implementation, "cache_tag", None) or ""
+AGENT = "payload/agent/"
+def compiled(rel):
+    # the unpack compiled the agent with this interpreter: payload/agent/__pycache__/<m>.<tag>.pyc of a listed
+    # payload/agent/<m>.py; the full pass below admits it only when its code is that source's code
+    head, _, name = rel.rpartition("/")
+    suffix = "." + TAG + ".pyc"
+    return bool(TAG) and head == AGENT + "__pycache__" and name.endswith(suffix) and \
+        AGENT + name[:-len(suffix)] + ".py" in listed
+def compiled_problem(rel):
+    src = AGENT + rel.rpartition("/")[2][:-len("." + TAG + ".pyc")] + ".py"
+    with open(os.path.join(d, rel), "rb") as fh:
+        data = fh.read()
+    with open(os.path.join(d, src), "rb") as fh:
+        source = fh.read()
+    try:
+        same = data[:4] == importlib.util.MAGIC_NUMBER and \
+            marshal.loads(data[16:]) == compile(source, os.path.join(d, src), "exec", dont_inherit=True)
+    except Exception:
+        same = False
+    return not same
+pycs = sorted(rel for rel in set(now) - set(listed) if now[rel] is not None and compiled(rel))
+extra = sorted(set(now) - set(listed) - {"MANIFEST.json"} - set(pycs))
 missing = sorted(set(listed) - set(now))
 if extra or missing:
     bad("extra: %s; missing: %s" % (", ".join(extra[:5]) or "none", ", ".join(missing[:5]) or "none"))
@@ -87,6 +112,9 @@ if not (isinstance(seen, dict) and seen.get("manifest") == want and seen.get("fi
     for rel, f in sorted(listed.items()):
         if now[rel] is None or now[rel][0] != f["bytes"] or digest(os.path.join(d, rel)) != f["sha256"]:
             bad("%s changed" % rel)
+    for rel in pycs:
+        if compiled_problem(rel):
+            bad("%s is not the bytecode of its source" % rel)
     tmp = "%s.%d.tmp" % (marker, os.getpid())
     with open(tmp, "w") as fh:
         json.dump({"manifest": want, "files": now}, fh)

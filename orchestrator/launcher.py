@@ -36,7 +36,11 @@ UNPACK_SCRIPT = (
     'if command -v sha256sum >/dev/null 2>&1; then printf "%s  %s\\n" "$2" "$3" | sha256sum -c - >/dev/null '
     '|| { rm -f "$3"; echo "bundle bytes do not match sha256 $2 after upload" >&2; exit 3; }; fi; '
     'd="bundles/.$2.unpack.$$"; rm -rf "$d"; mkdir -p "$d"; '
-    'tar -xf "$3" -C "$d"; chmod -R a-w "$d"; '
+    'tar -xf "$3" -C "$d"; '
+    # the agent's bytecode, compiled once here with the host's Python: every agent call would compile it
+    # again from the read-only bundle (bundle_check admits exactly these files); a failure only costs speed
+    'if [ -d "$d/payload/agent" ]; then "$4" -I -m compileall -q "$d/payload/agent" >/dev/null 2>&1 || true; fi; '
+    'chmod -R a-w "$d"; '
     'if [ -d "bundles/$2" ]; then chmod -R u+w "$d"; rm -rf "$d"; else mv "$d" "bundles/$2"; fi; rm -f "$3"'
 )
 
@@ -64,7 +68,8 @@ def ensure_bundle(host: Host, bundle: Bundle) -> bool:
     remote_tar = host.path(protocol.BUNDLES_DIR, f".{bundle.sha256}.{secrets.token_hex(8)}.tar")
     with transfer_progress.track(f"bundle {bundle.sha256[:12]} -> {host.name}", bundle.path.stat().st_size) as shown:
         host.put(bundle.path, remote_tar, progress=shown)
-    result = host.run(["sh", "-c", UNPACK_SCRIPT, "sh", host.root, bundle.sha256, remote_tar], timeout=300)
+    result = host.run(["sh", "-c", UNPACK_SCRIPT, "sh", host.root, bundle.sha256, remote_tar, host.python],
+                      timeout=300)
     if result.exit_code != 0:
         raise BundleError(f"host {host.name}: unpacking bundle {bundle.sha256[:12]} failed: {result.stderr.strip()}")
     return True

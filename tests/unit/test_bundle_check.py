@@ -4,7 +4,10 @@ rewritten, added or swapped file is found, the copy is moved aside (never delete
 from __future__ import annotations
 
 import hashlib
+import marshal
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,7 +48,27 @@ def test_an_untouched_bundle_is_reused_and_verified_once_by_hash(placed: tuple[L
     assert sorted(p.name for p in where.parent.iterdir()) == sorted([bundle.sha256, marker.name])
 
 
-@pytest.mark.parametrize("tamper", ["rewrite", "same_size_same_mtime", "extra_pyc", "link", "manifest_too"])
+def _agent_pyc(bundle_dir: Path, module: str) -> Path:
+    return bundle_dir / "payload" / "agent" / "__pycache__" / f"{module}.{sys.implementation.cache_tag}.pyc"
+
+
+def test_the_agent_is_compiled_once_on_unpack_and_runs_from_its_bytecode(
+        placed: tuple[LocalHost, Bundle, Path]) -> None:
+    host, bundle, where = placed
+    agent = where / "payload" / "agent"
+    compiled = {p.name.split(".")[0] for p in (agent / "__pycache__").iterdir()}
+    assert compiled == {p.stem for p in agent.glob("*.py")}
+    assert ensure_bundle(host, bundle) is False  # admitted by the check: each is its source's code
+    assert ensure_bundle(host, bundle) is False  # and again on the cheap path
+    run = subprocess.run([sys.executable, "-v", str(agent / "gpuq_agent.py"), "--root", str(host.root), "status"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr[-500:]
+    assert f"code object from '{_agent_pyc(where, 'gpuq_files')}'" in run.stderr
+    assert not (where / protocol.BUNDLE_WORKDIR / "__pycache__").exists()  # the project's code is not touched
+
+
+@pytest.mark.parametrize("tamper", ["rewrite", "same_size_same_mtime", "extra_pyc", "link", "manifest_too",
+                                    "agent_pyc_rewritten", "agent_pyc_of_no_module"])
 def test_a_tampered_bundle_is_moved_aside_and_pushed_again(placed: tuple[LocalHost, Bundle, Path],
                                                            tamper: str) -> None:
     host, bundle, where = placed
@@ -61,6 +84,12 @@ def test_a_tampered_bundle_is_moved_aside_and_pushed_again(placed: tuple[LocalHo
     elif tamper == "extra_pyc":
         (train.parent / "__pycache__").mkdir()
         (train.parent / "__pycache__" / "train.cpython-38.pyc").write_bytes(b"\0" * 16)
+    elif tamper == "agent_pyc_rewritten":  # a valid header and another program's code: python would run it
+        pyc = _agent_pyc(where, "gpuq_files")
+        evil = marshal.dumps(compile("import os; os.system('id')\n", "gpuq_files.py", "exec"))
+        pyc.write_bytes(pyc.read_bytes()[:16] + evil)
+    elif tamper == "agent_pyc_of_no_module":
+        _agent_pyc(where, "gpuq_sitecustom").write_bytes(_agent_pyc(where, "gpuq_files").read_bytes())
     elif tamper == "link":
         (train.parent / "lib.py").symlink_to("/etc/passwd")
     else:  # the manifest rewritten to match the new file: its own hash is the controller's
