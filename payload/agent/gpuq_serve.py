@@ -43,6 +43,7 @@ from gpuq_files import (
 )
 from gpuq_detach import serve_detached
 from gpuq_hostfacts import detect_slots
+from gpuq_inboxview import InboxView
 from gpuq_procs import (
     boot_id,
     group_alive,
@@ -93,6 +94,9 @@ class Agent:
         self.queue_of: dict[str, str] = {}
         self.queues_open: dict[str, bool] = {}
         self.wake_r, self.wake_w = os.pipe()
+        self.inbox = InboxView(lay.p(P.INBOX_DIR))
+        self.last_round: tuple[Any, ...] | None = None  # what the last claim round decided from
+        self.last_waiting = 0
 
     # lock and pid file
     def try_lock(self) -> bool:
@@ -398,9 +402,23 @@ class Agent:
 
     def claim_and_launch(self) -> int:
         """Launch what fits now: the jobs claimed but never launched first, then the inbox oldest
-        first (a smaller job behind one that waits may backfill).  Returns how many inbox jobs wait."""
+        first (a smaller job behind one that waits may backfill).  Returns how many inbox jobs wait.
+
+        A round decides from the inbox, the busy slots, the running jobs and the pending claims alone:
+        when none of them changed since the last round ended, it would decide the same, and is skipped
+        (an idle agent with a thousand waiting jobs must not re-read them ten times a second)."""
         self._launch_pending()
-        return sum(self._take(job_id, spec) for _created, job_id, spec in self._inbox_by_age())
+        entries = self.inbox.specs()
+        if self._round_state() == self.last_round:
+            return self.last_waiting
+        waiting = sum(self._take(job_id, spec) for _created, job_id, spec in entries)
+        self.inbox.specs()  # what this round claimed has left the inbox
+        self.last_round, self.last_waiting = self._round_state(), waiting
+        return waiting
+
+    def _round_state(self) -> tuple[Any, ...]:
+        return (self.inbox.generation, tuple(sorted(self.busy.items())), tuple(sorted(self.running)),
+                tuple(self.pending))
 
     def _launch_pending(self) -> None:
         """Claimed but never launched (found at start-up): launched once they fit, failed if they never can."""
@@ -417,20 +435,6 @@ class Agent:
             elif need <= len(self.free_slots()) and self.alive_other(job_id, spec_attempt(spec)) is None:
                 self.pending.remove(job_id)
                 self.launch(job_id, spec, need)
-
-    def _inbox_by_age(self) -> list[tuple[float, str, Any]]:
-        """(created_at, job id, spec or None) of every inbox spec, oldest first."""
-        entries = []
-        for job_id in list_specs(self.lay.p(P.INBOX_DIR)):
-            spec = read_json(self.lay.p(P.INBOX_DIR, job_id + ".json"))
-            created = spec.get("created_at", 0) if isinstance(spec, dict) else 0
-            try:
-                created = float(created)
-            except (TypeError, ValueError):
-                created = 0.0
-            entries.append((created, job_id, spec))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        return entries
 
     def _unfit(self, spec: Any) -> str:
         """Why this host can never run the spec ("" when it can)."""
