@@ -3,34 +3,84 @@
 Each function does one user-level thing and returns data; the CLI renders it.
 Every check that can fail on user input runs before anything is written.
 
-Plain re-exports.  No verb shares its name with a module of this package (``status`` and ``wait``
-live in ``snapshot.py``, ``pull`` in ``pulling.py``), except ``submit`` (``submit.py``): these imports
-run before any caller can import that module, so ``api.submit`` is the function.
+Plain re-exports, imported on first use (PEP 562): ``gpuq status`` must not load the cloud
+providers, the submit pipeline and the report to read a ledger.  No verb shares its name with a
+module of this package (``status`` and ``wait`` live in ``snapshot.py``, ``pull`` in ``pulling.py``,
+``submit`` in ``submitting.py``): importing a module sets the package attribute of its name, which
+would shadow the verb.
 """
 
 from __future__ import annotations
 
-from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
-from orchestrator.api.dryrun import DryRun, dry_run
-from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
-from orchestrator.api.hosts import (
-    HostDetail,
-    hosts_add,
-    hosts_add_slurm,
-    hosts_list,
-    hosts_release,
-    hosts_rm,
-    hosts_show,
-    hosts_stop_agent,
-    hosts_trust,
-)
-from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
-from orchestrator.api.pulling import PullReport, pull
-from orchestrator.api.snapshot import Snapshot, status, wait
-from orchestrator.api.submit import SubmitResult, submit
-from orchestrator.context import Context, host_for, open_context
-from orchestrator.tick.findings import TickReport
-from orchestrator.tick.loop import run_tick
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
+    from orchestrator.api.dryrun import DryRun, dry_run
+    from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
+    from orchestrator.api.hosts import (
+        HostDetail,
+        hosts_add,
+        hosts_add_slurm,
+        hosts_list,
+        hosts_release,
+        hosts_rm,
+        hosts_show,
+        hosts_stop_agent,
+        hosts_trust,
+    )
+    from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
+    from orchestrator.api.pulling import PullReport, pull
+    from orchestrator.api.snapshot import Snapshot, status, wait
+    from orchestrator.api.submitting import SubmitResult, submit
+    from orchestrator.context import Context, host_for, open_context
+    from orchestrator.tick.findings import TickReport
+    from orchestrator.tick.loop import run_tick
+
+_HOME = {
+    "CancelOutcome": "orchestrator.api.jobs",
+    "Context": "orchestrator.context",
+    "DownPlan": "orchestrator.api.cloud",
+    "DryRun": "orchestrator.api.dryrun",
+    "HostDetail": "orchestrator.api.hosts",
+    "PullReport": "orchestrator.api.pulling",
+    "ReapReport": "orchestrator.api.health",
+    "ResultRow": "orchestrator.api.jobs",
+    "ResumeResult": "orchestrator.api.cloud",
+    "Snapshot": "orchestrator.api.snapshot",
+    "SubmitResult": "orchestrator.api.submitting",
+    "TickReport": "orchestrator.tick.findings",
+    "UpResult": "orchestrator.api.cloud",
+    "WatchResult": "orchestrator.api.health",
+    "cancel": "orchestrator.api.jobs",
+    "cancel_targets": "orchestrator.api.jobs",
+    "doctor": "orchestrator.api.health",
+    "down": "orchestrator.api.cloud",
+    "down_plan": "orchestrator.api.cloud",
+    "dry_run": "orchestrator.api.dryrun",
+    "host_for": "orchestrator.context",
+    "hosts_add": "orchestrator.api.hosts",
+    "hosts_add_slurm": "orchestrator.api.hosts",
+    "hosts_list": "orchestrator.api.hosts",
+    "hosts_release": "orchestrator.api.hosts",
+    "hosts_rm": "orchestrator.api.hosts",
+    "hosts_show": "orchestrator.api.hosts",
+    "hosts_stop_agent": "orchestrator.api.hosts",
+    "hosts_trust": "orchestrator.api.hosts",
+    "logs": "orchestrator.api.jobs",
+    "open_context": "orchestrator.context",
+    "pull": "orchestrator.api.pulling",
+    "reap": "orchestrator.api.health",
+    "results": "orchestrator.api.jobs",
+    "resume": "orchestrator.api.cloud",
+    "run_tick": "orchestrator.tick.loop",
+    "status": "orchestrator.api.snapshot",
+    "submit": "orchestrator.api.submitting",
+    "up": "orchestrator.api.cloud",
+    "wait": "orchestrator.api.snapshot",
+    "watch": "orchestrator.api.health",
+}
 
 __all__ = [
     "CancelOutcome",
@@ -75,3 +125,12 @@ __all__ = [
     "wait",
     "watch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

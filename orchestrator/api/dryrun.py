@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator import protocol
 from orchestrator.agent_modules import argv_module
-from orchestrator.api.submit import SubmitResult
+from orchestrator.api.submitting import SubmitResult
 from orchestrator.context import Context
 from orchestrator.ledger import HostRow
 from orchestrator.runconfig import RunConfig

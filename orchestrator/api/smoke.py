@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator import launcher, protocol
-from orchestrator.api.submit import SubmitResult, submit
+from orchestrator.api.submitting import SubmitResult, submit
 from orchestrator.context import Context
 from orchestrator.host_documents import ExitRecord
 from orchestrator.hosts.local import LocalHost, command_env

@@ -8,6 +8,7 @@ import sys
 
 from orchestrator.api.dryrun import DryRun
 from orchestrator.api.smoke import SmokeResult
+from orchestrator.views.text import rough_duration
 
 COLUMNS = ("name", "config", "task", "epochs", "gpus", "host", "estimate", "argv")
 
@@ -15,16 +16,7 @@ COLUMNS = ("name", "config", "task", "epochs", "gpus", "host", "estimate", "argv
 def _estimate(seconds: float | None, source: str) -> str:
     if seconds is None:
         return source
-    return f"{duration(seconds)} ({source})"
-
-
-def duration(seconds: float) -> str:
-    """A rough duration for people: seconds, minutes or hours."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{rough_duration(seconds)} ({source})"
 
 
 def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
@@ -52,7 +44,7 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
     if doc.makespan_s is None:
         out.write("makespan unknown until one job of each config has run\n")
     else:
-        out.write(f"projected makespan {duration(doc.makespan_s)}\n")
+        out.write(f"projected makespan {rough_duration(doc.makespan_s)}\n")
 
 
 SMOKE_COLUMNS = ("cell", "started", "metrics", "checkpoint", "resumed", "exit", "seconds")

@@ -31,9 +31,8 @@ from rich.console import Console
 from rich.markup import escape as _markup_escape
 from rich.table import Table
 
-from orchestrator.cli.dryrun import duration as rough_duration
 from orchestrator.views import AlertView, HostView, JobView, alert_views, host_views, job_views, sweep_views
-from orchestrator.views.text import clock, duration, money, one_line, pct, printable
+from orchestrator.views.text import clock, duration, money, one_line, pct, printable, rough_duration
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot, SubmitResult

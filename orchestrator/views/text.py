@@ -48,6 +48,15 @@ def clock(ts: float) -> str:
     return time.strftime("%H:%M:%SZ", time.gmtime(ts))
 
 
+def rough_duration(seconds: float) -> str:
+    """A rough duration for people: seconds, minutes or hours (a projection, not a measurement)."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def duration(seconds: float | None) -> str:
     """Short duration for tables: 45s, 12m, 3h05m, 2d4h; "-" for None."""
     if seconds is None:

@@ -70,13 +70,13 @@ def test_no_module_reaches_for_another_modules_privates() -> None:
 def test_the_check_sees_both_ways_of_reaching(tmp_path: Path) -> None:
     """The check itself: a `from … import _x` and a `module._x` are both reported, a dunder is not."""
     probe = PACKAGE / "api" / "_architecture_probe.py"
-    probe.write_text("from orchestrator.api.submit import _target_rows\nfrom orchestrator.tick import attempts\n"
+    probe.write_text("from orchestrator.api.submitting import _target_rows\nfrom orchestrator.tick import attempts\n"
                      "from orchestrator.tick.loop import __doc__\nattempts._apply\n")
     try:
         found = private_reaches(probe)
     finally:
         probe.unlink()
-    assert [hit.split(": ", 1)[1] for hit in found] == ["orchestrator.api.submit._target_rows",
+    assert [hit.split(": ", 1)[1] for hit in found] == ["orchestrator.api.submitting._target_rows",
                                                         "orchestrator.tick.attempts._apply"]
 
 

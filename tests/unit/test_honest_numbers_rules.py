@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api.submit import seed_warnings
+from orchestrator.api.submitting import seed_warnings
 from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job
