@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,3 +105,22 @@ def test_the_control_loop_has_one_home() -> None:
     assert not (PACKAGE / "api" / "tick.py").exists()
     tick_modules = {p.stem for p in (PACKAGE / "tick").glob("*.py")}
     assert not tick_modules & {p.stem for p in (PACKAGE / "api").glob("*.py")} - {"__init__"}
+
+
+def test_the_api_reexports_every_verb_from_its_home_on_first_use() -> None:
+    """``orchestrator.api`` loads a verb's module only when the verb is used (``gpuq status`` must not
+    load the submit chain), and every name it promises is the object its module defines."""
+    import importlib
+    import inspect
+
+    from orchestrator import api
+
+    assert sorted(api.__all__) == sorted(api._HOME)
+    for name in api.__all__:
+        assert getattr(api, name) is getattr(importlib.import_module(api._HOME[name]), name), name
+    importlib.import_module("orchestrator.api.submitting")
+    assert inspect.isfunction(api.submit)  # no verb is shadowed by a module of its name
+    run = subprocess.run([sys.executable, "-c", "import sys, orchestrator.api.snapshot; "
+                          "print(sorted(m for m in sys.modules if m.startswith(('orchestrator.api.', 'yaml'))))"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert run.stdout.strip() == "['orchestrator.api.snapshot']"
