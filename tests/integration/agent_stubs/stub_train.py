@@ -3,8 +3,9 @@
 Takes the real trainer's arguments (--config --task --epochs), reads the GPUQ_* environment,
 writes a heartbeat and result/metrics.jsonl, and behaves per its JSON config file:
   sleep (s), exit (code), crash (uncaught exception), hang (sleep forever), kill_self (SIGKILL
-  itself), ignore_term (SIG_IGN SIGTERM), wait_file (block until that file exists), no_metrics, best_pt (copied to ckpt/best.pt),
-  dump_env (write the environment to result/env.json), runs_file (append start/end records),
+  itself), ignore_term (SIG_IGN SIGTERM), wait_file (block until that file exists), no_metrics,
+  best_pt (a file copied to ckpt/best.pt), dump_env (write the environment to result/env.json),
+  runs_file (append start/end records),
   orphan_pid_file (start a sleeper in a new session, as torchrun starts its workers, and write
   its pid there).
 """
