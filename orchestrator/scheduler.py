@@ -32,9 +32,12 @@ shown (est_min= or history) or that guess, which is never shown (docs/queue.md).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.scheduler_slots import SlotGroup, SlotIndex, grouped
+from orchestrator.scheduler_steal import StealSearch
 from orchestrator.specs import DEFAULT_EPOCHS, Assignment, HostSlots
 
 DEFAULT_EST_S_PER_EPOCH = 60.0
@@ -194,6 +197,10 @@ def _gb(n: float) -> str:
 IMPROVE_BUDGET = 50_000
 """Job placements ``plan`` may spend improving on the longest-first order (bounds its run time)."""
 
+INDEX_FROM_HOSTS = 24
+"""Candidate hosts from which ``plan`` looks a job's best host up in its slot index rather than trying
+each (the same answer either way; below this, trying each is faster)."""
+
 
 @dataclass
 class _Pass:
@@ -215,7 +222,8 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
     The longest-first order is then improved by pairwise swaps, kept only when
     they leave fewer jobs unplaced, end earlier, or (same end) balance the slots
     better; the search stops at a local optimum, at the lower bound, or after
-    ``IMPROVE_BUDGET`` job placements.  Same inputs, same plan.
+    ``IMPROVE_BUDGET`` job placements.  Same inputs, same plan (``scheduler_slots``
+    finds each job's host on a large fleet without trying every host).
     """
     usable = [h for h in hosts if h.usable]
     mean_est = sum(max(0.0, j.est_s) for j in jobs) / len(jobs) if jobs else 0.0
@@ -226,20 +234,29 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
     best_key = best.key()
     bound = _lower_bound(jobs, usable, base)
     budget = IMPROVE_BUDGET // max(1, len(order)) - 1
+    shapes = _shape_numbers(order) if budget > 0 else []
+    after = _next_other_shape(shapes)
     improved = True
     while improved and budget > 0 and (best_key[0] > 0 or best_key[1] > bound * (1 + 1e-9)):
         improved = False
         for i in range(len(order) - 1):
-            for k in range(i + 1, len(order)):
-                if budget <= 0 or _same_shape(order[i], order[k]):
+            if budget <= 0:
+                break  # spent: nothing below could run another trial
+            k = i + 1
+            while k < len(order) and budget > 0:
+                if shapes[k] == shapes[i]:
+                    k = after[k]  # the next job of another shape: swapping within a shape changes no time
                     continue
                 order[i], order[k] = order[k], order[i]
                 trial = scheduler.run(order)
                 budget -= 1
                 if trial.key() < best_key:
                     best, best_key, improved = trial, trial.key(), True
+                    shapes[i], shapes[k] = shapes[k], shapes[i]
+                    after = _next_other_shape(shapes)
                 else:
                     order[i], order[k] = order[k], order[i]
+                k += 1
     best.placed.sort(key=lambda p: (p[0], p[1]))
     placements = tuple(p for _, _, p in best.placed)
     host_finish = {name: max(times, default=0.0) for name, times in best.slots.items()}
@@ -253,10 +270,19 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
     )
 
 
-def _same_shape(a: PlanJob, b: PlanJob) -> bool:
-    """Swapping two such jobs changes no time, only which id runs where."""
-    return (a.est_s, a.gpus, a.host_pin, a.disk_bytes, a.nodes) == (b.est_s, b.gpus, b.host_pin, b.disk_bytes,
-                                                                    b.nodes)
+def _shape_numbers(order: Sequence[PlanJob]) -> list[int]:
+    """One number per job, the same for jobs of the same shape: swapping two such jobs changes no time,
+    only which id runs where."""
+    numbers: dict[tuple[float, int, str | None, int, int], int] = {}
+    return [numbers.setdefault((j.est_s, j.gpus, j.host_pin, j.disk_bytes, j.nodes), len(numbers)) for j in order]
+
+
+def _next_other_shape(shapes: Sequence[int]) -> list[int]:
+    """For each position, the first later position holding another shape (``len(shapes)`` if none)."""
+    after = [len(shapes)] * len(shapes)
+    for k in range(len(shapes) - 2, -1, -1):
+        after[k] = k + 1 if shapes[k + 1] != shapes[k] else after[k + 1]
+    return after
 
 
 def _lower_bound(jobs: Sequence[PlanJob], usable: Sequence[HostSlots], base: Mapping[str, list[float]]) -> float:
@@ -270,6 +296,19 @@ def _lower_bound(jobs: Sequence[PlanJob], usable: Sequence[HostSlots], base: Map
     return max(work / capacity, max(max(0.0, j.est_s) for j in jobs) / fastest)
 
 
+_FitKey = tuple[str | None, int, int]
+"""(host_pin, gpus, nodes): all that decides which hosts may take a job (disk aside)."""
+
+
+@dataclass(frozen=True)
+class _Search:
+    """Where jobs of one shape may go, and how ``_ListScheduler`` finds the best of those hosts."""
+
+    fits: list[HostSlots]  # the hosts by pin, size and nodes (disk budgets aside); empty: never placed
+    asks: tuple[tuple[SlotGroup, int], ...] | None  # (group, slot position) per group to ask; None: try each
+    tries: tuple[tuple[str, int, float], ...]  # else (host, slot position, speed) of each host it may take alone
+
+
 class _ListScheduler:
     """Each job in turn onto the candidate host where it would finish earliest (tie: earlier start, then name)."""
 
@@ -281,32 +320,67 @@ class _ListScheduler:
         self.disk0: dict[str, float | None] = {
             h.host: None if h.disk_free_bytes is None else float(h.disk_free_bytes) for h in self.usable
         }
-        self.static: dict[str, tuple[list[HostSlots], str]] = {}  # job_id → (hosts by pin and size, or why none)
+        # the slot index stands in for scanning every host when host names are unique (else scan, as ever)
+        self.indexed = len(self.by_name) == len(hosts)
+        self.groups = grouped(self.usable) if self.indexed else []
+        self.group_of = {h.host: g for g in self.groups for h in g.hosts}
+        self.searches: dict[_FitKey, _Search] = {}
+        self.whys: dict[tuple[_FitKey, int], str] = {}  # why a shape that fits nowhere is unplaced, by disk needed
+        self.first: dict[str, PlanJob] = {}  # a job id given twice: its first job decides where both may go
+        self.duplicated: set[str] | None = None
 
-    def _static(self, job: PlanJob) -> tuple[list[HostSlots], str]:
-        found = self.static.get(job.job_id)
+    def _search(self, job: PlanJob, duplicated: bool) -> tuple[_Search, str]:
+        if duplicated:
+            job = self.first.setdefault(job.job_id, job)
+        shape = (job.host_pin, job.gpus, job.nodes)
+        found = self.searches.get(shape)
         if found is None:
             unlimited = {h.host: None for h in self.usable}
-            found = _candidates(job, max(1, job.gpus), self.hosts, self.by_name, self.usable, unlimited)
-            self.static[job.job_id] = found
-        return found
+            fits, reason = _candidates(job, max(1, job.gpus), self.hosts, self.by_name, self.usable, unlimited)
+            indexed = self.indexed and len(fits) >= INDEX_FROM_HOSTS
+            # an SSH host takes a multi-node job only as one of a gang (``_gang``)
+            tries = tuple((h.host, job_need(job.gpus, h) - 1, h.speed) for h in fits if not (job.nodes > 1 and h.gang))
+            found = self.searches[shape] = _Search(fits, self._asks(job) if indexed else None, tries)
+            self.whys[shape, job.disk_bytes] = reason
+        if found.fits:
+            return found, ""
+        why = self.whys.get((shape, job.disk_bytes))
+        if why is None:  # the reason may name the disk the job needs: one per amount
+            unlimited = {h.host: None for h in self.usable}
+            why = _candidates(job, max(1, job.gpus), self.hosts, self.by_name, self.usable, unlimited)[1]
+            self.whys[shape, job.disk_bytes] = why
+        return found, why
+
+    def _asks(self, job: PlanJob) -> tuple[tuple[SlotGroup, int], ...] | None:
+        """For a job not pinned: each group of hosts ``_candidates`` lets it run on alone, with the slot it
+        starts on there (the gang hosts of a multi-node job are ``_gang``'s); None for a pinned job."""
+        if job.host_pin is not None:
+            return None
+        need = max(1, job.gpus)
+        return tuple((g, (g.key[1] or need) - 1) for g in self.groups
+                     if (g.key[2] is None or need <= g.key[2])
+                     and (job.nodes <= 1 or (not g.key[4] and g.key[3] >= job.nodes)))
 
     def run(self, order: Sequence[PlanJob]) -> _Pass:
         slots = {name: list(times) for name, times in self.base.items()}
         disk_left = dict(self.disk0)
         run = _Pass([], [], slots)
+        index = SlotIndex(self.groups, self.group_of, slots)
+        if self.duplicated is None:  # the same jobs in every order: count once
+            self.duplicated = {i for i, n in Counter(job.job_id for job in order).items() if n > 1}
+        duplicated = self.duplicated
         for seq, job in enumerate(order):
-            fits, why = self._static(job)
-            best: tuple[float, float, str] | None = None
-            est = max(0.0, job.est_s)
-            for h in fits:
-                left = disk_left[h.host]
-                if (job.nodes > 1 and h.gang) or (left is not None and left < job.disk_bytes):
-                    continue  # an SSH host takes a multi-node job only as one of a gang (below)
-                start = slots[h.host][job_need(job.gpus, h) - 1]
-                finish = start + est / h.speed
-                if best is None or (finish, start, h.host) < best:
-                    best = (finish, start, h.host)
+            twice = job.job_id in duplicated
+            search, why = self._search(job, twice)
+            fits = search.fits
+            best: tuple[float, float, str] | None
+            if twice:  # as ever: the hosts of the first job with this id, tried one by one
+                best = _try_each(job, [(h.host, job_need(job.gpus, h) - 1, h.speed) for h in fits
+                                       if not (job.nodes > 1 and h.gang)], slots, disk_left)
+            elif search.asks is not None:
+                best = _ask_index(job, search.asks, index, disk_left)
+            else:
+                best = _try_each(job, search.tries, slots, disk_left)
             chosen = [best[2]] if best is not None else []
             if job.nodes > 1:
                 gang = _gang(job, [h for h in fits if h.gang], slots, disk_left)
@@ -321,13 +395,49 @@ class _ListScheduler:
             for member in chosen:
                 need = job_need(job.gpus, self.by_name[member])
                 times = slots[member]
+                before = index.watched(member) if index.heaps else None
                 times[:need] = [finish] * need
                 times.sort()
+                if before:
+                    index.changed(member, before)
                 left = disk_left[member]
                 if left is not None:
                     disk_left[member] = left - job.disk_bytes
             run.placed.append((start, seq, Placement(job.job_id, name, start, finish, peers=tuple(chosen[1:]))))
         return run
+
+
+def _try_each(job: PlanJob, tries: Iterable[tuple[str, int, float]], slots: Mapping[str, list[float]],
+              disk_left: Mapping[str, float | None]) -> tuple[float, float, str] | None:
+    """(finish, start, host) of the earliest finish over ``tries`` (host, slot position, speed) with the disk
+    ``job`` needs left; ties by start, then host name."""
+    est = max(0.0, job.est_s)
+    best = None
+    for name, position, speed in tries:
+        left = disk_left[name]
+        if left is not None and left < job.disk_bytes:
+            continue
+        start = slots[name][position]
+        found = (start + est / speed, start, name)
+        if best is None or found < best:
+            best = found
+    return best
+
+
+def _ask_index(job: PlanJob, asks: Iterable[tuple[SlotGroup, int]], index: SlotIndex,
+               disk_left: Mapping[str, float | None]) -> tuple[float, float, str] | None:
+    """What ``_try_each`` finds over the same hosts, from each group's earliest slot at its position
+    (within a group, speed is the same, so the earliest start, then name, finishes first)."""
+    est = max(0.0, job.est_s)
+    best = None
+    for group, position in asks:
+        earliest = index.earliest(group, position, disk_left, job.disk_bytes)
+        if earliest is not None:
+            start = earliest[0]
+            found = (start + est / group.speed, start, earliest[1])
+            if best is None or found < best:
+                best = found
+    return best
 
 
 def _gang(job: PlanJob, hosts: Sequence[HostSlots], slots: Mapping[str, list[float]],
@@ -437,41 +547,6 @@ class Move:
     to_host: str
 
 
-def _agent_run(times: Sequence[float], queue: Sequence[QueuedJob], speed: float) -> dict[str, tuple[float, float]]:
-    """{job_id: (start, end)} as the agent would run ``queue``: in order, each job the moment
-    enough slots are free, smaller jobs backfilling; a job larger than the host never starts."""
-    slots = sorted(times)
-    total = len(slots)
-    out: dict[str, tuple[float, float]] = {}
-    pending = []
-    for job in queue:
-        if max(1, job.gpus) > total:
-            out[job.job_id] = (float("inf"), float("inf"))
-        else:
-            pending.append(job)
-    now = 0.0
-    while pending:
-        free = [i for i, t in enumerate(slots) if t <= now]
-        waiting = []
-        for job in pending:
-            need = max(1, job.gpus)
-            if need <= len(free):
-                end = now + max(0.0, job.est_s) / speed
-                for i in free[:need]:
-                    slots[i] = end
-                free = free[need:]
-                out[job.job_id] = (now, end)
-            else:
-                waiting.append(job)
-        pending = waiting
-        later = [t for t in slots if t > now]
-        if later:
-            now = min(later)
-        # else: only zero-length jobs started, and every slot is free again at `now`: the next
-        # round starts the waiting jobs (each fits the host), so the loop always progresses
-    return out
-
-
 def plan_steals(queued: Mapping[str, Sequence[QueuedJob]], hosts: Sequence[HostSlots]) -> list[Move]:
     """Moves of unstarted jobs from hosts where they would wait to hosts with slots free now.
 
@@ -490,6 +565,7 @@ def plan_steals(queued: Mapping[str, Sequence[QueuedJob]], hosts: Sequence[HostS
     Sources are taken most-loaded first (latest projected drain), each from
     the tail of its queue; each job moves at most once.  Moved jobs start at
     once on their target, so a later call never moves them back.
+    (``scheduler_steal`` keeps each inbox's projection between moves.)
     """
     info = {h.host: h for h in hosts}
     every = [j for queue in queued.values() for j in queue]
@@ -507,60 +583,19 @@ def plan_steals(queued: Mapping[str, Sequence[QueuedJob]], hosts: Sequence[HostS
         own = sum(j.disk_bytes for j in queued.get(h.host, ()))
         disk[h.host] = None if h.disk_free_bytes is None else float(h.disk_free_bytes - own)
 
-    remaining = {name: list(queue) for name, queue in queued.items()}
+    times = {name: slot_times(info[name], unknown_busy) for name in queued if name in info and info[name].usable}
+    search = StealSearch(queued, info, times)
     moved: set[str] = set()
     moves: list[Move] = []
     while True:
-        move = _next_steal(remaining, info, spare, disk, unknown_busy, moved)
-        if move is None:
+        found = search.next_move(spare, disk, moved)
+        if found is None:
             return moves
-        job, source, target = move
+        job, source, target, place = found
         moves.append(Move(job.job_id, source, target))
         moved.add(job.job_id)
-        remaining[source] = [j for j in remaining[source] if j is not job]
+        search.remove(source, job, place)
         spare[target] -= max(1, job.gpus)
         left = disk[target]
         if left is not None:
             disk[target] = left - job.disk_bytes
-
-
-def _next_steal(
-    remaining: Mapping[str, Sequence[QueuedJob]],
-    info: Mapping[str, HostSlots],
-    spare: Mapping[str, int],
-    disk: Mapping[str, float | None],
-    unknown_busy: float,
-    moved: set[str],
-) -> tuple[QueuedJob, str, str] | None:
-    """The best single move now: (job, source host, target host), or None."""
-    if not any(n > 0 for n in spare.values()):
-        return None
-    runs: dict[str, dict[str, tuple[float, float]]] = {}
-    drain: dict[str, float] = {}
-    for name, queue in remaining.items():
-        host = info.get(name)
-        if host is None or not host.usable:
-            runs[name] = {j.job_id: (float("inf"), float("inf")) for j in queue}
-            drain[name] = float("inf") if queue else 0.0
-            continue
-        runs[name] = _agent_run(slot_times(host, unknown_busy), queue, host.speed)
-        drain[name] = max((end for _, end in runs[name].values()), default=0.0)
-    for source in sorted(remaining, key=lambda n: (-drain[n], n)):
-        for job in reversed(remaining[source]):
-            if job.host_pin is not None or job.job_id in moved:
-                continue
-            start, end = runs[source][job.job_id]
-            if start <= 0:
-                continue  # its agent starts it now
-            need = max(1, job.gpus)
-            best: tuple[float, int, str] | None = None
-            for target, free in spare.items():
-                left = disk[target]
-                if target == source or free < need or (left is not None and left < job.disk_bytes):
-                    continue
-                finish = max(0.0, job.est_s) / info[target].speed
-                if finish < end and (best is None or (finish, free, target) < best):
-                    best = (finish, free, target)
-            if best is not None:
-                return job, source, best[2]
-    return None
