@@ -217,7 +217,8 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
 
 def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[Job],
                     settings: Settings) -> list[dict[str, Any]]:
-    """Record attempt n of each job on ``host`` (ledger first: exactly-once) and build their specs.
+    """Record attempt n of each job on ``host`` (ledger first: exactly-once; one transaction for the
+    whole delivery) and build their specs.
 
     A job that is no longer QUEUED when its attempt is recorded (a concurrent `gpuq watch` or
     `gpuq status` started it) is left out: it gets no spec, so it is never enqueued twice.
@@ -229,15 +230,15 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     specs = []
     row = ledger.host(host)
     sweeps: dict[str, Sweep | None] = {}
+    started = ledger.start_attempts([job.id for job in jobs], host=host, bundle_sha=bundle_sha)  # one transaction
     for index, job in enumerate(jobs):
+        attempt = started[job.id]
+        if isinstance(attempt, IllegalTransition):  # another gpuq command started it since our QUEUED read
+            ledger.record_event("job", job.id, f"not started on {host}: {attempt}; it was started elsewhere "
+                                "meanwhile", unless_repeated=True)
+            continue
         if job.sweep_id not in sweeps:
             sweeps[job.sweep_id] = ledger.sweep(job.sweep_id)
-        try:
-            attempt = ledger.start_attempt(job.id, host=host, bundle_sha=bundle_sha)
-        except IllegalTransition as exc:  # another gpuq command started it since our QUEUED read
-            ledger.record_event("job", job.id, f"not started on {host}: {exc}; it was started elsewhere meanwhile",
-                                unless_repeated=True)
-            continue
         specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3, sweep=sweeps[job.sweep_id],
                               host=row))
     return specs

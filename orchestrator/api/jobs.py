@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import gangs, observed, protocol, transfer
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, host_for
-from orchestrator.cost import JobCost, job_cost
+from orchestrator.cost import LOST_STATES, JobCost, job_cost
 from orchestrator.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
@@ -164,13 +167,34 @@ class ResultRow:
     restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a verb reads a sweep's rows: tens of thousands of ORM
+    objects, all alive, would each trigger full collections that find nothing (a third of the time
+    of a 10,000-job ``results``).  What cycles the read leaves are collected after it."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
+@functools.lru_cache(maxsize=1024)
+def ran_with(stored: str) -> Provenance | None:
+    """``Provenance.from_stored``, parsed once per distinct text (a sweep's attempts mostly ran with
+    the same few; the model is frozen, so rows may share it)."""
+    return Provenance.from_stored(stored)
+
+
 def cpu_slots(ctx: Context) -> Callable[[Attempt], bool]:
     """Whether an attempt ran on CPU slots (its hours are CPU-hours): its provenance says so, else its
     host's slots at the last probe."""
     kinds = {row.name: row.slots_kind for row in ctx.ledger.hosts()}
 
     def on_cpu(att: Attempt) -> bool:
-        ran = Provenance.from_stored(att.provenance)
+        ran = ran_with(att.provenance)
         kind = ran.slot_kind if ran is not None and ran.slot_kind else kinds.get(att.host, "")
         return kind == "cpu"
     return on_cpu
@@ -183,7 +207,7 @@ def collect_missing(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
     Errors are per host: a host that cannot be reached, or whose answer the ledger refuses (a
     non-finite metric), leaves its own jobs without metrics and the others are read all the same.
     Returns {job id: why its results are missing} for the jobs of the hosts that failed."""
-    have = {m.job_id for m in ctx.ledger.metrics(j.id for j in jobs)}
+    have = ctx.ledger.with_metrics(j.id for j in jobs)
     pending: dict[str, list[str]] = {}
     for job in jobs:
         if job.state == JobState.SUCCEEDED.value and job.id not in have and job.host:
@@ -198,7 +222,7 @@ def collect_missing(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
         except GpuqError as exc:
             reason = " ".join(str(exc).split())[:300]
             why = reason if reason.startswith(f"host {name}") else f"host {name}: {reason}"
-            done = {m.job_id for m in ctx.ledger.metrics(ids)}  # jobs recorded before the failure
+            done = ctx.ledger.with_metrics(ids)  # jobs recorded before the failure
             errors.update({jid: f"results not collected: {why}" for jid in ids if jid not in done})
     return errors
 
@@ -212,18 +236,32 @@ def collect_notes(errors: dict[str, str]) -> list[str]:
 
 
 def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
+    """One row per job of the sweep (the newest by default).  Every table is read once for the whole
+    sweep and grouped by job: the time grows with the sweep, not with its square."""
+    with gc_paused():
+        return _results(ctx, sweep)
+
+
+def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
     errors = collect_missing(ctx, jobs)
-    metrics = ctx.ledger.metrics(j.id for j in jobs)
-    every = ctx.ledger.attempts_of(j.id for j in jobs)
-    latest = {a.job_id: a for a in every}
+    ids = [j.id for j in jobs]
+    values: dict[tuple[str, str], dict[str, float]] = {}  # (job id, "final" | "best") -> name -> value
+    for job_id, scope, name, value, _ in ctx.ledger.metric_values(ids):
+        values.setdefault((job_id, scope), {})[name] = value
+    tried: dict[str, list[Attempt]] = {}
+    for att in ctx.ledger.attempts_of(ids):  # by job, then number: the last is the newest
+        tried.setdefault(att.job_id, []).append(att)
+    # checkpoints count only against work lost (cost.job_cost): read for the jobs that lost some
+    saved = ctx.ledger.checkpoints_of(j for j, atts in tried.items() if any(a.state in LOST_STATES for a in atts))
+    restarts = ctx.ledger.rule_counts(ids, FROM_SCRATCH)  # among each job's newest 200 events, as ever
     verified = ctx.ledger.verified_jobs(sweep_id)
     sweep_row = ctx.ledger.sweep(sweep_id)
     metric, mode = observed.headline(getattr(sweep_row, "run", ""))  # "" before ledger v6
     git = (sweep_row.git_commit, sweep_row.git_dirty) if sweep_row is not None else ("", None)
     on_cpu = cpu_slots(ctx)
-    warned = ctx.ledger.open_findings(j.id for j in jobs)  # a [run] metrics that gave no value says why
+    warned = ctx.ledger.open_findings(ids)  # a [run] metrics that gave no value says why
     for job in jobs:
         event = warned.get((job.id, observed.METRICS_RULE))
         if event is not None and job.id not in errors:
@@ -231,15 +269,14 @@ def results(ctx: Context, *, sweep: str | None = None) -> list[ResultRow]:
     now = time.time()
     rows = []
     for job in jobs:
-        final = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "final"}
-        best = {m.name: m.value for m in metrics if m.job_id == job.id and m.scope == "best"}
-        newest = latest.get(job.id)
-        entry = ResultRow(job, final, best, newest, metric=metric, mode=mode, error=errors.get(job.id, ""),
-                          provenance=Provenance.from_stored(newest.provenance) if newest is not None else None,
+        attempts = tried.get(job.id, [])
+        newest = attempts[-1] if attempts else None
+        entry = ResultRow(job, values.get((job.id, "final"), {}), values.get((job.id, "best"), {}), newest,
+                          metric=metric, mode=mode, error=errors.get(job.id, ""),
+                          provenance=ran_with(newest.provenance) if newest is not None else None,
                           git=git)
-        entry.cost = job_cost(job.gpus * job.nodes, [a for a in every if a.job_id == job.id],
-                              ctx.ledger.checkpoints(job.id), now, on_cpu)
-        entry.restarts_from_scratch = sum(1 for e in ctx.ledger.events(job.id) if e.rule == FROM_SCRATCH)
+        entry.cost = job_cost(job.gpus * job.nodes, attempts, saved.get(job.id, []), now, on_cpu)
+        entry.restarts_from_scratch = restarts.get(job.id, 0)
         mark = verified.get(job.id)
         if mark is not None:
             present = (Path(mark.local_dir) / transfer.PULL_VERIFIED).is_file()

@@ -12,14 +12,15 @@ import re
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from orchestrator import observed, protocol
-from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots
+from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, gc_paused, ran_with
 from orchestrator.context import Context
 from orchestrator.cost import job_cost
 from orchestrator.errors import GpuqError, UsageError
 from orchestrator.host_documents import Provenance
-from orchestrator.ledger import Attempt, Job, Metric, Sweep
+from orchestrator.ledger import Attempt, Job, Pull, Sweep
 from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Verdict
@@ -82,9 +83,8 @@ def _metrics_problems(ctx: Context, jobs: Sequence[Job]) -> list[str]:
     return [f"{why} ({n} job{'s' if n != 1 else ''})" for why, n in counts.items()]
 
 
-def _log_tail(ctx: Context, job: Job) -> list[str]:
-    """The last lines of the job's newest log in a pulled copy; none without one."""
-    mark = ctx.ledger.verified_pulls([job.id]).get(job.id)
+def _log_tail(mark: Pull | None) -> list[str]:
+    """The last lines of the job's newest log in its pulled copy (``mark``: its verified pull); none without one."""
     if mark is None:
         return []
     logs = sorted(Path(mark.local_dir).glob(f"{protocol.ATTEMPTS_DIR}/*/{protocol.JOB_LOG}"),
@@ -98,18 +98,30 @@ def _log_tail(ctx: Context, job: Job) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
 
 
+class Value(NamedTuple):
+    """A job's final or best value of the headline metric, and the step it was taken at."""
+
+    value: float
+    step: int | None
+
+
 def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | None = None,
                  metric: str | None = None, mode: str | None = None, collect: bool = True) -> Report:
+    with gc_paused():  # a few reads of the sweeps' rows, grouped by job: linear in the jobs
+        return _build(ctx, sweeps, baseline, metric, mode, collect)
+
+
+def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: str | None, mode: str | None,
+           collect: bool) -> Report:
     rows = _resolve(ctx, sweeps)
     metric, mode = _headline(rows, metric, mode)
     jobs: list[Job] = []
     for sweep in rows:
         jobs.extend(ctx.ledger.jobs(sweep_id=sweep.id))
     missing = collect_missing(ctx, jobs) if collect else {}
-    values: dict[str, dict[str, Metric]] = {}
-    for m in ctx.ledger.metrics(j.id for j in jobs):
-        if m.name == metric and m.scope in ("final", "best"):
-            values.setdefault(m.job_id, {})[m.scope] = m
+    values: dict[str, dict[str, Value]] = {}  # job id -> "final" | "best" -> the headline metric's
+    for job_id, scope, _, value, step in ctx.ledger.metric_values((j.id for j in jobs), names=[metric]):
+        values.setdefault(job_id, {})[scope] = Value(value, step)
     attempts: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(j.id for j in jobs):
         attempts.setdefault(att.job_id, []).append(att)
@@ -126,15 +138,19 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     base_name = _baseline(cells, baseline)
     now = time.time()
     on_cpu = cpu_slots(ctx)
-    ran = {j.id: [p for p in (Provenance.from_stored(a.provenance) for a in attempts.get(j.id, [])) if p]
-           for j in jobs}
+    ran = {j.id: [p for p in (ran_with(a.provenance) for a in attempts.get(j.id, [])) if p] for j in jobs}
     notes: list[str] = collect_notes(missing) + unread
     out: list[CellRow] = []
     finals_of: dict[str, list[float]] = {}
     same: set[str] = set()  # cells whose seeds produced identical curves
-    curves = ctx.ledger.curves(j.id for j in jobs if j.state == JobState.SUCCEEDED.value)
+    done = {name: [j for j in members if j.state == JobState.SUCCEEDED.value and "final" in values.get(j.id, {})]
+            for name, members in cells.items()}
+    # seeds with different final values never have identical signatures: only the curves of cells whose
+    # finished seeds all ended at the same value are read (normally none)
+    curves = ctx.ledger.curves(j.id for finished in done.values() if len(finished) >= 2
+                               and len({values[j.id]["final"].value for j in finished}) == 1 for j in finished)
     for name, members in cells.items():
-        finished = [j for j in members if j.state == JobState.SUCCEEDED.value and "final" in values.get(j.id, {})]
+        finished = done[name]
         finals = [values[j.id]["final"].value for j in finished]
         bests = [values[j.id]["best"].value for j in finished if "best" in values[j.id]]
         steps = [s for s in (values[j.id]["final"].step for j in finished) if s is not None]
@@ -174,7 +190,7 @@ def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | No
     if base_name is None:
         notes.append("no baseline: name a cell with --baseline (a cell called 'baseline' is chosen by itself)")
     cell_of = {j.id: name for name, members in cells.items() for j in members}
-    failures = [_failure(ctx, j, attempts.get(j.id, []), cell_of[j.id]) for j in jobs if j.state in _FAILED]
+    failures = _failures(ctx, [j for j in jobs if j.state in _FAILED], attempts, cell_of)
     return Report(
         generated_at=now, sweeps=[_sweep_info(s, jobs, attempts) for s in rows], metric=metric,
         mode="max" if mode == "max" else "min", baseline=base_name, finished=finished_n, total=len(jobs),
@@ -193,7 +209,7 @@ def _baseline(cells: dict[str, list[Job]], wanted: str | None) -> str | None:
     raise UsageError(f"--baseline {wanted}: no such cell (cells: {', '.join(sorted(cells))})")
 
 
-def _flags(finished: Sequence[Job], values: dict[str, dict[str, Metric]], mode: str,
+def _flags(finished: Sequence[Job], values: dict[str, dict[str, Value]], mode: str,
            finals: Sequence[float]) -> list[str]:
     flags = []
     for job in finished:
@@ -210,7 +226,7 @@ def _flags(finished: Sequence[Job], values: dict[str, dict[str, Metric]], mode: 
     return flags
 
 
-def _signature(value: dict[str, Metric], curve: dict[str, list[tuple[int, float]]]) -> trust.Signature:
+def _signature(value: dict[str, Value], curve: dict[str, list[tuple[int, float]]]) -> trust.Signature:
     return trust.signature([(name, step, v) for name, points in curve.items() for step, v in points],
                            value["final"].value)
 
@@ -256,19 +272,32 @@ def _compare(cells: list[CellRow], finals_of: dict[str, list[float]], base: str 
         cell.verdict = _better(test.ci.low, test.ci.high, mode)
 
 
-def _failure(ctx: Context, job: Job, attempts: Sequence[Attempt], cell: str) -> FailureRow:
-    last = attempts[-1] if attempts else None
-    message = last.message if last else ""
-    klass, reason = "", ""
-    for event in reversed(ctx.ledger.events(subject=job.id, limit=50)):  # the newest first
-        found = _CLASS.search(event.message)
-        if found and (event.new == job.state or "(class:" in event.message):
-            klass, reason = found.group(1) or found.group(2), event.message
-            break
-    text = "; ".join(part for part in (message, reason) if part)
-    return FailureRow(job=job.id, name=job.name, cell=cell, state=job.state, failure_class=klass,
-                      message=ctx.ledger.redact(text),
-                      log_tail=ctx.ledger.redact(_log_tail(ctx, job)))  # host text: no forwarded value
+def _failures(ctx: Context, jobs: Sequence[Job], attempts: dict[str, list[Attempt]],
+              cell_of: dict[str, str]) -> list[FailureRow]:
+    """The failed jobs' rows: why each failed (its last attempt's message and the newest event that
+    names a failure class) and its log's tail from a pulled copy, redacted; a few reads for them all."""
+    if not jobs:
+        return []
+    told = ctx.ledger.events_of((j.id for j in jobs), limit=50)
+    pulled = ctx.ledger.verified_pulls(j.id for j in jobs)
+    found: list[tuple[Job, str, str]] = []
+    texts: list[str] = []
+    tails: list[list[str]] = []
+    for job in jobs:
+        last = attempts[job.id][-1] if attempts.get(job.id) else None
+        klass, reason = "", ""
+        for event in reversed(told.get(job.id, [])):  # the newest first
+            hit = _CLASS.search(event.message)
+            if hit and (event.new == job.state or "(class:" in event.message):
+                klass, reason = hit.group(1) or hit.group(2), event.message
+                break
+        found.append((job, cell_of[job.id], klass))
+        texts.append("; ".join(part for part in (last.message if last else "", reason) if part))
+        tails.append(_log_tail(pulled.get(job.id)))
+    clean_texts, clean_tails = ctx.ledger.redact([texts, tails])  # host text: no forwarded value
+    return [FailureRow(job=job.id, name=job.name, cell=cell, state=job.state, failure_class=klass, message=text,
+                       log_tail=tail)
+            for (job, cell, klass), text, tail in zip(found, clean_texts, clean_tails, strict=True)]
 
 
 def _sweep_info(sweep: Sweep, jobs: Sequence[Job], attempts: dict[str, list[Attempt]]) -> SweepInfo:

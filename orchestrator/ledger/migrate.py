@@ -274,9 +274,15 @@ def _v10_provenance(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sweep ADD COLUMN git_dirty BOOLEAN")
 
 
+def _v11_metric_scope(conn: sqlite3.Connection) -> None:
+    """v11: an index on a metric's job and scope: `gpuq results` and `gpuq report` read each job's final
+    and best rows without walking its learning curve's points."""
+    conn.execute("CREATE INDEX ix_metric_job_id_scope ON metric (job_id, scope)")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
-                                                          _v9_nodes, _v10_provenance]
+                                                          _v9_nodes, _v10_provenance, _v11_metric_scope]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -317,27 +317,53 @@ class Ledger(PullRecords):
             job = s.get(Job, job_id)
             if job is None:
                 raise JobNotFound(f"no job {job_id!r}")
-            if job.state != JobState.QUEUED.value:
-                raise IllegalTransition("job", job_id, job.state,
-                                        f"{JobState.ASSIGNED.value} (attempt {job.attempt_count + 1} on {host}: "
-                                        f"only a QUEUED job starts)")
-            self._transition_job(s, job, JobState.ASSIGNED, f"attempt {job.attempt_count + 1} on {host}")
-            job.attempt_count += 1
-            job.host = host
-            attempt = Attempt(
-                job_id=job_id,
-                number=job.attempt_count,
-                host=host,
-                state=AttemptState.STARTING.value,
-                bundle_sha=bundle_sha,
-                resume_from=resume_from,
-                created_at=time.time(),
-                nodes=json.dumps([host, *peers]) if peers else "",
-                **_price(s, job.gpus, host, *peers),
-            )
-            s.add(attempt)
-            _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
-            return attempt
+            return self._start(s, job, host=host, bundle_sha=bundle_sha, resume_from=resume_from, peers=peers)
+
+    def start_attempts(self, job_ids: Sequence[str], *, host: str,
+                       bundle_sha: str) -> dict[str, Attempt | IllegalTransition]:
+        """``start_attempt`` for every job of one delivery to ``host``, in one transaction: each job's
+        new attempt, or the IllegalTransition that left that job untouched (it was no longer QUEUED).
+        A job that does not exist raises JobNotFound and nothing is written."""
+        with self.session() as s:
+            jobs: dict[str, Job] = {}
+            for start in range(0, len(job_ids), _IN_CHUNK):
+                chunk = list(job_ids[start:start + _IN_CHUNK])
+                jobs.update((job.id, job) for job in s.exec(select(Job).where(col(Job.id).in_(chunk))))
+            out: dict[str, Attempt | IllegalTransition] = {}
+            rows = {host: s.get(HostRow, host)}
+            for job_id in job_ids:
+                job = jobs.get(job_id)
+                if job is None:
+                    raise JobNotFound(f"no job {job_id!r}")
+                try:
+                    out[job_id] = self._start(s, job, host=host, bundle_sha=bundle_sha, rows=rows)
+                except IllegalTransition as exc:  # raised before anything of this job changed
+                    out[job_id] = exc
+            return out
+
+    def _start(self, s: Session, job: Job, *, host: str, bundle_sha: str, resume_from: str = "",
+               peers: Sequence[str] = (), rows: Mapping[str, HostRow | None] | None = None) -> Attempt:
+        if job.state != JobState.QUEUED.value:
+            raise IllegalTransition("job", job.id, job.state,
+                                    f"{JobState.ASSIGNED.value} (attempt {job.attempt_count + 1} on {host}: "
+                                    f"only a QUEUED job starts)")
+        self._transition_job(s, job, JobState.ASSIGNED, f"attempt {job.attempt_count + 1} on {host}")
+        job.attempt_count += 1
+        job.host = host
+        attempt = Attempt(
+            job_id=job.id,
+            number=job.attempt_count,
+            host=host,
+            state=AttemptState.STARTING.value,
+            bundle_sha=bundle_sha,
+            resume_from=resume_from,
+            created_at=time.time(),
+            nodes=json.dumps([host, *peers]) if peers else "",
+            **_price(s, job.gpus, host, *peers, rows=rows),
+        )
+        s.add(attempt)
+        _event(s, "attempt", f"{job.id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
+        return attempt
 
     def move_job(self, job_id: str, *, from_attempt: int, to_host: str, bundle_sha: str, message: str) -> Attempt:
         """Work stealing: attempt n (withdrawn unstarted from its host) ends KILLED and attempt n+1
@@ -569,11 +595,57 @@ class Ledger(PullRecords):
                 or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0))))
 
     def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:
+        """The newest ``limit`` events, oldest first.  ``subject``: those whose subject starts with it (a
+        job's own and its attempts', ``JOB/a1``...), read as a range of the subject index: a tick's read
+        costs the same with a million events in the table as with a thousand.  Case-sensitive."""
         with self.reading() as s:
             query = select(Event)
-            if subject is not None:
-                query = query.where(col(Event.subject).startswith(subject, autoescape=True))
+            if subject:  # "" starts every subject: the newest events of all
+                upper = _past_prefix(subject)
+                query = query.where(col(Event.subject) >= subject)
+                query = query.where(col(Event.subject) < upper) if upper is not None else query
             return list(s.exec(query.order_by(col(Event.id).desc()).limit(limit)))[::-1]
+
+    def events_of(self, subjects: Iterable[str], limit: int = 200) -> dict[str, list[Event]]:
+        """``events(subject, limit)`` of each of ``subjects``, in a few reads; a subject without events
+        is left out."""
+        owners: dict[int, list[str]] = {}
+        for subject, event_id in self._newest_events(subjects, limit):
+            owners.setdefault(event_id, []).append(subject)
+        ids = sorted(owners)
+        out: dict[str, list[Event]] = {}
+        with self.reading() as s:
+            for start in range(0, len(ids), 500):
+                for row in s.exec(select(Event).where(col(Event.id).in_(ids[start:start + 500]))
+                                  .order_by(col(Event.id))):
+                    for subject in owners[row.id or 0]:
+                        out.setdefault(subject, []).append(row)
+        return out
+
+    def rule_counts(self, subjects: Iterable[str], rule: str, limit: int = 200) -> dict[str, int]:
+        """How many of ``events(subject, limit)`` are findings of ``rule``, for each of ``subjects`` (a
+        subject with none is left out), without reading the events themselves."""
+        out: dict[str, int] = {}
+        for subject, _ in self._newest_events(subjects, limit, rule):
+            out[subject] = out.get(subject, 0) + 1
+        return out
+
+    def _newest_events(self, subjects: Iterable[str], limit: int, rule: str | None = None) -> list[tuple[str, int]]:
+        """(subject, event id) of the newest ``limit`` events of each subject, as ``events`` picks them,
+        those findings of ``rule`` only when given: one windowed range join per 400 subjects."""
+        wanted = sorted(set(subjects))
+        ranged = [(subject, upper) for subject in wanted if (upper := _past_prefix(subject)) is not None]
+        out = [(subject, e.id or 0) for subject in wanted if _past_prefix(subject) is None
+               for e in self.events(subject, limit) if rule is None or e.rule == rule]  # "": no range to join on
+        with self.reading() as s:
+            raw = s.connection().exec_driver_sql
+            for start in range(0, len(ranged), 400):
+                chunk = ranged[start:start + 400]
+                sql = _NEWEST_EVENTS.format(values=", ".join(["(?, ?)"] * len(chunk)),
+                                            rule="" if rule is None else " AND rule = ?")
+                params = (*(v for pair in chunk for v in pair), limit, *(() if rule is None else (rule,)))
+                out += [(str(subject), int(event_id)) for subject, event_id in raw(sql, params)]
+        return out
 
     def record_results(
         self,
@@ -643,6 +715,36 @@ class Ledger(PullRecords):
             return list(s.exec(select(Metric).where(col(Metric.job_id).in_(ids), col(Metric.scope).in_(scopes))
                                .order_by(col(Metric.id))))
 
+    def metric_values(self, job_ids: Iterable[str], scopes: Sequence[str] = ("final", "best"),
+                      names: Sequence[str] | None = None) -> list[tuple[str, str, str, float, int | None]]:
+        """``metrics(job_ids, scopes)`` as plain (job id, scope, name, value, step) rows, of the metrics
+        ``names`` only when given; each job's rows in the order ``metrics`` gives them."""
+        def marks(n: int) -> str:
+            return ", ".join("?" * n)
+
+        ids = sorted(set(job_ids))
+        out: list[tuple[str, str, str, float, int | None]] = []
+        also = f" AND name IN ({marks(len(names))})" if names is not None else ""
+        with self.reading() as s:
+            raw = s.connection().exec_driver_sql
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                sql = (f"SELECT job_id, scope, name, value, step FROM metric WHERE job_id IN ({marks(len(chunk))})"
+                       f" AND scope IN ({marks(len(scopes))}){also} ORDER BY id")
+                out += [(job, scope, name, value, step) for job, scope, name, value, step
+                        in raw(sql, (*chunk, *scopes, *(names or ())))]
+        return out
+
+    def with_metrics(self, job_ids: Iterable[str]) -> set[str]:
+        """Those of the given jobs the ledger has final or best metrics of."""
+        ids = sorted(set(job_ids))
+        found: set[str] = set()
+        with self.reading() as s:
+            for start in range(0, len(ids), 500):
+                found.update(s.exec(select(Metric.job_id).distinct().where(
+                    col(Metric.job_id).in_(ids[start:start + 500]), col(Metric.scope).in_(("final", "best")))))
+        return found
+
     def curves(self, job_ids: Iterable[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
         """Job id -> metric name -> [(step, value)] in step order: what ``gpuq report`` draws."""
         out: dict[str, dict[str, list[tuple[int, float]]]] = {}
@@ -675,6 +777,17 @@ class Ledger(PullRecords):
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         with self.reading() as s:
             return list(s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.step))))
+
+    def checkpoints_of(self, job_ids: Iterable[str]) -> dict[str, list[Checkpoint]]:
+        """``checkpoints(job)`` of each of the given jobs, in a few reads; a job without any is left out."""
+        ids = sorted(set(job_ids))
+        out: dict[str, list[Checkpoint]] = {}
+        with self.reading() as s:
+            for start in range(0, len(ids), 500):
+                for row in s.exec(select(Checkpoint).where(col(Checkpoint.job_id).in_(ids[start:start + 500]))
+                                  .order_by(col(Checkpoint.job_id), col(Checkpoint.step))):
+                    out.setdefault(row.job_id, []).append(row)
+        return out
 
     def checkpoint_bytes_by_config(self) -> dict[str, int]:
         """Largest checkpoint ever recorded per config path (disk budgets of the scheduler)."""
@@ -713,12 +826,16 @@ class Ledger(PullRecords):
             return [(config, task, epochs, secs) for config, task, epochs, secs in s.exec(query) if secs is not None]
 
 
-def _price(s: Session, gpus: int, *hosts: str) -> dict[str, Any]:
+_IN_CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
+
+
+def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None] | None = None) -> dict[str, Any]:
     """An attempt's share of its host's price, fixed when it starts (prices change; bills do not).  A
-    multi-node attempt pays its share of every node's host: the sum, as one price at a share of 1."""
+    multi-node attempt pays its share of every node's host: the sum, as one price at a share of 1.
+    ``rows``: the hosts' rows already read (one delivery prices a thousand attempts on one host)."""
     shares = []
     for name in hosts:
-        row = s.get(HostRow, name)
+        row = rows[name] if rows is not None and name in rows else s.get(HostRow, name)
         if row is None or row.price_per_hour is None:
             continue
         slots = row.gpu_count or row.slots_total or gpus
@@ -728,6 +845,25 @@ def _price(s: Session, gpus: int, *hosts: str) -> dict[str, Any]:
     if len(hosts) == 1:
         return {"price_per_hour": shares[0][0], "gpu_share": shares[0][1]}
     return {"price_per_hour": sum(price * share for price, share in shares), "gpu_share": 1.0}
+
+
+# the newest events of each (subject, upper) pair: a range of the subject index per pair, numbered newest first
+_NEWEST_EVENTS = ("WITH p(subject, upper) AS (VALUES {values}) "
+                  "SELECT subject, id FROM (SELECT p.subject AS subject, e.id AS id, e.rule AS rule, "
+                  "row_number() OVER (PARTITION BY p.subject ORDER BY e.id DESC) AS n "
+                  "FROM p JOIN event AS e ON e.subject >= p.subject AND e.subject < p.upper) WHERE n <= ?{rule}")
+
+
+def _past_prefix(prefix: str) -> str | None:
+    """The least string above every string that starts with ``prefix`` in SQLite's BINARY order (UTF-8
+    bytes, which is code point order), so ``prefix <= s < _past_prefix(prefix)`` is ``s.startswith(prefix)``;
+    None when no string is above them all ("")."""
+    while prefix:
+        last = ord(prefix[-1]) + 1
+        if last <= 0x10FFFF:
+            return prefix[:-1] + chr(0xE000 if 0xD800 <= last <= 0xDFFF else last)  # no surrogate in UTF-8
+        prefix = prefix[:-1]
+    return None
 
 
 def _event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from sqlalchemy import Index
 from sqlmodel import Field, SQLModel
 
 
@@ -191,6 +192,9 @@ class Artifact(SQLModel, table=True):
 
 
 class Metric(SQLModel, table=True):
+    # v11: a job's final and best rows without walking its learning curves (results, report)
+    __table_args__ = (Index("ix_metric_job_id_scope", "job_id", "scope"),)
+
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id", index=True)
     attempt: int

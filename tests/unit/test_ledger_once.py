@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import Settings
-from orchestrator.errors import IllegalTransition
+from orchestrator.errors import IllegalTransition, JobNotFound
 from orchestrator.launcher import record_attempts
 from orchestrator.ledger import Job, Ledger
 from orchestrator.specs import JobSpec
@@ -144,3 +144,43 @@ def test_news_of_an_old_attempt_never_ends_a_newer_one(ledger: Ledger) -> None:
     assert (job.state, job.attempt_count, job.host) == (JobState.ASSIGNED.value, 2, "b")
     with pytest.raises(IllegalTransition):
         ledger.start_attempt(job_id, host="c", bundle_sha="s")
+
+
+def test_a_delivery_starts_its_jobs_in_one_transaction(ledger: Ledger) -> None:
+    """``start_attempts`` (one delivery): every QUEUED job gets attempt n+1 at the price its host has
+    now, a job started meanwhile is answered with its refusal and left as it was, and a job that does
+    not exist fails the whole delivery with nothing written."""
+    ids = _sweep(ledger, 4)
+    ledger.ensure_host("h", kind="ssh", root="/r")
+    ledger.update_host("h", price_per_hour=8.0, gpu_count=4)
+    ledger.start_attempt(ids[1], host="a", bundle_sha="s")
+    with pytest.raises(JobNotFound):
+        ledger.start_attempts([ids[0], "cmissing00000", ids[2]], host="h", bundle_sha="s")
+    assert [ledger.job(i).state for i in (ids[0], ids[2])] == [JobState.QUEUED.value] * 2
+    assert ledger.attempts(ids[0]) == [] and ledger.attempts(ids[2]) == []
+    started = ledger.start_attempts(ids, host="h", bundle_sha="s2")
+    assert isinstance(started[ids[1]], IllegalTransition)
+    assert [(a.number, a.host) for a in ledger.attempts(ids[1])] == [(1, "a")]
+    for job_id in (ids[0], ids[2], ids[3]):
+        attempt = ledger.attempts(job_id)[-1]
+        assert (attempt.number, attempt.host, attempt.bundle_sha, attempt.state) == (1, "h", "s2", "STARTING")
+        assert (attempt.price_per_hour, attempt.gpu_share) == (8.0, 0.25)
+        assert ledger.job(job_id).state == JobState.ASSIGNED.value
+
+
+def _deliver(args: tuple[str, list[str], str, object]) -> list[str]:
+    path, ids, host, barrier = args
+    barrier.wait()  # type: ignore[attr-defined]
+    got = Ledger(Path(path)).start_attempts(ids, host=host, bundle_sha="s")
+    return sorted(job_id for job_id, a in got.items() if not isinstance(a, IllegalTransition))
+
+
+def test_racing_deliveries_start_each_job_once(ledger: Ledger) -> None:
+    ids = _sweep(ledger, 6)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(3)
+        with ctx.Pool(3) as pool:
+            won = pool.map(_deliver, [(str(ledger.path), ids[i:] + ids[:i], f"h{i}", barrier) for i in range(3)])
+    assert sorted(j for w in won for j in w) == sorted(ids)  # every job started by exactly one delivery
+    assert all(len(ledger.attempts(j)) == 1 for j in ids)
