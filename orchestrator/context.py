@@ -4,6 +4,9 @@ It lives below ``api/`` and ``tick/`` so that both reach it without importing ea
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,3 +62,17 @@ def payload_tasks() -> list[str]:
         return []
     lines = tasks_file.read_text(encoding="utf-8").splitlines()
     return [t.strip() for t in lines if t.strip() and not t.startswith("#")]
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a command reads many rows: tens of thousands of ORM
+    objects, all alive, would each trigger full collections that find nothing (a third of the time
+    of a 10,000-job ``results``).  What cycles the read leaves are collected after it."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import functools
-import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import gangs, observed, protocol, transfer
 from orchestrator.api.snapshot import tick
-from orchestrator.context import Context, host_for
+from orchestrator.context import Context, gc_paused, host_for
 from orchestrator.cost import LOST_STATES, JobCost, job_cost
 from orchestrator.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.host_documents import Provenance
@@ -165,20 +163,6 @@ class ResultRow:
     provenance: Provenance | None = None  # what the newest attempt ran with (None: its host has not said)
     git: tuple[str, bool | None] = ("", None)  # the project's commit at submit and whether it was dirty
     restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused while a verb reads a sweep's rows: tens of thousands of ORM
-    objects, all alive, would each trigger full collections that find nothing (a third of the time
-    of a 10,000-job ``results``).  What cycles the read leaves are collected after it."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from orchestrator import observed, protocol
-from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, gc_paused, ran_with
-from orchestrator.context import Context
+from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, ran_with
+from orchestrator.context import Context, gc_paused
 from orchestrator.cost import job_cost
 from orchestrator.errors import GpuqError, UsageError
 from orchestrator.host_documents import Provenance

@@ -171,15 +171,18 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
         if code:
             sys.exit(code)
         return
-    snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=not no_probe, states=wanted)
-    if as_json:
-        from orchestrator.cli.statusjson import status_json
+    from orchestrator.context import gc_paused
 
-        status_json(snap)
-    else:
-        from orchestrator.cli import render
+    with gc_paused():  # one snapshot of up to every job: the live rows are read, drawn, and the process ends
+        snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=not no_probe, states=wanted)
+        if as_json:
+            from orchestrator.cli.statusjson import status_json
 
-        render.status_table(snap)
+            status_json(snap)
+        else:
+            from orchestrator.cli import render
+
+            render.status_table(snap)
 
 
 @cli.command()
