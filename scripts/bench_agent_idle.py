@@ -24,15 +24,12 @@ from pathlib import Path
 
 AGENT = Path(__file__).resolve().parents[1] / "payload" / "agent" / "gpuq_agent.py"
 TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_agent_status import spec  # noqa: E402
 
 
 def _spec(job_id: str, created: float) -> dict[str, object]:
-    return {"schema": "gpuq.job/1", "job_id": job_id, "name": job_id, "queue_id": "q1", "attempt": 1,
-            "task": "cls", "epochs": 2, "gpus": 1, "nodes": 1, "seed": None, "config": "configs/x.json",
-            "bundle_sha": "f" * 64, "entry": "payload/train.py", "launcher": "python", "python": "",
-            "verify": ["metrics"], "heartbeat_s": 1, "ckpt_interval_s": 600, "kill_grace_s": 2, "min_free_gb": 0,
-            "scratch_gb": 0, "durable_dir": "", "resume_from": None, "spec_hash": "h" + job_id, "env": {},
-            "created_at": created}
+    return {**spec(job_id, job_id), "created_at": created}
 
 
 def _stat(pid: int) -> list[str]:

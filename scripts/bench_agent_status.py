@@ -26,7 +26,8 @@ from orchestrator.host_documents import unframe
 AGENT = Path(__file__).resolve().parents[1] / "payload" / "agent" / "gpuq_agent.py"
 
 
-def _spec(job_id: str, name: str) -> dict[str, object]:
+def spec(job_id: str, name: str) -> dict[str, object]:
+    """A one-GPU job spec as the controller writes it (the agent reads nothing more here)."""
     return {"schema": "gpuq.job/1", "job_id": job_id, "name": name, "queue_id": "q1", "attempt": 1,
             "task": "cls", "epochs": 2, "gpus": 1, "nodes": 1, "seed": None, "config": "configs/x.json",
             "bundle_sha": "f" * 64, "entry": "payload/train.py", "launcher": "python", "python": "",
@@ -38,10 +39,10 @@ def _spec(job_id: str, name: str) -> dict[str, object]:
 def build(root: Path, jobs: int) -> None:
     for d in ("inbox", "claimed", "withdrawn", "jobs"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "inbox" / "c000000000000.json").write_text(json.dumps(_spec("c000000000000", "queued")))
+    (root / "inbox" / "c000000000000.json").write_text(json.dumps(spec("c000000000000", "queued")))
     for i in range(1, jobs + 1):
         job_id = f"c{i:012x}"
-        (root / "claimed" / f"{job_id}.json").write_text(json.dumps(_spec(job_id, f"done{i}")))
+        (root / "claimed" / f"{job_id}.json").write_text(json.dumps(spec(job_id, f"done{i}")))
         adir = root / "jobs" / job_id / "attempts" / "1"
         adir.mkdir(parents=True)
         (adir / "launch.json").write_text(json.dumps({"time": "2024-01-01T00:00:00.000Z", "slots": [0]}))

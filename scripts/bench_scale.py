@@ -68,31 +68,17 @@ def floor_read(db: Path, repeat: int) -> float:
 
 def build_status_home(jobs: int) -> tuple[Path, Path]:
     """A GPUQ_HOME with one real sweep run on the local host and ``jobs`` finished jobs besides."""
-    from bench_project import make_project
+    from bench_project import add_history, make_project
 
     tmp, queue = make_project("gpuq-bench-scale-", 1)
     from orchestrator import api
-    from orchestrator.specs import JobSpec
 
     ctx = api.open_context()
     real = api.submit(ctx, queue)
     api.wait(ctx, sweep=real.sweep_id, interval_s=0.5)
-    per_sweep = 200
-    for s in range(jobs // per_sweep):
-        specs = [JobSpec(name=f"cell{i:04d}", config="configs/tiny.yaml", task="classify",
-                         config_sha256="0" * 64, line=i + 1) for i in range(per_sweep)]
-        ctx.ledger.add_sweep(sweep_id=f"qhist{s:03d}", queue_path="history.txt", workdir=str(queue.parent),
-                             queue_text="", jobs=specs, default_retries=1, bundle_sha=real.bundle.sha256)
+    add_history(ctx, queue.parent, real.bundle.sha256, jobs)
     db = ctx.settings.ledger_path
     ctx.close()
-    conn = sqlite3.connect(db)
-    conn.execute("UPDATE job SET state = 'SUCCEEDED', attempt_count = 1 WHERE sweep_id LIKE 'qhist%'")
-    conn.execute("""INSERT INTO attempt (job_id, number, host, state, bundle_sha, resume_from, created_at,
-                    exit_code, message, step, total_steps, epoch, loss)
-                    SELECT id, 1, 'local', 'EXITED', '', '', created_at, 0, 'exit 0', 100, 100, 1, 0.1
-                    FROM job WHERE sweep_id LIKE 'qhist%'""")
-    conn.commit()
-    conn.close()
     return tmp, db
 
 

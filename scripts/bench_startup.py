@@ -15,7 +15,6 @@ fresh interpreter R times; medians are printed next to a bare `python -c pass` f
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -44,32 +43,18 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    from bench_project import make_project, stop_local_agent
+    from bench_project import add_history, make_project, stop_local_agent
 
     tmp, queue = make_project("gpuq-bench-start-", 1)
     work = queue.parent
     from orchestrator import api
-    from orchestrator.specs import JobSpec
 
     ctx = api.open_context()
     real = api.submit(ctx, queue)
     api.wait(ctx, sweep=real.sweep_id, interval_s=0.5)
     per_sweep = 200
     t0 = time.monotonic()
-    for s in range(args.jobs // per_sweep):
-        specs = [JobSpec(name=f"cell{i:04d}", config="configs/tiny.yaml", task="classify",
-                         config_sha256="0" * 64, line=i + 1) for i in range(per_sweep)]
-        ctx.ledger.add_sweep(sweep_id=f"qhist{s:02d}", queue_path="history.txt", workdir=str(work),
-                             queue_text="", jobs=specs, default_retries=1, bundle_sha=real.bundle.sha256)
-    conn = sqlite3.connect(ctx.settings.ledger_path)
-    conn.execute("UPDATE job SET state = 'SUCCEEDED', attempt_count = 1 WHERE sweep_id LIKE 'qhist%'")
-    conn.execute("""INSERT INTO attempt (job_id, number, host, state, bundle_sha, resume_from, created_at,
-                    exit_code, message, step, total_steps, epoch, loss)
-                    SELECT id, 1, 'local', 'EXITED', '', '', created_at, 0, 'exit 0', 100, 100, 1, 0.1
-                    FROM job WHERE sweep_id LIKE 'qhist%'""")
-    conn.commit()
-    total = conn.execute("SELECT count(*) FROM job").fetchone()[0]
-    conn.close()
+    total = add_history(ctx, work, real.bundle.sha256, args.jobs, per_sweep)
     setup = time.monotonic() - t0
     ctx.close()
 
