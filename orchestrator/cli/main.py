@@ -346,10 +346,19 @@ _register_groups()
 
 
 def main(argv: list[str] | None = None) -> Any:
+    collecting = gc.isenabled()
+    gc.disable()  # importing sqlalchemy, pydantic and rich allocates much and frees little: ~10% of start-up
+    try:
+        return _main(argv)
+    finally:
+        if collecting:  # a caller in this process (a test, an embedding) gets its collector back
+            gc.enable()
+
+
+def _main(argv: list[str] | None) -> Any:
     from orchestrator.errors import GpuqError, QueueParseError
     from orchestrator.views.text import printable
 
-    gc.disable()  # importing sqlalchemy, pydantic and rich allocates much and frees little: ~10% of start-up
     try:
         return cli.main(args=argv, prog_name="gpuq", standalone_mode=False)
     except click.exceptions.Exit as exc:
