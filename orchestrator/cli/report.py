@@ -1,4 +1,5 @@
-"""``gpuq report``: which ablation cell won, by how much, and is it within the noise (docs/report.md)."""
+"""``gpuq report``: which ablation cell won, by how much, and is it within the noise (docs/report.md).
+Past a screenful of cells the terminal table is plain aligned text (``orchestrator/cli/plaintable.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from orchestrator.cli import complete
 from orchestrator.cli.ctx import open_ctx
 
 if TYPE_CHECKING:
+    from orchestrator.cli.plaintable import Cell, Line
     from orchestrator.report.model import Report
 
 
@@ -59,47 +61,70 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
 
 
 WIDE = 170  # terminal columns from which every column of the table fits
+NARROW = ("cell", "n", "mean ± CI", "Δ ± CI", "p", "verdict")
 
 
-def _table(doc: Report) -> None:
-    """The table on a terminal: every column when it fits, else mean ± CI half-width and delta ± CI,
-    with the flags, GPU-hours and cost below it (``--format md``/``csv`` have them all)."""
+def report_cells(doc: Report, wide: bool) -> tuple[list[str], list[list[Cell]], list[Line]]:
+    """The terminal table: its columns (every one when ``wide``, else mean ± CI half-width and delta
+    ± CI), a row of cells per cell of the report (printable text and a style, never markup), and the
+    lines below it (when not wide: the flags, GPU-hours and cost; the notes; the failed jobs)."""
+    from orchestrator.cli.cellpanel import VERDICT_STYLE, plus_minus
+    from orchestrator.report import tables
+    from orchestrator.views.text import printable
+
+    columns = list(tables.COLUMNS) if wide else list(NARROW)
+    rows = []
+    for row in doc.cells:
+        values = dict(zip(tables.COLUMNS, map(printable, tables.cells(row)), strict=True))
+        values["mean ± CI"] = plus_minus(row.mean, row.ci_low, row.ci_high)
+        if not wide:
+            values["cell"] = printable(row.cell)  # the verdict column says which is the baseline
+        values["Δ ± CI"] = "" if row.is_baseline else plus_minus(row.delta, row.delta_ci_low,
+                                                                             row.delta_ci_high, sign=True)
+        style = VERDICT_STYLE.get(row.verdict, "")
+        rows.append([(values[c], style if c == "verdict" else "") for c in columns])
+    below: list[Line] = []
+    if not wide:
+        below += [[(printable(cell.cell), "red"), (f": {printable(flag)}", "")]
+                  for cell in doc.cells for flag in cell.flags]
+        cost = tables.cost(doc.cost_usd)
+        hours = f"GPU-hours {doc.gpu_hours:.2f}" + (f", CPU-hours {doc.cpu_hours:.2f}" if doc.cpu_hours else "")
+        below.append([(hours + (f", cost {cost}" if cost else "")
+                       + f" · every column: a terminal {WIDE} wide, or --format md|csv|json|html", "")])
+    below += [[(f"note: {printable(note)}", "dim")] for note in doc.notes]
+    for fail in doc.failures:
+        klass = f" ({printable(fail.failure_class)})" if fail.failure_class else ""
+        below.append([("failed", "red"), (f" {printable(fail.name)}{klass}: {printable(fail.message)}", "")])
+    return columns, rows, below
+
+
+def _table(doc: Report, *, plain: bool | None = None) -> None:
+    """The table on a terminal: every column when it fits, else the narrow set with the rest below it
+    (``--format md``/``csv`` have them all); past a screenful of cells (``plain`` None) the same cells
+    as plain aligned text (``orchestrator/cli/plaintable.py``)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    from orchestrator.cli.cellpanel import VERDICT_STYLE, plus_minus
+    from orchestrator.cli import plaintable
+    from orchestrator.context import gc_paused
     from orchestrator.report import tables
+    from orchestrator.views.text import printable
 
     console = Console(highlight=False)
-    wide = console.width >= WIDE
-    columns = list(tables.COLUMNS) if wide else ["cell", "n", "mean ± CI", "Δ ± CI", "p", "verdict"]
-    table = Table(title=escape(tables.heading(doc)), title_justify="left")
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("cell", "verdict", "flags") else "right",
-                         overflow="fold", no_wrap=name != "flags")
-    for row in doc.cells:
-        values = dict(zip(tables.COLUMNS, (escape(v) for v in tables.cells(row)), strict=True))
-        values["mean ± CI"] = plus_minus(row.mean, row.ci_low, row.ci_high)
-        if not wide:
-            values["cell"] = escape(row.cell)  # the verdict column says which is the baseline
-        values["Δ ± CI"] = "" if row.is_baseline else plus_minus(row.delta, row.delta_ci_low,
-                                                                             row.delta_ci_high, sign=True)
-        style = VERDICT_STYLE.get(row.verdict)
-        if style:
-            values["verdict"] = f"[{style}]{values['verdict']}[/]"
-        table.add_row(*(values[c] for c in columns))
-    console.print(table)
-    if not wide:
-        for row in doc.cells:
-            for flag in row.flags:
-                console.print(f"[red]{escape(row.cell)}[/]: {escape(flag)}")
-        cost = tables.cost(doc.cost_usd)
-        console.print(f"GPU-hours {doc.gpu_hours:.2f}" + (f", CPU-hours {doc.cpu_hours:.2f}" if doc.cpu_hours else "")
-                      + (f", cost {cost}" if cost else "")
-                      + f" · every column: a terminal {WIDE} wide, or --format md|csv|json|html")
-    for note in doc.notes:
-        console.print(f"[dim]note: {escape(note)}[/]")
-    for fail in doc.failures:
-        klass = f" ({escape(fail.failure_class)})" if fail.failure_class else ""
-        console.print(f"[red]failed[/] {escape(fail.name)}{klass}: {escape(fail.message)}")
+    with gc_paused():
+        columns, rows, below = report_cells(doc, console.width >= WIDE)
+        right = [c for c in columns if c not in ("cell", "verdict", "flags")]
+        if plaintable.big(len(rows)) if plain is None else plain:
+            plaintable.write(console, printable(tables.heading(doc)), columns, rows, right=right)
+            plaintable.write_lines(console, below)
+            return
+        table = Table(title=escape(printable(tables.heading(doc))), title_justify="left")
+        for name in columns:
+            table.add_column(name, justify="right" if name in right else "left", overflow="fold",
+                             no_wrap=name != "flags")
+        for row in rows:
+            table.add_row(*map(plaintable.rich_cell, row))
+        console.print(table)
+        for line in below:
+            console.print(plaintable.rich_line(line))

@@ -1,6 +1,8 @@
-"""``gpuq results`` (table and ``--csv``) and ``gpuq pull`` for people: one row per job.
+"""``gpuq results`` (table and ``--csv``) and ``gpuq pull`` for people: one row per job (past a
+screenful of jobs the table is plain aligned text: ``orchestrator/cli/plaintable.py``).
 
 Costs are ``api.results``' ``JobCost`` (``orchestrator/cost.py``, the policy ``gpuq status`` uses too).
+rich is imported by the tables only: ``--csv`` and ``--json`` go without it.
 """
 
 from __future__ import annotations
@@ -9,13 +11,11 @@ import csv
 import sys
 from typing import TYPE_CHECKING
 
-from rich.table import Table
-
-from orchestrator.cli.render import STATE_STYLE, console, escape
 from orchestrator.views.text import printable
 
 if TYPE_CHECKING:
     from orchestrator.api import PullReport, ResultRow
+    from orchestrator.cli.plaintable import Cell, Line
 
 
 def _metric_names(rows: list[ResultRow]) -> list[str]:
@@ -28,12 +28,15 @@ def _metric_names(rows: list[ResultRow]) -> list[str]:
     return names
 
 
-PULLED_CELL = {"verified": "[green]verified[/]", "missing": "[red]verified, copy missing[/]"}
+PULLED_CELL = {"verified": ("verified", "green"), "missing": ("verified, copy missing", "red")}
 
 
-def results_table(rows: list[ResultRow]) -> None:
+def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], list[Line]]:
+    """The table of ``gpuq results``: its columns, a row of cells per job (printable text and a style,
+    never markup), and the lines below it (retries that restarted from scratch, the total)."""
+    from orchestrator.cli.render import STATE_STYLE
+
     names = _metric_names(rows)
-    table = Table(title=f"results of {rows[0].job.sweep_id}", title_justify="left")
     priced = any(r.cost is not None and r.cost.cost is not None for r in rows)
     lost = any(r.cost is not None and (r.cost.preemptions or r.cost.lost_gpu_hours) for r in rows)
     head = rows[0].metric
@@ -46,11 +49,10 @@ def results_table(rows: list[ResultRow]) -> None:
     cols += (["cost"] if priced else []) + (["lost GPU-h", "preempted"] if lost else []) + ["pulled"]
     unknown = any(r.error for r in rows)  # a host that could not answer: its rows say so, the others stand
     cols += ["note"] if unknown else []
-    for col in cols:
-        table.add_column(col, no_wrap=col in ("job", "state", "pulled"))
+    table = []
     for row in rows:
-        style = STATE_STYLE.get(row.job.state, "")
-        cells = [row.job.id, escape(row.job.name), f"[{style}]{row.job.state}[/]"]
+        state = row.job.state
+        cells = [row.job.id, printable(row.job.name)]
         cells += [f"{row.final[n]:.4f}" if n in row.final else "-" for n in names]
         cells += [f"{row.best[n]:.4f}" if n in row.best else "-" for n in names]
         c = row.cost
@@ -62,16 +64,18 @@ def results_table(rows: list[ResultRow]) -> None:
             cells.append(f"${c.cost:.2f}" if c is not None and c.cost is not None else "-")
         if lost:
             cells += [f"{c.lost_gpu_hours:.3f}" if c is not None else "-", str(c.preemptions) if c is not None else "-"]
-        cells.append(PULLED_CELL.get(row.pulled, "-"))
+        styled = [(text, "") for text in cells]
+        styled.insert(2, (state, STATE_STYLE.get(state, "")))
+        styled.append(PULLED_CELL.get(row.pulled, ("-", "")))
         if unknown:
-            cells.append(f"[yellow]{escape(printable(row.error))}[/]" if row.error else "")
-        table.add_row(*cells)
-    console().print(table)
+            styled.append((printable(row.error), "yellow") if row.error else ("", ""))
+        table.append(styled)
+    below: list[Line] = []
     for row in rows:
         if row.restarts_from_scratch:
-            console().print(f"[yellow]{row.job.id} {escape(row.job.name)}: {row.restarts_from_scratch} retr"
-                            f"{'ies' if row.restarts_from_scratch > 1 else 'y'} restarted from scratch: no file "
-                            "matched `checkpoint`[/]")
+            below.append([(f"{row.job.id} {printable(row.job.name)}: {row.restarts_from_scratch} retr"
+                           f"{'ies' if row.restarts_from_scratch > 1 else 'y'} restarted from scratch: no file "
+                           "matched `checkpoint`", "yellow")])
     total = [r.cost for r in rows if r.cost is not None]
     if total:
         money = [c.cost for c in total if c.cost is not None]
@@ -79,8 +83,37 @@ def results_table(rows: list[ResultRow]) -> None:
         wasted = sum(c.lost_gpu_hours for c in total)
         hours = [f"{sum(c.gpu_hours for c in total):.3f} GPU-h"] if on_gpu else []
         hours += [f"{sum(c.cpu_hours for c in total):.3f} CPU-h"] if on_cpu else []
-        console().print(f"total {', '.join(hours)}{spent}"
-                         + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""))
+        below.append([(f"total {', '.join(hours)}{spent}"
+                       + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""), "")])
+    return cols, table, below
+
+
+def results_table(rows: list[ResultRow], *, plain: bool | None = None) -> None:
+    """The rich table, or past a screenful of rows (``plain`` None) the same cells as plain aligned
+    text (``orchestrator/cli/plaintable.py``)."""
+    from orchestrator.context import gc_paused
+
+    with gc_paused():  # ~100,000 cells of 10,000 jobs, all alive: full collections would find nothing
+        from rich.table import Table
+
+        from orchestrator.cli import plaintable
+        from orchestrator.cli.render import console
+
+        cols, cells, below = result_cells(rows)
+        out = console()
+        title = f"results of {rows[0].job.sweep_id}"
+        if plaintable.big(len(rows)) if plain is None else plain:
+            plaintable.write(out, title, cols, cells)
+            plaintable.write_lines(out, below)
+            return
+        table = Table(title=title, title_justify="left")
+        for col in cols:
+            table.add_column(col, no_wrap=col in ("job", "state", "pulled"))
+        for row in cells:
+            table.add_row(*map(plaintable.rich_cell, row))
+        out.print(table)
+        for line in below:
+            out.print(plaintable.rich_line(line))
 
 
 def results_csv(rows: list[ResultRow]) -> None:
@@ -114,6 +147,10 @@ def _size(n: int) -> str:
 
 def pulled(report: PullReport) -> None:
     """One row per job (state, files, bytes, local dir), then why each unverified job is not."""
+    from rich.table import Table
+
+    from orchestrator.cli.render import console, escape
+
     out = console()
     table = Table(title=f"pull of {report.sweep_id}", title_justify="left")
     for col in ("job", "name", "state", "files", "bytes", "local dir"):
