@@ -75,7 +75,7 @@ def hosts_show(ctx: Context, name: str) -> HostDetail:
     active = [j for j in ctx.ledger.jobs(states=ACTIVE) if j.host == name]
     newest = ctx.ledger.newest_provenance(name)
     return HostDetail(row, active, _unverified_on(ctx, name), fleet.key_fingerprint(row.host_key),
-                      ctx.ledger.events(subject=name, limit=10),
+                      ctx.ledger.events(subject=name, limit=10, exact=True),
                       Provenance.from_stored(newest.provenance) if newest is not None else None)
 
 

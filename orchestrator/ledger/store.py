@@ -594,13 +594,16 @@ class Ledger(PullRecords):
                 a.state == AttemptState.LOST.value
                 or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0))))
 
-    def events(self, subject: str | None = None, limit: int = 200) -> list[Event]:
+    def events(self, subject: str | None = None, limit: int = 200, *, exact: bool = False) -> list[Event]:
         """The newest ``limit`` events, oldest first.  ``subject``: those whose subject starts with it (a
         job's own and its attempts', ``JOB/a1``...), read as a range of the subject index: a tick's read
-        costs the same with a million events in the table as with a thousand.  Case-sensitive."""
+        costs the same with a million events in the table as with a thousand.  Case-sensitive.
+        ``exact``: only the subject itself (a host's: ``gpu1`` is no prefix of ``gpu10``'s)."""
         with self.reading() as s:
             query = select(Event)
-            if subject:  # "" starts every subject: the newest events of all
+            if subject and exact:
+                query = query.where(col(Event.subject) == subject)
+            elif subject:  # "" starts every subject: the newest events of all
                 upper = _past_prefix(subject)
                 query = query.where(col(Event.subject) >= subject)
                 query = query.where(col(Event.subject) < upper) if upper is not None else query

@@ -418,3 +418,26 @@ def test_events_default_to_the_newest_200(ledger: Ledger) -> None:
         ledger.record_event("host", "h1", f"e{i}")
     got = ledger.events("h1")
     assert len(got) == 200 and (got[0].message, got[-1].message) == ("e5", "e204")
+
+
+def test_a_hosts_events_are_its_own_not_those_of_a_host_it_prefixes(ledger: Ledger, gpuq_home: Path) -> None:
+    """`gpuq hosts show gpu1` lists gpu1's events only: gpu10's start with "gpu1" too (a job's events
+    are read by prefix, its attempts' subjects being ``JOB/aN``; a host's are not)."""
+    for name in ("gpu1", "gpu10"):
+        ledger.ensure_host(name, kind="ssh", root="/r")
+        ledger.record_event("host", name, f"{name} said hello")
+    own = ledger.events("gpu1", exact=True)
+    assert {e.subject for e in own} == {"gpu1"} and "gpu1 said hello" in [e.message for e in own]
+    assert {e.subject for e in ledger.events("gpu1")} == {"gpu1", "gpu10"}  # the prefix read
+    from orchestrator.api.hosts import hosts_show
+    from orchestrator.context import open_context
+
+    ctx = open_context()
+    try:
+        for name in ("gpu1", "gpu10"):
+            ctx.ledger.ensure_host(name, kind="ssh", root="/r")
+            ctx.ledger.record_event("host", name, f"{name} said hello")
+        shown = hosts_show(ctx, "gpu1").events
+        assert {e.subject for e in shown} == {"gpu1"} and "gpu1 said hello" in [e.message for e in shown]
+    finally:
+        ctx.close()
