@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestrator import host_documents, protocol
+from orchestrator import protocol
 from orchestrator.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
-from orchestrator.host_documents import HostFacts
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.specs import clamp_slots
 
-if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`)
+if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`), the host
+    # documents' models only when one is read (`gpuq status --no-probe` reads none)
+    from orchestrator.host_documents import HostFacts
     from orchestrator.hosts.ssh import Endpoint, SSHOptions
 
 HOST_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -238,6 +239,8 @@ def register(
 
 def audit(host: Host, interpreter: str, root: str) -> HostFacts:
     """The registration audit's facts (see AUDIT); HostError when the host cannot serve as one."""
+    from orchestrator import host_documents
+
     try:
         result = host.run([interpreter, "-c", AUDIT, root], timeout=60)
     except HostUnreachable as exc:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.host_documents import JobEntry, Summary
+if TYPE_CHECKING:  # only read here, never built: the models load where a host document is parsed
+    from orchestrator.host_documents import JobEntry, Summary
 
 DEFAULT_METRIC = ("val_acc", "max")  # gpuq's own payload
 LINE_CHARS = 80  # the last log line as a dashboard cell

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, insert
 from sqlalchemy.engine import Engine
@@ -32,7 +32,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
-from orchestrator.host_documents import ResultCheckpoint
 from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pulls import PullRecords
@@ -42,6 +41,9 @@ from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, Hos
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
 from orchestrator.specs import JobSpec, clamp_slots, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
+
+if TYPE_CHECKING:  # the host documents' models load only where a host is read
+    from orchestrator.host_documents import ResultCheckpoint
 
 
 def _create_private(path: Path) -> None:
