@@ -11,10 +11,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support import warmcli
+
+if TYPE_CHECKING:
+    from orchestrator.context import Context
 
 pytest_plugins = ["tests.support.pullworld"]  # the `world` fixture of the pull tests
 
@@ -100,6 +104,18 @@ def gpuq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("GPUQ_HOME", str(home))
     yield home
     kill_recorded_groups(home / "local")
+
+
+@pytest.fixture
+def ctx(gpuq_home: Path) -> Iterator[Context]:
+    """The context of a command run with ``gpuq_home`` (a test module may define its own ``ctx``)."""
+    from orchestrator.context import open_context
+
+    context = open_context()
+    try:
+        yield context
+    finally:
+        context.close()
 
 
 def run_gpuq(*args: str, env: dict[str, str] | None = None, timeout: float = 300,

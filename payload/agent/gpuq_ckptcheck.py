@@ -48,14 +48,14 @@ class _Scan:
     """What the opcodes of a data.pkl say, read without unpickling."""
 
     def __init__(self) -> None:
-        self.recent: list[str | None] = []  # values pushed lately (what a BINPUT memoizes)
+        self.top: str | None = None  # the string on top of the stack, if any (what a BINPUT memoizes)
         self.memo: dict[int, str | None] = {}
         self.first: str | None = None  # what the outermost object is built from
         self.since_mark: list[str | None] = []  # values pushed since the last MARK (a persistent id's tuple)
         self.storages: set[str] = set()  # the storage keys the persistent ids name
 
     def push(self, value: str | None) -> None:
-        self.recent.append(value)
+        self.top = value
         self.since_mark.append(value)
 
     def op(self, name: str, arg: object) -> str | None:
@@ -68,7 +68,7 @@ class _Scan:
         if self.first is None and name not in PRELUDE_OPS:
             self.first = "dict" if name == "EMPTY_DICT" or ref == "collections.OrderedDict" else (ref or name)
         if name in ("BINPUT", "LONG_BINPUT"):
-            self.memo[int(str(arg))] = self.recent[-1] if self.recent else None
+            self.memo[int(str(arg))] = self.top
         elif name in ("BINGET", "LONG_BINGET"):
             self.push(self.memo.get(int(str(arg))))
         elif name in STRING_OPS:
@@ -81,10 +81,9 @@ class _Scan:
             if len(found) < 3 or found[0] != "storage" or found[2] is None:
                 return "it holds a persistent id that is not a torch storage record"
             self.storages.add(found[2])
-            self.recent.append(None)
+            self.top = None
         elif name != "PROTO":
             self.push(None)
-        del self.recent[:-4]
         return None
 
 

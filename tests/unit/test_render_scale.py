@@ -18,7 +18,6 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from orchestrator.api.report import build_report
 from orchestrator.cli import documents as d
 from orchestrator.cli import emit, jsontext, plaintable, render, resulttables
 from orchestrator.cli import report as report_cli
-from orchestrator.context import Context, open_context
+from orchestrator.context import Context
 from orchestrator.cost import JobCost
 from orchestrator.ledger.tables import Job
 from orchestrator.report.model import FailureRow
@@ -42,15 +41,6 @@ from tests.unit.test_results_scale import SWEEP, build
 
 NASTY = "[bold]evil[/] \x1b]0;title\x07 :smile: 100%s \x1b[8m"  # markup, emoji code, escapes, a format
 SHOWN = "[bold]evil[/] ]0;title :smile: 100%s [8m"  # ... as printable() shows it
-
-
-@pytest.fixture
-def ctx(gpuq_home: Path) -> Iterator[Context]:
-    ctx = open_context()
-    try:
-        yield ctx
-    finally:
-        ctx.close()
 
 
 # --- jsontext ------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ import pytest
 from orchestrator import protocol
 from orchestrator.api import report as rep
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots
-from orchestrator.context import Context, open_context
+from orchestrator.context import Context
 from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, HostRow, Job, Metric
@@ -200,15 +200,6 @@ def oracle(ctx: Context, sweeps: Sequence[str]) -> Report:
         gpu_hours=sum(c.gpu_hours for c in out), cpu_hours=sum(c.cpu_hours for c in out),
         cost_usd=sum(c.cost_usd for c in out if c.cost_usd is not None) if any(c.cost_usd is not None for c in out)
         else None, notes=notes)
-
-
-@pytest.fixture
-def ctx(gpuq_home: Path) -> Iterator[Context]:
-    ctx = open_context()
-    try:
-        yield ctx
-    finally:
-        ctx.close()
 
 
 def test_the_report_is_the_one_the_per_job_algorithm_built(ctx: Context, tmp_path: Path,

@@ -13,14 +13,13 @@ from __future__ import annotations
 import gc
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator import observed, transfer
 from orchestrator.api.jobs import ResultRow, collect_missing, cpu_slots, results
-from orchestrator.context import Context, open_context
+from orchestrator.context import Context
 from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance, ResultCheckpoint
 from orchestrator.ledger import HostRow, Ledger
@@ -179,15 +178,6 @@ def _view(row: ResultRow) -> tuple[object, ...]:
     return (row.job.id, row.job.state, list(row.final.items()), list(row.best.items()),
             None if att is None else (att.job_id, att.number, att.state), row.pulled, row.local_dir, row.cost,
             row.metric, row.mode, row.error, row.provenance, row.git, row.restarts_from_scratch)
-
-
-@pytest.fixture
-def ctx(gpuq_home: Path) -> Iterator[Context]:
-    ctx = open_context()
-    try:
-        yield ctx
-    finally:
-        ctx.close()
 
 
 def test_results_rows_equal_the_per_job_algorithm(ctx: Context, tmp_path: Path,
