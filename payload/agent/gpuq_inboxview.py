@@ -36,28 +36,29 @@ class InboxView:
         self.path = path
         self.generation = 0
         self._dir: tuple[int, int, int] | None = None
-        self._listed_at = 0.0
+        self._listed_at = -RESCAN_S
         self._files: dict[str, tuple[tuple[int, int, int], float, Any]] = {}  # job id -> (stat key, created, spec)
         self._order: list[tuple[float, str, Any]] = []
 
-    def _fresh(self, now: float) -> bool:
-        """True when the last listing still holds."""
+    def _fresh(self, now: float, mono: float) -> bool:
+        """True when the last listing still holds (``now``: the wall clock file times are on; ``mono``:
+        the clock the rescan period runs on, which a wall-clock step back cannot stall)."""
         try:
             st = os.stat(self.path)
         except OSError:
             return self._dir is None and not self._files
         key = _key(st)
-        if key != self._dir or now - self._listed_at >= RESCAN_S or now - st.st_mtime_ns / 1e9 < RACY_S:
+        if key != self._dir or mono - self._listed_at >= RESCAN_S or now - st.st_mtime_ns / 1e9 < RACY_S:
             self._dir = key
             return False
         return True
 
     def specs(self) -> list[tuple[float, str, Any]]:
         """(created_at, job id, spec or None) of every inbox spec, oldest first (then by job id)."""
-        now = time.time()
-        if self._fresh(now):
+        mono = time.monotonic()
+        if self._fresh(time.time(), mono):
             return self._order
-        self._listed_at = now
+        self._listed_at = mono
         try:
             names = os.listdir(self.path)
         except OSError:

@@ -231,7 +231,7 @@ class Agent:
             if inbox or self.pending or self.running:
                 idle_since = None
             else:
-                now = time.time()
+                now = time.monotonic()
                 idle_since = idle_since if idle_since is not None else now
                 if now - idle_since >= self.idle_exit_s:
                     if self.idle_exit():
@@ -366,7 +366,7 @@ class Agent:
             self.finish(job_id)
 
     def handle_cancels(self) -> None:
-        now = time.time()
+        now = time.monotonic()  # the SIGKILL deadline: a wall-clock step must not move it
         for job_id, r in list(self.running.items()):
             if r.kill_at is None:
                 if not os.path.exists(self.lay.job(job_id, P.CANCEL_FILE)):
@@ -396,9 +396,10 @@ class Agent:
     def _claim(self, job_id: str) -> bool:
         try:
             os.rename(self.lay.p(P.INBOX_DIR, job_id + ".json"), self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
-            return True
         except FileNotFoundError:
             return False  # withdrawn by the controller, or taken by someone else
+        self.inbox.taken(job_id)
+        return True
 
     def claim_and_launch(self) -> int:
         """Launch what fits now: the jobs claimed but never launched first, then the inbox oldest
@@ -406,13 +407,14 @@ class Agent:
 
         A round decides from the inbox, the busy slots, the running jobs and the pending claims alone:
         when none of them changed since the last round ended, it would decide the same, and is skipped
-        (an idle agent with a thousand waiting jobs must not re-read them ten times a second)."""
+        (an idle agent with a thousand waiting jobs must not re-read them ten times a second).  The state
+        recorded is the inbox this round saw, less what it claimed: a spec renamed in while the round ran
+        is new to the next round's listing, never mistaken for one already decided on."""
         self._launch_pending()
         entries = self.inbox.specs()
         if self._round_state() == self.last_round:
             return self.last_waiting
         waiting = sum(self._take(job_id, spec) for _created, job_id, spec in entries)
-        self.inbox.specs()  # what this round claimed has left the inbox
         self.last_round, self.last_waiting = self._round_state(), waiting
         return waiting
 

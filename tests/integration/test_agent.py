@@ -48,8 +48,8 @@ def iso(ts: str) -> float:
 
 
 def wait_for(pred: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         v = pred()
         if v:
             return v

@@ -276,8 +276,8 @@ os.makedirs(result, exist_ok=True)
 with open(os.path.join(result, "trainer.pid.tmp"), "w") as f:
     f.write(str(os.getpid()))
 os.replace(os.path.join(result, "trainer.pid.tmp"), os.path.join(result, "trainer.pid"))
-deadline = time.time() + 120
-while not os.path.exists(os.path.join(result, "..", "release")) and time.time() < deadline:
+deadline = time.monotonic() + 120
+while not os.path.exists(os.path.join(result, "..", "release")) and time.monotonic() < deadline:
     time.sleep(0.05)
 sys.exit(0)
 '''

@@ -3,6 +3,7 @@ or out is seen at the next look, oldest first, and an unchanged inbox is neither
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -16,7 +17,8 @@ view_mod = load_agent_module("gpuq_inboxview")
 def _enqueue(inbox: Path, job_id: str, created: float) -> None:
     """As the agent's enqueue writes a spec: a dot-tmp file renamed in."""
     tmp = inbox / f".{job_id}.tmp"
-    tmp.write_text(json.dumps({"job_id": job_id, "created_at": created}))
+    tmp.write_text(json.dumps({"schema": "gpuq.job/1", "job_id": job_id, "attempt": 1, "gpus": 1, "nodes": 1,
+                               "created_at": created}))
     os.replace(tmp, inbox / f"{job_id}.json")
 
 
@@ -65,3 +67,40 @@ def test_an_unchanged_inbox_is_not_read_again_and_its_generation_stays(tmp_path:
     # a spec renamed in (a new inode) is read, and the generation moves on
     _enqueue(inbox, "c007", 7.0)
     assert view.specs()[7][2]["job_id"] == "c007" and view.generation == generation + 1
+
+
+def test_a_spec_renamed_in_while_a_round_claims_is_taken_by_the_next_round(tmp_path: Path) -> None:
+    """The serving loop skips a round whose inbox, slots and jobs are as the last round left them.  A
+    spec that arrives while a round is claiming (the controller enqueues at any moment) was not decided
+    on by that round: the next round must take it, on an otherwise idle host too."""
+    serve_mod = load_agent_module("gpuq_serve")
+    files_mod = load_agent_module("gpuq_files")
+    root = tmp_path / "root"
+    for d in ("inbox", "claimed", "jobs"):
+        (root / d).mkdir(parents=True)
+    args = argparse.Namespace(idle_exit_s=600.0, poll_s=0.1, cpu_slots=2, train_device="cpu")
+    agent = serve_mod.Agent(files_mod.Layout(str(root)), args)
+    agent.slots = {"kind": "cpu", "ids": [0, 1, 2]}
+    launched: list[str] = []
+
+    def launch(job_id: str, spec: dict[str, object], need: int) -> None:
+        launched.append(job_id)
+        agent.busy[len(launched) - 1] = job_id
+
+    agent.launch = launch
+    claim = agent._claim
+
+    def claim_racing_an_enqueue(job_id: str) -> bool:
+        took = claim(job_id)
+        if job_id == "ca":
+            _enqueue(root / "inbox", "cb", 2.0)  # the controller enqueues while this round claims
+        return took
+
+    agent._claim = claim_racing_an_enqueue
+    _enqueue(root / "inbox", "ca", 1.0)
+    assert agent.claim_and_launch() == 0 and launched == ["ca"]
+    _age(root / "inbox", 60)  # past the racy window: only the listing's own bookkeeping can tell
+    for _ in range(3):
+        agent.claim_and_launch()
+    assert launched == ["ca", "cb"]
+    assert sorted(os.listdir(root / "claimed")) == ["ca.json", "cb.json"]
