@@ -280,9 +280,19 @@ def _v11_metric_scope(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX ix_metric_job_id_scope ON metric (job_id, scope)")
 
 
+def _v12_money(conn: sqlite3.Connection) -> None:
+    """v12: a rented host's instance name (how gpuq finds an instance whose create call never answered,
+    and tells its own instances from others), whether it ends itself when its work is done, and a
+    sweep's budget cap."""
+    conn.execute("ALTER TABLE host ADD COLUMN instance_name VARCHAR NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE host ADD COLUMN down_when_done BOOLEAN NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE sweep ADD COLUMN budget_usd FLOAT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
-                                                          _v9_nodes, _v10_provenance, _v11_metric_scope]
+                                                          _v9_nodes, _v10_provenance, _v11_metric_scope,
+                                                          _v12_money]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -58,6 +58,11 @@ class HostRow(SQLModel, table=True):
     replaces: str = ""
     # v8: a Slurm host (kind "slurm"): JSON of its settings (orchestrator/slurm.py), "" otherwise
     slurm: str = ""
+    # v12: money (docs/providers.md): the provider-side name gpuq created the instance under
+    # ("gpuq-<lease>-<i>", written before the create call), and whether the tick ends the host once
+    # its work is done and every result is home and verified (`gpuq up --down-when-done`)
+    instance_name: str = ""
+    down_when_done: bool = False
 
 
 class Sweep(SQLModel, table=True):
@@ -75,6 +80,7 @@ class Sweep(SQLModel, table=True):
     run: str = ""  # v6: JSON of the project's [run] table (runconfig.RunConfig; names only, no secrets); "" = none
     git_commit: str = ""  # v10: the project's git commit at submit ("" = not a git checkout, or unknown)
     git_dirty: bool | None = None  # v10: uncommitted changes at submit (None = unknown)
+    budget_usd: float | None = None  # v12: the sweep's spending cap in dollars (None = no cap)
 
     def host_set(self) -> set[str]:
         return {h for h in self.hosts.split(",") if h}
