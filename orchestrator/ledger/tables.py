@@ -51,7 +51,7 @@ class HostRow(SQLModel, table=True):
     gpu_type: str = ""  # the provider's GPU type id / instance type
     gpu_count: int = 0
     region: str = ""
-    lease_state: str = ""  # "" | "running" | "preempted" | "stopped" | "failed" | "terminated"
+    lease_state: str = ""  # "" | "provisioning" | "running" | "preempted" | "stopped" | "failed" | "terminated"
     lease_reason: str = ""  # the provider's words (RunPod lastStatusChange, Lambda status)
     lease_changed_at: float | None = None
     # v7: the rented host this one replaced (`gpuq resume`), so `gpuq down --sweep` finds it unused too

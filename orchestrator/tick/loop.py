@@ -76,8 +76,8 @@ def _requests(ctx: Context, rows: Sequence[HostRow], by_host: dict[str, list[Job
     requests: list[ProbeRequest] = []
     waiting: list[HostRow] = []
     for row in rows:
-        if row.lease_state == "terminated" or row.hold_reason.startswith("lease "):
-            continue  # a rented machine that is gone (terminated, or replaced): nothing to probe
+        if row.lease_state in ("terminated", "provisioning") or row.hold_reason.startswith("lease "):
+            continue  # a rented machine that is gone (terminated, or replaced) or not up yet: nothing to probe
         if honour_backoff and row.next_probe_at is not None and row.next_probe_at > now:
             waiting.append(row)
             continue
