@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 CKPT_EVERY = 4
 RUNPOD_KEY = "rp-test-key-0123456789"
 LAMBDA_KEY = "secret_lambda-test-key-0123456789"
-JOBS = 6
+JOBS = 3  # the spot test's one job per pod; the others take the first two
 
 
 def _config(seed: int, step_sleep_s: float = 0.0) -> str:
@@ -212,8 +212,10 @@ def _pull_and_compare(cloud: Cloud, reference: dict[str, str]) -> None:
 
 def test_runpod_spot_preemptions_resume_to_identical_weights(cloud_factory: Callable[..., Cloud], tmp_path: Path,
                                                              reference: dict[str, str]) -> None:
-    cloud = cloud_factory("runpod", hosts=3, gpus=2)
-    up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--count", "3", "--gpus", "2",
+    """Two of three pods outbid at random points after their jobs checkpointed (one job per pod: the
+    watch test below preempts a pod running two)."""
+    cloud = cloud_factory("runpod", hosts=3, gpus=1)
+    up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--count", "3", "--gpus", "1",
                     "--spot", "--bid", "0.3", "--profile", "rehearsal")
     assert up.returncode == 0, up.stdout + up.stderr
     assert up.stdout.count("preflight PASS") == 3 and up.stdout.count("/h ") == 3, up.stdout
@@ -227,7 +229,7 @@ def test_runpod_spot_preemptions_resume_to_identical_weights(cloud_factory: Call
     def on(name: str) -> list[Any]:
         return [j for j in cloud.jobs() if j.host == name]
 
-    assert all(len(on(name)) == 2 for name in hosts), {n: [j.name for j in on(n)] for n in hosts}
+    assert all(len(on(name)) == 1 for name in hosts), {n: [j.name for j in on(n)] for n in hosts}
     # a spot pod's SIGTERM comes ~5 s before SIGKILL (the runpod profile): the payload is told
     specs = [json.loads(p.read_text()) for r in roots.values() for p in r.glob("*/*.json")
              if p.parent.name in ("inbox", "claimed")]
@@ -241,7 +243,7 @@ def test_runpod_spot_preemptions_resume_to_identical_weights(cloud_factory: Call
     patrolled = cloud.gpuq("patrol")
     assert patrolled.returncode == 0 and patrolled.stdout.count("spot preemption") == 2, patrolled.stdout
     preempted = [j for j in cloud.jobs() if j.state == "PREEMPTED"]
-    assert sorted(j.host for j in preempted) == sorted(victims * 2)
+    assert sorted(j.host for j in preempted) == sorted(victims)
     ledger = cloud.ledger()
     try:
         assert all("Outbid" in ledger.attempt(j.id, 1).message for j in preempted)  # type: ignore[union-attr]
@@ -250,7 +252,7 @@ def test_runpod_spot_preemptions_resume_to_identical_weights(cloud_factory: Call
 
     resumed = cloud.gpuq("resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert resumed.stdout.count("re-bid the same pod") == 2 and "resumed 4 job(s)" in resumed.stdout
+    assert resumed.stdout.count("re-bid the same pod") == 2 and "resumed 2 job(s)" in resumed.stdout
     moved = cloud.hosts()
     # the re-bid pods answer on a new public port; gpuq followed them with their pinned host keys
     assert all(moved[v].port != hosts[v].port and moved[v].host_key == hosts[v].host_key for v in victims)

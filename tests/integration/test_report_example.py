@@ -24,6 +24,8 @@ def test_example_sweep_with_two_seeds_reports_cells_curves_and_a_page(gpuq_home:
     lines = [line.split("#", 1)[0].split() for line in (ROOT / "payload" / "queue.txt").read_text().splitlines()]
     queue = project / "queue.txt"
     queue.write_text("".join(f"{words[0]} {words[1]} {EPOCHS} gpus=1 seeds=2\n" for words in lines if words))
+    # one process per job, no torchrun around it (about 2 s of CPU each): the report is under test here
+    (project / "gpuq.toml").write_text('launcher = "python"\n')
     submitted = run_gpuq("submit", str(queue), "--wait", timeout=900)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
 
