@@ -17,7 +17,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -190,17 +190,22 @@ def register(
     python: str = "",
     trust_new_host_key: bool = False,
     then: Callable[[Host, Registered], None] | None = None,
+    rented: Mapping[str, Any] | None = None,
 ) -> Registered:
     """Audit the host over a verified connection, then record it.  All or nothing.
 
     ``then``: more checks on the same connection before anything is recorded (a Slurm login
-    node's, orchestrator/slurm_hosts.py); it may change the row and add warnings, and raises to refuse."""
+    node's, orchestrator/slurm_hosts.py); it may change the row and add warnings, and raises to refuse.
+    ``rented``: the name is held by the row `gpuq up` wrote before it rented the machine (lease state
+    ``provisioning``, no address yet): the audit's facts and these fields (its lease) fill that row in,
+    in one transaction, so no row is ever half a host."""
     from orchestrator.hosts.ssh import SSHHost, resolve
 
     if not HOST_NAME.match(name) or name == LOCAL_HOST:
         raise UsageError(f'host name "{name}": use 1-32 of a-z 0-9 _ - (starting with a letter or digit), '
                          f'not "{LOCAL_HOST}"')
-    if ledger.host(name) is not None:
+    held = ledger.host(name)
+    if held is not None and not (rented is not None and held.lease_state == "provisioning"):
         raise UsageError(f'host "{name}" is already registered; `gpuq hosts show {name}`, or '
                          f'`gpuq hosts rm {name}` first to register it again')
     if key and not Path(key).expanduser().is_file():
@@ -226,7 +231,12 @@ def register(
             out.warnings.append(f"no GPUs reported by nvidia-smi{detail}: jobs get {facts.cpus} CPU slots")
         if then is not None:
             then(host, out)
-        ledger.add_host(out.row)
+        if held is not None:
+            ledger.update_host(name, **{f: getattr(out.row, f) for f in AUDITED}, **(rented or {}))
+            ledger.record_event("host", name, f"registered: {out.row.kind} {target} root={out.row.root} "
+                                              f"profile={out.row.profile}")
+        else:
+            ledger.add_host(out.row)
         return out
     except BaseException:
         forget_keys(settings, endpoint, only=host.trusted_keys)
@@ -263,6 +273,11 @@ def audit(host: Host, interpreter: str, root: str) -> HostFacts:
     if not facts.writable:
         raise HostError(host.name, f"cannot write the data dir: {facts.error}; pass --root DIR")
     return facts
+
+
+# What registering learns about a host (the fields ``_row_for`` and the audit fill in).
+AUDITED = ("kind", "target", "root", "python", "profile", "slots_kind", "slots_total", "port", "user", "key_path",
+           "host_key", "train_device", "disk_free_bytes", "min_free_gb")
 
 
 def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: str, profile: str,

@@ -103,8 +103,8 @@ def main() -> int:
         ctx = api.open_context()
         made = api.up(ctx, provider="runpod", gpu_type="NVIDIA RTX A6000", count=args.pods, gpus=args.gpus,
                       spot=True, profile="rehearsal")
-        if made.failed or len(made.hosts) != args.pods:
-            raise RuntimeError(f"up: {made.failed}")
+        if not made.ok or len(made.hosts) != args.pods:
+            raise RuntimeError(f"up: {'; '.join(made.problems())}")
         queue = write_project(tmp, args.pods * args.gpus, args.ckpt_every)
         sweep = api.submit(ctx, queue).sweep_id
 

@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.api.cloud import DownPlan, ResumeResult, UpResult, down, down_plan, resume, up
+    from orchestrator.api.cloud import DownPlan, ResumeResult, down, down_plan, resume
     from orchestrator.api.dryrun import DryRun, dry_run
     from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
     from orchestrator.api.hosts import (
@@ -31,7 +31,9 @@ if TYPE_CHECKING:
         hosts_trust,
     )
     from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
+    from orchestrator.api.orphans import OrphanScan, end_orphans, find_orphans
     from orchestrator.api.pulling import PullReport, pull
+    from orchestrator.api.renting import UpInterrupted, UpResult, up
     from orchestrator.api.snapshot import Snapshot, status, wait
     from orchestrator.api.submitting import SubmitResult, submit
     from orchestrator.context import Context, host_for, open_context
@@ -44,6 +46,7 @@ _HOME = {
     "DownPlan": "orchestrator.api.cloud",
     "DryRun": "orchestrator.api.dryrun",
     "HostDetail": "orchestrator.api.hosts",
+    "OrphanScan": "orchestrator.api.orphans",
     "PullReport": "orchestrator.api.pulling",
     "ReapReport": "orchestrator.api.health",
     "ResultRow": "orchestrator.api.jobs",
@@ -51,7 +54,8 @@ _HOME = {
     "Snapshot": "orchestrator.api.snapshot",
     "SubmitResult": "orchestrator.api.submitting",
     "TickReport": "orchestrator.tick.findings",
-    "UpResult": "orchestrator.api.cloud",
+    "UpInterrupted": "orchestrator.api.renting",
+    "UpResult": "orchestrator.api.renting",
     "WatchResult": "orchestrator.api.health",
     "cancel": "orchestrator.api.jobs",
     "cancel_targets": "orchestrator.api.jobs",
@@ -59,6 +63,8 @@ _HOME = {
     "down": "orchestrator.api.cloud",
     "down_plan": "orchestrator.api.cloud",
     "dry_run": "orchestrator.api.dryrun",
+    "end_orphans": "orchestrator.api.orphans",
+    "find_orphans": "orchestrator.api.orphans",
     "host_for": "orchestrator.context",
     "hosts_add": "orchestrator.api.hosts",
     "hosts_add_slurm": "orchestrator.api.hosts",
@@ -77,7 +83,7 @@ _HOME = {
     "run_tick": "orchestrator.tick.loop",
     "status": "orchestrator.api.snapshot",
     "submit": "orchestrator.api.submitting",
-    "up": "orchestrator.api.cloud",
+    "up": "orchestrator.api.renting",
     "wait": "orchestrator.api.snapshot",
     "watch": "orchestrator.api.health",
 }
@@ -88,6 +94,7 @@ __all__ = [
     "DownPlan",
     "DryRun",
     "HostDetail",
+    "OrphanScan",
     "PullReport",
     "ReapReport",
     "ResultRow",
@@ -95,6 +102,7 @@ __all__ = [
     "Snapshot",
     "SubmitResult",
     "TickReport",
+    "UpInterrupted",
     "UpResult",
     "WatchResult",
     "cancel",
@@ -103,6 +111,8 @@ __all__ = [
     "down",
     "down_plan",
     "dry_run",
+    "end_orphans",
+    "find_orphans",
     "host_for",
     "hosts_add",
     "hosts_add_slurm",

@@ -1,127 +1,32 @@
-"""Rented hosts: ``up`` (provision, wait for SSH, register, preflight), ``down`` (terminate behind the
-teardown gate) and ``resume``; preemption detection lives in ``tick/leases.py``, checkpoint shipping in
-``tick/checkpoints.py`` (docs/checkpoints.md, docs/providers.md).
+"""Rented hosts: ``down`` (terminate behind the teardown gate) and ``resume``; ``up`` lives in
+``api/renting.py``, ``down --orphans`` in ``api/orphans.py``, preemption detection in ``tick/leases.py``,
+checkpoint shipping in ``tick/checkpoints.py`` (docs/checkpoints.md, docs/providers.md).
 
-The provider adapters (``orchestrator.providers``) speak the vendor APIs; this module decides.  gpuq
-never destroys anything on its own: only ``down`` terminates, only when the user asked, and never
-while a job on the host has results that are not pulled and verified (unless forced).
+The provider adapters (``orchestrator.providers``) speak the vendor APIs; this module decides.  ``down``
+terminates only when the user asked, and never while a job on the host has results that are not pulled
+and verified (unless forced).  It also ends a machine whose row `gpuq up` wrote before a create call
+that never answered (gpuq was killed): the instance is found by the name the row recorded.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 
 from orchestrator import fleet
-from orchestrator.config import Settings, load_profile
+from orchestrator.api.renting import up
 from orchestrator.context import Context, verified_ids
 from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
 from orchestrator.ledger import HostRow
-from orchestrator.providers.base import Instance, ProvisionRequest
+from orchestrator.providers.base import Provider
 from orchestrator.states import AttemptState, JobState
-from orchestrator.tick.leases import PROVIDERS, provider_for
+from orchestrator.tick.leases import provider_for
 from orchestrator.tick.loop import run_tick
-from orchestrator.tick.preflight import HealthVerdict
 
 LEASE_GONE = ("terminated",)
 LEASE_DOWN = ("preempted", "stopped", "failed", "terminated")
-
-
-def _key_pair(settings: Settings, key: str) -> tuple[str, str]:
-    """(private key path, public key text) for the machines gpuq rents."""
-    candidates = [key or settings.ssh_key] if (key or settings.ssh_key) else [
-        str(Path.home() / ".ssh" / "id_ed25519"), str(Path.home() / ".ssh" / "id_rsa")]
-    for path in candidates:
-        private = Path(path).expanduser()
-        public = private.with_name(private.name + ".pub")
-        if private.is_file() and public.is_file():
-            return str(private), public.read_text(encoding="utf-8").strip()
-    raise UsageError(f"no SSH key pair found ({', '.join(candidates)} with a .pub next to it); "
-                     "pass --key PATH or set ssh_key in $GPUQ_HOME/config.toml")
-
-
-# --- up ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class UpResult:
-    provider: str
-    lease: str
-    hosts: list[HostRow] = field(default_factory=list)
-    instances: list[Instance] = field(default_factory=list)
-    verdicts: dict[str, HealthVerdict] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)  # instance id -> why it is not a usable host
-
-
-def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int = 1, spot: bool = False,
-       bid: float | None = None, region: str | None = None, key: str = "", profile: str = "",
-       prefix: str = "") -> UpResult:
-    """Rent ``count`` machines, wait until each answers SSH, register them with their price, and run
-    the GPU preflight.  A machine that never becomes usable is reported with its instance id (it may
-    bill: `gpuq down` it or terminate it in the console); nothing is destroyed here."""
-    if provider not in PROVIDERS:
-        raise UsageError(f"unknown provider {provider!r} (known: {', '.join(PROVIDERS)})")
-    if count < 1 or gpus < 1:
-        raise UsageError("--count and --gpus must be at least 1")
-    if bid is not None and not spot:
-        raise UsageError("--bid is a spot bid: add --spot")
-    prof = load_profile(profile or provider)
-    private, public = _key_pair(ctx.settings, key)
-    prov = provider_for(ctx, provider)
-    lease = secrets.token_hex(3)
-    base = prefix or provider[:6]
-    names = [f"{base}-{lease}-{i}" for i in range(count)]
-    taken = [n for n in names if ctx.ledger.host(n) is not None]
-    if taken:
-        raise UsageError(f'host "{taken[0]}" is already registered; pick another --prefix')
-    request = ProvisionRequest(name=f"gpuq-{lease}", gpu_type=gpu_type, gpu_count=gpus, count=count, spot=spot,
-                               bid_per_gpu=Decimal(str(bid)) if bid is not None else None, region=region,
-                               ssh_public_key=public)
-    instances = prov.provision(request)
-    out = UpResult(provider, lease, instances=list(instances))
-    for name, inst in zip(names, instances, strict=False):
-        try:
-            ready = prov.wait_ready(inst.id)
-            row = _register(ctx, name, ready, prof.name, private, provider, spot, bid, gpus, gpu_type, region,
-                            str(prof.connect.get("user") or "root"))
-            out.hosts.append(row)
-        except GpuqError as exc:
-            out.failed[inst.id] = str(exc)
-            ctx.ledger.record_event("host", name, f"rented {provider} {inst.id} not usable: {exc}")
-    if out.hosts:
-        from orchestrator.api.health import doctor
-
-        out.verdicts = {v.host: v for v in doctor(ctx, [h.name for h in out.hosts])}
-    return out
-
-
-def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, provider: str, spot: bool,
-              bid: float | None, gpus: int, gpu_type: str, region: str | None, user: str) -> HostRow:
-    if not inst.ssh_host or inst.ssh_port is None:
-        raise GpuqError(f"{provider} {inst.id} is ready without an SSH endpoint")
-    # a machine gpuq rented itself has no out-of-band host key: its first key is trusted and pinned
-    # (a later change is refused like on any host)
-    fleet.register(ctx.ledger, ctx.settings, name, f"{user}@{inst.ssh_host}", port=inst.ssh_port, key=key,
-                   profile=profile, trust_new_host_key=True)
-    price = inst.price_per_hour
-    if price is None and bid is not None:
-        price = Decimal(str(bid)) * gpus
-    ctx.ledger.update_host(name, provider=provider, instance_id=inst.id, spot=spot, bid_per_gpu=bid,
-                           # the id gpuq rented it by (a replacement is rented by it), not the provider's
-                           # display name for it (RunPod: "RTX A6000" for the id "NVIDIA RTX A6000")
-                           gpu_type=gpu_type or inst.gpu_type or "", gpu_count=inst.gpu_count or gpus,
-                           region=inst.region or region or "",
-                           price_per_hour=float(price) if price is not None else None,
-                           lease_state="running", lease_reason="", lease_changed_at=time.time())
-    ctx.ledger.record_event("host", name, f"rented {provider} {inst.id} ({gpus}x {gpu_type}"
-                                          f"{', spot' if spot else ''}) at {inst.ssh_host}:{inst.ssh_port}")
-    row = ctx.ledger.host(name)
-    assert row is not None
-    return row
 
 
 # --- down --------------------------------------------------------------------------------------
@@ -153,7 +58,7 @@ def down_plan(ctx: Context, names: Sequence[str] = (), *, sweep: str | None = No
     verified = verified_ids(ctx)
     refused: dict[str, str] = {}
     for row in rows:
-        if not row.provider or not row.instance_id:
+        if not row.provider or not (row.instance_id or row.instance_name):
             refused[row.name] = "not rented by gpuq (no provider instance): release it yourself"
             continue
         if row.lease_state in LEASE_GONE:
@@ -197,19 +102,42 @@ def down(ctx: Context, plan: DownPlan) -> dict[str, str]:
     for row in plan.hosts:
         prov = provider_for(ctx, row.provider)
         try:
-            prov.terminate(row.instance_id)
-            prov.wait_gone(row.instance_id)
+            instance_id = row.instance_id or _by_name(ctx, prov, row)
+            if not instance_id:  # gpuq was killed before this create answered, and it made nothing
+                ctx.ledger.remove_host(row.name, f"not created: no {row.provider} instance is named "
+                                                 f"{row.instance_name}")
+                out[row.name] = NEVER_CREATED
+                continue
+            prov.terminate(instance_id)
+            prov.wait_gone(instance_id)
         except ProviderError as exc:
             out[row.name] = f"terminate failed: {exc}"
-            ctx.ledger.record_event("host", row.name, f"terminate of {row.instance_id} failed: {exc}")
+            ctx.ledger.record_event("host", row.name, f"terminate of {row.instance_id or row.instance_name} failed: "
+                                                      f"{exc}")
             continue
         ctx.fleet.drop(row.name)
-        fleet.forget_row_keys(ctx.settings, row)  # the provider may hand this IP:port to the next machine
+        if row.target:  # the provider may hand this IP:port to the next machine
+            fleet.forget_row_keys(ctx.settings, row)
         ctx.ledger.update_host(row.name, lease_state="terminated", lease_reason="terminated by the user",
                                lease_changed_at=time.time(), hold_reason="terminated")
-        ctx.ledger.record_event("host", row.name, f"{row.provider} {row.instance_id} terminated (gone)")
-        out[row.name] = "terminated"
+        ctx.ledger.record_event("host", row.name, f"{row.provider} {instance_id} terminated (gone)")
+        out[row.name] = TERMINATED
     return out
+
+
+TERMINATED = "terminated"
+NEVER_CREATED = "never created (no instance has its name): forgotten"
+
+
+def _by_name(ctx: Context, prov: Provider, row: HostRow) -> str:
+    """The id of the live instance named ``row.instance_name`` ("" if none), recorded in the row."""
+    found = [i for i in prov.list_instances() if i.name == row.instance_name and not i.gone
+             and i.state != "terminating"]
+    if not found:
+        return ""
+    ctx.ledger.update_host(row.name, instance_id=found[0].id)
+    ctx.ledger.record_event("host", row.name, f"{row.provider} {found[0].id} found by its name {row.instance_name}")
+    return found[0].id
 
 
 # --- resume ------------------------------------------------------------------------------------
@@ -287,21 +215,33 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
                 return f"failed: {exc}"
     if not provision:
         return "failed: the machine cannot be brought back and --no-provision was given"
+    # a replacement rented earlier: running (a resume killed before it said so), or provisioning with no
+    # hold (a `gpuq up` for it under way, or killed); one gpuq gave up on carries a hold
+    earlier = [r for r in ctx.ledger.hosts() if r.replaces == row.name and (
+        (r.lease_state == "running" and not r.hold_reason.startswith(("terminated", "lease ")))
+        or (r.lease_state == "provisioning" and not r.hold_reason))]
+    if earlier and earlier[0].lease_state == "provisioning":
+        return (f"failed: its replacement {earlier[0].name} is still provisioning; if no gpuq is renting it, "
+                f"`gpuq down {earlier[0].name}` and resume again")
+    if earlier:  # rented by a resume killed before it said so: adopt it rather than rent a second one
+        new = earlier[0]
+    else:
+        # gpuq never connects to the replaced machine again, and the provider may hand its IP:port to the
+        # replacement (RunPod does): its pinned key must not be taken for the new machine's, changed
+        fleet.forget_row_keys(ctx.settings, row)
+        try:  # the replacement's row names the host it replaces from before its create call
+            made = up(ctx, provider=row.provider, gpu_type=row.gpu_type, count=1, gpus=max(1, row.gpu_count),
+                      spot=row.spot, bid=row.bid_per_gpu, region=row.region or None, key=row.key_path,
+                      profile=row.profile, prefix=row.name.split("-")[0][:12], replaces=row.name,
+                      down_when_done=row.down_when_done)
+        except GpuqError as exc:
+            return f"failed: no replacement: {exc}"
+        if not made.hosts:
+            return f"failed: the replacement never became usable: {'; '.join(made.problems())}"
+        new = made.hosts[0]
+    _allow_replacement(ctx, row.name, new.name)
     ctx.ledger.update_host(row.name, hold_reason=f"lease {row.lease_state}: replaced")
-    # gpuq never connects to the replaced machine again, and the provider may hand its IP:port to the
-    # replacement (RunPod does): its pinned key must not be taken for the new machine's, changed
-    fleet.forget_row_keys(ctx.settings, row)
-    try:
-        made = up(ctx, provider=row.provider, gpu_type=row.gpu_type, count=1, gpus=max(1, row.gpu_count),
-                  spot=row.spot, bid=row.bid_per_gpu, region=row.region or None, key=row.key_path,
-                  profile=row.profile, prefix=row.name.split("-")[0][:12])
-    except GpuqError as exc:
-        return f"failed: no replacement: {exc}"
-    if not made.hosts:
-        return f"failed: the replacement never became usable: {'; '.join(made.failed.values())}"
-    ctx.ledger.update_host(made.hosts[0].name, replaces=row.name)
-    _allow_replacement(ctx, row.name, made.hosts[0].name)
-    return f"replaced by {made.hosts[0].name} ({made.instances[0].id})"
+    return f"replaced by {new.name} ({new.instance_id})"
 
 
 def _allow_replacement(ctx: Context, old: str, new: str) -> None:

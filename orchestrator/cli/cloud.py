@@ -4,11 +4,18 @@ continue preempted or lost jobs from their last checkpoints."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator import exitcodes
 from orchestrator.cli.ctx import echo, open_ctx
+from orchestrator.errors import UsageError
+from orchestrator.views.text import duration, printable
+
+if TYPE_CHECKING:
+    from orchestrator.api import Context, UpResult
+    from orchestrator.api.orphans import Orphan
 
 
 @click.command()
@@ -23,17 +30,33 @@ from orchestrator.cli.ctx import echo, open_ctx
 @click.option("--key", default="", metavar="FILE", help="Private SSH key (its .pub is registered with the machines).")
 @click.option("--profile", default="", help="Platform profile (default: the provider's).")
 @click.option("--prefix", default="", help="Host name prefix (default: the provider's name).")
+@click.option("--down-when-done/--keep-when-done", "down_when_done", default=None,
+              help="Terminate each machine once no work is left for it and every result from it is home and "
+                   "verified (the tick does it; default: the auto_down setting).")
 def up(provider: str, gpu_type: str, count: int, gpus: int, spot: bool, bid: float | None, region: str | None,
-       key: str, profile: str, prefix: str) -> None:
+       key: str, profile: str, prefix: str, down_when_done: bool | None) -> None:
     """Rent machines, wait until each answers SSH, register them with their price and preflight them.
 
+    Each machine is in the ledger (`gpuq hosts list`: PROVISIONING) before its create call; one that
+    never becomes usable, and any not yet registered when this is interrupted, is terminated.
     The API key comes from the environment (RUNPOD_API_KEY / LAMBDA_API_KEY) or $GPUQ_HOME/keys.toml
     (mode 0600), never from the command line.
     """
     from orchestrator import api
 
-    result = api.up(open_ctx(), provider=provider, gpu_type=gpu_type, count=count, gpus=gpus, spot=spot, bid=bid,
-                    region=region, key=key, profile=profile, prefix=prefix)
+    try:
+        result = api.up(open_ctx(), provider=provider, gpu_type=gpu_type, count=count, gpus=gpus, spot=spot,
+                        bid=bid, region=region, key=key, profile=profile, prefix=prefix,
+                        down_when_done=down_when_done, say=lambda line: echo(line, err=True))
+    except api.UpInterrupted as stopped:
+        _up_report(stopped.result)
+        raise
+    _up_report(result)
+    if not result.ok:
+        sys.exit(exitcodes.FAILED)
+
+
+def _up_report(result: UpResult) -> None:
     for row in result.hosts:
         price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "price unknown"
         verdict = result.verdicts.get(row.name)
@@ -42,24 +65,33 @@ def up(provider: str, gpu_type: str, count: int, gpus: int, spot: bool, bid: flo
                    f"{' spot' if row.spot else ''} at {row.target}:{row.port}  {price}  preflight {health}")
         if verdict and verdict.verdict != "pass":
             echo(f"  {verdict.detail}")
-    for instance_id, why in result.failed.items():
-        echo(f"gpuq: {provider} {instance_id} is not usable: {why}", err=True)
-        echo(f"  it may still bill: terminate it in the {provider} console", err=True)
-    if result.failed or not result.hosts:
-        sys.exit(exitcodes.FAILED)
+    for line in result.problems():
+        echo(f"gpuq: {line}", err=True)
+    if result.hosts and not result.ok:
+        echo(f"gpuq: rented and registered: {', '.join(r.name for r in result.hosts)} (they bill; `gpuq down "
+             f"{' '.join(r.name for r in result.hosts)}` ends them)", err=True)
 
 
 @click.command()
 @click.argument("hosts", nargs=-1)
 @click.option("--sweep", metavar="SWEEP", help="Every rented host this sweep used.")
+@click.option("--orphans", is_flag=True,
+              help="Instances gpuq rented for this ledger that no live host holds (every configured provider).")
 @click.option("--force", is_flag=True, help="Terminate even with running jobs or unverified results (they are lost).")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def down(hosts: tuple[str, ...], sweep: str | None, force: bool, yes: bool) -> None:
+def down(hosts: tuple[str, ...], sweep: str | None, orphans: bool, force: bool, yes: bool) -> None:
     """Terminate rented HOSTS (irreversible: their disks go too).  Refused while a job there runs
-    or has results not yet pulled and verified, unless --force."""
+    or has results not yet pulled and verified, unless --force.  A host still PROVISIONING whose
+    create never answered is found by the name gpuq gave it."""
     from orchestrator import api
+    from orchestrator.api.cloud import NEVER_CREATED, TERMINATED
 
     ctx = open_ctx()
+    if orphans:
+        if hosts or sweep or force:
+            raise UsageError("--orphans takes no HOSTS, --sweep or --force: it ends only instances no live host holds")
+        _down_orphans(ctx, yes)
+        return
     plan = api.down_plan(ctx, hosts, sweep=sweep, force=force)
     for name, why in plan.refused.items():
         echo(f"gpuq: not terminating {name}: {why}", err=True)
@@ -67,18 +99,56 @@ def down(hosts: tuple[str, ...], sweep: str | None, force: bool, yes: bool) -> N
         sys.exit(exitcodes.FAILED if plan.refused else exitcodes.OK)
     for row in plan.hosts:
         price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "an unknown price"
-        echo(f"{row.name}: {row.provider} {row.instance_id} costs {price} while kept")
+        what = row.instance_id or f"(no instance id yet: named {row.instance_name})"
+        echo(f"{row.name}: {row.provider} {what} costs {price} while kept")
     echo(f"keeping them costs ${plan.hourly:.2f} per hour; terminating deletes their disks")
-    if not yes:
-        if not sys.stdin.isatty():
-            echo("gpuq: terminating needs confirmation; re-run in a terminal or add --yes", err=True)
-            sys.exit(exitcodes.USAGE)
-        click.confirm(f"terminate {len(plan.hosts)} host(s)?", abort=True)
+    _confirm(yes, f"terminate {len(plan.hosts)} host(s)?")
     outcomes = api.down(ctx, plan)
     for name, outcome in outcomes.items():
         echo(f"{name}: {outcome}")
-    if plan.refused or any(o != "terminated" for o in outcomes.values()):
+    if plan.refused or any(o not in (TERMINATED, NEVER_CREATED) for o in outcomes.values()):
         sys.exit(exitcodes.FAILED)
+
+
+def _confirm(yes: bool, question: str) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        echo("gpuq: terminating needs confirmation; re-run in a terminal or add --yes", err=True)
+        sys.exit(exitcodes.USAGE)
+    click.confirm(question, abort=True)
+
+
+def _down_orphans(ctx: Context, yes: bool) -> None:
+    from orchestrator import api
+
+    scan = api.find_orphans(ctx)
+    for provider, why in scan.skipped.items():
+        echo(f"gpuq: {provider} not checked: {why}", err=True)
+    for orphan in scan.older:
+        echo(f"gpuq: {_orphan_line(orphan)}: {orphan.why}; it may be another ledger's, so gpuq leaves it: if it is "
+             f"yours, terminate it in the {orphan.provider} console", err=True)
+    if scan.others:
+        echo(f"{scan.others} gpuq instance(s) of other ledgers left alone")
+    if not scan.orphans:
+        echo("no orphaned instances")
+        sys.exit(exitcodes.FAILED if scan.skipped else exitcodes.OK)
+    for orphan in scan.orphans:
+        echo(f"{_orphan_line(orphan)}: {orphan.why}")
+    echo(f"keeping them costs ${scan.hourly:.2f} per hour; terminating deletes their disks")
+    _confirm(yes, f"terminate {len(scan.orphans)} orphaned instance(s)?")
+    outcomes = api.end_orphans(ctx, scan.orphans)
+    for orphan in scan.orphans:
+        echo(f"{orphan.provider} {orphan.instance.id}: {outcomes[orphan.instance.id]}")
+    if scan.skipped or any(o != "terminated" for o in outcomes.values()):
+        sys.exit(exitcodes.FAILED)
+
+
+def _orphan_line(orphan: Orphan) -> str:
+    inst = orphan.instance
+    price = f"${inst.price_per_hour:.2f}/h" if inst.price_per_hour is not None else "price unknown"
+    age = f"up {duration(inst.uptime_s)}" if inst.uptime_s is not None else "age unknown"
+    return f"{orphan.provider} {inst.id} {printable(inst.name)} ({inst.raw_status}, {price}, {age})"
 
 
 @click.command()

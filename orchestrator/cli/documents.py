@@ -98,8 +98,9 @@ class HostStatus(Doc):
     provider: Literal["", "runpod", "lambda"] = Field(description='Who rents it; "" for a host the user brought.')
     instance_id: str = Field(description='The provider\'s pod or instance id ("" if not rented).')
     spot: bool
-    lease_state: Literal["", "running", "preempted", "stopped", "failed", "terminated"] = Field(
-        description="What the provider last said about a rented host.")
+    lease_state: Literal["", "provisioning", "running", "preempted", "stopped", "failed", "terminated"] = Field(
+        description='What the provider last said about a rented host ("provisioning": recorded before its create '
+                    'call, not up yet; it may bill).')
     lease_reason: str = Field(description="The provider's words (RunPod lastStatusChange, ...).")
     slots: Slots
     gpus: list[Gpu]

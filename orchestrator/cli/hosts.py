@@ -212,6 +212,10 @@ def _ago(ts: float | None, now: float) -> str:
 
 
 def _state(row: HostRow, now: float) -> str:
+    from orchestrator.views import lease_text
+
+    if row.provider and row.lease_state == "provisioning":  # rented, not up yet: never probed, and it may bill
+        return "PROVISIONING" + lease_text(row, now).removeprefix("provisioning")
     if row.unreachable_since is not None:
         return f"unreachable since {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(row.unreachable_since))}"
     return "ok" if row.last_probe_at else "not probed yet"

@@ -12,6 +12,7 @@ mean it stopped billing.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class Instance:
     spot: bool = False
     region: str | None = None
     reason: str = ""
+    uptime_s: float | None = None  # how long it has run since its last start, where the provider says (RunPod)
 
     @property
     def ready(self) -> bool:
@@ -167,9 +169,33 @@ def classify(instance: Instance | None) -> StopClass:
 _KNOWN_PENDING = frozenset({"CREATED", "RESTARTING", "PAUSED", "booting"})
 
 
+# The names gpuq gives the instances it creates (docs/providers.md): ``gpuq-<ledger id>-<lease>`` and, for more
+# than one machine, ``-<i>``; an older gpuq named them ``gpuq-<lease>[-<i>]``, with nothing saying which ledger.
+LEDGER_ID = re.compile(r"^[0-9a-f]{8}$")
+_OURS = re.compile(r"^gpuq-(?P<ledger>[0-9a-f]{8})-[0-9a-f]{6}(-\d+)?$")
+_OLDER = re.compile(r"^gpuq-[0-9a-f]{6}(-\d+)?$")
+
+
+def instance_name(ledger_id: str, lease: str) -> str:
+    """The :attr:`ProvisionRequest.name` of one ``gpuq up``: gpuq, the ledger that rents, the lease."""
+    if not LEDGER_ID.match(ledger_id):
+        raise ValueError(f"not a ledger id: {ledger_id!r}")
+    return f"gpuq-{ledger_id}-{lease}"
+
+
+def ledger_of(name: str) -> str | None:
+    """Which ledger an instance name says rented it: its ledger id; ``""`` for a name an older gpuq gave
+    (gpuq's, ledger unknown); None for a name gpuq does not give."""
+    ours = _OURS.match(name)
+    if ours:
+        return ours.group("ledger")
+    return "" if _OLDER.match(name) else None
+
+
 @dataclass(frozen=True)
 class ProvisionRequest:
-    """What to rent.  ``name`` is ``gpuq-<lease_id>``: creation is idempotent by name (docs/providers.md).
+    """What to rent.  ``name`` is ``gpuq-<ledger id>-<lease>`` (:func:`instance_name`): creation is
+    idempotent by name (docs/providers.md).
 
     ``count`` machines are created one call each, named ``name`` when ``count == 1`` else
     ``name-0``, ``name-1``, ...  ``gpu_count`` is GPUs per machine (RunPod; on Lambda the instance type
@@ -226,11 +252,14 @@ class Provider(Protocol):
         """One instance, or None once the provider no longer knows it.  Read-only."""
         ...
 
-    def provision(self, request: ProvisionRequest) -> list[Instance]:
-        """Create ``request.count`` machines and return them (not yet ready).  Idempotent by name: an
-        instance that already carries a requested name is adopted, never duplicated, including after a
-        create call that failed client-side (timeout, 429) but succeeded server-side.
-        Raises NoCapacity (nothing was created by the failing call), ProviderUnsupported."""
+    def provision(self, request: ProvisionRequest,
+                  on_created: Callable[[str, str], None] | None = None) -> list[Instance]:
+        """Create ``request.count`` machines, one call each, and return them (not yet ready).  Idempotent
+        by name: an instance that already carries a requested name is adopted, never duplicated, including
+        after a create call that failed client-side (timeout, 429) but succeeded server-side.
+        ``on_created(name, instance_id)`` is called as each create answers (or a named instance is
+        adopted), before the next create: a caller records what bills at once, also when a later create
+        fails.  Raises NoCapacity (nothing was created by the failing call), ProviderUnsupported."""
         ...
 
     def wait_ready(self, instance_id: str, *, timeout_s: float | None = None) -> Instance:

@@ -223,7 +223,8 @@ class LambdaProvider:
             log.warning("%d Lambda instances are named %s; adopting %s", len(matches), name, matches[0].id)
         return matches[0].id if matches else None
 
-    def provision(self, request: ProvisionRequest) -> list[Instance]:
+    def provision(self, request: ProvisionRequest,
+                  on_created: Callable[[str, str], None] | None = None) -> list[Instance]:
         if request.spot:
             raise ProviderUnsupported("Lambda Cloud", "Lambda Cloud has no spot instances; rent on demand",
                                       code="no-spot")
@@ -244,13 +245,16 @@ class LambdaProvider:
         for name in request.names():
             if name in existing:
                 log.info("adopting Lambda instance %s already named %s", existing[name], name)
-                ids.append(existing[name])
-                continue
-            body: dict[str, Any] = {"region_name": region, "instance_type_name": request.gpu_type,
-                                    "ssh_key_names": [ssh_key], "name": name}
-            if request.file_system_name:
-                body["file_system_names"] = [request.file_system_name]
-            ids.append(self._launch(body, name))
+                instance_id = existing[name]
+            else:
+                body: dict[str, Any] = {"region_name": region, "instance_type_name": request.gpu_type,
+                                        "ssh_key_names": [ssh_key], "name": name}
+                if request.file_system_name:
+                    body["file_system_names"] = [request.file_system_name]
+                instance_id = self._launch(body, name)
+            ids.append(instance_id)
+            if on_created is not None:
+                on_created(name, instance_id)
         return [self.get(i) or Instance("lambda", i, n, "pending", "booting", gpu_type=request.gpu_type,
                                         region=region) for i, n in zip(ids, request.names(), strict=True)]
 

@@ -126,6 +126,7 @@ def pod_to_instance(pod: Mapping[str, Any]) -> Instance:
         state = "pending"
     endpoint = ssh_endpoint(pod.get("runtime")) if state == "running" else None
     machine = json_object(pod.get("machine"))
+    uptime = json_object(pod.get("runtime")).get("uptimeInSeconds")
     gpu_count = pod.get("gpuCount")
     return Instance(
         provider="runpod",
@@ -142,6 +143,7 @@ def pod_to_instance(pod: Mapping[str, Any]) -> Instance:
         spot=str(pod.get("podType") or "") in SPOT_POD_TYPES,
         region=None,
         reason=str(pod.get("lastStatusChange") or ""),
+        uptime_s=float(uptime) if isinstance(uptime, int | float) and not isinstance(uptime, bool) else None,
     )
 
 
@@ -299,7 +301,8 @@ class RunPodProvider:
             log.warning("%d RunPod pods are named %s; adopting %s", len(matches), name, matches[0].id)
         return matches[0].id if matches else None
 
-    def provision(self, request: ProvisionRequest) -> list[Instance]:
+    def provision(self, request: ProvisionRequest,
+                  on_created: Callable[[str, str], None] | None = None) -> list[Instance]:
         cloud = request.cloud_type.upper()
         if cloud not in CLOUD_TYPES:
             raise ProviderError("RunPod", f"cloud type {request.cloud_type!r} is not one of {sorted(CLOUD_TYPES)}",
@@ -319,11 +322,14 @@ class RunPodProvider:
         for name in request.names():
             if name in existing:
                 log.info("adopting RunPod pod %s already named %s", existing[name], name)
-                ids.append(existing[name])
-                continue
-            document = self._create_document(request, name, Enum(cloud), bid)
-            what = "podRentInterruptable" if request.spot else "podFindAndDeployOnDemand"
-            ids.append(self._create(document, what, name))
+                pod_id = existing[name]
+            else:
+                document = self._create_document(request, name, Enum(cloud), bid)
+                what = "podRentInterruptable" if request.spot else "podFindAndDeployOnDemand"
+                pod_id = self._create(document, what, name)
+            ids.append(pod_id)
+            if on_created is not None:
+                on_created(name, pod_id)
         return [self.get(pod_id) or self._placeholder(pod_id, name, request)
                 for pod_id, name in zip(ids, request.names(), strict=True)]
 

@@ -23,20 +23,22 @@ if TYPE_CHECKING:
         host_state,
         host_view,
         host_views,
+        lease_text,
     )
     from orchestrator.views.jobs import JobView, agent_entries, eta_seconds, job_views, slot_jobs
     from orchestrator.views.summary import AlertView, SweepView, alert_views, sweep_views
 
 _HOME = {
-    **dict.fromkeys(("HEALTH_STYLE", "GpuView", "HostView", "host_flags", "host_state", "host_view", "host_views"),
-                    "orchestrator.views.hosts"),
+    **dict.fromkeys(("HEALTH_STYLE", "GpuView", "HostView", "host_flags", "host_state", "host_view", "host_views",
+                     "lease_text"), "orchestrator.views.hosts"),
     **dict.fromkeys(("JobView", "agent_entries", "eta_seconds", "job_views", "slot_jobs"), "orchestrator.views.jobs"),
     **dict.fromkeys(("AlertView", "SweepView", "alert_views", "sweep_views"), "orchestrator.views.summary"),
 }
 
 __all__ = [
     "HEALTH_STYLE", "AlertView", "GpuView", "HostView", "JobView", "SweepView", "agent_entries", "alert_views",
-    "eta_seconds", "host_flags", "host_state", "host_view", "host_views", "job_views", "slot_jobs", "sweep_views",
+    "eta_seconds", "host_flags", "host_state", "host_view", "host_views", "job_views", "lease_text", "slot_jobs",
+    "sweep_views",
 ]
 
 

@@ -8,7 +8,8 @@ the adapter uses, so a typo in the adapter fails here the way it would against R
 
 Behaviour (defaults in brackets; controls change them):
 
-- create (``podFindAndDeployOnDemand`` / ``podRentInterruptable``) returns the id at once; the pod then
+- create (``podFindAndDeployOnDemand`` / ``podRentInterruptable``) returns the id at once (``slow_create``:
+  the pod exists at once, its answer comes late); the pod then
   shows ``CREATED`` for ``status_polls`` reads [0], ``RUNNING`` with ``runtime: null`` for ``port_polls``
   reads [1], then ``RUNNING`` with the backend's endpoint as a public tcp mapping of port 22 (once the
   backend's optional ``is_ready(pod_id)`` says its machine is up too: e.g. NetnsBackend while booting);
@@ -122,7 +123,7 @@ class FakeRunPod(FakeCloud):
     api_prefix = "/graphql"
     controls = (*FakeCloud.controls, "preempt", "user_stop", "host_failure", "no_capacity", "set_stock",
                 "graphql_error", "slow_ready", "fail_after_create", "zero_gpus_on_resume", "terminate_lag",
-                "remove")
+                "remove", "slow_create")
 
     def __init__(self, *, api_key: str = "fake-runpod-key", backend: HostBackend | None = None,
                  clock: FakeClock | None = None, port: int = 0, gpu_types: tuple[GpuType, ...] = DEFAULT_GPU_TYPES,
@@ -134,6 +135,7 @@ class FakeRunPod(FakeCloud):
         self._no_capacity = 0
         self._errors: list[tuple[str, str | None]] = []
         self._fail_after_create: list[tuple[int, float | None]] = []
+        self._create_delays: list[float] = []
         self.status_polls = 0
         self.port_polls = 1
         self.terminate_polls = 0
@@ -219,6 +221,12 @@ class FakeRunPod(FakeCloud):
         with self.lock:
             self._fail_after_create.extend([(status, retry_after)] * count)
 
+    def slow_create(self, seconds: float, count: int = 1) -> None:
+        """The next ``count`` creates make their pod at once but answer ``seconds`` later (a client killed
+        meanwhile never learns the pod's id; only its name finds it)."""
+        with self.lock:
+            self._create_delays.extend([seconds] * count)
+
     def zero_gpus_on_resume(self, pod_id: str) -> None:
         """The next resume of ``pod_id`` comes back RUNNING with zero GPUs."""
         with self.lock:
@@ -247,6 +255,9 @@ class FakeRunPod(FakeCloud):
             operation = gql.parse(body["query"])
             self._injected_error(operation)
             data = {f.key: self._root(operation.kind, f) for f in operation.fields}
+            creates = {"podFindAndDeployOnDemand", "podRentInterruptable"} & {f.name for f in operation.fields}
+            if creates and self._create_delays:
+                return Reply(200, {"data": data}, delay_s=self._create_delays.pop(0))
         except gql.GraphQLError as exc:
             error: dict[str, Any] = {"message": exc.message}
             if exc.path:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -65,6 +66,7 @@ class Reply:
     status: int
     body: Any = None  # JSON-serialisable, or str (sent as text/plain)
     headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0  # sent this long after the request was handled (outside the state lock)
 
 
 class FakeCloud:
@@ -248,6 +250,8 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
             req = Request(self.command, parts.path, parse_qs(parts.query),
                           {k.lower(): v for k, v in self.headers.items()}, body)
             reply = cloud.serve(req)
+            if reply.delay_s > 0:  # the work is done server-side; only the answer is late
+                time.sleep(reply.delay_s)
             if isinstance(reply.body, str):
                 payload, ctype = reply.body.encode(), "text/plain; charset=utf-8"
             else:
