@@ -82,6 +82,11 @@ class Settings(BaseModel):
     # same-host: a project's own checkpoint is placed back only on the host(s) that wrote it (checkpoint_trust.py)
     checkpoint_trust: Literal["any-host", "same-host"] = "any-host"
     max_preemptions: int = Field(default=10, ge=0, le=1000)  # per job, counted apart from retries (docs/health.md)
+    # Billing stops when the work stops (docs/providers.md, "Down when done"; tick/billing.py): `gpuq up` marks
+    # every host it rents down-when-done (as --down-when-done does); a rented host with no work this many
+    # minutes gets one idle_billing alert per idle period (0 = no alert)
+    auto_down: bool = False
+    idle_billing_alert_min: float = Field(default=15.0, ge=0, le=43200)
     # Multi-node jobs over SSH hosts (docs/multinode.md): how long the nodes of one attempt may wait for
     # each other (a node not started, the head's rendezvous port not reachable) before the attempt is given up
     gang_timeout_s: float = Field(default=300.0, ge=10, le=86400)

@@ -120,9 +120,9 @@ def _sweep_done(ctx: Context, sweep_id: str, *, auto_resume: bool = False) -> bo
 def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = None, max_hours: float = 6.0,
           on_tick: Callable[[TickReport], None] | None = None,
           sleep: Callable[[float], None] = time.sleep, auto_resume: bool = False) -> WatchResult:
-    """Tick until the sweep is done (every job ended, or LOST with no retries left), with per-host
-    backoff for unreachable hosts.  A watcher that never exits never notifies: it gives up after
-    ``max_hours`` (docs/health.md)."""
+    """Tick until the sweep is done (every job ended, or LOST with no retries left) and no down-when-done
+    host waits for a retry of its end (tick/billing.py), with per-host backoff for unreachable hosts.
+    A watcher that never exits never notifies: it gives up after ``max_hours`` (docs/health.md)."""
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     floor = ctx.settings.patrol_min_interval_s
     deadline = time.monotonic() + max_hours * 3600
@@ -144,13 +144,15 @@ def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = 
         result.actions += report.actions
         if on_tick is not None:
             on_tick(report)
-        if _sweep_done(ctx, sweep_id, auto_resume=auto_resume):
+        # a down-when-done host whose end failed for a passing reason is tried again (tick/billing.py):
+        # the watch that ends a sweep also stops its billing
+        if _sweep_done(ctx, sweep_id, auto_resume=auto_resume) and not report.teardown_pending:
             result.reason = f"sweep {sweep_id} done"
             return result
         if time.monotonic() > deadline:
             result.reason = f"gave up after {max_hours:g} h; check the sweep by hand (`gpuq status`)"
             return result
-        running = bool(ctx.ledger.jobs(sweep_id=sweep_id, states=ACTIVE))
+        running = bool(ctx.ledger.jobs(sweep_id=sweep_id, states=ACTIVE)) or bool(report.teardown_pending)
         wanted = interval_s if interval_s is not None else (
             ctx.settings.patrol_interval_s if running else ctx.settings.patrol_idle_interval_s)
         sleep(max(floor, wanted))

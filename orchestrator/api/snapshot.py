@@ -33,6 +33,7 @@ class Snapshot:
     attempt_history: dict[str, list[Attempt]] = field(default_factory=dict)  # every attempt of each shown job
     cells: Report | None = None  # the shown sweeps' per-cell report, when the dashboard asked for it
     cells_error: str = ""  # why it could not be built
+    idle: dict[str, float] = field(default_factory=dict)  # rented hosts with no work: since when (tick/billing.py)
 
 
 def tick(ctx: Context) -> dict[str, Probe]:
@@ -80,8 +81,11 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
         history.setdefault(att.job_id, []).append(att)
         if att.job_id not in latest or att.number > latest[att.job_id].number:
             latest[att.job_id] = att
+    from orchestrator.tick.billing import idle_hosts
+
     return Snapshot(time.time(), ctx.ledger.hosts(), probes, sweep_rows, jobs, latest, counts=counts,
-                    alerts=ctx.ledger.alerts(ALERTS_SHOWN), lines=lines, attempt_history=history)
+                    alerts=ctx.ledger.alerts(ALERTS_SHOWN), lines=lines, attempt_history=history,
+                    idle=idle_hosts(ctx))
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,

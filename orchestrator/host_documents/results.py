@@ -157,3 +157,16 @@ class SnapshotPointer(Open):
     # a checkpoint directory (docs/checkpoints.md): its files, hashed one by one; sha256 is their tree hash
     dir: bool = False
     files: Annotated[list[ResultFile], Field(max_length=MAX_FILES)] = Field(default_factory=list)
+
+
+class FileHash(Open):
+    """One file the host hashed for ``gpuq`` to copy and check (a failed attempt's evidence)."""
+
+    bytes: Count | None = None
+    sha256: Sha256 | None = None
+    error: LenientText = None
+
+
+class FileHashes(RootModel[Annotated[dict[Annotated[str, Field(max_length=4096)], FileHash | None],
+                                     Field(max_length=MAX_FILES)]]):
+    """{remote path: its size and sha256, why not, or null when it is absent} (transfer/evidence.py)."""

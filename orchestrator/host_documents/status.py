@@ -103,6 +103,8 @@ class Gpu(Open):
 class ExitRecord(Open):
     """The attempt's exit.json (the wrapper's, or one the agent wrote for a group that vanished)."""
 
+    job_id: LenientText = None
+    attempt: LenientInt = None
     wrapper_code: AnyInt | None = None
     trainer_code: AnyInt | None = None
     wrapper_signal: LenientInt = None

@@ -416,6 +416,20 @@ class Ledger(PullRecords):
                 out.extend(rows)
         return out
 
+    def attempts_on(self, hosts: Iterable[str]) -> list[Attempt]:
+        """Every attempt whose (rank-0) host is one of ``hosts``, by job then number (tick/billing.py)."""
+        names = sorted(set(hosts))
+        with self.reading() as s:
+            return list(s.exec(select(Attempt).where(col(Attempt.host).in_(names))
+                               .order_by(col(Attempt.job_id), col(Attempt.number))))
+
+    def jobs_on(self, hosts: Iterable[str]) -> list[Job]:
+        """Every job whose current or last host is one of ``hosts``."""
+        names = sorted(set(hosts))
+        with self.reading() as s:
+            return list(s.exec(select(Job).where(col(Job.host).in_(names))
+                               .order_by(col(Job.created_at), col(Job.line))))
+
     def newest_provenance(self, host: str) -> Attempt | None:
         """The newest attempt on ``host`` whose host said what it ran with (``Attempt.provenance``)."""
         with self.reading() as s:
@@ -555,11 +569,12 @@ class Ledger(PullRecords):
             _event(s, kind, subject, "", "", message)
 
     def record_finding(self, kind: str, subject: str, *, severity: str, rule: str, message: str,
-                       action: str = "") -> Event:
-        """A patrol finding: an event with a severity, the rule that fired and a suggested action."""
+                       action: str = "", at: float | None = None) -> Event:
+        """A patrol finding: an event with a severity, the rule that fired and a suggested action.
+        ``at``: its time (default now; a stage run on an injected clock passes its own)."""
         with self.session() as s:
-            row = Event(time=time.time(), kind=kind, subject=subject, message=message, severity=severity,
-                        rule=rule, action=action)
+            row = Event(time=time.time() if at is None else at, kind=kind, subject=subject, message=message,
+                        severity=severity, rule=rule, action=action)
             s.add(row)
             s.flush()
             s.refresh(row)
@@ -577,6 +592,12 @@ class Ledger(PullRecords):
                 for row in rows:
                     latest[(row.subject, row.rule)] = row
         return {key: row for key, row in latest.items() if row.severity in ("warn", "escalate")}
+
+    def latest_finding(self, subject: str, rule: str) -> Event | None:
+        """The newest finding of ``rule`` about exactly ``subject``, whatever its severity."""
+        with self.reading() as s:
+            return s.exec(select(Event).where(Event.subject == subject, Event.rule == rule)
+                          .order_by(col(Event.id).desc()).limit(1)).first()
 
     def alerts(self, limit: int = 50, *, since: float | None = None) -> list[Event]:
         """The newest findings first."""

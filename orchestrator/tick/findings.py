@@ -32,6 +32,7 @@ class TickReport:
     findings: list[Finding] = field(default_factory=list)  # newly recorded this tick
     actions: list[str] = field(default_factory=list)  # what the policy did, one line each
     round_trips: dict[str, int] = field(default_factory=dict)
+    teardown_pending: list[str] = field(default_factory=list)  # down-when-done hosts to end at the next tick
 
 
 def thresholds(ctx: Context) -> Thresholds:

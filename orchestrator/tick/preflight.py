@@ -65,6 +65,12 @@ def record_health(ledger: Ledger, verdict: HealthVerdict) -> None:
     severity = {"pass": "info", "warn": "warn", "fail": "escalate"}[verdict.verdict]
     action = {"pass": "", "warn": "jobs may run; look at the warnings",
               "fail": "no jobs go to this host until `gpuq doctor` passes; gpuq places work elsewhere"}
+    if row.provider and row.instance_id:  # a rented machine bills while it is held
+        price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "by the hour"
+        action["fail"] = (f"no jobs go to it, yet it bills {price}: end it with `gpuq down {row.name}`"
+                          + (" (down-when-done ends it once nothing runs there)" if row.down_when_done else "")
+                          + f", and rent a replacement with `gpuq up --provider {row.provider} --gpu "
+                            f"\"{row.gpu_type}\"`; or `gpuq doctor {row.name}` again if it was passing")
     ledger.record_finding("host", verdict.host, severity=severity, rule="preflight",
                           message=f"GPU preflight {verdict.verdict.upper()}: {verdict.detail}",
                           action=action[verdict.verdict])

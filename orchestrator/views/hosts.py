@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.views.jobs import slot_jobs
-from orchestrator.views.text import clock, one_line, printable
+from orchestrator.views.text import clock, duration, one_line, printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
@@ -54,10 +54,12 @@ class HostView:
 
 
 def host_views(snap: Snapshot) -> list[HostView]:
-    return [host_view(row, snap.probes.get(row.name)) for row in snap.hosts]
+    return [host_view(row, snap.probes.get(row.name), now=snap.generated_at, idle_since=snap.idle.get(row.name))
+            for row in snap.hosts]
 
 
-def host_view(row: HostRow, probe: Probe | None) -> HostView:
+def host_view(row: HostRow, probe: Probe | None, *, now: float | None = None,
+              idle_since: float | None = None) -> HostView:
     doc = probe.doc if probe is not None and probe.ok else None
     held = slot_jobs(doc)
     gpus = [_gpu(g, held) for g in doc.gpus] if doc is not None else []
@@ -66,7 +68,8 @@ def host_view(row: HostRow, probe: Probe | None) -> HostView:
         for slot, job_id in sorted(held.items()):
             cpu_jobs.setdefault(printable(job_id), []).append(slot)
     return HostView(
-        row=row, probe=probe, state=host_state(row, probe), flags=host_flags(row), answered=doc is not None,
+        row=row, probe=probe, state=host_state(row, probe), flags=host_flags(row, now=now, idle_since=idle_since),
+        answered=doc is not None,
         slots=printable(f"{doc.slots.free}/{doc.slots.total} {doc.slots.kind}") if doc is not None else "",
         has_slots=doc is not None, gpus=gpus, cpu_jobs=list(cpu_jobs.items()),
         disk_pct=number(doc.disk.used_pct) if doc is not None else None,
@@ -85,7 +88,10 @@ def _gpu(gpu: Gpu, held: dict[int, str]) -> GpuView:
 
 def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
     """(text, style) of a host's reachability: ok; unreachable since T (never "dead": a transport
-    failure says nothing about the jobs); reachable without an agent answer; not probed this tick."""
+    failure says nothing about the jobs); reachable without an agent answer; not probed this tick;
+    a rented machine not up yet: provisioning (never probed)."""
+    if row.provider and row.lease_state == "provisioning":
+        return "provisioning (not probed)", "yellow"  # the flags say since when
     if probe is not None and probe.ok:
         return "ok", "green"
     if probe is not None and probe.reachable and probe.error.startswith("protocol error"):
@@ -102,8 +108,22 @@ def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
     return (f"{text}: {one_line(probe.error, 100)}" if probe is not None and probe.error else text), "red"
 
 
-def host_flags(row: HostRow) -> list[tuple[str, str]]:
-    """(text, style) flags a person must not miss: an unhealthy verdict, a hold on new jobs."""
+def lease_text(row: HostRow, now: float | None = None) -> str:
+    """A rented host's lease as people read it: "provisioning for 3m" (since gpuq recorded it, before its
+    create call; with ``now``), "terminated: <why>"; "" for a host the user brought or one running."""
+    if not row.provider or row.lease_state in ("", "running"):
+        return ""
+    if row.lease_state == "provisioning":
+        age = f" for {duration(now - row.created_at)}" if now is not None and row.created_at else ""
+        what = printable(row.instance_id) if row.instance_id else "no instance id yet"
+        return f"provisioning{age} ({what})"
+    why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
+    return f"{printable(row.lease_state)}{why}"
+
+
+def host_flags(row: HostRow, *, now: float | None = None, idle_since: float | None = None) -> list[tuple[str, str]]:
+    """(text, style) flags a person must not miss: an unhealthy verdict, a hold on new jobs, a lease
+    that is not running (a machine still provisioning bills too)."""
     flags = []
     detail = f": {one_line(row.health_detail, 80)}" if row.health_detail else ""
     if row.health == "fail":
@@ -112,9 +132,13 @@ def host_flags(row: HostRow) -> list[tuple[str, str]]:
         flags.append((f"health warn{detail}", HEALTH_STYLE["warn"]))
     if row.hold_reason:
         flags.append((f"HELD: {one_line(row.hold_reason, 80)}", "bold yellow"))
-    if row.provider and row.lease_state and row.lease_state != "running":
+    if row.provider and row.lease_state == "provisioning":
+        flags.append(("PROVISIONING" + lease_text(row, now).removeprefix("provisioning"), "bold yellow"))
+    elif row.provider and row.lease_state and row.lease_state != "running":
         why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
         flags.append((f"{printable(row.lease_state).upper()}{why}", "bold red"))
+    if row.provider and idle_since is not None and now is not None:  # a rented host with no work bills all the same
+        flags.append((f"IDLE {duration(now - idle_since)}: `gpuq down {printable(row.name)}` ends it", "bold yellow"))
     if row.provider and row.price_per_hour is not None:
         flags.append((f"{printable(row.provider)}{' spot' if row.spot else ''} ${row.price_per_hour:.2f}/h", "dim"))
     return flags
