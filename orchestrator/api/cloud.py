@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from orchestrator import fleet
+from orchestrator.api.budgeting import resume_refusals
 from orchestrator.api.renting import up
 from orchestrator.context import Context, verified_ids
 from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import Provider
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import teardown
 from orchestrator.tick.leases import provider_for
 from orchestrator.tick.loop import run_tick
 
-LEASE_GONE = ("terminated",)
 LEASE_DOWN = ("preempted", "stopped", "failed", "terminated")
 
 
@@ -56,24 +57,12 @@ def down_plan(ctx: Context, names: Sequence[str] = (), *, sweep: str | None = No
         if row not in rows:
             rows.append(row)
     verified = verified_ids(ctx)
+    jobs = ctx.ledger.jobs()
     refused: dict[str, str] = {}
     for row in rows:
-        if not row.provider or not (row.instance_id or row.instance_name):
-            refused[row.name] = "not rented by gpuq (no provider instance): release it yourself"
-            continue
-        if row.lease_state in LEASE_GONE:
-            refused[row.name] = "already terminated"
-            continue
-        mine = [j for j in ctx.ledger.jobs() if j.host == row.name]
-        active = [j for j in mine if j.state in (JobState.ASSIGNED.value, JobState.RUNNING.value)]
-        unverified = [j for j in mine if j.state == JobState.SUCCEEDED.value and j.id not in verified]
-        if active and not force:
-            refused[row.name] = (f"{len(active)} job(s) still run there ({', '.join(j.name for j in active[:3])}); "
-                                 "cancel them or pass --force")
-        elif unverified and not force:
-            refused[row.name] = (f"{len(unverified)} job(s) with results not pulled and verified "
-                                 f"({', '.join(j.name for j in unverified[:3])}); `gpuq pull` first, or --force "
-                                 "to lose them")
+        why = teardown.refusal(row, jobs, verified, force=force)
+        if why is not None:
+            refused[row.name] = why
     keep = [r for r in rows if r.name not in refused]
     return DownPlan(keep, refused, sum(r.price_per_hour or 0.0 for r in keep))
 
@@ -100,28 +89,22 @@ def down(ctx: Context, plan: DownPlan) -> dict[str, str]:
     acknowledgement is not proof).  Returns {host: outcome}."""
     out: dict[str, str] = {}
     for row in plan.hosts:
-        prov = provider_for(ctx, row.provider)
-        try:
-            instance_id = row.instance_id or _by_name(ctx, prov, row)
+        if not row.instance_id:
+            try:
+                instance_id = _by_name(ctx, provider_for(ctx, row.provider), row)
+            except ProviderError as exc:
+                out[row.name] = f"terminate failed: {exc}"
+                ctx.ledger.record_event("host", row.name, f"looking up {row.instance_name} failed: {exc}")
+                continue
             if not instance_id:  # gpuq was killed before this create answered, and it made nothing
                 ctx.ledger.remove_host(row.name, f"not created: no {row.provider} instance is named "
                                                  f"{row.instance_name}")
                 out[row.name] = NEVER_CREATED
                 continue
-            prov.terminate(instance_id)
-            prov.wait_gone(instance_id)
-        except ProviderError as exc:
-            out[row.name] = f"terminate failed: {exc}"
-            ctx.ledger.record_event("host", row.name, f"terminate of {row.instance_id or row.instance_name} failed: "
-                                                      f"{exc}")
-            continue
-        ctx.fleet.drop(row.name)
-        if row.target:  # the provider may hand this IP:port to the next machine
-            fleet.forget_row_keys(ctx.settings, row)
-        ctx.ledger.update_host(row.name, lease_state="terminated", lease_reason="terminated by the user",
-                               lease_changed_at=time.time(), hold_reason="terminated")
-        ctx.ledger.record_event("host", row.name, f"{row.provider} {instance_id} terminated (gone)")
-        out[row.name] = TERMINATED
+            found = ctx.ledger.host(row.name)  # _by_name recorded the id
+            assert found is not None and found.instance_id == instance_id
+            row = found
+        out[row.name], _gone = teardown.terminate(ctx, row, reason="terminated by the user")
     return out
 
 
@@ -149,18 +132,23 @@ class ResumeResult:
     revived: dict[str, str] = field(default_factory=dict)  # host -> how (re-bid, replacement)
     failed: dict[str, str] = field(default_factory=dict)  # host -> why it could not be brought back
     skipped: list[str] = field(default_factory=list)  # jobs left alone (running, or over max_preemptions)
+    refused: dict[str, str] = field(default_factory=dict)  # job -> why its sweep's budget keeps it (api/budgeting.py)
 
 
 def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, tick: bool = True) -> ResumeResult:
     """Continue every PREEMPTED or LOST job (and any job whose host is gone) from its newest verified
     checkpoint: re-bid the same spot pod when possible, else rent a replacement of the same shape
     (``provision``), else any healthy registered host.  Idempotent: jobs that run are left alone, a
-    second run changes nothing."""
+    second run changes nothing.  A capped sweep's jobs resume only while it is under its cap (``refused``
+    says why not; api/budgeting.py), and then start only as its budget fits them, as any queued job."""
     if tick:
         run_tick(ctx)  # probe: a mere SSH drop is not a loss; detect what the providers say
     sweep_id = ctx.ledger.resolve_sweep(sweep).id if sweep is not None else None
     stranded = [j for j in ctx.ledger.jobs(sweep_id=sweep_id, states=[JobState.PREEMPTED, JobState.LOST])]
-    out = ResumeResult()
+    out = ResumeResult(refused=resume_refusals(ctx, stranded))  # a resume is a new attempt: only under the cap
+    for job_id, why in out.refused.items():
+        ctx.ledger.record_event("job", job_id, why, unless_repeated=True)
+    stranded = [j for j in stranded if j.id not in out.refused]  # nor is a machine rented for them
     hosts_down = {j.host for j in stranded if j.host}
     for name in sorted(hosts_down):
         row = ctx.ledger.host(name)

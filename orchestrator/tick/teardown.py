@@ -24,7 +24,7 @@ LEASE_GONE = ("terminated",)
 def refusal(row: HostRow, jobs: Sequence[Job], verified: Collection[str], *, force: bool = False) -> str | None:
     """Why ``row`` may not be terminated now (None: it may).  ``jobs``: the jobs whose host it is (others
     are ignored); ``verified``: ids of jobs whose results are pulled and verified at home."""
-    if not row.provider or not row.instance_id:
+    if not row.provider or not (row.instance_id or row.instance_name):
         return "not rented by gpuq (no provider instance): release it yourself"
     if row.lease_state in LEASE_GONE:
         return "already terminated"
@@ -54,7 +54,8 @@ def terminate(ctx: Context, row: HostRow, *, reason: str) -> tuple[str, float | 
         return f"terminate failed: {exc}", None
     gone = time.time()
     ctx.fleet.drop(row.name)
-    fleet.forget_row_keys(ctx.settings, row)
+    if row.target:  # the provider may hand this IP:port to the next machine
+        fleet.forget_row_keys(ctx.settings, row)
     ctx.ledger.update_host(row.name, lease_state="terminated", lease_reason=reason, lease_changed_at=gone,
                            hold_reason="terminated")
     ctx.ledger.record_event("host", row.name, f"{row.provider} {row.instance_id} terminated (gone)")

@@ -36,6 +36,7 @@ from orchestrator.host_documents.status import ExitRecord
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.states import AttemptState
+from orchestrator.transfer.pull import fsync_path
 
 EVIDENCE_DIR = "evidence"
 EVIDENCE_VERIFIED = "EVIDENCE_VERIFIED.json"
@@ -149,14 +150,6 @@ def _exit_problem(path: Path, host: str, job: Job, att: Attempt) -> str | None:
     return None
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _set_aside(directory: Path, quarantine_root: Path, job: Job, attempt: int) -> Path:
     """Move ``directory`` into the quarantine (never deleted): ``<job>--a<n>--evidence[-k]``."""
     quarantine_root.mkdir(parents=True, exist_ok=True)
@@ -212,15 +205,15 @@ def _one(ledger: Ledger, host: Host, job: Job, att: Attempt, hashes: FileHashes,
               "host": host.name, "exit_code": att.exit_code, "files": listed,
               "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for entry in listed:  # durable before anything calls it verified: the host may be gone next
-        _fsync(staging / entry["path"])
+        fsync_path(staging / entry["path"])
     tmp = staging / f"{EVIDENCE_VERIFIED}.tmp"
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    _fsync(tmp)
+    fsync_path(tmp)
     os.replace(tmp, staging / EVIDENCE_VERIFIED)
     if final.exists():
         _set_aside(final, quarantine_root, job, att.number)  # a copy whose record no longer held (is_home)
     os.rename(staging, final)
-    _fsync(final.parent)
+    fsync_path(final.parent)
     what = f"{len(listed)} file(s)" if listed else "neither a log nor an exit record (nothing to keep)"
     ledger.record_event("job", job.id, f"evidence of attempt {att.number} home from {host.name}: {what}, "
                                        f"verified, in {final}")

@@ -136,10 +136,11 @@ def _fsync_tree(directory: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    _fsync_dir(directory)
+    fsync_path(directory)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_path(directory: Path) -> None:
+    """fsync a file or a directory (what a rename into it made durable)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -351,7 +352,7 @@ def _pull_one(run: _Pull, job: Job, reply: ManifestReply) -> PullOutcome:
     _fsync_tree(staging)
     _atomic_write(staging / PULL_VERIFIED, json.dumps(record, indent=1, sort_keys=True) + "\n")
     os.rename(staging, final)  # final is absent: checked above, and only pulls create it
-    _fsync_dir(sweep_dir)
+    fsync_path(sweep_dir)
     run.ledger.record_pull(job.id, attempt=manifest.attempt, host=run.host.name, state=VERIFIED,
                            manifest_sha256=manifest.sha256, files=len(manifest.files),
                            total_bytes=manifest.total_bytes, local_dir=str(final))

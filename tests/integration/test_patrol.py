@@ -9,9 +9,7 @@ from the jobs' states and attempts.
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from scripts.bench_project import TINY_CONFIG
 from tests.conftest import wait_for
 from tests.support.gpuquser import User
 from tests.support.testhosts import HostFarm
+from tests.support.webhook import webhook
 
 pytestmark = pytest.mark.integration
 
@@ -206,29 +205,12 @@ def test_a_job_killed_minus_nine_resumes_from_its_checkpoint(user: User, tmp_pat
 
 
 def test_nan_loss_is_an_escalation_never_retried_and_reaches_the_webhook(user: User, tmp_path: Path) -> None:
-    received: list[dict[str, object]] = []
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        user.env["GPUQ_WEBHOOK_URL"] = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    with webhook() as (url, received):
+        user.env["GPUQ_WEBHOOK_URL"] = url
         user.add_hosts(1)
         queue = _scripted_project(tmp_path, {"nan": "mode: nan\n"}, ["configs/nan.yaml classify 1 name=diverges"])
         assert user.gpuq("submit", str(queue)).returncode == 0
         watched = _watch(user)
-    finally:
-        server.shutdown()
-        server.server_close()
     ledger = _ledger(user)
     try:
         (job,) = ledger.jobs()

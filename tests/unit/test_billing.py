@@ -9,9 +9,7 @@ recorded; a result or an exit record that does not verify keeps the pod and esca
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from orchestrator.transfer import evidence, pull_jobs
 from tests.support.fakecloud import FakeRunPod
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA, finished_job, install_agent
+from tests.support.webhook import webhook
 
 KEY = "rp-billing-key-0123456789"
 SWEEP = "qbill01"
@@ -41,26 +40,9 @@ MIN = 60.0
 @pytest.fixture
 def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """A webhook on this machine; what it received."""
-    received: list[dict[str, Any]] = []
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    monkeypatch.setenv("GPUQ_WEBHOOK_URL", f"http://127.0.0.1:{server.server_address[1]}/hook")
-    try:
+    with webhook() as (url, received):
+        monkeypatch.setenv("GPUQ_WEBHOOK_URL", url)
         yield received
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
