@@ -27,7 +27,8 @@ def _rows(ctx: Context, names: Sequence[str]) -> list[HostRow]:
     if not names:
         if not rows:
             raise UsageError("no host registered yet; `gpuq hosts add NAME user@address` or `gpuq submit` first")
-        return rows
+        # a rented machine not up yet, or gone, has nothing to check (named, it is tried and says so)
+        return [r for r in rows if r.lease_state not in ("provisioning", "terminated")]
     known = {r.name: r for r in rows}
     missing = [n for n in names if n not in known]
     if missing:
@@ -110,9 +111,9 @@ class WatchResult:
 STRANDED = (JobState.LOST.value, JobState.PREEMPTED.value)
 
 
-def _sweep_done(ctx: Context, sweep_id: str, *, auto_resume: bool = False) -> bool:
-    """Every job ended; without auto-resume a LOST or PREEMPTED job waits for `gpuq resume`, so it
-    ends the watch too."""
+def _sweep_done(ctx: Context, sweep_id: str | None, *, auto_resume: bool = False) -> bool:
+    """Every job ended (of the sweep; ``None``: of every sweep); without auto-resume a LOST or PREEMPTED
+    job waits for `gpuq resume`, so it ends the watch too."""
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
     return all(JobState(j.state).terminal or (j.state in STRANDED and not auto_resume) for j in jobs)
 
@@ -122,8 +123,12 @@ def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = 
           sleep: Callable[[float], None] = time.sleep, auto_resume: bool = False) -> WatchResult:
     """Tick until the sweep is done (every job ended, or LOST with no retries left) and no down-when-done
     host waits for a retry of its end (tick/billing.py), with per-host backoff for unreachable hosts.
-    A watcher that never exits never notifies: it gives up after ``max_hours`` (docs/health.md)."""
-    sweep_id = ctx.ledger.resolve_sweep(sweep).id
+    Without ``sweep``, until every sweep is done, those submitted while it watches too: the unattended
+    controller of a machine that stays on (docs/health.md).  A watcher that never exits never
+    notifies: it gives up after ``max_hours`` (docs/health.md)."""
+    sweep_id = ctx.ledger.resolve_sweep(sweep).id if sweep is not None else None
+    if sweep_id is None:
+        ctx.ledger.resolve_sweep(None)  # "no sweeps yet" is the user's mistake, said as such
     floor = ctx.settings.patrol_min_interval_s
     deadline = time.monotonic() + max_hours * 3600
     result = WatchResult()
@@ -147,7 +152,7 @@ def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = 
         # a down-when-done host whose end failed for a passing reason is tried again (tick/billing.py):
         # the watch that ends a sweep also stops its billing
         if _sweep_done(ctx, sweep_id, auto_resume=auto_resume) and not report.teardown_pending:
-            result.reason = f"sweep {sweep_id} done"
+            result.reason = f"sweep {sweep_id} done" if sweep_id is not None else "every sweep done"
             return result
         if time.monotonic() > deadline:
             result.reason = f"gave up after {max_hours:g} h; check the sweep by hand (`gpuq status`)"

@@ -157,7 +157,7 @@ def _orphan_line(orphan: Orphan) -> str:
 def resume(sweep: str | None, no_provision: bool) -> None:
     """Continue every preempted or lost job from its newest verified checkpoint: the same spot pod
     re-bid when possible, else a replacement of the same shape, else any healthy host.  Running it
-    twice never starts a job twice."""
+    twice never starts a job twice.  A sweep at its budget (`gpuq budget`) is not resumed."""
     from orchestrator import api
 
     result = api.resume(open_ctx(), sweep=sweep, provision=not no_provision)
@@ -167,4 +167,8 @@ def resume(sweep: str | None, no_provision: bool) -> None:
         echo(f"gpuq: {host} not brought back: {why}", err=True)
     for job_id in result.skipped:
         echo(f"gpuq: {job_id} not resumed (too many preemptions; see `gpuq status`)", err=True)
+    for job_id, why in result.refused.items():
+        echo(f"gpuq: {job_id} {why}", err=True)
     echo(f"resumed {len(result.requeued)} job(s)" if result.requeued else "nothing to resume")
+    if result.failed:  # a host not brought back (and maybe a replacement still billing): scripts must see it
+        raise SystemExit(1)

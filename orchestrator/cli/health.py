@@ -68,7 +68,8 @@ def patrol(as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: the newest).")
+@click.option("--sweep", metavar="SWEEP", help="Sweep id or prefix (default: every unfinished sweep, and those "
+                                               "submitted while it watches).")
 @click.option("--interval", "interval_s", type=float, metavar="S",
               help="Seconds between ticks (default: patrol_interval_s while jobs run, patrol_idle_interval_s "
                    "otherwise; never below patrol_min_interval_s).")
@@ -78,7 +79,8 @@ def patrol(as_json: bool) -> None:
               help="Continue preempted or lost jobs from their checkpoints as `gpuq resume` would (it may rent "
                    "replacements, which bills).")
 def watch(sweep: str | None, interval_s: float | None, max_hours: float, auto_resume: bool) -> None:
-    """Patrol until the sweep is done, one line per host per tick, backing off unreachable hosts."""
+    """Patrol until the sweep (default: every sweep) is done, one line per host per tick, backing off
+    unreachable hosts."""
     from orchestrator import api
 
     result = api.watch(open_ctx(), sweep=sweep, interval_s=interval_s, max_hours=max_hours,

@@ -142,9 +142,11 @@ def show(name: str, as_json: bool) -> None:
 
 @hosts.command("rm")
 @click.argument("name", shell_complete=complete.hosts)
-@click.option("--force", is_flag=True, help="Forget it even though results there are not pulled yet.")
+@click.option("--force", is_flag=True, help="Forget it even though results there are not pulled yet, or it is a "
+                                           "rented machine that may still bill.")
 def rm(name: str, force: bool) -> None:
-    """Forget host NAME (refused while jobs run there or results are unverified)."""
+    """Forget host NAME (refused while jobs run there, results are unverified, or it is a rented machine
+    not yet terminated: `gpuq down` ends those)."""
     from orchestrator import api
 
     api.hosts_rm(open_ctx(), name, force=force)

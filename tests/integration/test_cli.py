@@ -268,3 +268,25 @@ def test_dead_agent_is_revived_and_nothing_runs_twice(gpuq_home: Path, tmp_path:
     assert len(attempts) == 2 and all(a.endswith("/attempts/1") for a in attempts)
     events = _ledger_rows(gpuq_home, "select message from event where kind = 'host'")
     assert any("agent was not running" in str(m[0]) for m in events)
+
+
+def test_watch_without_a_sweep_waits_for_every_sweep_even_one_submitted_meanwhile(gpuq_home: Path,
+                                                                                tmp_path: Path) -> None:
+    """The unattended controller (docs/health.md): `gpuq watch` alone ends once every sweep is done,
+    not just the newest one when it started."""
+    env = {"GPUQ_LOCAL_CPU_SLOTS": "1", "GPUQ_PATROL_MIN_INTERVAL_S": "0.2"}
+    first = light_project(tmp_path / "a", {"tiny": light_config(steps=10, step_s=0.5)},
+                          ["configs/tiny.yaml classify 1 name=first"])
+    assert run_gpuq("submit", str(first), env=env).returncode == 0
+    watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "watch", "--interval", "0.5"],
+                               env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        second = light_project(tmp_path / "b", {"tiny": light_config(steps=2, step_s=0.5)},
+                               ["configs/tiny.yaml classify 1 name=second"])
+        assert run_gpuq("submit", str(second), env=env).returncode == 0  # queued behind the first (one slot)
+        out, _ = watcher.communicate(timeout=240)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0 and "watch: every sweep done" in out, out
+    rows = _ledger_rows(gpuq_home, "select name, state from job")
+    assert sorted(rows) == [("first", "SUCCEEDED"), ("second", "SUCCEEDED")], (rows, out)

@@ -65,3 +65,20 @@ def test_instance_names_say_which_ledger_rented_them(ctx: Context) -> None:
         assert ledger_of(other) is None
     with pytest.raises(ValueError):
         instance_name("not-an-id", "abc123")
+
+
+def test_forgetting_a_rented_host_that_may_still_bill_is_refused(ctx: Context) -> None:
+    """`gpuq hosts rm` would drop the only record of a machine that bills: it points at `gpuq down`."""
+    from orchestrator.api.hosts import hosts_rm
+
+    _provisioning(ctx)
+    ctx.ledger.update_host("runpod-abc123-0", instance_id="pod123", lease_state="running")
+    with pytest.raises(UsageError, match=r"may still bill: `gpuq down runpod-abc123-0`"):
+        hosts_rm(ctx, "runpod-abc123-0")
+    assert ctx.ledger.host("runpod-abc123-0") is not None
+    ctx.ledger.update_host("runpod-abc123-0", lease_state="terminated")
+    hosts_rm(ctx, "runpod-abc123-0")  # ended: its record may go
+    assert ctx.ledger.host("runpod-abc123-0") is None
+    _provisioning(ctx, "runpod-abc123-1")
+    hosts_rm(ctx, "runpod-abc123-1", force=True)  # the user's call, said out loud
+    assert ctx.ledger.host("runpod-abc123-1") is None
