@@ -58,11 +58,19 @@ def test_lightning_cli_grid_with_seeds_kill_and_resume(gpuq_home: Path, tmp_path
     victim = root / "jobs" / ids["lit-seed1"]
     first_log = victim / "attempts" / "1" / "job.log"
 
-    def after_first_checkpoint() -> bool:  # printed at the end of epoch 1, after ModelCheckpoint saved
-        return first_log.is_file() and "epoch 1/3 rank 0" in first_log.read_text(errors="replace")
+    last = victim / "run" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    sizes: list[int] = []
+
+    def after_first_checkpoint() -> bool:
+        """Epoch 1 ended (the module's hook printed) and ModelCheckpoint saved after it: Lightning runs the
+        monitoring callbacks' on_train_epoch_end after the module's, so the line comes first; last.ckpt is
+        there, its size the same at two looks."""
+        if not (first_log.is_file() and "epoch 1/3 rank 0" in first_log.read_text(errors="replace")):
+            return False
+        sizes.append(last.stat().st_size if last.is_file() else 0)
+        return len(sizes) >= 2 and sizes[-1] == sizes[-2] > 0
 
     assert wait_for(after_first_checkpoint, timeout=400, interval=0.3)
-    assert (victim / "run" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
     pid = int(re.findall(r"epoch 1/3 rank 0 pid (\d+)", first_log.read_text())[0])
     os.kill(pid, signal.SIGKILL)
     waited = run_gpuq("wait", "--timeout", "600", env=ENV, timeout=700)
