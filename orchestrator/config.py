@@ -87,6 +87,9 @@ class Settings(BaseModel):
     # minutes gets one idle_billing alert per idle period (0 = no alert)
     auto_down: bool = False
     idle_billing_alert_min: float = Field(default=15.0, ge=0, le=43200)
+    # A sweep's spending cap in dollars when `gpuq submit` is given no --budget (None = no cap; docs/cost.md).
+    # Only your own config.toml or GPUQ_BUDGET_USD sets it: a cloned project must not set or raise it.
+    budget_usd: float | None = Field(default=None, gt=0, le=1e9)
     # Multi-node jobs over SSH hosts (docs/multinode.md): how long the nodes of one attempt may wait for
     # each other (a node not started, the head's rendezvous port not reachable) before the attempt is given up
     gang_timeout_s: float = Field(default=300.0, ge=10, le=86400)
@@ -140,8 +143,9 @@ class Settings(BaseModel):
 
 _FIELDS = {name for name in Settings.model_fields if name != "home"}
 # settings only the user may set (their own config.toml or environment), never a project's gpuq.toml: a
-# cloned repository must not redirect notifications or choose what gpuq runs or writes on this machine
-USER_ONLY = ("webhook_url", "local_python", "local_root", "forward_env_allow", "checkpoint_trust")
+# cloned repository must not redirect notifications, choose what gpuq runs or writes on this machine, or
+# set what it may spend
+USER_ONLY = ("webhook_url", "local_python", "local_root", "forward_env_allow", "checkpoint_trust", "budget_usd")
 _LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.states import AttemptState
 
@@ -33,7 +33,24 @@ class JobCost:
     cpu_hours: float = 0.0  # slot-hours of attempts that ran on CPU slots (never counted as GPU-hours)
 
 
-def attempt_hours(att: Attempt, now: float) -> float:
+class Billed(Protocol):
+    """What the money of an attempt is reckoned from: a ledger ``Attempt``, or the few columns of one that a
+    budget reads over a whole sweep (``ledger.PricedAttempt``)."""
+
+    @property
+    def started_at(self) -> float | None: ...
+
+    @property
+    def ended_at(self) -> float | None: ...
+
+    @property
+    def price_per_hour(self) -> float | None: ...
+
+    @property
+    def gpu_share(self) -> float: ...
+
+
+def attempt_hours(att: Billed, now: float) -> float:
     """Hours an attempt ran: from its start to its end (``now`` while it runs); 0 before it started."""
     if att.started_at is None:
         return 0.0
@@ -41,7 +58,7 @@ def attempt_hours(att: Attempt, now: float) -> float:
     return max(0.0, end - att.started_at) / 3600
 
 
-def money_spent(attempts: Sequence[Attempt], now: float) -> float | None:
+def money_spent(attempts: Sequence[Billed], now: float) -> float | None:
     """Dollars the attempts cost at the price each fixed when it started; None when none ran on a priced host."""
     money: float | None = None
     for att in attempts:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator import protocol
 from orchestrator.agent_modules import argv_module
+from orchestrator.api.budgeting import projection
 from orchestrator.api.submitting import SubmitResult
 from orchestrator.context import Context
 from orchestrator.ledger import HostRow
@@ -40,6 +41,21 @@ class DryRunJob(BaseModel):
     argv: list[str]
 
 
+class DryRunCost(BaseModel):
+    """What the sweep is projected to cost (``api/budgeting.projection``) and whether its cap fits it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    low_usd: float | None  # None: no projection (why_not says why)
+    high_usd: float | None  # None: open (a job on a priced host has no estimate), or no projection
+    unestimated: list[str]  # jobs on priced hosts without est_min= or history
+    unpriced: list[str]  # jobs placed on hosts without a price (they cost nothing here)
+    why_not: str  # "" when there is a projection
+    summary: str  # the projection in one line
+    budget_usd: float | None  # --budget, else the budget_usd setting; None: no cap
+    fits: bool | None  # True: even the high end fits the cap; False: even the low end does not; None: may
+
+
 class DryRun(BaseModel):
     """One document for ``gpuq submit --dry-run --json``."""
 
@@ -54,6 +70,7 @@ class DryRun(BaseModel):
     jobs: list[DryRunJob]
     makespan_s: float | None  # None: unknown until one job of each config has run
     metrics: str = ""  # what each job's results will be read from ([run] metrics), in words; "" = gpuq's payload
+    cost: DryRunCost | None = None
 
 
 def metrics_plan(run: RunConfig | None) -> str:
@@ -93,7 +110,15 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
                   bundle_bytes=result.bundle.bytes, warnings=result.warnings,
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
                   makespan_s=result.makespan_s if known and result.makespan_known else None,
-                  metrics=metrics_plan(result.run))
+                  metrics=metrics_plan(result.run), cost=_cost(ctx, result))
+
+
+def _cost(ctx: Context, result: SubmitResult) -> DryRunCost:
+    found = projection(ctx, result.sweep_id, result.specs, result.placements, result.hosts)
+    cap = result.budget_usd
+    return DryRunCost(low_usd=None if found.why_not else found.low, high_usd=None if found.why_not else found.high,
+                      unestimated=list(found.unestimated), unpriced=list(found.unpriced), why_not=found.why_not,
+                      summary=found.line(), budget_usd=cap, fits=found.fits(cap) if cap is not None else None)
 
 
 class _Argv:

@@ -95,7 +95,8 @@ def hosts_rm(ctx: Context, name: str, *, force: bool = False) -> None:
                          f"({', '.join(j.name for j in detail.active[:5])}); `gpuq cancel` them first")
     row = detail.row
     if row.provider and row.lease_state != "terminated" and not force:
-        raise UsageError(f"host {name} is a {row.provider} machine gpuq rented ({row.instance_id or row.instance_name}) "
+        instance = row.instance_id or row.instance_name
+        raise UsageError(f"host {name} is a {row.provider} machine gpuq rented ({instance}) "
                          f"and may still bill: `gpuq down {name}` ends it and keeps its record; --force forgets it "
                          "anyway (`gpuq down --orphans` finds it later)")
     if detail.unverified and not force:

@@ -13,6 +13,7 @@ from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
+    from orchestrator.budget import Standing
     from orchestrator.report.model import Report
     from orchestrator.tick.probe import Probe
 
@@ -34,6 +35,7 @@ class Snapshot:
     cells: Report | None = None  # the shown sweeps' per-cell report, when the dashboard asked for it
     cells_error: str = ""  # why it could not be built
     idle: dict[str, float] = field(default_factory=dict)  # rented hosts with no work: since when (tick/billing.py)
+    budgets: dict[str, Standing] = field(default_factory=dict)  # each sweep's cap, spent, committed (budget.py)
 
 
 def tick(ctx: Context) -> dict[str, Probe]:
@@ -82,10 +84,12 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
         if att.job_id not in latest or att.number > latest[att.job_id].number:
             latest[att.job_id] = att
     from orchestrator.tick.billing import idle_hosts
+    from orchestrator.tick.budget import standings
 
-    return Snapshot(time.time(), ctx.ledger.hosts(), probes, sweep_rows, jobs, latest, counts=counts,
+    now = time.time()
+    return Snapshot(now, ctx.ledger.hosts(), probes, sweep_rows, jobs, latest, counts=counts,
                     alerts=ctx.ledger.alerts(ALERTS_SHOWN), lines=lines, attempt_history=history,
-                    idle=idle_hosts(ctx))
+                    idle=idle_hosts(ctx), budgets=standings(ctx.ledger, sweep_rows, now))
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,

@@ -6,12 +6,13 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import datasets
 from orchestrator.agent_modules import argv_module
+from orchestrator.api import budgeting
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.config import PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
@@ -52,6 +53,8 @@ class SubmitResult:
     run: RunConfig | None = None  # the project's [run] table
     hosts: list[HostRow] = field(default_factory=list)  # the hosts the plan could use
     run_json: str = ""  # the sweep's [run] JSON as recorded (setup_key included); "" without [run]
+    budget_usd: float | None = None  # the sweep's cap (--budget, else the budget_usd setting; None: none)
+    budget_held: Mapping[str, str] = field(default_factory=dict)  # job id -> why its cap keeps it QUEUED
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -62,13 +65,16 @@ def _new_sweep_id(ctx: Context) -> str:
             return candidate
 
 
-def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: bool = False) -> SubmitResult:
+def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: bool = False,
+           budget_usd: float | None = None) -> SubmitResult:
     """Validate the whole queue, record it in one transaction, place and start its jobs.
 
     Jobs are packed across the target hosts (see ``target_rows``) by ``scheduler.plan``; the
     bundle is pushed to every host that gets work before anything is written, and a host
-    whose push fails is left out of the plan.
+    whose push fails is left out of the plan.  ``budget_usd`` (else the ``budget_usd`` setting) caps
+    the sweep: only the jobs it fits start, the others stay QUEUED (``api/budgeting.py``).
     """
+    cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
     known = known_hosts(ctx)
     for name in hosts:
         if name not in known:
@@ -153,7 +159,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     if dry_run:
         return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True,
                             makespan_s=decided.makespan_s, makespan_known=estimated, specs=list(parsed.jobs), run=run,
-                            hosts=rows, run_json=run_json)
+                            hosts=rows, run_json=run_json, budget_usd=cap)
     rows_added = ctx.ledger.add_sweep(
         sweep_id=sweep_id,
         queue_path=str(queue),
@@ -168,11 +174,16 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         verify=run.verify if run is not None else ctx.settings.verify,
         run=run_json,
         git=project_git(workdir),
+        budget_usd=cap,
     )
+    decided, held = budgeting.admit_submitted(ctx, sweep_id, cap, decided, plan_jobs)
+    placements = {job_id: host for job_id, host in placements.items() if job_id not in held}  # not placed yet
     result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
-                          makespan_s=decided.makespan_s, makespan_known=estimated, pushed_to=sorted(pushed))
+                          makespan_s=decided.makespan_s, makespan_known=estimated, pushed_to=sorted(pushed),
+                          budget_usd=cap, budget_held=held)
     failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in rows_added},
                                 bundle.sha256)
+    budgeting.after_submit(ctx, sweep_id)
     if failed:
         for name, err in failed.items():
             ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}")

@@ -108,12 +108,23 @@ class HostStatus(Doc):
     memory: Memory
 
 
+class SweepBudget(Doc):
+    """A sweep's spending against its cap (docs/cost.md): the same cost policy as each job's ``cost``."""
+
+    cap: float | None = Field(gt=0, description="The sweep's cap in dollars (`gpuq submit --budget`, `gpuq budget`); "
+                                                "null: no cap.")
+    spent: float = Field(ge=0, description="Dollars its attempts cost so far: the sum of its jobs' `cost`.")
+    committed: float = Field(ge=0, description="Dollars its placed and running attempts will still cost if each "
+                                               "runs to its estimate, at the price share it fixed.")
+
+
 class SweepStatus(Doc):
     id: str = Field(min_length=1)
     queue_path: str
     created_at: float
     jobs: int = Field(ge=0)
     states: dict[JobStateName, int] = Field(description="Jobs of the sweep per state (states with none left out).")
+    budget: SweepBudget
 
 
 class JobStatus(Doc):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from orchestrator.api.dryrun import DryRun
+from orchestrator.api.dryrun import DryRun, DryRunCost
 from orchestrator.api.smoke import SmokeResult
 from orchestrator.views.text import rough_duration
 
@@ -45,6 +45,24 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
         out.write("makespan unknown until one job of each config has run\n")
     else:
         out.write(f"projected makespan {rough_duration(doc.makespan_s)}\n")
+    cost = doc.cost
+    if cost is not None and (cost.budget_usd is not None or len(cost.unpriced) < len(doc.jobs)):  # a price, or a cap
+        out.write(cost.summary + "\n")
+        if cost.budget_usd is not None:
+            out.write(budget_verdict(cost) + "\n")
+
+
+def budget_verdict(cost: DryRunCost) -> str:
+    """Whether the projection fits the sweep's cap, in one line."""
+    cap = f"budget ${cost.budget_usd:,.2f}"
+    if cost.fits is True:
+        return f"{cap}: the projection fits"
+    if cost.fits is False:
+        return (f"{cap}: the projection does not fit; the jobs it fits start, the rest stay queued until "
+                "`gpuq budget SWEEP USD` raises it")
+    if cost.why_not:
+        return f"{cap}: cannot say whether it fits ({cost.why_not}); jobs start only while it fits their estimates"
+    return f"{cap}: the projection may not fit; jobs start only while it fits their estimates, the rest stay queued"
 
 
 SMOKE_COLUMNS = ("cell", "started", "metrics", "checkpoint", "resumed", "exit", "seconds")

@@ -78,10 +78,14 @@ def cli(debug: bool, verbose: int) -> None:
 @click.option("--smoke", is_flag=True, help="Run every distinct cell briefly on this machine (start, metrics, "
               "checkpoint, resume); exit 1 on any failure; record nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Return only when every job has ended.")
+@click.option("--budget", "budget_usd", type=click.FloatRange(min=0, min_open=True, max=1e9), metavar="USD",
+              help="Cap what the sweep may spend: its jobs start only while spent + committed fits (default: the "
+                   "budget_usd setting; none). With --dry-run: whether the projected cost fits.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
                    "--parsable; with --dry-run: one JSON document of every expanded job and its argv.")
-def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait_: bool, as_json: bool) -> None:
+def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait_: bool, budget_usd: float | None,
+           as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
@@ -96,7 +100,7 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
         print_smoke(smoked)
         sys.exit(0 if smoked.ok else exitcodes.FAILED)
     try:
-        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run)
+        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run, budget_usd=budget_usd)
     except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)
         raise UsageError(f"{exc.filename or queue}: permission denied while reading the project; make it "
                          "readable to you, or leave it out ([run] project, .gpuqignore)") from exc
@@ -332,13 +336,14 @@ def completion(shell: str) -> None:
 
 
 def _register_groups() -> None:
+    from orchestrator.cli.budget import budget
     from orchestrator.cli.cloud import down, resume, up
     from orchestrator.cli.health import doctor, patrol, reap, watch
     from orchestrator.cli.hosts import hosts
     from orchestrator.cli.report import report
 
     cli.add_command(hosts)
-    for command in (patrol, watch, doctor, reap, up, down, resume, report):
+    for command in (patrol, watch, doctor, reap, up, down, resume, report, budget):
         cli.add_command(command)
 
 

@@ -1,7 +1,8 @@
 """The live view's drawing (``gpuq status`` in a terminal): pure functions of data and ``now`` that
 return rich renderables (unit-tested by rendering into a fixed-size Console): ``bar``,
-``sparkline``, ``LossHistory``, ``hosts_panel``, ``jobs_panel``, ``alerts_panel``, ``footer`` and
-``screen``.  The terminal, keys and the ticking thread are ``orchestrator/cli/dashboard.py``.
+``sparkline``, ``LossHistory``, ``hosts_panel``, ``jobs_panel`` (with the shown sweeps' budget lines),
+``alerts_panel``, ``footer`` and ``screen``.  The terminal, keys and the ticking thread are
+``orchestrator/cli/dashboard.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.render import SEVERITY_STYLE, STATE_STYLE
-from orchestrator.views import HEALTH_STYLE, AlertView, HostView, JobView, alert_views, host_views, job_views
+from orchestrator.views import (
+    HEALTH_STYLE,
+    AlertView,
+    HostView,
+    JobView,
+    alert_views,
+    host_views,
+    job_views,
+    sweep_views,
+)
 from orchestrator.views.text import clock, duration, money, one_line, printable
 
 if TYPE_CHECKING:
@@ -34,6 +44,7 @@ SPARK_W = 16  # losses shown in a job's sparkline
 ALERT_ROWS = 6  # at most this many alerts on screen (the newest)
 HEARTBEAT_OLD_S = 300  # a heartbeat older than this is drawn red (the patrol's "stalled" rule decides)
 NAME_MAX_W = 48  # a job name wider than this is cut with an ellipsis
+BUDGET_ROWS = 3  # at most this many sweeps' budget lines above the jobs
 
 
 # --- pure views -------------------------------------------------------------------------------------
@@ -209,8 +220,10 @@ def jobs_capacity(height: int) -> int:
     return max(1, height - 4)
 
 
-def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, rows: int) -> Panel:
-    """The jobs table, rows ``offset``..``offset + rows`` of ``views``.
+def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, rows: int,
+               budgets: Sequence[str] = ()) -> Panel:
+    """The jobs table, rows ``offset``..``offset + rows`` of ``views``, under the budget line of each shown
+    sweep that has a cap (``budgets``, one line each).
 
     Columns are as wide as what they hold (not stretched to the terminal): the name column takes
     the width of the longest name shown, up to NAME_MAX_W, and progress, loss and ETA keep theirs."""
@@ -245,7 +258,12 @@ def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, r
         table.add_row("", Text("no jobs to show: `gpuq submit QUEUE`, or `gpuq status --all` for finished sweeps",
                                style="dim"), *[""] * 9)
     title = f"jobs {offset + 1}-{offset + len(shown)} of {len(views)}" if len(views) > rows else "jobs"
-    return Panel(table, title=title, title_align="left", border_style="blue",
+    body: RenderableType = table
+    if budgets:
+        lines = [Text(line, style="bold red" if line.endswith("dispatch stopped") else "yellow", no_wrap=True,
+                      overflow="ellipsis") for line in budgets]
+        body = Group(*lines, table)
+    return Panel(body, title=title, title_align="left", border_style="blue",
                  subtitle="↑↓ PgUp PgDn scroll" if len(views) > rows else None, subtitle_align="right")
 
 
@@ -300,7 +318,9 @@ def screen(view: View, now: float, width: int, height: int) -> tuple[Layout, int
     alerts = alert_views(snap)
     alerts_h = 2 + max(1, min(len(alerts), ALERT_ROWS))
     jobs_h = max(5, height - 1 - hosts_h - alerts_h)
-    rows = jobs_capacity(jobs_h)
+    shown = {job.sweep_id for job in snap.jobs}
+    budgets = [v.budget_line for v in sweep_views(snap) if v.budget_line and v.id in shown][:BUDGET_ROWS]
+    rows = max(1, jobs_capacity(jobs_h) - (0 if view.show_cells else len(budgets)))
     if view.show_cells:
         from orchestrator.cli.cellpanel import cells_panel
 
@@ -310,7 +330,7 @@ def screen(view: View, now: float, width: int, height: int) -> tuple[Layout, int
     else:
         views = job_views(snap, now)
         offset = max(0, min(view.offset, len(views) - rows))
-        middle = jobs_panel(views, view.history, offset=offset, rows=rows)
+        middle = jobs_panel(views, view.history, offset=offset, rows=rows, budgets=budgets)
     layout = Layout()
     layout.split_column(
         Layout(hosts, name="hosts", size=hosts_h),

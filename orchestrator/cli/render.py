@@ -9,7 +9,8 @@ a pydantic model (``orchestrator/cli/documents.py``) whose JSON Schema is genera
                 "agent_alive", "health", "health_detail", "hold_reason", "price_per_hour", "provider",
                 "instance_id", "spot", "lease_state", "lease_reason",
                 "slots": {"kind", "total", "free"}, "gpus": [...], "disk": {...}, "memory": {...}}],
-     "sweeps": [{"id", "queue_path", "created_at", "jobs", "states": {STATE: count}}],
+     "sweeps": [{"id", "queue_path", "created_at", "jobs", "states": {STATE: count},
+                 "budget": {"cap", "spent", "committed"}}],
      "jobs": [{"id", "sweep_id", "name", "task", "epochs", "gpus", "state", "host", "host_gpus",
                "attempt", "step", "total_steps", "epoch", "loss", "eta_s", "heartbeat_age_s", "cost",
                "exit_code", "message"}],
@@ -75,14 +76,20 @@ def submitted(result: SubmitResult) -> None:
               f"(bundle {result.bundle.sha256[:12]})")
     for job in result.jobs:
         epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
-        out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> "
-                         f"{result.placements.get(job.id, '?')}"))
+        where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else "?")
+        out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> {where}"))
     hosts = sorted(set(result.placements.values()))
     if result.pushed_to:
         out.print(f"bundle pushed to {escape(', '.join(result.pushed_to))} ({result.bundle.bytes / 1e6:.2f} MB each); "
                   f"{_makespan(result)}")
     else:
         out.print(f"bundle already on {escape(', '.join(hosts))}; {_makespan(result)}")
+    if result.budget_usd is not None:
+        held = result.budget_held
+        line = f"budget ${result.budget_usd:,.2f}: {len(result.jobs) - len(held)} of {len(result.jobs)} jobs fit it"
+        if held:
+            line += f"; {len(held)} stay queued ({next(iter(held.values()))})"
+        out.print(escape(line))
     if result.launch_error:
         out.print(f"[red]launch failed:[/] {escape(result.launch_error)}\n"
                   "the sweep is recorded; `gpuq status` retries the launch")

@@ -1,7 +1,8 @@
 """``gpuq status --json`` (and the jobs of ``gpuq wait --json``): the status view models
 (``orchestrator/views/``) as the pydantic document of ``orchestrator/cli/documents.py``, schema
 ``gpuq.cli.status/1`` (generated into ``docs/schemas/status.schema.json``).  Costs are the view's
-(``orchestrator/cost.py``), so the document agrees with ``gpuq results --json`` and ``gpuq report``.
+(``orchestrator/cost.py``), so the document agrees with ``gpuq results --json`` and ``gpuq report``; each
+sweep's ``budget`` spent is the sum of its jobs' costs (``orchestrator/budget.py``).
 """
 
 from __future__ import annotations
@@ -45,12 +46,20 @@ def status_model(snap: Snapshot) -> documents.StatusDocument:
             disk=_shown(doc.disk if doc else None), memory=_shown(doc.memory if doc else None),
         ))
     sweeps = [documents.SweepStatus(id=sweep.id, queue_path=sweep.queue_path, created_at=sweep.created_at,
-                                    jobs=sweep.job_count, states=snap.counts.get(sweep.id, {}))
+                                    jobs=sweep.job_count, states=snap.counts.get(sweep.id, {}),
+                                    budget=_budget(snap, sweep.id, sweep.budget_usd))
               for sweep in snap.sweeps]  # the raw strings: JSON escapes every control character
     alerts = [documents.Alert(time=a.time, severity=a.severity, rule=a.rule, subject=a.subject, message=a.message,
                               action=a.action) for a in alert_views(snap)]
     return documents.StatusDocument(schema_=STATUS_SCHEMA, generated_at=snap.generated_at, hosts=hosts,
                                     sweeps=sweeps, jobs=[job_model(v) for v in job_views(snap)], alerts=alerts)
+
+
+def _budget(snap: Snapshot, sweep_id: str, cap: float | None) -> documents.SweepBudget:
+    now = snap.budgets.get(sweep_id)
+    if now is None:  # a snapshot built without budgets: what the ledger's cap says, nothing counted
+        return documents.SweepBudget(cap=cap, spent=0.0, committed=0.0)
+    return documents.SweepBudget(cap=now.cap, spent=now.spent, committed=now.committed)
 
 
 def job_model(view: JobView) -> documents.JobStatus:

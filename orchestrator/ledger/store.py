@@ -24,9 +24,10 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import delete, func, insert
+from sqlalchemy import select as columns  # more columns than sqlmodel's select types
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
@@ -170,11 +171,13 @@ class Ledger(PullRecords):
         verify: Sequence[str] = ("metrics", "best_ckpt"),
         run: str = "",
         git: tuple[str, bool | None] = ("", None),
+        budget_usd: float | None = None,
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
         ``hosts``: the hosts the user restricted the sweep to (empty: any registered host).
         ``git``: the project's commit and whether it had uncommitted changes (("", None): unknown).
+        ``budget_usd``: the sweep's spending cap (None: none; orchestrator/budget.py).
         """
         now = time.time()
         rows: list[Job] = []
@@ -195,6 +198,7 @@ class Ledger(PullRecords):
                     run=run,
                     git_commit=git[0],
                     git_dirty=git[1],
+                    budget_usd=budget_usd,
                     job_count=len(jobs),
                     created_at=now,
                 )
@@ -244,6 +248,16 @@ class Ledger(PullRecords):
                 raise LedgerError(f"no sweep {sweep_id!r}")
             row.hosts = ",".join(sorted(set(hosts)))
             _event(s, "sweep", sweep_id, "", "", f"may use hosts {row.hosts}")
+
+    def set_sweep_budget(self, sweep_id: str, usd: float | None, *, severity: str, rule: str, message: str) -> None:
+        """Set (None: remove) a sweep's spending cap, and the finding that says so, in one transaction."""
+        with self.session() as s:
+            row = s.get(Sweep, sweep_id)
+            if row is None:
+                raise LedgerError(f"no sweep {sweep_id!r}")
+            row.budget_usd = usd
+            s.add(Event(time=time.time(), kind="sweep", subject=sweep_id, message=message, severity=severity,
+                        rule=rule))
 
     def sweeps(self) -> list[Sweep]:
         with self.reading() as s:
@@ -416,6 +430,23 @@ class Ledger(PullRecords):
                 out.extend(rows)
         return out
 
+    def priced_attempts(self, sweep_ids: Iterable[str]) -> dict[str, list[PricedAttempt]]:
+        """{sweep: its attempts that fixed a price} (what a budget counts), by job then number: the columns
+        the money is reckoned from, not whole rows (a history of ten thousand priced attempts reads fast)."""
+        ids = sorted(set(sweep_ids))
+        out: dict[str, list[PricedAttempt]] = {}
+        with self.reading() as s:
+            for start in range(0, len(ids), _IN_CHUNK):
+                query = (columns(col(Job.sweep_id), col(Attempt.job_id), col(Attempt.state), col(Attempt.started_at),
+                                 col(Attempt.ended_at), col(Attempt.price_per_hour), col(Attempt.gpu_share))
+                         .join(Attempt, col(Attempt.job_id) == col(Job.id))
+                         .where(col(Job.sweep_id).in_(ids[start:start + _IN_CHUNK]),
+                                col(Attempt.price_per_hour).is_not(None))
+                         .order_by(col(Attempt.job_id), col(Attempt.number)))
+                for sweep_id, job_id, state, started, ended, price, share in s.connection().execute(query):
+                    out.setdefault(sweep_id, []).append(PricedAttempt(job_id, state, started, ended, price, share))
+        return out
+
     def attempts_on(self, hosts: Iterable[str]) -> list[Attempt]:
         """Every attempt whose (rank-0) host is one of ``hosts``, by job then number (tick/billing.py)."""
         names = sorted(set(hosts))
@@ -567,6 +598,28 @@ class Ledger(PullRecords):
                 if last is not None and last.message == message:
                     return
             _event(s, kind, subject, "", "", message)
+
+    def record_events(self, kind: str, messages: Mapping[str, str]) -> int:
+        """``record_event(kind, subject, message, unless_repeated=True)`` for each {subject: message}, in one
+        transaction (a tick that holds ten thousand queued jobs says why in a few reads); how many it wrote."""
+        ids = sorted(messages)
+        written = 0
+        with self.session() as s:
+            for start in range(0, len(ids), _IN_CHUNK):
+                chunk = ids[start:start + _IN_CHUNK]
+                newest = select(func.max(Event.id)).where(col(Event.subject).in_(chunk)).group_by(col(Event.subject))
+                last = {e.subject: e.message for e in s.exec(select(Event).where(col(Event.id).in_(newest)))}
+                for subject in chunk:
+                    if last.get(subject) != messages[subject]:
+                        _event(s, kind, subject, "", "", messages[subject])
+                        written += 1
+        return written
+
+    def capped_sweeps(self) -> list[Sweep]:
+        """The sweeps with a spending cap (``Sweep.budget_usd``), oldest first."""
+        with self.reading() as s:
+            return list(s.exec(select(Sweep).where(col(Sweep.budget_usd).is_not(None))
+                               .order_by(col(Sweep.created_at))))
 
     def record_finding(self, kind: str, subject: str, *, severity: str, rule: str, message: str,
                        action: str = "", at: float | None = None) -> Event:
@@ -855,22 +908,41 @@ class Ledger(PullRecords):
 _IN_CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 
 
+class PricedAttempt(NamedTuple):
+    """The columns of an attempt its money is reckoned from (``cost.Billed``), and whose it is."""
+
+    job_id: str
+    state: str
+    started_at: float | None
+    ended_at: float | None
+    price_per_hour: float | None
+    gpu_share: float
+
+
 def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None] | None = None) -> dict[str, Any]:
-    """An attempt's share of its host's price, fixed when it starts (prices change; bills do not).  A
-    multi-node attempt pays its share of every node's host: the sum, as one price at a share of 1.
+    """An attempt's share of its host's price, fixed when it starts (prices change; bills do not).
     ``rows``: the hosts' rows already read (one delivery prices a thousand attempts on one host)."""
+    found = attempt_price(gpus, [rows[name] if rows is not None and name in rows else s.get(HostRow, name)
+                                 for name in hosts])
+    return {} if found is None else {"price_per_hour": found[0], "gpu_share": found[1]}
+
+
+def attempt_price(gpus: int, rows: Sequence[HostRow | None]) -> tuple[float, float] | None:
+    """(price per hour, share) an attempt of ``gpus`` GPUs on these hosts (node rank 0 first) fixes when it
+    starts: the host's price and the attempt's share of its GPUs (or slots).  A multi-node attempt pays its
+    share of every node's host: the sum, as one price at a share of 1.  None when no host has a price.  The
+    one place the price share is decided: the ledger when an attempt starts, and a budget's projections."""
     shares = []
-    for name in hosts:
-        row = rows[name] if rows is not None and name in rows else s.get(HostRow, name)
+    for row in rows:
         if row is None or row.price_per_hour is None:
             continue
         slots = row.gpu_count or row.slots_total or gpus
         shares.append((row.price_per_hour, min(1.0, gpus / max(1, slots))))
     if not shares:
-        return {}
-    if len(hosts) == 1:
-        return {"price_per_hour": shares[0][0], "gpu_share": shares[0][1]}
-    return {"price_per_hour": sum(price * share for price, share in shares), "gpu_share": 1.0}
+        return None
+    if len(rows) == 1:
+        return shares[0]
+    return sum(price * share for price, share in shares), 1.0
 
 
 # the newest events of each (subject, upper) pair: a range of the subject index per pair, numbered newest first

@@ -1,18 +1,20 @@
 """Dispatch: place QUEUED jobs (a submit killed after its ledger write, a host left out at submit, a
-job requeued by the patrol), with their checkpoints placed first.
+job requeued by the patrol, a job its sweep's budget held back), with their checkpoints placed first; a
+capped sweep's jobs only while its budget fits them (``tick/budget.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from orchestrator.budget import hold_reason
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError
 from orchestrator.ledger import Job
 from orchestrator.scheduler import EpochRates, Plan
 from orchestrator.setup_holds import held_bundles, is_held
-from orchestrator.tick import multinode
+from orchestrator.tick import budget, multinode
 from orchestrator.tick.capacity import plan_job
 from orchestrator.tick.checkpoints import place_checkpoint
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
@@ -53,6 +55,10 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
             continue
         bundle = Bundle(sweep.bundle_sha, bundle_path, 0, bundle_path.stat().st_size)
         jobs = {j.id: j for j in queued if j.sweep_id == sweep_id}
+        capped = budget.standing_of(ctx.ledger, sweep, rates) if sweep.budget_usd is not None else None
+        if capped is not None and capped.level == "stop":  # nothing new of it starts: no plan, no push
+            budget.hold(ctx.ledger, ctx.settings, sweep_id, capped, dict.fromkeys(jobs, hold_reason(sweep_id, capped)))
+            continue
         ckpt = ctx.ledger.checkpoint_bytes_by_config()
         rows = target_rows(ctx, sorted(sweep.host_set()), {j.host_pin for j in jobs.values() if j.host_pin})
         holds = held_bundles(ctx.ledger, [r.name for r in rows])
@@ -73,6 +79,9 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
             continue
         for job_id, why in decided.unplaced:
             ctx.ledger.record_event("job", job_id, f"still queued: {why}", unless_repeated=True)
+        if capped is not None:
+            decided, _ = budget.admit_plan(ctx.ledger, ctx.settings, sweep_id, capped, decided,
+                                           {p.job_id: p for p in plan_jobs})
         decided = _with_checkpoints(ctx, decided, jobs)
         failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, jobs, bundle.sha256)
         for name, err in failed.items():

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import notify
+from orchestrator import budget, notify
 from orchestrator.context import Context
 from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import HostRow, Job
@@ -160,8 +160,8 @@ def sweeps_done(ctx: Context, report: TickReport) -> None:
     for sweep_id, states in counts.items():
         if any(not JobState(s).terminal and s != JobState.LOST.value for s in states):
             continue
-        if ctx.ledger.open_findings([sweep_id]) or any(e.rule == "sweep_done" for e in
-                                                       ctx.ledger.events(subject=sweep_id, limit=20)):
+        open_ = [rule for _, rule in ctx.ledger.open_findings([sweep_id]) if rule != budget.RULE]  # a cap: no bar
+        if open_ or any(e.rule == "sweep_done" for e in ctx.ledger.events(subject=sweep_id, limit=20)):
             continue
         summary = ", ".join(f"{state}={n}" for state, n in sorted(states.items()))
         ctx.ledger.record_finding("sweep", sweep_id, severity="info", rule="sweep_done",

@@ -1,4 +1,4 @@
-"""One controller tick: probe → reconcile → patrol → collect → steal → dispatch → billing (docs/health.md).
+"""One controller tick: probe → reconcile → patrol → collect → steal → dispatch → budget → billing (docs/health.md).
 
 Every host gets exactly one read-only round trip (the agent's ``status --json``, carrying the
 patrol's scan offsets and kernel-log cursor).  The patrol rules (``orchestrator.patrol``) turn
@@ -6,8 +6,9 @@ what came back into findings, stored as events with a severity and an action; th
 on the few that have an automatic remedy (a dead or stalled attempt is requeued with resume while
 retries last; a full disk or a bad GPU holds the host).  Last, the rented hosts' billing
 (``tick/billing.py``): a down-when-done host whose work is over has its results brought home
-verified and is terminated; an idle rented host is alerted on.  Every tick yields one line per
-host, also when nothing changed.
+verified and is terminated; an idle rented host is alerted on.  Before that, each unfinished capped
+sweep is counted against its budget (``tick/budget.py``: dispatch itself starts only what the budget
+fits).  Every tick yields one line per host, also when nothing changed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from orchestrator.patrol import (
 )
 from orchestrator.scheduler import epoch_rates
 from orchestrator.states import JobState
-from orchestrator.tick import ACTIVE, billing, host_answers, multinode
+from orchestrator.tick import ACTIVE, billing, budget, host_answers, multinode
 from orchestrator.tick.answers import failed_probe, patrol_host
 from orchestrator.tick.dispatch import dispatch_queued
 from orchestrator.tick.findings import (
@@ -67,6 +68,7 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
         report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
                                       failures=row.probe_failures, next_try=row.next_probe_at))
     _place(ctx, probes)
+    budget.check(ctx.ledger, ctx.settings, report)
     billing.billing(ctx, report, {p.host for p in probes if p.ok})
     sweeps_done(ctx, report)
     return report

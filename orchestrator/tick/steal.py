@@ -16,6 +16,7 @@ from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, Move, QueuedJob, estimate_s, plan_steals
 from orchestrator.specs import HostSlots, clamp_slots
 from orchestrator.states import JobState
+from orchestrator.tick import budget
 from orchestrator.tick.probe import Probe
 
 
@@ -33,6 +34,7 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
         return []
     allowed = _allowed_hosts(ledger, rows, ledger_jobs)
     moves = [m for m in plan_steals(queued, slots) if m.to_host in allowed[ledger_jobs[m.job_id].sweep_id]]
+    moves = budget.moves_within(ledger, settings, moves, ledger_jobs, rates)  # a capped sweep's dearer moves
     done: list[Move] = []
     by_source: dict[str, list[Move]] = {}
     for move in moves:

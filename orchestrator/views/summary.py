@@ -9,6 +9,7 @@ from orchestrator.views.text import printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
+    from orchestrator.budget import Standing
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,22 @@ class SweepView:
     created_at: float
     jobs: int
     states: dict[str, int]  # job state -> how many
+    budget: Standing | None = None  # its cap, spent and committed (orchestrator/budget.py)
 
     @property
     def line(self) -> str:
-        """``sweep ID  N jobs  STATE=n ...  (queue)``."""
+        """``sweep ID  N jobs  STATE=n ...  (queue)``, and its budget line when it has a cap."""
         summary = "  ".join(f"{state}={n}" for state, n in sorted(self.states.items()))
-        return f"sweep {self.id}  {self.jobs} jobs  {summary}  ({self.queue_path})"
+        line = f"sweep {self.id}  {self.jobs} jobs  {summary}  ({self.queue_path})"
+        return f"{line}\n  {self.budget_line}" if self.budget_line else line
+
+    @property
+    def budget_line(self) -> str:
+        """``budget $5.00: $3.10 spent + $1.20 committed of $5.00 (86%)``; "" without a cap."""
+        if self.budget is None or self.budget.cap is None:
+            return ""
+        stopped = "; dispatch stopped" if self.budget.level == "stop" else ""
+        return f"budget {self.id}: {self.budget.line()}{stopped}"
 
 
 def alert_views(snap: Snapshot) -> list[AlertView]:
@@ -45,4 +56,4 @@ def alert_views(snap: Snapshot) -> list[AlertView]:
 
 def sweep_views(snap: Snapshot) -> list[SweepView]:
     return [SweepView(id=s.id, queue_path=printable(s.queue_path), created_at=s.created_at, jobs=s.job_count,
-                      states=snap.counts.get(s.id, {})) for s in snap.sweeps]
+                      states=snap.counts.get(s.id, {}), budget=snap.budgets.get(s.id)) for s in snap.sweeps]

@@ -1,10 +1,12 @@
 """One cost policy (orchestrator/cost.py): ``gpuq status --json``, ``gpuq results --json`` and
 ``gpuq report --format json`` agree to the cent, at the price each attempt fixed when it started,
-even after the host's price changed."""
+even after the host's price changed; and what a sweep's budget counts as spent (``status --json``'s
+``budget.spent``, ``gpuq budget``) is the sum of its jobs' costs (orchestrator/budget.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,11 @@ def test_status_results_and_report_agree_to_the_cent(sweep: str) -> None:
     for name, dollars in expected.items():
         cents = {round(100 * by_status[name]), round(100 * by_results[name]), round(100 * by_report[name])}
         assert cents == {round(100 * dollars)}, (name, by_status[name], by_results[name], by_report[name])
+    (budget,) = [s["budget"] for s in status["sweeps"] if s["id"] == sweep]  # type: ignore[attr-defined]
+    shown = run_gpuq("budget", sweep)
+    assert shown.returncode == 0, shown.stderr
+    spent = re.search(r"spent\s+\$([0-9.]+)", shown.stdout)
+    assert spent is not None, shown.stdout
+    assert budget == {"cap": None, "spent": pytest.approx(2.0), "committed": 0.0}
+    assert {round(100 * budget["spent"]), round(100 * float(spent.group(1))),
+            round(100 * sum(by_results.values()))} == {round(100 * sum(expected.values()))}

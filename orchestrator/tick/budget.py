@@ -1,0 +1,151 @@
+"""The budget in the tick (``orchestrator/budget.py`` decides; docs/cost.md).
+
+Dispatch asks it which of a capped sweep's planned jobs start (``admit_plan``; none once the cap is
+reached: ``hold``), work stealing which moves may go (``moves_within``: a move to a dearer host commits
+more), and a stage after placement records each unfinished capped sweep's findings (``check``): one
+``budget`` warning when spent + committed reaches 80 % of the cap and one escalation when dispatch stops,
+per cap (a new cap, set by `gpuq budget`, starts over), on the dashboard and the webhook.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from orchestrator import budget, notify
+from orchestrator.config import Settings
+from orchestrator.ledger import HostRow, Job, Ledger, Sweep, attempt_price
+from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, epoch_rates, estimate_s, estimate_source
+from orchestrator.states import JobState
+from orchestrator.tick import ACTIVE
+
+if TYPE_CHECKING:
+    from orchestrator.tick.findings import TickReport
+
+
+def standings(ledger: Ledger, sweeps: Sequence[Sweep], now: float,
+              rates: EpochRates | None = None) -> dict[str, budget.Standing]:
+    """Each sweep's spent and committed (and cap) now; the run history is read only when some priced
+    attempt of theirs is live."""
+    priced = ledger.priced_attempts(s.id for s in sweeps)
+    live = {a.job_id for attempts in priced.values() for a in attempts if a.state in budget.LIVE}
+    est: dict[str, float] = {}
+    guessed: set[str] = set()
+    if live:
+        rates = rates if rates is not None else epoch_rates(ledger.run_history())
+        for job in ledger.jobs(states=ACTIVE):
+            if job.id in live:
+                est[job.id] = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min,
+                                         history=rates)
+                if estimate_source(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min,
+                                   rates=rates) is None:
+                    guessed.add(job.id)
+    return {s.id: budget.standing(s.budget_usd, priced.get(s.id, []), est, now, guessed) for s in sweeps}
+
+
+def standing_of(ledger: Ledger, sweep: Sweep, rates: EpochRates | None = None) -> budget.Standing:
+    return standings(ledger, [sweep], time.time(), rates)[sweep.id]
+
+
+def hold(ledger: Ledger, settings: Settings, sweep_id: str, now: budget.Standing, reasons: Mapping[str, str],
+         needs: float | None = None) -> None:
+    """``reasons``' jobs stay QUEUED: each says why (``still queued: budget: ...``), and the sweep's
+    escalation is recorded once per cap.  ``now``: the sweep's standing with what this tick admitted;
+    ``needs``: the projected cost of the first job held."""
+    ledger.record_events("job", {job_id: f"still queued: {why}" for job_id, why in reasons.items()})
+    alert(ledger, settings, sweep_id, now, held=len(reasons), needs=needs)
+
+
+def admit_plan(ledger: Ledger, settings: Settings, sweep_id: str, now: budget.Standing, decided: Plan,
+               jobs: Mapping[str, PlanJob]) -> tuple[Plan, budget.Admission]:
+    """``decided`` less the jobs the sweep's cap does not fit, in the plan's order (budget.admit), each at
+    its estimate times the price share of the host(s) the plan gives it (the share its attempt will fix:
+    ``ledger.store.attempt_price``)."""
+    rows: dict[str, HostRow | None] = {}
+
+    def row(name: str) -> HostRow | None:
+        if name not in rows:
+            rows[name] = ledger.host(name)
+        return rows[name]
+
+    costs = [(a.job_id, budget.projected_cost(jobs[a.job_id].est_s,
+                                              attempt_price(jobs[a.job_id].gpus, [row(h) for h in (a.host, *a.peers)])))
+             for a in decided.assignments]
+    admitted = budget.admit(sweep_id, now, costs)
+    if admitted.held:
+        after = budget.Standing(now.cap, now.spent, now.committed + admitted.added, now.placeholders)
+        hold(ledger, settings, sweep_id, after, admitted.held, admitted.needs)
+    keep = set(admitted.admitted)
+    return replace(decided, assignments=tuple(a for a in decided.assignments if a.job_id in keep)), admitted
+
+
+def moves_within(ledger: Ledger, settings: Settings, moves: Sequence[Move], jobs: Mapping[str, Job],
+                 rates: EpochRates) -> list[Move]:
+    """Work stealing's moves less those a capped sweep cannot afford: a moved job's new attempt fixes the
+    target's price share, so a move to a dearer host commits the difference; it goes only while the sweep's
+    spent + committed stays within its cap (a move to a host no dearer always goes)."""
+    sweeps = {sid: sweep for sid in sorted({jobs[m.job_id].sweep_id for m in moves})
+              if (sweep := ledger.sweep(sid)) is not None and sweep.budget_usd is not None}
+    if not sweeps:
+        return list(moves)
+    now = time.time()
+    stand = standings(ledger, list(sweeps.values()), now, rates)
+    added = dict.fromkeys(sweeps, 0.0)
+    keep = []
+    for move in moves:
+        job = jobs[move.job_id]
+        cap = sweeps[job.sweep_id].budget_usd if job.sweep_id in sweeps else None
+        if cap is None:
+            keep.append(move)
+            continue
+        est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
+        old = ledger.attempt(job.id, job.attempt_count)
+        delta = budget.projected_cost(est, attempt_price(job.gpus, [ledger.host(move.to_host)]))
+        delta -= budget.remaining_cost(old, est, now) if old is not None else 0.0
+        if delta <= 0 or stand[job.sweep_id].total + added[job.sweep_id] + delta <= cap + budget.EPSILON:
+            keep.append(move)
+            added[job.sweep_id] += delta
+            continue
+        ledger.record_event("job", job.id, f"not moved to {move.to_host}: budget: it would commit "
+                            f"{budget.usd(delta)} more than the sweep's budget of {budget.usd(cap)} fits "
+                            f"({stand[job.sweep_id].line()})", unless_repeated=True)
+    return keep
+
+
+def alert(ledger: Ledger, settings: Settings, sweep_id: str, now: budget.Standing, *, held: int = 0,
+          needs: float | None = None, report: TickReport | None = None) -> None:
+    """Record the sweep's budget finding when one is due (``budget.alert``: once per threshold per cap)."""
+    last = ledger.latest_finding(sweep_id, budget.RULE)
+    level = budget.alert(now, held > 0, last.severity if last is not None else None)
+    if level is None:
+        return
+    if level == "warn":
+        message = f"sweep {sweep_id} is at {now.fraction or 0:.0%} of its budget: {now.line()}"
+        action = f"`gpuq budget {sweep_id}` shows it; `gpuq budget {sweep_id} USD` raises it"
+    else:
+        queued = f"; {held} job(s) stay queued" if held else "; nothing new of it starts"
+        if needs is not None:
+            queued += f" (the next would cost about {budget.usd(needs)})"
+        message = f"sweep {sweep_id}: dispatch stopped by its budget: {now.line()}{queued}; running jobs finish"
+        action = (f"`gpuq budget {sweep_id} USD` raises it (queued jobs start at the next tick), or "
+                  f"`gpuq cancel --sweep {sweep_id}` ends the rest")
+    ledger.record_finding("sweep", sweep_id, severity=level, rule=budget.RULE, message=message, action=action)
+    notify.send(settings, ledger, {"event": budget.RULE, "severity": level, "sweep": sweep_id, "cap_usd": now.cap,
+                                   "spent_usd": round(now.spent, 2), "committed_usd": round(now.committed, 2),
+                                   "message": message, "action": action})
+    if report is not None:
+        report.actions.append(f"{sweep_id}: {message}")
+
+
+def check(ledger: Ledger, settings: Settings, report: TickReport) -> None:
+    """The tick's stage: every unfinished capped sweep against its cap, its findings recorded when due."""
+    capped = ledger.capped_sweeps()
+    if not capped:
+        return
+    counts = ledger.state_counts()
+    open_ = [s for s in capped if any(not JobState(st).terminal for st in counts.get(s.id, {}))]
+    for sweep_id, now in standings(ledger, open_, time.time()).items():
+        queued = counts.get(sweep_id, {}).get(JobState.QUEUED.value, 0)  # at the cap, dispatch just held them
+        alert(ledger, settings, sweep_id, now, held=queued if now.level == "stop" else 0, report=report)
