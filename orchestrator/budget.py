@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from orchestrator.cost import Billed, money_spent
+from orchestrator.scheduler import run_groups
 from orchestrator.states import AttemptState
 
 if TYPE_CHECKING:
@@ -193,19 +194,7 @@ class Spreads:
 
 
 def spreads(history: Iterable[RunRecord]) -> Spreads:
-    pair: dict[tuple[str, str], list[float]] = {}
-    task: dict[str, list[float]] = {}
-    whole: dict[tuple[str, str], list[float]] = {}
-    for config, task_name, epochs, seconds in history:  # as scheduler.epoch_rates reads them
-        if seconds <= 0:
-            continue
-        if epochs <= 0:
-            if config:
-                whole.setdefault((config, task_name), []).append(seconds)
-            continue
-        pair.setdefault((config, task_name), []).append(seconds / epochs)
-        task.setdefault(task_name, []).append(seconds / epochs)
-
+    pair, task, whole = run_groups(history)  # as the scheduler's estimates read the history
     return Spreads(_span(pair), _span(task), _span(whole))
 
 

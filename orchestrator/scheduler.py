@@ -63,12 +63,13 @@ class EpochRates:
     whole_runs: Mapping[tuple[str, str], list[float]] = field(default_factory=dict)  # jobs without epochs
 
 
-def epoch_rates(history: Iterable[RunRecord]) -> EpochRates:
-    """Index run history once (the mean of each run's seconds per epoch).
+RunGroups = tuple[dict[tuple[str, str], list[float]], dict[str, list[float]], dict[tuple[str, str], list[float]]]
 
-    Runs with no positive duration say nothing; runs without epochs (0: not given) count as whole
-    runs of their config and task (a config path must name them: jobs without one are not alike).
-    """
+
+def run_groups(history: Iterable[RunRecord]) -> RunGroups:
+    """The run history grouped as estimates read it: seconds per epoch by (config, task) and by task, and
+    the seconds of whole runs without epochs (0: not given) by (config, task).  Runs with no positive
+    duration say nothing; a whole run needs a config path (jobs without one are not alike)."""
     pair: dict[tuple[str, str], list[float]] = {}
     task: dict[str, list[float]] = {}
     whole: dict[tuple[str, str], list[float]] = {}
@@ -82,6 +83,12 @@ def epoch_rates(history: Iterable[RunRecord]) -> EpochRates:
         rate = seconds / epochs
         pair.setdefault((config, task_name), []).append(rate)
         task.setdefault(task_name, []).append(rate)
+    return pair, task, whole
+
+
+def epoch_rates(history: Iterable[RunRecord]) -> EpochRates:
+    """Index run history once (the mean of each run's seconds per epoch; ``run_groups``)."""
+    pair, task, whole = run_groups(history)
     return EpochRates(
         by_config_task={k: sum(v) / len(v) for k, v in pair.items()},
         by_task={k: sum(v) / len(v) for k, v in task.items()},
