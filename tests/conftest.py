@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -104,6 +104,16 @@ def gpuq_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("GPUQ_HOME", str(home))
     yield home
     kill_recorded_groups(home / "local")
+
+
+@pytest.fixture
+def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """A webhook on this machine (GPUQ_WEBHOOK_URL points at it); what it received."""
+    from tests.support.webhook import webhook
+
+    with webhook() as (url, received):
+        monkeypatch.setenv("GPUQ_WEBHOOK_URL", url)
+        yield received
 
 
 @pytest.fixture

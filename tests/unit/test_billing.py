@@ -30,19 +30,10 @@ from orchestrator.transfer import evidence, pull_jobs
 from tests.support.fakecloud import FakeRunPod
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA, finished_job, install_agent
-from tests.support.webhook import webhook
 
 KEY = "rp-billing-key-0123456789"
 SWEEP = "qbill01"
 MIN = 60.0
-
-
-@pytest.fixture
-def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """A webhook on this machine; what it received."""
-    with webhook() as (url, received):
-        monkeypatch.setenv("GPUQ_WEBHOOK_URL", url)
-        yield received
 
 
 @pytest.fixture

@@ -24,18 +24,10 @@ from orchestrator.specs import Assignment, JobSpec
 from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, sweeps_done
-from tests.support.webhook import webhook
 
 SWEEP = "qbud0001"
 T0 = 1_800_000_000.0
 HOUR = 3600.0
-
-
-@pytest.fixture
-def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    with webhook() as (url, received):
-        monkeypatch.setenv("GPUQ_WEBHOOK_URL", url)
-        yield received
 
 
 @pytest.fixture
