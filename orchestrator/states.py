@@ -5,6 +5,8 @@
     Job:     QUEUED → ASSIGNED → RUNNING → SUCCEEDED
                                          ↘ FAILED (non-retryable, or retries exhausted)
              ASSIGNED|RUNNING → PREEMPTED | LOST → QUEUED (resume) | FAILED
+             ASSIGNED → QUEUED: the controller withdrew it unstarted from its host's inbox (a budget
+             passed, or work stealing that did not live to place it elsewhere); the attempt ends KILLED
              any non-terminal → CANCELLED
              FAILED | LOST → PREEMPTED: the provider reports a spot preemption a tick after the
              attempt ended on that host (its grace came first); only ``stops.reclaim_preempted``
@@ -57,7 +59,7 @@ ATTEMPT_TERMINAL = frozenset(
 _J = JobState
 JOB_ALLOWED: dict[JobState, frozenset[JobState]] = {
     _J.QUEUED: frozenset({_J.ASSIGNED, _J.CANCELLED}),
-    _J.ASSIGNED: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED}),
+    _J.ASSIGNED: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED, _J.QUEUED}),
     _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED}),
     _J.PREEMPTED: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED}),
     _J.LOST: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED, _J.PREEMPTED}),

@@ -88,6 +88,14 @@ def set_cap(ctx: Context, ref: str | None, cap: float | None) -> BudgetView:
     return BudgetView(view.sweep_id, now, view.waiting, view.remaining, note)
 
 
+def stopped(ctx: Context, sweep_id: str | None = None) -> dict[str, str]:
+    """The sweeps (``sweep_id``'s, or every one) their budget stopped, each with the line saying what to do
+    (``tick.budget.stopped``)."""
+    from orchestrator.tick.budget import stopped as budget_stopped
+
+    return budget_stopped(ctx.ledger, sweep_id)
+
+
 def resume_refusals(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
     """{job id: why} of the preempted or lost ``jobs`` that `gpuq resume` leaves alone: a resume is a new
     attempt, so a capped sweep's job resumes only while the sweep is under its cap (spent + committed); one

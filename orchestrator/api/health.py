@@ -17,6 +17,7 @@ from orchestrator.launcher import agent_argv, ensure_bundle
 from orchestrator.ledger import HostRow
 from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
+from orchestrator.tick.budget import stopped
 from orchestrator.tick.findings import TickReport
 from orchestrator.tick.loop import run_tick
 from orchestrator.tick.preflight import HealthVerdict, preflight_all
@@ -115,7 +116,9 @@ def _sweep_done(ctx: Context, sweep_id: str | None, *, auto_resume: bool = False
     """Every job ended (of the sweep; ``None``: of every sweep); without auto-resume a LOST or PREEMPTED
     job waits for `gpuq resume`, so it ends the watch too."""
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
-    return all(JobState(j.state).terminal or (j.state in STRANDED and not auto_resume) for j in jobs)
+    held = stopped(ctx.ledger, sweep_id)  # a budget-stopped sweep waits for a person, like a stranded job
+    return all(JobState(j.state).terminal or (j.state in STRANDED and not auto_resume)
+               or (j.sweep_id in held and j.state == JobState.QUEUED.value) for j in jobs)
 
 
 def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = None, max_hours: float = 6.0,
@@ -152,7 +155,10 @@ def watch(ctx: Context, *, sweep: str | None = None, interval_s: float | None = 
         # a down-when-done host whose end failed for a passing reason is tried again (tick/billing.py):
         # the watch that ends a sweep also stops its billing
         if _sweep_done(ctx, sweep_id, auto_resume=auto_resume) and not report.teardown_pending:
-            result.reason = f"sweep {sweep_id} done" if sweep_id is not None else "every sweep done"
+            held = stopped(ctx.ledger, sweep_id)
+            done = f"sweep {sweep_id} done" if sweep_id is not None else "every sweep done"
+            result.reason = "; ".join(held.values()) if sweep_id is not None and held else (
+                f"{done} (but {'; '.join(held.values())})" if held else done)
             return result
         if time.monotonic() > deadline:
             result.reason = f"gave up after {max_hours:g} h; check the sweep by hand (`gpuq status`)"

@@ -105,6 +105,7 @@ class UpResult:
     not_created: list[str] = field(default_factory=list)  # hosts whose machine was never created (rows gone)
     shortfall: str = ""  # the provider's words for why they were not
     unknown: dict[str, str] = field(default_factory=dict)  # host -> why gpuq cannot tell whether it bills
+    replaced: dict[str, str] = field(default_factory=dict)  # host that failed its preflight -> its replacement
 
     @property
     def ok(self) -> bool:
@@ -176,7 +177,45 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
         from orchestrator.api.health import doctor
 
         out.verdicts = {v.host: v for v in doctor(ctx, [h.name for h in out.hosts])}
+        if not replaces:  # a replacement that fails too is said and held, never replaced in turn: no loop
+            _replace_unhealthy(ctx, out, lambda old: up(
+                ctx, provider=provider, gpu_type=gpu_type, count=1, gpus=gpus, spot=spot, bid=bid, region=region,
+                key=key, profile=profile, prefix=prefix, replaces=old, say=say, down_when_done=True), rental.say)
     return out
+
+
+def _replace_unhealthy(ctx: Context, out: UpResult, again: Callable[[str], UpResult],
+                       say: Callable[[str], None]) -> None:
+    """A down-when-done machine that failed its GPU preflight gets no job and would only bill: it is
+    terminated now (the teardown gate) and one machine of the same shape is rented in its place."""
+    from orchestrator.tick import teardown
+
+    for row in list(out.hosts):
+        verdict = out.verdicts.get(row.name)
+        if not row.down_when_done or verdict is None or verdict.verdict != "fail":
+            continue
+        why = f"failed its GPU preflight ({verdict.detail})"
+        outcome, gone = teardown.terminate(ctx, row, reason=why)
+        out.hosts.remove(row)
+        if gone is None:
+            out.unusable.append(Unusable(row.name, row.instance_id, why, ended=False, end_error=outcome))
+            continue
+        say(f"{row.name}: {why}: terminated; renting one in its place")
+        try:
+            more = again(row.name)
+        except GpuqError as exc:
+            out.unusable.append(Unusable(row.name, row.instance_id, f"{why}; no replacement: {exc}", ended=True))
+            continue
+        out.hosts += more.hosts
+        out.verdicts.update(more.verdicts)
+        out.unusable += more.unusable
+        out.not_created += more.not_created
+        out.unknown.update(more.unknown)
+        if more.hosts:
+            out.replaced[row.name] = more.hosts[0].name
+        else:
+            out.unusable.append(Unusable(row.name, row.instance_id, f"{why}; its replacement never became usable",
+                                         ended=True))
 
 
 class _Rental:

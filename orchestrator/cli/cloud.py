@@ -57,6 +57,8 @@ def up(provider: str, gpu_type: str, count: int, gpus: int, spot: bool, bid: flo
 
 
 def _up_report(result: UpResult) -> None:
+    for old, new in result.replaced.items():
+        echo(f"{old}: failed its GPU preflight; gpuq terminated it and rented {new} in its place")
     for row in result.hosts:
         price = f"${row.price_per_hour:.2f}/h" if row.price_per_hour is not None else "price unknown"
         verdict = result.verdicts.get(row.name)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from orchestrator import exitcodes
 from orchestrator.cli import complete
 from orchestrator.cli.ctx import open_ctx
+
+if TYPE_CHECKING:
+    from orchestrator.context import Context
 
 
 class _State:
@@ -119,6 +122,7 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
         snap = api.wait(ctx, sweep=result.sweep_id)
         if not as_json:
             render.status_table(snap)
+        _say_budget_stop(ctx, result.sweep_id)
         if any(j.state != "SUCCEEDED" for j in snap.jobs):
             sys.exit(exitcodes.FAILED)
 
@@ -206,8 +210,17 @@ def wait(sweep: str | None, timeout_s: float | None, as_json: bool) -> None:
         emit.waited(snap, sweep_id)
     else:
         render.status_table(snap)
+    _say_budget_stop(ctx, sweep_id)
     if any(j.state != "SUCCEEDED" for j in snap.jobs):
         sys.exit(exitcodes.FAILED)
+
+
+def _say_budget_stop(ctx: Context, sweep_id: str) -> None:
+    """A wait that ended on the sweep's budget says so (stderr), with what to do."""
+    from orchestrator.api import budgeting
+
+    for line in budgeting.stopped(ctx, sweep_id).values():
+        click.echo(f"gpuq: {line}", err=True)
 
 
 @cli.command()

@@ -289,10 +289,17 @@ def _v12_money(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sweep ADD COLUMN budget_usd FLOAT")
 
 
+def _v13_withdrawing(conn: sqlite3.Connection) -> None:
+    """v13: why the controller asked a host to withdraw an attempt not yet started ("steal", "budget"),
+    written before it asks: a withdrawal it did not live to record puts the job back in the queue, where
+    one without this mark (the user's cancel) ends it."""
+    conn.execute("ALTER TABLE attempt ADD COLUMN withdrawing VARCHAR NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
-                                                          _v12_money]
+                                                          _v12_money, _v13_withdrawing]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

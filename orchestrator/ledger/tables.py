@@ -149,6 +149,8 @@ class Attempt(SQLModel, table=True):
     nodes: str = ""  # JSON list of the hosts of node ranks 0..K-1 (rank 0 is ``host``); "" = one host
     # v10: provenance
     provenance: str = ""  # JSON of host_documents.Provenance: GPUs, driver, CUDA, torch, NCCL, Python ("" = none yet)
+    # v13: why the controller is withdrawing it unstarted from its host's inbox ("steal" | "budget"; "" = not)
+    withdrawing: str = ""
 
     def node_hosts(self) -> list[str]:
         """The hosts of a multi-node attempt by node rank ([] for a one-host attempt)."""

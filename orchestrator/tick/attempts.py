@@ -11,6 +11,7 @@ from orchestrator import observed, protocol
 from orchestrator.host_documents import ExitRecord, JobEntry
 from orchestrator.ledger import Job, Ledger
 from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import withdraw
 
 
 def exit_message(exit_doc: ExitRecord) -> str:
@@ -66,8 +67,7 @@ def apply(ledger: Ledger, job: Job, seen: JobEntry) -> str:
         ledger.transition(job.id, JobState.LOST, message=message, of_attempt=number)
         return "lost"
     elif state == "withdrawn":
-        ledger.transition(job.id, AttemptState.KILLED, attempt=number, message="withdrawn from the inbox")
-        ledger.transition(job.id, JobState.CANCELLED, message="withdrawn from the inbox", of_attempt=number)
+        withdraw.settle(ledger, job, ledger.attempt(job.id, number))
     return ""
 
 

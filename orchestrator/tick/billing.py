@@ -37,7 +37,7 @@ from orchestrator.errors import GpuqError
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.states import JobState
-from orchestrator.tick import ACTIVE, teardown
+from orchestrator.tick import ACTIVE, budget, teardown
 from orchestrator.tick.checkpoints import ship_wanted
 from orchestrator.tick.findings import TickReport
 from orchestrator.transfer import evidence
@@ -127,11 +127,13 @@ def idle_alert(work: Work, now: float, after_s: float, alerted_at: float | None)
     return "clear" if alerted_at is not None else None  # work came and went between two ticks
 
 
-def _sweeps_since_done(row: HostRow, sweeps: Sequence[Sweep], counts: Mapping[str, Mapping[str, int]]) -> bool:
+def _sweeps_since_done(row: HostRow, sweeps: Sequence[Sweep], counts: Mapping[str, Mapping[str, int]],
+                       held: Collection[str] = ()) -> bool:
     """Some sweep was submitted since ``row`` came up, and every such sweep ended (as `gpuq watch` sees it:
-    a preempted or lost job waits for `gpuq resume`)."""
+    a preempted or lost job waits for `gpuq resume`, a sweep its budget stopped (``held``) for a raised cap)."""
     since = [s for s in sweeps if s.created_at >= row.created_at]
-    return bool(since) and all(JobState(st).terminal or st in STRANDED for s in since for st in counts.get(s.id, {}))
+    return bool(since) and all(s.id in held or JobState(st).terminal or st in STRANDED
+                               for s in since for st in counts.get(s.id, {}))
 
 
 def works(ctx: Context, rows: Sequence[HostRow]) -> tuple[dict[str, Work], list[Sweep]]:
@@ -141,7 +143,8 @@ def works(ctx: Context, rows: Sequence[HostRow]) -> tuple[dict[str, Work], list[
     jobs = {j.id: j for j in ctx.ledger.jobs_on(names)}
     for job_id in {a.job_id for a in attempts} - set(jobs):
         jobs[job_id] = ctx.ledger.job(job_id)  # a job that ran there once and moved on
-    queued = ctx.ledger.jobs(states=[JobState.QUEUED])
+    held = budget.stopped(ctx.ledger, None)  # waits for a person to raise its cap: no work for a machine
+    queued = [j for j in ctx.ledger.jobs(states=[JobState.QUEUED]) if j.sweep_id not in held]
     sweeps = ctx.ledger.sweeps()
     sweep_hosts = {s.id: s.host_set() for s in sweeps if s.hosts}
     verified = set(ctx.ledger.verified_pulls(j.id for j in jobs.values() if j.state == JobState.SUCCEEDED.value))
@@ -178,11 +181,13 @@ def billing(ctx: Context, report: TickReport, reachable: Collection[str], now: f
         return
     now = time.time() if now is None else now
     found, sweeps = works(ctx, rows)
-    counts = ctx.ledger.state_counts() if any(r.down_when_done for r in rows) else {}
+    ending = any(r.down_when_done for r in rows)
+    counts = ctx.ledger.state_counts() if ending else {}
+    held = budget.stopped(ctx.ledger, None) if ending else {}
     for row in rows:
         work = found[row.name]
         try:
-            since = _sweeps_since_done(row, sweeps, counts)
+            since = _sweeps_since_done(row, sweeps, counts, held)
             if row.down_when_done and end_blocker(row, work, since, checkpoints_home=ship_wanted(ctx.settings, row)) \
                     is None and _end(ctx, row, work, row.name in reachable, report):
                 continue

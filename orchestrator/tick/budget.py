@@ -19,10 +19,12 @@ from orchestrator.config import Settings
 from orchestrator.ledger import HostRow, Job, Ledger, Sweep, attempt_price
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, epoch_rates, estimate_s, estimate_source
 from orchestrator.states import JobState
-from orchestrator.tick import ACTIVE
+from orchestrator.tick import ACTIVE, withdraw
 
 if TYPE_CHECKING:
+    from orchestrator.fleet import Fleet
     from orchestrator.tick.findings import TickReport
+    from orchestrator.tick.probe import Probe
 
 
 def standings(ledger: Ledger, sweeps: Sequence[Sweep], now: float,
@@ -114,6 +116,54 @@ def moves_within(ledger: Ledger, settings: Settings, moves: Sequence[Move], jobs
     return keep
 
 
+def withdraw_over(ledger: Ledger, fleet: Fleet, probes: Sequence[Probe], rates: EpochRates) -> list[str]:
+    """A capped sweep whose spent + committed passed its cap (`gpuq budget` lowered it, or running attempts
+    went past their estimates) takes its jobs not yet started back out of their hosts' inboxes, the newest
+    placement first, until it is within the cap again (``tick/withdraw.py``: recorded before the host is
+    asked).  They wait QUEUED, as dispatch holds any job the budget does not fit; running jobs finish.
+    Returns the ids put back in the queue."""
+    capped = {s.id: s for s in ledger.capped_sweeps()}
+    if not capped:
+        return []
+    waiting = {(d.job_id, d.attempt): p.host for p in probes if p.ok for d in p.document.jobs if d.state == "queued"}
+    if not waiting:
+        return []
+    slurm = {r.name for r in ledger.hosts() if r.kind == "slurm"}  # Slurm holds that queue, not an inbox
+    jobs = [j for j in ledger.jobs(states=[JobState.ASSIGNED]) if j.sweep_id in capped and j.nodes == 1
+            and waiting.get((j.id, j.attempt_count)) == j.host and j.host not in slurm]  # a node waits with its gang
+    if not jobs:
+        return []
+    now = time.time()
+    stand = standings(ledger, [capped[sid] for sid in sorted({j.sweep_id for j in jobs})], now, rates)
+    attempts = ledger.latest_attempts(j.id for j in jobs)
+    over: dict[str, list[Job]] = {}  # host -> jobs to withdraw from its inbox
+    why: dict[str, str] = {}
+    for sweep_id, standing_now in stand.items():
+        cap = capped[sweep_id].budget_usd
+        assert cap is not None
+        total = standing_now.total
+        if total <= cap + budget.EPSILON:
+            continue
+        mine = sorted((j for j in jobs if j.sweep_id == sweep_id and j.id in attempts),
+                      key=lambda j: attempts[j.id].created_at, reverse=True)
+        for job in mine:
+            if total <= cap + budget.EPSILON:
+                break
+            est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
+            total -= budget.remaining_cost(attempts[job.id], est, now)
+            over.setdefault(job.host or "", []).append(job)
+            why[job.id] = (f"budget: the sweep's budget of {budget.usd(cap)} is passed ({standing_now.line()}); "
+                           f"`gpuq budget {sweep_id} USD` raises it")
+    back: list[str] = []
+    for host_name, group in over.items():
+        for job_id in sorted(withdraw.withdraw(ledger, fleet, host_name, group, "budget")):
+            job = next(j for j in group if j.id == job_id)
+            if withdraw.requeue(ledger, job, job.attempt_count,
+                                f"withdrawn unstarted from {host_name}: {why[job_id]}"):
+                back.append(job_id)
+    return back
+
+
 def alert(ledger: Ledger, settings: Settings, sweep_id: str, now: budget.Standing, *, held: int = 0,
           needs: float | None = None, report: TickReport | None = None) -> None:
     """Record the sweep's budget finding when one is due (``budget.alert``: once per threshold per cap)."""
@@ -137,6 +187,30 @@ def alert(ledger: Ledger, settings: Settings, sweep_id: str, now: budget.Standin
                                    "message": message, "action": action})
     if report is not None:
         report.actions.append(f"{sweep_id}: {message}")
+
+
+def stopped(ledger: Ledger, sweep_id: str | None) -> dict[str, str]:
+    """The sweeps (``sweep_id``'s, or every one) whose budget stopped them: capped, nothing of theirs placed
+    or running, jobs waiting QUEUED, and the newest budget finding is the stop (a cap raised since then
+    records its own): nothing will change until a person acts.  {sweep id: one line saying what to do}.
+    `gpuq wait` and `gpuq watch` end on them rather than wait for ever."""
+    capped = [s for s in ledger.capped_sweeps() if sweep_id is None or s.id == sweep_id]
+    if not capped:
+        return {}
+    counts = ledger.state_counts()
+    out: dict[str, str] = {}
+    for sweep in capped:
+        mine = counts.get(sweep.id, {})
+        queued = mine.get(JobState.QUEUED.value, 0)
+        if not queued or any(mine.get(s.value, 0) for s in ACTIVE):
+            continue
+        last = ledger.latest_finding(sweep.id, budget.RULE)
+        if last is None or last.severity != "escalate":
+            continue
+        out[sweep.id] = (f"sweep {sweep.id}: stopped by its budget ({standing_of(ledger, sweep).line()}); "
+                         f"{queued} job(s) wait: `gpuq budget {sweep.id} USD` raises it, "
+                         f"`gpuq cancel --sweep {sweep.id}` ends them")
+    return out
 
 
 def check(ledger: Ledger, settings: Settings, report: TickReport) -> None:

@@ -101,14 +101,17 @@ def _requests(ctx: Context, rows: Sequence[HostRow], by_host: dict[str, list[Job
 
 
 def _place(ctx: Context, probes: Sequence[Probe]) -> None:
-    """Work stealing and dispatch of QUEUED jobs."""
+    """A capped sweep past its cap takes back what has not started, then work stealing and dispatch of
+    QUEUED jobs."""
     # placement needs the run history (one join over every finished attempt): read it only when
-    # some inbox holds waiting jobs (work stealing) or the ledger holds QUEUED ones
+    # some inbox holds waiting jobs (work stealing, a budget passed) or the ledger holds QUEUED ones
     queued_remote = any(j.state == "queued" for p in probes if p.ok for j in p.document.jobs)
     queued = ctx.ledger.jobs(states=[JobState.QUEUED])
     if queued_remote or queued:
         rates = epoch_rates(ctx.ledger.run_history())
         if queued_remote:
+            if budget.withdraw_over(ctx.ledger, ctx.fleet, probes, rates):
+                queued = ctx.ledger.jobs(states=[JobState.QUEUED])
             steal(ctx.ledger, ctx.fleet, ctx.settings, probes, rates)
         if queued:
             dispatch_queued(ctx, rates, queued)

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator import host_documents
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
-from orchestrator.errors import GpuqError, HostError
+from orchestrator.errors import GpuqError
 from orchestrator.fleet import Fleet
-from orchestrator.host_documents import Verdicts
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv, enqueue, ensure_bundle, job_spec
+from orchestrator.launcher import enqueue, ensure_bundle, job_spec
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, Move, QueuedJob, estimate_s, plan_steals
 from orchestrator.specs import HostSlots, clamp_slots
 from orchestrator.states import JobState
-from orchestrator.tick import budget
+from orchestrator.tick import budget, withdraw
 from orchestrator.tick.probe import Probe
 
 
@@ -94,18 +92,12 @@ def _allowed_hosts(ledger: Ledger, rows: Sequence[HostRow], ledger_jobs: dict[st
 
 def _move_from(ledger: Ledger, fleet: Fleet, settings: Settings, source: str, group: Sequence[Move],
                ledger_jobs: dict[str, Job]) -> list[Move]:
-    """Withdraw ``group`` from ``source``'s inbox in one round trip; each job withdrawn moves."""
-    host = fleet.named(source)
-    src_row = ledger.host(source)
-    argv = agent_argv(host, src_row.agent_bundle if src_row else "", "withdraw", *[m.job_id for m in group])
-    try:
-        result = host.run(argv, timeout=60)
-        verdicts = host_documents.read_verdicts(host.name, result.stdout) if result.exit_code == 0 else Verdicts({})
-    except (HostError, host_documents.ProtocolError):  # nothing moves from a host that answers garbage
-        return []
+    """Withdraw ``group`` from ``source``'s inbox in one round trip (``tick/withdraw.py``: recorded first);
+    each job withdrawn moves."""
+    withdrawn = withdraw.withdraw(ledger, fleet, source, [ledger_jobs[m.job_id] for m in group], "steal")
     done = []
     for move in group:
-        if verdicts.of(move.job_id) != "withdrawn":
+        if move.job_id not in withdrawn:
             continue  # claimed meanwhile: it runs where it is
         if _move_one(ledger, fleet, settings, move, ledger_jobs[move.job_id]):
             done.append(move)
@@ -131,6 +123,10 @@ def _move_one(ledger: Ledger, fleet: Fleet, settings: Settings, move: Move, job:
                         host=target_row)
         enqueue(target, bundle_sha, [spec], settings)
     except GpuqError as exc:
+        if ledger.job(job.id).attempt_count == old.number:  # withdrawn, not moved: back to the queue
+            withdraw.requeue(ledger, job, old.number, f"withdrawn unstarted from {move.from_host}; not moved to "
+                             f"{move.to_host} ({exc}); queued again")
+            return False
         ledger.record_event("job", job.id, f"move to {move.to_host} incomplete: {exc}; the next tick "
                             "re-delivers it")
         return False

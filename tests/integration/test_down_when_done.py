@@ -167,3 +167,35 @@ def test_a_pod_that_garbles_a_result_is_kept_with_an_escalation(cloud: Cloud, tm
         ledger.close()
     refused = cloud.gpuq("down", h1, "--yes")  # the teardown gate agrees: its result is not home
     assert refused.returncode != 0 and "not pulled and verified" in refused.stderr, refused.stderr
+
+
+def test_a_pod_that_fails_its_preflight_is_ended_and_replaced_by_itself(cloud: Cloud, tmp_path: Path) -> None:
+    """The first machine comes up with uncorrectable ECC errors on its GPU: `gpuq up --down-when-done`
+    terminates it (it would bill, getting no job) and rents one machine of the same shape in its place,
+    which then runs the sweep and goes when it is done."""
+    faulty: list[str] = []
+
+    def first_one_faulty(index: int, instance_id: str, fresh: bool) -> None:
+        if fresh and not faulty:
+            faulty.append(instance_id)
+            cloud.farm.set_gpu_ecc(index, 0, uncorrected=3)
+
+    cloud.backend.on_up = first_one_faulty
+    up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--count", "1", "--gpus", "1",
+                    "--profile", "rehearsal", "--down-when-done")
+    assert up.returncode == 0, up.stdout + up.stderr
+    hosts = cloud.hosts()
+    (bad,) = [h for h in hosts.values() if h.instance_id == faulty[0]]
+    (good,) = [h for h in hosts.values() if h.name != bad.name]
+    assert f"{bad.name}: failed its GPU preflight; gpuq terminated it and rented {good.name} in its place" in up.stdout
+    assert f"{good.name}: runpod {good.instance_id}" in up.stdout and "preflight PASS" in up.stdout, up.stdout
+    assert bad.lease_state == "terminated" and "failed its GPU preflight" in bad.lease_reason
+    assert "uncorrectable ECC" in bad.lease_reason, bad.lease_reason
+    assert good.replaces == bad.name and good.down_when_done and good.lease_state == "running"
+    assert _pods(cloud).get(bad.instance_id, "TERMINATED") == "TERMINATED"  # the fake bills it no more
+
+    _submit(cloud, tmp_path, ["name=one -- --lr 1"])
+    _watch(cloud)
+    assert [j.state for j in cloud.jobs()] == ["SUCCEEDED"]
+    assert cloud.hosts()[good.name].lease_state == "terminated"
+    assert all(status == "TERMINATED" for status in _pods(cloud).values())

@@ -171,6 +171,30 @@ def test_an_unused_host_goes_once_every_sweep_submitted_since_it_came_up_has_end
     assert _blocker(ctx, "rp-b") == "not marked down-when-done"
 
 
+def test_a_sweep_its_budget_stopped_keeps_no_machine_billing(ctx: Context, tmp_path: Path) -> None:
+    """Its queued jobs wait for a person to raise the cap, not for a machine: a down-when-done host
+    restricted to it goes, and a fresh one is not kept for it."""
+    from orchestrator import budget
+    from orchestrator.api import budgeting
+    from orchestrator.tick import budget as tick_budget
+
+    _host(ctx, tmp_path, "rp-a", rent=False)
+    _host(ctx, tmp_path, "rp-b", rent=False)
+    jobs = _jobs(ctx, "ran", "held", hosts="rp-a")
+    sweep = jobs["held"].sweep_id
+    _run(ctx, jobs["ran"], "rp-a")
+    ctx.ledger.record_pull(jobs["ran"].id, attempt=1, host="rp-a", state="verified")
+    assert _work(ctx, "rp-a").busy == ("held",) and _blocker(ctx, "rp-b") == "no work has run there yet"
+    budgeting.set_cap(ctx, sweep, 1.0)
+    tick_budget.hold(ctx.ledger, ctx.settings, sweep, budget.Standing(1.0, 1.0),
+                     {jobs["held"].id: budget.hold_reason(sweep, budget.Standing(1.0, 1.0))})  # as dispatch does
+    assert _work(ctx, "rp-a").busy == () and _blocker(ctx, "rp-a") is None
+    billing.billing(ctx, TickReport(), {"rp-a", "rp-b"})
+    assert ctx.ledger.host("rp-a").lease_state == ctx.ledger.host("rp-b").lease_state == "terminated"  # type: ignore[union-attr]
+    budgeting.set_cap(ctx, sweep, 5.0)  # raised: its job is work again (for a machine still there)
+    assert tick_budget.stopped(ctx.ledger, sweep) == {}
+
+
 # -- the idle alert ---------------------------------------------------------------------------------------
 
 

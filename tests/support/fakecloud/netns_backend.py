@@ -87,6 +87,9 @@ class NetnsBackend:
         self.gpu_mem_mib = gpu_mem_mib or farm.gpu_mem_mib
         self.authorized_keys = [k.strip() for k in authorized_keys if k.strip()]
         self.events: list[tuple[str, str, float]] = []
+        # called as (farm host index, instance id, fresh) once a machine is up, before the API says so:
+        # a test's way to give one rental a fault of its own (its GPU state is reset on every new rental)
+        self.on_up: Callable[[int, str, bool], None] | None = None
         self.actions: list[Action] = []
         self.errors: list[str] = []
         self._cond = threading.Condition()
@@ -299,6 +302,8 @@ class NetnsBackend:
             slot.devices = gpu_count
             farm.boot(i)  # a fresh /tmp; returns once sshd answers
             self._act("boot", instance_id, i, f"{gpu_count} GPUs")
+        if self.on_up is not None:
+            self.on_up(i, instance_id, fresh)
         with self._cond:
             if slot.gen == gen and slot.owner == instance_id:
                 slot.ready = True
