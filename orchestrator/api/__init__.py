@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
     from orchestrator.api.orphans import OrphanScan, end_orphans, find_orphans
     from orchestrator.api.pulling import PullReport, pull
-    from orchestrator.api.renting import UpInterrupted, UpResult, up
+    from orchestrator.api.rented import UpInterrupted, UpResult
+    from orchestrator.api.renting import up
     from orchestrator.api.snapshot import Snapshot, status, wait
     from orchestrator.api.submitting import SubmitResult, submit
     from orchestrator.context import Context, host_for, open_context
@@ -54,8 +55,8 @@ _HOME = {
     "Snapshot": "orchestrator.api.snapshot",
     "SubmitResult": "orchestrator.api.submitting",
     "TickReport": "orchestrator.tick.findings",
-    "UpInterrupted": "orchestrator.api.renting",
-    "UpResult": "orchestrator.api.renting",
+    "UpInterrupted": "orchestrator.api.rented",
+    "UpResult": "orchestrator.api.rented",
     "WatchResult": "orchestrator.api.health",
     "cancel": "orchestrator.api.jobs",
     "cancel_targets": "orchestrator.api.jobs",

@@ -18,18 +18,17 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
 from orchestrator import fleet
+from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy
 from orchestrator.config import Settings, load_profile
 from orchestrator.context import Context
 from orchestrator.errors import ConfigError, GpuqError, NoCapacity, UsageError
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name
 from orchestrator.tick.leases import PROVIDERS, provider_for
-from orchestrator.tick.preflight import HealthVerdict
 
 LEDGER_ID_FILE = "ledger-id"
 
@@ -75,58 +74,6 @@ def key_pair(settings: Settings, key: str) -> tuple[str, str]:
             return str(private), public.read_text(encoding="utf-8").strip()
     raise UsageError(f"no SSH key pair found ({', '.join(candidates)} with a .pub next to it); "
                      "pass --key PATH or set ssh_key in $GPUQ_HOME/config.toml")
-
-
-@dataclass
-class Unusable:
-    """A machine gpuq rented and will not use."""
-
-    host: str
-    instance_id: str
-    why: str
-    ended: bool  # terminated and gone; False: it may still bill, and `gpuq down HOST` ends it
-    end_error: str = ""
-
-    def line(self, provider: str) -> str:
-        if self.ended:
-            return f"{self.host}: {provider} {self.instance_id} {self.why}; gpuq terminated it"
-        return (f"{self.host}: {provider} {self.instance_id} {self.why}; terminating it failed "
-                f"({self.end_error}): it may still bill, and `gpuq down {self.host}` ends it")
-
-
-@dataclass
-class UpResult:
-    provider: str
-    lease: str
-    wanted: int = 0
-    hosts: list[HostRow] = field(default_factory=list)  # registered and usable
-    verdicts: dict[str, HealthVerdict] = field(default_factory=dict)
-    unusable: list[Unusable] = field(default_factory=list)
-    not_created: list[str] = field(default_factory=list)  # hosts whose machine was never created (rows gone)
-    shortfall: str = ""  # the provider's words for why they were not
-    unknown: dict[str, str] = field(default_factory=dict)  # host -> why gpuq cannot tell whether it bills
-    replaced: dict[str, str] = field(default_factory=dict)  # host that failed its preflight -> its replacement
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.hosts) and not (self.unusable or self.not_created or self.unknown)
-
-    def problems(self) -> list[str]:
-        """One line per machine that is not a usable host, and one for those never created."""
-        lines = [u.line(self.provider) for u in self.unusable]
-        if self.not_created:
-            lines.append(f"{len(self.not_created)} of {self.wanted} not created ({', '.join(self.not_created)}): "
-                         f"{self.shortfall}")
-        lines += [f"{host}: {why}" for host, why in self.unknown.items()]
-        return lines
-
-
-class UpInterrupted(KeyboardInterrupt):
-    """``gpuq up`` was interrupted; ``result`` says what became of each machine rented so far."""
-
-    def __init__(self, result: UpResult) -> None:
-        super().__init__("gpuq up was interrupted")
-        self.result = result
 
 
 def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int = 1, spot: bool = False,
@@ -178,44 +125,10 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
 
         out.verdicts = {v.host: v for v in doctor(ctx, [h.name for h in out.hosts])}
         if not replaces:  # a replacement that fails too is said and held, never replaced in turn: no loop
-            _replace_unhealthy(ctx, out, lambda old: up(
+            replace_unhealthy(ctx, out, lambda old: up(
                 ctx, provider=provider, gpu_type=gpu_type, count=1, gpus=gpus, spot=spot, bid=bid, region=region,
                 key=key, profile=profile, prefix=prefix, replaces=old, say=say, down_when_done=True), rental.say)
     return out
-
-
-def _replace_unhealthy(ctx: Context, out: UpResult, again: Callable[[str], UpResult],
-                       say: Callable[[str], None]) -> None:
-    """A down-when-done machine that failed its GPU preflight gets no job and would only bill: it is
-    terminated now (the teardown gate) and one machine of the same shape is rented in its place."""
-    from orchestrator.tick import teardown
-
-    for row in list(out.hosts):
-        verdict = out.verdicts.get(row.name)
-        if not row.down_when_done or verdict is None or verdict.verdict != "fail":
-            continue
-        why = f"failed its GPU preflight ({verdict.detail})"
-        outcome, gone = teardown.terminate(ctx, row, reason=why)
-        out.hosts.remove(row)
-        if gone is None:
-            out.unusable.append(Unusable(row.name, row.instance_id, why, ended=False, end_error=outcome))
-            continue
-        say(f"{row.name}: {why}: terminated; renting one in its place")
-        try:
-            more = again(row.name)
-        except GpuqError as exc:
-            out.unusable.append(Unusable(row.name, row.instance_id, f"{why}; no replacement: {exc}", ended=True))
-            continue
-        out.hosts += more.hosts
-        out.verdicts.update(more.verdicts)
-        out.unusable += more.unusable
-        out.not_created += more.not_created
-        out.unknown.update(more.unknown)
-        if more.hosts:
-            out.replaced[row.name] = more.hosts[0].name
-        else:
-            out.unusable.append(Unusable(row.name, row.instance_id, f"{why}; its replacement never became usable",
-                                         ended=True))
 
 
 class _Rental:
