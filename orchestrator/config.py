@@ -64,6 +64,9 @@ class Settings(BaseModel):
     # Health patrol (docs/health.md): thresholds, cadence, preflight, reaping, notifications
     stall_after_s: float = Field(default=900.0, ge=1, le=604800)  # heartbeat, log and checkpoint all older: stalled
     startup_grace_s: float = Field(default=600.0, ge=1, le=604800)  # launched this recently, no heartbeat: starting
+    # no step reached yet (heartbeat at step 0, nothing in the metrics): nothing written this long is a deadlock at
+    # start (DataLoader workers, NCCL init), killed after its stacks are saved and retried once at most
+    start_stall_after_s: float = Field(default=300.0, ge=1, le=604800)
     patrol_interval_s: float = Field(default=60.0, ge=0.1, le=86400)  # `gpuq watch` tick while attempts run
     patrol_idle_interval_s: float = Field(default=300.0, ge=0.1, le=86400)  # ... while nothing runs
     patrol_min_interval_s: float = Field(default=15.0, ge=0.1, le=86400)  # floor for --interval (sshd MaxStartups)
@@ -73,6 +76,8 @@ class Settings(BaseModel):
     reap_min_age_s: float = Field(default=120.0, ge=0, le=86400)  # younger device holders are starting contexts
     reap_resample_s: float = Field(default=60.0, ge=0, le=3600)  # a zombie must show in two samples this far apart
     webhook_url: str = ""  # JSON POST on escalations and sweep completion; "" = off; never logged
+    # the webhook's body (orchestrator/notify.py): gpuq's JSON, or Slack's, Discord's or ntfy's form of one line
+    webhook_format: Literal["json", "slack", "discord", "ntfy"] = "json"
     # Rented hosts (gpuq up / down / resume; docs/providers.md, docs/checkpoints.md).  API keys never live
     # here (credentials).
     ssh_key: str = ""  # private key for hosts gpuq rents ("" = ~/.ssh/id_ed25519, else id_rsa)
@@ -143,9 +148,10 @@ class Settings(BaseModel):
 
 _FIELDS = {name for name in Settings.model_fields if name != "home"}
 # settings only the user may set (their own config.toml or environment), never a project's gpuq.toml: a
-# cloned repository must not redirect notifications, choose what gpuq runs or writes on this machine, or
-# set what it may spend
-USER_ONLY = ("webhook_url", "local_python", "local_root", "forward_env_allow", "checkpoint_trust", "budget_usd")
+# cloned repository must not redirect notifications (or change their form: a body the user's hook refuses
+# silences them), choose what gpuq runs or writes on this machine, or set what it may spend
+USER_ONLY = ("webhook_url", "webhook_format", "local_python", "local_root", "forward_env_allow", "checkpoint_trust",
+             "budget_usd")
 _LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
 
 

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -92,14 +93,38 @@ def sigterm_grace_s(row: HostRow | None) -> float | None:
     return 0.0  # a spot host whose grace nobody documents: assume none
 
 
+HOST_RETRY_CLASSES = ("killed", "host_oom", "vanished")  # what a host's agent may retry by itself
+HOST_RETRY_SIGNALS = (int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS))  # the trainer's deaths it retries
+
+
+def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | None,
+               sweep: Sweep | None) -> dict[str, Any] | None:
+    """The spec's "retry" (protocol.py): what the host's agent may retry by itself, at once, with resume
+    (docs/checkpoints.md, "Who retries what").  ``failed``: the job's attempts that already count against
+    ``retries=`` (``Ledger.failed_attempts``).  None, and the controller settles every end, for a job with
+    no retries left, a multi-node job, a capped sweep (the budget admits each start), a held host (its
+    jobs go elsewhere), a job pinned to another host, or a Slurm login node (no agent there)."""
+    retries = job.retries if job.retries is not None else settings.retries
+    left = retries - failed
+    if left < 1 or job.nodes > 1 or host is None or host.kind == "slurm" or host.hold_reason:
+        return None
+    if (sweep is not None and sweep.budget_usd is not None) or (job.host_pin and job.host_pin != host.name):
+        return None
+    return {"left": left, "on": list(HOST_RETRY_CLASSES), "signals": list(HOST_RETRY_SIGNALS)}
+
+
 def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: float | None = None,
-             sweep: Sweep | None = None, host: HostRow | None = None) -> dict[str, Any]:
+             sweep: Sweep | None = None, host: HostRow | None = None,
+             retry: dict[str, Any] | None = None) -> dict[str, Any]:
     """The inbox document for one attempt (protocol.py, "Job spec").  The trainer entry, launcher
     and checks come from the sweep (recorded at submit), never from the caller's project; a spot
-    host's preemption grace comes from its profile."""
+    host's preemption grace comes from its profile; ``retry`` is what the host may retry itself
+    (``host_retry``)."""
     entry = f"{protocol.BUNDLE_WORKDIR}/{sweep.entry}" if sweep is not None and sweep.entry else protocol.TRAIN_ENTRY
     grace = sigterm_grace_s(host)
-    extra = {} if grace is None else {"sigterm_grace_s": grace}
+    extra: dict[str, Any] = {} if grace is None else {"sigterm_grace_s": grace}
+    if retry is not None:
+        extra["retry"] = retry
     return {**extra,
         "schema": protocol.SPEC_SCHEMA,
         "protocol": protocol.PROTOCOL_VERSION,
@@ -239,8 +264,10 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
             continue
         if job.sweep_id not in sweeps:
             sweeps[job.sweep_id] = ledger.sweep(job.sweep_id)
+        failed = ledger.failed_attempts(job.id) if attempt.number > 1 else 0
+        retry = host_retry(job, failed, settings, host=row, sweep=sweeps[job.sweep_id])
         specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3, sweep=sweeps[job.sweep_id],
-                              host=row))
+                              host=row, retry=retry))
     return specs
 
 

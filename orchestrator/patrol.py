@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator import observed, protocol, stops
+from orchestrator.hints import HINTS
 from orchestrator.host_documents import JobEntry, Memory, Scan, ScanHit, StatusDocument
 
 
@@ -41,6 +42,9 @@ class Finding:
     action: str = ""
     job: str | None = None
     evidence: tuple[str, ...] = ()
+    # the class the attempt is ended with when the finding fires on a running attempt ("stalled",
+    # "deadlock_at_start", "divergence"; tick/ending.py), "" when it ends nothing
+    klass: str = field(default="", compare=False)
 
     @property
     def subject(self) -> str:
@@ -54,6 +58,7 @@ class Thresholds:
     memory_warn_pct: float = 90.0
     stall_after_s: float = 900.0
     startup_grace_s: float = 600.0
+    start_stall_after_s: float = 300.0  # no first step yet: a stall after this long is a deadlock at start
     early_finish_ratio: float = 0.5
     unreachable_escalate_failures: int = 3
     unreachable_escalate_s: float = 600.0
@@ -77,6 +82,7 @@ class JobView:
     name: str
     attempt: int
     launched_at: float | None = None
+    stepped: bool = False  # the ledger saw a step of this attempt, or it resumed from a checkpoint
 
 
 # --- host rules -------------------------------------------------------------------------------
@@ -199,6 +205,10 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Sca
 
 # host_oom and killed: a signal death gpuq did not cause is retried with resume within retries=
 RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped", "killed", "host_oom"})
+DEADLOCK_AT_START = "deadlock_at_start"  # stalled before its first step: retried once at most
+DEADLOCK_RETRIES = 1
+DEADLOCK_HINT = HINTS[DEADLOCK_AT_START]  # the fixes live in orchestrator/hints.py, as `gpuq explain` shows them
+DIVERGENCE_HINT = HINTS["divergence"]
 
 
 @dataclass(frozen=True)
@@ -213,6 +223,12 @@ def decide(klass: str, failures: int, retries: int) -> Decision:
     error or divergence (docs/health.md)."""
     if klass in ("config", "divergence"):
         return Decision("fail", f"{klass} error: never retried (fix it and submit again)")
+    if klass == DEADLOCK_AT_START:  # a start that hangs twice will hang again: one retry at most
+        allowed = min(retries, DEADLOCK_RETRIES)
+        if failures <= allowed:
+            return Decision("requeue", f"{klass}: requeued (retry {failures} of {allowed}; a second stall before "
+                                       "the first step ends it)")
+        return Decision("fail", f"{klass}: stalled before its first step, not retried again; {DEADLOCK_HINT}")
     if klass in RETRYABLE:
         if failures <= retries:
             return Decision("requeue", f"{klass}: requeued with resume (retry {failures} of {retries})")
@@ -234,9 +250,12 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
                            job=job.job_id, evidence=tb or (first,)))
     if scan.nonfinite:
         b = scan.nonfinite[0]
+        running = entry.state == "running"  # the attempt still bills: it is ended within this tick
         out.append(Finding("nan", Severity.ESCALATE, host,
                            f"{job.name}: non-finite {b.field}={b.value} at step {b.step}",
-                           "divergence: no automatic retry", job=job.job_id))
+                           f"the attempt is ended as a divergence; {DIVERGENCE_HINT}" if running
+                           else "divergence: no automatic retry", job=job.job_id,
+                           klass="divergence" if running else ""))
     if entry.state == "running":
         launched = job.launched_at if job.launched_at is not None else entry.launched_at
         beat_age = entry.heartbeat_age_s
@@ -246,20 +265,49 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
         # a trainer without a heartbeat lives by its log and its checkpoint-glob matches
         signals = [a for a in (beat_age, log_age, ckpt_age) if a is not None] + observed.liveness_ages(entry, now)
         freshest = min(signals) if signals else since_launch
+        started = first_step_reached(entry, job)
+        limit = th.stall_after_s if started else min(th.start_stall_after_s, th.stall_after_s)
         if beat_age is None and since_launch is not None and since_launch < th.startup_grace_s:
             pass  # starting: no heartbeat yet, within the start-up grace
-        elif freshest is not None and freshest > th.stall_after_s and (
-                since_launch is None or since_launch > min(th.stall_after_s, th.startup_grace_s)):
+        elif freshest is not None and freshest > limit and (
+                since_launch is None or since_launch > min(limit, th.startup_grace_s)):
+            hb = "never" if beat_age is None else f"{beat_age:.0f}s ago"
+            line = observed.last_line(entry) if beat_age is None else ""
+            tail = f"; last log line: {line}" if line else ""
+            if not started:
+                out.append(Finding("stalled", Severity.ESCALATE, host,
+                                   f"{job.name} a{job.attempt}: stalled before its first step ({DEADLOCK_AT_START}): "
+                                   f"heartbeat {hb}, nothing written for {freshest:.0f}s{tail}",
+                                   "save where each process waits, then kill the attempt; " + DEADLOCK_HINT,
+                                   job=job.job_id, klass=DEADLOCK_AT_START))
+                return out
             step = entry.heartbeat.step if entry.heartbeat is not None else None
             if step is None:  # a trainer without a heartbeat: the step its log last showed
                 step = observed.attempt_progress(entry).get("step")
-            hb = "never" if beat_age is None else f"{beat_age:.0f}s ago"
-            line = observed.last_line(entry) if beat_age is None else ""
             out.append(Finding("stalled", Severity.ESCALATE, host,
                                f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
-                               f"{freshest:.0f}s (last step {step})" + (f"; last log line: {line}" if line else ""),
-                               "kill the attempt and requeue it with resume if retries are left", job=job.job_id))
+                               f"{freshest:.0f}s (last step {step}){tail}",
+                               "kill the attempt and requeue it with resume if retries are left", job=job.job_id,
+                               klass="stalled"))
     return out
+
+
+def first_step_reached(entry: JobEntry, job: JobView) -> bool:
+    """Whether the job has shown a training step, the line between a stall and a deadlock at start
+    (docs/health.md): a step the ledger saw or a resume from a checkpoint (``job.stepped``), a
+    checkpoint (the payload's pointer or a checkpoint-glob match), a heartbeat past step 0, a step or
+    a percentage past 0 (or an epoch past 1) in the log's progress, or a row of its metrics files.
+    Written before the first step, none of these says a step was taken: a heartbeat at step 0, a
+    tqdm bar at 0 %, Lightning's "Epoch 0:" line, a metrics file with only its header."""
+    if job.stepped or entry.ckpt is not None or entry.run_ckpt_mtime is not None:
+        return True
+    beat = entry.beat
+    if beat is not None and beat.step is not None and beat.step > 0:
+        return True
+    prog = entry.progress
+    if prog is None:
+        return False
+    return (prog.step or 0) > 0 or (prog.pct or 0) > 0 or (prog.epoch or 0) > 1 or prog.source == "metrics"
 
 
 def ended_badly(host: str, job: JobView, outcome: str, klass: str, decision_reason: str, requeued: bool,

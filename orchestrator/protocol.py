@@ -54,6 +54,7 @@ REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, docs/health.md)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
+RETRY_LOCK = "retry.lock"  # the agent's retry and the controller's decide-retry never interleave
 AGENT_PID = "agent.pid"
 AGENT_LOG = "agent.log"
 AGENT_OUT = "agent.out"
@@ -87,6 +88,8 @@ MEM_FILE = "mem.tsv"
 PROVENANCE_FILE = "provenance.json"  # GPUs, driver, CUDA, torch, NCCL, Python the attempt ran with
 EXIT_FILE = "exit.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"  # {"code", "rank", "message"}: first writer wins
+NEXT_FILE = "next.json"  # who starts attempt n+1: {"by": "host"|"controller", ...} (gpuq_retry.py)
+STACKS_FILE = "stacks.txt"  # where each process waited, saved before a stall kill (agent `stacks`)
 
 # checkpoint directory
 LATEST_POINTER = "LATEST"
@@ -212,6 +215,13 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #                                    NAMES (values travel beside the specs in the `enqueue` stdin object,
 #                                    {"specs": [...], "secrets": {queue_id: {NAME: value}}}, never in a spec)}
 #                                    argv: payload/agent/gpuq_argv.py job_argv(...)
+#   retry         null | object      (optional) what the host's agent may retry by itself (gpuq_retry.py,
+#                                    docs/checkpoints.md "Who retries what"): {"left": int >= 1 (retries=
+#                                    less the attempts that already counted), "on": classes ("killed",
+#                                    "host_oom", "vanished"), "signals": [int] (the trainer's signal deaths it
+#                                    retries)}; absent: the controller settles every end (no retries left, a
+#                                    multi-node job, a budget, a held host, a Slurm host)
+#   started_by    "host" (optional)  the host's agent wrote this spec itself as attempt n+1 (a host retry)
 #
 # Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
 # A spec whose schema major is newer than the agent's is refused: its exit.json carries wrapper
@@ -263,12 +273,24 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   tree_sha256 below), "snapshot": "ckpt/.ship.d"; what changes while it is copied is read again;
 #   exit 1 with the reason on stderr when nothing matches) |
 #   kill JOB_ID ATTEMPT (kill one attempt's group, identity-checked, without a cancel file: a stalled
-#   attempt the patrol will run again as attempt n+1; prints "killed" or why not, exit 0 only if killed)
+#   attempt the patrol will run again as attempt n+1; prints "killed" or why not, exit 0 only if killed) |
+#   stacks JOB_ID ATTEMPT (before a stall kill: where each process of the attempt's recorded group and
+#   its leader's descendants waits, to attempts/<n>/stacks.txt (gpuq_stacks.py): py-spy dump when py-spy
+#   is on PATH, else /proc's kernel stack, wait channel, state and cmdline; bounded, redacted; prints one
+#   line saying what it saved, exit 0 only if it saved the file)
 #   status --scan JOB_ID:ATTEMPT:LOG_OFFSET:METRICS_OFFSET ...: each named job's entry gains "scan"
 #   (gpuq_scan.py): {"attempt", "log_from", "log_to", "log_skipped", "hits": [{"signature", "line"}],
 #   "traceback": [<= 50 lines], "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}],
 #   "from_scratch" (only when the wrapper's "gpuq: restarted from scratch: ..." line is among the new bytes)};
+#   a running job whose spec has run.metrics also gets, in "nonfinite", each loss whose newest value in its
+#   own metrics is NaN or infinite ("kind": the source, "run/<file>" or "log"; gpuq_nonfinite.py);
 #   every launched job's entry carries "boot_id" (the boot its attempt started in)
+#   an entry whose attempt is newer than the one its --scan names carries "host_retried": [{"attempt": k,
+#   "exit": attempt k's exit.json, "class", "why", "time"}] for each attempt k (from the scanned one on) the
+#   host's agent retried itself, oldest first (gpuq_retry.chain): the controller records them as its own |
+#   decide-retry JOB_ID:ATTEMPT... (before the controller settles an ended attempt: under retry.lock, the
+#   attempt's next.json as it stands, written {"by": "controller"} when absent; prints {job_id: {"by":
+#   "host"|"controller", "attempt": n+1 or null, ...}}: "host" means the agent already started attempt n+1)
 #
 # MANIFEST.json (jobs/<job_id>/, schema "gpuq.manifest/1", rebuilt atomically on each `manifest`):
 #   {"schema", "job_id", "queue_id", "attempt", "created_at", "total_files", "total_bytes",

@@ -9,7 +9,8 @@ Two kinds of evidence say an attempt did not fail on its own merits:
   ranks, the kernel's OOM killer, a watchdog) is a **kill**: ``host_oom`` when the cgroup's
   ``oom_kill`` counter rose or the log shows a bare ``Killed``, else ``killed``.  Both are retried
   with resume within ``retries=``.  A cancel or a stall kill never reaches this: gpuq settles those
-  itself.
+  itself.  Under torchrun the first failure decides: when its "Root Cause" is a rank that raised,
+  torchrun's SIGTERM to the other ranks is not a stop.
 - the provider's word, a tick later: a spot preemption reported after the attempt already ended on
   that host turns the just-ended attempt into PREEMPTED (:func:`reclaim_preempted`), so it is resumed
   and counted against ``max_preemptions``, not ``retries=``.
@@ -29,6 +30,7 @@ from orchestrator.ledger import Ledger
 from orchestrator.states import AttemptState, JobState
 
 STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})  # a request to stop, honoured
+RANK_FAILED = "rank_failed"  # the log scan's word for torchrun's root cause: a rank that exited with a code
 MAX_SIGNAL = 64
 
 
@@ -53,12 +55,18 @@ def outside_class(exit_code: int | None, trainer_code: int | None, got_signal: i
                   oom_evidence: bool, signatures: Collection[str] = ()) -> str | None:
     """"stopped" | "host_oom" | "killed" for an attempt interrupted from outside, else None (let the
     log evidence decide).  ``signatures``: the log scan's; torchrun turns a rank's signal death into
-    its own exit 1 and says which signal in the log ("rank_terminated", "rank_killed")."""
+    its own exit 1 and says which signal in the log ("rank_terminated", "rank_killed"), and names the
+    first failure: when that is a rank's own exit ("rank_failed"), its exception decides, never the
+    SIGTERMs torchrun sent the others."""
     if got_signal in STOP_SIGNALS:
         return "stopped"
     sig = death_signal(exit_code, trainer_code)
-    killed_rank = "rank_killed" in signatures  # torchrun SIGTERMs the survivors of a killed rank itself
-    if sig in STOP_SIGNALS or (sig is None and "rank_terminated" in signatures and not killed_rank):
+    # torchrun's root cause was a rank's own exit (an exception): the signals it then sent the other ranks,
+    # and whatever they died of after it, are its doing, not an interruption from outside
+    rank_failed = RANK_FAILED in signatures
+    killed_rank = "rank_killed" in signatures and not rank_failed  # torchrun SIGTERMs a killed rank's survivors
+    if sig in STOP_SIGNALS or (sig is None and "rank_terminated" in signatures and not killed_rank
+                               and not rank_failed):
         return "stopped"  # SIGTERM straight to the trainer (a container stop): a stop, not a verdict
     if sig is None and not killed_rank:
         return None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import gangs, observed, protocol, transfer
+from orchestrator.api.explaining import attempt_log
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, gc_paused, host_for
 from orchestrator.cost import LOST_STATES, JobCost, job_cost
@@ -18,6 +19,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
 from orchestrator.states import JobState
+from orchestrator.tick import host_retries
 from orchestrator.tick.collect import collect
 from orchestrator.tick.findings import FROM_SCRATCH
 
@@ -31,9 +33,15 @@ def _job_host(ctx: Context, job: Job) -> Host:
     return host_for(ctx, row)
 
 
-def logs(ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 1.0) -> Iterator[str]:
-    """The job's log of its latest attempt; with ``follow``, until the job ends."""
+def logs(ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 1.0,
+         attempt: int | None = None) -> Iterator[str]:
+    """The job's log of its latest attempt; with ``follow``, until the job ends.  ``attempt``: that
+    attempt's log instead (from its copy at home, else its host: ``explaining.attempt_log``); following
+    it makes sense only for the current attempt."""
     job = ref if isinstance(ref, Job) else ctx.ledger.resolve_job(ref)
+    if attempt is not None and not (follow and attempt == job.attempt_count):
+        yield from attempt_log(ctx, job, attempt)
+        return
     if job.attempt_count == 0:
         raise UsageError(f"job {job.id} ({job.name}) has not started yet; no log")
     host = _job_host(ctx, job)
@@ -115,6 +123,7 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
         row = ctx.ledger.host(host_name)
         try:
             host = _job_host(ctx, held[0])
+            host_retries.before_cancel(ctx.ledger, host, held, ctx.settings)  # a host's own retry: recorded first
             argv = agent_argv(host, row.agent_bundle if row else "", "cancel", *[j.id for j in held])
             result = host.run(argv, timeout=60 + ctx.settings.kill_grace_s * 2)
         except GpuqError as exc:

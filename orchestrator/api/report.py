@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from orchestrator import observed, protocol
+from orchestrator import failures, observed, protocol
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, ran_with
 from orchestrator.context import Context, gc_paused
 from orchestrator.cost import job_cost
@@ -30,8 +30,7 @@ DIVERGED_DROP = 0.20  # a final value worse than the job's own best by more than
 SEEDS_DISAGREE_CV = 0.10  # seeds whose std exceeds 10 % of |mean|
 LOG_TAIL_LINES = 8
 # the failure classes of docs/health.md, as the settling decision's reason starts ("config error: never retried")
-_CLASSES = ("transient", "config", "divergence", "gpu_oom", "host_oom", "disk_full", "control_plane", "stopped",
-            "killed", "vanished", "unknown", "setup")
+_CLASSES = (*failures.NAMES, "setup")
 _CLASS = re.compile(rf"^({'|'.join(_CLASSES)})(?: error)?:|\(class: ([a-z_]+)\)")
 _FAILED = (JobState.FAILED.value, JobState.LOST.value)
 

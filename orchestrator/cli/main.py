@@ -224,29 +224,6 @@ def _say_budget_stop(ctx: Context, sweep_id: str) -> None:
 
 
 @cli.command()
-@click.argument("job", shell_complete=complete.jobs)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
-@click.option("--raw", is_flag=True,
-              help="Print the log as the host wrote it, terminal control sequences included "
-                   "(default: shown escaped, e.g. \\x1b).")
-def logs(job: str, follow: bool, raw: bool) -> None:
-    """Print the log of JOB's latest attempt (a name, id, prefix >= 4, or SWEEP:NAME).
-
-    A bare name means that job of the newest sweep that has one.  Control characters other than
-    line breaks and tabs are shown escaped (\\x1b), so nothing in a log acts on the terminal."""
-    from orchestrator import api
-    from orchestrator.views.text import shown_escaped
-
-    ctx = open_ctx()
-    found = ctx.ledger.resolve_job_ref(job)
-    if found.note:
-        click.echo(f"gpuq: {found.note}", err=True)
-    for chunk in api.logs(ctx, found.job, follow=follow):
-        # color=True: click would strip some escape sequences on a pipe; --raw means every byte as written
-        click.echo(chunk if raw else shown_escaped(chunk), nl=False, color=True if raw else None)
-
-
-@cli.command()
 @click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=complete.jobs)
 @click.option("--sweep", "sweeps", metavar="SWEEP", multiple=True, shell_complete=complete.sweeps,
               help="Every unfinished job of this sweep (repeatable).")
@@ -349,6 +326,7 @@ def completion(shell: str) -> None:
 
 
 def _register_groups() -> None:
+    from orchestrator.cli.attempts import explain, logs
     from orchestrator.cli.budget import budget
     from orchestrator.cli.cloud import down, resume, up
     from orchestrator.cli.health import doctor, patrol, reap, watch
@@ -356,7 +334,7 @@ def _register_groups() -> None:
     from orchestrator.cli.report import report
 
     cli.add_command(hosts)
-    for command in (patrol, watch, doctor, reap, up, down, resume, report, budget):
+    for command in (patrol, watch, doctor, reap, up, down, resume, report, budget, logs, explain):
         cli.add_command(command)
 
 

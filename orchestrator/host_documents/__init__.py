@@ -32,7 +32,7 @@ from orchestrator.host_documents.bounds import (
     MAX_STR,
     finite_number,
 )
-from orchestrator.host_documents.facts import AgentStop, AuditGpu, HostFacts, Verdicts
+from orchestrator.host_documents.facts import AgentStop, AuditGpu, HostFacts, RetryDecision, RetryDecisions, Verdicts
 from orchestrator.host_documents.framing import (
     BEGIN_MARK,
     END_MARK,
@@ -55,6 +55,7 @@ from orchestrator.host_documents.readers import (
     read_manifest,
     read_pointer,
     read_reap,
+    read_retry_decisions,
     read_snapshot,
     read_status,
     read_verdicts,
@@ -77,6 +78,7 @@ from orchestrator.host_documents.status import (
     ExitRecord,
     Gpu,
     Heartbeat,
+    HostRetry,
     JobEntry,
     Kernel,
     Memory,
@@ -124,6 +126,7 @@ __all__ = [
     "HealthDocument",
     "Heartbeat",
     "HostFacts",
+    "HostRetry",
     "JobEntry",
     "Kernel",
     "ManifestDocument",
@@ -143,6 +146,8 @@ __all__ = [
     "ResultFile",
     "Results",
     "Resumed",
+    "RetryDecision",
+    "RetryDecisions",
     "Scan",
     "ScanHit",
     "Slots",
@@ -164,6 +169,7 @@ __all__ = [
     "read_manifest",
     "read_pointer",
     "read_reap",
+    "read_retry_decisions",
     "read_snapshot",
     "read_status",
     "read_verdicts",

@@ -1,21 +1,26 @@
 """What `gpuq hosts add` learns about a host (its audit script, orchestrator/fleet.py), the
-per-job verdicts of ``enqueue`` / ``withdraw`` / ``cancel``, and what ``stop-agent`` did."""
+per-job verdicts of ``enqueue`` / ``withdraw`` / ``cancel``, who retries each ended attempt
+(``decide-retry``), and what ``stop-agent`` did."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, RootModel
+from pydantic import BeforeValidator, Field, RootModel
 
 from orchestrator.host_documents.bounds import (
     MAX_CPUS,
     MAX_GPUS,
     MAX_JOBS,
     Count,
+    LenientInt,
+    LenientText,
     Open,
     Short,
     Text,
+    object_or_none,
 )
+from orchestrator.host_documents.status import ExitRecord
 
 
 class AuditGpu(Open):
@@ -42,6 +47,21 @@ class Verdicts(RootModel[Annotated[dict[Short, Short], Field(max_length=MAX_JOBS
     def of(self, job_id: str) -> str:
         """The verdict on ``job_id`` ("" when the host said nothing about it)."""
         return self.root.get(job_id, "")
+
+
+class RetryDecision(Open):
+    """Who starts attempt n+1 (attempts/<n>/next.json): "host" (its agent already did: ``attempt``) or
+    "controller" (gpuq settles it)."""
+
+    by: Literal["host", "controller"]
+    attempt: LenientInt = None
+    klass: Annotated[LenientText, Field(alias="class")] = None
+    why: LenientText = None
+    exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None  # "host": attempt n's end
+
+
+class RetryDecisions(RootModel[Annotated[dict[Short, RetryDecision], Field(max_length=MAX_JOBS)]]):
+    """``decide-retry``: {job_id: who starts its next attempt}."""
 
 
 class AgentStop(Open):

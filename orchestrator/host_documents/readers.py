@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from orchestrator.host_documents.facts import AgentStop, HostFacts, Verdicts
+from orchestrator.host_documents.facts import AgentStop, HostFacts, RetryDecisions, Verdicts
 from orchestrator.host_documents.framing import load, validate
 from orchestrator.host_documents.health import HealthDocument, ReapDocument
 from orchestrator.host_documents.results import (
@@ -41,12 +41,14 @@ read_snapshot: Callable[[str, str], SnapshotPointer] = _reader("snapshot", Snaps
 read_facts: Callable[[str, str], HostFacts] = _reader("host audit", HostFacts)
 read_pointer: Callable[[str, str], Pointer] = _reader("checkpoint pointer", Pointer)
 read_verdicts: Callable[[str, str], Verdicts] = _reader("verdicts", Verdicts)
+read_retry_decisions: Callable[[str, str], RetryDecisions] = _reader("retry decisions", RetryDecisions)
 read_agent_stop: Callable[[str, str], AgentStop] = _reader("agent stop", AgentStop)
 read_file_hashes: Callable[[str, str], FileHashes] = _reader("file hashes", FileHashes)
 
 READERS: Mapping[str, Callable[[str, str], BaseModel]] = {
     "status": read_status, "health": read_health, "reap": read_reap, "collect": read_collect,
     "manifest": read_manifest, "snapshot": read_snapshot, "pointer": read_pointer,
-    "verdicts": read_verdicts, "facts": read_facts, "agent stop": read_agent_stop,
+    "verdicts": read_verdicts, "retry decisions": read_retry_decisions, "facts": read_facts,
+    "agent stop": read_agent_stop,
     "file hashes": read_file_hashes,
 }

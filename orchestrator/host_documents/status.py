@@ -207,6 +207,15 @@ class NodeRank(Open):
 JobState = Short  # "queued" | "withdrawn" | "claimed" | "running" | "exited" | "dead" (others: nothing said)
 
 
+class HostRetry(Open):
+    """An attempt the host's agent retried itself (gpuq_retry.chain): its exit record and why."""
+
+    attempt: Attempt = 0
+    exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None
+    klass: Annotated[LenientText, Field(alias="class")] = None
+    why: LenientText = None
+
+
 class JobEntry(Open):
     job_id: Short
     name: LenientText = None
@@ -236,6 +245,8 @@ class JobEntry(Open):
     gpu_util_pct: LenientPct = None
     provenance: Annotated[Provenance | None, BeforeValidator(object_or_none)] = None  # what the attempt ran with
     gang_cause: Text = ""  # set by the controller (gangs.standing_entry): the node that ended the attempt
+    # attempts before this one that the host's agent retried itself, from the one the controller scanned on
+    host_retried: Annotated[list[HostRetry], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
 
     @property
     def beat(self) -> Heartbeat | None:

@@ -564,6 +564,27 @@ class Ledger(PullRecords):
                 self._transition_job(s, job, via, message)
             return self._transition_job(s, job, JobState.QUEUED, message)
 
+    def restart_on_host(self, job_id: str, *, of_attempt: int, host: str, message: str, note: str) -> Attempt | None:
+        """The host's agent retried attempt ``of_attempt`` itself (docs/checkpoints.md, "Who retries what"):
+        in ONE transaction, the job goes back to the queue as ``requeue`` puts it (via LOST, ``message``)
+        and attempt n+1 starts on ``host`` with attempt n's bundle, as ``start_attempt`` starts it, plus an
+        event on the new attempt saying the host started it (``note``).  None when the job has moved on
+        meanwhile (another command settled and restarted it); IllegalTransition (nothing changed) when it
+        ended meanwhile (a cancel)."""
+        with self.session() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            old = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == of_attempt)).first()
+            if old is None or job.attempt_count != of_attempt:
+                return None
+            if job.state != JobState.QUEUED.value:
+                self._transition_job(s, job, JobState.LOST, message)
+                self._transition_job(s, job, JobState.QUEUED, message)
+            attempt = self._start(s, job, host=host, bundle_sha=old.bundle_sha)
+            _event(s, "attempt", f"{job_id}/a{attempt.number}", "", "", note)
+            return attempt
+
     @staticmethod
     def _transition_attempt(s: Session, row: Attempt, new: AttemptState, message: str) -> bool:
         old = AttemptState(row.state)

@@ -5,15 +5,12 @@
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Mapping, Sequence
 
 from orchestrator import gangs, stops
 from orchestrator.context import Context, host_for
-from orchestrator.errors import GpuqError, HostError
+from orchestrator.errors import GpuqError
 from orchestrator.host_documents import JobEntry
-from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.patrol import (
     Finding,
@@ -26,10 +23,10 @@ from orchestrator.patrol import (
     job_findings,
     unreachable,
 )
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import host_answers
 from orchestrator.tick.checkpoints import ship_checkpoints, ship_wanted
 from orchestrator.tick.collect import collect
+from orchestrator.tick.ending import end_attempt
 from orchestrator.tick.findings import (
     TickReport,
     early_finishes,
@@ -40,7 +37,6 @@ from orchestrator.tick.findings import (
 from orchestrator.tick.leases import check_lease
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import Settled, reconcile
-from orchestrator.tick.settle import settle
 
 
 def failed_probe(ctx: Context, row: HostRow, probe: Probe, now: float, th: Thresholds,
@@ -78,7 +74,7 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
     if doc.kernel is not None and doc.kernel.cursor:
         ctx.ledger.update_host(row.name, kernel_cursor=doc.kernel.cursor)
     entries = doc.entries()
-    stalled = _job_findings(ctx, row.name, mine, entries, attempts, now, th, findings)
+    ending = _job_findings(ctx, row.name, mine, entries, attempts, now, th, findings)
     # a rented host whose jobs just exited on SIGTERM that gpuq did not send: a preemption in its
     # grace window (the machine still answers).  Ask the provider before reconcile calls it a failure.
     if row.provider and row.instance_id and any(stops.interrupted(entries.get(j.id)) for j in mine):
@@ -91,8 +87,8 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
     done = reconcile(ctx.ledger, host, ctx.settings, probe, parts)
     ended = _settled_findings(ctx, row.name, done.settled, report)
     record(ctx, ended, subjects=[], report=report)
-    for job in stalled:
-        _kill_stalled(ctx, host, row, job, report)
+    for job, finding in ending:
+        end_attempt(ctx, host, row, job, finding, report)
     resumed(ctx, row.name, mine, entries, report)
     if ship_wanted(ctx.settings, row):
         ship_checkpoints(ctx, row, doc)
@@ -108,23 +104,28 @@ def patrol_host(ctx: Context, row: HostRow, probe: Probe, mine: Sequence[Job],
 
 
 def _job_findings(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, JobEntry],
-                  attempts: dict[str, Attempt], now: float, th: Thresholds, findings: list[Finding]) -> list[Job]:
-    """Each current attempt's findings (added to ``findings``) and scan offsets; returns the stalled jobs."""
-    stalled: list[Job] = []
+                  attempts: dict[str, Attempt], now: float, th: Thresholds,
+                  findings: list[Finding]) -> list[tuple[Job, Finding]]:
+    """Each current attempt's findings (added to ``findings``) and scan offsets; returns the running
+    attempts to end (a stall, a deadlock at start, a divergence), each with the first finding that ends it."""
+    ending: list[tuple[Job, Finding]] = []
     for job in mine:
         entry = entries.get(job.id)
         if entry is None or entry.attempt != job.attempt_count:
             continue
         att = attempts.get(job.id)
-        view = JobView(job.id, job.name, job.attempt_count, att.started_at if att else None)
+        stepped = att is not None and att.number == job.attempt_count and (
+            (att.step or 0) > 0 or att.resumed_step is not None or bool(att.resume_from))
+        view = JobView(job.id, job.name, job.attempt_count, att.started_at if att else None, stepped=stepped)
         found = job_findings(host, view, entry, now, th)
         findings += found
         if entry.scan is not None:
             ctx.ledger.update_attempt(job.id, job.attempt_count, log_scanned=entry.scan.log_to,
                                       metrics_scanned=entry.scan.metrics_to)
-        if any(f.rule == "stalled" for f in found):
-            stalled.append(job)
-    return stalled
+        ends = [f for f in found if f.klass]
+        if ends:  # a divergence first: a diverged run that also went quiet is not retried
+            ending.append((job, next((f for f in ends if f.klass == "divergence"), ends[0])))
+    return ending
 
 
 def _settled_findings(ctx: Context, host: str, settled: Sequence[Settled], report: TickReport) -> list[Finding]:
@@ -140,27 +141,3 @@ def _settled_findings(ctx: Context, host: str, settled: Sequence[Settled], repor
                                  message=att.message if att else ""))
     return ended
 
-
-def _kill_stalled(ctx: Context, host: Host, row: HostRow, job: Job, report: TickReport) -> None:
-    """A stalled attempt (alive, nothing written for stall_after_s) is killed by its recorded group,
-    then settled like a vanished one: requeued with resume while retries last."""
-    current = ctx.ledger.job(job.id)
-    live = (JobState.RUNNING.value, JobState.ASSIGNED.value)
-    if current.state not in live or current.attempt_count != job.attempt_count:
-        return
-    try:
-        result = host.run(agent_argv(host, row.agent_bundle, "kill", job.id, str(job.attempt_count)),
-                          timeout=ctx.settings.kill_grace_s + 60)
-    except HostError as exc:
-        ctx.ledger.record_event("job", job.id, f"stalled; killing it failed: {exc}", unless_repeated=True)
-        return
-    verdict = result.stdout.strip() or result.stderr.strip()
-    if result.exit_code != 0:
-        ctx.ledger.record_event("job", job.id, f"stalled; not killed: {verdict}", unless_repeated=True)
-        return
-    message = f"stalled: killed group of attempt {job.attempt_count} ({verdict})"
-    ctx.ledger.update_attempt(job.id, job.attempt_count, message=message, ended_at=time.time())
-    ctx.ledger.transition(job.id, AttemptState.LOST, attempt=job.attempt_count, message=message)
-    ctx.ledger.transition(job.id, JobState.LOST, message=message)
-    decision = settle(ctx.ledger, job.id, "stalled", ctx.settings, attempt=job.attempt_count)
-    report.actions.append(f"{job.name} ({job.id}): {decision.reason}")

@@ -270,8 +270,10 @@ def _keep(ctx: Context, row: HostRow, problems: Sequence[str], report: TickRepor
               f"verifies them the next tick ends the host, or `gpuq down {row.name} --force` gives them up")
     ctx.ledger.record_finding("host", row.name, severity="escalate", rule=RULE_UNVERIFIED, message=message,
                               action=action)
-    notify.send(ctx.settings, ctx.ledger, {"event": "escalation", "rule": RULE_UNVERIFIED, "host": row.name,
-                                          "job": None, "message": message, "action": action})
+    notify.send(ctx.settings, ctx.ledger, notify.Notice(
+        "escalation", notify.line(message, host=row.name, next_step="gpuq pull"),
+        {"rule": RULE_UNVERIFIED, "host": row.name, "job": None, "message": message, "action": action},
+        title=f"{row.name} kept: results unverified", severity="escalate"))
     report.actions.append(f"{row.name}: down when done: kept: {message}")
 
 
@@ -297,8 +299,11 @@ def _retry(ctx: Context, row: HostRow, why: str, report: TickReport) -> None:
     action = f"it bills {_price(row)}: `gpuq down {row.name}` ends it by hand"
     ctx.ledger.record_finding("host", row.name, severity="escalate", rule=RULE_RETRY,
                               message=f"{message} ({MAX_TRIES} tries)", action=action)
-    notify.send(ctx.settings, ctx.ledger, {"event": "escalation", "rule": RULE_RETRY, "host": row.name, "job": None,
-                                          "message": message, "action": action})
+    notify.send(ctx.settings, ctx.ledger, notify.Notice(
+        "escalation", notify.line(f"{message}; it bills {_price(row)}", host=row.name,
+                                  next_step=f"gpuq down {row.name}"),
+        {"rule": RULE_RETRY, "host": row.name, "job": None, "message": message, "action": action},
+        title=f"{row.name} not ended, still billing", severity="escalate"))
     report.actions.append(f"{row.name}: {message}; {action}")
 
 
@@ -316,9 +321,10 @@ def _record_end(ctx: Context, row: HostRow, work: Work, gone: float, report: Tic
         parts.append(f"{', '.join(work.stranded[:3])} resume from the checkpoint shipped home (`gpuq resume`)")
     message = f"{row.provider} {row.instance_id} terminated, down when done: " + "; ".join(parts)
     ctx.ledger.record_finding("host", row.name, severity="info", rule=RULE_DONE, message=message, at=gone)
-    notify.send(ctx.settings, ctx.ledger, {"event": RULE_DONE, "host": row.name, "provider": row.provider,
-                                          "instance": row.instance_id, "stopped_at": gone,
-                                          "attempts_usd": spent, "message": message})
+    notify.send(ctx.settings, ctx.ledger, notify.Notice(
+        RULE_DONE, notify.line(message, host=row.name, next_step="gpuq resume" if work.stranded else "gpuq results"),
+        {"host": row.name, "provider": row.provider, "instance": row.instance_id, "stopped_at": gone,
+         "attempts_usd": spent, "message": message}, title=f"{row.name} ended, billing stopped"))
     report.actions.append(f"{row.name}: {message}")
 
 
@@ -340,7 +346,9 @@ def _idle(ctx: Context, row: HostRow, work: Work, now: float, last: Event | None
         action = f"`gpuq down {row.name}` ends it (after `gpuq pull` when results there are not home)"
         ctx.ledger.record_finding("host", row.name, severity="warn", rule=RULE_IDLE, message=message,
                                   action=action, at=now)
-        notify.send(ctx.settings, ctx.ledger, {"event": RULE_IDLE, "host": row.name, "provider": row.provider,
-                                              "instance": row.instance_id, "price_per_hour": row.price_per_hour,
-                                              "idle_min": round(minutes, 1), "message": message, "action": action})
+        notify.send(ctx.settings, ctx.ledger, notify.Notice(
+            RULE_IDLE, notify.line(message, host=row.name, next_step=f"gpuq down {row.name}"),
+            {"host": row.name, "provider": row.provider, "instance": row.instance_id,
+             "price_per_hour": row.price_per_hour, "idle_min": round(minutes, 1), "message": message,
+             "action": action}, title=f"{row.name} idle, still billing", severity="warn"))
         report.actions.append(f"{row.name}: {message}; {action}")

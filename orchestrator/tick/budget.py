@@ -182,9 +182,13 @@ def alert(ledger: Ledger, settings: Settings, sweep_id: str, now: budget.Standin
         action = (f"`gpuq budget {sweep_id} USD` raises it (queued jobs start at the next tick), or "
                   f"`gpuq cancel --sweep {sweep_id}` ends the rest")
     ledger.record_finding("sweep", sweep_id, severity=level, rule=budget.RULE, message=message, action=action)
-    notify.send(settings, ledger, {"event": budget.RULE, "severity": level, "sweep": sweep_id, "cap_usd": now.cap,
-                                   "spent_usd": round(now.spent, 2), "committed_usd": round(now.committed, 2),
-                                   "message": message, "action": action})
+    notify.send(settings, ledger, notify.Notice(
+        budget.RULE, notify.line(message.removeprefix(f"sweep {sweep_id}: ").removeprefix(f"sweep {sweep_id} is "),
+                                 sweep=sweep_id, next_step=f"gpuq budget {sweep_id} USD"),
+        {"severity": level, "sweep": sweep_id, "cap_usd": now.cap, "spent_usd": round(now.spent, 2),
+         "committed_usd": round(now.committed, 2), "message": message, "action": action},
+        title="budget reached: dispatch stopped" if level == "escalate" else "budget warning",
+        severity="escalate" if level == "escalate" else "warn"))
     if report is not None:
         report.actions.append(f"{sweep_id}: {message}")
 

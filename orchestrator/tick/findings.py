@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import budget, notify
 from orchestrator.context import Context
+from orchestrator.errors import GpuqError
 from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import HostRow, Job
 from orchestrator.patrol import (
@@ -36,7 +38,8 @@ class TickReport:
 
 
 def thresholds(ctx: Context) -> Thresholds:
-    return Thresholds(stall_after_s=ctx.settings.stall_after_s, startup_grace_s=ctx.settings.startup_grace_s)
+    return Thresholds(stall_after_s=ctx.settings.stall_after_s, startup_grace_s=ctx.settings.startup_grace_s,
+                      start_stall_after_s=ctx.settings.start_stall_after_s)
 
 
 
@@ -145,8 +148,7 @@ def record(ctx: Context, findings: Sequence[Finding], *, subjects: Sequence[str]
                                   message=f.message, action=f.action)
         report.findings.append(f)
         if f.severity == Severity.ESCALATE:
-            notify.send(ctx.settings, ctx.ledger, {"event": "escalation", "rule": f.rule, "host": f.host,
-                                                  "job": f.job, "message": f.message, "action": f.action})
+            notify.send(ctx.settings, ctx.ledger, _escalation(ctx, f))
     probed = set(subjects)
     for (subject, rule), event in open_.items():
         if subject in probed and rule in PERSISTENT_RULES and (subject, rule) not in firing:
@@ -166,4 +168,39 @@ def sweeps_done(ctx: Context, report: TickReport) -> None:
         summary = ", ".join(f"{state}={n}" for state, n in sorted(states.items()))
         ctx.ledger.record_finding("sweep", sweep_id, severity="info", rule="sweep_done",
                                   message=f"sweep {sweep_id} finished: {summary}")
-        notify.send(ctx.settings, ctx.ledger, {"event": "sweep_done", "sweep": sweep_id, "states": states})
+        failed = sum(n for state, n in states.items() if state != JobState.SUCCEEDED.value)
+        text = notify.line(f"finished: {summary}", sweep=sweep_id, next_step=f"gpuq results --sweep {sweep_id}")
+        notify.send(ctx.settings, ctx.ledger, notify.Notice(
+            "sweep_done", text, {"sweep": sweep_id, "states": states},
+            title="sweep finished" + (f", {failed} not succeeded" if failed else ""),
+            severity="warn" if failed else "info"))
+
+
+_TITLES = {"failed": "job failed", "dead": "job lost", "rebooted": "job lost (host rebooted)", "crash": "job crashed",
+           "stalled": "job stalled", "nan": "job diverged", "resume": "resume went back", FROM_SCRATCH: "job restarted"}
+_ENDED = ("failed", "dead", "rebooted")  # their action is the settling decision ("config error: never retried")
+
+
+def _escalation(ctx: Context, f: Finding) -> notify.Notice:
+    """The webhook's notice of an escalated finding: the JSON fields as ever, and one line that names
+    the job (its sweep) or the host, what happened and the next command."""
+    fields = {"rule": f.rule, "host": f.host, "job": f.job, "message": f.message, "action": f.action}
+    title = _TITLES.get(f.rule, f.rule.replace("_", " ")) if f.job else f"{f.rule.replace('_', ' ')} on {f.host}"
+    what, step = f.message, notify.next_command(f.action)
+    if f.job is None:
+        text = notify.line(what, host=f.host, next_step=step or f"gpuq hosts show {f.host}")
+        return notify.Notice("escalation", text, fields, title=title, severity="escalate")
+    try:
+        job = ctx.ledger.job(f.job)
+    except GpuqError:  # a job the ledger does not hold: the finding's own words
+        return notify.Notice("escalation", notify.line(what, job=f.job, host=f.host, next_step=step), fields,
+                             title=title, severity="escalate")
+    attempt = job.attempt_count
+    named = re.match(rf"{re.escape(job.name)}(?: a(\d+))?: ", what)
+    if named:  # "NAME a2: ..." says the job again: the line names it once
+        what, attempt = what[named.end():], int(named.group(1) or attempt)
+    if f.rule in _ENDED and f.action:
+        what += "; " + f.action.split("; `")[0]
+    text = notify.line(what, job=notify.job_label(job.name, job.id), sweep=job.sweep_id, host=f.host,
+                       next_step=step or f"gpuq logs {job.id} --attempt {attempt}")
+    return notify.Notice("escalation", text, fields, title=title, severity="escalate")

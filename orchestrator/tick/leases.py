@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from orchestrator import stops
+from orchestrator import notify, stops
 from orchestrator.config import Settings
 from orchestrator.context import Context
 from orchestrator.errors import ProviderError, UsageError
@@ -74,14 +74,21 @@ def check_lease(ctx: Context, row: HostRow) -> str | None:
     reason = (inst.reason or inst.raw_status) if inst is not None else "the provider no longer knows this instance"
     if inst is not None and inst.gpu_count == 0 and inst.state == "running":
         reason = "came back with zero GPUs"
-    if row.lease_state != state or row.lease_reason != reason:
+    changed = row.lease_state != state or row.lease_reason != reason
+    label = {"spot_preemption": "spot preemption", "manual_stop": "stopped by the user",
+             "host_failure": "host failure"}.get(verdict, verdict)
+    message, action = (f"{label}: {row.provider} {row.instance_id} is {reason}",
+                       "`gpuq resume` continues its jobs from their last checkpoints")
+    if changed:
         ctx.ledger.update_host(row.name, lease_state=state, lease_reason=reason, lease_changed_at=time.time())
-        label = {"spot_preemption": "spot preemption", "manual_stop": "stopped by the user",
-                 "host_failure": "host failure"}.get(verdict, verdict)
-        ctx.ledger.record_finding("host", row.name, severity="escalate", rule=verdict,
-                                  message=f"{label}: {row.provider} {row.instance_id} is {reason}",
-                                  action="`gpuq resume` continues its jobs from their last checkpoints")
-    settle_host_jobs(ctx, row.name, verdict, reason)
+        ctx.ledger.record_finding("host", row.name, severity="escalate", rule=verdict, message=message, action=action)
+    stopped = settle_host_jobs(ctx, row.name, verdict, reason)
+    if changed:
+        jobs = f"; {len(stopped)} job(s) stopped there" if stopped else ""
+        notify.send(ctx.settings, ctx.ledger, notify.Notice(
+            "escalation", notify.line(message + jobs, host=row.name, next_step="gpuq resume"),
+            {"rule": verdict, "host": row.name, "job": None, "message": message, "action": action},
+            title=f"{row.name}: {label}", severity="escalate"))
     if verdict == "spot_preemption":  # the grace came first: attempts that just ended there were stopped
         window = 2 * ctx.settings.patrol_interval_s + ctx.settings.kill_grace_s
         stops.reclaim_preempted(ctx.ledger, row.name, reason, within_s=window)

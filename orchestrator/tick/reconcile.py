@@ -1,6 +1,6 @@
 """Reconcile: map one host's status document onto the ledger, only ever through ``Ledger.transition``.
 
-An attempt that ended badly is classified (``patrol.classify``) and settled by the retry policy
+An attempt that ended badly is classified (``failures.classify``) and settled by the retry policy
 (``tick/settle.py``); a spec the host never received is sent again; an agent that died with work
 pending is relaunched.
 """
@@ -11,17 +11,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import gangs, stops
+from orchestrator import failures, gangs, stops
 from orchestrator.config import Settings
-from orchestrator.host_documents import JobEntry, Scan, ScanHit
+from orchestrator.host_documents import JobEntry, RetryDecision, Scan, ScanHit
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import enqueue, ensure_agent, job_spec
 from orchestrator.ledger import Job, Ledger
-from orchestrator.patrol import Decision, classify, signatures_of
+from orchestrator.patrol import Decision, signatures_of
 from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
 from orchestrator.specs import clamp_slots
 from orchestrator.states import JobState
-from orchestrator.tick import ACTIVE
+from orchestrator.tick import ACTIVE, host_retries
 from orchestrator.tick.attempts import apply, exit_message
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.settle import settle
@@ -60,9 +60,9 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
     on_host = report.document.entries()
     out = Reconciled()
     missing: list[Job] = []
-    for job in ledger.jobs(states=ACTIVE):
-        if job.host != host.name:
-            continue
+    mine = [job for job in ledger.jobs(states=ACTIVE) if job.host == host.name]
+    who = host_retries.who_retries(ledger, host, mine, on_host)  # before any attempt that ended badly is settled
+    for job in mine:
         multi = parts.get(job.id) if parts is not None else None
         seen = gangs.standing_entry(multi) if multi else on_host.get(job.id)
         if multi and seen is None:
@@ -70,8 +70,10 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
         if seen is None or seen.attempt < job.attempt_count:
             missing.append(job)
             continue
-        if seen.attempt != job.attempt_count:
-            continue
+        if seen.attempt > job.attempt_count and seen.host_retried:  # the host retried attempts gpuq saw run
+            job = _catch_up(ledger, job, seen, settings, report, oom_rose, out)
+        if seen.attempt != job.attempt_count or (job.id in who and who[job.id] is None):
+            continue  # not this attempt; or the host could not say who retries it: the next look settles it
         outcome = apply(ledger, job, seen)
         if multi and outcome:
             out.multi_node_ended.append(job.id)
@@ -84,7 +86,7 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
                                             exit_doc, exit_message(exit_doc))
             out.settled.append(Settled(job.id, job.name, job.attempt_count, outcome, "setup", decision))
         elif outcome in ("failed", "lost"):
-            done = _settle_ended(ledger, job, seen, outcome, settings, report, oom_rose)
+            done = _settle_ended(ledger, job, seen, outcome, settings, report, oom_rose, who.get(job.id))
             if done is not None:
                 out.settled.append(done)
     if missing:
@@ -117,35 +119,78 @@ def _record_probe(ledger: Ledger, name: str, report: Probe) -> bool:
 
 
 def _settle_ended(ledger: Ledger, job: Job, seen: JobEntry, outcome: str, settings: Settings, report: Probe,
-                  oom_rose: bool) -> Settled | None:
+                  oom_rose: bool, retried: RetryDecision | None = None) -> Settled | None:
     """An attempt that failed or vanished: classified (crash lines, OOM, reboot) and settled by the
-    retry policy; None when another gpuq command settled it first."""
+    retry policy, or, when the host's agent has retried it (``retried``), adopted as gpuq's own retry;
+    None when another gpuq command settled it first."""
     exit_doc = seen.exit_or_empty
     if outcome == "lost" and job.state != JobState.LOST.value:
         ledger.transition(job.id, JobState.LOST, message=exit_message(exit_doc), of_attempt=job.attempt_count)
     scan = seen.scan if seen.scan is not None else Scan()
     rebooted = outcome == "lost" and bool(seen.boot_id) and seen.boot_id != report.document.boot_id
-    klass = classify(
+    hits = [*earlier_hits(ledger, job), *scan.hits]
+    klass = failures.classify(
         exit_doc.wrapper_code if outcome == "failed" else None,
         exit_doc.trainer_code if outcome == "failed" else None,
-        [*earlier_hits(ledger, job), *scan.hits], scan.traceback,
+        hits, scan.traceback,
         oom_kill_rose=oom_rose, rebooted=rebooted,
         wrapper_signal=stops.wrapper_signal(exit_doc) if outcome == "failed" else None)
-    decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count)
+    repeated = _repeated(ledger, job, hits, scan.traceback) if failures.repeat_matters(klass) else ""
+    if retried is not None and host_retries.by_host(retried):
+        decision = host_retries.adopt(ledger, job, klass, settings, repeated=repeated, why=retried.why or "")
+    else:
+        decision = settle(ledger, job.id, klass, settings, attempt=job.attempt_count, repeated=repeated)
     if decision.action != "stale":  # another gpuq command settled this attempt first
         return Settled(job.id, job.name, job.attempt_count, outcome, klass, decision, rebooted)
     return None
 
 
-def earlier_hits(ledger: Ledger, job: Job) -> list[ScanHit]:
-    """Crash signatures earlier ticks found in this attempt's log (stored as "crash" findings)."""
-    attempt = ledger.attempt(job.id, job.attempt_count)
+def _catch_up(ledger: Ledger, job: Job, seen: JobEntry, settings: Settings, report: Probe, oom_rose: bool,
+              out: Reconciled) -> Job:
+    """Attempts the host's agent retried by itself before this look (``seen.host_retried``, oldest first):
+    each is ended as its exit record says and settled as gpuq's own retry, its successor adopted; returns
+    the job as it stands after them (its current attempt is the host's newest when all were adopted)."""
+    for link in seen.host_retried:
+        if link.attempt != job.attempt_count or link.exit is None:
+            continue
+        first = seen.scan is not None and link.attempt == seen.host_retried[0].attempt
+        ended = JobEntry(job_id=job.id, attempt=link.attempt, state="exited", exit=link.exit.model_dump(),
+                         scan=seen.scan if first else None)
+        outcome = apply(ledger, job, ended)
+        if outcome in ("failed", "lost"):
+            decision = RetryDecision(by="host", attempt=link.attempt + 1, why=link.why)
+            done = _settle_ended(ledger, job, ended, outcome, settings, report, oom_rose, decision)
+            if done is not None:
+                out.settled.append(done)
+        job = ledger.job(job.id)
+        if job.attempt_count == link.attempt:
+            break  # not adopted (another command settled it): its events say why
+    return job
+
+
+def earlier_hits(ledger: Ledger, job: Job, number: int | None = None, *, limit: int = 50) -> list[ScanHit]:
+    """Crash signatures earlier ticks found in attempt ``number``'s log (default: the current attempt's),
+    stored as "crash" findings, each with the finding's line ("NAME aN: " and the first hit's line)."""
+    number = job.attempt_count if number is None else number
+    attempt = ledger.attempt(job.id, number)
     since = attempt.created_at if attempt is not None else 0.0
+    after = ledger.attempt(job.id, number + 1) if number < job.attempt_count else None
+    until = after.created_at if after is not None else float("inf")
     hits = []
-    for event in ledger.events(subject=job.id, limit=50):
-        if event.rule == "crash" and event.time >= since:
+    for event in ledger.events(subject=job.id, limit=limit):
+        if event.rule == "crash" and since <= event.time < until:
             hits += [ScanHit(signature=name, line=event.message) for name in signatures_of(event.action)]
     return hits
+
+
+def _repeated(ledger: Ledger, job: Job, hits: list[ScanHit], traceback: Sequence[str]) -> str:
+    """The exception line this attempt ended with, when the attempt before ended with the same one
+    (docs/health.md: a deterministic crash is not retried again); "" otherwise."""
+    if job.attempt_count < 2:
+        return ""
+    now = failures.exception_line(hits, traceback)
+    before = failures.exception_line(earlier_hits(ledger, job, job.attempt_count - 1, limit=200))
+    return now if failures.same_exception(now, before) else ""
 
 
 

@@ -1,11 +1,12 @@
 """The evidence of failed attempts, brought home verified before a rented host is terminated (docs/results.md).
 
 ``gpuq pull`` brings home the results of SUCCEEDED jobs (their manifest lists the final attempt's log
-and exit record too).  A failed attempt has no results, but its ``job.log`` and ``exit.json`` are
-the only account of what went wrong, and they live on the host: before the down-when-done stage
-(``tick/billing.py``) gives a machine back, :func:`fetch_evidence` copies them to
+and exit record too).  A failed attempt has no results, but its ``job.log`` and ``exit.json`` (and,
+for an attempt killed as stalled, ``stacks.txt``: where each process waited) are the only account of
+what went wrong, and they live on the host: before the down-when-done stage (``tick/billing.py``)
+gives a machine back, :func:`fetch_evidence` copies them to
 
-    $GPUQ_HOME/results/<sweep>/evidence/<job>/attempts/<n>/{job.log, exit.json, EVIDENCE_VERIFIED.json}
+    $GPUQ_HOME/results/<sweep>/evidence/<job>/attempts/<n>/{job.log, exit.json, stacks.txt, EVIDENCE_VERIFIED.json}
 
 In one round trip the host hashes every file asked for (size and sha256, by its own Python, links
 refused); each file is then copied, hashed here and compared, and the exit record must name the
@@ -41,7 +42,7 @@ from orchestrator.transfer.pull import fsync_path
 EVIDENCE_DIR = "evidence"
 EVIDENCE_VERIFIED = "EVIDENCE_VERIFIED.json"
 EVIDENCE_SCHEMA = "gpuq.evidence/1"
-FILES = (protocol.JOB_LOG, protocol.EXIT_FILE)
+FILES = (protocol.JOB_LOG, protocol.EXIT_FILE, protocol.STACKS_FILE)  # each only when the host has it
 MAX_FILE_BYTES = 1 << 30  # a log bigger than this is not copied (the host is kept, and says why)
 MAX_REPLY_BYTES = 4 << 20
 

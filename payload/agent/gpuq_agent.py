@@ -16,6 +16,10 @@ Commands (``python gpuq_agent.py --root ROOT <command>``):
                           one "gpuq.reap/1" document; dry run unless --force
   cancel JOB_ID...        withdraw queued jobs, then kill running ones (identity-checked)
   kill JOB_ID ATTEMPT     kill one running attempt (a stalled one) without cancelling the job
+  decide-retry JOB_ID:N...  before the controller settles ended attempts: who starts attempt n+1,
+                          the host's agent (it already did) or the controller (gpuq_retry.py)
+  stacks JOB_ID ATTEMPT   save where each process of a running attempt waits (before a stall kill)
+                          to attempts/<n>/stacks.txt: py-spy dump, else /proc (gpuq_stacks.py)
   enqueue [--serve ...]   write job specs (JSON list on stdin) into the inbox, idempotently;
                           with --serve, then make sure a detached agent runs (gpuq_inbox.py)
   collect JOB_ID...       summaries and sha256-hashed result files of finished jobs
@@ -32,10 +36,10 @@ The contract (layout, documents, exit codes, environment) lives in gpuq_protocol
 orchestrator/protocol.py.  Killing is always by recorded process group after identity proof.
 
 This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
-(serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_inbox.py
-(enqueue, collect), gpuq_stopagent.py (stop-agent), gpuq_manifest.py (manifest), gpuq_health.py
-(health) and gpuq_reap.py (reap), on top of gpuq_files.py, gpuq_procs.py, gpuq_hostfacts.py and
-gpuq_kernel.py (kernel-log Xids, status and health).
+(serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_stacks.py, gpuq_inbox.py
+(enqueue, collect), gpuq_retry.py (host retries, decide-retry), gpuq_stopagent.py (stop-agent),
+gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top of gpuq_files.py,
+gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
 Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
 itself to 0700 (docs/security.md).
 """
@@ -108,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     kp = sub.add_parser("kill", help="kill one attempt's process group (identity-checked), no cancel")
     kp.add_argument("job_id")
     kp.add_argument("attempt", type=int)
+    stp = sub.add_parser("stacks", help="save where each process of a running attempt waits, to stacks.txt")
+    stp.add_argument("job_id")
+    stp.add_argument("attempt", type=int)
     wd = sub.add_parser("withdraw", help="take unstarted jobs back out of the inbox (work stealing)")
     wd.add_argument("job_ids", nargs="+")
+    dr = sub.add_parser("decide-retry", help="the controller settles these ended attempts unless the host retried them")
+    dr.add_argument("items", nargs="+", metavar="JOB_ID:ATTEMPT")
     sub.add_parser("version", help="print the protocol version")
     ep = sub.add_parser("enqueue", help="write job specs (JSON list on stdin) into the inbox, idempotently")
     ep.add_argument("--serve", action="store_true", help="then make sure a detached agent runs")
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "version":
         print(P.PROTOCOL_VERSION)
         return 0
-    if args.cmd in ("serve", "wrap", "cancel", "kill", "enqueue"):
+    if args.cmd in ("serve", "wrap", "cancel", "kill", "stacks", "enqueue"):
         return run_verb(lay, args)
     ap.print_usage(sys.stderr)
     return P.AGENT_EXIT_USAGE
@@ -158,6 +167,9 @@ def run_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "kill":
         from gpuq_cancel import cmd_kill
         return cmd_kill(lay, args.job_id, args.attempt)
+    if args.cmd == "stacks":
+        from gpuq_stacks import cmd_stacks
+        return cmd_stacks(lay, args.job_id, args.attempt)
     return enqueue(lay, args)
 
 
@@ -176,7 +188,7 @@ def enqueue(lay: Layout, args: argparse.Namespace) -> int:
         return cmd_serve(lay, args)
 
 
-FRAMED = ("status", "health", "reap", "withdraw", "collect", "snapshot", "manifest", "stop-agent")
+FRAMED = ("status", "health", "reap", "withdraw", "decide-retry", "collect", "snapshot", "manifest", "stop-agent")
 
 
 def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
@@ -192,6 +204,9 @@ def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "withdraw":
         from gpuq_cancel import cmd_withdraw
         return cmd_withdraw(lay, args.job_ids)
+    if args.cmd == "decide-retry":
+        from gpuq_retry import cmd_decide_retry
+        return cmd_decide_retry(lay, args.items)
     if args.cmd == "collect":
         import gpuq_inbox
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)

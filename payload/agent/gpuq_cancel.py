@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import gpuq_protocol as P
 import gpuq_secrets
@@ -36,20 +37,32 @@ def _withdraw(lay: Layout, job_id: str) -> bool:
         return False  # the agent claimed it a moment ago: cancel it where it is now
 
 
-def _kill_claimed(lay: Layout, job_id: str, attempt: int | None = None) -> str:
+def recorded_group(lay: Layout, job_id: str,
+                   attempt: int | None = None) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(the claimed spec, the attempt's recorded group, "") when that group still lives and passes the
+    identity check (same boot and start ticks, the job id in its leader's command line); else
+    ({}, {}, "not running ..." saying why).  ``attempt``: only that attempt (else the claimed one)."""
     spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
     spec = spec if isinstance(spec, dict) else {}
     n = spec_attempt(spec)
     if attempt is not None and n != attempt:
-        return "not running (the claimed attempt is %d, not %d; nothing killed)" % (n, attempt)
+        return {}, {}, "not running (the claimed attempt is %d, not %d; nothing killed)" % (n, attempt)
     rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
     if not isinstance(rec, dict) or not group_alive(rec):
-        return "not running"
+        return {}, {}, "not running"
     pgid = rec["pgid"]
     leader = proc_stat(pgid)
     if leader is not None and leader[0] not in ("Z", "X") and (
             leader[2] != rec.get("start_ticks") or job_id not in proc_cmdline(pgid)):
-        return "not running (recorded group %d failed the identity check; nothing killed)" % pgid
+        return {}, {}, "not running (recorded group %d failed the identity check; nothing killed)" % pgid
+    return spec, rec, ""
+
+
+def _kill_claimed(lay: Layout, job_id: str, attempt: int | None = None) -> str:
+    spec, rec, why = recorded_group(lay, job_id, attempt)
+    if why:
+        return why
+    pgid = rec["pgid"]
     grace = float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
     signal_group(pgid, signal.SIGTERM)
     deadline = time.time() + grace
@@ -115,6 +128,8 @@ def cmd_kill(lay: Layout, job_id: str, attempt: int) -> int:
         verdict = gpuq_slurm_submit.cancel(lay, job_id) if n == attempt else ""
         verdict = "killed" if verdict.startswith("cancelled in Slurm") else verdict or "not running"
     else:
+        import gpuq_retry  # gpuq's own kill: what follows the attempt is the controller's, never a host retry
+        gpuq_retry.forgo(lay, job_id, attempt, "gpuq killed attempt %d" % attempt)
         verdict = _kill_claimed(lay, job_id, attempt)
     print(verdict)
     return 0 if verdict == "killed" else 1

@@ -40,7 +40,7 @@ def _attempt_of(spec: Any) -> int:
         return 0
 
 
-def _write_spec(root: str, job_id: str, spec: dict[str, Any]) -> None:
+def write_spec(root: str, job_id: str, spec: dict[str, Any]) -> None:
     inbox = os.path.join(root, P.INBOX_DIR)
     os.makedirs(inbox, exist_ok=True)
     tmp = os.path.join(inbox, ".%s.json.%d.tmp" % (job_id, os.getpid()))
@@ -122,7 +122,7 @@ def cmd_enqueue(root: str, stdin: Any) -> int:
             job_id = str(spec["job_id"])
             why = verdict_for(root, spec)
             if why is None:
-                _write_spec(root, job_id, spec)
+                write_spec(root, job_id, spec)
                 why = "queued"
             verdicts[job_id] = why
     sys.stdout.write(json.dumps(verdicts, sort_keys=True) + "\n")

@@ -16,6 +16,7 @@ REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, docs/health.md)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
+RETRY_LOCK = "retry.lock"  # the agent's retry and the controller's decide-retry never interleave
 AGENT_PID = "agent.pid"
 AGENT_LOG = "agent.log"
 AGENT_OUT = "agent.out"
@@ -49,6 +50,8 @@ MEM_FILE = "mem.tsv"
 PROVENANCE_FILE = "provenance.json"  # GPUs, driver, CUDA, torch, NCCL, Python the attempt ran with
 EXIT_FILE = "exit.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"  # {"code", "rank", "message"}: first writer wins
+NEXT_FILE = "next.json"  # who starts attempt n+1: {"by": "host"|"controller", ...} (gpuq_retry.py)
+STACKS_FILE = "stacks.txt"  # where each process waited, saved before a stall kill (agent `stacks`)
 
 # checkpoint directory
 LATEST_POINTER = "LATEST"
@@ -158,6 +161,8 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   spec_hash     str                identity hash (docs/queue.md)
 #   env           dict[str,str]      extra run.env entries (never secrets)
 #   created_at    float              UTC epoch seconds
+#   retry         {"left", "on", "signals"} or absent: what this agent may retry itself (gpuq_retry.py)
+#   started_by    "host" when this agent wrote the spec itself as attempt n+1 (a host retry)
 #
 # Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
 #

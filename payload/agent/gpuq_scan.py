@@ -6,10 +6,18 @@ The controller asks with ``status --json --scan JOB_ID:ATTEMPT:LOG_OFFSET:METRIC
 scanned job's status entry then carries::
 
     "scan": {"attempt", "log_from", "log_to", "log_skipped", "hits": [{"signature", "line"}],
-             "traceback": [up to 50 lines of the first new traceback],
+             "traceback": [up to 50 lines of the first new traceback: torchrun's root-cause rank's when
+                           its report names one],
              "resumed": {"step", "epoch", "sha256"} (only when a GPUQ_RESUMED line is among the new bytes),
              "from_scratch": "why" (only when the wrapper's "restarted from scratch" line is among them),
              "metrics_to", "nonfinite": [{"step", "epoch", "kind", "field", "value"}]}
+
+A traceback's hit carries its exception line (``[rank1]: AttributeError: ...``), not its header: the
+alert shows what went wrong.  Ranks' lines (``[rank1]: ``, ``[default1]:``) are followed per rank, so
+interleaved tracebacks of two ranks stay apart.  torchrun's "Root Cause (first observed failure)"
+report becomes the first hit: ``rank_failed`` when that rank exited with a code of its own (an
+exception: the SIGTERMs torchrun then sent the other ranks are not a stop), ``rank_killed`` /
+``rank_terminated`` when it died of a signal (docs/health.md).
 
 ``log_to``/``metrics_to`` are the offsets to store for the next tick.  A log that shrank (rotated,
 or a new attempt) is scanned from 0.  A metrics line still being written (no newline yet) is left
@@ -32,11 +40,21 @@ MAX_SCAN_BYTES = 4 * 1024 * 1024  # per file per tick; more new bytes than this:
 MAX_HITS = 20
 MAX_TRACEBACK_LINES = 50
 MAX_NONFINITE = 20
+MAX_TRACEBACKS = 16  # followed per log chunk (ranks interleave theirs)
+MAX_ROOT_CAUSE_LINES = 12
 
 # (name, pattern): specific on purpose, never a bare "Error" (docs/health.md)
 SIGNATURES = (
     ("traceback", re.compile(r"Traceback \(most recent call last\)")),
     ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),
+    # /dev/shm too small for the DataLoader's workers (or NCCL's segments): before disk_full, whose
+    # "No space left on device" torch's shared-memory allocation also says
+    ("shm_exhausted", re.compile(r"is killed by signal: Bus error|Unexpected bus error encountered in worker"
+                                 r"|insufficient shared memory \(shm\)"
+                                 r"|unable to (?:write to|allocate shared memory\(shm\) for) file </torch_"
+                                 r"|No space left on device.{0,80}/dev/shm|/dev/shm\S*.{0,80}No space left on device"
+                                 r"|Error while creating shared memory segment /dev/shm/")),
+    ("cpu_alloc", re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)")),
     ("disk_full", re.compile(r"No space left on device|basic_ios::clear: iostream error|unexpected pos")),
     ("killed", re.compile(r"^Killed$")),
     ("segfault", re.compile(r"Segmentation fault")),
@@ -49,7 +67,8 @@ SIGNATURES = (
     ("rank_killed", re.compile(r"Signal \d+ \(SIG(?!TERM\)|INT\))\w+\) received by PID"
                                r"|failed \(exitcode: -(?!15\)|2\))\d+\) local_rank")),
     ("torn_checkpoint", re.compile(r"PytorchStreamReader failed reading zip archive")),
-    ("state_dict", re.compile(r"Missing key\(s\) in state_dict")),
+    # a checkpoint saved by another model config (torch's load_state_dict, strict)
+    ("state_dict", re.compile(r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for \S+: copying a param")),
     ("nonfinite_loss", re.compile(r"loss\s*[:=]\s*[-+]?(nan|inf)\b", re.IGNORECASE)),
 )
 # the last line of a traceback names the exception: the patrol classifies by it
@@ -57,6 +76,13 @@ STOPPED = re.compile(r"\b(SignalException|KeyboardInterrupt)\b")
 # the wrapper's own line when a retry found no checkpoint to pass (gpuq_launch.resume_note)
 FROM_SCRATCH = re.compile(r"^gpuq: restarted from scratch: (.{0,300})")
 RESUMED = re.compile(r"GPUQ_RESUMED step=(\d+)(?: epoch=(\d+))?(?: sha256=([0-9a-f]+))?")
+# a rank's line under torchrun (``[rank1]: ...``) or its --tee/--log-dir form (``[default1]:...``)
+RANK_PREFIX = re.compile(r"^\[(rank|default)(\d+)\]:\s?")
+ORIGINAL_TRACEBACK = re.compile(r"^Original Traceback \(most recent call last\):")
+ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):")
+ROOT_FIELD = re.compile(r"^\s+(rank|exitcode|traceback)\s*:\s?(.*)$")
+RANK_FIELD = re.compile(r"^(\d+)\b")
+EXITCODE_FIELD = re.compile(r"^(-?\d+)\b")
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyError|StopIteration)\b")
 
 
@@ -92,6 +118,54 @@ def _read_from(path: str, offset: int) -> tuple[bytes, int, int, int]:
     return data, start, start + len(data), skipped
 
 
+class _Traceback:
+    """One traceback being read: its ``prefix`` (a rank's ``[rank1]: ``, "" for none), its lines, its
+    exception line (the prefix removed) and the hit that announced it."""
+
+    def __init__(self, prefix: str, hit: dict[str, str] | None) -> None:
+        self.prefix = prefix
+        self.hit = hit
+        self.lines: list[str] = []
+        self.exception = ""
+        self.ended = False  # the exception line was read; "Original Traceback" may still continue it
+
+    @property
+    def rank(self) -> str:
+        found = RANK_PREFIX.match(self.prefix)
+        return found.group(2) if found else ""
+
+
+def _root_cause(lines: list[str]) -> dict[str, str]:
+    """The fields of torchrun's "Root Cause (first observed failure)" block: rank, exitcode, traceback."""
+    out: dict[str, str] = {}
+    for line in lines:
+        field = ROOT_FIELD.match(line)
+        if field is not None and field.group(1) not in out:
+            out[field.group(1)] = field.group(2).strip()[:300]
+    return out
+
+
+def _root_cause_hit(cause: dict[str, str], tracebacks: list[_Traceback]) -> tuple[dict[str, str], str] | None:
+    """(the hit, the rank) for torchrun's root cause: ``rank_failed`` with the rank's exception line when it
+    exited with a code of its own, ``rank_killed``/``rank_terminated`` when a signal ended it."""
+    rank = RANK_FIELD.match(cause.get("rank", ""))
+    code = EXITCODE_FIELD.match(cause.get("exitcode", ""))
+    if rank is None or code is None:
+        return None
+    number, exitcode = rank.group(1), int(code.group(1))
+    said = cause.get("traceback", "")
+    if exitcode < 0:
+        name = "rank_terminated" if -exitcode in (2, 15) else "rank_killed"
+        return {"signature": name, "line": f"root cause: rank {number}: {said or f'exitcode {exitcode}'}"}, number
+    if exitcode == 0:
+        return None
+    raised = next((tb.exception for tb in tracebacks if tb.rank == number and tb.exception), "")
+    if not raised and said and not said.startswith("To enable traceback"):
+        raised = said
+    return {"signature": "rank_failed",
+            "line": f"root cause: rank {number}: {raised or f'exitcode {exitcode}'}"[:400]}, number
+
+
 def scan_log(path: str, offset: int) -> dict[str, Any]:
     data, start, end, skipped = _read_from(path, offset)
     if data and not data.endswith(b"\n"):  # leave a half-written line for the next tick
@@ -99,10 +173,12 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
         end = start + cut
         data = data[:cut]
     hits: list[dict[str, str]] = []
-    traceback: list[str] = []
+    tracebacks: list[_Traceback] = []  # in the order they began, at most MAX_TRACEBACKS
+    reading: dict[str, _Traceback] = {}  # prefix -> the traceback of that rank still being read
     resumed: dict[str, Any] | None = None
     scratch: str | None = None
-    in_tb = False
+    cause_lines: list[str] = []  # torchrun's root-cause block
+    cause_open = False
     for raw in data.decode("utf-8", "replace").splitlines():
         line = raw.rstrip("\r")
         marker = RESUMED.search(line) if resumed is None else None
@@ -113,23 +189,56 @@ def scan_log(path: str, offset: int) -> dict[str, Any]:
         fresh = FROM_SCRATCH.match(line) if scratch is None else None
         if fresh is not None:
             scratch = fresh.group(1)
-        if in_tb:
-            traceback.append(line[:400])
-            if EXCEPTION_LINE.match(line) or len(traceback) >= MAX_TRACEBACK_LINES:
-                in_tb = False
+        if cause_open and (line.startswith("===") or len(cause_lines) >= MAX_ROOT_CAUSE_LINES):
+            cause_open = False
+        elif cause_open:
+            cause_lines.append(line)
+        elif not cause_lines and ROOT_CAUSE.match(line):  # the first report in these bytes
+            cause_open = True
+        prefixed = RANK_PREFIX.match(line)
+        prefix = prefixed.group(0) if prefixed else ""
+        body = line[len(prefix):]
+        tb = reading.get(prefix)
+        if tb is not None and tb.ended:
+            if ORIGINAL_TRACEBACK.match(body.lstrip("\x00")):  # a DataLoader worker's: the cause follows
+                tb.ended = False
+                tb.lines.append(line[:400])
+                continue
+            del reading[prefix]
+            tb = None
+        if tb is not None:
+            tb.lines.append(line[:400])
+            if EXCEPTION_LINE.match(body):
+                tb.exception, tb.ended = body.strip()[:400], True
+            if len(tb.lines) >= MAX_TRACEBACK_LINES:
+                del reading[prefix]
         for name, pattern in SIGNATURES:
-            if pattern.search(line) and len(hits) < MAX_HITS:
-                hits.append({"signature": name, "line": line.strip()[:400]})
-                if name == "traceback" and not traceback:
-                    traceback.append(line[:400])
-                    in_tb = True
+            if pattern.search(line):
+                hit = {"signature": name, "line": line.strip()[:400]}
+                if len(hits) < MAX_HITS:
+                    hits.append(hit)
+                if name == "traceback" and tb is None and len(tracebacks) < MAX_TRACEBACKS:
+                    begun = _Traceback(prefix, hit)
+                    begun.lines.append(line[:400])
+                    tracebacks.append(begun)
+                    reading[prefix] = begun
                 break
-    if traceback and STOPPED.search(traceback[-1]):
+    for tb in tracebacks:  # the alert shows what went wrong, not "Traceback (most recent call last):"
+        if tb.exception and tb.hit is not None:
+            tb.hit["line"] = (tb.prefix.strip() + " " + tb.exception).strip()[:400]
+    chosen = tracebacks[0] if tracebacks else None
+    cause = _root_cause_hit(_root_cause(cause_lines), tracebacks) if cause_lines else None
+    if cause is not None:
+        hits.insert(0, cause[0])  # the first failure first; the rest follow
+        del hits[MAX_HITS:]
+        chosen = next((tb for tb in tracebacks if tb.rank == cause[1]), chosen)
+    if tracebacks and STOPPED.search(tracebacks[0].lines[-1]):
         # torchrun's answer to SIGTERM (a preemption, a cancel) is a traceback ending in
         # SignalException: a stop, not a crash
         hits = [dict(h, signature="stopped_by_signal") if h["signature"] == "traceback" else h for h in hits]
+        chosen = tracebacks[0]
     out: dict[str, Any] = {"log_from": start, "log_to": end, "log_skipped": skipped, "hits": hits,
-                           "traceback": traceback}
+                           "traceback": chosen.lines if chosen is not None else []}
     if resumed is not None:
         out["resumed"] = resumed  # the payload's proof of what it loaded (docs/checkpoints.md)
     if scratch is not None:

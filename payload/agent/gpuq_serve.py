@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import gpuq_protocol as P
+import gpuq_retry
 import gpuq_secrets
 import gpuq_slurm
 from gpuq_files import (
@@ -300,8 +301,21 @@ class Agent:
         for s in r.slots:
             if self.busy.get(s) == job_id:
                 del self.busy[s]
+        self.retry(r)
         self.queue_done_check(str(r.spec.get("queue_id", "")))
         self.drop_secrets()
+
+    def retry(self, r: Running) -> None:
+        """Attempt n ended: a signal death gpuq did not cause is retried here, now, with resume, when the
+        spec allows (gpuq_retry.py): attempt n+1's spec goes into the inbox for this round to launch."""
+        try:
+            rec = gpuq_retry.retry_after(self.lay, r.job_id, r.spec, r.attempt)
+        except Exception as e:  # an odd spec or file: the controller settles the attempt, the round goes on
+            self.log("RETRY %s a%d: not retried here: %s" % (r.job_id, r.attempt, e))
+            return
+        if rec is not None:
+            self.log("RETRY %s a%d -> a%d started by the host: %s (%s)" % (
+                r.job_id, r.attempt, rec["attempt"], rec["class"], rec["why"]))
 
     def drop_secrets(self) -> None:
         """Delete secrets/<queue_id>.json once no job of that queue is queued, claimed or running."""

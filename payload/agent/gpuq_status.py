@@ -29,10 +29,11 @@ from gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_att
 from gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_inbox import collect_one
 from gpuq_kernel import kernel_section
+from gpuq_nonfinite import of_running_job
 from gpuq_observe import job_progress, spec_run
 from gpuq_procs import boot_id, group_alive, leader_alive
 from gpuq_runmetrics import metrics_progress
-from gpuq_scan import parse_scan_args, scan_job
+from gpuq_scan import MAX_NONFINITE, parse_scan_args, scan_job
 
 LAUNCH_PGID_GRACE_S = 10.0  # launched, pgid not yet written: still "claimed" (launching) this long
 
@@ -129,7 +130,7 @@ def observe_metrics(e: dict[str, Any], job_dir: str, run: dict[str, Any], attemp
 
 
 # what a job's own output or files can put in an entry
-HOST_TEXT = ("exit", "progress", "scan", "heartbeat", "provenance")
+HOST_TEXT = ("exit", "progress", "scan", "heartbeat", "provenance", "host_retried")
 
 
 def redact_host_text(entry: dict[str, Any], hide: list[str]) -> None:
@@ -190,6 +191,12 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         if e["job_id"] in scans:
             n, log_off, metrics_off = scans[e["job_id"]]
             e["scan"] = scan_job(lay.job(e["job_id"]), n, log_off, metrics_off)
+            if e["state"] == "running" and n == e["attempt"]:  # a project's own metrics: its newest losses
+                e["scan"]["nonfinite"] = (e["scan"]["nonfinite"] + of_running_job(lay, e["job_id"], n,
+                                                                                 e["launched_at"]))[:MAX_NONFINITE]
+            if n < e["attempt"]:  # attempts the controller has not seen end: did this host retry them itself?
+                from gpuq_retry import chain
+                e["host_retried"] = chain(lay, e["job_id"], n, e["attempt"])
     for e in jobs:
         ex = e.get("exit") or {}
         if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:

@@ -25,7 +25,7 @@ from tests.support.webhook import webhook
 pytestmark = pytest.mark.integration
 
 # A stand-in trainer (stdlib only) honouring the payload contract; its config says what to do:
-#   mode: ok | hang1 (attempt 1 beats once, then sleeps forever) | nan (logs a NaN loss, exits 1)
+#   mode: ok | hang1 (attempt 1 beats once, then sleeps forever) | nan (logs a NaN loss, then trains on: billing)
 #   duration_s: how long "ok" trains, beating every 0.5 s
 SCRIPTED = '''\
 import argparse, json, math, os, sys, time
@@ -58,7 +58,7 @@ if mode == "nan":
     metric({"kind": "train", "step": 1, "epoch": 1, "loss": 0.9, "lr": 0.1, "time": time.time()})
     metric({"kind": "train", "step": 2, "epoch": 1, "loss": float("nan"), "lr": 0.1, "time": time.time()})
     print("step 2 loss=nan", flush=True)
-    time.sleep(2.5)
+    time.sleep(3600)  # a trainer that does not stop itself: gpuq ends it
     sys.exit(1)
 t0 = time.time()
 step = 0
@@ -164,8 +164,12 @@ def test_a_stalled_job_is_killed_and_resumed_as_attempt_two(user: User, tmp_path
     finally:
         ledger.close()
     assert job.state == "SUCCEEDED" and job.attempt_count == 2
-    assert first.state == "LOST" and "stalled" in first.message and second.exit_code == 0
+    assert first.state == "LOST" and second.exit_code == 0
     assert [f[0] for f in _findings(user, rule="stalled")] == ["escalate", "info"]  # opened, then cleared
+    # where it hung was saved before the kill (py-spy beside the hosts' interpreter, else /proc)
+    stacks = (user.host_dir(0) / f"jobs/{job.id}/attempts/1/stacks.txt").read_text()
+    assert "1 process(es)" in stacks and "train_stub.py --config" in stacks, stacks
+    assert first.message == "stalled: killed group of attempt 1 (killed); where it hung: attempts/1/stacks.txt"
     # the hung attempt's group is gone: nothing of attempt 1 still runs on the host
     pgid = json.loads((user.host_dir(0) / f"jobs/{job.id}/attempts/1/pgid").read_text())["pgid"]
     assert str(pgid) not in user.farm.ssh(0, "sh", "-c", "ps -eo pgid= | sort -u").stdout.split()
@@ -204,7 +208,7 @@ def test_a_job_killed_minus_nine_resumes_from_its_checkpoint(user: User, tmp_pat
     assert any(f[1] in ("dead", "rebooted") or "vanished" in f[3] for f in _findings(user)) or "vanished" in watched
 
 
-def test_nan_loss_is_an_escalation_never_retried_and_reaches_the_webhook(user: User, tmp_path: Path) -> None:
+def test_nan_loss_ends_the_attempt_never_retried_and_reaches_the_webhook(user: User, tmp_path: Path) -> None:
     with webhook() as (url, received):
         user.env["GPUQ_WEBHOOK_URL"] = url
         user.add_hosts(1)
@@ -214,11 +218,13 @@ def test_nan_loss_is_an_escalation_never_retried_and_reaches_the_webhook(user: U
     ledger = _ledger(user)
     try:
         (job,) = ledger.jobs()
+        (attempt,) = ledger.attempts(job.id)
     finally:
         ledger.close()
     assert job.state == "FAILED" and job.attempt_count == 1, watched
+    assert attempt.message.startswith("divergence: non-finite loss=nan at step 2; gpuq ended attempt 1 (killed)")
     nan = _findings(user, rule="nan")
-    assert nan and nan[0][0] == "escalate" and "loss=nan" in nan[0][3]
+    assert len(nan) == 1 and nan[0][0] == "escalate" and "loss=nan" in nan[0][3]
     assert "divergence" in watched
     events = [m.get("event") for m in received]
     assert "escalation" in events and "sweep_done" in events, received

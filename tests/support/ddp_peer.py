@@ -15,6 +15,7 @@ import torch.distributed as dist
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=200)
 p.add_argument("--resume", default="")
+p.add_argument("--raise-at", type=int, default=0)  # rank 1 raises an AttributeError at this step (a bug of its own)
 args = p.parse_args()
 if "RANK" not in os.environ:  # launcher = "python": this process is rank 0 and starts rank 1
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
@@ -27,6 +28,8 @@ with open(f"rank{rank}.pid", "w") as f:
     f.write(str(os.getpid()))
 t = torch.ones(16)
 for step in range(start + 1, args.steps + 1):
+    if rank == 1 and step == args.raise_at:
+        print(t.no_such_attribute)  # a bug in one rank only: AttributeError
     dist.all_reduce(t)
     time.sleep(0.05)
     if rank == 0 and step % 10 == 0:

@@ -1,0 +1,125 @@
+"""Host retries as the tick records them (docs/checkpoints.md, "Who retries what").
+
+A host's agent starts attempt n+1 of a job itself, within seconds, when attempt n died of a signal gpuq did
+not send or its group vanished (payload/agent/gpuq_retry.py).  Who starts attempt n+1 is decided once, on
+the host, in the attempt's ``next.json``; so before the tick settles an attempt that ended badly it asks
+the host (agent verb ``decide-retry``, one round trip per host, only when some attempt ended badly): the
+host already retried it, and the tick adopts that attempt; or the decision is now the controller's, and
+the agent will not retry it.  An attempt the host retried before the tick looked comes in the status
+document itself (the entry's ``host_retried``).  Either way the ledger records it exactly as if gpuq had
+made it: the ended attempt's class and decision, the same requeue, attempt n+1 on the same host, and one
+more event, "started by the host".  A cancel asks the same question first (``before_cancel``), so that it
+ends an attempt the ledger knows and no host retry starts after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from orchestrator import failures, protocol
+from orchestrator.config import Settings
+from orchestrator.errors import HostError, IllegalTransition
+from orchestrator.host_documents import JobEntry, ProtocolError, RetryDecision, read_retry_decisions
+from orchestrator.hosts.base import Host
+from orchestrator.launcher import agent_argv
+from orchestrator.ledger import Job, Ledger
+from orchestrator.patrol import Decision
+from orchestrator.tick.attempts import apply
+
+ASKED_TIMEOUT_S = 60.0
+MAX_CHAIN = 5  # attempts a host retried one after another, recorded before a cancel (a bound, never reached)
+
+
+def ended_badly(seen: JobEntry) -> bool:
+    """An entry whose attempt ended without success and without a cancel: a host may have retried it."""
+    if seen.state == "dead":
+        return True
+    exit_doc = seen.exit
+    return (seen.state == "exited" and exit_doc is not None and not seen.cancel_requested
+            and exit_doc.code != protocol.EXIT_OK and not exit_doc.slurm_time_limit)
+
+
+def who_retries(ledger: Ledger, host: Host, jobs: Sequence[Job],
+                on_host: Mapping[str, JobEntry]) -> dict[str, RetryDecision | None]:
+    """{job id: who starts the next attempt} for each of ``jobs`` whose current attempt just ended badly
+    on ``host``; None for every one of them when the host could not be asked (the tick settles them at its
+    next look, never blind)."""
+    asked = [job for job in jobs if (seen := on_host.get(job.id)) is not None
+             and seen.attempt == job.attempt_count and ended_badly(seen)]
+    return ask(ledger, host, [(job, job.attempt_count) for job in asked])
+
+
+def ask(ledger: Ledger, host: Host, items: Sequence[tuple[Job, int]]) -> dict[str, RetryDecision | None]:
+    """The host's ``decide-retry`` for attempt n of each job (one round trip): who starts attempt n+1,
+    the decision now the controller's unless the host already retried it.  {} for a host whose agent never
+    retries by itself (a Slurm login node; an agent of an older bundle, which has no such verb), and for
+    jobs of several nodes; None for every job when the host could not be asked."""
+    row = ledger.host(host.name)
+    items = [(job, n) for job, n in items if job.nodes == 1]
+    if row is None or row.kind == "slurm" or not row.agent_bundle or not items:
+        return {}
+    argv = agent_argv(host, row.agent_bundle, "decide-retry", *[f"{job.id}:{n}" for job, n in items])
+    try:
+        result = host.run(argv, timeout=ASKED_TIMEOUT_S)
+        if result.exit_code == protocol.AGENT_EXIT_USAGE:
+            return {}  # an agent without the verb: it never retries by itself
+        if result.exit_code != protocol.EXIT_OK:
+            raise HostError(host.name, f"decide-retry exited {result.exit_code}: {result.stderr.strip()[-300:]}")
+        answer = read_retry_decisions(host.name, result.stdout)
+        return {job.id: answer.root.get(job.id) for job, _ in items}
+    except (HostError, ProtocolError) as exc:
+        ledger.record_event("host", host.name, f"could not ask who retries {len(items)} ended attempts: {exc}; "
+                            "they are settled at the next look", unless_repeated=True)
+        return dict.fromkeys((job.id for job, _ in items), None)
+
+
+def before_cancel(ledger: Ledger, host: Host, jobs: Sequence[Job], settings: Settings) -> None:
+    """Before a cancel reaches ``host``: from here on its agent retries none of ``jobs`` (the decision on
+    each current attempt is now gpuq's), and an attempt it already started by itself is recorded first,
+    as the tick would have recorded it, so that the cancel ends an attempt the ledger knows."""
+    pending = [(job, job.attempt_count) for job in jobs if job.attempt_count]
+    for _ in range(MAX_CHAIN):
+        answers = ask(ledger, host, pending)
+        retried = [(job, n, decision) for job, n in pending if by_host(decision := answers.get(job.id))]
+        pending = [(ledger.job(job.id), n + 1) for job, n, decision in retried
+                   if decision is not None and _record(ledger, job.id, n, decision, settings)]
+        if not pending:
+            return
+
+
+def _record(ledger: Ledger, job_id: str, number: int, decision: RetryDecision, settings: Settings) -> bool:
+    """Attempt ``number``'s end as the host recorded it, and the attempt its agent started after it."""
+    current = ledger.job(job_id)
+    if decision.exit is None or current.attempt_count != number:
+        return False
+    ended = JobEntry(job_id=job_id, attempt=number, state="exited", exit=decision.exit.model_dump())
+    if apply(ledger, current, ended) not in ("failed", "lost"):
+        return False
+    adopted = adopt(ledger, current, decision.klass or "killed", settings, repeated="", why=decision.why or "")
+    return adopted.action == "requeue"
+
+
+def by_host(decision: RetryDecision | None) -> bool:
+    return decision is not None and decision.by == "host"
+
+
+def adopt(ledger: Ledger, job: Job, klass: str, settings: Settings, *, repeated: str, why: str) -> Decision:
+    """Attempt n of ``job`` (already recorded as ended) was retried by its host's agent: settle it as
+    ``settle`` would have, and record attempt n+1, started by the host, in the same transaction.  The
+    attempt runs whatever gpuq would have decided (it was started with the retries gpuq gave the host):
+    when the class says otherwise, the decision says so."""
+    number = job.attempt_count
+    retries = job.retries if job.retries is not None else settings.retries
+    decision = failures.decide(klass, ledger.failed_attempts(job.id), retries, repeated=repeated)
+    if decision.action != "requeue":
+        decision = Decision("requeue", f"{klass}: the host's agent retried it with resume; gpuq would not "
+                                       f"have ({decision.reason})")
+    note = f"started by the host: its agent retried attempt {number} with resume" + (f" ({why})" if why else "")
+    try:
+        started = ledger.restart_on_host(job.id, of_attempt=number, host=job.host or "", message=decision.reason,
+                                         note=note)
+    except IllegalTransition as exc:  # it ended meanwhile (a cancel): the host's attempt went with it
+        return Decision("stale", f"attempt {number} was settled meanwhile: {exc}")
+    if started is None:
+        return Decision("stale", f"attempt {number} was already settled (another gpuq command)")
+    return decision

@@ -1,0 +1,254 @@
+"""The webhook's four forms (``webhook_format``: json, slack, discord, ntfy; orchestrator/notify.py,
+docs/health.md "Notifications") as a loopback receiver gets them, each from the real code that sends:
+the tick's stages on a real ledger (a failed and a lost job, a preemption at the fake RunPod, an idle
+rented host, a budget alert, a finished sweep).  Each carries one line a person reads: the job or
+sweep, the host, what happened and the next command; redacted and without control characters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator import budget, notify
+from orchestrator.config import load_settings
+from orchestrator.context import Context, open_context
+from orchestrator.errors import ConfigError
+from orchestrator.ledger import HostRow, Job
+from orchestrator.patrol import Finding, JobView, Severity, ended_badly
+from orchestrator.providers.base import ProvisionRequest
+from orchestrator.specs import JobSpec
+from orchestrator.states import AttemptState, JobState
+from orchestrator.tick import billing
+from orchestrator.tick import budget as tick_budget
+from orchestrator.tick.findings import TickReport, record, sweeps_done
+from orchestrator.tick.leases import check_lease, provider_for
+from orchestrator.tick.settle import settle
+from tests.support.fakecloud import FakeRunPod
+from tests.support.webhook import Delivery, receiver
+
+SWEEP = "qnote01"
+KEY = "rp-notify-key-0123456789"
+TOKEN = "ghp_" + "A1b2C3d4" * 5  # a GitHub token's shape: redacted wherever it goes
+
+
+@dataclass
+class Hooked:
+    ctx: Context
+    got: list[Delivery]
+    form: str
+
+    def line(self, delivery: Delivery) -> str:
+        """The human line of ``delivery``, checked against its form's contract."""
+        if self.form == "ntfy":
+            assert delivery.headers["content-type"].startswith("text/plain")
+            assert delivery.headers["title"].startswith("gpuq: ") and len(delivery.headers["title"]) <= 120
+            assert delivery.headers["priority"] in ("low", "default", "high")
+            return delivery.text
+        assert delivery.headers["content-type"] == "application/json"
+        body = delivery.json()
+        if self.form == "slack":
+            assert set(body) == {"text"}
+            return str(body["text"]).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+        if self.form == "discord":
+            assert set(body) == {"content", "allowed_mentions"} and body["allowed_mentions"] == {"parse": []}
+            assert len(body["content"]) <= notify.DISCORD_MAX
+            return str(body["content"])
+        assert body["source"] == "gpuq" and isinstance(body["time"], float)
+        return str(body["text"])
+
+    def only(self) -> tuple[Delivery, str]:
+        assert len(self.got) == 1, [d.body for d in self.got]
+        return self.got[0], self.line(self.got[0])
+
+
+@pytest.fixture(params=notify.FORMATS)
+def hooked(request: pytest.FixtureRequest, gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hooked]:
+    with receiver() as (url, got):
+        monkeypatch.setenv("GPUQ_WEBHOOK_URL", url)
+        monkeypatch.setenv("GPUQ_WEBHOOK_FORMAT", request.param)
+        context = open_context()
+        try:
+            yield Hooked(context, got, request.param)
+        finally:
+            context.close()
+
+
+def _jobs(ctx: Context, *names: str, retries: int = 0) -> list[Job]:
+    specs = [JobSpec(name=n, config="c.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
+             for i, n in enumerate(names)]
+    return ctx.ledger.add_sweep(sweep_id=SWEEP, queue_path="q.txt", workdir="/w", queue_text="", jobs=specs,
+                                default_retries=retries)
+
+
+def _running(ctx: Context, job: Job, host: str) -> None:
+    ctx.ledger.start_attempt(job.id, host=host, bundle_sha="s")
+    ctx.ledger.transition(job.id, AttemptState.RUNNING, attempt=1)
+    ctx.ledger.transition(job.id, JobState.RUNNING)
+
+
+def _ended(ctx: Context, job: Job, host: str, outcome: str, klass: str, message: str) -> None:
+    """What the tick does when an attempt ends badly: settle the job, record the "ended badly" finding."""
+    if outcome == "lost":
+        ctx.ledger.transition(job.id, AttemptState.LOST, attempt=1, message=message)
+        ctx.ledger.transition(job.id, JobState.LOST, message=message)
+    else:
+        ctx.ledger.update_attempt(job.id, 1, exit_code=1, message=message)
+        ctx.ledger.transition(job.id, AttemptState.EXITED, attempt=1)
+    decision = settle(ctx.ledger, job.id, klass, ctx.settings, attempt=1)
+    found = ended_badly(host, JobView(job.id, job.name, 1), outcome, klass, decision.reason,
+                        decision.action == "requeue", message=message)
+    record(ctx, [found], subjects=[], report=TickReport())
+
+
+def test_a_failed_job_names_its_sweep_host_class_and_the_log_to_read(hooked: Hooked) -> None:
+    (job,) = _jobs(hooked.ctx, "lr3")
+    _running(hooked.ctx, job, "gpu1")
+    _ended(hooked.ctx, job, "gpu1", "exited", "config", "exit 1: ValueError: bad lr")
+    delivery, line = hooked.only()
+    assert line.startswith(f"job lr3 ({job.id}) of sweep {SWEEP} on gpu1: ")
+    assert "ValueError: bad lr (class: config)" in line and "never retried" in line
+    assert line.endswith(f"; next: gpuq logs {job.id} --attempt 1")
+    assert "\n" not in line
+    if hooked.form == "ntfy":
+        assert delivery.headers["title"] == "gpuq: job failed" and delivery.headers["priority"] == "high"
+    if hooked.form == "json":  # today's fields, unchanged, and the line
+        body = delivery.json()
+        assert {k: body[k] for k in ("event", "rule", "host", "job")} == {
+            "event": "escalation", "rule": "failed", "host": "gpu1", "job": job.id}
+        assert body["message"] == "lr3 a1: exit 1: ValueError: bad lr (class: config)"
+        assert body["action"].startswith("config error: never retried")
+        assert set(body) == {"source", "time", "event", "rule", "host", "job", "message", "action", "text"}
+
+
+def test_a_lost_job_without_retries_says_gpuq_resume(hooked: Hooked) -> None:
+    (job,) = _jobs(hooked.ctx, "seed2")
+    _running(hooked.ctx, job, "gpu2")
+    _ended(hooked.ctx, job, "gpu2", "lost", "vanished", "")
+    assert hooked.ctx.ledger.job(job.id).state == JobState.LOST.value
+    delivery, line = hooked.only()
+    assert line.startswith(f"job seed2 ({job.id}) of sweep {SWEEP} on gpu2: process group gone")
+    assert "no retries left" in line and line.endswith("; next: gpuq resume")
+    if hooked.form == "ntfy":
+        assert delivery.headers["title"] == "gpuq: job lost"
+
+
+def test_a_requeued_failure_is_not_sent(hooked: Hooked) -> None:
+    (job,) = _jobs(hooked.ctx, "flaky", retries=1)
+    _running(hooked.ctx, job, "gpu1")
+    _ended(hooked.ctx, job, "gpu1", "exited", "transient", "exit 3: NCCL timeout")
+    assert hooked.ctx.ledger.job(job.id).state == JobState.QUEUED.value and hooked.got == []
+
+
+def test_a_preemption_names_the_host_and_gpuq_resume(hooked: Hooked, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = hooked.ctx
+    with FakeRunPod(api_key=KEY) as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+        monkeypatch.setenv("GPUQ_RUNPOD_URL", fake.url)
+        (pod,) = provider_for(ctx, "runpod").provision(ProvisionRequest(name="gpuq-n", gpu_type="NVIDIA RTX A6000",
+                                                                     spot=True))
+        ctx.ledger.add_host(HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/r", provider="runpod",
+                                    instance_id=pod.id, spot=True))
+        (job,) = _jobs(ctx, "long")
+        _running(ctx, job, "pod")
+        fake.preempt(pod.id)
+        assert check_lease(ctx, ctx.ledger.host("pod")) == "spot_preemption"
+        assert check_lease(ctx, ctx.ledger.host("pod")) == "spot_preemption"  # said once
+    delivery, line = hooked.only()
+    assert line.startswith(f"host pod: spot preemption: runpod {pod.id} is ")
+    assert "1 job(s) stopped there" in line and line.endswith("; next: gpuq resume")
+    if hooked.form == "json":
+        body = delivery.json()
+        assert (body["event"], body["rule"], body["host"], body["job"]) == (
+            "escalation", "spot_preemption", "pod", None)
+
+
+def test_an_idle_rented_host_names_its_price_and_gpuq_down(hooked: Hooked) -> None:
+    ctx = hooked.ctx
+    ctx.ledger.add_host(HostRow(name="rp-a", kind="ssh", target="root@rp-a.invalid", root="/r", provider="runpod",
+                                instance_id="pod-a", lease_state="running", price_per_hour=0.79))
+    t0 = ctx.ledger.host("rp-a").created_at  # type: ignore[union-attr]
+    billing.billing(ctx, TickReport(), set(), now=t0 + 16 * 60)
+    delivery, line = hooked.only()
+    assert line.startswith("host rp-a: rp-a has had no work for 16 min and bills $0.79/h (runpod pod-a)")
+    assert line.endswith("; next: gpuq down rp-a")
+    if hooked.form == "ntfy":
+        assert delivery.headers["priority"] == "default" and "idle_billing" in delivery.headers["tags"]
+    if hooked.form == "json":
+        body = delivery.json()
+        assert (body["event"], body["host"], body["price_per_hour"], body["idle_min"]) == (
+            "idle_billing", "rp-a", 0.79, 16.0)
+        assert {"provider", "instance", "message", "action"} <= set(body)
+
+
+def test_a_budget_alert_names_the_sweep_and_gpuq_budget(hooked: Hooked) -> None:
+    ctx = hooked.ctx
+    _jobs(ctx, "a")
+    tick_budget.alert(ctx.ledger, ctx.settings, SWEEP, budget.Standing(10.0, spent=8.5))
+    delivery, line = hooked.only()
+    assert line.startswith(f"sweep {SWEEP}: at 85% of its budget: ")
+    assert line.endswith(f"; next: gpuq budget {SWEEP} USD")
+    if hooked.form == "ntfy":
+        assert delivery.headers["title"] == "gpuq: budget warning"
+    if hooked.form == "json":
+        body = delivery.json()
+        assert (body["event"], body["severity"], body["sweep"], body["cap_usd"], body["spent_usd"]) == (
+            "budget", "warn", SWEEP, 10.0, 8.5)
+
+
+def test_a_finished_sweep_counts_its_states_and_points_at_its_results(hooked: Hooked) -> None:
+    ctx = hooked.ctx
+    good, bad = _jobs(ctx, "good", "bad")
+    for job in (good, bad):
+        _running(ctx, job, "gpu1")
+        ctx.ledger.transition(job.id, AttemptState.EXITED, attempt=1)
+    ctx.ledger.transition(good.id, JobState.SUCCEEDED)
+    ctx.ledger.transition(bad.id, JobState.FAILED)
+    sweeps_done(ctx, TickReport())
+    sweeps_done(ctx, TickReport())  # announced once
+    delivery, line = hooked.only()
+    assert line == f"sweep {SWEEP}: finished: FAILED=1, SUCCEEDED=1; next: gpuq results --sweep {SWEEP}"
+    if hooked.form == "ntfy":
+        assert delivery.headers["title"] == "gpuq: sweep finished, 1 not succeeded"
+    if hooked.form == "json":
+        body = delivery.json()
+        assert (body["event"], body["sweep"], body["states"]) == ("sweep_done", SWEEP, {"FAILED": 1, "SUCCEEDED": 1})
+
+
+def test_host_text_is_redacted_cut_and_harmless_in_every_form(hooked: Hooked) -> None:
+    """A finding quoting host text: a token, terminal escapes, a Slack broadcast, and far too much of it."""
+    ctx = hooked.ctx
+    (job,) = _jobs(ctx, "noisy")
+    hostile = f"\x1b]0;owned\x07<!channel> token {TOKEN} \x1b[8mhidden\r\nnext line " + "é" * 5000
+    record(ctx, [Finding("crash", Severity.ESCALATE, "gpu1", f"noisy a1: {hostile}", "triage", job=job.id)],
+           subjects=[], report=TickReport())
+    delivery, line = hooked.only()
+    raw = delivery.body.decode("utf-8") + json.dumps(dict(delivery.headers))
+    assert TOKEN not in raw and "[redacted]" in line
+    assert not any(c in line for c in "\x1b\x07\r\n") and "owned<!channel>" in line.replace(" ", "")
+    assert line.startswith(f"job noisy ({job.id}) of sweep {SWEEP} on gpu1: ")
+    assert line.endswith("…") and len(line) <= notify.LINE_MAX
+    if hooked.form == "slack":
+        assert "<!channel>" not in delivery.text and "&lt;!channel&gt;" in delivery.json()["text"]
+    if hooked.form == "discord":
+        assert len(delivery.json()["content"]) == notify.DISCORD_MAX
+    if hooked.form == "ntfy":
+        assert len(delivery.body) <= notify.NTFY_MAX_BYTES and delivery.text.endswith("…")
+    if hooked.form == "json":
+        assert TOKEN not in delivery.json()["message"]
+
+
+def test_the_format_is_checked_and_only_the_user_chooses_it(tmp_path: Path) -> None:
+    home = {"GPUQ_HOME": str(tmp_path)}
+    assert load_settings(env=home).webhook_format == "json"
+    assert load_settings(env={**home, "GPUQ_WEBHOOK_FORMAT": "ntfy"}).webhook_format == "ntfy"
+    with pytest.raises(ConfigError, match="GPUQ_WEBHOOK_FORMAT"):
+        load_settings(env={**home, "GPUQ_WEBHOOK_FORMAT": "teams"})
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "gpuq.toml").write_text('webhook_format = "slack"\n')
+    with pytest.raises(ConfigError, match="webhook_format can only be set in your own"):
+        load_settings(env=home, project_dir=project)
