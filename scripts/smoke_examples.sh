@@ -1,8 +1,9 @@
 #!/bin/sh
 # `gpuq submit --smoke` on the three example projects (issue 26): the payload's queue, examples/ddp_snapshot
-# and examples/hydra_csv (whose setup hook pip-installs Hydra into the local interpreter: run it in a
-# virtualenv you may change, or set GPUQ_LOCAL_PYTHON to one).  The suite smokes the first two
-# (tests/integration/test_smoke.py); this covers all three.  Exit 1 when any cell fails.
+# and examples/hydra_csv, every cell of their own queue files, as a user would run them from a checkout.
+# hydra_csv's setup hook pip-installs Hydra into the local interpreter when it lacks it: run this in a
+# virtualenv you may change, or set GPUQ_LOCAL_PYTHON to one.  The suite smokes one cell of each
+# (tests/integration/test_smoke.py, with pyproject's `examples` extra installed).  Exit 1 when any cell fails.
 set -eu
 cd "$(dirname "$0")/.."
 status=0

@@ -45,9 +45,13 @@ def hydra_wheelhouse() -> Path:
     return WHEELHOUSE
 
 
+HYDRA_DISTS = ("hydra", "omegaconf", "antlr4")  # hydra-core and what it pulls in (packages, .dist-info dirs)
+
+
 def host_python() -> tuple[Path, Path]:
-    """A fresh venv whose site-packages chain to this interpreter's (torch importable), without hydra;
-    returns (its python, its dir to remove).  It lives where the namespace hosts can run it."""
+    """A fresh venv whose site-packages chain to this interpreter's (torch importable), without hydra even
+    when this interpreter has it (the suite's `examples` extra installs it); returns (its python, its dir
+    to remove).  It lives where the namespace hosts can run it."""
     venv = Path(tempfile.mkdtemp(prefix="gpuq-test-hostvenv-", dir=SHARED))
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True,
                           timeout=300, check=False)
@@ -55,7 +59,12 @@ def host_python() -> tuple[Path, Path]:
     python = venv / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    (Path(purelib) / "gpuq_test_parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    view = venv / "parent-site"  # this interpreter's site-packages, less hydra-core's distributions
+    view.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.lower().startswith(HYDRA_DISTS):
+            (view / entry.name).symlink_to(entry)
+    (Path(purelib) / "gpuq_test_parent.pth").write_text(f"{view}\n")
     probe = subprocess.run([str(python), "-c", "import torch, importlib.util as u; "
                             "assert u.find_spec('hydra') is None"], capture_output=True, text=True, check=False)
     assert probe.returncode == 0, probe.stderr
