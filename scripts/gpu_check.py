@@ -24,6 +24,8 @@ Checks, in this order (the agent's probes first, while nothing of this check hol
   gpuq local      two one-GPU jobs through the real `gpuq submit --host local --wait`, `results` and
                   `pull`: SUCCEEDED on a GPU slot, trained on cuda:0, verified, and what each attempt
                   says it ran with (GPU model, driver, CUDA, torch, NCCL) is what this machine has
+  host retry      a one-GPU job's CUDA rank SIGKILLed after its first checkpoint, no gpuq command
+                  running: the host's agent starts attempt 2 with resume by itself; SUCCEEDED in 2 attempts
   reap find       a child that allocates CUDA memory and is orphaned: the agent's ``reap`` lists
                   it, or (where nvidia-smi lists its pid) leaves it to nvidia-smi by design
   reap kill       ``reap --force`` kills it and its GPU memory comes back (SKIP where nvidia-smi
@@ -66,7 +68,7 @@ EXIT_USAGE = 2
 EXIT_NO_GPU = 77  # the automake convention for "skipped": nothing here could be checked
 
 CHECKS = ("torch", "agent status", "agent health", "train nccl", "amp scaler", "resume", "checkpoint",
-          "gpuq local", "reap find", "reap kill")
+          "gpuq local", "host retry", "reap find", "reap kill")
 MIN_TORCH = (2, 3)
 EPOCHS = 3
 STEP_SLEEP_S = 0.25  # the interrupted run's steps are slow, so the SIGTERM lands mid-run at any speed
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, fn in zip(CHECKS, (checker.check_torch, checker.check_status, checker.check_health,
                                      checker.check_train, checker.check_amp, checker.check_resume,
-                                     checker.check_checkpoint, checker.check_gpuq_local, checker.check_reap_find,
+                                     checker.check_checkpoint, checker.check_gpuq_local, checker.check_host_retry,
+                                     checker.check_reap_find,
                                      checker.check_reap_kill),
                             strict=True):
             checker.run(name, fn)
