@@ -136,14 +136,17 @@ def _sweeps_since_done(row: HostRow, sweeps: Sequence[Sweep], counts: Mapping[st
                                for s in since for st in counts.get(s.id, {}))
 
 
-def works(ctx: Context, rows: Sequence[HostRow]) -> tuple[dict[str, Work], list[Sweep]]:
-    """The ``Work`` of each of the rented ``rows`` (a few queries for all of them), and every sweep."""
+def works(ctx: Context, rows: Sequence[HostRow],
+          held: Mapping[str, str] | None = None) -> tuple[dict[str, Work], list[Sweep]]:
+    """The ``Work`` of each of the rented ``rows`` (a few queries for all of them), and every sweep.
+    ``held``: the sweeps their budget stopped (``budget.stopped``), when the caller has them already."""
     names = [r.name for r in rows]
     attempts = ctx.ledger.attempts_on(names)
     jobs = {j.id: j for j in ctx.ledger.jobs_on(names)}
     for job_id in {a.job_id for a in attempts} - set(jobs):
         jobs[job_id] = ctx.ledger.job(job_id)  # a job that ran there once and moved on
-    held = budget.stopped(ctx.ledger, None)  # waits for a person to raise its cap: no work for a machine
+    if held is None:  # a sweep its budget stopped waits for a person to raise its cap: no work for a machine
+        held = budget.stopped(ctx.ledger, None)
     queued = [j for j in ctx.ledger.jobs(states=[JobState.QUEUED]) if j.sweep_id not in held]
     sweeps = ctx.ledger.sweeps()
     sweep_hosts = {s.id: s.host_set() for s in sweeps if s.hosts}
@@ -180,10 +183,9 @@ def billing(ctx: Context, report: TickReport, reachable: Collection[str], now: f
     if not rows:
         return
     now = time.time() if now is None else now
-    found, sweeps = works(ctx, rows)
-    ending = any(r.down_when_done for r in rows)
-    counts = ctx.ledger.state_counts() if ending else {}
-    held = budget.stopped(ctx.ledger, None) if ending else {}
+    held = budget.stopped(ctx.ledger, None)
+    found, sweeps = works(ctx, rows, held)
+    counts = ctx.ledger.state_counts() if any(r.down_when_done for r in rows) else {}
     for row in rows:
         work = found[row.name]
         try:

@@ -245,10 +245,11 @@ def cmd_decide_retry(lay: Layout, items: list[str]) -> int:
     """``decide-retry JOB_ID:ATTEMPT...``: the controller settles these ended attempts unless the host
     already retried them.  Prints {job_id: next.json as it stands} ({"by": "host", "attempt": n+1, ...,
     "exit": attempt n's exit.json} or {"by": "controller", ...})."""
+    from gpuq_inbox import JOB_ID_RE  # the rule every spec's job id passed
     parsed: list[tuple[str, int]] = []
     for item in items:
         job_id, _, n = item.rpartition(":")
-        if not job_id or "/" in job_id or job_id.startswith(".") or not n.isdigit() or int(n) < 1:
+        if not JOB_ID_RE.match(job_id) or not n.isdigit() or int(n) < 1:
             print("gpuq decide-retry: bad JOB_ID:ATTEMPT %r" % item, file=sys.stderr)
             return P.AGENT_EXIT_USAGE
         parsed.append((job_id, int(n)))

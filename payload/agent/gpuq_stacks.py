@@ -157,7 +157,8 @@ def save_stacks(lay: Layout, job_id: str, attempt: int, rec: dict) -> tuple[str,
 
 
 def cmd_stacks(lay: Layout, job_id: str, attempt: int) -> int:
-    if not job_id or "/" in job_id or job_id.startswith("."):
+    from gpuq_inbox import JOB_ID_RE  # the rule every spec's job id passed
+    if not JOB_ID_RE.match(job_id):
         print("gpuq stacks: bad job id %r" % job_id, file=sys.stderr)
         return P.AGENT_EXIT_USAGE
     if gpuq_slurm.config(lay) is not None:
