@@ -95,7 +95,8 @@ def _record(ledger: Ledger, job_id: str, number: int, decision: RetryDecision, s
     ended = JobEntry(job_id=job_id, attempt=number, state="exited", exit=decision.exit.model_dump())
     if apply(ledger, current, ended) not in ("failed", "lost"):
         return False
-    adopted = adopt(ledger, current, decision.klass or "killed", settings, repeated="", why=decision.why or "")
+    klass = decision.klass if decision.klass in failures.NAMES else "killed"  # the host's word, only if a class
+    adopted = adopt(ledger, current, klass, settings, repeated="", why=decision.why or "")
     return adopted.action == "requeue"
 
 
