@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.agent_modules import argv_module
 from orchestrator.config import tomllib
 from orchestrator.errors import ConfigError
-from orchestrator.providers.credentials import LAMBDA, RUNPOD
+from orchestrator.providers import registry
 from orchestrator.specs import JobSpec
 
 TABLE = "run"
@@ -43,8 +43,8 @@ def never_forwarded(name: str) -> str:
     """Why gpuq never forwards ``name`` to a host ("" when it may): its own settings and credentials
     (``GPUQ_*``: the webhook, the provider keys and URLs) and the providers' conventional key variables."""
     upper = name.upper()
-    for spec in (RUNPOD, LAMBDA):
-        if upper in (*spec.key_vars, *spec.url_vars):
+    for spec in registry.specs():
+        if upper in (*spec.key_vars, *spec.url_vars, *(v for e in spec.more_urls for v in e.url_vars)):
             return f"gpuq's {spec.label} API credential"
     if upper.startswith("GPUQ_"):
         return "gpuq's own setting or credential (GPUQ_*)"

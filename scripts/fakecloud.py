@@ -65,7 +65,7 @@ def serve(runpod_port: int, lambda_port: int, farm_hosts: int = 0, farm_gpus: in
 def _serve(runpod_port: int, lambda_port: int, backend: HostBackend | None) -> int:
     runpod = FakeRunPod(api_key="fake-runpod-key", port=runpod_port, backend=backend).start()
     lam = FakeLambda(api_key="fake-lambda-key", port=lambda_port, backend=backend).start()
-    env = {"GPUQ_RUNPOD_GRAPHQL_URL": runpod.url, "RUNPOD_API_KEY": runpod.api_key,
+    env = {"GPUQ_RUNPOD_URL": runpod.url, "RUNPOD_API_KEY": runpod.api_key,
            "GPUQ_LAMBDA_API_URL": lam.url, "LAMBDA_API_KEY": lam.api_key}
     for name, value in env.items():
         print(f"export {name}={shlex.quote(value)}")

@@ -17,8 +17,9 @@ from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, ProviderAuthError
 from orchestrator.ledger import HostRow
+from orchestrator.providers import registry
 from orchestrator.providers.base import Instance, ledger_of
-from orchestrator.tick.leases import PROVIDERS, provider_for
+from orchestrator.tick.leases import provider_for
 
 
 @dataclass
@@ -50,7 +51,7 @@ def find_orphans(ctx: Context) -> OrphanScan:
     me = ledger_id(ctx.settings)
     rows = ctx.ledger.hosts()
     out = OrphanScan()
-    for provider in PROVIDERS:
+    for provider in registry.names():
         try:
             instances = provider_for(ctx, provider).list_instances()
         except ProviderAuthError as exc:

@@ -27,8 +27,9 @@ from orchestrator.config import Settings, load_profile
 from orchestrator.context import Context
 from orchestrator.errors import ConfigError, GpuqError, NoCapacity, UsageError
 from orchestrator.ledger import HostRow
+from orchestrator.providers import registry
 from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name
-from orchestrator.tick.leases import PROVIDERS, provider_for
+from orchestrator.tick.leases import provider_for
 
 LEDGER_ID_FILE = "ledger-id"
 
@@ -85,8 +86,7 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
     were not created, which gpuq ended and which may still bill.  ``replaces``: the host a replacement
     is rented for (`gpuq resume`).  ``say``: progress lines for people.  ``down_when_done`` (None: the
     ``auto_down`` setting): the tick ends each machine once its work is over (tick/billing.py)."""
-    if provider not in PROVIDERS:
-        raise UsageError(f"unknown provider {provider!r} (known: {', '.join(PROVIDERS)})")
+    registry.entry(provider)  # UsageError for a provider gpuq does not know
     if count < 1 or gpus < 1:
         raise UsageError("--count and --gpus must be at least 1")
     if bid is not None and not spot:

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 def open_ctx(project_dir: Path | None = None) -> Context:
     """The context of the project at ``project_dir`` (default: the working directory's)."""
     from orchestrator.context import open_context
+    from orchestrator.providers import registry
 
+    registry.entries()  # providers from GPUQ_PROVIDER_PLUGINS, and their profiles, before any host is read
     try:
         return open_context(project_dir=project_dir)
     finally:

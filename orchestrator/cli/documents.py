@@ -11,14 +11,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
+from orchestrator.cli.offers_document import OffersDocument
+from orchestrator.providers import registry
 from orchestrator.report.model import Report
 
 JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED"]
 Severity = Literal["info", "warn", "escalate"]
+
+
+def _known_provider(value: str) -> str:
+    if value and value not in registry.names():
+        raise ValueError(f"{value!r} is not a provider gpuq knows ({', '.join(registry.names())})")
+    return value
+
+
+# The providers of the registry (orchestrator/providers/registry.py): the schema lists gpuq's own, a document
+# also accepts one a plugin added (GPUQ_PROVIDER_PLUGINS).
+ProviderName = Annotated[str, AfterValidator(_known_provider),
+                         WithJsonSchema({"enum": ["", *registry.builtin_names()], "type": "string"})]
 
 
 class Doc(BaseModel):
@@ -95,7 +109,7 @@ class HostStatus(Doc):
     health_detail: str
     hold_reason: str = Field(description="Non-empty: the host gets no new jobs, and why.")
     price_per_hour: float | None = Field(ge=0, description="What the host costs per hour; null when unknown (or free).")
-    provider: Literal["", "runpod", "lambda"] = Field(description='Who rents it; "" for a host the user brought.')
+    provider: ProviderName = Field(description='Who rents it; "" for a host the user brought.')
     instance_id: str = Field(description='The provider\'s pod or instance id ("" if not rented).')
     spot: bool
     lease_state: Literal["", "provisioning", "running", "preempted", "stopped", "failed", "terminated"] = Field(
@@ -344,7 +358,7 @@ class WaitDocument(Doc):
 
 DOCUMENTS: dict[str, type[BaseModel]] = {
     "status": StatusDocument, "submit": SubmitDocument, "results": ResultsDocument, "hosts": HostsDocument,
-    "host": HostDocument, "pull": PullDocument, "wait": WaitDocument, "report": Report,
+    "host": HostDocument, "pull": PullDocument, "wait": WaitDocument, "report": Report, "offers": OffersDocument,
 }
 SCHEMA_DIR = Path("docs") / "schemas"
 

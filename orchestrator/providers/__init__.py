@@ -1,5 +1,7 @@
-"""Providers: things that hand out hosts (RunPod, Lambda Cloud).  Never imports hosts/, ledger/, api/ or cli/.
+"""Providers: things that hand out hosts (RunPod, Lambda Cloud, vast.ai).  Never imports hosts/, ledger/, api/ or cli/.
 
-``base`` holds the Provider protocol, the plain values and the pure classification; ``runpod`` and
-``lambda_cloud`` are the adapters; ``transport`` and ``credentials`` are their shared HTTP and key handling.
+``base`` holds the Provider protocol, the plain values and the pure classification; ``registry`` lists the
+providers (every provider list in gpuq derives from it); ``runpod`` (with ``runpod_graphql``),
+``lambda_cloud`` and ``vastai`` are the adapters, on the shared lifecycle of ``http_adapter``;
+``transport`` and ``credentials`` are their shared HTTP and key handling.
 """

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from orchestrator.errors import ProviderError, ProvisioningFailed
 
@@ -193,16 +193,25 @@ def ledger_of(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class ProvisionRequest:
-    """What to rent.  ``name`` is ``gpuq-<ledger id>-<lease>`` (:func:`instance_name`): creation is
-    idempotent by name (docs/providers.md).
+class ProviderOptions:
+    """Base of the per-provider extras of a :class:`ProvisionRequest` (RunPod's image and disks, Lambda's file
+    system, ...): each adapter module defines one subclass and accepts only that one (docs/providers.md)."""
 
-    ``count`` machines are created one call each, named ``name`` when ``count == 1`` else
-    ``name-0``, ``name-1``, ...  ``gpu_count`` is GPUs per machine (RunPod; on Lambda the instance type
-    fixes it).  ``spot`` rents interruptibly (RunPod only); ``bid_per_gpu`` defaults to the current
-    minimum bid plus ``bid_margin``.  ``region`` is a RunPod data centre id or a Lambda region name.
-    ``ssh_public_key`` is registered with the account first (append-only) when given.
-    """
+    provider: ClassVar[str] = ""
+
+
+_Options = TypeVar("_Options", bound=ProviderOptions)
+
+
+@dataclass(frozen=True)
+class ProvisionRequest:
+    """What to rent, in words every provider understands.  ``name``: ``gpuq-<ledger id>-<lease>``
+    (:func:`instance_name`); creation is idempotent by name (docs/providers.md).  ``count`` machines, one
+    call each, named ``name`` (one) or ``name-0``, ``name-1``, ...; ``gpu_count`` GPUs each (where the type
+    does not fix it).  ``spot``: interruptible (:attr:`Capabilities.spot`); ``bid_per_gpu``: the most the
+    user pays per GPU-hour for it.  ``region``: a region or data centre id.  ``ssh_public_key``: registered
+    with the account first (append-only).  ``env``: set in the machine's container where it runs one.
+    ``options``: the provider's own extras (its :class:`ProviderOptions` subclass; None: its defaults)."""
 
     name: str
     gpu_type: str
@@ -210,21 +219,40 @@ class ProvisionRequest:
     count: int = 1
     spot: bool = False
     bid_per_gpu: Decimal | None = None
-    bid_margin: Decimal = Decimal(0)
     region: str | None = None
-    image: str = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
-    cloud_type: str = "SECURE"
-    container_disk_gb: int = 40
-    volume_gb: int = 40
-    network_volume_id: str | None = None
-    file_system_name: str | None = None
     ssh_public_key: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    options: ProviderOptions | None = None
 
     def names(self) -> list[str]:
         if self.count == 1:
             return [self.name]
         return [f"{self.name}-{index}" for index in range(self.count)]
+
+    def options_for(self, kind: type[_Options]) -> _Options:
+        """``options`` when they are ``kind``'s, ``kind()`` when none were given; ProviderError for options
+        meant for another provider (they would be ignored silently otherwise)."""
+        if self.options is None:
+            return kind()
+        if not isinstance(self.options, kind):
+            raise ProviderError(kind.provider or "provider", f"{type(self.options).__name__} are not "
+                                f"{kind.provider or kind.__name__} options", code="wrong-options")
+        return self.options
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter class can do, declared on the class (``capabilities = Capabilities(...)``)."""
+
+    spot: bool = False  # rents interruptible machines (ProvisionRequest.spot)
+    stop: bool = False  # stop keeps the disk; resume starts the same machine again
+    rebid: bool = False  # a preempted spot machine comes back on the same host with a new bid (resume(bid_per_gpu=))
+    regions: bool = False  # ProvisionRequest.region chooses where
+    offers: bool = True  # list_offers quotes machine shapes with prices
+
+    def words(self) -> list[str]:
+        """The capabilities it has, as the words the docs use."""
+        return [name for name in ("spot", "stop", "rebid", "regions", "offers") if getattr(self, name)]
 
 
 @runtime_checkable

@@ -10,9 +10,14 @@ The keys file is read only when it is owned by the user and neither group- nor w
 but empty is an error, never "unset".  Keys live in :class:`ApiKey`, which never shows its value in
 ``str``/``repr``; adapters send it in an ``Authorization`` header only (never a URL).
 
-Base URL, first found wins: ``GPUQ_RUNPOD_GRAPHQL_URL`` > ``GPUQ_RUNPOD_URL``;
-``GPUQ_LAMBDA_API_URL`` > ``GPUQ_LAMBDA_URL``; else the vendor's.  Plain ``http://`` is accepted only
-for loopback addresses (the local fakes), so a key never crosses a network unencrypted.
+Base URL, first found wins: ``GPUQ_RUNPOD_REST_URL`` > ``GPUQ_RUNPOD_URL``; ``GPUQ_LAMBDA_API_URL`` >
+``GPUQ_LAMBDA_URL``; else the vendor's.  A provider with a second API (RunPod's GraphQL, for what its REST
+API lacks: :attr:`ProviderSpec.more_urls`) has variables of its own for it (``GPUQ_RUNPOD_GRAPHQL_URL``);
+when only one of its URLs is overridden, the others follow it to the same scheme, host and port with their
+default paths, so a fake or a proxy never sends half the calls to the vendor.  Plain ``http://`` is
+accepted only for loopback addresses (the local fakes), so a key never crosses a network unencrypted.
+
+The providers gpuq knows, with these facts, are listed by ``orchestrator.providers.registry``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.config import ENV_HOME, check_private_file, tomllib
 from orchestrator.errors import ConfigError, ProviderAuthError
@@ -58,21 +63,34 @@ class ApiKey:
 
 
 @dataclass(frozen=True)
-class ProviderSpec:
-    """The facts about one provider's credentials and endpoint."""
+class Endpoint:
+    """A provider's second (third, ...) API: its name, the variables that override its URL, its default."""
 
-    name: str  # "runpod" | "lambda"
-    label: str  # shown to people
-    key_vars: tuple[str, ...]  # first is gpuq's own, last is the vendor-conventional one
+    name: str
     url_vars: tuple[str, ...]
     default_url: str
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """The facts about one provider's credentials and endpoints (one per registry entry)."""
+
+    name: str  # the registry name: "runpod", "lambda", ...
+    label: str  # shown to people
+    key_vars: tuple[str, ...]  # first is gpuq's own, last is the vendor-conventional one
+    url_vars: tuple[str, ...]  # the main API's URL
+    default_url: str
     section: str  # table in the keys file
+    more_urls: tuple[Endpoint, ...] = ()  # other APIs of the same account (RunPod's GraphQL)
 
 
 RUNPOD = ProviderSpec("runpod", "RunPod", ("GPUQ_RUNPOD_API_KEY", "RUNPOD_API_KEY"),
-                      ("GPUQ_RUNPOD_GRAPHQL_URL", "GPUQ_RUNPOD_URL"), "https://api.runpod.io/graphql", "runpod")
+                      ("GPUQ_RUNPOD_REST_URL", "GPUQ_RUNPOD_URL"), "https://rest.runpod.io/v1", "runpod",
+                      more_urls=(Endpoint("graphql", ("GPUQ_RUNPOD_GRAPHQL_URL",), "https://api.runpod.io/graphql"),))
 LAMBDA = ProviderSpec("lambda", "Lambda Cloud", ("GPUQ_LAMBDA_API_KEY", "LAMBDA_API_KEY"),
                       ("GPUQ_LAMBDA_API_URL", "GPUQ_LAMBDA_URL"), "https://cloud.lambdalabs.com/api/v1", "lambda")
+VASTAI = ProviderSpec("vastai", "vast.ai", ("GPUQ_VASTAI_API_KEY", "VAST_API_KEY"),
+                      ("GPUQ_VASTAI_API_URL", "GPUQ_VASTAI_URL"), "https://console.vast.ai", "vastai")
 
 
 def how_to_set(spec: ProviderSpec) -> str:
@@ -124,13 +142,36 @@ def _key_from_file(path: Path, spec: ProviderSpec) -> ApiKey | None:
     return ApiKey(value, f"{path} [{spec.section}]")
 
 
-def load_url(spec: ProviderSpec, env: Mapping[str, str] | None = None) -> str:
-    """The base URL for ``spec`` (env override or the vendor's), validated."""
+def load_url(spec: ProviderSpec, env: Mapping[str, str] | None = None, endpoint: str = "") -> str:
+    """The base URL of ``spec``'s main API (or of its ``endpoint``, one of :attr:`ProviderSpec.more_urls`):
+    its own variable, else where an overridden sibling points (same origin, its default path), else the
+    vendor's; validated."""
     env = os.environ if env is None else env
-    for var in spec.url_vars:
+    apis = [("", spec.url_vars, spec.default_url), *((e.name, e.url_vars, e.default_url) for e in spec.more_urls)]
+    chosen = [api for api in apis if api[0] == endpoint]
+    if not chosen:
+        raise ValueError(f"{spec.label} has no API named {endpoint!r}")
+    found = _from_env(chosen[0][1], env)
+    if found is not None:
+        return found
+    for name, url_vars, _default in apis:
+        sibling = _from_env(url_vars, env) if name != endpoint else None
+        if sibling is not None:
+            return follow(sibling, chosen[0][2])
+    return chosen[0][2]
+
+
+def _from_env(url_vars: tuple[str, ...], env: Mapping[str, str]) -> str | None:
+    for var in url_vars:
         if var in env:
             return check_url(env[var], var)
-    return spec.default_url
+    return None
+
+
+def follow(overridden: str, default: str) -> str:
+    """``default``'s path on ``overridden``'s scheme, host and port (a sibling API on the same server)."""
+    there, path = urlsplit(overridden), urlsplit(default).path
+    return urlunsplit((there.scheme, there.netloc, path, "", "")).rstrip("/")
 
 
 def check_url(url: str, source: str) -> str:

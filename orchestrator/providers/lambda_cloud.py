@@ -15,29 +15,29 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import random
 import re
-import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
 from orchestrator.errors import NoCapacity, ProviderError, ProviderUnsupported
 from orchestrator.providers.base import (
+    Capabilities,
     Instance,
     InstanceState,
     Offer,
     PollPolicy,
     Provider,
+    ProviderOptions,
     ProvisionRequest,
     parse_money,
-    poll_until_gone,
-    poll_until_ready,
 )
-from orchestrator.providers.credentials import LAMBDA, ApiKey, load_key, load_url
-from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, ApiTransport, RetryPolicy, json_object
+from orchestrator.providers.credentials import LAMBDA, ApiKey
+from orchestrator.providers.http_adapter import HttpProvider
+from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy, json_object
 
 log = logging.getLogger("orchestrator.providers.lambda")
 
@@ -58,6 +58,7 @@ _STATES: dict[str, InstanceState] = {
     "terminating": "terminating", "terminated": "terminated",
 }
 _GPUS_IN_NAME = re.compile(r"^gpu_(\d+)x_")
+_GPU_MEMORY = re.compile(r"\((\d{1,4}) GB\b")  # "A100 (40 GB SXM4)": the memory per GPU it is sold with
 
 
 def gpus_of(type_name: str, specs: object) -> int | None:
@@ -66,6 +67,15 @@ def gpus_of(type_name: str, specs: object) -> int | None:
         return int(specs["gpus"])
     match = _GPUS_IN_NAME.match(type_name)
     return int(match.group(1)) if match else None
+
+
+def memory_of(itype: Mapping[str, Any]) -> int | None:
+    """GB per GPU from ``gpu_description`` (else ``description``): "A100 (40 GB SXM4)" → 40; None when absent."""
+    for text in (itype.get("gpu_description"), itype.get("description")):
+        match = _GPU_MEMORY.search(text) if isinstance(text, str) else None
+        if match:
+            return int(match.group(1))
+    return None
 
 
 def cents_to_dollars(value: object) -> Decimal | None:
@@ -108,43 +118,32 @@ def key_name(public_key: str) -> str:
     return "gpuq-" + hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
-class LambdaProvider:
+@dataclass(frozen=True)
+class LambdaOptions(ProviderOptions):
+    """Lambda Cloud's extras of a ProvisionRequest: a persistent file system to attach (same region)."""
+
+    provider: ClassVar[str] = "lambda"
+    file_system_name: str | None = None
+
+
+class LambdaProvider(HttpProvider):
     """:class:`orchestrator.providers.base.Provider` for Lambda Cloud (REST v1)."""
 
     name = "lambda"
-    supports_stop = False
-    supports_spot = False
+    spec = LAMBDA
+    capabilities = Capabilities(spot=False, stop=False, rebid=False, regions=True, offers=True)
+    default_retry = RETRY
+    default_min_interval_s = MIN_INTERVAL_S
+    default_ready = READY
+    default_gone = GONE
 
-    def __init__(
-        self,
-        key: ApiKey,
-        *,
-        url: str = LAMBDA.default_url,
-        transport: httpx.BaseTransport | None = None,
-        policy: RetryPolicy = RETRY,
-        min_interval_s: float = MIN_INTERVAL_S,
-        launch_interval_s: float = LAUNCH_INTERVAL_S,
-        ready: PollPolicy = READY,
-        gone: PollPolicy = GONE,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.http = ApiTransport(LAMBDA, url, key, policy=policy, min_interval_s=min_interval_s,
-                                 transport=transport, sleep=sleep, clock=clock, rng=rng)
+    def __init__(self, key: ApiKey, *, launch_interval_s: float = LAUNCH_INTERVAL_S, **options: Any) -> None:
+        super().__init__(key, **options)
         self.launch_interval_s = launch_interval_s
-        self.ready_policy = ready
-        self.gone_policy = gone
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **options: Any) -> LambdaProvider:
-        return cls(load_key(LAMBDA, env), url=load_url(LAMBDA, env), **options)
-
-    def __repr__(self) -> str:
-        return f"LambdaProvider({self.http.base_url}, key {self.http.key!r})"
-
-    def close(self) -> None:
-        self.http.close()
+    def quick_options(cls, poll_s: float, ready_timeout_s: float) -> dict[str, Any]:
+        return {**super().quick_options(poll_s, ready_timeout_s), "launch_interval_s": 0.0}
 
     # -- REST ------------------------------------------------------------------------------------
 
@@ -192,6 +191,7 @@ class LambdaProvider:
             display_name=str(itype.get("description") or name),
             gpu_count=gpus if gpus is not None else 0,
             price_per_hour=cents_to_dollars(itype.get("price_cents_per_hour")),
+            gpu_memory_gb=memory_of(itype),
             regions=regions,
             available=bool(regions),
         )
@@ -231,6 +231,7 @@ class LambdaProvider:
         if not request.ssh_public_key:
             raise ProviderError("Lambda Cloud", "a launch needs exactly one SSH key: pass ssh_public_key",
                                 code="no-ssh-key")
+        extras = request.options_for(LambdaOptions)
         types = self._types()
         entry = types.get(request.gpu_type)
         if not isinstance(entry, dict):
@@ -249,8 +250,8 @@ class LambdaProvider:
             else:
                 body: dict[str, Any] = {"region_name": region, "instance_type_name": request.gpu_type,
                                         "ssh_key_names": [ssh_key], "name": name}
-                if request.file_system_name:
-                    body["file_system_names"] = [request.file_system_name]
+                if extras.file_system_name:
+                    body["file_system_names"] = [extras.file_system_name]
                 instance_id = self._launch(body, name)
             ids.append(instance_id)
             if on_created is not None:
@@ -283,17 +284,6 @@ class LambdaProvider:
         if not isinstance(ids, list) or not ids:
             raise ProviderError("Lambda Cloud", f"{what} returned no instance id", code="no-instance")
         return str(ids[0])
-
-    def wait_ready(self, instance_id: str, *, timeout_s: float | None = None) -> Instance:
-        policy = self.ready_policy if timeout_s is None else PollPolicy(timeout_s, self.ready_policy.first_s,
-                                                                        self.ready_policy.max_s)
-        return poll_until_ready("Lambda Cloud", instance_id, self.get, policy, sleep=self.http.sleep,
-                                clock=self.http.clock)
-
-    def wait_gone(self, instance_id: str, *, timeout_s: float | None = None) -> None:
-        policy = self.gone_policy if timeout_s is None else PollPolicy(timeout_s, self.gone_policy.first_s,
-                                                                      self.gone_policy.max_s)
-        poll_until_gone("Lambda Cloud", instance_id, self.get, policy, sleep=self.http.sleep, clock=self.http.clock)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

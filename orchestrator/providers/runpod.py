@@ -1,42 +1,46 @@
-"""RunPod over its GraphQL API (docs/providers.md): pods on demand and on spot (bids), lifecycle, prices.
+"""RunPod over its REST API (``https://rest.runpod.io/v1``, docs/providers.md): pods on demand and
+interruptible (spot), their lifecycle and their SSH endpoints.  What REST lacks (prices and spot bids, the
+account's SSH keys, a re-bid resume) goes over GraphQL: runpod_graphql.py names each call.
 
-Transport rules (docs/providers.md): ``POST <url>`` with ``{"query": "<document>"}``, no GraphQL
-variables; every value is written into the document as a literal by :func:`gql_literal` (strings
-JSON-escaped, enums checked against an allow-list).  Errors arrive **with HTTP 200** as an ``errors``
-array and are raised as ProviderError (``NoCapacity`` when the message says no instances are available).
+REST (RunPod's published OpenAPI document, tests/fixtures/providers/README.md): ``POST /pods`` creates
+(``interruptible: true`` for spot), ``GET /pods`` and ``GET /pods/{id}`` read, ``POST /pods/{id}/stop`` and
+``/start`` stop and start, ``DELETE /pods/{id}`` terminates.  Errors are non-2xx answers whose JSON
+``error`` text is quoted (``NoCapacity`` when it says no instances are available); a 404 on a read means
+the pod is gone.  Pods created over GraphQL by an older gpuq are the same pods with the same ids.
 
-Readiness (docs/providers.md, API half): ``desiredStatus == RUNNING`` and ``runtime.ports`` holds a
-public tcp mapping of port 22; the SSH endpoint is that mapping's ``ip``/``publicPort`` (it changes on
-every start or resume).  Classification of EXITED pods uses ``lastStatusChange`` (:func:`base.classify`).
+Readiness (docs/providers.md, API half): ``desiredStatus == RUNNING`` with a ``publicIp`` and a
+``portMappings`` entry for port 22 (both change on every start).  Classification of EXITED pods uses
+``lastStatusChange`` (:func:`base.classify`), as before.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import random
-import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
 from orchestrator.errors import NoCapacity, ProviderError, ProviderUnsupported
 from orchestrator.providers.base import (
+    Capabilities,
     Instance,
     InstanceState,
     Offer,
     PollPolicy,
     Provider,
+    ProviderOptions,
     ProvisionRequest,
     parse_money,
-    poll_until_gone,
-    poll_until_ready,
 )
-from orchestrator.providers.credentials import RUNPOD, ApiKey, load_key, load_url
+from orchestrator.providers.credentials import RUNPOD, ApiKey, follow
+from orchestrator.providers.http_adapter import HttpProvider
+from orchestrator.providers.runpod_graphql import CAPACITY_TEXT, RunPodGraphQL, offer_from
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, ApiTransport, RetryPolicy, json_object
 
 log = logging.getLogger("orchestrator.providers.runpod")
@@ -47,9 +51,7 @@ MIN_INTERVAL_S = 0.5
 READY = PollPolicy(timeout_s=1200.0, first_s=5.0, max_s=15.0)
 GONE = PollPolicy(timeout_s=300.0, first_s=5.0, max_s=15.0)
 
-CAPACITY_TEXT = "no longer any instances available"  # docs/providers.md [obs]
-CLOUD_TYPES = frozenset({"ALL", "COMMUNITY", "SECURE"})
-SPOT_POD_TYPES = frozenset({"INTERRUPTABLE", "BID"})
+CLOUD_TYPES = frozenset({"COMMUNITY", "SECURE"})  # REST's PodCreateInput.cloudType
 SSH_USER = "root"
 
 _STATES: dict[str, InstanceState] = {
@@ -57,77 +59,57 @@ _STATES: dict[str, InstanceState] = {
     "CREATED": "pending", "RESTARTING": "pending", "PAUSED": "pending",
 }
 
-POD_FIELDS = ("id name desiredStatus lastStatusChange podType imageName gpuCount costPerHr machineId "
-              "machine { gpuDisplayName podHostId } "
-              "runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } gpus { id } }")
-CREATE_FIELDS = "id desiredStatus imageName env machineId machine { podHostId }"
+
+@dataclass(frozen=True)
+class RunPodOptions(ProviderOptions):
+    """RunPod's extras of a ProvisionRequest: the container image, Secure or Community cloud, the disks
+    (container disk and the pod volume mounted at /workspace) and a network volume to attach."""
+
+    provider: ClassVar[str] = "runpod"
+    image: str = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
+    cloud_type: str = "SECURE"
+    container_disk_gb: int = 40
+    volume_gb: int = 40
+    network_volume_id: str | None = None
 
 
-class Enum(str):
-    """A GraphQL enum value: written unquoted, after an allow-list check by the caller."""
-
-
-_NAME = re.compile(r"^[_A-Za-z][_0-9A-Za-z]*$")
-
-
-def gql_literal(value: object) -> str:
-    """``value`` as a GraphQL input literal.  Strings use JSON escaping (a valid GraphQL string);
-    mapping keys and enum values must be GraphQL names."""
-    if value is None:
-        return "null"
-    if isinstance(value, Enum):
-        if not _NAME.match(value):
-            raise ValueError(f"not a GraphQL enum value: {value!r}")
-        return str(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, Decimal):
-        if not value.is_finite():
-            raise ValueError("non-finite number")
-        return format(value, "f")
-    if isinstance(value, float):
-        return gql_literal(Decimal(repr(value)))
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(gql_literal(item) for item in value) + "]"
-    if isinstance(value, Mapping):
-        parts = []
-        for key, item in value.items():
-            if not isinstance(key, str) or not _NAME.match(key):
-                raise ValueError(f"not a GraphQL field name: {key!r}")
-            parts.append(f"{key}: {gql_literal(item)}")
-        return "{" + ", ".join(parts) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} as a GraphQL literal")
-
-
-def ssh_endpoint(runtime: object) -> tuple[str, int] | None:
-    """The public tcp mapping of port 22 in ``runtime.ports``, or None (not ready)."""
-    if not isinstance(runtime, dict):
+def ssh_endpoint(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``publicIp`` and the public port ``portMappings`` maps port 22 to, or None (not ready)."""
+    ip, mappings = pod.get("publicIp"), pod.get("portMappings")
+    if not isinstance(ip, str) or not ip or not isinstance(mappings, dict):
         return None
-    for port in runtime.get("ports") or []:
-        if not isinstance(port, dict):
-            continue
-        if port.get("privatePort") == 22 and port.get("isIpPublic") is True and port.get("type") == "tcp":
-            ip, public = port.get("ip"), port.get("publicPort")
-            if isinstance(ip, str) and ip and isinstance(public, int) and public > 0:
-                return ip, public
+    public = mappings.get("22")
+    if isinstance(public, int) and not isinstance(public, bool) and public > 0:
+        return ip, public
     return None
 
 
-def pod_to_instance(pod: Mapping[str, Any]) -> Instance:
-    """One pod object (the POD_FIELDS selection) → Instance.  Unknown statuses count as pending."""
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _uptime(pod: Mapping[str, Any], now: float) -> float | None:
+    started = pod.get("lastStartedAt")
+    if not isinstance(started, str) or not started:
+        return None
+    try:
+        when = datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+    return now - when if now >= when else None
+
+
+def pod_to_instance(pod: Mapping[str, Any], now: float | None = None) -> Instance:
+    """One REST Pod object → Instance (``now``: wall-clock seconds, for the uptime).  Unknown statuses
+    count as pending."""
     raw = str(pod.get("desiredStatus") or "")
     state = _STATES.get(raw)
     if state is None:
         log.warning("pod %s has an unknown desiredStatus %r; treating it as not ready", pod.get("id"), raw)
         state = "pending"
-    endpoint = ssh_endpoint(pod.get("runtime")) if state == "running" else None
-    machine = json_object(pod.get("machine"))
-    uptime = json_object(pod.get("runtime")).get("uptimeInSeconds")
-    gpu_count = pod.get("gpuCount")
+    endpoint = ssh_endpoint(pod) if state == "running" else None
+    gpu, machine = json_object(pod.get("gpu")), json_object(pod.get("machine"))
+    gpu_name = gpu.get("displayName") or machine.get("gpuDisplayName")
     return Instance(
         provider="runpod",
         id=str(pod.get("id")),
@@ -138,12 +120,12 @@ def pod_to_instance(pod: Mapping[str, Any]) -> Instance:
         ssh_port=endpoint[1] if endpoint else None,
         ssh_user=SSH_USER if endpoint else None,
         price_per_hour=parse_money(pod.get("costPerHr")),
-        gpu_count=gpu_count if isinstance(gpu_count, int) and not isinstance(gpu_count, bool) else None,
-        gpu_type=str(machine.get("gpuDisplayName")) if machine.get("gpuDisplayName") else None,
-        spot=str(pod.get("podType") or "") in SPOT_POD_TYPES,
+        gpu_count=_count(gpu.get("count")),
+        gpu_type=str(gpu_name) if gpu_name else None,
+        spot=pod.get("interruptible") is True,
         region=None,
         reason=str(pod.get("lastStatusChange") or ""),
-        uptime_s=float(uptime) if isinstance(uptime, int | float) and not isinstance(uptime, bool) else None,
+        uptime_s=_uptime(pod, now) if now is not None and state == "running" else None,
     )
 
 
@@ -156,144 +138,100 @@ def key_label(public_key: str) -> str:
     return "gpuq-" + hashlib.sha256(key_body(public_key).encode()).hexdigest()[:12]
 
 
-class RunPodProvider:
-    """:class:`orchestrator.providers.base.Provider` for RunPod (GraphQL)."""
+def _segment(pod_id: str) -> str:
+    """A pod id as one URL path segment (ids never contain slashes; refuse rather than escape)."""
+    if not pod_id or "/" in pod_id or "?" in pod_id or "#" in pod_id or pod_id in (".", ".."):
+        raise ProviderError("RunPod", f"not a pod id: {pod_id!r}", code="bad-id")
+    return pod_id
+
+
+class RunPodProvider(HttpProvider):
+    """:class:`orchestrator.providers.base.Provider` for RunPod (REST, GraphQL where REST has no call)."""
 
     name = "runpod"
-    supports_stop = True
-    supports_spot = True
+    spec = RUNPOD
+    capabilities = Capabilities(spot=True, stop=True, rebid=True, regions=True, offers=True)
+    default_retry = RETRY
+    default_min_interval_s = MIN_INTERVAL_S
+    default_ready = READY
+    default_gone = GONE
 
-    def __init__(
-        self,
-        key: ApiKey,
-        *,
-        url: str = RUNPOD.default_url,
-        transport: httpx.BaseTransport | None = None,
-        policy: RetryPolicy = RETRY,
-        min_interval_s: float = MIN_INTERVAL_S,
-        ready: PollPolicy = READY,
-        gone: PollPolicy = GONE,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.http = ApiTransport(RUNPOD, url, key, policy=policy, min_interval_s=min_interval_s,
-                                 transport=transport, sleep=sleep, clock=clock, rng=rng)
-        self.ready_policy = ready
-        self.gone_policy = gone
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **options: Any) -> RunPodProvider:
-        """Key and URL from the environment or the keys file (credentials.py)."""
-        return cls(load_key(RUNPOD, env), url=load_url(RUNPOD, env), **options)
+    def __init__(self, key: ApiKey, *, url: str | None = None, graphql_url: str | None = None,
+                 wall: Callable[[], float] = time.time, **options: Any) -> None:
+        """``url``: the REST base; ``graphql_url``: the GraphQL endpoint (default: RunPod's, or beside a
+        ``url`` that is not RunPod's, as credentials.load_url does).  ``wall``: wall-clock time, for uptimes."""
+        super().__init__(key, url=url, **options)
+        if graphql_url is None:
+            default = RUNPOD.more_urls[0].default_url
+            graphql_url = default if self.http.base_url == RUNPOD.default_url else follow(self.http.base_url, default)
+        http = self.http
+        self.graphql = RunPodGraphQL(ApiTransport(
+            RUNPOD, graphql_url, key, policy=http.policy, min_interval_s=http.min_interval_s,
+            transport=options.get("transport"), sleep=http.sleep, clock=http.clock, rng=http.rng))
+        self.wall = wall
 
     def __repr__(self) -> str:
-        return f"RunPodProvider({self.http.base_url}, key {self.http.key!r})"
+        return f"RunPodProvider({self.http.base_url} + {self.graphql.http.base_url}, key {self.http.key!r})"
 
     def close(self) -> None:
         self.http.close()
+        self.graphql.http.close()
 
-    # -- GraphQL --------------------------------------------------------------------------------
+    # -- REST ------------------------------------------------------------------------------------
 
-    def _send(self, document: str, what: str, *, once: bool = False, timeout_s: float | None = None) -> dict[str, Any]:
-        """POST one document; returns ``data``.  Raises on HTTP errors and on ``errors`` with HTTP 200."""
-        payload = {"query": document}
-        if once:
-            response = self.http.request_once("POST", "", json=payload, timeout_s=timeout_s, what=what)
-        else:
-            response = self.http.request("POST", "", json=payload, timeout_s=timeout_s, what=what)
+    def _check(self, response: httpx.Response, what: str) -> Any:
+        """The JSON body of a 2xx answer (None when empty); a gpuq error for anything else."""
         body = self.http.json_body(response)
+        if 200 <= response.status_code < 300:
+            return body
         if response.status_code == 403:
             raise self.http.auth_error(403, self.http.scrub(response.text, 200))
-        errors = body.get("errors") if isinstance(body, dict) else None
-        if errors:
-            first = errors[0] if isinstance(errors, list) and errors else errors
-            message = first.get("message") if isinstance(first, dict) else first
-            text = self.http.scrub(str(message or "unspecified error"))
-            if CAPACITY_TEXT in text.lower():
-                raise NoCapacity("RunPod", f"{what}: {text}", code="no-capacity", status=response.status_code)
-            raise ProviderError("RunPod", f"{what}: {text}", code="graphql", status=response.status_code)
-        if response.status_code != 200:
-            text = self.http.scrub(response.text, 200)
-            if CAPACITY_TEXT in text.lower():
-                raise NoCapacity("RunPod", f"{what}: {text}", code="no-capacity", status=response.status_code)
-            raise ProviderError("RunPod", f"{what}: HTTP {response.status_code}: {text}",
-                                code=str(response.status_code), status=response.status_code)
-        data = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(data, dict):
-            raise ProviderError("RunPod", f"{what}: the response has no data", code="no-data")
-        return data
+        err = body.get("error") if isinstance(body, dict) else None
+        text = self.http.scrub(str(err if err else response.text[:200] or "no message"))
+        if CAPACITY_TEXT in text.lower():
+            raise NoCapacity("RunPod", f"{what}: {text}", code="no-capacity", status=response.status_code)
+        raise ProviderError("RunPod", f"{what}: HTTP {response.status_code}: {text}",
+                            code=str(response.status_code), status=response.status_code)
 
-    # -- offers ----------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, *, json: Any = None, timeout_s: float | None = None) -> Any:
+        what = f"{method} {path}"
+        return self._check(self.http.request(method, path, json=json, timeout_s=timeout_s, what=what), what)
+
+    def _instance(self, pod: Mapping[str, Any]) -> Instance:
+        return pod_to_instance(pod, self.wall())
+
+    # -- offers (GraphQL) --------------------------------------------------------------------------
 
     def list_offers(self, gpu_count: int | None = None) -> list[Offer]:
-        """Every GPU type with at least ``gpu_count`` GPUs per pod (default 1), priced for that many.
-
-        Prices: ``lowestPrice.uninterruptablePrice`` (else ``securePrice``) and ``minimumBidPrice``, both
-        taken as dollars per GPU-hour and multiplied by ``gpu_count``.
-        """
+        """Every GPU type with at least ``gpu_count`` GPUs per pod (default 1), priced for that many."""
         count = gpu_count or 1
-        document = ("query { gpuTypes { id displayName memoryInGb maxGpuCount securePrice communityPrice "
-                    "secureSpotPrice communitySpotPrice "
-                    f"lowestPrice(input: {gql_literal({'gpuCount': count})}) "
-                    "{ minimumBidPrice uninterruptablePrice } } }")
-        types = self._send(document, "gpuTypes").get("gpuTypes") or []
-        offers: list[Offer] = []
-        for item in types:
-            if not isinstance(item, dict) or not item.get("id"):
-                continue
-            max_count = item.get("maxGpuCount")
-            if isinstance(max_count, int) and max_count < count:
-                continue
-            offers.append(self._offer(item, count))
-        return offers
-
-    @staticmethod
-    def _offer(item: Mapping[str, Any], count: int) -> Offer:
-        lowest = json_object(item.get("lowestPrice"))
-        per_gpu = parse_money(lowest.get("uninterruptablePrice"))
-        if per_gpu is None:
-            per_gpu = parse_money(item.get("securePrice")) or parse_money(item.get("communityPrice"))
-        bid = parse_money(lowest.get("minimumBidPrice"))
-        memory = item.get("memoryInGb")
-        return Offer(
-            provider="runpod",
-            gpu_type=str(item["id"]),
-            display_name=str(item.get("displayName") or item["id"]),
-            gpu_count=count,
-            price_per_hour=per_gpu * count if per_gpu is not None else None,
-            gpu_memory_gb=memory if isinstance(memory, int) else None,
-            spot_price_per_hour=bid * count if bid is not None else None,
-            min_bid_per_gpu=bid,
-            available=parse_money(lowest.get("uninterruptablePrice")) is not None or bid is not None,
-        )
+        return [offer_from(item, count) for item in self.graphql.gpu_types(count)
+                if not (isinstance(item.get("maxGpuCount"), int) and item["maxGpuCount"] < count)]
 
     def _gpu_type(self, gpu_type: str, count: int) -> Offer:
-        document = (f"query {{ gpuTypes(input: {gql_literal({'id': gpu_type})}) {{ id displayName memoryInGb "
-                    f"maxGpuCount securePrice communityPrice lowestPrice(input: {gql_literal({'gpuCount': count})}) "
-                    "{ minimumBidPrice uninterruptablePrice } } }")
-        types = [t for t in self._send(document, "gpuTypes").get("gpuTypes") or []
-                 if isinstance(t, dict) and t.get("id") == gpu_type]
-        if not types:
+        found = self.graphql.gpu_types(count, gpu_type)
+        if not found:
             raise ProviderError("RunPod", f"unknown GPU type {gpu_type!r} (see the offers for valid ids)",
                                 code="unknown-gpu-type")
-        max_count = types[0].get("maxGpuCount")
+        max_count = found[0].get("maxGpuCount")
         if isinstance(max_count, int) and max_count < count:
             raise ProviderError("RunPod", f"{gpu_type} pods have at most {max_count} GPUs, not {count}",
                                 code="gpu-count")
-        return self._offer(types[0], count)
+        return offer_from(found[0], count)
 
-    # -- instances ----------------------------------------------------------------------------------
+    # -- instances -----------------------------------------------------------------------------------
 
     def list_instances(self) -> list[Instance]:
-        pods = (self._send(f"query {{ myself {{ pods {{ {POD_FIELDS} }} }} }}", "myself.pods").get("myself")
-                or {}).get("pods") or []
-        return [pod_to_instance(pod) for pod in pods if isinstance(pod, dict) and pod.get("id")]
+        pods = self._call("GET", "/pods")
+        return [self._instance(pod) for pod in pods or [] if isinstance(pod, dict) and pod.get("id")]
 
     def get(self, instance_id: str) -> Instance | None:
-        document = f"query {{ pod(input: {gql_literal({'podId': instance_id})}) {{ {POD_FIELDS} }} }}"
-        pod = self._send(document, "pod").get("pod")
-        return pod_to_instance(pod) if isinstance(pod, dict) and pod.get("id") else None
+        path = f"/pods/{_segment(instance_id)}"
+        response = self.http.request("GET", path, what=f"GET {path}")
+        if response.status_code == 404:
+            return None
+        pod = self._check(response, f"GET {path}")
+        return self._instance(pod) if isinstance(pod, dict) and pod.get("id") else None
 
     def _find_by_name(self, name: str) -> str | None:
         matches = [i for i in self.list_instances() if i.name == name and not i.gone]
@@ -303,20 +241,16 @@ class RunPodProvider:
 
     def provision(self, request: ProvisionRequest,
                   on_created: Callable[[str, str], None] | None = None) -> list[Instance]:
-        cloud = request.cloud_type.upper()
+        extras = request.options_for(RunPodOptions)
+        cloud = extras.cloud_type.upper()
         if cloud not in CLOUD_TYPES:
-            raise ProviderError("RunPod", f"cloud type {request.cloud_type!r} is not one of {sorted(CLOUD_TYPES)}",
+            raise ProviderError("RunPod", f"cloud type {extras.cloud_type!r} is not one of {sorted(CLOUD_TYPES)}",
                                 code="cloud-type")
         if request.ssh_public_key:
             self.ensure_ssh_key(request.ssh_public_key)
         offer = self._gpu_type(request.gpu_type, request.gpu_count)
-        bid: Decimal | None = None
         if request.spot:
-            bid = request.bid_per_gpu
-            if bid is None:
-                if offer.min_bid_per_gpu is None:
-                    raise NoCapacity("RunPod", f"no spot price for {request.gpu_type} now", code="no-capacity")
-                bid = offer.min_bid_per_gpu + request.bid_margin
+            self._check_spot_price(request, offer)
         existing = {i.name: i.id for i in self.list_instances() if not i.gone}
         ids: list[str] = []
         for name in request.names():
@@ -324,9 +258,7 @@ class RunPodProvider:
                 log.info("adopting RunPod pod %s already named %s", existing[name], name)
                 pod_id = existing[name]
             else:
-                document = self._create_document(request, name, Enum(cloud), bid)
-                what = "podRentInterruptable" if request.spot else "podFindAndDeployOnDemand"
-                pod_id = self._create(document, what, name)
+                pod_id = self._create(self._create_body(request, extras, name, cloud), name)
             ids.append(pod_id)
             if on_created is not None:
                 on_created(name, pod_id)
@@ -334,77 +266,74 @@ class RunPodProvider:
                 for pod_id, name in zip(ids, request.names(), strict=True)]
 
     @staticmethod
+    def _check_spot_price(request: ProvisionRequest, offer: Offer) -> None:
+        """REST rents interruptibly at the market's spot price and takes no bid: a user's bid is the ceiling,
+        checked against RunPod's current minimum bid before anything is created."""
+        market = offer.min_bid_per_gpu
+        if market is None:
+            raise NoCapacity("RunPod", f"no spot price for {request.gpu_type} now", code="no-capacity")
+        if request.bid_per_gpu is not None and request.bid_per_gpu < market:
+            raise NoCapacity("RunPod", f"the spot price of {request.gpu_type} is ${market}/GPU-hour now, above the "
+                             f"bid of ${request.bid_per_gpu}", code="outbid")
+
+    @staticmethod
     def _placeholder(pod_id: str, name: str, request: ProvisionRequest) -> Instance:
         return Instance("runpod", pod_id, name, "pending", "CREATED", gpu_count=request.gpu_count,
                         gpu_type=request.gpu_type, spot=request.spot)
 
-    def _create_document(self, request: ProvisionRequest, name: str, cloud: Enum, bid: Decimal | None) -> str:
-        fields: dict[str, object] = {
-            "name": name, "imageName": request.image, "cloudType": cloud, "gpuTypeId": request.gpu_type,
-            "gpuCount": request.gpu_count,
+    @staticmethod
+    def _create_body(request: ProvisionRequest, extras: RunPodOptions, name: str, cloud: str) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "name": name, "imageName": extras.image, "cloudType": cloud, "computeType": "GPU",
+            "gpuTypeIds": [request.gpu_type], "gpuCount": request.gpu_count, "interruptible": request.spot,
+            "supportPublicIp": True, "ports": ["22/tcp"], "volumeInGb": extras.volume_gb,
+            "containerDiskInGb": extras.container_disk_gb, "volumeMountPath": "/workspace",
+            "minVCPUPerGPU": 2, "minRAMPerGPU": 15, "env": dict(sorted(request.env.items())),
         }
-        if bid is not None:
-            fields["bidPerGpu"] = bid
-        fields.update({
-            "startSsh": True, "supportPublicIp": True, "ports": "22/tcp", "volumeInGb": request.volume_gb,
-            "containerDiskInGb": request.container_disk_gb, "volumeMountPath": "/workspace",
-            "minVcpuCount": 2, "minMemoryInGb": 15, "dataCenterId": request.region,
-        })
-        if request.network_volume_id:
-            fields["networkVolumeId"] = request.network_volume_id
-        fields["env"] = [{"key": key, "value": value} for key, value in sorted(request.env.items())]
-        if bid is not None:
-            return f"mutation {{ podRentInterruptable(input: {gql_literal(fields)}) {{ {CREATE_FIELDS} }} }}"
-        return f"mutation {{ podFindAndDeployOnDemand(input: {gql_literal(fields)}) {{ {CREATE_FIELDS} }} }}"
+        if request.region:
+            body["dataCenterIds"] = [request.region]
+        if extras.network_volume_id:
+            body["networkVolumeId"] = extras.network_volume_id
+        return body
 
-    def _create(self, document: str, what: str, name: str) -> str:
+    def _create(self, body: Mapping[str, Any], name: str) -> str:
         """One create call, retried only after checking that no pod got the name meanwhile (docs/providers.md)."""
-        return self.http.retrying(lambda: self._create_once(document, what), adopt=lambda: self._find_by_name(name))
+        return self.http.retrying(lambda: self._create_once(body), adopt=lambda: self._find_by_name(name))
 
-    def _create_once(self, document: str, what: str) -> str:
-        pod = self._send(document, what, once=True).get(what)
+    def _create_once(self, body: Mapping[str, Any]) -> str:
+        what = "POST /pods"
+        pod = self._check(self.http.request_once("POST", "/pods", json=dict(body), what=what), what)
         if not isinstance(pod, dict) or not pod.get("id"):
             raise ProviderError("RunPod", f"{what} returned no pod", code="no-pod")
         return str(pod["id"])
 
-    def wait_ready(self, instance_id: str, *, timeout_s: float | None = None) -> Instance:
-        policy = self.ready_policy if timeout_s is None else PollPolicy(timeout_s, self.ready_policy.first_s,
-                                                                        self.ready_policy.max_s)
-        return poll_until_ready("RunPod", instance_id, self.get, policy, sleep=self.http.sleep, clock=self.http.clock)
-
-    def wait_gone(self, instance_id: str, *, timeout_s: float | None = None) -> None:
-        policy = self.gone_policy if timeout_s is None else PollPolicy(timeout_s, self.gone_policy.first_s,
-                                                                      self.gone_policy.max_s)
-        poll_until_gone("RunPod", instance_id, self.get, policy, sleep=self.http.sleep, clock=self.http.clock)
-
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def stop(self, instance_id: str) -> None:
-        document = f"mutation {{ podStop(input: {gql_literal({'podId': instance_id})}) {{ id desiredStatus }} }}"
-        self._send(document, "podStop")
+        self._call("POST", f"/pods/{_segment(instance_id)}/stop")
 
     def resume(self, instance_id: str, *, gpu_count: int = 1, bid_per_gpu: Decimal | None = None) -> None:
-        """``podBidResume`` when ``bid_per_gpu`` is given (a spot pod needs one), else ``podResume``."""
-        if bid_per_gpu is None:
-            pod = self.get(instance_id)
-            if pod is not None and pod.spot:
-                raise ProviderUnsupported("RunPod", f"{instance_id} is a spot pod: resume it with a bid per GPU",
-                                          code="needs-bid")
-            args: dict[str, object] = {"podId": instance_id, "gpuCount": gpu_count}
-            op = "podResume"
-        else:
-            args = {"podId": instance_id, "bidPerGpu": bid_per_gpu, "gpuCount": gpu_count}
-            op = "podBidResume"
-        self._send(f"mutation {{ {op}(input: {gql_literal(args)}) {{ {CREATE_FIELDS} }} }}", op)
+        """GraphQL ``podBidResume`` when ``bid_per_gpu`` is given (a spot pod needs one), else REST
+        ``POST /pods/{id}/start`` (the pod comes back with the GPU count it was created with)."""
+        if bid_per_gpu is not None:
+            self.graphql.bid_resume(_segment(instance_id), bid_per_gpu, gpu_count)
+            return
+        pod = self.get(instance_id)
+        if pod is not None and pod.spot:
+            raise ProviderUnsupported("RunPod", f"{instance_id} is a spot pod: resume it with a bid per GPU",
+                                      code="needs-bid")
+        self._call("POST", f"/pods/{_segment(instance_id)}/start")
 
     def terminate(self, instance_id: str) -> None:
         current = self.get(instance_id)
         if current is None or current.gone:
             return
-        document = f"mutation {{ podTerminate(input: {gql_literal({'podId': instance_id})}) }}"
-        self._send(document, "podTerminate", timeout_s=TERMINATE_TIMEOUT_S)
+        path = f"/pods/{_segment(instance_id)}"
+        response = self.http.request("DELETE", path, timeout_s=TERMINATE_TIMEOUT_S, what=f"DELETE {path}")
+        if response.status_code != 404:
+            self._check(response, f"DELETE {path}")
 
-    # -- ssh keys ------------------------------------------------------------------------------------
+    # -- ssh keys (GraphQL) ------------------------------------------------------------------------------
 
     def ensure_ssh_key(self, public_key: str) -> str:
         """Append ``public_key`` to the account's ``pubKey`` list if missing (RunPod keeps one newline-joined
@@ -412,14 +341,9 @@ class RunPodProvider:
         body = key_body(public_key)
         if len(body.split()) != 2:
             raise ProviderError("RunPod", "not an OpenSSH public key line", code="bad-key")
-        me = self._send("query { myself { id pubKey } }", "myself.pubKey").get("myself") or {}
-        current = str(me.get("pubKey") or "")
-        lines = [line for line in current.splitlines() if line.strip()]
-        if any(key_body(line) == body for line in lines):
-            return key_label(public_key)
-        joined = "\n".join([*lines, public_key.strip()])
-        document = f"mutation {{ updateUserSettings(input: {gql_literal({'pubKey': joined})}) {{ id }} }}"
-        self._send(document, "updateUserSettings")
+        lines = [line for line in self.graphql.pub_key().splitlines() if line.strip()]
+        if not any(key_body(line) == body for line in lines):
+            self.graphql.set_pub_key("\n".join([*lines, public_key.strip()]))
         return key_label(public_key)
 
 

@@ -9,38 +9,25 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from orchestrator import notify, stops
 from orchestrator.config import Settings
 from orchestrator.context import Context
-from orchestrator.errors import ProviderError, UsageError
+from orchestrator.errors import ProviderError
 from orchestrator.ledger import HostRow
-from orchestrator.providers.base import PollPolicy, Provider, classify
+from orchestrator.providers import registry
+from orchestrator.providers.base import Provider, classify
 from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import ACTIVE
 
-PROVIDERS = ("runpod", "lambda")
-
 
 def open_provider(name: str, settings: Settings) -> Provider:
-    """The adapter for ``name``, its key and URL from the environment or the keys file."""
-    options: dict[str, Any] = {}
+    """The adapter for ``name`` (orchestrator/providers/registry.py), its key and URL from the environment
+    or the keys file."""
+    quick = None
     if settings.provider_poll_s is not None:
-        poll = settings.provider_poll_s
-        options.update(ready=PollPolicy(settings.provider_ready_timeout_s, poll, poll),
-                       gone=PollPolicy(max(60.0, 100 * poll), poll, poll), min_interval_s=0.0)
-    if name == "runpod":
-        from orchestrator.providers.runpod import RunPodProvider
-
-        return RunPodProvider.from_env(os.environ, **options)
-    if name == "lambda":
-        from orchestrator.providers.lambda_cloud import LambdaProvider
-
-        if settings.provider_poll_s is not None:
-            options["launch_interval_s"] = 0.0
-        return LambdaProvider.from_env(os.environ, **options)
-    raise UsageError(f"unknown provider {name!r} (known: {', '.join(PROVIDERS)})")
+        quick = (settings.provider_poll_s, settings.provider_ready_timeout_s)
+    return registry.open_adapter(name, os.environ, quick=quick)
 
 
 def provider_for(ctx: Context, name: str) -> Provider:

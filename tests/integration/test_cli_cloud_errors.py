@@ -54,8 +54,8 @@ def test_up_mistakes(gpuq_home: Path, key: Path, tmp_path: Path) -> None:
     no_key = subprocess.run([sys.executable, "-m", "orchestrator", "up", "--provider", "runpod", "--gpu", "X",
                              "--key", str(key)], capture_output=True, text=True, env=unset, timeout=120, check=False)
     _one_line(no_key, 1, "RUNPOD_API_KEY", "keys.toml")
-    bad_choice = run_gpuq("up", "--provider", "vastai", "--gpu", "X")
-    assert bad_choice.returncode == 2 and "vastai" in bad_choice.stderr
+    bad_choice = run_gpuq("up", "--provider", "nosuchcloud", "--gpu", "X")
+    assert bad_choice.returncode == 2 and "'nosuchcloud' is not one of 'runpod', 'lambda'" in bad_choice.stderr
     _nothing_recorded(gpuq_home)
 
 

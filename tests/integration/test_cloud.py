@@ -1,5 +1,5 @@
-"""Spot preemption and resume end to end: the CLI against the fake RunPod and fake Lambda, whose pods
-and instances are real OpenSSH hosts in network namespaces (tests/support/fakecloud/netns_backend.py).
+"""Spot preemption and resume end to end: the CLI against the fake RunPod, fake Lambda and fake vast.ai,
+whose pods and instances are real OpenSSH hosts in network namespaces (tests/support/fakecloud/netns_backend.py).
 
 Jobs are deterministic torchrun trainers (tiny MLP, gloo on CPU, one process each) that checkpoint
 every few steps.  A preemption sends SIGTERM to the pod's processes and SIGKILL after the grace; the
@@ -27,6 +27,8 @@ from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups, run_gpuq, wait_for
 from tests.support.fakecloud import FakeLambda, FakeRunPod
 from tests.support.fakecloud.netns_backend import NetnsBackend
+from tests.support.fakecloud.vastai import FakeVastAI
+from tests.support.fakecloud.vastai_market import FakeOffer
 from tests.support.once import once
 from tests.support.testhosts import HostFarm
 
@@ -35,6 +37,10 @@ pytestmark = pytest.mark.integration
 CKPT_EVERY = 4
 RUNPOD_KEY = "rp-test-key-0123456789"
 LAMBDA_KEY = "secret_lambda-test-key-0123456789"
+VAST_KEY = "vast-e2e-test-key-0123456789"
+# two hosts of one model in one region (a replacement is rented where the lost machine was), a dearer one
+VAST_MARKET = (FakeOffer(7001, "RTX 4090", 1, 24564, 0.35, 0.20), FakeOffer(7002, "RTX 4090", 1, 24564, 0.40, 0.22),
+               FakeOffer(7003, "A100 SXM4", 1, 81920, 1.20, 0.70))
 JOBS = 3  # the spot test's one job per pod; the others take the first two
 
 
@@ -91,8 +97,10 @@ class Cloud:
         self.backend = NetnsBackend(farm, moving_ports=provider == "runpod")  # RunPod: a new port per start
         if provider == "runpod":
             self.fake: Any = FakeRunPod(api_key=RUNPOD_KEY, backend=self.backend).start()
-        else:
+        elif provider == "lambda":
             self.fake = FakeLambda(api_key=LAMBDA_KEY, backend=self.backend).start()
+        else:
+            self.fake = FakeVastAI(api_key=VAST_KEY, backend=self.backend, offers=VAST_MARKET).start()
         self.home = tmp / "gpuq-home"
         self.home.mkdir()
         self.env = {
@@ -101,6 +109,7 @@ class Cloud:
             "GPUQ_PATROL_MIN_INTERVAL_S": "0.5", "GPUQ_PATROL_INTERVAL_S": "1", "GPUQ_CKPT_INTERVAL_S": "3600",
             "RUNPOD_API_KEY": RUNPOD_KEY, "GPUQ_RUNPOD_URL": self.fake.url if provider == "runpod" else "",
             "LAMBDA_API_KEY": LAMBDA_KEY, "GPUQ_LAMBDA_URL": self.fake.url if provider == "lambda" else "",
+            "VAST_API_KEY": VAST_KEY, "GPUQ_VASTAI_API_URL": self.fake.url if provider == "vastai" else "",
         }
         self.env = {k: v for k, v in self.env.items() if v}
 
@@ -364,6 +373,46 @@ def test_lambda_host_failure_resumes_on_a_replacement_from_the_shipped_checkpoin
     assert all(h.lease_state == "terminated" for h in cloud.hosts().values())
     assert RUNPOD_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
     assert LAMBDA_KEY not in (cloud.home / "ledger.db").read_bytes().decode("latin-1")
+
+
+def test_vastai_outbid_resumes_on_a_replacement_rented_by_up_for(
+        cloud_factory: Callable[..., Cloud], tmp_path: Path, reference: dict[str, str]) -> None:
+    """`gpuq up --for` rents the queue's one machine from the cheapest vast.ai interruptible offer; the
+    instance is outbid (paused with no signal: the disk stays, and bills); `gpuq resume` re-bids it, the
+    higher bid still wins, so a replacement is rented and the job continues there from the shipped
+    checkpoint to the same weights."""
+    cloud = cloud_factory("vastai", hosts=2, gpus=1)
+    queue = _project(tmp_path, jobs=1)
+    dear = cloud.gpuq("up", "--for", str(queue), "--max-price", "0.1", "--spot")  # every spot offer costs more
+    assert dear.returncode == 1 and "over --max-price" in dear.stderr and not cloud.fake.instances, dear.stderr
+    up = cloud.gpuq("up", "--for", str(queue), "--max-price", "1", "--spot", "--profile", "rehearsal")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert '"RTX 4090"' in up.stdout and up.stdout.count("preflight PASS") == 1, up.stdout
+    assert cloud.gpuq("submit", str(queue)).returncode == 0
+    (host,) = cloud.hosts().values()
+    (job,) = cloud.jobs()
+    root = cloud.host_root(host.instance_id)
+    assert wait_for(lambda: _latest_step(root, job.id) >= 2 * CKPT_EVERY, timeout=300, interval=0.2)
+    assert cloud.gpuq("patrol").returncode == 0  # ships the newest checkpoint home
+    cloud.fake.preempt(host.instance_id)  # outbid: paused at once, no SIGTERM
+    cloud.backend.wait_idle()
+    patrolled = cloud.gpuq("patrol")
+    assert patrolled.returncode == 0 and "spot preemption" in patrolled.stdout, patrolled.stdout
+    listed = cloud.gpuq("hosts", "list")
+    assert "still bills its disk" in " ".join(listed.stdout.split()), listed.stdout  # stopped is not free on vast.ai
+    resumed = cloud.gpuq("resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{host.name}: replaced by" in resumed.stdout and "resumed 1 job(s)" in resumed.stdout, resumed.stdout
+    waited = cloud.gpuq("wait", "--timeout", "600", timeout=700)
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    (done,) = cloud.jobs()
+    assert done.state == "SUCCEEDED" and done.host != host.name and done.attempt_count == 2
+    new_root = cloud.host_root(cloud.hosts()[done.host].instance_id)
+    assert 0 < _resumed_step(new_root, done.id, 2) <= _reached_step(root, done.id, 1)
+    _pull_and_compare(cloud, reference)
+    gone = cloud.gpuq("down", "--sweep", done.sweep_id, "--yes")  # the paused instance too: its disk bills
+    assert gone.returncode == 0 and gone.stdout.count(": terminated") == 2, gone.stdout + gone.stderr
+    assert not [i for i in cloud.fake.instances.values() if i.destroyed_polls is None]
 
 
 def test_down_forgets_the_terminated_machines_key(cloud_factory: Callable[..., Cloud]) -> None:

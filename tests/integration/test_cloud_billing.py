@@ -162,7 +162,7 @@ def test_a_machine_that_fails_its_audit_is_terminated_and_said(rig: Callable[...
     assert row.lease_state == "terminated" and "not usable" in row.lease_reason and cloud.billing() == {}
 
     # the terminate fails too: the machine stays recorded, held, and named with the command that ends it
-    cloud.fake.graphql_error("Something went wrong. Please try again later.", operation="podTerminate")
+    cloud.fake.rest_error("Something went wrong. Please try again later.", operation="DELETE /pods")
     again = cloud.gpuq(*cloud.up_args())
     assert again.returncode == 1, again.stdout + again.stderr
     (kept,) = [r for r in cloud.rows().values() if r.name != row.name]
@@ -260,7 +260,7 @@ def test_a_failed_replacement_in_resume_is_recorded_and_down_ends_it(rig: Callab
         provider.close()
     cloud.fake.host_failure(old.id)  # "Exited by Runpod": the job on it is lost
     sweep = _lost_job_on(cloud, tmp_path, key, old.id, backend.port)
-    cloud.fake.graphql_error("Something went wrong. Please try again later.", operation="podTerminate")
+    cloud.fake.rest_error("Something went wrong. Please try again later.", operation="DELETE /pods")
     resumed = cloud.gpuq("resume")
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr  # the lost host is not back
     assert "runpod-old not brought back" in resumed.stderr and "`gpuq down" in resumed.stderr, resumed.stderr

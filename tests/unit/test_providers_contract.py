@@ -40,23 +40,26 @@ PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpx8rWc3fGk7ZqSgpuqF0contract
 GPU_TYPE = {"runpod": "NVIDIA RTX A6000", "lambda": "gpu_1x_a10"}
 SSH_USER = {"runpod": "root", "lambda": "ubuntu"}
 ENV_VAR = {"runpod": "RUNPOD_API_KEY", "lambda": "LAMBDA_API_KEY"}
-BASE_PATH = {"runpod": "/graphql", "lambda": "/api/v1"}
-REAL_URL = {"runpod": "https://api.runpod.io/graphql", "lambda": "https://cloud.lambdalabs.com/api/v1"}
+# recordings keep paths below BASE_PATH (RunPod's: the whole path, for its REST /v1 and its /graphql)
+BASE_PATH = {"runpod": "", "lambda": "/api/v1"}
+REST_PATH = {"runpod": "/v1", "lambda": "/api/v1"}
+GRAPHQL_PATH = "/graphql"
+REAL_URL = {"runpod": "https://rest.runpod.io/v1", "lambda": "https://cloud.lambdalabs.com/api/v1"}
 _FIRST_FIELD = re.compile(r"^\s*(?:query|mutation)?\s*\{\s*(\w+)")
 
 
 class Counting(httpx.BaseTransport):
-    """Names every request by operation: the GraphQL root field, or ``METHOD /path`` for REST."""
+    """Names every request by operation: the GraphQL root field, or ``METHOD /path`` below the REST base."""
 
-    def __init__(self, inner: httpx.BaseTransport, base_path: str) -> None:
+    def __init__(self, inner: httpx.BaseTransport, rest_path: str) -> None:
         self.inner = inner
-        self.base_path = base_path
+        self.rest_path = rest_path
         self.ops: list[str] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path[len(self.base_path):] if request.url.path.startswith(self.base_path) else ""
-        op = f"{request.method} {path}"
-        if request.method == "POST" and not path:
+        path = request.url.path
+        op = f"{request.method} {path.removeprefix(self.rest_path)}"
+        if request.method == "POST" and path == GRAPHQL_PATH:
             match = _FIRST_FIELD.match(json.loads(request.content).get("query", ""))
             op = match.group(1) if match else "?"
         self.ops.append(op)
@@ -92,7 +95,7 @@ class Cloud:
                                  missing=None if found else path)
             inner = self.replay.transport
             self.url = REAL_URL[kind]
-        self.counter = Counting(inner, BASE_PATH[kind])
+        self.counter = Counting(inner, REST_PATH[kind])
         self.provider: Any = self.adapter()
 
     # -- the adapter ------------------------------------------------------------------------------------
@@ -121,7 +124,7 @@ class Cloud:
 
     @property
     def create_op(self) -> str:
-        return "podFindAndDeployOnDemand" if self.kind == "runpod" else "POST /instance-operations/launch"
+        return "POST /pods" if self.kind == "runpod" else "POST /instance-operations/launch"
 
     # -- injections (no-ops on a replay) ----------------------------------------------------------------
 

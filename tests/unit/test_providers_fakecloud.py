@@ -40,7 +40,7 @@ def client() -> Iterator[httpx.Client]:
 
 def gql(client: httpx.Client, cloud: FakeRunPod, document: str, **kwargs: Any) -> httpx.Response:
     kwargs.setdefault("headers", {"Authorization": f"Bearer {cloud.api_key}"})
-    return client.post(cloud.url, json={"query": document}, **kwargs)
+    return client.post(cloud.graphql_url, json={"query": document}, **kwargs)
 
 
 def first_error(response: httpx.Response) -> str:
@@ -53,8 +53,8 @@ def first_error(response: httpx.Response) -> str:
 def test_runpod_auth_by_bearer_or_query_parameter(rp: FakeRunPod, client: httpx.Client) -> None:
     doc = "query { myself { id } }"
     assert gql(client, rp, doc).json() == {"data": {"myself": {"id": "user_fake"}}}
-    assert client.post(rp.url, params={"api_key": "rp-key"}, json={"query": doc}).status_code == 200
-    assert client.post(rp.url, json={"query": doc}).status_code == 401
+    assert client.post(rp.graphql_url, params={"api_key": "rp-key"}, json={"query": doc}).status_code == 200
+    assert client.post(rp.graphql_url, json={"query": doc}).status_code == 401
     assert gql(client, rp, doc, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert [e["auth"] for e in rp.requests()] == ["bearer", "query", "none", "bearer"]
     assert "rp-key" not in json.dumps(rp.requests())
@@ -76,7 +76,7 @@ def test_runpod_validates_selections_and_inputs_like_graphql(rp: FakeRunPod, cli
     assert 'required type "Float!" was not provided' in first_error(gql(
         client, rp, 'mutation { podRentInterruptable(input: {gpuTypeId: "NVIDIA RTX A6000", gpuCount: 1}) { id } }'))
     assert "Syntax Error" in first_error(gql(client, rp, "query { myself { id }"))
-    response = client.post(rp.url, headers={"Authorization": "Bearer rp-key"},
+    response = client.post(rp.graphql_url, headers={"Authorization": "Bearer rp-key"},
                            json={"query": "query { myself { id } }", "variables": {"a": 1}})
     assert "variables" in first_error(response)
 
@@ -120,6 +120,53 @@ def test_runpod_capacity_bids_and_prices(rp: FakeRunPod, client: httpx.Client) -
     low = gql(client, rp, 'mutation { podRentInterruptable(input: {gpuTypeId: "NVIDIA RTX A6000", gpuCount: 1, '
                           "bidPerGpu: 0.01}) { id } }")
     assert "bid" in first_error(low)
+
+
+def rp_rest(client: httpx.Client, cloud: FakeRunPod, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    kwargs.setdefault("headers", {"Authorization": f"Bearer {cloud.api_key}"})
+    return client.request(method, cloud.url + path, **kwargs)
+
+
+CREATE = {"name": "gpuq-r", "imageName": "img", "gpuTypeIds": ["NVIDIA RTX A6000"], "gpuCount": 1}
+
+
+def test_runpod_rest_is_bearer_only_and_validates_creates(rp: FakeRunPod, client: httpx.Client) -> None:
+    assert rp_rest(client, rp, "GET", "/pods").json() == []
+    assert client.get(rp.url + "/pods", params={"api_key": "rp-key"}).status_code == 401  # REST: Bearer only
+    assert rp_rest(client, rp, "GET", "/pods", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    for body, words in [({**CREATE, "bidPerGpu": 0.3}, "unknown field 'bidPerGpu'"),
+                        ({**CREATE, "gpuCount": "1"}, "gpuCount: wrong type"),
+                        ({k: v for k, v in CREATE.items() if k != "gpuTypeIds"}, "missing gpuTypeIds"),
+                        ({**CREATE, "cloudType": "ALL"}, "cloudType"),
+                        ({**CREATE, "gpuTypeIds": ["NVIDIA Imaginary 9000"]}, "invalid GPU type")]:
+        answer = rp_rest(client, rp, "POST", "/pods", json=body)
+        assert answer.status_code == 400 and words in answer.json()["error"], (body, answer.json())
+    assert rp.pods == {}
+
+
+def test_runpod_rest_lifecycle_on_the_same_pods_as_graphql(rp: FakeRunPod, client: httpx.Client) -> None:
+    made = rp_rest(client, rp, "POST", "/pods", json={**CREATE, "interruptible": True})
+    assert made.status_code == 201
+    pod = made.json()
+    assert pod["interruptible"] and pod["costPerHr"] == rp.gpu_types["NVIDIA RTX A6000"].min_bid  # the market price
+    assert pod["publicIp"] is None and pod["portMappings"] == {}, "not mapped yet"
+    first = rp_rest(client, rp, "GET", f"/pods/{pod['id']}").json()
+    assert first["desiredStatus"] == "RUNNING" and first["portMappings"] == {}, "RUNNING before port 22 is mapped"
+    ready = rp_rest(client, rp, "GET", f"/pods/{pod['id']}").json()
+    assert ready["portMappings"] == {"22": rp.pods[pod["id"]].port} and ready["publicIp"]
+    rp.preempt(pod["id"])
+    graphql_view = gql(client, rp, f'query {{ pod(input: {{podId: "{pod["id"]}"}}) {{ desiredStatus }} }}').json()
+    assert graphql_view["data"]["pod"]["desiredStatus"] == "EXITED"  # one pod, two APIs
+    exited = rp_rest(client, rp, "GET", f"/pods/{pod['id']}").json()
+    assert exited["desiredStatus"] == "EXITED" and exited["lastStatusChange"].startswith("Outbid: ")
+    assert rp_rest(client, rp, "POST", f"/pods/{pod['id']}/start").status_code == 200
+    assert rp_rest(client, rp, "POST", f"/pods/{pod['id']}/start").status_code == 400  # already running
+    assert rp_rest(client, rp, "POST", f"/pods/{pod['id']}/stop").status_code == 200
+    assert rp.pods[pod["id"]].last_change.startswith("Exited by user: ")
+    assert rp_rest(client, rp, "DELETE", f"/pods/{pod['id']}").status_code == 204
+    assert rp_rest(client, rp, "GET", f"/pods/{pod['id']}").status_code == 404
+    assert rp_rest(client, rp, "DELETE", f"/pods/{pod['id']}").status_code == 404
+    assert [e["op"] for e in rp.requests()][:2] == ["POST /pods", f"GET /pods/{pod['id']}"]
 
 
 def test_runpod_pubkey_is_one_newline_joined_string(rp: FakeRunPod) -> None:

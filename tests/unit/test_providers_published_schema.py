@@ -1,104 +1,75 @@
-"""The Lambda fake checked against Lambda Cloud's published OpenAPI document.
+"""The fakes checked against the providers' published OpenAPI documents (Lambda Cloud's, RunPod's REST).
 
-Every exchange recorded from the fake (tests/fixtures/providers/lambda/fake/*.json: the adapter's real
+Every exchange recorded from a fake (tests/fixtures/providers/<provider>/fake/*.json: the adapter's real
 requests and the fake's responses) must be one the published API allows: the path and method exist,
 the request body matches the operation's request schema, and the response body matches the schema
 the document gives for that status.  A fake that drifts from the real API (a renamed field, a wrong
-type, an endpoint the API does not have) fails here.  Where the document came from:
+type, an endpoint the API does not have) fails here, and so does an adapter that sends what the API
+does not take.  RunPod's recordings also hold its GraphQL calls (checked in test_runpod_published_types.py);
+only their REST exchanges (``/v1/...``) are checked here.  Where the documents came from:
 tests/fixtures/providers/README.md.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
+
+from tests.support.openapi_check import PublishedApi
 
 PROVIDERS = Path(__file__).resolve().parents[1] / "fixtures" / "providers"
-OPENAPI = PROVIDERS / "lambda" / "published" / "openapi-1.8.3.json"
-BASE = "/api/v1"
-ROOT_URI = "urn:gpuq:lambda-openapi"
+LAMBDA = PublishedApi(PROVIDERS / "lambda" / "published" / "openapi-1.8.3.json", "Lambda",
+                      lambda path: "/api/v1" + path, auth=("bearer", "basic"))
+RUNPOD_REST = "/v1"
+RUNPOD = PublishedApi(PROVIDERS / "runpod" / "published" / "openapi.json", "RunPod",
+                      lambda path: path.removeprefix(RUNPOD_REST), closed_requests=True)
+check_exchange = LAMBDA.check
 
 
-def _document() -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(OPENAPI.read_text())
-    return doc
+def _problems(api: PublishedApi, exchanges: list[dict[str, Any]]) -> list[str]:
+    return [f"#{i} {x['request']['method']} {x['request']['path']}: {p}"
+            for i, x in enumerate(exchanges) for p in api.check(x)]
 
 
-DOC = _document()
-REGISTRY: Registry = Registry().with_resource(ROOT_URI, Resource.from_contents(DOC, default_specification=DRAFT202012))
-
-
-def _pointer(*parts: str) -> str:
-    return "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
-
-
-def _validator(*parts: str) -> Draft202012Validator:
-    return Draft202012Validator({"$ref": f"{ROOT_URI}#/{_pointer(*parts)}"}, registry=REGISTRY)
-
-
-def _operation(method: str, path: str) -> tuple[str, dict[str, Any]]:
-    """The documented path template and operation for a concrete request path."""
-    for template, ops in DOC["paths"].items():
-        pattern = "^" + re.sub(r"\\\{[^/]+\\\}", "[^/]+", re.escape(template)) + "$"
-        if re.match(pattern, BASE + path) and method.lower() in ops:
-            return template, ops[method.lower()]
-    raise AssertionError(f"{method} {BASE}{path} is not an operation of the published Lambda API")
-
-
-def _errors(validator: Draft202012Validator, body: Any) -> list[str]:
-    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(body)]
-
-
-def check_exchange(exchange: dict[str, Any]) -> list[str]:
-    """What in one recorded request/response pair the published API does not allow."""
-    req, resp = exchange["request"], exchange["response"]
-    template, op = _operation(req["method"], req["path"])
-    method = req["method"].lower()
-    problems: list[str] = []
-    if req.get("auth") not in ("bearer", "basic"):
-        problems.append(f"request sent no Bearer/Basic authorization ({req.get('auth')})")
-    body_schema = op.get("requestBody", {}).get("content", {}).get("application/json")
-    if req.get("json") is not None:
-        if body_schema is None:
-            problems.append(f"{req['method']} {template} takes no JSON body")
-        else:
-            validator = _validator("paths", template, method, "requestBody", "content", "application/json", "schema")
-            problems += [f"request: {e}" for e in _errors(validator, req["json"])]
-    elif body_schema is not None and op["requestBody"].get("required"):
-        problems.append(f"{req['method']} {template} requires a JSON body")
-    status = str(resp["status"])
-    responses = op["responses"]
-    key = status if status in responses else ("default" if "default" in responses else None)
-    if key is None:
-        # statuses every endpoint may answer (rate limiting, server errors) are not listed per operation
-        if status not in ("429", "500", "503"):
-            problems.append(f"{req['method']} {template} documents no {status} response")
-        return problems
-    if "json" not in resp:
-        problems.append(f"response {status} is not JSON")
-        return problems
-    validator = _validator("paths", template, method, "responses", key, "content", "application/json", "schema")
-    problems += [f"response {status}: {e}" for e in _errors(validator, resp["json"])]
-    return problems
+def _exchanges(recording: Path) -> list[dict[str, Any]]:
+    exchanges: list[dict[str, Any]] = json.loads(recording.read_text())["exchanges"]
+    assert exchanges, f"{recording.name} holds no exchange"
+    return exchanges
 
 
 RECORDINGS = sorted((PROVIDERS / "lambda" / "fake").glob("*.json"))
+RUNPOD_RECORDINGS = sorted((PROVIDERS / "runpod" / "fake").glob("*.json"))
 
 
 @pytest.mark.parametrize("recording", RECORDINGS, ids=[p.stem for p in RECORDINGS])
 def test_every_recorded_lambda_exchange_is_allowed_by_the_published_api(recording: Path) -> None:
-    exchanges = json.loads(recording.read_text())["exchanges"]
-    assert exchanges, f"{recording.name} holds no exchange"
-    problems = [f"#{i} {x['request']['method']} {x['request']['path']}: {p}"
-                for i, x in enumerate(exchanges) for p in check_exchange(x)]
-    assert problems == []
+    assert _problems(LAMBDA, _exchanges(recording)) == []
+
+
+@pytest.mark.parametrize("recording", RUNPOD_RECORDINGS, ids=[p.stem for p in RUNPOD_RECORDINGS])
+def test_every_recorded_runpod_rest_exchange_is_allowed_by_the_published_api(recording: Path) -> None:
+    rest = [x for x in _exchanges(recording) if x["request"]["path"].startswith(RUNPOD_REST + "/")]
+    assert _problems(RUNPOD, rest) == []
+
+
+def test_the_runpod_recordings_use_every_rest_operation_gpuq_needs() -> None:
+    """Create (on demand and interruptible), list, get, stop, start and delete all pass through the check."""
+    seen: set[tuple[str, str]] = set()
+    interruptible: set[bool] = set()
+    for recording in RUNPOD_RECORDINGS:
+        for x in _exchanges(recording):
+            req = x["request"]
+            if req["path"].startswith(RUNPOD_REST + "/"):
+                template, _ = RUNPOD.operation(req["method"], req["path"].removeprefix(RUNPOD_REST))
+                seen.add((req["method"], template))
+                if (req["method"], template) == ("POST", "/pods"):
+                    interruptible.add(bool(req["json"].get("interruptible")))
+    assert seen >= {("POST", "/pods"), ("GET", "/pods"), ("GET", "/pods/{podId}"), ("POST", "/pods/{podId}/stop"),
+                    ("POST", "/pods/{podId}/start"), ("DELETE", "/pods/{podId}")}, seen
+    assert interruptible == {True, False}
 
 
 def test_the_check_catches_a_drifted_fake() -> None:
@@ -115,3 +86,24 @@ def test_the_check_catches_a_drifted_fake() -> None:
     with pytest.raises(AssertionError, match="is not an operation of the published Lambda API"):
         check_exchange({"request": {"method": "POST", "path": "/pods", "auth": "bearer", "json": {}},
                         "response": {"status": 200, "json": {}}})
+
+
+def test_the_runpod_check_catches_a_drifted_fake_or_adapter() -> None:
+    pod = {"id": "p1", "desiredStatus": "RUNNING", "interruptible": True, "costPerHr": 0.25,
+           "publicIp": None, "portMappings": {"22": 10341}}
+    good = {"request": {"method": "GET", "path": "/v1/pods/p1", "auth": "bearer", "json": None, "query": {}},
+            "response": {"status": 200, "json": pod}}
+    assert RUNPOD.check(good) == []  # publicIp may be null (OpenAPI 3.0 nullable)
+    drifted = {**good, "response": {"status": 200, "json": {**pod, "desiredStatus": "EXITING", "costPerHr": "0.25",
+                                                             "interruptible": "yes"}}}
+    problems = RUNPOD.check(drifted)
+    for field in ("desiredStatus", "costPerHr", "interruptible"):
+        assert any(p.startswith(f"response 200: {field}") for p in problems), (field, problems)
+    create = {"request": {"method": "POST", "path": "/v1/pods", "auth": "bearer", "query": {},
+                          "json": {"gpuTypeIds": ["NVIDIA RTX A6000"], "cloudType": "ALL", "bidPerGpu": 0.3}},
+              "response": {"status": 201, "json": pod}}
+    problems = RUNPOD.check(create)
+    assert any("cloudType" in p for p in problems) and any("'bidPerGpu' is not a field" in p for p in problems)
+    with pytest.raises(AssertionError, match="is not an operation of the published RunPod API"):
+        RUNPOD.check({"request": {"method": "POST", "path": "/v1/pods/p1/bid", "auth": "bearer", "json": None},
+                      "response": {"status": 200, "json": {}}})

@@ -20,8 +20,8 @@ What the fakes' calls do to a host (docs/providers.md):
   container stops once its processes have exited).  /root is kept; /tmp is wiped on the next boot.
 - ``destroy(id)``: the host is killed, its /root and /tmp wiped and it goes back to the pool at once
   (a later rental waits behind the wipe).  Idempotent.
-- ``crash(id)`` (tests only; no fake calls it): the host dies at once without SIGTERM, as a hardware
-  fault would; it stays down until provisioned again.
+- ``crash(id)`` (tests, and FakeVastAI's outbid pause): the host dies at once without SIGTERM, as a
+  hardware fault would; it stays down until provisioned again.
 
 The fakes call a backend under their state lock, so every call here only queues work: each host has
 one worker thread that runs its operations in order (a resume waits behind the kill of the preemption
@@ -166,8 +166,9 @@ class NetnsBackend:
 
     def crash(self, instance_id: str) -> None:
         """The instance's host dies now (SIGKILL to everything, no SIGTERM), as on a hardware fault; it
-        stays down until provisioned again.  The fakes do not call this: pair it with their own controls
-        (e.g. FakeLambda.host_failure, which leaves the machine's fate open)."""
+        stays down until provisioned again.  FakeVastAI calls it for an outbid pause (no signal); the other
+        fakes do not: pair it with their own controls (e.g. FakeLambda.host_failure, which leaves the
+        machine's fate open)."""
         with self._cond:
             self.events.append(("crash", instance_id, 0.0))
             slot = self._slot_of(instance_id)

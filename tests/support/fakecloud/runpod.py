@@ -1,6 +1,7 @@
-"""A fake RunPod GraphQL API (docs/providers.md) for tests and demos.
+"""A fake RunPod (docs/providers.md) for tests and demos: its REST API under ``/v1`` (runpod_rest.py; ``url``)
+and its GraphQL API at ``/graphql`` (``graphql_url``), over the same pods.
 
-``POST /graphql`` with ``{"query": "<document>"}`` and literal values; auth by ``Authorization: Bearer``
+GraphQL: ``POST /graphql`` with ``{"query": "<document>"}`` and literal values; auth by ``Authorization: Bearer``
 or the older ``?api_key=`` query parameter (the real API accepts both; gpuq sends only the header); a
 missing or wrong key gets HTTP 401.  Client errors come back as **HTTP 200 with an ``errors`` array**.
 Every input field and every selected field is validated against the subset of the schema that
@@ -21,8 +22,8 @@ Behaviour (defaults in brackets; controls change them):
   is armed) fails with ``There are no longer any instances available with the requested
   specifications``; a type without stock shows null ``lowestPrice`` prices [unverified].
 
-Not modelled yet: the REST v1 surface (``portMappings``, ``costPerHr`` as a string), billing, hanging
-calls, host-key changes.
+The REST routes (create, list, get, stop, start, delete) act on the same pods with the same rules; see
+runpod_rest.py.  Not modelled yet: billing, hanging calls, host-key changes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.fakecloud import graphql as gql
+from tests.support.fakecloud import runpod_rest
 from tests.support.fakecloud.backend import HostBackend
 from tests.support.fakecloud.server import FakeClock, FakeCloud, Reply, Request
 
@@ -120,10 +122,11 @@ def js_date(epoch: float) -> str:
 
 class FakeRunPod(FakeCloud):
     provider = "runpod"
-    api_prefix = "/graphql"
+    api_prefix = runpod_rest.PREFIX  # ``url``: the REST base an adapter is pointed at (GPUQ_RUNPOD_URL)
+    graphql_prefix = "/graphql"
     controls = (*FakeCloud.controls, "preempt", "user_stop", "host_failure", "no_capacity", "set_stock",
                 "graphql_error", "slow_ready", "fail_after_create", "zero_gpus_on_resume", "terminate_lag",
-                "remove", "slow_create")
+                "remove", "slow_create", "rest_error")
 
     def __init__(self, *, api_key: str = "fake-runpod-key", backend: HostBackend | None = None,
                  clock: FakeClock | None = None, port: int = 0, gpu_types: tuple[GpuType, ...] = DEFAULT_GPU_TYPES,
@@ -134,6 +137,7 @@ class FakeRunPod(FakeCloud):
         self.pub_key = pub_key
         self._no_capacity = 0
         self._errors: list[tuple[str, str | None]] = []
+        self._rest_errors: list[tuple[str, str | None, int]] = []
         self._fail_after_create: list[tuple[int, float | None]] = []
         self._create_delays: list[float] = []
         self.status_polls = 0
@@ -142,17 +146,25 @@ class FakeRunPod(FakeCloud):
 
     # -- auth -----------------------------------------------------------------------------------------
 
+    @property
+    def graphql_url(self) -> str:
+        return self.root_url + self.graphql_prefix
+
     def authorize(self, req: Request) -> bool:
         auth = req.headers.get("authorization", "")
-        if auth:
+        if auth or req.path.startswith(runpod_rest.PREFIX):  # REST: Bearer only
             return auth == f"Bearer {self.api_key}"
         return req.query.get("api_key") == [self.api_key]
 
     def auth_failure(self, req: Request) -> Reply:
         # [obs] the body of RunPod's 401 is not documented; the status is what matters.
+        if req.path.startswith(runpod_rest.PREFIX):
+            return Reply(401, {"error": "Unauthorized", "status": 401})
         return Reply(401, {"errors": [{"message": "Unauthorized"}]})
 
     def describe(self, req: Request) -> str:
+        if req.path.startswith(runpod_rest.PREFIX):
+            return f"{req.method} {req.path[len(runpod_rest.PREFIX):]}"
         body = req.json()
         document = body.get("query", "") if isinstance(body, dict) else ""
         return ",".join(f.name for f in gql.parse(document).fields)
@@ -165,7 +177,7 @@ class FakeRunPod(FakeCloud):
             raise KeyError(f"no pod {pod_id}")
         return pod
 
-    def _exit(self, pod: Pod, label: str, grace_s: float) -> None:
+    def exit_pod(self, pod: Pod, label: str, grace_s: float) -> None:
         if pod.status == "RUNNING":
             self.backend.preempt(pod.id, grace_s)
             pod.gpu_type.stock += pod.gpu_count
@@ -176,17 +188,17 @@ class FakeRunPod(FakeCloud):
         """Outbid: the backend gets SIGTERM-then-SIGKILL (``grace_s``), the pod turns EXITED with
         ``lastStatusChange: "Outbid: <date>"`` and ``runtime: null``."""
         with self.lock:
-            self._exit(self._pod(pod_id), "Outbid", grace_s)
+            self.exit_pod(self._pod(pod_id), "Outbid", grace_s)
 
     def user_stop(self, pod_id: str) -> None:
         """A human pressed stop in the console: EXITED, ``Exited by user: <date>``."""
         with self.lock:
-            self._exit(self._pod(pod_id), "Exited by user", 5.0)
+            self.exit_pod(self._pod(pod_id), "Exited by user", 5.0)
 
     def host_failure(self, pod_id: str) -> None:
         """The platform stopped the pod (host problem, low balance): EXITED, ``Exited by Runpod: <date>``."""
         with self.lock:
-            self._exit(self._pod(pod_id), "Exited by Runpod", 0.0)
+            self.exit_pod(self._pod(pod_id), "Exited by Runpod", 0.0)
 
     def remove(self, pod_id: str) -> None:
         """The pod vanishes without a terminate from gpuq (RunPod deleted a long-stopped pod)."""
@@ -208,6 +220,13 @@ class FakeRunPod(FakeCloud):
         """The next ``count`` calls (of ``operation`` only, if given) get HTTP 200 with ``errors``."""
         with self.lock:
             self._errors.extend([(message, operation)] * count)
+
+    def rest_error(self, message: str = "Something went wrong. Please try again later.", count: int = 1,
+                   operation: str | None = None, status: int = 400) -> None:
+        """The next ``count`` REST calls (those whose ``METHOD /path`` starts with ``operation``, if given,
+        e.g. ``"DELETE /pods"``) answer ``status`` with ``{"error": message}`` and do nothing."""
+        with self.lock:
+            self._rest_errors.extend([(message, operation, status)] * count)
 
     def slow_ready(self, port_polls: int = 1, status_polls: int = 0) -> None:
         """Pods created or resumed from now on show CREATED for ``status_polls`` reads, then RUNNING
@@ -240,6 +259,19 @@ class FakeRunPod(FakeCloud):
     # -- GraphQL ------------------------------------------------------------------------------------------
 
     def handle(self, req: Request) -> Reply:
+        if req.path.startswith(runpod_rest.PREFIX + "/"):
+            op = self.describe(req)
+            for index, (message, wanted, status) in enumerate(self._rest_errors):
+                if wanted is None or op.startswith(wanted):
+                    del self._rest_errors[index]
+                    return Reply(status, {"error": message, "status": status})
+            try:
+                return runpod_rest.handle(self, req)
+            except _AfterCreate as exc:
+                headers = {} if exc.retry_after is None else {"Retry-After": format(exc.retry_after, "g")}
+                return Reply(exc.status, {"error": "upstream failure after create", "status": exc.status}, headers)
+        if req.path != self.graphql_prefix:
+            return Reply(404, {"errors": [{"message": f"no route {req.path}"}]})
         if req.method != "POST":
             return Reply(405, "Method Not Allowed")
         try:
@@ -257,7 +289,7 @@ class FakeRunPod(FakeCloud):
             data = {f.key: self._root(operation.kind, f) for f in operation.fields}
             creates = {"podFindAndDeployOnDemand", "podRentInterruptable"} & {f.name for f in operation.fields}
             if creates and self._create_delays:
-                return Reply(200, {"data": data}, delay_s=self._create_delays.pop(0))
+                return Reply(200, {"data": data}, delay_s=self.take_create_delay())
         except gql.GraphQLError as exc:
             error: dict[str, Any] = {"message": exc.message}
             if exc.path:
@@ -296,7 +328,11 @@ class FakeRunPod(FakeCloud):
 
     # -- queries ------------------------------------------------------------------------------------------
 
-    def _visible(self) -> list[Pod]:
+    def take_create_delay(self) -> float:
+        """How late the current create answers (``slow_create``), 0 when not armed."""
+        return self._create_delays.pop(0) if self._create_delays else 0.0
+
+    def visible(self) -> list[Pod]:
         """Pods a read can see; each read counts as one poll for readiness and deletion lags."""
         out = []
         for pod in list(self.pods.values()):
@@ -308,8 +344,9 @@ class FakeRunPod(FakeCloud):
             out.append(pod)
         return out
 
-    def _poll(self, pod: Pod) -> dict[str, Any]:
-        view = self._pod_view(pod)
+    def poll(self, pod: Pod, view_of: Callable[[FakeRunPod, Pod], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """``pod`` as one read shows it (``view_of``: REST's view; default GraphQL's); the read counts as a poll."""
+        view = view_of(self, pod) if view_of is not None else self._pod_view(pod)
         if pod.status == "RUNNING":
             if pod.status_polls > 0:
                 pod.status_polls -= 1
@@ -324,14 +361,14 @@ class FakeRunPod(FakeCloud):
         def pods(sub: gql.Field) -> list[dict[str, Any]]:
             if sub.args:
                 raise gql.GraphQLError(f'Unknown argument "{next(iter(sub.args))}" on field "pods".')
-            return [self._poll(p) for p in self._visible()]
+            return [self.poll(p) for p in self.visible()]
 
         return {"__typename": "User", "id": "user_fake", "pubKey": self.pub_key, "pods": pods}
 
     def _q_pod(self, fld: gql.Field) -> Any:
         pod_id = gql.input_arg(fld, POD_FILTER)["podId"]
-        pod = next((p for p in self._visible() if p.id == pod_id), None)
-        return self._poll(pod) if pod is not None else None
+        pod = next((p for p in self.visible() if p.id == pod_id), None)
+        return self.poll(pod) if pod is not None else None
 
     def _q_gpu_types(self, fld: gql.Field) -> Any:
         wanted = gql.input_arg(fld, GPU_FILTER, required=False).get("id")
@@ -356,7 +393,7 @@ class FakeRunPod(FakeCloud):
         running = pod.status == "RUNNING"
         shown_status = "CREATED" if running and pod.status_polls > 0 else pod.status
         runtime = None
-        if running and pod.status_polls <= 0 and pod.port_polls <= 0 and self._machine_ready(pod):
+        if running and pod.status_polls <= 0 and pod.port_polls <= 0 and self.machine_ready(pod):
             uptime = int(self.clock.now() - pod.started_at)
             runtime = {
                 "__typename": "PodRuntime", "uptimeInSeconds": uptime,
@@ -385,7 +422,7 @@ class FakeRunPod(FakeCloud):
             "runtime": runtime,
         }
 
-    def _machine_ready(self, pod: Pod) -> bool:
+    def machine_ready(self, pod: Pod) -> bool:
         """The backend's optional readiness hook (a backend without one is always ready)."""
         ready: Callable[[str], bool] | None = getattr(self.backend, "is_ready", None)
         return ready is None or ready(pod.id)
@@ -406,19 +443,26 @@ class FakeRunPod(FakeCloud):
         if gpu is None:
             # [unverified] RunPod's wording for an unknown GPU type.
             raise gql.GraphQLError(f"Invalid GPU type: {args['gpuTypeId']}")
-        count = int(args["gpuCount"])
-        if count < 1:
-            raise gql.GraphQLError("gpuCount must be at least 1")
         if spot and float(args["bidPerGpu"]) < gpu.min_bid:
             raise gql.GraphQLError(f"Your bid price is below the minimum bid of ${gpu.min_bid}/hr.")  # [unverified]
+        env = [f"{e['key']}={e['value']}" for e in args.get("env") or []]
+        pod = self.make_pod(name=args.get("name") or "", gpu=gpu, count=int(args["gpuCount"]),
+                            image=args.get("imageName") or "runpod/base", spot=spot, bid=args.get("bidPerGpu"),
+                            env=env, ports=args.get("ports") or "", volume_gb=args.get("volumeInGb") or 0,
+                            disk_gb=args.get("containerDiskInGb") or 10,
+                            mount=args.get("volumeMountPath") or "/runpod-volume")
+        return self._pod_view(pod)
+
+    def make_pod(self, *, name: str, gpu: GpuType, count: int, image: str, spot: bool, bid: float | None,
+                 env: list[str], ports: str, volume_gb: int, disk_gb: int, mount: str) -> Pod:
+        """Create a pod (either API): capacity taken, machine provisioned, then any armed ``fail_after_create``."""
+        if count < 1:
+            raise gql.GraphQLError("gpuCount must be at least 1")
         self._take_capacity(gpu, count)
         pod_id = self.new_id(14, ID_ALPHABET)
         pod = Pod(
-            id=pod_id, name=args.get("name") or pod_id, gpu_type=gpu, gpu_count=count,
-            image=args.get("imageName") or "runpod/base", spot=spot, bid=args.get("bidPerGpu"),
-            env=[f"{e['key']}={e['value']}" for e in args.get("env") or []], ports=args.get("ports") or "",
-            volume_gb=args.get("volumeInGb") or 0, disk_gb=args.get("containerDiskInGb") or 10,
-            mount=args.get("volumeMountPath") or "/runpod-volume",
+            id=pod_id, name=name or pod_id, gpu_type=gpu, gpu_count=count, image=image, spot=spot, bid=bid,
+            env=env, ports=ports, volume_gb=volume_gb, disk_gb=disk_gb, mount=mount,
             machine_id=self.new_id(12, ID_ALPHABET), host_id=f"{pod_id}-64410f2c",
             last_change=f"Rented by User: {js_date(self.clock.now())}",
         )
@@ -427,7 +471,7 @@ class FakeRunPod(FakeCloud):
         if self._fail_after_create:
             status, retry_after = self._fail_after_create.pop(0)
             raise _AfterCreate(status, retry_after)
-        return self._pod_view(pod)
+        return pod
 
     def _start(self, pod: Pod, gpus: int) -> None:
         pod.ip, pod.port = self.backend.provision(pod.id, gpus)
@@ -441,18 +485,18 @@ class FakeRunPod(FakeCloud):
     def _m_rent(self, fld: gql.Field) -> Any:
         return self._create(fld, spot=True)
 
-    def _live_pod(self, pod_id: str) -> Pod:
+    def live_pod(self, pod_id: str) -> Pod:
         pod = self.pods.get(pod_id)
         if pod is None or pod.status == "TERMINATED":
             raise gql.GraphQLError("Pod not found.")  # [unverified] wording
         return pod
 
     def _m_stop(self, fld: gql.Field) -> Any:
-        pod = self._live_pod(gql.input_arg(fld, POD_ID_INPUT)["podId"])
-        self._exit(pod, "Exited by user", 5.0)
+        pod = self.live_pod(gql.input_arg(fld, POD_ID_INPUT)["podId"])
+        self.exit_pod(pod, "Exited by user", 5.0)
         return {"__typename": "Pod", "id": pod.id, "desiredStatus": pod.status}
 
-    def _resume(self, pod: Pod, gpu_count: int, *, spot: bool, bid: float | None) -> dict[str, Any]:
+    def resume_pod(self, pod: Pod, gpu_count: int, *, spot: bool, bid: float | None) -> dict[str, Any]:
         if pod.status == "RUNNING":
             raise gql.GraphQLError("Pod is already running.")  # [unverified] wording
         if spot and bid is not None and bid < pod.gpu_type.min_bid:
@@ -468,17 +512,19 @@ class FakeRunPod(FakeCloud):
 
     def _m_resume(self, fld: gql.Field) -> Any:
         args = gql.input_arg(fld, RESUME_INPUT)
-        pod = self._live_pod(args["podId"])
-        return self._resume(pod, int(args.get("gpuCount") or pod.gpu_count or 1), spot=False, bid=None)
+        pod = self.live_pod(args["podId"])
+        return self.resume_pod(pod, int(args.get("gpuCount") or pod.gpu_count or 1), spot=False, bid=None)
 
     def _m_bid_resume(self, fld: gql.Field) -> Any:
         args = gql.input_arg(fld, BID_RESUME_INPUT)
-        pod = self._live_pod(args["podId"])
-        return self._resume(pod, int(args.get("gpuCount") or pod.gpu_count or 1), spot=True,
+        pod = self.live_pod(args["podId"])
+        return self.resume_pod(pod, int(args.get("gpuCount") or pod.gpu_count or 1), spot=True,
                             bid=float(args["bidPerGpu"]))
 
     def _m_terminate(self, fld: gql.Field) -> Any:
-        pod = self._live_pod(gql.input_arg(fld, TERMINATE_INPUT)["podId"])
+        self.terminate_pod(self.live_pod(gql.input_arg(fld, TERMINATE_INPUT)["podId"]))
+
+    def terminate_pod(self, pod: Pod) -> None:
         if pod.status == "RUNNING":
             pod.gpu_type.stock += pod.gpu_count
         self.backend.destroy(pod.id)
@@ -486,7 +532,6 @@ class FakeRunPod(FakeCloud):
         pod.terminate_polls = self.terminate_polls
         if pod.terminate_polls <= 0:
             del self.pods[pod.id]
-        return None
 
     def _m_user_settings(self, fld: gql.Field) -> Any:
         args = gql.input_arg(fld, USER_SETTINGS_INPUT)

@@ -129,7 +129,7 @@ class FakeCloud:
 
     @property
     def url(self) -> str:
-        """The base URL an adapter is pointed at (GPUQ_RUNPOD_GRAPHQL_URL / GPUQ_LAMBDA_API_URL)."""
+        """The base URL an adapter is pointed at (GPUQ_RUNPOD_URL: RunPod's REST base / GPUQ_LAMBDA_API_URL)."""
         return self.root_url + self.api_prefix
 
     # -- common controls ------------------------------------------------------------------------------
