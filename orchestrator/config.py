@@ -83,6 +83,10 @@ class Settings(BaseModel):
     ssh_key: str = ""  # private key for hosts gpuq rents ("" = ~/.ssh/id_ed25519, else id_rsa)
     provider_poll_s: float | None = Field(default=None, ge=0.1, le=3600)  # API poll/pace (None = adapter default)
     provider_ready_timeout_s: float = Field(default=900.0, ge=1, le=86400)  # a rented machine must be ready by then
+    # `gpuq up --for --retry-until`: the first wait between two offer polls while capacity is short (doubling
+    # up to offers_retry_max_s); tests and demos set it small (GPUQ_OFFERS_RETRY_S)
+    offers_retry_s: float = Field(default=30.0, ge=0.01, le=3600)
+    offers_retry_max_s: float = Field(default=600.0, ge=0.01, le=86400)
     ship_checkpoints: Literal["auto", "always", "never"] = "auto"  # auto: from rented hosts only
     # same-host: a project's own checkpoint is placed back only on the host(s) that wrote it (checkpoint_trust.py)
     checkpoint_trust: Literal["any-host", "same-host"] = "any-host"
@@ -233,11 +237,22 @@ def profiles_dir() -> Path:
     raise ConfigError("the gpuq profiles are missing from this installation; reinstall gpuq")
 
 
+_ADDED_PROFILES: dict[str, Path] = {}
+
+
+def add_profile(path: Path) -> None:
+    """Make the profile file ``path`` loadable by its stem: a provider from outside gpuq brings its own
+    (orchestrator/providers/registry.py).  gpuq's own profiles keep their names."""
+    _ADDED_PROFILES[path.stem] = path
+
+
 def load_profile(name: str) -> Profile:
-    """profiles/<name>.toml, validated; errors name the file and the field."""
+    """profiles/<name>.toml (or a profile a provider plugin added), validated; errors name the file and the field."""
     path = profiles_dir() / f"{name}.toml"
+    if not path.is_file() and name in _ADDED_PROFILES:
+        path = _ADDED_PROFILES[name]
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.toml")))
+        known = ", ".join(sorted({p.stem for p in profiles_dir().glob("*.toml")} | set(_ADDED_PROFILES)))
         raise ConfigError(f"unknown profile {name!r} (known: {known})")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from orchestrator import protocol
 from orchestrator.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
+from orchestrator.gpumatch import facts_json
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow, Ledger
@@ -72,7 +73,8 @@ if smi:
             for line in out.stdout.decode("utf-8", "replace").splitlines():
                 parts = [p.strip() for p in line.split(",")]
                 if len(parts) == 3 and parts[0].isdigit():
-                    gpus.append({"index": int(parts[0]), "name": parts[1], "memory_total_mib": parts[2]})
+                    mib = float(parts[2]) if parts[2].replace(".", "", 1).isdigit() else None
+                    gpus.append({"index": int(parts[0]), "name": parts[1], "memory_total_mib": mib})
         else:
             doc["gpu_error"] = out.stderr.decode("utf-8", "replace").strip()[-300:]
     except (OSError, subprocess.SubprocessError) as exc:
@@ -277,7 +279,7 @@ def audit(host: Host, interpreter: str, root: str) -> HostFacts:
 
 # What registering learns about a host (the fields ``_row_for`` and the audit fill in).
 AUDITED = ("kind", "target", "root", "python", "profile", "slots_kind", "slots_total", "port", "user", "key_path",
-           "host_key", "train_device", "disk_free_bytes", "min_free_gb")
+           "host_key", "train_device", "disk_free_bytes", "min_free_gb", "gpu_facts")
 
 
 def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: str, profile: str,
@@ -288,7 +290,7 @@ def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: 
         slots_kind="gpu" if gpus else "cpu", slots_total=clamp_slots(len(gpus) or facts.cpus),
         port=port or 0, user="", key_path=str(Path(key).expanduser()) if key else "",
         train_device=train_device, created_at=0.0, disk_free_bytes=facts.free_bytes,
-        min_free_gb=min_free_gb,
+        min_free_gb=min_free_gb, gpu_facts=facts_json((g.name, g.memory_total_mib) for g in gpus),
     )
 
 

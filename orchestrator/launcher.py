@@ -93,8 +93,9 @@ def sigterm_grace_s(row: HostRow | None) -> float | None:
     return 0.0  # a spot host whose grace nobody documents: assume none
 
 
-HOST_RETRY_CLASSES = ("killed", "host_oom", "vanished")  # what a host's agent may retry by itself
+HOST_RETRY_CLASSES = ("killed", "host_oom", "vanished", "stalled", "deadlock_at_start")  # a host's agent retries
 HOST_RETRY_SIGNALS = (int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS))  # the trainer's deaths it retries
+DEADLOCK_RETRIES = 1  # patrol.DEADLOCK_RETRIES (a sibling layer: not imported; tests/unit check they agree)
 
 
 def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | None,
@@ -110,7 +111,24 @@ def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | Non
         return None
     if (sweep is not None and sweep.budget_usd is not None) or (job.host_pin and job.host_pin != host.name):
         return None
-    return {"left": left, "on": list(HOST_RETRY_CLASSES), "signals": list(HOST_RETRY_SIGNALS)}
+    # a stall: the patrol's own limits (payload/agent/gpuq_stall.py); a deadlock at start only as the first failure
+    return {"left": left, "on": list(HOST_RETRY_CLASSES), "signals": list(HOST_RETRY_SIGNALS),
+            "deadlock_left": max(0, min(retries, DEADLOCK_RETRIES) - failed),
+            "stall_after_s": settings.stall_after_s, "startup_grace_s": settings.startup_grace_s,
+            "start_stall_after_s": settings.start_stall_after_s}
+
+
+def attempt_spec(ledger: Ledger, job: Job, attempt: Attempt, settings: Settings, *, host: str,
+                 created_at: float | None = None, sweep: Sweep | None = None,
+                 row: HostRow | None = None) -> dict[str, Any]:
+    """Attempt ``attempt``'s spec for ``host`` (its ledger row ``row`` when the caller read it) with the
+    retries its host may make itself (``host_retry``): the same whether the spec is sent first, sent again
+    (never delivered) or moved (work stealing)."""
+    row = row if row is not None else ledger.host(host)
+    sweep = sweep if sweep is not None else ledger.sweep(job.sweep_id)
+    failed = ledger.failed_attempts(job.id) if attempt.number > 1 else 0
+    return job_spec(job, attempt, settings, created_at=created_at, sweep=sweep, host=row,
+                    retry=host_retry(job, failed, settings, host=row, sweep=sweep))
 
 
 def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: float | None = None,
@@ -264,10 +282,8 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
             continue
         if job.sweep_id not in sweeps:
             sweeps[job.sweep_id] = ledger.sweep(job.sweep_id)
-        failed = ledger.failed_attempts(job.id) if attempt.number > 1 else 0
-        retry = host_retry(job, failed, settings, host=row, sweep=sweeps[job.sweep_id])
-        specs.append(job_spec(job, attempt, settings, created_at=now + index * 1e-3, sweep=sweeps[job.sweep_id],
-                              host=row, retry=retry))
+        specs.append(attempt_spec(ledger, job, attempt, settings, host=host, created_at=now + index * 1e-3,
+                                  sweep=sweeps[job.sweep_id], row=row))
     return specs
 
 

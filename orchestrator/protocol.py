@@ -171,6 +171,9 @@ JOB_ENV_NAMES = (
 DEFAULT_HEARTBEAT_S = 30
 DEFAULT_CKPT_INTERVAL_S = 600
 DEFAULT_KILL_GRACE_S = 30
+# `kill JOB N` of an attempt whose stall the host's agent already retried itself (gpuq_stall.py): the first
+# words of its line; the controller then records the host's retry at its next look, never its own kill
+KILL_HOST_RETRIED = "retried by the host"
 
 # --- markers ------------------------------------------------------------------------
 RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e> sha256=<h>
@@ -218,9 +221,13 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   retry         null | object      (optional) what the host's agent may retry by itself (gpuq_retry.py,
 #                                    docs/checkpoints.md "Who retries what"): {"left": int >= 1 (retries=
 #                                    less the attempts that already counted), "on": classes ("killed",
-#                                    "host_oom", "vanished"), "signals": [int] (the trainer's signal deaths it
-#                                    retries)}; absent: the controller settles every end (no retries left, a
-#                                    multi-node job, a budget, a held host, a Slurm host)
+#                                    "host_oom", "vanished", "stalled", "deadlock_at_start"), "signals": [int]
+#                                    (the trainer's signal deaths it retries), "deadlock_left": 0|1 (a stall
+#                                    before the first step may still be retried once), "stall_after_s",
+#                                    "startup_grace_s", "start_stall_after_s" (the patrol's limits: the agent
+#                                    heals a stall itself, gpuq_stall.py)}; absent: the controller settles
+#                                    every end (no retries left, a multi-node job, a budget, a held host, a
+#                                    Slurm host)
 #   started_by    "host" (optional)  the host's agent wrote this spec itself as attempt n+1 (a host retry)
 #
 # Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
@@ -362,7 +369,7 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   KERNEL_MAX_OOM_KILLS (20), the newest: evidence that a signal death was a host OOM.
 #
 # Health document (`gpuq_agent.py --root R health [--gpus 0,1] [--samples 5] [--python PY]
-#   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]`, schema
+#   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME ...] [--min-gpu-mem-mib MIB]`, schema
 #   "gpuq.health/1", gpuq_health.py, docs/health.md): one object
 #   {"schema", "verdict": "pass"|"warn"|"fail", "host", "time", "root",
 #    "checks": [{"check", "status": "pass"|"warn"|"fail", "detail"}],

@@ -8,9 +8,12 @@ field, up to a standalone ``--``: the rest of the line is the trainer arguments 
 project's command uses neither ``{config}`` nor ``{task}``, a line may be only fields and arguments
 (``name=bs32 gpus=2 -- 50 10``); such a line needs ``name=``.
 
-Fields: ``name`` ``gpus`` ``nodes`` ``est_min`` ``seed`` ``seeds`` ``host`` ``retries``, each at most
-once, never empty. Integers are ``0`` or a non-zero digit followed by digits (no sign, no leading
-zero). The job name is ``name=`` or the config file name without one trailing ``.yaml``/``.yml``.
+Fields: ``name`` ``gpus`` ``nodes`` ``est_min`` ``seed`` ``seeds`` ``host`` ``retries`` ``gpu``
+``gpu_mem``, each at most once, never empty.  ``gpu=`` is one GPU model or several joined by
+``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]`` with a letter or digit; ``gpu_mem=`` GiB per
+GPU, like ``est_min=`` (orchestrator/gpumatch.py: how they match a host).  Integers are ``0`` or
+a non-zero digit followed by digits (no sign, no leading zero). The job name is ``name=`` or the
+config file name without one trailing ``.yaml``/``.yml``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from orchestrator.specs import DEFAULT_EPOCHS
 
 MAX_EPOCHS = 2**63 - 1  # what the ledger's SQLite INTEGER can hold
 ARGS_MARK = "--"
-ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries")
+ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem")
+MAX_GPU_MODELS = 16
+MAX_GPU_MEM_GIB = 4096
 INT_RANGES: dict[str, tuple[int, int]] = {
     "gpus": (1, 64),
     "nodes": (1, 64),
@@ -40,6 +45,8 @@ _NAME_CHARS_RE = re.compile(r"[A-Za-z0-9._-]*")
 _INT_RE = re.compile(r"0|[1-9][0-9]*")
 _LEADING_ZERO_RE = re.compile(r"0[0-9]+")
 _DECIMAL_RE = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+_MODEL_CHAR_RE = re.compile(r"[A-Za-z0-9._-]")
+_ALNUM_RE = re.compile(r"[A-Za-z0-9]")
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class Draft:
     ints: dict[str, int] = field(default_factory=dict)
     est_min: float | None = None
     host: Token | None = None
+    gpu: tuple[str, ...] = ()
+    gpu_mem: float | None = None
     name: str | None = None
     config_ok: bool = True
     sha256: str = ""
@@ -187,10 +196,13 @@ def _parse_fields(draft: Draft, tokens: list[Token], has_epochs: bool, issues: l
         key, _, value = token.text.partition("=")
         problem = _field_problem(key, value, seen)
         seen.add(key)
-        if problem is None:
+        column = token.column
+        if problem is None and key == "gpu":
+            column, problem = _apply_gpu(draft, token.column + len("gpu="), value)
+        elif problem is None:
             problem = _apply_field(draft, token, key, value)
         if problem is not None:
-            issues.append(QueueIssue(draft.number, token.column, problem))
+            issues.append(QueueIssue(draft.number, column, problem))
 
 
 def _field_problem(key: str, value: str, seen: set[str]) -> str | None:
@@ -221,6 +233,12 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
         draft.est_min = minutes
     elif key == "host":
         draft.host = Token(value, token.column)
+    elif key == "gpu_mem":
+        gib = _parse_decimal(value)
+        if gib is None or gib > MAX_GPU_MEM_GIB:
+            return (f"gpu_mem must be GiB of memory per GPU, greater than 0 and at most {MAX_GPU_MEM_GIB} "
+                    f'(like 40 or 79.5), got "{value}"')
+        draft.gpu_mem = gib
     else:
         low, high = INT_RANGES[key]
         number, problem = _parse_int(key, value, low, high)
@@ -228,6 +246,30 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
             return problem
         draft.ints[key] = number
     return None
+
+
+def _apply_gpu(draft: Draft, column: int, value: str) -> tuple[int, str | None]:
+    """``gpu=`` (its value starts at ``column``): one model or several joined by ``|``; a problem is
+    reported at the column of the model (or the character) at fault."""
+    models: list[str] = []
+    start = 0
+    for part in value.split("|"):
+        at = column + start
+        start += len(part) + 1
+        if not part:
+            return at, 'empty GPU model in gpu=; join models with one "|" (gpu=A100|H100)'
+        bad = next((i for i, c in enumerate(part) if not _MODEL_CHAR_RE.fullmatch(c)), None)
+        if bad is not None:
+            return at + bad, f'GPU model "{part}" has "{part[bad]}"; a model is letters, digits and "._-"'
+        if not _ALNUM_RE.search(part):
+            return at, f'GPU model "{part}" has no letter or digit'
+        if len(part) > 64:
+            return at, f'GPU model "{part[:20]}..." is longer than 64 characters'
+        models.append(part)
+    if len(models) > MAX_GPU_MODELS:
+        return column - len("gpu="), f"gpu= lists {len(models)} models, more than {MAX_GPU_MODELS}"
+    draft.gpu = tuple(models)
+    return column, None
 
 
 def _parse_int(key: str, value: str, low: int, high: int) -> tuple[int | None, str]:

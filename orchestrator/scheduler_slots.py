@@ -2,10 +2,13 @@
 
 ``plan`` puts each job on the candidate host where it would finish earliest: the host's ``n``-th
 earliest-free slot plus ``est_s / speed``, ties by that start, then by host name.  Hosts that agree on
-everything a candidate check or the finish time reads (speed, ``job_slots``, ``max_gpus``, ``max_nodes``,
-``gang``) are interchangeable except for their slot times, and among them the earliest finish is simply
-the earliest ``n``-th slot (adding the same ``est_s / speed`` keeps the order, ties included).  So each such
-group keeps one heap per slot position in use, and a job asks each group once instead of every host.
+everything a candidate check or the finish time reads (speed, ``job_slots``, ``max_gpus``,
+``max_nodes``, ``gang``; and, for a job with ``gpu=`` / ``gpu_mem=``, their GPUs' models and memory)
+are interchangeable except for their slot times, and among them the earliest finish is simply the
+earliest ``n``-th slot (adding the same ``est_s / speed`` keeps the order, ties included).  So each
+such group keeps one heap per slot position in use, and a job asks each group once instead of every
+host.  Jobs that ask nothing of the GPUs use groups that ignore them (a fleet of three GPU kinds does
+not triple their groups); jobs that do, a second grouping by them as well.
 
 Heaps hold ``(time, host)``; a host's slot times only grow, so an entry whose time is no longer the
 host's is stale and dropped when it surfaces.  Nothing here reads the clock or does I/O.
@@ -19,12 +22,15 @@ from dataclasses import dataclass
 
 from orchestrator.specs import HostSlots
 
-GroupKey = tuple[float, int, int | None, int, bool]
-"""(speed, job_slots, max_gpus, max_nodes, gang): what makes two hosts interchangeable for ``plan``."""
+GroupKey = tuple[float, int, int | None, int, bool, tuple[str, ...] | None, float | None]
+"""(speed, job_slots, max_gpus, max_nodes, gang, gpu_models, gpu_mem_mib): what makes two hosts
+interchangeable for ``plan`` (the GPU fields None in a grouping that ignores them)."""
 
 
-def group_key(host: HostSlots) -> GroupKey:
-    return host.speed, host.job_slots, host.max_gpus, host.max_nodes, host.gang
+def group_key(host: HostSlots, hardware: bool = False) -> GroupKey:
+    """``hardware``: hosts with other GPUs are told apart (for jobs with ``gpu=`` / ``gpu_mem=``)."""
+    gpus = (host.gpu_models, host.gpu_mem_mib) if hardware else (None, None)
+    return host.speed, host.job_slots, host.max_gpus, host.max_nodes, host.gang, *gpus
 
 
 @dataclass(frozen=True)
@@ -40,11 +46,11 @@ class SlotGroup:
         return self.key[0]
 
 
-def grouped(hosts: Sequence[HostSlots]) -> list[SlotGroup]:
+def grouped(hosts: Sequence[HostSlots], hardware: bool = False) -> list[SlotGroup]:
     """``hosts`` in groups of interchangeable ones, in order of first appearance."""
     by_key: dict[GroupKey, list[HostSlots]] = {}
     for h in hosts:
-        by_key.setdefault(group_key(h), []).append(h)
+        by_key.setdefault(group_key(h, hardware), []).append(h)
     return [SlotGroup(n, key, tuple(members)) for n, (key, members) in enumerate(by_key.items())]
 
 

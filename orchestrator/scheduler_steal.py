@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from orchestrator.gpumatch import GpuNeed, host_matches
 from orchestrator.specs import HostSlots
 
 INF = float("inf")
@@ -46,6 +47,9 @@ class Queued(Protocol):
 
     @property
     def disk_bytes(self) -> int: ...
+
+    @property
+    def need(self) -> GpuNeed: ...
 
 
 J = TypeVar("J", bound=Queued)
@@ -124,6 +128,7 @@ class StealSearch(Generic[J]):
         self.info = info
         self.times = times
         self.inboxes: dict[str, Inbox[J]] = {}
+        self.matching: dict[GpuNeed, frozenset[str]] = {}  # per distinct `gpu=` / `gpu_mem=`: hosts that match
         for name, queue in queued.items():
             self.inboxes[name] = inbox = Inbox(list(queue))
             self._project(name, inbox)
@@ -143,6 +148,13 @@ class StealSearch(Generic[J]):
                                     if runs[j.job_id][0] != INF)
         else:
             inbox.by_start = []
+
+    def _matching(self, need: GpuNeed) -> frozenset[str]:
+        found = self.matching.get(need)
+        if found is None:
+            found = self.matching[need] = frozenset(
+                name for name, h in self.info.items() if host_matches(need, h.gpu_models, h.gpu_mem_mib))
+        return found
 
     def next_move(self, spare: Mapping[str, int], disk: Mapping[str, float | None],
                   moved: set[str]) -> tuple[J, str, str, int] | None:
@@ -173,6 +185,8 @@ class StealSearch(Generic[J]):
         for target, free in targets:
             left = disk[target]
             if target == source or free < need or (left is not None and left < job.disk_bytes):
+                continue
+            if job.need and target not in self._matching(job.need):
                 continue
             finish = max(0.0, job.est_s) / self.info[target].speed
             if finish < end and (best is None or (finish, free, target) < best):

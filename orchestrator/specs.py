@@ -45,6 +45,8 @@ class JobSpec(BaseModel):
     seed: int | None = None
     host: str | None = None
     retries: int | None = None
+    gpu: tuple[str, ...] = ()  # `gpu=`: the GPU models it may run on, any one of them (() = any; gpumatch.py)
+    gpu_mem: float | None = None  # `gpu_mem=`: GiB of memory each of its GPUs needs at least (None = any)
     config_sha256: str = ""
     args: tuple[str, ...] = ()  # trainer arguments after `--`, grid-expanded, literal
     cell: str = ""  # the line's name before grid/seed expansion ("" = the job's own name)
@@ -102,6 +104,10 @@ class HostSlots(BaseModel):
     max_nodes: int = 1  # the most nodes one job may span here (a Slurm partition's nodes)
     gang: bool = False  # may be one node of a multi-node job spanning several hosts (an SSH host)
     speed: float = Field(default=1.0, gt=0)
+    # its GPUs, for jobs with `gpu=` / `gpu_mem=` (gpumatch.py): the distinct models (() = no GPUs, None =
+    # unknown) and the smallest GPU's memory.total in MiB (None = unknown)
+    gpu_models: tuple[str, ...] | None = None
+    gpu_mem_mib: float | None = None
 
     @model_validator(mode="after")
     def _slot_times_match_total(self) -> HostSlots:

@@ -6,7 +6,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.config import PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
+from orchestrator.gpumatch import need_of
 from orchestrator.ledger import HostRow, Job
 from orchestrator.queuefile import parse_queue, read_queue_bytes
 from orchestrator.runconfig import (
@@ -81,15 +82,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
             raise UsageError(f'unknown host "{name}"; known hosts: {", ".join(sorted(known))} '
                              "(`gpuq hosts add` registers one)")
     entry = ctx.settings.entry
-    toml_path = queue.parent / PROJECT_CONFIG
-    run = load_run(toml_path)
-    payload_command = not entry and (run is None or not run.command)
-    parsed = parse_queue(queue, known_hosts=known, tasks=payload_tasks() if payload_command else None,
-                         needs_config=run is None or run.needs_config,
-                         uses_epochs=run is None or "epochs" in run.uses())
-    if run is not None:
-        check_forward_allowed(run, toml_path, ctx.settings.forward_env_allow, str(ctx.settings.home / "config.toml"))
-        parsed = _under_project(parsed, run, toml_path, str(queue), ctx.settings.home)
+    parsed, run, toml_path = read_queue(ctx, queue, known)
     if entry:
         path = Path(parsed.workdir) / entry
         if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
@@ -130,7 +123,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     plan_jobs = [
         plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task,
                             epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt,
-                            nodes=j.nodes)
+                            nodes=j.nodes, need=need_of(j.gpu, j.gpu_mem))
         for j in parsed.jobs
     ]
     rows = target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
@@ -190,6 +183,21 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         result.launch_error = "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)"
                                         for err in failed.values())
     return result
+
+
+def read_queue(ctx: Context, queue: Path, known: Collection[str]) -> tuple[ParsedQueue, RunConfig | None, Path]:
+    """The queue validated and expanded as ``submit`` reads it (its project's gpuq.toml ``[run]`` table
+    applied), recording nothing: (jobs, the run table or None, the gpuq.toml path)."""
+    toml_path = queue.parent / PROJECT_CONFIG
+    run = load_run(toml_path)
+    payload_command = not ctx.settings.entry and (run is None or not run.command)
+    parsed = parse_queue(queue, known_hosts=known, tasks=payload_tasks() if payload_command else None,
+                         needs_config=run is None or run.needs_config,
+                         uses_epochs=run is None or "epochs" in run.uses())
+    if run is not None:
+        check_forward_allowed(run, toml_path, ctx.settings.forward_env_allow, str(ctx.settings.home / "config.toml"))
+        parsed = _under_project(parsed, run, toml_path, str(queue), ctx.settings.home)
+    return parsed, run, toml_path
 
 
 def seed_warnings(jobs: Sequence[JobSpec], run: RunConfig | None, queue: str) -> list[str]:

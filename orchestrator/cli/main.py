@@ -331,10 +331,11 @@ def _register_groups() -> None:
     from orchestrator.cli.cloud import down, resume, up
     from orchestrator.cli.health import doctor, patrol, reap, watch
     from orchestrator.cli.hosts import hosts
+    from orchestrator.cli.offers import offers
     from orchestrator.cli.report import report
 
     cli.add_command(hosts)
-    for command in (patrol, watch, doctor, reap, up, down, resume, report, budget, logs, explain):
+    for command in (patrol, watch, doctor, reap, up, down, resume, offers, report, budget, logs, explain):
         cli.add_command(command)
 
 

@@ -13,6 +13,7 @@ from orchestrator.host_documents.bounds import (
     MAX_GPUS,
     MAX_JOBS,
     Count,
+    LenientFloat,
     LenientInt,
     LenientText,
     Open,
@@ -26,6 +27,7 @@ from orchestrator.host_documents.status import ExitRecord
 class AuditGpu(Open):
     index: Annotated[int, Field(ge=0, lt=MAX_GPUS)]
     name: Text = ""
+    memory_total_mib: LenientFloat = None  # an older audit sent the text nvidia-smi printed: unknown
 
 
 class HostFacts(Open):
@@ -57,6 +59,7 @@ class RetryDecision(Open):
     attempt: LenientInt = None
     klass: Annotated[LenientText, Field(alias="class")] = None
     why: LenientText = None
+    stacks: LenientText = None  # a stall the host healed: its agent's one line on the saved stacks
     exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None  # "host": attempt n's end
 
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from orchestrator.host_documents.bounds import (
     MAX_GPUS,
     MAX_ITEMS,
     AnyInt,
     LenientFloat,
+    LenientText,
     Open,
     Short,
     Text,
+    objects_only,
 )
 
 
@@ -24,10 +26,19 @@ class Check(Open):
     detail: Text = ""
 
 
+class HealthGpu(Open):
+    """What the preflight read of one GPU that gpuq keeps (gpumatch.py: the host's GPUs)."""
+
+    name: LenientText = None
+    memory_total_mib: LenientFloat = None
+
+
 class HealthDocument(Open):
     verdict: Literal["pass", "warn", "fail"]
     host: Text = ""
     checks: Annotated[list[Check], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+    gpus: Annotated[list[HealthGpu], Field(max_length=MAX_GPUS), BeforeValidator(objects_only)] = \
+        Field(default_factory=list)
 
     def problems(self) -> list[Check]:
         """The checks that warn or fail."""

@@ -52,6 +52,30 @@ def gpu_count(timeout: float = 15.0) -> int:
     return sum(1 for line in out.stdout.splitlines() if line.strip().isdigit())
 
 
+def gpus(timeout: float = 15.0) -> list[tuple[str, float | None]]:
+    """(model, memory.total MiB or None) of each GPU this machine's ``nvidia-smi`` lists ([] without one)."""
+    env = command_env()
+    exe = shutil.which("nvidia-smi", path=env["PATH"])
+    if exe is None:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    found: list[tuple[str, float | None]] = []
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if parts and parts[0].isdigit():
+            mib = parts[2] if len(parts) > 2 else ""
+            memory = float(mib) if mib.replace(".", "", 1).isdigit() else None
+            found.append((parts[1] if len(parts) > 1 else "", memory))
+    return found
+
+
 class LocalHost(Host):
     """Runs commands on the controller's own machine."""
 

@@ -296,10 +296,18 @@ def _v13_withdrawing(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attempt ADD COLUMN withdrawing VARCHAR NOT NULL DEFAULT ''")
 
 
+def _v14_gpu_needs(conn: sqlite3.Connection) -> None:
+    """v14: hardware as a constraint: a job's `gpu=` models and `gpu_mem=` GiB, a host's GPUs (JSON of
+    [model, memory.total MiB] per GPU; "" until an audit or a probe lists them)."""
+    conn.execute("ALTER TABLE job ADD COLUMN gpu VARCHAR NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE job ADD COLUMN gpu_mem FLOAT")
+    conn.execute("ALTER TABLE host ADD COLUMN gpu_facts VARCHAR NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
-                                                          _v12_money, _v13_withdrawing]
+                                                          _v12_money, _v13_withdrawing, _v14_gpu_needs]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -224,6 +224,8 @@ class Ledger(PullRecords):
                     spec_hash=spec_hash_for(spec),
                     args=json.dumps(list(spec.args)),
                     cell=spec.cell or spec.name,
+                    gpu="|".join(spec.gpu),
+                    gpu_mem=spec.gpu_mem,
                     state=JobState.QUEUED.value,
                     created_at=now,
                     updated_at=now,

@@ -63,6 +63,9 @@ class HostRow(SQLModel, table=True):
     # its work is done and every result is home and verified (`gpuq up --down-when-done`)
     instance_name: str = ""
     down_when_done: bool = False
+    # v14: its GPUs as the audit or the last probe listed them, for jobs with `gpu=` / `gpu_mem=`
+    # (orchestrator/gpumatch.py): JSON, one [model, memory.total MiB] per GPU; "" = not known yet
+    gpu_facts: str = ""
 
 
 class Sweep(SQLModel, table=True):
@@ -111,6 +114,9 @@ class Job(SQLModel, table=True):
     # v6: your own trainer
     args: str = "[]"  # JSON list: the trainer arguments after `--`, grid-expanded
     cell: str = ""  # the line's name before grid/seed expansion
+    # v14: the hardware it needs (docs/queue.md): GPU models joined by "|" ("" = any), GiB per GPU (None = any)
+    gpu: str = ""
+    gpu_mem: float | None = None
 
     def arg_list(self) -> list[str]:
         return [str(a) for a in json.loads(self.args or "[]")]

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 from orchestrator import slurm_hosts
 from orchestrator.config import Settings
+from orchestrator.gpumatch import ANY_GPU, GpuNeed, read_facts
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, PlanJob, estimate_s
 from orchestrator.specs import HostSlots, clamp_slots
@@ -50,6 +51,8 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
         reason = f"held: {row.hold_reason}"
     elif row.unreachable_since is not None:
         reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, timezone.utc):%Y-%m-%d %H:%M:%SZ}"
+    # a Slurm host's GPUs are its compute nodes', which gpuq does not know: it matches no `gpu=` / `gpu_mem=`
+    models, mem_mib = read_facts(row.gpu_facts) if slurm is None else (None, None)
     budget = None
     if row.disk_free_bytes is not None:  # what jobs may fill before the host's disk gate refuses them
         gate = max(row.min_free_gb, settings.min_free_gb) * 1e9
@@ -58,15 +61,17 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
                      reason=reason, disk_free_bytes=budget, job_slots=1 if slurm is not None else 0,
                      max_gpus=(slurm.gpus_per_node or None) if slurm is not None and slurm.gres else None,
                      max_nodes=max(1, slurm.nodes) if slurm is not None else 1,
-                     gang=slurm is None and row.kind != "local")
+                     gang=slurm is None and row.kind != "local", gpu_models=models, gpu_mem_mib=mem_mib)
 
 
 def plan_job(job_id: str, *, gpus: int, config: str, task: str, epochs: int | None, est_min: float | None,
              host_pin: str | None, rates: EpochRates, ckpt_bytes: dict[str, int] | None = None,
-             nodes: int = 1) -> PlanJob:
-    """``ckpt_bytes``: largest checkpoint seen per config; a job keeps two (latest + best)."""
+             nodes: int = 1, need: GpuNeed = ANY_GPU) -> PlanJob:
+    """``ckpt_bytes``: largest checkpoint seen per config; a job keeps two (latest + best).  ``need``: its
+    ``gpu=`` / ``gpu_mem=`` (``gpumatch.need_of``)."""
     est = estimate_s(config=config, task=task, epochs=epochs, est_min=est_min, history=rates)
-    return PlanJob(job_id, gpus, est, host_pin, disk_bytes=2 * (ckpt_bytes or {}).get(config, 0), nodes=nodes)
+    return PlanJob(job_id, gpus, est, host_pin, disk_bytes=2 * (ckpt_bytes or {}).get(config, 0), nodes=nodes,
+                   need=need)
 
 
 def capacities(ledger: Ledger, settings: Settings, rows: Sequence[HostRow], rates: EpochRates) -> list[HostSlots]:

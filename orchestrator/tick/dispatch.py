@@ -11,6 +11,7 @@ from orchestrator.budget import hold_reason
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError
+from orchestrator.gpumatch import need_of
 from orchestrator.ledger import Job
 from orchestrator.scheduler import EpochRates, Plan
 from orchestrator.setup_holds import held_bundles, is_held
@@ -70,7 +71,7 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
             pin = j.host_pin or (j.host if j.attempt_count and j.host in usable else None)
             plan_jobs.append(plan_job(j.id, gpus=j.gpus, config=j.config, task=j.task, epochs=j.epochs,
                                                  est_min=j.est_min, host_pin=pin, rates=rates, ckpt_bytes=ckpt,
-                                                 nodes=j.nodes))
+                                                 nodes=j.nodes, need=need_of(j.gpu, j.gpu_mem)))
         try:
             decided, _ = plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
                                                   rates)

@@ -9,7 +9,9 @@ from orchestrator.bundle import Bundle
 from orchestrator.config import LOCAL_HOST, Settings
 from orchestrator.context import Context
 from orchestrator.fleet import Fleet
+from orchestrator.gpumatch import ANY_GPU, GpuNeed, facts_json, strictest
 from orchestrator.hosts.local import gpu_count as local_gpu_count
+from orchestrator.hosts.local import gpus as local_gpus
 from orchestrator.launcher import deliver_all, push_all
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, Plan, PlanJob, plan
@@ -42,14 +44,27 @@ def plan_and_push(ledger: Ledger, fleet: Fleet, settings: Settings, jobs: Sequen
         dropped.update({name: f"bundle push failed: {err}" for name, err in failed.items()})
         if settings.preflight:  # a host's first job waits for its GPU preflight (docs/health.md)
             fresh = [name for name in targets if name not in failed and needs_preflight(ledger.host(name))]
-            for name, verdict in preflight_all(ledger, fleet, settings, fresh, bundle.sha256).items():
+            needs = _host_needs(decided, jobs)
+            for name, verdict in preflight_all(ledger, fleet, settings, fresh, bundle.sha256, needs).items():
                 if verdict.verdict == "fail":
                     dropped[name] = f"failed its GPU preflight: {verdict.detail}"
+                elif verdict.verdict == "mismatch":
+                    dropped[name] = f"its GPUs are not what the jobs planned there need: {verdict.detail}"
                 elif verdict.verdict == "unreachable":
                     dropped[name] = f"unreachable for its GPU preflight: {verdict.detail}"
         if not set(dropped) & set(targets):
             return decided, dropped
 
+
+
+def _host_needs(decided: Plan, jobs: Sequence[PlanJob]) -> dict[str, GpuNeed]:
+    """What the jobs ``decided`` puts on each host ask of its GPUs, as one ask (``gpumatch.strictest``)."""
+    need = {j.job_id: j.need for j in jobs}
+    asks: dict[str, list[GpuNeed]] = {}
+    for a in decided.assignments:
+        for name in (a.host, *a.peers):
+            asks.setdefault(name, []).append(need.get(a.job_id, ANY_GPU))
+    return {name: strictest(found) for name, found in asks.items()}
 
 
 def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, decided: Plan, jobs: dict[str, Job],
@@ -93,8 +108,10 @@ def target_rows(ctx: Context, hosts: Sequence[str], pins: set[str]) -> list[Host
         row = ctx.ledger.host(name)
         if row is None and name == LOCAL_HOST:  # registered by its first real use, never by a dry run
             gpus = local_gpu_count()  # before its first probe, what its agent will find: GPUs win
+            found = local_gpus() if gpus else []  # their models and memory, for `gpu=` / `gpu_mem=`
             row = HostRow(name=LOCAL_HOST, kind="local", root=str(ctx.settings.local_host_root), created_at=0.0,
-                          slots_kind="gpu" if gpus else "", slots_total=gpus)
+                          slots_kind="gpu" if gpus else "", slots_total=gpus,
+                          gpu_facts=facts_json(found) if len(found) == gpus else "")
         if row is not None:
             rows.append(row)
     return rows

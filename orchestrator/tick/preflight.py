@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +12,7 @@ from orchestrator import host_documents
 from orchestrator.config import Settings
 from orchestrator.errors import HostError
 from orchestrator.fleet import Fleet
+from orchestrator.gpumatch import ANY_GPU, GpuNeed, facts_json
 from orchestrator.host_documents import HealthDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
@@ -21,7 +22,7 @@ from orchestrator.ledger import HostRow, Ledger
 @dataclass
 class HealthVerdict:
     host: str
-    verdict: str  # "pass" | "warn" | "fail" | "unreachable" (no verdict)
+    verdict: str  # "pass" | "warn" | "fail" | "unreachable" (no verdict) | "mismatch" (below)
     detail: str  # the warning/failing checks, one line
     doc: HealthDocument | None = None  # the host's verdict document (None: it printed none)
 
@@ -32,14 +33,23 @@ def needs_preflight(row: HostRow | None) -> bool:
     return row is not None and row.health == "" and row.kind != "slurm"
 
 
-def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | None = None) -> HealthVerdict:
+def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | None = None,
+              need: GpuNeed = ANY_GPU) -> HealthVerdict:
     """The agent's ``health`` verb (GPU preflight, docs/health.md): one round trip, a few seconds of
-    GPU sampling.  A transport failure raises HostError; the agent's verdict is returned."""
+    GPU sampling.  A transport failure raises HostError; the agent's verdict is returned.
+
+    ``need``: what the jobs planned there ask of its GPUs (``gpu=`` / ``gpu_mem=``), passed on as
+    ``--gpu-model`` / ``--min-gpu-mem-mib``.  When that is all that fails (the GPUs are not what the
+    ledger last saw), the verdict is "mismatch": the host is not unhealthy, only not for those jobs."""
     argv = ["health", "--samples", str(settings.preflight_samples)]
     if row is not None:
         argv += ["--min-free-gb", str(max(row.min_free_gb, settings.min_free_gb))]
         if row.python and row.train_device != "cpu":  # a rehearsal host trains on CPU: no CUDA torch expected
             argv += ["--python", row.python]
+    for model in need.models:
+        argv += ["--gpu-model", model]
+    if need.mem_mib is not None:
+        argv += ["--min-gpu-mem-mib", f"{need.mem_mib:.1f}"]
     result = host.run(agent_argv(host, agent_bundle, *argv), timeout=60 + 2 * settings.preflight_samples)
     try:
         doc = host_documents.read_health(host.name, result.stdout)
@@ -48,6 +58,8 @@ def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | 
         return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {result.exit_code}, "
                                                 f"{exc.detail}): {tail}")
     bad = [f"{c.check}: {c.detail}" for c in doc.problems()]
+    if need and doc.verdict == "fail" and all(c.check == "identity" for c in doc.checks if c.status == "fail"):
+        return HealthVerdict(host.name, "mismatch", "; ".join(bad), doc)
     return HealthVerdict(host.name, doc.verdict, "; ".join(bad) or "all checks passed", doc)
 
 
@@ -77,12 +89,15 @@ def record_health(ledger: Ledger, verdict: HealthVerdict) -> None:
 
 
 def preflight_all(ledger: Ledger, fleet: Fleet, settings: Settings, names: Sequence[str],
-                  agent_bundle: str) -> dict[str, HealthVerdict]:
-    """Preflight these hosts in parallel and record each verdict; an unreachable host fails."""
+                  agent_bundle: str, needs: Mapping[str, GpuNeed] | None = None) -> dict[str, HealthVerdict]:
+    """Preflight these hosts in parallel and record each verdict; an unreachable host fails.  ``needs``:
+    what the jobs planned on each host ask of its GPUs; a "mismatch" is recorded as an event only (no
+    verdict, no hold: the host's next first job is preflighted again)."""
     def one(name: str) -> HealthVerdict:
         row = ledger.host(name)
         try:
-            return preflight(fleet.named(name), agent_bundle or (row.agent_bundle if row else ""), settings, row)
+            return preflight(fleet.named(name), agent_bundle or (row.agent_bundle if row else ""), settings, row,
+                             (needs or {}).get(name, ANY_GPU))
         except HostError as exc:  # no verdict on its GPUs: not recorded, but no job goes there now
             return HealthVerdict(name, "unreachable", str(exc))
 
@@ -91,6 +106,13 @@ def preflight_all(ledger: Ledger, fleet: Fleet, settings: Settings, names: Seque
     with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
         verdicts = list(pool.map(one, names))
     for verdict in verdicts:
-        if verdict.verdict != "unreachable":
+        if verdict.verdict == "mismatch":  # the ledger's picture of its GPUs was stale: the preflight's is not
+            if verdict.doc is not None and verdict.doc.gpus:
+                ledger.update_host(verdict.host, gpu_facts=facts_json(
+                    (g.name or "", g.memory_total_mib) for g in verdict.doc.gpus))
+            ledger.record_event("host", verdict.host, f"GPU preflight: not what the jobs planned here need "
+                                                      f"({verdict.detail}); they are planned elsewhere",
+                                unless_repeated=True)
+        elif verdict.verdict != "unreachable":
             record_health(ledger, verdict)
     return {v.host: v for v in verdicts}

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from orchestrator import failures, gangs, stops
 from orchestrator.config import Settings
+from orchestrator.gpumatch import facts_json
 from orchestrator.host_documents import JobEntry, RetryDecision, Scan, ScanHit
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import enqueue, ensure_agent, job_spec
+from orchestrator.launcher import attempt_spec, enqueue, ensure_agent
 from orchestrator.ledger import Job, Ledger
 from orchestrator.patrol import Decision, signatures_of
 from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
@@ -40,6 +41,7 @@ class Settled:
     klass: str
     decision: Decision
     rebooted: bool = False
+    why: str = ""  # HEALED: what the host's agent saw stall
 
 
 @dataclass
@@ -74,6 +76,10 @@ def reconcile(ledger: Ledger, host: Host, settings: Settings, report: Probe,
             job = _catch_up(ledger, job, seen, settings, report, oom_rose, out)
         if seen.attempt != job.attempt_count or (job.id in who and who[job.id] is None):
             continue  # not this attempt; or the host could not say who retries it: the next look settles it
+        healed = who.get(job.id)
+        if healed is not None and host_retries.host_stall(healed) and seen.state == "exited":
+            _healed(ledger, job, seen, healed, settings, out)
+            continue
         outcome = apply(ledger, job, seen)
         if multi and outcome:
             out.multi_node_ended.append(job.id)
@@ -104,6 +110,9 @@ def _record_probe(ledger: Ledger, name: str, report: Probe) -> bool:
     kills = doc.memory.oom_kill if doc.memory is not None else None
     oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
     oom_rose = oom_rose or stops.kernel_oom_kills(doc)  # or the kernel log's OOM killer, since the cursor
+    # its GPUs for `gpu=` / `gpu_mem=`; a GPU host whose nvidia-smi listed none this time keeps what was known
+    gpus = {"gpu_facts": facts_json((g.name, g.mem_total_mib) for g in doc.gpus)} \
+        if doc.gpus or doc.slots.kind != "gpu" else {}
     ledger.update_host(
         name,
         last_probe_at=now,
@@ -114,6 +123,7 @@ def _record_probe(ledger: Ledger, name: str, report: Probe) -> bool:
         slots_total=clamp_slots(doc.slots.total),
         disk_free_bytes=doc.disk.free_bytes,
         oom_kill=kills,
+        **gpus,
     )
     return oom_rose
 
@@ -156,9 +166,16 @@ def _catch_up(ledger: Ledger, job: Job, seen: JobEntry, settings: Settings, repo
         first = seen.scan is not None and link.attempt == seen.host_retried[0].attempt
         ended = JobEntry(job_id=job.id, attempt=link.attempt, state="exited", exit=link.exit.model_dump(),
                          scan=seen.scan if first else None)
+        decision = RetryDecision.model_validate({"by": "host", "attempt": link.attempt + 1, "why": link.why,
+                                                 "class": link.klass, "stacks": link.stacks})
+        if host_retries.host_stall(decision):
+            _healed(ledger, job, ended, decision, settings, out)
+            job = ledger.job(job.id)
+            if job.attempt_count == link.attempt:
+                break
+            continue
         outcome = apply(ledger, job, ended)
         if outcome in ("failed", "lost"):
-            decision = RetryDecision(by="host", attempt=link.attempt + 1, why=link.why)
             done = _settle_ended(ledger, job, ended, outcome, settings, report, oom_rose, decision)
             if done is not None:
                 out.settled.append(done)
@@ -166,6 +183,19 @@ def _catch_up(ledger: Ledger, job: Job, seen: JobEntry, settings: Settings, repo
         if job.attempt_count == link.attempt:
             break  # not adopted (another command settled it): its events say why
     return job
+
+
+HEALED = "healed"  # a Settled outcome: a stall the host's agent ended and retried itself (tick/host_retries.py)
+
+
+def _healed(ledger: Ledger, job: Job, seen: JobEntry, decision: RetryDecision, settings: Settings,
+            out: Reconciled) -> None:
+    """Attempt n stalled and its host healed it (stacks, kill, attempt n+1 with resume): recorded as gpuq's
+    own stall kill and retry would be."""
+    done = host_retries.adopt_stall(ledger, job, seen, decision, settings)
+    if done.action != "stale":
+        out.settled.append(Settled(job.id, job.name, job.attempt_count, HEALED, str(decision.klass), done,
+                                   why=decision.why or ""))
 
 
 def earlier_hits(ledger: Ledger, job: Job, number: int | None = None, *, limit: int = 50) -> list[ScanHit]:
@@ -221,7 +251,7 @@ def _reenqueue(ledger: Ledger, host: Host, settings: Settings, jobs: Sequence[Jo
         if attempt is None:
             continue
         sha = attempt.bundle_sha
-        specs.append(job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(host.name)))
+        specs.append(attempt_spec(ledger, job, attempt, settings, host=host.name))  # its host retries as first sent
     if specs:
         verdicts = enqueue(host, sha, specs, settings)
         for job_id, verdict in verdicts.root.items():

@@ -8,8 +8,9 @@ from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError
 from orchestrator.fleet import Fleet
+from orchestrator.gpumatch import need_of, read_facts
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import enqueue, ensure_bundle, job_spec
+from orchestrator.launcher import attempt_spec, enqueue, ensure_bundle
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduler import EpochRates, Move, QueuedJob, estimate_s, plan_steals
 from orchestrator.specs import HostSlots, clamp_slots
@@ -69,12 +70,14 @@ def _inboxes(rows: Sequence[HostRow], reports: dict[str, Probe], ledger_jobs: di
             if job.nodes > 1:
                 continue  # a node of a multi-node job stays with its gang
             est = estimate_s(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=rates)
-            entries.append(QueuedJob(job.id, job.gpus, est, job.host_pin))
+            entries.append(QueuedJob(job.id, job.gpus, est, job.host_pin, need=need_of(job.gpu, job.gpu_mem)))
         queued[row.name] = entries
         # busy slots free at an unknown time; only "free now" matters to a steal, so any positive
         # horizon works (a few heartbeats)
         free_at = tuple([0.0] * free + [float(settings.heartbeat_s) * 6] * max(0, total - free))
-        slots.append(HostSlots(host=row.name, total=total, slot_free_at=free_at))
+        models, mem_mib = read_facts(row.gpu_facts)
+        slots.append(HostSlots(host=row.name, total=total, slot_free_at=free_at, gpu_models=models,
+                               gpu_mem_mib=mem_mib))
     return queued, slots
 
 
@@ -119,8 +122,7 @@ def _move_one(ledger: Ledger, fleet: Fleet, settings: Settings, move: Move, job:
         attempt = ledger.move_job(job.id, from_attempt=old.number, to_host=move.to_host,
                                   bundle_sha=bundle_sha, message=f"moved unstarted from {move.from_host} to "
                                   f"{move.to_host} (work stealing)")
-        spec = job_spec(ledger.job(job.id), attempt, settings, sweep=ledger.sweep(job.sweep_id),
-                        host=target_row)
+        spec = attempt_spec(ledger, ledger.job(job.id), attempt, settings, host=move.to_host)  # its host retries too
         enqueue(target, bundle_sha, [spec], settings)
     except GpuqError as exc:
         if ledger.job(job.id).attempt_count == old.number:  # withdrawn, not moved: back to the queue

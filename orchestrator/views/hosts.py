@@ -118,7 +118,19 @@ def lease_text(row: HostRow, now: float | None = None) -> str:
         what = printable(row.instance_id) if row.instance_id else "no instance id yet"
         return f"provisioning{age} ({what})"
     why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
-    return f"{printable(row.lease_state)}{why}"
+    return f"{printable(row.lease_state)}{why}{disk_bills(row)}"
+
+
+def disk_bills(row: HostRow) -> str:
+    """``"; still bills its disk ..."`` for a stopped or preempted machine whose provider bills a stopped
+    machine's disk (vast.ai: only terminate stops the meter; providers/registry.stop_bills_storage), else ""."""
+    from orchestrator.providers.registry import stop_bills_storage
+
+    if not row.provider or row.lease_state not in ("stopped", "preempted") or row.hold_reason.startswith("terminated"):
+        return ""
+    if not stop_bills_storage(row.provider):
+        return ""
+    return f"; still bills its disk (`gpuq down {printable(row.name)}` ends it)"
 
 
 def host_flags(row: HostRow, *, now: float | None = None, idle_since: float | None = None) -> list[tuple[str, str]]:
@@ -136,7 +148,7 @@ def host_flags(row: HostRow, *, now: float | None = None, idle_since: float | No
         flags.append(("PROVISIONING" + lease_text(row, now).removeprefix("provisioning"), "bold yellow"))
     elif row.provider and row.lease_state and row.lease_state != "running":
         why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
-        flags.append((f"{printable(row.lease_state).upper()}{why}", "bold red"))
+        flags.append((f"{printable(row.lease_state).upper()}{why}{disk_bills(row)}", "bold red"))
     if row.provider and idle_since is not None and now is not None:  # a rented host with no work bills all the same
         flags.append((f"IDLE {duration(now - idle_since)}: `gpuq down {printable(row.name)}` ends it", "bold yellow"))
     if row.provider and row.price_per_hour is not None:

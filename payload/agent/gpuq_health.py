@@ -1,14 +1,17 @@
 """``health``: the GPU preflight (docs/health.md), one "gpuq.health/1" verdict on stdout.
 
 Usage: ``gpuq_agent.py --root R health [--gpus 0,1] [--samples N] [--python PY] [--min-free-gb X]
-[--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]``.
+[--kernel-since CURSOR] [--gpu-model NAME ...] [--min-gpu-mem-mib MIB]``.
 
 Checks, each "pass" | "warn" | "fail" with a human detail; the verdict is the worst of them (status
 only escalates pass -> warn -> fail):
 
   tooling     nvidia-smi missing or failing while GPUs are expected, a requested index absent: FAIL;
               no ``nvidia-smi dmon`` samples: WARN
-  identity    memory.total below --min-gpu-mem-mib: FAIL; name differs from --gpu-model: WARN
+  identity    memory.total below --min-gpu-mem-mib: FAIL; a name no --gpu-model names: WARN (--gpu-model
+              may be given several times: alternatives; a model names a card when its letters and
+              digits spell one or more consecutive words of the card's name, case ignored:
+              A100 names "NVIDIA A100-SXM4-80GB", A10 does not; the controller's gpumatch.py rule)
   visibility  (--python) torch not importable, a CPU-only torch build on a GPU host,
               torch.cuda.is_available() False, or the wrong device count: FAIL
   driver      (--python) torch.version.cuda newer than the driver's CUDA: FAIL for a newer major
@@ -291,15 +294,40 @@ def check_busy(gpus: list[dict[str, Any]], apps: dict[str, list[int]]) -> tuple[
     return "pass", "no foreign GPU memory over %g MiB%s" % (BUSY_MIB, " (ours: %s)" % ", ".join(ours) if ours else "")
 
 
-def check_identity(gpus: list[dict[str, Any]], model: str, min_mem_mib: float | None) -> tuple[str, str]:
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in re.findall(r"[A-Za-z0-9]+", text)]
+
+
+def model_matches(wanted: str, name: str) -> bool:
+    """Whether the model ``wanted`` names the card ``name`` (orchestrator/gpumatch.py's rule, copied: the
+    agent runs on the standard library alone; tests/unit/test_gpumatch.py checks the two agree)."""
+    target = "".join(_words(wanted))
+    if not target:
+        return False
+    words = _words(name)
+    for start in range(len(words)):
+        spelled = ""
+        for word in words[start:]:
+            spelled += word
+            if spelled == target:
+                return True
+            if not target.startswith(spelled):
+                break
+    return False
+
+
+def check_identity(gpus: list[dict[str, Any]], model: Any, min_mem_mib: float | None) -> tuple[str, str]:
+    """``model``: one model name, or a list of alternatives ("" / []: any)."""
+    models = [m for m in ([model] if isinstance(model, str) else list(model or [])) if m]
     fails, warns = [], []
     for g in gpus:
         mem = g["memory_total_mib"]
         if min_mem_mib is not None and mem is not None and mem < min_mem_mib:
             fails.append("GPU %d: %s has %s MiB, below the %s MiB requested" % (
                 g["index"], g["name"], _fmt(mem), _fmt(min_mem_mib)))
-        if model and model.lower() not in str(g.get("name") or "").lower():
-            warns.append("GPU %d is %r, not the requested %r" % (g["index"], g["name"], model))
+        if models and not any(model_matches(m, str(g.get("name") or "")) for m in models):
+            warns.append("GPU %d is %r, not the requested %s" % (
+                g["index"], g["name"], " or ".join(repr(m) for m in models)))
     names: dict[str, int] = {}
     for g in gpus:
         key = "%s (%s MiB)" % (g["name"], _fmt(g["memory_total_mib"]))
@@ -575,7 +603,7 @@ class Verdict:
 
 
 def run_health(lay: Layout, ids: list[int], samples: int, python: str, min_free_gb: float,
-               kernel_since: str | None, model: str = "", min_mem_mib: float | None = None) -> dict[str, Any]:
+               kernel_since: str | None, model: Any = "", min_mem_mib: float | None = None) -> dict[str, Any]:
     v = Verdict()
     gpus: list[dict[str, Any]] = []
     kernel = kernel_section(kernel_since)
@@ -666,7 +694,8 @@ def cmd_health(lay: Layout, args: argparse.Namespace) -> int:
         print("gpuq health: %s" % e, file=sys.stderr)
         return P.AGENT_EXIT_USAGE
     doc = run_health(lay, ids, int(args.samples), (args.python or "").strip(), float(args.min_free_gb),
-                     args.kernel_since, model=(args.gpu_model or "").strip(), min_mem_mib=args.min_gpu_mem_mib)
+                     args.kernel_since, model=[m.strip() for m in args.gpu_model or [] if m.strip()],
+                     min_mem_mib=args.min_gpu_mem_mib)
     for c in doc["checks"]:
         print("gpuq health: %s %s: %s" % (c["status"].upper(), c["check"], c["detail"]), file=sys.stderr)
     print("gpuq health: verdict %s" % doc["verdict"].upper(), file=sys.stderr)
@@ -681,5 +710,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--min-free-gb", type=float, default=0.0, help="FAIL below this many GB free under the root")
     ap.add_argument("--kernel-since", default=None, metavar="CURSOR",
                     help="only Xids after this kernel-log cursor (TS or BOOT_ID:TS) count")
-    ap.add_argument("--gpu-model", default="", help="WARN when a card's name does not contain this")
+    ap.add_argument("--gpu-model", action="append", default=[],
+                    help="WARN when a card is not this model (several: any of them)")
     ap.add_argument("--min-gpu-mem-mib", type=float, default=None, help="FAIL when memory.total is below this")

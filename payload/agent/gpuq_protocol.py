@@ -133,6 +133,9 @@ JOB_ENV_NAMES = (
 DEFAULT_HEARTBEAT_S = 30
 DEFAULT_CKPT_INTERVAL_S = 600
 DEFAULT_KILL_GRACE_S = 30
+# `kill JOB N` of an attempt whose stall the host's agent already retried itself (gpuq_stall.py): the first
+# words of its line; the controller then records the host's retry at its next look, never its own kill
+KILL_HOST_RETRIED = "retried by the host"
 
 # --- markers ------------------------------------------------------------------------
 RESUMED_MARKER = "GPUQ_RESUMED"  # payload logs: GPUQ_RESUMED step=<s> epoch=<e> sha256=<h>
@@ -161,7 +164,9 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   spec_hash     str                identity hash (docs/queue.md)
 #   env           dict[str,str]      extra run.env entries (never secrets)
 #   created_at    float              UTC epoch seconds
-#   retry         {"left", "on", "signals"} or absent: what this agent may retry itself (gpuq_retry.py)
+#   retry         {"left", "on", "signals", "deadlock_left", "stall_after_s", "startup_grace_s",
+#                 "start_stall_after_s"} or absent: what this agent may retry itself (gpuq_retry.py,
+#                 gpuq_stall.py: the stall limits are the controller's patrol's)
 #   started_by    "host" when this agent wrote the spec itself as attempt n+1 (a host retry)
 #
 # Trainer arguments: <entry> --config <abs config path> --task <task> --epochs <epochs>
@@ -214,7 +219,7 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   KERNEL_MAX_OOM_KILLS (20), the newest: evidence that a signal death was a host OOM.
 #
 # Health document (`gpuq_agent.py --root R health [--gpus 0,1] [--samples 5] [--python PY]
-#   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME] [--min-gpu-mem-mib MIB]`, schema
+#   [--min-free-gb X] [--kernel-since CURSOR] [--gpu-model NAME ...] [--min-gpu-mem-mib MIB]`, schema
 #   "gpuq.health/1", gpuq_health.py, docs/health.md): one object
 #   {"schema", "verdict": "pass"|"warn"|"fail", "host", "time", "root",
 #    "checks": [{"check", "status": "pass"|"warn"|"fail", "detail"}],

@@ -67,7 +67,7 @@ def test_job_spec_defaults_and_guards() -> None:
         DEFAULT_EPOCHS, 1, 1, None, None, None, None) == (20, 1, 1, None, None, None, None)
     assert (job.config_sha256, job.args, job.cell, job.line, job.raw) == ("", (), "", 0, "")
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
-        JobSpec(name="n", config="", task="t", gpu=2)  # type: ignore[call-arg]
+        JobSpec(name="n", config="", task="t", gpu_count=2)  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match="Instance is frozen"):
         job.gpus = 2  # type: ignore[misc]
 

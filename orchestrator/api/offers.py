@@ -1,0 +1,85 @@
+"""``gpuq offers``: what the configured providers rent now, cheapest first (docs/providers.md, "Offers").
+
+Every provider with an API key is asked for its offers of the wanted GPU count(s); one without a key is
+skipped with the sentence that says where a key goes, and one whose call fails is named with its error
+while the others still list.  Filtering and order are orchestrator/rentplan.py's (the same rule ``gpuq up
+--for`` rents by).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from orchestrator import rentplan
+from orchestrator.context import Context
+from orchestrator.errors import GpuqError, ProviderAuthError
+from orchestrator.gpumatch import MIB_PER_GIB, GpuNeed
+from orchestrator.providers import registry
+from orchestrator.providers.base import Offer, Provider
+from orchestrator.tick.leases import provider_for
+
+
+@dataclass
+class OfferScan:
+    """The offers found (filtered, cheapest first), and the providers not asked or failing, with why."""
+
+    offers: list[Offer] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # provider -> why it was not asked (no key, no offers)
+    failed: dict[str, str] = field(default_factory=dict)  # provider -> its error
+    seen: int = 0  # offers the providers returned before filtering
+
+
+def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Sequence[str] = (),
+                mem_gib: float | None = None, spot: bool = False, max_price: Decimal | None = None,
+                providers: Sequence[str] = ()) -> OfferScan:
+    """Offers of every configured provider (``providers``: only those) with one of ``gpu_counts`` GPUs,
+    matching ``models`` / ``mem_gib`` (rentplan.serves), priced for ``spot`` and at most ``max_price``
+    per machine-hour when given; available ones only, cheapest first."""
+    for name in providers:
+        registry.entry(name)  # UsageError for a provider gpuq does not know
+    out = OfferScan()
+    found: list[Offer] = []
+    for name in providers or registry.names():
+        entry = registry.entry(name)
+        if not entry.capabilities().offers:
+            out.skipped[name] = "its adapter lists no offers"
+            continue
+        if spot and not entry.capabilities().spot:
+            out.skipped[name] = "it rents no spot machines"
+            continue
+        try:
+            prov = provider_for(ctx, name)
+            for count in sorted(set(gpu_counts)):
+                found += _offers_of(prov, count, spot=spot, mem_gib=mem_gib)
+        except ProviderAuthError as exc:
+            (out.skipped if exc.code == "no-api-key" else out.failed)[name] = str(exc)
+        except GpuqError as exc:
+            out.failed[name] = str(exc)
+    out.seen = len(found)
+    need = GpuNeed(tuple(models), mem_gib)
+    kept = [o for o in found if o.gpu_count in gpu_counts and rentplan.serves(o, o.gpu_count, need)
+            and rentplan.price_of(o, spot) is not None]
+    if max_price is not None:
+        kept = [o for o in kept if (rentplan.price_of(o, spot) or Decimal(0)) <= max_price]
+    out.offers = rentplan.cheapest_first(kept, spot)
+    return out
+
+
+def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gib: float | None) -> list[Offer]:
+    """``list_offers(count)``, with the search hints an adapter takes (vast.ai's market is searched, not
+    listed: asking it for the bid market or a memory floor finds offers a plain search's first page leaves
+    out)."""
+    accepted = inspect.signature(prov.list_offers).parameters
+    hints: dict[str, Any] = {}
+    if "spot" in accepted:
+        hints["spot"] = spot
+    if mem_gib is not None and "min_gpu_memory_gb" in accepted:
+        # vast.ai's search takes GB and compares gpu_ram (MiB) with 1000 per GB; half a GiB less, as the
+        # offer's memory figure is rounded to whole GB (rentplan.memory_ok then decides)
+        hints["min_gpu_memory_gb"] = max(0.0, mem_gib - 0.5) * MIB_PER_GIB / 1000
+    offers: list[Offer] = prov.list_offers(count, **hints)
+    return offers

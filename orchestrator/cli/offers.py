@@ -1,0 +1,169 @@
+"""``gpuq offers`` and the ``--for QUEUE`` form of ``gpuq up``: what the providers rent now, and renting
+what a queue needs from the cheapest of it (docs/providers.md, "Offers" and "Renting for a queue")."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from decimal import Decimal
+
+import click
+
+from orchestrator import exitcodes
+from orchestrator.cli.ctx import echo, open_ctx
+from orchestrator.errors import UsageError
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def number(flag: str, text: str | None, *, most: float = 1e6) -> float | None:
+    """A flag's positive number, or UsageError (one line, exit 2)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= most):
+        raise UsageError(f"{flag} {text!r}: give a number more than 0 and at most {most:g}")
+    return value
+
+
+def seconds(flag: str, text: str | None) -> float | None:
+    """``90s``, ``30m``, ``2h``, ``1h30m`` or plain seconds → seconds; UsageError otherwise."""
+    if text is None:
+        return None
+    match = _DURATION.match(text.strip())
+    if text.strip().isdigit():
+        value = float(text)
+    elif match and any(match.groups()):
+        h, m, s = (int(g or 0) for g in match.groups())
+        value = float(h * 3600 + m * 60 + s)
+    else:
+        raise UsageError(f"{flag} {text!r}: give a duration such as 90s, 30m, 2h or 1h30m")
+    if not 0 < value <= 7 * 86400:
+        raise UsageError(f"{flag} {text!r}: give a duration more than 0 and at most a week")
+    return value
+
+
+@click.command()
+@click.option("--gpu", "models", multiple=True, metavar="MODEL",
+              help="Only these GPU models (repeat, or join with |), by the queue's gpu= rule: A100 matches "
+                   '"A100 SXM4", not "A10".')
+@click.option("--gpu-mem", "gpu_mem", metavar="GIB", help="Only GPUs with at least this much memory each.")
+@click.option("--gpus", "gpus", default="1", show_default=True, metavar="N", help="GPUs per machine.")
+@click.option("--spot", is_flag=True, help="Spot (interruptible) prices: the current minimum bid per machine.")
+@click.option("--max-price", "max_price", metavar="USD", help="Only machines at most this many dollars per hour.")
+@click.option("--provider", "providers", multiple=True, metavar="NAME", help="Only this provider (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (docs/schemas/offers.schema.json).")
+def offers(models: tuple[str, ...], gpu_mem: str | None, gpus: str, spot: bool, max_price: str | None,
+           providers: tuple[str, ...], as_json: bool) -> None:
+    """List what the configured providers (those with an API key) rent now, cheapest machine first,
+    with the price per GPU too.  A provider without a key is named as skipped, one whose call fails with
+    its error; the others still list.  Exit 1 when a provider failed."""
+    from orchestrator.api.offers import scan_offers
+    from orchestrator.providers import registry
+
+    count = number("--gpus", gpus, most=64)
+    if count is None or count != int(count):
+        raise UsageError(f"--gpus {gpus!r}: give a whole number of GPUs")
+    wanted = tuple(m for text in models for m in text.split("|") if m)
+    if any(not re.fullmatch(r"[A-Za-z0-9._-]*[A-Za-z0-9][A-Za-z0-9._-]*", m) for m in wanted):
+        raise UsageError(f"--gpu {' '.join(models)!r}: a model is letters, digits, '.', '_' and '-'")
+    for name in providers:
+        registry.entry(name)
+    cap = number("--max-price", max_price)
+    scan = scan_offers(open_ctx(), gpu_counts=(int(count),), models=wanted, mem_gib=number("--gpu-mem", gpu_mem,
+                       most=4096), spot=spot, max_price=Decimal(str(cap)) if cap is not None else None,
+                       providers=providers)
+    if as_json:
+        _offers_json(scan, spot)
+    else:
+        _offers_text(scan, spot)
+    if scan.failed:
+        sys.exit(exitcodes.FAILED)
+
+
+def _offers_text(scan: object, spot: bool) -> None:
+    from orchestrator import rentplan
+    from orchestrator.api.offers import OfferScan
+
+    assert isinstance(scan, OfferScan)
+    for name, why in scan.skipped.items():
+        echo(f"gpuq: {name} skipped: {why}", err=True)
+    for name, why in scan.failed.items():
+        echo(f"gpuq: {name} failed: {why}", err=True)
+    if not scan.offers:
+        echo(f"no offers match ({scan.seen} seen before filtering)")
+        return
+    rows = []
+    for offer in scan.offers:
+        price = rentplan.price_of(offer, spot)
+        each = rentplan.per_gpu(offer, spot)
+        rows.append([offer.provider, offer.gpu_type, str(offer.gpu_count),
+                     f"{offer.gpu_memory_gb} GB" if offer.gpu_memory_gb is not None else "-",
+                     f"${price:.2f}" if price is not None else "-", f"${each:.3f}" if each is not None else "-",
+                     ",".join(offer.regions) or "-", offer.display_name])
+    headers = ["PROVIDER", "GPU TYPE (--gpu)", "GPUS", "MEM/GPU", "SPOT $/H" if spot else "$/H", "$/GPU-H", "REGIONS",
+               "OFFER"]
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    for row in [headers, *rows]:
+        echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _offers_json(scan: object, spot: bool) -> None:
+    from orchestrator import rentplan
+    from orchestrator.api.offers import OfferScan
+    from orchestrator.cli.offers_document import OfferEntry, OffersDocument
+
+    assert isinstance(scan, OfferScan)
+    entries = []
+    for offer in scan.offers:
+        price, each = rentplan.price_of(offer, spot), rentplan.per_gpu(offer, spot)
+        assert price is not None  # scan_offers keeps priced offers only
+        entries.append(OfferEntry(provider=offer.provider, gpu_type=offer.gpu_type, name=offer.display_name,
+                                  gpus=offer.gpu_count, gpu_memory_gb=offer.gpu_memory_gb,
+                                  price_per_hour=float(price), price_per_gpu_hour=float(each) if each is not None
+                                  else None, spot=spot, regions=list(offer.regions)))
+    doc = OffersDocument(schema_="gpuq.cli.offers/1", offers=entries, skipped=scan.skipped, failed=scan.failed)
+    click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2, sort_keys=True))
+
+
+def up_for(queue: str, *, max_price: str | None, retry_until: str | None, spot: bool, dry_run: bool,
+           provider: str | None, key: str, profile: str, prefix: str, down_when_done: bool | None) -> None:
+    """``gpuq up --for QUEUE``: plan, wait for offers when told to, then rent through ``gpuq up``."""
+    from pathlib import Path
+
+    from orchestrator.api import renting_for
+    from orchestrator.cli.cloud import up_report
+
+    cap = number("--max-price", max_price)
+    if cap is None:
+        raise UsageError("--for needs --max-price USD (the most one machine may cost per hour)")
+    ctx = open_ctx()
+    plan = renting_for.plan_for(ctx, Path(queue), max_price=cap, spot=spot, providers=(provider,) if provider else (),
+                                retry_until_s=seconds("--retry-until", retry_until),
+                                say=lambda line: echo(line, err=True))
+    for name, why in plan.scan.skipped.items():
+        echo(f"gpuq: {name} skipped: {why}", err=True)
+    for name, why in plan.scan.failed.items():
+        echo(f"gpuq: {name} failed: {why}", err=True)
+    for line in plan.lines():
+        echo(line)
+    if not plan.plan.complete:
+        waited = f" after {plan.polls} polls over {plan.waited_s:.0f} s" if retry_until else ""
+        echo(f"gpuq: nothing rented{waited}: {plan.missing()}", err=True)
+        sys.exit(exitcodes.FAILED)
+    if dry_run:
+        echo("dry run: nothing rented")
+        return
+    result = renting_for.up_for(ctx, plan, key=key, profile=profile, prefix=prefix, down_when_done=down_when_done,
+                                say=lambda line: echo(line, err=True))
+    for rental in result.rentals:
+        up_report(rental)
+    for need, why in result.failed.items():
+        echo(f"gpuq: {need} not rented: {why}", err=True)
+    if not result.ok:
+        sys.exit(exitcodes.FAILED)
