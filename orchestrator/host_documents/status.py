@@ -214,6 +214,7 @@ class HostRetry(Open):
     exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None
     klass: Annotated[LenientText, Field(alias="class")] = None
     why: LenientText = None
+    stacks: LenientText = None  # a stall the host healed: its agent's one line on the saved stacks
 
 
 class JobEntry(Open):

@@ -16,6 +16,7 @@ from orchestrator.patrol import (
     Finding,
     HostView,
     JobView,
+    Severity,
     Thresholds,
     ended_badly,
     host_findings,
@@ -36,7 +37,7 @@ from orchestrator.tick.findings import (
 )
 from orchestrator.tick.leases import check_lease
 from orchestrator.tick.probe import Probe
-from orchestrator.tick.reconcile import Settled, reconcile
+from orchestrator.tick.reconcile import HEALED, Settled, reconcile
 
 
 def failed_probe(ctx: Context, row: HostRow, probe: Probe, now: float, th: Thresholds,
@@ -135,6 +136,14 @@ def _settled_findings(ctx: Context, host: str, settled: Sequence[Settled], repor
     ended = []
     for item in settled:
         report.actions.append(f"{item.name} ({item.job_id}): {item.decision.reason}")
+        if item.outcome == HEALED:  # the patrol's own finding, as if it had seen the stall itself (once)
+            seen = f"{item.name} a{item.attempt}: "
+            if not any(e.rule == "stalled" and e.message.startswith(seen)
+                       for e in ctx.ledger.events(subject=item.job_id, limit=50)):
+                ended.append(Finding("stalled", Severity.ESCALATE, host, f"{seen}{item.why}; its host's agent "
+                                     "saved where it hung, killed it and retried it", item.decision.reason,
+                                     job=item.job_id))
+            continue
         att = ctx.ledger.attempt(item.job_id, item.attempt)
         ended.append(ended_badly(host, JobView(item.job_id, item.name, item.attempt), item.outcome, item.klass,
                                  item.decision.reason, item.decision.action == "requeue", rebooted=item.rebooted,

@@ -42,6 +42,15 @@ def save_stacks(ctx: Context, host: Host, row: HostRow, job: Job) -> str:
     return line
 
 
+def stall_message(klass: str, n: int, verdict: str, stacks: str) -> str:
+    """What the history says of attempt ``n`` ended as a stall (``klass``), whoever killed it (this patrol,
+    or the host's agent healing it itself: tick/host_retries.py), and where it hung."""
+    first = "no step reached; " if klass == DEADLOCK_AT_START else ""
+    where = f"{protocol.ATTEMPTS_DIR}/{n}/{protocol.STACKS_FILE}"
+    saved = f"where it hung: {where}" if stacks.startswith("saved") else stacks
+    return f"{klass}: {first}killed group of attempt {n} ({verdict})" + (f"; {saved}" if saved else "")
+
+
 def end_attempt(ctx: Context, host: Host, row: HostRow, job: Job, finding: Finding, report: TickReport) -> None:
     """Kill the job's current attempt for ``finding`` (its ``klass`` says why), then settle the job."""
     klass = finding.klass
@@ -61,12 +70,12 @@ def end_attempt(ctx: Context, host: Host, row: HostRow, job: Job, finding: Findi
     if result.exit_code != 0:
         ctx.ledger.record_event("job", job.id, f"{klass}; not killed: {verdict}", unless_repeated=True)
         return
-    first = "no step reached; " if klass == DEADLOCK_AT_START else ""
-    message = f"{klass}: {first}killed group of attempt {n} ({verdict})"
-    if klass in STACKS_FOR:
-        where = f"{protocol.ATTEMPTS_DIR}/{n}/{protocol.STACKS_FILE}"
-        message += f"; where it hung: {where}" if stacks.startswith("saved") else f"; {stacks}"
-    elif klass == "divergence":  # the finding's message without the job's name
+    if verdict.startswith(protocol.KILL_HOST_RETRIED):  # the host healed it first: its retry is recorded next look
+        ctx.ledger.record_event("job", job.id, f"{klass}: the host's agent had ended attempt {n} first and "
+                                f"retried it itself ({verdict})", unless_repeated=True)
+        return
+    message = stall_message(klass, n, verdict, stacks)
+    if klass == "divergence":  # the finding's message without the job's name
         what = finding.message.split(": ", 1)[-1]
         message = f"{klass}: {what}; gpuq ended attempt {n} ({verdict}); {DIVERGENCE_HINT}"
     ctx.ledger.update_attempt(job.id, n, message=message, ended_at=time.time())

@@ -8,12 +8,16 @@ host already retried it, and the tick adopts that attempt; or the decision is no
 the agent will not retry it.  An attempt the host retried before the tick looked comes in the status
 document itself (the entry's ``host_retried``).  Either way the ledger records it exactly as if gpuq had
 made it: the ended attempt's class and decision, the same requeue, attempt n+1 on the same host, and one
-more event, "started by the host".  A cancel asks the same question first (``before_cancel``), so that it
-ends an attempt the ledger knows and no host retry starts after it.
+more event, "started by the host".  A stall the agent healed itself (its class ``stalled`` or
+``deadlock_at_start`` in next.json: payload/agent/gpuq_stall.py) is recorded as the patrol's own stall kill
+records it (``adopt_stall``: attempt n LOST with the same message, the ``stalled`` finding).  A cancel
+asks the same question first (``before_cancel``), so that it ends an attempt the ledger knows and no host
+retry starts after it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from orchestrator import failures, protocol
@@ -23,10 +27,14 @@ from orchestrator.host_documents import JobEntry, ProtocolError, RetryDecision, 
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Job, Ledger
-from orchestrator.patrol import Decision
+from orchestrator.patrol import DEADLOCK_AT_START, Decision
+from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.attempts import apply
+from orchestrator.tick.ending import stall_message
 
 ASKED_TIMEOUT_S = 60.0
+STALL_CLASSES = frozenset({"stalled", DEADLOCK_AT_START})  # a stall the host's agent healed itself (gpuq_stall.py)
+HOST_KILLED = "killed"  # the verdict a stall kill records, whoever killed (tick/ending.py)
 MAX_CHAIN = 5  # attempts a host retried one after another, recorded before a cancel (a bound, never reached)
 
 
@@ -93,6 +101,8 @@ def _record(ledger: Ledger, job_id: str, number: int, decision: RetryDecision, s
     if decision.exit is None or current.attempt_count != number:
         return False
     ended = JobEntry(job_id=job_id, attempt=number, state="exited", exit=decision.exit.model_dump())
+    if host_stall(decision):
+        return adopt_stall(ledger, current, ended, decision, settings).action == "requeue"
     if apply(ledger, current, ended) not in ("failed", "lost"):
         return False
     klass = decision.klass if decision.klass in failures.NAMES else "killed"  # the host's word, only if a class
@@ -102,6 +112,29 @@ def _record(ledger: Ledger, job_id: str, number: int, decision: RetryDecision, s
 
 def by_host(decision: RetryDecision | None) -> bool:
     return decision is not None and decision.by == "host"
+
+
+def host_stall(decision: RetryDecision | None) -> bool:
+    """The host's agent ended the attempt as a stall and retried it (its class one of gpuq's stall classes)."""
+    return by_host(decision) and decision is not None and decision.klass in STALL_CLASSES
+
+
+def adopt_stall(ledger: Ledger, job: Job, seen: JobEntry, decision: RetryDecision, settings: Settings) -> Decision:
+    """Attempt n of ``job`` stalled and the host's agent healed it itself (saved its stacks, killed it and
+    started attempt n+1 with resume): recorded as the patrol's own stall kill records it (tick/ending.py:
+    its progress, then LOST with the same message), then settled and adopted as every host retry is."""
+    number = job.attempt_count
+    if job.state not in (JobState.RUNNING.value, JobState.ASSIGNED.value):
+        return Decision("stale", f"attempt {number} was settled meanwhile ({job.state})")
+    klass = str(decision.klass)
+    apply(ledger, job, seen.model_copy(update={"state": "running", "exit": None}))  # its last progress, checkpoints
+    exit_doc = seen.exit
+    message = stall_message(klass, number, HOST_KILLED, decision.stacks or "")
+    ended_at = exit_doc.ended_at if exit_doc is not None and exit_doc.ended_at is not None else time.time()
+    ledger.update_attempt(job.id, number, message=message, ended_at=ended_at)
+    ledger.transition(job.id, AttemptState.LOST, attempt=number, message=message)
+    ledger.transition(job.id, JobState.LOST, message=message)
+    return adopt(ledger, ledger.job(job.id), klass, settings, repeated="", why=decision.why or "")
 
 
 def adopt(ledger: Ledger, job: Job, klass: str, settings: Settings, *, repeated: str, why: str) -> Decision:

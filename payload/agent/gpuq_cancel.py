@@ -118,7 +118,9 @@ def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
 
 def cmd_kill(lay: Layout, job_id: str, attempt: int) -> int:
     """Kill one attempt's group (a stalled one) without a cancel file: the job may run again as
-    attempt n+1.  The wrapper relays TERM to the trainer and writes exit.json as for any signal."""
+    attempt n+1.  The wrapper relays TERM to the trainer and writes exit.json as for any signal.  When
+    this host's agent had already decided to retry the attempt itself (a stall it healed: gpuq_stall.py),
+    the line starts with KILL_HOST_RETRIED: attempt n+1 is the host's."""
     if not job_id or "/" in job_id or job_id.startswith("."):
         print(f"gpuq kill: bad job id {job_id!r}", file=sys.stderr)
         return P.AGENT_EXIT_USAGE
@@ -129,8 +131,12 @@ def cmd_kill(lay: Layout, job_id: str, attempt: int) -> int:
         verdict = "killed" if verdict.startswith("cancelled in Slurm") else verdict or "not running"
     else:
         import gpuq_retry  # gpuq's own kill: what follows the attempt is the controller's, never a host retry
-        gpuq_retry.forgo(lay, job_id, attempt, "gpuq killed attempt %d" % attempt)
+        got = gpuq_retry.forgo(lay, job_id, attempt, "gpuq killed attempt %d" % attempt)
         verdict = _kill_claimed(lay, job_id, attempt)
+        if got.get("by") == gpuq_retry.BY_HOST:
+            # this agent healed the stall first (gpuq_stall.py): attempt n+1 is the host's; the group dies anyway
+            print("%s: attempt %s (%s); %s" % (P.KILL_HOST_RETRIED, got.get("attempt"), got.get("class"), verdict))
+            return 0
     print(verdict)
     return 0 if verdict == "killed" else 1
 

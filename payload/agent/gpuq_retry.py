@@ -5,9 +5,10 @@ job's spec says it has retries left; the controller adopts that attempt at its n
 Who starts attempt n+1 is decided once, on the host, in ``attempts/<n>/next.json``: the agent writes
 ``{"by": "host", "attempt": n+1, ...}`` before it writes attempt n+1's spec into its own inbox; the
 controller writes ``{"by": "controller"}`` (agent verb ``decide-retry``) before it settles attempt n
-itself, and the ``kill`` verb writes it before gpuq kills an attempt (a stall).  Both sides take the
-root's ``retry.lock`` and write the file only when it is absent, so whichever comes first decides and
-the other side follows: never two attempts n+1, never none.
+itself, and the ``kill`` verb writes it before gpuq kills an attempt (a stall); the agent's own stall
+kill writes ``{"by": "host", "class": "stalled"|"deadlock_at_start"}`` before it kills (gpuq_stall.py).
+Both sides take the root's ``retry.lock`` and write the file only when it is absent, so whichever comes
+first decides and the other side follows: never two attempts n+1, never none.
 
 The agent's rule is conservative; everything else is the controller's:
 
@@ -22,8 +23,9 @@ The agent's rule is conservative; everything else is the controller's:
 - the host did not log a fatal Xid (48, 79) since the attempt began and has the room the spec's
   ``min_free_gb`` asks: where the controller would move the job, the agent leaves it to the controller.
 
-Attempt n+1's spec is attempt n's with ``attempt`` n+1, ``started_by`` "host", one retry less and a new
-``created_at``; it goes through the same claim, launch, exit record and heartbeat as any other.
+Attempt n+1's spec is attempt n's with ``attempt`` n+1, ``started_by`` "host", one retry less (and no
+``deadlock_at_start`` retry: a failure came before) and a new ``created_at``; it goes through the same
+claim, launch, exit record and heartbeat as any other.
 
 stdlib only, Python >= 3.8.
 """
@@ -215,7 +217,7 @@ def retry_after(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> dict[
         return None
     import gpuq_inbox
     nxt = dict(spec, attempt=n + 1, created_at=time.time(), started_by=BY_HOST,
-               retry=dict(spec["retry"], left=int(spec["retry"]["left"]) - 1))
+               retry=dict(spec["retry"], left=int(spec["retry"]["left"]) - 1, deadlock_left=0))
     with retry_lock(lay):
         if decided(lay, job_id, n) is not None or os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
             return None  # the controller decided first, or the job was cancelled meanwhile
@@ -237,7 +239,7 @@ def chain(lay: Layout, job_id: str, known: int, current: int) -> list[dict[str, 
             break
         ex = read_json(lay.attempt(job_id, k, P.EXIT_FILE))
         out.append({"attempt": k, "exit": ex if isinstance(ex, dict) else None, "class": rec.get("class"),
-                    "why": rec.get("why"), "time": rec.get("time")})
+                    "why": rec.get("why"), "time": rec.get("time"), "stacks": rec.get("stacks")})
     return out
 
 

@@ -28,6 +28,7 @@ import gpuq_protocol as P
 import gpuq_retry
 import gpuq_secrets
 import gpuq_slurm
+import gpuq_stall
 from gpuq_files import (
     Layout,
     atomic_write_json,
@@ -71,8 +72,10 @@ class Running:
         self.spec = spec
         self.pid = pid  # our child (waitpid) or None when adopted (liveness polling)
         self.rec = rec  # {"pgid","start_ticks","boot_id"}
-        self.kill_at: float | None = None  # SIGKILL deadline once a cancel was acted on
+        self.kill_at: float | None = None  # SIGKILL deadline once a cancel (or a host stall kill) was acted on
         self.killed = False
+        self.stall_next = 0.0  # when its files are looked at again for a stall (monotonic; gpuq_stall.py)
+        self.stall_off = False  # its stalls are not this agent's to heal (no limits, handled, or left to gpuq)
 
 
 class Agent:
@@ -201,6 +204,7 @@ class Agent:
                 self.log("ADOPTED %s a%d pgid %s slots %s" % (job_id, n, rec.get("pgid"), slots))
             else:
                 self.log("DEAD %s a%d: launched, group gone, no exit.json (not re-run)" % (job_id, n))
+                self.retry(Running(job_id, n, [], spec, None, rec))  # a stall kill this agent decided on
 
     def _find_wrapper(self, job_id: str, n: int) -> dict[str, Any] | None:
         """The agent died between spawning a wrapper and its pgid record: find it by exact argv."""
@@ -223,6 +227,7 @@ class Agent:
                 self.reap()
                 self.watch_adopted()
                 self.handle_cancels()
+                self.watch_stalls()
                 inbox = self.claim_and_launch()
             except Exception:  # one bad round (disk full, odd file) must not end the agent
                 import traceback
@@ -309,7 +314,8 @@ class Agent:
         """Attempt n ended: a signal death gpuq did not cause is retried here, now, with resume, when the
         spec allows (gpuq_retry.py): attempt n+1's spec goes into the inbox for this round to launch."""
         try:
-            rec = gpuq_retry.retry_after(self.lay, r.job_id, r.spec, r.attempt)
+            rec = gpuq_retry.retry_after(self.lay, r.job_id, r.spec, r.attempt) \
+                or gpuq_stall.follow(self.lay, r.job_id, r.spec, r.attempt)
         except Exception as e:  # an odd spec or file: the controller settles the attempt, the round goes on
             self.log("RETRY %s a%d: not retried here: %s" % (r.job_id, r.attempt, e))
             return
@@ -396,6 +402,26 @@ class Agent:
                 if group_alive(r.rec):
                     signal_group(r.rec["pgid"], signal.SIGKILL)
                 r.killed = True
+
+    def watch_stalls(self) -> None:
+        """A running attempt that stalled is healed here, at once, when its spec lets the host retry it
+        (gpuq_stall.py): decided under retry.lock, its stacks saved, its group killed (TERM, then KILL after
+        kill_grace_s by handle_cancels); attempt n+1's spec follows once it has ended (``retry``)."""
+        mono = time.monotonic()
+        for job_id, r in list(self.running.items()):
+            if r.stall_off or r.kill_at is not None or mono < r.stall_next:
+                continue
+            th = gpuq_stall.limits(r.spec)
+            if th is None:
+                r.stall_off = True
+                continue
+            r.stall_next = mono + gpuq_stall.check_every(th)
+            try:
+                r.stall_off, kill_at = gpuq_stall.heal(self.lay, r.job_id, r.attempt, r.spec, r.rec, th, self.log)
+                r.kill_at = kill_at if kill_at is not None else r.kill_at
+            except Exception as e:  # an odd file: the patrol judges the attempt as ever, the round goes on
+                r.stall_off = True
+                self.log("STALL %s a%d: not watched here any more: %s" % (job_id, r.attempt, e))
 
     # claiming
     def _fail(self, job_id: str, spec: Any, code: int, msg: str) -> None:

@@ -13,7 +13,9 @@ wrapper, is left out.  For each, oldest first:
 
 Bounded: MAX_PROCESSES processes, TOTAL_S seconds in all (later processes get /proc's part only),
 MAX_SECTION_BYTES per process.  The forwarded secret values are redacted as in all host text
-(gpuq_secrets.py).  The file is written atomically; the verb prints one line saying what it saved.
+(gpuq_secrets.py).  The file is written atomically; the verb prints one line saying what it saved.  The
+agent's own stall kill saves them the same way (gpuq_stall.py); once it has, the verb keeps them ("not
+saved again").
 
 stdlib only, Python >= 3.8, Linux.
 """
@@ -164,6 +166,12 @@ def cmd_stacks(lay: Layout, job_id: str, attempt: int) -> int:
     if gpuq_slurm.config(lay) is not None:
         print("not saved: the attempt runs on a Slurm compute node, not on this login node")
         return 1
+    import gpuq_retry
+    got = gpuq_retry.decided(lay, job_id, attempt)
+    if got is not None and got.get("by") == gpuq_retry.BY_HOST and got.get("class") in ("stalled", "deadlock_at_start"):
+        print("not saved again: this host's agent ended attempt %d as %s itself and saved its stacks (%s)" % (
+            attempt, got.get("class"), got.get("stacks") or "being saved"))
+        return 0  # gpuq's kill that follows says whose the attempt is
     _spec, rec, why = recorded_group(lay, job_id, attempt)
     if why:
         print("not saved: " + why.replace("nothing killed", "nothing saved"))

@@ -42,6 +42,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--step-s", type=float, default=0.25)
 p.add_argument("--resume", default="")
+p.add_argument("--hold", default="")  # finish only once this file is gone (a test's kills land first)
 a = p.parse_args()
 start = json.load(open(a.resume))["step"] if a.resume else 0
 with open("launches.log", "a") as f:
@@ -52,6 +53,8 @@ for step in range(start + 1, a.steps + 1):
         json.dump({"step": step}, f)
     os.replace("ckpt.tmp", "ckpt.json")
     print("step", step, flush=True)
+while a.hold and os.path.exists(a.hold):
+    time.sleep(0.1)
 """
 TOML = """\
 [run]
@@ -231,7 +234,9 @@ def test_a_host_retry_racing_gpuqs_requeue_launches_every_attempt_once(
     root = home / "local"
     at_once = {"kill_then_tick": -1.0, "tick_then_kill": 0.0, "kill_mid_tick": 0.5}  # kill at (s after the tick)
     names = ["gpuq_first", "host_first", *at_once]
-    queue = _project(tmp_path, [f"name={n} retries=2 -- --steps 36 --step-s 0.25" for n in names])
+    hold = tmp_path / "hold"  # no trainer finishes before every kill of the race has landed, however slow the machine
+    hold.touch()
+    queue = _project(tmp_path, [f"name={n} retries=2 -- --steps 36 --step-s 0.25 --hold {hold}" for n in names])
     assert gpuq("submit", str(queue), "--host", "local").returncode == 0
     dirs = {n: _trained_past(root, n, 2) for n in names}
 
@@ -251,6 +256,7 @@ def test_a_host_retry_racing_gpuqs_requeue_launches_every_attempt_once(
             os.kill(_launches(dirs[name])[-1][1], signal.SIGKILL)
         assert ticking.succeeded(), ticking.result
 
+    hold.unlink()
     waited = gpuq("wait", "--timeout", "300", timeout=400)
     assert waited.returncode == 0, waited.stdout + waited.stderr
     jobs = {j["name"]: j for j in json.loads(gpuq("status", "--json").stdout)["jobs"]}

@@ -78,7 +78,7 @@ def test_a_trainer_killed_by_sigkill_is_retried_by_the_host_with_one_retry_less(
     assert rec is not None and rec["by"] == "host" and rec["attempt"] == 2 and rec["class"] == "killed", rec
     nxt = _inbox(tmp_path, "c1")
     assert nxt is not None and nxt["attempt"] == 2 and nxt["started_by"] == "host", nxt
-    assert nxt["retry"] == dict(POLICY, left=1)
+    assert nxt["retry"] == dict(POLICY, left=1, deadlock_left=0)  # a failure came: no deadlock_at_start retry
     assert {k: v for k, v in nxt.items() if k not in ("attempt", "started_by", "retry", "created_at")} == \
         {k: v for k, v in spec.items() if k not in ("attempt", "retry", "created_at")}  # the same job
     assert _next(tmp_path, "c1", 1) == rec
@@ -186,9 +186,12 @@ def test_the_spec_carries_what_the_host_may_retry(tmp_path: Path) -> None:
         job = ledger.job(_ledger_job(ledger, retries=2))
         row = ledger.host("h")
         policy = launcher.host_retry(job, 0, Settings(), host=row, sweep=None)
-        assert policy == {"left": 2, "on": ["killed", "host_oom", "vanished"],
-                          "signals": [int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS)]}
-        assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == dict(policy, left=1)
+        assert policy == {"left": 2, "on": ["killed", "host_oom", "vanished", "stalled", "deadlock_at_start"],
+                          "signals": [int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS)],
+                          "deadlock_left": 1, "stall_after_s": 900.0, "startup_grace_s": 600.0,
+                          "start_stall_after_s": 300.0}  # the patrol's limits: the host heals a stall itself
+        # after a failure a stall before the first step is not retried again (patrol.decide)
+        assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == dict(policy, left=1, deadlock_left=0)
         assert launcher.host_retry(job, 2, Settings(), host=row, sweep=None) is None  # spent: the controller's
         assert row is not None
         held = row.model_copy(update={"hold_reason": "disk: 97% used"})
