@@ -8,9 +8,11 @@ name or several consecutive ones: ``A100`` and ``a100-sxm4`` match it, ``RTX4090
 GeForce RTX 4090"; ``A10`` does not match an A100, nor ``L40`` an L40S.  A job's models are
 alternatives (``gpu=A100|H100``); a host matches when every one of its GPUs matches one of them.
 
-**Memory.**  ``gpu_mem=`` is GiB (1024 MiB) per GPU, a minimum: a host matches when its smallest GPU's
-``memory.total`` is at least that much.  Cards report a little less than the size they are sold as (an
-"80 GB" H100 reports 79.6 GiB, a "24 GB" A10 22.5 GiB).
+**Memory.**  ``gpu_mem=`` is GB per GPU as cards are sold and providers list them (10^9 bytes), a
+minimum: a host matches when its smallest GPU's ``memory.total`` is at least that many bytes.  A card
+reports a little more than its size in GB and a little less than that number of GiB (an "80 GB" H100
+reports 81,559 MiB = 85.5 GB = 79.6 GiB; a "24 GB" A10 23,028 MiB = 24.1 GB), so ``gpu_mem=80`` takes
+any 80 GB card and ``gpu_mem=24`` an A10, the same words ``gpuq offers`` and ``gpuq up --for`` use.
 
 **Unknown.**  A host whose GPUs gpuq has not learnt (registered by an older gpuq and not probed since,
 a Slurm host whose GPUs are its compute nodes') matches no constrained job; the reason says so.
@@ -24,30 +26,30 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-MIB_PER_GIB = 1024.0
+MIB_PER_GB = 1e9 / 2**20  # MiB in one GB (10^9 bytes): 953.67
 MAX_LISTED_HOSTS = 8  # hosts a reason names before "and N more"
 _WORD_RE = re.compile(r"[A-Za-z0-9]+")
 
 
 @dataclass(frozen=True)
 class GpuNeed:
-    """What a job asks of each GPU: one of ``models`` (none: any) with at least ``mem_gib`` GiB (None: any)."""
+    """What a job asks of each GPU: one of ``models`` (none: any) with at least ``mem_gb`` GB (None: any)."""
 
     models: tuple[str, ...] = ()
-    mem_gib: float | None = None
+    mem_gb: float | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.models) or self.mem_gib is not None
+        return bool(self.models) or self.mem_gb is not None
 
     @property
     def mem_mib(self) -> float | None:
-        return None if self.mem_gib is None else self.mem_gib * MIB_PER_GIB
+        return None if self.mem_gb is None else self.mem_gb * MIB_PER_GB
 
     def text(self) -> str:
         """The queue line's words for it: ``gpu=A100|H100 gpu_mem=40``."""
         parts = [f"gpu={'|'.join(self.models)}"] if self.models else []
-        if self.mem_gib is not None:
-            parts.append(f"gpu_mem={_number(self.mem_gib)}")
+        if self.mem_gb is not None:
+            parts.append(f"gpu_mem={_number(self.mem_gb)}")
         return " ".join(parts)
 
 
@@ -71,7 +73,7 @@ def strictest(needs: Iterable[GpuNeed]) -> GpuNeed:
     """One ask for a host's preflight from the asks of the jobs planned there: the most memory any asks,
     and their models when they all ask for the same ones (else none: the scheduler checked each job)."""
     asks = [n for n in needs if n]
-    mems = [n.mem_gib for n in asks if n.mem_gib is not None]
+    mems = [n.mem_gb for n in asks if n.mem_gb is not None]
     models = {n.models for n in asks if n.models}
     return GpuNeed(next(iter(models)) if len(models) == 1 else (), max(mems) if mems else None)
 
@@ -116,12 +118,12 @@ def host_matches(need: GpuNeed, models: tuple[str, ...] | None, mem_mib: float |
 
 
 def describe(models: tuple[str, ...] | None, mem_mib: float | None) -> str:
-    """A host's GPUs in a few words: "NVIDIA A10 22.5 GiB", "no GPUs", "GPUs not known yet"."""
+    """A host's GPUs in a few words: "NVIDIA A10 24.1 GB", "no GPUs", "GPUs not known yet"."""
     if models is None:
         return "GPUs not known yet"
     if not models:
         return "no GPUs"
-    memory = "memory unknown" if mem_mib is None else f"{_number(mem_mib / MIB_PER_GIB)} GiB"
+    memory = "memory unknown" if mem_mib is None else f"{_number(mem_mib / MIB_PER_GB)} GB"
     if len(models) == 1:
         return f"{models[0]} {memory}"
     return f"{' + '.join(models)}, smallest {memory}"
@@ -137,7 +139,7 @@ def unmet(need: GpuNeed, hosts: Sequence[HostGpus]) -> str:
         return f"{wants}: the hosts that match are not usable ({_listed(down)})"
     if not hosts:
         return f"{wants}: no hosts to run on"
-    what = "has one" if need.models and need.mem_gib is None else \
+    what = "has one" if need.models and need.mem_gb is None else \
         "has that much GPU memory" if not need.models else "has one with that much memory"
     unknown = sum(1 for h in hosts if h.models is None)
     note = f"; {unknown} of them not probed yet (`gpuq status` probes them)" if unknown else ""

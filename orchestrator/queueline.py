@@ -10,7 +10,7 @@ project's command uses neither ``{config}`` nor ``{task}``, a line may be only f
 
 Fields: ``name`` ``gpus`` ``nodes`` ``est_min`` ``seed`` ``seeds`` ``host`` ``retries`` ``gpu``
 ``gpu_mem``, each at most once, never empty.  ``gpu=`` is one GPU model or several joined by
-``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]`` with a letter or digit; ``gpu_mem=`` GiB per
+``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]`` with a letter or digit; ``gpu_mem=`` GB per
 GPU, like ``est_min=`` (orchestrator/gpumatch.py: how they match a host).  Integers are ``0`` or
 a non-zero digit followed by digits (no sign, no leading zero). The job name is ``name=`` or the
 config file name without one trailing ``.yaml``/``.yml``.
@@ -30,7 +30,7 @@ MAX_EPOCHS = 2**63 - 1  # what the ledger's SQLite INTEGER can hold
 ARGS_MARK = "--"
 ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem")
 MAX_GPU_MODELS = 16
-MAX_GPU_MEM_GIB = 4096
+MAX_GPU_MEM_GB = 4096
 INT_RANGES: dict[str, tuple[int, int]] = {
     "gpus": (1, 64),
     "nodes": (1, 64),
@@ -235,9 +235,9 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
         draft.host = Token(value, token.column)
     elif key == "gpu_mem":
         gib = _parse_decimal(value)
-        if gib is None or gib > MAX_GPU_MEM_GIB:
-            return (f"gpu_mem must be GiB of memory per GPU, greater than 0 and at most {MAX_GPU_MEM_GIB} "
-                    f'(like 40 or 79.5), got "{value}"')
+        if gib is None or gib > MAX_GPU_MEM_GB:
+            return (f"gpu_mem must be GB of memory per GPU, greater than 0 and at most {MAX_GPU_MEM_GB} "
+                    f'(like 24 or 80), got "{value}"')
         draft.gpu_mem = gib
     else:
         low, high = INT_RANGES[key]

@@ -2,7 +2,7 @@
 docs/providers.md, "Renting for a queue").  Pure: no I/O, no clock.
 
 **Needs.**  Every line of the queue that is not pinned to a host (``host=``) needs machines of one shape:
-``gpus=`` GPUs each, of the line's ``gpu=`` models and at least its ``gpu_mem=`` GiB per GPU.  Lines that
+``gpus=`` GPUs each, of the line's ``gpu=`` models and at least its ``gpu_mem=`` GB per GPU.  Lines that
 ask the same (GPU count, models, memory) share one need; a need gets one machine, or ``nodes=`` machines
 when a line of it is a multi-node job (the most any of its lines asks).  The jobs then queue on those
 machines one after another: ``up --for`` rents the smallest set that lets every line be placed, not one
@@ -12,9 +12,10 @@ machine per job.
 matches one of the need's models by gpumatch's rule (the offer's ``gpu_type``: vast.ai's GPU name, a
 RunPod GPU type id, a Lambda instance type; ``A100`` matches "A100 SXM4", ``gpu_1x_a100`` and "NVIDIA A100
 80GB PCIe", not "A10"), and its memory per GPU is at least ``gpu_mem=``.  The memory is the provider's
-figure in whole GB (vast.ai's is the host's reported memory rounded, RunPod's and Lambda's the size the
-card is sold as), which the card itself may report a little under (docs/queue.md: an "80 GB" H100 says
-79.6 GiB, and the scheduler compares that): ask ``gpu_mem=79`` for any 80 GB card.
+figure in whole GB (RunPod's and Lambda's the size the card is sold as, vast.ai's the host's reported
+MiB over 1024, which gives the same number for most cards).  ``gpu_mem=`` is that same GB as sold
+(gpumatch), and a card reports at least as many bytes as its size in GB: a machine rented for ``gpu_mem=80``
+is one the scheduler then places a ``gpu_mem=80`` job on.
 An offer without a memory figure matches no ``gpu_mem=`` need (as a host whose GPUs are unknown matches no
 constrained job), and an offer that is not available now matches nothing.
 
@@ -30,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from orchestrator.gpumatch import MIB_PER_GIB, GpuNeed, model_matches
+from orchestrator.gpumatch import GpuNeed, model_matches
 from orchestrator.providers.base import Offer
 from orchestrator.specs import JobSpec
 
@@ -67,11 +68,6 @@ def needs_of(jobs: Iterable[JobSpec]) -> list[MachineNeed]:
     return list(found.values())
 
 
-def memory_mib(offer: Offer) -> float | None:
-    """The offer's memory per GPU in MiB, as the provider states it (None: not stated)."""
-    return None if offer.gpu_memory_gb is None else float(offer.gpu_memory_gb) * MIB_PER_GIB
-
-
 def price_of(offer: Offer, spot: bool) -> Decimal | None:
     """The machine's price per hour: on demand, or its current minimum spot price."""
     return offer.spot_price_per_hour if spot else offer.price_per_hour
@@ -82,15 +78,15 @@ def model_ok(offer: Offer, models: Sequence[str]) -> bool:
     return not models or any(model_matches(m, offer.gpu_type) for m in models)
 
 
-def memory_ok(offer: Offer, mem_gib: float | None) -> bool:
-    mib = memory_mib(offer)
-    return mem_gib is None or (mib is not None and mib >= mem_gib * MIB_PER_GIB)
+def memory_ok(offer: Offer, mem_gb: float | None) -> bool:
+    """Whether the offer's GB per GPU, as the provider lists it, is at least ``mem_gb`` (None: any)."""
+    return mem_gb is None or (offer.gpu_memory_gb is not None and offer.gpu_memory_gb >= mem_gb)
 
 
 def serves(offer: Offer, gpus: int, need: GpuNeed) -> bool:
     """Whether an offer is a machine for ``gpus`` GPUs that ``need`` (see the module docstring)."""
     return (offer.available and offer.gpu_count == gpus and model_ok(offer, need.models)
-            and memory_ok(offer, need.mem_gib))
+            and memory_ok(offer, need.mem_gb))
 
 
 def cheapest_first(offers: Iterable[Offer], spot: bool) -> list[Offer]:

@@ -46,7 +46,7 @@ class JobSpec(BaseModel):
     host: str | None = None
     retries: int | None = None
     gpu: tuple[str, ...] = ()  # `gpu=`: the GPU models it may run on, any one of them (() = any; gpumatch.py)
-    gpu_mem: float | None = None  # `gpu_mem=`: GiB of memory each of its GPUs needs at least (None = any)
+    gpu_mem: float | None = None  # `gpu_mem=`: GB (10^9 bytes) of memory each of its GPUs needs at least (None = any)
     config_sha256: str = ""
     args: tuple[str, ...] = ()  # trainer arguments after `--`, grid-expanded, literal
     cell: str = ""  # the line's name before grid/seed expansion ("" = the job's own name)

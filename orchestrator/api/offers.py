@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator import rentplan
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, ProviderAuthError
-from orchestrator.gpumatch import MIB_PER_GIB, GpuNeed
+from orchestrator.gpumatch import GpuNeed
 from orchestrator.providers import registry
 from orchestrator.providers.base import Offer, Provider
 from orchestrator.tick.leases import provider_for
@@ -34,10 +34,10 @@ class OfferScan:
 
 
 def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Sequence[str] = (),
-                mem_gib: float | None = None, spot: bool = False, max_price: Decimal | None = None,
+                mem_gb: float | None = None, spot: bool = False, max_price: Decimal | None = None,
                 providers: Sequence[str] = ()) -> OfferScan:
     """Offers of every configured provider (``providers``: only those) with one of ``gpu_counts`` GPUs,
-    matching ``models`` / ``mem_gib`` (rentplan.serves), priced for ``spot`` and at most ``max_price``
+    matching ``models`` / ``mem_gb`` (rentplan.serves), priced for ``spot`` and at most ``max_price``
     per machine-hour when given; available ones only, cheapest first."""
     for name in providers:
         registry.entry(name)  # UsageError for a provider gpuq does not know
@@ -54,13 +54,13 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
         try:
             prov = provider_for(ctx, name)
             for count in sorted(set(gpu_counts)):
-                found += _offers_of(prov, count, spot=spot, mem_gib=mem_gib)
+                found += _offers_of(prov, count, spot=spot, mem_gb=mem_gb)
         except ProviderAuthError as exc:
             (out.skipped if exc.code == "no-api-key" else out.failed)[name] = str(exc)
         except GpuqError as exc:
             out.failed[name] = str(exc)
     out.seen = len(found)
-    need = GpuNeed(tuple(models), mem_gib)
+    need = GpuNeed(tuple(models), mem_gb)
     kept = [o for o in found if o.gpu_count in gpu_counts and rentplan.serves(o, o.gpu_count, need)
             and rentplan.price_of(o, spot) is not None]
     if max_price is not None:
@@ -69,7 +69,7 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
     return out
 
 
-def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gib: float | None) -> list[Offer]:
+def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gb: float | None) -> list[Offer]:
     """``list_offers(count)``, with the search hints an adapter takes (vast.ai's market is searched, not
     listed: asking it for the bid market or a memory floor finds offers a plain search's first page leaves
     out)."""
@@ -77,9 +77,10 @@ def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gib: float | None)
     hints: dict[str, Any] = {}
     if "spot" in accepted:
         hints["spot"] = spot
-    if mem_gib is not None and "min_gpu_memory_gb" in accepted:
-        # vast.ai's search takes GB and compares gpu_ram (MiB) with 1000 per GB; half a GiB less, as the
-        # offer's memory figure is rounded to whole GB (rentplan.memory_ok then decides)
-        hints["min_gpu_memory_gb"] = max(0.0, mem_gib - 0.5) * MIB_PER_GIB / 1000
+    if mem_gb is not None and "min_gpu_memory_gb" in accepted:
+        # vast.ai's search takes GB and compares gpu_ram (MiB) with 1000 per GB, while its offers' memory
+        # figure is gpu_ram / 1024 rounded: ask for every offer whose figure can reach mem_gb
+        # (rentplan.memory_ok then decides)
+        hints["min_gpu_memory_gb"] = max(0.0, mem_gb - 0.5) * 1024 / 1000
     offers: list[Offer] = prov.list_offers(count, **hints)
     return offers

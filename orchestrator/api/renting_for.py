@@ -95,7 +95,7 @@ def plan_for(ctx: Context, queue: Path, *, max_price: float, spot: bool = False,
     wanted = needs(ctx, queue)
     counts = sorted({n.gpus for n in wanted})
     # search hints only where every need shares them (rentplan.choose filters each need exactly)
-    mems = [n.need.mem_gib for n in wanted]
+    mems = [n.need.mem_gb for n in wanted]
     mem = min(m for m in mems if m is not None) if all(m is not None for m in mems) else None
     models = tuple(sorted({m for n in wanted for m in n.need.models})) if all(n.need.models for n in wanted) else ()
     started = clock()
@@ -103,7 +103,7 @@ def plan_for(ctx: Context, queue: Path, *, max_price: float, spot: bool = False,
     polls = 0
     while True:
         polls += 1
-        scan = scan_offers(ctx, gpu_counts=counts, models=models, mem_gib=mem, spot=spot, providers=providers)
+        scan = scan_offers(ctx, gpu_counts=counts, models=models, mem_gb=mem, spot=spot, providers=providers)
         out = ForPlan(str(queue), wanted, rentplan.choose(wanted, scan.offers, max_price=cap, spot=spot), scan,
                       spot, cap, polls=polls, waited_s=clock() - started)
         left = (retry_until_s or 0.0) - (clock() - started)

@@ -52,7 +52,8 @@ def seconds(flag: str, text: str | None) -> float | None:
 @click.option("--gpu", "models", multiple=True, metavar="MODEL",
               help="Only these GPU models (repeat, or join with |), by the queue's gpu= rule: A100 matches "
                    '"A100 SXM4", not "A10".')
-@click.option("--gpu-mem", "gpu_mem", metavar="GIB", help="Only GPUs with at least this much memory each.")
+@click.option("--gpu-mem", "gpu_mem", metavar="GB",
+              help="Only GPUs with at least this many GB of memory each (as sold: 80 for an 80 GB card).")
 @click.option("--gpus", "gpus", default="1", show_default=True, metavar="N", help="GPUs per machine.")
 @click.option("--spot", is_flag=True, help="Spot (interruptible) prices: the current minimum bid per machine.")
 @click.option("--max-price", "max_price", metavar="USD", help="Only machines at most this many dollars per hour.")
@@ -75,7 +76,7 @@ def offers(models: tuple[str, ...], gpu_mem: str | None, gpus: str, spot: bool, 
     for name in providers:
         registry.entry(name)
     cap = number("--max-price", max_price)
-    scan = scan_offers(open_ctx(), gpu_counts=(int(count),), models=wanted, mem_gib=number("--gpu-mem", gpu_mem,
+    scan = scan_offers(open_ctx(), gpu_counts=(int(count),), models=wanted, mem_gb=number("--gpu-mem", gpu_mem,
                        most=4096), spot=spot, max_price=Decimal(str(cap)) if cap is not None else None,
                        providers=providers)
     if as_json:

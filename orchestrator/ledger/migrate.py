@@ -297,7 +297,7 @@ def _v13_withdrawing(conn: sqlite3.Connection) -> None:
 
 
 def _v14_gpu_needs(conn: sqlite3.Connection) -> None:
-    """v14: hardware as a constraint: a job's `gpu=` models and `gpu_mem=` GiB, a host's GPUs (JSON of
+    """v14: hardware as a constraint: a job's `gpu=` models and `gpu_mem=` GB, a host's GPUs (JSON of
     [model, memory.total MiB] per GPU; "" until an audit or a probe lists them)."""
     conn.execute("ALTER TABLE job ADD COLUMN gpu VARCHAR NOT NULL DEFAULT ''")
     conn.execute("ALTER TABLE job ADD COLUMN gpu_mem FLOAT")

@@ -114,7 +114,7 @@ class Job(SQLModel, table=True):
     # v6: your own trainer
     args: str = "[]"  # JSON list: the trainer arguments after `--`, grid-expanded
     cell: str = ""  # the line's name before grid/seed expansion
-    # v14: the hardware it needs (docs/queue.md): GPU models joined by "|" ("" = any), GiB per GPU (None = any)
+    # v14: the hardware it needs (docs/queue.md): GPU models joined by "|" ("" = any), GB per GPU (None = any)
     gpu: str = ""
     gpu_mem: float | None = None
 

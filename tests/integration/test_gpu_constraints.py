@@ -1,5 +1,6 @@
 """Hardware as a constraint on a mixed farm (docs/queue.md, "GPU model and memory"): two SSH hosts whose
-nvidia-smi reports an A10 (22.5 GiB) and an A100 (80 GiB).  A `gpu=H100` line is refused by the dry run
+nvidia-smi reports an A10 (23,028 MiB: 24.1 GB) and an A100 (81,920 MiB: 85.9 GB).  A `gpu=H100` line is
+refused by the dry run
 with a reason naming each host's GPUs; `gpu_mem=80` jobs run only on the A100 even while the A10 idles
 (nor are they stolen onto it); a host whose card no longer is what the ledger saw fails the job's
 preflight check (`--min-gpu-mem-mib`), is not held, and the job runs elsewhere."""
@@ -51,8 +52,8 @@ def test_jobs_run_only_where_their_hardware_is(user: User, tmp_path: Path) -> No
     wants_h100.write_text("name=h gpu=H100 -- --lr 0.1\n")
     dry = user.gpuq("submit", str(wants_h100), "--dry-run")
     assert dry.returncode == 2, dry.stdout + dry.stderr
-    assert (f"job 'h' cannot be placed: needs gpu=H100: no host has one (hosts: {small}: NVIDIA A10 22.5 GiB, "
-            f"{big}: NVIDIA A100-SXM4-80GB 80 GiB)") in dry.stderr, dry.stderr
+    assert (f"job 'h' cannot be placed: needs gpu=H100: no host has one (hosts: {small}: NVIDIA A10 24.1 GB, "
+            f"{big}: NVIDIA A100-SXM4-80GB 85.9 GB)") in dry.stderr, dry.stderr
 
     wants_80 = tmp_path / "big.txt"
     wants_80.write_text("name=big seeds=2 gpu_mem=80 -- --lr 0.1\n")
@@ -61,14 +62,14 @@ def test_jobs_run_only_where_their_hardware_is(user: User, tmp_path: Path) -> No
     assert _jobs(user) == {"big-seed0": ("SUCCEEDED", big), "big-seed1": ("SUCCEEDED", big)}
     assert set(user.launches()) and all(hosts == [1] for hosts in user.launches().values())  # never on g0
 
-    user.farm.set_gpu(0, 0, {"memory.total": 16384})  # the A10 now reports 16 GiB; the ledger still says 22.5
+    user.farm.set_gpu(0, 0, {"memory.total": 16384})  # the A10 now reports 17.2 GB; the ledger still says 24.1
     wants_20 = tmp_path / "mid.txt"
     wants_20.write_text("name=mid gpu_mem=20 -- --lr 0.1\n")
     done = user.gpuq("submit", str(wants_20), "--wait", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr + user.logs_of_unfinished()
     said = done.stdout + done.stderr
     assert f"host {small} left out: its GPUs are not what the jobs planned there need" in said, said
-    assert "below the 20480 MiB requested" in said, said  # the preflight was told what the job needs
+    assert "below the 19073.5 MiB requested" in said, said  # the preflight was told what the job needs
     assert _jobs(user)["mid"] == ("SUCCEEDED", big)
     ledger = Ledger(user.home / "ledger.db")
     try:

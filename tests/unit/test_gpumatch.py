@@ -35,9 +35,12 @@ def test_a_model_names_whole_words_of_the_card(wanted: str, name: str, expected:
 def test_a_host_matches_when_every_gpu_does_and_its_smallest_has_the_memory() -> None:
     need = G.GpuNeed(("A100", "H100"), 79.0)
     assert G.host_matches(need, (A100,), 81920.0)
-    assert G.host_matches(need, (A100, H100), 81559.0)  # both models asked for; 79.6 GiB >= 79
+    assert G.host_matches(need, (A100, H100), 81559.0)  # both models asked for; 85.5 GB >= 79
     assert not G.host_matches(need, (A100, A10), 23028.0)  # one GPU is neither
-    assert not G.host_matches(G.GpuNeed((), 80.0), (H100,), 81559.0)  # an "80 GB" H100 is 79.6 GiB
+    assert G.host_matches(G.GpuNeed((), 80.0), (H100,), 81559.0)  # an "80 GB" H100: 79.6 GiB, but 85.5 GB
+    assert G.host_matches(G.GpuNeed((), 24.0), (A10,), 23028.0)  # a "24 GB" A10 reports 24.1 GB
+    assert not G.host_matches(G.GpuNeed((), 25.0), (A10,), 23028.0)
+    assert not G.host_matches(G.GpuNeed((), 86.0), (H100,), 81559.0)
     assert not G.host_matches(need, None, None)  # unknown
     assert not G.host_matches(need, (), None)  # no GPUs
     assert not G.host_matches(G.GpuNeed((), 1.0), (A100,), None)  # memory unknown
@@ -47,14 +50,14 @@ def test_a_host_matches_when_every_gpu_does_and_its_smallest_has_the_memory() ->
 def test_the_reason_names_what_is_asked_and_every_host() -> None:
     hosts = [G.HostGpus("a", (A10,), 23028.0), G.HostGpus("b", (A100,), 81920.0), G.HostGpus("c", None)]
     assert G.unmet(G.GpuNeed(("H100",)), hosts) == (
-        "needs gpu=H100: no host has one (hosts: a: NVIDIA A10 22.5 GiB, b: NVIDIA A100-SXM4-80GB 80 GiB, "
+        "needs gpu=H100: no host has one (hosts: a: NVIDIA A10 24.1 GB, b: NVIDIA A100-SXM4-80GB 85.9 GB, "
         "c: GPUs not known yet); 1 of them not probed yet (`gpuq status` probes them)")
     assert G.unmet(G.GpuNeed((), 96.0), hosts[:2]).startswith("needs gpu_mem=96: no host has that much GPU memory")
     held = [G.HostGpus("b", (A100,), 81920.0, usable=False, reason="held: unhealthy")]
     assert G.unmet(G.GpuNeed(("A100", "H100"), 40.5), held) == (
         "needs gpu=A100|H100 gpu_mem=40.5: the hosts that match are not usable (b held: unhealthy)")
     many = [G.HostGpus(f"h{i}", (A10,), 23028.0) for i in range(12)]
-    assert G.unmet(G.GpuNeed(("H100",)), many).endswith("h7: NVIDIA A10 22.5 GiB and 4 more)")
+    assert G.unmet(G.GpuNeed(("H100",)), many).endswith("h7: NVIDIA A10 24.1 GB and 4 more)")
 
 
 def test_the_ledger_keeps_each_gpu_and_reads_back_models_and_the_smallest_memory() -> None:

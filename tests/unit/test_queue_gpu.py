@@ -43,14 +43,14 @@ def test_models_and_memory_reach_the_spec() -> None:
     ("a.yaml t gpu=" + "|".join("ABCDEFGHIJKLMNOPQ"), "q.txt:1:10: gpu= lists 17 models, more than 16"),
     ("a.yaml t gpu=", 'q.txt:1:10: empty value for "gpu"; omit the field to use the default'),
     ("a.yaml t gpu=A100 gpu=H100", 'q.txt:1:19: duplicate key "gpu"'),
-    ("a.yaml t gpu_mem=80GB", 'q.txt:1:10: gpu_mem must be GiB of memory per GPU, greater than 0 and at most 4096 '
-                              '(like 40 or 79.5), got "80GB"'),
-    ("a.yaml t gpu_mem=0", 'q.txt:1:10: gpu_mem must be GiB of memory per GPU, greater than 0 and at most 4096 '
-                           '(like 40 or 79.5), got "0"'),
-    ("a.yaml t gpu_mem=4097", 'q.txt:1:10: gpu_mem must be GiB of memory per GPU, greater than 0 and at most 4096 '
-                              '(like 40 or 79.5), got "4097"'),
-    ("a.yaml t gpu_mem=-1", 'q.txt:1:10: gpu_mem must be GiB of memory per GPU, greater than 0 and at most 4096 '
-                            '(like 40 or 79.5), got "-1"'),
+    ("a.yaml t gpu_mem=80GB", 'q.txt:1:10: gpu_mem must be GB of memory per GPU, greater than 0 and at most 4096 '
+                              '(like 24 or 80), got "80GB"'),
+    ("a.yaml t gpu_mem=0", 'q.txt:1:10: gpu_mem must be GB of memory per GPU, greater than 0 and at most 4096 '
+                           '(like 24 or 80), got "0"'),
+    ("a.yaml t gpu_mem=4097", 'q.txt:1:10: gpu_mem must be GB of memory per GPU, greater than 0 and at most 4096 '
+                              '(like 24 or 80), got "4097"'),
+    ("a.yaml t gpu_mem=-1", 'q.txt:1:10: gpu_mem must be GB of memory per GPU, greater than 0 and at most 4096 '
+                            '(like 24 or 80), got "-1"'),
 ])
 def test_each_problem_is_reported_at_its_column(line: str, expected: str) -> None:
     assert _problems(line + "\n") == [expected]
@@ -60,7 +60,7 @@ def test_every_problem_of_the_file_is_reported_at_once() -> None:
     text = "a.yaml t gpu=A100|\tgpu_mem=x\nb.yaml t gpu=ok\n\tc.yaml t gpu=é\n"
     assert _problems(text) == [
         'q.txt:1:19: empty GPU model in gpu=; join models with one "|" (gpu=A100|H100)',
-        'q.txt:1:20: gpu_mem must be GiB of memory per GPU, greater than 0 and at most 4096 (like 40 or 79.5), '
+        'q.txt:1:20: gpu_mem must be GB of memory per GPU, greater than 0 and at most 4096 (like 24 or 80), '
         'got "x"',
         'q.txt:3:15: GPU model "é" has "é"; a model is letters, digits and "._-"',
     ]

@@ -121,7 +121,7 @@ def test_offers_list_the_configured_providers_cheapest_first_and_say_who_was_ski
     prices = [o.price_per_hour for o in scan.offers]
     assert prices == sorted(p for p in prices if p is not None) and len(scan.offers) == 7  # the 1-GPU offers
     assert set(scan.skipped) == {"runpod", "lambda"} and all("no API key" in w for w in scan.skipped.values())
-    big = scan_offers(ctx, models=("H100", "A100"), mem_gib=79)
+    big = scan_offers(ctx, models=("H100", "A100"), mem_gb=79)
     assert [o.gpu_type for o in big.offers] == ["A100 SXM4", "H100 PCIE", "H100 SXM"]
     two = scan_offers(ctx, gpu_counts=(2,), spot=True)
     assert [(o.gpu_type, o.spot_price_per_hour) for o in two.offers] == [("H100 SXM", Decimal("2.9"))]

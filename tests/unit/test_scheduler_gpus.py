@@ -55,14 +55,14 @@ def test_no_host_with_the_model_leaves_the_job_unplaced_with_every_host_named() 
     hosts = [_host("a", A10), _host("b", A100), _host("c", (None, None)), _host("d", H100, usable=False,
                                                                                    reason="held: unhealthy")]
     done = plan([PlanJob("j", 1, 60.0, need=GpuNeed(("L40S",)))], hosts)
-    assert done.unplaced == (("j", "needs gpu=L40S: no host has one (hosts: a: NVIDIA A10 22.5 GiB, b: NVIDIA "
-                                   "A100-SXM4-80GB 80 GiB, c: GPUs not known yet, d: NVIDIA H100 80GB HBM3 79.6 GiB); "
+    assert done.unplaced == (("j", "needs gpu=L40S: no host has one (hosts: a: NVIDIA A10 24.1 GB, b: NVIDIA "
+                                   "A100-SXM4-80GB 85.9 GB, c: GPUs not known yet, d: NVIDIA H100 80GB HBM3 85.5 GB); "
                                    "1 of them not probed yet (`gpuq status` probes them)"),)
     only_held = plan([PlanJob("j", 1, 60.0, need=GpuNeed(("H100",)))], hosts)
     assert only_held.unplaced == (("j", "needs gpu=H100: the hosts that match are not usable (d held: unhealthy)"),)
-    pinned = plan([PlanJob("j", 1, 60.0, host_pin="a", need=GpuNeed((), 24.0))], hosts)
-    assert pinned.unplaced == (("j", "needs gpu_mem=24: no host has that much GPU memory (hosts: a: NVIDIA A10 "
-                                     "22.5 GiB)"),)
+    pinned = plan([PlanJob("j", 1, 60.0, host_pin="a", need=GpuNeed((), 25.0))], hosts)
+    assert pinned.unplaced == (("j", "needs gpu_mem=25: no host has that much GPU memory (hosts: a: NVIDIA A10 "
+                                     "24.1 GB)"),)
     assert plan([PlanJob("j", 1, 60.0, need=GpuNeed(("A100",)))], hosts).assignments[0].host == "b"
 
 
