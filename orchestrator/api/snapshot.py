@@ -83,13 +83,18 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
         history.setdefault(att.job_id, []).append(att)
         if att.job_id not in latest or att.number > latest[att.job_id].number:
             latest[att.job_id] = att
-    from orchestrator.tick.billing import idle_hosts
     from orchestrator.tick.budget import standings
 
     now = time.time()
-    return Snapshot(now, ctx.ledger.hosts(), probes, sweep_rows, jobs, latest, counts=counts,
+    hosts = ctx.ledger.hosts()
+    idle: dict[str, float] = {}
+    if any(h.provider and h.instance_id for h in hosts):  # only a rented machine can idle at a price
+        from orchestrator.tick.billing import idle_hosts  # the billing stage's imports (transfer, ...) only then
+
+        idle = idle_hosts(ctx)
+    return Snapshot(now, hosts, probes, sweep_rows, jobs, latest, counts=counts,
                     alerts=ctx.ledger.alerts(ALERTS_SHOWN), lines=lines, attempt_history=history,
-                    idle=idle_hosts(ctx), budgets=standings(ctx.ledger, sweep_rows, now))
+                    idle=idle, budgets=standings(ctx.ledger, sweep_rows, now))
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,

@@ -19,7 +19,7 @@ from orchestrator.config import Settings
 from orchestrator.ledger import HostRow, Job, Ledger, Sweep, attempt_price
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, epoch_rates, estimate_s, estimate_source
 from orchestrator.states import JobState
-from orchestrator.tick import ACTIVE, withdraw
+from orchestrator.tick import ACTIVE
 
 if TYPE_CHECKING:
     from orchestrator.fleet import Fleet
@@ -154,6 +154,9 @@ def withdraw_over(ledger: Ledger, fleet: Fleet, probes: Sequence[Probe], rates: 
             over.setdefault(job.host or "", []).append(job)
             why[job.id] = (f"budget: the sweep's budget of {budget.usd(cap)} is passed ({standing_now.line()}); "
                            f"`gpuq budget {sweep_id} USD` raises it")
+    # the agent's verbs (launcher, host documents) load here: a status that reads standings needs none
+    from orchestrator.tick import withdraw
+
     back: list[str] = []
     for host_name, group in over.items():
         for job_id in sorted(withdraw.withdraw(ledger, fleet, host_name, group, "budget")):
