@@ -79,13 +79,16 @@ def key_pair(settings: Settings, key: str) -> tuple[str, str]:
 
 def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int = 1, spot: bool = False,
        bid: float | None = None, region: str | None = None, key: str = "", profile: str = "", prefix: str = "",
-       replaces: str = "", say: Callable[[str], None] | None = None, down_when_done: bool | None = None) -> UpResult:
+       replaces: str = "", say: Callable[[str], None] | None = None, down_when_done: bool | None = None,
+       max_price: float | None = None) -> UpResult:
     """Rent ``count`` machines, wait until each answers SSH, register them with their price, and run
     the GPU preflight.  Each machine is recorded before its create call (see the module docstring).
     Raises the provider's error when no machine was created at all; otherwise the result says which
     were not created, which gpuq ended and which may still bill.  ``replaces``: the host a replacement
     is rented for (`gpuq resume`).  ``say``: progress lines for people.  ``down_when_done`` (None: the
-    ``auto_down`` setting): the tick ends each machine once its work is over (tick/billing.py)."""
+    ``auto_down`` setting): the tick ends each machine once its work is over (tick/billing.py).
+    ``max_price``: the most one machine may cost per hour; the provider is asked for none dearer (its price,
+    or for spot its current minimum bid, read before the create: ``NoCapacity`` and nothing rented)."""
     registry.entry(provider)  # UsageError for a provider gpuq does not know
     if count < 1 or gpus < 1:
         raise UsageError("--count and --gpus must be at least 1")
@@ -102,6 +105,7 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
         raise UsageError(f'host "{taken[0]}" is already registered; pick another --prefix')
     request = ProvisionRequest(name=instance_name(ledger_id(ctx.settings), lease), gpu_type=gpu_type, gpu_count=gpus,
                                count=count, spot=spot, bid_per_gpu=Decimal(str(bid)) if bid is not None else None,
+                               max_price_per_hour=Decimal(str(max_price)) if max_price is not None else None,
                                region=region, ssh_public_key=public)
     rental = _Rental(ctx, prov, UpResult(provider, lease, wanted=count), dict(zip(request.names(), names, strict=True)),
                      say or (lambda _line: None))

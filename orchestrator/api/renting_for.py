@@ -121,7 +121,8 @@ def up_for(ctx: Context, plan: ForPlan, *, key: str = "", profile: str = "", pre
            down_when_done: bool | None = None, say: Callable[[str], None] | None = None) -> ForResult:
     """Rent a complete plan: one ``gpuq up`` per need (its provider, the offer's GPU type and count, the
     need's machines).  A need whose ``up`` fails outright is in ``failed`` and the next ones are still
-    rented: what was rented bills, and the result says so."""
+    rented: what was rented bills, and the result says so.  Each ``up`` carries the plan's cap: an offer
+    taken meanwhile is replaced by the provider's next one only at or under it."""
     if not plan.plan.complete:
         raise UsageError(f"not renting for {plan.queue}: {plan.missing()}")
     out = ForResult(plan)
@@ -130,7 +131,7 @@ def up_for(ctx: Context, plan: ForPlan, *, key: str = "", profile: str = "", pre
         try:
             out.rentals.append(up(ctx, provider=offer.provider, gpu_type=offer.gpu_type, count=choice.need.machines,
                                   gpus=choice.need.gpus, spot=plan.spot, key=key, profile=profile, prefix=prefix,
-                                  say=say, down_when_done=down_when_done))
+                                  say=say, down_when_done=down_when_done, max_price=float(plan.max_price)))
         except GpuqError as exc:
             out.failed[choice.need.text()] = f"{offer.provider} {offer.gpu_type}: {exc}"
     return out

@@ -44,7 +44,8 @@ class ProviderChoice(click.Choice[str]):
 @click.option("--for", "for_queue", metavar="QUEUE",
               help="Rent what this queue's lines need (their gpus=, gpu=, gpu_mem=) from the cheapest offers of "
                    "the configured providers, one machine per distinct need; needs --max-price.")
-@click.option("--max-price", "max_price", metavar="USD", help="With --for: the most one machine may cost per hour.")
+@click.option("--max-price", "max_price", metavar="USD",
+              help="The most one machine may cost per hour (spot: its current minimum bid); dearer: nothing rented.")
 @click.option("--retry-until", "retry_until", metavar="DURATION",
               help="With --for: while offers are short, poll again (backoff) until this long has passed "
                    "(90s, 30m, 2h).")
@@ -85,15 +86,18 @@ def up(provider: str | None, gpu_type: str | None, for_queue: str | None, max_pr
         up_for(for_queue, max_price=max_price, retry_until=retry_until, spot=spot, dry_run=dry_run,
                provider=provider, key=key, profile=profile, prefix=prefix, down_when_done=down_when_done)
         return
-    if max_price is not None or retry_until is not None or dry_run:
-        raise UsageError("--max-price, --retry-until and --dry-run go with --for QUEUE")
+    if retry_until is not None or dry_run:
+        raise UsageError("--retry-until and --dry-run go with --for QUEUE")
     if provider is None or gpu_type is None:
         raise UsageError("give --provider and --gpu TYPE (`gpuq offers` lists them), or --for QUEUE --max-price USD")
+
+    from orchestrator.cli.offers import number
 
     try:
         result = api.up(open_ctx(), provider=provider, gpu_type=gpu_type, count=count, gpus=gpus, spot=spot,
                         bid=bid, region=region, key=key, profile=profile, prefix=prefix,
-                        down_when_done=down_when_done, say=lambda line: echo(line, err=True))
+                        down_when_done=down_when_done, say=lambda line: echo(line, err=True),
+                        max_price=number("--max-price", max_price))
     except api.UpInterrupted as stopped:
         up_report(stopped.result)
         raise

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
-from orchestrator.errors import ProviderError, ProvisioningFailed
+from orchestrator.errors import NoCapacity, ProviderError, ProvisioningFailed
 
 InstanceState = Literal["pending", "running", "stopped", "exited", "terminating", "terminated", "unhealthy"]
 """Normalised instance state.  ``pending``: created, not yet running (RunPod CREATED/RESTARTING/PAUSED
@@ -203,13 +203,30 @@ class ProviderOptions:
 _Options = TypeVar("_Options", bound=ProviderOptions)
 
 
+def check_price_cap(provider: str, request: ProvisionRequest, price_per_hour: Decimal | None) -> None:
+    """Refuse (``NoCapacity``, before anything is created) a machine whose price per hour is unknown or above
+    the request's ``max_price_per_hour``; nothing when the request names no cap."""
+    cap = request.max_price_per_hour
+    if cap is None:
+        return
+    kind = "spot" if request.spot else "on-demand"
+    if price_per_hour is None:
+        raise NoCapacity(provider, f"no {kind} price for {request.gpu_type} now: not renting above a cap of "
+                         f"${cap}/h blind", code="over-price")
+    if price_per_hour > cap:
+        raise NoCapacity(provider, f"{request.gpu_type} costs ${price_per_hour}/h {kind} now, above the cap of "
+                         f"${cap}/h", code="over-price")
+
+
 @dataclass(frozen=True)
 class ProvisionRequest:
     """What to rent, in words every provider understands.  ``name``: ``gpuq-<ledger id>-<lease>``
     (:func:`instance_name`); creation is idempotent by name (docs/providers.md).  ``count`` machines, one
     call each, named ``name`` (one) or ``name-0``, ``name-1``, ...; ``gpu_count`` GPUs each (where the type
     does not fix it).  ``spot``: interruptible (:attr:`Capabilities.spot`); ``bid_per_gpu``: the most the
-    user pays per GPU-hour for it.  ``region``: a region or data centre id.  ``ssh_public_key``: registered
+    user pays per GPU-hour for it.  ``max_price_per_hour``: the most one machine may cost per hour (on demand
+its price, spot its price or bid, :func:`check_price_cap`): an adapter refuses with ``NoCapacity``,
+creating nothing, when no offer fits.  ``region``: a region or data centre id.  ``ssh_public_key``: registered
     with the account first (append-only).  ``env``: set in the machine's container where it runs one.
     ``options``: the provider's own extras (its :class:`ProviderOptions` subclass; None: its defaults)."""
 
@@ -219,6 +236,7 @@ class ProvisionRequest:
     count: int = 1
     spot: bool = False
     bid_per_gpu: Decimal | None = None
+    max_price_per_hour: Decimal | None = None
     region: str | None = None
     ssh_public_key: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)

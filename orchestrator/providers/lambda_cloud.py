@@ -33,6 +33,7 @@ from orchestrator.providers.base import (
     Provider,
     ProviderOptions,
     ProvisionRequest,
+    check_price_cap,
     parse_money,
 )
 from orchestrator.providers.credentials import LAMBDA, ApiKey
@@ -239,6 +240,7 @@ class LambdaProvider(HttpProvider):
             raise ProviderError("Lambda Cloud", f"unknown instance type {request.gpu_type!r} (known: {known})",
                                 code="unknown-instance-type")
         offer = self._offer(request.gpu_type, entry)
+        check_price_cap("Lambda Cloud", request, offer.price_per_hour)
         region = self._region(request, offer)
         ssh_key = self.ensure_ssh_key(request.ssh_public_key)
         existing = {i.name: i.id for i in self.list_instances() if i.state not in ("terminating", "terminated")}

@@ -36,11 +36,12 @@ from orchestrator.providers.base import (
     Provider,
     ProviderOptions,
     ProvisionRequest,
+    check_price_cap,
     parse_money,
 )
 from orchestrator.providers.credentials import RUNPOD, ApiKey, follow
 from orchestrator.providers.http_adapter import HttpProvider
-from orchestrator.providers.runpod_graphql import CAPACITY_TEXT, RunPodGraphQL, offer_from
+from orchestrator.providers.runpod_graphql import CAPACITY_TEXT, RunPodGraphQL, cloud_price, offer_from
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, ApiTransport, RetryPolicy, json_object
 
 log = logging.getLogger("orchestrator.providers.runpod")
@@ -209,6 +210,10 @@ class RunPodProvider(HttpProvider):
                 if not (isinstance(item.get("maxGpuCount"), int) and item["maxGpuCount"] < count)]
 
     def _gpu_type(self, gpu_type: str, count: int) -> Offer:
+        return offer_from(self._gpu_item(gpu_type, count), count)
+
+    def _gpu_item(self, gpu_type: str, count: int) -> Mapping[str, Any]:
+        """The ``gpuTypes`` item of ``gpu_type`` priced for ``count`` GPUs (ProviderError: unknown, too many)."""
         found = self.graphql.gpu_types(count, gpu_type)
         if not found:
             raise ProviderError("RunPod", f"unknown GPU type {gpu_type!r} (see the offers for valid ids)",
@@ -217,7 +222,7 @@ class RunPodProvider(HttpProvider):
         if isinstance(max_count, int) and max_count < count:
             raise ProviderError("RunPod", f"{gpu_type} pods have at most {max_count} GPUs, not {count}",
                                 code="gpu-count")
-        return offer_from(found[0], count)
+        return found[0]
 
     # -- instances -----------------------------------------------------------------------------------
 
@@ -248,9 +253,11 @@ class RunPodProvider(HttpProvider):
                                 code="cloud-type")
         if request.ssh_public_key:
             self.ensure_ssh_key(request.ssh_public_key)
-        offer = self._gpu_type(request.gpu_type, request.gpu_count)
+        item = self._gpu_item(request.gpu_type, request.gpu_count)
+        offer = offer_from(item, request.gpu_count)
         if request.spot:
             self._check_spot_price(request, offer)
+        check_price_cap("RunPod", request, cloud_price(item, cloud, request.spot, request.gpu_count))
         existing = {i.name: i.id for i in self.list_instances() if not i.gone}
         ids: list[str] = []
         for name in request.names():

@@ -92,6 +92,17 @@ def offer_from(item: Mapping[str, Any], count: int) -> Offer:
     )
 
 
+def cloud_price(item: Mapping[str, Any], cloud: str, spot: bool, count: int) -> Decimal | None:
+    """What a pod of ``count`` GPUs of one ``gpuTypes`` item costs per hour in ``cloud`` (SECURE or
+    COMMUNITY): its ``securePrice``/``communityPrice``, or for spot its ``secureSpotPrice``/
+    ``communitySpotPrice`` (else the minimum bid), per GPU-hour times ``count``; None when not quoted."""
+    prefix = cloud.lower()
+    per_gpu = parse_money(item.get(f"{prefix}SpotPrice" if spot else f"{prefix}Price"))
+    if per_gpu is None and spot:
+        per_gpu = parse_money(json_object(item.get("lowestPrice")).get("minimumBidPrice"))
+    return per_gpu * count if per_gpu is not None else None
+
+
 class RunPodGraphQL:
     """The GraphQL half of a RunPod account (the calls listed in the module docstring)."""
 

@@ -41,6 +41,7 @@ from orchestrator.providers.base import (
     Provider,
     ProviderOptions,
     ProvisionRequest,
+    check_price_cap,
     poll_until_ready,
 )
 from orchestrator.providers.credentials import VASTAI, ApiKey
@@ -257,6 +258,12 @@ class VastAIProvider(HttpProvider):
         if request.spot and request.bid_per_gpu is not None:
             bid = wire.machine_bid(request.bid_per_gpu, request.gpu_count)
             offers = [o for o in offers if o.min_bid is None or o.min_bid <= bid]
+        cap = request.max_price_per_hour
+        if cap is not None and offers:  # on demand: the offer's dph_total; interruptible: its minimum bid
+            fitting = [o for o in offers if self._price(o, request.spot) <= cap]
+            if not fitting:
+                check_price_cap(wire.LABEL, request, self._price(offers[0], request.spot))
+            offers = fitting
         if not offers:
             kind = "interruptible" if request.spot else "on-demand"
             raise NoCapacity(wire.LABEL, f"no {kind} vast.ai offer has capacity for {request.gpu_count}x "
@@ -269,7 +276,8 @@ class VastAIProvider(HttpProvider):
             if request.env:
                 body["env"] = dict(request.env)  # the client's form: a JSON object of name → value
             if request.spot:
-                body["price"] = self._bid(request, extras, offer)
+                bid = self._bid(request, extras, offer)
+                body["price"] = bid if cap is None else min(bid, float(cap))  # never above the cap
             try:
                 return self.http.retrying(partial(self._create_once, f"/api/v0/asks/{offer.id}/", body),
                                           adopt=partial(self._find_by_label, name))
@@ -278,6 +286,11 @@ class VastAIProvider(HttpProvider):
                 last = exc
         assert last is not None
         raise last
+
+    @staticmethod
+    def _price(offer: wire.WireOffer, spot: bool) -> Decimal:
+        """What one machine of the offer costs per hour: its minimum bid (interruptible) or dph_total."""
+        return Decimal(str(offer.min_bid if spot and offer.min_bid is not None else offer.dph_total))
 
     @staticmethod
     def _bid(request: ProvisionRequest, extras: VastOptions, offer: wire.WireOffer) -> float:
