@@ -11,6 +11,7 @@ key, ``close``, and the polling ``wait_ready`` / ``wait_gone`` (base.poll_until_
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +24,13 @@ from orchestrator.providers.credentials import ApiKey, ProviderSpec, load_key, l
 from orchestrator.providers.transport import ApiTransport, RetryPolicy
 
 _P = TypeVar("_P", bound="HttpProvider")  # typing.Self needs Python 3.11; the controller runs on 3.10
+
+
+def key_name(public_key: str) -> str:
+    """The name gpuq registers its SSH key under where a provider names keys (Lambda, vast.ai):
+    ``gpuq-<first 12 hex of sha256(type base64)>``."""
+    body = " ".join(public_key.split()[:2])
+    return "gpuq-" + hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
 class HttpProvider:

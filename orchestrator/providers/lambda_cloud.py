@@ -13,7 +13,6 @@ Lambda has no spot and no stop: those raise ProviderUnsupported.  Readiness (API
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -37,7 +36,7 @@ from orchestrator.providers.base import (
     parse_money,
 )
 from orchestrator.providers.credentials import LAMBDA, ApiKey
-from orchestrator.providers.http_adapter import HttpProvider
+from orchestrator.providers.http_adapter import HttpProvider, key_name
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy, json_object
 
 log = logging.getLogger("orchestrator.providers.lambda")
@@ -111,12 +110,6 @@ def instance_from_json(item: Mapping[str, Any]) -> Instance:
         region=str(region.get("name")) if region.get("name") else None,
         reason="",
     )
-
-
-def key_name(public_key: str) -> str:
-    """The name gpuq registers its key under: ``gpuq-<first 12 hex of sha256(type base64)>``."""
-    body = " ".join(public_key.split()[:2])
-    return "gpuq-" + hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,7 @@ from orchestrator.providers.base import (
     poll_until_ready,
 )
 from orchestrator.providers.credentials import VASTAI, ApiKey
-from orchestrator.providers.http_adapter import HttpProvider
-from orchestrator.providers.lambda_cloud import key_name
+from orchestrator.providers.http_adapter import HttpProvider, key_name
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy
 
 log = logging.getLogger("orchestrator.providers.vastai")
