@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,9 +28,18 @@ from pathlib import Path
 import pytest
 
 from orchestrator import protocol
-from orchestrator.ledger import Ledger
 from tests.conftest import kill_recorded_groups, run_gpuq, wait_for
 from tests.support.gpuquser import User
+from tests.support.hostretry import (
+    Concurrent,
+    agent_pid,
+    attempt_dir,
+    checkpointed_step,
+    job_dirs,
+    launches,
+    ledger_view,
+    write_project,
+)
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -67,56 +75,14 @@ LOCAL_ENV = {"GPUQ_LOCAL_CPU_SLOTS": "5", "GPUQ_HEARTBEAT_S": "1", "GPUQ_KILL_GR
 
 
 def _project(base: Path, lines: list[str]) -> Path:
-    work = base / "project"
-    work.mkdir(parents=True)
-    (work / "train.py").write_text(TRAINER)
-    (work / "gpuq.toml").write_text(TOML)
-    (work / "queue.txt").write_text("\n".join(lines) + "\n")
-    return work / "queue.txt"
-
-
-def _job_dirs(root: Path) -> dict[str, Path]:
-    """job name -> its directory under a host's data dir."""
-    out = {}
-    for spec in root.glob(f"{protocol.JOBS_DIR}/*/{protocol.SPEC_FILE}"):
-        out[json.loads(spec.read_text())["name"]] = spec.parent
-    return out
-
-
-def _launches(job_dir: Path) -> list[tuple[int, int, int]]:
-    """(attempt, trainer pid, step it started from) of every launch of the job's trainer."""
-    path = job_dir / protocol.RUN_DIR / "launches.log"
-    lines = path.read_text().split() if path.is_file() else []
-    return [(int(lines[i]), int(lines[i + 1]), int(lines[i + 2])) for i in range(0, len(lines) - 2, 3)]
-
-
-def _step(job_dir: Path) -> int:
-    try:
-        return int(json.loads((job_dir / protocol.RUN_DIR / "ckpt.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def _attempt_dir(job_dir: Path, n: int) -> Path:
-    return job_dir / protocol.ATTEMPTS_DIR / str(n)
+    return write_project(base, TRAINER, TOML, lines)
 
 
 def _trained_past(root: Path, name: str, step: int) -> Path:
     """The job's directory once its attempt 1 has checkpointed past ``step``."""
-    assert wait_for(lambda: name in _job_dirs(root) and _step(_job_dirs(root)[name]) >= step, timeout=120), \
-        sorted(_job_dirs(root))
-    return _job_dirs(root)[name]
-
-
-def _ledger_view(home: Path, job_id: str) -> tuple[str, list[tuple[int, str]], list[str]]:
-    """(job state, [(attempt, state)], history messages) from the ledger."""
-    ledger = Ledger(home / "ledger.db")
-    try:
-        job = ledger.job(job_id)
-        attempts = [(a.number, a.state) for a in ledger.attempts(job_id)]
-        return job.state, attempts, [e.message for e in ledger.events(subject=job_id, limit=200)]
-    finally:
-        ledger.close()
+    assert wait_for(lambda: name in job_dirs(root) and checkpointed_step(job_dirs(root)[name]) >= step,
+                    timeout=120), sorted(job_dirs(root))
+    return job_dirs(root)[name]
 
 
 # --- on a namespace SSH host, with no gpuq command running ---------------------------------------------------
@@ -138,17 +104,17 @@ def test_a_sigkilled_trainer_is_retried_by_its_host_with_resume_and_gpuq_records
         user: User, tmp_path: Path) -> None:
     root = _submit(user, tmp_path, "name=victim retries=2 -- --steps 24 --step-s 0.25")
     job_dir = _trained_past(root, "victim", 3)
-    ((attempt, pid, start),) = _launches(job_dir)
+    ((attempt, pid, start),) = launches(job_dir)
     assert (attempt, start) == (1, 0)
     user.farm.ssh(0, "kill", "-9", str(pid))  # the host's own pid namespace: as the OOM killer would
-    second = _attempt_dir(job_dir, 2) / protocol.LAUNCH_FILE
+    second = attempt_dir(job_dir, 2) / protocol.LAUNCH_FILE
     assert wait_for(second.is_file, timeout=30), (root / protocol.AGENT_LOG).read_text()[-3000:]
-    decided = json.loads((_attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())
+    decided = json.loads((attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())
     assert decided["by"] == "host" and decided["attempt"] == 2 and decided["class"] == "killed", decided
-    assert wait_for(lambda: len(_launches(job_dir)) == 2, timeout=60)
-    (_, _, _), (attempt, _, resumed_from) = _launches(job_dir)
+    assert wait_for(lambda: len(launches(job_dir)) == 2, timeout=60)
+    (_, _, _), (attempt, _, resumed_from) = launches(job_dir)
     assert attempt == 2 and resumed_from >= 3  # resumed from its checkpoint, not from step 0
-    argv = next(line for line in (_attempt_dir(job_dir, 2) / protocol.JOB_LOG).read_text().splitlines()
+    argv = next(line for line in (attempt_dir(job_dir, 2) / protocol.JOB_LOG).read_text().splitlines()
                 if " argv: " in line)
     assert "--resume" in argv and argv.rstrip(" =").endswith("ckpt.json"), argv
     spec = json.loads((job_dir / protocol.SPEC_FILE).read_text())
@@ -158,26 +124,26 @@ def test_a_sigkilled_trainer_is_retried_by_its_host_with_resume_and_gpuq_records
     assert waited.returncode == 0, waited.stdout + waited.stderr + user.logs_of_unfinished()
     (job,) = user.status_doc()["jobs"]
     assert job["state"] == "SUCCEEDED" and job["attempt"] == 2, job
-    _, attempts, history = _ledger_view(user.home, job["id"])
+    _, attempts, history = ledger_view(user.home, job["id"])
     assert attempts == [(1, "EXITED"), (2, "EXITED")], attempts
     assert "killed: requeued with resume (retry 1 of 2)" in history, history
     assert any(m.startswith("started by the host: its agent retried attempt 1 with resume") for m in history)
-    assert [a for a, _, _ in _launches(job_dir)] == [1, 2]  # each attempt launched once
+    assert [a for a, _, _ in launches(job_dir)] == [1, 2]  # each attempt launched once
 
 
 def test_with_retries_0_the_host_starts_nothing_and_gpuq_settles_the_job(user: User, tmp_path: Path) -> None:
     root = _submit(user, tmp_path, "name=once retries=0 -- --steps 40 --step-s 0.25")
     job_dir = _trained_past(root, "once", 2)
-    ((_, pid, _),) = _launches(job_dir)
+    ((_, pid, _),) = launches(job_dir)
     user.farm.ssh(0, "kill", "-9", str(pid))
     # the agent says the queue is done once it has handled the attempt's end (after deciding on a retry)
     assert wait_for(lambda: " done on " in (root / protocol.AGENT_LOG).read_text(), timeout=60)
-    assert not _attempt_dir(job_dir, 2).exists() and not (_attempt_dir(job_dir, 1) / protocol.NEXT_FILE).exists()
+    assert not attempt_dir(job_dir, 2).exists() and not (attempt_dir(job_dir, 1) / protocol.NEXT_FILE).exists()
     assert "RETRY" not in (root / protocol.AGENT_LOG).read_text()
     (job,) = user.status_doc()["jobs"]
     assert job["state"] == "LOST" and job["attempt"] == 1, job  # no retries left: `gpuq resume` once fixed
-    assert json.loads((_attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())["by"] == "controller"
-    assert len(_launches(job_dir)) == 1
+    assert json.loads((attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())["by"] == "controller"
+    assert len(launches(job_dir)) == 1
 
 
 # --- on the local host: the races -------------------------------------------------------------------------
@@ -194,35 +160,14 @@ def local(gpuq_home: Path, tmp_path: Path) -> Iterator[tuple[Path, Callable[...,
     kill_recorded_groups(gpuq_home / "local")
 
 
-def _agent_pid(root: Path) -> int:
-    return int(json.loads((root / protocol.AGENT_PID).read_text())["pid"])
-
-
-class Concurrent(threading.Thread):
-    """A gpuq command started now, in a process of its own, while the test goes on (a kill)."""
-
-    def __init__(self, gpuq: Callable[..., subprocess.CompletedProcess[str]], *args: str) -> None:
-        super().__init__(daemon=True)
-        self.gpuq, self.args = gpuq, args
-        self.result: subprocess.CompletedProcess[str] | None = None
-        self.start()
-
-    def run(self) -> None:
-        self.result = self.gpuq(*self.args)
-
-    def succeeded(self) -> bool:
-        self.join(timeout=300)
-        return self.result is not None and self.result.returncode == 0
-
-
 def _kill_paused(root: Path, job_dir: Path, then: Callable[[], object]) -> None:
     """SIGKILL the job's trainer while the agent is paused, wait for the attempt's exit record, run
     ``then`` (gpuq decides first), and let the agent go on."""
-    agent = _agent_pid(root)
+    agent = agent_pid(root)
     os.kill(agent, signal.SIGSTOP)
     try:
-        os.kill(_launches(job_dir)[-1][1], signal.SIGKILL)
-        assert wait_for((_attempt_dir(job_dir, 1) / protocol.EXIT_FILE).is_file, timeout=30)
+        os.kill(launches(job_dir)[-1][1], signal.SIGKILL)
+        assert wait_for((attempt_dir(job_dir, 1) / protocol.EXIT_FILE).is_file, timeout=30)
         then()
     finally:
         os.kill(agent, signal.SIGCONT)
@@ -245,15 +190,15 @@ def test_a_host_retry_racing_gpuqs_requeue_launches_every_attempt_once(
         assert ticked.returncode == 0, ticked.stdout + ticked.stderr
 
     _kill_paused(root, dirs["gpuq_first"], tick)  # gpuq settles attempt 1 and starts attempt 2 itself
-    os.kill(_launches(dirs["host_first"])[-1][1], signal.SIGKILL)
-    assert wait_for((_attempt_dir(dirs["host_first"], 2) / protocol.LAUNCH_FILE).is_file, timeout=30)
+    os.kill(launches(dirs["host_first"])[-1][1], signal.SIGKILL)
+    assert wait_for((attempt_dir(dirs["host_first"], 2) / protocol.LAUNCH_FILE).is_file, timeout=30)
     for name, kill_at in at_once.items():  # both at once, in either order
         if kill_at < 0:
-            os.kill(_launches(dirs[name])[-1][1], signal.SIGKILL)
+            os.kill(launches(dirs[name])[-1][1], signal.SIGKILL)
         ticking = Concurrent(gpuq, "status")
         if kill_at >= 0:
             time.sleep(kill_at)
-            os.kill(_launches(dirs[name])[-1][1], signal.SIGKILL)
+            os.kill(launches(dirs[name])[-1][1], signal.SIGKILL)
         assert ticking.succeeded(), ticking.result
 
     hold.unlink()
@@ -261,18 +206,18 @@ def test_a_host_retry_racing_gpuqs_requeue_launches_every_attempt_once(
     assert waited.returncode == 0, waited.stdout + waited.stderr
     jobs = {j["name"]: j for j in json.loads(gpuq("status", "--json").stdout)["jobs"]}
     for name in names:
-        state, attempts, history = _ledger_view(home, jobs[name]["id"])
-        launched = [a for a, _, _ in _launches(dirs[name])]
+        state, attempts, history = ledger_view(home, jobs[name]["id"])
+        launched = [a for a, _, _ in launches(dirs[name])]
         assert state == "SUCCEEDED" and attempts == [(1, "EXITED"), (2, "EXITED")], (name, attempts, history)
         assert launched == [1, 2], (name, launched)  # never twice, never none
         assert len(list(dirs[name].glob(f"{protocol.ATTEMPTS_DIR}/*/{protocol.LAUNCH_FILE}"))) == 2
-        assert _launches(dirs[name])[1][2] >= 2, name  # attempt 2 resumed
+        assert launches(dirs[name])[1][2] >= 2, name  # attempt 2 resumed
         by_host = any(m.startswith("started by the host") for m in history)
-        decided = json.loads((_attempt_dir(dirs[name], 1) / protocol.NEXT_FILE).read_text())
+        decided = json.loads((attempt_dir(dirs[name], 1) / protocol.NEXT_FILE).read_text())
         assert by_host == (decided["by"] == "host"), (name, decided, history)
         assert history.count("killed: requeued with resume (retry 1 of 2)") == 2, (name, history)  # LOST, QUEUED
-    assert not any(m.startswith("started by the host") for m in _ledger_view(home, jobs["gpuq_first"]["id"])[2])
-    assert any(m.startswith("started by the host") for m in _ledger_view(home, jobs["host_first"]["id"])[2])
+    assert not any(m.startswith("started by the host") for m in ledger_view(home, jobs["gpuq_first"]["id"])[2])
+    assert any(m.startswith("started by the host") for m in ledger_view(home, jobs["host_first"]["id"])[2])
 
 
 def test_a_cancel_racing_a_host_retry_leaves_nothing_running(
@@ -291,10 +236,10 @@ def test_a_cancel_racing_a_host_retry_leaves_nothing_running(
         return done
 
     _kill_paused(root, dirs["cancel_first"], lambda: cancel("cancel_first"))
-    os.kill(_launches(dirs["kill_then_cancel"])[-1][1], signal.SIGKILL)
+    os.kill(launches(dirs["kill_then_cancel"])[-1][1], signal.SIGKILL)
     cancel("kill_then_cancel")
     cancelling = Concurrent(gpuq, "cancel", ids["cancel_then_kill"])
-    os.kill(_launches(dirs["cancel_then_kill"])[-1][1], signal.SIGKILL)
+    os.kill(launches(dirs["cancel_then_kill"])[-1][1], signal.SIGKILL)
     assert cancelling.succeeded(), cancelling.result
 
     def settled(job_dir: Path) -> bool:  # every attempt launched has ended: nothing of the job runs
@@ -303,13 +248,13 @@ def test_a_cancel_racing_a_host_retry_leaves_nothing_running(
 
     for name in names:
         assert wait_for(lambda name=name: settled(dirs[name]), timeout=60), name
-        state, attempts, _ = _ledger_view(home, ids[name])
-        launched = [a for a, _, _ in _launches(dirs[name])]
+        state, attempts, _ = ledger_view(home, ids[name])
+        launched = [a for a, _, _ in launches(dirs[name])]
         assert state == "CANCELLED", (name, state, attempts)
         assert launched in ([1], [1, 2]), (name, launched)  # at most the host's one retry, never twice
         started = {int(p.parent.name) for p in dirs[name].glob(f"{protocol.ATTEMPTS_DIR}/*/{protocol.LAUNCH_FILE}")}
         assert started <= {n for n, _ in attempts}, (name, started, attempts)  # the ledger knows each one
-        for _, pid, _ in _launches(dirs[name]):
+        for _, pid, _ in launches(dirs[name]):
             assert not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-    assert [a for a, _, _ in _launches(dirs["cancel_first"])] == [1]  # cancelled first: the host never retried
-    assert not _attempt_dir(dirs["cancel_first"], 2).exists()
+    assert [a for a, _, _ in launches(dirs["cancel_first"])] == [1]  # cancelled first: the host never retried
+    assert not attempt_dir(dirs["cancel_first"], 2).exists()

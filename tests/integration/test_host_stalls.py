@@ -30,16 +30,17 @@ import pytest
 
 from orchestrator import protocol
 from tests.conftest import kill_recorded_groups, run_gpuq, wait_for
-from tests.integration.test_host_retries import (
-    Concurrent,
-    _agent_pid,
-    _attempt_dir,
-    _job_dirs,
-    _launches,
-    _ledger_view,
-    _step,
-)
 from tests.support.gpuquser import User
+from tests.support.hostretry import (
+    Concurrent,
+    agent_pid,
+    attempt_dir,
+    checkpointed_step,
+    job_dirs,
+    launches,
+    ledger_view,
+    write_project,
+)
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -80,12 +81,7 @@ HEALED_WITHIN_S = 3 + 2 + 20  # the limit, the kill's grace, and room for a load
 
 
 def _project(base: Path, lines: list[str]) -> Path:
-    work = base / "project"
-    work.mkdir(parents=True)
-    (work / "train.py").write_text(TRAINER)
-    (work / "gpuq.toml").write_text(TOML)
-    (work / "queue.txt").write_text("\n".join(lines) + "\n")
-    return work / "queue.txt"
+    return write_project(base, TRAINER, TOML, lines)
 
 
 def _first_attempt(ledger_home: Path, job_id: str) -> tuple[str, str]:
@@ -118,18 +114,19 @@ def _submit(user: User, tmp_path: Path, line: str) -> Path:
 def test_a_trainer_that_checkpoints_then_hangs_is_healed_by_its_host_and_gpuq_records_it(
         user: User, tmp_path: Path) -> None:
     root = _submit(user, tmp_path, "name=hangs retries=2 -- --steps 16 --hang-at 4")
-    assert wait_for(lambda: "hangs" in _job_dirs(root) and _step(_job_dirs(root)["hangs"]) >= 4, timeout=120)
-    job_dir = _job_dirs(root)["hangs"]
-    second = _attempt_dir(job_dir, 2) / protocol.LAUNCH_FILE
+    assert wait_for(lambda: "hangs" in job_dirs(root) and checkpointed_step(job_dirs(root)["hangs"]) >= 4,
+                    timeout=120)
+    job_dir = job_dirs(root)["hangs"]
+    second = attempt_dir(job_dir, 2) / protocol.LAUNCH_FILE
     assert wait_for(second.is_file, timeout=HEALED_WITHIN_S), (root / protocol.AGENT_LOG).read_text()[-3000:]
-    decided = json.loads((_attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())
+    decided = json.loads((attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())
     assert (decided["by"], decided["attempt"], decided["class"]) == ("host", 2, "stalled"), decided
     assert decided["stacks"].startswith("saved attempts/1/stacks.txt"), decided
-    assert "train.py" in (_attempt_dir(job_dir, 1) / protocol.STACKS_FILE).read_text()
-    ended = json.loads((_attempt_dir(job_dir, 1) / protocol.EXIT_FILE).read_text())
+    assert "train.py" in (attempt_dir(job_dir, 1) / protocol.STACKS_FILE).read_text()
+    ended = json.loads((attempt_dir(job_dir, 1) / protocol.EXIT_FILE).read_text())
     assert ended["wrapper_signal"] == signal.SIGTERM, ended  # the agent's kill: TERM to the group
-    assert wait_for(lambda: len(_launches(job_dir)) == 2, timeout=60)
-    (_, pid, _), (attempt, _, resumed_from) = _launches(job_dir)
+    assert wait_for(lambda: len(launches(job_dir)) == 2, timeout=60)
+    (_, pid, _), (attempt, _, resumed_from) = launches(job_dir)
     assert attempt == 2 and resumed_from >= 4  # resumed from its checkpoint
     assert str(pid) not in user.farm.ssh(0, "sh", "-c", "ps -eo pid=").stdout.split()  # the hung trainer is gone
     spec = json.loads((job_dir / protocol.SPEC_FILE).read_text())
@@ -139,24 +136,24 @@ def test_a_trainer_that_checkpoints_then_hangs_is_healed_by_its_host_and_gpuq_re
     assert waited.returncode == 0, waited.stdout + waited.stderr + user.logs_of_unfinished()
     (job,) = user.status_doc()["jobs"]
     assert job["state"] == "SUCCEEDED" and job["attempt"] == 2, job
-    _, attempts, history = _ledger_view(user.home, job["id"])
+    _, attempts, history = ledger_view(user.home, job["id"])
     assert attempts == [(1, "LOST"), (2, "EXITED")], attempts
     assert _first_attempt(user.home, job["id"])[1] == (
         "stalled: killed group of attempt 1 (killed); where it hung: attempts/1/stacks.txt")  # as gpuq's own
     assert "stalled: requeued with resume (retry 1 of 2)" in history, history
     assert any(m.startswith("started by the host: its agent retried attempt 1 with resume (stalled: ")
                for m in history), history
-    assert [a for a, _, _ in _launches(job_dir)] == [1, 2]  # each attempt launched once
+    assert [a for a, _, _ in launches(job_dir)] == [1, 2]  # each attempt launched once
 
 
 def test_a_hang_before_the_first_step_is_retried_once_by_the_host_then_ends_deadlock_at_start(
         user: User, tmp_path: Path) -> None:
     root = _submit(user, tmp_path, "name=stuck retries=2 -- --hang-first")
-    assert wait_for(lambda: "stuck" in _job_dirs(root), timeout=120)
-    job_dir = _job_dirs(root)["stuck"]
-    assert wait_for(lambda: len(_launches(job_dir)) == 2, timeout=60 + HEALED_WITHIN_S), \
+    assert wait_for(lambda: "stuck" in job_dirs(root), timeout=120)
+    job_dir = job_dirs(root)["stuck"]
+    assert wait_for(lambda: len(launches(job_dir)) == 2, timeout=60 + HEALED_WITHIN_S), \
         (root / protocol.AGENT_LOG).read_text()[-3000:]
-    decided = json.loads((_attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())
+    decided = json.loads((attempt_dir(job_dir, 1) / protocol.NEXT_FILE).read_text())
     assert (decided["by"], decided["class"]) == ("host", "deadlock_at_start"), decided
     left = f"STALLED {job_dir.name} a2: stalled before its first step"
     assert wait_for(lambda: left in (root / protocol.AGENT_LOG).read_text(), timeout=HEALED_WITHIN_S)
@@ -167,15 +164,15 @@ def test_a_hang_before_the_first_step_is_retried_once_by_the_host_then_ends_dead
 
     assert wait_for(failed, timeout=120, interval=1.0), user.logs_of_unfinished()
     (job,) = user.status_doc()["jobs"]
-    _, attempts, history = _ledger_view(user.home, job["id"])
+    _, attempts, history = ledger_view(user.home, job["id"])
     assert attempts == [(1, "LOST"), (2, "LOST")], attempts
     assert _first_attempt(user.home, job["id"])[1].startswith(
         "deadlock_at_start: no step reached; killed group of attempt 1 (killed); where it hung")
     assert any(m.startswith("deadlock_at_start: requeued (retry 1 of 1") for m in history), history
     assert any(m.startswith("deadlock_at_start: stalled before its first step, not retried again") for m in history)
     assert any(m.startswith("started by the host") for m in history)
-    assert [a for a, _, _ in _launches(job_dir)] == [1, 2]
-    assert not _attempt_dir(job_dir, 3).exists()
+    assert [a for a, _, _ in launches(job_dir)] == [1, 2]
+    assert not attempt_dir(job_dir, 3).exists()
 
 
 # --- on the local host: gpuq's stall kill racing the agent's ------------------------------------------------
@@ -201,16 +198,16 @@ def test_gpuqs_stall_kill_racing_the_hosts_launches_every_attempt_once(
     names = ["r1", "r2", "r3"]
     queue = _project(tmp_path, [f"name={n} retries=2 -- --steps 16 --hang-at 2" for n in names])
     assert gpuq("submit", str(queue), "--host", "local").returncode == 0
-    assert wait_for(lambda: all(n in _job_dirs(root) and _launches(_job_dirs(root)[n]) for n in names), timeout=120)
-    dirs = {n: _job_dirs(root)[n] for n in names}
-    agent = _agent_pid(root)
+    assert wait_for(lambda: all(n in job_dirs(root) and launches(job_dirs(root)[n]) for n in names), timeout=120)
+    dirs = {n: job_dirs(root)[n] for n in names}
+    agent = agent_pid(root)
     os.kill(agent, signal.SIGSTOP)  # the host has not noticed yet: it sees the stall only after gpuq can
     try:
-        assert wait_for(lambda: all(_step(d) >= 2 for d in dirs.values()), timeout=60)
+        assert wait_for(lambda: all(checkpointed_step(d) >= 2 for d in dirs.values()), timeout=60)
         time.sleep(5)  # every one of them is quiet past the limit now
         ticking = Concurrent(gpuq, "status")
         if resume_agent == "during_the_tick":  # once gpuq has decided on the first one: the others race
-            assert wait_for(lambda: any((_attempt_dir(d, 1) / protocol.NEXT_FILE).is_file() for d in dirs.values()),
+            assert wait_for(lambda: any((attempt_dir(d, 1) / protocol.NEXT_FILE).is_file() for d in dirs.values()),
                             timeout=60, interval=0.05)
             os.kill(agent, signal.SIGCONT)
         assert ticking.succeeded(), ticking.result
@@ -221,13 +218,13 @@ def test_gpuqs_stall_kill_racing_the_hosts_launches_every_attempt_once(
     jobs = {j["name"]: j for j in json.loads(gpuq("status", "--json").stdout)["jobs"]}
     by_host = []
     for name in names:
-        state, attempts, history = _ledger_view(home, jobs[name]["id"])
+        state, attempts, history = ledger_view(home, jobs[name]["id"])
         assert state == "SUCCEEDED" and attempts == [(1, "LOST"), (2, "EXITED")], (name, attempts, history)
-        assert [a for a, _, _ in _launches(dirs[name])] == [1, 2], name  # never twice, never none
+        assert [a for a, _, _ in launches(dirs[name])] == [1, 2], name  # never twice, never none
         assert len(list(dirs[name].glob(f"{protocol.ATTEMPTS_DIR}/*/{protocol.LAUNCH_FILE}"))) == 2
-        assert _launches(dirs[name])[1][2] >= 2, name  # attempt 2 resumed
+        assert launches(dirs[name])[1][2] >= 2, name  # attempt 2 resumed
         assert "stalled: requeued with resume (retry 1 of 2)" in history, (name, history)
-        decided = json.loads((_attempt_dir(dirs[name], 1) / protocol.NEXT_FILE).read_text())
+        decided = json.loads((attempt_dir(dirs[name], 1) / protocol.NEXT_FILE).read_text())
         started_by_host = any(m.startswith("started by the host") for m in history)
         assert started_by_host == (decided["by"] == "host"), (name, decided, history)
         by_host.append(started_by_host)

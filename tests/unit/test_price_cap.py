@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.lambda_cloud import LambdaProvider
 from orchestrator.providers.runpod import RunPodProvider
 from orchestrator.providers.vastai import VastAIProvider
+from tests.conftest import run_gpuq
 from tests.support.fakecloud import FakeLambda, FakeRunPod
 from tests.support.fakecloud.vastai import FakeVastAI
 from tests.support.fakecloud.vastai_market import FakeOffer
@@ -89,3 +91,16 @@ def test_lambda_reads_the_price_before_it_launches() -> None:
             assert len(fake.instances) == 1
         finally:
             prov.close()
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("--max-price", "abc"), "--max-price 'abc': give a number more than 0"),
+    (("--max-price", "-1"), "--max-price '-1': give a number more than 0"),
+    (("--retry-until", "1h"), "--retry-until and --dry-run go with --for QUEUE"),
+])
+def test_a_bad_cap_on_up_is_one_line_and_exit_2_before_any_provider_is_asked(
+        gpuq_home: Path, args: tuple[str, ...], said: str) -> None:
+    done = run_gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA GeForce RTX 4090", *args,
+                    env={"GPUQ_HOME": str(gpuq_home), "RUNPOD_API_KEY": KEY, "GPUQ_RUNPOD_URL": "http://127.0.0.1:9"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
