@@ -184,10 +184,15 @@ def test_preempt_kills_every_process_and_boot_restarts(host_farm: FarmFactory) -
     _ok(farm.ssh(0, "sh", "-c", "echo keep > /root/kept; echo gone > /tmp/gone"))
     before = farm.host_pids(0)
     assert detached in before and farm.hosts[0].init_pid in before
-    farm.preempt(0)
-    assert farm.host_pids(0) == []
-    for p in before:
-        assert not Path(f"/proc/{p}").exists() or pid_ns(p) != farm.hosts[0].pidns
+    ns = farm.hosts[0].pidns
+    held = os.open(f"/proc/{farm.hosts[0].init_pid}/ns/pid", os.O_RDONLY)  # its inode number stays its own
+    try:
+        farm.preempt(0)
+        assert farm.host_pids(0) == [] and farm.hosts[0].pidns == ""
+        assert not [p for p in os.listdir("/proc") if p.isdigit() and pid_ns(int(p)) == ns]
+    finally:
+        os.close(held)
+    assert not [p for p in before if Path(f"/proc/{p}").exists() and pid_ns(p) == ns]
     assert farm.ssh(0, "true").returncode == 255
     _ok(farm.ssh(1, "true"))  # the neighbour is untouched
     farm.boot(0)
@@ -218,10 +223,17 @@ def test_teardown_leaves_nothing(host_farm: FarmFactory) -> None:
     nss = [h.pidns for h in a.hosts]
     launchers = [h.launcher_pid for h in a.hosts]
     veths = [h.veth for h in a.hosts]
-    a.teardown()
-    a.teardown()  # idempotent
+    # hold the hosts' PID namespaces: a freed namespace's inode number goes to the next new one (another
+    # worker's host), and its processes must not be taken for survivors of this farm
+    held = [os.open(f"/proc/{h.init_pid}/ns/pid", os.O_RDONLY) for h in a.hosts]
+    try:
+        a.teardown()
+        a.teardown()  # idempotent
+        assert not [p for p in os.listdir("/proc") if p.isdigit() and pid_ns(int(p)) in nss]
+    finally:
+        for fd in held:
+            os.close(fd)
     assert not set(names) & set(list_netns())
-    assert not [p for p in os.listdir("/proc") if p.isdigit() and pid_ns(int(p)) in nss]
     assert not [p for p in launchers if Path(f"/proc/{p}").exists()]
     assert not [v for v in veths if Path(f"/sys/class/net/{v}").exists()]
     assert json.loads(a.state_file.read_text())["status"] == "down"

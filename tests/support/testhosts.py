@@ -141,6 +141,21 @@ def _kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+@contextlib.contextmanager
+def _holding_pidns(h: TestHost) -> Iterator[None]:
+    """Keep host h's PID namespace referenced (an open nsfs fd), so that its inode number, which is how
+    gpuq's test hosts name a namespace, is not handed to a new namespace while the host is being emptied."""
+    fd = -1
+    if h.init_pid and h.init_alive():
+        with contextlib.suppress(OSError):
+            fd = os.open(f"/proc/{h.init_pid}/ns/pid", os.O_RDONLY)
+    try:
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _run(argv: Sequence[str], *, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False, timeout=60)
     if check and res.returncode != 0:
@@ -339,11 +354,13 @@ class HostFarm:
         self._down = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.teardown)
-        for h in self.hosts:
-            if h.init_alive():
-                _kill(h.init_pid, signal.SIGKILL)
-        for h in self.hosts:
-            self._reap(h, timeout=10)
+        with contextlib.ExitStack() as held:
+            for h in self.hosts:
+                held.enter_context(_holding_pidns(h))
+            for h in self.hosts:
+                if h.init_alive():
+                    _kill(h.init_pid, signal.SIGKILL)
+            left = {h.name: self._reap(h, timeout=10) for h in self.hosts}
         for h in self.hosts:
             # anything else still in the host's network namespace (there should be nothing)
             res = _run(["ip", "netns", "pids", h.netns], check=False)
@@ -361,6 +378,8 @@ class HostFarm:
             shutil.rmtree(d, ignore_errors=True)
         if self.state_file.parent.is_dir():
             self._save(status="down")
+        if any(left.values()):
+            raise RuntimeError(f"processes outlived their host's PID 1: {left}")
 
     def __enter__(self) -> HostFarm:
         return self.start()
@@ -451,11 +470,11 @@ class HostFarm:
     def preempt(self, i: int) -> None:
         """SIGKILL the host's PID 1: the kernel kills every process of the host.  The netns stays."""
         h = self.hosts[i]
-        if h.init_alive():
-            _kill(h.init_pid, signal.SIGKILL)
-        self._reap(h, timeout=10)
-        if self.host_pids(i):
-            raise RuntimeError(f"{h.name}: processes survived the preemption: {self.host_pids(i)}")
+        with _holding_pidns(h):
+            if h.init_alive():
+                _kill(h.init_pid, signal.SIGKILL)
+            if left := self._reap(h, timeout=10):
+                raise RuntimeError(f"{h.name}: processes survived the preemption: {left}")
         h.init_pid = h.init_start = h.launcher_pid = 0
         # the kernel hands a dead namespace's inode number to the next new one (another worker's host):
         # a down host has no PID namespace, so host_pids/signal_workload never reach a stranger's processes
@@ -805,12 +824,32 @@ class HostFarm:
             raise RuntimeError(f"{h.name} is not running")
         os.kill(h.init_pid, sig)
 
-    def _reap(self, h: TestHost, timeout: float) -> None:
+    def _reap(self, h: TestHost, timeout: float) -> list[int]:
+        """Wait for host h's PID 1 (SIGKILLed by the caller) and then every other process of the host to be
+        gone; returns those still left.  The caller holds the PID namespace (`_holding_pidns`): the kernel
+        hands a freed namespace's inode number to the next new one, and another worker's host must never
+        be taken for this one."""
         proc = self._launchers.pop(h.index, None)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=timeout)
         _wait(lambda: not h.init_alive(), timeout)
+        if not h.pidns:
+            return []
+
+        def left() -> list[int]:
+            return [p for p in all_pids() if pid_ns(p) == h.pidns]
+
+        def emptied() -> bool:
+            # the kernel SIGKILLs the rest of the namespace when PID 1 dies, but on a loaded machine a
+            # process can take a while to get there (blocked in I/O): kill again and keep waiting
+            pids = left()
+            for p in pids:
+                _kill(p, signal.SIGKILL)
+            return not pids
+
+        _wait(emptied, max(timeout, 60), 0.05)
+        return left()
 
     def _save(self, status: str = "up") -> None:
         data = {"farm_id": self.farm_id, "status": status, "gpus": self.gpus, "python": self.python,
