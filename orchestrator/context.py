@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import LOCAL_HOST, Settings, load_settings
-from orchestrator.fleet import Fleet
-from orchestrator.hosts.base import Host
-from orchestrator.ledger import HostRow, Ledger
+
+if TYPE_CHECKING:  # the ledger's ORM and the hosts load when a context is opened, not with this module
+    from orchestrator.fleet import Fleet
+    from orchestrator.hosts.base import Host
+    from orchestrator.ledger import HostRow, Ledger
 
 
 @dataclass
@@ -29,6 +31,9 @@ class Context:
 
 
 def open_context(*, overrides: dict[str, Any] | None = None, project_dir: Path | None = None) -> Context:
+    from orchestrator.fleet import Fleet
+    from orchestrator.ledger import Ledger
+
     settings = load_settings(overrides=overrides, project_dir=project_dir)
     ledger = Ledger(settings.ledger_path)
     return Context(settings, ledger, Fleet(settings, ledger))

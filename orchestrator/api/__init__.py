@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from orchestrator.api.pulling import PullReport, pull
     from orchestrator.api.rented import UpInterrupted, UpResult
     from orchestrator.api.renting import up
-    from orchestrator.api.snapshot import Snapshot, status, wait
+    from orchestrator.api.snapshot import Snapshot, ledger_status, status, wait
     from orchestrator.api.submitting import SubmitResult, submit
     from orchestrator.context import Context, host_for, open_context
     from orchestrator.tick.findings import TickReport
@@ -75,6 +75,7 @@ _HOME = {
     "hosts_show": "orchestrator.api.hosts",
     "hosts_stop_agent": "orchestrator.api.hosts",
     "hosts_trust": "orchestrator.api.hosts",
+    "ledger_status": "orchestrator.api.snapshot",
     "logs": "orchestrator.api.jobs",
     "open_context": "orchestrator.context",
     "pull": "orchestrator.api.pulling",
@@ -123,6 +124,7 @@ __all__ = [
     "hosts_show",
     "hosts_stop_agent",
     "hosts_trust",
+    "ledger_status",
     "logs",
     "open_context",
     "pull",

@@ -7,13 +7,14 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.context import Context
 from orchestrator.errors import WaitTimeout
-from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.budget import Standing
+    from orchestrator.context import Context
+    from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
+    from orchestrator.ledger.reader import LedgerReads
     from orchestrator.report.model import Report
     from orchestrator.tick.probe import Probe
 
@@ -47,12 +48,8 @@ def tick(ctx: Context) -> dict[str, Probe]:
 
 def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jobs: bool = False,
            honour_backoff: bool = False, states: Collection[JobState] = ()) -> Snapshot:
-    """Tick, then a snapshot: every sweep's counts, and the jobs worth showing.
-
-    Jobs shown: the given sweep's; else every sweep with unfinished jobs (or the newest sweep
-    when all are finished); ``all_jobs`` shows the whole history; ``states`` keeps only jobs in
-    those states.  Without ``probe`` the snapshot is the ledger's alone (no host is contacted).
-    """
+    """Tick, then a snapshot: every sweep's counts, and the jobs worth showing (``ledger_status``).
+    Without ``probe`` the snapshot is the ledger's alone (no host is contacted)."""
     probes: dict[str, Probe] = {}
     lines: list[str] = []
     if probe:
@@ -60,10 +57,29 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
 
         report = run_tick(ctx, honour_backoff=honour_backoff)
         probes, lines = report.probes, report.lines
-    counts = ctx.ledger.state_counts()
-    sweep_rows = ctx.ledger.sweeps()
+    snap = ledger_status(ctx.ledger, sweep=sweep, all_jobs=all_jobs, states=states)
+    snap.probes, snap.lines = probes, lines
+    if any(h.provider and h.instance_id for h in snap.hosts):  # only a rented machine can idle at a price
+        from orchestrator.tick.billing import idle_hosts  # the billing stage's imports (transfer, ...) only then
+
+        snap.idle = idle_hosts(ctx)
+    return snap
+
+
+def ledger_status(ledger: LedgerReads, *, sweep: str | None = None, all_jobs: bool = False,
+                  states: Collection[JobState] = ()) -> Snapshot:
+    """The snapshot the ledger alone gives: every sweep's counts, and the jobs worth showing.
+
+    Jobs shown: the given sweep's; else every sweep with unfinished jobs (or the newest sweep
+    when all are finished); ``all_jobs`` shows the whole history; ``states`` keeps only jobs in
+    those states.  ``ledger``: the ``Ledger``, or the read path without the ORM (``ledger/reader.py``,
+    what ``gpuq status --no-probe`` reads).  Rented hosts' idle times are the billing stage's
+    (``status``), not part of it.
+    """
+    counts = ledger.state_counts()
+    sweep_rows = ledger.sweeps()
     if sweep is not None:
-        shown = {ctx.ledger.resolve_sweep(sweep).id}
+        shown = {ledger.resolve_sweep(sweep).id}
     elif all_jobs:
         shown = {s.id for s in sweep_rows}
     else:
@@ -73,28 +89,22 @@ def status(ctx: Context, *, sweep: str | None = None, probe: bool = True, all_jo
     order = {row.id: index for index, row in enumerate(sweep_rows)}
     wanted = list(states) or None
     if shown == {s.id for s in sweep_rows}:
-        every = ctx.ledger.jobs(states=wanted)
+        every = ledger.jobs(states=wanted)
         jobs = sorted(every, key=lambda j: order[j.sweep_id])  # stable: ledger order within a sweep
     else:
-        jobs = [j for sid in sorted(shown, key=order.__getitem__) for j in ctx.ledger.jobs(sweep_id=sid, states=wanted)]
+        jobs = [j for sid in sorted(shown, key=order.__getitem__) for j in ledger.jobs(sweep_id=sid, states=wanted)]
     history: dict[str, list[Attempt]] = {}
     latest: dict[str, Attempt] = {}
-    for att in ctx.ledger.attempts_of(j.id for j in jobs):  # one query for both (10,000 rows cost 0.3 s each)
+    for att in ledger.attempts_of(j.id for j in jobs):  # one query for both (10,000 rows cost 0.3 s each)
         history.setdefault(att.job_id, []).append(att)
         if att.job_id not in latest or att.number > latest[att.job_id].number:
             latest[att.job_id] = att
     from orchestrator.tick.budget import standings
 
     now = time.time()
-    hosts = ctx.ledger.hosts()
-    idle: dict[str, float] = {}
-    if any(h.provider and h.instance_id for h in hosts):  # only a rented machine can idle at a price
-        from orchestrator.tick.billing import idle_hosts  # the billing stage's imports (transfer, ...) only then
-
-        idle = idle_hosts(ctx)
-    return Snapshot(now, hosts, probes, sweep_rows, jobs, latest, counts=counts,
-                    alerts=ctx.ledger.alerts(ALERTS_SHOWN), lines=lines, attempt_history=history,
-                    idle=idle, budgets=standings(ctx.ledger, sweep_rows, now))
+    return Snapshot(now, ledger.hosts(), {}, sweep_rows, jobs, latest, counts=counts,
+                    alerts=ledger.alerts(ALERTS_SHOWN), attempt_history=history,
+                    budgets=standings(ledger, sweep_rows, now))
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrator.context import Context
+    from orchestrator.ledger.reader import LedgerReader
 
 
 def open_ctx(project_dir: Path | None = None) -> Context:
@@ -21,6 +22,29 @@ def open_ctx(project_dir: Path | None = None) -> Context:
         return open_context(project_dir=project_dir)
     finally:
         gc.enable()  # off while the heavy modules load (main()); a long command needs it back
+
+
+def open_reader() -> LedgerReader | None:
+    """The ledger's read path without the ORM (``ledger/reader.py``), for a command that reads the ledger
+    alone (``gpuq status --no-probe``); None when that command must open its ``Context`` instead: no ledger
+    yet or one at another schema version (the ``Ledger`` creates or migrates it), or rented hosts (their
+    idle times are the billing stage's, and a provider plugin's hosts need the registry)."""
+    from orchestrator.config import load_settings
+    from orchestrator.ledger.reader import LedgerReader, ReaderUnavailable
+
+    try:
+        reader = LedgerReader(load_settings().ledger_path)
+    except ReaderUnavailable:
+        return None
+    try:
+        rented = any(row.provider for row in reader.hosts())
+    except BaseException:
+        reader.close()
+        raise
+    if rented:
+        reader.close()
+        return None
+    return reader
 
 
 def echo(text: str, *, err: bool = False) -> None:

@@ -17,9 +17,10 @@ import click
 
 from orchestrator import exitcodes
 from orchestrator.cli import complete
-from orchestrator.cli.ctx import open_ctx
+from orchestrator.cli.ctx import open_ctx, open_reader
 
 if TYPE_CHECKING:
+    from orchestrator.api import Snapshot
     from orchestrator.context import Context
 
 
@@ -167,11 +168,22 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
     from the ledger alone, as it was after the last probe.
     """
     from orchestrator import api
+    from orchestrator.context import gc_paused
     from orchestrator.states import JobState
 
-    ctx = open_ctx()
     wanted = [JobState(s) for s in states]
-    if not (once or as_json) and sys.stdout.isatty() and sys.stdin.isatty() and _dashboard().interactive():
+    live = not (once or as_json) and sys.stdout.isatty() and sys.stdin.isatty() and _dashboard().interactive()
+    reader = open_reader() if no_probe and not live else None  # the ledger alone: no ORM (ledger/reader.py)
+    if reader is not None:
+        with gc_paused():
+            try:
+                snap = api.ledger_status(reader, sweep=sweep, all_jobs=all_jobs, states=wanted)
+            finally:
+                reader.close()
+            _show_status(snap, as_json)
+        return
+    ctx = open_ctx()
+    if live:
         from orchestrator.cli import dashboard
 
         code = dashboard.run(ctx, sweep=sweep, all_jobs=all_jobs, interval_s=interval_s, probe=not no_probe,
@@ -179,18 +191,19 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
         if code:
             sys.exit(code)
         return
-    from orchestrator.context import gc_paused
-
     with gc_paused():  # one snapshot of up to every job: the live rows are read, drawn, and the process ends
-        snap = api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=not no_probe, states=wanted)
-        if as_json:
-            from orchestrator.cli.statusjson import status_json
+        _show_status(api.status(ctx, sweep=sweep, all_jobs=all_jobs, probe=not no_probe, states=wanted), as_json)
 
-            status_json(snap)
-        else:
-            from orchestrator.cli import render
 
-            render.status_table(snap)
+def _show_status(snap: Snapshot, as_json: bool) -> None:
+    if as_json:
+        from orchestrator.cli.statusjson import status_json
+
+        status_json(snap)
+    else:
+        from orchestrator.cli import render
+
+        render.status_table(snap)
 
 
 @cli.command()

@@ -1,8 +1,35 @@
-"""The SQLite ledger: what gpuq believes.  The only package that imports sqlmodel."""
+"""The SQLite ledger: what gpuq believes.  The only package that imports sqlmodel.
 
-from orchestrator.ledger.refs import JobRef
-from orchestrator.ledger.store import Ledger, PricedAttempt, attempt_price
-from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Pull, Sweep
+Plain re-exports, imported on first use (PEP 562): the read path (``reader.py``, ``gpuq status
+--no-probe``) and the price share (``pricing.py``) load without the ORM; naming ``Ledger`` or a table
+model loads it."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.ledger.pricing import PricedAttempt, attempt_price
+    from orchestrator.ledger.refs import JobRef
+    from orchestrator.ledger.store import Ledger
+    from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Pull, Sweep
+
+_HOME = {
+    "Artifact": "orchestrator.ledger.tables",
+    "Attempt": "orchestrator.ledger.tables",
+    "Checkpoint": "orchestrator.ledger.tables",
+    "Event": "orchestrator.ledger.tables",
+    "HostRow": "orchestrator.ledger.tables",
+    "Job": "orchestrator.ledger.tables",
+    "JobRef": "orchestrator.ledger.refs",
+    "Ledger": "orchestrator.ledger.store",
+    "Metric": "orchestrator.ledger.tables",
+    "PricedAttempt": "orchestrator.ledger.pricing",
+    "Pull": "orchestrator.ledger.tables",
+    "Sweep": "orchestrator.ledger.tables",
+    "attempt_price": "orchestrator.ledger.pricing",
+}
 
 __all__ = [
     "Artifact",
@@ -19,3 +46,16 @@ __all__ = [
     "Sweep",
     "attempt_price",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])

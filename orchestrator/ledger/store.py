@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, insert
 from sqlalchemy import select as columns  # more columns than sqlmodel's select types
@@ -35,6 +35,7 @@ from sqlmodel import Session, col, select
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger import refs
 from orchestrator.ledger.migrate import migrate
+from orchestrator.ledger.pricing import PricedAttempt, attempt_price
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.refs import JobRef
@@ -931,16 +932,6 @@ class Ledger(PullRecords):
 _IN_CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
 
 
-class PricedAttempt(NamedTuple):
-    """The columns of an attempt its money is reckoned from (``cost.Billed``), and whose it is."""
-
-    job_id: str
-    state: str
-    started_at: float | None
-    ended_at: float | None
-    price_per_hour: float | None
-    gpu_share: float
-
 
 def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None] | None = None) -> dict[str, Any]:
     """An attempt's share of its host's price, fixed when it starts (prices change; bills do not).
@@ -949,23 +940,6 @@ def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None
                                  for name in hosts])
     return {} if found is None else {"price_per_hour": found[0], "gpu_share": found[1]}
 
-
-def attempt_price(gpus: int, rows: Sequence[HostRow | None]) -> tuple[float, float] | None:
-    """(price per hour, share) an attempt of ``gpus`` GPUs on these hosts (node rank 0 first) fixes when it
-    starts: the host's price and the attempt's share of its GPUs (or slots).  A multi-node attempt pays its
-    share of every node's host: the sum, as one price at a share of 1.  None when no host has a price.  The
-    one place the price share is decided: the ledger when an attempt starts, and a budget's projections."""
-    shares = []
-    for row in rows:
-        if row is None or row.price_per_hour is None:
-            continue
-        slots = row.gpu_count or row.slots_total or gpus
-        shares.append((row.price_per_hour, min(1.0, gpus / max(1, slots))))
-    if not shares:
-        return None
-    if len(rows) == 1:
-        return shares[0]
-    return sum(price * share for price, share in shares), 1.0
 
 
 # the newest events of each (subject, upper) pair: a range of the subject index per pair, numbered newest first

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from sqlalchemy import Index
 from sqlmodel import Field, SQLModel
+
+from orchestrator.ledger.rowmethods import AttemptMethods, JobMethods, SweepMethods
 
 
 class HostRow(SQLModel, table=True):
@@ -68,7 +68,7 @@ class HostRow(SQLModel, table=True):
     gpu_facts: str = ""
 
 
-class Sweep(SQLModel, table=True):
+class Sweep(SQLModel, SweepMethods, table=True):
     id: str = Field(primary_key=True)
     queue_path: str
     workdir: str
@@ -85,11 +85,8 @@ class Sweep(SQLModel, table=True):
     git_dirty: bool | None = None  # v10: uncommitted changes at submit (None = unknown)
     budget_usd: float | None = None  # v12: the sweep's spending cap in dollars (None = no cap)
 
-    def host_set(self) -> set[str]:
-        return {h for h in self.hosts.split(",") if h}
 
-
-class Job(SQLModel, table=True):
+class Job(SQLModel, JobMethods, table=True):
     id: str = Field(primary_key=True)
     sweep_id: str = Field(foreign_key="sweep.id", index=True)
     name: str
@@ -118,11 +115,8 @@ class Job(SQLModel, table=True):
     gpu: str = ""
     gpu_mem: float | None = None
 
-    def arg_list(self) -> list[str]:
-        return [str(a) for a in json.loads(self.args or "[]")]
 
-
-class Attempt(SQLModel, table=True):
+class Attempt(SQLModel, AttemptMethods, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id", index=True)
     number: int
@@ -157,13 +151,6 @@ class Attempt(SQLModel, table=True):
     provenance: str = ""  # JSON of host_documents.Provenance: GPUs, driver, CUDA, torch, NCCL, Python ("" = none yet)
     # v13: why the controller is withdrawing it unstarted from its host's inbox ("steal" | "budget"; "" = not)
     withdrawing: str = ""
-
-    def node_hosts(self) -> list[str]:
-        """The hosts of a multi-node attempt by node rank ([] for a one-host attempt)."""
-        if not self.nodes:
-            return []
-        found = json.loads(self.nodes)
-        return [str(h) for h in found] if isinstance(found, list) else []
 
 
 class Event(SQLModel, table=True):

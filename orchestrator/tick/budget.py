@@ -16,18 +16,20 @@ from typing import TYPE_CHECKING
 
 from orchestrator import budget, notify
 from orchestrator.config import Settings
-from orchestrator.ledger import HostRow, Job, Ledger, Sweep, attempt_price
+from orchestrator.ledger.pricing import attempt_price
 from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, epoch_rates, estimate_s, estimate_source
 from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
 
 if TYPE_CHECKING:
     from orchestrator.fleet import Fleet
+    from orchestrator.ledger import HostRow, Job, Ledger, Sweep
+    from orchestrator.ledger.reader import LedgerReads
     from orchestrator.tick.findings import TickReport
     from orchestrator.tick.probe import Probe
 
 
-def standings(ledger: Ledger, sweeps: Sequence[Sweep], now: float,
+def standings(ledger: LedgerReads, sweeps: Sequence[Sweep], now: float,
               rates: EpochRates | None = None) -> dict[str, budget.Standing]:
     """Each sweep's spent and committed (and cap) now; the run history is read only when some priced
     attempt of theirs is live."""

@@ -1,0 +1,231 @@
+"""The ledger's read path without the ORM: ``gpuq status --no-probe`` answers from bare ``sqlite3``.
+
+Loading SQLAlchemy, SQLModel and the table models costs a read-only command more than reading ten
+thousand rows does.  ``LedgerReader`` answers the reads a ledger-only snapshot makes (``api/snapshot.py``:
+hosts, sweeps, jobs, attempts, counts, alerts, and what a budget's standing is reckoned from) in one
+read transaction (a consistent snapshot that blocks no writer), from a read-only connection.
+
+There is no second copy of the tables: a row becomes a record whose attributes are the columns the
+ledger file has (the schema ``tables.py`` and ``migrate.py`` made), with the row methods of its model
+(``rowmethods.py``), and the model's Python types (SQLite keeps booleans as 0/1).  The reader refuses a
+ledger it cannot read as it is (none yet, or not at this gpuq's schema version): the caller then opens
+the ``Ledger``, which creates or migrates it.  ``tests/unit/test_ledger_reader.py`` holds every answer
+to the ``Ledger``'s on the same file, row for row and type for type.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from orchestrator.errors import JobNotFound
+from orchestrator.ledger.migrate import SCHEMA_VERSION
+from orchestrator.ledger.pricing import PricedAttempt
+from orchestrator.ledger.rowmethods import AttemptMethods, JobMethods, SweepMethods
+from orchestrator.states import AttemptState, JobState
+
+if TYPE_CHECKING:
+    from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
+
+_IN_CHUNK = 500  # ids per IN (...) list, as the Ledger reads them
+_LIKE_ESCAPE = "/"
+
+
+class ReaderUnavailable(Exception):
+    """The ledger cannot be read without the ORM as it is (missing, or another schema version)."""
+
+
+class LedgerReads(Protocol):
+    """The reads a ledger-only snapshot makes (``api/snapshot.ledger_status``, ``tick/budget.standings``):
+    both ``store.Ledger`` and ``LedgerReader`` answer them."""
+
+    def hosts(self) -> list[HostRow]: ...
+    def sweeps(self) -> list[Sweep]: ...
+    def resolve_sweep(self, ref: str | None) -> Sweep: ...
+    def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]: ...
+    def state_counts(self) -> dict[str, dict[str, int]]: ...
+    def attempts_of(self, job_ids: Iterable[str]) -> list[Attempt]: ...
+    def alerts(self, limit: int = 50, *, since: float | None = None) -> list[Event]: ...
+    def priced_attempts(self, sweep_ids: Iterable[str]) -> dict[str, list[PricedAttempt]]: ...
+    def run_history(self) -> list[tuple[str, str, int, float]]: ...
+
+
+class Record:
+    """One row: its columns as attributes (a read-only view; nothing is written back)."""
+
+    __table__ = ""
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"{type(self).__name__}({cols})"
+
+
+class HostRecord(Record):
+    __table__ = "host"
+
+
+class SweepRecord(Record, SweepMethods):
+    __table__ = "sweep"
+
+
+class JobRecord(Record, JobMethods):
+    __table__ = "job"
+
+
+class AttemptRecord(Record, AttemptMethods):
+    __table__ = "attempt"
+
+
+class EventRecord(Record):
+    __table__ = "event"
+
+
+def _prefix_pattern(prefix: str) -> str:
+    """``LIKE ? ESCAPE '/'``'s pattern for ``prefix`` (SQLAlchemy's ``startswith(autoescape=True)``)."""
+    escaped = "".join(_LIKE_ESCAPE + ch if ch in "%_/" else ch for ch in prefix)
+    return escaped + "%"
+
+
+class LedgerReader:
+    """Read-only answers from the ledger file at ``path``; ``ReaderUnavailable`` when it cannot give them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.is_file():
+            raise ReaderUnavailable(f"{path}: no ledger yet")
+        try:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ReaderUnavailable(f"{path}: {exc}") from exc
+        try:
+            conn.execute("BEGIN")  # one snapshot for every read of this command
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error as exc:
+            conn.close()
+            raise ReaderUnavailable(f"{path}: {exc}") from exc
+        if version != SCHEMA_VERSION:
+            conn.close()
+            raise ReaderUnavailable(f"{path}: schema v{version}, this gpuq reads v{SCHEMA_VERSION}")
+        self._conn = conn
+        self._booleans: dict[str, tuple[str, ...]] = {}
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # --- rows ----------------------------------------------------------------------------------------
+
+    def _booleans_of(self, table: str) -> tuple[str, ...]:
+        """The table's BOOLEAN columns (SQLite stores 0/1; the models say True/False)."""
+        found = self._booleans.get(table)
+        if found is None:
+            rows = self._conn.execute("SELECT name, type FROM pragma_table_info(?)", (table,)).fetchall()
+            found = self._booleans[table] = tuple(name for name, kind in rows if str(kind).upper() == "BOOLEAN")
+        return found
+
+    def _records(self, cls: type[Record], sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        cursor = self._conn.execute(sql, params)
+        names = [d[0] for d in cursor.description]
+        booleans = self._booleans_of(cls.__table__)
+        new = object.__new__
+        out = []
+        for row in cursor:
+            rec = new(cls)
+            values = dict(zip(names, row, strict=True))
+            for name in booleans:
+                value = values[name]
+                if value is not None:
+                    values[name] = bool(value)
+            rec.__dict__ = values
+            out.append(rec)
+        return out
+
+    # --- the reads of a ledger-only snapshot (each as ``store.Ledger``'s of the same name) -------------
+
+    def hosts(self) -> list[HostRow]:
+        return cast("list[HostRow]", self._records(HostRecord, "SELECT * FROM host ORDER BY name"))
+
+    def sweeps(self) -> list[Sweep]:
+        return cast("list[Sweep]", self._records(SweepRecord, "SELECT * FROM sweep ORDER BY created_at"))
+
+    def resolve_sweep(self, ref: str | None) -> Sweep:
+        """A sweep id or unique prefix; None means the newest sweep."""
+        if ref is None:
+            newest = self._records(SweepRecord, "SELECT * FROM sweep ORDER BY created_at DESC LIMIT 1")
+            if not newest:
+                raise JobNotFound("no sweeps yet; submit one with `gpuq submit QUEUE`")
+            return cast("Sweep", newest[0])
+        found = self._records(SweepRecord, f"SELECT * FROM sweep WHERE id LIKE ? ESCAPE '{_LIKE_ESCAPE}'",
+                              (_prefix_pattern(ref),))
+        if len(found) == 1:
+            return cast("Sweep", found[0])
+        if not found:
+            raise JobNotFound(f"no sweep matches {ref!r}; `gpuq status` lists the sweeps")
+        raise JobNotFound(f"sweep prefix {ref!r} is ambiguous: {', '.join(sorted(x.id for x in found))}")
+
+    def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]:
+        where: list[str] = []
+        params: list[Any] = []
+        if sweep_id is not None:
+            where.append("sweep_id = ?")
+            params.append(sweep_id)
+        if states is not None:
+            values = [st.value for st in states]
+            where.append(f"state IN ({', '.join('?' * len(values))})" if values else "0")
+            params.extend(values)
+        sql = "SELECT * FROM job" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at, line"
+        return cast("list[Job]", self._records(JobRecord, sql, params))
+
+    def state_counts(self) -> dict[str, dict[str, int]]:
+        """{sweep_id: {state: count}} in one query."""
+        out: dict[str, dict[str, int]] = {}
+        for sweep_id, state, count in self._conn.execute(
+                "SELECT sweep_id, state, count(*) FROM job GROUP BY sweep_id, state"):
+            out.setdefault(sweep_id, {})[state] = int(count)
+        return out
+
+    def attempts_of(self, job_ids: Iterable[str]) -> list[Attempt]:
+        """Every attempt of the given jobs, by job then number."""
+        ids = sorted(set(job_ids))
+        out: list[Any] = []
+        for start in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[start:start + _IN_CHUNK]
+            out.extend(self._records(AttemptRecord, f"SELECT * FROM attempt WHERE job_id IN "
+                                     f"({', '.join('?' * len(chunk))}) ORDER BY job_id, number", chunk))
+        return cast("list[Attempt]", out)
+
+    def alerts(self, limit: int = 50, *, since: float | None = None) -> list[Event]:
+        """The newest findings first."""
+        sql, params = "SELECT * FROM event WHERE severity != ''", []
+        if since is not None:
+            sql, params = sql + " AND time >= ?", [since]
+        return cast("list[Event]", self._records(EventRecord, sql + " ORDER BY id DESC LIMIT ?", [*params, limit]))
+
+    def priced_attempts(self, sweep_ids: Iterable[str]) -> dict[str, list[PricedAttempt]]:
+        """{sweep: its attempts that fixed a price}, by job then number."""
+        ids = sorted(set(sweep_ids))
+        out: dict[str, list[PricedAttempt]] = {}
+        for start in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[start:start + _IN_CHUNK]
+            rows = self._conn.execute(
+                "SELECT job.sweep_id, attempt.job_id, attempt.state, attempt.started_at, attempt.ended_at, "
+                "attempt.price_per_hour, attempt.gpu_share FROM job JOIN attempt ON attempt.job_id = job.id "
+                f"WHERE job.sweep_id IN ({', '.join('?' * len(chunk))}) AND attempt.price_per_hour IS NOT NULL "
+                "ORDER BY attempt.job_id, attempt.number", chunk)
+            for sweep_id, job_id, state, started, ended, price, share in rows:
+                out.setdefault(sweep_id, []).append(PricedAttempt(job_id, state, started, ended, price, share))
+        return out
+
+    def run_history(self) -> list[tuple[str, str, int, float]]:
+        """(config, task, epochs, seconds) of each SUCCEEDED job's successful attempt from scratch, oldest first
+        (``Ledger.run_history``)."""
+        rows = self._conn.execute(
+            "SELECT job.config, job.task, job.epochs, attempt.ended_at - attempt.started_at "
+            "FROM job JOIN attempt ON attempt.job_id = job.id "
+            "WHERE job.state = ? AND attempt.state = ? AND attempt.exit_code = 0 AND attempt.resume_from = '' "
+            "AND attempt.started_at IS NOT NULL AND attempt.ended_at IS NOT NULL "
+            "AND attempt.ended_at > attempt.started_at ORDER BY attempt.created_at, attempt.id",
+            (JobState.SUCCEEDED.value, AttemptState.EXITED.value))
+        return [(config, task, epochs, secs) for config, task, epochs, secs in rows if secs is not None]

@@ -1,0 +1,38 @@
+"""The ledger rows' own methods, in plain Python: the table models (``tables.py``) inherit them, and so do
+the read path's records (``reader.py``), so a row read either way answers the same."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+
+class SweepMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        hosts: str
+
+    def host_set(self) -> set[str]:
+        return {h for h in self.hosts.split(",") if h}
+
+
+class JobMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        args: str
+
+    def arg_list(self) -> list[str]:
+        return [str(a) for a in json.loads(self.args or "[]")]
+
+
+class AttemptMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        nodes: str
+
+    def node_hosts(self) -> list[str]:
+        """The hosts of a multi-node attempt by node rank ([] for a one-host attempt)."""
+        if not self.nodes:
+            return []
+        found = json.loads(self.nodes)
+        return [str(h) for h in found] if isinstance(found, list) else []
