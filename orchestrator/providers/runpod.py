@@ -41,7 +41,7 @@ from orchestrator.providers.base import (
 )
 from orchestrator.providers.credentials import RUNPOD, ApiKey, follow
 from orchestrator.providers.http_adapter import HttpProvider
-from orchestrator.providers.runpod_graphql import CAPACITY_TEXT, RunPodGraphQL, cloud_price, offer_from
+from orchestrator.providers.runpod_graphql import CAPACITY_TEXT, RENTED_CLOUD, RunPodGraphQL, cloud_price, offer_from
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, ApiTransport, RetryPolicy, json_object
 
 log = logging.getLogger("orchestrator.providers.runpod")
@@ -68,7 +68,7 @@ class RunPodOptions(ProviderOptions):
 
     provider: ClassVar[str] = "runpod"
     image: str = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
-    cloud_type: str = "SECURE"
+    cloud_type: str = RENTED_CLOUD
     container_disk_gb: int = 40
     volume_gb: int = 40
     network_volume_id: str | None = None

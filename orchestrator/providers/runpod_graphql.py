@@ -26,6 +26,7 @@ from orchestrator.providers.base import Offer, parse_money
 from orchestrator.providers.transport import ApiTransport, json_object
 
 CAPACITY_TEXT = "no longer any instances available"  # docs/providers.md [obs]
+RENTED_CLOUD = "SECURE"  # the cloud a pod is created in unless RunPodOptions.cloud_type says otherwise
 RESUME_FIELDS = "id desiredStatus"
 _GPU_FIELDS = "id displayName memoryInGb maxGpuCount securePrice communityPrice secureSpotPrice communitySpotPrice"
 
@@ -70,13 +71,12 @@ def gql_literal(value: object) -> str:
     raise TypeError(f"cannot write {type(value).__name__} as a GraphQL literal")
 
 
-def offer_from(item: Mapping[str, Any], count: int) -> Offer:
-    """One ``gpuTypes`` item priced for ``count`` GPUs: ``lowestPrice.uninterruptablePrice`` (else
-    ``securePrice``) and ``minimumBidPrice``, both dollars per GPU-hour, times ``count``."""
+def offer_from(item: Mapping[str, Any], count: int, cloud: str = RENTED_CLOUD) -> Offer:
+    """One ``gpuTypes`` item priced for ``count`` GPUs in ``cloud``, the one gpuq rents in (``cloud_price``:
+    on demand and spot).  Not ``lowestPrice.uninterruptablePrice``: that is the lowest across RunPod's clouds
+    (often the community cloud's), not what a pod gpuq creates costs.  ``lowestPrice`` still says whether
+    any are in stock, and its ``minimumBidPrice`` is the market a spot rental is checked against."""
     lowest = json_object(item.get("lowestPrice"))
-    per_gpu = parse_money(lowest.get("uninterruptablePrice"))
-    if per_gpu is None:
-        per_gpu = parse_money(item.get("securePrice")) or parse_money(item.get("communityPrice"))
     bid = parse_money(lowest.get("minimumBidPrice"))
     memory = item.get("memoryInGb")
     return Offer(
@@ -84,9 +84,9 @@ def offer_from(item: Mapping[str, Any], count: int) -> Offer:
         gpu_type=str(item["id"]),
         display_name=str(item.get("displayName") or item["id"]),
         gpu_count=count,
-        price_per_hour=per_gpu * count if per_gpu is not None else None,
+        price_per_hour=cloud_price(item, cloud, False, count),
         gpu_memory_gb=memory if isinstance(memory, int) else None,
-        spot_price_per_hour=bid * count if bid is not None else None,
+        spot_price_per_hour=cloud_price(item, cloud, True, count),
         min_bid_per_gpu=bid,
         available=parse_money(lowest.get("uninterruptablePrice")) is not None or bid is not None,
     )

@@ -78,6 +78,33 @@ def test_runpod_reads_the_price_before_it_creates() -> None:
             prov.close()
 
 
+def test_runpod_offers_quote_the_cloud_gpuq_rents_in() -> None:
+    """An offer's price is what the pod gpuq would create costs (the Secure cloud's), not RunPod's lowest
+    across clouds (the community cloud's is lower): a plan made under a cap from the offers is one the create
+    accepts, and one just under the offer's price is refused."""
+    with FakeRunPod(api_key=KEY) as fake:
+        prov = RunPodProvider.from_env({"RUNPOD_API_KEY": KEY, "GPUQ_RUNPOD_URL": fake.url}, min_interval_s=0.0)
+        try:
+            offers = {o.gpu_type: o for o in prov.list_offers(2)}
+            for gpu in fake.gpu_types.values():
+                assert gpu.community_price < gpu.secure_price  # the lowest price is not the rented cloud's
+                offer = offers[gpu.id]
+                assert offer.price_per_hour == Decimal(str(gpu.secure_price)) * 2
+                assert offer.spot_price_per_hour == Decimal(str(gpu.min_bid)) * 2
+            gpu = next(iter(fake.gpu_types.values()))
+            quoted = offers[gpu.id].price_per_hour
+            assert quoted is not None
+            with pytest.raises(NoCapacity, match="above the cap"):
+                prov.provision(ProvisionRequest(name="gpuq-pricecap-1", gpu_type=gpu.id, gpu_count=2,
+                                                ssh_public_key=PUBLIC_KEY, max_price_per_hour=quoted - Decimal("0.01")))
+            assert not fake.pods
+            prov.provision(ProvisionRequest(name="gpuq-pricecap-1", gpu_type=gpu.id, gpu_count=2,
+                                            ssh_public_key=PUBLIC_KEY, max_price_per_hour=quoted))
+            assert len(fake.pods) == 1
+        finally:
+            prov.close()
+
+
 def test_lambda_reads_the_price_before_it_launches() -> None:
     with FakeLambda(api_key=KEY) as fake:
         itype = next(t for t in fake.types.values() if t.regions)
