@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator import rentplan
 from orchestrator.context import Context
 from orchestrator.errors import GpuqError, ProviderAuthError
-from orchestrator.gpumatch import GpuNeed
+from orchestrator.gpumatch import MIB_PER_GB, GpuNeed
 from orchestrator.providers import registry
 from orchestrator.providers.base import Offer, Provider
 from orchestrator.tick.leases import provider_for
@@ -78,9 +78,9 @@ def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gb: float | None) 
     if "spot" in accepted:
         hints["spot"] = spot
     if mem_gb is not None and "min_gpu_memory_gb" in accepted:
-        # vast.ai's search takes GB and compares gpu_ram (MiB) with 1000 per GB, while its offers' memory
-        # figure is gpu_ram / 1024 rounded: ask for every offer whose figure can reach mem_gb
-        # (rentplan.memory_ok then decides)
-        hints["min_gpu_memory_gb"] = max(0.0, mem_gb - 0.5) * 1024 / 1000
+        # vast.ai's search takes GB and compares gpu_ram (MiB) with 1000 per GB: ask for gpu_ram of at
+        # least mem_gb GB in MiB (gpumatch's rule, which the offers' memory figure follows; a MiB of slack
+        # for the rounding), and rentplan.memory_ok decides
+        hints["min_gpu_memory_gb"] = max(0.0, mem_gb * MIB_PER_GB - 1) / 1000
     offers: list[Offer] = prov.list_offers(count, **hints)
     return offers

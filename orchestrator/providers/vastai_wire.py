@@ -33,6 +33,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import ProviderError
+from orchestrator.gpumatch import MIB_PER_GB
 from orchestrator.providers.base import REASON_OUTBID, Instance, InstanceState, Offer, parse_money
 
 PROVIDER = "vastai"
@@ -178,7 +179,10 @@ def offer_of(row: WireOffer) -> Offer:
     ``min_bid_per_gpu`` is the machine's minimum interruptible bid over its GPUs."""
     price = parse_money(row.dph_total)
     min_bid = parse_money(row.min_bid)
-    memory_gb = round(row.gpu_ram / 1024) if row.gpu_ram else None  # MiB per GPU
+    # gpu_ram is memory.total in MiB, as nvidia-smi reports it on the machine; in whole GB (10^9 bytes,
+    # rounded down) it answers `gpu_mem=N` as the rented host's own figure will (gpumatch.host_matches):
+    # an A10's 23,028 MiB is 24 GB, not 22
+    memory_gb = int(row.gpu_ram / MIB_PER_GB) if row.gpu_ram else None
     reliability = f", reliability {row.reliability:.3f}" if row.reliability is not None else ""
     return Offer(
         provider=PROVIDER,

@@ -11,7 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator import rentplan
 from orchestrator.errors import NoCapacity, ProviderError
+from orchestrator.gpumatch import GpuNeed, host_matches
 from orchestrator.providers import vastai
 from orchestrator.providers import vastai_wire as wire
 from orchestrator.providers.base import PollPolicy, ProvisionRequest, classify
@@ -153,9 +155,26 @@ def test_offers_are_cheapest_first_and_filtered(vast: vastai.VastAIProvider) -> 
     assert "offer 5004" not in shown, "reliability 0.80: filtered"
     assert {o.gpu_type for o in offers} >= {"RTX 4090", "RTX A6000", "A100 SXM4"}
     big = {o.gpu_type: o for o in vast.list_offers(2, gpu_name="H100 SXM")}["H100 SXM"]
-    assert big.gpu_memory_gb == 80 and big.min_bid_per_gpu == Decimal("1.3")
+    assert big.min_bid_per_gpu == Decimal("1.3")
     assert vast.list_offers(1, min_gpu_memory_gb=48) and all(
         (o.gpu_memory_gb or 0) >= 48 for o in vast.list_offers(1, min_gpu_memory_gb=48))
+
+
+def test_an_offers_memory_answers_gpu_mem_as_the_rented_host_will(vast: vastai.VastAIProvider) -> None:
+    """vast.ai's gpu_ram is the machine's memory.total in MiB: the offer's GB figure says yes to `gpu_mem=N`
+    exactly when the host, once rented and probed, does (gpumatch.host_matches), so `gpuq up --for` neither
+    passes over a machine its jobs would run on nor rents one they would not (an A10's 23,028 MiB is 24 GB)."""
+    market = {o.id: o for o in DEFAULT_OFFERS}
+    offers = vast.list_offers() + vast.list_offers(2)
+    assert offers
+    for offer in offers:
+        mib = market[int(offer.display_name.rsplit("offer ", 1)[1].rstrip(")"))].gpu_ram_mb
+        for n in range(1, 120):
+            need = GpuNeed((), float(n))
+            assert rentplan.memory_ok(offer, n) == host_matches(need, (offer.gpu_type,), mib), (offer, n)
+    a10 = wire.offer_of(wire.WireOffer.model_validate({**DEFAULT_OFFERS[0].row(10), "gpu_name": "A10",
+                                                       "gpu_ram": 23028}))
+    assert rentplan.memory_ok(a10, 24) and not rentplan.memory_ok(a10, 25)
 
 
 def test_the_cheapest_offer_is_rented_and_an_interruptible_one_at_its_bid(vast: vastai.VastAIProvider,

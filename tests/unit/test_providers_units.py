@@ -521,7 +521,8 @@ def test_literals_of_every_kind() -> None:
 # -- layering -------------------------------------------------------------------------------------------------
 
 ALLOWED_INTERNAL = {"orchestrator.errors", "orchestrator.specs", "orchestrator.states", "orchestrator.protocol",
-                    "orchestrator.config", "orchestrator.providers"}
+                    "orchestrator.config", "orchestrator.providers",
+                    "orchestrator.gpumatch"}  # pure: an offer's GPU memory in the words gpu_mem= uses
 ALLOWED_EXTERNAL = {"httpx", "pydantic"}  # pydantic: the typed wire models (vastai_wire.py), as config.py
 
 
