@@ -217,7 +217,8 @@ def duration_range(*, config: str, task: str, epochs: int | None, est_min: float
 @dataclass(frozen=True)
 class JobCostInput:
     name: str
-    prices: Sequence[Price | None]  # its price share on each host it may run on (one: where it is placed)
+    prices: Sequence[Price | None]  # its price share on each host it may run on (one: where it is placed;
+    # none: no host may take it now, its gpu=/gpu_mem= matching none of them)
     seconds: tuple[float, float] | None  # duration range; None: no estimate
 
 
@@ -231,6 +232,7 @@ class Projection:
     unestimated: tuple[str, ...] = ()  # jobs that may run on a priced host, without an estimate
     unpriced: tuple[str, ...] = ()  # jobs whose every host has no price (they cost nothing here)
     why_not: str = ""
+    unplaceable: tuple[str, ...] = ()  # jobs no host may take now (gpu=/gpu_mem=): not counted
 
     def fits(self, cap: float) -> bool | None:
         """True: even the high end fits ``cap``; False: even the low end does not; None: it may."""
@@ -251,6 +253,9 @@ class Projection:
                          "leave the high end open")
         if self.unpriced:
             notes.append(f"{len(self.unpriced)} job(s) on hosts without a price count nothing")
+        if self.unplaceable:
+            notes.append(f"{len(self.unplaceable)} job(s) no host can take now ({_names(self.unplaceable)}: "
+                         "their gpu=/gpu_mem=) are not counted")
         return f"projected cost {span}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -261,15 +266,21 @@ def _names(names: Sequence[str]) -> str:
 def project(jobs: Sequence[JobCostInput]) -> Projection:
     """The range of what ``jobs`` cost: each job's duration range times the cheapest and dearest of its
     price shares; a job without an estimate on a priced host opens the high end."""
-    priced = [j for j in jobs if any(p is not None for p in j.prices)]
     if not jobs:
         return Projection(0.0, 0.0, why_not="no job to price")
+    unplaceable = tuple(j.name for j in jobs if not j.prices)
+    jobs = [j for j in jobs if j.prices]
+    if not jobs:
+        return Projection(0.0, None, unplaceable=unplaceable,
+                          why_not="no host of the sweep can take these jobs now (their gpu=/gpu_mem=; `gpuq hosts "
+                                  "list` shows each host's GPUs)")
+    priced = [j for j in jobs if any(p is not None for p in j.prices)]
     if not priced:
-        return Projection(0.0, None, unpriced=tuple(j.name for j in jobs),
+        return Projection(0.0, None, unpriced=tuple(j.name for j in jobs), unplaceable=unplaceable,
                           why_not="no host these jobs may run on has a price (gpuq knows the prices of the machines "
                                   "it rents: `gpuq up`)")
     if all(j.seconds is None for j in priced):
-        return Projection(0.0, None, unestimated=tuple(j.name for j in priced),
+        return Projection(0.0, None, unestimated=tuple(j.name for j in priced), unplaceable=unplaceable,
                           why_not="no job has an estimate (give est_min= on the queue lines, or let one job of each "
                                   "config run first)")
     low = high = 0.0
@@ -283,4 +294,4 @@ def project(jobs: Sequence[JobCostInput]) -> Projection:
         low += job.seconds[0] / 3600 * cheapest
         high += job.seconds[1] / 3600 * max(shares)
     unpriced = tuple(j.name for j in jobs if not any(p is not None for p in j.prices))
-    return Projection(low, None if open_ else high, tuple(open_), unpriced)
+    return Projection(low, None if open_ else high, tuple(open_), unpriced, unplaceable=unplaceable)

@@ -13,6 +13,7 @@ from orchestrator import budget
 from orchestrator.budget import JobCostInput, Projection, Standing, usd
 from orchestrator.context import Context
 from orchestrator.errors import UsageError
+from orchestrator.gpumatch import host_matches, need_of, read_facts
 from orchestrator.ledger import HostRow, Job, attempt_price
 from orchestrator.scheduler import Plan, PlanJob
 from orchestrator.specs import JobSpec, job_id_for
@@ -148,13 +149,18 @@ def projection(ctx: Context, sweep_id: str, specs: Sequence[JobSpec], placements
 
 def _project(ctx: Context, jobs: Sequence[Job], rows: Sequence[HostRow]) -> Projection:
     """What jobs not placed yet may cost: each at the cheapest and the dearest price share among the hosts
-    it may run on (those of its sweep, or its pin)."""
+    it may run on (those of its sweep, or its pin, whose GPUs its ``gpu=``/``gpu_mem=`` take, as the
+    scheduler decides: ``gpumatch.host_matches``; none: it is not counted, and the projection says so)."""
     history = budget.spreads(ctx.ledger.run_history())
     by_name = {row.name: row for row in rows}
+    facts = {row.name: read_facts(row.gpu_facts) for row in rows}
     items = []
     for job in jobs:
         hosts = [by_name[job.host_pin]] if job.host_pin is not None and job.host_pin in by_name else list(rows)
-        prices = [attempt_price(job.gpus, [row]) for row in hosts] or [None]
+        need = need_of(job.gpu, job.gpu_mem)
+        if need:
+            hosts = [row for row in hosts if host_matches(need, *facts[row.name])]
+        prices = [attempt_price(job.gpus, [row]) for row in hosts] if hosts or need else [None]
         items.append(JobCostInput(job.name, prices, budget.duration_range(
             config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min, history=history)))
     return budget.project(items)

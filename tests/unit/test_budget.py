@@ -252,3 +252,28 @@ def test_the_budget_command_shows_sets_and_removes_a_cap(ctx: Context) -> None:
     assert ctx.ledger.sweep(SWEEP).budget_usd is None  # type: ignore[union-attr]
     finding = ctx.ledger.latest_finding(SWEEP, budget.RULE)
     assert finding is not None and finding.message == f"budget of sweep {SWEEP} removed (was $1,250.50)"
+
+
+def test_what_waiting_jobs_may_cost_counts_only_hosts_their_gpus_take(ctx: Context) -> None:
+    """`gpuq budget`'s remaining range prices a job with gpu=/gpu_mem= only on the hosts the scheduler would
+    give it (gpumatch.host_matches on each host's recorded GPUs); one no host can take is named, not counted
+    at some other host's price."""
+    from orchestrator.gpumatch import facts_json
+
+    ctx.ledger.update_host("cheap", gpu_facts=facts_json([("NVIDIA A10", 23028.0)] * 4))
+    ctx.ledger.update_host("dear", gpu_facts=facts_json([("NVIDIA H100 80GB HBM3", 81559.0)]))
+    ctx.ledger.update_host("free", gpu_facts=facts_json([("NVIDIA A10", 23028.0)]))
+    specs = [JobSpec(name="h100", config="c.yaml", task="t", epochs=2, est_min=60, gpu=("H100",)),
+             JobSpec(name="big", config="c.yaml", task="t", epochs=2, est_min=60, gpu_mem=40),
+             JobSpec(name="b200", config="c.yaml", task="t", epochs=2, est_min=60, gpu=("B200",)),
+             JobSpec(name="any", config="c.yaml", task="t", epochs=2, est_min=60)]
+    ctx.ledger.add_sweep(sweep_id=SWEEP, queue_path="q.txt", workdir="/w", queue_text="", jobs=specs,
+                         default_retries=0, bundle_sha="b" * 64)
+    remaining = api_budget.show(ctx, SWEEP).remaining
+    assert remaining is not None and remaining.unplaceable == ("b200",)
+    # h100 and big only on `dear` ($8/h for an hour each); any from `free` ($0) up to `dear`
+    assert remaining.low == pytest.approx(16.0) and remaining.high == pytest.approx(24.0)
+    assert "1 job(s) no host can take now (b200: their gpu=/gpu_mem=) are not counted" in remaining.line()
+    alone = api_budget._project(ctx, [j for j in ctx.ledger.jobs(sweep_id=SWEEP) if j.name == "b200"],
+                                ctx.ledger.hosts())
+    assert alone.why_not.startswith("no host of the sweep can take these jobs now")
