@@ -12,8 +12,9 @@ would shadow the verb.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from orchestrator.lazyexports import lazy_exports
 
 if TYPE_CHECKING:
     from orchestrator.api.cloud import DownPlan, ResumeResult, down, down_plan, resume
@@ -140,10 +141,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)
