@@ -61,7 +61,8 @@ MODULES: dict[str, ModuleSet] = {
         ),
     ),
     "ledger": ModuleSet(
-        ("orchestrator/ledger/store.py",), ("tests/unit/test_ledger.py", "tests/unit/test_ledger_queries.py")
+        ("orchestrator/ledger/store.py", "orchestrator/ledger/events.py", "orchestrator/ledger/results.py"),
+        ("tests/unit/test_ledger.py", "tests/unit/test_ledger_queries.py"),
     ),
     "specs": ModuleSet(
         ("orchestrator/specs.py",),

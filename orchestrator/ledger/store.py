@@ -1,4 +1,6 @@
-"""The Ledger: every read and write of gpuq's SQLite state goes through here.
+"""The Ledger: every read and write of gpuq's SQLite state goes through here.  Hosts, sweeps, jobs,
+attempts and their states live in this module; the events and findings (``events.py``), what finished
+jobs left (``results.py``) and the pull outcomes (``pulls.py``) are its mixins, in their own modules.
 
 Rules this class enforces:
 
@@ -17,16 +19,15 @@ Rules this class enforces:
 from __future__ import annotations
 
 import json
-import math
 import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import delete, func, insert
+from sqlalchemy import func
 from sqlalchemy import select as columns  # more columns than sqlmodel's select types
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -34,18 +35,17 @@ from sqlmodel import Session, col, select
 
 from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.ledger import refs
+from orchestrator.ledger.events import EventRecords, add_event
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pricing import PricedAttempt, attempt_price
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.refs import JobRef
-from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Sweep
-from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, ledger_engine, transaction
+from orchestrator.ledger.results import ResultRecords
+from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
+from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, IN_CHUNK, ledger_engine, transaction
 from orchestrator.specs import JobSpec, clamp_slots, job_id_for, spec_hash_for
 from orchestrator.states import AttemptState, JobState, attempt_may, job_may
-
-if TYPE_CHECKING:  # the host documents' models load only where a host is read
-    from orchestrator.host_documents import ResultCheckpoint
 
 
 def _create_private(path: Path) -> None:
@@ -58,7 +58,7 @@ def _create_private(path: Path) -> None:
 SETUP_PHASE = "project_setup"  # orchestrator/setup_holds.py: never counts against retries=
 
 
-class Ledger(PullRecords):
+class Ledger(EventRecords, ResultRecords, PullRecords):
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
 
     def __init__(self, path: Path) -> None:
@@ -116,7 +116,7 @@ class Ledger(PullRecords):
             if host is None:
                 host = HostRow(name=name, kind=kind, root=root, python=python, target=target, created_at=time.time())
                 s.add(host)
-                _event(s, "host", name, "", "added", f"{kind} root={root}")
+                add_event(s, "host", name, "", "added", f"{kind} root={root}")
             else:
                 host.root, host.python = root, python
             return host
@@ -128,7 +128,8 @@ class Ledger(PullRecords):
                 raise LedgerError(f'host "{row.name}" is already registered')
             row.created_at = time.time()
             s.add(row)
-            _event(s, "host", row.name, "", "added", f"{row.kind} {row.target} root={row.root} profile={row.profile}")
+            add_event(s, "host", row.name, "", "added",
+                      f"{row.kind} {row.target} root={row.root} profile={row.profile}")
             return row
 
     def remove_host(self, name: str, message: str) -> None:
@@ -136,7 +137,7 @@ class Ledger(PullRecords):
             row = s.get(HostRow, name)
             if row is not None:
                 s.delete(row)
-                _event(s, "host", name, "added", "removed", message)
+                add_event(s, "host", name, "added", "removed", message)
 
     def host(self, name: str) -> HostRow | None:
         with self.reading() as s:
@@ -233,7 +234,7 @@ class Ledger(PullRecords):
                 )
                 s.add(row)
                 rows.append(row)
-            _event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
+            add_event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
         return rows
 
     def sweep_ids(self) -> set[str]:
@@ -250,7 +251,7 @@ class Ledger(PullRecords):
             if row is None:
                 raise LedgerError(f"no sweep {sweep_id!r}")
             row.hosts = ",".join(sorted(set(hosts)))
-            _event(s, "sweep", sweep_id, "", "", f"may use hosts {row.hosts}")
+            add_event(s, "sweep", sweep_id, "", "", f"may use hosts {row.hosts}")
 
     def set_sweep_budget(self, sweep_id: str, usd: float | None, *, severity: str, rule: str, message: str) -> None:
         """Set (None: remove) a sweep's spending cap, and the finding that says so, in one transaction."""
@@ -345,8 +346,8 @@ class Ledger(PullRecords):
         A job that does not exist raises JobNotFound and nothing is written."""
         with self.session() as s:
             jobs: dict[str, Job] = {}
-            for start in range(0, len(job_ids), _IN_CHUNK):
-                chunk = list(job_ids[start:start + _IN_CHUNK])
+            for start in range(0, len(job_ids), IN_CHUNK):
+                chunk = list(job_ids[start:start + IN_CHUNK])
                 jobs.update((job.id, job) for job in s.exec(select(Job).where(col(Job.id).in_(chunk))))
             out: dict[str, Attempt | IllegalTransition] = {}
             rows = {host: s.get(HostRow, host)}
@@ -381,7 +382,7 @@ class Ledger(PullRecords):
             **_price(s, job.gpus, host, *peers, rows=rows),
         )
         s.add(attempt)
-        _event(s, "attempt", f"{job.id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
+        add_event(s, "attempt", f"{job.id}/a{attempt.number}", "", AttemptState.STARTING.value, host)
         return attempt
 
     def move_job(self, job_id: str, *, from_attempt: int, to_host: str, bundle_sha: str, message: str) -> Attempt:
@@ -396,7 +397,7 @@ class Ledger(PullRecords):
                 raise IllegalTransition("job", job_id, job.state, f"moved (attempt {from_attempt} is not current)")
             if not attempt_may(AttemptState(old.state), AttemptState.KILLED):
                 raise IllegalTransition("attempt", f"{job_id}/a{from_attempt}", old.state, AttemptState.KILLED.value)
-            _event(s, "attempt", f"{job_id}/a{from_attempt}", old.state, AttemptState.KILLED.value, message)
+            add_event(s, "attempt", f"{job_id}/a{from_attempt}", old.state, AttemptState.KILLED.value, message)
             old.state = AttemptState.KILLED.value
             old.ended_at = time.time()
             old.message = message
@@ -407,8 +408,8 @@ class Ledger(PullRecords):
                               bundle_sha=bundle_sha, resume_from=old.resume_from, created_at=time.time(),
                               **_price(s, job.gpus, to_host))
             s.add(attempt)
-            _event(s, "job", job_id, job.state, job.state, message)
-            _event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, to_host)
+            add_event(s, "job", job_id, job.state, job.state, message)
+            add_event(s, "attempt", f"{job_id}/a{attempt.number}", "", AttemptState.STARTING.value, to_host)
             return attempt
 
     def attempt(self, job_id: str, number: int) -> Attempt | None:
@@ -439,11 +440,11 @@ class Ledger(PullRecords):
         ids = sorted(set(sweep_ids))
         out: dict[str, list[PricedAttempt]] = {}
         with self.reading() as s:
-            for start in range(0, len(ids), _IN_CHUNK):
+            for start in range(0, len(ids), IN_CHUNK):
                 query = (columns(col(Job.sweep_id), col(Attempt.job_id), col(Attempt.state), col(Attempt.started_at),
                                  col(Attempt.ended_at), col(Attempt.price_per_hour), col(Attempt.gpu_share))
                          .join(Attempt, col(Attempt.job_id) == col(Job.id))
-                         .where(col(Job.sweep_id).in_(ids[start:start + _IN_CHUNK]),
+                         .where(col(Job.sweep_id).in_(ids[start:start + IN_CHUNK]),
                                 col(Attempt.price_per_hour).is_not(None))
                          .order_by(col(Attempt.job_id), col(Attempt.number)))
                 for sweep_id, job_id, state, started, ended, price, share in s.connection().execute(query):
@@ -585,7 +586,7 @@ class Ledger(PullRecords):
                 self._transition_job(s, job, JobState.LOST, message)
                 self._transition_job(s, job, JobState.QUEUED, message)
             attempt = self._start(s, job, host=host, bundle_sha=old.bundle_sha)
-            _event(s, "attempt", f"{job_id}/a{attempt.number}", "", "", note)
+            add_event(s, "attempt", f"{job_id}/a{attempt.number}", "", "", note)
             return attempt
 
     @staticmethod
@@ -596,7 +597,7 @@ class Ledger(PullRecords):
         if not attempt_may(old, new):
             raise IllegalTransition("attempt", f"{row.job_id}/a{row.number}", old.value, new.value)
         row.state = new.value
-        _event(s, "attempt", f"{row.job_id}/a{row.number}", old.value, new.value, message)
+        add_event(s, "attempt", f"{row.job_id}/a{row.number}", old.value, new.value, message)
         return True
 
     @staticmethod
@@ -608,81 +609,16 @@ class Ledger(PullRecords):
             raise IllegalTransition("job", job.id, old.value, new.value)
         job.state = new.value
         job.updated_at = time.time()
-        _event(s, "job", job.id, old.value, new.value, message)
+        add_event(s, "job", job.id, old.value, new.value, message)
         return True
 
-    # --- events, results -----------------------------------------------------------
-
-    def record_event(self, kind: str, subject: str, message: str, *, unless_repeated: bool = False) -> None:
-        """Append an event.  ``unless_repeated``: skip it when the subject's latest event says the
-        same (conditions that every tick re-discovers, e.g. a job that still cannot be placed)."""
-        with self.session() as s:
-            if unless_repeated:
-                last = s.exec(select(Event).where(Event.subject == subject).order_by(col(Event.id).desc())).first()
-                if last is not None and last.message == message:
-                    return
-            _event(s, kind, subject, "", "", message)
-
-    def record_events(self, kind: str, messages: Mapping[str, str]) -> int:
-        """``record_event(kind, subject, message, unless_repeated=True)`` for each {subject: message}, in one
-        transaction (a tick that holds ten thousand queued jobs says why in a few reads); how many it wrote."""
-        ids = sorted(messages)
-        written = 0
-        with self.session() as s:
-            for start in range(0, len(ids), _IN_CHUNK):
-                chunk = ids[start:start + _IN_CHUNK]
-                newest = select(func.max(Event.id)).where(col(Event.subject).in_(chunk)).group_by(col(Event.subject))
-                last = {e.subject: e.message for e in s.exec(select(Event).where(col(Event.id).in_(newest)))}
-                for subject in chunk:
-                    if last.get(subject) != messages[subject]:
-                        _event(s, kind, subject, "", "", messages[subject])
-                        written += 1
-        return written
+    # --- budgets, retries, history -------------------------------------------------
 
     def capped_sweeps(self) -> list[Sweep]:
         """The sweeps with a spending cap (``Sweep.budget_usd``), oldest first."""
         with self.reading() as s:
             return list(s.exec(select(Sweep).where(col(Sweep.budget_usd).is_not(None))
                                .order_by(col(Sweep.created_at))))
-
-    def record_finding(self, kind: str, subject: str, *, severity: str, rule: str, message: str,
-                       action: str = "", at: float | None = None) -> Event:
-        """A patrol finding: an event with a severity, the rule that fired and a suggested action.
-        ``at``: its time (default now; a stage run on an injected clock passes its own)."""
-        with self.session() as s:
-            row = Event(time=time.time() if at is None else at, kind=kind, subject=subject, message=message,
-                        severity=severity, rule=rule, action=action)
-            s.add(row)
-            s.flush()
-            s.refresh(row)
-            return row
-
-    def open_findings(self, subjects: Iterable[str]) -> dict[tuple[str, str], Event]:
-        """The newest finding per (subject, rule) of these subjects, where it is still a warning or
-        an escalation (a rule that stops firing is closed by an "info" finding)."""
-        ids = sorted(set(subjects))
-        latest: dict[tuple[str, str], Event] = {}
-        with self.reading() as s:
-            for start in range(0, len(ids), 500):
-                rows = s.exec(select(Event).where(col(Event.subject).in_(ids[start:start + 500]), Event.rule != "")
-                              .order_by(col(Event.id)))
-                for row in rows:
-                    latest[(row.subject, row.rule)] = row
-        return {key: row for key, row in latest.items() if row.severity in ("warn", "escalate")}
-
-    def latest_finding(self, subject: str, rule: str) -> Event | None:
-        """The newest finding of ``rule`` about exactly ``subject``, whatever its severity."""
-        with self.reading() as s:
-            return s.exec(select(Event).where(Event.subject == subject, Event.rule == rule)
-                          .order_by(col(Event.id).desc()).limit(1)).first()
-
-    def alerts(self, limit: int = 50, *, since: float | None = None) -> list[Event]:
-        """The newest findings first."""
-        with self.reading() as s:
-            query = select(Event).where(Event.severity != "")
-            if since is not None:
-                query = query.where(Event.time >= since)
-            return list(s.exec(query.order_by(col(Event.id).desc()).limit(limit)))
 
     def failed_attempts(self, job_id: str) -> int:
         """Attempts of the job that ended badly and count against ``retries=`` (LOST, or EXITED
@@ -693,215 +629,6 @@ class Ledger(PullRecords):
             return sum(1 for a in rows if a.phase != SETUP_PHASE and (
                 a.state == AttemptState.LOST.value
                 or (a.state == AttemptState.EXITED.value and a.exit_code not in (None, 0))))
-
-    def events(self, subject: str | None = None, limit: int = 200, *, exact: bool = False) -> list[Event]:
-        """The newest ``limit`` events, oldest first.  ``subject``: those whose subject starts with it (a
-        job's own and its attempts', ``JOB/a1``...), read as a range of the subject index: a tick's read
-        costs the same with a million events in the table as with a thousand.  Case-sensitive.
-        ``exact``: only the subject itself (a host's: ``gpu1`` is no prefix of ``gpu10``'s)."""
-        with self.reading() as s:
-            query = select(Event)
-            if subject and exact:
-                query = query.where(col(Event.subject) == subject)
-            elif subject:  # "" starts every subject: the newest events of all
-                upper = _past_prefix(subject)
-                query = query.where(col(Event.subject) >= subject)
-                query = query.where(col(Event.subject) < upper) if upper is not None else query
-            return list(s.exec(query.order_by(col(Event.id).desc()).limit(limit)))[::-1]
-
-    def events_of(self, subjects: Iterable[str], limit: int = 200) -> dict[str, list[Event]]:
-        """``events(subject, limit)`` of each of ``subjects``, in a few reads; a subject without events
-        is left out."""
-        owners: dict[int, list[str]] = {}
-        for subject, event_id in self._newest_events(subjects, limit):
-            owners.setdefault(event_id, []).append(subject)
-        ids = sorted(owners)
-        out: dict[str, list[Event]] = {}
-        with self.reading() as s:
-            for start in range(0, len(ids), 500):
-                for row in s.exec(select(Event).where(col(Event.id).in_(ids[start:start + 500]))
-                                  .order_by(col(Event.id))):
-                    for subject in owners[row.id or 0]:
-                        out.setdefault(subject, []).append(row)
-        return out
-
-    def rule_counts(self, subjects: Iterable[str], rule: str, limit: int = 200) -> dict[str, int]:
-        """How many of ``events(subject, limit)`` are findings of ``rule``, for each of ``subjects`` (a
-        subject with none is left out), without reading the events themselves."""
-        out: dict[str, int] = {}
-        for subject, _ in self._newest_events(subjects, limit, rule):
-            out[subject] = out.get(subject, 0) + 1
-        return out
-
-    def _newest_events(self, subjects: Iterable[str], limit: int, rule: str | None = None) -> list[tuple[str, int]]:
-        """(subject, event id) of the newest ``limit`` events of each subject, as ``events`` picks them,
-        those findings of ``rule`` only when given: one windowed range join per 400 subjects."""
-        wanted = sorted(set(subjects))
-        ranged = [(subject, upper) for subject in wanted if (upper := _past_prefix(subject)) is not None]
-        out = [(subject, e.id or 0) for subject in wanted if _past_prefix(subject) is None
-               for e in self.events(subject, limit) if rule is None or e.rule == rule]  # "": no range to join on
-        with self.reading() as s:
-            raw = s.connection().exec_driver_sql
-            for start in range(0, len(ranged), 400):
-                chunk = ranged[start:start + 400]
-                sql = _NEWEST_EVENTS.format(values=", ".join(["(?, ?)"] * len(chunk)),
-                                            rule="" if rule is None else " AND rule = ?")
-                params = (*(v for pair in chunk for v in pair), limit, *(() if rule is None else (rule,)))
-                out += [(str(subject), int(event_id)) for subject, event_id in raw(sql, params)]
-        return out
-
-    def record_results(
-        self,
-        job_id: str,
-        attempt: int,
-        *,
-        metrics: Sequence[tuple[str, str, float, int | None, int | None]],
-        artifacts: Sequence[tuple[str, int, str]],
-        checkpoint: ResultCheckpoint | None = None,
-    ) -> None:
-        """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch).
-
-        A non-finite value (NaN, an infinity) is refused whole (LedgerError, nothing changed): host
-        documents are checked at the edge, and this is the last line before SQLite."""
-        bad = next(((scope, name, value) for scope, name, value, _, _ in metrics if not math.isfinite(value)), None)
-        if bad is not None:
-            raise LedgerError(f"job {job_id}: metric {bad[1]!r} ({bad[0]}) is {bad[2]!r}, not a finite number; "
-                              "its results were not recorded")
-        now = time.time()
-        with self.session() as s:
-            # set-based: a job's learning curves are hundreds of rows (ORM objects cost ~100x more)
-            s.execute(delete(Metric).where(col(Metric.job_id) == job_id))
-            for old_artifact in s.exec(select(Artifact).where(Artifact.job_id == job_id)):
-                s.delete(old_artifact)
-            rows = [{"job_id": job_id, "attempt": attempt, "scope": scope, "name": name, "value": value,
-                     "step": step, "epoch": epoch} for scope, name, value, step, epoch in metrics
-                    if math.isfinite(value)]  # checked at the edge too: a NaN is no value SQLite keeps
-            if rows:
-                s.execute(insert(Metric), rows)
-            for path, size, sha in artifacts:
-                s.add(Artifact(job_id=job_id, attempt=attempt, path=path, bytes=size, sha256=sha,
-                               verified_at=now))
-            if checkpoint is not None:
-                self._add_checkpoint(s, job_id, attempt, checkpoint)
-
-    def record_checkpoint(self, job_id: str, attempt: int, pointer: ResultCheckpoint) -> None:
-        """A checkpoint the host reported (checked at the edge, host_documents); one without a sha256
-        names nothing to pin and is not recorded."""
-        with self.session() as s:
-            self._add_checkpoint(s, job_id, attempt, pointer)
-
-    @staticmethod
-    def _add_checkpoint(s: Session, job_id: str, attempt: int, pointer: ResultCheckpoint) -> None:
-        sha = pointer.sha256
-        if not sha:
-            return
-        seen = s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.sha256 == sha)).first()
-        if seen is not None:
-            return
-        s.add(
-            Checkpoint(
-                job_id=job_id,
-                attempt=attempt,
-                file=pointer.file,
-                step=pointer.step,
-                epoch=pointer.epoch,
-                sha256=sha,
-                bytes=pointer.bytes,
-                written_at=pointer.written(),
-            )
-        )
-
-    def metrics(self, job_ids: Iterable[str], scopes: Sequence[str] = ("final", "best")) -> list[Metric]:
-        """The jobs' final and best metrics (``scopes=("curve",)``: the learning curves' points)."""
-        ids = list(job_ids)
-        with self.reading() as s:
-            return list(s.exec(select(Metric).where(col(Metric.job_id).in_(ids), col(Metric.scope).in_(scopes))
-                               .order_by(col(Metric.id))))
-
-    def metric_values(self, job_ids: Iterable[str], scopes: Sequence[str] = ("final", "best"),
-                      names: Sequence[str] | None = None) -> list[tuple[str, str, str, float, int | None]]:
-        """``metrics(job_ids, scopes)`` as plain (job id, scope, name, value, step) rows, of the metrics
-        ``names`` only when given; each job's rows in the order ``metrics`` gives them."""
-        def marks(n: int) -> str:
-            return ", ".join("?" * n)
-
-        ids = sorted(set(job_ids))
-        out: list[tuple[str, str, str, float, int | None]] = []
-        also = f" AND name IN ({marks(len(names))})" if names is not None else ""
-        with self.reading() as s:
-            raw = s.connection().exec_driver_sql
-            for start in range(0, len(ids), 500):
-                chunk = ids[start:start + 500]
-                sql = (f"SELECT job_id, scope, name, value, step FROM metric WHERE job_id IN ({marks(len(chunk))})"
-                       f" AND scope IN ({marks(len(scopes))}){also} ORDER BY id")
-                out += [(job, scope, name, value, step) for job, scope, name, value, step
-                        in raw(sql, (*chunk, *scopes, *(names or ())))]
-        return out
-
-    def with_metrics(self, job_ids: Iterable[str]) -> set[str]:
-        """Those of the given jobs the ledger has final or best metrics of."""
-        ids = sorted(set(job_ids))
-        found: set[str] = set()
-        with self.reading() as s:
-            for start in range(0, len(ids), 500):
-                found.update(s.exec(select(Metric.job_id).distinct().where(
-                    col(Metric.job_id).in_(ids[start:start + 500]), col(Metric.scope).in_(("final", "best")))))
-        return found
-
-    def curves(self, job_ids: Iterable[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
-        """Job id -> metric name -> [(step, value)] in step order: what ``gpuq report`` draws."""
-        out: dict[str, dict[str, list[tuple[int, float]]]] = {}
-        ids = list(job_ids)
-        with self.reading() as s:  # plain rows, not ORM objects: a report may read a million points
-            rows = s.exec(select(Metric.job_id, Metric.name, Metric.step, Metric.value)
-                          .where(col(Metric.job_id).in_(ids), Metric.scope == "curve").order_by(col(Metric.id))).all()
-        for job_id, name, step, value in rows:
-            out.setdefault(job_id, {}).setdefault(name, []).append((step or 0, value))
-        for by_name in out.values():
-            for points in by_name.values():
-                points.sort(key=lambda p: p[0])  # stable: points of one step stay in the order the host sent them
-        return out
-
-    def artifacts(self, job_id: str) -> list[Artifact]:
-        with self.reading() as s:
-            return list(s.exec(select(Artifact).where(Artifact.job_id == job_id).order_by(col(Artifact.path))))
-
-    def mark_checkpoint_durable(self, job_id: str, sha256: str, path: str, host: str) -> None:
-        """The controller holds a verified copy of this checkpoint at ``path``."""
-        with self.session() as s:
-            row = s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.sha256 == sha256)).first()
-            if row is not None:
-                row.durable_path = path
-                row.host = host
-            for other in s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.sha256 != sha256,
-                                                         Checkpoint.durable_path != "")):
-                other.durable_path = ""  # one copy per job is kept: the newest
-
-    def checkpoints(self, job_id: str) -> list[Checkpoint]:
-        with self.reading() as s:
-            return list(s.exec(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(col(Checkpoint.step))))
-
-    def checkpoints_of(self, job_ids: Iterable[str]) -> dict[str, list[Checkpoint]]:
-        """``checkpoints(job)`` of each of the given jobs, in a few reads; a job without any is left out."""
-        ids = sorted(set(job_ids))
-        out: dict[str, list[Checkpoint]] = {}
-        with self.reading() as s:
-            for start in range(0, len(ids), 500):
-                for row in s.exec(select(Checkpoint).where(col(Checkpoint.job_id).in_(ids[start:start + 500]))
-                                  .order_by(col(Checkpoint.job_id), col(Checkpoint.step))):
-                    out.setdefault(row.job_id, []).append(row)
-        return out
-
-    def checkpoint_bytes_by_config(self) -> dict[str, int]:
-        """Largest checkpoint ever recorded per config path (disk budgets of the scheduler)."""
-        from sqlalchemy import func
-
-        with self.reading() as s:
-            rows = s.exec(
-                select(Job.config, func.max(Checkpoint.bytes)).join(Checkpoint, col(Checkpoint.job_id) == Job.id)
-                .group_by(Job.config)
-            ).all()
-            return {str(config): int(size or 0) for config, size in rows}
 
     def run_history(self) -> list[tuple[str, str, int, float]]:
         """(config, task, epochs, seconds) of each SUCCEEDED job's successful attempt, oldest first.
@@ -929,9 +656,6 @@ class Ledger(PullRecords):
             return [(config, task, epochs, secs) for config, task, epochs, secs in s.exec(query) if secs is not None]
 
 
-_IN_CHUNK = 500  # ids per IN (...) list: well under SQLite's variable limit
-
-
 
 def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None] | None = None) -> dict[str, Any]:
     """An attempt's share of its host's price, fixed when it starts (prices change; bills do not).
@@ -939,28 +663,3 @@ def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None
     found = attempt_price(gpus, [rows[name] if rows is not None and name in rows else s.get(HostRow, name)
                                  for name in hosts])
     return {} if found is None else {"price_per_hour": found[0], "gpu_share": found[1]}
-
-
-
-# the newest events of each (subject, upper) pair: a range of the subject index per pair, numbered newest first
-_NEWEST_EVENTS = ("WITH p(subject, upper) AS (VALUES {values}) "
-                  "SELECT subject, id FROM (SELECT p.subject AS subject, e.id AS id, e.rule AS rule, "
-                  "row_number() OVER (PARTITION BY p.subject ORDER BY e.id DESC) AS n "
-                  "FROM p JOIN event AS e ON e.subject >= p.subject AND e.subject < p.upper) WHERE n <= ?{rule}")
-
-
-def _past_prefix(prefix: str) -> str | None:
-    """The least string above every string that starts with ``prefix`` in SQLite's BINARY order (UTF-8
-    bytes, which is code point order), so ``prefix <= s < _past_prefix(prefix)`` is ``s.startswith(prefix)``;
-    None when no string is above them all ("")."""
-    while prefix:
-        last = ord(prefix[-1]) + 1
-        if last <= 0x10FFFF:
-            return prefix[:-1] + chr(0xE000 if 0xD800 <= last <= 0xDFFF else last)  # no surrogate in UTF-8
-        prefix = prefix[:-1]
-    return None
-
-
-def _event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:
-    s.add(Event(time=time.time(), kind=kind, subject=subject, old=old, new=new, message=message))
-

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, create_engine
 
 BUSY_TIMEOUT_MS = 15_000
+IN_CHUNK = 500  # ids per IN (...) list of one query: well under SQLite's variable limit
 IMMEDIATE = "gpuq_immediate"  # the execution option a writing session sets
 
 
