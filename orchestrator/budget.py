@@ -3,7 +3,7 @@
 ``spent`` is the money the sweep's attempts cost so far (``cost.money_spent``: the one cost policy, at the
 price each attempt fixed when it started).  ``committed`` is what its live attempts (placed or running)
 will still cost if each runs to its estimate: the estimate (``est_min=``, else the run history:
-``scheduler.estimate_s``) less the time it has run, at its own fixed price share; one running past its
+``estimates.estimate_s``) less the time it has run, at its own fixed price share; one running past its
 estimate commits nothing more (it counts in ``spent`` as it goes).  A job with neither ``est_min=`` nor
 history is counted at the scheduler's placeholder (``DEFAULT_EST_S_PER_EPOCH`` per epoch), and said so.
 
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from orchestrator.cost import Billed, money_spent
-from orchestrator.scheduler import run_groups
+from orchestrator.estimates import run_groups
 from orchestrator.states import AttemptState
 
 if TYPE_CHECKING:
-    from orchestrator.scheduler import RunRecord
+    from orchestrator.estimates import RunRecord
 
 RULE = "budget"  # the findings: warn at WARN_AT, escalate when dispatch stops, info when the cap changes
 WARN_AT = 0.8
@@ -205,7 +205,7 @@ def _span(values: Mapping[K, list[float]]) -> dict[K, tuple[float, float]]:
 def duration_range(*, config: str, task: str, epochs: int | None, est_min: float | None,
                    history: Spreads) -> tuple[float, float] | None:
     """(fastest, slowest) seconds the job may take: ``est_min=`` exactly, else the spread of the history
-    ``scheduler.estimate_s`` would use; None without either (no estimate)."""
+    ``estimates.estimate_s`` would use; None without either (no estimate)."""
     if est_min is not None and est_min > 0:
         return est_min * 60.0, est_min * 60.0
     if not epochs:

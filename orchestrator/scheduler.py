@@ -26,10 +26,8 @@ each move out by atomic rename out of the source inbox (if the agent has
 claimed the job meanwhile, the rename fails and the job stays), then enqueues
 it on the target; a job never runs twice.
 
-``estimate_s`` turns a queue line into seconds: ``est_min`` when given, else the
-ledger's history of similar jobs (``Ledger.run_history``), else a default that only
-orders the plan; ``estimate_source`` says whether an estimate is one a person may be
-shown (est_min= or history) or that guess, which is never shown (docs/queue.md).
+The estimates the plan is given (``PlanJob.est_s``) come from ``estimates.py``: ``est_min=``, the
+ledger's history of similar jobs, or a guess that only orders the plan and is never shown.
 """
 
 from __future__ import annotations
@@ -41,105 +39,9 @@ from dataclasses import dataclass, field
 from orchestrator.gpumatch import ANY_GPU, GpuNeed, HostGpus, host_matches, unmet
 from orchestrator.scheduler_slots import SlotGroup, SlotIndex, grouped
 from orchestrator.scheduler_steal import StealSearch
-from orchestrator.specs import DEFAULT_EPOCHS, Assignment, HostSlots
-
-DEFAULT_EST_S_PER_EPOCH = 60.0
-"""Seconds per epoch assumed when neither ``est_min`` nor any history is known."""
+from orchestrator.specs import Assignment, HostSlots
 
 GB = 1e9
-
-RunRecord = tuple[str, str, int, float]
-"""(config path, task, epochs, seconds) of one successful run (``Ledger.run_history``)."""
-
-
-# --- estimates ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EpochRates:
-    """Mean seconds per epoch from history, by (config, task) and by task."""
-
-    by_config_task: Mapping[tuple[str, str], float] = field(default_factory=dict)
-    by_task: Mapping[str, float] = field(default_factory=dict)
-    runs_by_config_task: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    runs_by_task: Mapping[str, int] = field(default_factory=dict)
-    whole_runs: Mapping[tuple[str, str], list[float]] = field(default_factory=dict)  # jobs without epochs
-
-
-RunGroups = tuple[dict[tuple[str, str], list[float]], dict[str, list[float]], dict[tuple[str, str], list[float]]]
-
-
-def run_groups(history: Iterable[RunRecord]) -> RunGroups:
-    """The run history grouped as estimates read it: seconds per epoch by (config, task) and by task, and
-    the seconds of whole runs without epochs (0: not given) by (config, task).  Runs with no positive
-    duration say nothing; a whole run needs a config path (jobs without one are not alike)."""
-    pair: dict[tuple[str, str], list[float]] = {}
-    task: dict[str, list[float]] = {}
-    whole: dict[tuple[str, str], list[float]] = {}
-    for config, task_name, epochs, seconds in history:
-        if seconds <= 0:
-            continue
-        if epochs <= 0:
-            if config:
-                whole.setdefault((config, task_name), []).append(seconds)
-            continue
-        rate = seconds / epochs
-        pair.setdefault((config, task_name), []).append(rate)
-        task.setdefault(task_name, []).append(rate)
-    return pair, task, whole
-
-
-def epoch_rates(history: Iterable[RunRecord]) -> EpochRates:
-    """Index run history once (the mean of each run's seconds per epoch; ``run_groups``)."""
-    pair, task, whole = run_groups(history)
-    return EpochRates(
-        by_config_task={k: sum(v) / len(v) for k, v in pair.items()},
-        by_task={k: sum(v) / len(v) for k, v in task.items()},
-        runs_by_config_task={k: len(v) for k, v in pair.items()},
-        runs_by_task={k: len(v) for k, v in task.items()},
-        whole_runs=whole,
-    )
-
-
-def estimate_source(*, config: str, task: str, epochs: int | None, est_min: float | None,
-                    rates: EpochRates) -> str | None:
-    """Where an honest estimate of this job comes from ("est_min=", "history of N runs"); None when
-    there is none (``estimate_s`` then only guesses for the plan's order: never show that number)."""
-    if est_min is not None and est_min > 0:
-        return "est_min="
-    if not epochs:
-        runs = len(rates.whole_runs.get((config, task), ()))
-    else:
-        runs = rates.runs_by_config_task.get((config, task)) or rates.runs_by_task.get(task, 0)
-    return f"history of {runs} runs" if runs else None
-
-
-def estimate_s(
-    *,
-    config: str,
-    task: str,
-    epochs: int | None,
-    est_min: float | None = None,
-    history: Iterable[RunRecord] | EpochRates = (),
-) -> float:
-    """Estimated seconds for one job on a speed-1.0 host.
-
-    ``est_min`` from the queue wins; else the mean seconds per epoch of
-    successful runs with the same config path and task, × ``epochs``; else
-    the same for the task alone; else ``DEFAULT_EST_S_PER_EPOCH`` × ``epochs``.
-    Pass an :class:`EpochRates` (from :func:`epoch_rates`) when estimating many
-    jobs against the same history.
-    """
-    if est_min is not None and est_min > 0:
-        return est_min * 60.0
-    rates = history if isinstance(history, EpochRates) else epoch_rates(history)
-    if not epochs:  # nothing gave epochs: whole runs of this config, else the plan's guess (never shown)
-        runs = rates.whole_runs.get((config, task))
-        return sum(runs) / len(runs) if runs else DEFAULT_EST_S_PER_EPOCH * DEFAULT_EPOCHS
-    per_epoch = rates.by_config_task.get((config, task))
-    if per_epoch is None:
-        per_epoch = rates.by_task.get(task, DEFAULT_EST_S_PER_EPOCH)
-    return max(0, epochs) * per_epoch
 
 
 # --- plan ---------------------------------------------------------------------------

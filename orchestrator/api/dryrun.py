@@ -14,9 +14,9 @@ from orchestrator.agent_modules import argv_module
 from orchestrator.api.budgeting import projection
 from orchestrator.api.submitting import SubmitResult
 from orchestrator.context import Context
+from orchestrator.estimates import epoch_rates, estimate_s, estimate_source
 from orchestrator.ledger import HostRow
 from orchestrator.runconfig import RunConfig
-from orchestrator.scheduler import epoch_rates, estimate_s, estimate_source
 from orchestrator.specs import JobSpec, job_id_for
 
 MASK = "***"

@@ -17,6 +17,7 @@ from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.config import PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.errors import UsageError
+from orchestrator.estimates import epoch_rates, estimate_source
 from orchestrator.gpumatch import need_of
 from orchestrator.ledger import HostRow, Job
 from orchestrator.queuefile import parse_queue, read_queue_bytes
@@ -29,7 +30,7 @@ from orchestrator.runconfig import (
     repository_root,
     setup_key,
 )
-from orchestrator.scheduler import epoch_rates, estimate_source, plan
+from orchestrator.scheduler import plan
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.tick.capacity import capacities, plan_job

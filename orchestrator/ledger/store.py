@@ -633,7 +633,7 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
     def run_history(self) -> list[tuple[str, str, int, float]]:
         """(config, task, epochs, seconds) of each SUCCEEDED job's successful attempt, oldest first.
 
-        For ``scheduler.estimate_s``.  Only attempts that exited 0 with both
+        For ``estimates.estimate_s``.  Only attempts that exited 0 with both
         ``started_at`` and ``ended_at`` known count, and only those that ran
         from scratch: a resumed attempt trained part of the epochs.
         """

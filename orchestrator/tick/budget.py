@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from orchestrator import budget, notify
 from orchestrator.config import Settings
+from orchestrator.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
 from orchestrator.ledger.pricing import attempt_price
-from orchestrator.scheduler import EpochRates, Move, Plan, PlanJob, epoch_rates, estimate_s, estimate_source
+from orchestrator.scheduler import Move, Plan, PlanJob
 from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
 

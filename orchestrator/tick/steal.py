@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from orchestrator.bundle import Bundle
 from orchestrator.config import Settings
 from orchestrator.errors import GpuqError
+from orchestrator.estimates import EpochRates, estimate_s
 from orchestrator.fleet import Fleet
 from orchestrator.gpumatch import need_of, read_facts
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import attempt_spec, enqueue, ensure_bundle
 from orchestrator.ledger import HostRow, Job, Ledger
-from orchestrator.scheduler import EpochRates, Move, QueuedJob, estimate_s, plan_steals
+from orchestrator.scheduler import Move, QueuedJob, plan_steals
 from orchestrator.specs import HostSlots, clamp_slots
 from orchestrator.states import JobState
 from orchestrator.tick import budget, withdraw

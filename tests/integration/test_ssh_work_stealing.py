@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
-from orchestrator.scheduler import epoch_rates
+from orchestrator.estimates import epoch_rates
 from orchestrator.states import JobState
 from orchestrator.tick.probe import probe
 from orchestrator.tick.steal import steal

@@ -18,8 +18,9 @@ from orchestrator.api import budgeting as api_budget
 from orchestrator.config import load_settings
 from orchestrator.context import Context, open_context
 from orchestrator.errors import ConfigError
+from orchestrator.estimates import epoch_rates
 from orchestrator.ledger import Job, Ledger, attempt_price
-from orchestrator.scheduler import Move, Plan, PlanJob, epoch_rates
+from orchestrator.scheduler import Move, Plan, PlanJob
 from orchestrator.specs import Assignment, JobSpec
 from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import budget as tick_budget

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.config import Settings
+from orchestrator.estimates import EpochRates
 from orchestrator.ledger import Attempt, HostRow, Job
-from orchestrator.scheduler import EpochRates, plan
+from orchestrator.scheduler import plan
 from orchestrator.tick.capacity import host_capacity, plan_job
 
 NOW = 10_000.0

@@ -14,8 +14,9 @@ import pytest
 from orchestrator import api
 from orchestrator import host_documents as hd
 from orchestrator.errors import LedgerError
+from orchestrator.estimates import EpochRates
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.scheduler import EpochRates, PlanJob, plan
+from orchestrator.scheduler import PlanJob, plan
 from orchestrator.specs import MAX_SLOTS, HostSlots, JobSpec
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.collect import record_collected

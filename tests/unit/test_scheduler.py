@@ -10,18 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH, epoch_rates, estimate_s
 from orchestrator.ledger import Ledger
-from orchestrator.scheduler import (
-    DEFAULT_EST_S_PER_EPOCH,
-    Move,
-    Plan,
-    PlanJob,
-    QueuedJob,
-    epoch_rates,
-    estimate_s,
-    plan,
-    plan_steals,
-)
+from orchestrator.scheduler import Move, Plan, PlanJob, QueuedJob, plan, plan_steals
 from orchestrator.specs import HostSlots, JobSpec
 from orchestrator.states import AttemptState, JobState
 

@@ -8,19 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import scheduler
-from orchestrator.scheduler import (
-    EpochRates,
-    Move,
-    Placement,
-    Plan,
-    PlanJob,
-    QueuedJob,
-    epoch_rates,
-    estimate_s,
-    plan,
-    plan_steals,
-)
+from orchestrator import estimates, scheduler
+from orchestrator.estimates import EpochRates, epoch_rates, estimate_s
+from orchestrator.scheduler import Move, Placement, Plan, PlanJob, QueuedJob, plan, plan_steals
 from orchestrator.specs import HostSlots
 
 # --- estimates -----------------------------------------------------------------------------------
@@ -39,15 +29,15 @@ def test_history_rates_skip_runs_without_epochs_or_time() -> None:
 
 def test_est_min_wins_only_when_positive_and_unknown_epochs_are_only_guessed() -> None:
     assert estimate_s(config="a", task="t", epochs=3, est_min=1.0) == 60.0
-    assert estimate_s(config="a", task="t", epochs=2, est_min=0.0) == 2 * scheduler.DEFAULT_EST_S_PER_EPOCH
+    assert estimate_s(config="a", task="t", epochs=2, est_min=0.0) == 2 * estimates.DEFAULT_EST_S_PER_EPOCH
     guess = estimate_s(config="a", task="t", epochs=None)  # orders the plan; never shown
-    assert guess > 0 and scheduler.estimate_source(config="a", task="t", epochs=None, est_min=None,
+    assert guess > 0 and estimates.estimate_source(config="a", task="t", epochs=None, est_min=None,
                                                    rates=epoch_rates([])) is None
     rates = epoch_rates([("a", "t", 0, 40.0), ("a", "t", 0, 60.0), ("", "", 0, 9.0)])
     assert estimate_s(config="a", task="t", epochs=0, history=rates) == 50.0
-    assert scheduler.estimate_source(config="a", task="t", epochs=0, est_min=None, rates=rates) == "history of 2 runs"
+    assert estimates.estimate_source(config="a", task="t", epochs=0, est_min=None, rates=rates) == "history of 2 runs"
     # jobs without a config path are not alike: another project's runs are no history of this one
-    assert scheduler.estimate_source(config="", task="", epochs=None, est_min=None, rates=rates) is None
+    assert estimates.estimate_source(config="", task="", epochs=None, est_min=None, rates=rates) is None
 
 
 # --- plan --------------------------------------------------------------------------------------

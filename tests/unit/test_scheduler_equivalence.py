@@ -25,7 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator import scheduler
-from orchestrator.scheduler import DEFAULT_EST_S_PER_EPOCH, PlanJob, QueuedJob
+from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH
+from orchestrator.scheduler import PlanJob, QueuedJob
 from orchestrator.specs import DEFAULT_EPOCHS, HostSlots
 from tests.support import scheduler_reference as reference
 
