@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.support import warmcli
+from tests.support import bytecode, warmcli
 
 if TYPE_CHECKING:
     from orchestrator.context import Context
@@ -32,6 +32,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # environment gets PYTHONDONTWRITEBYTECODE=1 from the wrapper (tests/integration/test_agent.py).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+# The trainers never write bytecode, so the libraries they import beyond what the suite's own processes
+# import (torch's dynamo and launcher, sympy, transformers) are compiled once, in the background, before
+# the first test: without it, every rank compiled them again (tests/support/bytecode.py).
+_WARMER = pytest.StashKey[bytecode.Warmer]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the run's first process: xdist's controller, or the only one
+        config.stash[_WARMER] = bytecode.Warmer().start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    warmer = config.stash.get(_WARMER, None)
+    if warmer is not None:
+        problem = warmer.finish()
+        if problem:
+            print(f"tests/conftest.py: {problem}", file=sys.stderr)
+
 
 # The suite runs with `-n 4 --dist loadgroup` (README).  Every test is a unit of work of its own: with
 # pytest 9.2 xdist's `xdist_group` mark no longer groups anything (its worker stamps the group onto the
