@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from orchestrator.ledger.tables import Event
-from orchestrator.ledger.txn import IN_CHUNK
+from orchestrator.ledger.txn import IN_CHUNK, Sessions
 
 # the newest events of each (subject, upper) pair: a range of the subject index per pair, numbered newest first
 _NEWEST_EVENTS = ("WITH p(subject, upper) AS (VALUES {values}) "
@@ -38,14 +37,8 @@ def past_prefix(prefix: str) -> str | None:
     return None
 
 
-class EventRecords:
+class EventRecords(Sessions):
     """Event methods of :class:`orchestrator.ledger.store.Ledger` (which provides ``session`` and ``reading``)."""
-
-    def session(self) -> AbstractContextManager[Session]:
-        raise NotImplementedError
-
-    def reading(self) -> AbstractContextManager[Session]:
-        raise NotImplementedError
 
     def record_event(self, kind: str, subject: str, message: str, *, unless_repeated: bool = False) -> None:
         """Append an event.  ``unless_repeated``: skip it when the subject's latest event says the

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from orchestrator.errors import JobNotFound
 from orchestrator.ledger.tables import Event, Job, Pull
+from orchestrator.ledger.txn import Sessions
 
 
-class PullRecords:
+class PullRecords(Sessions):
     """Pull methods of :class:`orchestrator.ledger.store.Ledger` (which provides ``session`` and ``reading``)."""
-
-    def session(self) -> AbstractContextManager[Session]:
-        raise NotImplementedError
-
-    def reading(self) -> AbstractContextManager[Session]:
-        raise NotImplementedError
 
     def record_pull(
         self,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func, insert
@@ -14,19 +13,14 @@ from sqlmodel import Session, col, select
 
 from orchestrator.errors import LedgerError
 from orchestrator.ledger.tables import Artifact, Checkpoint, Job, Metric
+from orchestrator.ledger.txn import Sessions
 
 if TYPE_CHECKING:  # the host documents' models load only where a host is read
     from orchestrator.host_documents import ResultCheckpoint
 
 
-class ResultRecords:
+class ResultRecords(Sessions):
     """Result methods of :class:`orchestrator.ledger.store.Ledger` (which provides ``session`` and ``reading``)."""
-
-    def session(self) -> AbstractContextManager[Session]:
-        raise NotImplementedError
-
-    def reading(self) -> AbstractContextManager[Session]:
-        raise NotImplementedError
 
     def record_results(
         self,

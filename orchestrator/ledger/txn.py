@@ -14,7 +14,7 @@ into its own hands (the driver's autocommit off, an explicit BEGIN at the start 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import event
@@ -24,6 +24,17 @@ from sqlmodel import Session, create_engine
 BUSY_TIMEOUT_MS = 15_000
 IN_CHUNK = 500  # ids per IN (...) list of one query: well under SQLite's variable limit
 IMMEDIATE = "gpuq_immediate"  # the execution option a writing session sets
+
+
+class Sessions:
+    """What a part of the ``Ledger`` (its mixins: ``events.py``, ``results.py``, ``pulls.py``) reads and
+    writes through; ``store.Ledger`` gives both, as ``transaction`` begins them."""
+
+    def session(self) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def reading(self) -> AbstractContextManager[Session]:
+        raise NotImplementedError
 
 
 def ledger_engine(url: str) -> Engine:
