@@ -11,6 +11,7 @@ import subprocess
 from typing import Any
 
 from gpuq_files import read_text
+from gpuq_procs import helper_env
 
 NVSMI_QUERY = [
     "nvidia-smi",
@@ -22,7 +23,7 @@ NVSMI_QUERY = [
 def query_gpus() -> list[dict[str, Any]]:
     try:
         out = subprocess.run(NVSMI_QUERY, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=15, text=True)
+                             stderr=subprocess.DEVNULL, timeout=15, text=True, env=helper_env())
     except (OSError, subprocess.SubprocessError):
         return []
     if out.returncode != 0:

@@ -17,6 +17,27 @@ import gpuq_protocol as P
 from gpuq_files import mtime, read_json, read_text
 
 
+HELPER_MARK = "GPUQ_WRAPPER_HELPER"  # in the environment of each process gpuq's wrapper starts for itself
+
+
+def helper_env(env: Any = None) -> dict:
+    """``env`` (default: this process's) marked as a helper's: a process gpuq's wrapper starts for itself
+    beside the trainer (nvidia-smi for the memory samples, the provenance probe), never the attempt's own."""
+    out = dict(os.environ if env is None else env)
+    out[HELPER_MARK] = "1"
+    return out
+
+
+def is_helper(pid: int) -> bool:
+    """Whether ``pid`` was started with ``helper_env`` (or by such a process): not one of the attempt's."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return (HELPER_MARK + "=1").encode() in data.split(b"\0")
+
+
 def boot_id() -> str:
     return (read_text("/proc/sys/kernel/random/boot_id") or "").strip()
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import gpuq_protocol as P
 from gpuq_files import atomic_write_json
+from gpuq_procs import helper_env
 
 PROBE_TIMEOUT_S = 10
 FIELD_CHARS = 120  # each string field; the controller bounds them again
@@ -79,7 +80,7 @@ def gpu_facts(kind: str, slots: list[int]) -> dict[str, Any]:
     drivers: list[str] = []
     try:
         out = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S, text=True)
+                             stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S, text=True, env=helper_env())
         lines = out.stdout.splitlines() if out.returncode == 0 else []
     except (OSError, subprocess.SubprocessError):
         lines = []
@@ -100,7 +101,7 @@ def versions(python: str, env: dict[str, str]) -> dict[str, Any]:
     found: dict[str, Any] = {"python": None, "torch": None, "cuda": None, "nccl": None}
     try:
         out = subprocess.run([python, "-c", VERSIONS], stdin=subprocess.DEVNULL, capture_output=True,
-                             timeout=PROBE_TIMEOUT_S, env=env, text=True)
+                             timeout=PROBE_TIMEOUT_S, env=helper_env(env), text=True)
         doc = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else {}
         why = "" if doc else "exit {}: {}".format(out.returncode, (out.stderr or "").strip()[-300:])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:

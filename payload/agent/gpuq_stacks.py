@@ -3,7 +3,8 @@
 
 The processes: the attempt's recorded group, identity-checked as a kill is (gpuq_cancel.py), and every
 descendant of its leader (DataLoader workers, ranks in sessions of their own); the leader, gpuq's own
-wrapper, is left out.  For each, oldest first:
+wrapper, is left out, and so are the processes it runs for itself beside the trainer (nvidia-smi for its
+memory samples, the provenance probe: ``gpuq_procs.is_helper``).  For each, oldest first:
 
 - its state (``/proc/PID/status``), wait channel (``/proc/PID/wchan``) and command line;
 - with ``py-spy`` on PATH (or beside the agent's interpreter): ``py-spy dump --pid PID``, the Python
@@ -34,7 +35,7 @@ import gpuq_secrets
 import gpuq_slurm
 from gpuq_cancel import recorded_group
 from gpuq_files import Layout, atomic_write, read_text, utc
-from gpuq_procs import descendants, group_members, proc_cmdline
+from gpuq_procs import descendants, group_members, is_helper, proc_cmdline
 
 PER_PROCESS_S = 10.0
 TOTAL_S = 45.0
@@ -129,12 +130,14 @@ def _section(pid: int, exe: str | None, budget: float) -> list[str]:
 
 
 def attempt_processes(rec: dict) -> list[int]:
-    """The live processes of a recorded group and its leader's descendants, the leader left out."""
+    """The live processes of a recorded group and its leader's descendants, the leader left out, and so are
+    the processes the wrapper runs for itself beside the trainer (nvidia-smi for its memory samples, the
+    provenance probe: ``gpuq_procs.is_helper``)."""
     pgid = rec["pgid"]
     pids = set(group_members(pgid)) | set(descendants(pgid))
     pids.discard(pgid)
     pids.discard(os.getpid())
-    return sorted(pids)
+    return sorted(p for p in pids if not is_helper(p))
 
 
 def save_stacks(lay: Layout, job_id: str, attempt: int, rec: dict) -> tuple[str, str]:

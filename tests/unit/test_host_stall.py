@@ -130,6 +130,33 @@ def hung(tmp_path: Path) -> Iterator[tuple[Any, dict[str, Any], subprocess.Popen
     proc.wait()
 
 
+def test_the_stacks_list_the_attempts_processes_not_the_wrappers_own_helpers(tmp_path: Path) -> None:
+    """The wrapper runs nvidia-smi (its memory samples) and the provenance probe beside the trainer, as its own
+    children: they are gpuq's, marked by their environment (gpuq_procs.helper_env), and a stall's stacks.txt
+    lists the trainer only."""
+    marked = f"{gpuq_procs.HELPER_MARK}=1"
+    proc = subprocess.Popen(["sh", "-c", f"sleep 600 & {marked} sh -c 'sleep 601 & wait' & wait"],
+                            start_new_session=True)
+    try:
+        rec = {"pgid": proc.pid, "start_ticks": gpuq_procs.start_ticks(proc.pid), "boot_id": gpuq_procs.boot_id()}
+        deadline = time.monotonic() + 10
+        while len(gpuq_procs.descendants(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        every = gpuq_procs.descendants(proc.pid)
+        assert len(every) == 3  # the trainer, the helper and the helper's own child
+        (trainer,) = gpuq_stacks.attempt_processes(rec)
+        assert gpuq_procs.proc_cmdline(trainer) == ["sleep", "600"]
+        assert sum(gpuq_procs.is_helper(p) for p in every) == 2
+        lay = gpuq_files.Layout(str(tmp_path))
+        Path(lay.attempt("c1", 1)).mkdir(parents=True)
+        path, summary = gpuq_stacks.save_stacks(lay, "c1", 1, rec)
+        assert "1 process(es)" in summary and "sleep 601" not in Path(path).read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def _next(lay: Any, n: int = 1) -> dict[str, Any] | None:
     path = Path(lay.attempt("c1", n, protocol.NEXT_FILE))
     return json.loads(path.read_text()) if path.is_file() else None
