@@ -87,9 +87,12 @@ def ledger_status(ledger: LedgerReads, *, sweep: str | None = None, all_jobs: bo
         if not shown and sweep_rows:
             shown = {sweep_rows[-1].id}
     order = {row.id: index for index, row in enumerate(sweep_rows)}
+    shown &= set(order)
     wanted = list(states) or None
-    if shown == {s.id for s in sweep_rows}:
-        every = ledger.jobs(states=wanted)
+    if shown == set(order):
+        # the Ledger reads each table in a transaction of its own: a sweep submitted after the sweeps were
+        # read is not in this snapshot, nor are its jobs (the reader's one transaction never sees one)
+        every = [j for j in ledger.jobs(states=wanted) if j.sweep_id in order]
         jobs = sorted(every, key=lambda j: order[j.sweep_id])  # stable: ledger order within a sweep
     else:
         jobs = [j for sid in sorted(shown, key=order.__getitem__) for j in ledger.jobs(sweep_id=sid, states=wanted)]

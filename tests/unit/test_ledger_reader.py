@@ -200,3 +200,24 @@ def test_the_ledger_package_reexports_each_name_from_its_home_on_first_use() -> 
     assert sorted(ledger.__all__) == sorted(ledger._HOME)
     for name in ledger.__all__:
         assert getattr(ledger, name) is getattr(importlib.import_module(ledger._HOME[name]), name), name
+
+
+def test_a_sweep_submitted_between_the_ledgers_reads_is_left_to_the_next_snapshot(ctx: Context) -> None:
+    """The Ledger reads each table in a transaction of its own: a submit that lands after the sweeps were
+    read and before the jobs are is not half in the snapshot (it was a KeyError under concurrent submits)."""
+    ledger = ctx.ledger
+
+    class SubmitMeanwhile:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(ledger, name)
+
+        def jobs(self, **kwargs: Any) -> Any:
+            if not any(s.id == "qlate001" for s in ledger.sweeps()):
+                ledger.add_sweep(sweep_id="qlate001", queue_path="late.txt", workdir="/w", queue_text="",
+                                 jobs=[JobSpec(name="late", config="c.yaml", task="t", epochs=1)], default_retries=0)
+            return ledger.jobs(**kwargs)
+
+    snap = ledger_status(SubmitMeanwhile(), all_jobs=True)
+    assert snap.jobs and all(j.sweep_id != "qlate001" for j in snap.jobs)
+    assert {j.sweep_id for j in snap.jobs} == {s.id for s in snap.sweeps} - {"qlate001"}
+    assert "qlate001" in {j.sweep_id for j in ledger_status(ledger, all_jobs=True).jobs}  # the next one has it
