@@ -13,7 +13,7 @@ matches one of the need's models by gpumatch's rule (the offer's ``gpu_type``: v
 RunPod GPU type id, a Lambda instance type; ``A100`` matches "A100 SXM4", ``gpu_1x_a100`` and "NVIDIA A100
 80GB PCIe", not "A10"), and its memory per GPU is at least ``gpu_mem=``.  The memory is the provider's
 figure in whole GB (RunPod's and Lambda's the size the card is sold as, vast.ai's the host's reported
-MiB over 1024, which gives the same number for most cards).  ``gpu_mem=`` is that same GB as sold
+MiB in whole GB of 10^9 bytes, rounded down: gpumatch's own rule).  ``gpu_mem=`` is that same GB as sold
 (gpumatch), and a card reports at least as many bytes as its size in GB: a machine rented for ``gpu_mem=80``
 is one the scheduler then places a ``gpu_mem=80`` job on.
 An offer without a memory figure matches no ``gpu_mem=`` need (as a host whose GPUs are unknown matches no

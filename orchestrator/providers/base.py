@@ -224,10 +224,11 @@ class ProvisionRequest:
     (:func:`instance_name`); creation is idempotent by name (docs/providers.md).  ``count`` machines, one
     call each, named ``name`` (one) or ``name-0``, ``name-1``, ...; ``gpu_count`` GPUs each (where the type
     does not fix it).  ``spot``: interruptible (:attr:`Capabilities.spot`); ``bid_per_gpu``: the most the
-    user pays per GPU-hour for it.  ``max_price_per_hour``: the most one machine may cost per hour (on demand
-its price, spot its price or bid, :func:`check_price_cap`): an adapter refuses with ``NoCapacity``,
-creating nothing, when no offer fits.  ``region``: a region or data centre id.  ``ssh_public_key``: registered
-    with the account first (append-only).  ``env``: set in the machine's container where it runs one.
+    user pays per GPU-hour for it.  ``max_price_per_hour``: the most one machine may cost per hour (on
+    demand its price, spot its price or bid, :func:`check_price_cap`): an adapter refuses with
+    ``NoCapacity``, creating nothing, when no offer fits.  ``region``: a region or data centre id.
+    ``ssh_public_key``: registered with the account first (append-only).  ``env``: set in the machine's
+    container where it runs one.
     ``options``: the provider's own extras (its :class:`ProviderOptions` subclass; None: its defaults)."""
 
     name: str
