@@ -264,6 +264,8 @@ def test_a_two_node_job_trains_to_the_weights_of_the_same_world_on_one_node(user
     assert "--nnodes=2" in log and "--node-rank=0" in log and "--standalone" not in log, log[-2000:]
     assert "--node-rank=1" in (spread / "attempts" / "1" / "node-1" / "job.log").read_text()
     assert "GLOO_SOCKET_IFNAME=eth0" in first and "GLOO_SOCKET_IFNAME=eth0" in second, (first, second)
+    # gpuq has the wrapper's verdict as the batch script ends; Slurm's own record may say RUNNING a moment more
+    user.cluster.wait_job(user.slurm_id("spread"), {"COMPLETED"}, timeout=60)
     shown = user.cluster.show_job(user.slurm_id("spread"))
     assert shown["NumNodes"] == "2" and shown["JobState"] == "COMPLETED", shown
     hosts = {json.loads(p.read_text())["host"] for p in (spread / "attempts" / "1").glob("**/node.json")}
