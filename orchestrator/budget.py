@@ -21,9 +21,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
+from orchestrator.core.states import AttemptState
 from orchestrator.cost import Billed, money_spent
 from orchestrator.estimates import run_groups
-from orchestrator.states import AttemptState
 
 if TYPE_CHECKING:
     from orchestrator.estimates import RunRecord

@@ -36,8 +36,9 @@ from typing import IO
 
 import pathspec
 
-from orchestrator import protocol
-from orchestrator.errors import BundleError, UsageError
+from orchestrator.core import protocol
+from orchestrator.core.agent_modules import payload_dir
+from orchestrator.core.errors import BundleError, UsageError
 
 IGNORE_FILE = ".gpuqignore"
 ALWAYS_EXCLUDED_DIRS = {".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
@@ -79,18 +80,6 @@ class _Entry:
     path: Path
     size: int
     mode: int
-
-
-def payload_dir() -> Path:
-    """The payload shipped with gpuq: a wheel's copy, else the source checkout's."""
-    override = os.environ.get("GPUQ_PAYLOAD_DIR")
-    if override:
-        return Path(override)
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_payload", here.parent / "payload"):
-        if (candidate / protocol.AGENT_ENTRY.split("/", 1)[1]).is_file():
-            return candidate
-    raise BundleError("the gpuq payload is missing from this installation; reinstall gpuq")
 
 
 class _Filter:

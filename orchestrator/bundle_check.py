@@ -26,8 +26,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import protocol
-from orchestrator.errors import BundleError
+from orchestrator.core import protocol
+from orchestrator.core.errors import BundleError
 from orchestrator.hosts.base import Host
 
 PRESENT, ABSENT, TAMPERED = 0, 10, 11

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 
 ANY_HOST = "any-host"
 SAME_HOST = "same-host"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import LOCAL_HOST, Settings, load_settings
+from orchestrator.core.config import LOCAL_HOST, Settings, load_settings
 
 if TYPE_CHECKING:  # the ledger's ORM and the hosts load when a context is opened, not with this module
     from orchestrator.fleet import Fleet
@@ -60,7 +60,7 @@ def known_hosts(ctx: Context) -> set[str]:
 
 
 def payload_tasks() -> list[str]:
-    from orchestrator.bundle import payload_dir  # pathspec and tarfile: not for `gpuq status`
+    from orchestrator.core.agent_modules import payload_dir  # pathspec and tarfile: not for `gpuq status`
 
     tasks_file = payload_dir() / "TASKS"
     if not tasks_file.is_file():

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from orchestrator.states import AttemptState
+from orchestrator.core.states import AttemptState
 
 if TYPE_CHECKING:  # the ledger (sqlalchemy) only for the types: views.text must stay cheap to import
     from orchestrator.ledger import Attempt, Checkpoint

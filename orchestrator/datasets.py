@@ -29,8 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.config import tomllib
-from orchestrator.errors import ConfigError
+from orchestrator.core.config import tomllib
+from orchestrator.core.errors import ConfigError
 
 TABLE = "data"
 CHUNK = 16 << 20  # bytes: the unit of transfer and of resuming a sync

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.specs import DEFAULT_EPOCHS
+from orchestrator.core.specs import DEFAULT_EPOCHS
 
 DEFAULT_EST_S_PER_EPOCH = 60.0
 """Seconds per epoch assumed when neither ``est_min`` nor any history is known."""

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestrator import protocol
-from orchestrator.config import LOCAL_HOST, Settings, load_profile
-from orchestrator.errors import HostError, HostKeyError, HostUnreachable, UsageError
+from orchestrator.core import protocol
+from orchestrator.core.config import LOCAL_HOST, Settings, load_profile
+from orchestrator.core.errors import HostError, HostKeyError, HostUnreachable, UsageError
+from orchestrator.core.specs import clamp_slots
 from orchestrator.gpumatch import facts_json
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.specs import clamp_slots
 
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`), the host
     # documents' models only when one is read (`gpuq status --no-probe` reads none)

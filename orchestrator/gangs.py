@@ -28,16 +28,16 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from orchestrator import protocol
-from orchestrator.config import Settings
-from orchestrator.errors import GpuqError, HostError, IllegalTransition
+from orchestrator.core import protocol
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import GpuqError, HostError, IllegalTransition
+from orchestrator.core.specs import Assignment
 from orchestrator.fleet import Fleet
 from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, enqueue, job_spec, on_each_host
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.scheduler import Plan
-from orchestrator.specs import Assignment
 
 RENDEZVOUS_PORTS = (20000, 50000)
 """Rendezvous ports are drawn from this range by job and attempt, so every node knows the port without

@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import bundle_check, host_documents, protocol, runconfig, transfer_progress
+from orchestrator import bundle_check, host_documents, runconfig, transfer_progress
 from orchestrator.bundle import Bundle
-from orchestrator.config import Settings, load_profile
-from orchestrator.errors import AgentError, BundleError, GpuqError, IllegalTransition
+from orchestrator.core import protocol
+from orchestrator.core.config import Settings, load_profile
+from orchestrator.core.errors import AgentError, BundleError, GpuqError, IllegalTransition
 from orchestrator.host_documents import Verdicts
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep

@@ -14,7 +14,7 @@ next command to run.  ``webhook_format`` chooses the body (docs/health.md, "Noti
 The URL is a secret in practice (Slack and Discord webhooks carry their token in the path): it
 comes from settings (``GPUQ_WEBHOOK_URL`` or a config file) and is never written to the ledger or
 a log; a failed delivery is recorded without it.  Every form is redacted first (the ledger's
-``redact``: forwarded secret values and common token shapes, ``orchestrator/redact.py``), since
+``redact``: forwarded secret values and common token shapes, ``orchestrator/core/redact.py``), since
 findings quote host text, and the line and title carry no control character.  Delivery never breaks
 a tick: every error is swallowed after one event.  Standard library only (urllib), with a short timeout.
 """
@@ -31,8 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from orchestrator import redact
-from orchestrator.config import Settings
+from orchestrator.core import redact
+from orchestrator.core.config import Settings
 
 TIMEOUT_S = 5.0
 FORMATS = ("json", "slack", "discord", "ntfy")

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from orchestrator import observed, protocol, stops
+from orchestrator import observed, stops
+from orchestrator.core import protocol
 from orchestrator.hints import HINTS
 from orchestrator.host_documents import JobEntry, Memory, Scan, ScanHit, StatusDocument
 

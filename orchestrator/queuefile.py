@@ -36,10 +36,10 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.errors import QueueIssue, QueueParseError
+from orchestrator.core.errors import QueueIssue, QueueParseError
+from orchestrator.core.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
 from orchestrator.queuegrid import ArgsError, Cell, expand, job_name
 from orchestrator.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
-from orchestrator.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
 
 __all__ = ["ALLOWED_KEYS", "parse_bytes", "parse_queue"]
 

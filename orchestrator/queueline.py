@@ -22,9 +22,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from orchestrator.errors import QueueIssue
+from orchestrator.core.errors import QueueIssue
+from orchestrator.core.specs import DEFAULT_EPOCHS
 from orchestrator.queuegrid import MAX_JOBS_PER_LINE, ArgsError, Word, count, split_args
-from orchestrator.specs import DEFAULT_EPOCHS
 
 MAX_EPOCHS = 2**63 - 1  # what the ledger's SQLite INTEGER can hold
 ARGS_MARK = "--"

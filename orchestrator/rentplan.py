@@ -31,9 +31,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from orchestrator.core.specs import JobSpec
 from orchestrator.gpumatch import GpuNeed, model_matches
 from orchestrator.providers.base import Offer
-from orchestrator.specs import JobSpec
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orchestrator.agent_modules import argv_module
-from orchestrator.config import tomllib
-from orchestrator.errors import ConfigError
+from orchestrator.core.agent_modules import argv_module
+from orchestrator.core.config import tomllib
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.specs import JobSpec
 from orchestrator.providers import registry
-from orchestrator.specs import JobSpec
 
 TABLE = "run"
 LEGACY_USES = frozenset({"config", "task", "epochs"})  # `command = []`: the payload's own argv

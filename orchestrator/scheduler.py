@@ -36,10 +36,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.core.specs import Assignment, HostSlots
 from orchestrator.gpumatch import ANY_GPU, GpuNeed, HostGpus, host_matches, unmet
 from orchestrator.scheduler_slots import SlotGroup, SlotIndex, grouped
 from orchestrator.scheduler_steal import StealSearch
-from orchestrator.specs import Assignment, HostSlots
 
 GB = 1e9
 

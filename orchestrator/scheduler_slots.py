@@ -20,7 +20,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.specs import HostSlots
+from orchestrator.core.specs import HostSlots
 
 GroupKey = tuple[float, int, int | None, int, bool, tuple[str, ...] | None, float | None]
 """(speed, job_slots, max_gpus, max_nodes, gang, gpu_models, gpu_mem_mib): what makes two hosts

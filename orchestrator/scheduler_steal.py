@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from orchestrator.core.specs import HostSlots
 from orchestrator.gpumatch import GpuNeed, host_matches
-from orchestrator.specs import HostSlots
 
 INF = float("inf")
 

@@ -24,10 +24,10 @@ import signal
 import time
 from collections.abc import Collection
 
-from orchestrator import protocol
+from orchestrator.core import protocol
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.ledger import Ledger
-from orchestrator.states import AttemptState, JobState
 
 STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})  # a request to stop, honoured
 RANK_FAILED = "rank_failed"  # the log scan's word for torchrun's root cause: a rank that exited with a code

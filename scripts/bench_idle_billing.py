@@ -63,7 +63,7 @@ def write_project(base: Path, hosts: list[str], rng: random.Random, max_job_s: f
 def one_round(base: Path, *, pods: int, interval: float, max_job_s: float, seed: int,
               down_when_done: bool) -> list[dict[str, float]]:
     from orchestrator import api
-    from orchestrator.states import JobState
+    from orchestrator.core.states import JobState
 
     os.environ["GPUQ_HOME"] = str(base / "home")
     ctx = api.open_context()

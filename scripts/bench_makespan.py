@@ -228,7 +228,7 @@ def round_trips(ctx: Any) -> dict[str, int]:
 
 def run_gpuq(ctx: Any, queue: Path, durations: dict[str, int], poll_s: float, timeout_s: float) -> dict[str, Any]:
     from orchestrator import api
-    from orchestrator.states import JobState
+    from orchestrator.core.states import JobState
 
     submitted_at = time.time()
     result = api.submit(ctx, queue)

@@ -82,7 +82,7 @@ def main() -> int:
         farm.start()
         farm_s = time.monotonic() - t0
         from orchestrator import api
-        from orchestrator.states import JobState
+        from orchestrator.core.states import JobState
 
         ctx = api.open_context(project_dir=queue.parent)
         t0 = time.monotonic()

@@ -98,7 +98,7 @@ def main() -> int:
     ctx = None
     try:
         from orchestrator import api
-        from orchestrator.states import JobState
+        from orchestrator.core.states import JobState
 
         ctx = api.open_context()
         made = api.up(ctx, provider="runpod", gpu_type="NVIDIA RTX A6000", count=args.pods, gpus=args.gpus,

@@ -39,7 +39,7 @@ def add_history(ctx: object, workdir: Path, bundle_sha: str, jobs: int, per_swee
     history: setup speed only).  Returns how many jobs the ledger holds."""
     import sqlite3
 
-    from orchestrator.specs import JobSpec
+    from orchestrator.core.specs import JobSpec
 
     ledger = ctx.ledger  # type: ignore[attr-defined]
     for s in range(jobs // per_sweep):

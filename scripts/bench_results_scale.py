@@ -39,8 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.core.specs import JobSpec  # noqa: E402
 from orchestrator.ledger import Ledger  # noqa: E402
-from orchestrator.specs import JobSpec  # noqa: E402
 
 SWEEP = "qscale1"
 GPU = json.dumps({"slot_kind": "gpu", "gpu_model": "NVIDIA H100", "gpu_count": 1, "driver": "550", "cuda": "12.4",

@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator import scheduler  # noqa: E402
+from orchestrator.core.specs import DEFAULT_EPOCHS, HostSlots  # noqa: E402
 from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH  # noqa: E402
 from orchestrator.scheduler import PlanJob, QueuedJob  # noqa: E402
-from orchestrator.specs import DEFAULT_EPOCHS, HostSlots  # noqa: E402
 from tests.support import scheduler_reference as reference  # noqa: E402
 
 GB = 10**9

@@ -65,7 +65,7 @@ MODULES: dict[str, ModuleSet] = {
         ("tests/unit/test_ledger.py", "tests/unit/test_ledger_queries.py"),
     ),
     "specs": ModuleSet(
-        ("orchestrator/specs.py",),
+        ("orchestrator/core/specs.py",),
         ("tests/unit/test_specs.py", "tests/unit/test_run_spec.py", "tests/unit/test_runconfig.py"),
     ),
     "checkpoints": ModuleSet(

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from orchestrator import budget
 from orchestrator.budget import JobCostInput, Projection, Standing, usd
 from orchestrator.context import Context
-from orchestrator.errors import UsageError
+from orchestrator.core.errors import UsageError
+from orchestrator.core.specs import JobSpec, job_id_for
+from orchestrator.core.states import JobState
 from orchestrator.gpumatch import host_matches, need_of, read_facts
 from orchestrator.ledger import HostRow, Job, attempt_price
 from orchestrator.scheduler import Plan, PlanJob
-from orchestrator.specs import JobSpec, job_id_for
-from orchestrator.states import JobState
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.placement import target_rows
 

@@ -19,10 +19,10 @@ from orchestrator import fleet
 from orchestrator.api.budgeting import resume_refusals
 from orchestrator.api.renting import up
 from orchestrator.context import Context, verified_ids
-from orchestrator.errors import GpuqError, HostError, ProviderError, UsageError
+from orchestrator.core.errors import GpuqError, HostError, ProviderError, UsageError
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import Provider
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import teardown
 from orchestrator.tick.leases import provider_for
 from orchestrator.tick.loop import run_tick

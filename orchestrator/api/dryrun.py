@@ -9,15 +9,15 @@ import sys
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator import protocol
-from orchestrator.agent_modules import argv_module
 from orchestrator.api.budgeting import projection
 from orchestrator.api.submitting import SubmitResult
 from orchestrator.context import Context
+from orchestrator.core import protocol
+from orchestrator.core.agent_modules import argv_module
+from orchestrator.core.specs import JobSpec, job_id_for
 from orchestrator.estimates import epoch_rates, estimate_s, estimate_source
 from orchestrator.ledger import HostRow
 from orchestrator.runconfig import RunConfig
-from orchestrator.specs import JobSpec, job_id_for
 
 MASK = "***"
 MASTER_PORT = "<master_port>"  # picked by the host's agent per launch

@@ -8,17 +8,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import gangs, observed, protocol, transfer
+from orchestrator import gangs, observed, transfer
 from orchestrator.api.explaining import attempt_log
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, gc_paused, host_for
+from orchestrator.core import protocol
+from orchestrator.core.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
+from orchestrator.core.states import JobState
 from orchestrator.cost import LOST_STATES, JobCost, job_cost
-from orchestrator.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
-from orchestrator.states import JobState
 from orchestrator.tick import host_retries
 from orchestrator.tick.collect import collect
 from orchestrator.tick.findings import FROM_SCRATCH

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
-from orchestrator.errors import GpuqError, ProviderAuthError
+from orchestrator.core.errors import GpuqError, ProviderAuthError
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Instance, ledger_of

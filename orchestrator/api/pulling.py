@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import protocol, transfer
+from orchestrator import transfer
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, host_for
-from orchestrator.errors import GpuqError, JobNotFound
+from orchestrator.core import protocol
+from orchestrator.core.errors import GpuqError, JobNotFound
+from orchestrator.core.states import JobState
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Job
-from orchestrator.states import JobState
 
 
 @dataclass

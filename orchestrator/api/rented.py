@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator.context import Context
-from orchestrator.errors import GpuqError
+from orchestrator.core.errors import GpuqError
 from orchestrator.ledger import HostRow
 from orchestrator.tick.preflight import HealthVerdict
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from orchestrator import fleet
 from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy
-from orchestrator.config import Settings, load_profile
 from orchestrator.context import Context
-from orchestrator.errors import ConfigError, GpuqError, NoCapacity, UsageError
+from orchestrator.core.config import Settings, load_profile
+from orchestrator.core.errors import ConfigError, GpuqError, NoCapacity, UsageError
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name

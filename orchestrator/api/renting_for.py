@@ -27,7 +27,7 @@ from orchestrator.api.rented import UpResult
 from orchestrator.api.renting import up
 from orchestrator.api.submitting import read_queue
 from orchestrator.context import Context, known_hosts
-from orchestrator.errors import GpuqError, UsageError
+from orchestrator.core.errors import GpuqError, UsageError
 
 
 @dataclass

@@ -14,17 +14,18 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from orchestrator import failures, observed, protocol
+from orchestrator import failures, observed
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, ran_with
 from orchestrator.context import Context, gc_paused
+from orchestrator.core import protocol
+from orchestrator.core.errors import GpuqError, UsageError
+from orchestrator.core.states import JobState
 from orchestrator.cost import job_cost
-from orchestrator.errors import GpuqError, UsageError
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job, Pull, Sweep
 from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Verdict
-from orchestrator.states import JobState
 
 DIVERGED_DROP = 0.20  # a final value worse than the job's own best by more than 20 % of |best|
 SEEDS_DISAGREE_CV = 0.10  # seeds whose std exceeds 10 % of |mean|

@@ -36,13 +36,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator import launcher, protocol
+from orchestrator import launcher
 from orchestrator.api.submitting import SubmitResult, submit
 from orchestrator.context import Context
+from orchestrator.core import protocol
+from orchestrator.core.specs import JobSpec, spec_hash_for
 from orchestrator.host_documents import ExitRecord
 from orchestrator.hosts.local import LocalHost, command_env
 from orchestrator.ledger import Attempt, Job, Sweep
-from orchestrator.specs import JobSpec, spec_hash_for
 from orchestrator.transfer import datasync
 
 PAYLOAD_SMOKE_EPOCHS = 2  # gpuq's own payload: its short mode is fewer epochs

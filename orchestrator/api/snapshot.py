@@ -7,8 +7,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import WaitTimeout
-from orchestrator.states import JobState
+from orchestrator.core.errors import WaitTimeout
+from orchestrator.core.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.budget import Standing

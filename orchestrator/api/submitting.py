@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import datasets
-from orchestrator.agent_modules import argv_module
 from orchestrator.api import budgeting
 from orchestrator.bundle import Bundle, build_bundle
-from orchestrator.config import PROJECT_CONFIG
 from orchestrator.context import Context, known_hosts, payload_tasks
-from orchestrator.errors import UsageError
+from orchestrator.core.agent_modules import argv_module
+from orchestrator.core.config import PROJECT_CONFIG
+from orchestrator.core.errors import UsageError
+from orchestrator.core.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.estimates import epoch_rates, estimate_source
 from orchestrator.gpumatch import need_of
 from orchestrator.ledger import HostRow, Job
@@ -32,7 +33,6 @@ from orchestrator.runconfig import (
 )
 from orchestrator.scheduler import plan
 from orchestrator.setup_holds import held_bundles, is_held
-from orchestrator.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
 from orchestrator.transfer import datasync

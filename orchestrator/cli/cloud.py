@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator import exitcodes
 from orchestrator.cli.ctx import echo, open_ctx
-from orchestrator.errors import UsageError
+from orchestrator.core import exitcodes
+from orchestrator.core.errors import UsageError
 from orchestrator.views.text import duration, printable
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ def open_reader() -> LedgerReader | None:
     alone (``gpuq status --no-probe``); None when that command must open its ``Context`` instead: no ledger
     yet or one at another schema version (the ``Ledger`` creates or migrates it), or rented hosts (their
     idle times are the billing stage's, and a provider plugin's hosts need the registry)."""
-    from orchestrator.config import load_settings
+    from orchestrator.core.config import load_settings
     from orchestrator.ledger.reader import LedgerReader, ReaderUnavailable
 
     try:

@@ -38,7 +38,7 @@ from orchestrator.cli.panels import (  # noqa: F401  (the drawing, re-exported f
 
 if TYPE_CHECKING:
     from orchestrator.api import Context, Snapshot
-    from orchestrator.states import JobState
+    from orchestrator.core.states import JobState
 
 REDRAW_S = 1.0  # redraw at least this often: ages ("updated 3s ago", heartbeat) keep moving
 KEY_POLL_S = 0.2
@@ -98,7 +98,7 @@ class Ticker:
         self.thread = threading.Thread(target=self._loop, name="gpuq-status-tick", daemon=True)
 
     def _loop(self) -> None:
-        from orchestrator.errors import GpuqError
+        from orchestrator.core.errors import GpuqError
 
         while not self._stop.is_set():
             with self._lock:
@@ -225,7 +225,7 @@ def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float, p
 def with_cells(ctx: Context, snap: Snapshot) -> None:
     """Attach the per-cell report of the snapshot's sweeps (the ledger only: the tick just collected)."""
     from orchestrator.api.report import build_report
-    from orchestrator.errors import GpuqError
+    from orchestrator.core.errors import GpuqError
 
     sweeps = sorted({job.sweep_id for job in snap.jobs})
     if not sweeps:

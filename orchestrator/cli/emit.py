@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli import documents as d
 from orchestrator.cli import jsontext
-from orchestrator.specs import known_epochs
+from orchestrator.core.specs import known_epochs
 
 if TYPE_CHECKING:
     from orchestrator.api import HostDetail, PullReport, ResultRow, Snapshot, SubmitResult

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrator import exitcodes
 from orchestrator.cli import complete
 from orchestrator.cli.ctx import echo, open_ctx
+from orchestrator.core import exitcodes
 
 if TYPE_CHECKING:
     from orchestrator.api import ReapReport, TickReport

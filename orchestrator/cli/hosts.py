@@ -53,7 +53,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
     """Register host NAME reached at TARGET (user@address or an ~/.ssh/config alias), or a Slurm
     cluster with --slurm TARGET."""
     from orchestrator import api
-    from orchestrator.errors import UsageError
+    from orchestrator.core.errors import UsageError
     from orchestrator.fleet import key_fingerprint
 
     slurm_only = {"--partition": partition, "--account": account, "--qos": qos, "--time-limit": time_limit,
@@ -185,7 +185,7 @@ def stop_agent(name: str, force: bool) -> None:
     """Stop the agent of host NAME (or `local`) now, instead of after its 10 idle minutes.  Refused while
     it has running or waiting jobs, unless --force."""
     from orchestrator import api
-    from orchestrator.errors import GpuqError, UsageError
+    from orchestrator.core.errors import GpuqError, UsageError
 
     ctx = open_ctx()
     done = api.hosts_stop_agent(ctx, name, force=force)

@@ -1,6 +1,6 @@
 """``gpuq`` entry point.  Errors are caught once, here.
 
-Exit codes: ``orchestrator/exitcodes.py`` (0 ok, 1 a job or host failed, 2 usage/config/queue
+Exit codes: ``orchestrator/core/exitcodes.py`` (0 ok, 1 a job or host failed, 2 usage/config/queue
 error, 3 health check failed, 4 timeout, 130 interrupted).
 Heavy modules (sqlmodel, rich) are imported inside commands so that
 ``gpuq --help`` stays fast.
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrator import exitcodes
 from orchestrator.cli import complete
 from orchestrator.cli.ctx import open_ctx, open_reader
+from orchestrator.core import exitcodes
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
@@ -38,7 +38,7 @@ def version() -> str:
         pass
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     try:
-        from orchestrator.config import tomllib
+        from orchestrator.core.config import tomllib
 
         return str(tomllib.loads(pyproject.read_text())["project"]["version"])
     except (OSError, KeyError, ValueError):
@@ -93,7 +93,7 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
-    from orchestrator.errors import UsageError
+    from orchestrator.core.errors import UsageError
 
     ctx = open_ctx(queue.parent)
     if smoke:
@@ -135,7 +135,7 @@ def _dashboard() -> Any:
 
 
 def _states(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
-    from orchestrator.states import JobState
+    from orchestrator.core.states import JobState
 
     if not value:
         return ()
@@ -169,7 +169,7 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
     """
     from orchestrator import api
     from orchestrator.context import gc_paused
-    from orchestrator.states import JobState
+    from orchestrator.core.states import JobState
 
     wanted = [JobState(s) for s in states]
     live = not (once or as_json) and sys.stdout.isatty() and sys.stdin.isatty() and _dashboard().interactive()
@@ -248,7 +248,7 @@ def cancel(jobs: tuple[str, ...], sweeps: tuple[str, ...], all_sweeps: bool, yes
     Asks before cancelling more than one job (in a terminal; elsewhere give -y).  One line per job
     says what happened; exit 1 when a job could not be cancelled (its host did not answer)."""
     from orchestrator import api
-    from orchestrator.states import JobState
+    from orchestrator.core.states import JobState
 
     ctx = open_ctx()
     targets, notes = api.cancel_targets(ctx, refs=jobs, sweeps=sweeps, all_sweeps=all_sweeps)
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> Any:
 
 
 def _main(argv: list[str] | None) -> Any:
-    from orchestrator.errors import GpuqError, QueueParseError
+    from orchestrator.core.errors import GpuqError, QueueParseError
     from orchestrator.views.text import printable
 
     try:

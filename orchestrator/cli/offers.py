@@ -11,9 +11,9 @@ from decimal import Decimal
 
 import click
 
-from orchestrator import exitcodes
 from orchestrator.cli.ctx import echo, open_ctx
-from orchestrator.errors import UsageError
+from orchestrator.core import exitcodes
+from orchestrator.core.errors import UsageError
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 

@@ -32,7 +32,7 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
     difference from the baseline with a Welch CI, p-value and verdict.  Several sweeps merge by cell
     name; on a running sweep only finished jobs count."""
     from orchestrator.api.report import build_report
-    from orchestrator.errors import UsageError
+    from orchestrator.core.errors import UsageError
     from orchestrator.report import tables
 
     if fmt == "html" and out_dir is None:

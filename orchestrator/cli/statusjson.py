@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from orchestrator.cli import documents
-from orchestrator.specs import known_epochs
+from orchestrator.core.specs import known_epochs
 from orchestrator.views import JobView, alert_views, job_views
 
 if TYPE_CHECKING:

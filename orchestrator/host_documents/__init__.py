@@ -17,6 +17,7 @@ to sane sizes, floats finite (``bounds``).
 
 from __future__ import annotations
 
+from orchestrator.core.specs import MAX_SLOTS
 from orchestrator.host_documents.bounds import (
     MAX_CPUS,
     MAX_CURVE_POINTS,
@@ -95,7 +96,6 @@ from orchestrator.host_documents.status import (
     StatusDocument,
     Xid,
 )
-from orchestrator.specs import MAX_SLOTS
 
 __all__ = [
     "BEGIN_MARK",

@@ -21,7 +21,7 @@ from pydantic import (
     WrapValidator,
 )
 
-from orchestrator.specs import MAX_SLOTS
+from orchestrator.core.specs import MAX_SLOTS
 
 MAX_DOCUMENT_CHARS = 64 * 1024 * 1024  # what one answer may weigh; the transport caps output too
 MAX_JOBS = 20_000  # job entries in one status document

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import protocol
-from orchestrator.errors import GpuqError
+from orchestrator.core import protocol
+from orchestrator.core.errors import GpuqError
 from orchestrator.host_documents.bounds import MAX_DOCUMENT_CHARS
 
 BEGIN_MARK = protocol.DOCUMENT_BEGIN  # the agent prints each document between these two lines

@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from orchestrator.errors import HostError
-from orchestrator.specs import CommandResult
+from orchestrator.core.errors import HostError
+from orchestrator.core.specs import CommandResult
 
 Progress = Callable[[int], None]  # bytes transferred so far
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import paramiko
 
-from orchestrator.errors import HostKeyError
+from orchestrator.core.errors import HostKeyError
 from orchestrator.hosts.sshconfig import fingerprint
 
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrator.errors import HostError, HostUnreachable
+from orchestrator.core.errors import HostError, HostUnreachable
+from orchestrator.core.specs import CommandResult
 from orchestrator.hosts.base import Host, Progress, too_big
-from orchestrator.specs import CommandResult
 
 # what a command on this machine inherits from the controller: enough to find programs (PATH), name
 # the user and their files (HOME, USER, LOGNAME, TMPDIR), speak their locale (LANG, LC_*, TZ) and reach

@@ -44,13 +44,13 @@ from typing import Any
 
 import paramiko
 
-from orchestrator.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
+from orchestrator.core.errors import HostAuthFailed, HostError, HostKeyError, HostUnreachable
+from orchestrator.core.specs import CommandResult
 from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.hosts.knownhosts import TrustPolicy as _Policy
 from orchestrator.hosts.knownhosts import load_trust, revoked_message, user_keys_for
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.hosts.sshexec import close_channel
-from orchestrator.specs import CommandResult
 
 # paramiko logs a dropped link ("Socket exception: Connection reset by peer") through Python's
 # last-resort handler straight onto the user's terminal; gpuq reports transport failures itself

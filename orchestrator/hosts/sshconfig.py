@@ -19,7 +19,7 @@ from typing import Any
 
 import paramiko
 
-from orchestrator.errors import HostError
+from orchestrator.core.errors import HostError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
-from orchestrator.errors import HostError, HostUnreachable
+from orchestrator.core.errors import HostError, HostUnreachable
 from orchestrator.hosts.base import Progress, too_big
 
 if TYPE_CHECKING:

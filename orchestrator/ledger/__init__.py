@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.lazyexports import lazy_exports
+from orchestrator.core.lazyexports import lazy_exports
 
 if TYPE_CHECKING:
     from orchestrator.ledger.pricing import PricedAttempt, attempt_price

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-from orchestrator.errors import LedgerVersionError
+from orchestrator.core.errors import LedgerVersionError
 
 # Frozen DDL: a migration never changes once released, even when tables.py grows (the
 # test_ledger schema test checks that the migrated schema equals tables.py).

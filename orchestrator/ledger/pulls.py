@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from sqlmodel import col, select
 
-from orchestrator.errors import JobNotFound
+from orchestrator.core.errors import JobNotFound
 from orchestrator.ledger.tables import Event, Job, Pull
 from orchestrator.ledger.txn import Sessions
 

@@ -20,11 +20,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from orchestrator.errors import JobNotFound
+from orchestrator.core.errors import JobNotFound
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.pricing import PricedAttempt
 from orchestrator.ledger.rowmethods import AttemptMethods, JobMethods, SweepMethods
-from orchestrator.states import AttemptState, JobState
 
 if TYPE_CHECKING:
     from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep

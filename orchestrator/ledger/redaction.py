@@ -1,4 +1,4 @@
-"""Host text is redacted as the ledger writes it (``orchestrator/redact.py``, docs/security.md).
+"""Host text is redacted as the ledger writes it (``orchestrator/core/redact.py``, docs/security.md).
 
 Every writing session of the ledger gets a ``before_flush`` hook that passes the text fields that
 can carry host text (event messages and actions, an attempt's message, a host's health detail,
@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlmodel import Session
 
-from orchestrator import redact
+from orchestrator.core import redact
 from orchestrator.ledger.tables import Attempt, Event, HostRow
 
 FIELDS: dict[type, tuple[str, ...]] = {

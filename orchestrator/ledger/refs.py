@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from orchestrator.errors import JobNotFound
+from orchestrator.core.errors import JobNotFound
 from orchestrator.ledger.tables import Job, Sweep
 
 MIN_PREFIX = 4

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import delete, func, insert
 from sqlmodel import Session, col, select
 
-from orchestrator.errors import LedgerError
+from orchestrator.core.errors import LedgerError
 from orchestrator.ledger.tables import Artifact, Checkpoint, Job, Metric
 from orchestrator.ledger.txn import Sessions
 

@@ -33,7 +33,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.core.specs import JobSpec, clamp_slots, job_id_for, spec_hash_for
+from orchestrator.core.states import AttemptState, JobState, attempt_may, job_may
 from orchestrator.ledger import refs
 from orchestrator.ledger.events import EventRecords, add_event
 from orchestrator.ledger.migrate import migrate
@@ -44,8 +46,6 @@ from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.results import ResultRecords
 from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, IN_CHUNK, ledger_engine, transaction
-from orchestrator.specs import JobSpec, clamp_slots, job_id_for, spec_hash_for
-from orchestrator.states import AttemptState, JobState, attempt_may, job_may
 
 
 def _create_private(path: Path) -> None:
@@ -104,7 +104,7 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
 
     def redact(self, value: Any) -> Any:
         """``value`` (text, or JSON-like) without the values the ledger's sweeps forward, as this
-        process's environment holds them, nor common token shapes (``orchestrator/redact.py``)."""
+        process's environment holds them, nor common token shapes (``orchestrator/core/redact.py``)."""
         with self.reading() as s:
             return self._redaction.redactor(s).value(value)
 

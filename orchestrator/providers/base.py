@@ -1,7 +1,7 @@
 """The Provider seam: "a thing that hands out hosts" (RunPod, Lambda Cloud, ...).
 
 An adapter turns one vendor API into plain values (:class:`Offer`, :class:`Instance`) and gpuq errors
-(``orchestrator.errors.ProviderError`` and subclasses).  Everything here is data and pure rules: the
+(``orchestrator.core.errors.ProviderError`` and subclasses).  Everything here is data and pure rules: the
 readiness gate's API half (:attr:`Instance.ready`), the stop classification (:func:`classify`) and the
 polling loops shared by every adapter.  The SSH half of readiness (``echo``, host key, ``nvidia-smi``;
 docs/providers.md) belongs to the layer above, which may import ``hosts``; this package may not.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
-from orchestrator.errors import NoCapacity, ProviderError, ProvisioningFailed
+from orchestrator.core.errors import NoCapacity, ProviderError, ProvisioningFailed
 
 InstanceState = Literal["pending", "running", "stopped", "exited", "terminating", "terminated", "unhealthy"]
 """Normalised instance state.  ``pending``: created, not yet running (RunPod CREATED/RESTARTING/PAUSED

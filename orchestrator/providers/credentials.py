@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from orchestrator.config import ENV_HOME, check_private_file, tomllib
-from orchestrator.errors import ConfigError, ProviderAuthError
+from orchestrator.core.config import ENV_HOME, check_private_file, tomllib
+from orchestrator.core.errors import ConfigError, ProviderAuthError
 
 KEY_FILES = ("keys.toml", "credentials.toml")
 

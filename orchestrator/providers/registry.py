@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import add_profile
-from orchestrator.errors import ConfigError, UsageError
+from orchestrator.core.config import add_profile
+from orchestrator.core.errors import ConfigError, UsageError
 from orchestrator.providers.base import Capabilities, Provider
 from orchestrator.providers.credentials import LAMBDA, RUNPOD, VASTAI, ProviderSpec
 

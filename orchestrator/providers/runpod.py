@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from orchestrator.errors import NoCapacity, ProviderError, ProviderUnsupported
+from orchestrator.core.errors import NoCapacity, ProviderError, ProviderUnsupported
 from orchestrator.providers.base import (
     Capabilities,
     Instance,

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.errors import NoCapacity, ProviderError
+from orchestrator.core.errors import NoCapacity, ProviderError
 from orchestrator.providers.base import Offer, parse_money
 from orchestrator.providers.transport import ApiTransport, json_object
 

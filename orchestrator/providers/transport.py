@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from orchestrator.errors import ProviderAuthError, ProviderError, ProviderUnreachable, RateLimited
+from orchestrator.core.errors import ProviderAuthError, ProviderError, ProviderUnreachable, RateLimited
 from orchestrator.providers.credentials import ApiKey, ProviderSpec, how_to_set
 
 T = TypeVar("T")

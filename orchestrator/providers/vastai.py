@@ -31,7 +31,7 @@ from urllib.parse import quote_plus
 
 import httpx
 
-from orchestrator.errors import NoCapacity, ProviderError
+from orchestrator.core.errors import NoCapacity, ProviderError
 from orchestrator.providers import vastai_wire as wire
 from orchestrator.providers.base import (
     Capabilities,

@@ -32,7 +32,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from orchestrator.errors import ProviderError
+from orchestrator.core.errors import ProviderError
 from orchestrator.gpumatch import MIB_PER_GB
 from orchestrator.providers.base import REASON_OUTBID, Instance, InstanceState, Offer, parse_money
 

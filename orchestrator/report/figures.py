@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import UsageError
+from orchestrator.core.errors import UsageError
 from orchestrator.report import stats
 from orchestrator.report.model import CellRow, Report
 

@@ -6,6 +6,6 @@ One module per stage (``run_tick`` in ``tick/loop.py`` strings them together); n
 
 from __future__ import annotations
 
-from orchestrator.states import JobState
+from orchestrator.core.states import JobState
 
 ACTIVE = (JobState.ASSIGNED, JobState.RUNNING)  # the job states that hold a slot on a host

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator import gangs, stops
 from orchestrator.context import Context, host_for
-from orchestrator.errors import GpuqError
+from orchestrator.core.errors import GpuqError
 from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.patrol import (

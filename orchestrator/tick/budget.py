@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from orchestrator import budget, notify
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
+from orchestrator.core.states import JobState
 from orchestrator.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
 from orchestrator.ledger.pricing import attempt_price
 from orchestrator.scheduler import Move, Plan, PlanJob
-from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
 
 if TYPE_CHECKING:

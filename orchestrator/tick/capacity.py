@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from orchestrator import slurm_hosts
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
+from orchestrator.core.specs import HostSlots, clamp_slots
+from orchestrator.core.states import JobState
 from orchestrator.estimates import EpochRates, estimate_s
 from orchestrator.gpumatch import ANY_GPU, GpuNeed, read_facts
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger
 from orchestrator.scheduler import PlanJob
-from orchestrator.specs import HostSlots, clamp_slots
-from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE
 
 

@@ -24,14 +24,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from orchestrator import checkpoint_trust, host_documents, protocol, transfer_progress
-from orchestrator.config import Settings
+from orchestrator import checkpoint_trust, host_documents, transfer_progress
 from orchestrator.context import Context
-from orchestrator.errors import GpuqError, HostError
+from orchestrator.core import protocol
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import GpuqError, HostError
+from orchestrator.core.states import JobState
 from orchestrator.host_documents import Pointer, ResultCheckpoint, SnapshotPointer, StatusDocument
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
-from orchestrator.states import JobState
 from orchestrator.transfer import ckptdir
 from orchestrator.transfer.verify import checkpoint_problem, file_sha256
 

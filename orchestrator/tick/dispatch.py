@@ -10,7 +10,7 @@ from dataclasses import replace
 from orchestrator.budget import hold_reason
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
-from orchestrator.errors import GpuqError
+from orchestrator.core.errors import GpuqError
 from orchestrator.estimates import EpochRates
 from orchestrator.gpumatch import need_of
 from orchestrator.ledger import Job

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 
-from orchestrator import protocol
 from orchestrator.context import Context
-from orchestrator.errors import HostError
+from orchestrator.core import protocol
+from orchestrator.core.errors import HostError
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.patrol import DEADLOCK_AT_START, DIVERGENCE_HINT, Finding
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.findings import TickReport
 from orchestrator.tick.settle import settle
 

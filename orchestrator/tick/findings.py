@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from orchestrator import budget, notify
 from orchestrator.context import Context
-from orchestrator.errors import GpuqError
+from orchestrator.core.errors import GpuqError
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import HostRow, Job
 from orchestrator.patrol import (
@@ -21,7 +22,6 @@ from orchestrator.patrol import (
     early_finish,
 )
 from orchestrator.report import cells
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.probe import Probe
 
 PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled", "protocol"})  # open till cleared

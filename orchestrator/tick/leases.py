@@ -11,13 +11,13 @@ import os
 import time
 
 from orchestrator import notify, stops
-from orchestrator.config import Settings
 from orchestrator.context import Context
-from orchestrator.errors import ProviderError
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import ProviderError
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider, classify
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import ACTIVE
 
 

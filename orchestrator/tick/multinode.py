@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 
 from orchestrator import gangs
 from orchestrator.context import Context
-from orchestrator.errors import GpuqError, IllegalTransition
+from orchestrator.core.errors import GpuqError, IllegalTransition
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Job
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.checkpoints import place_checkpoint, refresh_from
 
 _ACTIVE = (JobState.ASSIGNED.value, JobState.RUNNING.value)

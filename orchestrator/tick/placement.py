@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from orchestrator import gangs, slurm_hosts
 from orchestrator.bundle import Bundle
-from orchestrator.config import LOCAL_HOST, Settings
 from orchestrator.context import Context
+from orchestrator.core.config import LOCAL_HOST, Settings
 from orchestrator.estimates import EpochRates
 from orchestrator.fleet import Fleet
 from orchestrator.gpumatch import ANY_GPU, GpuNeed, facts_json, strictest

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import host_documents
-from orchestrator.config import Settings
-from orchestrator.errors import HostError
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import HostError
 from orchestrator.fleet import Fleet
 from orchestrator.gpumatch import ANY_GPU, GpuNeed, facts_json
 from orchestrator.host_documents import HealthDocument

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from orchestrator import host_documents
-from orchestrator.config import Settings
-from orchestrator.errors import HostError
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import HostError
 from orchestrator.host_documents import StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv

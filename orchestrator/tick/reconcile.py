@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import failures, gangs, stops
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
+from orchestrator.core.specs import clamp_slots
+from orchestrator.core.states import JobState
 from orchestrator.gpumatch import facts_json
 from orchestrator.host_documents import JobEntry, RetryDecision, Scan, ScanHit
 from orchestrator.hosts.base import Host
@@ -20,8 +22,6 @@ from orchestrator.launcher import attempt_spec, enqueue, ensure_agent
 from orchestrator.ledger import Job, Ledger
 from orchestrator.patrol import Decision, signatures_of
 from orchestrator.setup_holds import is_setup_failure, settle_setup_failure
-from orchestrator.specs import clamp_slots
-from orchestrator.states import JobState
 from orchestrator.tick import ACTIVE, host_retries
 from orchestrator.tick.attempts import apply, exit_message
 from orchestrator.tick.probe import Probe

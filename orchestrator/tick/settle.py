@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
+from orchestrator.core.states import JobState
 from orchestrator.failures import decide
 from orchestrator.ledger import Ledger
 from orchestrator.patrol import Decision
-from orchestrator.states import JobState
 
 
 def settle(ledger: Ledger, job_id: str, klass: str, settings: Settings, *, attempt: int | None = None,

@@ -13,9 +13,9 @@ from collections.abc import Collection, Sequence
 
 from orchestrator import fleet
 from orchestrator.context import Context
-from orchestrator.errors import ProviderError
+from orchestrator.core.errors import ProviderError
+from orchestrator.core.states import JobState
 from orchestrator.ledger import HostRow, Job
-from orchestrator.states import JobState
 from orchestrator.tick.leases import provider_for
 
 LEASE_GONE = ("terminated",)

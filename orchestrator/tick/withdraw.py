@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator import host_documents
-from orchestrator.errors import HostError
+from orchestrator.core.errors import HostError
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.fleet import Fleet
 from orchestrator.host_documents import Verdicts
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job, Ledger
-from orchestrator.states import AttemptState, JobState
 
 WHY = ("steal", "budget")
 

@@ -2,7 +2,7 @@
 
 HF's ``checkpoint-500/``, a DCP or DeepSpeed directory: the agent's ``snapshot`` copies a complete one
 file by file to ``ckpt/.ship.d/`` and lists every file with its size and sha256 (the pointer's
-``files``; its ``sha256`` is their tree hash, :func:`orchestrator.protocol.tree_sha256`).  Here it is
+``files``; its ``sha256`` is their tree hash, :func:`orchestrator.core.protocol.tree_sha256`).  Here it is
 
 - fetched file by file into a fresh local directory, each file checked by size and sha256, then the
   tree hash over the whole: one file short, extra or changed and nothing is kept;
@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol
-from orchestrator.errors import GpuqError
+from orchestrator.core import protocol
+from orchestrator.core.errors import GpuqError
 from orchestrator.host_documents import SnapshotPointer
 from orchestrator.transfer.verify import file_sha256
 

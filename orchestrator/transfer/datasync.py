@@ -28,9 +28,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator import protocol, transfer_progress
+from orchestrator import transfer_progress
+from orchestrator.core import protocol
+from orchestrator.core.errors import HostError
 from orchestrator.datasets import CHUNK, Manifest, data_dir
-from orchestrator.errors import HostError
 from orchestrator.hosts.base import Host
 
 TIMEOUT_S = 3600.0

@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol
-from orchestrator.errors import HostError, HostUnreachable
+from orchestrator.core import protocol
+from orchestrator.core.errors import HostError, HostUnreachable
+from orchestrator.core.states import AttemptState
 from orchestrator.host_documents.framing import ProtocolError, validate
 from orchestrator.host_documents.readers import read_file_hashes
 from orchestrator.host_documents.results import FileHashes
 from orchestrator.host_documents.status import ExitRecord
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger
-from orchestrator.states import AttemptState
 from orchestrator.transfer.pull import fsync_path
 
 EVIDENCE_DIR = "evidence"

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import host_documents, protocol, transfer_progress
-from orchestrator.errors import GpuqError, HostError, HostUnreachable, TransferError
+from orchestrator import host_documents, transfer_progress
+from orchestrator.core import protocol
+from orchestrator.core.errors import GpuqError, HostError, HostUnreachable, TransferError
 from orchestrator.host_documents import ManifestReply
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import protocol
-from orchestrator.agent_modules import ckptcheck_module
+from orchestrator.core import protocol
+from orchestrator.core.agent_modules import ckptcheck_module
 
 PULL_VERIFIED = "PULL_VERIFIED.json"
 PULL_VERIFIED_SCHEMA = "gpuq.pull-verified/1"

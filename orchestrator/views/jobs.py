@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator import observed
+from orchestrator.core.states import JobState
 from orchestrator.cost import money_spent
-from orchestrator.states import JobState
 from orchestrator.views.text import duration, printable
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ attempt with sbatch instead of starting an agent, ``status`` asks squeue once, `
 ``kill`` scancel.
 
 The contract (layout, documents, exit codes, environment) lives in gpuq_protocol.py, a copy of
-orchestrator/protocol.py.  Killing is always by recorded process group after identity proof.
+orchestrator/core/protocol.py.  Killing is always by recorded process group after identity proof.
 
 This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
 (serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_stacks.py, gpuq_inbox.py

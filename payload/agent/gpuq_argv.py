@@ -1,7 +1,7 @@
 """The trainer's command line, built from the project's command template (docs/your-project.md).
 
 One implementation for both sides: the wrapper renders a job's argv on the host, and the controller
-loads this same file (``orchestrator/agent_modules.py``) to validate templates at submit and to
+loads this same file (``orchestrator/core/agent_modules.py``) to validate templates at submit and to
 print the exact argv in ``gpuq submit --dry-run``.  stdlib only, Python >= 3.8.
 
 A template is a list of argv elements.  Inside an element, ``{name}`` is a placeholder from

@@ -17,7 +17,7 @@ link into the project or the bundle, and the one file-name rule the host and the
 
 Names (:func:`name_problem`) are refused only for what is unsafe: empty, ``.`` or ``..``, a path
 separator, a control character, more than 255 bytes, not UTF-8.  ``=``, ``+``, ``@``, ``,``, spaces
-and leading dots are ordinary.  ``orchestrator/protocol.py`` holds the same rule for the controller.
+and leading dots are ordinary.  ``orchestrator/core/protocol.py`` holds the same rule for the controller.
 
 stdlib only, Python >= 3.8.
 """
@@ -211,7 +211,7 @@ def newest_checkpoint(run_dir: str, globs: Any, settle_s: float = 0.0) -> Found 
 
 def tree_sha256(entries: list[dict[str, Any]]) -> str:
     """One hash for a checkpoint directory: sha256 over "<sha256> <bytes> <path>\n" lines sorted by path
-    (the controller's ``orchestrator.protocol.tree_sha256`` computes the same over its copy)."""
+    (the controller's ``orchestrator.core.protocol.tree_sha256`` computes the same over its copy)."""
     ordered = sorted(entries, key=lambda e: e["path"])
     lines = "".join("%s %d %s\n" % (e["sha256"], e["bytes"], e["path"]) for e in ordered)
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()

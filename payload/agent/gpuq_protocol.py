@@ -1,8 +1,8 @@
-"""The host agent's copy of the contract in ``orchestrator/protocol.py``.
+"""The host agent's copy of the contract in ``orchestrator/core/protocol.py``.
 
 Standard library only, Python >= 3.8.  Same names, same values as the
 controller's module; ``tests/unit/test_protocol_copies.py`` compares them.
-Read ``orchestrator/protocol.py`` for the documentation of every document.
+Read ``orchestrator/core/protocol.py`` for the documentation of every document.
 """
 
 from __future__ import annotations

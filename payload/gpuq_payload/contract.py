@@ -1,8 +1,8 @@
-"""Payload copy of the host contract (``orchestrator/protocol.py``).
+"""Payload copy of the host contract (``orchestrator/core/protocol.py``).
 
 The payload runs on rented hosts where only the bundle exists, so it carries
 its own copy of the names it uses.  Values must equal those in
-``orchestrator/protocol.py``; ``tests/unit/test_protocol_copies.py`` checks them.
+``orchestrator/core/protocol.py``; ``tests/unit/test_protocol_copies.py`` checks them.
 """
 
 from __future__ import annotations

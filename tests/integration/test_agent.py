@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import patrol, protocol, stops
+from orchestrator import patrol, stops
+from orchestrator.core import protocol
 from orchestrator.host_documents import unframe
 from tests.support.jobtree import fake_checkpoint
 from tests.support.wire import exit_record

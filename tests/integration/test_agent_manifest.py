@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from orchestrator.host_documents import unframe
 from tests.support.jobtree import SHA, finished_job, install_agent, pulled_paths
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from orchestrator.host_documents import unframe
 from orchestrator.transfer.verify import parse_manifest
 from tests.support.jobtree import SHA, install_agent
@@ -256,9 +256,9 @@ def test_results_show_the_headline_metric_of_a_summary_from_a_csv(
     """`gpuq results` on a job whose summary the agent computed from a project's CSV: final and best
     of the headline metric, whatever trainer wrote it."""
     from orchestrator.context import open_context
+    from orchestrator.core.specs import JobSpec
+    from orchestrator.core.states import JobState
     from orchestrator.host_documents import CollectDocument
-    from orchestrator.specs import JobSpec
-    from orchestrator.states import JobState
     from orchestrator.tick.collect import record_collected
     from tests.conftest import run_gpuq
 

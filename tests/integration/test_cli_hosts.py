@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.specs import JobSpec
 from tests.conftest import run_gpuq
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def test_rm_is_refused_while_jobs_run_there_or_results_are_unpulled(gpuq_home: P
     ledger.start_attempt(job.id, host="gpu1", bundle_sha="s")
     ledger.close()
     _usage(run_gpuq("hosts", "rm", "gpu1"), "host gpu1 has 1 unfinished jobs", "gpuq cancel")
-    from orchestrator.states import AttemptState, JobState
+    from orchestrator.core.states import AttemptState, JobState
 
     ledger = Ledger(gpuq_home / "ledger.db")
     ledger.transition(job.id, AttemptState.EXITED, attempt=1)

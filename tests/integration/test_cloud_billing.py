@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.credentials import ApiKey
 from orchestrator.providers.runpod import RunPodProvider
 from orchestrator.queuefile import parse_queue
-from orchestrator.states import AttemptState, JobState
 from tests.conftest import run_gpuq, wait_for
 from tests.support.fakecloud import AddressBackend, FakeLambda, FakeRunPod, HostBackend, NetnsBackend
 from tests.support.testhosts import HostFarm

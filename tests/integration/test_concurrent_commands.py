@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Ledger
-from orchestrator.states import AttemptState, JobState
 from tests.conftest import ROOT, kill_recorded_groups, wait_for
 from tests.support import warmcli
 from tests.support.gpuquser import User

@@ -17,12 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import protocol
-from orchestrator.config import Settings
+from orchestrator.core import protocol
+from orchestrator.core.config import Settings
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import JobState
 from orchestrator.launcher import job_spec
 from orchestrator.ledger import Ledger
-from orchestrator.specs import JobSpec
-from orchestrator.states import JobState
 from orchestrator.tick.answers import _settled_findings
 from orchestrator.tick.collect import collect
 from orchestrator.tick.findings import TickReport

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.errors import ProvisioningFailed
+from orchestrator.core.errors import ProvisioningFailed
 from orchestrator.providers import lambda_cloud, runpod
 from orchestrator.providers.base import Instance, PollPolicy, ProvisionRequest, classify
 from orchestrator.providers.credentials import ApiKey

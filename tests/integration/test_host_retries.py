@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from tests.conftest import kill_recorded_groups, run_gpuq, wait_for
 from tests.support.gpuquser import User
 from tests.support.hostretry import (

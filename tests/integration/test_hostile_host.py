@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import ROOT, wait_for
 from tests.support.gpuquser import User

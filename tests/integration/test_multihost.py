@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
+from orchestrator.core.states import JobState
 from orchestrator.ledger import HostRow
-from orchestrator.states import JobState
 from tests.conftest import kill_recorded_groups
 from tests.support.fakehost import FakeHost
 from tests.support.lightproject import light_config, light_project

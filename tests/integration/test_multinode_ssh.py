@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator import api
 from orchestrator.cli.statusjson import status_doc
-from orchestrator.states import JobState
+from orchestrator.core.states import JobState
 from tests.conftest import kill_recorded_groups, wait_for
 from tests.support.lightproject import light_config, light_project
 from tests.support.sweepproject import CKPT_EVERY, final_weights, latest_step, tiny_config, write_project

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import HostAuthFailed, HostKeyError, HostUnreachable
+from orchestrator.core.errors import HostAuthFailed, HostKeyError, HostUnreachable
 from orchestrator.fleet import key_fingerprint
 from orchestrator.hosts.ssh import SSHHost, SSHOptions, resolve
 from tests.support.testhosts import FarmFactory, HostFarm

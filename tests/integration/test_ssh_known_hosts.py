@@ -13,7 +13,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from orchestrator.errors import HostError, HostKeyError
+from orchestrator.core.errors import HostError, HostKeyError
 from orchestrator.fleet import key_fingerprint
 from orchestrator.hosts.ssh import SSHHost
 from tests.conftest import ROOT

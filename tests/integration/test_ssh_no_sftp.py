@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import HostError
+from orchestrator.core.errors import HostError
 from orchestrator.hosts.ssh import SSHHost, SSHOptions, resolve
 from tests.support.testhosts import FarmFactory, HostFarm
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
+from orchestrator.core.states import JobState
 from orchestrator.estimates import epoch_rates
-from orchestrator.states import JobState
 from orchestrator.tick.probe import probe
 from orchestrator.tick.steal import steal
 from tests.conftest import kill_recorded_groups, wait_for

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from tests.conftest import run_gpuq
 
 pytestmark = pytest.mark.integration

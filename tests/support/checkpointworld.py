@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from orchestrator.context import Context, open_context
+from orchestrator.core.specs import JobSpec, job_id_for
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Job
-from orchestrator.specs import JobSpec, job_id_for
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import checkpoints as ck
 from tests.support.jobtree import SHA, install_agent
 from tests.support.wire import status

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.errors import HostUnreachable
+from orchestrator.core.errors import HostUnreachable
+from orchestrator.core.specs import CommandResult
 from orchestrator.hosts.base import Progress
 from orchestrator.hosts.local import LocalHost
-from orchestrator.specs import CommandResult
 
 
 class FakeHost(LocalHost):

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from orchestrator.ledger import Ledger
 
 

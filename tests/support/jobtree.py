@@ -17,7 +17,7 @@ import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from tests.conftest import ROOT
 
 SHA = "f" * 64  # the fake bundle every fabricated root carries

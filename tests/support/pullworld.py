@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator import protocol
-from orchestrator.errors import HostUnreachable
+from orchestrator.core import protocol
+from orchestrator.core.errors import HostUnreachable
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Job, Ledger
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.transfer import pull_jobs
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA, finished_job, install_agent

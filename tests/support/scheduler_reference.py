@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.specs import DEFAULT_EPOCHS, Assignment, HostSlots
+from orchestrator.core.specs import DEFAULT_EPOCHS, Assignment, HostSlots
 
 DEFAULT_EST_S_PER_EPOCH = 60.0
 """Seconds per epoch assumed when neither ``est_min`` nor any history is known."""

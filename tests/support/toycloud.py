@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from orchestrator.errors import ProviderError, ProviderUnsupported
+from orchestrator.core.errors import ProviderError, ProviderUnsupported
 from orchestrator.providers.base import Capabilities, Instance, Offer, ProvisionRequest, parse_money
 from orchestrator.providers.credentials import ProviderSpec
 from orchestrator.providers.http_adapter import HttpProvider

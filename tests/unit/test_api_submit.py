@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
-from orchestrator.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, JobState
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_dry_run_plans_every_job_and_writes_nothing(ctx: api.Context, tmp_path: 
 
 def test_a_project_root_outside_the_repository_is_refused_and_another_one_is_named(ctx: api.Context,
                                                                                    tmp_path: Path) -> None:
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
 
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)

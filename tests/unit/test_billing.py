@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import protocol
 from orchestrator.context import Context, open_context
+from orchestrator.core import protocol
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.providers.base import ProvisionRequest
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import billing
 from orchestrator.tick.findings import TickReport
 from orchestrator.tick.leases import provider_for

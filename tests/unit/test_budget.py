@@ -15,14 +15,14 @@ import pytest
 
 from orchestrator import budget
 from orchestrator.api import budgeting as api_budget
-from orchestrator.config import load_settings
 from orchestrator.context import Context, open_context
-from orchestrator.errors import ConfigError
+from orchestrator.core.config import load_settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.specs import Assignment, JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.estimates import epoch_rates
 from orchestrator.ledger import Job, Ledger, attempt_price
 from orchestrator.scheduler import Move, Plan, PlanJob
-from orchestrator.specs import Assignment, JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, sweeps_done
 

@@ -117,7 +117,7 @@ def test_gpuqignore_has_gitignore_semantics(workdir: Path, tmp_path: Path) -> No
 
 
 def test_a_large_project_is_named_and_an_oversized_one_refused(workdir: Path, tmp_path: Path) -> None:
-    from orchestrator.errors import BundleError
+    from orchestrator.core.errors import BundleError
 
     (workdir / "data").mkdir()
     (workdir / "data" / "train.bin").write_bytes(b"\0" * 300_000)

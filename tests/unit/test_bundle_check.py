@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bundle_check, protocol
+from orchestrator import bundle_check
 from orchestrator.bundle import Bundle, build_bundle
-from orchestrator.errors import BundleError
+from orchestrator.core import protocol
+from orchestrator.core.errors import BundleError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.launcher import ensure_bundle
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from orchestrator import protocol
 from orchestrator.bundle import build_bundle
+from orchestrator.core import protocol
 from orchestrator.hosts.local import LocalHost
 from orchestrator.launcher import ensure_bundle
 

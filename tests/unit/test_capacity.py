@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
 from orchestrator.estimates import EpochRates
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduler import plan

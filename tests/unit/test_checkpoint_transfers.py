@@ -28,10 +28,10 @@ import pytest
 
 from orchestrator import host_documents as hd
 from orchestrator import transfer_progress
-from orchestrator.errors import GpuqError, HostError
+from orchestrator.core.errors import GpuqError, HostError
+from orchestrator.core.specs import CommandResult
+from orchestrator.core.states import JobState
 from orchestrator.hosts.local import LocalHost
-from orchestrator.specs import CommandResult
-from orchestrator.states import JobState
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, archive, running_world
 from tests.support.jobtree import SHA

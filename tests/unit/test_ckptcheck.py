@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent_modules import ckptcheck_module
+from orchestrator.core.agent_modules import ckptcheck_module
 from orchestrator.transfer.verify import checkpoint_problem
 from tests.support.agentmodule import load_agent_module
 

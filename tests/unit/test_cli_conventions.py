@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import __version__, exitcodes
-from orchestrator.config import tomllib
+from orchestrator import __version__
+from orchestrator.core import exitcodes
+from orchestrator.core.config import tomllib
+from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import Ledger
-from orchestrator.specs import JobSpec
 from tests.conftest import ROOT, run_gpuq
 
 

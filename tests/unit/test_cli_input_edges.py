@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import exitcodes
-from orchestrator.errors import JobNotFound
+from orchestrator.core import exitcodes
+from orchestrator.core.errors import JobNotFound
+from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import Ledger
 from orchestrator.queuefile import MAX_QUEUE_BYTES
-from orchestrator.specs import JobSpec
 from tests.conftest import run_gpuq
 from tests.support.ownproject import copy_example
 

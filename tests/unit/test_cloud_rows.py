@@ -10,7 +10,7 @@ import pytest
 from orchestrator import fleet
 from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
-from orchestrator.errors import UsageError
+from orchestrator.core.errors import UsageError
 from orchestrator.estimates import epoch_rates
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import instance_name, ledger_of

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_settings
-from orchestrator.errors import ConfigError
+from orchestrator.core.config import load_settings
+from orchestrator.core.errors import ConfigError
 
 
 def test_precedence(tmp_path: Path) -> None:
@@ -46,7 +46,7 @@ def test_invalid_toml(tmp_path: Path) -> None:
 
 
 def test_shipped_profiles_validate() -> None:
-    from orchestrator.config import load_profile, profiles_dir
+    from orchestrator.core.config import load_profile, profiles_dir
 
     names = [p.stem for p in profiles_dir().glob("*.toml")]
     assert "local" in names
@@ -62,7 +62,7 @@ def test_local_profile_places_the_local_root(tmp_path: Path) -> None:
 
 
 def test_unknown_profile_lists_known_ones() -> None:
-    from orchestrator.config import load_profile
+    from orchestrator.core.config import load_profile
 
     with pytest.raises(ConfigError, match=r"unknown profile 'nope' \(known: .*local"):
         load_profile("nope")

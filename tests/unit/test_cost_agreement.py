@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.queuefile import parse_queue
-from orchestrator.states import AttemptState, JobState
 from tests.conftest import run_gpuq
 
 T0 = 1_700_000_000.0

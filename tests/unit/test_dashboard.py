@@ -17,9 +17,9 @@ from orchestrator import api
 from orchestrator.api import Snapshot
 from orchestrator.cli import dashboard, render, statusjson
 from orchestrator.cli.dashboard import LossHistory, View
-from orchestrator.errors import LedgerError
+from orchestrator.core.errors import LedgerError
+from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
-from orchestrator.specs import JobSpec
 from orchestrator.tick.probe import Probe
 from orchestrator.views import eta_seconds, job_views
 from tests.support.wire import status

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import datasets
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 from tests.conftest import run_gpuq
 
 

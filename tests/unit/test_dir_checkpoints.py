@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, running_world
 from tests.support.wire import status
@@ -94,7 +94,7 @@ def test_a_retry_that_restarted_from_scratch_is_loud_and_counted(world: World) -
     """Requeued "with resume", the retry found no checkpoint: the history, the alert and `gpuq results`
     say it restarted from scratch (never that it resumed)."""
     from orchestrator.api import results
-    from orchestrator.states import AttemptState, JobState
+    from orchestrator.core.states import AttemptState, JobState
     from orchestrator.tick.findings import TickReport, resumed
 
     ledger = world.ctx.ledger

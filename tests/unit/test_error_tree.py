@@ -1,4 +1,4 @@
-"""The error tree drawn in ``orchestrator/errors.py``'s docstring is the real one.
+"""The error tree drawn in ``orchestrator/core/errors.py``'s docstring is the real one.
 
 Every subclass of ``GpuqError`` defined anywhere under ``orchestrator/`` must be drawn there, under
 its real parent, and nothing may be drawn that does not exist.
@@ -11,7 +11,7 @@ import pkgutil
 import re
 
 import orchestrator
-from orchestrator import errors
+from orchestrator.core import errors
 
 BRANCH = re.compile(r"^(?P<indent>[ │]*)(?:├── |└── )(?P<name>[A-Za-z]+)\b")
 

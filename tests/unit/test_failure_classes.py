@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from orchestrator import failures, hints, patrol
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import JobState
 from orchestrator.host_documents import Scan, ScanHit
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.patrol import JobView, Thresholds
-from orchestrator.specs import JobSpec
-from orchestrator.states import JobState
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import reconcile
 from tests.support.agentmodule import load_agent_module

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.api.submitting import seed_warnings
+from orchestrator.core.specs import DEFAULT_EPOCHS
 from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job
 from orchestrator.queuefile import parse_bytes
 from orchestrator.report import trust
 from orchestrator.runconfig import RunConfig
-from orchestrator.specs import DEFAULT_EPOCHS
 from orchestrator.views.jobs import JobView
 
 T0 = 1_800_000_000.0

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import launcher, protocol
-from orchestrator.config import Settings
-from orchestrator.errors import IllegalTransition
+from orchestrator import launcher
+from orchestrator.core import protocol
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import IllegalTransition
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import host_retries
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import reconcile

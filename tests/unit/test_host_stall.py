@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import launcher, patrol, protocol
-from orchestrator.config import Settings
+from orchestrator import launcher, patrol
+from orchestrator.core import protocol
+from orchestrator.core.config import Settings
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.host_documents import Verdicts
 from orchestrator.ledger import Ledger
 from orchestrator.patrol import JobView, Thresholds
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import host_retries
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import HEALED, reconcile

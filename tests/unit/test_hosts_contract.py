@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import HostError, HostUnreachable
+from orchestrator.core.errors import HostError, HostUnreachable
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from tests.support.fakehost import FakeHost

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.context import Context, open_context
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import ProvisionRequest
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.leases import check_lease
 from orchestrator.tick.settle import settle
 from tests.support.fakecloud import FakeRunPod

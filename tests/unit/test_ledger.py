@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError, LedgerVersionError
+from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError, LedgerVersionError
+from orchestrator.core.specs import JobSpec, job_id_for
+from orchestrator.core.states import ATTEMPT_ALLOWED, JOB_ALLOWED, AttemptState, JobState
 from orchestrator.host_documents import ResultCheckpoint
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.migrate import SCHEMA_VERSION
-from orchestrator.specs import JobSpec, job_id_for
-from orchestrator.states import ATTEMPT_ALLOWED, JOB_ALLOWED, AttemptState, JobState
 
 
 def _specs(n: int) -> list[JobSpec]:

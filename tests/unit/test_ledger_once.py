@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import Settings
-from orchestrator.errors import IllegalTransition, JobNotFound
+from orchestrator.core.config import Settings
+from orchestrator.core.errors import IllegalTransition, JobNotFound
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.launcher import record_attempts
 from orchestrator.ledger import Job, Ledger
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 
 
 def _sweep(ledger: Ledger, n: int = 2) -> list[str]:

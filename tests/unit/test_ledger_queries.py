@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.host_documents import ResultCheckpoint
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.tables import Event, HostRow
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 
 _ck = ResultCheckpoint.model_validate  # a checkpoint as checked at the edge
 

@@ -20,12 +20,12 @@ import pytest
 from orchestrator.api.snapshot import ledger_status
 from orchestrator.cli.ctx import open_reader
 from orchestrator.context import Context, open_context
-from orchestrator.errors import JobNotFound
+from orchestrator.core.errors import JobNotFound
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.reader import LedgerReader, ReaderUnavailable
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000.0

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import IllegalTransition
+from orchestrator.core.errors import IllegalTransition
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Ledger
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 
 
 @pytest.fixture

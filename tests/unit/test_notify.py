@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from orchestrator import notify
-from orchestrator.config import load_settings
+from orchestrator.core.config import load_settings
 
 
 class Events:

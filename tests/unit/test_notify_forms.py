@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator import budget, notify
-from orchestrator.config import load_settings
 from orchestrator.context import Context, open_context
-from orchestrator.errors import ConfigError
+from orchestrator.core.config import load_settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow, Job
 from orchestrator.patrol import Finding, JobView, Severity, ended_badly
 from orchestrator.providers.base import ProvisionRequest
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import billing
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, record, sweeps_done

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from tests.support.agentmodule import load_agent_module
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import patrol
-from orchestrator.bundle import payload_dir
+from orchestrator.core.agent_modules import payload_dir
 from orchestrator.host_documents import Scan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

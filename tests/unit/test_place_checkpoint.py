@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import HostError
+from orchestrator.core.errors import HostError
+from orchestrator.core.specs import CommandResult
 from orchestrator.host_documents import Pointer
 from orchestrator.hosts.base import too_big
-from orchestrator.specs import CommandResult
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, archive, running_world
 from tests.support.jobtree import SHA

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import GpuqError
+from orchestrator.core.errors import GpuqError
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, running_world
 from tests.support.wire import status
@@ -177,8 +177,8 @@ def test_the_trust_rule(trust: str, file: str, wrote: set[str], target: str, ref
 def test_a_cloned_project_cannot_loosen_checkpoint_trust(tmp_path: Path) -> None:
     """Only the user's own config or environment sets it: a project's gpuq.toml saying "any-host"
     would undo a user's "same-host"."""
-    from orchestrator.config import load_settings
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.config import load_settings
+    from orchestrator.core.errors import ConfigError
     project = tmp_path / "proj"
     project.mkdir()
     (project / "gpuq.toml").write_text('checkpoint_trust = "any-host"\n')

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import NoCapacity
+from orchestrator.core.errors import NoCapacity
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.lambda_cloud import LambdaProvider
 from orchestrator.providers.runpod import RunPodProvider

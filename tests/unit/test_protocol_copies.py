@@ -1,4 +1,4 @@
-"""The agent's and the payload's copies of the host contract agree with orchestrator/protocol.py."""
+"""The agent's and the payload's copies of the host contract agree with orchestrator/core/protocol.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 import contextlib
 from pathlib import Path
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 

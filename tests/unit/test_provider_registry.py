@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator.config import load_profile
-from orchestrator.errors import ConfigError, ProviderAuthError, UsageError
+from orchestrator.core.config import load_profile
+from orchestrator.core.errors import ConfigError, ProviderAuthError, UsageError
 from orchestrator.providers import registry
 from orchestrator.providers.base import Capabilities, Provider
 from orchestrator.providers.credentials import load_key

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from orchestrator.errors import ProvisioningFailed
+from orchestrator.core.errors import ProvisioningFailed
 from orchestrator.providers import vastai
 from orchestrator.providers.base import PollPolicy, ProvisionRequest, classify
 from orchestrator.providers.credentials import VASTAI, ApiKey

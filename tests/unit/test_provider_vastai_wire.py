@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from orchestrator import rentplan
-from orchestrator.errors import NoCapacity, ProviderError
+from orchestrator.core.errors import NoCapacity, ProviderError
 from orchestrator.gpumatch import GpuNeed, host_matches
 from orchestrator.providers import vastai
 from orchestrator.providers import vastai_wire as wire

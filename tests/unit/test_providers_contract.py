@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnsupported, RateLimited
+from orchestrator.core.errors import NoCapacity, ProviderAuthError, ProviderError, ProviderUnsupported, RateLimited
 from orchestrator.providers import lambda_cloud, runpod
 from orchestrator.providers.base import Instance, Provider, ProvisionRequest, classify
 from orchestrator.providers.credentials import ApiKey

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.errors import ProviderAuthError
+from orchestrator.core.errors import ProviderAuthError
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.credentials import ApiKey
 from orchestrator.providers.lambda_cloud import LambdaProvider

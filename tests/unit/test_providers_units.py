@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.errors import (
+from orchestrator.core.errors import (
     ConfigError,
     NoCapacity,
     ProviderAuthError,
@@ -520,8 +520,8 @@ def test_literals_of_every_kind() -> None:
 
 # -- layering -------------------------------------------------------------------------------------------------
 
-ALLOWED_INTERNAL = {"orchestrator.errors", "orchestrator.specs", "orchestrator.states", "orchestrator.protocol",
-                    "orchestrator.config", "orchestrator.providers",
+ALLOWED_INTERNAL = {"orchestrator.core.errors", "orchestrator.core.specs", "orchestrator.core.states",
+                    "orchestrator.core.protocol", "orchestrator.core.config", "orchestrator.providers",
                     "orchestrator.gpumatch"}  # pure: an offer's GPU memory in the words gpu_mem= uses
 ALLOWED_EXTERNAL = {"httpx", "pydantic"}  # pydantic: the typed wire models (vastai_wire.py), as config.py
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import protocol
-from orchestrator.errors import GpuqError, HostError, HostUnreachable
+from orchestrator.core import protocol
+from orchestrator.core.errors import GpuqError, HostError, HostUnreachable
+from orchestrator.core.specs import CommandResult
 from orchestrator.host_documents import ManifestReply
-from orchestrator.specs import CommandResult
 from orchestrator.transfer import (
     ALREADY,
     INCOMPLETE,

@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from orchestrator.errors import QueueIssue, QueueParseError
+from orchestrator.core.errors import QueueIssue, QueueParseError
+from orchestrator.core.specs import JobSpec, job_id_for, spec_hash_for
 from orchestrator.queuefile import parse_bytes
-from orchestrator.specs import JobSpec, job_id_for, spec_hash_for
 
 
 def jobs(text: str, **kwargs: object) -> list[JobSpec]:

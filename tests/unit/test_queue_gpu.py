@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import QueueParseError
+from orchestrator.core.errors import QueueParseError
+from orchestrator.core.specs import JobSpec, spec_hash_for
 from orchestrator.ledger import Ledger
 from orchestrator.queuefile import parse_bytes
-from orchestrator.specs import JobSpec, spec_hash_for
 
 
 def _parse(text: str) -> tuple[JobSpec, ...]:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent_modules import argv_module
-from orchestrator.errors import QueueIssue, QueueParseError
+from orchestrator.core.agent_modules import argv_module
+from orchestrator.core.errors import QueueIssue, QueueParseError
+from orchestrator.core.specs import JobSpec
 from orchestrator.queuefile import parse_bytes
 from orchestrator.queuegrid import LINE_PLACEHOLDERS
-from orchestrator.specs import JobSpec
 from tests.conftest import run_gpuq
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)

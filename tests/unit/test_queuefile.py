@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.errors import QueueIssue, QueueParseError
+from orchestrator.core.errors import QueueIssue, QueueParseError
+from orchestrator.core.specs import JobSpec, ParsedQueue
 from orchestrator.queuefile import ALLOWED_KEYS, parse_bytes, parse_queue
-from orchestrator.specs import JobSpec, ParsedQueue
 
 CONFIGS = (
     "configs/a.yaml",

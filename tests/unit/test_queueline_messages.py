@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import QueueIssue, QueueParseError
+from orchestrator.core.errors import QueueIssue, QueueParseError
+from orchestrator.core.specs import ParsedQueue
 from orchestrator.queuefile import ALLOWED_KEYS, parse_queue
 from orchestrator.queueline import MAX_EPOCHS
-from orchestrator.specs import ParsedQueue
 
 KEYS = ", ".join(ALLOWED_KEYS)
 

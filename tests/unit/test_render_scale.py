@@ -32,10 +32,10 @@ from orchestrator.cli import documents as d
 from orchestrator.cli import emit, jsontext, plaintable, render, resulttables
 from orchestrator.cli import report as report_cli
 from orchestrator.context import Context
+from orchestrator.core.specs import known_epochs
 from orchestrator.cost import JobCost
 from orchestrator.ledger.tables import Job
 from orchestrator.report.model import FailureRow
-from orchestrator.specs import known_epochs
 from tests.unit.test_report_build import QUEUE, VALUES, _sweep
 from tests.unit.test_results_scale import SWEEP, build
 

@@ -10,11 +10,11 @@ import pytest
 
 from orchestrator import api
 from orchestrator.api.report import build_report
-from orchestrator.errors import UsageError
+from orchestrator.core.errors import UsageError
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.queuefile import parse_queue
 from orchestrator.report import cells as cells_mod
 from orchestrator.report import tables
-from orchestrator.states import AttemptState, JobState
 from tests.conftest import run_gpuq
 
 QUEUE = """\

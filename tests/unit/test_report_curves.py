@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import host_documents as hd
+from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import Ledger
-from orchestrator.specs import JobSpec
 from orchestrator.tick.collect import record_collected
 from tests.support.agentmodule import load_agent_module
 

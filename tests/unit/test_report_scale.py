@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import protocol
 from orchestrator.api import report as rep
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots
 from orchestrator.context import Context
+from orchestrator.core import protocol
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, HostRow, Job, Metric
 from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 
 T0 = 1_700_000_000.0
 SECRET = "s3cr3t-t0ken-value"

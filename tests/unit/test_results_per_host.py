@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import protocol
 from orchestrator.api.jobs import results
 from orchestrator.api.report import build_report
 from orchestrator.context import Context, open_context
-from orchestrator.errors import LedgerError
+from orchestrator.core import protocol
+from orchestrator.core.errors import LedgerError
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA, finished_job, install_agent
 

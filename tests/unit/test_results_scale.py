@@ -20,11 +20,11 @@ import pytest
 from orchestrator import observed, transfer
 from orchestrator.api.jobs import ResultRow, collect_missing, cpu_slots, results
 from orchestrator.context import Context
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance, ResultCheckpoint
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.findings import FROM_SCRATCH
 
 SWEEP = "qscale1"

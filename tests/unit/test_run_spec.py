@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launcher, protocol
-from orchestrator.config import load_settings
-from orchestrator.errors import GpuqError
+from orchestrator import launcher
+from orchestrator.core import protocol
+from orchestrator.core.config import load_settings
+from orchestrator.core.errors import GpuqError
 from orchestrator.ledger import Ledger
 from orchestrator.queuefile import parse_bytes
 from orchestrator.runconfig import RunConfig

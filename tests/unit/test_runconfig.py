@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_settings
-from orchestrator.errors import ConfigError
+from orchestrator.core.config import load_settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.specs import JobSpec
 from orchestrator.runconfig import (
     RunConfig,
     check_forward_allowed,
@@ -20,7 +21,6 @@ from orchestrator.runconfig import (
     secrets_for,
     setup_key,
 )
-from orchestrator.specs import JobSpec
 
 
 def write(tmp_path: Path, text: str) -> Path:

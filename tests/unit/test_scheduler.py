@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.core.specs import HostSlots, JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH, epoch_rates, estimate_s
 from orchestrator.ledger import Ledger
 from orchestrator.scheduler import Move, Plan, PlanJob, QueuedJob, plan, plan_steals
-from orchestrator.specs import HostSlots, JobSpec
-from orchestrator.states import AttemptState, JobState
 
 GB = 10**9
 

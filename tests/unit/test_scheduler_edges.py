@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import estimates, scheduler
+from orchestrator.core.specs import HostSlots
 from orchestrator.estimates import EpochRates, epoch_rates, estimate_s
 from orchestrator.scheduler import Move, Placement, Plan, PlanJob, QueuedJob, plan, plan_steals
-from orchestrator.specs import HostSlots
 
 # --- estimates -----------------------------------------------------------------------------------
 

@@ -25,9 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator import scheduler
+from orchestrator.core.specs import DEFAULT_EPOCHS, HostSlots
 from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH
 from orchestrator.scheduler import PlanJob, QueuedJob
-from orchestrator.specs import DEFAULT_EPOCHS, HostSlots
 from tests.support import scheduler_reference as reference
 
 GB = 10**9

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.specs import Assignment, HostSlots
 from orchestrator.gangs import Part, head_addresses, hold_back, rendezvous_port, standing_entry, waiting
 from orchestrator.host_documents import JobEntry
 from orchestrator.hosts.sshconfig import Endpoint
 from orchestrator.scheduler import Plan, PlanJob, plan
-from orchestrator.specs import Assignment, HostSlots
 from tests.support.fakehost import FakeHost
 
 

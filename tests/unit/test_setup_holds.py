@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.host_documents import ExitRecord
 from orchestrator.ledger import Ledger
 from orchestrator.setup_holds import held_bundles, is_held, is_setup_failure, release, settle_setup_failure
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 
 SHA = "ab" * 32
 EXIT = ExitRecord.model_validate({"wrapper_code": 80, "phase": "setup", "setup_failed": True, "setup_key": "k" * 64,

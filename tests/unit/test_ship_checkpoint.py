@@ -77,8 +77,8 @@ def test_no_checkpoint_yet_is_said_plainly(host: LocalHost, tmp_path: Path) -> N
 # --- a host's status document is untrusted (docs/security.md) ------------------------------------
 
 from orchestrator.context import open_context  # noqa: E402
-from orchestrator.specs import JobSpec, job_id_for  # noqa: E402
-from orchestrator.states import AttemptState, JobState  # noqa: E402
+from orchestrator.core.specs import JobSpec, job_id_for  # noqa: E402
+from orchestrator.core.states import AttemptState, JobState  # noqa: E402
 from orchestrator.tick.checkpoints import newest_durable, safe_checkpoint_file, ship_checkpoints  # noqa: E402
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator import protocol
-from orchestrator.errors import HostError
+from orchestrator.core import protocol
+from orchestrator.core.errors import HostError
+from orchestrator.core.specs import HostSlots
 from orchestrator.fleet import Registered
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow
 from orchestrator.scheduler import PlanJob, plan
 from orchestrator.slurm_hosts import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
-from orchestrator.specs import HostSlots
 
 
 @pytest.mark.parametrize("fields", [

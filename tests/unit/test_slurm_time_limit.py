@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from orchestrator.context import Context, open_context
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick import attempts
 from tests.support.wire import entry
 

@@ -1,4 +1,4 @@
-"""orchestrator/specs.py exactly: the value types' defaults and guards, and the identities derived
+"""orchestrator/core/specs.py exactly: the value types' defaults and guards, and the identities derived
 from a queue (sweep id, job id, spec hash; docs/queue.md)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.specs import (
+from orchestrator.core.specs import (
     DEFAULT_EPOCHS,
     Assignment,
     CommandResult,

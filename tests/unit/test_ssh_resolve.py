@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import HostError
+from orchestrator.core.errors import HostError
 from orchestrator.hosts.ssh import known_hosts_key, resolve
 
 CONFIG = """

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import protocol
 from orchestrator.context import Context
+from orchestrator.core import protocol
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.patrol import DEADLOCK_AT_START, JobView, Thresholds
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.transfer import evidence
 from tests.support.agentmodule import load_agent_module
 from tests.support.fakehost import FakeHost

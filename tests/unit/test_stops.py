@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import Settings
+from orchestrator.core.config import Settings
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Ledger
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.settle import settle
 from tests.support.wire import stops
 

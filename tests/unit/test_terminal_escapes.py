@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from orchestrator import protocol
 from orchestrator.api import Snapshot
 from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
+from orchestrator.core import protocol
+from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Ledger
-from orchestrator.specs import JobSpec
 from orchestrator.tick.probe import Probe
 from orchestrator.views.text import one_line, printable, shown_escaped
 from tests.conftest import run_gpuq

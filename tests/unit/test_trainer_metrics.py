@@ -18,11 +18,11 @@ import pytest
 from orchestrator import api, observed
 from orchestrator import host_documents as hd
 from orchestrator.api.report import build_report
-from orchestrator.errors import UsageError
+from orchestrator.core.errors import UsageError
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState
 from orchestrator.report import figures
 from orchestrator.runconfig import RunConfig
-from orchestrator.specs import JobSpec
-from orchestrator.states import AttemptState, JobState
 from orchestrator.tick.collect import record_collected
 from tests.support.agentmodule import load_agent_module
 

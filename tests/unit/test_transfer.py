@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import protocol
+from orchestrator.core import protocol
 from orchestrator.transfer import (
     ALREADY,
     INCOMPLETE,

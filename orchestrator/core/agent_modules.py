@@ -6,6 +6,8 @@ implementation for both sides, nothing copied.
 * ``gpuq_ckptcheck.py``: is a file a sound torch checkpoint (docs/results.md).  The wrapper's
   ``best_ckpt`` check on the host and the controller's check of a pulled or shipped copy.
 
+``payload_dir()`` finds that payload: a wheel's ``orchestrator/_payload``, else the checkout's ``payload/``.
+
 Only modules without sibling imports can be loaded this way (the agent's others import each other by
 bare name from the bundle's directory).
 """
@@ -14,10 +16,24 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+from pathlib import Path
 from types import ModuleType
 
-from orchestrator.bundle import payload_dir
-from orchestrator.errors import BundleError
+from orchestrator.core import protocol
+from orchestrator.core.errors import BundleError
+
+
+def payload_dir() -> Path:
+    """The payload shipped with gpuq: a wheel's copy, else the source checkout's."""
+    override = os.environ.get("GPUQ_PAYLOAD_DIR")
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve().parents[1]  # orchestrator/: a wheel's _payload, else the checkout's
+    for candidate in (here / "_payload", here.parent / "payload"):
+        if (candidate / protocol.AGENT_ENTRY.split("/", 1)[1]).is_file():
+            return candidate
+    raise BundleError("the gpuq payload is missing from this installation; reinstall gpuq")
 
 
 @functools.cache

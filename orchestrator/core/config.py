@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10 (Ubuntu 22.04's default)
     import tomli as tomllib
 
-from orchestrator.errors import ConfigError
+from orchestrator.core.errors import ConfigError
 
 __all__ = ["tomllib"]
 ENV_HOME = "GPUQ_HOME"
@@ -230,7 +230,7 @@ class Profile(_Strict):
 
 
 def profiles_dir() -> Path:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # orchestrator/: a wheel's _profiles, else the checkout's
     for candidate in (here / "_profiles", here.parent / "profiles"):
         if candidate.is_dir():
             return candidate

@@ -8,7 +8,7 @@ subprocess, paramiko, httpx) are translated at the module that touches them.
 
 ::
 
-    GpuqError                      exit 1   (the codes: orchestrator/exitcodes.py)
+    GpuqError                      exit 1   (the codes: orchestrator/core/exitcodes.py)
     ├── UsageError                 exit 2   the user asked for something malformed
     │   ├── ConfigError                     settings / profile file problems
     │   ├── QueueParseError                 every problem of one queue file at once
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import exitcodes
+from orchestrator.core import exitcodes
 
 
 class GpuqError(Exception):
