@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import bundle_check, host_documents, runconfig, transfer_progress
+from orchestrator import bundle_check, host_documents, transfer_progress
 from orchestrator.bundle import Bundle
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings, load_profile
@@ -28,6 +28,7 @@ from orchestrator.core.errors import AgentError, BundleError, GpuqError, Illegal
 from orchestrator.host_documents import Verdicts
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep
+from orchestrator.queue import runconfig
 from orchestrator.transfer import datasync
 
 _log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator import datasets
 from orchestrator.hosts.local import LocalHost
+from orchestrator.queue import datasets
 from orchestrator.transfer import datasync
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.queuefile import parse_queue  # noqa: E402
+from orchestrator.queue.queuefile import parse_queue  # noqa: E402
 
 VALUES = ",".join(str(v) for v in range(10))
 

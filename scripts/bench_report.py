@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.core.states import AttemptState, JobState  # noqa: E402
 from orchestrator.host_documents import CollectDocument  # noqa: E402
 from orchestrator.ledger import Ledger  # noqa: E402
-from orchestrator.queuefile import parse_queue  # noqa: E402
+from orchestrator.queue.queuefile import parse_queue  # noqa: E402
 from orchestrator.tick.collect import record_collected  # noqa: E402
 
 

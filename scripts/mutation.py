@@ -52,7 +52,7 @@ MODULES: dict[str, ModuleSet] = {
          "tests/unit/test_scheduler_gangs.py", "tests/unit/test_slurm_hosts.py"),
     ),
     "queuefile": ModuleSet(
-        ("orchestrator/queuefile.py", "orchestrator/queueline.py", "orchestrator/queuegrid.py"),
+        ("orchestrator/queue/queuefile.py", "orchestrator/queue/queueline.py", "orchestrator/queue/queuegrid.py"),
         (
             "tests/unit/test_queuefile.py",
             "tests/unit/test_queue_args.py",

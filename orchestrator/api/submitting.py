@@ -10,7 +10,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import datasets
 from orchestrator.api import budgeting
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.context import Context, known_hosts, payload_tasks
@@ -21,8 +20,9 @@ from orchestrator.core.specs import JobSpec, ParsedQueue, job_id_for, new_queue_
 from orchestrator.estimates import epoch_rates, estimate_source
 from orchestrator.gpumatch import need_of
 from orchestrator.ledger import HostRow, Job
-from orchestrator.queuefile import parse_queue, read_queue_bytes
-from orchestrator.runconfig import (
+from orchestrator.queue import datasets
+from orchestrator.queue.queuefile import parse_queue, read_queue_bytes
+from orchestrator.queue.runconfig import (
     RunConfig,
     check_forward_allowed,
     check_jobs,

@@ -36,8 +36,8 @@ ENV_HOME = "GPUQ_HOME"
 USER_CONFIG = "config.toml"
 PROJECT_CONFIG = "gpuq.toml"
 LOCAL_HOST = "local"
-RUN_TABLE = "run"  # the project's trainer: read by orchestrator/runconfig.py, not a setting
-DATA_TABLE = "data"  # the project's datasets: read by orchestrator/datasets.py, not a setting
+RUN_TABLE = "run"  # the project's trainer: read by orchestrator/queue/runconfig.py, not a setting
+DATA_TABLE = "data"  # the project's datasets: read by orchestrator/queue/datasets.py, not a setting
 
 
 _ALLOW_RE = re.compile(r"[A-Za-z0-9_*?]+")
@@ -110,7 +110,7 @@ class Settings(BaseModel):
     # Which of your environment variables a project's `[run] forward_env` may send to hosts: names or
     # shell-style patterns ("WANDB_*").  Only your own config.toml or GPUQ_FORWARD_ENV_ALLOW sets it (a
     # cloned project must not choose what leaves this machine); gpuq's own credentials are never forwarded
-    # whatever it says (orchestrator/runconfig.py, docs/security.md).
+    # whatever it says (orchestrator/queue/runconfig.py, docs/security.md).
     forward_env_allow: tuple[str, ...] = ()
 
     @field_validator("webhook_url")

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator import transfer_progress
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
-from orchestrator.datasets import CHUNK, Manifest, data_dir
 from orchestrator.hosts.base import Host
+from orchestrator.queue.datasets import CHUNK, Manifest, data_dir
 
 TIMEOUT_S = 3600.0
 
@@ -238,7 +238,7 @@ def held(home: Path, host: str) -> list[dict[str, Any]]:
 
 def sync_specs(host: Host, specs: list[dict[str, Any]], home: Path, *, record: bool = True) -> int:
     """Sync every tree the specs' ``run.data`` names to ``host`` (each once); the bytes moved."""
-    from orchestrator.datasets import manifest
+    from orchestrator.queue.datasets import manifest
 
     trees: dict[str, str] = {}
     for spec in specs:

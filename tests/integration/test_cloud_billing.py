@@ -27,7 +27,7 @@ from orchestrator.ledger import HostRow, Ledger
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.credentials import ApiKey
 from orchestrator.providers.runpod import RunPodProvider
-from orchestrator.queuefile import parse_queue
+from orchestrator.queue.queuefile import parse_queue
 from tests.conftest import run_gpuq, wait_for
 from tests.support.fakecloud import AddressBackend, FakeLambda, FakeRunPod, HostBackend, NetnsBackend
 from tests.support.testhosts import HostFarm

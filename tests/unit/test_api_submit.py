@@ -26,7 +26,7 @@ def _queue(tmp_path: Path, text: str) -> Path:
 
 def test_resubmitting_a_succeeded_cell_warns(ctx: api.Context, tmp_path: Path) -> None:
     queue = _queue(tmp_path, "configs/a.yaml classify 3\nconfigs/a.yaml classify 4 name=other\n")
-    from orchestrator.queuefile import parse_queue
+    from orchestrator.queue.queuefile import parse_queue
 
     parsed = parse_queue(queue)
     rows = ctx.ledger.add_sweep(sweep_id="qold000", queue_path=str(queue), workdir=str(tmp_path), queue_text="",

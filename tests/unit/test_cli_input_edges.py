@@ -17,7 +17,7 @@ from orchestrator.core import exitcodes
 from orchestrator.core.errors import JobNotFound
 from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import Ledger
-from orchestrator.queuefile import MAX_QUEUE_BYTES
+from orchestrator.queue.queuefile import MAX_QUEUE_BYTES
 from tests.conftest import run_gpuq
 from tests.support.ownproject import copy_example
 

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator import api
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.queuefile import parse_queue
+from orchestrator.queue.queuefile import parse_queue
 from tests.conftest import run_gpuq
 
 T0 = 1_700_000_000.0

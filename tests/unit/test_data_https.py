@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import pytest
 
-from orchestrator.datasets import _url
+from orchestrator.queue.datasets import _url
 from orchestrator.transfer.datasync import DATA
 
 BODY = os.urandom(3 * 1024 * 1024 + 17)

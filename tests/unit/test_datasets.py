@@ -1,4 +1,4 @@
-"""``[data]`` in gpuq.toml (orchestrator/datasets.py): confined to the repository, symlinks refused, https
+"""``[data]`` in gpuq.toml (orchestrator/queue/datasets.py): confined to the repository, symlinks refused, https
 URLs only with a sha256, content-addressed trees, hashes cached (docs/your-project.md, "Data")."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import datasets
 from orchestrator.core.errors import ConfigError
+from orchestrator.queue import datasets
 from tests.conftest import run_gpuq
 
 

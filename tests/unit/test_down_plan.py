@@ -10,7 +10,7 @@ from orchestrator import api
 from orchestrator.api.cloud import down_plan
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger.tables import HostRow
-from orchestrator.queuefile import parse_queue
+from orchestrator.queue.queuefile import parse_queue
 
 QUEUE = "configs/a.yaml classify 1 name=one\nconfigs/a.yaml classify 1 name=two\n"
 

@@ -13,9 +13,9 @@ from orchestrator.core.specs import DEFAULT_EPOCHS
 from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job
-from orchestrator.queuefile import parse_bytes
+from orchestrator.queue.queuefile import parse_bytes
+from orchestrator.queue.runconfig import RunConfig
 from orchestrator.report import trust
-from orchestrator.runconfig import RunConfig
 from orchestrator.views.jobs import JobView
 
 T0 = 1_800_000_000.0

@@ -17,7 +17,7 @@ from orchestrator.providers import registry
 from orchestrator.providers.base import Capabilities, Provider
 from orchestrator.providers.credentials import load_key
 from orchestrator.providers.http_adapter import HttpProvider
-from orchestrator.runconfig import never_forwarded
+from orchestrator.queue.runconfig import never_forwarded
 from tests.conftest import run_gpuq
 
 PLUGIN = "tests.support.toycloud"

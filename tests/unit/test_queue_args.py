@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import JobSpec, job_id_for, spec_hash_for
-from orchestrator.queuefile import parse_bytes
+from orchestrator.queue.queuefile import parse_bytes
 
 
 def jobs(text: str, **kwargs: object) -> list[JobSpec]:

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.core.errors import QueueParseError
 from orchestrator.core.specs import JobSpec, spec_hash_for
 from orchestrator.ledger import Ledger
-from orchestrator.queuefile import parse_bytes
+from orchestrator.queue.queuefile import parse_bytes
 
 
 def _parse(text: str) -> tuple[JobSpec, ...]:

@@ -1,5 +1,5 @@
 """Placeholders in a queue line's own arguments (`-- --seed_everything {seed}`): parsed by the controller
-(orchestrator/queuegrid.py), rendered on the host by the same code the dry run uses (gpuq_argv.render_args),
+(orchestrator/queue/queuegrid.py), rendered on the host by the same code the dry run uses (gpuq_argv.render_args),
 unknown ones a submit error at their column (docs/queue.md, issue 29 item 6)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from orchestrator.core.agent_modules import argv_module
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import JobSpec
-from orchestrator.queuefile import parse_bytes
-from orchestrator.queuegrid import LINE_PLACEHOLDERS
+from orchestrator.queue.queuefile import parse_bytes
+from orchestrator.queue.queuegrid import LINE_PLACEHOLDERS
 from tests.conftest import run_gpuq
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import JobSpec, ParsedQueue
-from orchestrator.queuefile import ALLOWED_KEYS, parse_bytes, parse_queue
+from orchestrator.queue.queuefile import ALLOWED_KEYS, parse_bytes, parse_queue
 
 CONFIGS = (
     "configs/a.yaml",

@@ -1,4 +1,4 @@
-"""Trainer-argument words exactly (orchestrator/queuegrid.py): pieces, columns, quotes, escapes,
+"""Trainer-argument words exactly (orchestrator/queue/queuegrid.py): pieces, columns, quotes, escapes,
 `${...}` interpolations and grid groups, and the naming key of each group.
 
 tests/unit/test_queue_args.py checks the grammar through whole queue lines; this file pins each
@@ -11,7 +11,7 @@ import hashlib
 
 import pytest
 
-from orchestrator.queuegrid import ArgsError, Word, expand, job_name, split_args
+from orchestrator.queue.queuegrid import ArgsError, Word, expand, job_name, split_args
 
 
 def _names(text: str, seeds: int | None = None) -> list[str]:

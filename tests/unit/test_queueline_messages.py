@@ -1,4 +1,4 @@
-"""One queue line's checks word for word (orchestrator/queueline.py): every message, its column,
+"""One queue line's checks word for word (orchestrator/queue/queueline.py): every message, its column,
 and the limits at their edges (scripts/mutation.py queuefile)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import ParsedQueue
-from orchestrator.queuefile import ALLOWED_KEYS, parse_queue
-from orchestrator.queueline import MAX_EPOCHS
+from orchestrator.queue.queuefile import ALLOWED_KEYS, parse_queue
+from orchestrator.queue.queueline import MAX_EPOCHS
 
 KEYS = ", ".join(ALLOWED_KEYS)
 

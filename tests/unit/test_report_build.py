@@ -12,7 +12,7 @@ from orchestrator import api
 from orchestrator.api.report import build_report
 from orchestrator.core.errors import UsageError
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.queuefile import parse_queue
+from orchestrator.queue.queuefile import parse_queue
 from orchestrator.report import cells as cells_mod
 from orchestrator.report import tables
 from tests.conftest import run_gpuq

@@ -13,8 +13,8 @@ from orchestrator.core import protocol
 from orchestrator.core.config import load_settings
 from orchestrator.core.errors import GpuqError
 from orchestrator.ledger import Ledger
-from orchestrator.queuefile import parse_bytes
-from orchestrator.runconfig import RunConfig
+from orchestrator.queue.queuefile import parse_bytes
+from orchestrator.queue.runconfig import RunConfig
 
 
 def _ledger(tmp_path: Path, run: str = "") -> tuple[Ledger, list[str]]:

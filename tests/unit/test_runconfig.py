@@ -9,7 +9,7 @@ import pytest
 from orchestrator.core.config import load_settings
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.specs import JobSpec
-from orchestrator.runconfig import (
+from orchestrator.queue.runconfig import (
     RunConfig,
     check_forward_allowed,
     check_jobs,
@@ -196,7 +196,7 @@ def test_home_root_and_gpuq_home_are_refused(tmp_path: Path, monkeypatch: pytest
 
 
 def test_the_filesystem_root_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.runconfig as runconfig
+    import orchestrator.queue.runconfig as runconfig
 
     monkeypatch.setattr(runconfig, "repository_root", lambda toml_dir: Path("/"))  # a machine with /.git
     depth = len(tmp_path.resolve().parts) - 1

@@ -21,8 +21,8 @@ from orchestrator.api.report import build_report
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.queue.runconfig import RunConfig
 from orchestrator.report import figures
-from orchestrator.runconfig import RunConfig
 from orchestrator.tick.collect import record_collected
 from tests.support.agentmodule import load_agent_module
 

@@ -38,8 +38,8 @@ import yaml
 
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
-from orchestrator.queuegrid import ArgsError, Cell, expand, job_name
-from orchestrator.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
+from orchestrator.queue.queuegrid import ArgsError, Cell, expand, job_name
+from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
 
 __all__ = ["ALLOWED_KEYS", "parse_bytes", "parse_queue"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.core.errors import QueueIssue
 from orchestrator.core.specs import DEFAULT_EPOCHS
-from orchestrator.queuegrid import MAX_JOBS_PER_LINE, ArgsError, Word, count, split_args
+from orchestrator.queue.queuegrid import MAX_JOBS_PER_LINE, ArgsError, Word, count, split_args
 
 MAX_EPOCHS = 2**63 - 1  # what the ledger's SQLite INTEGER can hold
 ARGS_MARK = "--"
