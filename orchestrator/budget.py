@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from orchestrator.core.states import AttemptState
 from orchestrator.cost import Billed, money_spent
-from orchestrator.estimates import run_groups
+from orchestrator.scheduling.estimates import run_groups
 
 if TYPE_CHECKING:
-    from orchestrator.estimates import RunRecord
+    from orchestrator.scheduling.estimates import RunRecord
 
 RULE = "budget"  # the findings: warn at WARN_AT, escalate when dispatch stops, info when the cap changes
 WARN_AT = 0.8

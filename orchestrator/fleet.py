@@ -26,10 +26,10 @@ from orchestrator.core import protocol
 from orchestrator.core.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.core.errors import HostError, HostKeyError, HostUnreachable, UsageError
 from orchestrator.core.specs import clamp_slots
-from orchestrator.gpumatch import facts_json
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow, Ledger
+from orchestrator.scheduling.gpumatch import facts_json
 
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`), the host
     # documents' models only when one is read (`gpuq status --no-probe` reads none)

@@ -37,7 +37,7 @@ from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, enqueue, job_spec, on_each_host
 from orchestrator.ledger import Attempt, Job, Ledger
-from orchestrator.scheduler import Plan
+from orchestrator.scheduling.scheduler import Plan
 
 RENDEZVOUS_PORTS = (20000, 50000)
 """Rendezvous ports are drawn from this range by job and attempt, so every node knows the port without

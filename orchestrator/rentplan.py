@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from orchestrator.core.specs import JobSpec
-from orchestrator.gpumatch import GpuNeed, model_matches
 from orchestrator.providers.base import Offer
+from orchestrator.scheduling.gpumatch import GpuNeed, model_matches
 
 
 @dataclass(frozen=True)

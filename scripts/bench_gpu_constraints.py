@@ -31,8 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.gpumatch import GpuNeed, host_matches  # noqa: E402
-from orchestrator.scheduler import plan  # noqa: E402
+from orchestrator.scheduling.gpumatch import GpuNeed, host_matches  # noqa: E402
+from orchestrator.scheduling.scheduler import plan  # noqa: E402
 from scripts.bench_scheduler import fleet, mixed_jobs  # noqa: E402
 
 CARDS = [(("NVIDIA A100-SXM4-80GB",), 81920.0), (("NVIDIA H100 80GB HBM3",), 81559.0), (("NVIDIA A10",), 23028.0)]

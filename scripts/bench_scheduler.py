@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scaling of the pure scheduler: ``plan`` and ``plan_steals`` against the pre-scaling copy (the oracle).
 
-The reference is ``tests/support/scheduler_reference.py`` (``orchestrator/scheduler.py`` before the
+The reference is ``tests/support/scheduler_reference.py`` (``orchestrator/scheduling/scheduler.py`` before the
 scaling work), measured in the same run on the same inputs.  For each case: the median wall time of
 ``--repeat`` runs (fewer once they took over 5 s) and the peak extra memory of one more run under
 ``tracemalloc`` (Python allocations made during the call: inputs are built before), for the reference
@@ -41,10 +41,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import scheduler  # noqa: E402
 from orchestrator.core.specs import DEFAULT_EPOCHS, HostSlots  # noqa: E402
-from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH  # noqa: E402
-from orchestrator.scheduler import PlanJob, QueuedJob  # noqa: E402
+from orchestrator.scheduling import scheduler  # noqa: E402
+from orchestrator.scheduling.estimates import DEFAULT_EST_S_PER_EPOCH  # noqa: E402
+from orchestrator.scheduling.scheduler import PlanJob, QueuedJob  # noqa: E402
 from tests.support import scheduler_reference as reference  # noqa: E402
 
 GB = 10**9

@@ -47,7 +47,7 @@ MODULES: dict[str, ModuleSet] = {
         ("orchestrator/patrol.py",), ("tests/unit/test_patrol_rules.py", "tests/unit/test_patrol_findings.py")
     ),
     "scheduler": ModuleSet(
-        ("orchestrator/scheduler.py", "orchestrator/estimates.py"),
+        ("orchestrator/scheduling/scheduler.py", "orchestrator/scheduling/estimates.py"),
         ("tests/unit/test_scheduler.py", "tests/unit/test_scheduler_edges.py", "tests/unit/test_capacity.py",
          "tests/unit/test_scheduler_gangs.py", "tests/unit/test_slurm_hosts.py"),
     ),

@@ -15,9 +15,9 @@ from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec, job_id_for
 from orchestrator.core.states import JobState
-from orchestrator.gpumatch import host_matches, need_of, read_facts
 from orchestrator.ledger import HostRow, Job, attempt_price
-from orchestrator.scheduler import Plan, PlanJob
+from orchestrator.scheduling.gpumatch import host_matches, need_of, read_facts
+from orchestrator.scheduling.scheduler import Plan, PlanJob
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.placement import target_rows
 

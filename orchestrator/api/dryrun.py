@@ -15,9 +15,9 @@ from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.agent_modules import argv_module
 from orchestrator.core.specs import JobSpec, job_id_for
-from orchestrator.estimates import epoch_rates, estimate_s, estimate_source
 from orchestrator.ledger import HostRow
 from orchestrator.queue.runconfig import RunConfig
+from orchestrator.scheduling.estimates import epoch_rates, estimate_s, estimate_source
 
 MASK = "***"
 MASTER_PORT = "<master_port>"  # picked by the host's agent per launch

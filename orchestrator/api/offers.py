@@ -17,9 +17,9 @@ from typing import Any
 from orchestrator import rentplan
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, ProviderAuthError
-from orchestrator.gpumatch import MIB_PER_GB, GpuNeed
 from orchestrator.providers import registry
 from orchestrator.providers.base import Offer, Provider
+from orchestrator.scheduling.gpumatch import MIB_PER_GB, GpuNeed
 from orchestrator.tick.leases import provider_for
 
 

@@ -64,7 +64,7 @@ class HostRow(SQLModel, table=True):
     instance_name: str = ""
     down_when_done: bool = False
     # v14: its GPUs as the audit or the last probe listed them, for jobs with `gpu=` / `gpu_mem=`
-    # (orchestrator/gpumatch.py): JSON, one [model, memory.total MiB] per GPU; "" = not known yet
+    # (orchestrator/scheduling/gpumatch.py): JSON, one [model, memory.total MiB] per GPU; "" = not known yet
     gpu_facts: str = ""
 
 

@@ -11,7 +11,7 @@ project's command uses neither ``{config}`` nor ``{task}``, a line may be only f
 Fields: ``name`` ``gpus`` ``nodes`` ``est_min`` ``seed`` ``seeds`` ``host`` ``retries`` ``gpu``
 ``gpu_mem``, each at most once, never empty.  ``gpu=`` is one GPU model or several joined by
 ``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]`` with a letter or digit; ``gpu_mem=`` GB per
-GPU, like ``est_min=`` (orchestrator/gpumatch.py: how they match a host).  Integers are ``0`` or
+GPU, like ``est_min=`` (orchestrator/scheduling/gpumatch.py: how they match a host).  Integers are ``0`` or
 a non-zero digit followed by digits (no sign, no leading zero). The job name is ``name=`` or the
 config file name without one trailing ``.yaml``/``.yml``.
 """

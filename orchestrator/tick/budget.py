@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from orchestrator import budget, notify
 from orchestrator.core.config import Settings
 from orchestrator.core.states import JobState
-from orchestrator.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
 from orchestrator.ledger.pricing import attempt_price
-from orchestrator.scheduler import Move, Plan, PlanJob
+from orchestrator.scheduling.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
+from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
 from orchestrator.tick import ACTIVE
 
 if TYPE_CHECKING:

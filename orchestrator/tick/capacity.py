@@ -11,10 +11,10 @@ from orchestrator import slurm_hosts
 from orchestrator.core.config import Settings
 from orchestrator.core.specs import HostSlots, clamp_slots
 from orchestrator.core.states import JobState
-from orchestrator.estimates import EpochRates, estimate_s
-from orchestrator.gpumatch import ANY_GPU, GpuNeed, read_facts
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger
-from orchestrator.scheduler import PlanJob
+from orchestrator.scheduling.estimates import EpochRates, estimate_s
+from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, read_facts
+from orchestrator.scheduling.scheduler import PlanJob
 from orchestrator.tick import ACTIVE
 
 

@@ -11,10 +11,10 @@ from orchestrator.budget import hold_reason
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
-from orchestrator.estimates import EpochRates
-from orchestrator.gpumatch import need_of
 from orchestrator.ledger import Job
-from orchestrator.scheduler import Plan
+from orchestrator.scheduling.estimates import EpochRates
+from orchestrator.scheduling.gpumatch import need_of
+from orchestrator.scheduling.scheduler import Plan
 from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.tick import budget, multinode
 from orchestrator.tick.capacity import plan_job

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from orchestrator import gangs
 from orchestrator.context import Context, host_for
 from orchestrator.core.states import JobState
-from orchestrator.estimates import epoch_rates
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.patrol import (
     host_line,
 )
+from orchestrator.scheduling.estimates import epoch_rates
 from orchestrator.tick import ACTIVE, billing, budget, host_answers, multinode
 from orchestrator.tick.answers import failed_probe, patrol_host
 from orchestrator.tick.dispatch import dispatch_queued

@@ -8,14 +8,14 @@ from orchestrator import gangs, slurm_hosts
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.core.config import LOCAL_HOST, Settings
-from orchestrator.estimates import EpochRates
 from orchestrator.fleet import Fleet
-from orchestrator.gpumatch import ANY_GPU, GpuNeed, facts_json, strictest
 from orchestrator.hosts.local import gpu_count as local_gpu_count
 from orchestrator.hosts.local import gpus as local_gpus
 from orchestrator.launcher import deliver_all, push_all
 from orchestrator.ledger import HostRow, Job, Ledger
-from orchestrator.scheduler import Plan, PlanJob, plan
+from orchestrator.scheduling.estimates import EpochRates
+from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, facts_json, strictest
+from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
 from orchestrator.tick import ACTIVE
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.preflight import needs_preflight, preflight_all

@@ -12,11 +12,11 @@ from orchestrator import host_documents
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError
 from orchestrator.fleet import Fleet
-from orchestrator.gpumatch import ANY_GPU, GpuNeed, facts_json
 from orchestrator.host_documents import HealthDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Ledger
+from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, facts_json
 
 
 @dataclass

@@ -9,13 +9,13 @@ from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.specs import HostSlots, clamp_slots
 from orchestrator.core.states import JobState
-from orchestrator.estimates import EpochRates, estimate_s
 from orchestrator.fleet import Fleet
-from orchestrator.gpumatch import need_of, read_facts
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import attempt_spec, enqueue, ensure_bundle
 from orchestrator.ledger import HostRow, Job, Ledger
-from orchestrator.scheduler import Move, QueuedJob, plan_steals
+from orchestrator.scheduling.estimates import EpochRates, estimate_s
+from orchestrator.scheduling.gpumatch import need_of, read_facts
+from orchestrator.scheduling.scheduler import Move, QueuedJob, plan_steals
 from orchestrator.tick import budget, withdraw
 from orchestrator.tick.probe import Probe
 

@@ -299,7 +299,7 @@ def _words(text: str) -> list[str]:
 
 
 def model_matches(wanted: str, name: str) -> bool:
-    """Whether the model ``wanted`` names the card ``name`` (orchestrator/gpumatch.py's rule, copied: the
+    """Whether the model ``wanted`` names the card ``name`` (orchestrator/scheduling/gpumatch.py's rule, copied: the
     agent runs on the standard library alone; tests/unit/test_gpumatch.py checks the two agree)."""
     target = "".join(_words(wanted))
     if not target:

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator import api
 from orchestrator.core.states import JobState
-from orchestrator.estimates import epoch_rates
+from orchestrator.scheduling.estimates import epoch_rates
 from orchestrator.tick.probe import probe
 from orchestrator.tick.steal import steal
 from tests.conftest import kill_recorded_groups, wait_for

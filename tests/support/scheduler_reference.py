@@ -1,8 +1,8 @@
-"""ORACLE for the scheduler equivalence tests: ``orchestrator/scheduler.py`` verbatim as of commit
+"""ORACLE for the scheduler equivalence tests: ``orchestrator/scheduling/scheduler.py`` verbatim as of commit
 26cf49d (``git log -1 --format=%h`` before the scaling work); not used by gpuq itself.
 
 ``tests/unit/test_scheduler_equivalence.py`` and ``scripts/bench_scheduler.py`` compare the
-optimised ``orchestrator.scheduler`` against this copy: every ``plan`` and ``plan_steals`` result
+optimised ``orchestrator.scheduling.scheduler`` against this copy: every ``plan`` and ``plan_steals`` result
 must be equal.  Only this first paragraph was added; do not edit the code below.
 
 The original module docstring:

@@ -75,7 +75,7 @@ def test_every_module_is_in_the_map() -> None:
 def test_the_map_check_can_fail() -> None:
     text = DOC.read_text(encoding="utf-8")
     without = text.replace("`scheduler.py`", "`scheduler-gone`")
-    assert "orchestrator/scheduler.py" in unnamed_modules(without)
+    assert "orchestrator/scheduling/scheduler.py" in unnamed_modules(without)
 
 
 def test_the_drawn_layers_are_the_contracts_layers() -> None:

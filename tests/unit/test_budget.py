@@ -20,9 +20,9 @@ from orchestrator.core.config import load_settings
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.specs import Assignment, JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.estimates import epoch_rates
 from orchestrator.ledger import Job, Ledger, attempt_price
-from orchestrator.scheduler import Move, Plan, PlanJob
+from orchestrator.scheduling.estimates import epoch_rates
+from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, sweeps_done
 
@@ -259,7 +259,7 @@ def test_what_waiting_jobs_may_cost_counts_only_hosts_their_gpus_take(ctx: Conte
     """`gpuq budget`'s remaining range prices a job with gpu=/gpu_mem= only on the hosts the scheduler would
     give it (gpumatch.host_matches on each host's recorded GPUs); one no host can take is named, not counted
     at some other host's price."""
-    from orchestrator.gpumatch import facts_json
+    from orchestrator.scheduling.gpumatch import facts_json
 
     ctx.ledger.update_host("cheap", gpu_facts=facts_json([("NVIDIA A10", 23028.0)] * 4))
     ctx.ledger.update_host("dear", gpu_facts=facts_json([("NVIDIA H100 80GB HBM3", 81559.0)]))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from orchestrator.core.config import Settings
-from orchestrator.estimates import EpochRates
 from orchestrator.ledger import Attempt, HostRow, Job
-from orchestrator.scheduler import plan
+from orchestrator.scheduling.estimates import EpochRates
+from orchestrator.scheduling.scheduler import plan
 from orchestrator.tick.capacity import host_capacity, plan_job
 
 NOW = 10_000.0

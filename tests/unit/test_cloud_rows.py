@@ -11,10 +11,10 @@ from orchestrator import fleet
 from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
-from orchestrator.estimates import epoch_rates
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import instance_name, ledger_of
-from orchestrator.scheduler import PlanJob, plan
+from orchestrator.scheduling.estimates import epoch_rates
+from orchestrator.scheduling.scheduler import PlanJob, plan
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.loop import run_tick
 from orchestrator.views import host_flags, host_state

@@ -1,11 +1,11 @@
-"""Hardware as a constraint (orchestrator/gpumatch.py): the model-name rule, GiB per GPU, unknown GPUs,
+"""Hardware as a constraint (orchestrator/scheduling/gpumatch.py): the model-name rule, GiB per GPU, unknown GPUs,
 the reason no host matches, and the agent's copy of the rule (payload/agent/gpuq_health.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator import gpumatch as G
+from orchestrator.scheduling import gpumatch as G
 from tests.support.agentmodule import load_agent_module
 
 H = load_agent_module("gpuq_health")

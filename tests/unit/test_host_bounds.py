@@ -15,9 +15,9 @@ from orchestrator import api
 from orchestrator import host_documents as hd
 from orchestrator.core.errors import LedgerError
 from orchestrator.core.specs import MAX_SLOTS, HostSlots, JobSpec
-from orchestrator.estimates import EpochRates
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.scheduler import PlanJob, plan
+from orchestrator.scheduling.estimates import EpochRates
+from orchestrator.scheduling.scheduler import PlanJob, plan
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.collect import record_collected
 

@@ -13,11 +13,11 @@ import pytest
 
 from orchestrator import rentplan
 from orchestrator.core.errors import NoCapacity, ProviderError
-from orchestrator.gpumatch import GpuNeed, host_matches
 from orchestrator.providers import vastai
 from orchestrator.providers import vastai_wire as wire
 from orchestrator.providers.base import PollPolicy, ProvisionRequest, classify
 from orchestrator.providers.credentials import ApiKey
+from orchestrator.scheduling.gpumatch import GpuNeed, host_matches
 from tests.support.fakecloud.vastai import FakeVastAI
 from tests.support.fakecloud.vastai_market import DEFAULT_OFFERS, FakeOffer
 

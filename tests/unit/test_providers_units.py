@@ -522,7 +522,7 @@ def test_literals_of_every_kind() -> None:
 
 ALLOWED_INTERNAL = {"orchestrator.core.errors", "orchestrator.core.specs", "orchestrator.core.states",
                     "orchestrator.core.protocol", "orchestrator.core.config", "orchestrator.providers",
-                    "orchestrator.gpumatch"}  # pure: an offer's GPU memory in the words gpu_mem= uses
+                    "orchestrator.scheduling.gpumatch"}  # pure: an offer's GPU memory in the words gpu_mem= uses
 ALLOWED_EXTERNAL = {"httpx", "pydantic"}  # pydantic: the typed wire models (vastai_wire.py), as config.py
 
 

@@ -19,8 +19,8 @@ from orchestrator.api.renting_for import plan_for, up_for
 from orchestrator.context import Context, open_context
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec
-from orchestrator.gpumatch import GpuNeed
 from orchestrator.providers.base import Offer
+from orchestrator.scheduling.gpumatch import GpuNeed
 from tests.conftest import run_gpuq
 from tests.support.fakecloud import FakeRunPod
 from tests.support.fakecloud.vastai import FakeVastAI

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from orchestrator.core.specs import HostSlots, JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH, epoch_rates, estimate_s
 from orchestrator.ledger import Ledger
-from orchestrator.scheduler import Move, Plan, PlanJob, QueuedJob, plan, plan_steals
+from orchestrator.scheduling.estimates import DEFAULT_EST_S_PER_EPOCH, epoch_rates, estimate_s
+from orchestrator.scheduling.scheduler import Move, Plan, PlanJob, QueuedJob, plan, plan_steals
 
 GB = 10**9
 

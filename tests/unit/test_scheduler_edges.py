@@ -1,6 +1,6 @@
 """The scheduler's exact edges: estimates, the plan's order and polish, and work stealing.
 
-Each case pins one rule of orchestrator/scheduler.py with numbers small enough to check by hand
+Each case pins one rule of orchestrator/scheduling/scheduler.py with numbers small enough to check by hand
 (the comments do the arithmetic); test_scheduler.py holds the broader properties.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import estimates, scheduler
 from orchestrator.core.specs import HostSlots
-from orchestrator.estimates import EpochRates, epoch_rates, estimate_s
-from orchestrator.scheduler import Move, Placement, Plan, PlanJob, QueuedJob, plan, plan_steals
+from orchestrator.scheduling import estimates, scheduler
+from orchestrator.scheduling.estimates import EpochRates, epoch_rates, estimate_s
+from orchestrator.scheduling.scheduler import Move, Placement, Plan, PlanJob, QueuedJob, plan, plan_steals
 
 # --- estimates -----------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The scheduler after its scaling work plans exactly what it planned before.
 
-``tests/support/scheduler_reference.py`` is ``orchestrator/scheduler.py`` as it was before (the oracle).
+``tests/support/scheduler_reference.py`` is ``orchestrator/scheduling/scheduler.py`` as it was before (the oracle).
 Random job and host sets go through both; ``plan`` and ``plan_steals`` must give equal results, to the
 last bit of every time, including the reasons of unplaced jobs, and raise the same errors where the
 old one raised.  Nothing is excluded: identical jobs (which the swap pass skips), a job id given twice,
@@ -24,10 +24,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import scheduler
 from orchestrator.core.specs import DEFAULT_EPOCHS, HostSlots
-from orchestrator.estimates import DEFAULT_EST_S_PER_EPOCH
-from orchestrator.scheduler import PlanJob, QueuedJob
+from orchestrator.scheduling import scheduler
+from orchestrator.scheduling.estimates import DEFAULT_EST_S_PER_EPOCH
+from orchestrator.scheduling.scheduler import PlanJob, QueuedJob
 from tests.support import scheduler_reference as reference
 
 GB = 10**9

@@ -10,7 +10,7 @@ from orchestrator.core.specs import Assignment, HostSlots
 from orchestrator.gangs import Part, head_addresses, hold_back, rendezvous_port, standing_entry, waiting
 from orchestrator.host_documents import JobEntry
 from orchestrator.hosts.sshconfig import Endpoint
-from orchestrator.scheduler import Plan, PlanJob, plan
+from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
 from tests.support.fakehost import FakeHost
 
 

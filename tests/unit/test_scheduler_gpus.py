@@ -12,10 +12,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import scheduler
 from orchestrator.core.specs import HostSlots
-from orchestrator.gpumatch import ANY_GPU, GpuNeed, host_matches
-from orchestrator.scheduler import PlanJob, QueuedJob, plan, plan_steals
+from orchestrator.scheduling import scheduler
+from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, host_matches
+from orchestrator.scheduling.scheduler import PlanJob, QueuedJob, plan, plan_steals
 
 A100 = ("NVIDIA A100-SXM4-80GB",), 81920.0
 H100 = ("NVIDIA H100 80GB HBM3",), 81559.0

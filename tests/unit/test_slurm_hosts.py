@@ -16,7 +16,7 @@ from orchestrator.core.specs import HostSlots
 from orchestrator.fleet import Registered
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow
-from orchestrator.scheduler import PlanJob, plan
+from orchestrator.scheduling.scheduler import PlanJob, plan
 from orchestrator.slurm_hosts import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
 
 

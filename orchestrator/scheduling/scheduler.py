@@ -37,9 +37,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.core.specs import Assignment, HostSlots
-from orchestrator.gpumatch import ANY_GPU, GpuNeed, HostGpus, host_matches, unmet
-from orchestrator.scheduler_slots import SlotGroup, SlotIndex, grouped
-from orchestrator.scheduler_steal import StealSearch
+from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, HostGpus, host_matches, unmet
+from orchestrator.scheduling.scheduler_slots import SlotGroup, SlotIndex, grouped
+from orchestrator.scheduling.scheduler_steal import StealSearch
 
 GB = 1e9
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from orchestrator.core.specs import HostSlots
-from orchestrator.gpumatch import GpuNeed, host_matches
+from orchestrator.scheduling.gpumatch import GpuNeed, host_matches
 
 INF = float("inf")
 
