@@ -44,7 +44,7 @@ MODULES: dict[str, ModuleSet] = {
         ("orchestrator/transfer/pull.py",), ("tests/unit/test_transfer.py", "tests/unit/test_pull_outcomes.py")
     ),
     "patrol": ModuleSet(
-        ("orchestrator/patrol.py",), ("tests/unit/test_patrol_rules.py", "tests/unit/test_patrol_findings.py")
+        ("orchestrator/health/patrol.py",), ("tests/unit/test_patrol_rules.py", "tests/unit/test_patrol_findings.py")
     ),
     "scheduler": ModuleSet(
         ("orchestrator/scheduling/scheduler.py", "orchestrator/scheduling/estimates.py"),

@@ -17,10 +17,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import hints
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, HostError, UsageError
+from orchestrator.health import hints
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Event, Job
 from orchestrator.transfer import evidence

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import gangs, observed, transfer
+from orchestrator import gangs, transfer
 from orchestrator.api.explaining import attempt_log
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, gc_paused, host_for
@@ -16,6 +16,7 @@ from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.core.states import JobState
 from orchestrator.cost import LOST_STATES, JobCost, job_cost
+from orchestrator.health import observed
 from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv

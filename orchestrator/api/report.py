@@ -14,13 +14,13 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from orchestrator import failures, observed
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, ran_with
 from orchestrator.context import Context, gc_paused
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, UsageError
 from orchestrator.core.states import JobState
 from orchestrator.cost import job_cost
+from orchestrator.health import failures, observed
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job, Pull, Sweep
 from orchestrator.report import stats, trust

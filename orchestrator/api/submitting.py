@@ -17,6 +17,7 @@ from orchestrator.core.agent_modules import argv_module
 from orchestrator.core.config import PROJECT_CONFIG
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
+from orchestrator.health.setup_holds import held_bundles, is_held
 from orchestrator.ledger import HostRow, Job
 from orchestrator.queue import datasets
 from orchestrator.queue.queuefile import parse_queue, read_queue_bytes
@@ -32,7 +33,6 @@ from orchestrator.queue.runconfig import (
 from orchestrator.scheduling.estimates import epoch_rates, estimate_source
 from orchestrator.scheduling.gpumatch import need_of
 from orchestrator.scheduling.scheduler import plan
-from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
 from orchestrator.transfer import datasync

@@ -55,7 +55,7 @@ def _create_private(path: Path) -> None:
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o600)
 
-SETUP_PHASE = "project_setup"  # orchestrator/setup_holds.py: never counts against retries=
+SETUP_PHASE = "project_setup"  # orchestrator/health/setup_holds.py: never counts against retries=
 
 
 class Ledger(EventRecords, ResultRecords, PullRecords):

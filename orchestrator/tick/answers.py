@@ -7,12 +7,11 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from orchestrator import gangs, stops
+from orchestrator import gangs
 from orchestrator.context import Context, host_for
 from orchestrator.core.errors import GpuqError
-from orchestrator.host_documents import JobEntry
-from orchestrator.ledger import Attempt, HostRow, Job
-from orchestrator.patrol import (
+from orchestrator.health import stops
+from orchestrator.health.patrol import (
     Finding,
     HostView,
     JobView,
@@ -24,6 +23,8 @@ from orchestrator.patrol import (
     job_findings,
     unreachable,
 )
+from orchestrator.host_documents import JobEntry
+from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.tick import host_answers
 from orchestrator.tick.checkpoints import ship_checkpoints, ship_wanted
 from orchestrator.tick.collect import collect

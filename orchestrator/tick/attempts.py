@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator import observed
 from orchestrator.core import protocol
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.health import observed
 from orchestrator.host_documents import ExitRecord, JobEntry
 from orchestrator.ledger import Job, Ledger
 from orchestrator.tick import withdraw

@@ -24,12 +24,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from orchestrator import checkpoint_trust, host_documents, transfer_progress
+from orchestrator import host_documents, transfer_progress
 from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError
 from orchestrator.core.states import JobState
+from orchestrator.health import checkpoint_trust
 from orchestrator.host_documents import Pointer, ResultCheckpoint, SnapshotPointer, StatusDocument
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from orchestrator import host_documents, observed
+from orchestrator import host_documents
 from orchestrator.core.errors import GpuqError
+from orchestrator.health import observed
 from orchestrator.host_documents import Results, StatusDocument, Summary
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv

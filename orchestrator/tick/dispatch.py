@@ -11,11 +11,11 @@ from orchestrator.budget import hold_reason
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
+from orchestrator.health.setup_holds import held_bundles, is_held
 from orchestrator.ledger import Job
 from orchestrator.scheduling.estimates import EpochRates
 from orchestrator.scheduling.gpumatch import need_of
 from orchestrator.scheduling.scheduler import Plan
-from orchestrator.setup_holds import held_bundles, is_held
 from orchestrator.tick import budget, multinode
 from orchestrator.tick.capacity import plan_job
 from orchestrator.tick.checkpoints import place_checkpoint

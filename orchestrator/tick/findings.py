@@ -12,15 +12,15 @@ from orchestrator import budget, notify
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.host_documents import JobEntry
-from orchestrator.ledger import HostRow, Job
-from orchestrator.patrol import (
+from orchestrator.health.patrol import (
     Finding,
     JobView,
     Severity,
     Thresholds,
     early_finish,
 )
+from orchestrator.host_documents import JobEntry
+from orchestrator.ledger import HostRow, Job
 from orchestrator.report import cells
 from orchestrator.tick.probe import Probe
 

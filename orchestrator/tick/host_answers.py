@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 from orchestrator import host_documents
+from orchestrator.health.patrol import Finding, Severity
 from orchestrator.ledger import Ledger
-from orchestrator.patrol import Finding, Severity
 from orchestrator.tick.probe import Probe
 
 PROTOCOL_PREFIX = "protocol error: "

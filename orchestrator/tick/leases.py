@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import time
 
-from orchestrator import notify, stops
+from orchestrator import notify
 from orchestrator.context import Context
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import ProviderError
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.health import stops
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider, classify

@@ -1,7 +1,7 @@
 """One controller tick: probe → reconcile → patrol → collect → steal → dispatch → budget → billing (docs/health.md).
 
 Every host gets exactly one read-only round trip (the agent's ``status --json``, carrying the
-patrol's scan offsets and kernel-log cursor).  The patrol rules (``orchestrator.patrol``) turn
+patrol's scan offsets and kernel-log cursor).  The patrol rules (``orchestrator.health.patrol``) turn
 what came back into findings, stored as events with a severity and an action; the policy acts
 on the few that have an automatic remedy (a dead or stalled attempt is requeued with resume while
 retries last; a full disk or a bad GPU holds the host).  Last, the rented hosts' billing
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from orchestrator import gangs
 from orchestrator.context import Context, host_for
 from orchestrator.core.states import JobState
-from orchestrator.ledger import Attempt, HostRow, Job
-from orchestrator.patrol import (
+from orchestrator.health.patrol import (
     host_line,
 )
+from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduling.estimates import epoch_rates
 from orchestrator.tick import ACTIVE, billing, budget, host_answers, multinode
 from orchestrator.tick.answers import failed_probe, patrol_host

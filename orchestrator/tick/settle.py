@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from orchestrator.core.config import Settings
 from orchestrator.core.states import JobState
-from orchestrator.failures import decide
+from orchestrator.health.failures import decide
+from orchestrator.health.patrol import Decision
 from orchestrator.ledger import Ledger
-from orchestrator.patrol import Decision
 
 
 def settle(ledger: Ledger, job_id: str, klass: str, settings: Settings, *, attempt: int | None = None,

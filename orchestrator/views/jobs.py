@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator import observed
 from orchestrator.core.states import JobState
 from orchestrator.cost import money_spent
+from orchestrator.health import observed
 from orchestrator.views.text import duration, printable
 
 if TYPE_CHECKING:

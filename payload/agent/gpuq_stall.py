@@ -6,7 +6,7 @@ ended, writes attempt n+1's spec (resumed as every retry is) into its own inbox.
 
 The limits come in the spec's ``retry`` (``stall_after_s``, ``startup_grace_s``, ``start_stall_after_s``,
 the controller's settings); without them the agent watches nothing.  The rule is the patrol's
-(orchestrator/patrol.py ``job_findings``): the attempt's group lives, the freshest of its heartbeat, its
+(orchestrator/health/patrol.py ``job_findings``): the attempt's group lives, the freshest of its heartbeat, its
 log, its checkpoint pointer, its checkpoint-glob matches and its metrics files is older than the limit
 (``stall_after_s``; ``start_stall_after_s`` before its first step: a ``deadlock_at_start``), and a trainer
 without a heartbeat is past ``startup_grace_s``.  It is checked cheaply: three stats at most every

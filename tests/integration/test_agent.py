@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import patrol, stops
 from orchestrator.core import protocol
+from orchestrator.health import patrol, stops
 from orchestrator.host_documents import unframe
 from tests.support.jobtree import fake_checkpoint
 from tests.support.wire import exit_record

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import failures, patrol
+from orchestrator.health import failures, patrol
 from orchestrator.host_documents import Scan
 from tests.support.agentmodule import load_agent_module
 from tests.support.wire import entry

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import hints
 from orchestrator.context import host_for, open_context
+from orchestrator.health import hints
 from orchestrator.transfer import evidence
 from tests.conftest import run_gpuq
 

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator import host_documents as hd
-from orchestrator import observed as _observed
-from orchestrator import patrol as _patrol
-from orchestrator import stops as _stops
+from orchestrator.health import observed as _observed
+from orchestrator.health import patrol as _patrol
+from orchestrator.health import stops as _stops
 
 
 def status(doc: Mapping[str, Any] | hd.StatusDocument | None) -> hd.StatusDocument | None:

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import failures, hints, patrol
 from orchestrator.core.config import Settings
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import JobState
+from orchestrator.health import failures, hints, patrol
+from orchestrator.health.patrol import JobView, Thresholds
 from orchestrator.host_documents import Scan, ScanHit
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.patrol import JobView, Thresholds
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import reconcile
 from tests.support.agentmodule import load_agent_module
@@ -269,7 +269,7 @@ def test_each_class_is_retried_as_its_table_says_and_has_a_hint(klass: str) -> N
     assert failures.decide(klass, 1, 2).action == expected
     if retry == "once":
         assert failures.decide(klass, 2, 5).action == "fail"
-    assert hints.HINTS.get(klass), f"orchestrator/hints.py has no fix for {klass}"
+    assert hints.HINTS.get(klass), f"orchestrator/health/hints.py has no fix for {klass}"
 
 
 def test_docs_health_lists_every_class_with_its_evidence_and_fix() -> None:

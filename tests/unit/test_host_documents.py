@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from orchestrator import host_documents as hd
-from orchestrator.observed import attempt_progress
-from orchestrator.patrol import HostView, JobView, Thresholds, host_findings, host_line, job_findings
-from orchestrator.stops import interrupted, kernel_oom_kills
+from orchestrator.health.observed import attempt_progress
+from orchestrator.health.patrol import HostView, JobView, Thresholds, host_findings, host_line, job_findings
+from orchestrator.health.stops import interrupted, kernel_oom_kills
 from orchestrator.transfer.verify import parse_manifest
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)

@@ -22,13 +22,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator import launcher, patrol
+from orchestrator import launcher
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.health import patrol
+from orchestrator.health.patrol import JobView, Thresholds
 from orchestrator.host_documents import Verdicts
 from orchestrator.ledger import Ledger
-from orchestrator.patrol import JobView, Thresholds
 from orchestrator.tick import host_retries
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import HEALED, reconcile
@@ -70,7 +71,7 @@ def _entry(now: float, launched: float, beat: tuple[float, int] | None, log: flo
 
 def test_the_agents_stall_rule_gives_the_patrols_verdict_on_every_combination_of_signs() -> None:
     """Ages below, between and above the limits, with and without each sign of life and of a first step:
-    the agent's class and words are the patrol's (orchestrator/patrol.py ``job_findings``)."""
+    the agent's class and words are the patrol's (orchestrator/health/patrol.py ``job_findings``)."""
     now = 1_800_000_000.0
     th = Thresholds(stall_after_s=LIMITS["stall_after_s"], startup_grace_s=LIMITS["startup_grace_s"],
                     start_stall_after_s=LIMITS["start_stall_after_s"])

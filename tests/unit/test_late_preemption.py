@@ -1,7 +1,7 @@
 """The provider's word a tick late: a rented host whose job just failed (a rank exited 1 in the
 preemption's grace, before anything said "preempted") is found preempted on the next look, and the
 just-failed job becomes PREEMPTED, so auto-resume continues it (tick/leases.py check_lease with
-orchestrator/stops.py; the RunPod API is the fake, the ledger is real)."""
+orchestrator/health/stops.py; the RunPod API is the fake, the ledger is real)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from orchestrator.core.config import load_settings
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.health.patrol import Finding, JobView, Severity, ended_badly
 from orchestrator.ledger import HostRow, Job
-from orchestrator.patrol import Finding, JobView, Severity, ended_badly
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.tick import billing
 from orchestrator.tick import budget as tick_budget

@@ -1,4 +1,4 @@
-"""orchestrator/observed.py: what the controller takes from the agent's "progress" and
+"""orchestrator/health/observed.py: what the controller takes from the agent's "progress" and
 "run_ckpt_mtime" of a trainer without a heartbeat, and the headline metric of a sweep's run config."""
 
 from __future__ import annotations

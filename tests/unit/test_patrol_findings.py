@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.patrol import Decision, Finding, HostView, JobView, Severity, Thresholds
+from orchestrator.health.patrol import Decision, Finding, HostView, JobView, Severity, Thresholds
 from tests.support.wire import patrol
 
 TH = Thresholds()

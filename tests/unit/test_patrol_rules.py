@@ -1,4 +1,4 @@
-"""The patrol's pure rules (orchestrator/patrol.py) and the agent's incremental log/metrics scan."""
+"""The patrol's pure rules (orchestrator/health/patrol.py) and the agent's incremental log/metrics scan."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.patrol import HostView, JobView, Severity, Thresholds
+from orchestrator.health.patrol import HostView, JobView, Severity, Thresholds
 from tests.support.wire import patrol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "payload" / "agent"))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import patrol
 from orchestrator.core.agent_modules import payload_dir
+from orchestrator.health import patrol
 from orchestrator.host_documents import Scan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -170,7 +170,7 @@ def test_same_host_trust_never_places_a_projects_checkpoint_from_another_host(wo
     ("any-host", "run/ckpt/e1.pt", {"a"}, "b", False),
 ])
 def test_the_trust_rule(trust: str, file: str, wrote: set[str], target: str, refused: bool) -> None:
-    from orchestrator.checkpoint_trust import placement_refusal
+    from orchestrator.health.checkpoint_trust import placement_refusal
     assert (placement_refusal(trust, file, wrote, target) is not None) is refused
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.health.setup_holds import held_bundles, is_held, is_setup_failure, release, settle_setup_failure
 from orchestrator.host_documents import ExitRecord
 from orchestrator.ledger import Ledger
-from orchestrator.setup_holds import held_bundles, is_held, is_setup_failure, release, settle_setup_failure
 
 SHA = "ab" * 32
 EXIT = ExitRecord.model_validate({"wrapper_code": 80, "phase": "setup", "setup_failed": True, "setup_key": "k" * 64,

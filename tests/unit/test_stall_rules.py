@@ -17,7 +17,7 @@ from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.patrol import DEADLOCK_AT_START, JobView, Thresholds
+from orchestrator.health.patrol import DEADLOCK_AT_START, JobView, Thresholds
 from orchestrator.transfer import evidence
 from tests.support.agentmodule import load_agent_module
 from tests.support.fakehost import FakeHost

@@ -1,4 +1,4 @@
-"""Stops and kills from outside (orchestrator/stops.py): what an exit record says, and the provider's
+"""Stops and kills from outside (orchestrator/health/stops.py): what an exit record says, and the provider's
 late word turning a just-failed attempt on a preempted host into PREEMPTED."""
 
 from __future__ import annotations

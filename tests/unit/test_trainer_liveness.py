@@ -18,7 +18,7 @@ import pytest
 from orchestrator import api
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.patrol import JobView, Thresholds
+from orchestrator.health.patrol import JobView, Thresholds
 from orchestrator.tick.findings import TickReport, early_finishes
 from tests.conftest import run_gpuq
 from tests.support.agentmodule import load_agent_module

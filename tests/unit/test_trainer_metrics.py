@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import api, observed
+from orchestrator import api
 from orchestrator import host_documents as hd
 from orchestrator.api.report import build_report
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.health import observed
 from orchestrator.queue.runconfig import RunConfig
 from orchestrator.report import figures
 from orchestrator.tick.collect import record_collected

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from orchestrator import observed, stops
 from orchestrator.core import protocol
-from orchestrator.hints import HINTS
+from orchestrator.health import observed, stops
+from orchestrator.health.hints import HINTS
 from orchestrator.host_documents import JobEntry, Memory, Scan, ScanHit, StatusDocument
 
 
@@ -167,7 +167,7 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Sca
     "transient" | "config" | "divergence" | "gpu_oom" | "host_oom" | "disk_full" | "control_plane"
     | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown; ``wrapper_signal`` is the
     signal the wrapper received, a stop whatever the trainer's code) | "killed" (a signal death gpuq
-    did not cause, no OOM evidence) | "vanished" | "unknown".  See ``orchestrator.stops``."""
+    did not cause, no OOM evidence) | "vanished" | "unknown".  See ``orchestrator.health.stops``."""
     signatures = {h.signature for h in hits}
     last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
     outside = stops.outside_class(exit_code, trainer_code, wrapper_signal,
@@ -208,7 +208,7 @@ def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[Sca
 RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped", "killed", "host_oom"})
 DEADLOCK_AT_START = "deadlock_at_start"  # stalled before its first step: retried once at most
 DEADLOCK_RETRIES = 1
-DEADLOCK_HINT = HINTS[DEADLOCK_AT_START]  # the fixes live in orchestrator/hints.py, as `gpuq explain` shows them
+DEADLOCK_HINT = HINTS[DEADLOCK_AT_START]  # the fixes live in orchestrator/health/hints.py, as `gpuq explain` shows them
 DIVERGENCE_HINT = HINTS["divergence"]
 
 

@@ -17,7 +17,7 @@ On top of ``patrol.classify`` (exit codes, stops and kills, the older signatures
 
 A crash retried with resume (``transient``) whose exception line is the same as the attempt before's
 is not retried again: the history says so (``decide``).  The fix a person reads for each class is
-``orchestrator/hints.py``'s; a class never retried names it in its settling decision.
+``orchestrator/health/hints.py``'s; a class never retried names it in its settling decision.
 
 Pure functions; the tick reads the ledger and passes what they need.
 """
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrator import patrol, stops
-from orchestrator.hints import HINTS
+from orchestrator.health import patrol, stops
+from orchestrator.health.hints import HINTS
 from orchestrator.host_documents import ScanHit
 
 # "with_resume" within retries=; "once" (one retry at most); "never" (FAILED); "not_automatic" (FAILED: a
