@@ -1,6 +1,6 @@
 """A sweep's budget as the verbs see it (docs/cost.md): ``gpuq budget SWEEP [USD]`` shows or sets it,
 ``gpuq submit --budget`` starts only what it fits and ``--dry-run`` projects the cost, ``gpuq resume``
-continues a capped sweep's jobs only while it is under its cap.  ``orchestrator/budget.py`` decides;
+continues a capped sweep's jobs only while it is under its cap.  ``orchestrator/money/budget.py`` decides;
 ``tick/budget.py`` holds the tick's side."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator import budget
-from orchestrator.budget import JobCostInput, Projection, Standing, usd
 from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec, job_id_for
 from orchestrator.core.states import JobState
 from orchestrator.ledger import HostRow, Job, attempt_price
+from orchestrator.money import budget
+from orchestrator.money.budget import JobCostInput, Projection, Standing, usd
 from orchestrator.scheduling.gpumatch import host_matches, need_of, read_facts
 from orchestrator.scheduling.scheduler import Plan, PlanJob
 from orchestrator.tick import budget as tick_budget

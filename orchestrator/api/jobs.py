@@ -15,12 +15,12 @@ from orchestrator.context import Context, gc_paused, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.core.states import JobState
-from orchestrator.cost import LOST_STATES, JobCost, job_cost
 from orchestrator.health import observed
 from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
+from orchestrator.money.cost import LOST_STATES, JobCost, job_cost
 from orchestrator.tick import host_retries
 from orchestrator.tick.collect import collect
 from orchestrator.tick.findings import FROM_SCRATCH

@@ -2,7 +2,7 @@
 
 Every provider with an API key is asked for its offers of the wanted GPU count(s); one without a key is
 skipped with the sentence that says where a key goes, and one whose call fails is named with its error
-while the others still list.  Filtering and order are orchestrator/rentplan.py's (the same rule ``gpuq up
+while the others still list.  Filtering and order are orchestrator/money/rentplan.py's (the same rule ``gpuq up
 --for`` rents by).
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from orchestrator import rentplan
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, ProviderAuthError
+from orchestrator.money import rentplan
 from orchestrator.providers import registry
 from orchestrator.providers.base import Offer, Provider
 from orchestrator.scheduling.gpumatch import MIB_PER_GB, GpuNeed

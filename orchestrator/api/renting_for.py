@@ -2,7 +2,7 @@
 (docs/providers.md, "Renting for a queue").
 
 The queue is read and expanded as ``submit`` reads it (api/submitting.read_queue), recording nothing.
-Its lines' machine shapes (orchestrator/rentplan.py: one need per distinct GPU count, ``gpu=`` and
+Its lines' machine shapes (orchestrator/money/rentplan.py: one need per distinct GPU count, ``gpu=`` and
 ``gpu_mem=``) are matched against the offers of every configured provider (api/offers.py), and each need
 takes the cheapest matching offer at or under ``--max-price`` per machine-hour.  When a need has none,
 nothing is rented: without ``--retry-until`` that is an error naming what is missing (and the cheapest
@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from orchestrator import rentplan
 from orchestrator.api.offers import OfferScan, scan_offers
 from orchestrator.api.rented import UpResult
 from orchestrator.api.renting import up
 from orchestrator.api.submitting import read_queue
 from orchestrator.context import Context, known_hosts
 from orchestrator.core.errors import GpuqError, UsageError
+from orchestrator.money import rentplan
 
 
 @dataclass

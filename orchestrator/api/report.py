@@ -19,10 +19,10 @@ from orchestrator.context import Context, gc_paused
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, UsageError
 from orchestrator.core.states import JobState
-from orchestrator.cost import job_cost
 from orchestrator.health import failures, observed
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job, Pull, Sweep
+from orchestrator.money.cost import job_cost
 from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Verdict

@@ -11,10 +11,10 @@ from orchestrator.core.errors import WaitTimeout
 from orchestrator.core.states import JobState
 
 if TYPE_CHECKING:
-    from orchestrator.budget import Standing
     from orchestrator.context import Context
     from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
     from orchestrator.ledger.reader import LedgerReads
+    from orchestrator.money.budget import Standing
     from orchestrator.report.model import Report
     from orchestrator.tick.probe import Probe
 

@@ -88,8 +88,8 @@ def offers(models: tuple[str, ...], gpu_mem: str | None, gpus: str, spot: bool, 
 
 
 def _offers_text(scan: object, spot: bool) -> None:
-    from orchestrator import rentplan
     from orchestrator.api.offers import OfferScan
+    from orchestrator.money import rentplan
 
     assert isinstance(scan, OfferScan)
     for name, why in scan.skipped.items():
@@ -115,9 +115,9 @@ def _offers_text(scan: object, spot: bool) -> None:
 
 
 def _offers_json(scan: object, spot: bool) -> None:
-    from orchestrator import rentplan
     from orchestrator.api.offers import OfferScan
     from orchestrator.cli.offers_document import OfferEntry, OffersDocument
+    from orchestrator.money import rentplan
 
     assert isinstance(scan, OfferScan)
     entries = []

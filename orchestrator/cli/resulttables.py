@@ -1,7 +1,7 @@
 """``gpuq results`` (table and ``--csv``) and ``gpuq pull`` for people: one row per job (past a
 screenful of jobs the table is plain aligned text: ``orchestrator/cli/plaintable.py``).
 
-Costs are ``api.results``' ``JobCost`` (``orchestrator/cost.py``, the policy ``gpuq status`` uses too).
+Costs are ``api.results``' ``JobCost`` (``orchestrator/money/cost.py``, the policy ``gpuq status`` uses too).
 rich is imported by the tables only: ``--csv`` and ``--json`` go without it.
 """
 

@@ -1,8 +1,8 @@
 """``gpuq status --json`` (and the jobs of ``gpuq wait --json``): the status view models
 (``orchestrator/views/``) as the pydantic document of ``orchestrator/cli/documents.py``, schema
 ``gpuq.cli.status/1`` (generated into ``docs/schemas/status.schema.json``).  Costs are the view's
-(``orchestrator/cost.py``), so the document agrees with ``gpuq results --json`` and ``gpuq report``; each
-sweep's ``budget`` spent is the sum of its jobs' costs (``orchestrator/budget.py``).
+(``orchestrator/money/cost.py``), so the document agrees with ``gpuq results --json`` and ``gpuq report``; each
+sweep's ``budget`` spent is the sum of its jobs' costs (``orchestrator/money/budget.py``).
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
 
         ``hosts``: the hosts the user restricted the sweep to (empty: any registered host).
         ``git``: the project's commit and whether it had uncommitted changes (("", None): unknown).
-        ``budget_usd``: the sweep's spending cap (None: none; orchestrator/budget.py).
+        ``budget_usd``: the sweep's spending cap (None: none; orchestrator/money/budget.py).
         """
         now = time.time()
         rows: list[Job] = []

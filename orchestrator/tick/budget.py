@@ -1,4 +1,4 @@
-"""The budget in the tick (``orchestrator/budget.py`` decides; docs/cost.md).
+"""The budget in the tick (``orchestrator/money/budget.py`` decides; docs/cost.md).
 
 Dispatch asks it which of a capped sweep's planned jobs start (``admit_plan``; none once the cap is
 reached: ``hold``), work stealing which moves may go (``moves_within``: a move to a dearer host commits
@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from orchestrator import budget, notify
+from orchestrator import notify
 from orchestrator.core.config import Settings
 from orchestrator.core.states import JobState
 from orchestrator.ledger.pricing import attempt_price
+from orchestrator.money import budget
 from orchestrator.scheduling.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
 from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
 from orchestrator.tick import ACTIVE

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.budget import hold_reason
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
 from orchestrator.health.setup_holds import held_bundles, is_held
 from orchestrator.ledger import Job
+from orchestrator.money.budget import hold_reason
 from orchestrator.scheduling.estimates import EpochRates
 from orchestrator.scheduling.gpumatch import need_of
 from orchestrator.scheduling.scheduler import Plan

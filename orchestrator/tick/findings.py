@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import budget, notify
+from orchestrator import notify
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.states import AttemptState, JobState
@@ -21,6 +21,7 @@ from orchestrator.health.patrol import (
 )
 from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import HostRow, Job
+from orchestrator.money import budget
 from orchestrator.report import cells
 from orchestrator.tick.probe import Probe
 

@@ -1,7 +1,7 @@
 """What ``gpuq status`` (table, ``--json``, live dashboard) and ``gpuq wait --json`` show, as view models
 computed once from an ``api.Snapshot``: jobs (``JobView``), hosts (``HostView``), alerts and sweeps.
 
-Costs come from ``orchestrator/cost.py`` (the one cost policy, shared with ``results`` and ``report``);
+Costs come from ``orchestrator/money/cost.py`` (the one cost policy, shared with ``results`` and ``report``);
 every string from a host is printable (``views/text.py``).  ``orchestrator/cli/`` draws these into
 tables, panels and documents.  Pure: no I/O, no rich.
 

@@ -1,7 +1,7 @@
 """One job as ``gpuq status``, ``gpuq wait --json`` and the live dashboard show it: ``JobView``.
 
 Derived from a ``Snapshot`` at ``now``: where the job runs (host and slots), its progress, ETA,
-heartbeat age and what it cost so far (``orchestrator/cost.py``: the one cost policy, the price each
+heartbeat age and what it cost so far (``orchestrator/money/cost.py``: the one cost policy, the price each
 attempt fixed when it started).  Every string taken from a host is printable (``views/text.py``).
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.core.states import JobState
-from orchestrator.cost import money_spent
 from orchestrator.health import observed
+from orchestrator.money.cost import money_spent
 from orchestrator.views.text import duration, printable
 
 if TYPE_CHECKING:

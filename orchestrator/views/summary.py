@@ -9,7 +9,7 @@ from orchestrator.views.text import printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
-    from orchestrator.budget import Standing
+    from orchestrator.money.budget import Standing
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class SweepView:
     created_at: float
     jobs: int
     states: dict[str, int]  # job state -> how many
-    budget: Standing | None = None  # its cap, spent and committed (orchestrator/budget.py)
+    budget: Standing | None = None  # its cap, spent and committed (orchestrator/money/budget.py)
 
     @property
     def line(self) -> str:

@@ -174,8 +174,8 @@ def test_an_unused_host_goes_once_every_sweep_submitted_since_it_came_up_has_end
 def test_a_sweep_its_budget_stopped_keeps_no_machine_billing(ctx: Context, tmp_path: Path) -> None:
     """Its queued jobs wait for a person to raise the cap, not for a machine: a down-when-done host
     restricted to it goes, and a fresh one is not kept for it."""
-    from orchestrator import budget
     from orchestrator.api import budgeting
+    from orchestrator.money import budget
     from orchestrator.tick import budget as tick_budget
 
     _host(ctx, tmp_path, "rp-a", rent=False)

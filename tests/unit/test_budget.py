@@ -1,4 +1,4 @@
-"""A sweep's budget (orchestrator/budget.py, tick/budget.py, api/budgeting.py; docs/cost.md), on a real SQLite
+"""A sweep's budget (orchestrator/money/budget.py, tick/budget.py, api/budgeting.py; docs/cost.md), on a real SQLite
 ledger: spent at the price each attempt fixed, committed to each live attempt's estimate, admission that
 stops exactly where spent + committed would cross the cap, one warning and one escalation per cap (webhook
 included), the dry run's range, work stealing and `gpuq resume` under a cap, and the cap as a user-only
@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from orchestrator import budget
 from orchestrator.api import budgeting as api_budget
 from orchestrator.context import Context, open_context
 from orchestrator.core.config import load_settings
@@ -21,6 +20,7 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.specs import Assignment, JobSpec
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Job, Ledger, attempt_price
+from orchestrator.money import budget
 from orchestrator.scheduling.estimates import epoch_rates
 from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
 from orchestrator.tick import budget as tick_budget

@@ -1,11 +1,11 @@
-"""GPU-hours, money and the GPU-hours lost to preemptions (orchestrator/cost.py)."""
+"""GPU-hours, money and the GPU-hours lost to preemptions (orchestrator/money/cost.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.cost import job_cost
 from orchestrator.ledger import Attempt, Checkpoint
+from orchestrator.money.cost import job_cost
 
 T0 = 1_800_000_000.0
 

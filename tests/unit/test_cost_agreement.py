@@ -1,7 +1,7 @@
-"""One cost policy (orchestrator/cost.py): ``gpuq status --json``, ``gpuq results --json`` and
+"""One cost policy (orchestrator/money/cost.py): ``gpuq status --json``, ``gpuq results --json`` and
 ``gpuq report --format json`` agree to the cent, at the price each attempt fixed when it started,
 even after the host's price changed; and what a sweep's budget counts as spent (``status --json``'s
-``budget.spent``, ``gpuq budget``) is the sum of its jobs' costs (orchestrator/budget.py)."""
+``budget.spent``, ``gpuq budget``) is the sum of its jobs' costs (orchestrator/money/budget.py)."""
 
 from __future__ import annotations
 

@@ -202,7 +202,7 @@ def test_job_views_derive_slots_eta_heartbeat_and_cost() -> None:
 
 
 def test_cost_is_the_price_each_attempt_fixed_when_it_started() -> None:
-    """The one cost policy (orchestrator/cost.py): a host's price that changes later changes nothing."""
+    """The one cost policy (orchestrator/money/cost.py): a host's price that changes later changes nothing."""
     snap = _snapshot()
     snap.hosts[0].price_per_hour = 100.0  # g1's price rises after the attempts started
     shown = {v.job.name: v for v in job_views(snap)}

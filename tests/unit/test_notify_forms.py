@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import budget, notify
+from orchestrator import notify
 from orchestrator.context import Context, open_context
 from orchestrator.core.config import load_settings
 from orchestrator.core.errors import ConfigError
@@ -21,6 +21,7 @@ from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.health.patrol import Finding, JobView, Severity, ended_badly
 from orchestrator.ledger import HostRow, Job
+from orchestrator.money import budget
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.tick import billing
 from orchestrator.tick import budget as tick_budget

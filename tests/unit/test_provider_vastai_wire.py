@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator import rentplan
 from orchestrator.core.errors import NoCapacity, ProviderError
+from orchestrator.money import rentplan
 from orchestrator.providers import vastai
 from orchestrator.providers import vastai_wire as wire
 from orchestrator.providers.base import PollPolicy, ProvisionRequest, classify

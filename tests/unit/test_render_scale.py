@@ -33,8 +33,8 @@ from orchestrator.cli import emit, jsontext, plaintable, render, resulttables
 from orchestrator.cli import report as report_cli
 from orchestrator.context import Context
 from orchestrator.core.specs import known_epochs
-from orchestrator.cost import JobCost
 from orchestrator.ledger.tables import Job
+from orchestrator.money.cost import JobCost
 from orchestrator.report.model import FailureRow
 from tests.unit.test_report_build import QUEUE, VALUES, _sweep
 from tests.unit.test_results_scale import SWEEP, build

@@ -1,5 +1,5 @@
 """`gpuq offers` and `gpuq up --for` on a mixed farm: the fake vast.ai's market of different GPU models,
-memory sizes and prices (orchestrator/rentplan.py, api/offers.py, api/renting_for.py).  No machine is
+memory sizes and prices (orchestrator/money/rentplan.py, api/offers.py, api/renting_for.py).  No machine is
 rented here (that needs SSH hosts: tests/integration/test_cloud.py rents with `up --for`); what is checked is
 which offers a queue's lines take, the price cap, the wait for capacity, and what the CLI says."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import rentplan
 from orchestrator.api.offers import scan_offers
 from orchestrator.api.renting_for import plan_for, up_for
 from orchestrator.context import Context, open_context
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec
+from orchestrator.money import rentplan
 from orchestrator.providers.base import Offer
 from orchestrator.scheduling.gpumatch import GpuNeed
 from tests.conftest import run_gpuq

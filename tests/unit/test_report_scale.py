@@ -19,9 +19,9 @@ from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.cost import job_cost
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, HostRow, Job, Metric
+from orchestrator.money.cost import job_cost
 from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report

@@ -22,10 +22,10 @@ from orchestrator.api.jobs import ResultRow, collect_missing, cpu_slots, results
 from orchestrator.context import Context
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.cost import job_cost
 from orchestrator.health import observed
 from orchestrator.host_documents import Provenance, ResultCheckpoint
 from orchestrator.ledger import HostRow, Ledger
+from orchestrator.money.cost import job_cost
 from orchestrator.tick.findings import FROM_SCRATCH
 
 SWEEP = "qscale1"

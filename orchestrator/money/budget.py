@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from orchestrator.core.states import AttemptState
-from orchestrator.cost import Billed, money_spent
+from orchestrator.money.cost import Billed, money_spent
 from orchestrator.scheduling.estimates import run_groups
 
 if TYPE_CHECKING:
