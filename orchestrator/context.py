@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.config import LOCAL_HOST, Settings, load_settings
 
 if TYPE_CHECKING:  # the ledger's ORM and the hosts load when a context is opened, not with this module
-    from orchestrator.fleet import Fleet
+    from orchestrator.fleet.registry import Fleet
     from orchestrator.hosts.base import Host
     from orchestrator.ledger import HostRow, Ledger
 
@@ -31,7 +31,7 @@ class Context:
 
 
 def open_context(*, overrides: dict[str, Any] | None = None, project_dir: Path | None = None) -> Context:
-    from orchestrator.fleet import Fleet
+    from orchestrator.fleet.registry import Fleet
     from orchestrator.ledger import Ledger
 
     settings = load_settings(overrides=overrides, project_dir=project_dir)

@@ -32,7 +32,7 @@ from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError, IllegalTransition
 from orchestrator.core.specs import Assignment
-from orchestrator.fleet import Fleet
+from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv, enqueue, job_spec, on_each_host

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from orchestrator import fleet
 from orchestrator.api.budgeting import resume_refusals
 from orchestrator.api.renting import up
 from orchestrator.context import Context, verified_ids
 from orchestrator.core.errors import GpuqError, HostError, ProviderError, UsageError
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import Provider
 from orchestrator.tick import teardown

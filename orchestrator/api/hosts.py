@@ -10,13 +10,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator import fleet, host_documents, slurm_hosts
+from orchestrator import host_documents
 from orchestrator.bundle import build_bundle
 from orchestrator.context import Context, verified_ids
 from orchestrator.core import protocol
 from orchestrator.core.config import LOCAL_HOST
 from orchestrator.core.errors import GpuqError, HostError, UsageError
 from orchestrator.core.states import JobState
+from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import slurm as slurm_hosts
 from orchestrator.health import setup_holds
 from orchestrator.host_documents import AgentStop, Provenance
 from orchestrator.launcher import agent_argv, ensure_bundle

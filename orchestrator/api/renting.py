@@ -21,11 +21,11 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
-from orchestrator import fleet
 from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy
 from orchestrator.context import Context
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import ConfigError, GpuqError, NoCapacity, UsageError
+from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name

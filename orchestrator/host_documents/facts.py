@@ -1,4 +1,4 @@
-"""What `gpuq hosts add` learns about a host (its audit script, orchestrator/fleet.py), the
+"""What `gpuq hosts add` learns about a host (its audit script, orchestrator/fleet/registry.py), the
 per-job verdicts of ``enqueue`` / ``withdraw`` / ``cancel``, who retries each ended attempt
 (``decide-retry``), and what ``stop-agent`` did."""
 

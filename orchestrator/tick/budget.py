@@ -24,7 +24,7 @@ from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
 from orchestrator.tick import ACTIVE
 
 if TYPE_CHECKING:
-    from orchestrator.fleet import Fleet
+    from orchestrator.fleet.registry import Fleet
     from orchestrator.ledger import HostRow, Job, Ledger, Sweep
     from orchestrator.ledger.reader import LedgerReads
     from orchestrator.tick.findings import TickReport

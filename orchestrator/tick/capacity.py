@@ -7,10 +7,10 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from orchestrator import slurm_hosts
 from orchestrator.core.config import Settings
 from orchestrator.core.specs import HostSlots, clamp_slots
 from orchestrator.core.states import JobState
+from orchestrator.fleet import slurm as slurm_hosts
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger
 from orchestrator.scheduling.estimates import EpochRates, estimate_s
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, read_facts

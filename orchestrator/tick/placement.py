@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator import gangs, slurm_hosts
+from orchestrator import gangs
 from orchestrator.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.core.config import LOCAL_HOST, Settings
-from orchestrator.fleet import Fleet
+from orchestrator.fleet import slurm as slurm_hosts
+from orchestrator.fleet.registry import Fleet
 from orchestrator.hosts.local import gpu_count as local_gpu_count
 from orchestrator.hosts.local import gpus as local_gpus
 from orchestrator.launcher import deliver_all, push_all

@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator import host_documents
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError
-from orchestrator.fleet import Fleet
+from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import HealthDocument
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import agent_argv

@@ -9,7 +9,7 @@ from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.specs import HostSlots, clamp_slots
 from orchestrator.core.states import JobState
-from orchestrator.fleet import Fleet
+from orchestrator.fleet.registry import Fleet
 from orchestrator.hosts.base import Host
 from orchestrator.launcher import attempt_spec, enqueue, ensure_bundle
 from orchestrator.ledger import HostRow, Job, Ledger

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 
-from orchestrator import fleet
 from orchestrator.context import Context
 from orchestrator.core.errors import ProviderError
 from orchestrator.core.states import JobState
+from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow, Job
 from orchestrator.tick.leases import provider_for
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from orchestrator import host_documents
 from orchestrator.core.errors import HostError
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.fleet import Fleet
+from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import Verdicts
 from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job, Ledger

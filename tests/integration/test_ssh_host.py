@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import HostAuthFailed, HostKeyError, HostUnreachable
-from orchestrator.fleet import key_fingerprint
+from orchestrator.fleet.registry import key_fingerprint
 from orchestrator.hosts.ssh import SSHHost, SSHOptions, resolve
 from tests.support.testhosts import FarmFactory, HostFarm
 from tests.unit import test_hosts_contract as contract

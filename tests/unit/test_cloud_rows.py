@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from orchestrator import fleet
 from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
+from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import instance_name, ledger_of
 from orchestrator.scheduling.estimates import epoch_rates

@@ -1,4 +1,4 @@
-"""A Slurm host as the controller sees it (orchestrator/slurm_hosts.py): the settings `gpuq hosts add
+"""A Slurm host as the controller sees it (orchestrator/fleet/slurm.py): the settings `gpuq hosts add
 --slurm` accepts, GPUs per node from sinfo's GRES, and what the scheduler may assume (a slot is a
 place in Slurm's queue; a job larger than a node has nowhere to go)."""
 
@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
 from orchestrator.core.specs import HostSlots
-from orchestrator.fleet import Registered
+from orchestrator.fleet.registry import Registered
+from orchestrator.fleet.slurm import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow
 from orchestrator.scheduling.scheduler import PlanJob, plan
-from orchestrator.slurm_hosts import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
 
 
 @pytest.mark.parametrize("fields", [

@@ -197,7 +197,7 @@ def register(
     """Audit the host over a verified connection, then record it.  All or nothing.
 
     ``then``: more checks on the same connection before anything is recorded (a Slurm login
-    node's, orchestrator/slurm_hosts.py); it may change the row and add warnings, and raises to refuse.
+    node's, orchestrator/fleet/slurm.py); it may change the row and add warnings, and raises to refuse.
     ``rented``: the name is held by the row `gpuq up` wrote before it rented the machine (lease state
     ``provisioning``, no address yet): the audit's facts and these fields (its lease) fill that row in,
     in one transaction, so no row is ever half a host."""

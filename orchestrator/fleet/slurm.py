@@ -15,10 +15,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from orchestrator import fleet, host_documents
+from orchestrator import host_documents
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import HostError, UsageError
+from orchestrator.fleet import registry as fleet
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow, Ledger
