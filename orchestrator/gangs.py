@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from orchestrator.agent.launcher import agent_argv, enqueue, job_spec, on_each_host
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError, IllegalTransition
@@ -35,7 +36,6 @@ from orchestrator.core.specs import Assignment
 from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv, enqueue, job_spec, on_each_host
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.scheduling.scheduler import Plan
 

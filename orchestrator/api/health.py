@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import host_documents
-from orchestrator.bundle import build_bundle
+from orchestrator.agent.bundle import build_bundle
+from orchestrator.agent.launcher import agent_argv, ensure_bundle
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, HostError, UsageError
 from orchestrator.core.states import JobState
 from orchestrator.host_documents import ReapCandidate, ReapDocument
-from orchestrator.launcher import agent_argv, ensure_bundle
 from orchestrator.ledger import HostRow
 from orchestrator.tick import ACTIVE
 from orchestrator.tick.budget import stopped

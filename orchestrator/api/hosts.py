@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import host_documents
-from orchestrator.bundle import build_bundle
+from orchestrator.agent.bundle import build_bundle
+from orchestrator.agent.launcher import agent_argv, ensure_bundle
 from orchestrator.context import Context, verified_ids
 from orchestrator.core import protocol
 from orchestrator.core.config import LOCAL_HOST
@@ -21,7 +22,6 @@ from orchestrator.fleet import registry as fleet
 from orchestrator.fleet import slurm as slurm_hosts
 from orchestrator.health import setup_holds
 from orchestrator.host_documents import AgentStop, Provenance
-from orchestrator.launcher import agent_argv, ensure_bundle
 from orchestrator.ledger import HostRow, Job
 from orchestrator.tick import ACTIVE
 

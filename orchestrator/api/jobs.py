@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import gangs, transfer
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.api.explaining import attempt_log
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, gc_paused, host_for
@@ -18,7 +19,6 @@ from orchestrator.core.states import JobState
 from orchestrator.health import observed
 from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job
 from orchestrator.money.cost import LOST_STATES, JobCost, job_cost
 from orchestrator.tick import host_retries

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import transfer
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, JobNotFound
 from orchestrator.core.states import JobState
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Job
 
 

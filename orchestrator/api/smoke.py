@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator import launcher
+from orchestrator.agent import launcher
 from orchestrator.api.submitting import SubmitResult, submit
 from orchestrator.context import Context
 from orchestrator.core import protocol

@@ -10,8 +10,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.agent.bundle import Bundle, build_bundle
 from orchestrator.api import budgeting
-from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.core.agent_modules import argv_module
 from orchestrator.core.config import PROJECT_CONFIG

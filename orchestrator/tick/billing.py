@@ -32,11 +32,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import notify, transfer
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.states import JobState
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.money import cost
 from orchestrator.tick import ACTIVE, budget, teardown

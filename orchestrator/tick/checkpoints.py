@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import host_documents, transfer_progress
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
@@ -32,7 +33,6 @@ from orchestrator.core.errors import GpuqError, HostError
 from orchestrator.core.states import JobState
 from orchestrator.health import checkpoint_trust
 from orchestrator.host_documents import Pointer, ResultCheckpoint, SnapshotPointer, StatusDocument
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.transfer import ckptdir
 from orchestrator.transfer.verify import checkpoint_problem, file_sha256

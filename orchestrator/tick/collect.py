@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from orchestrator import host_documents
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.core.errors import GpuqError
 from orchestrator.health import observed
 from orchestrator.host_documents import Results, StatusDocument, Summary
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Ledger
 from orchestrator.tick.probe import Probe
 

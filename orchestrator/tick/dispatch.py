@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.bundle import Bundle
+from orchestrator.agent.bundle import Bundle
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
 from orchestrator.health.setup_holds import held_bundles, is_held

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.health.patrol import DEADLOCK_AT_START, DIVERGENCE_HINT, Finding
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.tick.findings import TickReport
 from orchestrator.tick.settle import settle

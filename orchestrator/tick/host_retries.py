@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError, IllegalTransition
@@ -28,7 +29,6 @@ from orchestrator.health import failures
 from orchestrator.health.patrol import DEADLOCK_AT_START, Decision
 from orchestrator.host_documents import JobEntry, ProtocolError, RetryDecision, read_retry_decisions
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Job, Ledger
 from orchestrator.tick.attempts import apply
 from orchestrator.tick.ending import stall_message

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator import gangs
-from orchestrator.bundle import Bundle
+from orchestrator.agent.bundle import Bundle
+from orchestrator.agent.launcher import deliver_all, push_all
 from orchestrator.context import Context
 from orchestrator.core.config import LOCAL_HOST, Settings
 from orchestrator.fleet import slurm as slurm_hosts
 from orchestrator.fleet.registry import Fleet
 from orchestrator.hosts.local import gpu_count as local_gpu_count
 from orchestrator.hosts.local import gpus as local_gpus
-from orchestrator.launcher import deliver_all, push_all
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduling.estimates import EpochRates
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, facts_json, strictest

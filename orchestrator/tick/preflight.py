@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import host_documents
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError
 from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import HealthDocument
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, facts_json
 

@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from orchestrator import host_documents
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError
 from orchestrator.host_documents import StatusDocument
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv
 
 
 @dataclass

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import gangs
+from orchestrator.agent.launcher import attempt_spec, enqueue, ensure_agent
 from orchestrator.core.config import Settings
 from orchestrator.core.specs import clamp_slots
 from orchestrator.core.states import JobState
@@ -20,7 +21,6 @@ from orchestrator.health.patrol import Decision, signatures_of
 from orchestrator.health.setup_holds import is_setup_failure, settle_setup_failure
 from orchestrator.host_documents import JobEntry, RetryDecision, Scan, ScanHit
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import attempt_spec, enqueue, ensure_agent
 from orchestrator.ledger import Job, Ledger
 from orchestrator.scheduling.gpumatch import facts_json
 from orchestrator.tick import ACTIVE, host_retries

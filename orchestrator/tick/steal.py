@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.bundle import Bundle
+from orchestrator.agent.bundle import Bundle
+from orchestrator.agent.launcher import attempt_spec, enqueue, ensure_bundle
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.specs import HostSlots, clamp_slots
 from orchestrator.core.states import JobState
 from orchestrator.fleet.registry import Fleet
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import attempt_spec, enqueue, ensure_bundle
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduling.estimates import EpochRates, estimate_s
 from orchestrator.scheduling.gpumatch import need_of, read_facts

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator import host_documents
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.core.errors import HostError
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import Verdicts
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Attempt, Job, Ledger
 
 WHY = ("steal", "budget")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.launcher import sigterm_grace_s
+from orchestrator.agent.launcher import sigterm_grace_s
 from orchestrator.ledger import Ledger
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import kill_recorded_groups, run_gpuq, wait_for

@@ -17,11 +17,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.agent.launcher import job_spec
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import JobState
-from orchestrator.launcher import job_spec
 from orchestrator.ledger import Ledger
 from orchestrator.tick.answers import _settled_findings
 from orchestrator.tick.collect import collect

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostUnreachable
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import Job, Ledger
 from orchestrator.transfer import pull_jobs
 from tests.support.fakehost import FakeHost

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context, open_context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.launcher import agent_argv
 from orchestrator.ledger import HostRow, Job
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.tick import billing

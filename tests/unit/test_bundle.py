@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bundle import build_bundle
+from orchestrator.agent.bundle import build_bundle
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bundle_check
-from orchestrator.bundle import Bundle, build_bundle
+from orchestrator.agent import bundle_check
+from orchestrator.agent.bundle import Bundle, build_bundle
+from orchestrator.agent.launcher import ensure_bundle
 from orchestrator.core import protocol
 from orchestrator.core.errors import BundleError
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launcher import ensure_bundle
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from orchestrator.bundle import build_bundle
+from orchestrator.agent.bundle import build_bundle
+from orchestrator.agent.launcher import ensure_bundle
 from orchestrator.core import protocol
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launcher import ensure_bundle
 
 
 class _RecordingHost(LocalHost):

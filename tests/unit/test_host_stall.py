@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import launcher
+from orchestrator.agent import launcher
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.states import AttemptState, JobState

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.launcher import record_attempts
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import IllegalTransition, JobNotFound
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.launcher import record_attempts
 from orchestrator.ledger import Job, Ledger
 
 

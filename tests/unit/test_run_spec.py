@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launcher
+from orchestrator.agent import launcher
 from orchestrator.core import protocol
 from orchestrator.core.config import load_settings
 from orchestrator.core.errors import GpuqError

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.launcher import sigterm_grace_s
+from orchestrator.agent.launcher import sigterm_grace_s
 from orchestrator.ledger import HostRow
 
 

@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import bundle_check, host_documents, transfer_progress
-from orchestrator.bundle import Bundle
+from orchestrator import host_documents, transfer_progress
+from orchestrator.agent import bundle_check
+from orchestrator.agent.bundle import Bundle
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import AgentError, BundleError, GpuqError, IllegalTransition
