@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from orchestrator import host_documents, transfer_progress
+from orchestrator import host_documents
 from orchestrator.agent import bundle_check
 from orchestrator.agent.bundle import Bundle
 from orchestrator.core import protocol
@@ -31,6 +31,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep
 from orchestrator.queue import runconfig
 from orchestrator.transfer import datasync
+from orchestrator.transfer import progress as transfer_progress
 
 _log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import gangs, transfer
+from orchestrator import transfer
 from orchestrator.agent.launcher import agent_argv
 from orchestrator.api.explaining import attempt_log
 from orchestrator.api.snapshot import tick
@@ -21,7 +21,7 @@ from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job
 from orchestrator.money.cost import LOST_STATES, JobCost, job_cost
-from orchestrator.tick import host_retries
+from orchestrator.tick import gangs, host_retries
 from orchestrator.tick.collect import collect
 from orchestrator.tick.findings import FROM_SCRATCH
 

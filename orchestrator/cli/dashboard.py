@@ -182,7 +182,8 @@ def run(ctx: Context, *, sweep: str | None, all_jobs: bool, interval_s: float, p
     """The live dashboard until q, Ctrl-C (exit 0) or SIGTERM/SIGHUP (128 + signal)."""
     from rich.live import Live
 
-    from orchestrator import api, transfer_progress
+    from orchestrator import api
+    from orchestrator.transfer import progress as transfer_progress
 
     transfer_progress.install(None)  # the live screen owns the terminal: no transfer bars beside it
 

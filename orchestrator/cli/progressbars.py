@@ -1,4 +1,4 @@
-"""rich progress bars on stderr for long transfers (orchestrator/transfer_progress.py), terminals only."""
+"""rich progress bars on stderr for long transfers (orchestrator/transfer/progress.py), terminals only."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from orchestrator import transfer_progress
+from orchestrator.transfer import progress as transfer_progress
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"progress": None, "users": 0}

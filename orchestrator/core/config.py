@@ -76,7 +76,7 @@ class Settings(BaseModel):
     reap_min_age_s: float = Field(default=120.0, ge=0, le=86400)  # younger device holders are starting contexts
     reap_resample_s: float = Field(default=60.0, ge=0, le=3600)  # a zombie must show in two samples this far apart
     webhook_url: str = ""  # JSON POST on escalations and sweep completion; "" = off; never logged
-    # the webhook's body (orchestrator/notify.py): gpuq's JSON, or Slack's, Discord's or ntfy's form of one line
+    # the webhook's body (orchestrator/tick/notify.py): gpuq's JSON, or Slack's, Discord's or ntfy's form of one line
     webhook_format: Literal["json", "slack", "discord", "ntfy"] = "json"
     # Rented hosts (gpuq up / down / resume; docs/providers.md, docs/checkpoints.md).  API keys never live
     # here (credentials).

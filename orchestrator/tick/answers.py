@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from orchestrator import gangs
 from orchestrator.context import Context, host_for
 from orchestrator.core.errors import GpuqError
 from orchestrator.health import stops
@@ -25,7 +24,7 @@ from orchestrator.health.patrol import (
 )
 from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import Attempt, HostRow, Job
-from orchestrator.tick import host_answers
+from orchestrator.tick import gangs, host_answers
 from orchestrator.tick.checkpoints import ship_checkpoints, ship_wanted
 from orchestrator.tick.collect import collect
 from orchestrator.tick.ending import end_attempt

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator import notify, transfer
+from orchestrator import transfer
 from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
@@ -39,7 +39,7 @@ from orchestrator.core.errors import GpuqError
 from orchestrator.core.states import JobState
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.money import cost
-from orchestrator.tick import ACTIVE, budget, teardown
+from orchestrator.tick import ACTIVE, budget, notify, teardown
 from orchestrator.tick.checkpoints import ship_wanted
 from orchestrator.tick.findings import TickReport
 from orchestrator.transfer import evidence

@@ -14,14 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from orchestrator import notify
 from orchestrator.core.config import Settings
 from orchestrator.core.states import JobState
 from orchestrator.ledger.pricing import attempt_price
 from orchestrator.money import budget
 from orchestrator.scheduling.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
 from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
-from orchestrator.tick import ACTIVE
+from orchestrator.tick import ACTIVE, notify
 
 if TYPE_CHECKING:
     from orchestrator.fleet.registry import Fleet

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from orchestrator import host_documents, transfer_progress
+from orchestrator import host_documents
 from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context
 from orchestrator.core import protocol
@@ -35,6 +35,7 @@ from orchestrator.health import checkpoint_trust
 from orchestrator.host_documents import Pointer, ResultCheckpoint, SnapshotPointer, StatusDocument
 from orchestrator.ledger import HostRow, Job
 from orchestrator.transfer import ckptdir
+from orchestrator.transfer import progress as transfer_progress
 from orchestrator.transfer.verify import checkpoint_problem, file_sha256
 
 CHECKPOINTS_DIR = "checkpoints"

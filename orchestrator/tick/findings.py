@@ -8,7 +8,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import notify
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.states import AttemptState, JobState
@@ -23,6 +22,7 @@ from orchestrator.host_documents import JobEntry
 from orchestrator.ledger import HostRow, Job
 from orchestrator.money import budget
 from orchestrator.report import cells
+from orchestrator.tick import notify
 from orchestrator.tick.probe import Probe
 
 PERSISTENT_RULES = frozenset({"unreachable", "disk", "inodes", "memory", "stalled", "protocol"})  # open till cleared

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import time
 
-from orchestrator import notify
 from orchestrator.context import Context
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import ProviderError
@@ -19,7 +18,7 @@ from orchestrator.health import stops
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider, classify
-from orchestrator.tick import ACTIVE
+from orchestrator.tick import ACTIVE, notify
 
 
 def open_provider(name: str, settings: Settings) -> Provider:

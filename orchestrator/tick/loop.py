@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from orchestrator import gangs
 from orchestrator.context import Context, host_for
 from orchestrator.core.states import JobState
 from orchestrator.health.patrol import (
@@ -24,7 +23,7 @@ from orchestrator.health.patrol import (
 )
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduling.estimates import epoch_rates
-from orchestrator.tick import ACTIVE, billing, budget, host_answers, multinode
+from orchestrator.tick import ACTIVE, billing, budget, gangs, host_answers, multinode
 from orchestrator.tick.answers import failed_probe, patrol_host
 from orchestrator.tick.dispatch import dispatch_queued
 from orchestrator.tick.findings import (

@@ -1,4 +1,4 @@
-"""The tick's part of multi-node jobs over SSH hosts (orchestrator/gangs.py, docs/multinode.md).
+"""The tick's part of multi-node jobs over SSH hosts (orchestrator/tick/gangs.py, docs/multinode.md).
 
 After every host's probe has been reconciled:
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from orchestrator import gangs
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, IllegalTransition
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Job
+from orchestrator.tick import gangs
 from orchestrator.tick.checkpoints import place_checkpoint, refresh_from
 
 _ACTIVE = (JobState.ASSIGNED.value, JobState.RUNNING.value)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator import gangs
 from orchestrator.agent.bundle import Bundle
 from orchestrator.agent.launcher import deliver_all, push_all
 from orchestrator.context import Context
@@ -17,7 +16,7 @@ from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduling.estimates import EpochRates
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, facts_json, strictest
 from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
-from orchestrator.tick import ACTIVE
+from orchestrator.tick import ACTIVE, gangs
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.preflight import needs_preflight, preflight_all
 

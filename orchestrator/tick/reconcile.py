@@ -11,7 +11,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import gangs
 from orchestrator.agent.launcher import attempt_spec, enqueue, ensure_agent
 from orchestrator.core.config import Settings
 from orchestrator.core.specs import clamp_slots
@@ -23,7 +22,7 @@ from orchestrator.host_documents import JobEntry, RetryDecision, Scan, ScanHit
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger
 from orchestrator.scheduling.gpumatch import facts_json
-from orchestrator.tick import ACTIVE, host_retries
+from orchestrator.tick import ACTIVE, gangs, host_retries
 from orchestrator.tick.attempts import apply, exit_message
 from orchestrator.tick.probe import Probe
 from orchestrator.tick.settle import settle

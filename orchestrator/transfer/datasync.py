@@ -28,11 +28,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator import transfer_progress
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
 from orchestrator.hosts.base import Host
 from orchestrator.queue.datasets import CHUNK, Manifest, data_dir
+from orchestrator.transfer import progress as transfer_progress
 
 TIMEOUT_S = 3600.0
 

@@ -43,12 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import host_documents, transfer_progress
+from orchestrator import host_documents
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, HostError, HostUnreachable, TransferError
 from orchestrator.host_documents import ManifestReply
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger
+from orchestrator.transfer import progress as transfer_progress
 from orchestrator.transfer.verify import (
     MANIFEST_INCOMING,
     PROVENANCE,

@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 
 from orchestrator import host_documents as hd
-from orchestrator import transfer_progress
 from orchestrator.core.errors import GpuqError, HostError
 from orchestrator.core.specs import CommandResult
 from orchestrator.core.states import JobState
 from orchestrator.hosts.local import LocalHost
 from orchestrator.tick import checkpoints as ck
+from orchestrator.transfer import progress as transfer_progress
 from tests.support.checkpointworld import World, archive, running_world
 from tests.support.jobtree import SHA
 from tests.support.wire import status

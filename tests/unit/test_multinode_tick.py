@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import gangs
 from orchestrator.context import Context, open_context
 from orchestrator.core.specs import JobSpec, job_id_for
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.gangs import Part
 from orchestrator.ledger import HostRow
-from orchestrator.tick import host_answers, multinode
+from orchestrator.tick import gangs, host_answers, multinode
+from orchestrator.tick.gangs import Part
 from orchestrator.tick.probe import Probe
 from tests.support.fakehost import FakeHost
 from tests.support.wire import entry, status

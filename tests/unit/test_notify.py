@@ -8,8 +8,8 @@ import socket
 import threading
 from pathlib import Path
 
-from orchestrator import notify
 from orchestrator.core.config import load_settings
+from orchestrator.tick import notify
 
 
 class Events:

@@ -1,4 +1,4 @@
-"""The webhook's four forms (``webhook_format``: json, slack, discord, ntfy; orchestrator/notify.py,
+"""The webhook's four forms (``webhook_format``: json, slack, discord, ntfy; orchestrator/tick/notify.py,
 docs/health.md "Notifications") as a loopback receiver gets them, each from the real code that sends:
 the tick's stages on a real ledger (a failed and a lost job, a preemption at the fake RunPod, an idle
 rented host, a budget alert, a finished sweep).  Each carries one line a person reads: the job or
@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import notify
 from orchestrator.context import Context, open_context
 from orchestrator.core.config import load_settings
 from orchestrator.core.errors import ConfigError
@@ -23,7 +22,7 @@ from orchestrator.health.patrol import Finding, JobView, Severity, ended_badly
 from orchestrator.ledger import HostRow, Job
 from orchestrator.money import budget
 from orchestrator.providers.base import ProvisionRequest
-from orchestrator.tick import billing
+from orchestrator.tick import billing, notify
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, record, sweeps_done
 from orchestrator.tick.leases import check_lease, provider_for

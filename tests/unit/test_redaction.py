@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import notify
 from orchestrator.core import redact
 from orchestrator.core.config import load_settings
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Ledger
+from orchestrator.tick import notify
 
 TOKEN = "tok-4f1c9a7e2b8d6053"
 

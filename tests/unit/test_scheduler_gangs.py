@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.specs import Assignment, HostSlots
-from orchestrator.gangs import Part, head_addresses, hold_back, rendezvous_port, standing_entry, waiting
 from orchestrator.host_documents import JobEntry
 from orchestrator.hosts.sshconfig import Endpoint
 from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
+from orchestrator.tick.gangs import Part, head_addresses, hold_back, rendezvous_port, standing_entry, waiting
 from tests.support.fakehost import FakeHost
 
 

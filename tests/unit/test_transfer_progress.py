@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import transfer_progress
 from orchestrator.agent.bundle import build_bundle
 from orchestrator.agent.launcher import ensure_bundle
 from orchestrator.hosts.local import LocalHost
+from orchestrator.transfer import progress as transfer_progress
 
 
 @pytest.fixture(autouse=True)
