@@ -19,7 +19,7 @@ from orchestrator.core.lazyexports import lazy_exports
 if TYPE_CHECKING:
     from orchestrator.api.cloud import DownPlan, ResumeResult, down, down_plan, resume
     from orchestrator.api.dryrun import DryRun, dry_run
-    from orchestrator.api.health import ReapReport, WatchResult, doctor, reap, watch
+    from orchestrator.api.health import ReapReport, doctor, reap
     from orchestrator.api.hosts import (
         HostDetail,
         hosts_add,
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from orchestrator.api.renting import up
     from orchestrator.api.snapshot import Snapshot, ledger_status, status, wait
     from orchestrator.api.submitting import SubmitResult, submit
+    from orchestrator.api.watching import WatchResult, watch
     from orchestrator.context import Context, host_for, open_context
     from orchestrator.tick.findings import TickReport
     from orchestrator.tick.loop import run_tick
@@ -58,7 +59,7 @@ _HOME = {
     "TickReport": "orchestrator.tick.findings",
     "UpInterrupted": "orchestrator.api.rented",
     "UpResult": "orchestrator.api.rented",
-    "WatchResult": "orchestrator.api.health",
+    "WatchResult": "orchestrator.api.watching",
     "cancel": "orchestrator.api.jobs",
     "cancel_targets": "orchestrator.api.jobs",
     "doctor": "orchestrator.api.health",
@@ -88,7 +89,7 @@ _HOME = {
     "submit": "orchestrator.api.submitting",
     "up": "orchestrator.api.renting",
     "wait": "orchestrator.api.snapshot",
-    "watch": "orchestrator.api.health",
+    "watch": "orchestrator.api.watching",
 }
 
 __all__ = [

@@ -341,11 +341,12 @@ def completion(shell: str) -> None:
 def _register_groups() -> None:
     from orchestrator.cli.attempts import explain, logs
     from orchestrator.cli.budget import budget
-    from orchestrator.cli.cloud import down, resume, up
+    from orchestrator.cli.cloud import down, resume
     from orchestrator.cli.health import doctor, patrol, reap, watch
     from orchestrator.cli.hosts import hosts
     from orchestrator.cli.offers import offers
     from orchestrator.cli.report import report
+    from orchestrator.cli.up import up
 
     cli.add_command(hosts)
     for command in (patrol, watch, doctor, reap, up, down, resume, offers, report, budget, logs, explain):

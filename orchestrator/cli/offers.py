@@ -4,7 +4,6 @@ what a queue needs from the cheapest of it (docs/providers.md, "Offers" and "Ren
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from decimal import Decimal
@@ -12,40 +11,9 @@ from decimal import Decimal
 import click
 
 from orchestrator.cli.ctx import echo, open_ctx
+from orchestrator.cli.flags import number
 from orchestrator.core import exitcodes
 from orchestrator.core.errors import UsageError
-
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-
-
-def number(flag: str, text: str | None, *, most: float = 1e6) -> float | None:
-    """A flag's positive number, or UsageError (one line, exit 2)."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value <= most):
-        raise UsageError(f"{flag} {text!r}: give a number more than 0 and at most {most:g}")
-    return value
-
-
-def seconds(flag: str, text: str | None) -> float | None:
-    """``90s``, ``30m``, ``2h``, ``1h30m`` or plain seconds → seconds; UsageError otherwise."""
-    if text is None:
-        return None
-    match = _DURATION.match(text.strip())
-    if text.strip().isdigit():
-        value = float(text)
-    elif match and any(match.groups()):
-        h, m, s = (int(g or 0) for g in match.groups())
-        value = float(h * 3600 + m * 60 + s)
-    else:
-        raise UsageError(f"{flag} {text!r}: give a duration such as 90s, 30m, 2h or 1h30m")
-    if not 0 < value <= 7 * 86400:
-        raise UsageError(f"{flag} {text!r}: give a duration more than 0 and at most a week")
-    return value
 
 
 @click.command()
@@ -130,41 +98,3 @@ def _offers_json(scan: object, spot: bool) -> None:
                                   else None, spot=spot, regions=list(offer.regions)))
     doc = OffersDocument(schema_="gpuq.cli.offers/1", offers=entries, skipped=scan.skipped, failed=scan.failed)
     click.echo(json.dumps(doc.model_dump(mode="json", by_alias=True), indent=2, sort_keys=True))
-
-
-def up_for(queue: str, *, max_price: str | None, retry_until: str | None, spot: bool, dry_run: bool,
-           provider: str | None, key: str, profile: str, prefix: str, down_when_done: bool | None) -> None:
-    """``gpuq up --for QUEUE``: plan, wait for offers when told to, then rent through ``gpuq up``."""
-    from pathlib import Path
-
-    from orchestrator.api import renting_for
-    from orchestrator.cli.cloud import up_report
-
-    cap = number("--max-price", max_price)
-    if cap is None:
-        raise UsageError("--for needs --max-price USD (the most one machine may cost per hour)")
-    ctx = open_ctx()
-    plan = renting_for.plan_for(ctx, Path(queue), max_price=cap, spot=spot, providers=(provider,) if provider else (),
-                                retry_until_s=seconds("--retry-until", retry_until),
-                                say=lambda line: echo(line, err=True))
-    for name, why in plan.scan.skipped.items():
-        echo(f"gpuq: {name} skipped: {why}", err=True)
-    for name, why in plan.scan.failed.items():
-        echo(f"gpuq: {name} failed: {why}", err=True)
-    for line in plan.lines():
-        echo(line)
-    if not plan.plan.complete:
-        waited = f" after {plan.polls} polls over {plan.waited_s:.0f} s" if retry_until else ""
-        echo(f"gpuq: nothing rented{waited}: {plan.missing()}", err=True)
-        sys.exit(exitcodes.FAILED)
-    if dry_run:
-        echo("dry run: nothing rented")
-        return
-    result = renting_for.up_for(ctx, plan, key=key, profile=profile, prefix=prefix, down_when_done=down_when_done,
-                                say=lambda line: echo(line, err=True))
-    for rental in result.rentals:
-        up_report(rental)
-    for need, why in result.failed.items():
-        echo(f"gpuq: {need} not rented: {why}", err=True)
-    if not result.ok:
-        sys.exit(exitcodes.FAILED)

@@ -37,7 +37,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,6 +387,15 @@ class SSHHost(Host):
                 self._no_sftp = True
             return None
 
+    @contextlib.contextmanager
+    def _dropping_on_unreachable(self) -> Iterator[None]:
+        """A link that broke under an exec-channel transfer is closed, so the next call reconnects."""
+        try:
+            yield
+        except HostUnreachable:
+            self.close()
+            raise
+
     def put(self, local: Path, remote: str, *, progress: Progress | None = None) -> None:
         directory, _, base = remote.rpartition("/")
         tmp = f"{directory}/.{base}.tmp.{os.getpid()}" if directory else f".{base}.tmp.{os.getpid()}"
@@ -394,7 +403,9 @@ class SSHHost(Host):
         if sftp is None:
             from orchestrator.hosts.sshexec import exec_put
 
-            exec_put(self, local, remote, tmp, directory, progress)
+            with self._dropping_on_unreachable():
+                exec_put(self._session(), self.name, local, remote, tmp, directory,
+                         stall_s=self.options.transfer_stall_s, progress=progress)
             return
         try:
             if directory:
@@ -417,7 +428,9 @@ class SSHHost(Host):
         if sftp is None:
             from orchestrator.hosts.sshexec import exec_get
 
-            exec_get(self, remote, local, offset, size, progress)
+            with self._dropping_on_unreachable():
+                exec_get(self._session(), self.name, remote, local, offset, size,
+                         stall_s=self.options.transfer_stall_s, progress=progress)
             return
         try:
             remote_size = sftp.stat(remote).st_size or 0

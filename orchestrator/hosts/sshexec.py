@@ -3,7 +3,8 @@
 Like ``scp -O``: the file streams through ``cat`` on the host.  An upload lands in a temporary
 name, its byte count is checked on the host, then it is renamed into place (the caller verifies
 the sha256 as for SFTP); a download resumes from ``offset`` with ``tail -c``.  Every path is
-shell-quoted.  Errors are the Host contract's: HostError for the file, HostUnreachable for the link.
+shell-quoted.  Errors are the Host contract's: HostError for the file, HostUnreachable for the link
+(the caller, ``SSHHost``, opens the session channel and drops its connection on HostUnreachable).
 """
 
 from __future__ import annotations
@@ -11,15 +12,11 @@ from __future__ import annotations
 import contextlib
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import paramiko
 
 from orchestrator.core.errors import HostError, HostUnreachable
 from orchestrator.hosts.base import Progress, too_big
-
-if TYPE_CHECKING:
-    from orchestrator.hosts.ssh import SSHHost
 
 CHUNK = 1 << 20
 _MARK = "gpuq-ssh:"
@@ -46,16 +43,16 @@ def _stderr(chan: paramiko.Channel) -> str:
     return b"".join(parts).decode("utf-8", "replace").strip()
 
 
-def exec_put(host: SSHHost, local: Path, remote: str, tmp: str, directory: str,
-             progress: Progress | None = None) -> None:
+def exec_put(chan: paramiko.Channel, host: str, local: Path, remote: str, tmp: str, directory: str, *,
+             stall_s: float, progress: Progress | None = None) -> None:
+    """Upload ``local`` to ``remote`` through ``cat`` on the open session channel ``chan`` of ``host``."""
     q = shlex.quote
     size = local.stat().st_size
     mkdir = f"mkdir -p -- {q(directory)} && " if directory else ""
     script = (f"{mkdir}cat > {q(tmp)} && [ $(wc -c < {q(tmp)}) -eq {size} ] && mv -f -- {q(tmp)} {q(remote)} "
               f"|| {{ rm -f -- {q(tmp)}; echo '{_MARK} write failed' >&2; exit 1; }}")
-    chan = host._session()
     try:
-        chan.settimeout(host.options.transfer_stall_s)
+        chan.settimeout(stall_s)
         chan.exec_command(script)
         with open(local, "rb") as src:
             sent = 0
@@ -68,25 +65,24 @@ def exec_put(host: SSHHost, local: Path, remote: str, tmp: str, directory: str,
         err = _stderr(chan)
         code = chan.recv_exit_status()
     except (OSError, EOFError, paramiko.SSHException) as exc:
-        host.close()
-        raise HostUnreachable(host.name, f"upload of {local.name} failed: {exc or type(exc).__name__}") from exc
+        raise HostUnreachable(host, f"upload of {local.name} failed: {exc or type(exc).__name__}") from exc
     finally:
         close_channel(chan)
     if code != 0:
         detail = err.replace(f"{_MARK} write failed", "").strip() or f"exit {code}"
-        raise HostError(host.name, f"cannot write {remote}: {detail}")
+        raise HostError(host, f"cannot write {remote}: {detail}")
 
 
-def exec_get(host: SSHHost, remote: str, local: Path, offset: int, size: int | None = None,
-             progress: Progress | None = None) -> None:
+def exec_get(chan: paramiko.Channel, host: str, remote: str, local: Path, offset: int, size: int | None = None, *,
+             stall_s: float, progress: Progress | None = None) -> None:
+    """Download ``remote`` from ``offset`` on into ``local`` through ``tail -c`` on the open channel ``chan``."""
     q = shlex.quote
     script = (f"if [ -d {q(remote)} ]; then echo '{_MARK} directory' >&2; exit 3; fi; "
               f"[ -f {q(remote)} ] || {{ echo '{_MARK} missing' >&2; exit 3; }}; "
               f"tail -c +{offset + 1} -- {q(remote)}")
     local.parent.mkdir(parents=True, exist_ok=True)
-    chan = host._session()
     try:
-        chan.settimeout(host.options.transfer_stall_s)
+        chan.settimeout(stall_s)
         chan.exec_command(script)
         with open(local, "r+b" if offset and local.exists() else "wb") as dst:
             dst.truncate(offset)
@@ -94,7 +90,7 @@ def exec_get(host: SSHHost, remote: str, local: Path, offset: int, size: int | N
             done = offset
             while block := chan.recv(CHUNK):
                 if size is not None and done + len(block) > size:
-                    raise too_big(host.name, remote, done + len(block), size)  # stops reading here
+                    raise too_big(host, remote, done + len(block), size)  # stops reading here
                 dst.write(block)
                 done += len(block)
                 if progress is not None:
@@ -102,15 +98,14 @@ def exec_get(host: SSHHost, remote: str, local: Path, offset: int, size: int | N
         err = _stderr(chan)
         code = chan.recv_exit_status()
     except PermissionError as exc:
-        raise HostError(host.name, f"cannot write {local}: permission denied") from exc
+        raise HostError(host, f"cannot write {local}: permission denied") from exc
     except (OSError, EOFError, paramiko.SSHException) as exc:
-        host.close()
-        raise HostUnreachable(host.name, f"download of {remote} broke off: {exc or type(exc).__name__}") from exc
+        raise HostUnreachable(host, f"download of {remote} broke off: {exc or type(exc).__name__}") from exc
     finally:
         close_channel(chan)
     if code != 0:
         if f"{_MARK} directory" in err:
-            raise HostError(host.name, f"{remote} is a directory, not a file")
+            raise HostError(host, f"{remote} is a directory, not a file")
         if f"{_MARK} missing" in err:
-            raise HostError(host.name, f"{remote} does not exist")
-        raise HostError(host.name, f"cannot read {remote}: {err or f'exit {code}'}")
+            raise HostError(host, f"{remote} does not exist")
+        raise HostError(host, f"cannot read {remote}: {err or f'exit {code}'}")

@@ -1,0 +1,40 @@
+"""Flag values as numbers and durations: one line and exit 2 for anything else (``--max-price``, ``--retry-until``)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from orchestrator.core.errors import UsageError
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def number(flag: str, text: str | None, *, most: float = 1e6) -> float | None:
+    """A flag's positive number, or UsageError (one line, exit 2)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= most):
+        raise UsageError(f"{flag} {text!r}: give a number more than 0 and at most {most:g}")
+    return value
+
+
+def seconds(flag: str, text: str | None) -> float | None:
+    """``90s``, ``30m``, ``2h``, ``1h30m`` or plain seconds → seconds; UsageError otherwise."""
+    if text is None:
+        return None
+    match = _DURATION.match(text.strip())
+    if text.strip().isdigit():
+        value = float(text)
+    elif match and any(match.groups()):
+        h, m, s = (int(g or 0) for g in match.groups())
+        value = float(h * 3600 + m * 60 + s)
+    else:
+        raise UsageError(f"{flag} {text!r}: give a duration such as 90s, 30m, 2h or 1h30m")
+    if not 0 < value <= 7 * 86400:
+        raise UsageError(f"{flag} {text!r}: give a duration more than 0 and at most a week")
+    return value
