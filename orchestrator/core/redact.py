@@ -5,7 +5,7 @@ values of the variables a sweep forwards (``[run] forward_env``): a setup hook t
 token and fails would otherwise put the token in the ledger's events and attempt rows, hence in
 ``gpuq status``, ``--json`` and the webhook.  The controller knows the values (it read them from
 its own environment to forward them), so it replaces each with ``[redacted:NAME]`` wherever host
-text is written to the ledger (``ledger/store.py``) or sent (``notify.py``).  Common token shapes
+text is written to the ledger (``ledger/store.py``) or sent (``tick/notify.py``).  Common token shapes
 (GitHub, OpenAI/Anthropic-style ``sk-``, AWS access key ids, Slack, Hugging Face, GitLab, bearer
 headers) are replaced by ``[redacted]`` whether or not they were forwarded.
 

@@ -1,26 +1,44 @@
-"""Moving results between hosts and this machine: ``gpuq pull`` (docs/results.md).
+"""Moving files between hosts and this machine: ``gpuq pull``, evidence, checkpoints, ``[data]``, transfer progress.
 
 :mod:`~orchestrator.transfer.pull` fetches and retries; :mod:`~orchestrator.transfer.verify`
-decides whether a local copy may be called verified.
+decides whether a local copy may be called verified.  Imports core, queue, hosts, host_documents and the ledger.
+
+Plain re-exports, imported on first use (PEP 562): ``transfer.progress`` is for ``gpuq status`` too, which
+must not load the ledger's ORM through ``transfer.pull``.
 """
 
-from orchestrator.transfer.pull import (
-    ALREADY,
-    INCOMPLETE,
-    NOT_PULLED,
-    QUARANTINED,
-    STAGING_SUFFIX,
-    VERIFIED,
-    PullOutcome,
-    backoff_delay,
-    pull_jobs,
-    request_manifests,
-    sweep_lock,
-)
-from orchestrator.transfer.verify import PROVENANCE, PULL_VERIFIED, Manifest, Problem, verify_copy
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.core.lazyexports import lazy_exports
+
+if TYPE_CHECKING:
+    from orchestrator.transfer.pull import (
+        ALREADY,
+        INCOMPLETE,
+        NOT_PULLED,
+        QUARANTINED,
+        STAGING_SUFFIX,
+        VERIFIED,
+        PullOutcome,
+        backoff_delay,
+        pull_jobs,
+        request_manifests,
+        sweep_lock,
+    )
+    from orchestrator.transfer.verify import PROVENANCE, PULL_VERIFIED, Manifest, Problem, verify_copy
+
+_PULL = ("ALREADY", "INCOMPLETE", "NOT_PULLED", "QUARANTINED", "STAGING_SUFFIX", "VERIFIED", "PullOutcome",
+         "backoff_delay", "pull_jobs", "request_manifests", "sweep_lock")
+_VERIFY = ("PROVENANCE", "PULL_VERIFIED", "Manifest", "Problem", "verify_copy")
+_HOME = {**{name: "orchestrator.transfer.pull" for name in _PULL},
+         **{name: "orchestrator.transfer.verify" for name in _VERIFY}}
 
 __all__ = [
     "ALREADY", "INCOMPLETE", "NOT_PULLED", "PROVENANCE", "PULL_VERIFIED", "QUARANTINED", "STAGING_SUFFIX",
     "VERIFIED", "Manifest", "Problem", "PullOutcome", "backoff_delay", "pull_jobs", "request_manifests", "sweep_lock",
     "verify_copy",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

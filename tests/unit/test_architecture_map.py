@@ -74,7 +74,7 @@ def test_every_module_is_in_the_map() -> None:
 
 def test_the_map_check_can_fail() -> None:
     text = DOC.read_text(encoding="utf-8")
-    without = text.replace("`scheduler.py`", "`scheduler-gone`")
+    without = text.replace("`scheduling/scheduler.py`", "`scheduler-gone`")
     assert "orchestrator/scheduling/scheduler.py" in unnamed_modules(without)
 
 

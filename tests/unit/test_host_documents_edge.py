@@ -23,8 +23,9 @@ HOST_NAMES = frozenset({
     "summary", "beat", "heartbeat", "scan", "kernel", "memory", "disk", "progress", "candidates", "killed",
 })
 # modules whose "doc" / "entry" is not a host's (the --json documents gpuq writes, a queue file's line)
-NOT_HOST = {"cli/documents.py", "cli/emit.py", "cli/cloud.py", "queuefile.py", "queueline.py", "config.py",
-            "runconfig.py", "providers", "report", "launcher.py", "transfer/verify.py", "ledger/pulls.py"}
+NOT_HOST = {"cli/documents.py", "cli/emit.py", "cli/cloud.py", "cli/up.py", "queue/queuefile.py", "queue/queueline.py",
+            "core/config.py", "queue/runconfig.py", "providers", "report", "agent/launcher.py", "transfer/verify.py",
+            "ledger/pulls.py"}
 
 
 def _plain(annotation: ast.expr | None) -> bool:
