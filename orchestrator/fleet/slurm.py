@@ -271,7 +271,30 @@ def register(ledger: Ledger, settings: Settings, name: str, target: str, slurm: 
 
 def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe_wait_s: float) -> None:
     row = out.row
-    result = host.run([row.python or "python3", "-c", AUDIT, row.root, slurm.model_dump_json(), str(probe_wait_s)],
+    doc = _run_audit(host, row.python or "python3", row.root, slurm, probe_wait_s)
+    wanted, gpus, nodes, update = _partition_facts(host.name, doc, slurm, out)
+    update.update({"python": row.python, "train_device": slurm.train_device or row.train_device})
+    _check_probe(host.name, doc, row.root, out)
+    try:  # validated again, never model_copy: the audit's counts must pass the same bounds as the user's
+        final = SlurmSettings.model_validate({**slurm.model_dump(), **update})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        raise HostError(host.name, f"the Slurm audit reported {field} = {str(update.get(field, '?'))[:20]}, "
+                        f"which gpuq refuses ({err['msg']})") from None
+    written = host.run(["sh", "-c", WRITE_CONFIG, "sh", row.root], stdin=json.dumps(final.agent_config()).encode(),
+                       timeout=60)
+    if written.exit_code != 0:
+        raise HostError(host.name, f"cannot write {row.root}/slurm.json: {written.stderr.strip()[-300:]}")
+    out.slurm = {"version": doc.versions.get("sbatch", ""), "partition": wanted, "gpus_per_node": gpus,
+                 "nodes": nodes, "probe": doc.probe}
+    row.kind, row.slurm = "slurm", final.model_dump_json()
+    row.slots_kind, row.slots_total = "slurm", final.max_jobs
+
+
+def _run_audit(host: Host, python: str, root: str, slurm: SlurmSettings, probe_wait_s: float) -> SlurmAudit:
+    """The bounded Slurm audit run on the login node, parsed into its model; HostError for anything else."""
+    result = host.run([python, "-c", AUDIT, root, slurm.model_dump_json(), str(probe_wait_s)],
                       timeout=probe_wait_s + 120)
     if result.exit_code != 0:
         raise HostError(host.name, f"the Slurm audit failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}")
@@ -286,12 +309,18 @@ def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe
     if doc.missing:
         raise HostError(host.name, "Slurm's commands do not work on the login node: " + "; ".join(doc.missing[:4])
                         + " (is this a login node? is SLURM_CONF or the munge socket missing?)")
+    return doc
+
+
+def _partition_facts(name: str, doc: SlurmAudit, slurm: SlurmSettings,
+                     out: fleet.Registered) -> tuple[str, int, int, dict[str, Any]]:
+    """The partition jobs go to, its GPUs per node and node count, and the settings they change."""
     parts = doc.partitions
     wanted = slurm.partition or next((p.name for p in parts if p.default), "")
     mine = [p for p in parts if p.name == wanted]
     if not mine:
         known = ", ".join(sorted({p.name for p in parts})) or "none"
-        raise UsageError(f"host {host.name}: partition {wanted or '(default)'!r} not found on the cluster "
+        raise UsageError(f"host {name}: partition {wanted or '(default)'!r} not found on the cluster "
                          f"(partitions: {known}); pass --partition NAME")
     if not any(p.avail == "up" for p in mine):
         out.warnings.append(f"partition {wanted} is {mine[0].avail}: jobs wait until it is up")
@@ -299,40 +328,28 @@ def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe
     try:
         nodes = sum(n for n in (_node_count(p.nodes) for p in mine) if n is not None)
     except ValueError as exc:
-        raise HostError(host.name, f"the Slurm audit reported {exc}: refusing the registration") from None
-    update: dict[str, Any] = {"gpus_per_node": gpus, "nodes": nodes, "python": row.python, "partition": wanted,
-                              "train_device": slurm.train_device or row.train_device}
+        raise HostError(name, f"the Slurm audit reported {exc}: refusing the registration") from None
+    update: dict[str, Any] = {"gpus_per_node": gpus, "nodes": nodes, "partition": wanted}
     if gpus == 0 and slurm.gres:
         update["gres"] = False
         out.warnings.append(f"partition {wanted} offers no GPU GRES (sinfo %G: "
                             f"{', '.join(sorted({p.gres for p in mine}))}): jobs run on CPUs without "
                             "--gres")
-    probe = doc.probe
-    if probe == "not_shared":
-        raise HostError(host.name, f"a job on a compute node wrote into {row.root}, and the login node does not see "
+    return wanted, gpus, nodes, update
+
+
+def _check_probe(name: str, doc: SlurmAudit, root: str, out: fleet.Registered) -> None:
+    """The shared-root probe job's verdict: refused where the root is not shared or sbatch refused it."""
+    if doc.probe == "not_shared":
+        raise HostError(name, f"a job on a compute node wrote into {root}, and the login node does not see "
                         "the file: the root is not on a filesystem the compute nodes share; pass --root on one "
                         "(e.g. /scratch/$USER/gpuq or your home on the cluster)")
-    if probe == "failed":
-        raise HostError(host.name, f"sbatch refused the probe job: {doc.probe_detail}; check --partition, "
+    if doc.probe == "failed":
+        raise HostError(name, f"sbatch refused the probe job: {doc.probe_detail}; check --partition, "
                         "--account, --qos and --sbatch-arg")
-    if probe == "pending":
-        out.warnings.append(f"could not confirm that {row.root} is shared with the compute nodes: "
+    if doc.probe == "pending":
+        out.warnings.append(f"could not confirm that {root} is shared with the compute nodes: "
                             f"{doc.probe_detail} (the partition is busy)")
-    try:  # validated again, never model_copy: the audit's counts must pass the same bounds as the user's
-        final = SlurmSettings.model_validate({**slurm.model_dump(), **update})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(x) for x in err["loc"])
-        raise HostError(host.name, f"the Slurm audit reported {field} = {str(update.get(field, '?'))[:20]}, "
-                        f"which gpuq refuses ({err['msg']})") from None
-    written = host.run(["sh", "-c", WRITE_CONFIG, "sh", row.root], stdin=json.dumps(final.agent_config()).encode(),
-                       timeout=60)
-    if written.exit_code != 0:
-        raise HostError(host.name, f"cannot write {row.root}/slurm.json: {written.stderr.strip()[-300:]}")
-    out.slurm = {"version": doc.versions.get("sbatch", ""), "partition": wanted, "gpus_per_node": gpus,
-                          "nodes": nodes, "probe": probe}
-    row.kind, row.slurm = "slurm", final.model_dump_json()
-    row.slots_kind, row.slots_total = "slurm", final.max_jobs
 
 
 def _gres_gpus(gres: str) -> int:

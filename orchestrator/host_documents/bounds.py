@@ -50,7 +50,7 @@ Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e300, le=1e300, strict
 Pct = Annotated[float, Field(allow_inf_nan=False, ge=0.0, le=MAX_PCT, strict=True)]
 
 
-def _or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+def none_if_invalid(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     """A value a trainer or a tool wrote (a heartbeat, a log's progress): one that does not fit its
     type and bounds is dropped (None), not a reason to refuse the whole document."""
     try:
@@ -73,11 +73,11 @@ def _stamp(value: Any) -> float | None:
     return None
 
 
-LenientInt = Annotated[AnyInt | None, WrapValidator(_or_none)]
-LenientCount = Annotated[Count | None, WrapValidator(_or_none)]
-LenientFloat = Annotated[Finite | None, WrapValidator(_or_none)]
-LenientPct = Annotated[Pct | None, WrapValidator(_or_none)]
-LenientText = Annotated[Text | None, WrapValidator(_or_none)]
+LenientInt = Annotated[AnyInt | None, WrapValidator(none_if_invalid)]
+LenientCount = Annotated[Count | None, WrapValidator(none_if_invalid)]
+LenientFloat = Annotated[Finite | None, WrapValidator(none_if_invalid)]
+LenientPct = Annotated[Pct | None, WrapValidator(none_if_invalid)]
+LenientText = Annotated[Text | None, WrapValidator(none_if_invalid)]
 Stamp = Annotated[float | None, BeforeValidator(_stamp)]
 """A time a host reports, as epoch seconds: an ISO-8601 string or a number; None when unreadable."""
 

@@ -31,8 +31,8 @@ from orchestrator.host_documents.bounds import (
     Sha256,
     Short,
     Text,
-    _or_none,
     finite_number,
+    none_if_invalid,
 )
 
 NOT_METRICS = frozenset({"step", "epoch", "time", "kind"})  # a summary row's fields that are no metric
@@ -77,7 +77,7 @@ class ResultFile(Open):
     sha256: Sha256
 
 
-Number = Annotated[AnyInt | Finite | None, WrapValidator(_or_none)]
+Number = Annotated[AnyInt | Finite | None, WrapValidator(none_if_invalid)]
 
 
 class SummaryRow(Open):
@@ -152,8 +152,8 @@ class SnapshotPointer(Open):
     bytes: Count | None = None
     step: AnyInt | None = None
     epoch: LenientInt = None
-    mtime: Annotated[Finite | None, WrapValidator(_or_none)] = None
-    written_at: Annotated[Finite | None, WrapValidator(_or_none)] = None
+    mtime: Annotated[Finite | None, WrapValidator(none_if_invalid)] = None
+    written_at: Annotated[Finite | None, WrapValidator(none_if_invalid)] = None
     # a checkpoint directory (docs/checkpoints.md): its files, hashed one by one; sha256 is their tree hash
     dir: bool = False
     files: Annotated[list[ResultFile], Field(max_length=MAX_FILES)] = Field(default_factory=list)

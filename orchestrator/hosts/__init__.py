@@ -1,4 +1,7 @@
-"""Machines gpuq runs commands on.  Only hosts/ssh.py (later) imports paramiko/fabric."""
+"""Machines gpuq runs commands on (the Host seam: local, SSH); imports core alone.
+
+Only the SSH modules (ssh, sshconfig, sshexec, sshcommand, knownhosts) import paramiko.
+"""
 
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost

@@ -31,7 +31,6 @@ import contextlib
 import logging
 import os
 import random
-import select
 import shlex
 import socket
 import stat
@@ -49,6 +48,7 @@ from orchestrator.core.specs import CommandResult
 from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.hosts.knownhosts import TrustPolicy as _Policy
 from orchestrator.hosts.knownhosts import load_trust, revoked_message, user_keys_for
+from orchestrator.hosts.sshcommand import CHUNK, exchange
 from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.hosts.sshexec import close_channel
 
@@ -68,10 +68,7 @@ CONNECT_TIMEOUT_S = 15.0
 CONNECT_TRIES = 3
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0
-CHUNK = 1 << 20
 TRANSFER_STALL_S = 60.0
-STDIN_CHUNK = 1 << 15
-EOF_GRACE_S = 2.0
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
 MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout plus stderr; a host printing without end is stopped here
 
@@ -266,55 +263,9 @@ class SSHHost(Host):
         started = time.monotonic()
         chan = self._session()
         self.round_trips += 1
-        out: list[bytes] = []
-        err: list[bytes] = []
-        received = 0
-        cap = self.options.max_output_bytes
-
-        def drain() -> None:
-            nonlocal received
-            while chan.recv_ready():
-                out.append(chan.recv(CHUNK))
-                received += len(out[-1])
-            while chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(CHUNK))
-                received += len(err[-1])
-            if received > cap:
-                raise HostError(self.name, f"{argv[0]} printed more than {cap >> 20} MiB; gpuq stopped reading "
-                                           "its output (a host that prints without end is not trusted)")
-
-        pending = memoryview(stdin or b"")
         try:
-            chan.exec_command(remote_command(argv))
-            if not pending:
-                chan.shutdown_write()
-            deadline = started + timeout
-            status_at: float | None = None
-            while True:
-                # stdin is fed between reads, never in one blocking sendall: a command that echoes
-                # its input (cat) would otherwise fill both windows and wait for us forever
-                drain()
-                if pending and (chan.closed or chan.status_event.is_set()):
-                    pending = memoryview(b"")  # the command stopped reading: the rest has no reader
-                if pending and chan.send_ready():
-                    sent = chan.send(bytes(pending[:STDIN_CHUNK]))
-                    pending = pending[sent:]
-                    if not pending:
-                        chan.shutdown_write()
-                    continue
-                if chan.status_event.is_set() and status_at is None:
-                    status_at = time.monotonic()
-                # OpenSSH may send the exit status before the last output: wait for EOF (or the
-                # close) before returning, but not for a background process that kept the pipes
-                if chan.closed or (status_at is not None and
-                                   (chan.eof_received or time.monotonic() - status_at > EOF_GRACE_S)):
-                    drain()
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise HostUnreachable(self.name, f"{argv[0]} did not finish within {timeout:.0f} s")
-                select.select([chan], [], [], min(left, 0.01 if pending else 0.1 if status_at else 1.0))
-            code = chan.exit_status if chan.status_event.is_set() else -1
+            code, out, err = exchange(chan, self.name, argv, remote_command(argv), stdin=stdin, timeout=timeout,
+                                      cap=self.options.max_output_bytes)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             with self._lock:
                 self._drop()
@@ -323,17 +274,12 @@ class SSHHost(Host):
             close_channel(chan)
         if code < 0:  # the server sent no exit status: the session was torn down under us
             raise HostUnreachable(self.name, f"{argv[0]} ended without an exit status (connection dropped)")
-        stderr = b"".join(err).decode("utf-8", "replace")
+        stderr = err.decode("utf-8", "replace")
         if code == 127 and stderr.endswith(NOT_FOUND_MARK + "\n"):
             raise HostUnreachable(self.name, f"cannot run {argv[0]}: no such command on the host")
-        return CommandResult(
-            host=self.name,
-            argv=tuple(str(a) for a in argv),
-            exit_code=code,
-            stdout=b"".join(out).decode("utf-8", "replace"),
-            stderr=stderr,
-            duration_s=time.monotonic() - started,
-        )
+        return CommandResult(host=self.name, argv=tuple(str(a) for a in argv), exit_code=code,
+                             stdout=out.decode("utf-8", "replace"), stderr=stderr,
+                             duration_s=time.monotonic() - started)
 
     # --- files --------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ IdentitiesOnly, ProxyJump, ProxyCommand, ConnectTimeout) into an Endpoint; expli
 over the config.  Like OpenSSH, the user's file is read first and ``/etc/ssh/ssh_config`` after it,
 and the first value obtained wins (IdentityFile accumulates).  A jump host's own ProxyJump is
 followed (the chain is flattened, outermost hop first).  Split from ssh.py, which
-connects; both are the only modules that import paramiko.
+connects; the SSH modules of hosts/ are the only ones that import paramiko.
 """
 
 from __future__ import annotations

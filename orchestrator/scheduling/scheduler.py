@@ -414,6 +414,22 @@ def _candidates(
 ) -> tuple[list[HostSlots], str]:
     """The hosts ``job`` may go to, or none and the specific reason why (``matching``: the hosts whose GPUs
     match its ``gpu=`` / ``gpu_mem=``; None: it asks for none)."""
+    pool, why = _pool(job, hosts, by_name, usable, matching)
+    if not why and job.nodes > 1:
+        pool, why = _node_pool(job, need, pool)
+    if why:
+        return [], why
+    fits = [h for h in pool if h.total >= job_need(job.gpus, h) and (h.max_gpus is None or need <= h.max_gpus)]
+    if not fits:
+        most = max(h.total if h.max_gpus is None else h.max_gpus for h in pool)
+        where = f"host {job.host_pin} has" if job.host_pin is not None else "the largest usable host has"
+        return [], f"needs {need} slots (gpus={need}); {where} {most}"
+    return _with_disk(job, fits, disk_left)
+
+
+def _pool(job: PlanJob, hosts: Sequence[HostSlots], by_name: Mapping[str, HostSlots], usable: Sequence[HostSlots],
+          matching: frozenset[str] | None) -> tuple[list[HostSlots], str]:
+    """The usable hosts the job's pin and hardware allow, or none and why."""
     if job.host_pin is not None:
         pinned = by_name.get(job.host_pin)
         if pinned is None:
@@ -436,25 +452,29 @@ def _candidates(
         pool = [h for h in pool if h.host in matching]
         if not pool:
             return [], _unmet(job.need, hosts)
-    if job.nodes > 1 and job.host_pin is not None and pool[0].gang and pool[0].total < need:
-        pool = pool[:1]  # node 0 goes to its pinned host, which is too small: said below
-    elif job.nodes > 1:
-        spans = [h for h in pool if not h.gang and h.max_nodes >= job.nodes]
-        gang = [h for h in pool if h.gang and h.total >= need]
-        if len(gang) < job.nodes:
-            gang = []
-        if not spans and not gang:
-            most = max((h.max_nodes for h in pool if not h.gang), default=0)
-            wide = sum(1 for h in pool if h.gang and h.total >= need)
-            return [], (f"needs {job.nodes} nodes with gpus={need} each: {job.nodes} SSH hosts with {need} slots "
-                        f"each ({wide} usable), or a Slurm host with {job.nodes} nodes"
-                        + (f" (the most any has is {most})" if most > 1 else ""))
-        pool = spans + gang
-    fits = [h for h in pool if h.total >= job_need(job.gpus, h) and (h.max_gpus is None or need <= h.max_gpus)]
-    if not fits:
-        most = max(h.total if h.max_gpus is None else h.max_gpus for h in pool)
-        where = f"host {job.host_pin} has" if job.host_pin is not None else "the largest usable host has"
-        return [], f"needs {need} slots (gpus={need}); {where} {most}"
+    return pool, ""
+
+
+def _node_pool(job: PlanJob, need: int, pool: list[HostSlots]) -> tuple[list[HostSlots], str]:
+    """For a multi-node job: the Slurm hosts that span its nodes and the SSH hosts of a gang, or why none."""
+    if job.host_pin is not None and pool[0].gang and pool[0].total < need:
+        return pool[:1], ""  # node 0 goes to its pinned host, which is too small: said by the caller
+    spans = [h for h in pool if not h.gang and h.max_nodes >= job.nodes]
+    gang = [h for h in pool if h.gang and h.total >= need]
+    if len(gang) < job.nodes:
+        gang = []
+    if not spans and not gang:
+        most = max((h.max_nodes for h in pool if not h.gang), default=0)
+        wide = sum(1 for h in pool if h.gang and h.total >= need)
+        return [], (f"needs {job.nodes} nodes with gpus={need} each: {job.nodes} SSH hosts with {need} slots "
+                    f"each ({wide} usable), or a Slurm host with {job.nodes} nodes"
+                    + (f" (the most any has is {most})" if most > 1 else ""))
+    return spans + gang, ""
+
+
+def _with_disk(job: PlanJob, fits: list[HostSlots],
+               disk_left: Mapping[str, float | None]) -> tuple[list[HostSlots], str]:
+    """The hosts of ``fits`` with the disk the job needs left (on every node of a gang), or none and why."""
     room = [h for h in fits if (left := disk_left[h.host]) is None or left >= job.disk_bytes]
     if job.nodes > 1 and room and all(h.gang for h in room):  # a gang needs the disk on every node
         ready = [h.host for h in room]

@@ -497,20 +497,27 @@ class HostFarm:
         self._save()
         self._wait_ready([h])
 
-    def cut_connections(self, i: int) -> int:
-        """Kill every established SSH session process of host i (TCP drops); sshd keeps listening and
-        the sessions' commands and detached processes keep running.  Returns how many were killed."""
+    def ssh_sessions(self, i: int) -> list[int]:
+        """The pids of host i's established SSH session processes (sshd's children and theirs; not the
+        listener itself, nor the commands the sessions run)."""
         h = self.hosts[i]
         table = self._host_table(i)
         listeners = [p for p, (pp, comm, _s) in table.items() if pp == h.init_pid and comm in SSHD_COMMS]
-        victims: list[int] = []
+        sessions: list[int] = []
         frontier = list(listeners)
         while frontier:
             parent = frontier.pop()
             for p, (pp, comm, _s) in table.items():
                 if pp == parent and comm in SSHD_COMMS:
-                    victims.append(p)
+                    sessions.append(p)
                     frontier.append(p)
+        return sessions
+
+    def cut_connections(self, i: int) -> int:
+        """Kill every established SSH session process of host i (TCP drops); sshd keeps listening and
+        the sessions' commands and detached processes keep running.  Returns how many were killed."""
+        table = self._host_table(i)
+        victims = self.ssh_sessions(i)
         for p in victims:
             if (st := proc_stat(p)) is not None and st[2] == table[p][2]:
                 _kill(p, signal.SIGKILL)
