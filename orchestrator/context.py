@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the ledger's ORM and the hosts load when a context is opene
     from orchestrator.fleet.registry import Fleet
     from orchestrator.hosts.base import Host
     from orchestrator.ledger import HostRow, Ledger
+    from orchestrator.providers.base import Provider
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Context:
     settings: Settings
     ledger: Ledger
     fleet: Fleet
+    providers: dict[str, Provider] = field(default_factory=dict)  # each provider's adapter, opened once
 
     def close(self) -> None:
         self.fleet.close()

@@ -32,10 +32,9 @@ def open_provider(name: str, settings: Settings) -> Provider:
 
 def provider_for(ctx: Context, name: str) -> Provider:
     """The adapter for ``name``, opened once per context."""
-    cache: dict[str, Provider] = ctx.__dict__.setdefault("_providers", {})
-    if name not in cache:
-        cache[name] = open_provider(name, ctx.settings)
-    return cache[name]
+    if name not in ctx.providers:
+        ctx.providers[name] = open_provider(name, ctx.settings)
+    return ctx.providers[name]
 
 
 # --- preemption --------------------------------------------------------------------------------
