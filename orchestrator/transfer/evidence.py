@@ -16,7 +16,8 @@ written and the staging dir renamed into place.  A copy that does not match is m
 first (``transfer/quarantine.py``).  A LOST attempt may have left neither file: that is recorded as such
 (nothing to keep), not as a failure.  What is copied is bounded by the host's own hashes before a byte
 moves: a log or stacks file at most ``MAX_FILE_BYTES``, an exit record (the one file parsed here) at most
-``MAX_EXIT_BYTES``.
+``MAX_EXIT_BYTES``; and nothing is copied that would leave this machine less than ``KEEP_FREE_BYTES``
+free (a passing failure: the next tick tries again).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ EVIDENCE_SCHEMA = "gpuq.evidence/1"
 FILES = (protocol.JOB_LOG, protocol.EXIT_FILE, protocol.STACKS_FILE)  # each only when the host has it
 MAX_FILE_BYTES = 1 << 30  # a log bigger than this is not copied (the host is kept, and says why)
 MAX_EXIT_BYTES = 1 << 20  # an exit record is a few hundred bytes: a bigger one is not copied, nor parsed
+KEEP_FREE_BYTES = 2 << 30  # free space on this machine evidence never copies into (its ledger lives here)
 MAX_REPLY_BYTES = 4 << 20
 
 VERIFIED = "verified"
@@ -171,25 +173,48 @@ def _set_aside(directory: Path, quarantine_root: Path, job: Job, attempt: int) -
     return f"{aside} ({held.said()})"
 
 
-def _one(ledger: Ledger, host: Host, job: Job, att: Attempt, hashes: FileHashes, results_root: Path,
-         quarantine_root: Path) -> EvidenceOutcome:
-    final = local_dir(results_root, job, att.number)
-    staging = final.with_name(final.name + ".incoming")
-    listed: list[dict[str, Any]] = []
+def _wanted(host: Host, job: Job, att: Attempt, hashes: FileHashes) -> tuple[list[tuple[str, int, str]], str]:
+    """(name, size, sha256) of each file to copy, by the host's hashes, and "" or why none is copied."""
     wanted = []
     for name in FILES:
         info = hashes.root.get(_remote(host, job, att.number, name))
         if info is None:
             continue
         if info.bytes is None or info.sha256 is None:
-            return EvidenceOutcome(job.id, att.number, UNVERIFIED, f"{name} on {host.name}: {info.error or 'no hash'}")
+            return [], f"{name} on {host.name}: {info.error or 'no hash'}"
         if info.bytes > _limit(name):
-            return EvidenceOutcome(job.id, att.number, UNVERIFIED, f"{name} on {host.name} is {info.bytes} "
-                                   f"bytes, over the {_limit(name)} this copies")
+            return [], f"{name} on {host.name} is {info.bytes} bytes, over the {_limit(name)} this copies"
         wanted.append((name, info.bytes, info.sha256))
+    if att.state == AttemptState.EXITED.value and protocol.EXIT_FILE not in {w[0] for w in wanted}:
+        return [], f"its exit record is missing on {host.name}"
+    return wanted, ""
+
+
+def _short_of_disk(results_root: Path, size: int) -> str:
+    """Why ``size`` bytes are not copied under ``results_root`` now ("" when they fit): this machine keeps
+    ``KEEP_FREE_BYTES`` free (its ledger lives here too); the next try copies them once there is room."""
+    where = results_root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if size + KEEP_FREE_BYTES <= free:
+        return ""
+    return (f"this machine has {free} bytes free under {where}; the evidence is {size} bytes and "
+            f"{KEEP_FREE_BYTES} stay free: not copied (free some space: the next tick tries again)")
+
+
+def _one(ledger: Ledger, host: Host, job: Job, att: Attempt, hashes: FileHashes, results_root: Path,
+         quarantine_root: Path) -> EvidenceOutcome:
+    final = local_dir(results_root, job, att.number)
+    staging = final.with_name(final.name + ".incoming")
+    listed: list[dict[str, Any]] = []
+    wanted, refused = _wanted(host, job, att, hashes)
+    if refused:
+        return EvidenceOutcome(job.id, att.number, UNVERIFIED, refused)
+    short = _short_of_disk(results_root, sum(size for _, size, _ in wanted))
+    if short:
+        return EvidenceOutcome(job.id, att.number, INCOMPLETE, short)
     names = {w[0] for w in wanted}
-    if att.state == AttemptState.EXITED.value and protocol.EXIT_FILE not in names:
-        return EvidenceOutcome(job.id, att.number, UNVERIFIED, f"its exit record is missing on {host.name}")
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)

@@ -5,6 +5,7 @@ are counted and pruned, oldest first (transfer/quarantine.py), on a real ledger 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,3 +100,18 @@ def test_the_evidence_quarantine_is_bounded_in_bytes(ledger: Ledger, tmp_path: P
     for _ in range(3):
         _fetch(ledger, host, items[-1:], tmp_path)
     assert len(list((tmp_path / "quarantine").iterdir())) == 2
+
+
+def test_evidence_never_fills_this_machines_disk(ledger: Ledger, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verified evidence is bounded per attempt only: what would leave less than KEEP_FREE_BYTES free on
+    this machine is not copied (a passing failure), and is once there is room."""
+    host = FakeHost(tmp_path / "host", name="h1")
+    item = _failed(ledger, host, "big", pad=1000)
+    monkeypatch.setattr(evidence, "KEEP_FREE_BYTES", shutil.disk_usage(tmp_path).total)  # never that much free
+    (short,) = _fetch(ledger, host, [item], tmp_path)
+    assert short.state == evidence.INCOMPLETE and "bytes free under" in short.reason and "not copied" in short.reason
+    assert not (tmp_path / "results").exists() and not (tmp_path / "quarantine").exists()
+    monkeypatch.setattr(evidence, "KEEP_FREE_BYTES", 0)
+    (done,) = _fetch(ledger, host, [item], tmp_path)
+    assert done.verified, done
