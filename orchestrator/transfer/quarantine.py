@@ -63,9 +63,12 @@ def prune(root: Path, *, keep: Path, max_copies: int | None = None, max_bytes: i
     max_bytes = MAX_BYTES if max_bytes is None else max_bytes
     found = []
     for entry in os.scandir(root):
-        if EVIDENCE_TAG in entry.name and entry.is_dir(follow_symlinks=False):
-            path = Path(entry.path)
-            found.append((path != keep, -entry.stat(follow_symlinks=False).st_mtime, entry.name, path))
+        try:
+            if EVIDENCE_TAG in entry.name and entry.is_dir(follow_symlinks=False):
+                path = Path(entry.path)
+                found.append((path != keep, -entry.stat(follow_symlinks=False).st_mtime, entry.name, path))
+        except OSError:  # another gpuq command pruned it meanwhile
+            continue
     copies = total = pruned = 0
     for _, _, _, path in sorted(found):  # ``keep`` first, then newest first: past a limit, every older one goes
         size = _size(path) if not pruned else 0
