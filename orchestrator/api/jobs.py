@@ -13,7 +13,7 @@ from orchestrator.agent.launcher import agent_argv
 from orchestrator.api.explaining import attempt_log
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, gc_paused, host_for
-from orchestrator.core import protocol
+from orchestrator.core import protocol, redact
 from orchestrator.core.errors import GpuqError, IllegalTransition, JobNotFound, UsageError
 from orchestrator.core.states import JobState
 from orchestrator.health import observed
@@ -39,8 +39,13 @@ def logs(ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 
          attempt: int | None = None) -> Iterator[str]:
     """The job's log of its latest attempt; with ``follow``, until the job ends.  ``attempt``: that
     attempt's log instead (from its copy at home, else its host: ``explaining.attempt_log``); following
-    it makes sense only for the current attempt."""
+    it makes sense only for the current attempt.  The log is host text: the values of the variables
+    sweeps forward are redacted from it, and common token shapes (``redact.stream``; docs/security.md)."""
     job = ref if isinstance(ref, Job) else ctx.ledger.resolve_job(ref)
+    yield from redact.stream(_log(ctx, job, follow, poll_s, attempt), lambda text: str(ctx.ledger.redact(text)))
+
+
+def _log(ctx: Context, job: Job, follow: bool, poll_s: float, attempt: int | None) -> Iterator[str]:
     if attempt is not None and not (follow and attempt == job.attempt_count):
         yield from attempt_log(ctx, job, attempt)
         return

@@ -85,6 +85,7 @@ def logs(job: str, follow: bool, raw: bool, attempt: int | None, list_attempts: 
 
     A bare name means that job of the newest sweep that has one.  Control characters other than
     line breaks and tabs are shown escaped (\\x1b), so nothing in a log acts on the terminal.
+    Forwarded secret values are redacted ([redacted:NAME]), with --raw too.
     `gpuq explain JOB` says why each attempt ended."""
     from orchestrator import api
     from orchestrator.views.text import shown_escaped

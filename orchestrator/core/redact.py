@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 MIN_LENGTH = 8  # shorter values are not redacted (a 3-character value would blank ordinary words)
+HELD_CHARS = 64 * 1024  # a streamed line longer than this is redacted in pieces (``stream``)
 MARK = "[redacted]"
 
 _SHAPES = re.compile(
@@ -104,3 +105,20 @@ def from_environment(names: Iterable[str], environ: Mapping[str, str] | None = N
     """The redactor for the forwarded ``names`` whose values this process's environment holds."""
     environ = os.environ if environ is None else environ
     return Redactor.of({name: environ[name] for name in names if name in environ})
+
+
+def stream(chunks: Iterable[str], redact: Callable[[str], str]) -> Iterator[str]:
+    """``chunks`` of one text as it is read (a log followed while it grows), redacted whole lines at a time,
+    so that a value split between two chunks is joined before it is replaced: the last line without its
+    end waits for the next chunk (up to ``HELD_CHARS`` of it) and goes out when the chunks end."""
+    held = ""
+    for chunk in chunks:
+        text = held + chunk
+        cut = max(text.rfind("\n"), text.rfind("\r")) + 1
+        if not cut and len(text) > HELD_CHARS:
+            cut = len(text)
+        held = text[cut:]
+        if cut:
+            yield redact(text[:cut])
+    if held:
+        yield redact(held)

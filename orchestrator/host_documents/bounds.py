@@ -37,6 +37,8 @@ MAX_INT = 2**63 - 1  # byte counts, offsets, steps: what SQLite's INTEGER holds
 MAX_CURVES = 8  # learning curves per job (the headline metric and loss-like ones; gpuq report)
 MAX_CURVE_POINTS = 1_000  # points per curve (the agent sends at most 200)
 MAX_PCT = 1_000.0  # a percentage (a few tools report slightly over 100)
+MAX_HOST_RETRIES = 20  # attempts one status entry says its host retried: the agent's own bound (gpuq_retry.MAX_CHAIN)
+MAX_LINE = 300  # one line a host's agent says of a retry (why, where it saved stacks): cut there, never refused
 
 Short = Annotated[str, Field(max_length=MAX_ID)]
 Text = Annotated[str, Field(max_length=MAX_STR)]
@@ -73,11 +75,21 @@ def _stamp(value: Any) -> float | None:
     return None
 
 
+def one_line(value: Any) -> str | None:
+    """A line a host's agent says (why it retried an attempt, where it saved stacks), as an event will
+    carry it: on one line, printable, cut to ``MAX_LINE`` characters; not a string: none."""
+    if not isinstance(value, str):
+        return None
+    flat = " ".join("".join(c if c.isprintable() else " " for c in value[:MAX_LINE * 4]).split())
+    return flat if len(flat) <= MAX_LINE else flat[:MAX_LINE - 1] + "…"
+
+
 LenientInt = Annotated[AnyInt | None, WrapValidator(none_if_invalid)]
 LenientCount = Annotated[Count | None, WrapValidator(none_if_invalid)]
 LenientFloat = Annotated[Finite | None, WrapValidator(none_if_invalid)]
 LenientPct = Annotated[Pct | None, WrapValidator(none_if_invalid)]
 LenientText = Annotated[Text | None, WrapValidator(none_if_invalid)]
+Line = Annotated[str | None, BeforeValidator(one_line)]
 Stamp = Annotated[float | None, BeforeValidator(_stamp)]
 """A time a host reports, as epoch seconds: an ISO-8601 string or a number; None when unreadable."""
 

@@ -16,6 +16,7 @@ from orchestrator.host_documents.bounds import (
     LenientFloat,
     LenientInt,
     LenientText,
+    Line,
     Open,
     Short,
     Text,
@@ -58,8 +59,8 @@ class RetryDecision(Open):
     by: Literal["host", "controller"]
     attempt: LenientInt = None
     klass: Annotated[LenientText, Field(alias="class")] = None
-    why: LenientText = None
-    stacks: LenientText = None  # a stall the host healed: its agent's one line on the saved stacks
+    why: Line = None
+    stacks: Line = None  # a stall the host healed: its agent's one line on the saved stacks
     exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None  # "host": attempt n's end
 
 

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field
 
 from orchestrator.host_documents.bounds import (
     MAX_GPUS,
+    MAX_HOST_RETRIES,
     MAX_ITEMS,
     MAX_JOBS,
     MAX_NODES,
@@ -26,6 +27,7 @@ from orchestrator.host_documents.bounds import (
     LenientInt,
     LenientPct,
     LenientText,
+    Line,
     Open,
     Short,
     SlotCount,
@@ -213,8 +215,8 @@ class HostRetry(Open):
     attempt: Attempt = 0
     exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None
     klass: Annotated[LenientText, Field(alias="class")] = None
-    why: LenientText = None
-    stacks: LenientText = None  # a stall the host healed: its agent's one line on the saved stacks
+    why: Line = None
+    stacks: Line = None  # a stall the host healed: its agent's one line on the saved stacks
 
 
 class JobEntry(Open):
@@ -247,7 +249,8 @@ class JobEntry(Open):
     provenance: Annotated[Provenance | None, BeforeValidator(object_or_none)] = None  # what the attempt ran with
     gang_cause: Text = ""  # set by the controller (gangs.standing_entry): the node that ended the attempt
     # attempts before this one that the host's agent retried itself, from the one the controller scanned on
-    host_retried: Annotated[list[HostRetry], Field(max_length=MAX_ITEMS), Objects] = Field(default_factory=list)
+    # (the agent reports at most MAX_HOST_RETRIES: a longer chain is a protocol error)
+    host_retried: Annotated[list[HostRetry], Field(max_length=MAX_HOST_RETRIES), Objects] = Field(default_factory=list)
 
     @property
     def beat(self) -> Heartbeat | None:

@@ -32,6 +32,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger
 from orchestrator.tick.attempts import apply
 from orchestrator.tick.ending import stall_message
+from orchestrator.tick.settle import settle
 
 ASKED_TIMEOUT_S = 60.0
 STALL_CLASSES = frozenset({"stalled", DEADLOCK_AT_START})  # a stall the host's agent healed itself (gpuq_stall.py)
@@ -142,10 +143,15 @@ def adopt(ledger: Ledger, job: Job, klass: str, settings: Settings, *, repeated:
     """Attempt n of ``job`` (already recorded as ended) was retried by its host's agent: settle it as
     ``settle`` would have, and record attempt n+1, started by the host, in the same transaction.  The
     attempt runs whatever gpuq would have decided (it was started with the retries gpuq gave the host):
-    when the class says otherwise, the decision says so."""
+    when the class says otherwise, the decision says so.  Never past ``retries=``: the host was given no
+    more (``launcher.host_retry``), so a retry beyond them is not adopted and attempt n is settled as
+    ``settle`` settles it (LOST or FAILED)."""
     number = job.attempt_count
     retries = job.retries if job.retries is not None else settings.retries
-    decision = failures.decide(klass, ledger.failed_attempts(job.id), retries, repeated=repeated)
+    failed = ledger.failed_attempts(job.id)
+    if failed > retries:
+        return _refuse(ledger, job, klass, settings, repeated=repeated, retries=retries)
+    decision = failures.decide(klass, failed, retries, repeated=repeated)
     if decision.action != "requeue":
         decision = Decision("requeue", f"{klass}: the host's agent retried it with resume; gpuq would not "
                                        f"have ({decision.reason})")
@@ -158,3 +164,12 @@ def adopt(ledger: Ledger, job: Job, klass: str, settings: Settings, *, repeated:
     if started is None:
         return Decision("stale", f"attempt {number} was already settled (another gpuq command)")
     return decision
+
+
+def _refuse(ledger: Ledger, job: Job, klass: str, settings: Settings, *, repeated: str, retries: int) -> Decision:
+    """A retry the host says it made past the job's ``retries=``: attempt n is settled as gpuq's own end
+    (``settle``), and the host's attempt n+1 is no attempt of gpuq's (never recorded, never adopted)."""
+    number = job.attempt_count
+    ledger.record_event("job", job.id, f"the host's agent says it retried attempt {number} itself, past "
+                        f"retries={retries}: not adopted (the host was given no retry left)")
+    return settle(ledger, job.id, klass, settings, attempt=number, repeated=repeated)

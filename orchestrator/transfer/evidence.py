@@ -11,9 +11,13 @@ gives a machine back, :func:`fetch_evidence` copies them to
 In one round trip the host hashes every file asked for (size and sha256, by its own Python, links
 refused); each file is then copied, hashed here and compared, and the exit record must name the
 job and attempt and say the exit code the ledger recorded.  Only then is ``EVIDENCE_VERIFIED.json``
-written and the staging dir renamed into place.  A copy that does not match is moved, never deleted,
-to ``$GPUQ_HOME/quarantine/<job>--a<n>--evidence``.  A LOST attempt may have left neither file:
-that is recorded as such (nothing to keep), not as a failure.
+written and the staging dir renamed into place.  A copy that does not match is moved to
+``$GPUQ_HOME/quarantine/<job>--a<n>--evidence``, whose evidence copies are counted and pruned, oldest
+first (``transfer/quarantine.py``).  A LOST attempt may have left neither file: that is recorded as such
+(nothing to keep), not as a failure.  What is copied is bounded by the host's own hashes before a byte
+moves: a log or stacks file at most ``MAX_FILE_BYTES``, an exit record (the one file parsed here) at most
+``MAX_EXIT_BYTES``; and nothing is copied that would leave this machine less than ``KEEP_FREE_BYTES``
+free (a passing failure: the next tick tries again).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from orchestrator.host_documents.results import FileHashes
 from orchestrator.host_documents.status import ExitRecord
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger
+from orchestrator.transfer import quarantine
 from orchestrator.transfer.pull import fsync_path
 
 EVIDENCE_DIR = "evidence"
@@ -44,6 +49,8 @@ EVIDENCE_VERIFIED = "EVIDENCE_VERIFIED.json"
 EVIDENCE_SCHEMA = "gpuq.evidence/1"
 FILES = (protocol.JOB_LOG, protocol.EXIT_FILE, protocol.STACKS_FILE)  # each only when the host has it
 MAX_FILE_BYTES = 1 << 30  # a log bigger than this is not copied (the host is kept, and says why)
+MAX_EXIT_BYTES = 1 << 20  # an exit record is a few hundred bytes: a bigger one is not copied, nor parsed
+KEEP_FREE_BYTES = 2 << 30  # free space on this machine evidence never copies into (its ledger lives here)
 MAX_REPLY_BYTES = 4 << 20
 
 VERIFIED = "verified"
@@ -134,9 +141,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _limit(name: str) -> int:
+    return MAX_EXIT_BYTES if name == protocol.EXIT_FILE else MAX_FILE_BYTES
+
+
 def _exit_problem(path: Path, host: str, job: Job, att: Attempt) -> str | None:
     try:
-        record = validate(host, "exit record", ExitRecord, json.loads(path.read_text(encoding="utf-8")))
+        with open(path, "rb") as f:
+            data = f.read(MAX_EXIT_BYTES + 1)
+        if len(data) > MAX_EXIT_BYTES:
+            return f"{protocol.EXIT_FILE} is over the {MAX_EXIT_BYTES} bytes an exit record may be"
+        record = validate(host, "exit record", ExitRecord, json.loads(data.decode("utf-8")))
     except OSError as exc:
         return f"{protocol.EXIT_FILE} cannot be read: {exc.strerror or exc}"
     except (ValueError, RecursionError) as exc:
@@ -151,14 +166,41 @@ def _exit_problem(path: Path, host: str, job: Job, att: Attempt) -> str | None:
     return None
 
 
-def _set_aside(directory: Path, quarantine_root: Path, job: Job, attempt: int) -> Path:
-    """Move ``directory`` into the quarantine (never deleted): ``<job>--a<n>--evidence[-k]``."""
-    quarantine_root.mkdir(parents=True, exist_ok=True)
-    aside, n = quarantine_root / f"{job.id}--a{attempt}--evidence", 2
-    while aside.exists():
-        aside, n = quarantine_root / f"{job.id}--a{attempt}--evidence-{n}", n + 1
-    shutil.move(str(directory), str(aside))
-    return aside
+def _set_aside(directory: Path, quarantine_root: Path, job: Job, attempt: int) -> str:
+    """Move ``directory`` into the quarantine as ``<job>--a<n>--evidence[-k]`` (older evidence copies
+    beyond its bounds are pruned); where it went and what the quarantine keeps, in words."""
+    aside, held = quarantine.set_aside(directory, quarantine_root, f"{job.id}--a{attempt}{quarantine.EVIDENCE_TAG}")
+    return f"{aside} ({held.said()})"
+
+
+def _wanted(host: Host, job: Job, att: Attempt, hashes: FileHashes) -> tuple[list[tuple[str, int, str]], str]:
+    """(name, size, sha256) of each file to copy, by the host's hashes, and "" or why none is copied."""
+    wanted = []
+    for name in FILES:
+        info = hashes.root.get(_remote(host, job, att.number, name))
+        if info is None:
+            continue
+        if info.bytes is None or info.sha256 is None:
+            return [], f"{name} on {host.name}: {info.error or 'no hash'}"
+        if info.bytes > _limit(name):
+            return [], f"{name} on {host.name} is {info.bytes} bytes, over the {_limit(name)} this copies"
+        wanted.append((name, info.bytes, info.sha256))
+    if att.state == AttemptState.EXITED.value and protocol.EXIT_FILE not in {w[0] for w in wanted}:
+        return [], f"its exit record is missing on {host.name}"
+    return wanted, ""
+
+
+def _short_of_disk(results_root: Path, size: int) -> str:
+    """Why ``size`` bytes are not copied under ``results_root`` now ("" when they fit): this machine keeps
+    ``KEEP_FREE_BYTES`` free (its ledger lives here too); the next try copies them once there is room."""
+    where = results_root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if size + KEEP_FREE_BYTES <= free:
+        return ""
+    return (f"this machine has {free} bytes free under {where}; the evidence is {size} bytes and "
+            f"{KEEP_FREE_BYTES} stay free: not copied (free some space: the next tick tries again)")
 
 
 def _one(ledger: Ledger, host: Host, job: Job, att: Attempt, hashes: FileHashes, results_root: Path,
@@ -166,20 +208,13 @@ def _one(ledger: Ledger, host: Host, job: Job, att: Attempt, hashes: FileHashes,
     final = local_dir(results_root, job, att.number)
     staging = final.with_name(final.name + ".incoming")
     listed: list[dict[str, Any]] = []
-    wanted = []
-    for name in FILES:
-        info = hashes.root.get(_remote(host, job, att.number, name))
-        if info is None:
-            continue
-        if info.bytes is None or info.sha256 is None:
-            return EvidenceOutcome(job.id, att.number, UNVERIFIED, f"{name} on {host.name}: {info.error or 'no hash'}")
-        if info.bytes > MAX_FILE_BYTES:
-            return EvidenceOutcome(job.id, att.number, UNVERIFIED, f"{name} on {host.name} is {info.bytes} "
-                                   f"bytes, over the {MAX_FILE_BYTES} this copies")
-        wanted.append((name, info.bytes, info.sha256))
+    wanted, refused = _wanted(host, job, att, hashes)
+    if refused:
+        return EvidenceOutcome(job.id, att.number, UNVERIFIED, refused)
+    short = _short_of_disk(results_root, sum(size for _, size, _ in wanted))
+    if short:
+        return EvidenceOutcome(job.id, att.number, INCOMPLETE, short)
     names = {w[0] for w in wanted}
-    if att.state == AttemptState.EXITED.value and protocol.EXIT_FILE not in names:
-        return EvidenceOutcome(job.id, att.number, UNVERIFIED, f"its exit record is missing on {host.name}")
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)

@@ -46,6 +46,11 @@ docs = {
     "deep": "[" * 200000 + "]" * 200000,
     "huge_slots": '{"schema": "gpuq.status/1", "slots": {"kind": "gpu", "total": 1000000000000, '
                   '"free": 1000000000000}, "jobs": []}',
+    # a job its agent says it retried 2,000 times by itself (the real agent reports at most 20)
+    "retry_chain": '{"schema": "gpuq.status/1", "jobs": [{"job_id": "cf0reign00001", "attempt": 2001, '
+                   '"state": "running", "host_retried": [' + ", ".join(
+                       '{"attempt": %d, "class": "killed", "exit": {"wrapper_code": 137}}' % k
+                       for k in range(1, 2001)) + ']}]}',
 }
 if mode == "flood":
     chunk = "A" * 65536
@@ -67,7 +72,7 @@ if mode == "noise":
 print(docs[mode])
 '''.replace("FLOOD_BYTES", str(FLOOD_BYTES))
 
-HOSTILE_MODES = ("traversal", "list", "no_job_id", "types", "deep", "huge_slots", "flood")
+HOSTILE_MODES = ("traversal", "list", "no_job_id", "types", "deep", "huge_slots", "retry_chain", "flood")
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,8 @@ def _status(**doc: Any) -> str:
     ({"jobs": [{"job_id": "c1", "attempt": HUGE}]}, "jobs.0.attempt"),
     ({"jobs": [{"job_id": "c1", "nodes": [{"rank": HUGE}]}]}, "jobs.0.nodes.0.rank"),
     ({"slurm": {"jobs": HUGE}}, "slurm.jobs"),
+    # the agent reports at most 20 attempts it retried itself (gpuq_retry.MAX_CHAIN): a stand-in claiming 2,000
+    ({"jobs": [{"job_id": "c1", "host_retried": [{"attempt": k} for k in range(1, 2_001)]}]}, "jobs.0.host_retried"),
 ])
 def test_a_count_beyond_sane_is_a_protocol_error_naming_the_field(doc: dict[str, Any], where: str) -> None:
     with pytest.raises(hd.ProtocolError) as info:

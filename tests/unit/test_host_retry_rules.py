@@ -21,6 +21,7 @@ from orchestrator.core.config import Settings
 from orchestrator.core.errors import IllegalTransition
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
+from orchestrator.host_documents import MAX_HOST_RETRIES, MAX_LINE
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.tick import host_retries
 from orchestrator.tick.probe import Probe
@@ -294,6 +295,37 @@ def test_attempts_the_host_retried_before_the_tick_looked_come_in_the_probe(worl
     assert ledger.job(job_id).state == JobState.RUNNING.value
     reconcile(ledger, host, Settings(), _probe(entry))  # the next look changes nothing
     assert [(a.number, a.state) for a in ledger.attempts(job_id)] == [(1, "EXITED"), (2, "RUNNING")]
+
+
+def _stand_in_chain(job_id: str, links: int, klass: str) -> dict[str, Any]:
+    """What a lying agent claims: it retried attempts 1..``links`` of ``job_id`` itself, one after another,
+    each with a long account of why."""
+    chain = [{"attempt": k, "exit": {"job_id": job_id, "attempt": k, **KILLED}, "class": klass,
+              "why": "the trainer died of signal 9 " + "\x1b[8m" + "x" * 100_000, "stacks": "saved " + "y" * 100_000}
+             for k in range(1, links + 1)]
+    return {"job_id": job_id, "attempt": links + 1, "state": "running", "group_alive": True, "host_retried": chain}
+
+
+def test_the_controller_bounds_a_hosts_chain_as_the_agent_does() -> None:
+    assert MAX_HOST_RETRIES == gpuq_retry.MAX_CHAIN
+
+
+@pytest.mark.parametrize("klass", ["killed", "stalled"])
+def test_a_host_that_claims_more_retries_than_the_job_has_gets_only_those(world: Any, klass: str) -> None:
+    """retries=2 and a host that says it retried the job 20 times: two are adopted, the third attempt is settled
+    as gpuq's own end (no retries left: LOST), never forced back into the queue; what the host said of each
+    is one short line in the history."""
+    ledger, host, job_id = world
+    done = reconcile(ledger, host, Settings(), _probe(_stand_in_chain(job_id, MAX_HOST_RETRIES, klass)))
+    assert [a.number for a in ledger.attempts(job_id)] == [1, 2, 3]
+    job = ledger.job(job_id)
+    assert job.state == JobState.LOST.value and job.attempt_count == 3
+    assert [s.decision.action for s in done.settled] == ["requeue", "requeue", "keep_lost"]
+    history = _history(ledger, job_id)
+    assert any("retried attempt 3 itself, past retries=2: not adopted" in m for m in history), history
+    assert max(len(m) for m in history) < 2 * MAX_LINE + 200 and not any("\x1b" in m for m in history)
+    reconcile(ledger, host, Settings(), _probe(_stand_in_chain(job_id, MAX_HOST_RETRIES, klass)))  # asked again
+    assert [a.number for a in ledger.attempts(job_id)] == [1, 2, 3] and _history(ledger, job_id) == history
 
 
 def test_a_host_that_cannot_say_who_retries_leaves_the_attempt_to_the_next_look(world: Any) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core import redact
+from orchestrator.core import protocol, redact
 from orchestrator.core.config import load_settings
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
@@ -89,3 +89,40 @@ def test_webhook_body_is_redacted(ledger: Ledger, tmp_path: Path) -> None:
     finally:
         server.shutdown()
     assert bodies and TOKEN not in bodies[0] and "[redacted:MY_HF_TOKEN]" in bodies[0]
+
+
+def test_a_streamed_text_is_redacted_even_where_a_chunk_splits_a_value() -> None:
+    r = redact.Redactor.of({"HF_TOKEN": TOKEN})
+    text = f"step 1\nlogin {TOKEN} ok\r50%\rdone {TOKEN}"
+    for at in range(1, len(text)):  # every place a read of the growing log can end
+        shown = "".join(redact.stream([text[:at], text[at:]], r.text))
+        assert TOKEN[:7] not in shown and shown.count("[redacted:HF_TOKEN]") == 2, (at, shown)
+    long_line = "x" * (redact.HELD_CHARS + 10)  # a line without an end is not held for ever
+    assert list(redact.stream([long_line, "y\n"], r.text)) == [long_line, "y\n"]
+
+
+def test_gpuq_logs_redacts_what_the_trainer_printed(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer that prints its forwarded token: it is in job.log on the host (docs/security.md says so), never
+    in what `gpuq logs` shows, with or without --raw, nor for one attempt."""
+    from tests.conftest import run_gpuq
+
+    monkeypatch.setenv("MY_HF_TOKEN", TOKEN)
+    led = Ledger(gpuq_home / "ledger.db")
+    try:
+        (job,) = led.add_sweep(sweep_id="qsecret", queue_path="q.txt", workdir="/w", queue_text="...",
+                               jobs=[JobSpec(name="a", config="c.yaml", task="classify", config_sha256="0" * 64,
+                                             line=1)],
+                               default_retries=1, run=json.dumps({"forward_env": ["MY_HF_TOKEN"]}))
+        led.ensure_host("local", kind="local", root=str(gpuq_home / "local"))
+        led.start_attempt(job.id, host="local", bundle_sha="b" * 64)
+    finally:
+        led.close()
+    log = gpuq_home / "local" / protocol.JOBS_DIR / job.id / protocol.ATTEMPTS_DIR / "1" / protocol.JOB_LOG
+    log.parent.mkdir(parents=True)
+    log.write_text(f"step 1\nwandb login {TOKEN}\nstep 2 ghp_{'a' * 36}\n")
+    for args in (["logs", job.id], ["logs", "--raw", job.id], ["logs", "--attempt", "1", job.id]):
+        done = run_gpuq(*args)
+        assert done.returncode == 0, done.stderr
+        assert TOKEN not in done.stdout and "ghp_" not in done.stdout, (args, done.stdout)
+        assert done.stdout == "step 1\nwandb login [redacted:MY_HF_TOKEN]\nstep 2 [redacted]\n", args
+    assert TOKEN in log.read_text()  # the host's own file is as the trainer wrote it
