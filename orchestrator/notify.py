@@ -17,6 +17,8 @@ a log; a failed delivery is recorded without it.  Every form is redacted first (
 ``redact``: forwarded secret values and common token shapes, ``orchestrator/redact.py``), since
 findings quote host text, and the line and title carry no control character.  Delivery never breaks
 a tick: every error is swallowed after one event.  Standard library only (urllib), with a short timeout.
+
+Redirects are never followed: a 3xx is a failed delivery, said so in its event.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from http.client import HTTPMessage
+from typing import IO, Any, Literal, Protocol
 
 from orchestrator import redact
 from orchestrator.config import Settings
@@ -99,6 +102,18 @@ class _Events(Protocol):
     def redact(self, value: Any) -> Any: ...
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the hook's answer, never followed: urllib would re-send the notice as a GET to wherever it
+    points (another address) and count that one's 2xx as delivered."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        return None  # urllib then raises HTTPError with the 3xx
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def send(settings: Settings, ledger: _Events | None, notice: Notice | Mapping[str, Any]) -> bool:
     """POST ``notice`` in the configured ``webhook_format``; True when the hook answered 2xx."""
     url = settings.webhook_url
@@ -110,11 +125,12 @@ def send(settings: Settings, ledger: _Events | None, notice: Notice | Mapping[st
     data, headers = render(settings.webhook_format, notice, redactor)
     request = urllib.request.Request(url, data=data, headers={**headers, "User-Agent": "gpuq"}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        with _OPENER.open(request, timeout=TIMEOUT_S) as response:
             ok = 200 <= int(response.status) < 300
             why = f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:
-        ok, why = False, f"HTTP {exc.code}"
+        redirect = 300 <= exc.code < 400
+        ok, why = False, f"HTTP {exc.code}" + (", a redirect: gpuq does not follow one" if redirect else "")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         ok, why = False, type(reason).__name__ if not isinstance(reason, str) else "unreachable"
