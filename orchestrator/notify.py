@@ -6,8 +6,10 @@ person reads, built where the message is made: the job or sweep, the host, what 
 next command to run.  ``webhook_format`` chooses the body (docs/health.md, "Notifications"):
 
 - ``json`` (default): the fields, plus ``source``, ``host``, ``time`` and the line as ``text``;
-- ``slack``: ``{"text": line}`` (``&``, ``<``, ``>`` escaped: no ``<!channel>`` or link from host text);
-- ``discord``: ``{"content": line}``, cut to Discord's 2000 characters, with no mention parsed;
+- ``slack``: ``{"text": line, "mrkdwn": false}`` (``&``, ``<``, ``>`` escaped: no ``<!channel>`` or link
+  from host text; no mrkdwn: ``*``, ``_``, ``~`` and backticks show as typed);
+- ``discord``: ``{"content": line}``, every markdown character escaped with a backslash (no masked link,
+  spoiler or heading from host text), cut to Discord's 2000 characters, with no mention parsed;
 - ``ntfy``: the line as a plain-text body (at most ntfy's 4096 bytes) and a short ``Title`` header
   (``gpuq: job failed``), with ``Priority`` and ``Tags`` from the severity.
 
@@ -47,6 +49,7 @@ Severity = Literal["info", "warn", "escalate"]
 _PRIORITY = {"info": "low", "warn": "default", "escalate": "high"}
 _TAG = {"info": "information_source", "warn": "warning", "escalate": "rotating_light"}
 _COMMAND = re.compile(r"`(gpuq [^`]+)`")
+_DISCORD_MARKUP = re.compile(r"[\\*_~`|<>\[\]()#@-]")  # each shown as typed after a backslash
 _WHITESPACE = "\t\n\r\v\f\x1c\x1d\x1e\x1f\x85\u2028\u2029"
 
 
@@ -146,11 +149,12 @@ def render(fmt: str, notice: Notice, redactor: Callable[[Any], Any]) -> tuple[by
     fields, text, title = redactor([{"event": notice.event, **notice.fields}, _one_line(notice.line),
                                     _one_line(notice.title)])
     text = clip(str(text), LINE_MAX)
-    if fmt == "slack":
+    if fmt == "slack":  # no mrkdwn (*bold*, _x_, `code`), and no <!channel> or <url|link> from host text
         slack = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        return _json({"text": slack}), _JSON_HEADERS
-    if fmt == "discord":  # no @everyone, role or user ping from host text
-        return _json({"content": clip(text, DISCORD_MAX), "allowed_mentions": {"parse": []}}), _JSON_HEADERS
+        return _json({"text": slack, "mrkdwn": False}), _JSON_HEADERS
+    if fmt == "discord":  # no markdown (masked links, spoilers), and no @everyone, role or user ping
+        content = clip(_DISCORD_MARKUP.sub(r"\\\g<0>", text), DISCORD_MAX)
+        return _json({"content": content, "allowed_mentions": {"parse": []}}), _JSON_HEADERS
     if fmt == "ntfy":
         short = str(title) or notice.event.replace("_", " ")
         headers = {"Content-Type": "text/plain; charset=utf-8",
