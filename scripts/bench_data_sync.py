@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.agent.bundle import tree_rules
 from orchestrator.hosts.local import LocalHost
 from orchestrator.queue import datasets
 from orchestrator.transfer import datasync
@@ -33,7 +34,7 @@ def main() -> None:
         (repo / "gpuq.toml").write_text('[data]\ncorpus = "corpus"\n')
         host = LocalHost(root)
         t = time.perf_counter()
-        (m,) = datasets.load_data(repo / "gpuq.toml", repo, home)
+        (m,) = datasets.load_data(repo / "gpuq.toml", repo, home, tree_rules)
         hashed = time.perf_counter() - t
         t = time.perf_counter()
         moved = datasync.sync(host, m, home)
@@ -42,7 +43,7 @@ def main() -> None:
         again = datasync.sync(host, m, home)
         second = time.perf_counter() - t
         t = time.perf_counter()
-        datasets.load_data(repo / "gpuq.toml", repo, home)
+        datasets.load_data(repo / "gpuq.toml", repo, home, tree_rules)
         cached = time.perf_counter() - t
     print(f"{size} MB: hash {hashed:.2f} s, first sync {first:.2f} s ({moved / 1e6:.0f} MB moved), "
           f"second sync {second:.2f} s ({again} bytes moved), hash again {cached:.2f} s (cached)")

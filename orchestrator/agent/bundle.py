@@ -113,6 +113,31 @@ class _Filter:
             return "secret"
         return "output" if self.project and rel.endswith("/") and framework_output(rel) else "keep"
 
+    def denied(self, rel: str) -> bool:
+        """Is ``rel`` credential-like by the deny list (and not opted back in by a ``!`` line)?  Unlike
+        ``verdict``, a path the user's ignore lines leave out is still asked about."""
+        return self.user.check_file(rel).include is not False and bool(self.deny.match_file(rel))
+
+    def opted_in(self, rel: str) -> bool:
+        """Is ``rel`` credential-like by the deny list but asked for by a ``!`` line (so it travels)?"""
+        return self.user.check_file(rel).include is False and bool(self.deny.match_file(rel))
+
+    def excluded_name(self, name: str, *, is_dir: bool) -> bool:
+        return always_excluded(name, is_dir=is_dir)
+
+
+def tree_rules(root: Path) -> _Filter:
+    """The project rules for a tree rooted at ``root``: the default deny list and ``root/.gpuqignore``.
+    ``[data]`` directories pass through these same rules as the bundle's workdir (``datasets.TreeRules``)."""
+    return _Filter(root, deny=True)
+
+
+def always_excluded(name: str, *, is_dir: bool) -> bool:
+    """VCS metadata, caches and environments: never in a bundle nor a ``[data]`` tree, whatever the rules say."""
+    if is_dir:
+        return name in ALWAYS_EXCLUDED_DIRS
+    return any(fnmatch.fnmatchcase(name, p) for p in ALWAYS_EXCLUDED_FILES)
+
 
 def framework_output(rel: str) -> bool:
     """Is ``rel`` (a directory, ending with "/") a training framework's output directory?"""
@@ -140,7 +165,7 @@ def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool,
         for d in sorted(dirnames):
             rel = d if rel_dir == "." else f"{rel_dir}/{d}"
             full = here / d
-            if d in ALWAYS_EXCLUDED_DIRS or full.is_symlink() or full.resolve() in exclude:
+            if always_excluded(d, is_dir=True) or full.is_symlink() or full.resolve() in exclude:
                 continue
             verdict = rules.verdict(rel + "/")
             if verdict == "secret":
@@ -153,7 +178,7 @@ def _walk(root: Path, prefix: str, exclude: set[Path], *, deny: bool,
         for name in sorted(filenames):
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             full = here / name
-            if any(fnmatch.fnmatchcase(name, p) for p in ALWAYS_EXCLUDED_FILES):
+            if always_excluded(name, is_dir=False):
                 continue
             verdict = rules.verdict(rel)
             if verdict == "secret":

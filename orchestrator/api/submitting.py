@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.agent.bundle import Bundle, build_bundle
+from orchestrator.agent.bundle import Bundle, build_bundle, tree_rules
 from orchestrator.api import budgeting
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.core.agent_modules import argv_module
@@ -96,6 +96,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings) + _what_leaves(run, workdir, queue, toml_path)
+    warnings += datasets.leaving(manifests, toml_path)
     if entry or (run is not None and run.command):  # gpuq's own payload reads GPUQ_SEED
         warnings += seed_warnings(parsed.jobs, run, str(queue))
     hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
@@ -263,7 +264,7 @@ def _data_room(ctx: Context, manifests: list[datasets.Manifest], rows: list[Host
 def _data(run: RunConfig | None, toml_path: Path, home: Path) -> list[datasets.Manifest]:
     """The gpuq.toml's ``[data]`` entries, each hashed (datasets.py; [] without a table); every
     ``{data.NAME}`` the templates use must be declared there."""
-    manifests = datasets.load_data(toml_path, repository_root(toml_path.parent), home)
+    manifests = datasets.load_data(toml_path, repository_root(toml_path.parent), home, tree_rules)
     names = {m.name for m in manifests}
     if manifests and run is None:
         raise UsageError(f"{toml_path}: [data] needs a [run] table (an empty one runs gpuq's own payload); "

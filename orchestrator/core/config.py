@@ -349,3 +349,19 @@ def load_settings(
         source = next((src for src, values in reversed(layers) if key in values), "defaults")
         shown = "GPUQ_" + key.upper() if source.startswith("environment") else key
         raise ConfigError(f"{source}: {shown}: {err['msg']}") from exc
+
+
+def refused_root(root: Path, gpuq_home: Path | None = None) -> str:
+    """Why the resolved path ``root`` may not be bundled (``[run] project``) or synced (``[data]``) ("" when
+    it may): it is ``/`` or your home directory, holds gpuq's state directory or lies inside it (a cloned
+    project must not send your other files, nor gpuq's keys and ledger)."""
+    if root == Path("/"):
+        return "is /"
+    if root == Path.home().resolve():
+        return "is your home directory"
+    state = gpuq_home.resolve() if gpuq_home is not None else None
+    if state is not None and state.is_relative_to(root):
+        return f"holds gpuq's state directory {gpuq_home}"
+    if state is not None and root.is_relative_to(state):
+        return f"is inside gpuq's state directory {gpuq_home}"
+    return ""

@@ -7,9 +7,14 @@ shakespeare = "data/shakespeare"                                  # a directory 
 weights = { url = "https://example.org/w.bin", sha256 = "<hex>" }  # fetched by the host, verified
 ```
 
-A local entry must stay inside the repository that holds gpuq.toml (as ``[run] project``): a cloned
-project's gpuq.toml cannot choose your other files.  Symlinks inside it are refused (one could
-point anywhere).  An https entry must carry the file's sha256; the host fetches and verifies it.
+A local entry must stay inside the repository that holds gpuq.toml and is held to ``[run] project``'s
+containment (``config.refused_root``: never ``/``, your home directory, nor a directory holding
+``$GPUQ_HOME`` or inside it): a cloned project's gpuq.toml cannot choose your other files.  It goes
+through the bundle's own rules (``TreeRules``: the caller passes ``bundle.tree_rules``): an entry in VCS
+metadata or credential-like by path is refused, and inside a directory the bundle's filter leaves out
+what it leaves out of a project (VCS metadata and caches, credential-like paths, named in ``left_out``,
+and what the directory's own .gpuqignore excludes).  Symlinks inside it are refused (one could point
+anywhere).  An https entry must carry the file's sha256; the host fetches and verifies it.
 
 Each entry becomes a *tree*: a manifest of (path, size, sha256, chunk sha256s) whose digest is the
 tree id, stored in ``$GPUQ_HOME/data/manifests/<tree>.json`` with where its bytes are here.  Hashes
@@ -24,12 +29,13 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.core.config import tomllib
+from orchestrator.core.config import refused_root, tomllib
 from orchestrator.core.errors import ConfigError
 
 TABLE = "data"
@@ -37,6 +43,20 @@ CHUNK = 16 << 20  # bytes: the unit of transfer and of resuming a sync
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SHA_RE = re.compile(r"[0-9a-f]{64}")
 MAX_URL = 2000
+
+
+class TreeRules(Protocol):
+    """The bundle's rules for one tree (``bundle.tree_rules``, which the caller passes in: the bundle is
+    the controller's side of the agent, a layer above ``[data]``).  ``verdict`` says "keep", "ignored",
+    "secret" or "output" of a path (a directory's ends with "/")."""
+
+    def verdict(self, rel: str) -> str: ...
+
+    def denied(self, rel: str) -> bool: ...
+
+    def opted_in(self, rel: str) -> bool: ...
+
+    def excluded_name(self, name: str, *, is_dir: bool) -> bool: ...
 
 
 class Entry(BaseModel):
@@ -60,6 +80,8 @@ class Manifest(BaseModel):
     kind: str  # "dir" | "file" | "url"
     source: str  # the local path (never sent to a host) or the URL
     entries: tuple[Entry, ...] = ()
+    left_out: tuple[str, ...] = ()  # credential-like paths of a directory that stay here (the bundle's rules)
+    opted_in: tuple[str, ...] = ()  # credential-like paths that travel because a `!` line of .gpuqignore asks
 
     @property
     def bytes(self) -> int:
@@ -75,9 +97,10 @@ def data_dir(home: Path) -> Path:
     return home / "data"
 
 
-def load_data(toml_path: Path, repo: Path, home: Path) -> list[Manifest]:
-    """The ``[data]`` table of ``toml_path`` hashed into manifests (saved under ``$GPUQ_HOME/data``);
-    [] without one.  ConfigError (one line naming the file and the key) for any problem."""
+def load_data(toml_path: Path, repo: Path, home: Path, rules: Callable[[Path], TreeRules]) -> list[Manifest]:
+    """The ``[data]`` table of ``toml_path`` hashed into manifests (saved under ``$GPUQ_HOME/data``), each
+    local entry through ``rules`` (``bundle.tree_rules``) of its repository and of its directory; [] without
+    one.  ConfigError (one line naming the file and the key) for any problem."""
     try:
         table = tomllib.loads(toml_path.read_text(encoding="utf-8")).get(TABLE)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -93,7 +116,7 @@ def load_data(toml_path: Path, repo: Path, home: Path) -> list[Manifest]:
             raise ConfigError(f"{toml_path}: [data] {name!r}: a name is letters, digits and _ (it becomes "
                               "GPUQ_DATA_<NAME> and {data.<name>})")
         if isinstance(value, str):
-            out.append(_local(toml_path, repo, name, value, cache))
+            out.append(_local(toml_path, repo, home, name, value, cache, rules))
         elif isinstance(value, dict):
             out.append(_url(toml_path, name, value))
         else:
@@ -113,6 +136,29 @@ def load_data(toml_path: Path, repo: Path, home: Path) -> list[Manifest]:
 def wire(manifests: list[Manifest]) -> dict[str, dict[str, str]]:
     """What the sweep records and the hosts get: {NAME: {"tree", "file"}}; never a local path."""
     return {m.name: {"tree": m.tree, "file": m.file} for m in manifests}
+
+
+def leaving(manifests: list[Manifest], toml_path: Path) -> list[str]:
+    """Lines for ``submit`` and ``--dry-run``: the trees that leave this machine, the credential-like paths
+    their directories hold that stay here, and any that a ``!`` line of .gpuqignore sends anyway."""
+    if not manifests:
+        return []
+    trees = ", ".join(f"{m.name} = {m.source} ({len(m.entries)} file(s), {m.bytes / 1e6:.1f} MB)" if m.kind != "url"
+                      else f"{m.name} = {m.source} (fetched by the host)" for m in manifests)
+    lines = [f"sending these [data] trees to the hosts ([data] in {toml_path}): {trees}"]
+    for m in manifests:
+        if m.left_out:
+            lines.append(f"left out of [data] {m.name} (credential-like paths; a `!path` line in {m.source}/"
+                         ".gpuqignore ships one): " + _some(m.left_out))
+        if m.opted_in:
+            lines.append(f"sending credential-like paths in [data] {m.name}, because a `!` line of .gpuqignore "
+                         f"opts them in: {_some(m.opted_in)}")
+    return lines
+
+
+def _some(paths: tuple[str, ...]) -> str:
+    more = len(paths) - 5
+    return ", ".join(paths[:5]) + (f" and {more} more" if more > 0 else "")
 
 
 def manifest(home: Path, tree: str) -> Manifest | None:
@@ -142,37 +188,92 @@ def _url(toml_path: Path, name: str, value: dict[str, Any]) -> Manifest:
     return Manifest(name=name, tree=tree, kind="url", source=url, entries=(entry,))
 
 
-def _local(toml_path: Path, repo: Path, name: str, value: str, cache: _HashCache) -> Manifest:
+def _local(toml_path: Path, repo: Path, home: Path, name: str, value: str, cache: _HashCache,
+           rules: Callable[[Path], TreeRules]) -> Manifest:
     raw = (toml_path.parent / value)
     if raw.is_symlink():
         raise ConfigError(f"{toml_path}: [data] {name}: {value!r} is a symlink; name the real path inside "
                           "the repository")
     path = raw.resolve()
-    if not path.is_relative_to(repo.resolve()):
+    repo = repo.resolve()
+    if not path.is_relative_to(repo):
         raise ConfigError(f"{toml_path}: [data] {name}: {value!r} is {path}, outside the repository {repo}; "
                           "data must stay inside the repository that holds gpuq.toml")
+    why = refused_root(path, home)
+    if why:
+        raise ConfigError(f"{toml_path}: [data] {name}: {value!r} ({path}) {why}; name the data's own "
+                          "directory or file")
     if not path.exists():
         raise ConfigError(f"{toml_path}: [data] {name}: {path} does not exist")
+    rel = path.relative_to(repo).as_posix()
+    left_out: list[str] = []
+    opted_in = [rel] if _check_place(toml_path, name, value, rel, rules(repo), path.is_dir()) else []
     if path.is_file():
         entries = [_entry(path, path.name, cache)]
         kind = "file"
     else:
-        entries = []
-        for top, dirs, files in os.walk(path):
-            dirs.sort()
-            for leaf in sorted(dirs + files):
-                full = Path(top) / leaf
-                rel = full.relative_to(path).as_posix()
-                if full.is_symlink():
-                    raise ConfigError(f"{toml_path}: [data] {name}: {rel} is a symlink inside {path}; gpuq syncs "
-                                      "real files only")
-                if leaf in files:
-                    if not full.is_file():
-                        raise ConfigError(f"{toml_path}: [data] {name}: {rel} is not a regular file")
-                    entries.append(_entry(full, rel, cache))
+        entries = _walk(toml_path, name, path, cache, rules(path), left_out, opted_in)
         kind = "dir"
     tree = _digest({"kind": kind, "entries": [[e.rel, e.size, e.sha256] for e in entries]})
-    return Manifest(name=name, tree=tree, kind=kind, source=str(path), entries=tuple(entries))
+    return Manifest(name=name, tree=tree, kind=kind, source=str(path), entries=tuple(entries),
+                    left_out=tuple(left_out), opted_in=tuple(opted_in))
+
+
+def _check_place(toml_path: Path, name: str, value: str, rel: str, rules: TreeRules, is_dir: bool) -> bool:
+    """The entry itself (``rel``, from the repository root) and every directory above it pass the bundle's
+    rules: no VCS metadata, cache or environment, nothing credential-like (a ``!`` line of the repository's
+    .gpuqignore opts one in: True then).  Being ignored by .gpuqignore is fine: that is how data stays out of
+    the bundle."""
+    if rel == ".":
+        return False
+    opted = False
+    parts = rel.split("/")
+    for i, part in enumerate(parts):
+        sub = "/".join(parts[:i + 1])
+        folder = is_dir or i < len(parts) - 1
+        if folder and rules.excluded_name(part, is_dir=True):
+            raise ConfigError(f"{toml_path}: [data] {name}: {value!r} is in {sub}/, which gpuq never sends "
+                              "(VCS metadata, caches, environments)")
+        if rules.denied(sub + "/" if folder else sub):
+            raise ConfigError(f"{toml_path}: [data] {name}: {value!r} is credential-like ({sub}); gpuq never "
+                              f"sends it (a `!{sub}` line in the repository's .gpuqignore ships it)")
+        opted = opted or rules.opted_in(sub + "/" if folder else sub)
+    return opted
+
+
+def _walk(toml_path: Path, name: str, path: Path, cache: _HashCache, rules: TreeRules, left_out: list[str],
+          opted_in: list[str]) -> list[Entry]:
+    """The files of the directory ``path`` that travel, through the bundle's rules for a tree rooted there
+    (its own .gpuqignore); the credential-like paths left out go into ``left_out``, the credential-like
+    files a ``!`` line sends anyway into ``opted_in``."""
+    entries = []
+    for top, dirs, files in os.walk(path):
+        here = Path(top)
+        rel_dir = here.relative_to(path).as_posix()
+        kept = []
+        for leaf in sorted(dirs + files):
+            full = here / leaf
+            rel = leaf if rel_dir == "." else f"{rel_dir}/{leaf}"
+            folder = leaf in dirs
+            shown = rel + "/" if folder else rel
+            verdict = "tool" if rules.excluded_name(leaf, is_dir=folder) else rules.verdict(shown)
+            if verdict == "secret":
+                left_out.append(shown)
+            if verdict not in ("keep", "output"):  # a dataset may hold a directory named runs/ or outputs/
+                continue
+            if full.is_symlink():
+                raise ConfigError(f"{toml_path}: [data] {name}: {rel} is a symlink inside {path}; gpuq syncs "
+                                  "real files only")
+            if folder:
+                kept.append(leaf)
+            elif not full.is_file():
+                raise ConfigError(f"{toml_path}: [data] {name}: {rel} is not a regular file")
+            else:
+                entries.append(_entry(full, rel, cache))
+                if rules.opted_in(rel):
+                    opted_in.append(rel)
+        dirs[:] = kept
+    return entries
 
 
 def _digest(content: dict[str, Any]) -> str:

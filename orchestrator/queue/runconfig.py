@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.core.agent_modules import argv_module
-from orchestrator.core.config import tomllib
+from orchestrator.core.config import refused_root, tomllib
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.specs import JobSpec
 from orchestrator.providers import registry
@@ -217,8 +217,8 @@ def repository_root(toml_dir: Path) -> Path:
 def project_root(run: RunConfig | None, toml_dir: Path, *, gpuq_home: Path | None = None) -> Path:
     """The directory bundled as the project root (``project``, relative to gpuq.toml).  A root other than
     the file's own directory must stay inside its repository (``repository_root``) and must be neither
-    ``/``, your home directory nor a directory holding ``gpuq_home``: a cloned project must not bundle
-    your other files."""
+    ``/``, your home directory, a directory holding ``gpuq_home`` nor one inside it (``config.refused_root``,
+    as for ``[data]``): a cloned project must not bundle your other files."""
     if run is None:
         return toml_dir
     toml = toml_dir / "gpuq.toml"
@@ -234,14 +234,10 @@ def project_root(run: RunConfig | None, toml_dir: Path, *, gpuq_home: Path | Non
     if not root.is_relative_to(repo):
         raise ConfigError(f"{toml}: [run] project: {run.project!r} is {root}, outside the repository {repo}; "
                           "the project root must stay inside the repository that holds gpuq.toml")
-    home = Path.home().resolve()
-    for refused, what in ((Path("/"), "/"), (home, "your home directory")):
-        if root == refused:
-            raise ConfigError(f"{toml}: [run] project: {run.project!r} is {what}; point it at the project's "
-                              "own directory")
-    if gpuq_home is not None and gpuq_home.resolve().is_relative_to(root):
-        raise ConfigError(f"{toml}: [run] project: {run.project!r} ({root}) holds gpuq's state directory "
-                          f"{gpuq_home}; point it at the project's own directory")
+    why = refused_root(root, gpuq_home)
+    if why:
+        raise ConfigError(f"{toml}: [run] project: {run.project!r} ({root}) {why}; point it at the project's "
+                          "own directory")
     return root
 
 

@@ -6,8 +6,10 @@ person reads, built where the message is made: the job or sweep, the host, what 
 next command to run.  ``webhook_format`` chooses the body (docs/health.md, "Notifications"):
 
 - ``json`` (default): the fields, plus ``source``, ``host``, ``time`` and the line as ``text``;
-- ``slack``: ``{"text": line}`` (``&``, ``<``, ``>`` escaped: no ``<!channel>`` or link from host text);
-- ``discord``: ``{"content": line}``, cut to Discord's 2000 characters, with no mention parsed;
+- ``slack``: ``{"text": line, "mrkdwn": false}`` (``&``, ``<``, ``>`` escaped: no ``<!channel>`` or link
+  from host text; no mrkdwn: ``*``, ``_``, ``~`` and backticks show as typed);
+- ``discord``: ``{"content": line}``, every markdown character escaped with a backslash (no masked link,
+  spoiler or heading from host text), cut to Discord's 2000 characters, with no mention parsed;
 - ``ntfy``: the line as a plain-text body (at most ntfy's 4096 bytes) and a short ``Title`` header
   (``gpuq: job failed``), with ``Priority`` and ``Tags`` from the severity.
 
@@ -17,6 +19,8 @@ a log; a failed delivery is recorded without it.  Every form is redacted first (
 ``redact``: forwarded secret values and common token shapes, ``orchestrator/core/redact.py``), since
 findings quote host text, and the line and title carry no control character.  Delivery never breaks
 a tick: every error is swallowed after one event.  Standard library only (urllib), with a short timeout.
+
+Redirects are never followed: a 3xx is a failed delivery, said so in its event.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from http.client import HTTPMessage
+from typing import IO, Any, Literal, Protocol
 
 from orchestrator.core import redact
 from orchestrator.core.config import Settings
@@ -44,6 +49,7 @@ Severity = Literal["info", "warn", "escalate"]
 _PRIORITY = {"info": "low", "warn": "default", "escalate": "high"}
 _TAG = {"info": "information_source", "warn": "warning", "escalate": "rotating_light"}
 _COMMAND = re.compile(r"`(gpuq [^`]+)`")
+_DISCORD_MARKUP = re.compile(r"[\\*_~`|<>\[\]()#@-]")  # each shown as typed after a backslash
 _WHITESPACE = "\t\n\r\v\f\x1c\x1d\x1e\x1f\x85\u2028\u2029"
 
 
@@ -99,6 +105,18 @@ class _Events(Protocol):
     def redact(self, value: Any) -> Any: ...
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the hook's answer, never followed: urllib would re-send the notice as a GET to wherever it
+    points (another address) and count that one's 2xx as delivered."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        return None  # urllib then raises HTTPError with the 3xx
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def send(settings: Settings, ledger: _Events | None, notice: Notice | Mapping[str, Any]) -> bool:
     """POST ``notice`` in the configured ``webhook_format``; True when the hook answered 2xx."""
     url = settings.webhook_url
@@ -110,11 +128,12 @@ def send(settings: Settings, ledger: _Events | None, notice: Notice | Mapping[st
     data, headers = render(settings.webhook_format, notice, redactor)
     request = urllib.request.Request(url, data=data, headers={**headers, "User-Agent": "gpuq"}, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        with _OPENER.open(request, timeout=TIMEOUT_S) as response:
             ok = 200 <= int(response.status) < 300
             why = f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:
-        ok, why = False, f"HTTP {exc.code}"
+        redirect = 300 <= exc.code < 400
+        ok, why = False, f"HTTP {exc.code}" + (", a redirect: gpuq does not follow one" if redirect else "")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         ok, why = False, type(reason).__name__ if not isinstance(reason, str) else "unreachable"
@@ -130,11 +149,12 @@ def render(fmt: str, notice: Notice, redactor: Callable[[Any], Any]) -> tuple[by
     fields, text, title = redactor([{"event": notice.event, **notice.fields}, _one_line(notice.line),
                                     _one_line(notice.title)])
     text = clip(str(text), LINE_MAX)
-    if fmt == "slack":
+    if fmt == "slack":  # no mrkdwn (*bold*, _x_, `code`), and no <!channel> or <url|link> from host text
         slack = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        return _json({"text": slack}), _JSON_HEADERS
-    if fmt == "discord":  # no @everyone, role or user ping from host text
-        return _json({"content": clip(text, DISCORD_MAX), "allowed_mentions": {"parse": []}}), _JSON_HEADERS
+        return _json({"text": slack, "mrkdwn": False}), _JSON_HEADERS
+    if fmt == "discord":  # no markdown (masked links, spoilers), and no @everyone, role or user ping
+        content = clip(_DISCORD_MARKUP.sub(r"\\\g<0>", text), DISCORD_MAX)
+        return _json({"content": content, "allowed_mentions": {"parse": []}}), _JSON_HEADERS
     if fmt == "ntfy":
         short = str(title) or notice.event.replace("_", " ")
         headers = {"Content-Type": "text/plain; charset=utf-8",

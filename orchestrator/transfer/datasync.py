@@ -11,8 +11,10 @@ change what another reads)::
 ``sync(host, manifest)``: ``DATA`` ``need`` says whether the tree is there and which chunks are
 missing; only those are uploaded (a sync killed halfway resumes with the chunks already there); then
 ``DATA`` ``build`` assembles and verifies every file by its sha256, links the tree and drops the
-chunks.  A tree already there moves 0 bytes.  An https entry is fetched by the host itself and
-verified against the sha256 the gpuq.toml gave.  Each sync is appended to
+chunks; a build that fails (a file changed while it was synced) removes the files it assembled and the
+tree's chunks, so nothing of a tree that was not built stays on the host.  A tree already there moves
+0 bytes.  An https entry is fetched by the host itself and verified against the sha256 the gpuq.toml
+gave.  Each sync is appended to
 ``$GPUQ_HOME/data/syncs.jsonl`` (host, name, tree, bytes moved) and what a host holds to
 ``$GPUQ_HOME/data/held/<host>.json`` (``gpuq hosts show``).
 """
@@ -82,37 +84,56 @@ if verb == "fetch":
             sys.exit("%s: the download's sha256 is not %s" % (doc["source"], e["sha256"]))
         os.chmod(part, 0o444)
         os.rename(part, final)
-bad = []
-for e in doc["entries"]:
-    final = os.path.join(files, e["sha256"])
-    if os.path.isfile(final) or verb == "fetch":
-        continue
-    tmp = "%s.tmp.%d" % (final, os.getpid())
-    with open(tmp, "wb") as out:
-        h = hashlib.sha256()
-        for c in e["chunks"]:
-            with open(os.path.join(chunks, c), "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-                    out.write(block)
-    if h.hexdigest() != e["sha256"]:
-        os.unlink(tmp)
-        bad.append(e["rel"])
+bad, made = [], []
+def undo():  # a failed build leaves nothing it assembled, nor the chunks it was sent
+    for path in made:
+        os.unlink(path)
+    for e in doc["entries"]:
         for c in e["chunks"]:
             if os.path.exists(os.path.join(chunks, c)):
                 os.unlink(os.path.join(chunks, c))
-        continue
-    os.chmod(tmp, 0o444)
-    os.rename(tmp, final)
+try:
+    for e in doc["entries"]:
+        final = os.path.join(files, e["sha256"])
+        if os.path.isfile(final) or verb == "fetch":
+            continue
+        tmp = "%s.tmp.%d" % (final, os.getpid())
+        try:
+            with open(tmp, "wb") as out:
+                h = hashlib.sha256()
+                for c in e["chunks"]:
+                    with open(os.path.join(chunks, c), "rb") as f:
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            h.update(block)
+                            out.write(block)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        if h.hexdigest() != e["sha256"]:
+            os.unlink(tmp)
+            bad.append(e["rel"])
+            continue
+        os.chmod(tmp, 0o444)
+        os.rename(tmp, final)
+        made.append(final)
+except BaseException:
+    undo()
+    raise
 if bad:
+    undo()
     sys.exit("these files changed while they were synced: %s; submit again" % ", ".join(bad[:5]))
 if not os.path.isdir(tree):
     tmp = "%s.tmp.%d" % (tree, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
-    for e in doc["entries"]:
-        dst = os.path.join(tmp, e["rel"])
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        os.link(os.path.join(files, e["sha256"]), dst)
+    try:
+        for e in doc["entries"]:
+            dst = os.path.join(tmp, e["rel"])
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.link(os.path.join(files, e["sha256"]), dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        undo()
+        raise
     os.makedirs(tmp, exist_ok=True)
     for top, dirs, _ in os.walk(tmp, topdown=False):
         for d in dirs:

@@ -70,3 +70,48 @@ def test_an_error_status_is_a_failed_delivery_and_a_2xx_is_not(tmp_path: Path) -
         server.server_close()
     assert [b["event"] for b in bodies] == ["escalation", "sweep_done"]
     assert bodies[0]["rule"] == "stalled" and bodies[0]["source"] == "gpuq"
+
+
+def test_a_redirect_is_a_failed_delivery_and_is_never_followed(tmp_path: Path) -> None:
+    """issue 43 #8: a hook answering 302 got the POST re-sent as a GET to another address, counted delivered."""
+    elsewhere: list[str] = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            elsewhere.append(f"GET {self.path}")
+            self.send_response(200)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    target = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)  # another loopback address
+    where = f"http://127.0.0.2:{target.server_address[1]}/collect"
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(int(self.path.rsplit("/", 1)[1]))
+            self.send_header("Location", where)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    for server in (target, hook):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for code in (301, 302, 303, 307, 308):
+            events = Events()
+            url = f"http://127.0.0.1:{hook.server_address[1]}/hook/{code}"
+            assert notify.send(_settings(tmp_path, url), events, {"event": "escalation"}) is False, code
+            assert events.messages == [f"webhook delivery failed (HTTP {code}, a redirect: gpuq does not follow "
+                                       "one); the tick went on"]
+    finally:
+        for server in (target, hook):
+            server.shutdown()
+            server.server_close()
+    assert elsewhere == []

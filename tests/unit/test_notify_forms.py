@@ -51,18 +51,36 @@ class Hooked:
         assert delivery.headers["content-type"] == "application/json"
         body = delivery.json()
         if self.form == "slack":
-            assert set(body) == {"text"}
+            assert set(body) == {"text", "mrkdwn"} and body["mrkdwn"] is False
             return str(body["text"]).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
         if self.form == "discord":
             assert set(body) == {"content", "allowed_mentions"} and body["allowed_mentions"] == {"parse": []}
             assert len(body["content"]) <= notify.DISCORD_MAX
-            return str(body["content"])
+            return discord_shown(str(body["content"]))[0]
         assert body["source"] == "gpuq" and isinstance(body["time"], float)
         return str(body["text"])
 
     def only(self) -> tuple[Delivery, str]:
         assert len(self.got) == 1, [d.body for d in self.got]
         return self.got[0], self.line(self.got[0])
+
+
+MARKUP = "*_~`|<>[]()#"  # what Discord's markdown reads as formatting, a link, a spoiler or a heading
+
+
+def discord_shown(content: str) -> tuple[str, str]:
+    """(the text Discord shows for ``content``, the markup characters it would read as markup): a backslash
+    before a character that is neither a letter, a digit nor a space shows that character as typed."""
+    shown, markup, i = [], [], 0
+    while i < len(content):
+        if content[i] == "\\" and i + 1 < len(content) and not (content[i + 1].isalnum() or content[i + 1].isspace()):
+            shown.append(content[i + 1])
+            i += 2
+            continue
+        shown.append(content[i])
+        markup += [content[i]] if content[i] in MARKUP else []
+        i += 1
+    return "".join(shown), "".join(markup)
 
 
 @pytest.fixture(params=notify.FORMATS)
@@ -239,6 +257,20 @@ def test_host_text_is_redacted_cut_and_harmless_in_every_form(hooked: Hooked) ->
         assert len(delivery.body) <= notify.NTFY_MAX_BYTES and delivery.text.endswith("…")
     if hooked.form == "json":
         assert TOKEN not in delivery.json()["message"]
+
+
+def test_host_text_carries_no_markup_into_slack_or_discord(hooked: Hooked) -> None:
+    """issue 43 #9: a disguised link, a spoiler, bold, code and a heading from host text stay text in every form."""
+    (job,) = _jobs(hooked.ctx, "marked")
+    markup = "[log in](https://evil.example) ||spoiler|| *bold* _it_ ~del~ `code` <https://evil.example|here> # h \\*"
+    record(hooked.ctx, [Finding("crash", Severity.ESCALATE, "gpu1", f"marked a1: {markup}", "triage", job=job.id)],
+           subjects=[], report=TickReport())
+    delivery, line = hooked.only()
+    assert markup in line  # shown as typed
+    if hooked.form == "discord":
+        assert discord_shown(delivery.json()["content"]) == (line, "")  # no character left to read as markup
+    if hooked.form == "slack":
+        assert delivery.json()["mrkdwn"] is False and not set("<>") & set(delivery.json()["text"])
 
 
 def test_the_format_is_checked_and_only_the_user_chooses_it(tmp_path: Path) -> None:

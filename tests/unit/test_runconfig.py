@@ -189,6 +189,9 @@ def test_home_root_and_gpuq_home_are_refused(tmp_path: Path, monkeypatch: pytest
     with pytest.raises(ConfigError) as info:
         project_root(RunConfig(project=".."), toml_dir, gpuq_home=repo / "sub" / "state")
     assert "holds gpuq's state directory" in str(info.value)
+    (repo / "sub" / "state" / "x").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is inside gpuq's state directory"):
+        project_root(RunConfig(project="../state/x"), toml_dir, gpuq_home=repo / "sub" / "state")
     assert project_root(RunConfig(project="../../lib"), toml_dir, gpuq_home=repo / "sub" / "state") == repo / "lib"
     (repo / "sub" / "loop").symlink_to(repo / "sub" / "loop")
     with pytest.raises(ConfigError):
