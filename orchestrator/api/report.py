@@ -60,10 +60,10 @@ def _resolve(ctx: Context, refs: Sequence[str]) -> list[Sweep]:
 
 
 def _headline(sweeps: Sequence[Sweep], metric: str | None, mode: str | None) -> tuple[str, str]:
-    found = {observed.headline(s.run) for s in sweeps}
+    found = {observed.headline(s.run_config()) for s in sweeps}
     default_metric, default_mode = sorted(found)[0]
     if metric is None and len({m for m, _ in found}) > 1:
-        names = ", ".join(f"{s.id}: {observed.headline(s.run)[0]}" for s in sweeps)
+        names = ", ".join(f"{s.id}: {observed.headline(s.run_config())[0]}" for s in sweeps)
         raise UsageError(f"the sweeps report different metrics ({names}); choose one with --metric")
     return metric or default_metric, mode or default_mode
 

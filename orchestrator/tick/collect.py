@@ -35,7 +35,7 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
     for job_id, doc in docs.items():
         job = ledger.job(job_id)
         sweep = ledger.sweep(job.sweep_id)
-        problem = observed.metrics_problem(getattr(sweep, "run", ""), doc.summary)
+        problem = observed.metrics_problem(sweep.run_config() if sweep is not None else None, doc.summary)
         if not problem:
             continue
         message = f"{job.name}: succeeded, but {problem}"

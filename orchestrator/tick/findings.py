@@ -75,10 +75,8 @@ def from_scratch(ctx: Context, host: str, job: Job, report: TickReport) -> None:
     if job.attempt_count < 2:
         return
     sweep = ctx.ledger.sweep(job.sweep_id)
-    try:
-        globs = json.loads(sweep.run).get("checkpoint") if sweep is not None and sweep.run else None
-    except (ValueError, AttributeError):
-        globs = None
+    run = sweep.run_config() if sweep is not None else None
+    globs = list(run.checkpoint) if run is not None else []
     shown = f" {json.dumps(globs)}" if globs else ""
     found = Finding(FROM_SCRATCH, Severity.ESCALATE, host,
                     f"{job.name} a{job.attempt_count}: restarted from scratch: no file matched `checkpoint`{shown} "

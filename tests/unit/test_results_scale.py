@@ -145,7 +145,7 @@ def oracle(ctx: Context, sweep_id: str) -> list[ResultRow]:
     latest = {a.job_id: a for a in every}
     verified = ctx.ledger.verified_jobs(sweep_id)
     sweep_row = ctx.ledger.sweep(sweep_id)
-    metric, mode = observed.headline(getattr(sweep_row, "run", ""))
+    metric, mode = observed.headline(sweep_row.run_config() if sweep_row is not None else None)
     git = (sweep_row.git_commit, sweep_row.git_dirty) if sweep_row is not None else ("", None)
     on_cpu = cpu_slots(ctx)
     warned = ctx.ledger.open_findings(j.id for j in jobs)
