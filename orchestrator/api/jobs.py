@@ -258,7 +258,7 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     for job in jobs:
         event = warned.get((job.id, observed.METRICS_RULE))
         if event is not None and job.id not in errors:
-            errors[job.id] = event.message.split(": succeeded, but ", 1)[-1]
+            errors[job.id] = event.reason
     now = time.time()
     rows = []
     for job in jobs:

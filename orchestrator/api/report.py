@@ -8,13 +8,12 @@ last tick).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from orchestrator import failures, observed, protocol
+from orchestrator import observed, protocol
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, ran_with
 from orchestrator.context import Context, gc_paused
 from orchestrator.cost import job_cost
@@ -29,9 +28,6 @@ from orchestrator.states import JobState
 DIVERGED_DROP = 0.20  # a final value worse than the job's own best by more than 20 % of |best|
 SEEDS_DISAGREE_CV = 0.10  # seeds whose std exceeds 10 % of |mean|
 LOG_TAIL_LINES = 8
-# the failure classes of docs/health.md, as the settling decision's reason starts ("config error: never retried")
-_CLASSES = (*failures.NAMES, "setup")
-_CLASS = re.compile(rf"^({'|'.join(_CLASSES)})(?: error)?:|\(class: ([a-z_]+)\)")
 _FAILED = (JobState.FAILED.value, JobState.LOST.value)
 
 
@@ -77,7 +73,7 @@ def _metrics_problems(ctx: Context, jobs: Sequence[Job]) -> list[str]:
     for job in jobs:
         event = found.get((job.id, observed.METRICS_RULE))
         if event is not None:
-            why = event.message.split(": succeeded, but ", 1)[-1]
+            why = event.reason
             counts[why] = counts.get(why, 0) + 1
     return [f"{why} ({n} job{'s' if n != 1 else ''})" for why, n in counts.items()]
 
@@ -286,9 +282,8 @@ def _failures(ctx: Context, jobs: Sequence[Job], attempts: dict[str, list[Attemp
         last = attempts[job.id][-1] if attempts.get(job.id) else None
         klass, reason = "", ""
         for event in reversed(told.get(job.id, [])):  # the newest first
-            hit = _CLASS.search(event.message)
-            if hit and (event.new == job.state or "(class:" in event.message):
-                klass, reason = hit.group(1) or hit.group(2), event.message
+            if event.failure_class and (event.new == job.state or event.rule):  # a decision, or "ended badly"
+                klass, reason = event.failure_class, event.message
                 break
         found.append((job, cell_of[job.id], klass))
         texts.append("; ".join(part for part in (last.message if last else "", reason) if part))

@@ -43,7 +43,8 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
         if seen is not None and seen.message == message:
             continue
         ledger.record_finding("job", job_id, severity="warn", rule=observed.METRICS_RULE, message=message,
-                              action=f"fix [run] metrics in gpuq.toml; the trainer's files: gpuq logs {job_id}")
+                              action=f"fix [run] metrics in gpuq.toml; the trainer's files: gpuq logs {job_id}",
+                              reason=problem)
 
 
 def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:

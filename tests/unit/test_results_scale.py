@@ -99,7 +99,8 @@ def build(ctx: Context, tmp_path: Path, jobs: int = 24) -> list[str]:
         led.transition(job.id, JobState.SUCCEEDED)
         if kind == 7 and i % 2:  # succeeded on a host that is gone, never collected: its warning says why
             led.record_finding("job", job.id, severity="warn", rule=observed.METRICS_RULE,
-                               message=f"{job.name}: succeeded, but no value of loss was found")
+                               message=f"{job.name}: succeeded, but no value of loss was found",
+                               reason="no value of loss was found")
             gone.append(job.id)
             continue
         led.record_results(job.id, n, metrics=[
@@ -152,7 +153,7 @@ def oracle(ctx: Context, sweep_id: str) -> list[ResultRow]:
     for job in jobs:
         event = warned.get((job.id, observed.METRICS_RULE))
         if event is not None and job.id not in errors:
-            errors[job.id] = event.message.split(": succeeded, but ", 1)[-1]
+            errors[job.id] = event.reason
     now = time.time()
     rows = []
     for job in jobs:

@@ -66,3 +66,57 @@ def test_the_run_scan_sees_the_old_reparses() -> None:
         fine = json.loads(host.stdout)
     """)
     assert sorted(int(hit.split(":")[1]) for hit in run_reparses(old, "old.py")) == [2, 3, 4, 5, 6, 7, 8]
+
+
+# --- an event's words are for people ----------------------------------------------------------------
+
+TEXT_READS = frozenset({"split", "rsplit", "partition", "rpartition", "startswith", "endswith", "removeprefix",
+                        "removesuffix", "find", "rfind", "index"})
+PATTERN_READS = frozenset({"match", "search", "fullmatch", "findall", "finditer"})
+WORDS = "message"  # an Event's (and a Finding's) text
+MIGRATIONS = PACKAGE / "ledger" / "migrate.py"  # v15 reads older events' words once, into their fields
+
+
+def _is_words(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == WORDS
+
+
+def words_read_back(source: str, label: str) -> list[str]:
+    """``label:line`` for each place that recovers data from an event's words: a string method that
+    splits or tests ``x.message``, a regular expression run over it, or ``"..." in x.message``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=label)):
+        hit = False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method = node.func.attr
+            hit = ((method in TEXT_READS and _is_words(node.func.value))
+                   or (method in PATTERN_READS and any(_is_words(a) for a in node.args)))
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            hit = any(_is_words(c) for c in node.comparators)
+        if hit:
+            found.append(f"{label}:{getattr(node, 'lineno', 0)}")
+    return found
+
+
+def test_no_event_text_is_parsed_back_into_data() -> None:
+    found = [hit for path, text in _sources() if path != MIGRATIONS
+             for hit in words_read_back(text, str(path.relative_to(ROOT)))]
+    assert found == [], ("an event's reason, failure class and attempt are fields (Event.reason, "
+                         "failure_class, attempt; Finding's too): read those, not its words: " + ", ".join(found))
+
+
+def test_the_words_scan_sees_the_old_reads() -> None:
+    """The reads this replaced (api/jobs.py, api/report.py twice, tick/ending.py, tick/answers.py,
+    api/explaining.py three times), as they were written."""
+    old = textwrap.dedent("""
+        errors[job.id] = event.message.split(": succeeded, but ", 1)[-1]
+        why = event.message.split(": succeeded, but ", 1)[-1]
+        what = finding.message.split(": ", 1)[-1]
+        if not any(e.rule == "stalled" and e.message.startswith(seen) for e in events): pass
+        hit = _CLASS.search(event.message)
+        if hit and (event.new == job.state or "(class:" in event.message): pass
+        named = _CLASS_NOTE.search(event.message) if event.rule else None
+        said = re.match(pattern, event.message)
+        fine = event.message == message and line.split(": ", 1)
+    """)
+    assert sorted(int(hit.split(":")[1]) for hit in words_read_back(old, "old.py")) == [2, 3, 4, 5, 6, 7, 8, 9]
