@@ -34,7 +34,7 @@ from orchestrator.errors import GpuqError, HostError, IllegalTransition
 from orchestrator.fleet import Fleet
 from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
-from orchestrator.launcher import agent_argv, enqueue, job_spec, on_each_host
+from orchestrator.launcher import agent_argv, enqueue, job_spec, on_each_host, run_readable
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.scheduler import Plan
 from orchestrator.specs import Assignment
@@ -217,6 +217,8 @@ def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, assignments: Seque
     for a in assignments:
         job = jobs[a.job_id]
         names = [a.host, *a.peers]
+        if not run_readable(ledger, job, ledger.sweep(job.sweep_id)):
+            continue
         addresses = addresses_of_head(fleet, a.host)
         if not addresses:
             ledger.record_event("job", job.id, f"not started on {', '.join(names)}: gpuq reaches node 0's host "

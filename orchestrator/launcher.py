@@ -276,7 +276,7 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     specs = []
     row = ledger.host(host)
     sweeps = {sweep_id: ledger.sweep(sweep_id) for sweep_id in dict.fromkeys(job.sweep_id for job in jobs)}
-    jobs = [job for job in jobs if _run_readable(ledger, job, sweeps[job.sweep_id])]
+    jobs = [job for job in jobs if run_readable(ledger, job, sweeps[job.sweep_id])]
     started = ledger.start_attempts([job.id for job in jobs], host=host, bundle_sha=bundle_sha)  # one transaction
     for index, job in enumerate(jobs):
         attempt = started[job.id]
@@ -289,7 +289,7 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     return specs
 
 
-def _run_readable(ledger: Ledger, job: Job, sweep: Sweep | None) -> bool:
+def run_readable(ledger: Ledger, job: Job, sweep: Sweep | None) -> bool:
     """False, with an event on the job (it stays QUEUED), when its sweep's stored [run] cannot be read."""
     run = sweep.run_config() if sweep is not None else None
     if sweep is None or run is None or not run.unreadable:
