@@ -15,7 +15,8 @@ object, a field of the wrong type) is read as an *unreadable* record: its fields
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,6 +58,11 @@ class SweepRun(BaseModel):
     setup_key: str = ""  # sha256 hex of what the setup hook depends on ("" = no setup): runconfig.setup_key
     data: dict[str, DataRef] = Field(default_factory=dict)  # {NAME: tree and file}: transfer/datasync.py
     unreadable: str = Field(default="", exclude=True)  # why the stored text could not be read ("" = it was)
+
+    @classmethod
+    def recorded(cls, table: Mapping[str, Any], *, setup_key: str, data: Mapping[str, Mapping[str, str]]) -> SweepRun:
+        """What submit records: the validated table (``RunConfig.wire()``), its setup key and [data] trees."""
+        return cls.model_validate({**table, "setup_key": setup_key, "data": data}, strict=False)
 
     def text(self) -> str:
         """The JSON the ledger stores (``data`` only when there is some, as submit has always written it)."""

@@ -65,6 +65,7 @@ def test_what_submit_records_reads_back_as_the_projects_table(tmp_path: Path, gp
     assert run.model_dump(include=set(RunConfig.model_fields)) == result.run.model_dump()
     assert len(run.setup_key) == 64 and run.data == {}
     assert parse_run(run.text()) == run  # written back as read
+    assert result.run_json == run.text()  # submit records through the same model
 
 
 def test_no_run_an_old_gpuqs_json_and_a_newer_key(tmp_path: Path) -> None:
