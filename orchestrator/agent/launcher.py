@@ -25,7 +25,7 @@ from orchestrator.agent import bundle_check
 from orchestrator.agent.bundle import Bundle
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings, load_profile
-from orchestrator.core.errors import AgentError, BundleError, GpuqError, IllegalTransition
+from orchestrator.core.errors import AgentError, BundleError, GpuqError, IllegalTransition, LedgerError
 from orchestrator.host_documents import Verdicts
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger, Sweep
@@ -99,6 +99,8 @@ def sigterm_grace_s(row: HostRow | None) -> float | None:
 
 HOST_RETRY_CLASSES = ("killed", "host_oom", "vanished", "stalled", "deadlock_at_start")  # a host's agent retries
 HOST_RETRY_SIGNALS = (int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS))  # the trainer's deaths it retries
+SPEC_RUN_KEYS = ("command", "launcher", "resume_args", "checkpoint", "outputs", "metrics", "metrics_regex", "metric",
+                 "mode", "progress", "setup", "setup_key", "forward_env")  # the spec's "run" (protocol.py)
 DEADLOCK_RETRIES = 1  # patrol.DEADLOCK_RETRIES (a sibling layer: not imported; tests/unit check they agree)
 
 
@@ -183,28 +185,29 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
 def run_env(sweep: Sweep | None) -> dict[str, str]:
     """The project's ``[run] env`` (plain values, never secrets): the job's run.env, for its setup and
     its trainer alike."""
-    if sweep is None or not sweep.run:
-        return {}
-    env = json.loads(sweep.run).get("env") or {}
-    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+    run = sweep.run_config() if sweep is not None else None
+    return dict(run.env) if run is not None else {}
 
 
 def run_spec(sweep: Sweep | None) -> dict[str, Any] | None:
     """The spec's "run" object from the sweep's [run] table (None without one); forward_env holds
-    names only.  setup_key was computed at submit from the project's files."""
-    if sweep is None or not sweep.run:
+    names only.  setup_key was computed at submit from the project's files.  A sweep whose stored
+    table cannot be read gets no spec (LedgerError): its jobs must not run as the bundled payload."""
+    run = sweep.run_config() if sweep is not None else None
+    if sweep is None or run is None:
         return None
-    doc = json.loads(sweep.run)
-    keys = ("command", "launcher", "resume_args", "checkpoint", "outputs", "metrics", "metrics_regex", "metric",
-            "mode", "progress", "setup", "setup_key", "forward_env")
-    out: dict[str, Any] = {key: doc.get(key, "") for key in keys}
-    for key in ("command", "resume_args", "checkpoint", "outputs", "forward_env"):
-        out[key] = list(out[key] or [])
-    out["launcher"] = out["launcher"] or "torchrun"
-    out["mode"] = out["mode"] or "max"
-    if isinstance(doc.get("data"), dict) and doc["data"]:
-        out["data"] = doc["data"]  # {NAME: {"tree", "file"}}: synced before the specs go (transfer/datasync.py)
+    if run.unreadable:
+        raise LedgerError(unreadable_run(sweep.id, run.unreadable))
+    dumped = run.model_dump(mode="json")
+    out: dict[str, Any] = {key: dumped[key] for key in SPEC_RUN_KEYS}
+    if run.data:  # {NAME: {"tree", "file"}}: synced before the specs go (transfer/datasync.py)
+        out["data"] = {name: ref.model_dump() for name, ref in run.data.items()}
     return out
+
+
+def unreadable_run(sweep_id: str, why: str) -> str:
+    return (f"sweep {sweep_id}: its recorded [run] table cannot be read ({why}); its jobs are not sent: "
+            f"cancel it (`gpuq cancel --sweep {sweep_id}`) and submit it again")
 
 
 def enqueue_payload(specs: Sequence[dict[str, Any]], environ: Mapping[str, str] | None = None,
@@ -276,7 +279,8 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     now = time.time()
     specs = []
     row = ledger.host(host)
-    sweeps: dict[str, Sweep | None] = {}
+    sweeps = {sweep_id: ledger.sweep(sweep_id) for sweep_id in dict.fromkeys(job.sweep_id for job in jobs)}
+    jobs = [job for job in jobs if run_readable(ledger, job, sweeps[job.sweep_id])]
     started = ledger.start_attempts([job.id for job in jobs], host=host, bundle_sha=bundle_sha)  # one transaction
     for index, job in enumerate(jobs):
         attempt = started[job.id]
@@ -284,11 +288,18 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
             ledger.record_event("job", job.id, f"not started on {host}: {attempt}; it was started elsewhere "
                                 "meanwhile", unless_repeated=True)
             continue
-        if job.sweep_id not in sweeps:
-            sweeps[job.sweep_id] = ledger.sweep(job.sweep_id)
         specs.append(attempt_spec(ledger, job, attempt, settings, host=host, created_at=now + index * 1e-3,
                                   sweep=sweeps[job.sweep_id], row=row))
     return specs
+
+
+def run_readable(ledger: Ledger, job: Job, sweep: Sweep | None) -> bool:
+    """False, with an event on the job (it stays QUEUED), when its sweep's stored [run] cannot be read."""
+    run = sweep.run_config() if sweep is not None else None
+    if sweep is None or run is None or not run.unreadable:
+        return True
+    ledger.record_event("job", job.id, f"not started: {unreadable_run(sweep.id, run.unreadable)}", unless_repeated=True)
+    return False
 
 
 def on_each_host(work: Sequence[tuple[Host, Callable[[], object]]]) -> dict[str, str]:

@@ -3,7 +3,6 @@ run there (rendered by the agent's own gpuq_argv.py; forwarded secrets' values s
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -16,6 +15,7 @@ from orchestrator.core import protocol
 from orchestrator.core.agent_modules import argv_module
 from orchestrator.core.specs import JobSpec, job_id_for
 from orchestrator.ledger import HostRow
+from orchestrator.ledger.sweeprun import parse_run
 from orchestrator.queue.runconfig import RunConfig
 from orchestrator.scheduling.estimates import epoch_rates, estimate_s, estimate_source
 
@@ -133,10 +133,9 @@ class _Argv:
         self.entry = f"{protocol.BUNDLE_WORKDIR}/{entry}" if entry else protocol.TRAIN_ENTRY
         self.launcher = self.run.launcher if self.run is not None else ctx.settings.launcher
         self.local_python = ctx.settings.local_python
-        recorded = json.loads(result.run_json) if result.run_json else {}
-        data = recorded.get("data")
-        self.data: dict[str, dict[str, str]] = data if isinstance(data, dict) else {}
-        key = str(recorded.get("setup_key") or "") if recorded.get("setup") else ""
+        recorded = parse_run(result.run_json)
+        self.data = recorded.data if recorded is not None else {}
+        key = recorded.setup_key if recorded is not None and recorded.setup else ""
         # with a setup hook, jobs see its prepared tree (payload/agent/gpuq_setup.py project_root)
         self.project = f".prepared/{self.sha}-{key[:32]}" if key else f"{self.sha}/{protocol.BUNDLE_WORKDIR}"
 
@@ -157,8 +156,8 @@ class _Argv:
             "master_port": MASTER_PORT,
         }
         for name, ref in self.data.items():  # [data]: the synced tree on the host (transfer/datasync.py)
-            tree = f"{root}/{protocol.BUNDLES_DIR}/.data/trees/{ref.get('tree', '')}"
-            values[f"data.{name}"] = f"{tree}/{ref['file']}" if ref.get("file") else tree
+            tree = f"{root}/{protocol.BUNDLES_DIR}/.data/trees/{ref.tree}"
+            values[f"data.{name}"] = f"{tree}/{ref.file}" if ref.file else tree
         argv: list[str] = self.module.job_argv(
             launcher=self.launcher, python=python, nproc=spec.gpus, command=command, args=list(spec.args),
             resume_args=list(self.run.resume_args) if self.run is not None else [], values=values, checkpoint=None)

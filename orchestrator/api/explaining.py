@@ -4,7 +4,8 @@ saved stacks); docs/cli.md, docs/health.md.
 
 Everything but the logs and the stacks comes from the ledger: the attempt rows, and the events of the
 job and its attempts (the findings the patrol recorded, ``(class: X)`` in the "ended badly" one, and
-the settling decision, ``X: requeued with resume``).  An attempt's log is read from the copy at home
+the settling decision, ``X: requeued with resume``), each found by the event's fields (``failure_class``,
+``attempt``), never by its words.  An attempt's log is read from the copy at home
 when one was brought home verified (``gpuq pull``, or the evidence of a failed attempt fetched before
 its rented host was ended: ``transfer/evidence.py``), else from its host's
 ``jobs/<job>/attempts/<n>/job.log``.  Host text is redacted here; the CLI strips control characters.
@@ -12,7 +13,6 @@ its rented host was ended: ``transfer/evidence.py``), else from its host's
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +28,6 @@ from orchestrator.transfer import evidence
 EVENTS = 2000  # a job's newest events read (a job retried ten times writes a few dozen)
 STACKS_MAX_BYTES = 1 << 20  # the end of a stacks file shown (py-spy of a big process tree is long)
 CHUNK = 1 << 20
-_CLASS_NOTE = re.compile(r"\(class: ([a-z_]+)\)")
-# the settling decision (patrol.decide, failures.decide): "X: requeued ...", "X error: never retried ...",
-# "X: stalled before its first step, not retried again ..."
-_DECISION = re.compile(r"^([a-z_]+)(?: error)?: (?:[^;(]*\b)?(?:requeued|never retried|no retries|not retried)")
-_STARTED = re.compile(r"^attempt (\d+) on ")
 
 
 @dataclass(frozen=True)
@@ -87,13 +82,10 @@ def stories(ctx: Context, job: Job) -> list[AttemptStory]:
             continue
         if event.severity and event.rule:
             story.evidence.append(Evidence(event.time, event.rule, event.severity, event.message, event.action))
-        named = _CLASS_NOTE.search(event.message) if event.rule else None
-        decided = _DECISION.match(event.message) if event.kind == "job" and event.new else None
-        if decided is not None:
-            story.decision = event.message
-        said = named or decided
-        if said is not None:
-            story.klass = said.group(1)
+        if event.failure_class and event.kind == "job" and event.new and not event.rule:
+            story.decision = event.message  # the settling decision (or the stall kill it followed)
+        if event.failure_class:  # the decision's class, or an "ended badly" finding's
+            story.klass = event.failure_class
     results = ctx.settings.home / "results"
     pulled = ctx.ledger.verified_pulls([job.id]).get(job.id)
     for story in out:
@@ -113,15 +105,13 @@ def _redacted(ctx: Context, out: list[AttemptStory]) -> list[AttemptStory]:
 
 
 def _attempt_of(event: Event, job: Job, attempts: Sequence[Attempt]) -> int | None:
-    """The attempt an event of the job speaks of: its subject (``JOB/a2``), its words (``NAME a2: ...``,
-    ``attempt 2 on HOST``), else the newest attempt created by its time (None: before the first)."""
+    """The attempt an event of the job speaks of: its subject (``JOB/a2``), its ``attempt`` (a finding's,
+    the ASSIGNED event's), else the newest attempt created by its time (None: before the first)."""
     if event.subject != job.id:
         tail = event.subject.removeprefix(f"{job.id}/a")
         return int(tail) if tail.isdigit() else None
-    for pattern in (rf"^{re.escape(job.name)} a(\d+): ", _STARTED.pattern):
-        said = re.match(pattern, event.message)
-        if said:
-            return int(said.group(1))
+    if event.attempt is not None:
+        return event.attempt
     number = None
     for att in attempts:
         if att.created_at <= event.time:

@@ -258,14 +258,14 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     restarts = ctx.ledger.rule_counts(ids, FROM_SCRATCH)  # among each job's newest 200 events, as ever
     verified = ctx.ledger.verified_jobs(sweep_id)
     sweep_row = ctx.ledger.sweep(sweep_id)
-    metric, mode = observed.headline(getattr(sweep_row, "run", ""))  # "" before ledger v6
+    metric, mode = observed.headline(sweep_row.run_config() if sweep_row is not None else None)
     git = (sweep_row.git_commit, sweep_row.git_dirty) if sweep_row is not None else ("", None)
     on_cpu = cpu_slots(ctx)
     warned = ctx.ledger.open_findings(ids)  # a [run] metrics that gave no value says why
     for job in jobs:
         event = warned.get((job.id, observed.METRICS_RULE))
         if event is not None and job.id not in errors:
-            errors[job.id] = event.message.split(": succeeded, but ", 1)[-1]
+            errors[job.id] = event.reason
     now = time.time()
     rows = []
     for job in jobs:

@@ -8,7 +8,6 @@ last tick).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from orchestrator.context import Context, gc_paused
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, UsageError
 from orchestrator.core.states import JobState
-from orchestrator.health import failures, observed
+from orchestrator.health import observed
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job, Pull, Sweep
 from orchestrator.money.cost import job_cost
@@ -30,9 +29,6 @@ from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Ve
 DIVERGED_DROP = 0.20  # a final value worse than the job's own best by more than 20 % of |best|
 SEEDS_DISAGREE_CV = 0.10  # seeds whose std exceeds 10 % of |mean|
 LOG_TAIL_LINES = 8
-# the failure classes of docs/health.md, as the settling decision's reason starts ("config error: never retried")
-_CLASSES = (*failures.NAMES, "setup")
-_CLASS = re.compile(rf"^({'|'.join(_CLASSES)})(?: error)?:|\(class: ([a-z_]+)\)")
 _FAILED = (JobState.FAILED.value, JobState.LOST.value)
 
 
@@ -61,10 +57,10 @@ def _resolve(ctx: Context, refs: Sequence[str]) -> list[Sweep]:
 
 
 def _headline(sweeps: Sequence[Sweep], metric: str | None, mode: str | None) -> tuple[str, str]:
-    found = {observed.headline(s.run) for s in sweeps}
+    found = {observed.headline(s.run_config()) for s in sweeps}
     default_metric, default_mode = sorted(found)[0]
     if metric is None and len({m for m, _ in found}) > 1:
-        names = ", ".join(f"{s.id}: {observed.headline(s.run)[0]}" for s in sweeps)
+        names = ", ".join(f"{s.id}: {observed.headline(s.run_config())[0]}" for s in sweeps)
         raise UsageError(f"the sweeps report different metrics ({names}); choose one with --metric")
     return metric or default_metric, mode or default_mode
 
@@ -78,7 +74,7 @@ def _metrics_problems(ctx: Context, jobs: Sequence[Job]) -> list[str]:
     for job in jobs:
         event = found.get((job.id, observed.METRICS_RULE))
         if event is not None:
-            why = event.message.split(": succeeded, but ", 1)[-1]
+            why = event.reason
             counts[why] = counts.get(why, 0) + 1
     return [f"{why} ({n} job{'s' if n != 1 else ''})" for why, n in counts.items()]
 
@@ -287,9 +283,8 @@ def _failures(ctx: Context, jobs: Sequence[Job], attempts: dict[str, list[Attemp
         last = attempts[job.id][-1] if attempts.get(job.id) else None
         klass, reason = "", ""
         for event in reversed(told.get(job.id, [])):  # the newest first
-            hit = _CLASS.search(event.message)
-            if hit and (event.new == job.state or "(class:" in event.message):
-                klass, reason = hit.group(1) or hit.group(2), event.message
+            if event.failure_class and (event.new == job.state or event.rule):  # a decision, or "ended badly"
+                klass, reason = event.failure_class, event.message
                 break
         found.append((job, cell_of[job.id], klass))
         texts.append("; ".join(part for part in (last.message if last else "", reason) if part))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -19,6 +18,7 @@ from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.health.setup_holds import held_bundles, is_held
 from orchestrator.ledger import HostRow, Job
+from orchestrator.ledger.sweeprun import SweepRun
 from orchestrator.queue import datasets
 from orchestrator.queue.queuefile import parse_queue, read_queue_bytes
 from orchestrator.queue.runconfig import (
@@ -91,8 +91,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                              f"{parsed.workdir}; nothing was submitted")
     workdir = Path(parsed.workdir)
     manifests = _data(run, toml_path, ctx.settings.home)
-    data = {"data": datasets.wire(manifests)} if manifests else {}
-    run_json = json.dumps({**run.wire(), "setup_key": setup_key(run, workdir), **data}) if run is not None else ""
+    run_json = SweepRun.recorded(run.wire(), setup_key=setup_key(run, workdir),
+                                 data=datasets.wire(manifests)).text() if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
     warnings = list(parsed.warnings) + _what_leaves(run, workdir, queue, toml_path)

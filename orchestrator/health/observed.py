@@ -6,13 +6,12 @@ into attempt fields, a dashboard cell, and the headline metric of ``gpuq results
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only read here, never built: the models load where a host document is parsed
     from orchestrator.host_documents import JobEntry, Summary
+    from orchestrator.ledger.sweeprun import SweepRun
 
 DEFAULT_METRIC = ("val_acc", "max")  # gpuq's own payload
 LINE_CHARS = 80  # the last log line as a dashboard cell
@@ -64,28 +63,23 @@ def liveness_ages(entry: JobEntry, now: float) -> list[float]:
     return [max(0.0, now - m) for m in (entry.run_ckpt_mtime, entry.run_metrics_mtime) if m is not None]
 
 
-def headline(run_json: Any) -> tuple[str, str]:
-    """(metric, mode) from a sweep's run config (the ledger's JSON text or a dict); the payload's
-    val_acc/max when the sweep has none, or it cannot be read."""
-    run = _run_table(run_json)
-    if run is None:
+def headline(run: SweepRun | None) -> tuple[str, str]:
+    """(metric, mode) from a sweep's run config (``Sweep.run_config()``); the payload's val_acc/max when
+    the sweep has none, names no metric, or its stored table cannot be read."""
+    if run is None or run.unreadable:
         return DEFAULT_METRIC
-    metric = run.get("metric")
-    mode = run.get("mode")
-    return (metric if isinstance(metric, str) and metric else DEFAULT_METRIC[0],
-            mode if mode in ("max", "min") else DEFAULT_METRIC[1])
+    return run.metric or DEFAULT_METRIC[0], run.mode
 
 
 METRICS_RULE = "metrics_missing"  # a finding on a job: its [run] metrics gave no value (docs/health.md)
 
 
-def metrics_problem(run_json: Any, summary: Summary | None) -> str:
+def metrics_problem(run: SweepRun | None, summary: Summary | None) -> str:
     """Why a succeeded job of a sweep with ``[run] metrics`` has no value of its headline metric, in
     words that name the setting ("" when it has one, or the sweep has no such setting).  Only what
     the agent counted (files matched, rows read) is believed; a summary without counts says nothing."""
-    run = _run_table(run_json)
-    setting = run.get("metrics") if run is not None else None
-    if not isinstance(setting, str) or not setting or summary is None or summary.files is None:
+    setting = run.metrics if run is not None else ""
+    if not setting or summary is None or summary.files is None:
         return ""
     metric, _ = headline(run)
     if summary.final is not None and metric in summary.final.metrics():
@@ -100,16 +94,6 @@ def metrics_problem(run_json: Any, summary: Summary | None) -> str:
         return f"[run] metrics = {setting!r} matched {summary.files} file(s) without a row: no metric was recorded"
     return (f"the metric {metric!r} ([run] metric) is in none of the {summary.rows} rows that "
             f"[run] metrics = {setting!r} gave")
-
-
-def _run_table(run_json: Any) -> Mapping[str, Any] | None:
-    run = run_json
-    if isinstance(run_json, str):
-        try:
-            run = json.loads(run_json) if run_json.strip() else None
-        except ValueError:
-            run = None
-    return run if isinstance(run, Mapping) else None
 
 
 def slurm_wait(entry: JobEntry) -> str:

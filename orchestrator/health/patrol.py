@@ -46,6 +46,11 @@ class Finding:
     # the class the attempt is ended with when the finding fires on a running attempt ("stalled",
     # "deadlock_at_start", "divergence"; tick/ending.py), "" when it ends nothing
     klass: str = field(default="", compare=False)
+    # what a reader needs of it, recorded in the event's fields (never read back from ``message``): its
+    # words without the job's name, the class of an attempt that already ended badly, the attempt it names
+    reason: str = field(default="", compare=False)
+    failure_class: str = field(default="", compare=False)
+    attempt: int | None = field(default=None, compare=False)
 
     @property
     def subject(self) -> str:
@@ -248,15 +253,15 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
         tb = tuple(scan.traceback)
         out.append(Finding("crash", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {first}",
                            f"{SIGNATURES_PREFIX}{', '.join(names)}; triage from the traceback: gpuq logs {job.job_id}",
-                           job=job.job_id, evidence=tb or (first,)))
+                           job=job.job_id, evidence=tb or (first,), attempt=job.attempt))
     if scan.nonfinite:
         b = scan.nonfinite[0]
         running = entry.state == "running"  # the attempt still bills: it is ended within this tick
-        out.append(Finding("nan", Severity.ESCALATE, host,
-                           f"{job.name}: non-finite {b.field}={b.value} at step {b.step}",
+        what = f"non-finite {b.field}={b.value} at step {b.step}"
+        out.append(Finding("nan", Severity.ESCALATE, host, f"{job.name}: {what}",
                            f"the attempt is ended as a divergence; {DIVERGENCE_HINT}" if running
                            else "divergence: no automatic retry", job=job.job_id,
-                           klass="divergence" if running else ""))
+                           klass="divergence" if running else "", reason=what))
     if entry.state == "running":
         launched = job.launched_at if job.launched_at is not None else entry.launched_at
         beat_age = entry.heartbeat_age_s
@@ -280,7 +285,7 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
                                    f"{job.name} a{job.attempt}: stalled before its first step ({DEADLOCK_AT_START}): "
                                    f"heartbeat {hb}, nothing written for {freshest:.0f}s{tail}",
                                    "save where each process waits, then kill the attempt; " + DEADLOCK_HINT,
-                                   job=job.job_id, klass=DEADLOCK_AT_START))
+                                   job=job.job_id, klass=DEADLOCK_AT_START, attempt=job.attempt))
                 return out
             step = entry.heartbeat.step if entry.heartbeat is not None else None
             if step is None:  # a trainer without a heartbeat: the step its log last showed
@@ -289,7 +294,7 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
                                f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
                                f"{freshest:.0f}s (last step {step}){tail}",
                                "kill the attempt and requeue it with resume if retries are left", job=job.job_id,
-                               klass="stalled"))
+                               klass="stalled", attempt=job.attempt))
     return out
 
 
@@ -321,7 +326,8 @@ def ended_badly(host: str, job: JobView, outcome: str, klass: str, decision_reas
     else:
         rule, why = "failed", message or "exited non-zero"
     return Finding(rule, Severity.WARN if requeued else Severity.ESCALATE, host,
-                   f"{job.name} a{job.attempt}: {why} (class: {klass})", decision_reason, job=job.job_id)
+                   f"{job.name} a{job.attempt}: {why} (class: {klass})", decision_reason, job=job.job_id,
+                   reason=why, failure_class=klass, attempt=job.attempt)
 
 
 def early_finish(host: str, job: JobView, duration_s: float | None, expected_s: float | None,

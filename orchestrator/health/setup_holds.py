@@ -53,7 +53,7 @@ def settle_setup_failure(ledger: Ledger, job_id: str, host: str, bundle_sha: str
             action=f"fix the project's setup and submit again (jobs of bundle {sha} wait or run elsewhere); "
                    f"for a transient failure: gpuq hosts release {host}")
     reason = f"setup failed on {host}: waits for another host (no retry spent)"
-    ledger.requeue(job_id, message=reason, attempt_fields={"phase": PHASE})
+    ledger.requeue(job_id, message=reason, attempt_fields={"phase": PHASE}, failure_class="setup")
     return Decision("requeue", reason)
 
 

@@ -9,7 +9,8 @@ adds optional ones), but the controller reads named fields only, each checked he
 to sane sizes, floats finite (``bounds``).
 
 - ``status``: the probe (``StatusDocument``, its ``JobEntry`` per job).
-- ``results``: checkpoint pointers, collected results and summaries, manifests, snapshots.
+- ``results``: checkpoint pointers, collected results and summaries, manifests (the ``manifest`` verb's
+  answer, and the MANIFEST.json `gpuq pull` fetches: ``read_job_manifest``), snapshots.
 - ``health``: the GPU preflight and the reaper.
 - ``provenance``: what one attempt ran with (GPUs, driver, CUDA, torch, NCCL, Python).
 - ``facts``: the host audit of `gpuq hosts add`, and enqueue/withdraw/cancel verdicts.
@@ -65,7 +66,9 @@ from orchestrator.host_documents.readers import (
 )
 from orchestrator.host_documents.results import (
     CollectDocument,
+    JobManifest,
     ManifestDocument,
+    ManifestFile,
     ManifestReply,
     Pointer,
     ResultCheckpoint,
@@ -74,6 +77,7 @@ from orchestrator.host_documents.results import (
     SnapshotPointer,
     Summary,
     SummaryRow,
+    read_job_manifest,
 )
 from orchestrator.host_documents.status import (
     Agent,
@@ -132,8 +136,10 @@ __all__ = [
     "HostFacts",
     "HostRetry",
     "JobEntry",
+    "JobManifest",
     "Kernel",
     "ManifestDocument",
+    "ManifestFile",
     "ManifestReply",
     "Memory",
     "NodeRank",
@@ -170,6 +176,7 @@ __all__ = [
     "read_facts",
     "read_file_hashes",
     "read_health",
+    "read_job_manifest",
     "read_manifest",
     "read_pointer",
     "read_reap",

@@ -9,11 +9,15 @@ ledger (docs/security.md).
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, RootModel, WrapValidator
+from pydantic import Field, RootModel, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, field_validator
+from pydantic import model_validator as model_check
+from pydantic_core import PydanticCustomError
 
+from orchestrator.core import protocol
 from orchestrator.host_documents.bounds import (
+    MAX_ATTEMPTS,
     MAX_CURVE_POINTS,
     MAX_CURVES,
     MAX_FILES,
@@ -141,6 +145,83 @@ class ManifestReply(Open):
 
 class ManifestDocument(RootModel[Annotated[dict[Short, ManifestReply], Field(max_length=MAX_JOBS)]]):
     """``manifest``: {job_id: where its MANIFEST.json is, or why there is none}."""
+
+
+MAX_PATH_CHARS = protocol.MAX_PATH_PARTS * (protocol.MAX_NAME_BYTES + 1)  # one path a manifest lists, at most
+
+
+def _said(why: str) -> PydanticCustomError:
+    return PydanticCustomError("manifest", "{why}", {"why": why})
+
+
+def _refused(words: str) -> WrapValidator:
+    """A field whose every problem is one line: ``words`` with the value as the host wrote it."""
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise _said(words.format(value=value)) from None
+    return WrapValidator(check)
+
+
+class ManifestFile(Open):
+    """One file a MANIFEST.json lists: a relative POSIX path that can travel (protocol.path_problem), its
+    size and sha256; each problem one line that names the file."""
+
+    path: Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS)]
+    bytes: Count
+    sha256: Sha256
+
+    @field_validator("path")
+    @classmethod
+    def _travels(cls, path: str) -> str:
+        if path.startswith("/") or path.endswith(".tmp") or protocol.path_problem(path) is not None:
+            raise ValueError("unsafe")
+        return path
+
+    @model_check(mode="wrap")
+    @classmethod
+    def _one_line(cls, item: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(item)
+        except ValidationError as exc:
+            field = exc.errors()[0]["loc"][:1]
+            if not isinstance(item, dict) or field in ((), ("path",)):
+                raise _said(f"manifest lists an unsafe path: {item!r}") from None
+            if field == ("bytes",):
+                raise _said(f"manifest size of {item['path']} is not a byte count: {item.get('bytes')!r}") from None
+            raise _said(f"manifest sha256 of {item['path']} is malformed: {item.get('sha256')!r}") from None
+
+
+class JobManifest(Open):
+    """``jobs/<job_id>/MANIFEST.json`` as `gpuq pull` fetched it (schema ``gpuq.manifest/1``, written by the
+    agent's ``manifest`` verb; protocol.py).  What a pull asks of it beyond its shape (its job, the files
+    its checks need) is ``transfer/verify.py``'s."""
+
+    schema_: Annotated[Literal["gpuq.manifest/1"],  # protocol.MANIFEST_SCHEMA
+                       _refused(f"manifest schema is {{value!r}}, expected {protocol.MANIFEST_SCHEMA!r}")] \
+        = Field(None, alias="schema", validate_default=True)
+    job_id: Annotated[Short, _refused("manifest is for job {value!r}")] = Field(None, validate_default=True)
+    attempt: Annotated[Annotated[int, Field(ge=1, le=MAX_ATTEMPTS, strict=True)],
+                       _refused("manifest attempt {value!r} is not a positive integer")] \
+        = Field(None, validate_default=True)
+    queue_id: LenientText = None
+    files: Annotated[list[ManifestFile] | None, Field(max_length=MAX_FILES)] = None
+
+
+def read_job_manifest(raw: bytes) -> JobManifest:
+    """A fetched MANIFEST.json, checked; ValueError says, in one line, what is wrong with it."""
+    try:
+        return JobManifest.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["type"] == "json_invalid":
+            raise ValueError(f"manifest is not JSON: {err['msg']}") from None
+        if err["type"] == "manifest":
+            raise ValueError(err["msg"]) from None
+        if not err["loc"]:  # not a JSON object
+            raise ValueError(f"manifest schema is None, expected {protocol.MANIFEST_SCHEMA!r}") from None
+        raise ValueError(f"manifest {'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
 
 
 class SnapshotPointer(Open):

@@ -20,9 +20,12 @@ _NEWEST_EVENTS = ("WITH p(subject, upper) AS (VALUES {values}) "
                   "FROM p JOIN event AS e ON e.subject >= p.subject AND e.subject < p.upper) WHERE n <= ?{rule}")
 
 
-def add_event(s: Session, kind: str, subject: str, old: str, new: str, message: str) -> None:
-    """One event, in the session that makes the change it records."""
-    s.add(Event(time=time.time(), kind=kind, subject=subject, old=old, new=new, message=message))
+def add_event(s: Session, kind: str, subject: str, old: str, new: str, message: str, *, failure_class: str = "",
+              attempt: int | None = None) -> None:
+    """One event, in the session that makes the change it records (``failure_class``: the class a settling
+    decision names; ``attempt``: the attempt it speaks of)."""
+    s.add(Event(time=time.time(), kind=kind, subject=subject, old=old, new=new, message=message,
+                failure_class=failure_class, attempt=attempt))
 
 
 def past_prefix(prefix: str) -> str | None:
@@ -67,12 +70,16 @@ class EventRecords(Sessions):
         return written
 
     def record_finding(self, kind: str, subject: str, *, severity: str, rule: str, message: str,
-                       action: str = "", at: float | None = None) -> Event:
-        """A patrol finding: an event with a severity, the rule that fired and a suggested action.
+                       action: str = "", at: float | None = None, reason: str = "", failure_class: str = "",
+                       attempt: int | None = None) -> Event:
+        """A patrol finding: an event with a severity, the rule that fired and a suggested action; what a
+        reader needs of it in fields (``reason``: its words without the subject's name; ``failure_class``:
+        the class of an attempt that ended badly; ``attempt``: the attempt it speaks of).
         ``at``: its time (default now; a stage run on an injected clock passes its own)."""
         with self.session() as s:
             row = Event(time=time.time() if at is None else at, kind=kind, subject=subject, message=message,
-                        severity=severity, rule=rule, action=action)
+                        severity=severity, rule=rule, action=action, reason=reason, failure_class=failure_class,
+                        attempt=attempt)
             s.add(row)
             s.flush()
             s.refresh(row)

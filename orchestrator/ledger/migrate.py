@@ -8,6 +8,7 @@ gpuq and is refused rather than silently misread.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 
@@ -304,10 +305,55 @@ def _v14_gpu_needs(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE host ADD COLUMN gpu_facts VARCHAR NOT NULL DEFAULT ''")
 
 
+# v15's reading of older events' words, frozen with it: the classes of docs/health.md then, the settling
+# decision's words ("transient: requeued ...", "config error: never retried ..."), an "ended badly"
+# finding's note ("(class: oom)"), a job finding's "NAME a2: " and the ASSIGNED event's "attempt 2 on HOST"
+_V15_CLASSES = ("stopped", "config", "checkpoint_mismatch", "shm_exhausted", "transient", "control_plane",
+                "divergence", "gpu_oom", "disk_full", "host_oom", "killed", "vanished", "stalled",
+                "deadlock_at_start", "unknown", "setup")
+_V15_DECISION = re.compile(r"^([a-z_]+)(?: error)?: (?:[^;(]*\b)?(?:requeued|never retried|no retries|not retried)"
+                           rf"|^({'|'.join(_V15_CLASSES)})(?: error)?:")
+_V15_CLASS_NOTE = re.compile(r"\(class: ([a-z_]+)\)")
+_V15_METRICS = ": succeeded, but "
+_V15_ASSIGNED = re.compile(r"^attempt (\d+) on ")
+_V15_NAMED = re.compile(r" a(\d+): ")
+
+
+def _v15_event_fields(conn: sqlite3.Connection) -> None:
+    """v15: an event's failure class, a finding's reason and the attempt it speaks of, in fields; older
+    events get them from their words, best-effort ("unknown" where a finding's words do not say)."""
+    for column in ("failure_class VARCHAR NOT NULL DEFAULT ''", "reason VARCHAR NOT NULL DEFAULT ''",
+                   "attempt INTEGER"):
+        conn.execute(f"ALTER TABLE event ADD COLUMN {column}")
+    updates: list[tuple[str, str, int | None, int]] = []  # (failure_class, reason, attempt, id)
+    for event_id, kind, new, rule, severity, message, name in conn.execute(
+            "SELECT e.id, e.kind, e.new, e.rule, e.severity, e.message, j.name FROM event AS e "
+            "LEFT JOIN job AS j ON e.subject = j.id "
+            "WHERE e.rule IN ('failed', 'dead', 'rebooted', 'metrics_missing') OR (e.kind = 'job' AND e.new != '')"
+            " OR (j.name IS NOT NULL AND substr(e.message, 1, length(j.name) + 2) = j.name || ' a')"):
+        klass = reason = ""
+        if rule in ("failed", "dead", "rebooted"):
+            note = _V15_CLASS_NOTE.search(message)
+            klass = note.group(1) if note else "unknown"
+        elif rule == "" and kind == "job" and new:
+            said = _V15_DECISION.match(message)
+            klass = (said.group(1) or said.group(2)) if said else ""
+        if rule == "metrics_missing" and severity != "info":
+            reason = message.split(_V15_METRICS, 1)[1] if _V15_METRICS in message else "unknown"
+        numbered = _V15_ASSIGNED.match(message) if kind == "job" and new else None
+        if numbered is None and name is not None and message.startswith(f"{name} a"):
+            numbered = _V15_NAMED.match(message, len(name))
+        attempt = int(numbered.group(1)) if numbered else None
+        if klass or reason or attempt is not None:
+            updates.append((klass, reason, attempt, event_id))
+    conn.executemany("UPDATE event SET failure_class = ?, reason = ?, attempt = ? WHERE id = ?", updates)
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
-                                                          _v12_money, _v13_withdrawing, _v14_gpu_needs]
+                                                          _v12_money, _v13_withdrawing, _v14_gpu_needs,
+                                                          _v15_event_fields]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

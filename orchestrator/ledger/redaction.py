@@ -9,7 +9,6 @@ place, so no caller can forget it; the names are read again only when the sweeps
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -17,6 +16,7 @@ from sqlalchemy import event, text
 from sqlmodel import Session
 
 from orchestrator.core import redact
+from orchestrator.ledger.sweeprun import parse_run
 from orchestrator.ledger.tables import Attempt, Event, HostRow
 
 FIELDS: dict[type, tuple[str, ...]] = {
@@ -42,12 +42,9 @@ class LedgerRedaction:
         key = tuple(conn.execute(text("SELECT count(*), max(created_at) FROM sweep")).one())
         if key != self._key:
             names: set[str] = set()
-            for (run,) in conn.execute(text("SELECT run FROM sweep WHERE run != ''")):
-                try:
-                    found = json.loads(run).get("forward_env") or []
-                except (ValueError, AttributeError):
-                    continue
-                names.update(str(n) for n in found if isinstance(n, str))
+            for (stored,) in conn.execute(text("SELECT run FROM sweep WHERE run != ''")):
+                run = parse_run(stored)
+                names.update(run.forward_env if run is not None else ())
             self._key, self._names = key, tuple(sorted(names))
         return self._names
 

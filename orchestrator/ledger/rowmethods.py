@@ -6,14 +6,22 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from orchestrator.ledger.sweeprun import SweepRun, parse_run
+
 
 class SweepMethods:
     __slots__ = ()
     if TYPE_CHECKING:
         hosts: str
+        run: str
 
     def host_set(self) -> set[str]:
         return {h for h in self.hosts.split(",") if h}
+
+    def run_config(self) -> SweepRun | None:
+        """The sweep's ``[run]`` table (None without one; ``unreadable`` set when its stored text is not
+        one): ``sweeprun.parse_run``, the one reader of ``Sweep.run``."""
+        return parse_run(self.run)
 
 
 class JobMethods:

@@ -367,7 +367,8 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
             raise IllegalTransition("job", job.id, job.state,
                                     f"{JobState.ASSIGNED.value} (attempt {job.attempt_count + 1} on {host}: "
                                     f"only a QUEUED job starts)")
-        self._transition_job(s, job, JobState.ASSIGNED, f"attempt {job.attempt_count + 1} on {host}")
+        self._transition_job(s, job, JobState.ASSIGNED, f"attempt {job.attempt_count + 1} on {host}",
+                             attempt=job.attempt_count + 1)
         job.attempt_count += 1
         job.host = host
         attempt = Attempt(
@@ -502,8 +503,10 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
         attempt: int | None = None,
         message: str = "",
         of_attempt: int | None = None,
+        failure_class: str = "",
     ) -> bool:
-        """Change a job's (or, with ``attempt``, an attempt's) state; append an Event.
+        """Change a job's (or, with ``attempt``, an attempt's) state; append an Event (a job's carries
+        ``failure_class``: the class the settling decision names, "" for none).
 
         Returns False when the subject is already in ``new`` (idempotent), True
         when it changed.  Raises IllegalTransition for a change not allowed.
@@ -520,7 +523,7 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
                     raise JobNotFound(f"no job {job_id!r}")
                 if of_attempt is not None and job.attempt_count != of_attempt:
                     return False
-                return self._transition_job(s, job, new, message)
+                return self._transition_job(s, job, new, message, failure_class=failure_class)
             if not isinstance(new, AttemptState):
                 raise LedgerError(f"{new!r} is not an attempt state")
             row = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)).first()
@@ -537,6 +540,7 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
         end_attempt: AttemptState | None = None,
         via: JobState | None = JobState.LOST,
         attempt_fields: Mapping[str, Any] | None = None,
+        failure_class: str = "",
     ) -> bool:
         """Put a job whose attempt ended back in the queue, in ONE transaction: the attempt
         (``of_attempt``, else the job's current one) gets ``attempt_fields`` and, with ``end_attempt``,
@@ -565,10 +569,11 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
             if of_attempt is not None and job.attempt_count != of_attempt:
                 return False
             if via is not None:
-                self._transition_job(s, job, via, message)
-            return self._transition_job(s, job, JobState.QUEUED, message)
+                self._transition_job(s, job, via, message, failure_class=failure_class)
+            return self._transition_job(s, job, JobState.QUEUED, message, failure_class=failure_class)
 
-    def restart_on_host(self, job_id: str, *, of_attempt: int, host: str, message: str, note: str) -> Attempt | None:
+    def restart_on_host(self, job_id: str, *, of_attempt: int, host: str, message: str, note: str,
+                        failure_class: str = "") -> Attempt | None:
         """The host's agent retried attempt ``of_attempt`` itself (docs/checkpoints.md, "Who retries what"):
         in ONE transaction, the job goes back to the queue as ``requeue`` puts it (via LOST, ``message``)
         and attempt n+1 starts on ``host`` with attempt n's bundle, as ``start_attempt`` starts it, plus an
@@ -583,8 +588,8 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
             if old is None or job.attempt_count != of_attempt:
                 return None
             if job.state != JobState.QUEUED.value:
-                self._transition_job(s, job, JobState.LOST, message)
-                self._transition_job(s, job, JobState.QUEUED, message)
+                self._transition_job(s, job, JobState.LOST, message, failure_class=failure_class)
+                self._transition_job(s, job, JobState.QUEUED, message, failure_class=failure_class)
             attempt = self._start(s, job, host=host, bundle_sha=old.bundle_sha)
             add_event(s, "attempt", f"{job_id}/a{attempt.number}", "", "", note)
             return attempt
@@ -601,7 +606,8 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
         return True
 
     @staticmethod
-    def _transition_job(s: Session, job: Job, new: JobState, message: str) -> bool:
+    def _transition_job(s: Session, job: Job, new: JobState, message: str, *, failure_class: str = "",
+                        attempt: int | None = None) -> bool:
         old = JobState(job.state)
         if old == new:
             return False
@@ -609,7 +615,7 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
             raise IllegalTransition("job", job.id, old.value, new.value)
         job.state = new.value
         job.updated_at = time.time()
-        add_event(s, "job", job.id, old.value, new.value, message)
+        add_event(s, "job", job.id, old.value, new.value, message, failure_class=failure_class, attempt=attempt)
         return True
 
     # --- budgets, retries, history -------------------------------------------------

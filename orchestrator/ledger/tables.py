@@ -165,6 +165,12 @@ class Event(SQLModel, table=True):
     severity: str = ""  # "" (a plain event) | "info" | "warn" | "escalate"
     rule: str = ""
     action: str = ""
+    # v15: what an event says, in fields that are never read back from its words: the failure class the
+    # settling decision or an "ended badly" finding names ("unknown": an older gpuq's words did not say),
+    # a finding's reason without its subject's name, the attempt it speaks of (None: not said)
+    failure_class: str = ""
+    reason: str = ""
+    attempt: int | None = None
 
 
 class Checkpoint(SQLModel, table=True):

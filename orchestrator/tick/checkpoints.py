@@ -161,11 +161,9 @@ def _fetch_companions(host: Any, job_id: str, target_dir: Path) -> None:
 def _run_metrics(ctx: Context, job: Job) -> str | None:
     """The project's metrics file (relative to the run dir) when the sweep names one."""
     sweep = ctx.ledger.sweep(job.sweep_id)
-    try:
-        metrics = json.loads(sweep.run).get("metrics") if sweep is not None and sweep.run else None
-    except (ValueError, AttributeError):  # not JSON, or not a table
-        return None
-    if not isinstance(metrics, str) or not metrics or metrics == "log":
+    run = sweep.run_config() if sweep is not None else None
+    metrics = run.metrics if run is not None else ""
+    if not metrics or metrics == "log":
         return None
     return metrics if safe_checkpoint_file(f"{protocol.RUN_DIR}/{metrics}") else None
 

@@ -36,7 +36,7 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
     for job_id, doc in docs.items():
         job = ledger.job(job_id)
         sweep = ledger.sweep(job.sweep_id)
-        problem = observed.metrics_problem(getattr(sweep, "run", ""), doc.summary)
+        problem = observed.metrics_problem(sweep.run_config() if sweep is not None else None, doc.summary)
         if not problem:
             continue
         message = f"{job.name}: succeeded, but {problem}"
@@ -44,7 +44,8 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
         if seen is not None and seen.message == message:
             continue
         ledger.record_finding("job", job_id, severity="warn", rule=observed.METRICS_RULE, message=message,
-                              action=f"fix [run] metrics in gpuq.toml; the trainer's files: gpuq logs {job_id}")
+                              action=f"fix [run] metrics in gpuq.toml; the trainer's files: gpuq logs {job_id}",
+                              reason=problem)
 
 
 def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:

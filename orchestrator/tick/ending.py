@@ -76,10 +76,10 @@ def end_attempt(ctx: Context, host: Host, row: HostRow, job: Job, finding: Findi
         return
     message = stall_message(klass, n, verdict, stacks)
     if klass == "divergence":  # the finding's message without the job's name
-        what = finding.message.split(": ", 1)[-1]
+        what = finding.reason or finding.message
         message = f"{klass}: {what}; gpuq ended attempt {n} ({verdict}); {DIVERGENCE_HINT}"
     ctx.ledger.update_attempt(job.id, n, message=message, ended_at=time.time())
     ctx.ledger.transition(job.id, AttemptState.LOST, attempt=n, message=message)
-    ctx.ledger.transition(job.id, JobState.LOST, message=message)
+    ctx.ledger.transition(job.id, JobState.LOST, message=message, failure_class=klass)
     decision = settle(ctx.ledger, job.id, klass, ctx.settings, attempt=n)
     report.actions.append(f"{job.name} ({job.id}): {decision.reason}")

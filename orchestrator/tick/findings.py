@@ -63,7 +63,7 @@ def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, 
             found = Finding("resume", Severity.ESCALATE, host,
                             f"{job.name} a{job.attempt_count}: resumed from step {step}, but a checkpoint of "
                             f"step {expected} existed", "the newer checkpoint was lost or not shipped: check "
-                            "the host's ckpt dir and `gpuq logs`", job=job.id)
+                            "the host's ckpt dir and `gpuq logs`", job=job.id, attempt=job.attempt_count)
             record(ctx, [found], subjects=[], report=report)
 
 
@@ -76,15 +76,13 @@ def from_scratch(ctx: Context, host: str, job: Job, report: TickReport) -> None:
     if job.attempt_count < 2:
         return
     sweep = ctx.ledger.sweep(job.sweep_id)
-    try:
-        globs = json.loads(sweep.run).get("checkpoint") if sweep is not None and sweep.run else None
-    except (ValueError, AttributeError):
-        globs = None
+    run = sweep.run_config() if sweep is not None else None
+    globs = list(run.checkpoint) if run is not None else []
     shown = f" {json.dumps(globs)}" if globs else ""
     found = Finding(FROM_SCRATCH, Severity.ESCALATE, host,
                     f"{job.name} a{job.attempt_count}: restarted from scratch: no file matched `checkpoint`{shown} "
                     "in its run dir", "the retry trains again from step 0: compare `checkpoint` in gpuq.toml with "
-                    "what the trainer writes (`gpuq logs`)", job=job.id)
+                    "what the trainer writes (`gpuq logs`)", job=job.id, attempt=job.attempt_count)
     record(ctx, [found], subjects=[], report=report)
 
 
@@ -146,7 +144,8 @@ def record(ctx: Context, findings: Sequence[Finding], *, subjects: Sequence[str]
         if f.rule in PERSISTENT_RULES and key in open_ and open_[key].severity == f.severity.value:
             continue
         ctx.ledger.record_finding("job" if f.job else "host", f.subject, severity=f.severity.value, rule=f.rule,
-                                  message=f.message, action=f.action)
+                                  message=f.message, action=f.action, reason=f.reason,
+                                  failure_class=f.failure_class, attempt=f.attempt)
         report.findings.append(f)
         if f.severity == Severity.ESCALATE:
             notify.send(ctx.settings, ctx.ledger, _escalation(ctx, f))

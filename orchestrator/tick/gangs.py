@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from orchestrator.agent.launcher import agent_argv, enqueue, job_spec, on_each_host
+from orchestrator.agent.launcher import agent_argv, enqueue, job_spec, on_each_host, run_readable
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError, IllegalTransition
@@ -217,6 +217,8 @@ def deliver(ledger: Ledger, fleet: Fleet, settings: Settings, assignments: Seque
     for a in assignments:
         job = jobs[a.job_id]
         names = [a.host, *a.peers]
+        if not run_readable(ledger, job, ledger.sweep(job.sweep_id)):
+            continue
         addresses = addresses_of_head(fleet, a.host)
         if not addresses:
             ledger.record_event("job", job.id, f"not started on {', '.join(names)}: gpuq reaches node 0's host "

@@ -135,7 +135,7 @@ def adopt_stall(ledger: Ledger, job: Job, seen: JobEntry, decision: RetryDecisio
     ended_at = exit_doc.ended_at if exit_doc is not None and exit_doc.ended_at is not None else time.time()
     ledger.update_attempt(job.id, number, message=message, ended_at=ended_at)
     ledger.transition(job.id, AttemptState.LOST, attempt=number, message=message)
-    ledger.transition(job.id, JobState.LOST, message=message)
+    ledger.transition(job.id, JobState.LOST, message=message, failure_class=klass)
     return adopt(ledger, ledger.job(job.id), klass, settings, repeated="", why=decision.why or "")
 
 
@@ -158,7 +158,7 @@ def adopt(ledger: Ledger, job: Job, klass: str, settings: Settings, *, repeated:
     note = f"started by the host: its agent retried attempt {number} with resume" + (f" ({why})" if why else "")
     try:
         started = ledger.restart_on_host(job.id, of_attempt=number, host=job.host or "", message=decision.reason,
-                                         note=note)
+                                         note=note, failure_class=klass)
     except IllegalTransition as exc:  # it ended meanwhile (a cancel): the host's attempt went with it
         return Decision("stale", f"attempt {number} was settled meanwhile: {exc}")
     if started is None:

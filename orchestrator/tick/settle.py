@@ -28,10 +28,12 @@ def settle(ledger: Ledger, job_id: str, klass: str, settings: Settings, *, attem
     retries = job.retries if job.retries is not None else settings.retries
     decision = decide(klass, ledger.failed_attempts(job_id), retries, repeated=repeated)
     if decision.action == "requeue":
-        ledger.requeue(job_id, message=decision.reason, of_attempt=job.attempt_count)
+        ledger.requeue(job_id, message=decision.reason, of_attempt=job.attempt_count, failure_class=klass)
     elif decision.action == "keep_lost" and job.state in (JobState.LOST.value, JobState.RUNNING.value,
                                                             JobState.ASSIGNED.value):
-        ledger.transition(job_id, JobState.LOST, message=decision.reason, of_attempt=job.attempt_count)
+        ledger.transition(job_id, JobState.LOST, message=decision.reason, of_attempt=job.attempt_count,
+                          failure_class=klass)
     else:
-        ledger.transition(job_id, JobState.FAILED, message=decision.reason, of_attempt=job.attempt_count)
+        ledger.transition(job_id, JobState.FAILED, message=decision.reason, of_attempt=job.attempt_count,
+                          failure_class=klass)
     return decision

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import host_documents
 from orchestrator.core import protocol
 from orchestrator.core.agent_modules import ckptcheck_module
 
@@ -67,15 +68,9 @@ class Problem:
     detail: str
 
 
-def _safe_path(path: object) -> str | None:
-    if not isinstance(path, str) or not path or path.startswith("/"):
-        return None
-    parts = path.split("/")
-    if protocol.path_problem(path) is not None:  # the agent's rule: only what is unsafe is refused
-        return None
-    if path.endswith(".tmp") or (len(parts) == 1 and path in IGNORED_TOP | {PROVENANCE}):
-        return None
-    return path
+def _bookkeeping(path: str) -> bool:
+    """A path gpuq itself writes beside a pulled copy (never a result a manifest may list)."""
+    return len(path.split("/")) == 1 and path in IGNORED_TOP | {PROVENANCE}
 
 
 # the file each finalize check of a job (its sweep's ``verify``) makes part of its results
@@ -91,43 +86,26 @@ def required_files(verify: Sequence[str]) -> tuple[str, ...]:
 
 
 def parse_manifest(raw: bytes, *, job_id: str, required: Sequence[str] = PAYLOAD_REQUIRED) -> Manifest:
-    """Validate a fetched MANIFEST.json; ValueError says what is wrong with it.  Besides ``required``,
-    every manifest lists its attempt's exit record."""
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"manifest is not JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("schema") != protocol.MANIFEST_SCHEMA:
-        raise ValueError(f"manifest schema is {doc.get('schema') if isinstance(doc, dict) else None!r}, "
-                         f"expected {protocol.MANIFEST_SCHEMA!r}")
-    if doc.get("job_id") != job_id:
-        raise ValueError(f"manifest is for job {doc.get('job_id')!r}")
-    attempt = doc.get("attempt")
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
-        raise ValueError(f"manifest attempt {attempt!r} is not a positive integer")
-    entries: list[ManifestEntry] = []
-    for item in doc.get("files") or []:
-        path = _safe_path(item.get("path") if isinstance(item, dict) else None)
-        size, sha = (item.get("bytes"), item.get("sha256")) if isinstance(item, dict) else (None, None)
-        if path is None:
-            raise ValueError(f"manifest lists an unsafe path: {item!r}")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"manifest size of {path} is not a byte count: {size!r}")
-        if not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= set("0123456789abcdef"):
-            raise ValueError(f"manifest sha256 of {path} is malformed: {sha!r}")
-        entries.append(ManifestEntry(path, size, sha))
+    """Validate a fetched MANIFEST.json (its shape: ``host_documents.JobManifest``); ValueError says what is
+    wrong with it.  Besides ``required``, every manifest lists its attempt's exit record."""
+    doc = host_documents.read_job_manifest(raw)
+    if doc.job_id != job_id:
+        raise ValueError(f"manifest is for job {doc.job_id!r}")
+    entries = [ManifestEntry(f.path, f.bytes, f.sha256) for f in doc.files or ()]
+    for entry in entries:
+        if _bookkeeping(entry.path):
+            raise ValueError(f"manifest lists an unsafe path: {entry.path!r}")
     paths = [e.path for e in entries]
     if not entries:
         raise ValueError("manifest lists no files")
     if len(set(paths)) != len(paths):
         raise ValueError("manifest lists a path twice")
-    exit_record = f"{protocol.ATTEMPTS_DIR}/{attempt}/{protocol.EXIT_FILE}"
+    exit_record = f"{protocol.ATTEMPTS_DIR}/{doc.attempt}/{protocol.EXIT_FILE}"
     for need in (*required, exit_record):
         if need not in paths:
             raise ValueError(f"manifest lacks {need}")
     sha = hashlib.sha256(raw).hexdigest()
-    return Manifest(job_id, attempt, str(doc.get("queue_id") or ""), tuple(sorted(entries, key=lambda e: e.path)),
-                    sha)
+    return Manifest(job_id, doc.attempt, doc.queue_id or "", tuple(sorted(entries, key=lambda e: e.path)), sha)
 
 
 def read_manifest(path: Path, job_id: str, required: Sequence[str] = PAYLOAD_REQUIRED) -> Manifest | None:

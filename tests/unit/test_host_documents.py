@@ -142,3 +142,24 @@ def test_jobs_gpuq_did_not_place_are_dropped() -> None:
         {"job_id": "cforeign", "state": "queued"}]}))
     kept = doc.known_jobs_only({"cmine"}.__contains__)
     assert [j.job_id for j in kept.jobs] == ["cmine"]
+
+
+def test_a_fetched_manifest_is_read_through_its_model() -> None:
+    """MANIFEST.json (`gpuq pull`) is a host document like the others: hd.read_job_manifest checks its shape
+    (the schema protocol.py names, bounded fields), transfer/verify.py what a pull asks of it."""
+    import typing
+
+    from orchestrator.core import protocol
+
+    assert typing.get_args(hd.JobManifest.model_fields["schema_"].annotation) == (protocol.MANIFEST_SCHEMA,)
+    good = {"path": "attempts/1/exit.json", "bytes": 1, "sha256": "a" * 64}
+    doc = {"schema": protocol.MANIFEST_SCHEMA, "job_id": "c0123456789ab", "attempt": 1, "files": [good],
+           "queue_id": 7, "total_bytes": 1}
+    got = hd.read_job_manifest(json.dumps(doc).encode())
+    assert (got.job_id, got.attempt, got.queue_id, got.files) == ("c0123456789ab", 1, None, [hd.ManifestFile(**good)])
+    assert parse_manifest(json.dumps(doc).encode(), job_id="c0123456789ab", required=()).queue_id == ""
+    for files, why in (({"a": 1}, "manifest files: Input should be a valid array"),
+                       ([dict(good, path="a/" * 4100 + "b")], "manifest lists an unsafe path: ")):
+        with pytest.raises(ValueError) as err:
+            hd.read_job_manifest(json.dumps(dict(doc, files=files)).encode())
+        assert str(err.value).startswith(why) and "\n" not in str(err.value)

@@ -43,7 +43,8 @@ def _fill(ledger: Ledger) -> None:
                      seed=i if i % 2 else None, args=["--lr", str(i)]) for i in range(7)]
     ledger.add_sweep(sweep_id="q_b%0001", queue_path="q.txt", workdir="/w", queue_text="x", jobs=specs[:4],
                      default_retries=1, bundle_sha="b" * 64, hosts=["gpu-a", "gpu-b"], git=("abc", True),
-                     budget_usd=10.0)
+                     budget_usd=10.0, run=json.dumps({"command": ["t.py", "{args}"], "metric": "loss", "mode": "min",
+                                                      "data": {"d": {"tree": "d" * 64, "file": "x.bin"}}}))
     jobs = ledger.add_sweep(sweep_id="qb000002", queue_path="q2.txt", workdir="/w", queue_text="y",
                             jobs=specs[4:], default_retries=0, git=("", None))
     first = ledger.jobs(sweep_id="q_b%0001")
@@ -108,6 +109,11 @@ def test_every_read_answers_as_the_ledger_does(ctx: Context, reader: LedgerReade
     _same_rows(ledger.jobs(states=running), reader.jobs(states=running))
     assert reader.jobs(states=[]) == ledger.jobs(states=[]) == []
     assert [j.arg_list() for j in reader.jobs()] == [j.arg_list() for j in ledger.jobs()]
+    runs = [s.run_config() for s in reader.sweeps()]
+    assert runs == [s.run_config() for s in ledger.sweeps()]
+    assert runs[0] is not None and (runs[0].command, runs[0].mode, runs[0].data["d"].file) == (("t.py", "{args}"),
+                                                                                                 "min", "x.bin")
+    assert runs[1] is None  # a sweep without [run]
     ids = [j.id for j in ledger.jobs()]
     _same_rows(ledger.attempts_of(ids), reader.attempts_of(ids))
     assert [a.node_hosts() for a in reader.attempts_of(ids)] == [a.node_hosts() for a in ledger.attempts_of(ids)]

@@ -116,3 +116,19 @@ def test_a_running_gang_seen_through_the_ticks_filter_is_never_given_up(
     multinode.after_reconcile(ctx, parts, [], actions)
     assert actions == [] and ctx.ledger.job(job).state == JobState.ASSIGNED.value
     assert not _verbs(hosts["a"]) + _verbs(hosts["b"])
+
+
+def test_a_gang_of_a_sweep_whose_run_cannot_be_read_is_not_sent(
+        world: tuple[Context, str, dict[str, FakeHost]]) -> None:
+    from orchestrator.core.specs import Assignment
+
+    ctx, _, hosts = world
+    (job,) = ctx.ledger.add_sweep(sweep_id="qbadrun", queue_path="q.txt", workdir="/w", queue_text="",
+                                  jobs=[JobSpec(name="wide", config="c.yaml", task="t", nodes=2, gpus=2)],
+                                  default_retries=1, run='{"command": "t.py"}')
+    assert gangs.deliver(ctx.ledger, ctx.fleet, ctx.settings, [Assignment(job_id=job.id, host="a", peers=("b",))],
+                         {job.id: job}, SHA) == {}
+    got = ctx.ledger.job(job.id)
+    assert (got.state, got.attempt_count) == (JobState.QUEUED.value, 0)
+    assert "its recorded [run] table cannot be read" in ctx.ledger.events(job.id)[-1].message
+    assert not _verbs(hosts["a"]) and not _verbs(hosts["b"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from orchestrator.ledger.sweeprun import parse_run
 from tests.support.wire import observed
 
 
@@ -31,7 +32,7 @@ def test_fraction_line_and_liveness() -> None:
 
 
 def test_headline_reads_the_sweep_run_config_defensively() -> None:
-    assert observed.headline(json.dumps({"metric": "val_loss", "mode": "min"})) == ("val_loss", "min")
-    assert observed.headline({"metric": "f1"}) == ("f1", "max")
-    for junk in ("", None, "{not json", "[]", json.dumps({"metric": "", "mode": "sideways"})):
-        assert observed.headline(junk) == ("val_acc", "max")
+    assert observed.headline(parse_run(json.dumps({"metric": "val_loss", "mode": "min"}))) == ("val_loss", "min")
+    assert observed.headline(parse_run(json.dumps({"metric": "f1"}))) == ("f1", "max")
+    for junk in ("", "{not json", "[]", json.dumps({"metric": "", "mode": "sideways"}), json.dumps({"metric": 3})):
+        assert observed.headline(parse_run(junk)) == ("val_acc", "max")

@@ -58,7 +58,8 @@ def _sweep(ctx: api.Context, tmp_path: Path, sweep_id: str, queue_text: str, val
         ctx.ledger.start_attempt(job.id, host="local", bundle_sha="s")
         if job.name in failed:
             ctx.ledger.transition(job.id, AttemptState.EXITED, attempt=1, message="exit 1: trainer exited 1")
-            ctx.ledger.transition(job.id, JobState.FAILED, message="config error: never retried (fix it, submit again)")
+            ctx.ledger.transition(job.id, JobState.FAILED, message="config error: never retried (fix it, submit again)",
+                                  failure_class="config")
             continue
         ctx.ledger.transition(job.id, AttemptState.EXITED, attempt=1)
         ctx.ledger.transition(job.id, JobState.SUCCEEDED)

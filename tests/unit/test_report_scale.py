@@ -49,7 +49,7 @@ def _curve(seed: int) -> list[tuple[str, str, float, int | None, int | None]]:
 
 
 def _job(ctx: Context, job: Job, host: str, state: JobState, *, n: int = 1, provenance: str = "",
-         message: str = "") -> None:
+         message: str = "", failure_class: str = "") -> None:
     led = ctx.ledger
     led.start_attempt(job.id, host=host, bundle_sha="s")
     led.update_attempt(job.id, n, started_at=T0 + n * 100, ended_at=T0 + n * 100 + 3600, provenance=provenance,
@@ -57,7 +57,7 @@ def _job(ctx: Context, job: Job, host: str, state: JobState, *, n: int = 1, prov
     led.transition(job.id, AttemptState.RUNNING, attempt=n)
     led.transition(job.id, JobState.RUNNING)
     led.transition(job.id, AttemptState.EXITED, attempt=n)
-    led.transition(job.id, state, message=message if state != JobState.SUCCEEDED else "")
+    led.transition(job.id, state, message=message if state != JobState.SUCCEEDED else "", failure_class=failure_class)
 
 
 def build(ctx: Context, tmp_path: Path) -> None:
@@ -83,7 +83,8 @@ def build(ctx: Context, tmp_path: Path) -> None:
             if job.cell == "broken":
                 k = int(job.name[-1])
                 why = "config error: never retried" if k == 0 else f"gpu_oom: out of memory (token {SECRET})"
-                _job(ctx, job, host, JobState.FAILED, provenance=ran, message=why if k < 2 else "exit 1")
+                _job(ctx, job, host, JobState.FAILED, provenance=ran, message=why if k < 2 else "exit 1",
+                     failure_class=("config", "gpu_oom", "")[k] if k < 3 else "")
                 if k == 1:  # older than the job's newest 50 events: no class found
                     for e in range(55):
                         led.record_event("attempt", f"{job.id}/a1", f"progress {e}")
@@ -101,21 +102,21 @@ def build(ctx: Context, tmp_path: Path) -> None:
                 ("final", "loss", 1 - final, 40, 3), *(_curve(curve) if curve is not None else [])], artifacts=[])
 
 
-def _like_events(path: Path, subject: str, limit: int) -> list[tuple[str, str]]:
-    """(message, new) of the subject's newest events, newest first, as the LIKE prefix read them."""
+def _like_events(path: Path, subject: str, limit: int) -> list[tuple[str, str, str, str]]:
+    """(message, new, failure_class, rule) of the subject's newest events, newest first, as the LIKE prefix
+    read them."""
     with sqlite3.connect(path) as raw:
-        return raw.execute("SELECT message, new FROM event WHERE subject LIKE ? || '%' ORDER BY id DESC LIMIT ?",
-                           (subject, limit)).fetchall()
+        return raw.execute("SELECT message, new, failure_class, rule FROM event WHERE subject LIKE ? || '%' "
+                           "ORDER BY id DESC LIMIT ?", (subject, limit)).fetchall()
 
 
 def _failure(ctx: Context, job: Job, attempts: Sequence[Attempt], cell: str) -> FailureRow:
     last = attempts[-1] if attempts else None
     message = last.message if last else ""
     klass, reason = "", ""
-    for text, new in _like_events(ctx.ledger.path, job.id, 50):
-        found = rep._CLASS.search(text)
-        if found and (new == job.state or "(class:" in text):
-            klass, reason = found.group(1) or found.group(2), text
+    for text, new, failure_class, rule in _like_events(ctx.ledger.path, job.id, 50):
+        if failure_class and (new == job.state or rule):
+            klass, reason = failure_class, text
             break
     text = "; ".join(part for part in (message, reason) if part)
     mark = ctx.ledger.verified_pulls([job.id]).get(job.id)

@@ -100,7 +100,8 @@ def build(ctx: Context, tmp_path: Path, jobs: int = 24) -> list[str]:
         led.transition(job.id, JobState.SUCCEEDED)
         if kind == 7 and i % 2:  # succeeded on a host that is gone, never collected: its warning says why
             led.record_finding("job", job.id, severity="warn", rule=observed.METRICS_RULE,
-                               message=f"{job.name}: succeeded, but no value of loss was found")
+                               message=f"{job.name}: succeeded, but no value of loss was found",
+                               reason="no value of loss was found")
             gone.append(job.id)
             continue
         led.record_results(job.id, n, metrics=[
@@ -146,14 +147,14 @@ def oracle(ctx: Context, sweep_id: str) -> list[ResultRow]:
     latest = {a.job_id: a for a in every}
     verified = ctx.ledger.verified_jobs(sweep_id)
     sweep_row = ctx.ledger.sweep(sweep_id)
-    metric, mode = observed.headline(getattr(sweep_row, "run", ""))
+    metric, mode = observed.headline(sweep_row.run_config() if sweep_row is not None else None)
     git = (sweep_row.git_commit, sweep_row.git_dirty) if sweep_row is not None else ("", None)
     on_cpu = cpu_slots(ctx)
     warned = ctx.ledger.open_findings(j.id for j in jobs)
     for job in jobs:
         event = warned.get((job.id, observed.METRICS_RULE))
         if event is not None and job.id not in errors:
-            errors[job.id] = event.message.split(": succeeded, but ", 1)[-1]
+            errors[job.id] = event.reason
     now = time.time()
     rows = []
     for job in jobs:

@@ -181,6 +181,9 @@ def test_a_metric_name_in_no_row_is_the_metric_blamed(ctx: api.Context, tmp_path
     record_collected(ctx.ledger, hd.read_collect("local", json.dumps({job: {"attempt": 1, "summary": rows}})).root)
     (found,) = [e for e in ctx.ledger.events(subject=job) if e.rule == observed.METRICS_RULE]
     assert "'val_los'" in found.message and "none of the 12 rows" in found.message
+    assert found.reason.startswith("the metric 'val_los' ([run] metric) is in none of the 12 rows")
+    assert found.message.endswith(found.reason)
+    assert [r.error for r in api.results(ctx, sweep="qmetric")] == [found.reason]  # the field, not the words
 
 
 def test_a_job_with_its_metric_gets_no_warning(ctx: api.Context, tmp_path: Path) -> None:
