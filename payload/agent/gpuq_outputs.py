@@ -203,7 +203,10 @@ def record(lay: Layout, job_id: str, attempt: int, spec: Any, adir: str) -> dict
     doc = {"schema": P.OUTPUTS_SCHEMA, "job_id": job_id, "attempt": attempt, "created_at": utc(),
            "files": files, "total_files": len(files), "total_bytes": sum(f["bytes"] for f in files),
            "hashed_bytes": hasher.bytes_read, "seconds": seconds, "error": error}
-    atomic_write(os.path.join(adir, P.OUTPUTS_FILE), json.dumps(doc, sort_keys=True, indent=1) + "\n")
+    try:
+        atomic_write(os.path.join(adir, P.OUTPUTS_FILE), json.dumps(doc, sort_keys=True, indent=1) + "\n")
+    except OSError as e:  # exit.json still says so: collect carries "gone", and no pull is verified
+        doc.update(files=[], total_files=0, total_bytes=0, error="cannot write %s: %s" % (P.OUTPUTS_FILE, e))
     said = {k: doc[k] for k in ("hashed_bytes", "seconds", "error")}
     said.update(files=doc["total_files"], bytes=doc["total_bytes"])
     best = next((f["sha256"] for f in files if f["path"] == "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT)), None)

@@ -101,6 +101,12 @@ def test_what_cannot_travel_or_passes_a_bound_is_recorded_as_why_not(tmp_path: P
     deep.mkdir(parents=True)
     (deep / "x.txt").write_text("x")
     assert "a path of more than 1024 characters" in _record(tmp_path)["outputs"]["error"]
+    # a record that cannot be written is said in exit.json: a training that succeeded is not failed for it
+    adir = jdir / P.ATTEMPTS_DIR / "1"
+    (adir / P.OUTPUTS_FILE).unlink()
+    (adir / P.OUTPUTS_FILE).mkdir()
+    said = _record(tmp_path)["outputs"]
+    assert said["files"] == 0 and said["error"].startswith("cannot write outputs.json: ")
 
 
 def test_collect_carries_the_record_and_never_hashes_again(tmp_path: Path) -> None:
