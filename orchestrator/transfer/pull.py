@@ -287,8 +287,12 @@ def _check_against_ledger(run: _Pull, job: Job, manifest: Manifest) -> str | Non
         return (f"the host's manifest is of attempt {manifest.attempt} but the ledger's latest attempt is "
                 f"{job.attempt_count}; `gpuq status` reconciles, then pull again")
     recorded = {a.path: a for a in run.ledger.artifacts(job.id) if a.attempt == manifest.attempt}
-    if protocol.end_record_path(manifest.attempt) in recorded:
+    ended = protocol.end_record_path(manifest.attempt)
+    if ended in recorded:
         return _differs_from_end_record(run, job, manifest, recorded)
+    if any(e.path == ended for e in manifest.files):  # never a weaker check for a record the ledger missed
+        return (f"the ledger holds no end record of attempt {manifest.attempt} (its results were not collected "
+                f"when it ended); `gpuq results --sweep {job.sweep_id}` collects them, then pull again")
     by_path = {e.path: e for e in manifest.files}
     for art in recorded.values():
         entry = by_path.get(art.path)

@@ -169,6 +169,18 @@ def _ended(world: World, job_id: str) -> None:
     collect(world.ledger, world.host, SHA, [job_id])
 
 
+def test_an_end_record_the_ledger_never_got_is_no_weaker_check(world: World) -> None:
+    job = world.jobs[0]
+    outputs.record(files_mod.Layout(str(world.root)), job.id, 1, {"job_id": job.id, "attempt": 1},
+                   str(world.remote(job, "attempts/1")))  # on the host, but never collected
+    [out] = world.pull([job])
+    assert (out.state, out.reason) == (NOT_PULLED, (
+        f"the ledger holds no end record of attempt 1 (its results were not collected when it ended); "
+        f"`gpuq results --sweep {SWEEP}` collects them, then pull again"))
+    collect(world.ledger, world.host, SHA, [job.id])
+    assert world.pull([job])[0].state == VERIFIED
+
+
 def test_a_pull_is_held_to_the_end_record_word_for_word(world: World) -> None:
     job, other = world.jobs
     _ended(world, job.id)
