@@ -27,6 +27,7 @@ Remote layout (one root per host, the profile's data dir)::
       jobs/<job_id>/ckpt/          latest-<step>.pt best.pt LATEST (single writer; LATEST names the rolling file)
       jobs/<job_id>/attempts/<n>/  launch.json run.env job.log pgid heartbeat
                                    wrapper.alive mem.tsv trainer_exit.json exit.json
+                                   outputs.json (the end record of an attempt that ended well)
       jobs/<job_id>/result/        metrics.jsonl summary.json
       jobs/<job_id>/run/           the trainer's working directory for every attempt on this host
                                    (GPUQ_RUN_DIR): each top-level entry of the bundle's workdir is a
@@ -51,6 +52,7 @@ STATUS_SCHEMA = "gpuq.status/1"
 MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
 HEALTH_SCHEMA = "gpuq.health/1"  # agent verb `health` (GPU preflight, docs/health.md)
 REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, docs/health.md)
+OUTPUTS_SCHEMA = "gpuq.outputs/1"  # attempts/<n>/outputs.json (the wrapper, as an attempt ends well)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
@@ -90,6 +92,9 @@ EXIT_FILE = "exit.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"  # {"code", "rank", "message"}: first writer wins
 NEXT_FILE = "next.json"  # who starts attempt n+1: {"by": "host"|"controller", ...} (gpuq_retry.py)
 STACKS_FILE = "stacks.txt"  # where each process waited, saved before a stall kill (agent `stacks`)
+OUTPUTS_FILE = "outputs.json"  # the end record: path, bytes, sha256 of every result file (gpuq_outputs.py)
+OUTPUTS_MAX_FILES = 20_000  # files one end record lists (more: it records why not, and no file)
+OUTPUTS_MAX_PATH = 1024  # characters of one path it lists
 
 # checkpoint directory
 LATEST_POINTER = "LATEST"
@@ -434,6 +439,11 @@ def path_problem(rel: str) -> str | None:
         if why is not None:
             return why
     return None
+
+
+def end_record_path(attempt: int) -> str:
+    """Attempt ``attempt``'s end record (``OUTPUTS_FILE``), relative to ``jobs/<job_id>/``."""
+    return f"{ATTEMPTS_DIR}/{attempt}/{OUTPUTS_FILE}"
 
 
 def tree_sha256(entries: list[tuple[str, int, str]]) -> str:

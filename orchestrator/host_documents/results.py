@@ -11,7 +11,15 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, RootModel, ValidationError, ValidatorFunctionWrapHandler, WrapValidator, field_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    RootModel,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+)
 from pydantic import model_validator as model_check
 from pydantic_core import PydanticCustomError
 
@@ -123,11 +131,60 @@ class Summary(Open):
     curves: Annotated[dict[Short, Curve], Field(max_length=MAX_CURVES)] = Field(default_factory=dict)
 
 
+def _travels(path: str) -> str:
+    """A relative POSIX path by the agent's and the pull's one rule (protocol.path_problem)."""
+    why = protocol.path_problem(path)
+    if why is not None or path.startswith("/"):
+        raise ValueError(f"an end record lists a path that cannot travel: {why or 'absolute'}")
+    return path
+
+
+OutputPath = Annotated[str, Field(min_length=1, max_length=protocol.OUTPUTS_MAX_PATH), AfterValidator(_travels)]
+
+
+class OutputFile(Open):
+    path: OutputPath
+    bytes: Count
+    sha256: Sha256
+
+
+class Outputs(Open):
+    """The attempt's end record, ``attempts/<n>/outputs.json``, as ``collect`` carries it: what the
+    wrapper hashed as the attempt ended (gpuq_outputs.py), with the record file's own size and sha256
+    (None when it could not be read: ``error`` says why, and ``files`` is empty)."""
+
+    attempt: Attempt
+    files: Annotated[list[OutputFile], Field(max_length=protocol.OUTPUTS_MAX_FILES)] = Field(default_factory=list)
+    sha256: Sha256 | None = None
+    bytes: Count | None = None
+    seconds: LenientFloat = None
+    error: LenientText = None
+
+    @property
+    def path(self) -> str:
+        """The record's own path, relative to the job's directory."""
+        return protocol.end_record_path(self.attempt)
+
+    def artifacts(self) -> list[tuple[str, int, str]]:
+        """(path, bytes, sha256) of every file it lists, and of the record itself ("" when unread):
+        the rows the ledger keeps, against which a pull is checked."""
+        rows = [(f.path, f.bytes, f.sha256) for f in self.files]
+        return [*rows, (self.path, self.bytes or 0, self.sha256 or "")]
+
+
 class Results(Open):
     attempt: Attempt = 0
     summary: Summary | None = None
     files: Annotated[list[ResultFile], Field(max_length=MAX_FILES)] = Field(default_factory=list)
+    outputs: Outputs | None = None  # the attempt's end record; None from an older agent's attempt
     ckpt: ResultCheckpoint | None = None
+
+    def artifacts(self) -> list[tuple[str, int, str]]:
+        """What the ledger keeps of the files: the end record's rows when the attempt has one (of this
+        attempt), else the files hashed at collect time (an attempt an older agent ran)."""
+        if self.outputs is not None and self.outputs.attempt == self.attempt:
+            return self.outputs.artifacts()
+        return [(f.path, f.bytes, f.sha256) for f in self.files]
 
 
 class CollectDocument(RootModel[Annotated[dict[Short, Results], Field(max_length=MAX_JOBS)]]):

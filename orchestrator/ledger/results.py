@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import delete, func, insert
 from sqlmodel import Session, col, select
 
+from orchestrator.core import protocol
 from orchestrator.core.errors import LedgerError
 from orchestrator.ledger.tables import Artifact, Checkpoint, Job, Metric
 from orchestrator.ledger.txn import Sessions
@@ -32,6 +33,8 @@ class ResultRecords(Sessions):
         checkpoint: ResultCheckpoint | None = None,
     ) -> None:
         """Replace the job's metrics/artifacts with those of ``attempt`` (scope, name, value, step, epoch).
+        Artifacts that hold ``attempt``'s end record (its ``attempts/<n>/outputs.json`` row) are kept as
+        they are: what the attempt left as it ended is recorded once, never replaced by a later collect.
 
         A non-finite value (NaN, an infinity) is refused whole (LedgerError, nothing changed): host
         documents are checked at the edge, and this is the last line before SQLite."""
@@ -43,16 +46,21 @@ class ResultRecords(Sessions):
         with self.session() as s:
             # set-based: a job's learning curves are hundreds of rows (ORM objects cost ~100x more)
             s.execute(delete(Metric).where(col(Metric.job_id) == job_id))
-            for old_artifact in s.exec(select(Artifact).where(Artifact.job_id == job_id)):
-                s.delete(old_artifact)
+            old_artifacts = list(s.exec(select(Artifact).where(Artifact.job_id == job_id)))
+            ended = protocol.end_record_path(attempt)
+            if any(a.attempt == attempt and a.path == ended for a in old_artifacts):
+                artifacts = ()
+            else:
+                for old_artifact in old_artifacts:
+                    s.delete(old_artifact)
             rows = [{"job_id": job_id, "attempt": attempt, "scope": scope, "name": name, "value": value,
                      "step": step, "epoch": epoch} for scope, name, value, step, epoch in metrics
                     if math.isfinite(value)]  # checked at the edge too: a NaN is no value SQLite keeps
             if rows:
                 s.execute(insert(Metric), rows)
-            for path, size, sha in artifacts:
-                s.add(Artifact(job_id=job_id, attempt=attempt, path=path, bytes=size, sha256=sha,
-                               verified_at=now))
+            if artifacts:  # an end record lists up to protocol.OUTPUTS_MAX_FILES files: set-based too
+                s.execute(insert(Artifact), [{"job_id": job_id, "attempt": attempt, "path": path, "bytes": size,
+                                              "sha256": sha, "verified_at": now} for path, size, sha in artifacts])
             if checkpoint is not None:
                 self._add_checkpoint(s, job_id, attempt, checkpoint)
 

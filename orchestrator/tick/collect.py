@@ -50,7 +50,8 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
 
 def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
     """Each job's results as the ledger keeps them: finite metrics of the final and best rows, the
-    learning curves, the files' hashes and the checkpoint (all checked at the edge)."""
+    learning curves, the files' hashes (the attempt's end record: what it left as it ended) and the
+    checkpoint (all checked at the edge)."""
     for job_id, doc in docs.items():
         summary = doc.summary if doc.summary is not None else Summary()
         metrics: list[tuple[str, str, float, int | None, int | None]] = []
@@ -60,6 +61,5 @@ def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
                             for name, value in row.metrics().items()]
         for name, points in summary.curves.items():
             metrics += [("curve", name, value, int(step), None) for step, value in points]
-        artifacts = [(f.path, f.bytes, f.sha256) for f in doc.files]
-        ledger.record_results(job_id, doc.attempt, metrics=metrics, artifacts=artifacts, checkpoint=doc.ckpt)
+        ledger.record_results(job_id, doc.attempt, metrics=metrics, artifacts=doc.artifacts(), checkpoint=doc.ckpt)
     metrics_warnings(ledger, docs)

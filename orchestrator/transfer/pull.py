@@ -3,7 +3,7 @@
 For one host, :func:`pull_jobs`:
 
 1. asks the host agent for every job's manifest in one round trip (``manifest JOB...``: the agent
-   hashes ``result/**``, ``ckpt/best.pt`` and the attempt's log and exit record);
+   hashes the job's result files, and the attempt's log, exit record and end record);
 2. per job, fetches ``MANIFEST.json`` into the staging dir ``results/<sweep>/<job>.incoming/``
    (as ``MANIFEST.json.incoming``, checked against the sha256 the agent printed, then renamed);
 3. copies each listed file into the staging dir, resuming a partial file from its size (a file
@@ -19,8 +19,8 @@ For one host, :func:`pull_jobs`:
    with a PROVENANCE.txt, and the next pull starts from a fresh staging dir.
 
 The manifest also has to describe the attempt the ledger saw succeed, with the hashes the
-controller collected when it did (``Artifact`` rows): a host file changed since is refused before
-a byte moves.
+controller recorded when it ended (``Artifact`` rows: the attempt's end record, ``outputs.json``):
+a host file changed, added or removed since is refused, named, before a byte moves.
 
 Crash safety: every step leaves a state the next pull picks up.  A controller killed mid-copy
 leaves partial files that resume; one killed between the rename and the ledger write leaves a
@@ -48,16 +48,18 @@ from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, HostError, HostUnreachable, TransferError
 from orchestrator.host_documents import ManifestReply
 from orchestrator.hosts.base import Host
-from orchestrator.ledger import Job, Ledger
+from orchestrator.ledger import Artifact, Job, Ledger
 from orchestrator.transfer import progress as transfer_progress
 from orchestrator.transfer.verify import (
     MANIFEST_INCOMING,
     PROVENANCE,
     PULL_VERIFIED,
     PULL_VERIFIED_SCHEMA,
+    SHOWN_CHANGES,
     Manifest,
     ManifestEntry,
     Problem,
+    end_record_changes,
     parse_manifest,
     read_manifest,
     read_verified_record,
@@ -278,18 +280,37 @@ def _existing_final(run: _Pull, job: Job, final: Path, manifest: Manifest) -> Pu
 
 
 def _check_against_ledger(run: _Pull, job: Job, manifest: Manifest) -> str | None:
-    """The manifest must describe the attempt the ledger saw succeed, with the hashes collected then."""
+    """The manifest must describe the attempt the ledger saw succeed, with the hashes recorded then:
+    its end record when the ledger holds one (every file, none more, none fewer), else the hashes an
+    older agent's ``collect`` gave."""
     if manifest.attempt != job.attempt_count:
         return (f"the host's manifest is of attempt {manifest.attempt} but the ledger's latest attempt is "
                 f"{job.attempt_count}; `gpuq status` reconciles, then pull again")
+    recorded = {a.path: a for a in run.ledger.artifacts(job.id) if a.attempt == manifest.attempt}
+    ended = protocol.end_record_path(manifest.attempt)
+    if ended in recorded:
+        return _differs_from_end_record(run, job, manifest, recorded)
+    if any(e.path == ended for e in manifest.files):  # never a weaker check for a record the ledger missed
+        return (f"the ledger holds no end record of attempt {manifest.attempt} (its results were not collected "
+                f"when it ended); `gpuq results --sweep {job.sweep_id}` collects them, then pull again")
     by_path = {e.path: e for e in manifest.files}
-    for art in run.ledger.artifacts(job.id):
+    for art in recorded.values():
         entry = by_path.get(art.path)
-        if art.attempt == manifest.attempt and entry is not None and (entry.sha256, entry.size) != (art.sha256,
-                                                                                                    art.bytes):
+        if entry is not None and (entry.sha256, entry.size) != (art.sha256, art.bytes):
             return (f"{art.path} on {run.host.name} changed after the job finished (sha256 {entry.sha256[:12]}, "
                     f"collected {art.sha256[:12]}); inspect {_remote(run.host, job.id, art.path)}")
     return None
+
+
+def _differs_from_end_record(run: _Pull, job: Job, manifest: Manifest, recorded: dict[str, Artifact]) -> str | None:
+    """Why the host's files are not what attempt n left when it ended, naming each file; None when they are."""
+    changes = end_record_changes(manifest, {path: (a.bytes, a.sha256) for path, a in recorded.items()})
+    if not changes:
+        return None
+    more = f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
+    return (f"{len(changes)} file(s) on {run.host.name} differ from what attempt {manifest.attempt} left when it "
+            f"ended: {', '.join(changes[:SHOWN_CHANGES])}{more}; nothing was copied; inspect "
+            f"{run.host.path(protocol.JOBS_DIR, job.id)}")
 
 
 def _pull_one(run: _Pull, job: Job, reply: ManifestReply) -> PullOutcome:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,6 +214,28 @@ def verify_copy(directory: Path, manifest: Manifest) -> Problem | None:
             if why:
                 return Problem("bad-metrics", why)
     return None
+
+
+SHOWN_CHANGES = 8  # files a refusal names (a count says how many more)
+
+
+def end_record_changes(manifest: Manifest, recorded: Mapping[str, tuple[int, str]]) -> list[str]:
+    """Each file that is not as the attempt's end record has it (``recorded``: path -> (bytes, sha256), as
+    the ledger kept it when the attempt ended, the record itself among them), in path order:
+    ``"<path> (sha256 <now>, recorded <then>)"``, ``"<path> (new)"`` or ``"<path> (gone)"``.  The
+    attempt's log and exit record are evidence, not results: the end record is written before them."""
+    evidence = {f"{protocol.ATTEMPTS_DIR}/{manifest.attempt}/{name}" for name in (protocol.JOB_LOG, protocol.EXIT_FILE)}
+    listed = {e.path: (e.size, e.sha256) for e in manifest.files if e.path not in evidence}
+    changes = []
+    for path in sorted(set(listed) | set(recorded)):
+        now, then = listed.get(path), recorded.get(path)
+        if now is None:
+            changes.append(f"{path} (gone)")
+        elif then is None:
+            changes.append(f"{path} (new)")
+        elif now != then:
+            changes.append(f"{path} (sha256 {now[1][:12]}, recorded {then[1][:12] or 'unreadable'})")
+    return changes
 
 
 def read_verified_record(directory: Path) -> dict[str, Any] | None:

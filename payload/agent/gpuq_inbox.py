@@ -11,8 +11,10 @@ a spec forward (inbox -> claimed -> attempts), so a spec cannot slip past the ch
 attempt of the job is still alive on this host: nothing written; the controller delivers it again
 once that attempt has ended).  Idempotent.
 
-collect: prints {job_id: {"attempt", "summary", "files": [{"path", "bytes", "sha256"}], "ckpt"}}
-for finished jobs: the summary, every result file and the best checkpoint, hashed on the host.
+collect: prints {job_id: {"attempt", "summary", "files": [{"path", "bytes", "sha256"}], "outputs", "ckpt"}}
+for finished jobs: the summary, the attempt's end record as ``outputs`` (gpuq_outputs.carried: what the
+wrapper hashed as the attempt ended) and, for an attempt without one (an older agent's), every result
+file and the best checkpoint hashed now as ``files``.
 """
 
 # ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
@@ -188,7 +190,8 @@ def project_summary(root: str, job_id: str, spec: Any, write: bool) -> Any:
 
 
 def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
-    """A finished job's summary, hashed result files and checkpoint pointer (``collect``, and
+    """A finished job's summary, its attempt's end record (or, without one, its result files hashed now)
+    and checkpoint pointer (``collect``, and
     ``status --results-for`` so that a tick stays one round trip when jobs finish).  For a project's
     own trainer (spec ``run.metrics``) the summary comes from its metrics; ``write`` = False (the
     read-only status probe) computes it without writing result/summary.json."""
@@ -202,9 +205,16 @@ def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
         elif "curves" not in summary:  # gpuq's payload: from metrics.jsonl
             summary["curves"] = payload_curves(os.path.join(root, P.JOBS_DIR, job_id), str(summary.get("metric")
                                                                                            or "val_acc"))
-    return {
-        "attempt": _attempt_of(spec) if isinstance(spec, dict) else 0,
+    import gpuq_outputs  # here: it builds on this module
+
+    attempt = _attempt_of(spec) if isinstance(spec, dict) else 0
+    ended = gpuq_outputs.carried(Layout(root), job_id, attempt) if attempt > 0 else None
+    got = {
+        "attempt": attempt,
         "summary": summary if isinstance(summary, dict) else None,
-        "files": _files(root, job_id),
+        "files": _files(root, job_id) if ended is None else [],
         "ckpt": read_json(os.path.join(root, P.JOBS_DIR, job_id, P.CKPT_DIR, P.LATEST_POINTER)),
     }
+    if ended is not None:
+        got["outputs"] = ended
+    return got

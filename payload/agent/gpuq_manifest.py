@@ -11,6 +11,11 @@ that job, never a manifest.  A manifest covers, relative to ``jobs/<job_id>/`` a
   ckpt/best.pt               the best checkpoint (required)
   attempts/<n>/job.log       the attempt's log (evidence; when present)
   attempts/<n>/exit.json     the attempt's exit record (evidence; required)
+  attempts/<n>/outputs.json  the attempt's end record (gpuq_outputs.py; when the attempt has one)
+
+The files besides the evidence are gpuq_outputs.selection's, the list the wrapper hashed into the end
+record as the attempt ended: the controller holds that record and refuses what differs from it.  An
+end record that says why it lists nothing (a match that cannot travel, too many files) refuses the job.
 
 It fails closed, per job (error entry, no manifest written): a bad or duplicate job id, a
 component name outside ``[A-Za-z0-9._-]``, any symlink or non-regular file on the way, no exit
@@ -40,72 +45,13 @@ import stat
 import sys
 from typing import Any
 
+import gpuq_outputs
 import gpuq_own
 import gpuq_protocol as P
 from gpuq_files import Layout, atomic_write, read_json, spec_attempt, utc
-from gpuq_inbox import JOB_ID_RE, job_spec, project_summary
+from gpuq_inbox import JOB_ID_RE, job_spec
 from gpuq_observe import safe_globs, spec_run
-
-CHUNK = 1 << 20
-
-
-class Refused(Exception):
-    """This job cannot be manifested; the message says why."""
-
-
-def _safe(name: str, where: str) -> None:
-    why = gpuq_own.name_problem(name)
-    if why is not None:
-        raise Refused("unsafe name %r in %s: %s" % (name[:120], where, why))
-
-
-def _no_link(path: str, what: str) -> None:
-    if os.path.islink(path):
-        raise Refused("%s is a symlink: %s" % (what, path))
-
-
-def _hash_regular(path: str, rel: str) -> dict[str, Any]:
-    """Size and sha256 of one regular file, from the same open file (never follows a link)."""
-    # O_NONBLOCK: a FIFO must be refused, not wait forever for a writer (no effect on regular files)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        raise Refused("cannot read %s: %s" % (rel, e.strerror or e)) from e
-    h = hashlib.sha256()
-    size = 0
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refused("%s is not a regular file" % rel)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            for chunk in iter(lambda: f.read(CHUNK), b""):
-                h.update(chunk)
-                size += len(chunk)
-    finally:
-        os.close(fd)
-    return {"path": rel, "bytes": size, "sha256": h.hexdigest()}
-
-
-def _result_files(jdir: str) -> list[dict[str, Any]]:
-    rdir = os.path.join(jdir, P.RESULT_DIR)
-    _no_link(rdir, P.RESULT_DIR + "/")
-    if not os.path.isdir(rdir):
-        raise Refused("no %s/ directory: the job left no results" % P.RESULT_DIR)
-    found: list[dict[str, Any]] = []
-    for dirpath, dirnames, filenames in os.walk(rdir):
-        rel_dir = os.path.relpath(dirpath, jdir).replace(os.sep, "/")
-        for name in sorted(dirnames):
-            _safe(name, rel_dir + "/")
-            _no_link(os.path.join(dirpath, name), "%s/%s" % (rel_dir, name))
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            _no_link(full, "%s/%s" % (rel_dir, name))
-            if name.endswith(".tmp"):
-                continue  # an interrupted atomic write, never a result
-            _safe(name, rel_dir + "/")
-            found.append(_hash_regular(full, "%s/%s" % (rel_dir, name)))
-    return found
+from gpuq_outputs import CHUNK, Hasher, Refused, no_link
 
 
 def _attempt_number(lay: Layout, job_id: str) -> int:
@@ -124,14 +70,14 @@ def _attempt_number(lay: Layout, job_id: str) -> int:
 def build(lay: Layout, job_id: str) -> dict[str, Any]:
     """Hash the job's files and write its MANIFEST.json; returns the document (Refused on failure)."""
     jdir = lay.job(job_id)
-    _no_link(lay.p(P.JOBS_DIR), P.JOBS_DIR + "/")
-    _no_link(jdir, "the job directory")
+    no_link(lay.p(P.JOBS_DIR), P.JOBS_DIR + "/")
+    no_link(jdir, "the job directory")
     if not os.path.isdir(jdir):
         raise Refused("no job directory on this host")
     n = _attempt_number(lay, job_id)
     adir = lay.attempt(job_id, n)
     for path, what in ((lay.job(job_id, P.ATTEMPTS_DIR), P.ATTEMPTS_DIR + "/"), (adir, "attempt %d" % n)):
-        _no_link(path, what)
+        no_link(path, what)
     exit_doc = read_json(os.path.join(adir, P.EXIT_FILE))
     if not isinstance(exit_doc, dict):
         raise Refused("attempt %d has no exit record (still running, or lost)" % n)
@@ -139,17 +85,19 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
         raise Refused("attempt %d exited %r, not 0: its log and exit record are evidence, not results"
                       % (n, exit_doc.get("wrapper_code")))
     spec = job_spec(lay.root, job_id)
-    run = spec_run(spec)
-    if run is not None:
-        files = _run_files(lay, job_id, spec, run)
-    else:
-        files = _payload_files(lay, job_id, jdir, exit_doc)
+    ended = gpuq_outputs.check(lay, job_id, n)  # Refused when the attempt's end record says why not
+    hasher = Hasher()
+    files = gpuq_outputs.selection(lay, job_id, spec, hasher)
+    if spec_run(spec) is None:
+        _payload_checks(files, exit_doc)
     prefix = "%s/%d/" % (P.ATTEMPTS_DIR, n)
     log = os.path.join(adir, P.JOB_LOG)
-    _no_link(log, prefix + P.JOB_LOG)
+    no_link(log, prefix + P.JOB_LOG)
     if os.path.exists(log):
-        files.append(_hash_regular(log, prefix + P.JOB_LOG))
-    files.append(_hash_regular(os.path.join(adir, P.EXIT_FILE), prefix + P.EXIT_FILE))
+        files.append(hasher.entry(log, prefix + P.JOB_LOG))
+    files.append(hasher.entry(os.path.join(adir, P.EXIT_FILE), prefix + P.EXIT_FILE))
+    if ended is not None:  # the record itself: the controller holds its sha256 since the attempt ended
+        files.append(hasher.entry(os.path.join(adir, P.OUTPUTS_FILE), ended))
     files.sort(key=lambda f: f["path"])
     queue_id = spec.get("queue_id") if isinstance(spec, dict) else None
     return {"schema": P.MANIFEST_SCHEMA, "job_id": job_id, "queue_id": queue_id, "attempt": n,
@@ -157,66 +105,17 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
             "total_bytes": sum(f["bytes"] for f in files)}
 
 
-def _run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
-    """A project's own trainer (spec "run"): result/** when any (its summary, written now from its
-    metrics), everything of the job's own that an ``outputs`` or ``checkpoint`` glob matches under run/
-    (gpuq_own: real files, links to its own files as those files, every file of a matched directory),
-    the metrics file, and ckpt/best.pt only when present.  Links into the project are not the job's;
-    ``*.tmp`` files are interrupted writes.  Anything else the globs match that cannot travel (an unsafe
-    name, a link out of the run dir, a FIFO) refuses the whole manifest, naming it: a pull never leaves
-    a file behind in silence."""
-    jdir = lay.job(job_id)
-    project_summary(lay.root, job_id, spec, write=True)
-    files: list[dict[str, Any]] = []
-    if os.path.isdir(lay.job(job_id, P.RESULT_DIR)) or os.path.islink(lay.job(job_id, P.RESULT_DIR)):
-        files.extend(_result_files(jdir))
-    run_dir = lay.job(job_id, P.RUN_DIR)
-    _no_link(run_dir, P.RUN_DIR + "/")
-    globs = safe_globs(run.get("outputs")) + safe_globs(run.get("checkpoint"))
-    metrics = run.get("metrics")
-    if isinstance(metrics, str) and metrics not in ("", "log"):
-        globs += safe_globs([metrics])  # a path or a glob (lightning_logs/version_*/metrics.csv)
-    found, refused = gpuq_own.scan(run_dir, globs, bundles=lay.p(P.BUNDLES_DIR))
-    chosen: dict[str, str] = {}
-    for item in found:
-        inner = gpuq_own.dir_files(item.real) if item.kind == "dir" else [("", item.real)]
-        for sub, full in inner:
-            rel = item.rel + "/" + sub if sub else item.rel
-            why = gpuq_own.path_problem(rel)
-            if why is not None:
-                refused.append((rel, why))
-            elif not rel.endswith(".tmp"):  # an interrupted write, never a result
-                chosen[rel] = full
-    if refused:
-        listed = "; ".join("%r: %s" % (rel[:120], why) for rel, why in refused[:5])
-        raise Refused("%d path(s) that [run] outputs/checkpoint match cannot travel: %s%s (rename them, or "
-                      "narrow the globs)" % (len(refused), listed, " ..." if len(refused) > 5 else ""))
-    for rel in sorted(chosen):
-        files.append(_hash_regular(chosen[rel], P.RUN_DIR + "/" + rel))
-    best = lay.job(job_id, P.CKPT_DIR, P.BEST_CKPT)
-    if os.path.isfile(best) and not os.path.islink(best):
-        files.append(_hash_regular(best, "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT)))
-    return files  # the attempt's log and exit record join them: a pull always has evidence
-
-
-def _payload_files(lay: Layout, job_id: str, jdir: str, exit_doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """gpuq's own payload: result/** with result/metrics.jsonl, and the verified ckpt/best.pt."""
-    files = _result_files(jdir)
+def _payload_checks(files: list[dict[str, Any]], exit_doc: dict[str, Any]) -> None:
+    """gpuq's own payload: result/metrics.jsonl and the verified ckpt/best.pt must be among its files."""
     if not any(f["path"] == "%s/%s" % (P.RESULT_DIR, P.METRICS_FILE) for f in files):
         raise Refused("%s/%s is missing" % (P.RESULT_DIR, P.METRICS_FILE))
-    ckpt_dir = lay.job(job_id, P.CKPT_DIR)
-    best = os.path.join(ckpt_dir, P.BEST_CKPT)
-    _no_link(ckpt_dir, P.CKPT_DIR + "/")
-    _no_link(best, "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT))
-    if not os.path.exists(best):
+    best_entry = next((f for f in files if f["path"] == "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT)), None)
+    if best_entry is None:
         raise Refused("the best checkpoint %s/%s is missing" % (P.CKPT_DIR, P.BEST_CKPT))
-    best_entry = _hash_regular(best, "%s/%s" % (P.CKPT_DIR, P.BEST_CKPT))
     recorded = exit_doc.get("best_sha256")
     if recorded and recorded != best_entry["sha256"]:
         raise Refused("%s/%s changed after the wrapper verified it (sha256 %s, exit record says %s)"
                       % (P.CKPT_DIR, P.BEST_CKPT, best_entry["sha256"][:12], str(recorded)[:12]))
-    files.append(best_entry)
-    return files
 
 
 def cmd_manifest(root: str, job_ids: list[str]) -> int:

@@ -13,6 +13,7 @@ STATUS_SCHEMA = "gpuq.status/1"
 MANIFEST_SCHEMA = "gpuq.manifest/1"  # jobs/<job_id>/MANIFEST.json (agent verb `manifest`)
 HEALTH_SCHEMA = "gpuq.health/1"  # agent verb `health` (GPU preflight, docs/health.md)
 REAP_SCHEMA = "gpuq.reap/1"  # agent verb `reap` (VRAM zombies, docs/health.md)
+OUTPUTS_SCHEMA = "gpuq.outputs/1"  # attempts/<n>/outputs.json (the wrapper, as an attempt ends well)
 
 # --- layout (relative to GPUQ_ROOT) -------------------------------------------------
 AGENT_LOCK = "agent.lock"
@@ -52,6 +53,9 @@ EXIT_FILE = "exit.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"  # {"code", "rank", "message"}: first writer wins
 NEXT_FILE = "next.json"  # who starts attempt n+1: {"by": "host"|"controller", ...} (gpuq_retry.py)
 STACKS_FILE = "stacks.txt"  # where each process waited, saved before a stall kill (agent `stacks`)
+OUTPUTS_FILE = "outputs.json"  # the end record: path, bytes, sha256 of every result file (gpuq_outputs.py)
+OUTPUTS_MAX_FILES = 20_000  # files one end record lists (more: it records why not, and no file)
+OUTPUTS_MAX_PATH = 1024  # characters of one path it lists
 
 # checkpoint directory
 LATEST_POINTER = "LATEST"

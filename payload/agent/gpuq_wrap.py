@@ -5,8 +5,9 @@ that returns an exit code (the attempt ends) or None (the next phase runs): prep
 environment, run.env), setup check (bundle, entry, GPUs, the project's setup hook), gate (disk),
 meet (one node of a multi-node job over SSH hosts), train (starts the trainer, touches
 wrapper.alive, samples memory into mem.tsv, forwards signals, ends every leftover process of the
-attempt) and finalize (verifies the artifacts).  It always leaves exit.json, written last, with the
-forwarded secret values redacted (gpuq_secrets.py).
+attempt) and finalize (verifies the artifacts).  An attempt that ended well then gets its end record,
+outputs.json (gpuq_outputs.py: path, bytes and sha256 of every result file).  It always leaves
+exit.json, written last, with the forwarded secret values redacted (gpuq_secrets.py).
 
 stdlib only, Python >= 3.8.
 """
@@ -25,6 +26,7 @@ import time
 from typing import Any
 
 import gpuq_gang
+import gpuq_outputs
 import gpuq_protocol as P
 import gpuq_provenance
 import gpuq_secrets
@@ -134,7 +136,8 @@ class Wrapper:
     def finish(self, code: int, message: str, trainer_code: int | None = None,
                sig: int | None = None, extra: dict[str, Any] | None = None) -> int:
         hb = read_json(os.path.join(self.adir, P.HEARTBEAT_FILE))
-        best = sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
+        extra = dict(extra or {})
+        best = extra.pop("best_sha256", None) or sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
         rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
                           trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
         rec["wrapper_signal"] = self.got_signal  # a stop from outside, whatever the trainer's code
@@ -144,7 +147,7 @@ class Wrapper:
             if self.time_limit_near:
                 rec["slurm_time_limit"] = True
                 rec["message"] = "Slurm time limit near (SIGUSR1): checkpointed and stopped; " + rec["message"]
-        rec.update(extra or {})
+        rec.update(extra)
         rec = gpuq_secrets.redact_doc(rec, self._hidden())  # host text: the setup tail, the trainer's word
         atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
         self.done.set()
@@ -209,7 +212,9 @@ class Wrapper:
             code = phase()
             if code is not None:
                 return code
-        return self.finish(P.EXIT_OK, "trained, artifacts verified", trainer_code=0)
+        # the end record (gpuq_outputs.py): what the attempt's results are as it ends, before exit.json
+        ended = gpuq_outputs.record(self.lay, self.job_id, self.attempt, spec, self.adir)
+        return self.finish(P.EXIT_OK, "trained, artifacts verified", trainer_code=0, extra=ended)
 
     def _prepare(self) -> int | None:
         """Phase "setup", first half: the launch record as this node sees it, the bundle's paths, the

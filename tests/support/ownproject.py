@@ -140,3 +140,34 @@ def data_prep_project(dest: Path, queue: str = "name=a -- 1\nname=b -- 2\n") -> 
                                     'setup = "python prepare.py"\nmetrics = "metrics.csv"\nmetric = "rows"\n'
                                     'mode = "max"\n')
     return work / "queue.txt"
+
+
+LINKED_CHECKPOINTS = """import os, sys
+# a timm-like trainer: each epoch saves tmp.pth.tar, renames it to last.pth.tar and hard-links that
+# to checkpoint-<epoch>.pth.tar; the best is one more hard link of the newest
+epochs = int(sys.argv[1])
+os.makedirs("output", exist_ok=True)
+with open(os.path.join("output", "summary.csv"), "w") as log:
+    log.write("epoch,loss\\n")
+    for epoch in range(1, epochs + 1):
+        with open(os.path.join("output", "tmp.pth.tar"), "wb") as f:
+            f.write(os.urandom(256 * 1024) + b"epoch %d" % epoch)
+        os.replace(os.path.join("output", "tmp.pth.tar"), os.path.join("output", "last.pth.tar"))
+        os.link(os.path.join("output", "last.pth.tar"), os.path.join("output", "checkpoint-%d.pth.tar" % epoch))
+        log.write("%d,%f\\n" % (epoch, 1.0 / epoch))
+        print("epoch %d/%d loss %.3f" % (epoch, epochs, 1.0 / epoch), flush=True)
+os.link(os.path.join("output", "last.pth.tar"), os.path.join("output", "model_best.pth.tar"))
+"""
+
+
+def linked_checkpoints_project(dest: Path, queue: str = "name=a -- 3\nname=b -- 3\n") -> Path:
+    """A project whose own trainer writes several checkpoints and hard links between them, as timm's
+    CheckpointSaver does (checkpoint-N.pth.tar, last.pth.tar, model_best.pth.tar); returns its queue file."""
+    work = dest / "linked"
+    work.mkdir(parents=True)
+    (work / "train.py").write_text(LINKED_CHECKPOINTS)
+    (work / "queue.txt").write_text(queue)
+    (work / "gpuq.toml").write_text('[run]\ncommand = "train.py {args}"\nlauncher = "python"\n'
+                                    'checkpoint = "output/*.pth.tar"\noutputs = ["output/summary.csv"]\n'
+                                    'metrics = "output/summary.csv"\nmetric = "loss"\nmode = "min"\n')
+    return work / "queue.txt"
