@@ -63,7 +63,7 @@ def write_project(base: Path, hosts: list[str], rng: random.Random, max_job_s: f
 def one_round(base: Path, *, pods: int, interval: float, max_job_s: float, seed: int,
               down_when_done: bool) -> list[dict[str, float]]:
     from orchestrator import api
-    from orchestrator.core.states import JobState
+    from orchestrator.core.states import JobState, LeaseState
 
     os.environ["GPUQ_HOME"] = str(base / "home")
     ctx = api.open_context()
@@ -82,7 +82,7 @@ def one_round(base: Path, *, pods: int, interval: float, max_job_s: float, seed:
         for name in hosts:
             row = ctx.ledger.host(name)
             assert row is not None
-            if row.lease_state != "terminated" or row.lease_changed_at is None:
+            if row.lease is not LeaseState.TERMINATED or row.lease_changed_at is None:
                 raise RuntimeError(f"{name} was not terminated: {row.lease_state} {row.lease_reason}")
             jobs = [j for j in ctx.ledger.jobs(sweep_id=sweep) if j.host == name]
             ends = [a.ended_at for a in ctx.ledger.attempts_of(j.id for j in jobs) if a.ended_at is not None]

@@ -97,7 +97,7 @@ def build_sweep(home: Path, jobs: int, seeds: int, points: int, seed: int = 7) -
     for name, kind, price in (("gpu1", "gpu", 16.0), ("cpu1", "cpu", None)):
         db.execute("INSERT INTO host (name, kind, target, root, python, profile, agent_bundle, slots_kind, "
                    "slots_total, price_per_hour, created_at, port, user, key_path, host_key, train_device, "
-                   "min_free_gb, health, health_detail, hold_reason, probe_failures, kernel_cursor, provider, "
+                   "min_free_gb, health, health_detail, hold_detail, probe_failures, kernel_cursor, provider, "
                    "instance_id, spot, gpu_type, gpu_count, region, lease_state, lease_reason, replaces, slurm) "
                    "VALUES (?, 'ssh', '', '/r', '', '', '', ?, 8, ?, ?, 22, '', '', '', '', 0, '', '', '', 0, '', "
                    "'', '', 0, '', 0, '', '', '', '', '')", (name, kind, price, t0))

@@ -113,7 +113,7 @@ def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | Non
     jobs go elsewhere), a job pinned to another host, or a Slurm login node (no agent there)."""
     retries = job.retries if job.retries is not None else settings.retries
     left = retries - failed
-    if left < 1 or job.nodes > 1 or host is None or host.kind == "slurm" or host.hold_reason:
+    if left < 1 or job.nodes > 1 or host is None or host.kind == "slurm" or host.held:
         return None
     if (sweep is not None and sweep.budget_usd is not None) or (job.host_pin and job.host_pin != host.name):
         return None

@@ -10,7 +10,6 @@ that never answered (gpuq was killed): the instance is found by the name the row
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -19,16 +18,22 @@ from orchestrator.api.budgeting import resume_refusals
 from orchestrator.api.renting import up
 from orchestrator.context import Context, verified_ids
 from orchestrator.core.errors import GpuqError, HostError, ProviderError, UsageError
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import (
+    ANY_HOLD,
+    LEASE_DOWN,
+    LEASE_REVIVABLE,
+    AttemptState,
+    HoldChange,
+    HoldKind,
+    JobState,
+    LeaseState,
+)
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import Provider
 from orchestrator.tick import teardown
 from orchestrator.tick.leases import provider_for
 from orchestrator.tick.loop import run_tick
-
-LEASE_DOWN = ("preempted", "stopped", "failed", "terminated")
-
 
 # --- down --------------------------------------------------------------------------------------
 
@@ -135,6 +140,9 @@ class ResumeResult:
     refused: dict[str, str] = field(default_factory=dict)  # job -> why its sweep's budget keeps it (api/budgeting.py)
 
 
+_STAYS_DOWN = frozenset({HoldKind.TERMINATED, HoldKind.REPLACED})  # the user (or gpuq) ended it, or it was replaced
+
+
 def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, tick: bool = True) -> ResumeResult:
     """Continue every PREEMPTED or LOST job (and any job whose host is gone) from its newest verified
     checkpoint: re-bid the same spot pod when possible, else rent a replacement of the same shape
@@ -152,8 +160,7 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
     hosts_down = {j.host for j in stranded if j.host}
     for name in sorted(hosts_down):
         row = ctx.ledger.host(name)
-        if row is None or not row.provider or row.lease_state not in LEASE_DOWN or row.hold_reason.startswith(
-                ("terminated", "lease ")):
+        if row is None or not row.provider or row.lease not in LEASE_DOWN or row.hold in _STAYS_DOWN:
             continue  # a host the user terminated, or one already replaced, stays down
         how = _revive(ctx, row, provision)
         if how.startswith("failed"):
@@ -177,7 +184,7 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
 def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
     """Bring a rented host back: the same pod (re-bid or resume), else a replacement."""
     prov = provider_for(ctx, row.provider)
-    if prov.supports_stop and row.lease_state in ("preempted", "stopped"):
+    if prov.supports_stop and row.lease in LEASE_REVIVABLE:
         try:
             bid = Decimal(str(row.bid_per_gpu)) if row.spot and row.bid_per_gpu is not None else None
             if row.spot and bid is None:
@@ -190,9 +197,9 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
             user = row.target.split("@", 1)[0] if "@" in row.target else "root"
             ctx.fleet.drop(row.name)
             fleet.move_endpoint(ctx.ledger, ctx.settings, row.name, f"{user}@{inst.ssh_host}", inst.ssh_port)
-            ctx.ledger.update_host(row.name, lease_state="running", lease_reason="", lease_changed_at=time.time(),
-                                   unreachable_since=None, probe_failures=0, next_probe_at=None,
-                                   hold_reason="" if not row.hold_reason.startswith("unhealthy") else row.hold_reason)
+            ctx.ledger.lease_transition(row.name, LeaseState.RUNNING, "", unreachable_since=None, probe_failures=0,
+                                        next_probe_at=None, hold=HoldChange(HoldKind.NONE,
+                                                                            over=ANY_HOLD - {HoldKind.UNHEALTHY}))
             ctx.ledger.record_finding("host", row.name, severity="info", rule="spot_preemption",
                                       message=f"{row.instance_id} {'re-bid' if row.spot else 'resumed'}: back at "
                                               f"{inst.ssh_host}:{inst.ssh_port}")
@@ -206,9 +213,9 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
     # a replacement rented earlier: running (a resume killed before it said so), or provisioning with no
     # hold (a `gpuq up` for it under way, or killed); one gpuq gave up on carries a hold
     earlier = [r for r in ctx.ledger.hosts() if r.replaces == row.name and (
-        (r.lease_state == "running" and not r.hold_reason.startswith(("terminated", "lease ")))
-        or (r.lease_state == "provisioning" and not r.hold_reason))]
-    if earlier and earlier[0].lease_state == "provisioning":
+        (r.lease is LeaseState.RUNNING and r.hold not in _STAYS_DOWN)
+        or (r.lease is LeaseState.PROVISIONING and r.hold is HoldKind.NONE))]
+    if earlier and earlier[0].lease is LeaseState.PROVISIONING:
         return (f"failed: its replacement {earlier[0].name} is still provisioning; if no gpuq is renting it, "
                 f"`gpuq down {earlier[0].name}` and resume again")
     if earlier:  # rented by a resume killed before it said so: adopt it rather than rent a second one
@@ -228,7 +235,7 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
             return f"failed: the replacement never became usable: {'; '.join(made.problems())}"
         new = made.hosts[0]
     _allow_replacement(ctx, row.name, new.name)
-    ctx.ledger.update_host(row.name, hold_reason=f"lease {row.lease_state}: replaced")
+    ctx.ledger.change_hold(row.name, HoldChange(HoldKind.REPLACED, f"lease {row.lease.value}, by {new.name}"))
     return f"replaced by {new.name} ({new.instance_id})"
 
 

@@ -12,6 +12,7 @@ from orchestrator.agent.bundle import build_bundle
 from orchestrator.agent.launcher import agent_argv, ensure_bundle
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, HostError, UsageError
+from orchestrator.core.states import LEASE_UNPROBED
 from orchestrator.host_documents import ReapCandidate, ReapDocument
 from orchestrator.ledger import HostRow
 from orchestrator.tick.preflight import HealthVerdict, preflight_all
@@ -23,7 +24,7 @@ def _rows(ctx: Context, names: Sequence[str]) -> list[HostRow]:
         if not rows:
             raise UsageError("no host registered yet; `gpuq hosts add NAME user@address` or `gpuq submit` first")
         # a rented machine not up yet, or gone, has nothing to check (named, it is tried and says so)
-        return [r for r in rows if r.lease_state not in ("provisioning", "terminated")]
+        return [r for r in rows if r.lease not in LEASE_UNPROBED]
     known = {r.name: r for r in rows}
     missing = [n for n in names if n not in known]
     if missing:

@@ -17,7 +17,7 @@ from orchestrator.context import Context, verified_ids
 from orchestrator.core import protocol
 from orchestrator.core.config import LOCAL_HOST
 from orchestrator.core.errors import GpuqError, HostError, UsageError
-from orchestrator.core.states import JobState
+from orchestrator.core.states import JobState, LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.fleet import slurm as slurm_hosts
 from orchestrator.health import setup_holds
@@ -98,7 +98,7 @@ def hosts_rm(ctx: Context, name: str, *, force: bool = False) -> None:
         raise UsageError(f"host {name} has {len(detail.active)} unfinished jobs "
                          f"({', '.join(j.name for j in detail.active[:5])}); `gpuq cancel` them first")
     row = detail.row
-    if row.provider and row.lease_state != "terminated" and not force:
+    if row.provider and row.lease is not LeaseState.TERMINATED and not force:
         instance = row.instance_id or row.instance_name
         raise UsageError(f"host {name} is a {row.provider} machine gpuq rented ({instance}) "
                          f"and may still bill: `gpuq down {name}` ends it and keeps its record; --force forgets it "

@@ -10,12 +10,12 @@ holds is listed apart and never terminated here: no name says which ledger rente
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, ProviderAuthError
+from orchestrator.core.states import LeaseState
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Instance, ledger_of
@@ -69,7 +69,7 @@ def find_orphans(ctx: Context) -> OrphanScan:
             if owner is None:
                 continue  # not a name gpuq gives: never gpuq's to touch
             row = _holder(mine, inst)
-            if row is not None and row.lease_state != "terminated":
+            if row is not None and row.lease is not LeaseState.TERMINATED:
                 continue  # the ledger holds it live: `gpuq down HOST` is the way to end it
             if row is not None:
                 out.orphans.append(Orphan(provider, inst, f"its row {row.name} says terminated", row.name))
@@ -87,7 +87,7 @@ def _holder(rows: list[HostRow], inst: Instance) -> HostRow | None:
     a live row before a terminated one."""
     found = [r for r in rows if (r.instance_id and r.instance_id == inst.id)
              or (not r.instance_id and r.instance_name and r.instance_name == inst.name)]
-    found.sort(key=lambda r: r.lease_state == "terminated")
+    found.sort(key=lambda r: r.lease is LeaseState.TERMINATED)
     return found[0] if found else None
 
 
@@ -107,8 +107,8 @@ def end_orphans(ctx: Context, orphans: list[Orphan]) -> dict[str, str]:
                                                      f"failed: {exc}")
             continue
         if orphan.host:
-            ctx.ledger.update_host(orphan.host, lease_reason="its orphaned instance was terminated by "
-                                   "`gpuq down --orphans`", lease_changed_at=time.time())
+            ctx.ledger.lease_transition(orphan.host, LeaseState.TERMINATED, "its orphaned instance was terminated by "
+                                        "`gpuq down --orphans`")
         ctx.ledger.record_event("host", subject, f"orphan {orphan.provider} {inst.id} ({inst.name}) terminated by "
                                                  "`gpuq down --orphans` (gone)")
         out[inst.id] = "terminated"

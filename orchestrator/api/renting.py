@@ -25,8 +25,9 @@ from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_u
 from orchestrator.context import Context
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import ConfigError, GpuqError, NoCapacity, UsageError
+from orchestrator.core.states import HoldChange, HoldKind, LeaseState
 from orchestrator.fleet import registry as fleet
-from orchestrator.ledger import HostRow
+from orchestrator.ledger import HostFields, HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name
 from orchestrator.tick.leases import provider_for
@@ -159,7 +160,7 @@ class _Rental:
                 instance_name=iname, spot=request.spot, bid_per_gpu=float(bid) if bid is not None else None,
                 gpu_type=request.gpu_type, gpu_count=request.gpu_count, region=request.region or "",
                 price_per_hour=float(bid * request.gpu_count) if bid is not None else None,
-                lease_state="provisioning", lease_reason="recorded before its create call",
+                lease_state=LeaseState.PROVISIONING.value, lease_reason="recorded before its create call",
                 lease_changed_at=time.time(), replaces=replaces, down_when_done=down_when_done, created_at=0.0))
             self.ctx.ledger.record_event("host", host, f"renting {provider} {iname} ({request.gpu_count}x "
                                                        f"{request.gpu_type}{', spot' if request.spot else ''})")
@@ -170,8 +171,8 @@ class _Rental:
         """A create answered (or an instance of that name was adopted): its id goes into its row now."""
         host = self.hosts[iname]
         self.ids[host] = instance_id
-        self.ctx.ledger.update_host(host, instance_id=instance_id, lease_reason="created; not ready yet",
-                                    lease_changed_at=time.time())
+        self.ctx.ledger.lease_transition(host, LeaseState.PROVISIONING, "created; not ready yet",
+                                         instance_id=instance_id)
         self.ctx.ledger.record_event("host", host, f"{self.out.provider} {instance_id} created as {iname}")
         self.say(f"{host}: {self.out.provider} {instance_id} created; waiting until it is ready")
 
@@ -244,17 +245,17 @@ class _Rental:
         except GpuqError as exc:
             row = ledger.host(host)
             # a row without an address stays provisioning: never probed, never given work
-            state = "failed" if row is not None and row.target else "provisioning"
-            ledger.update_host(host, lease_state=state, lease_changed_at=time.time(), hold_reason=why,
-                               lease_reason=f"{why}; terminating it failed ({exc}): `gpuq down {host}` ends it")
+            state = LeaseState.FAILED if row is not None and row.target else LeaseState.PROVISIONING
+            ledger.lease_transition(host, state, f"{why}; terminating it failed ({exc}): `gpuq down {host}` ends it",
+                                    hold=HoldChange(HoldKind.UNUSABLE, why))
             ledger.record_event("host", host, f"{provider} {instance_id} {why}; terminate failed: {exc}")
             return Unusable(host, instance_id, why, ended=False, end_error=str(exc))
         row = ledger.host(host)
         if row is not None and row.target:  # it was registered: the provider may hand its IP:port to the next machine
             self.ctx.fleet.drop(host)
             fleet.forget_row_keys(self.ctx.settings, row)
-        ledger.update_host(host, lease_state="terminated", lease_reason=f"{why}; terminated by gpuq",
-                           lease_changed_at=time.time(), hold_reason="terminated")
+        ledger.lease_transition(host, LeaseState.TERMINATED, f"{why}; terminated by gpuq",
+                                hold=HoldChange(HoldKind.TERMINATED))
         ledger.record_event("host", host, f"{provider} {instance_id} {why}: terminated by gpuq (gone)")
         return Unusable(host, instance_id, why, ended=True)
 
@@ -301,8 +302,8 @@ class _Rental:
         self.out.not_created.append(host)
 
     def _unknown(self, host: str, why: str) -> None:
-        self.ctx.ledger.update_host(host, lease_reason=f"{why}; `gpuq down {host}` checks by its name and ends it",
-                                    lease_changed_at=time.time())
+        self.ctx.ledger.lease_transition(host, LeaseState.PROVISIONING,
+                                         f"{why}; `gpuq down {host}` checks by its name and ends it")
         self.done.add(host)
         self.out.unknown[host] = f"{why}; `gpuq down {host}` checks by its name and ends it"
 
@@ -314,12 +315,12 @@ def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, p
     price = inst.price_per_hour
     if price is None and bid is not None:
         price = Decimal(str(bid)) * gpus
-    lease = {"provider": provider, "instance_id": inst.id, "spot": spot, "bid_per_gpu": bid,
-             # the id gpuq rented it by (a replacement is rented by it), not the provider's display name
-             # for it (RunPod: "RTX A6000" for the id "NVIDIA RTX A6000")
-             "gpu_type": gpu_type or inst.gpu_type or "", "gpu_count": inst.gpu_count or gpus,
-             "region": inst.region or region or "", "price_per_hour": float(price) if price is not None else None,
-             "lease_state": "running", "lease_reason": "", "lease_changed_at": time.time()}
+    lease: HostFields = {
+        "provider": provider, "instance_id": inst.id, "spot": spot, "bid_per_gpu": bid,
+        # the id gpuq rented it by (a replacement is rented by it), not the provider's display name
+        # for it (RunPod: "RTX A6000" for the id "NVIDIA RTX A6000")
+        "gpu_type": gpu_type or inst.gpu_type or "", "gpu_count": inst.gpu_count or gpus,
+        "region": inst.region or region or "", "price_per_hour": float(price) if price is not None else None}
     # a machine gpuq rented itself has no out-of-band host key: its first key is trusted and pinned
     # (a later change is refused like on any host); the audit and the lease fill in the row written
     # before the create call, in one transaction

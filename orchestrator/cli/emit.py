@@ -108,7 +108,7 @@ def _result_jobs(rows: list[ResultRow]) -> list[dict[str, Any]]:
 def host_entry(row: HostRow) -> d.HostEntry:
     return d.HostEntry(name=row.name, kind=row.kind, target=row.target, profile=row.profile, root=row.root,
                        slots_total=row.slots_total, slots_kind=row.slots_kind, last_probe_at=row.last_probe_at,
-                       unreachable_since=row.unreachable_since, health=row.health, hold_reason=row.hold_reason,
+                       unreachable_since=row.unreachable_since, health=row.health, hold_reason=row.hold_text,
                        price_per_hour=row.price_per_hour, provider=row.provider)
 
 

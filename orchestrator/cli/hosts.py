@@ -214,13 +214,14 @@ def _ago(ts: float | None, now: float) -> str:
 
 
 def _state(row: HostRow, now: float) -> str:
+    from orchestrator.core.states import LEASE_REVIVABLE, LeaseState
     from orchestrator.views import lease_text
     from orchestrator.views.hosts import disk_bills
 
-    if row.provider and row.lease_state == "provisioning":  # rented, not up yet: never probed, and it may bill
+    if row.provider and row.lease is LeaseState.PROVISIONING:  # rented, not up yet: never probed, and it may bill
         return "PROVISIONING" + lease_text(row, now).removeprefix("provisioning")
-    if row.provider and row.lease_state in ("stopped", "preempted"):  # gone from the jobs' view, maybe not the bill's
-        return lease_text(row, now).upper().split(":", 1)[0] + disk_bills(row)
+    if row.provider and row.lease in LEASE_REVIVABLE:  # gone from the jobs' view, maybe not the bill's
+        return row.lease.value.upper() + disk_bills(row)
     if row.unreachable_since is not None:
         return f"unreachable since {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(row.unreachable_since))}"
     return "ok" if row.last_probe_at else "not probed yet"

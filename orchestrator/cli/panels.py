@@ -168,7 +168,7 @@ def _host_cells(host: HostView, now: float, stale_after_s: float | None) -> list
         state = Text("unreachable", style="bold red")
     if row.health in ("fail", "warn"):
         state.append(" UNHEALTHY" if row.health == "fail" else " health warn", style=HEALTH_STYLE[row.health])
-    if row.hold_reason:
+    if row.held:
         state.append(" HELD", style="bold yellow")
     age = None if row.last_probe_at is None else now - row.last_probe_at
     probed = Text(duration(age), style="dim" if age is None else "")

@@ -39,7 +39,7 @@ def status_model(snap: Snapshot) -> documents.StatusDocument:
             unreachable_since=row.unreachable_since, last_probe_at=row.last_probe_at,
             probe_s=probe.duration_s if probe else None,
             agent_alive=doc.agent.alive if doc is not None else None,
-            health=row.health, health_detail=row.health_detail, hold_reason=row.hold_reason,
+            health=row.health, health_detail=row.health_detail, hold_reason=row.hold_text,
             price_per_hour=row.price_per_hour, provider=row.provider, instance_id=row.instance_id, spot=row.spot,
             lease_state=row.lease_state, lease_reason=row.lease_reason,
             slots=_shown(doc.slots if doc else None), gpus=[_shown(g) for g in (doc.gpus if doc else [])],

@@ -17,7 +17,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,9 +26,10 @@ from orchestrator.core import protocol
 from orchestrator.core.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.core.errors import HostError, HostKeyError, HostUnreachable, UsageError
 from orchestrator.core.specs import clamp_slots
+from orchestrator.core.states import LeaseState
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
-from orchestrator.ledger import HostRow, Ledger
+from orchestrator.ledger import HostFields, HostRow, Ledger
 from orchestrator.scheduling.gpumatch import facts_json
 
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`), the host
@@ -192,22 +193,22 @@ def register(
     python: str = "",
     trust_new_host_key: bool = False,
     then: Callable[[Host, Registered], None] | None = None,
-    rented: Mapping[str, Any] | None = None,
+    rented: HostFields | None = None,
 ) -> Registered:
     """Audit the host over a verified connection, then record it.  All or nothing.
 
     ``then``: more checks on the same connection before anything is recorded (a Slurm login
     node's, orchestrator/fleet/slurm.py); it may change the row and add warnings, and raises to refuse.
     ``rented``: the name is held by the row `gpuq up` wrote before it rented the machine (lease state
-    ``provisioning``, no address yet): the audit's facts and these fields (its lease) fill that row in,
-    in one transaction, so no row is ever half a host."""
+    ``provisioning``, no address yet): the audit's facts and these fields (its instance and price) fill
+    that row in and its lease goes RUNNING, in one transaction, so no row is ever half a host."""
     from orchestrator.hosts.ssh import SSHHost, resolve
 
     if not HOST_NAME.match(name) or name == LOCAL_HOST:
         raise UsageError(f'host name "{name}": use 1-32 of a-z 0-9 _ - (starting with a letter or digit), '
                          f'not "{LOCAL_HOST}"')
     held = ledger.host(name)
-    if held is not None and not (rented is not None and held.lease_state == "provisioning"):
+    if held is not None and not (rented is not None and held.lease is LeaseState.PROVISIONING):
         raise UsageError(f'host "{name}" is already registered; `gpuq hosts show {name}`, or '
                          f'`gpuq hosts rm {name}` first to register it again')
     if key and not Path(key).expanduser().is_file():
@@ -234,7 +235,8 @@ def register(
         if then is not None:
             then(host, out)
         if held is not None:
-            ledger.update_host(name, **{f: getattr(out.row, f) for f in AUDITED}, **(rented or {}))
+            fields: HostFields = {**audited(out.row), **(rented or {})}
+            ledger.lease_transition(name, LeaseState.RUNNING, "", **fields)
             ledger.record_event("host", name, f"registered: {out.row.kind} {target} root={out.row.root} "
                                               f"profile={out.row.profile}")
         else:
@@ -277,9 +279,12 @@ def audit(host: Host, interpreter: str, root: str) -> HostFacts:
     return facts
 
 
-# What registering learns about a host (the fields ``_row_for`` and the audit fill in).
-AUDITED = ("kind", "target", "root", "python", "profile", "slots_kind", "slots_total", "port", "user", "key_path",
-           "host_key", "train_device", "disk_free_bytes", "min_free_gb", "gpu_facts")
+def audited(row: HostRow) -> HostFields:
+    """What registering learns about a host (the fields ``_row_for`` and the audit fill in)."""
+    return {"kind": row.kind, "target": row.target, "root": row.root, "python": row.python, "profile": row.profile,
+            "slots_kind": row.slots_kind, "slots_total": row.slots_total, "port": row.port, "user": row.user,
+            "key_path": row.key_path, "host_key": row.host_key, "train_device": row.train_device,
+            "disk_free_bytes": row.disk_free_bytes, "min_free_gb": row.min_free_gb, "gpu_facts": row.gpu_facts}
 
 
 def _row_for(name: str, target: str, endpoint: Endpoint, port: int | None, key: str, profile: str,

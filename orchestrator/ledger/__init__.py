@@ -14,13 +14,25 @@ if TYPE_CHECKING:
     from orchestrator.ledger.pricing import PricedAttempt, attempt_price
     from orchestrator.ledger.refs import JobRef
     from orchestrator.ledger.store import Ledger
-    from orchestrator.ledger.tables import Artifact, Attempt, Checkpoint, Event, HostRow, Job, Metric, Pull, Sweep
+    from orchestrator.ledger.tables import (
+        Artifact,
+        Attempt,
+        Checkpoint,
+        Event,
+        HostFields,
+        HostRow,
+        Job,
+        Metric,
+        Pull,
+        Sweep,
+    )
 
 _HOME = {
     "Artifact": "orchestrator.ledger.tables",
     "Attempt": "orchestrator.ledger.tables",
     "Checkpoint": "orchestrator.ledger.tables",
     "Event": "orchestrator.ledger.tables",
+    "HostFields": "orchestrator.ledger.tables",
     "HostRow": "orchestrator.ledger.tables",
     "Job": "orchestrator.ledger.tables",
     "JobRef": "orchestrator.ledger.refs",
@@ -37,6 +49,7 @@ __all__ = [
     "Attempt",
     "Checkpoint",
     "Event",
+    "HostFields",
     "HostRow",
     "Job",
     "JobRef",

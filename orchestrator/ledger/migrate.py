@@ -349,11 +349,39 @@ def _v15_event_fields(conn: sqlite3.Connection) -> None:
     conn.executemany("UPDATE event SET failure_class = ?, reason = ?, attempt = ? WHERE id = ?", updates)
 
 
+# v16: the holds gpuq wrote as "prefix: detail" text (v4-v15), as (kind, what the detail keeps); any
+# other text is kept whole as the detail of an "other" hold
+_V15_PREFIXES = (("unhealthy: ", "unhealthy"), ("disk: ", "disk"), ("not usable", "unusable"),
+                 ("not registered when", "unusable"))
+
+
+def _v16_hold_of(text: str) -> tuple[str, str]:
+    if text == "terminated":
+        return "terminated", ""
+    if text.startswith("lease ") and text.endswith(": replaced"):
+        return "replaced", text[:-len(": replaced")]
+    for prefix, kind in _V15_PREFIXES:
+        if text.startswith(prefix):
+            return kind, text[len(prefix):] if prefix.endswith(": ") else text
+    return "other", text
+
+
+def _v16_holds(conn: sqlite3.Connection) -> None:
+    """v16: a host's hold is a kind (``hold_kind``, states.HoldKind) and free detail text (``hold_detail``,
+    the column that held the whole "prefix: detail" text as ``hold_reason``)."""
+    conn.execute("ALTER TABLE host RENAME COLUMN hold_reason TO hold_detail")
+    conn.execute("ALTER TABLE host ADD COLUMN hold_kind VARCHAR NOT NULL DEFAULT ''")
+    held = conn.execute("SELECT name, hold_detail FROM host WHERE hold_detail != ''").fetchall()
+    for name, text in held:
+        kind, detail = _v16_hold_of(str(text))
+        conn.execute("UPDATE host SET hold_kind = ?, hold_detail = ? WHERE name = ?", (kind, detail, name))
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
-                                                          _v15_event_fields]
+                                                          _v15_event_fields, _v16_holds]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

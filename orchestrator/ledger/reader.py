@@ -24,7 +24,7 @@ from orchestrator.core.errors import JobNotFound
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.pricing import PricedAttempt
-from orchestrator.ledger.rowmethods import AttemptMethods, JobMethods, SweepMethods
+from orchestrator.ledger.rowmethods import AttemptMethods, HostMethods, JobMethods, SweepMethods
 
 if TYPE_CHECKING:
     from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
@@ -62,7 +62,7 @@ class Record:
         return f"{type(self).__name__}({cols})"
 
 
-class HostRecord(Record):
+class HostRecord(Record, HostMethods):
     __table__ = "host"
 
 

@@ -22,7 +22,7 @@ from orchestrator.ledger.tables import Attempt, Event, HostRow
 FIELDS: dict[type, tuple[str, ...]] = {
     Event: ("message", "action"),
     Attempt: ("message",),
-    HostRow: ("health_detail", "hold_reason", "lease_reason"),
+    HostRow: ("health_detail", "hold_detail", "lease_reason"),
 }
 
 

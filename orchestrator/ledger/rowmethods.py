@@ -6,7 +6,36 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from orchestrator.core.states import HoldKind, LeaseState, hold_text
 from orchestrator.ledger.sweeprun import SweepRun, parse_run
+
+
+class HostMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        lease_state: str
+        hold_kind: str
+        hold_detail: str
+
+    @property
+    def lease(self) -> LeaseState:
+        """Where its lease stands (NONE: not rented)."""
+        return LeaseState(self.lease_state)
+
+    @property
+    def hold(self) -> HoldKind:
+        """Why it gets no new job (NONE: it is not held)."""
+        return HoldKind(self.hold_kind)
+
+    @property
+    def held(self) -> bool:
+        """Whether it is held: no new job goes there."""
+        return self.hold is not HoldKind.NONE
+
+    @property
+    def hold_text(self) -> str:
+        """Its hold as one line for people ("" when not held)."""
+        return hold_text(self.hold, self.hold_detail)
 
 
 class SweepMethods:

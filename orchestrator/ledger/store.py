@@ -6,7 +6,8 @@ Rules this class enforces:
 
 * Only :meth:`Ledger.transition` changes a job's or an attempt's state; it
   refuses changes not in ``states.JOB_ALLOWED``/``ATTEMPT_ALLOWED`` and
-  appends an Event for each change, in the same transaction.
+  appends an Event for each change, in the same transaction.  A rented host's
+  lease changes only through ``lease_transition`` (``leases.py``), the same way.
 * :meth:`Ledger.add_sweep` inserts a sweep and all its jobs in one SQLite
   transaction: killing gpuq at any moment leaves all of it or none of it.
 * The ledger file is created with mode 0600; it runs in WAL mode with a busy
@@ -25,7 +26,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
 from sqlalchemy import select as columns  # more columns than sqlmodel's select types
@@ -34,18 +35,22 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
-from orchestrator.core.specs import JobSpec, clamp_slots, job_id_for, spec_hash_for
+from orchestrator.core.specs import JobSpec, job_id_for, spec_hash_for
 from orchestrator.core.states import AttemptState, JobState, attempt_may, job_may
 from orchestrator.ledger import refs
 from orchestrator.ledger.events import EventRecords, add_event
+from orchestrator.ledger.leases import LeaseRecords, check_new_lease, write_fields
 from orchestrator.ledger.migrate import migrate
 from orchestrator.ledger.pricing import PricedAttempt, attempt_price
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.refs import JobRef
 from orchestrator.ledger.results import ResultRecords
-from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
+from orchestrator.ledger.tables import Attempt, Event, HostFields, HostRow, Job, Sweep
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, IN_CHUNK, ledger_engine, transaction
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def _create_private(path: Path) -> None:
@@ -58,7 +63,7 @@ def _create_private(path: Path) -> None:
 SETUP_PHASE = "project_setup"  # orchestrator/health/setup_holds.py: never counts against retries=
 
 
-class Ledger(EventRecords, ResultRecords, PullRecords):
+class Ledger(EventRecords, ResultRecords, PullRecords, LeaseRecords):
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
 
     def __init__(self, path: Path) -> None:
@@ -126,6 +131,7 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
         with self.session() as s:
             if s.get(HostRow, row.name) is not None:
                 raise LedgerError(f'host "{row.name}" is already registered')
+            check_new_lease(row)
             row.created_at = time.time()
             s.add(row)
             add_event(s, "host", row.name, "", "added",
@@ -147,13 +153,13 @@ class Ledger(EventRecords, ResultRecords, PullRecords):
         with self.reading() as s:
             return list(s.exec(select(HostRow).order_by(HostRow.name)))
 
-    def update_host(self, name: str, **fields: Any) -> None:
+    def update_host(self, name: str, **fields: Unpack[HostFields]) -> None:
+        """Write ``fields`` (never the lease, nor the hold: ``leases.py``)."""
         with self.session() as s:
             host = s.get(HostRow, name)
             if host is None:
                 raise LedgerError(f"unknown host {name!r}")
-            for key, value in fields.items():
-                setattr(host, key, clamp_slots(value) if key == "slots_total" else value)
+            write_fields(host, fields)
 
     # --- sweeps and jobs -----------------------------------------------------------
 

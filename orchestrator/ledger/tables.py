@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from sqlalchemy import Index
 from sqlmodel import Field, SQLModel
 
-from orchestrator.ledger.rowmethods import AttemptMethods, JobMethods, SweepMethods
+from orchestrator.ledger.rowmethods import AttemptMethods, HostMethods, JobMethods, SweepMethods
 
 
-class HostRow(SQLModel, table=True):
+class HostRow(SQLModel, HostMethods, table=True):
     """One registered host (the ledger's row; the host seam's object is ``hosts.base.Host``)."""
 
     __tablename__ = "host"
@@ -38,7 +40,7 @@ class HostRow(SQLModel, table=True):
     health: str = ""  # "" = never checked | "pass" | "warn" | "fail" (the last GPU preflight's verdict)
     health_at: float | None = None
     health_detail: str = ""  # the failing/warning checks of that preflight, one line
-    hold_reason: str = ""  # non-empty: the host gets no new jobs (disk full, unhealthy, ...) until cleared
+    hold_detail: str = ""  # v15 (was hold_reason): what the hold's kind (``hold_kind``) leaves to say
     probe_failures: int = 0  # consecutive failed probes (backoff, docs/health.md)
     next_probe_at: float | None = None  # backoff: not probed before this time
     kernel_cursor: str = ""  # monotonic timestamp of the last kernel-log line seen ("boot_id:ts")
@@ -51,7 +53,7 @@ class HostRow(SQLModel, table=True):
     gpu_type: str = ""  # the provider's GPU type id / instance type
     gpu_count: int = 0
     region: str = ""
-    lease_state: str = ""  # "" | "provisioning" | "running" | "preempted" | "stopped" | "failed" | "terminated"
+    lease_state: str = ""  # states.LeaseState; only Ledger.lease_transition changes it, with lease_reason
     lease_reason: str = ""  # the provider's words (RunPod lastStatusChange, Lambda status)
     lease_changed_at: float | None = None
     # v7: the rented host this one replaced (`gpuq resume`), so `gpuq down --sweep` finds it unused too
@@ -66,6 +68,52 @@ class HostRow(SQLModel, table=True):
     # v14: its GPUs as the audit or the last probe listed them, for jobs with `gpu=` / `gpu_mem=`
     # (orchestrator/scheduling/gpumatch.py): JSON, one [model, memory.total MiB] per GPU; "" = not known yet
     gpu_facts: str = ""
+    # v16: a hold is a kind (states.HoldKind; "" = not held: the host gets new jobs) and free detail text
+    hold_kind: str = ""
+
+
+class HostFields(TypedDict, total=False):
+    """What ``Ledger.update_host`` may write: every HostRow column but its name, its lease
+    (``Ledger.lease_transition``) and its hold (``Ledger.change_hold``)."""
+
+    kind: str
+    target: str
+    root: str
+    python: str
+    profile: str
+    agent_bundle: str
+    slots_kind: str
+    slots_total: int
+    price_per_hour: float | None
+    unreachable_since: float | None
+    last_probe_at: float | None
+    created_at: float
+    port: int
+    user: str
+    key_path: str
+    host_key: str
+    train_device: str
+    disk_free_bytes: int | None
+    min_free_gb: float
+    health: str
+    health_at: float | None
+    health_detail: str
+    probe_failures: int
+    next_probe_at: float | None
+    kernel_cursor: str
+    oom_kill: int | None
+    provider: str
+    instance_id: str
+    spot: bool
+    bid_per_gpu: float | None
+    gpu_type: str
+    gpu_count: int
+    region: str
+    replaces: str
+    slurm: str
+    instance_name: str
+    down_when_done: bool
+    gpu_facts: str
 
 
 class Sweep(SQLModel, SweepMethods, table=True):

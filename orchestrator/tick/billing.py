@@ -36,7 +36,7 @@ from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError
-from orchestrator.core.states import JobState
+from orchestrator.core.states import HoldKind, JobState, LeaseState
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
 from orchestrator.money import cost
 from orchestrator.tick import ACTIVE, budget, notify, teardown
@@ -71,8 +71,8 @@ class Work:
 
 def rented(row: HostRow) -> bool:
     """A machine gpuq rented that bills now."""
-    return bool(row.provider and row.instance_id) and row.lease_state == "running" and not \
-        row.hold_reason.startswith(("lease ", "terminated"))
+    return bool(row.provider and row.instance_id) and row.lease is LeaseState.RUNNING and \
+        row.hold not in (HoldKind.REPLACED, HoldKind.TERMINATED)
 
 
 def work_of(row: HostRow, jobs: Mapping[str, Job], queued: Sequence[Job], sweep_hosts: Mapping[str, set[str]],

@@ -48,8 +48,8 @@ def host_capacity(row: HostRow, active: Sequence[Job], attempts: dict[str, Attem
         for index in range(need):
             free_at[index] = begin + remaining
     reason = ""
-    if row.hold_reason:  # disk full, failed preflight, Xid: no new work until cleared
-        reason = f"held: {row.hold_reason}"
+    if row.held:  # disk full, failed preflight, Xid: no new work until cleared
+        reason = f"held: {row.hold_text}"
     elif row.unreachable_since is not None:
         reason = f"unreachable since {datetime.fromtimestamp(row.unreachable_since, timezone.utc):%Y-%m-%d %H:%M:%SZ}"
     # a Slurm host's GPUs are its compute nodes', which gpuq does not know: it matches no `gpu=` / `gpu_mem=`

@@ -65,7 +65,7 @@ def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
         rows = target_rows(ctx, sorted(sweep.host_set()), {j.host_pin for j in jobs.values() if j.host_pin})
         holds = held_bundles(ctx.ledger, [r.name for r in rows])
         rows = [r for r in rows if not is_held(holds, r.name, sweep.bundle_sha)]  # its setup failed there
-        usable = {r.name for r in rows if not r.hold_reason and r.unreachable_since is None}
+        usable = {r.name for r in rows if not r.held and r.unreachable_since is None}
         plan_jobs = []
         for j in jobs.values():
             # a requeued job resumes from the checkpoint on its last host: stay there while it is usable

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState
 from orchestrator.health.patrol import (
     Finding,
     JobView,
@@ -90,16 +90,14 @@ def holds(ctx: Context, row: HostRow, findings: Sequence[Finding]) -> None:
     """A full data mount or a fatal Xid holds the host: no new job goes there until it clears."""
     fatal = [f for f in findings if f.rule == "xid" and f.severity == Severity.ESCALATE]
     full = [f for f in findings if f.rule in ("disk", "inodes") and f.severity == Severity.ESCALATE]
-    fields: dict[str, object] = {}
     if fatal:
-        fields.update(health="fail", health_at=time.time(), health_detail=fatal[0].message,
-                      hold_reason=f"unhealthy: {fatal[0].message}")
-    elif full and not row.hold_reason.startswith("unhealthy"):
-        fields["hold_reason"] = f"disk: {full[0].message}"
-    elif row.hold_reason.startswith("disk:") and not full:
-        fields["hold_reason"] = ""
-    if fields:
-        ctx.ledger.update_host(row.name, **fields)
+        ctx.ledger.change_hold(row.name, HoldChange(HoldKind.UNHEALTHY, fatal[0].message), health="fail",
+                               health_at=time.time(), health_detail=fatal[0].message)
+    elif full:  # a host held for another reason (unhealthy, unusable, replaced) keeps that hold
+        ctx.ledger.change_hold(row.name, HoldChange(HoldKind.DISK, full[0].message,
+                                                    over=frozenset({HoldKind.NONE, HoldKind.DISK})))
+    elif row.hold is HoldKind.DISK and not full:
+        ctx.ledger.change_hold(row.name, HoldChange.lift(HoldKind.DISK))
 
 
 def early_finishes(ctx: Context, host: str, job_ids: Sequence[str], report: TickReport) -> None:

@@ -13,7 +13,7 @@ import time
 from orchestrator.context import Context
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import ProviderError
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, JobState, LeaseState
 from orchestrator.health import stops
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
@@ -39,7 +39,8 @@ def provider_for(ctx: Context, name: str) -> Provider:
 
 # --- preemption --------------------------------------------------------------------------------
 
-LEASE_FOR = {"spot_preemption": "preempted", "manual_stop": "stopped", "host_failure": "failed", "unknown": "failed"}
+LEASE_FOR = {"spot_preemption": LeaseState.PREEMPTED, "manual_stop": LeaseState.STOPPED,
+             "host_failure": LeaseState.FAILED, "unknown": LeaseState.FAILED}
 
 
 def check_lease(ctx: Context, row: HostRow) -> str | None:
@@ -54,19 +55,19 @@ def check_lease(ctx: Context, row: HostRow) -> str | None:
     verdict = classify(inst)
     if verdict in ("running", "pending"):
         return None
-    state = LEASE_FOR.get(verdict, "failed")
+    state = LEASE_FOR.get(verdict, LeaseState.FAILED)
     if inst is None or inst.state in ("terminating", "terminated"):
-        state = "terminated"  # gone for good: its jobs resume elsewhere (a replacement, or any host)
+        state = LeaseState.TERMINATED  # gone for good: its jobs resume elsewhere (a replacement, or any host)
     reason = (inst.reason or inst.raw_status) if inst is not None else "the provider no longer knows this instance"
     if inst is not None and inst.gpu_count == 0 and inst.state == "running":
         reason = "came back with zero GPUs"
-    changed = row.lease_state != state or row.lease_reason != reason
+    changed = row.lease is not state or row.lease_reason != reason
     label = {"spot_preemption": "spot preemption", "manual_stop": "stopped by the user",
              "host_failure": "host failure"}.get(verdict, verdict)
     message, action = (f"{label}: {row.provider} {row.instance_id} is {reason}",
                        "`gpuq resume` continues its jobs from their last checkpoints")
     if changed:
-        ctx.ledger.update_host(row.name, lease_state=state, lease_reason=reason, lease_changed_at=time.time())
+        ctx.ledger.lease_transition(row.name, state, reason)
         ctx.ledger.record_finding("host", row.name, severity="escalate", rule=verdict, message=message, action=action)
     stopped = settle_host_jobs(ctx, row.name, verdict, reason)
     if changed:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from orchestrator.context import Context, host_for
-from orchestrator.core.states import JobState
+from orchestrator.core.states import LEASE_UNPROBED, HoldKind, JobState
 from orchestrator.health.patrol import (
     host_line,
 )
@@ -80,7 +80,7 @@ def _requests(ctx: Context, rows: Sequence[HostRow], by_host: dict[str, list[Job
     requests: list[ProbeRequest] = []
     waiting: list[HostRow] = []
     for row in rows:
-        if row.lease_state in ("terminated", "provisioning") or row.hold_reason.startswith("lease "):
+        if row.lease in LEASE_UNPROBED or row.hold is HoldKind.REPLACED:
             continue  # a rented machine that is gone (terminated, or replaced) or not up yet: nothing to probe
         if honour_backoff and row.next_probe_at is not None and row.next_probe_at > now:
             waiting.append(row)

@@ -6,16 +6,16 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator import host_documents
 from orchestrator.agent.launcher import agent_argv
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError
+from orchestrator.core.states import HoldChange, HoldKind
 from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import HealthDocument
 from orchestrator.hosts.base import Host
-from orchestrator.ledger import HostRow, Ledger
+from orchestrator.ledger import HostFields, HostRow, Ledger
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, facts_json
 
 
@@ -68,12 +68,10 @@ def record_health(ledger: Ledger, verdict: HealthVerdict) -> None:
     row = ledger.host(verdict.host)
     if row is None:
         return
-    fields: dict[str, Any] = {"health": verdict.verdict, "health_at": time.time(), "health_detail": verdict.detail}
-    if verdict.verdict == "fail":
-        fields["hold_reason"] = f"unhealthy: {verdict.detail}"
-    elif row.hold_reason.startswith("unhealthy"):
-        fields["hold_reason"] = ""
-    ledger.update_host(verdict.host, **fields)
+    fields: HostFields = {"health": verdict.verdict, "health_at": time.time(), "health_detail": verdict.detail}
+    hold = HoldChange(HoldKind.UNHEALTHY, verdict.detail) if verdict.verdict == "fail" else \
+        HoldChange.lift(HoldKind.UNHEALTHY)
+    ledger.change_hold(verdict.host, hold, **fields)
     severity = {"pass": "info", "warn": "warn", "fail": "escalate"}[verdict.verdict]
     action = {"pass": "", "warn": "jobs may run; look at the warnings",
               "fail": "no jobs go to this host until `gpuq doctor` passes; gpuq places work elsewhere"}

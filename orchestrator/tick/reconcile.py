@@ -20,7 +20,7 @@ from orchestrator.health.patrol import Decision, signatures_of
 from orchestrator.health.setup_holds import is_setup_failure, settle_setup_failure
 from orchestrator.host_documents import JobEntry, RetryDecision, Scan, ScanHit
 from orchestrator.hosts.base import Host
-from orchestrator.ledger import Job, Ledger
+from orchestrator.ledger import HostFields, Job, Ledger
 from orchestrator.scheduling.gpumatch import facts_json
 from orchestrator.tick import ACTIVE, gangs, host_retries
 from orchestrator.tick.attempts import apply, exit_message
@@ -111,20 +111,19 @@ def _record_probe(ledger: Ledger, name: str, report: Probe) -> bool:
     oom_rose = bool(row is not None and row.oom_kill is not None and kills is not None and kills > row.oom_kill)
     oom_rose = oom_rose or stops.kernel_oom_kills(doc)  # or the kernel log's OOM killer, since the cursor
     # its GPUs for `gpu=` / `gpu_mem=`; a GPU host whose nvidia-smi listed none this time keeps what was known
-    gpus = {"gpu_facts": facts_json((g.name, g.mem_total_mib) for g in doc.gpus)} \
-        if doc.gpus or doc.slots.kind != "gpu" else {}
-    ledger.update_host(
-        name,
-        last_probe_at=now,
-        unreachable_since=None,
-        probe_failures=0,
-        next_probe_at=None,
-        slots_kind=doc.slots.kind,
-        slots_total=clamp_slots(doc.slots.total),
-        disk_free_bytes=doc.disk.free_bytes,
-        oom_kill=kills,
-        **gpus,
-    )
+    fields: HostFields = {
+        "last_probe_at": now,
+        "unreachable_since": None,
+        "probe_failures": 0,
+        "next_probe_at": None,
+        "slots_kind": doc.slots.kind,
+        "slots_total": clamp_slots(doc.slots.total),
+        "disk_free_bytes": doc.disk.free_bytes,
+        "oom_kill": kills,
+    }
+    if doc.gpus or doc.slots.kind != "gpu":
+        fields["gpu_facts"] = facts_json((g.name, g.mem_total_mib) for g in doc.gpus)
+    ledger.update_host(name, **fields)
     return oom_rose
 
 

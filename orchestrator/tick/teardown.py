@@ -13,12 +13,10 @@ from collections.abc import Collection, Sequence
 
 from orchestrator.context import Context
 from orchestrator.core.errors import ProviderError
-from orchestrator.core.states import JobState
+from orchestrator.core.states import HoldChange, HoldKind, JobState, LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow, Job
 from orchestrator.tick.leases import provider_for
-
-LEASE_GONE = ("terminated",)
 
 
 def refusal(row: HostRow, jobs: Sequence[Job], verified: Collection[str], *, force: bool = False) -> str | None:
@@ -26,7 +24,7 @@ def refusal(row: HostRow, jobs: Sequence[Job], verified: Collection[str], *, for
     are ignored); ``verified``: ids of jobs whose results are pulled and verified at home."""
     if not row.provider or not (row.instance_id or row.instance_name):
         return "not rented by gpuq (no provider instance): release it yourself"
-    if row.lease_state in LEASE_GONE:
+    if row.lease is LeaseState.TERMINATED:
         return "already terminated"
     mine = [j for j in jobs if j.host == row.name]
     active = [j for j in mine if j.state in (JobState.ASSIGNED.value, JobState.RUNNING.value)]
@@ -56,7 +54,7 @@ def terminate(ctx: Context, row: HostRow, *, reason: str) -> tuple[str, float | 
     ctx.fleet.drop(row.name)
     if row.target:  # the provider may hand this IP:port to the next machine
         fleet.forget_row_keys(ctx.settings, row)
-    ctx.ledger.update_host(row.name, lease_state="terminated", lease_reason=reason, lease_changed_at=gone,
-                           hold_reason="terminated")
+    ctx.ledger.lease_transition(row.name, LeaseState.TERMINATED, reason, at=gone,
+                                hold=HoldChange(HoldKind.TERMINATED))
     ctx.ledger.record_event("host", row.name, f"{row.provider} {row.instance_id} terminated (gone)")
     return "terminated", gone

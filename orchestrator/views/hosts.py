@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from orchestrator.core.states import LEASE_REVIVABLE, HoldKind, LeaseState
 from orchestrator.views.jobs import slot_jobs
 from orchestrator.views.text import clock, duration, one_line, printable
 
@@ -90,7 +91,7 @@ def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
     """(text, style) of a host's reachability: ok; unreachable since T (never "dead": a transport
     failure says nothing about the jobs); reachable without an agent answer; not probed this tick;
     a rented machine not up yet: provisioning (never probed)."""
-    if row.provider and row.lease_state == "provisioning":
+    if row.provider and row.lease is LeaseState.PROVISIONING:
         return "provisioning (not probed)", "yellow"  # the flags say since when
     if probe is not None and probe.ok:
         return "ok", "green"
@@ -111,14 +112,14 @@ def host_state(row: HostRow, probe: Probe | None) -> tuple[str, str]:
 def lease_text(row: HostRow, now: float | None = None) -> str:
     """A rented host's lease as people read it: "provisioning for 3m" (since gpuq recorded it, before its
     create call; with ``now``), "terminated: <why>"; "" for a host the user brought or one running."""
-    if not row.provider or row.lease_state in ("", "running"):
+    if not row.provider or row.lease in (LeaseState.NONE, LeaseState.RUNNING):
         return ""
-    if row.lease_state == "provisioning":
+    if row.lease is LeaseState.PROVISIONING:
         age = f" for {duration(now - row.created_at)}" if now is not None and row.created_at else ""
         what = printable(row.instance_id) if row.instance_id else "no instance id yet"
         return f"provisioning{age} ({what})"
     why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
-    return f"{printable(row.lease_state)}{why}{disk_bills(row)}"
+    return f"{row.lease.value}{why}{disk_bills(row)}"
 
 
 def disk_bills(row: HostRow) -> str:
@@ -126,7 +127,7 @@ def disk_bills(row: HostRow) -> str:
     machine's disk (vast.ai: only terminate stops the meter; providers/registry.stop_bills_storage), else ""."""
     from orchestrator.providers.registry import stop_bills_storage
 
-    if not row.provider or row.lease_state not in ("stopped", "preempted") or row.hold_reason.startswith("terminated"):
+    if not row.provider or row.lease not in LEASE_REVIVABLE or row.hold is HoldKind.TERMINATED:
         return ""
     if not stop_bills_storage(row.provider):
         return ""
@@ -142,13 +143,13 @@ def host_flags(row: HostRow, *, now: float | None = None, idle_since: float | No
         flags.append((f"UNHEALTHY{detail}", HEALTH_STYLE["fail"]))
     elif row.health == "warn":
         flags.append((f"health warn{detail}", HEALTH_STYLE["warn"]))
-    if row.hold_reason:
-        flags.append((f"HELD: {one_line(row.hold_reason, 80)}", "bold yellow"))
-    if row.provider and row.lease_state == "provisioning":
+    if row.held:
+        flags.append((f"HELD: {one_line(row.hold_text, 80)}", "bold yellow"))
+    if row.provider and row.lease is LeaseState.PROVISIONING:
         flags.append(("PROVISIONING" + lease_text(row, now).removeprefix("provisioning"), "bold yellow"))
-    elif row.provider and row.lease_state and row.lease_state != "running":
+    elif row.provider and row.lease not in (LeaseState.NONE, LeaseState.RUNNING):
         why = f": {one_line(row.lease_reason, 60)}" if row.lease_reason else ""
-        flags.append((f"{printable(row.lease_state).upper()}{why}{disk_bills(row)}", "bold red"))
+        flags.append((f"{row.lease.value.upper()}{why}{disk_bills(row)}", "bold red"))
     if row.provider and idle_since is not None and now is not None:  # a rented host with no work bills all the same
         flags.append((f"IDLE {duration(now - idle_since)}: `gpuq down {printable(row.name)}` ends it", "bold yellow"))
     if row.provider and row.price_per_hour is not None:

@@ -13,6 +13,7 @@ import pytest
 from orchestrator.core.specs import JobSpec
 from orchestrator.ledger import HostRow, Ledger
 from tests.conftest import run_gpuq
+from tests.support.rented import add_rented
 
 pytestmark = pytest.mark.integration
 
@@ -81,8 +82,8 @@ def test_rm_is_refused_while_jobs_run_there_or_results_are_unpulled(gpuq_home: P
 
 def test_a_rented_host_not_yet_ended_is_not_forgotten_and_orphans_take_no_hosts(gpuq_home: Path) -> None:
     ledger = Ledger(gpuq_home / "ledger.db")
-    ledger.add_host(HostRow(name="runpod-abc-0", kind="ssh", target="root@192.0.2.1", root="/root/gpuq",
-                            provider="runpod", instance_id="pod123", lease_state="running", created_at=0))
+    add_rented(ledger, HostRow(name="runpod-abc-0", kind="ssh", target="root@192.0.2.1", root="/root/gpuq",
+                               provider="runpod", instance_id="pod123", lease_state="running", created_at=0))
     ledger.close()
     _usage(run_gpuq("hosts", "rm", "runpod-abc-0"), "may still bill", "`gpuq down runpod-abc-0`", "--force")
     assert "runpod-abc-0" in run_gpuq("hosts", "list").stdout  # nothing changed

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, HoldKind, JobState
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.credentials import ApiKey
@@ -30,6 +30,7 @@ from orchestrator.providers.runpod import RunPodProvider
 from orchestrator.queue.queuefile import parse_queue
 from tests.conftest import run_gpuq, wait_for
 from tests.support.fakecloud import AddressBackend, FakeLambda, FakeRunPod, HostBackend, NetnsBackend
+from tests.support.rented import add_rented
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -167,7 +168,8 @@ def test_a_machine_that_fails_its_audit_is_terminated_and_said(rig: Callable[...
     assert again.returncode == 1, again.stdout + again.stderr
     (kept,) = [r for r in cloud.rows().values() if r.name != row.name]
     assert kept.instance_id in cloud.billing() and cloud.unseen() == {}
-    assert kept.lease_state == "provisioning" and kept.hold_reason.startswith("not usable"), kept
+    assert kept.lease_state == "provisioning" and kept.hold is HoldKind.UNUSABLE, kept
+    assert kept.hold_detail.startswith("not usable") and kept.hold_text.startswith("unusable: not usable"), kept
     assert f"`gpuq down {kept.name}` ends it" in again.stderr, again.stderr
     listed = cloud.gpuq("hosts", "list")
     assert "PROVISIONING" in listed.stdout, listed.stdout
@@ -280,9 +282,10 @@ def _lost_job_on(cloud: Rig, tmp: Path, key: Path, instance_id: str, port: int) 
     queue.write_text("configs/a.yaml classify 1 name=one\n")
     ledger = Ledger(cloud.home / "ledger.db")
     try:
-        ledger.add_host(HostRow(name="runpod-old", kind="ssh", target="root@127.0.0.1", port=port, root="/root/gpuq",
-                                key_path=str(key), profile="runpod", provider="runpod", instance_id=instance_id,
-                                gpu_type=GPU["runpod"], gpu_count=1, lease_state="running", created_at=0.0))
+        add_rented(ledger, HostRow(name="runpod-old", kind="ssh", target="root@127.0.0.1", port=port,
+                                   root="/root/gpuq", key_path=str(key), profile="runpod", provider="runpod",
+                                   instance_id=instance_id, gpu_type=GPU["runpod"], gpu_count=1, lease_state="running",
+                                   created_at=0.0))
         (job,) = ledger.add_sweep(sweep_id="qbilled", queue_path=str(queue), workdir=str(tmp),
                                   queue_text=queue.read_text(), jobs=parse_queue(queue).jobs, default_retries=0,
                                   bundle_sha="b" * 64)
@@ -316,8 +319,8 @@ def test_down_orphans_ends_only_this_ledgers_unheld_instances(rig: Callable[...,
     ledger = Ledger(cloud.home / "ledger.db")
     try:
         for name, instance_id, state in (("runpod-held", held, "running"), ("runpod-ended", ended, "terminated")):
-            ledger.add_host(HostRow(name=name, kind="ssh", target="root@203.0.113.77", root="/root/gpuq",
-                                    provider="runpod", instance_id=instance_id, lease_state=state, created_at=0.0))
+            add_rented(ledger, HostRow(name=name, kind="ssh", target="root@203.0.113.77", root="/root/gpuq",
+                                       provider="runpod", instance_id=instance_id, lease_state=state, created_at=0.0))
     finally:
         ledger.close()
 

@@ -74,7 +74,7 @@ def test_jobs_run_only_where_their_hardware_is(user: User, tmp_path: Path) -> No
     ledger = Ledger(user.home / "ledger.db")
     try:
         row = ledger.host(small)
-        assert row is not None and row.hold_reason == "" and row.health == ""  # not held: only not for this job
+        assert row is not None and not row.held and row.health == ""  # not held: only not for this job
         assert row.gpu_facts == '[["NVIDIA A10", 16384.0]]'  # what the preflight saw
     finally:
         ledger.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.states import HoldKind
 from orchestrator.ledger import Ledger
 from scripts.bench_project import TINY_CONFIG
 from tests.conftest import wait_for
@@ -244,7 +245,7 @@ def test_a_full_data_disk_holds_the_host_until_space_is_freed(user: User, tmp_pa
         assert patrolled.returncode == 0, patrolled.stderr
         assert "ESCALATE disk" in patrolled.stdout, patrolled.stdout
         hosts = {h.name: h for h in _hosts(user)}
-        assert hosts["g0"].hold_reason.startswith("disk:")
+        assert hosts["g0"].hold is HoldKind.DISK and hosts["g0"].hold_text.startswith("disk: ")
         queue = _scripted_project(tmp_path, {"ok": "mode: ok\nduration_s: 1\n"},
                                   ["configs/ok.yaml classify 1 name=one"])
         assert user.gpuq("submit", str(queue)).returncode == 0
@@ -252,7 +253,7 @@ def test_a_full_data_disk_holds_the_host_until_space_is_freed(user: User, tmp_pa
         user.farm.ssh(0, "rm", "-f", f"{small}/filler")
         again = user.gpuq("patrol")
         assert "ESCALATE disk" not in again.stdout
-        assert {h.name: h for h in _hosts(user)}["g0"].hold_reason == ""
+        assert not {h.name: h for h in _hosts(user)}["g0"].held
         assert [f[0] for f in _findings(user, rule="disk")] == ["escalate", "info"]
     finally:
         user.stop_everything()
@@ -302,7 +303,7 @@ def test_xid_79_in_the_kernel_log_marks_the_host_unhealthy(user: User, farm: Hos
         patrolled = user.gpuq("patrol")
         assert "ESCALATE xid" in patrolled.stdout, patrolled.stdout
         row = {h.name: h for h in _hosts(user)}["g0"]
-        assert row.health == "fail" and row.hold_reason.startswith("unhealthy")
+        assert row.health == "fail" and row.hold is HoldKind.UNHEALTHY
         again = user.gpuq("patrol")
         assert "xid" not in again.stdout  # the cursor: the same kernel line is reported once
         doctor = user.gpuq("doctor", "g0")

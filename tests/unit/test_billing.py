@@ -20,7 +20,7 @@ from orchestrator.agent.launcher import agent_argv
 from orchestrator.context import Context, open_context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState
 from orchestrator.ledger import HostRow, Job
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.tick import billing
@@ -30,6 +30,7 @@ from orchestrator.transfer import evidence, pull_jobs
 from tests.support.fakecloud import FakeRunPod
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA, finished_job, install_agent
+from tests.support.rented import add_rented
 
 KEY = "rp-billing-key-0123456789"
 SWEEP = "qbill01"
@@ -63,7 +64,7 @@ def _host(ctx: Context, tmp_path: Path, name: str, *, down: bool = True, rent: b
         instance = inst.id
     host = FakeHost(tmp_path / name, name=name)
     install_agent(Path(host.root))
-    ctx.ledger.add_host(HostRow(name=name, kind="ssh", target=f"root@{name}.invalid", root=host.root,
+    add_rented(ctx.ledger, HostRow(name=name, kind="ssh", target=f"root@{name}.invalid", root=host.root,
                                 python=host.python, provider="runpod", instance_id=instance, lease_state="running",
                                 price_per_hour=0.79, down_when_done=down, agent_bundle=SHA, health="pass",
                                 slots_total=2, gpu_type="NVIDIA RTX A6000"))
@@ -141,9 +142,9 @@ def test_work_is_over_only_when_nothing_is_queued_for_it_runs_there_or_waits_on_
     assert _work(ctx, "rp-a").unpulled == ()
 
     # a failed preflight: nothing queued can go there, so it goes as soon as nothing runs there
-    ctx.ledger.update_host("rp-b", health="fail", hold_reason="unhealthy: gpu: Xid 79")
+    ctx.ledger.change_hold("rp-b", HoldChange(HoldKind.UNHEALTHY, "gpu: Xid 79"), health="fail")
     assert _work(ctx, "rp-b").busy == () and _blocker(ctx, "rp-b") is None
-    ctx.ledger.update_host("rp-b", health="pass", hold_reason="")
+    ctx.ledger.change_hold("rp-b", HoldChange.lift(HoldKind.UNHEALTHY), health="pass")
 
     # a job lost there resumes from the checkpoint shipped home, anywhere; from its disk only when none is
     # shipped.  Its attempt's log and exit record come home first; a cancelled job's are written off

@@ -10,6 +10,7 @@ import pytest
 from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
+from orchestrator.core.states import LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import instance_name, ledger_of
@@ -37,7 +38,7 @@ def test_a_provisioning_host_gets_no_work_and_no_probe(ctx: Context) -> None:
 
 def test_registering_fills_only_a_provisioning_row(ctx: Context) -> None:
     _provisioning(ctx)
-    ctx.ledger.update_host("runpod-abc123-0", lease_state="running")
+    ctx.ledger.lease_transition("runpod-abc123-0", LeaseState.RUNNING, "")
     with pytest.raises(UsageError, match="already registered"):  # refused before any connection is made
         fleet.register(ctx.ledger, ctx.settings, "runpod-abc123-0", "root@203.0.113.9", rented={})
 
@@ -51,7 +52,7 @@ def test_people_see_provisioning_with_its_age(ctx: Context) -> None:
     shown = ctx.ledger.host(row.name)
     assert shown is not None
     assert "PROVISIONING for 3m (pod123)" in [t for t, _ in host_flags(shown, now=shown.created_at + 180)]
-    ctx.ledger.update_host(row.name, lease_state="running")
+    ctx.ledger.lease_transition(row.name, LeaseState.RUNNING, "")
     running = ctx.ledger.host(row.name)
     assert running is not None and not any("PROVISIONING" in t for t, _ in host_flags(running, now=time.time()))
 
@@ -73,11 +74,11 @@ def test_forgetting_a_rented_host_that_may_still_bill_is_refused(ctx: Context) -
     from orchestrator.api.hosts import hosts_rm
 
     _provisioning(ctx)
-    ctx.ledger.update_host("runpod-abc123-0", instance_id="pod123", lease_state="running")
+    ctx.ledger.lease_transition("runpod-abc123-0", LeaseState.RUNNING, "", instance_id="pod123")
     with pytest.raises(UsageError, match=r"may still bill: `gpuq down runpod-abc123-0`"):
         hosts_rm(ctx, "runpod-abc123-0")
     assert ctx.ledger.host("runpod-abc123-0") is not None
-    ctx.ledger.update_host("runpod-abc123-0", lease_state="terminated")
+    ctx.ledger.lease_transition("runpod-abc123-0", LeaseState.TERMINATED, "")
     hosts_rm(ctx, "runpod-abc123-0")  # ended: its record may go
     assert ctx.ledger.host("runpod-abc123-0") is None
     _provisioning(ctx, "runpod-abc123-1")

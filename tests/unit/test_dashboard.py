@@ -79,7 +79,7 @@ def _snapshot(n_extra_jobs: int = 0) -> Snapshot:
         HostRow(name="g2", kind="ssh", root="/data/gpuq", slots_total=8, unreachable_since=NOW - 600,
                 probe_failures=3, next_probe_at=NOW + 120, last_probe_at=NOW - 900, created_at=NOW - 86400),
         HostRow(name="local", kind="local", root="/home/u/.gpuq/local", slots_kind="cpu", slots_total=2,
-                health="fail", health_detail="xid 79 on\nGPU 0", hold_reason="unhealthy: xid 79",
+                health="fail", health_detail="xid 79 on\nGPU 0", hold_kind="unhealthy", hold_detail="xid 79",
                 last_probe_at=NOW - 1, created_at=NOW - 86400),
     ]
     probes = {

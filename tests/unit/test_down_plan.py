@@ -8,9 +8,10 @@ import pytest
 
 from orchestrator import api
 from orchestrator.api.cloud import down_plan
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, HoldKind, JobState
 from orchestrator.ledger.tables import HostRow
 from orchestrator.queue.queuefile import parse_queue
+from tests.support.rented import add_rented
 
 QUEUE = "configs/a.yaml classify 1 name=one\nconfigs/a.yaml classify 1 name=two\n"
 
@@ -20,9 +21,11 @@ def ctx(gpuq_home: Path) -> api.Context:
     return api.open_context()
 
 
-def _rented(ctx: api.Context, name: str, *, replaces: str = "", lease: str = "running", hold: str = "") -> None:
-    ctx.ledger.add_host(HostRow(name=name, kind="ssh", target=f"root@{name}", root="/srv/gpuq", provider="lambda",
-                             instance_id=f"i-{name}", lease_state=lease, hold_reason=hold, replaces=replaces))
+def _rented(ctx: api.Context, name: str, *, replaces: str = "", lease: str = "running",
+            hold: HoldKind = HoldKind.NONE) -> None:
+    add_rented(ctx.ledger, HostRow(name=name, kind="ssh", target=f"root@{name}", root="/srv/gpuq", provider="lambda",
+                                   instance_id=f"i-{name}", lease_state=lease, hold_kind=hold.value,
+                                   replaces=replaces))
 
 
 def _sweep(ctx: api.Context, tmp_path: Path, sweep_id: str) -> dict[str, str]:
@@ -44,7 +47,7 @@ def _finish(ctx: api.Context, job_id: str, host: str, attempt: int) -> None:
 def test_down_sweep_covers_the_lost_host_and_an_unused_replacement(ctx: api.Context, tmp_path: Path) -> None:
     """`gpuq resume` rented `lam-c` for the lost `lam-a`, but the job resumed on `lam-b`, which had
     become free: the replacement never ran a job of the sweep and still bills."""
-    _rented(ctx, "lam-a", lease="failed", hold="lease failed: replaced")
+    _rented(ctx, "lam-a", lease="failed", hold=HoldKind.REPLACED)
     _rented(ctx, "lam-b")
     _rented(ctx, "lam-c", replaces="lam-a")
     _rented(ctx, "lam-d", replaces="lam-c")  # the replacement's own replacement

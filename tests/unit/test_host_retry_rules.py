@@ -196,7 +196,7 @@ def test_the_spec_carries_what_the_host_may_retry(tmp_path: Path) -> None:
         assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == dict(policy, left=1, deadlock_left=0)
         assert launcher.host_retry(job, 2, Settings(), host=row, sweep=None) is None  # spent: the controller's
         assert row is not None
-        held = row.model_copy(update={"hold_reason": "disk: 97% used"})
+        held = row.model_copy(update={"hold_kind": "disk", "hold_detail": "97% used"})
         assert launcher.host_retry(job, 0, Settings(), host=held, sweep=None) is None  # its jobs go elsewhere
         slurm = row.model_copy(update={"kind": "slurm"})
         assert launcher.host_retry(job, 0, Settings(), host=slurm, sweep=None) is None

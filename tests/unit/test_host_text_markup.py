@@ -28,7 +28,8 @@ def _snapshot() -> Snapshot:
         "disk": {"used_pct": 10.0, "inodes_used_pct": 1.0}, "memory": {"used_pct": 5.0}, "jobs": [],
     }
     hosts = [HostRow(name="g1", kind="ssh", root="/r", slots_kind="gpu", slots_total=1, last_probe_at=NOW - 1,
-                     created_at=NOW - 10, health="warn", health_detail=f"{LINK} [bold]x", hold_reason="[/] held"),
+                     created_at=NOW - 10, health="warn", health_detail=f"{LINK} [bold]x", hold_kind="other",
+                     hold_detail="[/] held"),
              HostRow(name="g2", kind="ssh", root="/r", last_probe_at=NOW - 1, created_at=NOW - 10)]
     probes = {"g1": Probe("g1", True, status(doc), reachable=True),
               "g2": Probe("g2", False, error=f"protocol error: {LINK} [/]", reachable=True)}

@@ -18,6 +18,7 @@ from orchestrator.providers.base import ProvisionRequest
 from orchestrator.tick.leases import check_lease
 from orchestrator.tick.settle import settle
 from tests.support.fakecloud import FakeRunPod
+from tests.support.rented import add_rented
 
 KEY = "rp-test-key-0123456789"
 
@@ -41,8 +42,8 @@ def test_a_preemption_reported_a_tick_late_turns_the_failed_job_into_preempted(
 
     (pod,) = provider_for(ctx, "runpod").provision(ProvisionRequest(name="gpuq-late", gpu_type="NVIDIA RTX A6000",
                                                                  gpu_count=2, spot=True))
-    ctx.ledger.add_host(HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/root/gpuq",
-                                provider="runpod", instance_id=pod.id, spot=True))
+    add_rented(ctx.ledger, HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/root/gpuq",
+                                   provider="runpod", instance_id=pod.id, spot=True, lease_state="running"))
     specs = [JobSpec(name=f"j{i}", config=f"c{i}.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
              for i in range(2)]
     failed, running = (r.id for r in ctx.ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir="/w",

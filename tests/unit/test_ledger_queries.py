@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.core.specs import JobSpec
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState
 from orchestrator.host_documents import ResultCheckpoint
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.tables import Event, HostRow
@@ -69,9 +69,10 @@ def test_add_update_and_remove_a_host(ledger: Ledger) -> None:
     with pytest.raises(LedgerError) as info:
         ledger.add_host(HostRow(name="zz", kind="ssh", target="x", root="/r"))
     assert str(info.value) == 'host "zz" is already registered'
-    ledger.update_host("zz", slots_total=4, hold_reason="held")
+    ledger.change_hold("zz", HoldChange(HoldKind.DISK, "97% used"), slots_total=4)
     row = ledger.host("zz")
-    assert row is not None and (row.slots_total, row.hold_reason, row.root) == (4, "held", "/r")
+    assert row is not None and (row.slots_total, row.hold, row.hold_text, row.root) == (
+        4, HoldKind.DISK, "disk: 97% used", "/r")
     with pytest.raises(LedgerError) as info:
         ledger.update_host("nope", slots_total=1)
     assert str(info.value) == "unknown host 'nope'"

@@ -22,10 +22,11 @@ from orchestrator.cli.ctx import open_reader
 from orchestrator.context import Context, open_context
 from orchestrator.core.errors import JobNotFound
 from orchestrator.core.specs import JobSpec
-from orchestrator.core.states import AttemptState, JobState
-from orchestrator.ledger import Ledger
+from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState, LeaseState
+from orchestrator.ledger import HostRow, Ledger
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.reader import LedgerReader, ReaderUnavailable
+from tests.support.rented import add_rented
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000.0
@@ -38,7 +39,7 @@ def _fill(ledger: Ledger) -> None:
     ledger.update_host("gpu-a", price_per_hour=2.5, gpu_count=4, spot=True, down_when_done=False, slots_total=4,
                        health="pass", disk_free_bytes=123_456_789, unreachable_since=T0)
     ledger.ensure_host("gpu-b", kind="ssh", root="/r", target="b")
-    ledger.update_host("gpu-b", slots_total=2, hold_reason="disk full", spot=False)
+    ledger.change_hold("gpu-b", HoldChange(HoldKind.DISK, "97% used"), slots_total=2, spot=False)
     specs = [JobSpec(name=f"cell{i}", config="c.yaml", task="t", epochs=3, est_min=[None, 1.5, 2.0][i % 3],
                      seed=i if i % 2 else None, args=["--lr", str(i)]) for i in range(7)]
     ledger.add_sweep(sweep_id="q_b%0001", queue_path="q.txt", workdir="/w", queue_text="x", jobs=specs[:4],
@@ -126,6 +127,23 @@ def test_every_read_answers_as_the_ledger_does(ctx: Context, reader: LedgerReade
     sweeps = [s.id for s in ledger.sweeps()]
     assert reader.priced_attempts(sweeps) == ledger.priced_attempts(sweeps) != {}
     assert reader.run_history() == ledger.run_history() != []
+
+
+def test_a_hosts_lease_and_hold_read_as_the_ledger_reads_them(ctx: Context) -> None:
+    """The row methods on both paths: a rented host's lease, a hold's kind and its line for people."""
+    add_rented(ctx.ledger, HostRow(name="rp-c", kind="ssh", target="root@c", root="/r", provider="runpod",
+                                   instance_id="pod-c", lease_state="preempted", lease_reason="Outbid"))
+    ctx.ledger.change_hold("rp-c", HoldChange(HoldKind.REPLACED, "lease preempted, by rp-d"))
+    reader = LedgerReader(ctx.settings.ledger_path)
+    try:
+        _same_rows(ctx.ledger.hosts(), reader.hosts())
+        leases = [(h.name, h.lease, h.hold, h.held, h.hold_text) for h in ctx.ledger.hosts()]
+        assert [(h.name, h.lease, h.hold, h.held, h.hold_text) for h in reader.hosts()] == leases
+    finally:
+        reader.close()
+    assert leases == [("gpu-a", LeaseState.NONE, HoldKind.NONE, False, ""),
+                      ("gpu-b", LeaseState.NONE, HoldKind.DISK, True, "disk: 97% used"),
+                      ("rp-c", LeaseState.PREEMPTED, HoldKind.REPLACED, True, "replaced: lease preempted, by rp-d")]
 
 
 @pytest.mark.parametrize("ref", [None, "q_b", "Q_B", "qb0", "q", "q_", "q%", "qb%", "nope", "qb000002"])

@@ -28,6 +28,7 @@ from orchestrator.tick.findings import TickReport, record, sweeps_done
 from orchestrator.tick.leases import check_lease, provider_for
 from orchestrator.tick.settle import settle
 from tests.support.fakecloud import FakeRunPod
+from tests.support.rented import add_rented
 from tests.support.webhook import Delivery, receiver
 
 SWEEP = "qnote01"
@@ -168,8 +169,8 @@ def test_a_preemption_names_the_host_and_gpuq_resume(hooked: Hooked, monkeypatch
         monkeypatch.setenv("GPUQ_RUNPOD_URL", fake.url)
         (pod,) = provider_for(ctx, "runpod").provision(ProvisionRequest(name="gpuq-n", gpu_type="NVIDIA RTX A6000",
                                                                      spot=True))
-        ctx.ledger.add_host(HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/r", provider="runpod",
-                                    instance_id=pod.id, spot=True))
+        add_rented(ctx.ledger, HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/r",
+                                       provider="runpod", instance_id=pod.id, spot=True, lease_state="running"))
         (job,) = _jobs(ctx, "long")
         _running(ctx, job, "pod")
         fake.preempt(pod.id)
@@ -186,8 +187,8 @@ def test_a_preemption_names_the_host_and_gpuq_resume(hooked: Hooked, monkeypatch
 
 def test_an_idle_rented_host_names_its_price_and_gpuq_down(hooked: Hooked) -> None:
     ctx = hooked.ctx
-    ctx.ledger.add_host(HostRow(name="rp-a", kind="ssh", target="root@rp-a.invalid", root="/r", provider="runpod",
-                                instance_id="pod-a", lease_state="running", price_per_hour=0.79))
+    add_rented(ctx.ledger, HostRow(name="rp-a", kind="ssh", target="root@rp-a.invalid", root="/r", provider="runpod",
+                                   instance_id="pod-a", lease_state="running", price_per_hour=0.79))
     t0 = ctx.ledger.host("rp-a").created_at  # type: ignore[union-attr]
     billing.billing(ctx, TickReport(), set(), now=t0 + 16 * 60)
     delivery, line = hooked.only()

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.core import protocol, redact
 from orchestrator.core.config import load_settings
 from orchestrator.core.specs import JobSpec
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState
 from orchestrator.ledger import Ledger
 from orchestrator.tick import notify
 
@@ -47,7 +47,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
 def _every_text(path: Path) -> str:
     with sqlite3.connect(path) as db:
         rows = [*db.execute("SELECT message, action FROM event"), *db.execute("SELECT message FROM attempt"),
-                *db.execute("SELECT health_detail, hold_reason FROM host")]
+                *db.execute("SELECT health_detail, hold_detail FROM host")]
     return json.dumps(rows)
 
 
@@ -61,7 +61,7 @@ def test_host_text_is_redacted_as_the_ledger_writes_it(ledger: Ledger) -> None:
     ledger.transition(job.id, JobState.RUNNING, message=setup_tail)
     ledger.record_event("job", job.id, f"scan: {TOKEN}")
     ledger.record_finding("host", "local", severity="warn", rule="r", message=TOKEN, action=f"unset {TOKEN}")
-    ledger.update_host("local", health_detail=f"x {TOKEN}", hold_reason=TOKEN)
+    ledger.change_hold("local", HoldChange(HoldKind.DISK, TOKEN), health_detail=f"x {TOKEN}")
     stored = _every_text(ledger.path)
     assert TOKEN not in stored and "[redacted:MY_HF_TOKEN]" in stored
     assert ledger.attempt(job.id, 1).message.count("[redacted:MY_HF_TOKEN]") == 2

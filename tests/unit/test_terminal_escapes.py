@@ -17,6 +17,7 @@ from orchestrator.cli import dashboard, render
 from orchestrator.cli.dashboard import LossHistory, View
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import HoldChange, HoldKind
 from orchestrator.ledger import Attempt, Event, HostRow, Job, Ledger
 from orchestrator.tick.probe import Probe
 from orchestrator.views.text import one_line, printable, shown_escaped
@@ -52,8 +53,9 @@ def _snapshot() -> Snapshot:
                   "slurm": {"nodes": f"n{CLIP}x\x07"}, "progress": {"line": f"epoch {HIDE}1", "source": "pattern"}}],
     }
     hosts = [HostRow(name="g1", kind="ssh", root="/r", slots_kind="gpu", slots_total=1, last_probe_at=NOW - 1,
-                     created_at=NOW - 10, health="warn", health_detail=EVIL, hold_reason=f"held {CLIP}x\x07",
-                     provider="runpod", lease_state=f"stopping{HIDE}", lease_reason=EVIL, price_per_hour=1.0),
+                     created_at=NOW - 10, health="warn", health_detail=EVIL, hold_kind="other",
+                     hold_detail=f"held {CLIP}x\x07", provider="runpod", lease_state="stopped", lease_reason=EVIL,
+                     price_per_hour=1.0),
              HostRow(name="g2", kind="ssh", root="/r", last_probe_at=NOW - 1, created_at=NOW - 10,
                      unreachable_since=NOW - 60)]
     probes = {"g1": Probe("g1", True, status(doc), reachable=True),
@@ -98,7 +100,7 @@ def ledger_home(gpuq_home: Path) -> tuple[Path, str]:
     ledger = Ledger(gpuq_home / "ledger.db")
     try:
         ledger.ensure_host("local", kind="local", root=str(gpuq_home / "local"))
-        ledger.update_host("local", hold_reason=f"held: {EVIL}", health="warn", health_detail=EVIL)
+        ledger.change_hold("local", HoldChange(HoldKind.OTHER, f"held: {EVIL}"), health="warn", health_detail=EVIL)
         rows = ledger.add_sweep(sweep_id="qesc0001", queue_path="q.txt", workdir="/w", queue_text="",
                                 jobs=[JobSpec(name=f"job{TITLE}x", config="c.yaml", task="classify",
                                               config_sha256="0" * 64, line=1)], default_retries=0)
