@@ -32,7 +32,7 @@ from orchestrator.queue.runconfig import (
 )
 from orchestrator.scheduling.estimates import epoch_rates, estimate_source
 from orchestrator.scheduling.gpumatch import need_of
-from orchestrator.scheduling.scheduler import plan
+from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
 from orchestrator.transfer import datasync
@@ -69,7 +69,8 @@ def _new_sweep_id(ctx: Context) -> str:
 
 def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: bool = False,
            budget_usd: float | None = None) -> SubmitResult:
-    """Validate the whole queue, record it in one transaction, place and start its jobs.
+    """Validate the whole queue, record it in one transaction, place and start its jobs: read, warn, plan,
+    record, admit, deliver.
 
     Jobs are packed across the target hosts (see ``target_rows``) by ``scheduler.plan``; the
     bundle is pushed to every host that gets work before anything is written, and a host
@@ -77,6 +78,58 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     the sweep: only the jobs it fits start, the others stay QUEUED (``api/budgeting.py``).
     """
     cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
+    read = _read(ctx, queue, hosts)
+    warnings = _warn(ctx, queue, read)
+    planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run)
+    if dry_run:
+        return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
+                            makespan_s=planned.decided.makespan_s, makespan_known=planned.estimated,
+                            specs=list(read.parsed.jobs), run=read.run, hosts=planned.rows, run_json=read.run_json,
+                            budget_usd=cap)
+    jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap)
+    decided, held = budgeting.admit_submitted(ctx, planned.sweep_id, cap, planned.decided, planned.plan_jobs)
+    placements = {job_id: host for job_id, host in planned.placements.items() if job_id not in held}  # not yet
+    result = SubmitResult(planned.sweep_id, str(queue), jobs, read.bundle, placements, warnings, False,
+                          makespan_s=decided.makespan_s, makespan_known=planned.estimated,
+                          pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held)
+    result.launch_error = _deliver(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
+    return result
+
+
+@dataclass
+class _Read:
+    """What submit read: the expanded queue, its project's ``[run]`` and ``[data]``, and the bundle built."""
+
+    parsed: ParsedQueue
+    run: RunConfig | None
+    toml_path: Path
+    manifests: list[datasets.Manifest]
+    run_json: str
+    bundle: Bundle
+
+    @property
+    def workdir(self) -> Path:
+        return Path(self.parsed.workdir)
+
+
+@dataclass
+class _Planned:
+    """Where submit's jobs go: the sweep's id, the plan's jobs and hosts, the plan, the hosts pushed to."""
+
+    sweep_id: str
+    plan_jobs: list[PlanJob]
+    rows: list[HostRow]
+    decided: Plan
+    pushed: list[str]
+    estimated: bool  # every job's estimate comes from est_min= or history
+
+    @property
+    def placements(self) -> dict[str, str]:
+        return {a.job_id: a.host for a in self.decided.assignments}
+
+
+def _read(ctx: Context, queue: Path, hosts: Sequence[str]) -> _Read:
+    """The queue validated, its project's tables read and the bundle built; UsageError for a user mistake."""
     known = known_hosts(ctx)
     for name in hosts:
         if name not in known:
@@ -95,9 +148,15 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                                  data=datasets.wire(manifests)).text() if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
-    warnings = list(parsed.warnings) + _what_leaves(run, workdir, queue, toml_path)
-    warnings += datasets.leaving(manifests, toml_path)
-    if entry or (run is not None and run.command):  # gpuq's own payload reads GPUQ_SEED
+    return _Read(parsed, run, toml_path, manifests, run_json, bundle)
+
+
+def _warn(ctx: Context, queue: Path, read: _Read) -> list[str]:
+    """What the user should know before anything runs: what leaves this machine, seeds, repeats, the bundle."""
+    parsed, run = read.parsed, read.run
+    warnings = list(parsed.warnings) + _what_leaves(run, read.workdir, queue, read.toml_path)
+    warnings += datasets.leaving(read.manifests, read.toml_path)
+    if ctx.settings.entry or (run is not None and run.command):  # gpuq's own payload reads GPUQ_SEED
         warnings += seed_warnings(parsed.jobs, run, str(queue))
     hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
     done = ctx.ledger.succeeded_with(hashes.values())
@@ -106,6 +165,12 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         if twin is not None:
             warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
                             f"{twin.sweep_id}, which already succeeded; it will run again")
+    return warnings + _bundle_warnings(read.bundle)
+
+
+def _bundle_warnings(bundle: Bundle) -> list[str]:
+    """What the bundle left out, and whether it is large."""
+    warnings = []
     if bundle.skipped_secrets:
         more = len(bundle.skipped_secrets) - 5
         warnings.append("left out of the bundle (credential-like paths; a `!path` line in .gpuqignore ships one): "
@@ -119,72 +184,65 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         warnings.append(f"the bundle is large ({bundle.bytes / 1e6:.0f} MB); biggest: "
                         + ", ".join(f"{rel} ({size / 1e6:.0f} MB)" for rel, size in bundle.biggest)
                         + "; leave data out with .gpuqignore and read it on the host")
+    return warnings
+
+
+def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings: list[str], *,
+          dry_run: bool) -> _Planned:
+    """The plan over the target hosts (the bundle pushed to each host that gets work, unless a dry run);
+    a host left out is added to ``warnings``; a job no host can take is a UsageError naming its line."""
+    jobs = read.parsed.jobs
     sweep_id = _new_sweep_id(ctx)
     rates = epoch_rates(ctx.ledger.run_history())
     ckpt = ctx.ledger.checkpoint_bytes_by_config()
-    plan_jobs = [
-        plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task,
-                            epochs=j.epochs, est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt,
-                            nodes=j.nodes, need=need_of(j.gpu, j.gpu_mem))
-        for j in parsed.jobs
-    ]
-    rows = target_rows(ctx, hosts, {j.host for j in parsed.jobs if j.host})
-    warnings += _data_room(ctx, manifests, rows)
+    plan_jobs = [plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task, epochs=j.epochs,
+                          est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt, nodes=j.nodes,
+                          need=need_of(j.gpu, j.gpu_mem)) for j in jobs]
+    rows = target_rows(ctx, hosts, {j.host for j in jobs if j.host})
+    warnings += _data_room(ctx, read.manifests, rows)
     holds = held_bundles(ctx.ledger, [r.name for r in rows])
-    for row in [r for r in rows if is_held(holds, r.name, bundle.sha256)]:
+    for row in [r for r in rows if is_held(holds, r.name, read.bundle.sha256)]:
         warnings.append(f"host {row.name} left out: this project's setup failed there (`gpuq hosts release "
                         f"{row.name}` to try it again)")
         rows.remove(row)
     pushed: list[str] = []
+    dropped: dict[str, str] = {}
     if dry_run:
         decided = plan(plan_jobs, capacities(ctx.ledger, ctx.settings, rows, rates))
-        dropped: dict[str, str] = {}
     else:
-        decided, dropped = plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, bundle,
-                                                    rates, pushed)
+        decided, dropped = plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, read.bundle, rates,
+                                         pushed)
     warnings += [f"host {name} left out: {why}" for name, why in sorted(dropped.items())]
     if decided.unplaced:
-        names = {job_id_for(sweep_id, j.name): (j.name, j.line) for j in parsed.jobs}
+        names = {job_id_for(sweep_id, j.name): (j.name, j.line) for j in jobs}
         lines = [f"{queue}:{names[jid][1]}: job {names[jid][0]!r} cannot be placed: {why}"
                  for jid, why in decided.unplaced]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
-    placements = {a.job_id: a.host for a in decided.assignments}
     estimated = all(estimate_source(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min, rates=rates)
-                for j in parsed.jobs)
-    if dry_run:
-        return SubmitResult(sweep_id, str(queue), [], bundle, placements, warnings, True,
-                            makespan_s=decided.makespan_s, makespan_known=estimated, specs=list(parsed.jobs), run=run,
-                            hosts=rows, run_json=run_json, budget_usd=cap)
-    rows_added = ctx.ledger.add_sweep(
-        sweep_id=sweep_id,
-        queue_path=str(queue),
-        workdir=str(workdir.resolve()),
-        queue_text=read_queue_bytes(queue).decode("utf-8-sig", errors="replace"),
-        jobs=parsed.jobs,
-        default_retries=ctx.settings.retries,
-        bundle_sha=bundle.sha256,
-        hosts=list(dict.fromkeys(hosts)),
-        entry=ctx.settings.entry,
-        launcher=ctx.settings.launcher,
-        verify=run.verify if run is not None else ctx.settings.verify,
-        run=run_json,
-        git=project_git(workdir),
-        budget_usd=cap,
-    )
-    decided, held = budgeting.admit_submitted(ctx, sweep_id, cap, decided, plan_jobs)
-    placements = {job_id: host for job_id, host in placements.items() if job_id not in held}  # not placed yet
-    result = SubmitResult(sweep_id, str(queue), rows_added, bundle, placements, warnings, False,
-                          makespan_s=decided.makespan_s, makespan_known=estimated, pushed_to=sorted(pushed),
-                          budget_usd=cap, budget_held=held)
-    failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in rows_added},
-                                bundle.sha256)
+                    for j in jobs)
+    return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated)
+
+
+def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequence[str],
+            cap: float | None) -> list[Job]:
+    """The sweep, its jobs and their first attempts, in one transaction."""
+    return ctx.ledger.add_sweep(
+        sweep_id=sweep_id, queue_path=str(queue), workdir=str(read.workdir.resolve()),
+        queue_text=read_queue_bytes(queue).decode("utf-8-sig", errors="replace"), jobs=read.parsed.jobs,
+        default_retries=ctx.settings.retries, bundle_sha=read.bundle.sha256, hosts=list(dict.fromkeys(hosts)),
+        entry=ctx.settings.entry, launcher=ctx.settings.launcher,
+        verify=read.run.verify if read.run is not None else ctx.settings.verify, run=read.run_json,
+        git=project_git(read.workdir), budget_usd=cap)
+
+
+def _deliver(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job], bundle_sha: str) -> str:
+    """The admitted jobs' specs into their hosts' inboxes; what failed is recorded (the tick retries it) and
+    said: the launch error, or ""."""
+    failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in jobs}, bundle_sha)
     budgeting.after_submit(ctx, sweep_id)
-    if failed:
-        for name, err in failed.items():
-            ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}")
-        result.launch_error = "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)"
-                                        for err in failed.values())
-    return result
+    for name, err in failed.items():
+        ctx.ledger.record_event("sweep", sweep_id, f"delivery to {name} failed: {err}")
+    return "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)" for err in failed.values())
 
 
 def read_queue(ctx: Context, queue: Path, known: Collection[str]) -> tuple[ParsedQueue, RunConfig | None, Path]:
