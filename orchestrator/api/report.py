@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,7 +22,7 @@ from orchestrator.core.states import JobState
 from orchestrator.health import observed
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job, Pull, Sweep
-from orchestrator.money.cost import job_cost
+from orchestrator.money.cost import JobCost, job_cost
 from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Verdict
@@ -111,11 +112,63 @@ def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: st
            collect: bool) -> Report:
     rows = _resolve(ctx, sweeps)
     metric, mode = _headline(rows, metric, mode)
+    got = _gather(ctx, rows, metric, collect)
+    jobs, values, attempts = got.jobs, got.values, got.attempts
+    cells = group(jobs)
+    base_name = _baseline(cells, baseline)
+    now = time.time()
+    on_cpu = cpu_slots(ctx)
+    ran = {j.id: [p for p in (ran_with(a.provenance) for a in attempts.get(j.id, [])) if p] for j in jobs}
+    done = {name: [j for j in members if j.state == JobState.SUCCEEDED.value and "final" in values.get(j.id, {})]
+            for name, members in cells.items()}
+    # seeds with different final values never have identical signatures: only the curves of cells whose
+    # finished seeds all ended at the same value are read (normally none)
+    curves = ctx.ledger.curves(j.id for finished in done.values() if len(finished) >= 2
+                               and len({values[j.id]["final"].value for j in finished}) == 1 for j in finished)
+    out: list[CellRow] = []
+    same: set[str] = set()  # cells whose seeds produced identical curves
+    for name, members in cells.items():
+        finished = done[name]
+        costs = [job_cost(j.gpus * j.nodes, attempts.get(j.id, []), [], now, on_cpu) for j in members]
+        identical = trust.identical([_signature(values[j.id], curves.get(j.id, {})) for j in finished])
+        if identical:
+            same.add(name)
+        out.append(_cell_row(name, members, finished, values, costs, ran, mode, identical=identical,
+                             is_baseline=name == base_name))
+    _compare(out, {name: [values[j.id]["final"].value for j in done[name]] for name in cells}, base_name, mode, same)
+    _against_baseline(out, cells, ran, base_name, same)
+    finished_n = sum(c.n_finished for c in out)
+    notes = collect_notes(got.missing) + got.unread + _notes(out, len(jobs), finished_n, metric, base_name)
+    cell_of = {j.id: name for name, members in cells.items() for j in members}
+    failures = _failures(ctx, [j for j in jobs if j.state in _FAILED], attempts, cell_of)
+    return Report(
+        generated_at=now, sweeps=[_sweep_info(s, jobs, attempts) for s in rows], metric=metric,
+        mode="max" if mode == "max" else "min", baseline=base_name, finished=finished_n, total=len(jobs),
+        partial=any(not JobState(j.state).terminal for j in jobs), cells=out, failures=failures,
+        gpu_hours=sum(c.gpu_hours for c in out), cpu_hours=sum(c.cpu_hours for c in out),
+        cost_usd=sum(c.cost_usd for c in out if c.cost_usd is not None) if any(c.cost_usd is not None for c in out)
+        else None, notes=notes)
+
+
+@dataclass
+class _Gathered:
+    """What the report reads of its sweeps' jobs: their headline values, attempts, and what could not be read."""
+
+    jobs: list[Job]
+    values: dict[str, dict[str, Value]]  # job id -> "final" | "best" -> the headline metric's
+    attempts: dict[str, list[Attempt]]
+    missing: dict[str, str]
+    unread: list[str]
+
+
+def _gather(ctx: Context, rows: Sequence[Sweep], metric: str, collect: bool) -> _Gathered:
+    """The jobs of ``rows`` with their values of ``metric`` and their attempts; GpuqError or UsageError when
+    no finished job's value can be had (one line saying why)."""
     jobs: list[Job] = []
     for sweep in rows:
         jobs.extend(ctx.ledger.jobs(sweep_id=sweep.id))
     missing = collect_missing(ctx, jobs) if collect else {}
-    values: dict[str, dict[str, Value]] = {}  # job id -> "final" | "best" -> the headline metric's
+    values: dict[str, dict[str, Value]] = {}
     for job_id, scope, _, value, step in ctx.ledger.metric_values((j.id for j in jobs), names=[metric]):
         values.setdefault(job_id, {})[scope] = Value(value, step)
     attempts: dict[str, list[Attempt]] = {}
@@ -130,53 +183,42 @@ def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: st
                              + "; ".join(unread))
         raise UsageError(f"no finished job of {', '.join(s.id for s in rows)} reported the metric {metric!r}; "
                          "name the one your trainer writes with --metric (gpuq results shows what each job has)")
-    cells = group(jobs)
-    base_name = _baseline(cells, baseline)
-    now = time.time()
-    on_cpu = cpu_slots(ctx)
-    ran = {j.id: [p for p in (ran_with(a.provenance) for a in attempts.get(j.id, [])) if p] for j in jobs}
-    notes: list[str] = collect_notes(missing) + unread
-    out: list[CellRow] = []
-    finals_of: dict[str, list[float]] = {}
-    same: set[str] = set()  # cells whose seeds produced identical curves
-    done = {name: [j for j in members if j.state == JobState.SUCCEEDED.value and "final" in values.get(j.id, {})]
-            for name, members in cells.items()}
-    # seeds with different final values never have identical signatures: only the curves of cells whose
-    # finished seeds all ended at the same value are read (normally none)
-    curves = ctx.ledger.curves(j.id for finished in done.values() if len(finished) >= 2
-                               and len({values[j.id]["final"].value for j in finished}) == 1 for j in finished)
-    for name, members in cells.items():
-        finished = done[name]
-        finals = [values[j.id]["final"].value for j in finished]
-        bests = [values[j.id]["best"].value for j in finished if "best" in values[j.id]]
-        steps = [s for s in (values[j.id]["final"].step for j in finished) if s is not None]
-        finals_of[name] = finals
-        costs = [job_cost(j.gpus * j.nodes, attempts.get(j.id, []), [], now, on_cpu) for j in members]
-        priced = [c.cost for c in costs if c.cost is not None]
-        mean = stats.mean(finals) if finals else None
-        flags = _flags(finished, values, mode, finals)
-        if trust.identical([_signature(values[j.id], curves.get(j.id, {})) for j in finished]):
-            same.add(name)
-            flags.append(trust.IDENTICAL)
-        mix = trust.mixed({j.name: ran[j.id] for j in finished})
-        flags += [mix] if mix else []
-        ci = None if name in same else stats.mean_ci(finals)
-        out.append(CellRow(
-            cell=name, sweeps=sorted({j.sweep_id for j in members}), jobs=[j.id for j in members],
-            names=[j.name for j in members], n_finished=len(finished), n_total=len(members),
-            mean=mean, std=stats.std(finals), ci_low=ci.low if ci else None, ci_high=ci.high if ci else None,
-            best=(max(bests) if mode == "max" else min(bests)) if bests else None, final=mean,
-            steps=max(steps) if steps else None, gpu_hours=sum(c.gpu_hours for c in costs),
-            cpu_hours=sum(c.cpu_hours for c in costs),
-            cost_usd=sum(priced) if priced else None, is_baseline=name == base_name,
-            delta=None, delta_ci_low=None, delta_ci_high=None, p_value=None,
-            verdict="no data" if not finished else "no baseline", flags=flags,
-            ran_with=trust.lines(p for j in members for p in ran[j.id])))
-    _compare(out, finals_of, base_name, mode, same)
-    _against_baseline(out, cells, ran, base_name, same)
-    finished_n = sum(c.n_finished for c in out)
-    if finished_n < len(jobs):
-        notes.append(f"{len(jobs) - finished_n} of {len(jobs)} jobs have not finished with the metric "
+    return _Gathered(jobs, values, attempts, missing, unread)
+
+
+def _cell_row(name: str, members: list[Job], finished: list[Job], values: dict[str, dict[str, Value]],
+              costs: list[JobCost], ran: dict[str, list[Provenance]], mode: str, *, identical: bool,
+              is_baseline: bool) -> CellRow:
+    """One cell's row before it is compared with the baseline: its seeds' mean, spread, interval, cost, flags."""
+    finals = [values[j.id]["final"].value for j in finished]
+    bests = [values[j.id]["best"].value for j in finished if "best" in values[j.id]]
+    steps = [s for s in (values[j.id]["final"].step for j in finished) if s is not None]
+    priced = [c.cost for c in costs if c.cost is not None]
+    mean = stats.mean(finals) if finals else None
+    flags = _flags(finished, values, mode, finals)
+    if identical:
+        flags.append(trust.IDENTICAL)
+    mix = trust.mixed({j.name: ran[j.id] for j in finished})
+    flags += [mix] if mix else []
+    ci = None if identical else stats.mean_ci(finals)
+    return CellRow(
+        cell=name, sweeps=sorted({j.sweep_id for j in members}), jobs=[j.id for j in members],
+        names=[j.name for j in members], n_finished=len(finished), n_total=len(members),
+        mean=mean, std=stats.std(finals), ci_low=ci.low if ci else None, ci_high=ci.high if ci else None,
+        best=(max(bests) if mode == "max" else min(bests)) if bests else None, final=mean,
+        steps=max(steps) if steps else None, gpu_hours=sum(c.gpu_hours for c in costs),
+        cpu_hours=sum(c.cpu_hours for c in costs),
+        cost_usd=sum(priced) if priced else None, is_baseline=is_baseline,
+        delta=None, delta_ci_low=None, delta_ci_high=None, p_value=None,
+        verdict="no data" if not finished else "no baseline", flags=flags,
+        ran_with=trust.lines(p for j in members for p in ran[j.id]))
+
+
+def _notes(out: Sequence[CellRow], total: int, finished_n: int, metric: str, base_name: str | None) -> list[str]:
+    """What the reader of the table must know: jobs not counted, spreads that cannot be computed, no baseline."""
+    notes = []
+    if finished_n < total:
+        notes.append(f"{total - finished_n} of {total} jobs have not finished with the metric "
                      f"{metric!r}: only the {finished_n} finished ones count")
     huge = [c.cell for c in out if (c.n_finished >= 2 and (c.std is None or c.ci_low is None))
             or c.verdict == "cannot compute"]
@@ -185,15 +227,7 @@ def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: st
                      "lie too far apart for floating point (beyond ±1.8e308); the means are shown")
     if base_name is None:
         notes.append("no baseline: name a cell with --baseline (a cell called 'baseline' is chosen by itself)")
-    cell_of = {j.id: name for name, members in cells.items() for j in members}
-    failures = _failures(ctx, [j for j in jobs if j.state in _FAILED], attempts, cell_of)
-    return Report(
-        generated_at=now, sweeps=[_sweep_info(s, jobs, attempts) for s in rows], metric=metric,
-        mode="max" if mode == "max" else "min", baseline=base_name, finished=finished_n, total=len(jobs),
-        partial=any(not JobState(j.state).terminal for j in jobs), cells=out, failures=failures,
-        gpu_hours=sum(c.gpu_hours for c in out), cpu_hours=sum(c.cpu_hours for c in out),
-        cost_usd=sum(c.cost_usd for c in out if c.cost_usd is not None) if any(c.cost_usd is not None for c in out)
-        else None, notes=notes)
+    return notes
 
 
 def _baseline(cells: dict[str, list[Job]], wanted: str | None) -> str | None:

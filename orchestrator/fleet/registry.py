@@ -225,22 +225,10 @@ def register(
                                   prof.launch.train_device, prof.launch.min_free_gb), facts)
         out.trusted_key = host.trusted_keys[0] if host.trusted_keys else ""
         out.row.host_key = out.trusted_key or _known_key(settings, endpoint)
-        free_gb = (facts.free_bytes or 0) / 1e9
-        if prof.launch.min_free_gb and free_gb < prof.launch.min_free_gb:
-            out.warnings.append(f"{facts.root} has {free_gb:.1f} GB free, below the profile's "
-                                f"{prof.launch.min_free_gb:g} GB: jobs will be refused by the disk gate")
-        if not facts.gpus:
-            detail = f" ({facts.gpu_error})" if facts.gpu_error else ""
-            out.warnings.append(f"no GPUs reported by nvidia-smi{detail}: jobs get {facts.cpus} CPU slots")
+        out.warnings += _audit_warnings(facts, prof.launch.min_free_gb)
         if then is not None:
             then(host, out)
-        if held is not None:
-            fields: HostFields = {**audited(out.row), **(rented or {})}
-            ledger.lease_transition(name, LeaseState.RUNNING, "", **fields)
-            ledger.record_event("host", name, f"registered: {out.row.kind} {target} root={out.row.root} "
-                                              f"profile={out.row.profile}")
-        else:
-            ledger.add_host(out.row)
+        _record(ledger, out, target, held=held is not None, rented=rented)
         return out
     except BaseException:
         forget_keys(settings, endpoint, only=host.trusted_keys)
@@ -249,6 +237,31 @@ def register(
         raise
     finally:
         host.close()
+
+
+def _audit_warnings(facts: HostFacts, min_free_gb: float) -> list[str]:
+    """What the audit found that jobs will feel: too little free disk for the profile, no GPUs."""
+    warnings = []
+    free_gb = (facts.free_bytes or 0) / 1e9
+    if min_free_gb and free_gb < min_free_gb:
+        warnings.append(f"{facts.root} has {free_gb:.1f} GB free, below the profile's "
+                        f"{min_free_gb:g} GB: jobs will be refused by the disk gate")
+    if not facts.gpus:
+        detail = f" ({facts.gpu_error})" if facts.gpu_error else ""
+        warnings.append(f"no GPUs reported by nvidia-smi{detail}: jobs get {facts.cpus} CPU slots")
+    return warnings
+
+
+def _record(ledger: Ledger, out: Registered, target: str, *, held: bool, rented: HostFields | None) -> None:
+    """The audited host into the ledger: a new row, or (rented) the row `gpuq up` held for it, whose lease
+    starts running in the same transaction."""
+    if not held:
+        ledger.add_host(out.row)
+        return
+    fields: HostFields = {**audited(out.row), **(rented or {})}
+    ledger.lease_transition(out.row.name, LeaseState.RUNNING, "", **fields)
+    ledger.record_event("host", out.row.name, f"registered: {out.row.kind} {target} root={out.row.root} "
+                                              f"profile={out.row.profile}")
 
 
 def audit(host: Host, interpreter: str, root: str) -> HostFacts:

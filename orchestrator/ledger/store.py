@@ -192,52 +192,13 @@ class Ledger(EventRecords, ResultRecords, PullRecords, LeaseRecords):
         with self.session() as s:
             if s.get(Sweep, sweep_id) is not None:
                 raise LedgerError(f"sweep {sweep_id} already exists")
-            s.add(
-                Sweep(
-                    id=sweep_id,
-                    queue_path=queue_path,
-                    workdir=workdir,
-                    queue_text=queue_text,
-                    bundle_sha=bundle_sha,
-                    hosts=",".join(hosts),
-                    entry=entry,
-                    launcher=launcher,
-                    verify=",".join(verify),
-                    run=run,
-                    git_commit=git[0],
-                    git_dirty=git[1],
-                    budget_usd=budget_usd,
-                    job_count=len(jobs),
-                    created_at=now,
-                )
-            )
+            s.add(Sweep(id=sweep_id, queue_path=queue_path, workdir=workdir, queue_text=queue_text,
+                        bundle_sha=bundle_sha, hosts=",".join(hosts), entry=entry, launcher=launcher,
+                        verify=",".join(verify), run=run, git_commit=git[0], git_dirty=git[1],
+                        budget_usd=budget_usd, job_count=len(jobs), created_at=now))
             s.flush()
             for spec in jobs:
-                row = Job(
-                    id=job_id_for(sweep_id, spec.name),
-                    sweep_id=sweep_id,
-                    name=spec.name,
-                    line=spec.line,
-                    raw=spec.raw,
-                    config=spec.config,
-                    config_sha256=spec.config_sha256,
-                    task=spec.task,
-                    epochs=spec.epochs or 0,  # 0: not given (specs.known_epochs)
-                    gpus=spec.gpus,
-                    nodes=spec.nodes,
-                    est_min=spec.est_min,
-                    seed=spec.seed,
-                    host_pin=spec.host,
-                    retries=default_retries if spec.retries is None else spec.retries,
-                    spec_hash=spec_hash_for(spec),
-                    args=json.dumps(list(spec.args)),
-                    cell=spec.cell or spec.name,
-                    gpu="|".join(spec.gpu),
-                    gpu_mem=spec.gpu_mem,
-                    state=JobState.QUEUED.value,
-                    created_at=now,
-                    updated_at=now,
-                )
+                row = job_row(sweep_id, spec, default_retries, now)
                 s.add(row)
                 rows.append(row)
             add_event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
@@ -675,3 +636,32 @@ def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None
     found = attempt_price(gpus, [rows[name] if rows is not None and name in rows else s.get(HostRow, name)
                                  for name in hosts])
     return {} if found is None else {"price_per_hour": found[0], "gpu_share": found[1]}
+
+
+def job_row(sweep_id: str, spec: JobSpec, default_retries: int, now: float) -> Job:
+    """The QUEUED row of one expanded queue line of sweep ``sweep_id``."""
+    return Job(
+        id=job_id_for(sweep_id, spec.name),
+        sweep_id=sweep_id,
+        name=spec.name,
+        line=spec.line,
+        raw=spec.raw,
+        config=spec.config,
+        config_sha256=spec.config_sha256,
+        task=spec.task,
+        epochs=spec.epochs or 0,  # 0: not given (specs.known_epochs)
+        gpus=spec.gpus,
+        nodes=spec.nodes,
+        est_min=spec.est_min,
+        seed=spec.seed,
+        host_pin=spec.host,
+        retries=default_retries if spec.retries is None else spec.retries,
+        spec_hash=spec_hash_for(spec),
+        args=json.dumps(list(spec.args)),
+        cell=spec.cell or spec.name,
+        gpu="|".join(spec.gpu),
+        gpu_mem=spec.gpu_mem,
+        state=JobState.QUEUED.value,
+        created_at=now,
+        updated_at=now,
+    )

@@ -334,15 +334,7 @@ def _pull_one(run: _Pull, job: Job, reply: ManifestReply) -> PullOutcome:
         _remove_if_empty(staging)
         return _existing_final(run, job, final, manifest)
     if stale is not None and not stale.same_files(manifest):
-        # an interrupted pull of other bytes: keep it as evidence, start from a fresh staging dir
-        aside = sweep_dir / f".{job.id}.{MANIFEST_INCOMING}"
-        os.replace(staging / MANIFEST_INCOMING, aside)
-        moved_to = run.quarantine(staging, job, stale.attempt, Problem(
-            "superseded", "an interrupted pull of an earlier manifest; the host now lists other files"),
-            stale.sha256)
-        run.ledger.record_event("job", job.id, f"pull: stale staging dir moved to {moved_to}")
-        staging.mkdir()
-        os.replace(aside, staging / MANIFEST_INCOMING)
+        _set_aside(run, job, staging, stale)
     os.replace(staging / MANIFEST_INCOMING, staging / protocol.JOB_MANIFEST_FILE)
     mismatch = _check_against_ledger(run, job, manifest)
     if mismatch:
@@ -369,17 +361,36 @@ def _pull_one(run: _Pull, job: Job, reply: ManifestReply) -> PullOutcome:
                                total_bytes=manifest.total_bytes, local_dir=str(where), reason=problem.detail)
         return _outcome(job, run.host, QUARANTINED, reason, local_dir=str(where), transferred=moved, files=files,
                         bytes=size)
+    _seal(run, job, staging, final, manifest)
+    return _outcome(job, run.host, VERIFIED, local_dir=str(final), transferred=moved, files=files, bytes=size)
+
+
+def _set_aside(run: _Pull, job: Job, staging: Path, stale: Manifest) -> None:
+    """An interrupted pull of other bytes: kept as evidence in quarantine, and a fresh staging dir begun with
+    the manifest just fetched."""
+    aside = staging.parent / f".{job.id}.{MANIFEST_INCOMING}"
+    os.replace(staging / MANIFEST_INCOMING, aside)
+    moved_to = run.quarantine(staging, job, stale.attempt, Problem(
+        "superseded", "an interrupted pull of an earlier manifest; the host now lists other files"),
+        stale.sha256)
+    run.ledger.record_event("job", job.id, f"pull: stale staging dir moved to {moved_to}")
+    staging.mkdir()
+    os.replace(aside, staging / MANIFEST_INCOMING)
+
+
+def _seal(run: _Pull, job: Job, staging: Path, final: Path, manifest: Manifest) -> None:
+    """A verified copy made final: its record written and synced, the directory renamed into place, the pull
+    recorded."""
     record = {"schema": PULL_VERIFIED_SCHEMA, "queue_id": job.sweep_id, "job_id": job.id, "name": job.name,
               "attempt": manifest.attempt, "host": run.host.name, "manifest_sha256": manifest.sha256,
               "files": len(manifest.files), "bytes": manifest.total_bytes, "verified_at": _utc()}
     _fsync_tree(staging)
     _atomic_write(staging / PULL_VERIFIED, json.dumps(record, indent=1, sort_keys=True) + "\n")
-    os.rename(staging, final)  # final is absent: checked above, and only pulls create it
-    fsync_path(sweep_dir)
+    os.rename(staging, final)  # final is absent: checked by the caller, and only pulls create it
+    fsync_path(final.parent)
     run.ledger.record_pull(job.id, attempt=manifest.attempt, host=run.host.name, state=VERIFIED,
                            manifest_sha256=manifest.sha256, files=len(manifest.files),
                            total_bytes=manifest.total_bytes, local_dir=str(final))
-    return _outcome(job, run.host, VERIFIED, local_dir=str(final), transferred=moved, files=files, bytes=size)
 
 
 @contextlib.contextmanager
