@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from orchestrator import host_documents
-from orchestrator.agent import bundle_check
+from orchestrator.agent import bundle_check, client
 from orchestrator.agent.bundle import Bundle
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings, load_profile
@@ -51,14 +51,6 @@ UNPACK_SCRIPT = (
 
 
 ENQUEUE_S_PER_SPEC = 0.5  # the enqueue call's time allowance per spec (sbatch on a busy slurmctld)
-
-
-def agent_path(host: Host, bundle_sha: str) -> str:
-    return host.path(protocol.BUNDLES_DIR, bundle_sha, protocol.AGENT_ENTRY)
-
-
-def agent_argv(host: Host, bundle_sha: str, *args: str) -> list[str]:
-    return [host.python, agent_path(host, bundle_sha), "--root", host.root, *args]
 
 
 def ensure_bundle(host: Host, bundle: Bundle) -> bool:
@@ -244,7 +236,7 @@ def _serve_args(host: Host, settings: Settings) -> list[str]:
 
 def ensure_agent(host: Host, bundle_sha: str, settings: Settings) -> str:
     """Start the host's agent unless one runs (the agent's flock makes this safe to repeat)."""
-    result = host.run(agent_argv(host, bundle_sha, "serve", "--detach", *_serve_args(host, settings)), timeout=90)
+    result = client.run(host, bundle_sha, "serve", "--detach", *_serve_args(host, settings), timeout=90)
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent did not start: {result.stderr.strip()[-300:]}")
     return result.stdout.strip()
@@ -256,10 +248,10 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
     Returns the agent's verdict per job id ("queued", "exists").
     """
     datasync.sync_specs(host, list(specs), settings.home)  # [data] first: a killed sync resumes on re-delivery
-    argv = agent_argv(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings))
     # a Slurm login node runs one sbatch per spec inside this call: allow for each of them
-    result = host.run(argv, stdin=enqueue_payload(specs, allowed=settings.forward_env_allow),
-                      timeout=60 + ENQUEUE_S_PER_SPEC * len(specs))
+    result = client.run(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings),
+                        stdin=enqueue_payload(specs, allowed=settings.forward_env_allow),
+                        timeout=60 + ENQUEUE_S_PER_SPEC * len(specs))
     if result.exit_code != 0:
         raise AgentError(f"host {host.name}: the agent refused the jobs: {result.stderr.strip() or result.stdout}")
     return host_documents.read_verdicts(host.name, result.stdout)  # ProtocolError: this host only

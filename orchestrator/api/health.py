@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import host_documents
+from orchestrator.agent import client
 from orchestrator.agent.bundle import build_bundle
-from orchestrator.agent.launcher import agent_argv, ensure_bundle
+from orchestrator.agent.launcher import ensure_bundle
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, HostError, UsageError
 from orchestrator.core.states import LEASE_UNPROBED
@@ -84,14 +84,13 @@ def reap(ctx: Context, name: str, *, force: bool = False) -> ReapReport:
     if force:
         argv.append("--force")
     try:
-        result = host.run(agent_argv(host, sha, *argv), timeout=ctx.settings.reap_resample_s + 120)
+        reaped = client.reap(host, sha, argv[1:], timeout=ctx.settings.reap_resample_s + 120)
     except HostError as exc:
         raise GpuqError(f"host {name}: {exc}") from exc
-    try:
-        doc = host_documents.read_reap(name, result.stdout)
-    except host_documents.ProtocolError:
-        return ReapReport(name, None, result.exit_code, (result.stderr or result.stdout).strip()[-400:])
+    doc = reaped.doc
+    if doc is None:
+        return ReapReport(name, None, reaped.code, reaped.said)
     if force:
         ctx.ledger.record_event("host", name, "reaped: " + (", ".join(f"{k.pid} {k.outcome}"
                                                                       for k in doc.killed) or "nothing"))
-    return ReapReport(name, doc, result.exit_code, result.stderr.strip()[-400:] if result.exit_code else "")
+    return ReapReport(name, doc, reaped.code, reaped.said)

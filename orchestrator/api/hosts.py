@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator import host_documents
+from orchestrator.agent import client
 from orchestrator.agent.bundle import build_bundle
-from orchestrator.agent.launcher import agent_argv, ensure_bundle
+from orchestrator.agent.launcher import ensure_bundle
 from orchestrator.context import Context, verified_ids
 from orchestrator.core import protocol
 from orchestrator.core.config import LOCAL_HOST
@@ -140,14 +140,11 @@ def hosts_stop_agent(ctx: Context, name: str, *, force: bool = False) -> AgentSt
         bundle = build_bundle(Path(empty), ctx.settings.bundle_cache)
     try:
         ensure_bundle(host, bundle)
-        result = host.run(agent_argv(host, bundle.sha256, "stop-agent", *(["--force"] if force else [])),
-                          timeout=60)
+        done = client.stop_agent(host, bundle.sha256, force=force)
+    except client.AgentRefused:
+        raise
     except HostError as exc:
         raise GpuqError(f"host {name}: {exc}") from exc
-    if result.exit_code != 0:
-        said = (result.stderr or result.stdout).strip()[-200:]
-        raise HostError(name, f"stop-agent exited {result.exit_code}: {said}")
-    done = host_documents.read_agent_stop(name, result.stdout)
     if done.outcome == "stopped":
         ctx.ledger.record_event("host", name, f"agent {done.pid} stopped on request"
                                 + (f" with {len(done.running)} running jobs" if done.running else ""))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import transfer
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.api.explaining import attempt_log
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, gc_paused, host_for
@@ -131,19 +131,14 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
         try:
             host = _job_host(ctx, held[0])
             host_retries.before_cancel(ctx.ledger, host, held, ctx.settings)  # a host's own retry: recorded first
-            argv = agent_argv(host, row.agent_bundle if row else "", "cancel", *[j.id for j in held])
-            result = host.run(argv, timeout=60 + ctx.settings.kill_grace_s * 2)
+            verdicts = client.cancel(host, row.agent_bundle if row else "", [j.id for j in held],
+                                     timeout=60 + ctx.settings.kill_grace_s * 2)
         except GpuqError as exc:
             reason = " ".join(str(exc).split())
             out += [CancelOutcome(job, f"not cancelled: {reason}", ok=False) for job in held]
             continue
-        lines = result.stdout.strip().splitlines()
-        if len(held) == 1:
-            verdicts = {held[0].id: lines[0] if lines else ""}
-        else:
-            verdicts = dict(line.split(" ", 1) for line in lines if " " in line)
         for job in held:
-            verdict = verdicts.get(job.id) or result.stderr.strip() or f"agent exit {result.exit_code}"
+            verdict = verdicts[job.id]
             try:
                 ctx.ledger.transition(job.id, JobState.CANCELLED, message=f"cancelled by user ({verdict})")
             except IllegalTransition:  # another gpuq command recorded its end meanwhile: nothing to cancel

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import transfer
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.api.snapshot import tick
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
@@ -75,7 +75,7 @@ def pull(ctx: Context, *, sweep: str | None = None) -> PullReport:
                 if row is None:
                     raise GpuqError(f"host {name} is no longer registered")
                 host = host_for(ctx, row)
-                got = transfer.pull_jobs(ctx.ledger, host, agent_argv(host, row.agent_bundle), group, results_dir,
+                got = transfer.pull_jobs(ctx.ledger, host, client.command(host, row.agent_bundle), group, results_dir,
                                          quarantine_dir)
             except GpuqError as exc:
                 got = [transfer.PullOutcome(j.id, j.name, sweep_id, name, transfer.NOT_PULLED, str(exc))

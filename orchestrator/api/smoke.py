@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.agent import launcher
+from orchestrator.agent import client, launcher
 from orchestrator.api.submitting import SubmitResult, submit
 from orchestrator.context import Context
 from orchestrator.core import protocol
@@ -176,7 +176,7 @@ def _start(host: LocalHost, spec_doc: dict[str, Any], job_id: str, number: int, 
     (adir / protocol.LAUNCH_FILE).write_text(json.dumps({
         "time": "", "slots": slots, "kind": "cpu", "device": "cpu", "total_slots": len(slots), "index": 1,
         "count": 1, "master_port": _free_port()}))
-    agent = launcher.agent_path(host, str(spec_doc["bundle_sha"]))
+    agent = client.agent_path(host, str(spec_doc["bundle_sha"]))
     with open(adir / protocol.JOB_LOG, "ab") as logf:
         return subprocess.Popen([host.python, agent, "--root", host.root, "wrap", job_id, str(number)],
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=host.root,
@@ -271,7 +271,7 @@ class ProbeAnswer(BaseModel):
 
 
 def _probe(host: LocalHost, job_id: str, sha: str, number: int) -> tuple[int, list[float]]:
-    agent_dir = os.path.dirname(launcher.agent_path(host, sha))
+    agent_dir = os.path.dirname(client.agent_path(host, sha))
     jdir = os.path.join(host.root, protocol.JOBS_DIR, job_id)
     got = host.run(["python3" if not host.python else host.python, "-I", "-c", PROBE, agent_dir, jdir, str(number)],
                    timeout=120)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import transfer
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError
@@ -247,7 +247,7 @@ def _bring_home(ctx: Context, row: HostRow, work: Work) -> tuple[list[str], list
     for sweep_id, group in by_sweep.items():
         try:
             with transfer.sweep_lock(results / sweep_id):
-                got = transfer.pull_jobs(ctx.ledger, host, agent_argv(host, row.agent_bundle), group, results,
+                got = transfer.pull_jobs(ctx.ledger, host, client.command(host, row.agent_bundle), group, results,
                                          quarantine, tries=3, backoff=(1.0, 5.0))
         except GpuqError as exc:  # another `gpuq pull` of the sweep holds its lock
             passing.append(str(exc))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import host_documents
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
@@ -197,16 +197,9 @@ def _fetch_checkpoint(host: Any, agent_bundle: str, job_id: str,
     rotates it away faster than a copy runs), a private copy of a project's own file (``torch.save`` to
     the same path rewrites it in place).  The pin goes when the copy is done.
     Returns (the pointer copied, the verified .part file), or why nothing could be copied."""
-    try:
-        pinned = host.run(agent_argv(host, agent_bundle, "snapshot", job_id), timeout=60)
-    except HostError as exc:
-        return str(exc)
-    try:
-        pointer = host_documents.read_snapshot(host.name, pinned.stdout) if pinned.exit_code == 0 else None
-    except host_documents.ProtocolError:
-        pointer = None
-    if pointer is None:
-        return (pinned.stderr or pinned.stdout).strip()[-300:] or "the agent pinned no checkpoint"
+    pointer = client.snapshot(host, agent_bundle, job_id)
+    if isinstance(pointer, str):
+        return pointer
     name = safe_checkpoint_file(pointer.file)
     if name is None:
         return f"the pointer names an unsafe file {pointer.file[:80]!r}"

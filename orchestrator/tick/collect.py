@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from orchestrator import host_documents
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.core.errors import GpuqError
 from orchestrator.health import observed
 from orchestrator.host_documents import Results, StatusDocument, Summary
@@ -24,10 +23,11 @@ def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str
     rest = [jid for jid in job_ids if jid not in carried]
     if not rest:
         return
-    result = host.run(agent_argv(host, agent_bundle, "collect", *rest), timeout=120)
-    if result.exit_code != 0:
-        raise GpuqError(f"host {host.name}: collecting results failed: {result.stderr.strip()[-300:]}")
-    record_collected(ledger, host_documents.read_collect(host.name, result.stdout).root)
+    try:
+        collected = client.collect(host, agent_bundle, rest)
+    except client.AgentRefused as exc:
+        raise GpuqError(f"host {host.name}: collecting results failed: {exc.said}") from exc
+    record_collected(ledger, collected.root)
 
 
 def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:

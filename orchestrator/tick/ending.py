@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
@@ -31,13 +31,11 @@ def save_stacks(ctx: Context, host: Host, row: HostRow, job: Job) -> str:
     """Ask the agent to save the attempt's stacks.txt; the agent's one line ("saved ..." or "not
     saved: why"), or why it could not be asked.  Never stops the kill that follows."""
     try:
-        result = host.run(agent_argv(host, row.agent_bundle, "stacks", job.id, str(job.attempt_count)),
-                          timeout=STACKS_TIMEOUT_S)
+        said = client.stacks(host, row.agent_bundle, job.id, job.attempt_count, timeout=STACKS_TIMEOUT_S)
     except HostError as exc:
         return f"stacks not saved: {exc}"
-    said = (result.stdout.strip() or result.stderr.strip()).splitlines()
-    line = said[-1][:300] if said else f"exit {result.exit_code}"
-    if result.exit_code != 0:
+    line = said.text[:300] if said.text else f"exit {said.code}"
+    if not said.ok:
         ctx.ledger.record_event("job", job.id, f"stacks of attempt {job.attempt_count}: {line}", unless_repeated=True)
     return line
 
@@ -61,13 +59,12 @@ def end_attempt(ctx: Context, host: Host, row: HostRow, job: Job, finding: Findi
     n = job.attempt_count
     stacks = save_stacks(ctx, host, row, job) if klass in STACKS_FOR else ""
     try:
-        result = host.run(agent_argv(host, row.agent_bundle, "kill", job.id, str(n)),
-                          timeout=ctx.settings.kill_grace_s + 60)
+        said = client.kill(host, row.agent_bundle, job.id, n, timeout=ctx.settings.kill_grace_s + 60)
     except HostError as exc:
         ctx.ledger.record_event("job", job.id, f"{klass}; killing it failed: {exc}", unless_repeated=True)
         return
-    verdict = result.stdout.strip() or result.stderr.strip()
-    if result.exit_code != 0:
+    verdict = said.text
+    if not said.ok:
         ctx.ledger.record_event("job", job.id, f"{klass}; not killed: {verdict}", unless_repeated=True)
         return
     if verdict.startswith(protocol.KILL_HOST_RETRIED):  # the host healed it first: its retry is recorded next look

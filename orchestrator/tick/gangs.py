@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from orchestrator.agent.launcher import agent_argv, enqueue, job_spec, on_each_host, run_readable
+from orchestrator.agent import client
+from orchestrator.agent.launcher import enqueue, job_spec, on_each_host, run_readable
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError, IllegalTransition
@@ -276,9 +277,8 @@ def stop_parts(ledger: Ledger, fleet: Fleet, job: Job, attempt: Attempt, parts: 
         bundle = row.agent_bundle if row is not None else attempt.bundle_sha
         try:
             if part.state in ("queued", "missing", "unknown"):
-                host.run(agent_argv(host, bundle, "withdraw", job.id), timeout=60)
-            result = host.run(agent_argv(host, bundle, "kill", job.id, str(attempt.number)), timeout=120)
-            verdict = result.stdout.strip() or result.stderr.strip()[-200:] or "not running"
+                client.withdraw(host, bundle, [job.id])
+            verdict = client.kill(host, bundle, job.id, attempt.number, timeout=120).text[-200:] or "not running"
         except HostError as exc:
             verdict = f"could not be reached ({exc})"
         done.append(f"node {part.rank} on {part.host}: {verdict}")

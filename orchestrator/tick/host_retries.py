@@ -20,14 +20,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError, IllegalTransition
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.health import failures
 from orchestrator.health.patrol import DEADLOCK_AT_START, Decision
-from orchestrator.host_documents import JobEntry, ProtocolError, RetryDecision, read_retry_decisions
+from orchestrator.host_documents import JobEntry, ProtocolError, RetryDecision
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger
 from orchestrator.tick.attempts import apply
@@ -68,14 +68,11 @@ def ask(ledger: Ledger, host: Host, items: Sequence[tuple[Job, int]]) -> dict[st
     items = [(job, n) for job, n in items if job.nodes == 1]
     if row is None or row.kind == "slurm" or not row.agent_bundle or not items:
         return {}
-    argv = agent_argv(host, row.agent_bundle, "decide-retry", *[f"{job.id}:{n}" for job, n in items])
     try:
-        result = host.run(argv, timeout=ASKED_TIMEOUT_S)
-        if result.exit_code == protocol.AGENT_EXIT_USAGE:
+        answer = client.decide_retry(host, row.agent_bundle, [(job.id, n) for job, n in items],
+                                     timeout=ASKED_TIMEOUT_S)
+        if answer is None:
             return {}  # an agent without the verb: it never retries by itself
-        if result.exit_code != protocol.EXIT_OK:
-            raise HostError(host.name, f"decide-retry exited {result.exit_code}: {result.stderr.strip()[-300:]}")
-        answer = read_retry_decisions(host.name, result.stdout)
         return {job.id: answer.root.get(job.id) for job, _ in items}
     except (HostError, ProtocolError) as exc:
         ledger.record_event("host", host.name, f"could not ask who retries {len(items)} ended attempts: {exc}; "

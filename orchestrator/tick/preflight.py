@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from orchestrator import host_documents
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError
 from orchestrator.core.states import HoldChange, HoldKind
@@ -50,13 +49,11 @@ def preflight(host: Host, agent_bundle: str, settings: Settings, row: HostRow | 
         argv += ["--gpu-model", model]
     if need.mem_mib is not None:
         argv += ["--min-gpu-mem-mib", f"{need.mem_mib:.1f}"]
-    result = host.run(agent_argv(host, agent_bundle, *argv), timeout=60 + 2 * settings.preflight_samples)
-    try:
-        doc = host_documents.read_health(host.name, result.stdout)
-    except host_documents.ProtocolError as exc:
-        tail = (result.stderr or result.stdout).strip()[-300:]
-        return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {result.exit_code}, "
-                                                f"{exc.detail}): {tail}")
+    answer = client.health(host, agent_bundle, argv[1:], timeout=60 + 2 * settings.preflight_samples)
+    doc = answer.doc
+    if doc is None:
+        return HealthVerdict(host.name, "fail", f"the health check printed no verdict (exit {answer.code}, "
+                                                f"{answer.unread}")
     bad = [f"{c.check}: {c.detail}" for c in doc.problems()]
     if need and doc.verdict == "fail" and all(c.check == "identity" for c in doc.checks if c.status == "fail"):
         return HealthVerdict(host.name, "mismatch", "; ".join(bad), doc)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from orchestrator import host_documents
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError
 from orchestrator.host_documents import StatusDocument
@@ -52,19 +52,16 @@ def probe(host: Host, agent_bundle: str, settings: Settings, results_for: Sequen
                      reachable=True)
     try:
         wanted = ["--results-for", *results_for] if results_for else []
-        result = host.run(agent_argv(host, agent_bundle, "status", "--json", *wanted, *extra),
-                          timeout=settings.status_timeout_s)
+        doc = client.status(host, agent_bundle, [*wanted, *extra], timeout=settings.status_timeout_s)
+    except client.AgentRefused as exc:
+        return Probe(host.name, False, error=f"status exited {exc.code}: {exc.said}",
+                     duration_s=time.monotonic() - started, reachable=True)
+    except host_documents.ProtocolError as exc:
+        return Probe(host.name, False, error=f"protocol error: {exc.detail}", duration_s=time.monotonic() - started,
+                     reachable=True)
     except HostError as exc:  # unreachable, or a key/auth refusal: either way no verdict on any job
         return Probe(host.name, False, error=str(exc), duration_s=time.monotonic() - started)
-    elapsed = time.monotonic() - started
-    if result.exit_code != 0:
-        return Probe(host.name, False, error=f"status exited {result.exit_code}: {result.stderr.strip()[-300:]}",
-                     duration_s=elapsed, reachable=True)
-    try:
-        doc = host_documents.read_status(host.name, result.stdout)
-    except host_documents.ProtocolError as exc:
-        return Probe(host.name, False, error=f"protocol error: {exc.detail}", duration_s=elapsed, reachable=True)
-    return Probe(host.name, True, doc=doc, duration_s=elapsed, reachable=True)
+    return Probe(host.name, True, doc=doc, duration_s=time.monotonic() - started, reachable=True)
 
 
 ProbeRequest = tuple[Host, str, Sequence[str], Sequence[str]]  # host, agent bundle, active job ids, extra args

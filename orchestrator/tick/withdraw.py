@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator import host_documents
-from orchestrator.agent.launcher import agent_argv
-from orchestrator.core.errors import HostError
+from orchestrator.agent import client
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.fleet.registry import Fleet
-from orchestrator.host_documents import Verdicts
 from orchestrator.ledger import Attempt, Job, Ledger
 
 WHY = ("steal", "budget")
@@ -33,12 +30,7 @@ def withdraw(ledger: Ledger, fleet: Fleet, host_name: str, jobs: Sequence[Job], 
         ledger.update_attempt(job.id, job.attempt_count, withdrawing=why)
     row = ledger.host(host_name)
     host = fleet.named(host_name)
-    argv = agent_argv(host, row.agent_bundle if row else "", "withdraw", *[j.id for j in jobs])
-    try:
-        result = host.run(argv, timeout=60)
-        verdicts = host_documents.read_verdicts(host.name, result.stdout) if result.exit_code == 0 else Verdicts({})
-    except (HostError, host_documents.ProtocolError):
-        verdicts = Verdicts({})
+    verdicts = client.withdraw(host, row.agent_bundle if row else "", [j.id for j in jobs])
     withdrawn = {j.id for j in jobs if verdicts.of(j.id) == "withdrawn"}
     for job in jobs:
         if job.id not in withdrawn:  # claimed meanwhile (it runs), or not asked: no withdrawal under way

@@ -430,7 +430,7 @@ def pull_jobs(
 ) -> list[PullOutcome]:
     """Pull and verify the results of ``jobs`` (SUCCEEDED, all on ``host``); one outcome per job.
 
-    ``agent`` is the host agent's command prefix (``launcher.agent_argv(host, sha)``).  Jobs whose
+    ``agent`` is the host agent's command prefix (``agent.client.command(host, sha)``).  Jobs whose
     newest ledger pull is verified and whose local copy still carries that record are "already
     verified" without touching the host.  ``tries`` bounds transport failures per job directory
     (and for the manifest round trip); ``sleep`` and ``jitter`` are injectable for tests.

@@ -197,7 +197,7 @@ def test_a_withdrawal_gpuq_did_not_live_to_record_puts_the_job_back_in_the_queue
                                                                                 tmp_path: Path) -> None:
     """gpuq killed between the agent's withdraw and its own record (work stealing, a budget): the attempt's
     mark, written first, tells the next tick to queue the job again; an unmarked withdrawal is a cancel."""
-    from orchestrator.agent.launcher import agent_argv
+    from orchestrator.agent import client
 
     env = {**ENV, "GPUQ_LOCAL_CPU_SLOTS": "1"}
     queue = light_project(tmp_path, {"long": light_config(steps=30, step_s=0.5)},
@@ -214,7 +214,7 @@ def test_a_withdrawal_gpuq_did_not_live_to_record_puts_the_job_back_in_the_queue
         ctx.ledger.update_attempt(marked.id, 1, withdrawing="steal")  # the record, then the side effect
         host = ctx.fleet.named("local")
         bundle = ctx.ledger.host("local").agent_bundle  # type: ignore[union-attr]
-        done = host.run(agent_argv(host, bundle, "withdraw", marked.id, unmarked.id), timeout=60)
+        done = client.run(host, bundle, "withdraw", marked.id, unmarked.id, timeout=60)
         assert done.exit_code == 0 and done.stdout.count('"withdrawn"') == 2, done.stdout + done.stderr
     finally:
         ctx.close()

@@ -24,7 +24,7 @@ SHA = "f" * 64  # the fake bundle every fabricated root carries
 
 
 def install_agent(root: Path) -> None:
-    """Copy the real agent into ``root/bundles/SHA/`` so ``agent_argv(host, SHA)`` runs it."""
+    """Copy the real agent into ``root/bundles/SHA/`` so ``agent.client.command(host, SHA)`` runs it."""
     target = root / protocol.BUNDLES_DIR / SHA / "payload" / "agent"
     if not target.exists():
         shutil.copytree(ROOT / "payload" / "agent", target, ignore=shutil.ignore_patterns("__pycache__"))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostUnreachable
 from orchestrator.core.specs import JobSpec
@@ -84,7 +84,7 @@ class World:
 
     def pull(self, jobs: list[Job] | None = None, **kw: Any) -> list[Any]:
         fresh = [self.ledger.job(j.id) for j in (jobs or self.jobs)]
-        return pull_jobs(self.ledger, self.host, agent_argv(self.host, SHA), fresh, self.results, self.quarantine,
+        return pull_jobs(self.ledger, self.host, client.command(self.host, SHA), fresh, self.results, self.quarantine,
                          sleep=self.sleeps.append, jitter=lambda: 0.0, **kw)
 
     def final(self, job: Job) -> Path:

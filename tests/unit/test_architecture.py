@@ -152,3 +152,27 @@ def test_the_api_reexports_every_verb_from_its_home_on_first_use() -> None:
                           "print(sorted(m for m in sys.modules if m.startswith(('orchestrator.api.', 'yaml'))))"],
                          capture_output=True, text=True, check=True, timeout=60)
     assert run.stdout.strip() == "['orchestrator.api.snapshot']"
+
+
+RAW_AGENT_CALLS = {"orchestrator/agent/launcher.py": {"run"},  # serve --detach and enqueue (stdin): the client's own
+                   "orchestrator/tick/billing.py": {"command"}, "orchestrator/api/pulling.py": {"command"}}
+
+
+def raw_agent_calls(path: Path, rel: str) -> set[str]:
+    """``client.run`` / ``client.command`` (an agent command line, its raw output) used in ``path``."""
+    tree = ast.parse(path.read_text())
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "client" and node.attr in ("run", "command")}
+
+
+def test_the_agent_is_called_through_its_client() -> None:
+    """One function per verb in ``agent/client.py`` builds the argv, runs it and returns its model; no other
+    module builds an agent command line (``agent_argv`` is gone) or reads an agent's raw output, except the
+    launcher's serve and enqueue and the pull's ``manifest`` prefix (transfer/ sits below agent/)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        assert "agent_argv" not in path.read_text(), f"{rel}: call the agent through orchestrator/agent/client.py"
+        if rel != "orchestrator/agent/client.py" and (calls := raw_agent_calls(path, rel)):
+            found[rel] = calls
+    assert found == RAW_AGENT_CALLS

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.agent.launcher import agent_argv
+from orchestrator.agent import client
 from orchestrator.context import Context, open_context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
@@ -304,7 +304,7 @@ def test_a_result_that_fails_verification_keeps_the_host_and_escalates_once(
 
     # the user repairs the file and pulls it by hand: the next tick ends the host and clears the escalation
     metrics.write_text(metrics.read_text().replace("{torn line\n", ""))
-    (got,) = pull_jobs(ctx.ledger, host, agent_argv(host, SHA), [ctx.ledger.job(jobs["good"].id)],
+    (got,) = pull_jobs(ctx.ledger, host, client.command(host, SHA), [ctx.ledger.job(jobs["good"].id)],
                        gpuq_home / "results", gpuq_home / "quarantine")
     assert got.verified
     billing.billing(ctx, TickReport(), {"rp-a"})
