@@ -14,6 +14,7 @@ the rows: ``gpuq down HOST`` ends an instance whose id never came back by lookin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import time
@@ -25,10 +26,10 @@ from orchestrator import fleet
 from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy
 from orchestrator.config import Settings, load_profile
 from orchestrator.context import Context
-from orchestrator.errors import ConfigError, GpuqError, NoCapacity, UsageError
+from orchestrator.errors import ConfigError, GpuqError, NoCapacity, ProviderError, UsageError
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
-from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name
+from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name, ssh_address
 from orchestrator.tick.leases import provider_for
 
 LEDGER_ID_FILE = "ledger-id"
@@ -89,7 +90,12 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
     ``auto_down`` setting): the tick ends each machine once its work is over (tick/billing.py).
     ``max_price``: the most one machine may cost per hour; the provider is asked for none dearer (its price,
     or for spot its current minimum bid, read before the create: ``NoCapacity`` and nothing rented)."""
-    registry.entry(provider)  # UsageError for a provider gpuq does not know
+    entry = registry.entry(provider)  # UsageError for a provider gpuq does not know
+    if spot and not entry.capabilities().spot:
+        markets = " or ".join(f"{e.spec.label} (--provider {e.name} --spot)" for e in registry.entries()
+                              if e.capabilities().spot) or "none"
+        raise UsageError(f"{entry.spec.label} rents no spot machines: gpuq's spot market is {markets}; "
+                         "or rent on demand without --spot")
     if count < 1 or gpus < 1:
         raise UsageError("--count and --gpus must be at least 1")
     if bid is not None and not spot:
@@ -307,10 +313,22 @@ class _Rental:
         self.out.unknown[host] = f"{why}; `gpuq down {host}` checks by its name and ends it"
 
 
-def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, provider: str, spot: bool,
-              bid: float | None, gpus: int, gpu_type: str, region: str | None, user: str) -> HostRow:
+def checked_endpoint(provider: str, inst: Instance) -> tuple[str, int]:
+    """The SSH endpoint ``inst`` is ready at, checked once before any row records it (base.ssh_address: an IP
+    address, or a host name under a domain the adapter declares); ProviderError for anything else."""
     if not inst.ssh_host or inst.ssh_port is None:
         raise GpuqError(f"{provider} {inst.id} is ready without an SSH endpoint")
+    endpoint = ssh_address(inst.ssh_host, inst.ssh_port, registry.ssh_names(provider))
+    if endpoint is None:
+        raise ProviderError(provider, f"{inst.id} is ready at {ascii(inst.ssh_host[:80])} port {inst.ssh_port}, "
+                            "not an IP address and port: not connecting there", code="bad-address")
+    return endpoint
+
+
+def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, provider: str, spot: bool,
+              bid: float | None, gpus: int, gpu_type: str, region: str | None, user: str) -> HostRow:
+    host, port = checked_endpoint(provider, inst)
+    inst = dataclasses.replace(inst, ssh_host=host, ssh_port=port)
     price = inst.price_per_hour
     if price is None and bid is not None:
         price = Decimal(str(bid)) * gpus
