@@ -87,7 +87,7 @@ class ProviderSpec:
 RUNPOD = ProviderSpec("runpod", "RunPod", ("GPUQ_RUNPOD_API_KEY", "RUNPOD_API_KEY"),
                       ("GPUQ_RUNPOD_REST_URL", "GPUQ_RUNPOD_URL"), "https://api.runpod.io/v2", "runpod")
 LAMBDA = ProviderSpec("lambda", "Lambda Cloud", ("GPUQ_LAMBDA_API_KEY", "LAMBDA_API_KEY"),
-                      ("GPUQ_LAMBDA_API_URL", "GPUQ_LAMBDA_URL"), "https://cloud.lambdalabs.com/api/v1", "lambda")
+                      ("GPUQ_LAMBDA_API_URL", "GPUQ_LAMBDA_URL"), "https://cloud.lambda.ai/api/v1", "lambda")
 VASTAI = ProviderSpec("vastai", "vast.ai", ("GPUQ_VASTAI_API_KEY", "VAST_API_KEY"),
                       ("GPUQ_VASTAI_API_URL", "GPUQ_VASTAI_URL"), "https://console.vast.ai", "vastai")
 

@@ -41,7 +41,7 @@ ENV_VAR = {"runpod": "RUNPOD_API_KEY", "lambda": "LAMBDA_API_KEY"}
 # recordings keep paths below BASE_PATH (RunPod's: the whole path, /v2/...)
 BASE_PATH = {"runpod": "", "lambda": "/api/v1"}
 REST_PATH = {"runpod": "/v2", "lambda": "/api/v1"}
-REAL_URL = {"runpod": "https://api.runpod.io/v2", "lambda": "https://cloud.lambdalabs.com/api/v1"}
+REAL_URL = {"runpod": "https://api.runpod.io/v2", "lambda": "https://cloud.lambda.ai/api/v1"}
 
 
 class Counting(httpx.BaseTransport):
