@@ -5,11 +5,13 @@ against the checkpoint interval.
 Starts a farm of namespace SSH hosts (tests/support/testhosts.py; needs root) behind the fake vast.ai,
 gpuq's spot market (tests/support/fakecloud, NetnsBackend: an instance is a real SSH host; an outbid pauses it
 at once, no warning, its disk kept; RunPod rents no spot pods since its API v2), rents ``--pods`` interruptible
-instances with ``gpuq up`` (api.up), submits one deterministic torchrun job per GPU (checkpoint every ``--ckpt-every`` steps),
-then for each of ``--preemptions`` rounds preempts one pod at a random step and measures:
+instances with ``gpuq up`` (api.up), submits one deterministic torchrun job per GPU (checkpoint every
+``--ckpt-every`` steps), then for each of ``--preemptions`` rounds preempts one machine at a random step and
+measures:
 
 - **detect**: preemption -> the tick that classifies it (``api.run_tick`` polled every ``--tick`` s);
-- **provision**: the re-bid (once the higher bid has gone) until the instance answers SSH again (reported, and excluded from the total);
+- **provision**: the re-bid (once the higher bid has gone) until the instance answers SSH again (reported, and
+  excluded from the total);
 - **relaunch**: pod ready -> the resumed attempt is RUNNING with a heartbeat (bundle, checkpoint
   check, agent start, torch start-up, checkpoint load);
 - **preemption to running again, excluding provisioning** = detect + relaunch;
@@ -93,7 +95,8 @@ def main() -> int:
     fake = FakeVastAI(api_key=KEY, backend=backend, offers=market).start()
     os.environ.update({"GPUQ_HOME": str(tmp / "home"), "GPUQ_HEARTBEAT_S": "1", "GPUQ_SSH_KEY": str(farm.client_key),
                        "GPUQ_PROVIDER_POLL_S": "0.2", "GPUQ_PREFLIGHT_SAMPLES": "1", "VAST_API_KEY": KEY,
-                       "GPUQ_VASTAI_API_URL": fake.url, "GPUQ_CKPT_INTERVAL_S": "3600", "GPUQ_AGENT_IDLE_EXIT_S": "300"})
+                       "GPUQ_VASTAI_API_URL": fake.url, "GPUQ_CKPT_INTERVAL_S": "3600",
+                       "GPUQ_AGENT_IDLE_EXIT_S": "300"})
     rng = random.Random(args.seed)
     rounds: list[dict[str, Any]] = []
     ctx = None

@@ -320,7 +320,7 @@ def checked_endpoint(provider: str, inst: Instance) -> tuple[str, int]:
         raise GpuqError(f"{provider} {inst.id} is ready without an SSH endpoint")
     endpoint = ssh_address(inst.ssh_host, inst.ssh_port, registry.ssh_names(provider))
     if endpoint is None:
-        raise ProviderError(provider, f"{inst.id} is ready at {ascii(inst.ssh_host[:80])} port {inst.ssh_port}, "
+        raise ProviderError(provider, f"{inst.id} is ready at {inst.ssh_host[:80]!a} port {inst.ssh_port}, "
                             "not an IP address and port: not connecting there", code="bad-address")
     return endpoint
 
