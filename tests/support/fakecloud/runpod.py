@@ -128,6 +128,7 @@ class FakeRunPod(FakeCloud):
         self.status_polls = 0
         self.port_polls = 1
         self.terminate_polls = 0
+        self.stop_grace_s = 5.0  # SIGTERM -> SIGKILL of a stopped pod's processes [unverified: RunPod's figure]
 
     # -- auth -----------------------------------------------------------------------------------------
 
@@ -163,7 +164,7 @@ class FakeRunPod(FakeCloud):
     def user_stop(self, pod_id: str) -> None:
         """A human pressed stop in the console: EXITED (v2 says no more)."""
         with self.lock:
-            self.exit_pod(self._pod(pod_id), "EXITED", 5.0)
+            self.exit_pod(self._pod(pod_id), "EXITED", self.stop_grace_s)
 
     def host_failure(self, pod_id: str) -> None:
         """The container fails beyond repair: ERROR."""
@@ -426,7 +427,7 @@ class FakeRunPod(FakeCloud):
         if action == "stop":
             if pod.status != "RUNNING":
                 return problem(409, f"cannot stop a pod that is {pod.status}")
-            self.exit_pod(pod, "EXITED", 5.0)
+            self.exit_pod(pod, "EXITED", self.stop_grace_s)
         elif action == "start":
             if pod.status != "EXITED":
                 return problem(409, f"cannot start a pod that is {pod.status}")
