@@ -78,6 +78,17 @@ def key_pair(settings: Settings, key: str) -> tuple[str, str]:
                      "pass --key PATH or set ssh_key in $GPUQ_HOME/config.toml")
 
 
+def check_spot(entry: registry.Entry) -> None:
+    """UsageError (one line, nothing asked or written) for ``--spot`` with a provider whose adapter rents no
+    spot machines (RunPod: its API v2 has none), naming the providers that do."""
+    if entry.capabilities().spot:
+        return
+    markets = " or ".join(f"{e.spec.label} (--provider {e.name} --spot)" for e in registry.entries()
+                          if e.capabilities().spot) or "none"
+    raise UsageError(f"{entry.spec.label} rents no spot machines: gpuq's spot market is {markets}; "
+                     "or rent on demand without --spot")
+
+
 def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int = 1, spot: bool = False,
        bid: float | None = None, region: str | None = None, key: str = "", profile: str = "", prefix: str = "",
        replaces: str = "", say: Callable[[str], None] | None = None, down_when_done: bool | None = None,
@@ -91,11 +102,8 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
     ``max_price``: the most one machine may cost per hour; the provider is asked for none dearer (its price,
     or for spot its current minimum bid, read before the create: ``NoCapacity`` and nothing rented)."""
     entry = registry.entry(provider)  # UsageError for a provider gpuq does not know
-    if spot and not entry.capabilities().spot:
-        markets = " or ".join(f"{e.spec.label} (--provider {e.name} --spot)" for e in registry.entries()
-                              if e.capabilities().spot) or "none"
-        raise UsageError(f"{entry.spec.label} rents no spot machines: gpuq's spot market is {markets}; "
-                         "or rent on demand without --spot")
+    if spot:
+        check_spot(entry)
     if count < 1 or gpus < 1:
         raise UsageError("--count and --gpus must be at least 1")
     if bid is not None and not spot:
