@@ -183,3 +183,12 @@ def test_up_with_spot_on_runpod_is_one_line_and_exit_2(gpuq_home: Path) -> None:
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "RunPod rents no spot machines" in done.stderr and "vast.ai (--provider vastai --spot)" in done.stderr
     assert Ledger(gpuq_home / "ledger.db").hosts() == [], "nothing rented, nothing recorded"
+
+
+def test_up_for_a_queue_with_spot_on_runpod_is_one_line_and_exit_2(gpuq_home: Path, tmp_path: Path) -> None:
+    queue = tmp_path / "queue.txt"
+    queue.write_text("c.yaml classify 1 name=a gpus=1\n")
+    done = run_gpuq("up", "--for", str(queue), "--max-price", "2", "--spot", "--provider", "runpod",
+                    env={"GPUQ_HOME": str(gpuq_home), "RUNPOD_API_KEY": KEY, "GPUQ_RUNPOD_URL": "http://127.0.0.1:9"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "vast.ai (--provider vastai --spot)" in done.stderr
