@@ -2,14 +2,16 @@
 """What a spot preemption costs: time until the job runs again, and training steps lost, measured
 against the checkpoint interval.
 
-Starts a farm of namespace SSH hosts (tests/support/testhosts.py; needs root) behind the fake RunPod
-(tests/support/fakecloud, NetnsBackend: a pod is a real SSH host; a preemption is SIGTERM to its
-processes and SIGKILL after the grace, its volume kept), rents ``--pods`` spot pods with ``gpuq up``
-(api.up), submits one deterministic torchrun job per GPU (checkpoint every ``--ckpt-every`` steps),
-then for each of ``--preemptions`` rounds preempts one pod at a random step and measures:
+Starts a farm of namespace SSH hosts (tests/support/testhosts.py; needs root) behind the fake vast.ai,
+gpuq's spot market (tests/support/fakecloud, NetnsBackend: an instance is a real SSH host; an outbid pauses it
+at once, no warning, its disk kept; RunPod rents no spot pods since its API v2), rents ``--pods`` interruptible
+instances with ``gpuq up`` (api.up), submits one deterministic torchrun job per GPU (checkpoint every
+``--ckpt-every`` steps), then for each of ``--preemptions`` rounds preempts one machine at a random step and
+measures:
 
 - **detect**: preemption -> the tick that classifies it (``api.run_tick`` polled every ``--tick`` s);
-- **provision**: the re-bid until the pod answers SSH again (reported, and excluded from the total);
+- **provision**: the re-bid (once the higher bid has gone) until the instance answers SSH again (reported, and
+  excluded from the total);
 - **relaunch**: pod ready -> the resumed attempt is RUNNING with a heartbeat (bundle, checkpoint
   check, agent start, torch start-up, checkpoint load);
 - **preemption to running again, excluding provisioning** = detect + relaunch;
@@ -38,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.bench_project import TINY_CONFIG  # noqa: E402
 
-KEY = "bench-runpod-key-0123456789"
+KEY = "bench-vast-key-0123456789"
 
 
 def write_project(base: Path, jobs: int, ckpt_every: int) -> Path:
@@ -67,7 +69,6 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--preemptions", type=int, default=4)
     parser.add_argument("--ckpt-every", type=int, default=8)
-    parser.add_argument("--grace", type=float, default=5.0, help="SIGTERM -> SIGKILL (RunPod: about 5 s)")
     parser.add_argument("--tick", type=float, default=1.0, help="seconds between patrol ticks")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--keep", action="store_true")
@@ -85,14 +86,17 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpuq-bench-preempt-"))
     farm = HostFarm(tmp / "farm", args.pods, args.gpus)
     farm.start()
-    from tests.support.fakecloud import FakeRunPod
     from tests.support.fakecloud.netns_backend import NetnsBackend
+    from tests.support.fakecloud.vastai import FakeVastAI
+    from tests.support.fakecloud.vastai_market import FakeOffer
 
     backend = NetnsBackend(farm)
-    fake = FakeRunPod(api_key=KEY, backend=backend).start()
+    market = tuple(FakeOffer(7001 + i, "RTX 4090", args.gpus, 24564, 0.40, 0.20) for i in range(args.pods))
+    fake = FakeVastAI(api_key=KEY, backend=backend, offers=market).start()
     os.environ.update({"GPUQ_HOME": str(tmp / "home"), "GPUQ_HEARTBEAT_S": "1", "GPUQ_SSH_KEY": str(farm.client_key),
-                       "GPUQ_PROVIDER_POLL_S": "0.2", "GPUQ_PREFLIGHT_SAMPLES": "1", "RUNPOD_API_KEY": KEY,
-                       "GPUQ_RUNPOD_URL": fake.url, "GPUQ_CKPT_INTERVAL_S": "3600", "GPUQ_AGENT_IDLE_EXIT_S": "300"})
+                       "GPUQ_PROVIDER_POLL_S": "0.2", "GPUQ_PREFLIGHT_SAMPLES": "1", "VAST_API_KEY": KEY,
+                       "GPUQ_VASTAI_API_URL": fake.url, "GPUQ_CKPT_INTERVAL_S": "3600",
+                       "GPUQ_AGENT_IDLE_EXIT_S": "300"})
     rng = random.Random(args.seed)
     rounds: list[dict[str, Any]] = []
     ctx = None
@@ -101,7 +105,7 @@ def main() -> int:
         from orchestrator.core.states import JobState
 
         ctx = api.open_context()
-        made = api.up(ctx, provider="runpod", gpu_type="NVIDIA RTX A6000", count=args.pods, gpus=args.gpus,
+        made = api.up(ctx, provider="vastai", gpu_type="RTX 4090", count=args.pods, gpus=args.gpus,
                       spot=True, profile="rehearsal")
         if not made.ok or len(made.hosts) != args.pods:
             raise RuntimeError(f"up: {'; '.join(made.problems())}")
@@ -142,7 +146,7 @@ def main() -> int:
             row = ctx.ledger.host(host)
             assert row is not None
             t_preempt = time.monotonic()
-            fake.preempt(row.instance_id, grace_s=args.grace)
+            fake.preempt(row.instance_id)
             deadline = time.monotonic() + 120
             while True:
                 api.run_tick(ctx)
@@ -152,6 +156,7 @@ def main() -> int:
                     raise RuntimeError(f"the preemption of {host} was not detected within 120 s")
                 time.sleep(args.tick)
             t_detect = time.monotonic()
+            fake.outbid_ends(row.instance_id)  # the higher bid is gone: a re-bid gets the same machine back
             backend.wait_idle()
             reached = step_of(beat)
             before = ctx.ledger.job(job.id).attempt_count
@@ -192,7 +197,7 @@ def main() -> int:
     if not rounds:
         print("no preemption measured", file=sys.stderr)
         return 1
-    print(f"{len(rounds)} spot preemptions (grace {args.grace:g} s, checkpoint every {args.ckpt_every} steps, "
+    print(f"{len(rounds)} spot preemptions (vast.ai: no warning, checkpoint every {args.ckpt_every} steps, "
           f"tick {args.tick:g} s):")
     print(f"  {'job':6} {'detect':>7} {'re-bid':>7} {'relaunch':>9} {'excl.prov':>10} {'reached':>8} {'resumed':>8} "
           f"{'lost':>5}")

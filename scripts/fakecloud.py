@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Run the local fake RunPod and Lambda Cloud APIs (tests/support/fakecloud), or re-record the fixtures.
+"""Run the local fake RunPod (REST v2) and Lambda Cloud APIs (tests/support/fakecloud), or re-record the fixtures.
 
     python scripts/fakecloud.py serve [--runpod-port 8701] [--lambda-port 8702]
         prints the environment that points gpuq at the fakes, then serves until Ctrl-C; inject events with
-        curl -X POST localhost:8701/_fake/preempt -d '{"pod_id": "..."}'     (controls: GET /_fake/log)
+        curl -X POST localhost:8701/_fake/host_failure -d '{"pod_id": "..."}'     (controls: GET /_fake/log)
     python scripts/fakecloud.py record
         re-records tests/fixtures/providers/<provider>/fake/*.json from the fakes (after an intended change
         to what an adapter sends), then replays them
@@ -11,7 +11,7 @@
 By default the fakes hand out fake addresses (TEST-NET-3) that nothing answers.  With ``--farm N`` (root;
 tests/support/testhosts.py) both fakes rent real OpenSSH hosts of an N-host farm in network namespaces
 instead (fakecloud.NetnsBackend): SSH as root with the farm's client key, or add yours with --authorize-key;
-preemptions SIGTERM/SIGKILL the host's processes, resumes boot the same host.
+stops and failures SIGTERM/SIGKILL the host's processes, starts boot the same host.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 real API key and spends real money, a few cents; never part of the test suite; docs/testing.md).
 
     python scripts/provider_live_check.py vastai [--max-price 0.5] [--deadline-s 110] [--spot]
+    python scripts/provider_live_check.py runpod [--max-price 0.5]     # RunPod's REST API v2, on demand only
 
 It lists the provider's 1-GPU offers and rents the cheapest at or under ``--max-price`` dollars per hour
 through gpuq's own adapter, prints the instance id the moment the create call answers (end it by hand in
@@ -129,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("provider", choices=registry.names())
     parser.add_argument("--max-price", type=Decimal, default=Decimal("0.5"), help="USD per hour (default 0.5)")
     parser.add_argument("--deadline-s", type=float, default=110.0, help="at most 120: from the create to terminate")
-    parser.add_argument("--spot", action="store_true", help="rent interruptible (where the provider has it)")
+    parser.add_argument("--spot", action="store_true", help="rent interruptible (vast.ai; RunPod has none)")
     args = parser.parse_args(argv)
+    if args.spot and not registry.entry(args.provider).capabilities().spot:
+        print(f"{args.provider} rents no spot machines (RunPod's API v2 has none): drop --spot, or check vastai",
+              file=sys.stderr)
+        return 2
     deadline_s = min(max(args.deadline_s, 10.0), HARD_LIMIT_S)
     recording = Recording()
     cls = registry.entry(args.provider).adapter_class()

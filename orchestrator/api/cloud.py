@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from orchestrator.api.budgeting import resume_refusals
-from orchestrator.api.renting import up
+from orchestrator.api.renting import checked_endpoint, up
 from orchestrator.context import Context, verified_ids
 from orchestrator.core.errors import GpuqError, HostError, ProviderError, UsageError
 from orchestrator.core.states import (
@@ -30,6 +30,7 @@ from orchestrator.core.states import (
 )
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
+from orchestrator.providers import registry
 from orchestrator.providers.base import Provider
 from orchestrator.tick import teardown
 from orchestrator.tick.leases import provider_for
@@ -184,7 +185,10 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
 def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
     """Bring a rented host back: the same pod (re-bid or resume), else a replacement."""
     prov = provider_for(ctx, row.provider)
-    if prov.supports_stop and row.lease in LEASE_REVIVABLE:
+    if row.spot and not registry.entry(row.provider).capabilities().rebid:  # a RunPod spot pod of the v1 era
+        ctx.ledger.record_event("host", row.name, f"{row.instance_id} is a spot machine and {row.provider} takes no "
+                                "new bid now: not resuming it", unless_repeated=True)
+    elif prov.supports_stop and row.lease in LEASE_REVIVABLE:
         try:
             bid = Decimal(str(row.bid_per_gpu)) if row.spot and row.bid_per_gpu is not None else None
             if row.spot and bid is None:
@@ -193,10 +197,10 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
             inst = prov.wait_ready(row.instance_id)
             if inst.gpu_count == 0:
                 raise ProviderError(row.provider, "came back with zero GPUs", code="host_failure")
-            assert inst.ssh_host and inst.ssh_port is not None
+            host, port = checked_endpoint(row.provider, inst)
             user = row.target.split("@", 1)[0] if "@" in row.target else "root"
             ctx.fleet.drop(row.name)
-            fleet.move_endpoint(ctx.ledger, ctx.settings, row.name, f"{user}@{inst.ssh_host}", inst.ssh_port)
+            fleet.move_endpoint(ctx.ledger, ctx.settings, row.name, f"{user}@{host}", port)
             ctx.ledger.lease_transition(row.name, LeaseState.RUNNING, "", unreachable_since=None, probe_failures=0,
                                         next_probe_at=None, hold=HoldChange(HoldKind.NONE,
                                                                             over=ANY_HOLD - {HoldKind.UNHEALTHY}))

@@ -14,6 +14,7 @@ the rows: ``gpuq down HOST`` ends an instance whose id never came back by lookin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import time
@@ -24,12 +25,12 @@ from pathlib import Path
 from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy
 from orchestrator.context import Context
 from orchestrator.core.config import Settings, load_profile
-from orchestrator.core.errors import ConfigError, GpuqError, NoCapacity, UsageError
+from orchestrator.core.errors import ConfigError, GpuqError, NoCapacity, ProviderError, UsageError
 from orchestrator.core.states import HoldChange, HoldKind, LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostFields, HostRow
 from orchestrator.providers import registry
-from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name
+from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name, ssh_address
 from orchestrator.tick.leases import provider_for
 
 LEDGER_ID_FILE = "ledger-id"
@@ -78,6 +79,17 @@ def key_pair(settings: Settings, key: str) -> tuple[str, str]:
                      "pass --key PATH or set ssh_key in $GPUQ_HOME/config.toml")
 
 
+def check_spot(entry: registry.Entry) -> None:
+    """UsageError (one line, nothing asked or written) for ``--spot`` with a provider whose adapter rents no
+    spot machines (RunPod: its API v2 has none), naming the providers that do."""
+    if entry.capabilities().spot:
+        return
+    markets = " or ".join(f"{e.spec.label} (--provider {e.name} --spot)" for e in registry.entries()
+                          if e.capabilities().spot) or "none"
+    raise UsageError(f"{entry.spec.label} rents no spot machines: gpuq's spot market is {markets}; "
+                     "or rent on demand without --spot")
+
+
 def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int = 1, spot: bool = False,
        bid: float | None = None, region: str | None = None, key: str = "", profile: str = "", prefix: str = "",
        replaces: str = "", say: Callable[[str], None] | None = None, down_when_done: bool | None = None,
@@ -90,7 +102,9 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
     ``auto_down`` setting): the tick ends each machine once its work is over (tick/billing.py).
     ``max_price``: the most one machine may cost per hour; the provider is asked for none dearer (its price,
     or for spot its current minimum bid, read before the create: ``NoCapacity`` and nothing rented)."""
-    registry.entry(provider)  # UsageError for a provider gpuq does not know
+    entry = registry.entry(provider)  # UsageError for a provider gpuq does not know
+    if spot:
+        check_spot(entry)
     if count < 1 or gpus < 1:
         raise UsageError("--count and --gpus must be at least 1")
     if bid is not None and not spot:
@@ -308,10 +322,22 @@ class _Rental:
         self.out.unknown[host] = f"{why}; `gpuq down {host}` checks by its name and ends it"
 
 
-def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, provider: str, spot: bool,
-              bid: float | None, gpus: int, gpu_type: str, region: str | None, user: str) -> HostRow:
+def checked_endpoint(provider: str, inst: Instance) -> tuple[str, int]:
+    """The SSH endpoint ``inst`` is ready at, checked once before any row records it (base.ssh_address: an IP
+    address, or a host name under a domain the adapter declares); ProviderError for anything else."""
     if not inst.ssh_host or inst.ssh_port is None:
         raise GpuqError(f"{provider} {inst.id} is ready without an SSH endpoint")
+    endpoint = ssh_address(inst.ssh_host, inst.ssh_port, registry.ssh_names(provider))
+    if endpoint is None:
+        raise ProviderError(provider, f"{inst.id} is ready at {inst.ssh_host[:80]!a} port {inst.ssh_port}, "
+                            "not an IP address and port: not connecting there", code="bad-address")
+    return endpoint
+
+
+def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, provider: str, spot: bool,
+              bid: float | None, gpus: int, gpu_type: str, region: str | None, user: str) -> HostRow:
+    host, port = checked_endpoint(provider, inst)
+    inst = dataclasses.replace(inst, ssh_host=host, ssh_port=port)
     price = inst.price_per_hour
     if price is None and bid is not None:
         price = Decimal(str(bid)) * gpus

@@ -23,11 +23,12 @@ from pathlib import Path
 
 from orchestrator.api.offers import OfferScan, scan_offers
 from orchestrator.api.rented import UpResult
-from orchestrator.api.renting import up
+from orchestrator.api.renting import check_spot, up
 from orchestrator.api.submitting import read_queue
 from orchestrator.context import Context, known_hosts
 from orchestrator.core.errors import GpuqError, UsageError
 from orchestrator.money import rentplan
+from orchestrator.providers import registry
 
 
 @dataclass
@@ -91,6 +92,8 @@ def plan_for(ctx: Context, queue: Path, *, max_price: float, spot: bool = False,
     have passed; the last plan is returned either way (``plan.complete`` says whether it is whole)."""
     if max_price <= 0:
         raise UsageError("--max-price must be more than 0 (US dollars per machine-hour)")
+    for name in providers if spot else ():
+        check_spot(registry.entry(name))  # `--for --provider runpod --spot`: one line, not "no offer"
     cap = Decimal(str(max_price))
     wanted = needs(ctx, queue)
     counts = sorted({n.gpus for n in wanted})

@@ -115,7 +115,7 @@ class HostStatus(Doc):
     lease_state: Literal["", "provisioning", "running", "preempted", "stopped", "failed", "terminated"] = Field(
         description='What the provider last said about a rented host ("provisioning": recorded before its create '
                     'call, not up yet; it may bill).')
-    lease_reason: str = Field(description="The provider's words (RunPod lastStatusChange, ...).")
+    lease_reason: str = Field(description="Why the lease is in its state: the provider's words where it gives any.")
     slots: Slots
     gpus: list[Gpu]
     disk: Disk

@@ -50,10 +50,11 @@ class ProviderChoice(click.Choice[str]):
 @click.option("--dry-run", is_flag=True, help="With --for: show the plan and its hourly total; rent nothing.")
 @click.option("--count", type=int, default=1, show_default=True, help="How many machines.")
 @click.option("--gpus", type=int, default=1, show_default=True, help="GPUs per machine (RunPod).")
-@click.option("--spot", is_flag=True, help="Interruptible (RunPod, vast.ai): cheaper, preempted when outbid.")
+@click.option("--spot", is_flag=True, help="Interruptible (vast.ai; RunPod and Lambda have none): cheaper, preempted "
+                                           "when outbid.")
 @click.option("--bid", type=float, metavar="USD",
-              help="The most to pay per GPU-hour for spot (default: the current minimum; RunPod rents at the "
-                   "market price and refuses when it is above this, and re-bids with it on resume).")
+              help="The most to pay per GPU-hour for spot (default: just over the current minimum; re-bid with it "
+                   "on resume).")
 @click.option("--region", metavar="R", help="RunPod data centre or Lambda region.")
 @click.option("--key", default="", metavar="FILE", help="Private SSH key (its .pub is registered with the machines).")
 @click.option("--profile", default="", help="Platform profile (default: the provider's).")

@@ -54,7 +54,7 @@ class HostRow(SQLModel, HostMethods, table=True):
     gpu_count: int = 0
     region: str = ""
     lease_state: str = ""  # states.LeaseState; only Ledger.lease_transition changes it, with lease_reason
-    lease_reason: str = ""  # the provider's words (RunPod lastStatusChange, Lambda status)
+    lease_reason: str = ""  # why the lease is in its state: the provider's words (vast.ai status_msg, Lambda status)
     lease_changed_at: float | None = None
     # v7: the rented host this one replaced (`gpuq resume`), so `gpuq down --sweep` finds it unused too
     replaces: str = ""

@@ -12,6 +12,7 @@ mean it stopped billing.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -22,17 +23,17 @@ from typing import ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 from orchestrator.core.errors import NoCapacity, ProviderError, ProvisioningFailed
 
 InstanceState = Literal["pending", "running", "stopped", "exited", "terminating", "terminated", "unhealthy"]
-"""Normalised instance state.  ``pending``: created, not yet running (RunPod CREATED/RESTARTING/PAUSED
+"""Normalised instance state.  ``pending``: created, not yet running (RunPod PROVISIONING/STARTING
 or an unknown status, Lambda ``booting``); ``running``: the provider says it runs (ready or not: see
-:attr:`Instance.ready`); ``stopped``: stopped by the user on a provider that distinguishes it (unused by
-RunPod, whose stops are all ``exited``; :attr:`Instance.reason` tells them apart); ``exited``: RunPod
-EXITED; ``terminating``: teardown sent, still billing until ``terminated``; ``unhealthy``: Lambda
-``unhealthy``."""
+:attr:`Instance.ready`); ``stopped``: stopped, its disk kept (RunPod EXITED: v2 says no more, vast.ai
+stopped by request); ``exited``: ended with a reason to classify (vast.ai's outbid instances);
+``terminating``: teardown sent, still billing until ``terminated``; ``unhealthy``: Lambda ``unhealthy``,
+RunPod ERROR."""
 
 StopClass = Literal["spot_preemption", "manual_stop", "host_failure", "running", "pending", "unknown"]
 """What :func:`classify` says about an instance (docs/providers.md)."""
 
-# RunPod's lastStatusChange prefixes (docs/providers.md; third-party observations, [obs]).
+# Reason prefixes (docs/providers.md): vast.ai's outbid instances; RunPod v1's lastStatusChange texts ([obs]).
 REASON_OUTBID = "Outbid"
 REASON_USER = "Exited by user"
 REASON_PLATFORM = "Exited by Runpod"
@@ -74,8 +75,8 @@ class Offer:
 
     ``gpu_type`` is what a :class:`ProvisionRequest` names: a RunPod GPU type id ("NVIDIA RTX A6000")
     or a Lambda instance type ("gpu_1x_a100").  Prices are US dollars per hour for the whole machine
-    (``gpu_count`` GPUs).  ``min_bid_per_gpu`` is RunPod's current minimum spot bid per GPU-hour.
-    ``regions`` lists regions with capacity now (Lambda); empty when the provider does not say (RunPod).
+    (``gpu_count`` GPUs).  ``min_bid_per_gpu`` is a spot market's current minimum bid per GPU-hour (vast.ai).
+    ``regions`` lists regions (RunPod: data centres) with capacity now; empty when the provider does not say.
     """
 
     provider: str
@@ -99,8 +100,8 @@ class Instance:
     """One pod (RunPod) or instance (Lambda) as the provider reports it now.
 
     ``ssh_host``/``ssh_port``/``ssh_user`` are set only when the provider publishes a public SSH
-    endpoint (RunPod: a public tcp mapping of port 22; Lambda: an ``ip``).  ``reason`` is RunPod's
-    ``lastStatusChange`` text.  ``gpu_count`` is what the provider says the machine has now (a resumed
+    endpoint (RunPod: ``ssh.direct``; Lambda: an ``ip``).  ``reason`` is the provider's word on why it
+    stopped, where it gives one.  ``gpu_count`` is what the provider says the machine has now (a resumed
     RunPod pod can come back with zero).
     """
 
@@ -130,6 +131,27 @@ class Instance:
         return self.state == "terminated"
 
 
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})+$")
+
+
+def ssh_address(host: str | None, port: int | None, names: tuple[str, ...] = ()) -> tuple[str, int] | None:
+    """The SSH endpoint a provider reported, as gpuq may connect to it, or None.  ``host`` must be an IP address
+    (returned normalised); a DNS name only where the adapter declares its gateways' domain (``names``: vast.ai's
+    ``.vast.ai`` proxies) and only a plain one.  ``port``: 1-65535.  An address from an API reaches ``ssh`` as
+    ``%h`` of the user's ssh config (``ProxyCommand``...): nothing else may pass (docs/security.md)."""
+    if not isinstance(host, str) or isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        return None
+    try:
+        return str(ipaddress.ip_address(host)), port
+    except ValueError:
+        pass
+    lowered = host.lower()
+    if _HOST_NAME.match(host) and any(lowered.endswith(suffix) for suffix in names):
+        return lowered, port
+    return None
+
+
 def classify(instance: Instance | None) -> StopClass:
     """What happened to an instance, from the API alone (docs/providers.md).  Pure.
 
@@ -137,7 +159,7 @@ def classify(instance: Instance | None) -> StopClass:
       ``host_failure`` (resume elsewhere; the caller knows whether gpuq itself terminated it);
     - running but zero GPUs (a restarted RunPod pod): ``host_failure``;
     - running with an SSH endpoint: ``running``; running without one, or booting: ``pending``;
-    - RunPod EXITED: ``Outbid:`` → ``spot_preemption``; ``Exited by user:`` → ``manual_stop``;
+    - ``exited``: ``Outbid:`` → ``spot_preemption``; ``Exited by user:`` → ``manual_stop``;
       ``Exited by Runpod:`` → ``host_failure``; any other text → ``unknown`` (treat as a platform stop
       and escalate with :attr:`Instance.reason`);
     - ``stopped`` → ``manual_stop``; an unrecognised raw status → ``unknown``.
@@ -166,7 +188,7 @@ def classify(instance: Instance | None) -> StopClass:
 
 
 # Raw statuses that mean "not ready yet" rather than "not understood".
-_KNOWN_PENDING = frozenset({"CREATED", "RESTARTING", "PAUSED", "booting"})
+_KNOWN_PENDING = frozenset({"PROVISIONING", "STARTING", "CREATED", "RESTARTING", "PAUSED", "booting"})
 
 
 # The names gpuq gives the instances it creates (docs/providers.md): ``gpuq-<ledger id>-<lease>`` and, for more
@@ -320,8 +342,9 @@ class Provider(Protocol):
         ...
 
     def resume(self, instance_id: str, *, gpu_count: int = 1, bid_per_gpu: Decimal | None = None) -> None:
-        """Restart a stopped or preempted machine on the same host (RunPod: ``podResume`` or, for spot,
-        ``podBidResume``).  The SSH endpoint changes: call :meth:`wait_ready` again.  May raise NoCapacity."""
+        """Restart a stopped or preempted machine on the same host (RunPod: the ``start`` action; vast.ai:
+        a start, or for spot a new bid).  The SSH endpoint changes: call :meth:`wait_ready` again.  May raise
+        NoCapacity."""
         ...
 
     def terminate(self, instance_id: str) -> None:

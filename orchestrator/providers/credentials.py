@@ -11,11 +11,11 @@ but empty is an error, never "unset".  Keys live in :class:`ApiKey`, which never
 ``str``/``repr``; adapters send it in an ``Authorization`` header only (never a URL).
 
 Base URL, first found wins: ``GPUQ_RUNPOD_REST_URL`` > ``GPUQ_RUNPOD_URL``; ``GPUQ_LAMBDA_API_URL`` >
-``GPUQ_LAMBDA_URL``; else the vendor's.  A provider with a second API (RunPod's GraphQL, for what its REST
-API lacks: :attr:`ProviderSpec.more_urls`) has variables of its own for it (``GPUQ_RUNPOD_GRAPHQL_URL``);
-when only one of its URLs is overridden, the others follow it to the same scheme, host and port with their
-default paths, so a fake or a proxy never sends half the calls to the vendor.  Plain ``http://`` is
-accepted only for loopback addresses (the local fakes), so a key never crosses a network unencrypted.
+``GPUQ_LAMBDA_URL``; else the vendor's (RunPod's REST API v2, ``https://api.runpod.io/v2``).  A provider
+with a second API (:attr:`ProviderSpec.more_urls`; none of gpuq's own has one since RunPod left GraphQL) has
+variables of its own for it; when only one of its URLs is overridden, the others follow it to the same scheme,
+host and port with their default paths, so a fake or a proxy never sends half the calls to the vendor.  Plain
+``http://`` is accepted only for loopback addresses (the local fakes), so a key never crosses a network unencrypted.
 
 The providers gpuq knows, with these facts, are listed by ``orchestrator.providers.registry``.
 """
@@ -81,14 +81,13 @@ class ProviderSpec:
     url_vars: tuple[str, ...]  # the main API's URL
     default_url: str
     section: str  # table in the keys file
-    more_urls: tuple[Endpoint, ...] = ()  # other APIs of the same account (RunPod's GraphQL)
+    more_urls: tuple[Endpoint, ...] = ()  # other APIs of the same account (a plugin's)
 
 
 RUNPOD = ProviderSpec("runpod", "RunPod", ("GPUQ_RUNPOD_API_KEY", "RUNPOD_API_KEY"),
-                      ("GPUQ_RUNPOD_REST_URL", "GPUQ_RUNPOD_URL"), "https://rest.runpod.io/v1", "runpod",
-                      more_urls=(Endpoint("graphql", ("GPUQ_RUNPOD_GRAPHQL_URL",), "https://api.runpod.io/graphql"),))
+                      ("GPUQ_RUNPOD_REST_URL", "GPUQ_RUNPOD_URL"), "https://api.runpod.io/v2", "runpod")
 LAMBDA = ProviderSpec("lambda", "Lambda Cloud", ("GPUQ_LAMBDA_API_KEY", "LAMBDA_API_KEY"),
-                      ("GPUQ_LAMBDA_API_URL", "GPUQ_LAMBDA_URL"), "https://cloud.lambdalabs.com/api/v1", "lambda")
+                      ("GPUQ_LAMBDA_API_URL", "GPUQ_LAMBDA_URL"), "https://cloud.lambda.ai/api/v1", "lambda")
 VASTAI = ProviderSpec("vastai", "vast.ai", ("GPUQ_VASTAI_API_KEY", "VAST_API_KEY"),
                       ("GPUQ_VASTAI_API_URL", "GPUQ_VASTAI_URL"), "https://console.vast.ai", "vastai")
 

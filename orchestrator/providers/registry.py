@@ -134,6 +134,17 @@ def stop_bills_storage(name: str) -> bool:
     return bool(getattr(cls, "stop_bills_storage", False))
 
 
+def ssh_names(name: str) -> tuple[str, ...]:
+    """The DNS domains whose host names provider ``name`` may hand out as SSH endpoints (its adapter's
+    ``ssh_names``: vast.ai's proxy gateways); none for any other, whose endpoints must be IP addresses."""
+    try:
+        cls = entry(name).adapter_class()
+    except (UsageError, ConfigError, ImportError):
+        return ()
+    names = getattr(cls, "ssh_names", ())
+    return tuple(n for n in names if isinstance(n, str) and n.startswith(".")) if isinstance(names, tuple) else ()
+
+
 def open_adapter(name: str, env: Mapping[str, str] | None = None, *,
                  quick: tuple[float, float] | None = None) -> Provider:
     """The adapter for ``name``, its key and URL(s) from ``env`` or the keys file.  ``quick``:

@@ -255,6 +255,8 @@ class ApiTransport:
                 return str(err["message"])
             if isinstance(err, str):
                 return err
+            if isinstance(body.get("detail"), str):  # RFC 9457 problem details (RunPod v2)
+                return str(body["detail"])
             errors = body.get("errors")
             if isinstance(errors, list) and errors and isinstance(errors[0], dict):
                 return str(errors[0].get("message", ""))

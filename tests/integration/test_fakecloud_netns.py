@@ -1,13 +1,13 @@
 """The fake clouds backed by real SSH hosts (fakecloud.NetnsBackend over a HostFarm), driven by the real
-adapters: provision -> ready -> SSH -> workload -> preemption (SIGTERM, grace, SIGKILL) -> resume on the
-same machine -> terminate (disk wiped), and the Lambda shapes of the same story."""
+adapters: provision -> ready -> SSH -> workload -> stop (SIGTERM, grace, SIGKILL) -> start on the same machine
+-> terminate (disk wiped), and the Lambda shapes of the same story.  RunPod rents no spot pods since its API v2:
+the outbid of an interruptible machine, on vast.ai, is test_vastai_netns.py's."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +127,13 @@ def gpu_lines(farm: HostFarm, inst: Instance) -> list[str]:
 # -- RunPod ---------------------------------------------------------------------------------------------
 
 
-def test_runpod_spot_pod_preempted_then_resumed_on_the_same_machine(netns: Backends) -> None:
+def test_runpod_pod_stopped_then_started_on_the_same_machine(netns: Backends) -> None:
     farm, backend = netns(n=2, gpus=2)
     with FakeRunPod(api_key=RUNPOD_KEY, backend=backend) as cloud:
         provider = runpod_adapter(cloud)
         try:
-            [pod] = provider.provision(ProvisionRequest("gpuq-netns", "NVIDIA RTX A6000", gpu_count=2, spot=True))
+            cloud.stop_grace_s = GRACE_S
+            [pod] = provider.provision(ProvisionRequest("gpuq-netns", "NVIDIA RTX A6000", gpu_count=2))
             assert not pod.ready
             ready = provider.wait_ready(pod.id)
             host = backend.host(pod.id)
@@ -144,12 +145,13 @@ def test_runpod_spot_pod_preempted_then_resumed_on_the_same_machine(netns: Backe
             ok(on(farm, ready, "sh", "-c", "echo kept > /root/kept; echo scratch > /tmp/scratch"))
             work = start_workload(farm, ready, host.tmp)
 
-            # Outbid: the API says so at once; the workload gets SIGTERM now and SIGKILL after the grace.
+            # Stopped (the v2 stop action): the API says EXITED at once; the workload gets SIGTERM now and
+            # SIGKILL after the grace.
             t0 = time.monotonic()
-            cloud.preempt(pod.id, grace_s=GRACE_S)
+            provider.stop(pod.id)
             gone = provider.get(pod.id)
-            assert gone is not None and gone.raw_status == "EXITED" and gone.reason.startswith("Outbid: ")
-            assert classify(gone) == "spot_preemption" and not gone.ready
+            assert gone is not None and gone.raw_status == "EXITED" and gone.state == "stopped"
+            assert classify(gone) == "manual_stop" and not gone.ready
             wait_for(lambda: not {work["trap"], work["sleep"]} & set(farm.host_pids(i)), GRACE_S,
                      "the sleep and the trapping process to exit on SIGTERM")
             assert time.monotonic() - t0 < GRACE_S
@@ -162,8 +164,8 @@ def test_runpod_spot_pod_preempted_then_resumed_on_the_same_machine(netns: Backe
             assert (host.root / "kept").read_text() == "kept\n"
             assert on(farm, ready, "true").returncode == 255  # nobody home until the resume
 
-            # podBidResume: the same machine (address, key, volume disk), a fresh container disk.
-            provider.resume(pod.id, gpu_count=2, bid_per_gpu=Decimal("0.30"))
+            # the start action: the same machine (address, key, volume disk), a fresh container disk.
+            provider.resume(pod.id, gpu_count=2)
             back = provider.wait_ready(pod.id)
             assert backend.host_index(pod.id) == i and host.host_key_line == key
             assert (back.ssh_host, back.ssh_port) == (host.address, 22)

@@ -1,4 +1,4 @@
-"""The examples/ projects on namespace SSH hosts and on the fake RunPod, driven end to end by the CLI:
+"""The examples/ projects on namespace SSH hosts and on the fake vast.ai, driven end to end by the CLI:
 example 1's trainer killed -9 mid-run resumes from its own snapshot.pt; example 2 (Hydra, installed by
 its setup hook on hosts without network) preempted mid-run continues from its shipped checkpoint."""
 
@@ -107,14 +107,14 @@ def test_setup_that_prepares_data_serves_every_job_on_an_ssh_host(user: User, tm
 def hydra_cloud(host_farm: Callable[..., HostFarm], tmp_path: Path) -> Iterator[Cloud]:
     python, venv = host_python()  # torch importable, hydra not: the setup hook must install it
     try:
-        cloud = Cloud(host_farm(n=2, gpus=1, python=str(python)), tmp_path, "runpod")
+        cloud = Cloud(host_farm(n=2, gpus=1, python=str(python)), tmp_path, "vastai")  # gpuq's spot market
         yield cloud
         cloud.close()
     finally:
         shutil.rmtree(venv, ignore_errors=True)
 
 
-def test_hydra_app_preempted_on_runpod_resumes_from_its_shipped_checkpoint(hydra_cloud: Cloud,
+def test_hydra_app_preempted_on_vastai_resumes_from_its_shipped_checkpoint(hydra_cloud: Cloud,
                                                                           tmp_path: Path) -> None:
     cloud = hydra_cloud
     epochs = 40
@@ -123,7 +123,7 @@ def test_hydra_app_preempted_on_runpod_resumes_from_its_shipped_checkpoint(hydra
     # the hosts have no network: the setup hook's pip installs from a wheelhouse they can read
     toml = queue.parent / "gpuq.toml"
     toml.write_text(toml.read_text() + offline_pip_env(hydra_wheelhouse()))
-    up = cloud.gpuq("up", "--provider", "runpod", "--gpu", "NVIDIA RTX A6000", "--count", "1", "--gpus", "1",
+    up = cloud.gpuq("up", "--provider", "vastai", "--gpu", "RTX 4090", "--count", "1", "--gpus", "1",
                     "--spot", "--bid", "0.3", "--profile", "rehearsal")
     assert up.returncode == 0, up.stdout + up.stderr
     submitted = cloud.gpuq("submit", str(queue))
@@ -142,9 +142,9 @@ def test_hydra_app_preempted_on_runpod_resumes_from_its_shipped_checkpoint(hydra
     assert shipped, list((cloud.home / "checkpoints").rglob("*"))
     reached = len(_csv_rows(run / "metrics.csv"))
     assert reached < epochs - 5  # still mid-run when the pod goes
-    cloud.fake.preempt(pod, grace_s=1.0)
+    cloud.fake.preempt(pod)  # outbid: paused at once, no signal
     cloud.backend.wait_idle()
-    cloud.fake.remove(pod)  # the stopped spot pod is gone (its disk too): only the shipped copy is left
+    cloud.fake.terminate_externally(pod)  # and then gone (its disk too): only the shipped copy is left
     cloud.backend.wait_idle()
     patrolled = cloud.gpuq("patrol")
     assert patrolled.returncode == 0, patrolled.stdout + patrolled.stderr

@@ -4,7 +4,9 @@
 shape) and says what in it the document does not allow: an unknown path or method, a request body that
 does not match the operation's schema (and, with ``closed_requests``, a body field the schema does not
 name: the document leaves objects open, so a misspelt field would pass unseen), a response body that
-does not match the schema given for its status.  OpenAPI 3.0's ``nullable: true`` is read as JSON Schema's
+does not match the schema given for its status (a shared ``components/responses`` one too, JSON or RFC 9457
+``application/problem+json``), and, with ``check_query``, a query parameter the operation does not document
+or a value its schema does not allow.  OpenAPI 3.0's ``nullable: true`` is read as JSON Schema's
 ``"null"`` type; the vendored document itself is never changed.
 """
 
@@ -48,11 +50,14 @@ class PublishedApi:
     """One vendored document.  ``doc_path`` turns a recorded request path into the document's path (the
     recordings keep paths below the adapter's base URL, the documents their own way)."""
 
+    check_query = False  # recorded query parameters must be documented ones with allowed values
+
     def __init__(self, path: Path, label: str, doc_path: Callable[[str], str], *,
-                 auth: tuple[str, ...] = ("bearer",), closed_requests: bool = False) -> None:
+                 auth: tuple[str, ...] = ("bearer",), closed_requests: bool = False, check_query: bool = False) -> None:
         raw: dict[str, Any] = json.loads(path.read_text())
         self.doc: dict[str, Any] = _nullable_to_null(copy.deepcopy(raw)) if raw["openapi"].startswith("3.0") else raw
         self.label, self.doc_path, self.auth, self.closed = label, doc_path, auth, closed_requests
+        self.check_query = check_query
         self.uri = f"urn:gpuq:{label.lower().replace(' ', '-')}-openapi"
         self.registry: Registry = Registry().with_resource(
             self.uri, Resource.from_contents(self.doc, default_specification=DRAFT202012))
@@ -101,6 +106,8 @@ class PublishedApi:
                                  if k not in known]
         elif body_schema is not None and op["requestBody"].get("required"):
             problems.append(f"{req['method']} {template} requires a JSON body")
+        if self.check_query:
+            problems += self._query_problems(template, method, req.get("query") or {})
         status = str(resp["status"])
         responses = op["responses"]
         key = status if status in responses else ("default" if "default" in responses else None)
@@ -108,12 +115,61 @@ class PublishedApi:
             if status not in ANY_OPERATION:
                 problems.append(f"{req['method']} {template} documents no {status} response")
             return problems
-        if "application/json" not in responses[key].get("content", {}):
+        where: list[str] = ["paths", template, method, "responses", key]
+        documented = responses[key]
+        if "$ref" in documented:  # a shared response (components/responses/...)
+            where = documented["$ref"].removeprefix("#/").split("/")
+            documented = self._schema(*where)
+        content = documented.get("content", {})
+        kind = next((k for k in ("application/json", "application/problem+json") if k in content), None)
+        if kind is None:
             return problems  # documented without a body schema: any body
         if "json" not in resp:
             problems.append(f"response {status} is not JSON")
             return problems
-        validator = self._validator("paths", template, method, "responses", key, "content", "application/json",
-                                    "schema")
+        validator = self._validator(*where, "content", kind, "schema")
         problems += [f"response {status}: {e}" for e in self._errors(validator, resp["json"])]
         return problems
+
+    def _query_problems(self, template: str, method: str, query: dict[str, list[str]]) -> list[str]:
+        """Query parameters the operation does not document, or whose value its schema does not allow
+        (form style: a comma-separated value of an array schema is split; integers and booleans parsed)."""
+        ops = self.doc["paths"][template]
+        declared: dict[str, Any] = {}
+        for param in [*ops.get("parameters", []), *ops[method].get("parameters", [])]:
+            if "$ref" in param:
+                param = self._schema(*param["$ref"].removeprefix("#/").split("/"))
+            if param.get("in") == "query":
+                declared[param["name"]] = param["schema"]
+        problems = []
+        for name, values in query.items():
+            if name not in declared:
+                problems.append(f"query: {name!r} is not a documented parameter")
+                continue
+            schema = declared[name]
+            kind = self._schema_of(schema).get("type")
+            value: Any = values[0] if len(values) == 1 else values
+            if kind == "array" and isinstance(value, str):
+                value = value.split(",")
+            elif kind == "integer" and isinstance(value, str) and value.lstrip("-").isdigit():
+                value = int(value)
+            elif kind == "boolean" and value in ("true", "false"):
+                value = value == "true"
+            validator = Draft202012Validator(_absolute(schema, self.uri), registry=self.registry)
+            problems += [f"query {name}: {e}" for e in self._errors(validator, value)]
+        return problems
+
+    def _schema_of(self, schema: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in schema:
+            schema = self._schema(*schema["$ref"].removeprefix("#/").split("/"))
+        return schema
+
+
+def _absolute(node: Any, uri: str) -> Any:
+    """A schema taken out of the document, its ``#/...`` references pointed back into it."""
+    if isinstance(node, list):
+        return [_absolute(item, uri) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: (f"{uri}{v}" if k == "$ref" and isinstance(v, str) and v.startswith("#") else _absolute(v, uri))
+            for k, v in node.items()}

@@ -247,7 +247,7 @@ def test_a_busy_host_never_gets_an_idle_alert(ctx: Context, tmp_path: Path) -> N
 
 def _pod_alive(cloud: FakeRunPod, instance_id: str) -> bool:
     pod = cloud.state()["pods"].get(instance_id)
-    return pod is not None and pod["desiredStatus"] != "TERMINATED"
+    return pod is not None and pod["status"] != "TERMINATED"
 
 
 def _sweep_on(ctx: Context, host: FakeHost, name: str) -> dict[str, Job]:

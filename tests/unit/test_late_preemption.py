@@ -1,7 +1,8 @@
 """The provider's word a tick late: a rented host whose job just failed (a rank exited 1 in the
 preemption's grace, before anything said "preempted") is found preempted on the next look, and the
 just-failed job becomes PREEMPTED, so auto-resume continues it (tick/leases.py check_lease with
-orchestrator/health/stops.py; the RunPod API is the fake, the ledger is real)."""
+orchestrator/health/stops.py; the vast.ai API is the fake, gpuq's spot market since RunPod has none; the
+ledger is real)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,19 @@ from orchestrator.ledger import HostRow
 from orchestrator.providers.base import ProvisionRequest
 from orchestrator.tick.leases import check_lease
 from orchestrator.tick.settle import settle
-from tests.support.fakecloud import FakeRunPod
+from tests.support.fakecloud.vastai import FakeVastAI
+from tests.support.fakecloud.vastai_market import FakeOffer
 from tests.support.rented import add_rented
 
-KEY = "rp-test-key-0123456789"
+KEY = "vast-test-key-0123456789"
+PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILatePreemptionTestKeyOnly000000000000000 gpuq@test"
 
 
 @pytest.fixture
-def setup(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Context, FakeRunPod]]:
-    with FakeRunPod(api_key=KEY) as fake:
-        monkeypatch.setenv("RUNPOD_API_KEY", KEY)
-        monkeypatch.setenv("GPUQ_RUNPOD_URL", fake.url)
+def setup(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Context, FakeVastAI]]:
+    with FakeVastAI(api_key=KEY, offers=(FakeOffer(7001, "RTX 4090", 2, 24564, 0.70, 0.40),)) as fake:
+        monkeypatch.setenv("VAST_API_KEY", KEY)
+        monkeypatch.setenv("GPUQ_VASTAI_API_URL", fake.url)
         ctx = open_context()
         try:
             yield ctx, fake
@@ -36,14 +39,14 @@ def setup(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Co
 
 
 def test_a_preemption_reported_a_tick_late_turns_the_failed_job_into_preempted(
-        setup: tuple[Context, FakeRunPod]) -> None:
+        setup: tuple[Context, FakeVastAI]) -> None:
     ctx, fake = setup
     from orchestrator.tick.leases import provider_for
 
-    (pod,) = provider_for(ctx, "runpod").provision(ProvisionRequest(name="gpuq-late", gpu_type="NVIDIA RTX A6000",
-                                                                 gpu_count=2, spot=True))
+    (pod,) = provider_for(ctx, "vastai").provision(ProvisionRequest(name="gpuq-late", gpu_type="RTX 4090",
+                                                                  gpu_count=2, spot=True, ssh_public_key=PUBLIC_KEY))
     add_rented(ctx.ledger, HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/root/gpuq",
-                                   provider="runpod", instance_id=pod.id, spot=True, lease_state="running"))
+                                   provider="vastai", instance_id=pod.id, spot=True, lease_state="running"))
     specs = [JobSpec(name=f"j{i}", config=f"c{i}.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
              for i in range(2)]
     failed, running = (r.id for r in ctx.ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q.txt", workdir="/w",

@@ -1,6 +1,6 @@
 """The webhook's four forms (``webhook_format``: json, slack, discord, ntfy; orchestrator/tick/notify.py,
 docs/health.md "Notifications") as a loopback receiver gets them, each from the real code that sends:
-the tick's stages on a real ledger (a failed and a lost job, a preemption at the fake RunPod, an idle
+the tick's stages on a real ledger (a failed and a lost job, a preemption at the fake vast.ai, an idle
 rented host, a budget alert, a finished sweep).  Each carries one line a person reads: the job or
 sweep, the host, what happened and the next command; redacted and without control characters."""
 
@@ -27,12 +27,13 @@ from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, record, sweeps_done
 from orchestrator.tick.leases import check_lease, provider_for
 from orchestrator.tick.settle import settle
-from tests.support.fakecloud import FakeRunPod
+from tests.support.fakecloud.vastai import FakeVastAI
 from tests.support.rented import add_rented
 from tests.support.webhook import Delivery, receiver
 
 SWEEP = "qnote01"
 KEY = "rp-notify-key-0123456789"
+PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINotifyFormsTestKeyOnly0000000000000000000 gpuq@test"
 TOKEN = "ghp_" + "A1b2C3d4" * 5  # a GitHub token's shape: redacted wherever it goes
 
 
@@ -164,20 +165,20 @@ def test_a_requeued_failure_is_not_sent(hooked: Hooked) -> None:
 
 def test_a_preemption_names_the_host_and_gpuq_resume(hooked: Hooked, monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = hooked.ctx
-    with FakeRunPod(api_key=KEY) as fake:
-        monkeypatch.setenv("RUNPOD_API_KEY", KEY)
-        monkeypatch.setenv("GPUQ_RUNPOD_URL", fake.url)
-        (pod,) = provider_for(ctx, "runpod").provision(ProvisionRequest(name="gpuq-n", gpu_type="NVIDIA RTX A6000",
-                                                                     spot=True))
+    with FakeVastAI(api_key=KEY) as fake:  # gpuq's spot market (RunPod rents no spot pods)
+        monkeypatch.setenv("VAST_API_KEY", KEY)
+        monkeypatch.setenv("GPUQ_VASTAI_API_URL", fake.url)
+        (pod,) = provider_for(ctx, "vastai").provision(ProvisionRequest(name="gpuq-n", gpu_type="RTX 4090", spot=True,
+                                                                     ssh_public_key=PUBLIC_KEY))
         add_rented(ctx.ledger, HostRow(name="pod", kind="ssh", target="root@203.0.113.9", root="/r",
-                                       provider="runpod", instance_id=pod.id, spot=True, lease_state="running"))
+                                       provider="vastai", instance_id=pod.id, spot=True, lease_state="running"))
         (job,) = _jobs(ctx, "long")
         _running(ctx, job, "pod")
         fake.preempt(pod.id)
         assert check_lease(ctx, ctx.ledger.host("pod")) == "spot_preemption"
         assert check_lease(ctx, ctx.ledger.host("pod")) == "spot_preemption"  # said once
     delivery, line = hooked.only()
-    assert line.startswith(f"host pod: spot preemption: runpod {pod.id} is ")
+    assert line.startswith(f"host pod: spot preemption: vastai {pod.id} is ")
     assert "1 job(s) stopped there" in line and line.endswith("; next: gpuq resume")
     if hooked.form == "json":
         body = delivery.json()

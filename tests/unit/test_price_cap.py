@@ -90,7 +90,7 @@ def test_runpod_offers_quote_the_cloud_gpuq_rents_in() -> None:
                 assert gpu.community_price < gpu.secure_price  # the lowest price is not the rented cloud's
                 offer = offers[gpu.id]
                 assert offer.price_per_hour == Decimal(str(gpu.secure_price)) * 2
-                assert offer.spot_price_per_hour == Decimal(str(gpu.min_bid)) * 2
+                assert offer.spot_price_per_hour is None and offer.min_bid_per_gpu is None  # v2 prices no spot
             gpu = next(iter(fake.gpu_types.values()))
             quoted = offers[gpu.id].price_per_hour
             assert quoted is not None

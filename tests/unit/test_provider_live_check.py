@@ -48,3 +48,9 @@ def test_a_stopped_vastai_machine_is_said_to_bill_its_disk() -> None:
     assert "still bills its disk" in lease_text(row("vastai", "preempted"))
     assert any("still bills its disk" in text for text, _style in host_flags(row("vastai", "stopped")))
     assert "bills" not in lease_text(row("lambda", "failed")) and "bills" not in lease_text(row("vastai", "failed"))
+
+
+def test_spot_on_a_provider_without_spot_is_refused_before_any_call() -> None:
+    from scripts.provider_live_check import main
+
+    assert main(["runpod", "--spot"]) == 2  # no key needed: nothing is asked of RunPod

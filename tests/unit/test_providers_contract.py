@@ -14,10 +14,8 @@ responses already carry their effect.  Re-record after an intended change to wha
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import re
 import traceback
 from collections.abc import Iterator
 from decimal import Decimal
@@ -40,16 +38,14 @@ PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpx8rWc3fGk7ZqSgpuqF0contract
 GPU_TYPE = {"runpod": "NVIDIA RTX A6000", "lambda": "gpu_1x_a10"}
 SSH_USER = {"runpod": "root", "lambda": "ubuntu"}
 ENV_VAR = {"runpod": "RUNPOD_API_KEY", "lambda": "LAMBDA_API_KEY"}
-# recordings keep paths below BASE_PATH (RunPod's: the whole path, for its REST /v1 and its /graphql)
+# recordings keep paths below BASE_PATH (RunPod's: the whole path, /v2/...)
 BASE_PATH = {"runpod": "", "lambda": "/api/v1"}
-REST_PATH = {"runpod": "/v1", "lambda": "/api/v1"}
-GRAPHQL_PATH = "/graphql"
-REAL_URL = {"runpod": "https://rest.runpod.io/v1", "lambda": "https://cloud.lambdalabs.com/api/v1"}
-_FIRST_FIELD = re.compile(r"^\s*(?:query|mutation)?\s*\{\s*(\w+)")
+REST_PATH = {"runpod": "/v2", "lambda": "/api/v1"}
+REAL_URL = {"runpod": "https://api.runpod.io/v2", "lambda": "https://cloud.lambda.ai/api/v1"}
 
 
 class Counting(httpx.BaseTransport):
-    """Names every request by operation: the GraphQL root field, or ``METHOD /path`` below the REST base."""
+    """Names every request by operation: ``METHOD /path`` below the REST base."""
 
     def __init__(self, inner: httpx.BaseTransport, rest_path: str) -> None:
         self.inner = inner
@@ -57,12 +53,7 @@ class Counting(httpx.BaseTransport):
         self.ops: list[str] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        op = f"{request.method} {path.removeprefix(self.rest_path)}"
-        if request.method == "POST" and path == GRAPHQL_PATH:
-            match = _FIRST_FIELD.match(json.loads(request.content).get("query", ""))
-            op = match.group(1) if match else "?"
-        self.ops.append(op)
+        self.ops.append(f"{request.method} {request.url.path.removeprefix(self.rest_path)}")
         return self.inner.handle_request(request)
 
     def close(self) -> None:
@@ -234,7 +225,7 @@ class TestProviderContract:
             return
         cloud.provider.stop(instance.id)
         stopped = cloud.provider.get(instance.id)
-        assert stopped is not None and stopped.state == "exited" and not stopped.ready
+        assert stopped is not None and stopped.state in ("exited", "stopped") and not stopped.ready
         assert classify(stopped) == "manual_stop"
 
     def test_spot_preemption_is_classified_and_bid_resume_brings_a_new_endpoint(self, cloud: Cloud) -> None:
@@ -301,21 +292,23 @@ class TestProviderContract:
         tries = cloud.provider.http.policy.tries
         assert len(cloud.counter.ops) == tries and cloud.sleeps == [1.0] * (tries - 1)
 
-    def test_errors_inside_a_200_are_errors_and_not_retried(self, cloud: Cloud) -> None:
+    def test_a_problem_answer_is_quoted_and_not_retried(self, cloud: Cloud) -> None:
         if cloud.kind != "runpod":
-            pytest.skip("only GraphQL sends errors with HTTP 200")
-        cloud.inject("graphql_error", "Something went wrong. Please try again later.")
-        with pytest.raises(ProviderError, match="Something went wrong") as caught:
+            pytest.skip("RunPod v2's RFC 9457 problem objects")
+        cloud.inject("rest_error", "Something went wrong. Please try again later.", operation="GET /catalog",
+                     status=400)
+        with pytest.raises(ProviderError, match="HTTP 400: Something went wrong") as caught:
             cloud.provider.list_offers()
-        assert not isinstance(caught.value, NoCapacity) and caught.value.status == 200
+        assert not isinstance(caught.value, NoCapacity) and caught.value.status == 400
         assert len(cloud.counter.ops) == 1
         assert cloud.provider.list_offers()
 
-    def test_graphql_validation_error_is_reported_with_its_message(self, cloud: Cloud) -> None:
+    def test_an_unknown_gpu_type_is_refused_before_a_create(self, cloud: Cloud) -> None:
         if cloud.kind != "runpod":
-            pytest.skip("GraphQL only")
+            pytest.skip("RunPod's catalog")
         with pytest.raises(ProviderError, match="unknown GPU type"):
             cloud.provider.provision(ProvisionRequest(name="gpuq-bad", gpu_type="NVIDIA Imaginary 9000"))
+        assert cloud.ops(cloud.create_op) == 0
 
     def test_auth_failure_names_the_variable_and_never_the_key(self, cloud: Cloud,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
@@ -343,5 +336,5 @@ class TestProviderContract:
         first = cloud.provider.ensure_ssh_key(PUBLIC_KEY)
         again = cloud.provider.ensure_ssh_key(PUBLIC_KEY + "  ")
         assert first == again and first.startswith("gpuq-")
-        writes = [o for o in cloud.counter.ops if o in ("updateUserSettings", "POST /ssh-keys")]
+        writes = [o for o in cloud.counter.ops if o in ("PUT /account/ssh-keys", "POST /ssh-keys")]
         assert len(writes) == 1

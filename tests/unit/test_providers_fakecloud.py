@@ -38,156 +38,86 @@ def client() -> Iterator[httpx.Client]:
         yield made
 
 
-def gql(client: httpx.Client, cloud: FakeRunPod, document: str, **kwargs: Any) -> httpx.Response:
-    kwargs.setdefault("headers", {"Authorization": f"Bearer {cloud.api_key}"})
-    return client.post(cloud.graphql_url, json={"query": document}, **kwargs)
-
-
-def first_error(response: httpx.Response) -> str:
-    assert response.status_code == 200, "GraphQL errors come with HTTP 200"
-    return str(response.json()["errors"][0]["message"])
-
-
-# -- fake RunPod -------------------------------------------------------------------------------------------
-
-def test_runpod_auth_by_bearer_or_query_parameter(rp: FakeRunPod, client: httpx.Client) -> None:
-    doc = "query { myself { id } }"
-    assert gql(client, rp, doc).json() == {"data": {"myself": {"id": "user_fake"}}}
-    assert client.post(rp.graphql_url, params={"api_key": "rp-key"}, json={"query": doc}).status_code == 200
-    assert client.post(rp.graphql_url, json={"query": doc}).status_code == 401
-    assert gql(client, rp, doc, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert [e["auth"] for e in rp.requests()] == ["bearer", "query", "none", "bearer"]
-    assert "rp-key" not in json.dumps(rp.requests())
-
-
-def test_runpod_validates_selections_and_inputs_like_graphql(rp: FakeRunPod, client: httpx.Client) -> None:
-    assert first_error(gql(client, rp, "query { myself { id nonsense } }")) == \
-        'Cannot query field "nonsense" on type "User".'
-    assert "must have a selection" in first_error(gql(client, rp, "query { myself }"))
-    assert 'Cannot query field "podStop" on type "Query"' in first_error(
-        gql(client, rp, 'query { podStop(input: {podId: "x"}) { id } }'))
-    deploy = ('mutation {{ podFindAndDeployOnDemand(input: {{gpuTypeId: "NVIDIA RTX A6000", gpuCount: 1, '
-              'cloudType: {cloud}{extra}}}) {{ id }} }}')
-    assert 'Enum "CloudTypeEnum" cannot represent non-enum value: "SECURE"' in first_error(
-        gql(client, rp, deploy.format(cloud='"SECURE"', extra="")))
-    assert 'Field "bogus" is not defined by type "PodFindAndDeployOnDemandInput"' in first_error(
-        gql(client, rp, deploy.format(cloud="SECURE", extra=", bogus: 1")))
-    assert "cannot represent" in first_error(gql(client, rp, deploy.format(cloud="SECURE", extra=", ports: 22")))
-    assert 'required type "Float!" was not provided' in first_error(gql(
-        client, rp, 'mutation { podRentInterruptable(input: {gpuTypeId: "NVIDIA RTX A6000", gpuCount: 1}) { id } }'))
-    assert "Syntax Error" in first_error(gql(client, rp, "query { myself { id }"))
-    response = client.post(rp.graphql_url, headers={"Authorization": "Bearer rp-key"},
-                           json={"query": "query { myself { id } }", "variables": {"a": 1}})
-    assert "variables" in first_error(response)
-
-
-def test_runpod_pod_lifecycle_and_quirks(rp: FakeRunPod, client: httpx.Client) -> None:
-    made = gql(client, rp, 'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "NVIDIA RTX A6000", gpuCount: 1, '
-                           'name: "gpuq-x", cloudType: SECURE, ports: "22/tcp"}) { id desiredStatus } }').json()
-    pod_id = made["data"]["podFindAndDeployOnDemand"]["id"]
-    read = f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ desiredStatus lastStatusChange runtime {{ ports {{ ip '\
-           "publicPort privatePort isIpPublic type } } } }"
-
-    def pod() -> dict[str, Any]:
-        return gql(client, rp, read).json()["data"]["pod"]  # type: ignore[no-any-return]
-
-    first = pod()
-    assert first["desiredStatus"] == "RUNNING" and first["runtime"] is None, "RUNNING before port 22 is mapped"
-    port = next(p for p in pod()["runtime"]["ports"] if p["isIpPublic"])["publicPort"]
-    rp.preempt(pod_id)
-    gone = pod()
-    assert gone["desiredStatus"] == "EXITED" and gone["lastStatusChange"].startswith("Outbid: ")
-    assert gone["runtime"] is None
-    resumed = gql(client, rp, f'mutation {{ podBidResume(input: {{podId: "{pod_id}", bidPerGpu: 0.3, gpuCount: 1}}) '
-                              "{ id } }")
-    assert resumed.json()["data"]["podBidResume"]["id"] == pod_id
-    pod()
-    assert next(p for p in pod()["runtime"]["ports"] if p["isIpPublic"])["publicPort"] != port
-    assert gql(client, rp, f'mutation {{ podTerminate(input: {{podId: "{pod_id}"}}) }}').json() == \
-        {"data": {"podTerminate": None}}
-    assert pod() is None
-    assert [e[0] for e in rp.backend.events] == ["provision", "preempt", "provision", "destroy"]  # type: ignore[attr-defined]
-
-
-def test_runpod_capacity_bids_and_prices(rp: FakeRunPod, client: httpx.Client) -> None:
-    rp.set_stock("NVIDIA H100 80GB HBM3", 0)
-    prices = gql(client, rp, 'query { gpuTypes(input: {id: "NVIDIA H100 80GB HBM3"}) { id lowestPrice(input: '
-                             "{gpuCount: 1}) { minimumBidPrice uninterruptablePrice } } }").json()
-    assert prices["data"]["gpuTypes"][0]["lowestPrice"] == {"minimumBidPrice": None, "uninterruptablePrice": None}
-    full = gql(client, rp, 'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "NVIDIA H100 80GB HBM3", '
-                           "gpuCount: 1}) { id } }")
-    assert "no longer any instances available" in first_error(full)
-    low = gql(client, rp, 'mutation { podRentInterruptable(input: {gpuTypeId: "NVIDIA RTX A6000", gpuCount: 1, '
-                          "bidPerGpu: 0.01}) { id } }")
-    assert "bid" in first_error(low)
-
-
-def rp_rest(client: httpx.Client, cloud: FakeRunPod, method: str, path: str, **kwargs: Any) -> httpx.Response:
+def v2(client: httpx.Client, cloud: FakeRunPod, method: str, path: str, **kwargs: Any) -> httpx.Response:
     kwargs.setdefault("headers", {"Authorization": f"Bearer {cloud.api_key}"})
     return client.request(method, cloud.url + path, **kwargs)
 
 
-CREATE = {"name": "gpuq-r", "imageName": "img", "gpuTypeIds": ["NVIDIA RTX A6000"], "gpuCount": 1}
+CREATE = {"name": "gpuq-f", "image": "runpod/base", "gpu": {"id": "NVIDIA RTX A6000", "count": 1}, "ports": ["22/tcp"],
+          "startSsh": True}
 
 
-def test_runpod_rest_is_bearer_only_and_validates_creates(rp: FakeRunPod, client: httpx.Client) -> None:
-    assert rp_rest(client, rp, "GET", "/pods").json() == []
-    assert client.get(rp.url + "/pods", params={"api_key": "rp-key"}).status_code == 401  # REST: Bearer only
-    assert rp_rest(client, rp, "GET", "/pods", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    for body, words in [({**CREATE, "bidPerGpu": 0.3}, "unknown field 'bidPerGpu'"),
-                        ({**CREATE, "gpuCount": "1"}, "gpuCount: wrong type"),
-                        ({k: v for k, v in CREATE.items() if k != "gpuTypeIds"}, "missing gpuTypeIds"),
-                        ({**CREATE, "cloudType": "ALL"}, "cloudType"),
-                        ({**CREATE, "gpuTypeIds": ["NVIDIA Imaginary 9000"]}, "invalid GPU type")]:
-        answer = rp_rest(client, rp, "POST", "/pods", json=body)
-        assert answer.status_code == 400 and words in answer.json()["error"], (body, answer.json())
-    assert rp.pods == {}
+# -- fake RunPod (REST v2) ------------------------------------------------------------------------------------
+
+def test_runpod_auth_is_bearer_only_and_errors_are_problem_objects(rp: FakeRunPod, client: httpx.Client) -> None:
+    assert v2(client, rp, "GET", "/pods").json() == {"pods": []}
+    denied = client.get(rp.url + "/pods", params={"api_key": "rp-key"})
+    assert denied.status_code == 401 and denied.headers["content-type"] == "application/problem+json"
+    assert set(denied.json()) == {"title", "status", "detail"}
+    assert v2(client, rp, "GET", "/pods", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert [e["auth"] for e in rp.requests()] == ["bearer", "query", "bearer"]
+    assert "rp-key" not in json.dumps(rp.requests())
+    assert client.get(rp.root_url + "/v1/pods", headers={"Authorization": "Bearer rp-key"}).status_code == 404
 
 
-def test_runpod_rest_lifecycle_on_the_same_pods_as_graphql(rp: FakeRunPod, client: httpx.Client) -> None:
-    made = rp_rest(client, rp, "POST", "/pods", json={**CREATE, "interruptible": True})
-    assert made.status_code == 201
-    pod = made.json()
-    assert pod["interruptible"] and pod["costPerHr"] == rp.gpu_types["NVIDIA RTX A6000"].min_bid  # the market price
-    assert pod["publicIp"] is None and pod["portMappings"] == {}, "not mapped yet"
-    first = rp_rest(client, rp, "GET", f"/pods/{pod['id']}").json()
-    assert first["desiredStatus"] == "RUNNING" and first["portMappings"] == {}, "RUNNING before port 22 is mapped"
-    ready = rp_rest(client, rp, "GET", f"/pods/{pod['id']}").json()
-    assert ready["portMappings"] == {"22": rp.pods[pod["id"]].port} and ready["publicIp"]
-    rp.preempt(pod["id"])
-    graphql_view = gql(client, rp, f'query {{ pod(input: {{podId: "{pod["id"]}"}}) {{ desiredStatus }} }}').json()
-    assert graphql_view["data"]["pod"]["desiredStatus"] == "EXITED"  # one pod, two APIs
-    exited = rp_rest(client, rp, "GET", f"/pods/{pod['id']}").json()
-    assert exited["desiredStatus"] == "EXITED" and exited["lastStatusChange"].startswith("Outbid: ")
-    assert rp_rest(client, rp, "POST", f"/pods/{pod['id']}/start").status_code == 200
-    assert rp_rest(client, rp, "POST", f"/pods/{pod['id']}/start").status_code == 400  # already running
-    assert rp_rest(client, rp, "POST", f"/pods/{pod['id']}/stop").status_code == 200
-    assert rp.pods[pod["id"]].last_change.startswith("Exited by user: ")
-    assert rp_rest(client, rp, "DELETE", f"/pods/{pod['id']}").status_code == 204
-    assert rp_rest(client, rp, "GET", f"/pods/{pod['id']}").status_code == 404
-    assert rp_rest(client, rp, "DELETE", f"/pods/{pod['id']}").status_code == 404
-    assert [e["op"] for e in rp.requests()][:2] == ["POST /pods", f"GET /pods/{pod['id']}"]
+def test_runpod_validates_create_bodies_like_the_document(rp: FakeRunPod, client: httpx.Client) -> None:
+    for bad in ({**CREATE, "interruptible": True}, {**CREATE, "gpuTypeIds": ["NVIDIA RTX A6000"]},
+                {k: v for k, v in CREATE.items() if k != "image"}, {**CREATE, "cloud": "ALL"},
+                {**CREATE, "gpu": {"id": "NVIDIA RTX A6000", "count": 0}}, {**CREATE, "env": {"A": 1}}):
+        answer = v2(client, rp, "POST", "/pods", json=bad)
+        assert answer.status_code == 422 and answer.json()["errors"], bad
+    assert v2(client, rp, "POST", "/pods", json={**CREATE, "gpu": {"id": "NVIDIA Imaginary"}}).status_code == 404
+    assert not rp.pods
+    bad_query = v2(client, rp, "GET", "/catalog/gpus", params={"count": "2"})
+    assert bad_query.status_code == 400  # count is valid only with include=AVAILABILITY (the document says so)
 
 
-def test_runpod_pubkey_is_one_newline_joined_string(rp: FakeRunPod) -> None:
-    rp.pub_key = "ssh-rsa AAAAother someone@else"
-    provider = RunPodProvider(ApiKey("rp-key", "RUNPOD_API_KEY"), url=rp.url, min_interval_s=0,
-                              transport=httpx.HTTPTransport(verify=False))
-    provider.ensure_ssh_key(PUB)
-    provider.ensure_ssh_key(PUB)
-    assert rp.pub_key.splitlines() == ["ssh-rsa AAAAother someone@else", PUB]
-    provider.close()
+def test_runpod_pod_lifecycle(rp: FakeRunPod, client: httpx.Client) -> None:
+    made = v2(client, rp, "POST", "/pods", json=CREATE)
+    assert made.status_code == 201 and made.json()["ssh"]["direct"] is None  # RUNNING, no port yet (port_polls)
+    pod_id = made.json()["id"]
+    first = v2(client, rp, "GET", f"/pods/{pod_id}").json()
+    assert first["status"] == "RUNNING" and first["ssh"]["direct"] is None
+    ready = v2(client, rp, "GET", f"/pods/{pod_id}").json()
+    assert ready["ssh"]["direct"]["port"] > 0 and ready["runtime"]["gpus"] and ready["cost"] == 0.79
+    stopped = v2(client, rp, "POST", f"/pods/{pod_id}/action", json={"action": "stop"})
+    assert stopped.json()["status"] == "EXITED" and stopped.json()["cost"] == 0.0
+    assert v2(client, rp, "POST", f"/pods/{pod_id}/action", json={"action": "stop"}).status_code == 409
+    assert v2(client, rp, "POST", f"/pods/{pod_id}/action", json={"action": "bid"}).status_code == 422
+    started = v2(client, rp, "POST", f"/pods/{pod_id}/action", json={"action": "start"}).json()
+    assert started["status"] == "RUNNING"
+    assert v2(client, rp, "DELETE", f"/pods/{pod_id}").status_code == 204
+    assert v2(client, rp, "GET", f"/pods/{pod_id}").status_code == 404
+
+
+def test_runpod_catalog_stock_and_capacity(rp: FakeRunPod, client: httpx.Client) -> None:
+    rp.set_stock("NVIDIA RTX A6000", 1)
+    query = {"include": "AVAILABILITY", "product": "POD", "count": "2", "cloud": "SECURE"}
+    gpus = {g["id"]: g for g in v2(client, rp, "GET", "/catalog/gpus", params=query).json()["gpus"]}
+    a6000 = gpus["NVIDIA RTX A6000"]
+    assert a6000["availability"] == "NONE" and "dataCenters" not in a6000 and a6000["price"]["secure"] == 0.79
+    assert "availability" not in v2(client, rp, "GET", "/catalog/gpus").json()["gpus"][0]  # only when asked
+    full = v2(client, rp, "POST", "/pods", json={**CREATE, "gpu": {"id": "NVIDIA RTX A6000", "count": 2}})
+    assert full.status_code == 400 and "no longer any instances" in full.json()["detail"] and not rp.pods
+
+
+def test_runpod_ssh_keys_are_one_replaced_set(rp: FakeRunPod, client: httpx.Client) -> None:
+    assert v2(client, rp, "GET", "/account/ssh-keys").json() == {"keys": []}
+    assert v2(client, rp, "PUT", "/account/ssh-keys", json={"keys": [PUB]}).json() == {"keys": [PUB]}
+    assert v2(client, rp, "PUT", "/account/ssh-keys", json={"keys": ["not a key"]}).status_code == 422
+    assert v2(client, rp, "PUT", "/account/ssh-keys", json={"keys": [PUB], "x": 1}).status_code == 422
+    assert rp.ssh_keys == [PUB]
 
 
 def test_control_api_over_http(rp: FakeRunPod, client: httpx.Client) -> None:
-    made = gql(client, rp, 'mutation { podFindAndDeployOnDemand(input: {gpuTypeId: "NVIDIA RTX A6000", '
-                           "gpuCount: 1}) { id } }").json()["data"]["podFindAndDeployOnDemand"]["id"]
+    made = v2(client, rp, "POST", "/pods", json=CREATE).json()["id"]
     answer = client.post(f"{rp.root_url}/_fake/host_failure", json={"pod_id": made})
     assert answer.json() == {"ok": True, "result": None}
-    assert rp.pods[made].last_change.startswith("Exited by Runpod: ")
+    assert rp.pods[made].status == "ERROR"
     assert client.post(f"{rp.root_url}/_fake/rm_rf", json={}).status_code == 404
-    assert client.post(f"{rp.root_url}/_fake/preempt", json={"pod_id": "nope"}).status_code == 400
-    assert client.get(f"{rp.root_url}/_fake/log").json()[0]["op"] == "podFindAndDeployOnDemand"
+    assert client.post(f"{rp.root_url}/_fake/preempt", json={"pod_id": made}).status_code == 404  # no spot on v2
+    assert client.post(f"{rp.root_url}/_fake/user_stop", json={"pod_id": "nope"}).status_code == 400
+    assert client.get(f"{rp.root_url}/_fake/log").json()[0]["op"] == "POST /pods"
     assert made in client.get(f"{rp.root_url}/_fake/state").json()["pods"]
 
 
@@ -213,10 +143,10 @@ def test_backends_are_injectable_and_see_the_grace() -> None:
     with FakeRunPod(api_key="k", backend=backend) as cloud:
         provider = RunPodProvider(ApiKey("k", "RUNPOD_API_KEY"), url=cloud.url, min_interval_s=0,
                                   transport=httpx.HTTPTransport(verify=False), sleep=lambda s: None)
-        [pod] = provider.provision(ProvisionRequest("gpuq-b", "NVIDIA RTX A6000", gpu_count=2, spot=True))
+        [pod] = provider.provision(ProvisionRequest("gpuq-b", "NVIDIA RTX A6000", gpu_count=2))
         ready = provider.wait_ready(pod.id)
         assert (ready.ssh_host, ready.ssh_port) == ("10.200.0.7", 22)
-        cloud.preempt(pod.id)
+        provider.stop(pod.id)
         provider.terminate(pod.id)
         provider.close()
     assert backend.calls == [("provision", pod.id, 2), ("preempt", pod.id, 5.0), ("destroy", pod.id, 0)]

@@ -1,12 +1,12 @@
-"""The fakes checked against the providers' published OpenAPI documents (Lambda Cloud's, RunPod's REST).
+"""The fakes checked against the providers' published OpenAPI documents (Lambda Cloud's, RunPod's REST v2).
 
 Every exchange recorded from a fake (tests/fixtures/providers/<provider>/fake/*.json: the adapter's real
 requests and the fake's responses) must be one the published API allows: the path and method exist,
 the request body matches the operation's request schema, and the response body matches the schema
 the document gives for that status.  A fake that drifts from the real API (a renamed field, a wrong
 type, an endpoint the API does not have) fails here, and so does an adapter that sends what the API
-does not take.  RunPod's recordings also hold its GraphQL calls (checked in test_runpod_published_types.py);
-only their REST exchanges (``/v1/...``) are checked here.  Where the documents came from:
+does not take.  RunPod's v2 document closes its request bodies itself (``unevaluatedProperties: false``) and
+documents every query parameter, so its query strings are checked too.  Where the documents came from:
 tests/fixtures/providers/README.md.
 """
 
@@ -23,9 +23,9 @@ from tests.support.openapi_check import PublishedApi
 PROVIDERS = Path(__file__).resolve().parents[1] / "fixtures" / "providers"
 LAMBDA = PublishedApi(PROVIDERS / "lambda" / "published" / "openapi-1.8.3.json", "Lambda",
                       lambda path: "/api/v1" + path, auth=("bearer", "basic"))
-RUNPOD_REST = "/v1"
-RUNPOD = PublishedApi(PROVIDERS / "runpod" / "published" / "openapi.json", "RunPod",
-                      lambda path: path.removeprefix(RUNPOD_REST), closed_requests=True)
+RUNPOD_BASE = "/v2"
+RUNPOD = PublishedApi(PROVIDERS / "runpod" / "published" / "openapi-v2.json", "RunPod", lambda path: path,
+                      check_query=True)
 check_exchange = LAMBDA.check
 
 
@@ -50,26 +50,27 @@ def test_every_recorded_lambda_exchange_is_allowed_by_the_published_api(recordin
 
 
 @pytest.mark.parametrize("recording", RUNPOD_RECORDINGS, ids=[p.stem for p in RUNPOD_RECORDINGS])
-def test_every_recorded_runpod_rest_exchange_is_allowed_by_the_published_api(recording: Path) -> None:
-    rest = [x for x in _exchanges(recording) if x["request"]["path"].startswith(RUNPOD_REST + "/")]
-    assert _problems(RUNPOD, rest) == []
+def test_every_recorded_runpod_exchange_is_allowed_by_the_published_v2_api(recording: Path) -> None:
+    exchanges = _exchanges(recording)
+    assert all(x["request"]["path"].startswith(RUNPOD_BASE + "/") for x in exchanges), "only v2 is spoken"
+    assert _problems(RUNPOD, exchanges) == []
 
 
-def test_the_runpod_recordings_use_every_rest_operation_gpuq_needs() -> None:
-    """Create (on demand and interruptible), list, get, stop, start and delete all pass through the check."""
+def test_the_runpod_recordings_use_every_v2_operation_gpuq_needs() -> None:
+    """Catalog, create, list, get, the stop and start actions, delete and both SSH-key calls all pass the check."""
     seen: set[tuple[str, str]] = set()
-    interruptible: set[bool] = set()
+    actions: set[str] = set()
     for recording in RUNPOD_RECORDINGS:
         for x in _exchanges(recording):
             req = x["request"]
-            if req["path"].startswith(RUNPOD_REST + "/"):
-                template, _ = RUNPOD.operation(req["method"], req["path"].removeprefix(RUNPOD_REST))
-                seen.add((req["method"], template))
-                if (req["method"], template) == ("POST", "/pods"):
-                    interruptible.add(bool(req["json"].get("interruptible")))
-    assert seen >= {("POST", "/pods"), ("GET", "/pods"), ("GET", "/pods/{podId}"), ("POST", "/pods/{podId}/stop"),
-                    ("POST", "/pods/{podId}/start"), ("DELETE", "/pods/{podId}")}, seen
-    assert interruptible == {True, False}
+            template, _ = RUNPOD.operation(req["method"], req["path"])
+            seen.add((req["method"], template))
+            if template == "/v2/pods/{id}/action":
+                actions.add(req["json"]["action"])
+    assert seen >= {("GET", "/v2/catalog/gpus"), ("POST", "/v2/pods"), ("GET", "/v2/pods"), ("GET", "/v2/pods/{id}"),
+                    ("POST", "/v2/pods/{id}/action"), ("DELETE", "/v2/pods/{id}"), ("GET", "/v2/account/ssh-keys"),
+                    ("PUT", "/v2/account/ssh-keys")}, seen
+    assert actions == {"stop", "start"}
 
 
 def test_the_check_catches_a_drifted_fake() -> None:
@@ -89,21 +90,34 @@ def test_the_check_catches_a_drifted_fake() -> None:
 
 
 def test_the_runpod_check_catches_a_drifted_fake_or_adapter() -> None:
-    pod = {"id": "p1", "desiredStatus": "RUNNING", "interruptible": True, "costPerHr": 0.25,
-           "publicIp": None, "portMappings": {"22": 10341}}
-    good = {"request": {"method": "GET", "path": "/v1/pods/p1", "auth": "bearer", "json": None, "query": {}},
-            "response": {"status": 200, "json": pod}}
-    assert RUNPOD.check(good) == []  # publicIp may be null (OpenAPI 3.0 nullable)
-    drifted = {**good, "response": {"status": 200, "json": {**pod, "desiredStatus": "EXITING", "costPerHr": "0.25",
-                                                             "interruptible": "yes"}}}
+    """v1 fields, a spot field, a wrong type, an undocumented query parameter or path each fail the v2 check."""
+    direct = {"host": "195.26.233.3", "port": 34446, "username": "root", "command": "ssh root@195.26.233.3 -p 34446"}
+    good_pod = {"id": "p1", "name": "gpuq-x", "status": "RUNNING", "actions": ["stop"], "image": "img", "args": "",
+                "disk": 40, "mounts": {}, "ports": ["22/tcp"], "env": {}, "registry": None, "cloud": "SECURE",
+                "dataCenterId": "US-KS-2", "cudaVersion": None, "ssh": {"proxy": None, "direct": direct},
+                "template": None, "cost": 0.79, "locked": False, "runtime": None, "createdAt": "2026-01-01T00:00:00Z",
+                "startedAt": None, "globalNetworking": {"enabled": False},
+                "gpu": {"id": "NVIDIA RTX A6000", "count": 1}}
+    good = {"request": {"method": "GET", "path": "/v2/pods/p1", "auth": "bearer", "json": None, "query": {}},
+            "response": {"status": 200, "json": good_pod}}
+    assert RUNPOD.check(good) == []
+    drifted = {**good, "response": {"status": 200, "json": {**good_pod, "status": "CREATED", "cost": "0.79",
+                                                             "desiredStatus": "RUNNING"}}}
     problems = RUNPOD.check(drifted)
-    for field in ("desiredStatus", "costPerHr", "interruptible"):
-        assert any(p.startswith(f"response 200: {field}") for p in problems), (field, problems)
-    create = {"request": {"method": "POST", "path": "/v1/pods", "auth": "bearer", "query": {},
-                          "json": {"gpuTypeIds": ["NVIDIA RTX A6000"], "cloudType": "ALL", "bidPerGpu": 0.3}},
-              "response": {"status": 201, "json": pod}}
+    assert any("status" in p for p in problems) and any("cost" in p for p in problems), problems
+    create = {"request": {"method": "POST", "path": "/v2/pods", "auth": "bearer", "query": {},
+                          "json": {"name": "x", "image": "img", "gpu": {"id": "g", "count": 1}, "interruptible": True,
+                                   "gpuTypeIds": ["g"]}},
+              "response": {"status": 201, "json": good_pod}}
     problems = RUNPOD.check(create)
-    assert any("cloudType" in p for p in problems) and any("'bidPerGpu' is not a field" in p for p in problems)
+    assert any("interruptible" in p for p in problems) and any("gpuTypeIds" in p for p in problems), problems
+    catalog = {"request": {"method": "GET", "path": "/v2/catalog/gpus", "auth": "bearer", "json": None,
+                           "query": {"include": ["AVAILABILITY"], "product": ["SPOT"], "bid": ["1"]}},
+               "response": {"status": 200, "json": {"gpus": []}}}
+    problems = RUNPOD.check(catalog)
+    assert any("query product" in p for p in problems) and any("'bid'" in p for p in problems), problems
+    error = {"request": good["request"], "response": {"status": 404, "json": {"error": "pod not found"}}}
+    assert any("detail" in p for p in RUNPOD.check(error))  # v2's errors are RFC 9457 problem objects
     with pytest.raises(AssertionError, match="is not an operation of the published RunPod API"):
-        RUNPOD.check({"request": {"method": "POST", "path": "/v1/pods/p1/bid", "auth": "bearer", "json": None},
+        RUNPOD.check({"request": {"method": "POST", "path": "/v1/pods/p1/stop", "auth": "bearer", "json": None},
                       "response": {"status": 200, "json": {}}})

@@ -1,6 +1,6 @@
-"""Provider adapters piece by piece: classification, money, credentials, retries, GraphQL literals, layering.
+"""Provider adapters piece by piece: classification, money, credentials, retries, layering.
 
-No sockets here: adapters talk to httpx MockTransports.
+No sockets here: adapters talk to httpx MockTransports.  RunPod's v2 adapter on its own: test_provider_runpod.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from orchestrator.core.errors import (
     ConfigError,
@@ -27,10 +25,9 @@ from orchestrator.core.errors import (
     ProviderUnreachable,
     ProvisioningFailed,
 )
-from orchestrator.providers import base, credentials, lambda_cloud, runpod, runpod_graphql, transport
+from orchestrator.providers import base, credentials, lambda_cloud, runpod, transport
 from orchestrator.providers.base import Instance, PollPolicy, ProvisionRequest, classify
 from orchestrator.providers.credentials import LAMBDA, RUNPOD, ApiKey
-from tests.support.fakecloud import graphql as fake_gql
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "rpa_UNIT0TEST0KEY0never0shown0z9y8"
@@ -48,7 +45,9 @@ def inst(state: base.InstanceState, raw: str, *, reason: str = "", ready: bool =
     (inst("running", "RUNNING", ready=True), "running"),
     (inst("running", "RUNNING"), "pending"),  # RUNNING, runtime null: not ready yet
     (inst("running", "RUNNING", ready=True, gpus=0), "host_failure"),  # came back with zero GPUs
-    (inst("pending", "CREATED"), "pending"),
+    (inst("pending", "PROVISIONING"), "pending"),  # RunPod v2
+    (inst("pending", "STARTING"), "pending"),
+    (inst("pending", "CREATED"), "pending"),  # RunPod v1, read from older rows
     (inst("pending", "booting"), "pending"),
     (inst("pending", "SOMETHING_NEW"), "unknown"),
     (inst("exited", "EXITED", reason="Outbid: Fri Jul 12 2024 15:14:40 GMT-0400 (EDT)"), "spot_preemption"),
@@ -70,23 +69,6 @@ def test_readiness_needs_running_and_an_endpoint() -> None:
     assert inst("running", "RUNNING", ready=True).ready
     assert not inst("running", "RUNNING").ready
     assert not inst("unhealthy", "unhealthy", ready=True).ready
-
-
-def test_runpod_readiness_wants_a_public_ip_and_port_22_mapped() -> None:
-    pod: dict[str, Any] = {"id": "p", "name": "n", "desiredStatus": "RUNNING", "gpu": {"count": 1}, "costPerHr": "0.74",
-                           "interruptible": True, "publicIp": "1.2.3.4", "portMappings": {"22": 40002, "8888": 40001}}
-    assert runpod.ssh_endpoint(pod) == ("1.2.3.4", 40002)
-    assert runpod.ssh_endpoint({**pod, "portMappings": {"8888": 40001}}) is None  # only another port is mapped
-    assert runpod.ssh_endpoint({**pod, "portMappings": {}}) is None  # still initialising
-    assert runpod.ssh_endpoint({**pod, "publicIp": None}) is None
-    assert runpod.ssh_endpoint({**pod, "portMappings": {"22": "40002"}}) is None
-    made = runpod.pod_to_instance(pod)
-    assert made.ready and made.spot and made.price_per_hour == Decimal("0.74") and made.ssh_user == "root"
-    assert made.gpu_count == 1 and not runpod.pod_to_instance({**pod, "interruptible": False}).spot
-    assert not runpod.pod_to_instance({**pod, "desiredStatus": "EXITED"}).ready
-    assert runpod.pod_to_instance({**pod, "gpu": {"count": 0}}).gpu_count == 0  # a zero-GPU resume: host_failure
-    started = {**pod, "lastStartedAt": "2026-01-01T00:00:00.000Z"}
-    assert runpod.pod_to_instance(started, now=1767225600.0 + 90).uptime_s == 90.0
 
 
 def test_lambda_readiness_is_active_with_an_ip() -> None:
@@ -229,46 +211,43 @@ def test_api_key_hides_itself() -> None:
 
 
 def test_urls_from_env_and_refusals() -> None:
-    assert credentials.load_url(RUNPOD, {}) == "https://rest.runpod.io/v1"
-    assert credentials.load_url(RUNPOD, {}, "graphql") == "https://api.runpod.io/graphql"
-    assert credentials.load_url(RUNPOD, {"GPUQ_RUNPOD_URL": "http://127.0.0.1:9/v1/"}) == "http://127.0.0.1:9/v1"
+    assert credentials.load_url(RUNPOD, {}) == "https://api.runpod.io/v2"
+    assert credentials.load_url(RUNPOD, {"GPUQ_RUNPOD_URL": "http://127.0.0.1:9/v2/"}) == "http://127.0.0.1:9/v2"
+    assert credentials.load_url(RUNPOD, {"GPUQ_RUNPOD_REST_URL": "https://r.example/v2",
+                                         "GPUQ_RUNPOD_URL": "https://ignored.example/v2"}) == "https://r.example/v2"
     env = {"GPUQ_LAMBDA_API_URL": "https://a.example/api/v1", "GPUQ_LAMBDA_URL": "https://b.example"}
     assert credentials.load_url(LAMBDA, env) == "https://a.example/api/v1"
     with pytest.raises(ConfigError, match="loopback"):
         credentials.load_url(LAMBDA, {"GPUQ_LAMBDA_URL": "http://cloud.example/api/v1"})
     with pytest.raises(ConfigError, match="credentials") as caught:
-        credentials.load_url(RUNPOD, {"GPUQ_RUNPOD_GRAPHQL_URL": f"https://api.example/graphql?api_key={KEY}"},
-                             "graphql")
+        credentials.load_url(RUNPOD, {"GPUQ_RUNPOD_URL": f"https://api.example/v2?api_key={KEY}"})
     assert KEY not in str(caught.value)
-
-
-@pytest.mark.parametrize(("env", "rest", "graphql"), [
-    ({}, "https://rest.runpod.io/v1", "https://api.runpod.io/graphql"),
-    # one URL overridden: the other API follows it to the same server (a fake, a proxy), never to RunPod
-    ({"GPUQ_RUNPOD_URL": "http://127.0.0.1:9/v1"}, "http://127.0.0.1:9/v1", "http://127.0.0.1:9/graphql"),
-    ({"GPUQ_RUNPOD_GRAPHQL_URL": "https://proxy.example:8443/graphql"}, "https://proxy.example:8443/v1",
-     "https://proxy.example:8443/graphql"),
-    ({"GPUQ_RUNPOD_REST_URL": "https://r.example/v1", "GPUQ_RUNPOD_URL": "https://ignored.example/v1",
-      "GPUQ_RUNPOD_GRAPHQL_URL": "https://g.example/gql"}, "https://r.example/v1", "https://g.example/gql"),
-])
-def test_runpod_rest_and_graphql_urls(env: dict[str, str], rest: str, graphql: str) -> None:
-    assert (credentials.load_url(RUNPOD, env), credentials.load_url(RUNPOD, env, "graphql")) == (rest, graphql)
-    provider = runpod.RunPodProvider.from_env({**env, "RUNPOD_API_KEY": KEY})
-    assert (provider.http.base_url, provider.graphql.http.base_url) == (rest, graphql)
-    provider.close()
     with pytest.raises(ValueError, match="no API named"):
-        credentials.load_url(LAMBDA, env, "graphql")
+        credentials.load_url(RUNPOD, {}, "graphql")  # RunPod's GraphQL is gone
+
+
+TWO_APIS = credentials.ProviderSpec("two", "Two", ("TWO_KEY",), ("TWO_URL",), "https://api.two.example/v1", "two",
+                                    more_urls=(credentials.Endpoint("extra", ("TWO_EXTRA_URL",),
+                                                                    "https://x.two.example/extra"),))
+
+
+@pytest.mark.parametrize(("env", "main", "extra"), [
+    ({}, "https://api.two.example/v1", "https://x.two.example/extra"),
+    # one URL overridden: the other API follows it to the same server (a fake, a proxy), never to the vendor
+    ({"TWO_URL": "http://127.0.0.1:9/v1"}, "http://127.0.0.1:9/v1", "http://127.0.0.1:9/extra"),
+    ({"TWO_EXTRA_URL": "https://proxy.example:8443/extra"}, "https://proxy.example:8443/v1",
+     "https://proxy.example:8443/extra"),
+])
+def test_a_second_api_follows_an_overridden_url(env: dict[str, str], main: str, extra: str) -> None:
+    assert (credentials.load_url(TWO_APIS, env), credentials.load_url(TWO_APIS, env, "extra")) == (main, extra)
 
 
 def test_from_env_builds_an_adapter_without_showing_the_key(tmp_path: Path) -> None:
-    env = {"GPUQ_HOME": str(tmp_path), "RUNPOD_API_KEY": KEY, "GPUQ_RUNPOD_URL": "http://127.0.0.1:1/v1"}
+    env = {"GPUQ_HOME": str(tmp_path), "RUNPOD_API_KEY": KEY, "GPUQ_RUNPOD_URL": "http://127.0.0.1:1/v2"}
     provider = runpod.RunPodProvider.from_env(env)
-    assert provider.http.base_url == "http://127.0.0.1:1/v1" and KEY not in repr(provider)
-    assert provider.graphql.http.base_url == "http://127.0.0.1:1/graphql"
+    assert provider.http.base_url == "http://127.0.0.1:1/v2" and KEY not in repr(provider)
     provider.close()
 
-
-# -- transport -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("header", "expected"), [("3", 3.0), ("2.5", 2.5), ("-4", 0.0), ("soon", None), (None, None)])
 def test_retry_after_seconds(header: str | None, expected: float | None) -> None:
@@ -423,107 +402,12 @@ def test_lambda_region_choice_and_capacity() -> None:
     assert [o.gpu_type for o in provider.list_offers(gpu_count=8)] == ["gpu_8x_h100_sxm5"]
 
 
-def test_runpod_refuses_an_unknown_cloud_type_before_sending_anything() -> None:
-    def never(request: httpx.Request) -> httpx.Response:
-        raise AssertionError("no request expected")
-
-    with pytest.raises(ProviderError, match="cloud type"):
-        runpod_with(never).provision(ProvisionRequest("gpuq-c", "NVIDIA RTX A6000",
-                                                      options=runpod.RunPodOptions(cloud_type="ALL")))
-    with pytest.raises(ProviderError, match="LambdaOptions are not runpod options"):
-        runpod_with(never).provision(ProvisionRequest("gpuq-c", "NVIDIA RTX A6000",
-                                                      options=lambda_cloud.LambdaOptions(file_system_name="fs")))
-
-
-def test_runpod_capacity_message_is_no_capacity_even_outside_a_create() -> None:
-    def full(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"errors": [{"message": "There are no longer any instances available with "
-                                                                 "the requested specifications."}], "data": None})
-
-    with pytest.raises(NoCapacity):
-        runpod_with(full).resume("p1", gpu_count=1, bid_per_gpu=Decimal("0.3"))
-
-
-def test_runpod_spot_resume_needs_a_bid() -> None:
-    pod = {"id": "p1", "name": "n", "desiredStatus": "EXITED", "interruptible": True, "gpu": {"count": 1}}
-    seen: list[str] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(f"{request.method} {request.url.path}")
-        return httpx.Response(200, json=pod)
-
-    with pytest.raises(ProviderError, match="bid"):
-        runpod_with(answer).resume("p1")
-    assert seen == ["GET /v1/pods/p1"], "nothing started"
-
-
-def test_runpod_spot_create_checks_the_bid_against_the_market_first() -> None:
-    """REST takes no bid: a bid under RunPod's current minimum is refused before anything is created."""
-    seen: list[str] = []
-    gpu = {"id": "NVIDIA RTX A6000", "maxGpuCount": 8, "lowestPrice": {"minimumBidPrice": 0.25,
-                                                                       "uninterruptablePrice": 0.49}}
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(f"{request.method} {request.url.path}")
-        if request.url.path == "/graphql":
-            return httpx.Response(200, json={"data": {"gpuTypes": [gpu]}})
-        raise AssertionError("no REST call expected")
-
-    with pytest.raises(NoCapacity, match=r"above the bid of \$0\.20"):
-        runpod_with(answer).provision(ProvisionRequest("gpuq-s", "NVIDIA RTX A6000", spot=True,
-                                                       bid_per_gpu=Decimal("0.20")))
-    assert seen == ["POST /graphql"]
-
-
-def test_runpod_rest_errors_are_quoted_and_capacity_is_its_own() -> None:
-    def full(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(400, json={"error": "create pod: There are no longer any instances available with the "
-                                                  "requested specifications.", "status": 400})
-
-    with pytest.raises(NoCapacity):
-        runpod_with(full).stop("p1")
-
-    def invalid(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(400, json={"error": f"invalid pod id {KEY}"})
-
-    with pytest.raises(ProviderError, match=r"HTTP 400: invalid pod id \*\*\*") as caught:
-        runpod_with(invalid).stop("p1")
-    assert KEY not in str(caught.value)
-    with pytest.raises(ProviderError, match="not a pod id"):
-        runpod_with(invalid).get("../pods")
-
-
-# -- GraphQL literals ------------------------------------------------------------------------------------------
-
-def roundtrip(value: object) -> Any:
-    document = f"mutation {{ x(input: {{v: {runpod_graphql.gql_literal(value)}}}) {{ id }} }}"
-    return fake_gql.parse(document).fields[0].args["input"]["v"]
-
-
-@given(st.text())
-def test_any_string_survives_as_a_graphql_literal(text: str) -> None:
-    assert roundtrip(text) == text
-
-
-def test_literals_of_every_kind() -> None:
-    literal = runpod_graphql.gql_literal({"a": [1, True, None, Decimal("0.20"), runpod_graphql.Enum("SECURE"), 'q"\n']})
-    assert literal == '{a: [1, true, null, 0.20, SECURE, "q\\"\\n"]}'
-    assert roundtrip([{"key": "K", "value": "v w"}]) == [{"key": "K", "value": "v w"}]
-    assert runpod_graphql.gql_literal(0.1) == "0.1"
-    with pytest.raises(ValueError):
-        runpod_graphql.gql_literal(runpod_graphql.Enum("SECURE) {"))
-    with pytest.raises(ValueError):
-        runpod_graphql.gql_literal({"bad key": 1})
-    with pytest.raises(TypeError):
-        runpod_graphql.gql_literal(object())
-
-
 # -- layering -------------------------------------------------------------------------------------------------
 
 ALLOWED_INTERNAL = {"orchestrator.core.errors", "orchestrator.core.specs", "orchestrator.core.states",
                     "orchestrator.core.protocol", "orchestrator.core.config", "orchestrator.providers",
                     "orchestrator.scheduling.gpumatch"}  # pure: an offer's GPU memory in the words gpu_mem= uses
-ALLOWED_EXTERNAL = {"httpx", "pydantic"}  # pydantic: the typed wire models (vastai_wire.py), as config.py
+ALLOWED_EXTERNAL = {"httpx", "pydantic"}  # pydantic: the typed wire models (vastai_wire.py, runpod_wire.py)
 
 
 def test_providers_import_only_their_allowed_layers() -> None:

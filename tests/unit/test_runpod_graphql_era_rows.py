@@ -1,9 +1,9 @@
-"""A ledger written by the gpuq that rented over RunPod's GraphQL API keeps working over REST: the pod ids
-are the same pods, so a host row as that gpuq wrote it is looked up, classified, re-bid, ended and found
-among the orphans by the REST adapter (docs/providers.md, "RunPod: REST, and what stays on GraphQL").
+"""A ledger written by an older gpuq (RunPod over GraphQL and REST v1, spot pods included) keeps working over
+REST v2: the pod ids are the same pods, so a host row as that gpuq wrote it is looked up, classified, ended and
+found among the orphans by the v2 adapter; a spot row is never re-bid (v2 has no bid: docs/providers.md).
 
-The pod is made the way the old adapter made it (its exact ``podRentInterruptable`` document), on the fake
-RunPod whose GraphQL and REST halves share their pods; the ledger is real."""
+The pod is made on the fake RunPod v2 (its machine as it would be after the migration), its row as the older
+`gpuq up` left it once ready; the ledger is real."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import pytest
 
 from orchestrator import api
 from orchestrator.api.orphans import find_orphans
 from orchestrator.context import Context, open_context
-from orchestrator.core.states import LeaseState
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, JobState, LeaseState
 from orchestrator.ledger import HostRow
 from orchestrator.tick.leases import check_lease, provider_for
 from tests.support.fakecloud import FakeRunPod
@@ -26,13 +26,6 @@ from tests.support.rented import add_rented
 
 KEY = "rp-test-key-graphql-era-0123"
 NAME = "gpuq-1234abcd-c0ffee"  # instance_name(ledger id, lease), as `gpuq up` named it
-# what the GraphQL adapter sent for `gpuq up --provider runpod --gpu "NVIDIA RTX A6000" --spot --bid 0.3`
-OLD_CREATE = ('mutation { podRentInterruptable(input: {name: "' + NAME + '", imageName: '
-              '"runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04", cloudType: SECURE, gpuTypeId: '
-              '"NVIDIA RTX A6000", gpuCount: 1, bidPerGpu: 0.3, startSsh: true, supportPublicIp: true, ports: '
-              '"22/tcp", volumeInGb: 40, containerDiskInGb: 40, volumeMountPath: "/workspace", minVcpuCount: 2, '
-              'minMemoryInGb: 15, dataCenterId: null, env: []}) { id desiredStatus imageName env machineId '
-              "machine { podHostId } } }")
 
 
 @pytest.fixture
@@ -49,43 +42,57 @@ def setup(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Co
 
 
 def _old_row(ctx: Context, fake: FakeRunPod) -> HostRow:
-    """A spot pod rented over GraphQL, and its row as the GraphQL-era `gpuq up` left it once ready."""
-    made = httpx.post(fake.graphql_url, json={"query": OLD_CREATE}, headers={"Authorization": f"Bearer {KEY}"})
-    pod_id = made.json()["data"]["podRentInterruptable"]["id"]
-    pod = fake.pods[pod_id]
+    """A spot pod an older gpuq rented (`--spot --bid 0.3`), and its row as that `gpuq up` left it once ready."""
+    gpu = fake.gpu_types["NVIDIA RTX A6000"]
+    pod = fake.make_pod(name=NAME, gpu=gpu, count=1, image="runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04",
+                        cloud="SECURE", env={}, ports=["22/tcp"], volume_gb=40, disk_gb=40, start_ssh=True,
+                        data_center="US-KS-2")
+    pod.status_polls = pod.port_polls = 0
     row = HostRow(name="runpod-c0ffee-0", kind="ssh", target=f"root@{pod.ip}", port=pod.port, root="/root/gpuq",
-                  profile="runpod", key_path="", provider="runpod", instance_name=NAME, instance_id=pod_id,
+                  profile="runpod", key_path="", provider="runpod", instance_name=NAME, instance_id=pod.id,
                   spot=True, bid_per_gpu=0.3, gpu_type="NVIDIA RTX A6000", gpu_count=1, region="",
                   price_per_hour=0.3, lease_state="running", lease_reason="", lease_changed_at=time.time(),
                   created_at=time.time())
     return add_rented(ctx.ledger, row)
 
 
-def test_a_graphql_era_spot_host_is_classified_rebid_and_ended_over_rest(setup: tuple[Context, FakeRunPod]) -> None:
+def _running_job(ctx: Context, host: str) -> str:
+    spec = JobSpec(name="j0", config="c0.yaml", task="classify", config_sha256="0" * 64, line=1)
+    (job,) = ctx.ledger.add_sweep(sweep_id="qaaaaab", queue_path="q.txt", workdir="/w", queue_text="...", jobs=[spec],
+                                  default_retries=2)
+    ctx.ledger.start_attempt(job.id, host=host, bundle_sha="s")
+    ctx.ledger.transition(job.id, AttemptState.RUNNING, attempt=1)
+    ctx.ledger.transition(job.id, JobState.RUNNING)
+    return job.id
+
+
+def test_an_older_spot_host_is_classified_never_rebid_and_ended_over_v2(setup: tuple[Context, FakeRunPod]) -> None:
     ctx, fake = setup
     row = _old_row(ctx, fake)
+    job = _running_job(ctx, row.name)
     prov = provider_for(ctx, "runpod")
     seen = prov.get(row.instance_id)
-    assert seen is not None and seen.name == NAME and seen.spot and seen.price_per_hour == Decimal("0.3")
+    assert seen is not None and seen.name == NAME and seen.ready and seen.price_per_hour == Decimal("0.79")
     assert check_lease(ctx, row) is None  # it runs: a mere SSH drop
 
-    fake.preempt(row.instance_id)
-    assert check_lease(ctx, row) == "spot_preemption"
+    fake.user_stop(row.instance_id)
+    assert check_lease(ctx, row) == "manual_stop"  # v2 says EXITED and no more
     row = ctx.ledger.host(row.name)
-    assert row is not None and row.lease_state == "preempted" and row.lease_reason.startswith("Outbid")
+    assert row is not None and row.lease_state == "stopped" and row.lease_reason.startswith("EXITED")
+    assert ctx.ledger.job(job).state == "LOST"
 
-    bid = Decimal(str(row.bid_per_gpu))  # what `gpuq resume` re-bids with (api/cloud.py)
-    prov.resume(row.instance_id, gpu_count=row.gpu_count, bid_per_gpu=bid)
-    back = prov.wait_ready(row.instance_id)
-    assert back.ready and (back.ssh_host, back.ssh_port) != (row.target.split("@")[1], row.port)
+    resumed = api.resume(ctx, provision=False, tick=False)  # `gpuq resume --no-provision`
+    assert row.name in resumed.failed and row.name not in resumed.revived
+    ops = [e["op"] for e in fake.requests()]
+    assert f"POST /pods/{row.instance_id}/action" not in ops, "a spot pod is never started again on a bid"
+    assert any("takes no new bid" in e.message for e in ctx.ledger.events(row.name, exact=True))
 
-    assert find_orphans(ctx).orphans == []  # held by its row, found by its id among the REST listing
+    assert find_orphans(ctx).orphans == []  # held by its row, found by its id among the v2 listing
     outcome = api.down(ctx, api.down_plan(ctx, [row.name]))
     assert outcome == {row.name: "terminated"}
     assert row.instance_id not in fake.pods
-    ops = [e["op"] for e in fake.requests()]
-    assert f"DELETE /pods/{row.instance_id}" in ops and "podTerminate" not in ops
-    assert not {"pod", "myself.pods", "podStop", "podResume"} & set(ops)  # no GraphQL pod calls left
+    assert f"DELETE /pods/{row.instance_id}" in [e["op"] for e in fake.requests()]
+    assert all(e["path"].startswith("/v2/") for e in fake.requests()), "v2 only"
 
 
 def test_a_graphql_era_row_without_an_id_is_found_by_its_name_over_rest(setup: tuple[Context, FakeRunPod]) -> None:

@@ -1,4 +1,4 @@
-"""Local fakes of the RunPod (REST v1 and GraphQL) and Lambda Cloud v1 APIs (docs/providers.md), for tests and demos.
+"""Local fakes of the RunPod (REST v2), Lambda Cloud v1 and vast.ai APIs (docs/providers.md), for tests and demos.
 
     with FakeRunPod() as cloud:                    # threaded stdlib HTTP server on 127.0.0.1
         provider = RunPodProvider(ApiKey(cloud.api_key, "RUNPOD_API_KEY"), url=cloud.url, ...)

@@ -1,71 +1,47 @@
-"""A fake RunPod (docs/providers.md) for tests and demos: its REST API under ``/v1`` (runpod_rest.py; ``url``)
-and its GraphQL API at ``/graphql`` (``graphql_url``), over the same pods.
+"""A fake RunPod REST API v2 (docs/providers.md) for tests and demos, written from RunPod's published v2
+OpenAPI document (tests/fixtures/providers/runpod/published/openapi-v2.json; every recorded exchange is
+checked against it by tests/unit/test_providers_published_schema.py).
 
-GraphQL: ``POST /graphql`` with ``{"query": "<document>"}`` and literal values; auth by ``Authorization: Bearer``
-or the older ``?api_key=`` query parameter (the real API accepts both; gpuq sends only the header); a
-missing or wrong key gets HTTP 401.  Client errors come back as **HTTP 200 with an ``errors`` array**.
-Every input field and every selected field is validated against the subset of the schema that
-the adapter uses, so a typo in the adapter fails here the way it would against RunPod.
+Routes (below ``/v2``): ``GET /catalog/gpus`` (``include=AVAILABILITY&product=POD``, ``count``, ``cloud``),
+``GET|POST /pods``, ``GET|DELETE /pods/{id}``, ``POST /pods/{id}/action`` (``start``/``stop``/``restart``/
+``terminate``), ``GET|PUT /account/ssh-keys``.  Auth: ``Authorization: Bearer`` only; otherwise 401.  Errors
+are RFC 9457 problem objects (``title``, ``status``, ``detail``); a body the document does not allow is a 422
+with ``errors``; no capacity is a 400 whose ``detail`` says so (v2 gives it no code [unverified wording]).
 
 Behaviour (defaults in brackets; controls change them):
 
-- create (``podFindAndDeployOnDemand`` / ``podRentInterruptable``) returns the id at once (``slow_create``:
-  the pod exists at once, its answer comes late); the pod then
-  shows ``CREATED`` for ``status_polls`` reads [0], ``RUNNING`` with ``runtime: null`` for ``port_polls``
-  reads [1], then ``RUNNING`` with the backend's endpoint as a public tcp mapping of port 22 (once the
+- create returns the pod at once (``slow_create``: the pod exists at once, its answer comes late); the pod
+  shows ``PROVISIONING`` for ``status_polls`` reads [0], ``RUNNING`` without ``ssh.direct`` for
+  ``port_polls`` reads [1], then ``RUNNING`` with the backend's endpoint as ``ssh.direct`` (once the
   backend's optional ``is_ready(pod_id)`` says its machine is up too: e.g. NetnsBackend while booting);
-- ``podStop`` → EXITED, ``Exited by user: <date>``; ``podResume`` / ``podBidResume`` → RUNNING again
-  with a new public port (backend.provision), optionally with zero GPUs;
-- ``podTerminate`` → ``null``; the pod shows TERMINATED for ``terminate_polls`` reads [0], then
-  ``pod(...)`` returns null and ``myself.pods`` omits it;
-- capacity: each GPU type has a GPU stock; creating or resuming beyond it (or while ``no_capacity``
-  is armed) fails with ``There are no longer any instances available with the requested
-  specifications``; a type without stock shows null ``lowestPrice`` prices [unverified].
+- ``stop`` → ``EXITED``; ``start`` → ``RUNNING`` again with a new public port (backend.provision), optionally
+  with zero GPUs (``runtime.gpus`` empty); ``user_stop`` (the console) → ``EXITED``; ``host_failure`` →
+  ``ERROR``; ``remove``: the pod vanishes;
+- ``DELETE`` → 204; the pod shows ``TERMINATED`` for ``terminate_polls`` reads [0], then 404;
+- capacity: each GPU type has a GPU stock; creating or starting beyond it (or while ``no_capacity`` is armed)
+  fails; a type without stock shows availability ``NONE``.
 
-The REST routes (create, list, get, stop, start, delete) act on the same pods with the same rules; see
-runpod_rest.py.  Not modelled yet: billing, hanging calls, host-key changes.
+There is no spot, interruptible or bid anywhere: v2 has none.  Not modelled: billing, hanging calls.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.fakecloud import graphql as gql
-from tests.support.fakecloud import runpod_rest
 from tests.support.fakecloud.backend import HostBackend
 from tests.support.fakecloud.server import FakeClock, FakeCloud, Reply, Request
 
+PREFIX = "/v2"
 CAPACITY_MESSAGE = ("There are no longer any instances available with the requested specifications. "
                     "Please refresh and try again.")
 ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-_ENV = gql.InputType("EnvironmentVariableInput", {"key": "String", "value": "String"}, frozenset({"key", "value"}))
-_COMMON: dict[str, Any] = {
-    "name": "String", "imageName": "String", "cloudType": "enum:CloudTypeEnum:ALL|COMMUNITY|SECURE",
-    "gpuTypeId": "String", "gpuCount": "Int", "startSsh": "Boolean", "supportPublicIp": "Boolean",
-    "ports": "String", "volumeInGb": "Int", "containerDiskInGb": "Int", "volumeMountPath": "String",
-    "minVcpuCount": "Int", "minMemoryInGb": "Int", "dataCenterId": "String", "networkVolumeId": "String",
-    "allowedCudaVersions": ["String"], "dockerArgs": "String", "env": [_ENV], "templateId": "String",
-    "countryCode": "String",
-}
-# Required (`!`) inputs as in RunPod's API types (tests/fixtures/providers/README.md), except that the fake also
-# requires gpuCount, gpuTypeId and a spot pod's bidPerGpu, which the API leaves optional: gpuq always sends them.
-DEPLOY_INPUT = gql.InputType("PodFindAndDeployOnDemandInput", _COMMON, frozenset({"gpuCount", "gpuTypeId"}))
-RENT_INPUT = gql.InputType("PodRentInterruptableInput",
-                           {**_COMMON, "bidPerGpu": "Float", "terminateAfter": "String", "stopAfter": "String"},
-                           frozenset({"bidPerGpu", "gpuCount", "gpuTypeId"}))
-POD_ID_INPUT = gql.InputType("PodStopInput", {"podId": "String"}, frozenset({"podId"}))
-TERMINATE_INPUT = gql.InputType("PodTerminateInput", {"podId": "String"}, frozenset({"podId"}))
-RESUME_INPUT = gql.InputType("PodResumeInput", {"podId": "String", "gpuCount": "Int"}, frozenset({"podId"}))
-BID_RESUME_INPUT = gql.InputType("PodBidResumeInput", {"podId": "String", "bidPerGpu": "Float", "gpuCount": "Int"},
-                                 frozenset({"podId", "bidPerGpu", "gpuCount"}))
-POD_FILTER = gql.InputType("PodFilter", {"podId": "String"}, frozenset({"podId"}))
-GPU_FILTER = gql.InputType("GpuTypeFilter", {"id": "String"})
-LOWEST_PRICE_INPUT = gql.InputType("GpuLowestPriceInput", {"gpuCount": "Int"}, frozenset({"gpuCount"}))
-USER_SETTINGS_INPUT = gql.InputType("UpdateUserSettingsInput", {"pubKey": "String"}, frozenset({"pubKey"}))
+DATA_CENTERS = ("US-KS-2", "EU-RO-1")
+CREATE_FIELDS = frozenset({"name", "image", "cloud", "gpu", "disk", "mounts", "ports", "startSsh", "env",
+                           "dataCenterIds", "args", "registry", "globalNetworking", "startJupyter", "templateId",
+                           "cpu"})
+KEY_PREFIXES = ("ssh-", "ecdsa-", "sk-")
 
 
 @dataclass
@@ -75,15 +51,14 @@ class GpuType:
     memory_gb: int
     secure_price: float
     community_price: float
-    min_bid: float
     stock: int = 16
     max_count: int = 8
 
 
 DEFAULT_GPU_TYPES = (
-    GpuType("NVIDIA GeForce RTX 4090", "RTX 4090", 24, 0.69, 0.44, 0.29),
-    GpuType("NVIDIA RTX A6000", "RTX A6000", 48, 0.79, 0.49, 0.25),
-    GpuType("NVIDIA H100 80GB HBM3", "H100 SXM", 80, 2.99, 2.69, 1.75),
+    GpuType("NVIDIA GeForce RTX 4090", "RTX 4090", 24, 0.69, 0.44),
+    GpuType("NVIDIA RTX A6000", "RTX A6000", 48, 0.79, 0.49),
+    GpuType("NVIDIA H100 80GB HBM3", "H100 SXM", 80, 2.99, 2.69),
 )
 
 
@@ -94,80 +69,83 @@ class Pod:
     gpu_type: GpuType
     gpu_count: int
     image: str
-    spot: bool
-    bid: float | None
-    env: list[str]
-    ports: str
+    cloud: str
+    env: dict[str, str]
+    ports: list[str]
     volume_gb: int
     disk_gb: int
-    mount: str
+    start_ssh: bool
+    data_center: str
     status: str = "RUNNING"
-    last_change: str = ""
     ip: str = ""
     port: int = 0
+    created_at: float = 0.0
     started_at: float = 0.0
     status_polls: int = 0
     port_polls: int = 0
     terminate_polls: int = 0
-    zero_gpus_next_resume: bool = False
-    machine_id: str = ""
-    host_id: str = ""
+    zero_gpus_next_start: bool = False
+    running_gpus: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def js_date(epoch: float) -> str:
-    """A date as RunPod writes it in ``lastStatusChange`` (JavaScript ``Date.toString()``), in UTC."""
-    return time.strftime("%a %b %d %Y %H:%M:%S GMT+0000 (Coordinated Universal Time)", time.gmtime(epoch))
+def iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def problem(status: int, detail: str, errors: list[str] | None = None) -> Reply:
+    titles = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 409: "Conflict",
+              422: "Unprocessable Entity", 429: "Too Many Requests"}
+    body: dict[str, Any] = {"title": titles.get(status, "Error"), "status": status, "detail": detail}
+    if errors:
+        body["errors"] = errors
+    return Reply(status, body, {"Content-Type": "application/problem+json"})
+
+
+class _Failed(Exception):
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
 
 
 class FakeRunPod(FakeCloud):
     provider = "runpod"
-    api_prefix = runpod_rest.PREFIX  # ``url``: the REST base an adapter is pointed at (GPUQ_RUNPOD_URL)
-    graphql_prefix = "/graphql"
-    controls = (*FakeCloud.controls, "preempt", "user_stop", "host_failure", "no_capacity", "set_stock",
-                "graphql_error", "slow_ready", "fail_after_create", "zero_gpus_on_resume", "terminate_lag",
-                "remove", "slow_create", "rest_error")
+    api_prefix = PREFIX  # ``url``: the v2 base an adapter is pointed at (GPUQ_RUNPOD_URL)
+    controls = (*FakeCloud.controls, "user_stop", "host_failure", "no_capacity", "set_stock", "slow_ready",
+                "fail_after_create", "zero_gpus_on_resume", "terminate_lag", "remove", "slow_create", "rest_error")
 
     def __init__(self, *, api_key: str = "fake-runpod-key", backend: HostBackend | None = None,
                  clock: FakeClock | None = None, port: int = 0, gpu_types: tuple[GpuType, ...] = DEFAULT_GPU_TYPES,
-                 pub_key: str = "") -> None:
+                 ssh_keys: tuple[str, ...] = ()) -> None:
         super().__init__(api_key=api_key, backend=backend, clock=clock, port=port)
         self.gpu_types = {g.id: GpuType(**vars(g)) for g in gpu_types}
         self.pods: dict[str, Pod] = {}
-        self.pub_key = pub_key
+        self.ssh_keys: list[str] = list(ssh_keys)
         self._no_capacity = 0
-        self._errors: list[tuple[str, str | None]] = []
         self._rest_errors: list[tuple[str, str | None, int]] = []
         self._fail_after_create: list[tuple[int, float | None]] = []
         self._create_delays: list[float] = []
         self.status_polls = 0
         self.port_polls = 1
         self.terminate_polls = 0
+        self.stop_grace_s = 5.0  # SIGTERM -> SIGKILL of a stopped pod's processes [unverified: RunPod's figure]
 
     # -- auth -----------------------------------------------------------------------------------------
 
-    @property
-    def graphql_url(self) -> str:
-        return self.root_url + self.graphql_prefix
-
     def authorize(self, req: Request) -> bool:
-        auth = req.headers.get("authorization", "")
-        if auth or req.path.startswith(runpod_rest.PREFIX):  # REST: Bearer only
-            return auth == f"Bearer {self.api_key}"
-        return req.query.get("api_key") == [self.api_key]
+        return req.headers.get("authorization", "") == f"Bearer {self.api_key}"
 
     def auth_failure(self, req: Request) -> Reply:
-        # [obs] the body of RunPod's 401 is not documented; the status is what matters.
-        if req.path.startswith(runpod_rest.PREFIX):
-            return Reply(401, {"error": "Unauthorized", "status": 401})
-        return Reply(401, {"errors": [{"message": "Unauthorized"}]})
+        return problem(401, "invalid bearer token")
+
+    def rate_limited(self, retry_after: float | None) -> Reply:
+        reply = problem(429, "rate limit exceeded")
+        if retry_after is not None:
+            reply.headers["Retry-After"] = format(retry_after, "g")
+        return reply
 
     def describe(self, req: Request) -> str:
-        if req.path.startswith(runpod_rest.PREFIX):
-            return f"{req.method} {req.path[len(runpod_rest.PREFIX):]}"
-        body = req.json()
-        document = body.get("query", "") if isinstance(body, dict) else ""
-        return ",".join(f.name for f in gql.parse(document).fields)
+        return f"{req.method} {req.path[len(PREFIX):]}"
 
     # -- controls -----------------------------------------------------------------------------------------
 
@@ -177,28 +155,21 @@ class FakeRunPod(FakeCloud):
             raise KeyError(f"no pod {pod_id}")
         return pod
 
-    def exit_pod(self, pod: Pod, label: str, grace_s: float) -> None:
+    def exit_pod(self, pod: Pod, status: str, grace_s: float) -> None:
         if pod.status == "RUNNING":
             self.backend.preempt(pod.id, grace_s)
-            pod.gpu_type.stock += pod.gpu_count
-        pod.status = "EXITED"
-        pod.last_change = f"{label}: {js_date(self.clock.now())}"
-
-    def preempt(self, pod_id: str, grace_s: float = 5.0) -> None:
-        """Outbid: the backend gets SIGTERM-then-SIGKILL (``grace_s``), the pod turns EXITED with
-        ``lastStatusChange: "Outbid: <date>"`` and ``runtime: null``."""
-        with self.lock:
-            self.exit_pod(self._pod(pod_id), "Outbid", grace_s)
+            pod.gpu_type.stock += pod.running_gpus
+        pod.status = status
 
     def user_stop(self, pod_id: str) -> None:
-        """A human pressed stop in the console: EXITED, ``Exited by user: <date>``."""
+        """A human pressed stop in the console: EXITED (v2 says no more)."""
         with self.lock:
-            self.exit_pod(self._pod(pod_id), "Exited by user", 5.0)
+            self.exit_pod(self._pod(pod_id), "EXITED", self.stop_grace_s)
 
     def host_failure(self, pod_id: str) -> None:
-        """The platform stopped the pod (host problem, low balance): EXITED, ``Exited by Runpod: <date>``."""
+        """The container fails beyond repair: ERROR."""
         with self.lock:
-            self.exit_pod(self._pod(pod_id), "Exited by Runpod", 0.0)
+            self.exit_pod(self._pod(pod_id), "ERROR", 0.0)
 
     def remove(self, pod_id: str) -> None:
         """The pod vanishes without a terminate from gpuq (RunPod deleted a long-stopped pod)."""
@@ -207,7 +178,7 @@ class FakeRunPod(FakeCloud):
             self.pods.pop(pod_id, None)
 
     def no_capacity(self, count: int = 1) -> None:
-        """The next ``count`` create/resume calls fail with the capacity message (nothing is created)."""
+        """The next ``count`` create/start calls fail for capacity (nothing is created)."""
         with self.lock:
             self._no_capacity += count
 
@@ -215,121 +186,119 @@ class FakeRunPod(FakeCloud):
         with self.lock:
             self.gpu_types[gpu_type].stock = gpus
 
-    def graphql_error(self, message: str = "Something went wrong. Please try again later.", count: int = 1,
-                      operation: str | None = None) -> None:
-        """The next ``count`` calls (of ``operation`` only, if given) get HTTP 200 with ``errors``."""
-        with self.lock:
-            self._errors.extend([(message, operation)] * count)
-
     def rest_error(self, message: str = "Something went wrong. Please try again later.", count: int = 1,
                    operation: str | None = None, status: int = 400) -> None:
-        """The next ``count`` REST calls (those whose ``METHOD /path`` starts with ``operation``, if given,
-        e.g. ``"DELETE /pods"``) answer ``status`` with ``{"error": message}`` and do nothing."""
+        """The next ``count`` calls (those whose ``METHOD /path`` starts with ``operation``, if given, e.g.
+        ``"DELETE /pods"``) answer ``status`` with a problem object whose detail is ``message``, doing nothing."""
         with self.lock:
             self._rest_errors.extend([(message, operation, status)] * count)
 
     def slow_ready(self, port_polls: int = 1, status_polls: int = 0) -> None:
-        """Pods created or resumed from now on show CREATED for ``status_polls`` reads, then RUNNING
-        without a port mapping (``runtime: null``) for ``port_polls`` reads."""
+        """Pods created or started from now on show PROVISIONING for ``status_polls`` reads, then RUNNING
+        without ``ssh.direct`` for ``port_polls`` reads."""
         with self.lock:
             self.status_polls, self.port_polls = status_polls, port_polls
 
     def fail_after_create(self, count: int = 1, status: int = 429, retry_after: float | None = 1.0) -> None:
-        """The next ``count`` creates succeed server-side but answer ``status`` (a leaked pod unless
-        the client adopts it by name)."""
+        """The next ``count`` creates succeed server-side but answer ``status`` (a leaked pod unless the client
+        adopts it by name)."""
         with self.lock:
             self._fail_after_create.extend([(status, retry_after)] * count)
 
     def slow_create(self, seconds: float, count: int = 1) -> None:
-        """The next ``count`` creates make their pod at once but answer ``seconds`` later (a client killed
-        meanwhile never learns the pod's id; only its name finds it)."""
+        """The next ``count`` creates make their pod at once but answer ``seconds`` later."""
         with self.lock:
             self._create_delays.extend([seconds] * count)
 
     def zero_gpus_on_resume(self, pod_id: str) -> None:
-        """The next resume of ``pod_id`` comes back RUNNING with zero GPUs."""
+        """The next start of ``pod_id`` comes back RUNNING with zero GPUs."""
         with self.lock:
-            self._pod(pod_id).zero_gpus_next_resume = True
+            self._pod(pod_id).zero_gpus_next_start = True
 
     def terminate_lag(self, polls: int = 1) -> None:
-        """Terminated pods stay listed as TERMINATED for ``polls`` reads (eventual consistency)."""
+        """Terminated pods stay readable as TERMINATED for ``polls`` reads (eventual consistency)."""
         with self.lock:
             self.terminate_polls = polls
 
-    # -- GraphQL ------------------------------------------------------------------------------------------
+    # -- routes -------------------------------------------------------------------------------------------
 
     def handle(self, req: Request) -> Reply:
-        if req.path.startswith(runpod_rest.PREFIX + "/"):
-            op = self.describe(req)
-            for index, (message, wanted, status) in enumerate(self._rest_errors):
-                if wanted is None or op.startswith(wanted):
-                    del self._rest_errors[index]
-                    return Reply(status, {"error": message, "status": status})
-            try:
-                return runpod_rest.handle(self, req)
-            except _AfterCreate as exc:
-                headers = {} if exc.retry_after is None else {"Retry-After": format(exc.retry_after, "g")}
-                return Reply(exc.status, {"error": "upstream failure after create", "status": exc.status}, headers)
-        if req.path != self.graphql_prefix:
-            return Reply(404, {"errors": [{"message": f"no route {req.path}"}]})
-        if req.method != "POST":
-            return Reply(405, "Method Not Allowed")
+        if not req.path.startswith(PREFIX + "/"):
+            return problem(404, f"no route {req.path}")
+        op = self.describe(req)
+        for index, (message, wanted, status) in enumerate(self._rest_errors):
+            if wanted is None or op.startswith(wanted):
+                del self._rest_errors[index]
+                return problem(status, message)
+        parts = [p for p in req.path[len(PREFIX):].split("/") if p]
         try:
-            body = req.json()
-        except ValueError:
-            return Reply(400, {"errors": [{"message": "POST body sent invalid JSON."}]})
-        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
-            return Reply(400, {"errors": [{"message": "Must provide query string."}]})
-        if body.get("variables"):
-            # Whether RunPod honours variables is unverified (docs/providers.md); gpuq never sends them.
-            return Reply(200, {"errors": [{"message": "The fake does not accept variables."}], "data": None})
-        try:
-            operation = gql.parse(body["query"])
-            self._injected_error(operation)
-            data = {f.key: self._root(operation.kind, f) for f in operation.fields}
-            creates = {"podFindAndDeployOnDemand", "podRentInterruptable"} & {f.name for f in operation.fields}
-            if creates and self._create_delays:
-                return Reply(200, {"data": data}, delay_s=self.take_create_delay())
-        except gql.GraphQLError as exc:
-            error: dict[str, Any] = {"message": exc.message}
-            if exc.path:
-                error["path"] = exc.path
-            return Reply(200, {"errors": [error], "data": None})
-        except _AfterCreate as exc:
-            headers = {} if exc.retry_after is None else {"Retry-After": format(exc.retry_after, "g")}
-            return Reply(exc.status, {"errors": [{"message": "upstream failure after create"}]}, headers)
-        return Reply(200, {"data": data})
+            return self._route(req, parts)
+        except _Failed as failed:
+            return failed.reply
 
-    def _injected_error(self, operation: gql.Operation) -> None:
-        names = {f.name for f in operation.fields}
-        for index, (message, op) in enumerate(self._errors):
-            if op is None or op in names:
-                del self._errors[index]
-                raise gql.GraphQLError(message)
+    def _route(self, req: Request, parts: list[str]) -> Reply:
+        method = req.method
+        if parts == ["catalog", "gpus"] and method == "GET":
+            return Reply(200, {"gpus": self._catalog(req.query)})
+        if parts == ["account", "ssh-keys"]:
+            if method == "GET":
+                return Reply(200, {"keys": list(self.ssh_keys)})
+            if method == "PUT":
+                return self._put_keys(req)
+        if parts == ["pods"]:
+            if method == "GET":
+                return Reply(200, {"pods": [self.poll(p) for p in self.visible()]})
+            if method == "POST":
+                return self._create(req)
+        if len(parts) == 2 and parts[0] == "pods":
+            if method == "GET":
+                pod = next((p for p in self.visible() if p.id == parts[1]), None)
+                return Reply(200, self.poll(pod)) if pod else problem(404, "pod not found")
+            if method == "DELETE":
+                self.terminate_pod(self.live_pod(parts[1]))
+                return Reply(204, "")
+        if len(parts) == 3 and parts[0] == "pods" and parts[2] == "action" and method == "POST":
+            return self._action(self.live_pod(parts[1]), req)
+        return problem(404, f"no route {method} {req.path}")
 
-    def _root(self, kind: str, fld: gql.Field) -> Any:
-        resolvers: dict[str, Callable[[gql.Field], Any]] = (
-            {"myself": self._q_myself, "pod": self._q_pod, "gpuTypes": self._q_gpu_types}
-            if kind == "query" else
-            {"podFindAndDeployOnDemand": self._m_deploy, "podRentInterruptable": self._m_rent,
-             "podStop": self._m_stop, "podResume": self._m_resume, "podBidResume": self._m_bid_resume,
-             "podTerminate": self._m_terminate, "updateUserSettings": self._m_user_settings})
-        resolver = resolvers.get(fld.name)
-        if resolver is None:
-            type_name = "Query" if kind == "query" else "Mutation"
-            raise gql.GraphQLError(f'Cannot query field "{fld.name}" on type "{type_name}".', [fld.key])
-        result = resolver(fld)
-        if fld.name == "podTerminate":
-            if fld.selection is not None:
-                raise gql.GraphQLError('Field "podTerminate" must not have a selection since type "Void" has no '
-                                       "subfields.", [fld.key])
-            return result
-        return gql.project(result, gql.Field(fld.name, fld.alias, {}, fld.selection), [fld.key])
+    def _catalog(self, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+        known = {"include", "product", "count", "cloud", "countryCodes", "cudaVersions", "minCudaVersion"}
+        unknown = sorted(set(query) - known)
+        if unknown:
+            raise _Failed(problem(400, f"unknown query parameter {unknown[0]}"))
+        include = query.get("include", [""])[0]
+        if include and (include != "AVAILABILITY" or query.get("product", [""])[0] != "POD"):
+            raise _Failed(problem(400, "include=AVAILABILITY needs product (the fake models POD only)"))
+        if not include and ({"product", "count", "cloud"} & set(query)):
+            raise _Failed(problem(400, "product, count and cloud are valid only with include=AVAILABILITY"))
+        count = int(query.get("count", ["1"])[0])
+        cloud = query.get("cloud", ["SECURE"])[0]
+        return [self._gpu_view(g, count, cloud if include else None) for g in self.gpu_types.values()]
 
-    # -- queries ------------------------------------------------------------------------------------------
+    def _gpu_view(self, gpu: GpuType, count: int, cloud: str | None) -> dict[str, Any]:
+        view: dict[str, Any] = {
+            "id": gpu.id, "name": gpu.display_name, "pool": None, "manufacturer": "NVIDIA", "memory": gpu.memory_gb,
+            "secure": True, "community": True, "price": {"secure": gpu.secure_price, "community": gpu.community_price},
+            "maxCount": {"secure": gpu.max_count, "community": gpu.max_count}}
+        if cloud is not None:
+            level = "HIGH" if 0 < count <= min(gpu.stock, gpu.max_count) else "NONE"
+            view["availability"] = level
+            if level != "NONE":
+                view["dataCenters"] = [{"id": dc, "name": dc, "availability": level} for dc in DATA_CENTERS]
+        return view
+
+    def _put_keys(self, req: Request) -> Reply:
+        body = req.json()
+        keys = body.get("keys") if isinstance(body, dict) and set(body) == {"keys"} else None
+        if not isinstance(keys, list) or not all(isinstance(k, str) and k.startswith(KEY_PREFIXES)
+                                                 and len(k.split()) >= 2 for k in keys):
+            return problem(422, "invalid body", ["$.keys: each entry must be an authorized_keys line"])
+        self.ssh_keys = list(keys)
+        return Reply(200, {"keys": list(self.ssh_keys)})
+
+    # -- reads ------------------------------------------------------------------------------------------------
 
     def take_create_delay(self) -> float:
-        """How late the current create answers (``slow_create``), 0 when not armed."""
         return self._create_delays.pop(0) if self._create_delays else 0.0
 
     def visible(self) -> list[Pod]:
@@ -344,9 +313,9 @@ class FakeRunPod(FakeCloud):
             out.append(pod)
         return out
 
-    def poll(self, pod: Pod, view_of: Callable[[FakeRunPod, Pod], dict[str, Any]] | None = None) -> dict[str, Any]:
-        """``pod`` as one read shows it (``view_of``: REST's view; default GraphQL's); the read counts as a poll."""
-        view = view_of(self, pod) if view_of is not None else self._pod_view(pod)
+    def poll(self, pod: Pod) -> dict[str, Any]:
+        """``pod`` as one read shows it; the read counts as a poll."""
+        view = self.pod_view(pod)
         if pod.status == "RUNNING":
             if pod.status_polls > 0:
                 pod.status_polls -= 1
@@ -354,198 +323,151 @@ class FakeRunPod(FakeCloud):
                 pod.port_polls -= 1
         return view
 
-    def _q_myself(self, fld: gql.Field) -> Any:
-        if fld.args:
-            raise gql.GraphQLError(f'Unknown argument "{next(iter(fld.args))}" on field "myself".')
-
-        def pods(sub: gql.Field) -> list[dict[str, Any]]:
-            if sub.args:
-                raise gql.GraphQLError(f'Unknown argument "{next(iter(sub.args))}" on field "pods".')
-            return [self.poll(p) for p in self.visible()]
-
-        return {"__typename": "User", "id": "user_fake", "pubKey": self.pub_key, "pods": pods}
-
-    def _q_pod(self, fld: gql.Field) -> Any:
-        pod_id = gql.input_arg(fld, POD_FILTER)["podId"]
-        pod = next((p for p in self.visible() if p.id == pod_id), None)
-        return self.poll(pod) if pod is not None else None
-
-    def _q_gpu_types(self, fld: gql.Field) -> Any:
-        wanted = gql.input_arg(fld, GPU_FILTER, required=False).get("id")
-        return [self._gpu_view(g) for g in self.gpu_types.values() if wanted is None or g.id == wanted]
-
-    def _gpu_view(self, gpu: GpuType) -> dict[str, Any]:
-        def lowest(sub: gql.Field) -> dict[str, Any]:
-            count = gql.input_arg(sub, LOWEST_PRICE_INPUT)["gpuCount"]
-            available = 0 < count <= min(gpu.stock, gpu.max_count)
-            return {"__typename": "LowestPrice",
-                    "minimumBidPrice": gpu.min_bid if available else None,
-                    "uninterruptablePrice": gpu.community_price if available else None,
-                    "stockStatus": "High" if available else None}
-
-        return {"__typename": "GpuType", "id": gpu.id, "displayName": gpu.display_name, "memoryInGb": gpu.memory_gb,
-                "maxGpuCount": gpu.max_count, "securePrice": gpu.secure_price, "communityPrice": gpu.community_price,
-                "secureSpotPrice": gpu.min_bid, "communitySpotPrice": gpu.min_bid,
-                "oneWeekPrice": gpu.secure_price * 0.95, "oneMonthPrice": gpu.secure_price * 0.9,
-                "lowestPrice": lowest}
-
-    def _pod_view(self, pod: Pod) -> dict[str, Any]:
-        running = pod.status == "RUNNING"
-        shown_status = "CREATED" if running and pod.status_polls > 0 else pod.status
-        runtime = None
-        if running and pod.status_polls <= 0 and pod.port_polls <= 0 and self.machine_ready(pod):
-            uptime = int(self.clock.now() - pod.started_at)
-            runtime = {
-                "__typename": "PodRuntime", "uptimeInSeconds": uptime,
-                "ports": [
-                    {"__typename": "PodRuntimePorts", "ip": pod.ip, "isIpPublic": True, "privatePort": 22,
-                     "publicPort": pod.port, "type": "tcp"},
-                    {"__typename": "PodRuntimePorts", "ip": "100.65.0.2", "isIpPublic": False, "privatePort": 22,
-                     "publicPort": 22, "type": "tcp"},
-                ],
-                "gpus": [{"__typename": "PodRuntimeGpus", "id": f"GPU-{pod.id}-{i}", "gpuUtilPercent": 0,
-                          "memoryUtilPercent": 0} for i in range(pod.gpu_count)],
-                "container": {"__typename": "PodRuntimeContainer", "cpuPercent": 1, "memoryPercent": 2},
-            }
-        price = pod.bid if pod.spot and pod.bid is not None else pod.gpu_type.secure_price
-        return {
-            "__typename": "Pod", "id": pod.id, "name": pod.name, "desiredStatus": shown_status,
-            "lastStatusChange": pod.last_change, "podType": "INTERRUPTABLE" if pod.spot else "RESERVED",
-            "imageName": pod.image, "gpuCount": pod.gpu_count, "vcpuCount": 8 * max(pod.gpu_count, 1),
-            "memoryInGb": 62 * max(pod.gpu_count, 1), "containerDiskInGb": pod.disk_gb, "volumeInGb": pod.volume_gb,
-            "volumeMountPath": pod.mount, "costPerHr": round(price * max(pod.gpu_count, 1), 3),
-            "uptimeSeconds": int(self.clock.now() - pod.started_at) if running else 0,
-            "machineId": pod.machine_id, "env": list(pod.env), "ports": pod.ports, "port": None,
-            "dockerArgs": "", "dockerId": None,
-            "machine": {"__typename": "PodMachineInfo", "gpuDisplayName": pod.gpu_type.display_name,
-                        "podHostId": pod.host_id},
-            "runtime": runtime,
-        }
-
     def machine_ready(self, pod: Pod) -> bool:
         """The backend's optional readiness hook (a backend without one is always ready)."""
-        ready: Callable[[str], bool] | None = getattr(self.backend, "is_ready", None)
-        return ready is None or ready(pod.id)
+        ready = getattr(self.backend, "is_ready", None)
+        return ready is None or bool(ready(pod.id))
 
-    # -- mutations ----------------------------------------------------------------------------------------
+    def pod_view(self, pod: Pod) -> dict[str, Any]:
+        """A pod as v2's ``Pod`` schema shows it."""
+        running = pod.status == "RUNNING"
+        shown = "PROVISIONING" if running and pod.status_polls > 0 else pod.status
+        ready = running and pod.status_polls <= 0 and pod.port_polls <= 0 and self.machine_ready(pod)
+        direct = ({"host": pod.ip, "port": pod.port, "username": "root", "command": f"ssh root@{pod.ip} -p {pod.port}"}
+                  if ready and "22/tcp" in pod.ports and pod.start_ssh else None)
+        proxy_user = f"{pod.id}-64411eb2"
+        runtime = None
+        if shown == "RUNNING":
+            runtime = {"uptime": int(self.clock.now() - pod.started_at),
+                       "gpus": [{"id": f"GPU-{pod.id}-{i}", "gpuUtilPercent": 0, "memoryUtilPercent": 0}
+                                for i in range(pod.running_gpus)],
+                       "ports": [{"private": 22, "public": pod.port, "type": "tcp", "ip": pod.ip}] if ready else []}
+        actions = {"RUNNING": ["stop", "restart", "terminate"], "EXITED": ["start", "terminate"],
+                   "ERROR": ["terminate"], "PROVISIONING": ["terminate"], "TERMINATED": []}[shown]
+        price = pod.gpu_type.secure_price if pod.cloud == "SECURE" else pod.gpu_type.community_price
+        return {
+            "id": pod.id, "name": pod.name, "status": shown, "actions": actions, "image": pod.image, "args": "",
+            "disk": pod.disk_gb, "mounts": {"persistent": {"size": pod.volume_gb, "path": "/workspace"}},
+            "ports": list(pod.ports), "env": dict(pod.env), "registry": None,
+            "gpu": {"id": pod.gpu_type.id, "count": pod.gpu_count}, "cloud": pod.cloud,
+            "dataCenterId": pod.data_center, "cudaVersion": "12.8",
+            "ssh": {"proxy": {"host": "ssh.runpod.io", "port": 22, "username": proxy_user,
+                              "command": f"ssh {proxy_user}@ssh.runpod.io"}, "direct": direct},
+            "template": None, "cost": round(price * pod.gpu_count, 3) if running else 0.0, "locked": False,
+            "globalNetworking": {"enabled": False}, "runtime": runtime, "createdAt": iso(pod.created_at),
+            "startedAt": iso(pod.started_at) if running else None,
+        }
+
+    # -- writes -----------------------------------------------------------------------------------------------
 
     def _take_capacity(self, gpu: GpuType, count: int) -> None:
         if self._no_capacity > 0:
             self._no_capacity -= 1
-            raise gql.GraphQLError(CAPACITY_MESSAGE)
+            raise _Failed(problem(400, CAPACITY_MESSAGE))
         if count > gpu.stock or count > gpu.max_count:
-            raise gql.GraphQLError(CAPACITY_MESSAGE)
+            raise _Failed(problem(400, CAPACITY_MESSAGE))
         gpu.stock -= count
 
-    def _create(self, fld: gql.Field, spot: bool) -> dict[str, Any]:
-        args = gql.input_arg(fld, RENT_INPUT if spot else DEPLOY_INPUT)
-        gpu = self.gpu_types.get(args["gpuTypeId"])
+    def _create(self, req: Request) -> Reply:
+        body = req.json()
+        problems = _create_problems(body)
+        if problems:
+            return problem(422, "the body does not match CreatePodRequest", problems)
+        gpu = self.gpu_types.get(body["gpu"]["id"])
         if gpu is None:
-            # [unverified] RunPod's wording for an unknown GPU type.
-            raise gql.GraphQLError(f"Invalid GPU type: {args['gpuTypeId']}")
-        if spot and float(args["bidPerGpu"]) < gpu.min_bid:
-            raise gql.GraphQLError(f"Your bid price is below the minimum bid of ${gpu.min_bid}/hr.")  # [unverified]
-        env = [f"{e['key']}={e['value']}" for e in args.get("env") or []]
-        pod = self.make_pod(name=args.get("name") or "", gpu=gpu, count=int(args["gpuCount"]),
-                            image=args.get("imageName") or "runpod/base", spot=spot, bid=args.get("bidPerGpu"),
-                            env=env, ports=args.get("ports") or "", volume_gb=args.get("volumeInGb") or 0,
-                            disk_gb=args.get("containerDiskInGb") or 10,
-                            mount=args.get("volumeMountPath") or "/runpod-volume")
-        return self._pod_view(pod)
+            return problem(404, f"unknown GPU type {body['gpu']['id']}")  # [unverified] wording
+        persistent = (body.get("mounts") or {}).get("persistent") or {}
+        pod = self.make_pod(name=body["name"], gpu=gpu, count=int(body["gpu"].get("count", 1)), image=body["image"],
+                            cloud=body.get("cloud", "SECURE"), env=dict(body.get("env") or {}),
+                            ports=list(body.get("ports") or []), volume_gb=int(persistent.get("size", 0)),
+                            disk_gb=int(body.get("disk", 50)), start_ssh=bool(body.get("startSsh")),
+                            data_center=(body.get("dataCenterIds") or [DATA_CENTERS[0]])[0])
+        return Reply(201, self.pod_view(pod), delay_s=self.take_create_delay())
 
-    def make_pod(self, *, name: str, gpu: GpuType, count: int, image: str, spot: bool, bid: float | None,
-                 env: list[str], ports: str, volume_gb: int, disk_gb: int, mount: str) -> Pod:
-        """Create a pod (either API): capacity taken, machine provisioned, then any armed ``fail_after_create``."""
-        if count < 1:
-            raise gql.GraphQLError("gpuCount must be at least 1")
+    def make_pod(self, *, name: str, gpu: GpuType, count: int, image: str, cloud: str, env: dict[str, str],
+                 ports: list[str], volume_gb: int, disk_gb: int, start_ssh: bool, data_center: str) -> Pod:
+        """Create a pod: capacity taken, machine provisioned, then any armed ``fail_after_create``."""
         self._take_capacity(gpu, count)
         pod_id = self.new_id(14, ID_ALPHABET)
-        pod = Pod(
-            id=pod_id, name=name or pod_id, gpu_type=gpu, gpu_count=count, image=image, spot=spot, bid=bid,
-            env=env, ports=ports, volume_gb=volume_gb, disk_gb=disk_gb, mount=mount,
-            machine_id=self.new_id(12, ID_ALPHABET), host_id=f"{pod_id}-64410f2c",
-            last_change=f"Rented by User: {js_date(self.clock.now())}",
-        )
+        pod = Pod(id=pod_id, name=name, gpu_type=gpu, gpu_count=count, image=image, cloud=cloud, env=env, ports=ports,
+                  volume_gb=volume_gb, disk_gb=disk_gb, start_ssh=start_ssh, data_center=data_center,
+                  created_at=self.clock.now())
         self._start(pod, count)
         self.pods[pod_id] = pod
         if self._fail_after_create:
             status, retry_after = self._fail_after_create.pop(0)
-            raise _AfterCreate(status, retry_after)
+            headers = {"Content-Type": "application/problem+json"}
+            if retry_after is not None:
+                headers["Retry-After"] = format(retry_after, "g")
+            raise _Failed(Reply(status, {"title": "Error", "status": status, "detail": "upstream failure after create"},
+                                headers))
         return pod
 
     def _start(self, pod: Pod, gpus: int) -> None:
         pod.ip, pod.port = self.backend.provision(pod.id, gpus)
+        pod.running_gpus = gpus
         pod.status = "RUNNING"
         pod.started_at = self.clock.now()
         pod.status_polls, pod.port_polls = self.status_polls, self.port_polls
 
-    def _m_deploy(self, fld: gql.Field) -> Any:
-        return self._create(fld, spot=False)
-
-    def _m_rent(self, fld: gql.Field) -> Any:
-        return self._create(fld, spot=True)
-
     def live_pod(self, pod_id: str) -> Pod:
         pod = self.pods.get(pod_id)
         if pod is None or pod.status == "TERMINATED":
-            raise gql.GraphQLError("Pod not found.")  # [unverified] wording
+            raise _Failed(problem(404, "pod not found"))
         return pod
 
-    def _m_stop(self, fld: gql.Field) -> Any:
-        pod = self.live_pod(gql.input_arg(fld, POD_ID_INPUT)["podId"])
-        self.exit_pod(pod, "Exited by user", 5.0)
-        return {"__typename": "Pod", "id": pod.id, "desiredStatus": pod.status}
+    def _action(self, pod: Pod, req: Request) -> Reply:
+        body = req.json()
+        action = body.get("action") if isinstance(body, dict) and set(body) == {"action"} else None
+        if action not in ("start", "stop", "restart", "terminate"):
+            return problem(422, "invalid body", ["$.action: must be one of start, stop, restart, terminate"])
+        if action == "terminate":
+            self.terminate_pod(pod)
+            return Reply(204, "")
+        if action == "stop":
+            if pod.status != "RUNNING":
+                return problem(409, f"cannot stop a pod that is {pod.status}")
+            self.exit_pod(pod, "EXITED", self.stop_grace_s)
+        elif action == "start":
+            if pod.status != "EXITED":
+                return problem(409, f"cannot start a pod that is {pod.status}")
+            self.start_pod(pod)
+        return Reply(200, self.pod_view(pod))
 
-    def resume_pod(self, pod: Pod, gpu_count: int, *, spot: bool, bid: float | None) -> dict[str, Any]:
-        if pod.status == "RUNNING":
-            raise gql.GraphQLError("Pod is already running.")  # [unverified] wording
-        if spot and bid is not None and bid < pod.gpu_type.min_bid:
-            raise gql.GraphQLError(f"Your bid price is below the minimum bid of ${pod.gpu_type.min_bid}/hr.")
-        self._take_capacity(pod.gpu_type, gpu_count)
-        shown = 0 if pod.zero_gpus_next_resume else gpu_count
-        pod.zero_gpus_next_resume = False
-        pod.gpu_count = shown
-        pod.spot, pod.bid = spot, bid if spot else pod.bid
-        self._start(pod, shown)
-        pod.last_change = f"Resumed by user: {js_date(self.clock.now())}"
-        return self._pod_view(pod)
-
-    def _m_resume(self, fld: gql.Field) -> Any:
-        args = gql.input_arg(fld, RESUME_INPUT)
-        pod = self.live_pod(args["podId"])
-        return self.resume_pod(pod, int(args.get("gpuCount") or pod.gpu_count or 1), spot=False, bid=None)
-
-    def _m_bid_resume(self, fld: gql.Field) -> Any:
-        args = gql.input_arg(fld, BID_RESUME_INPUT)
-        pod = self.live_pod(args["podId"])
-        return self.resume_pod(pod, int(args.get("gpuCount") or pod.gpu_count or 1), spot=True,
-                            bid=float(args["bidPerGpu"]))
-
-    def _m_terminate(self, fld: gql.Field) -> Any:
-        self.terminate_pod(self.live_pod(gql.input_arg(fld, TERMINATE_INPUT)["podId"]))
+    def start_pod(self, pod: Pod) -> None:
+        """A stopped pod back on its host with its GPUs (none, when ``zero_gpus_on_resume`` was armed)."""
+        gpus = 0 if pod.zero_gpus_next_start else pod.gpu_count
+        self._take_capacity(pod.gpu_type, gpus)
+        pod.zero_gpus_next_start = False
+        self._start(pod, gpus)
 
     def terminate_pod(self, pod: Pod) -> None:
         if pod.status == "RUNNING":
-            pod.gpu_type.stock += pod.gpu_count
+            pod.gpu_type.stock += pod.running_gpus
         self.backend.destroy(pod.id)
         pod.status = "TERMINATED"
         pod.terminate_polls = self.terminate_polls
         if pod.terminate_polls <= 0:
             del self.pods[pod.id]
 
-    def _m_user_settings(self, fld: gql.Field) -> Any:
-        args = gql.input_arg(fld, USER_SETTINGS_INPUT)
-        if "pubKey" in args:
-            self.pub_key = args["pubKey"] or ""
-        return {"__typename": "UserSettings", "id": "user_fake", "pubKey": self.pub_key}
-
     def state(self) -> Any:
-        return {"pods": {pid: self._pod_view(p) for pid, p in self.pods.items()},
-                "stock": {g.id: g.stock for g in self.gpu_types.values()}, "pubKey": self.pub_key}
+        return {"pods": {pid: self.pod_view(p) for pid, p in self.pods.items()},
+                "stock": {g.id: g.stock for g in self.gpu_types.values()}, "sshKeys": list(self.ssh_keys)}
 
 
-class _AfterCreate(Exception):
-    def __init__(self, status: int, retry_after: float | None) -> None:
-        super().__init__(status)
-        self.status = status
-        self.retry_after = retry_after
+def _create_problems(body: Any) -> list[str]:
+    """What in a create body the fake (the subset of CreatePodRequest gpuq uses) does not take."""
+    if not isinstance(body, dict):
+        return ["$: must be an object"]
+    out = [f"$: additional properties '{k}' not allowed" for k in body if k not in CREATE_FIELDS]
+    for key, kind in (("name", str), ("image", str), ("gpu", dict)):
+        if not isinstance(body.get(key), kind):
+            out.append(f"$.{key}: required {kind.__name__}")
+    gpu: dict[str, Any] = body["gpu"] if isinstance(body.get("gpu"), dict) else {}
+    if not isinstance(gpu.get("id"), str) or not isinstance(gpu.get("count", 1), int) or gpu.get("count", 1) < 1:
+        out.append("$.gpu: needs an id and a count of at least 1")
+    if body.get("cloud", "SECURE") not in ("SECURE", "COMMUNITY"):
+        out.append("$.cloud: must be SECURE or COMMUNITY")
+    if not all(isinstance(v, str) for v in (body.get("env") or {}).values()):
+        out.append("$.env: values must be strings")
+    return out

@@ -256,11 +256,13 @@ def _make_handler(cloud: FakeCloud) -> type[BaseHTTPRequestHandler]:
                 payload, ctype = reply.body.encode(), "text/plain; charset=utf-8"
             else:
                 payload, ctype = json.dumps(reply.body).encode(), "application/json"
+            ctype = reply.headers.get("Content-Type", ctype)  # RunPod v2's errors: application/problem+json
             self.send_response(reply.status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(payload)))
             for key, value in reply.headers.items():
-                self.send_header(key, value)
+                if key != "Content-Type":
+                    self.send_header(key, value)
             self.end_headers()
             self.wfile.write(payload)
 

@@ -24,7 +24,8 @@ gives (``auth_error``, ``invalid_args``, ``invalid_price``, ``no_such_ask``, ``n
 - [``preempt``] an interruptible instance is outbid: paused at once, with no warning and no signal (the
   backend's ``crash`` where it has one, else a preemption with no grace), ``actual_status`` stopped,
   ``intended_status`` still running, until its bid beats the higher one (``bid_price``) or
-  [``outbid_ends``]; it then boots again on the same host with a new port;
+  [``outbid_ends``] (or, armed ``until_rebid``, the owner's next bid); it then boots again on the same host
+  with a new port;
 - ``stop`` keeps the machine (and its disk bill); a start comes back on the same host, or stays waiting
   for its GPU while [``gpu_taken``]; [``host_failure``] makes the host ``offline``;
 - [``no_capacity``] the next N searches find nothing (capacity that appears after N polls); a rented
@@ -60,6 +61,7 @@ class FakeInstance:
     port: int = 0
     boot_polls: int = 0
     outbid_by: float | None = None  # the higher bid that paused it
+    outbid_until_rebid: bool = False  # the higher bid is over by the time the owner bids again
     gpu_taken: bool = False
     destroyed_polls: int | None = None  # set once destroyed: reads it is still listed
     ssh_keys: list[str] = field(default_factory=list)
@@ -118,13 +120,15 @@ class FakeVastAI(FakeCloud):
             raise KeyError(f"no instance {instance_id}")
         return inst
 
-    def preempt(self, instance_id: int | str, higher_bid: float | None = None) -> None:
-        """A higher bid takes an interruptible instance's GPU: paused at once, no warning, no grace."""
+    def preempt(self, instance_id: int | str, higher_bid: float | None = None, until_rebid: bool = False) -> None:
+        """A higher bid takes an interruptible instance's GPU: paused at once, no warning, no grace.
+        ``until_rebid``: that bid is over by the time the owner bids again (the next bid change starts it)."""
         with self.lock:
             inst = self._inst(instance_id)
             if inst.bid is None:
                 raise ValueError("only an interruptible instance can be outbid")
             inst.outbid_by = higher_bid if higher_bid is not None else round(inst.bid + 0.01, 4)
+            inst.outbid_until_rebid = until_rebid
             inst.actual, inst.msg = "stopped", "Instance paused: outbid by a higher bid"
             crash: Callable[[str], None] | None = getattr(self.backend, "crash", None)
             if crash is not None:
@@ -347,6 +351,8 @@ class FakeVastAI(FakeCloud):
         if body.get("client_id") != "me" or not isinstance(price, (int, float)) or inst.bid is None:
             return fail(400, "invalid_args", "an interruptible instance and a numeric price are required")
         inst.bid = float(price)
+        if inst.outbid_until_rebid:
+            inst.outbid_by, inst.outbid_until_rebid = None, False
         self._maybe_start(inst)
         return Reply(200, {"success": True})
 
