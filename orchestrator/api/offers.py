@@ -8,7 +8,6 @@ while the others still list.  Filtering and order are orchestrator/money/rentpla
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -54,7 +53,8 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
         try:
             prov = provider_for(ctx, name)
             for count in sorted(set(gpu_counts)):
-                found += _offers_of(prov, count, spot=spot, mem_gb=mem_gb)
+                found += _offers_of(prov, count, spot=spot, mem_gb=mem_gb,
+                                    searched=entry.capabilities().market_search)
         except ProviderAuthError as exc:
             (out.skipped if exc.code == "no-api-key" else out.failed)[name] = str(exc)
         except GpuqError as exc:
@@ -69,15 +69,14 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
     return out
 
 
-def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gb: float | None) -> list[Offer]:
-    """``list_offers(count)``, with the search hints an adapter takes (vast.ai's market is searched, not
-    listed: asking it for the bid market or a memory floor finds offers a plain search's first page leaves
-    out)."""
-    accepted = inspect.signature(prov.list_offers).parameters
+def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gb: float | None, searched: bool) -> list[Offer]:
+    """``list_offers(count)``, with the search hints of an adapter that declares its offers a searched market
+    (``Capabilities.market_search``, vast.ai: asking it for the bid market or a memory floor finds offers a
+    plain search's first page leaves out)."""
     hints: dict[str, Any] = {}
-    if "spot" in accepted:
+    if searched:
         hints["spot"] = spot
-    if mem_gb is not None and "min_gpu_memory_gb" in accepted:
+    if searched and mem_gb is not None:
         # vast.ai's search takes GB and compares gpu_ram (MiB) with 1000 per GB: ask for gpu_ram of at
         # least mem_gb GB in MiB (gpumatch's rule, which the offers' memory figure follows; a MiB of slack
         # for the rounding), and rentplan.memory_ok decides

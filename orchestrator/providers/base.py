@@ -290,10 +290,14 @@ class Capabilities:
     rebid: bool = False  # a preempted spot machine comes back on the same host with a new bid (resume(bid_per_gpu=))
     regions: bool = False  # ProvisionRequest.region chooses where
     offers: bool = True  # list_offers quotes machine shapes with prices
+    # its offers are a market that is searched, not listed: list_offers takes ``spot=`` (the bid market) and
+    # ``min_gpu_memory_gb=`` (a floor in the provider's GB), which find offers a plain search's first page leaves out
+    market_search: bool = False
 
     def words(self) -> list[str]:
         """The capabilities it has, as the words the docs use."""
-        return [name for name in ("spot", "stop", "rebid", "regions", "offers") if getattr(self, name)]
+        names = ("spot", "stop", "rebid", "regions", "offers", "market_search")
+        return [name.replace("_", " ") for name in names if getattr(self, name)]
 
 
 @runtime_checkable

@@ -87,7 +87,7 @@ class VastAIProvider(HttpProvider):
 
     name = "vastai"
     spec = VASTAI
-    capabilities = Capabilities(spot=True, stop=True, rebid=True, regions=True, offers=True)
+    capabilities = Capabilities(spot=True, stop=True, rebid=True, regions=True, offers=True, market_search=True)
     stop_bills_storage: ClassVar[bool] = True  # stopped or outbid, the disk bills on; only terminate stops it
     ssh_names: ClassVar[tuple[str, ...]] = (wire.PROXY_SUFFIX,)  # its proxy gateways, ssh<N>.vast.ai (base.ssh_address)
     default_retry = RETRY

@@ -176,3 +176,12 @@ def test_the_agent_is_called_through_its_client() -> None:
         if rel != "orchestrator/agent/client.py" and (calls := raw_agent_calls(path, rel)):
             found[rel] = calls
     assert found == RAW_AGENT_CALLS
+
+
+def test_no_module_asks_an_adapter_what_it_takes_by_its_signature() -> None:
+    """What an adapter can do is declared (``providers.base.Capabilities``), never found with
+    ``inspect.signature`` on its methods (issue 44)."""
+    found = [path.relative_to(ROOT).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
+             if any(isinstance(node, ast.Attribute) and node.attr == "signature" and isinstance(node.value, ast.Name)
+                    and node.value.id == "inspect" for node in ast.walk(ast.parse(path.read_text())))]
+    assert found == [], f"declare it as a capability instead: {found}"

@@ -41,7 +41,8 @@ def test_every_builtin_entry_names_an_adapter_that_declares_what_it_can_do() -> 
         assert (cls.supports_spot, cls.supports_stop) == (cls.capabilities.spot, cls.capabilities.stop)
         assert load_profile(entry.name).provider == entry.name  # profiles/<name>.toml
     assert registry.entry("runpod").capabilities().words() == ["stop", "regions", "offers"]  # v2: no spot, no bid
-    assert registry.entry("vastai").capabilities().words() == ["spot", "stop", "rebid", "regions", "offers"]
+    assert registry.entry("vastai").capabilities().words() == ["spot", "stop", "rebid", "regions", "offers",
+                                                               "market search"]
     assert registry.entry("lambda").capabilities().words() == ["regions", "offers"]
 
 
