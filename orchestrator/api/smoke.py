@@ -42,6 +42,7 @@ from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec, spec_hash_for
 from orchestrator.host_documents import ExitRecord
+from orchestrator.hosts import jail
 from orchestrator.hosts.local import LocalHost, command_env
 from orchestrator.ledger import Attempt, Job, Sweep
 from orchestrator.transfer import datasync
@@ -123,8 +124,14 @@ def smoke(ctx: Context, queue: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> Smo
     root = tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base)
     host = LocalHost(Path(root), name="smoke", python=ctx.settings.local_python)
     launcher.ensure_bundle(host, planned.bundle)
-    rows = [_smoke_cell(ctx, host, planned, spec, i, timeout_s) for i, spec in enumerate(distinct_cells(planned.specs))]
-    result = SmokeResult(rows, root, list(planned.warnings))
+    cell_jail = jail.prefix(host.python or "python3", root, ctx.settings.home, command_env())
+    warnings = list(planned.warnings)
+    if cell_jail.why_not:
+        warnings.append(f"the smoke runs the project with HOME at its own root but cannot hide $GPUQ_HOME, ~/.ssh "
+                        f"and ~/.aws from it ({cell_jail.why_not}): it can read what you can")
+    rows = [_smoke_cell(ctx, host, cell_jail, planned, spec, i, timeout_s)
+            for i, spec in enumerate(distinct_cells(planned.specs))]
+    result = SmokeResult(rows, root, warnings)
     if result.ok:
         _remove(root)
         result.root = ""
@@ -165,8 +172,10 @@ def _documents(ctx: Context, planned: SubmitResult, spec: JobSpec, job_id: str, 
     return spec_doc
 
 
-def _start(host: LocalHost, spec_doc: dict[str, Any], job_id: str, number: int, gpus: int) -> subprocess.Popen[bytes]:
-    """Write the spec and launch record as the agent's ``serve`` does, and start the wrapper."""
+def _start(host: LocalHost, cell_jail: jail.Jail, spec_doc: dict[str, Any], job_id: str, number: int,
+           gpus: int) -> subprocess.Popen[bytes]:
+    """Write the spec and launch record as the agent's ``serve`` does, and start the wrapper in the jail
+    (``hosts/jail.py``: HOME at the smoke root; $GPUQ_HOME and your credentials hidden where it can)."""
     jdir = Path(host.root) / protocol.JOBS_DIR / job_id
     adir = jdir / protocol.ATTEMPTS_DIR / str(number)
     for d in (adir, jdir / protocol.CKPT_DIR, jdir / protocol.RESULT_DIR):
@@ -178,9 +187,9 @@ def _start(host: LocalHost, spec_doc: dict[str, Any], job_id: str, number: int, 
         "count": 1, "master_port": _free_port()}))
     agent = client.agent_path(host, str(spec_doc["bundle_sha"]))
     with open(adir / protocol.JOB_LOG, "ab") as logf:
-        return subprocess.Popen([host.python, agent, "--root", host.root, "wrap", job_id, str(number)],
-                                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=host.root,
-                                env=command_env(), start_new_session=True)
+        return subprocess.Popen([*cell_jail.prefix, host.python, agent, "--root", host.root, "wrap", job_id,
+                                 str(number)], stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                cwd=host.root, env=cell_jail.env, start_new_session=True)
 
 
 def _free_port() -> int:
@@ -294,8 +303,8 @@ def resumed_from(before: list[float], after: list[float]) -> bool | None:
     return added[0] > before[0]
 
 
-def _smoke_cell(ctx: Context, host: LocalHost, planned: SubmitResult, spec: JobSpec, index: int,
-                timeout_s: float) -> SmokeRow:
+def _smoke_cell(ctx: Context, host: LocalHost, cell_jail: jail.Jail, planned: SubmitResult, spec: JobSpec,
+                index: int, timeout_s: float) -> SmokeRow:
     row = SmokeRow(cell=re.sub(r"-seed\d+$", "", spec.name))
     started = time.monotonic()
     job_id = f"smoke-{index:03d}"
@@ -303,15 +312,16 @@ def _smoke_cell(ctx: Context, host: LocalHost, planned: SubmitResult, spec: JobS
     first = _documents(ctx, planned, spec, job_id, 1)
     try:
         datasync.sync_specs(host, [first], ctx.settings.home, record=False)  # [data], as a host gets it
-        _run_cell(host, row, first, _documents(ctx, planned, spec, job_id, 2), job_id, sha, spec.gpus, timeout_s)
+        _run_cell(host, cell_jail, row, first, _documents(ctx, planned, spec, job_id, 2), job_id, sha, spec.gpus,
+                  timeout_s)
     finally:
         row.seconds = time.monotonic() - started
     return row
 
 
-def _run_cell(host: LocalHost, row: SmokeRow, first: dict[str, Any], second: dict[str, Any], job_id: str,
-              sha: str, gpus: int, timeout_s: float) -> None:
-    proc = _start(host, first, job_id, 1, gpus)
+def _run_cell(host: LocalHost, cell_jail: jail.Jail, row: SmokeRow, first: dict[str, Any], second: dict[str, Any],
+              job_id: str, sha: str, gpus: int, timeout_s: float) -> None:
+    proc = _start(host, cell_jail, first, job_id, 1, gpus)
     in_time, stopped = _wait(proc, timeout_s, stop_when=lambda: bool(_checkpoint(host, job_id, first))
                             and _has_rows(host, job_id, first))
     rec = _exit_record(host, job_id, 1)
@@ -330,7 +340,7 @@ def _run_cell(host: LocalHost, row: SmokeRow, first: dict[str, Any], second: dic
     if not row.checkpoint:
         row.problem = "no checkpoint matched [run] checkpoint after the run"
         return
-    proc = _start(host, second, job_id, 2, gpus)
+    proc = _start(host, cell_jail, second, job_id, 2, gpus)
     in_time, _ = _wait(proc, timeout_s)
     rec = _exit_record(host, job_id, 2)
     code = rec.wrapper_code
