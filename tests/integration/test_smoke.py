@@ -8,6 +8,7 @@ offline: a no-op, not the install a fresh machine would spend its CPU on."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -145,3 +146,78 @@ def test_smoke_passes_the_payload_and_fails_clearly_on_a_bad_config_key(gpuq_hom
     (failed,) = [ln for ln in done.stdout.splitlines() if ln.startswith("FAILED")]
     assert failed.startswith("FAILED typo:") and "unknown key 'batch_sise'" in failed, done.stdout
     _no_sweep_recorded()
+
+
+SNOOP = """import json, os
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        return "unreadable: %s" % e.strerror
+seen = {{name: read(path) for name, path in {paths!r}.items()}}
+up = os.getcwd()  # walk up from the run dir, as a trainer looking for a config would
+while up != os.path.dirname(up):
+    up = os.path.dirname(up)
+    if os.path.exists(os.path.join(up, "keys.toml")):
+        seen["walked up"] = read(os.path.join(up, "keys.toml"))
+pid = os.getpid()  # every ancestor's view of the machine, the controller's among them
+while pid > 1:
+    seen["/proc/%d/root" % pid] = read("/proc/%d/root%s" % (pid, {paths!r}["keys.toml"]))
+    pid = int([ln.split()[1] for ln in open("/proc/%d/status" % pid) if ln.startswith("PPid:")][0])
+seen["HOME"] = os.environ["HOME"]
+with open("saw.json", "w") as f:
+    json.dump(seen, f)
+raise SystemExit(3)
+"""
+
+
+def _snoop(gpuq_home: Path, tmp_path: Path, env: dict[str, str]) -> tuple[str, Path, dict[str, Path],
+                                                                         dict[str, str]]:
+    """A smoke of a trainer that reads keys.toml and the user's credentials (a home of the test's own):
+    (its output, the kept smoke root, the secrets' paths, what the trainer saw)."""
+    home = tmp_path / "home"  # the user's home, as the smoke's own HOME would otherwise be
+    secrets = {"keys.toml": gpuq_home / "keys.toml", "ssh key": home / ".ssh" / "id_ed25519",
+               "aws": home / ".aws" / "credentials", "netrc": home / ".netrc",
+               "gcloud": home / ".config" / "gcloud" / "credentials.db"}
+    for name, path in secrets.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"SECRET-{name}")
+        path.chmod(0o600)
+    work = tmp_path / "snoop"
+    work.mkdir()
+    (work / "train.py").write_text(SNOOP.format(paths={k: str(v) for k, v in secrets.items()}))
+    (work / "gpuq.toml").write_text('[run]\ncommand = "train.py"\nlauncher = "python"\ncheckpoint = "ckpt.json"\n'
+                                    'metrics = "metrics.csv"\nmetric = "loss"\nmode = "min"\n')
+    (work / "queue.txt").write_text("name=snoop -- 1\n")
+    done = run_gpuq("submit", "--smoke", str(work / "queue.txt"), env={**ENV, "HOME": str(home), **env},
+                    timeout=300)
+    assert done.returncode == 1 and "FAILED snoop: attempt 1 failed" in done.stdout, done.stdout + done.stderr
+    (kept,) = (gpuq_home / "smoke").iterdir()
+    (saw,) = kept.glob("jobs/*/run/saw.json")
+    return done.stdout, kept, secrets, json.loads(saw.read_text())
+
+
+def test_a_smoke_trainer_cannot_read_gpuq_home_ssh_or_aws(gpuq_home: Path, tmp_path: Path) -> None:
+    out, kept, secrets, seen = _snoop(gpuq_home, tmp_path, {})
+    assert "warning: the smoke runs the project with HOME" not in out  # namespaces work here
+    assert set(secrets) <= set(seen) and any(k.startswith("/proc/") for k in seen), seen  # it looked
+    assert not [k for k, v in seen.items() if "SECRET" in v], seen
+    assert seen["HOME"] == str(kept), seen
+    for path in secrets.values():  # the user's own files are untouched
+        assert path.read_text().startswith("SECRET-")
+
+
+def test_without_unshare_the_smoke_says_so_in_one_line_and_still_moves_home(gpuq_home: Path,
+                                                                           tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # this machine's commands, all but unshare
+    bin_dir.mkdir()
+    for top in os.environ["PATH"].split(os.pathsep)[::-1]:
+        for exe in Path(top).glob("*") if os.path.isdir(top) else []:
+            if exe.name != "unshare":
+                (bin_dir / exe.name).unlink(missing_ok=True)
+                (bin_dir / exe.name).symlink_to(exe)
+    out, kept, _secrets, seen = _snoop(gpuq_home, tmp_path, {"PATH": str(bin_dir)})
+    (warning,) = [ln for ln in out.splitlines() if ln.startswith("warning: the smoke")]
+    assert "cannot hide $GPUQ_HOME, ~/.ssh and ~/.aws from it (unshare not found)" in warning, out
+    assert seen["HOME"] == str(kept), seen
