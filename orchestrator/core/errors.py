@@ -22,6 +22,7 @@ subprocess, paramiko, httpx) are translated at the module that touches them.
     │   ├── HostKeyError                    the host's SSH key is unknown or changed (fail closed)
     │   ├── HostAuthFailed                  the host refused our SSH key
     │   ├── CommandFailed                   a remote command exited non-zero
+    │   ├── AgentRefused                    the host agent ran and gave no answer (agent/client.py)
     │   └── TransferError                   `gpuq pull` could not get a job's manifest or files
     ├── ProtocolError                       a host answered with something that is not a gpuq document
     │                                       (orchestrator/host_documents: that host only is affected)

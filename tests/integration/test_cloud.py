@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -197,6 +198,18 @@ def _reached_step(root: Path, job_id: str, attempt: int) -> int:
     return max(_last_heartbeat_step(root, job_id, attempt), _latest_step(root, job_id))
 
 
+def _saved_steps(root: Path, job_id: str, attempt: int) -> list[int]:
+    """The steps of the checkpoints an attempt logged writing (its periodic ones and a final one at SIGTERM)."""
+    log = (root / "jobs" / job_id / "attempts" / str(attempt) / "job.log").read_text()
+    return [int(m.group(1)) for m in re.finditer(r"checkpoint \([^)]*\) step=(\d+) ", log)]
+
+
+def _attempt_reached(root: Path, job_id: str, attempt: int) -> int:
+    """How far attempt n got, read after the job ended: its last heartbeat, or its last checkpoint when that
+    came later (a stop's SIGTERM saves a final one after the last timed heartbeat)."""
+    return max([_last_heartbeat_step(root, job_id, attempt), *_saved_steps(root, job_id, attempt)])
+
+
 def _resumed_step(root: Path, job_id: str, attempt: int) -> int:
     for line in (root / "jobs" / job_id / "attempts" / str(attempt) / "job.log").read_text().splitlines():
         if "GPUQ_RESUMED" in line:
@@ -209,7 +222,7 @@ def _check_resumed(cloud: Cloud, job: Any, first_root: Path, second_root: Path) 
     attempts = cloud.attempts(job.id)
     assert [a.state for a in attempts][-1] == "EXITED" and attempts[-1].exit_code == 0
     assert attempts[0].state in ("PREEMPTED", "LOST"), [a.state for a in attempts]
-    reached = _last_heartbeat_step(first_root, job.id, 1)
+    reached = _attempt_reached(first_root, job.id, 1)
     resumed = _resumed_step(second_root, job.id, attempts[-1].number)
     assert 0 < resumed <= reached and reached - resumed <= CKPT_EVERY, (job.name, reached, resumed)
 

@@ -83,7 +83,7 @@ def _watch(cloud: Cloud) -> str:
 
 def _pods(cloud: Cloud) -> dict[str, str]:
     """instance id -> status of every pod the fake still lists."""
-    return {pid: pod["desiredStatus"] for pid, pod in cloud.fake.state()["pods"].items()}
+    return {pid: pod["status"] for pid, pod in cloud.fake.state()["pods"].items()}
 
 
 def _findings(cloud: Cloud, host: str, rule: str) -> list[tuple[str, str]]:

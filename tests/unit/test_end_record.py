@@ -1,7 +1,7 @@
 """The attempt's end record (payload/agent/gpuq_outputs.py, docs/results.md): what the wrapper hashes as
 an attempt ends well, what `collect` carries of it, how the controller keeps it, and a pull held to it
 word for word.  Real files, the real agent (in process, and as a subprocess through the FakeHost), a
-real ledger; tests/integration/test_end_record.py drives the same through sshd and a project's trainer.
+real ledger; tests/integration/test_end_record_e2e.py drives the same through sshd and a project's trainer.
 """
 
 from __future__ import annotations
