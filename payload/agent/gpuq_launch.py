@@ -24,7 +24,6 @@ import gpuq_own
 import gpuq_protocol as P
 from gpuq_files import Layout, read_json
 from gpuq_hostfacts import thread_cap
-from gpuq_jail import read_only_prefix, split_loader_env  # noqa: F401  (the jail: gpuq_jail.py)
 from gpuq_setup import project_root
 
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"

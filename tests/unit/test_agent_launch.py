@@ -231,10 +231,10 @@ def test_torchrun_pins_its_address_only_when_the_hostname_does_not_resolve(monke
 
 def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "")
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(jail.shutil, "which", lambda name: None)
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare/mount not found")
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "unshare/mount not found")
     monkeypatch.setattr(jail.shutil, "which", lambda name: f"/bin/{name}")
     codes: list[int] = []
 
@@ -243,17 +243,17 @@ def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(jail.subprocess, "run", run)
     codes[:] = [3, 3]
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare --mount exited 3")
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "unshare --mount exited 3")
     (tmp_path / "secrets").mkdir()
     start = ["/bin/unshare", "-m", "--propagation", "private", "--", sys.executable, "-I", "-S", "-c", jail.JAIL,
              "/bin/mount"]
     ro = [str(tmp_path.parent), *jail.interpreter_dirs([str(tmp_path.parent), "/tmp", str(tmp_path)])]
     hidden = [str(tmp_path / "secrets"), str(tmp_path / "absent")]
     codes[:] = [0]
-    prefix, why = launch.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
+    prefix, why = jail.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
     assert why == "" and prefix == [*start, json.dumps(ro), json.dumps(hidden[:1]), "{}"]
     codes[:] = [1, 0]  # the interpreter's dirs cannot be made read-only: the bundles still are
-    prefix, why = launch.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
+    prefix, why = jail.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
     assert prefix == [*start, json.dumps(ro[:1]), json.dumps(hidden[:1]), "{}"]
     assert why == "the interpreter's directories stay writable (unshare --mount exited 1)"
 
@@ -261,7 +261,7 @@ def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyP
         raise OSError("denied")
 
     monkeypatch.setattr(jail.subprocess, "run", broken)
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
 
 
 def test_the_interpreters_dirs_leave_out_the_root_and_what_holds_the_agents_files(tmp_path: Path) -> None:
@@ -306,7 +306,7 @@ def test_a_root_trainer_cannot_write_any_bundle_nor_remount_them(tmp_path: Path)
     for name in ("own", "other"):
         (bundles / name).mkdir(parents=True)
         (bundles / name / "train.py").write_text("print('honest')\n")
-    prefix, why = launch.read_only_prefix(str(bundles / "own"))
+    prefix, why = jail.read_only_prefix(str(bundles / "own"))
     assert why == "" and prefix
     out = subprocess.run([*prefix, sys.executable, "-c", ESCAPES, str(bundles), str(os.getpid())],
                          capture_output=True, text=True, timeout=60)
@@ -328,10 +328,10 @@ def test_a_jobs_loader_variables_reach_only_the_trainer_not_the_root_steps_befor
     root with every capability; the jail starts without it and sets it for the trainer's exec only."""
     (tmp_path / "bundles" / "own").mkdir(parents=True)
     env = dict(os.environ, LD_PRELOAD="/nonexistent/gpuq-preload.so", KEEP="1")
-    clean, loader = launch.split_loader_env(env)
+    clean, loader = jail.split_loader_env(env)
     assert loader == {"LD_PRELOAD": "/nonexistent/gpuq-preload.so"} and clean["KEEP"] == "1"
     assert "LD_PRELOAD" not in clean
-    prefix, why = launch.read_only_prefix(str(tmp_path / "bundles" / "own"), loader)
+    prefix, why = jail.read_only_prefix(str(tmp_path / "bundles" / "own"), loader)
     assert why == ""
     show = "import os; print(os.environ.get('LD_PRELOAD'), os.environ.get('KEEP'))"
     out = subprocess.run([*prefix, sys.executable, "-c", show], env=clean, capture_output=True, text=True, timeout=60)
@@ -364,7 +364,7 @@ def test_a_root_trainer_neither_reads_other_sweeps_secrets_nor_plants_a_pth(tmp_
     secrets.mkdir(mode=0o700)
     (secrets / "other-sweep.json").write_text('{"OTHER_TOKEN": "theirs-1234"}')
     pth = Path(sysconfig.get_paths()["purelib"]) / f"gpuq-jail-test-{os.getpid()}.pth"
-    prefix, why = launch.read_only_prefix(str(tmp_path / "bundles" / "own"), root=str(tmp_path),
+    prefix, why = jail.read_only_prefix(str(tmp_path / "bundles" / "own"), root=str(tmp_path),
                                           hidden=[str(secrets)])
     assert why == "" and prefix
     env = dict(os.environ, OWN_TOKEN="mine-5678")
