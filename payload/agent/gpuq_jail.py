@@ -21,6 +21,7 @@ stdlib only, Python >= 3.8.
 # ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -96,7 +97,8 @@ def read_only_prefix(bundle: str, loader: dict[str, str] | None = None, *, root:
                      hidden: list[str] | None = None) -> tuple[list[str], str]:
     """As root (mode bits do not stop root), the argv prefix that runs the trainer in the jail (above):
     ``bundle``'s parent (all of ``bundles/``) and the interpreter's directories read-only, ``hidden``
-    (``secrets/``) covered.  ``root``: the agent's root, kept writable (an interpreter dir holding it is
+    (``secrets/``, made 0700 when missing, so that another sweep's values written later land under the cover)
+    covered.  ``root``: the agent's root, kept writable (an interpreter dir holding it is
     left out).  Returns (argv prefix, "" or why it fell back: to the bundles alone when the interpreter's
     directories cannot be made read-only, to mode bits when no jail starts).  ``loader``: the job's LD_*
     variables, set just before the trainer's exec; start the prefix with an environment without them
@@ -108,6 +110,9 @@ def read_only_prefix(bundle: str, loader: dict[str, str] | None = None, *, root:
         return [], "unshare/mount not found"
     bundles = os.path.dirname(os.path.normpath(bundle))
     keep = [bundles, "/tmp"] + ([root] if root else [])
+    for d in hidden or []:  # made now if missing: a dir made later would not be covered
+        with contextlib.suppress(OSError):
+            os.makedirs(d, mode=0o700, exist_ok=True)
     covered = [d for d in (hidden or []) if os.path.isdir(d)]
     loader_doc = json.dumps(loader or {}, sort_keys=True)
     start = [unshare, "-m", "--propagation", "private", "--", sys.executable, "-I", "-S", "-c", JAIL, mount]

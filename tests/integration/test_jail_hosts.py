@@ -31,7 +31,11 @@ with open("metrics.csv", "w") as f:
 """.replace("@TOKEN@", VICTIM_TOKEN)
 
 # sweep B's job: reads whatever the agent keeps under secrets/ (root: mode bits do not stop it)
-SNOOP = """import json, os
+SNOOP = """import json, os, time
+open("/tmp/gpuq-snoop-started", "w").close()
+deadline = time.time() + 120
+while not os.path.exists("/tmp/gpuq-victim-started") and time.time() < deadline:
+    time.sleep(0.2)
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.environ["GPUQ_RUN_DIR"])))
 sdir = os.path.join(root, "secrets")
 found = {"names": [], "text": "", "own": os.environ.get("SNOOP_TOKEN")}
@@ -100,22 +104,30 @@ def _done(user: User) -> None:
     assert {j["state"] for j in jobs} == {"SUCCEEDED"}, user.logs_of_unfinished()
 
 
-def test_a_job_reads_no_other_sweeps_forwarded_secrets(user: User, tmp_path: Path) -> None:
+@pytest.mark.parametrize("snoop_first", [False, True], ids=["victim-first", "snoop-first"])
+def test_a_job_reads_no_other_sweeps_forwarded_secrets(user: User, tmp_path: Path, snoop_first: bool) -> None:
+    """Sweep A's job holds its token while sweep B's job looks under secrets/; snoop-first: B starts on a
+    host with no secrets/ yet and forwards nothing, A's values arrive while B runs."""
     user.add_hosts(1)
     victim = _project(tmp_path, "victim", VICTIM, 'forward_env = ["VICTIM_TOKEN"]\n')
-    snoop = _project(tmp_path, "snoop", SNOOP, 'forward_env = ["SNOOP_TOKEN"]\n')
-    assert user.gpuq("submit", str(victim)).returncode == 0
+    snoop = _project(tmp_path, "snoop", SNOOP, "" if snoop_first else 'forward_env = ["SNOOP_TOKEN"]\n')
     host_tmp = user.farm.hosts[0].root_dir / "tmp"
-    assert wait_for(lambda: (host_tmp / "gpuq-victim-started").exists(), timeout=120, interval=0.5), \
-        user.logs_of_unfinished()
-    assert len(list((user.host_dir(0) / "secrets").glob("*.json"))) == 1  # sweep A's values are on the host
-    submitted = user.gpuq("submit", str(snoop), "--json")
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    (job,) = json.loads(submitted.stdout)["jobs"]
+    first, second = (snoop, victim) if snoop_first else (victim, snoop)
+    submitted = {}
+    for queue in (first, second):
+        out = user.gpuq("submit", str(queue), "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        ((submitted[queue.parent.name]),) = json.loads(out.stdout)["jobs"]
+        if queue is first:
+            started = host_tmp / f"gpuq-{queue.parent.name}-started"
+            assert wait_for(started.exists, timeout=120, interval=0.5), user.logs_of_unfinished()
+            if not snoop_first:  # sweep A's values are on the host while B runs
+                assert len(list((user.host_dir(0) / "secrets").glob("*.json"))) == 1
     _done(user)
-    found = json.loads((user.host_dir(0) / "jobs" / job["id"] / "run" / "found.json").read_text())
+    run = user.host_dir(0) / "jobs" / submitted["snoop"]["id"] / "run"
+    found = json.loads((run / "found.json").read_text())
     assert VICTIM_TOKEN not in found["text"] and found["names"] == [], found  # nor its own sweep's file
-    assert found["own"] == SNOOP_TOKEN  # its own value still comes in its environment
+    assert found["own"] == (None if snoop_first else SNOOP_TOKEN)  # its own value comes in its environment
 
 
 def test_a_job_plants_nothing_the_agent_or_another_job_runs_and_writes_where_trainers_write(

@@ -248,13 +248,15 @@ def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyP
     start = ["/bin/unshare", "-m", "--propagation", "private", "--", sys.executable, "-I", "-S", "-c", jail.JAIL,
              "/bin/mount"]
     ro = [str(tmp_path.parent), *jail.interpreter_dirs([str(tmp_path.parent), "/tmp", str(tmp_path)])]
-    hidden = [str(tmp_path / "secrets"), str(tmp_path / "absent")]
+    hidden = [str(tmp_path / "secrets"), str(tmp_path / "not-yet")]
     codes[:] = [0]
     prefix, why = jail.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
-    assert why == "" and prefix == [*start, json.dumps(ro), json.dumps(hidden[:1]), "{}"]
+    assert why == "" and prefix == [*start, json.dumps(ro), json.dumps(hidden), "{}"]
+    # a dir to hide is made now: one another sweep's enqueue made later would not be covered
+    assert (tmp_path / "not-yet").stat().st_mode & 0o777 == 0o700
     codes[:] = [1, 0]  # the interpreter's dirs cannot be made read-only: the bundles still are
     prefix, why = jail.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
-    assert prefix == [*start, json.dumps(ro[:1]), json.dumps(hidden[:1]), "{}"]
+    assert prefix == [*start, json.dumps(ro[:1]), json.dumps(hidden), "{}"]
     assert why == "the interpreter's directories stay writable (unshare --mount exited 1)"
 
     def broken(*a: Any, **k: Any) -> Any:
