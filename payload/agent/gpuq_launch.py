@@ -16,10 +16,7 @@ import json
 import math
 import os
 import re
-import shutil
 import socket
-import subprocess
-import sys
 from typing import Any
 
 import gpuq_argv
@@ -290,63 +287,3 @@ def local_addr_args() -> list[str]:
         return []
     except OSError:
         return ["--local-addr=127.0.0.1"]
-
-
-# Run in a private mount namespace (unshare -m) as root: bind bundles/ read-only, then drop from the
-# bounding set the capabilities that would undo it (CAP_SYS_ADMIN: remount, umount, setns; CAP_SYS_PTRACE:
-# /proc/<agent pid>/root reaches the host's own view; CAP_SYS_MODULE), then exec the trainer.  python -I:
-# neither the run dir (cwd) nor PYTHON* variables can put project code on its sys.path; mount by the
-# path the agent found (not the job's PATH).  argv: mount, the bundles dir, the job's dynamic-loader
-# variables as JSON (set only for the trainer's exec, ``split_loader_env``), then the trainer's argv.
-CAPS_DROPPED = {"CAP_SYS_MODULE": 16, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21}
-PR_CAPBSET_DROP = 24
-JAIL = (
-    "import ctypes, json, os, subprocess, sys\n"
-    "mount, d = sys.argv[1], sys.argv[2]\n"
-    "for argv in ([mount, '--bind', d, d], [mount, '-o', 'remount,bind,ro', d]):\n"
-    "    if subprocess.call(argv, stdin=subprocess.DEVNULL) != 0:\n"
-    "        sys.exit('gpuq: %%s failed' %% ' '.join(argv))\n"
-    "prctl = ctypes.CDLL(None, use_errno=True).prctl\n"
-    "for cap in %r:\n"
-    "    if prctl(%d, cap, 0, 0, 0) != 0:\n"
-    "        sys.exit('gpuq: cannot drop capability %%d: %%s' %% (cap, os.strerror(ctypes.get_errno())))\n"
-    "os.environ.update(json.loads(sys.argv[3]))\n"
-    "os.execvp(sys.argv[4], sys.argv[4:])\n"
-) % (tuple(sorted(CAPS_DROPPED.values())), PR_CAPBSET_DROP)
-
-
-LOADER_NAMES = ("GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH")  # besides every LD_* name
-
-
-def split_loader_env(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(``env`` without the dynamic loader's variables, those variables).  A job's ``LD_PRELOAD`` or
-    ``LD_LIBRARY_PATH`` (its ``[run] env``) would load its code into unshare, mount and the jail's
-    Python, as root with every capability, before the bundles are read-only: the jail is started
-    without them and sets them for the trainer's exec only (``read_only_prefix(bundle, loader)``)."""
-    loader = {k: v for k, v in env.items() if k.startswith("LD_") or k in LOADER_NAMES}
-    return {k: v for k, v in env.items() if k not in loader}, loader
-
-
-def read_only_prefix(bundle: str, loader: dict[str, str] | None = None) -> tuple[list[str], str]:
-    """As root (mode bits do not stop root), run the trainer in a private mount namespace where all of
-    ``bundles/`` (``bundle``'s parent: every project's code, not only this job's) is bind-mounted
-    read-only and the trainer cannot remount it (``JAIL``).  Returns (argv prefix, "" or why it fell
-    back to mode bits).  ``loader``: the job's LD_* variables, set just before the trainer's exec;
-    start the prefix with an environment without them (``split_loader_env``).  unshare and python
-    exec, so the trainer keeps the pid (and process group) Popen gave it."""
-    if os.geteuid() != 0:
-        return [], ""
-    unshare, mount = shutil.which("unshare"), shutil.which("mount")
-    if not unshare or not mount:
-        return [], "unshare/mount not found"
-    bundles = os.path.dirname(os.path.normpath(bundle))
-    probe = [unshare, "-m", "--propagation", "private", "--", sys.executable, "-I", "-c", JAIL, mount, bundles,
-             json.dumps(loader or {}, sort_keys=True), "true"]
-    try:
-        rc = subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, timeout=30).returncode
-    except (OSError, subprocess.SubprocessError) as e:
-        return [], "unshare failed: %s" % e
-    if rc != 0:
-        return [], "unshare --mount exited %d" % rc
-    return probe[:-1], ""

@@ -1,5 +1,6 @@
 """Forwarded secrets on a host: ``secrets/<queue_id>.json`` (0600 in a 0700 dir, written by
-``enqueue``), the values a job's ``run.forward_env`` names (docs/security.md).
+``enqueue``), the values a job's ``run.forward_env`` names (docs/security.md).  A root trainer never
+sees this dir (gpuq_jail covers it): the wrapper reads its sweep's values and puts them in its environment.
 
 Two duties, both here so every path does them the same way:
 

@@ -11,7 +11,7 @@ downloaded weights) is what the jobs see.  The products are listed in bundles/.s
 and, once per bundle and key, the *prepared tree* bundles/.prepared/<sha>-<key>/ is built under the
 same lock: a copy of the bundle's project with the products hard-linked in, then made read-only.
 Jobs link that tree (``project_root``).  Both live under bundles/, which a root trainer sees
-bind-mounted read-only (gpuq_launch.read_only_prefix), so no job can change what another job reads.
+bind-mounted read-only (gpuq_jail.read_only_prefix), so no job can change what another job reads.
 
 stdlib only, Python >= 3.8.
 """

@@ -46,16 +46,15 @@ from gpuq_files import (
     touch,
     utc,
 )
+from gpuq_jail import read_only_prefix, split_loader_env
 from gpuq_launch import (
     build_env,
     job_argv,
     kill_grace,
     link_project,
-    read_only_prefix,
     resume_note,
     run_section,
     secrets_for,
-    split_loader_env,
 )
 from gpuq_memwatch import sample_memory
 from gpuq_procs import (
@@ -313,14 +312,16 @@ class Wrapper:
             return self.finish(P.EXIT_SETUP, "cannot build the trainer's command: %s" % e)
         self.env.update(secrets_for(self.lay, spec))  # the process environment only: never run.env, never logged
         # the job's LD_* variables reach the trainer's exec only, never the root steps that make the bundles
-        # read-only (unshare, mount, the jail): gpuq_launch.split_loader_env
+        # read-only (unshare, mount, the jail): gpuq_jail.split_loader_env
         clean, loader = split_loader_env(self.env)
-        prefix, why = read_only_prefix(self.bundle, loader)
+        # the jail (gpuq_jail): bundles/ and the interpreter read-only, secrets/ hidden (other sweeps' values)
+        prefix, why = read_only_prefix(self.bundle, loader, root=self.lay.root, hidden=[self.lay.p(P.SECRETS_DIR)])
         env = clean if prefix else self.env
         log_path = os.path.join(self.adir, P.JOB_LOG)
         probe = gpuq_provenance.record(self.adir, self.python, self.env, self.launch)  # beside the trainer
         if why:
-            append_line(log_path, "gpuq: the bundle is read-only by mode bits only (%s)" % why)
+            append_line(log_path, "gpuq: %s" % why if prefix else
+                        "gpuq: the bundle is read-only by mode bits only (%s)" % why)
         note = resume_note(run_dir, run_section(spec), self.attempt)
         if note:
             append_line(log_path, note)

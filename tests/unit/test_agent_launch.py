@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 
 launch = load_agent_module("gpuq_launch", qualified=True)
+jail = load_agent_module("gpuq_jail")
 P = load_agent_module("gpuq_protocol")
 files = load_agent_module("gpuq_files")
 hostfacts = load_agent_module("gpuq_hostfacts")
@@ -229,27 +231,48 @@ def test_torchrun_pins_its_address_only_when_the_hostname_does_not_resolve(monke
 
 def test_the_read_only_bundle_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "")
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "")
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare/mount not found")
-    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/bin/{name}")
+    monkeypatch.setattr(jail.shutil, "which", lambda name: None)
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "unshare/mount not found")
+    monkeypatch.setattr(jail.shutil, "which", lambda name: f"/bin/{name}")
+    codes: list[int] = []
 
-    class Done:
-        returncode = 3
+    def run(argv: list[str], **_: Any) -> Any:
+        return subprocess.CompletedProcess(argv, codes.pop(0))
 
-    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: Done())
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare --mount exited 3")
-    Done.returncode = 0
-    prefix, why = launch.read_only_prefix(str(tmp_path))
-    assert why == "" and prefix == ["/bin/unshare", "-m", "--propagation", "private", "--", sys.executable, "-I",
-                                    "-c", launch.JAIL, "/bin/mount", str(tmp_path.parent), "{}"]
+    monkeypatch.setattr(jail.subprocess, "run", run)
+    codes[:] = [3, 3]
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "unshare --mount exited 3")
+    (tmp_path / "secrets").mkdir()
+    start = ["/bin/unshare", "-m", "--propagation", "private", "--", sys.executable, "-I", "-S", "-c", jail.JAIL,
+             "/bin/mount"]
+    ro = [str(tmp_path.parent), *jail.interpreter_dirs([str(tmp_path.parent), "/tmp", str(tmp_path)])]
+    hidden = [str(tmp_path / "secrets"), str(tmp_path / "not-yet")]
+    codes[:] = [0]
+    prefix, why = jail.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
+    assert why == "" and prefix == [*start, json.dumps(ro), json.dumps(hidden), "{}"]
+    # a dir to hide is made now: one another sweep's enqueue made later would not be covered
+    assert (tmp_path / "not-yet").stat().st_mode & 0o777 == 0o700
+    codes[:] = [1, 0]  # the interpreter's dirs cannot be made read-only: the bundles still are
+    prefix, why = jail.read_only_prefix(str(tmp_path), root=str(tmp_path), hidden=hidden)
+    assert prefix == [*start, json.dumps(ro[:1]), json.dumps(hidden), "{}"]
+    assert why == "the interpreter's directories stay writable (unshare --mount exited 1)"
 
     def broken(*a: Any, **k: Any) -> Any:
         raise OSError("denied")
 
-    monkeypatch.setattr(launch.subprocess, "run", broken)
-    assert launch.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
+    monkeypatch.setattr(jail.subprocess, "run", broken)
+    assert jail.read_only_prefix(str(tmp_path)) == ([], "unshare failed: denied")
+
+
+def test_the_interpreters_dirs_leave_out_the_root_and_what_holds_the_agents_files(tmp_path: Path) -> None:
+    dirs = jail.interpreter_dirs([str(tmp_path)])
+    assert sysconfig.get_paths()["purelib"].startswith(tuple(dirs)), dirs
+    assert "/" not in dirs and all(os.path.isabs(d) for d in dirs)
+    holding_prefix = jail.interpreter_dirs([os.path.join(os.path.realpath(sys.prefix), "agent-root")])
+    assert os.path.realpath(sys.prefix) not in holding_prefix  # its site-packages are still read-only
+    assert sysconfig.get_paths()["purelib"].startswith(tuple(holding_prefix)), holding_prefix
 
 
 ESCAPES = r"""
@@ -285,7 +308,7 @@ def test_a_root_trainer_cannot_write_any_bundle_nor_remount_them(tmp_path: Path)
     for name in ("own", "other"):
         (bundles / name).mkdir(parents=True)
         (bundles / name / "train.py").write_text("print('honest')\n")
-    prefix, why = launch.read_only_prefix(str(bundles / "own"))
+    prefix, why = jail.read_only_prefix(str(bundles / "own"))
     assert why == "" and prefix
     out = subprocess.run([*prefix, sys.executable, "-c", ESCAPES, str(bundles), str(os.getpid())],
                          capture_output=True, text=True, timeout=60)
@@ -295,7 +318,7 @@ def test_a_root_trainer_cannot_write_any_bundle_nor_remount_them(tmp_path: Path)
         assert seen[name] == errno.EROFS, (name, seen)
     assert seen["via_agent_root"] in (errno.EACCES, errno.EPERM), seen
     assert seen["remount"] != 0 and seen["umount"] != 0 and seen["userns_remount"] != 0, seen
-    assert not int(seen["cap_bnd"], 16) & (1 << launch.CAPS_DROPPED["CAP_SYS_ADMIN"]), seen
+    assert not int(seen["cap_bnd"], 16) & (1 << jail.CAPS_DROPPED["CAP_SYS_ADMIN"]), seen
     for name in ("own", "other"):
         assert (bundles / name / "train.py").read_text() == "print('honest')\n"
     (bundles / "other" / "new.txt").write_text("the agent still writes here")  # outside the job's namespace
@@ -307,16 +330,56 @@ def test_a_jobs_loader_variables_reach_only_the_trainer_not_the_root_steps_befor
     root with every capability; the jail starts without it and sets it for the trainer's exec only."""
     (tmp_path / "bundles" / "own").mkdir(parents=True)
     env = dict(os.environ, LD_PRELOAD="/nonexistent/gpuq-preload.so", KEEP="1")
-    clean, loader = launch.split_loader_env(env)
+    clean, loader = jail.split_loader_env(env)
     assert loader == {"LD_PRELOAD": "/nonexistent/gpuq-preload.so"} and clean["KEEP"] == "1"
     assert "LD_PRELOAD" not in clean
-    prefix, why = launch.read_only_prefix(str(tmp_path / "bundles" / "own"), loader)
+    prefix, why = jail.read_only_prefix(str(tmp_path / "bundles" / "own"), loader)
     assert why == ""
     show = "import os; print(os.environ.get('LD_PRELOAD'), os.environ.get('KEEP'))"
     out = subprocess.run([*prefix, sys.executable, "-c", show], env=clean, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["/nonexistent/gpuq-preload.so", "1"], out
     # the loader complains once per dynamically linked exec that sees the variable: the trainer only
     assert out.stderr.count("gpuq-preload.so") == 1, out.stderr
+
+
+PLANT = r"""
+import json, os, sys, sysconfig
+secrets, pth = sys.argv[1], sys.argv[2]
+seen = {"listed": sorted(os.listdir(secrets)), "token": os.environ.get("OWN_TOKEN")}
+try:
+    with open(pth, "w") as fh:
+        fh.write("# harmless: gpuq's jail test\n")
+    seen["pth"] = 0
+except OSError as e:
+    seen["pth"] = e.errno
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_a_root_trainer_neither_reads_other_sweeps_secrets_nor_plants_a_pth(tmp_path: Path) -> None:
+    """Issue 43 items 3 and 4: secrets/ is an empty tmpfs in the job's namespace (its own values come in
+    its environment), and the interpreter's site-packages are read-only, so no .pth runs in the agent,
+    the next jail or another job."""
+    (tmp_path / "bundles" / "own").mkdir(parents=True)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir(mode=0o700)
+    (secrets / "other-sweep.json").write_text('{"OTHER_TOKEN": "theirs-1234"}')
+    pth = Path(sysconfig.get_paths()["purelib"]) / f"gpuq-jail-test-{os.getpid()}.pth"
+    prefix, why = jail.read_only_prefix(str(tmp_path / "bundles" / "own"), root=str(tmp_path),
+                                          hidden=[str(secrets)])
+    assert why == "" and prefix
+    env = dict(os.environ, OWN_TOKEN="mine-5678")
+    try:
+        out = subprocess.run([*prefix, sys.executable, "-c", PLANT, str(secrets), str(pth)], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        seen = json.loads(out.stdout)
+        assert not pth.exists()
+    finally:
+        pth.unlink(missing_ok=True)
+    assert seen == {"listed": [], "token": "mine-5678", "pth": errno.EROFS}, seen
+    assert (secrets / "other-sweep.json").read_text() == '{"OTHER_TOKEN": "theirs-1234"}'  # the agent's own view
 
 
 def test_a_spec_without_optional_fields_gives_empty_values_never_none(tmp_path: Path) -> None:
