@@ -41,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import sys
 from typing import Any
 
@@ -51,7 +50,7 @@ import gpuq_protocol as P
 from gpuq_files import Layout, atomic_write, read_json, spec_attempt, utc
 from gpuq_inbox import JOB_ID_RE, job_spec
 from gpuq_observe import safe_globs, spec_run
-from gpuq_outputs import CHUNK, Hasher, Refused, no_link
+from gpuq_outputs import CHUNK, Hasher, Refused, no_link, open_regular
 
 
 def _attempt_number(lay: Layout, job_id: str) -> int:
@@ -191,15 +190,8 @@ def cmd_snapshot(root: str, job_id: str) -> int:
 def _copy_stable(src: str, dst: str, rel: str) -> dict[str, Any]:
     """Copy ``src`` (a regular file, never a link) to ``dst`` and hash the copy.  Refused when the
     source changed while it was read (inode, size or mtime moved)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd, before = open_regular(src, rel)
     try:
-        fd = os.open(src, flags)
-    except OSError as e:
-        raise Refused("cannot read %s: %s" % (rel, e.strerror or e)) from e
-    try:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            raise Refused("%s is not a regular file" % rel)
         h = hashlib.sha256()
         size = 0
         with os.fdopen(fd, "rb", closefd=False) as f, open(dst, "wb") as out:

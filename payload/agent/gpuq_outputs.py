@@ -64,16 +64,8 @@ class Hasher:
 
     def entry(self, path: str, rel: str) -> dict[str, Any]:
         """{"path": rel, "bytes", "sha256"} of one regular file, from one open file (never a link)."""
-        # O_NONBLOCK: a FIFO must be refused, not wait forever for a writer (no effect on regular files)
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd, st = open_regular(path, rel)
         try:
-            fd = os.open(path, flags)
-        except OSError as e:
-            raise Refused("cannot read %s: %s" % (rel, e.strerror or e)) from e
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise Refused("%s is not a regular file" % rel)
             known = self.seen.get((st.st_dev, st.st_ino))
             if known is not None and known[:2] == (st.st_size, st.st_mtime_ns):
                 return {"path": rel, "bytes": known[0], "sha256": known[2]}
@@ -89,6 +81,22 @@ class Hasher:
         if size == st.st_size:
             self.seen[(st.st_dev, st.st_ino)] = (size, st.st_mtime_ns, h.hexdigest())
         return {"path": rel, "bytes": size, "sha256": h.hexdigest()}
+
+
+def open_regular(path: str, rel: str) -> tuple[int, os.stat_result]:
+    """An open descriptor of ``path`` and its stat, refused (``rel`` named) unless it is a regular file
+    reached without following a link; the caller closes it."""
+    # O_NONBLOCK: a FIFO must be refused, not wait forever for a writer (no effect on regular files)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise Refused("cannot read %s: %s" % (rel, e.strerror or e)) from e
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise Refused("%s is not a regular file" % rel)
+    return fd, st
 
 
 def result_files(jdir: str, hasher: Hasher) -> list[dict[str, Any]]:
