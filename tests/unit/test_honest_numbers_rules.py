@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api.submitting import seed_warnings
 from orchestrator.core.specs import DEFAULT_EPOCHS
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job
 from orchestrator.money.cost import job_cost
+from orchestrator.queue.project_checks import seed_warnings
 from orchestrator.queue.queuefile import parse_bytes
 from orchestrator.queue.runconfig import RunConfig
 from orchestrator.report import trust
