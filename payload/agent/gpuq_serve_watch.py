@@ -79,7 +79,7 @@ def handle_cancels(lay: Layout, running: list[Running], log: Callable[[str], Non
 def watch_stalls(lay: Layout, running: list[Running], log: Callable[[str], None]) -> None:
     """A running attempt that stalled is healed here, at once, when its spec lets the host retry it
     (gpuq_stall.py): decided under retry.lock, its stacks saved, its group killed (TERM, then KILL after
-    kill_grace_s by handle_cancels); attempt n+1's spec follows once it has ended (``retry``)."""
+    kill_grace_s by handle_cancels); attempt n+1's spec follows once it has ended (``Agent.retry``)."""
     mono = time.monotonic()
     for r in running:
         job_id = r.job_id
