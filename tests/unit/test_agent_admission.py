@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.support.agentmodule import load_agent_module
 
-A = load_agent_module("gpuq_admission")
+A = load_agent_module("gpuq_admission", qualified=True)  # the module path scripts/mutation.py mutates
 serve_mod = load_agent_module("gpuq_serve")
 files_mod = load_agent_module("gpuq_files")
 
