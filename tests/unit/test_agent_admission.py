@@ -69,9 +69,11 @@ def test_one_decision_per_candidate_in_their_order() -> None:
 
 def test_what_a_spec_makes_of_a_candidate() -> None:
     assert A.spec_unfit(None) == "job spec is not a JSON object"
-    assert "no valid schema" in A.spec_unfit({"schema": "junk"})
-    assert "newer than this agent" in A.spec_unfit({"schema": "gpuq.job/2"})
-    assert A.spec_unfit({"schema": "gpuq.job/1"}) == ""
+    assert A.spec_unfit({"schema": "junk"}) == "job spec has no valid schema ('junk'); this agent reads gpuq.job/1"
+    assert A.spec_unfit({}) == "job spec has no valid schema (None); this agent reads gpuq.job/1"
+    assert A.spec_unfit({"schema": "gpuq.job/2"}) == (
+        "job spec schema gpuq.job/2 is newer than this agent (gpuq.job/1); upgrade the bundle")
+    assert A.spec_unfit({"schema": "gpuq.job/1"}) == A.spec_unfit({"schema": "gpuq.job/1.4"}) == ""
     assert A.candidate("a", {"gpus": 3}) == C("a", 3)
     assert A.candidate("a", {"gpus": 0}) == C("a", 1)
     assert A.candidate("a", None, "job spec is not a JSON object") == C("a", 1, "job spec is not a JSON object")
