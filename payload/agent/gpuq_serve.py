@@ -1,9 +1,12 @@
 """``serve``: the long-lived host agent, one per root.
 
-It claims inbox specs (oldest first, smaller jobs backfill), packs them onto slots (GPUs, or CPU
-slots on a GPU-less host), starts one wrapper per attempt in its own process group, reaps them,
-kills whatever an ended attempt left behind (end_leftovers), acts on cancel files, adopts live
-groups after a restart and exits when idle.  With ``--detach`` it runs as a daemon (gpuq_detach.py).
+It claims inbox specs, starts what admission lets start (gpuq_admission.py: oldest first, smaller jobs
+backfill, packed onto slots: GPUs, or CPU slots on a GPU-less host), one wrapper per attempt in its
+own process group (gpuq_serve_start.py), reaps them, kills whatever an ended attempt left behind
+(gpuq_serve_ends.py), acts on cancel files and heals stalls (gpuq_serve_watch.py), adopts live groups
+after a restart (gpuq_serve_adopt.py) and exits when idle; the queue banners of agent.log are
+gpuq_serve_queues.py's.  One agent per root (gpuq_serve_lock.py); with ``--detach`` it runs as a
+daemon (gpuq_detach.py).
 
 stdlib only, Python >= 3.8.
 """
@@ -12,70 +15,32 @@ stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
+import dataclasses
 import fcntl
 import os
 import select
 import signal
 import socket
-import subprocess
-import sys
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import gpuq_protocol as P
 import gpuq_retry
 import gpuq_secrets
 import gpuq_slurm
 import gpuq_stall
-from gpuq_files import (
-    Layout,
-    atomic_write_json,
-    exit_record,
-    list_specs,
-    mkdirs,
-    mtime,
-    read_json,
-    spec_attempt,
-    spec_major,
-    spec_slots,
-    unfinished_claims,
-    utc,
-)
+from gpuq_admission import FAIL, START, Candidate, Decision, admit, candidate, spec_unfit
 from gpuq_detach import serve_detached
+from gpuq_files import Layout, atomic_write_json, exit_record, list_specs, mkdirs, read_json, spec_attempt, utc
 from gpuq_hostfacts import detect_slots
 from gpuq_inboxview import InboxView
-from gpuq_procs import (
-    boot_id,
-    group_alive,
-    group_members,
-    leader_alive,
-    live_attempt,
-    proc_cmdline,
-    proc_stat,
-    signal_group,
-    start_ticks,
-)
-
-# the wrapper is spawned as `python gpuq_agent.py --root R wrap JOB N`: cancel and restart
-# recovery recognise it by that argv
-AGENT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpuq_agent.py")
-
-
-class Running:
-    def __init__(self, job_id: str, attempt: int, slots: list[int], spec: dict[str, Any],
-                 pid: int | None, rec: dict[str, Any] | None) -> None:
-        self.job_id = job_id
-        self.attempt = attempt
-        self.slots = slots
-        self.spec = spec
-        self.pid = pid  # our child (waitpid) or None when adopted (liveness polling)
-        self.rec = rec  # {"pgid","start_ticks","boot_id"}
-        self.kill_at: float | None = None  # SIGKILL deadline once a cancel (or a host stall kill) was acted on
-        self.killed = False
-        self.stall_next = 0.0  # when its files are looked at again for a stall (monotonic; gpuq_stall.py)
-        self.stall_off = False  # its stalls are not this agent's to heal (no limits, handled, or left to gpuq)
+from gpuq_procs import live_attempt
+from gpuq_serve_adopt import found_claims
+from gpuq_serve_ends import end_leftovers, write_vanished
+from gpuq_serve_lock import AgentLock
+from gpuq_serve_queues import QueueBanners
+from gpuq_serve_start import StartFailed, free_port, start_wrapper
+from gpuq_serve_watch import Running, handle_cancels, watch_adopted, watch_stalls
 
 
 class Agent:
@@ -85,8 +50,7 @@ class Agent:
         self.poll_s = float(args.poll_s)
         self.cpu_slots = args.cpu_slots
         self.train_device = getattr(args, "train_device", "auto")
-        self.notify_fd = notify_fd
-        self.lock_fd: int | None = None
+        self.lock = AgentLock(lay, notify_fd)
         self.slots: dict[str, Any] = {}
         self.busy: dict[int, str] = {}  # slot id -> job id
         self.running: dict[str, Running] = {}
@@ -95,55 +59,11 @@ class Agent:
         self.refused: dict[str, int] = {}  # job id -> attempt waiting for an earlier one to end (logged once)
         self.stop = False
         self.host = socket.gethostname()
-        self.queue_of: dict[str, str] = {}
-        self.queues_open: dict[str, bool] = {}
+        self.queues = QueueBanners(lay, self.host)
         self.wake_r, self.wake_w = os.pipe()
         self.inbox = InboxView(lay.p(P.INBOX_DIR))
         self.last_round: tuple[Any, ...] | None = None  # what the last claim round decided from
         self.last_waiting = 0
-
-    # lock and pid file
-    def try_lock(self) -> bool:
-        fd = os.open(self.lay.p(P.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return False
-            raise
-        self.lock_fd = fd
-        return True
-
-    def release_lock(self) -> None:
-        if self.lock_fd is not None:
-            try:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
-            finally:
-                os.close(self.lock_fd)
-                self.lock_fd = None
-
-    def write_pid(self) -> None:
-        pid = os.getpid()
-        atomic_write_json(self.lay.p(P.AGENT_PID), {
-            "pid": pid, "pgid": os.getpgrp(), "start_ticks": start_ticks(pid), "boot_id": boot_id(),
-            "started_at": utc(), "protocol": P.PROTOCOL_VERSION,
-            "slots": {"kind": self.slots["kind"], "ids": self.slots["ids"]}})
-
-    def remove_pid(self) -> None:
-        rec = read_json(self.lay.p(P.AGENT_PID))
-        if isinstance(rec, dict) and rec.get("pid") == os.getpid():
-            with contextlib.suppress(OSError):
-                os.unlink(self.lay.p(P.AGENT_PID))
-
-    def notify(self, msg: str) -> None:
-        if self.notify_fd is not None:
-            try:
-                os.write(self.notify_fd, (msg + "\n").encode())
-                os.close(self.notify_fd)
-            except OSError:
-                pass
-            self.notify_fd = None
 
     def log(self, msg: str) -> None:
         self.lay.log(f"[{utc()}] {msg}")
@@ -153,15 +73,14 @@ class Agent:
         lay = self.lay
         mkdirs(lay.root, lay.p(P.INBOX_DIR), lay.p(P.CLAIMED_DIR), lay.p(P.WITHDRAWN_DIR),
                lay.p(P.JOBS_DIR), lay.p(P.CACHE_DIR))
-        if not self.try_lock():
-            rec = read_json(lay.p(P.AGENT_PID))
-            pid = rec.get("pid") if isinstance(rec, dict) else "?"
+        if not self.lock.take():
+            pid = self.lock.holder()
             msg = f"agent already running (pid {pid})"
             print(msg, flush=True)
-            self.notify(f"held {pid}")
+            self.lock.notify(f"held {pid}")
             return 0
         self.slots = detect_slots(self.cpu_slots)
-        self.write_pid()
+        self.lock.write_pid(self.slots)
         for fd in (self.wake_r, self.wake_w):
             fl = fcntl.fcntl(fd, fcntl.F_GETFL)
             fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
@@ -173,49 +92,32 @@ class Agent:
         self.log("agent %d started on %s: %d %s slots %s, protocol %s" % (
             os.getpid(), self.host, len(self.slots["ids"]), self.slots["kind"], self.slots["ids"],
             P.PROTOCOL_VERSION))
-        self.notify("ok %d" % os.getpid())
+        self.lock.notify("ok %d" % os.getpid())
         self.recover()
         try:
             return self.loop()
         finally:
-            self.remove_pid()
-            self.release_lock()
+            self.lock.remove_pid()
+            self.lock.release()
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.stop = True
 
     def recover(self) -> None:
         """Restart safety: adopt live groups, leave dead attempts dead, launch claimed-unlaunched."""
-        lay = self.lay
-        for job_id, spec, n in unfinished_claims(lay):
-            launch = read_json(lay.attempt(job_id, n, P.LAUNCH_FILE))
-            rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
-            if launch is None and not os.path.exists(lay.attempt(job_id, n, P.LAUNCH_FILE)):
+        for c in found_claims(self.lay, self.slots["ids"]):
+            job_id, n, rec = c.job_id, c.attempt, c.rec
+            if not c.launched:
                 self.pending.append(job_id)
-                continue
-            if rec is None:
-                rec = self._find_wrapper(job_id, n)
-            if rec is not None and group_alive(rec):
-                slots = [s for s in (launch or {}).get("slots", []) if s in self.slots["ids"]]
-                r = Running(job_id, n, slots, spec, None, rec)
-                self.running[job_id] = r
+            elif c.alive and rec is not None:
+                slots = list(c.slots)
+                self.running[job_id] = Running(job_id, n, slots, c.spec, None, rec)
                 for s in slots:
                     self.busy[s] = job_id
                 self.log("ADOPTED %s a%d pgid %s slots %s" % (job_id, n, rec.get("pgid"), slots))
             else:
                 self.log("DEAD %s a%d: launched, group gone, no exit.json (not re-run)" % (job_id, n))
-                self.retry(Running(job_id, n, [], spec, None, rec))  # a stall kill this agent decided on
-
-    def _find_wrapper(self, job_id: str, n: int) -> dict[str, Any] | None:
-        """The agent died between spawning a wrapper and its pgid record: find it by exact argv."""
-        want = ["--root", self.lay.root, "wrap", job_id, str(n)]
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                argv = proc_cmdline(int(name))
-                if argv[-5:] == want and any(a.endswith("gpuq_agent.py") for a in argv):
-                    pid = int(name)
-                    return {"pgid": pid, "start_ticks": start_ticks(pid), "boot_id": boot_id()}
-        return None
+                self.retry(Running(job_id, n, [], c.spec, None, rec))  # a stall kill this agent decided on
 
     def free_slots(self) -> list[int]:
         return [s for s in self.slots["ids"] if s not in self.busy]
@@ -225,9 +127,9 @@ class Agent:
         while not self.stop:
             try:
                 self.reap()
-                self.watch_adopted()
-                self.handle_cancels()
-                self.watch_stalls()
+                watch_adopted(self.lay, list(self.running.values()), self.log, self.finish)
+                handle_cancels(self.lay, list(self.running.values()), self.log)
+                watch_stalls(self.lay, list(self.running.values()), self.log)
                 inbox = self.claim_and_launch()
             except Exception:  # one bad round (disk full, odd file) must not end the agent
                 import traceback
@@ -254,15 +156,15 @@ class Agent:
 
     def idle_exit(self) -> bool:
         """Race-free against a controller adding a job: drop pid + lock, then look again."""
-        self.remove_pid()
-        self.release_lock()
+        self.lock.remove_pid()
+        self.lock.release()
         if not list_specs(self.lay.p(P.INBOX_DIR)):
             self.log("agent %d idle for %gs: exiting" % (os.getpid(), self.idle_exit_s))
             return True
-        if not self.try_lock():
+        if not self.lock.take():
             self.log("agent %d: job arrived during idle exit, another agent took over" % os.getpid())
             return True
-        self.write_pid()
+        self.lock.write_pid(self.slots)
         return False
 
     def reap(self) -> None:
@@ -279,24 +181,12 @@ class Agent:
             r = self.running[job_id]
             if r.pid != pid:
                 continue  # not this attempt's wrapper: never write another attempt's exit or free its slots
-            path = self.lay.attempt(job_id, r.attempt, P.EXIT_FILE)
-            if not os.path.exists(path):
-                if os.WIFSIGNALED(status):
-                    sig = os.WTERMSIG(status)
-                    code, msg = 128 + sig, "wrapper killed by signal %d before writing exit.json" % sig
-                else:
-                    code = os.WEXITSTATUS(status) or P.EXIT_SETUP
-                    sig = None
-                    msg = "wrapper exited %d without writing exit.json" % os.WEXITSTATUS(status)
-                hb = read_json(self.lay.attempt(job_id, r.attempt, P.HEARTBEAT_FILE))
-                started = mtime(self.lay.attempt(job_id, r.attempt, P.LAUNCH_FILE))
-                rec = exit_record(job_id, r.attempt, code, "train", msg, started_at=started, sig=sig, heartbeat=hb)
-                rec["vanished"] = True  # the whole attempt died (kill -9, OOM of the group): not a verdict
-                atomic_write_json(path, rec)
-                self.log("FINISHED %s a%d (exit=%d) %s" % (job_id, r.attempt, code, msg))
+            vanished = write_vanished(self.lay, job_id, r.attempt, status)
+            if vanished is not None:
+                self.log("FINISHED %s a%d (exit=%d) %s" % (job_id, r.attempt, vanished[0], vanished[1]))
             # anything the wrapper left behind goes with it (its group, escapees carrying its log path)
             if r.rec and r.rec.get("pgid") == pid:
-                self.end_leftovers(job_id, r)
+                end_leftovers(self.lay, job_id, r.attempt, r.rec, self.log)
             self.finish(job_id)
 
     def finish(self, job_id: str) -> None:
@@ -307,7 +197,7 @@ class Agent:
             if self.busy.get(s) == job_id:
                 del self.busy[s]
         self.retry(r)
-        self.queue_done_check(str(r.spec.get("queue_id", "")))
+        self.queues.done_check(str(r.spec.get("queue_id", "")), (x.spec for x in self.running.values()))
         self.drop_secrets()
 
     def retry(self, r: Running) -> None:
@@ -329,100 +219,6 @@ class Agent:
         gpuq_secrets.drop_unused(lay, lambda j, s: j in self.running or not os.path.exists(
             lay.attempt(j, spec_attempt(s), P.EXIT_FILE)))
 
-    def free_port(self) -> int:
-        """A free TCP port for MASTER_PORT that no live attempt of this root holds."""
-        taken = set()
-        for r in self.running.values():
-            launch = read_json(self.lay.attempt(r.job_id, r.attempt, P.LAUNCH_FILE))
-            if isinstance(launch, dict) and isinstance(launch.get("master_port"), int):
-                taken.add(launch["master_port"])
-        for _ in range(50):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                port = int(s.getsockname()[1])
-            if port not in taken:
-                return port
-        return port
-
-    def end_leftovers(self, job_id: str, r: Running) -> int:
-        """SIGKILL what an ended attempt left behind: the rest of its process group (a trainer's
-        child holding GPU memory must not outlive the job) and any process whose environment carries
-        this attempt's own GPUQ_LOG path (escapees in other sessions, orphaned when the wrapper, their
-        subreaper, died first).  Identity: same boot as the recorded group; a pgid cannot be reused
-        while members remain; an escapee must carry this root's attempt path and have started after
-        the wrapper.  Returns how many processes were signalled."""
-        rec = r.rec or {}
-        if rec.get("boot_id") != boot_id():
-            return 0  # pids of another boot mean nothing: kill nothing
-        pgid = rec.get("pgid")
-        victims: set[int] = set()
-        if isinstance(pgid, int) and pgid > 1 and group_alive(rec):
-            victims.update(group_members(pgid))
-            signal_group(pgid, signal.SIGKILL)
-        for pid in attempt_processes(self.lay.attempt(job_id, r.attempt, P.JOB_LOG), rec.get("start_ticks")):
-            if pid not in victims:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                victims.add(pid)
-        if victims:
-            self.log("LEFTOVERS %s a%d: killed %d processes the attempt left behind: %s" % (
-                job_id, r.attempt, len(victims), " ".join(str(p) for p in sorted(victims))))
-        return len(victims)
-
-    def watch_adopted(self) -> None:
-        for job_id, r in list(self.running.items()):
-            if r.pid is not None:
-                continue
-            rec = r.rec or {}
-            leader = rec.get("pgid")
-            if isinstance(leader, int) and leader_alive(leader, rec.get("start_ticks"), rec.get("boot_id")):
-                continue  # the wrapper still supervises its attempt
-            # the wrapper is gone, so the attempt has ended: nothing it started may keep running
-            self.end_leftovers(job_id, r)
-            if os.path.exists(self.lay.attempt(job_id, r.attempt, P.EXIT_FILE)):
-                self.log("adopted %s a%d exited" % (job_id, r.attempt))
-            else:
-                self.log("DEAD %s a%d: adopted group gone, no exit.json (not re-run)" % (job_id, r.attempt))
-            self.finish(job_id)
-
-    def handle_cancels(self) -> None:
-        now = time.monotonic()  # the SIGKILL deadline: a wall-clock step must not move it
-        for job_id, r in list(self.running.items()):
-            if r.kill_at is None:
-                if not os.path.exists(self.lay.job(job_id, P.CANCEL_FILE)):
-                    continue
-                if not r.rec or not group_alive(r.rec):
-                    continue
-                grace = float(r.spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
-                self.log("CANCEL %s a%d: TERM to group %d, KILL in %.0fs" % (
-                    job_id, r.attempt, r.rec["pgid"], grace))
-                signal_group(r.rec["pgid"], signal.SIGTERM)
-                r.kill_at = now + grace
-            elif not r.killed and now >= r.kill_at:
-                if group_alive(r.rec):
-                    signal_group(r.rec["pgid"], signal.SIGKILL)
-                r.killed = True
-
-    def watch_stalls(self) -> None:
-        """A running attempt that stalled is healed here, at once, when its spec lets the host retry it
-        (gpuq_stall.py): decided under retry.lock, its stacks saved, its group killed (TERM, then KILL after
-        kill_grace_s by handle_cancels); attempt n+1's spec follows once it has ended (``retry``)."""
-        mono = time.monotonic()
-        for job_id, r in list(self.running.items()):
-            if r.stall_off or r.kill_at is not None or mono < r.stall_next:
-                continue
-            th = gpuq_stall.limits(r.spec)
-            if th is None:
-                r.stall_off = True
-                continue
-            r.stall_next = mono + gpuq_stall.check_every(th)
-            try:
-                r.stall_off, kill_at = gpuq_stall.heal(self.lay, r.job_id, r.attempt, r.spec, r.rec, th, self.log)
-                r.kill_at = kill_at if kill_at is not None else r.kill_at
-            except Exception as e:  # an odd file: the patrol judges the attempt as ever, the round goes on
-                r.stall_off = True
-                self.log("STALL %s a%d: not watched here any more: %s" % (job_id, r.attempt, e))
-
     # claiming
     def _fail(self, job_id: str, spec: Any, code: int, msg: str) -> None:
         n = spec_attempt(spec)
@@ -442,8 +238,9 @@ class Agent:
         return True
 
     def claim_and_launch(self) -> int:
-        """Launch what fits now: the jobs claimed but never launched first, then the inbox oldest
-        first (a smaller job behind one that waits may backfill).  Returns how many inbox jobs wait.
+        """Launch what admission lets start now (gpuq_admission.py): the jobs claimed but never launched
+        first, then the inbox oldest first (a smaller job behind one that waits may backfill).  Returns
+        how many inbox jobs wait.
 
         A round decides from the inbox, the busy slots, the running jobs and the pending claims alone:
         when none of them changed since the last round ended, it would decide the same, and is skipped
@@ -454,7 +251,9 @@ class Agent:
         entries = self.inbox.specs()
         if self._round_state() == self.last_round:
             return self.last_waiting
-        waiting = sum(self._take(job_id, spec) for _created, job_id, spec in entries)
+        specs = {job_id: spec for _created, job_id, spec in entries}
+        cands = [candidate(job_id, spec, spec_unfit(spec)) for _created, job_id, spec in entries]
+        waiting = self._admit(cands, specs, lambda d: self._take(d, specs[d.job_id]))
         self.last_round, self.last_waiting = self._round_state(), waiting
         return waiting
 
@@ -464,98 +263,73 @@ class Agent:
 
     def _launch_pending(self) -> None:
         """Claimed but never launched (found at start-up): launched once they fit, failed if they never can."""
-        total = len(self.slots["ids"])
+        specs: dict[str, Any] = {}
         for job_id in list(self.pending):
             spec = read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
             if not isinstance(spec, dict):
                 self.pending.remove(job_id)
                 continue
-            need = spec_slots(spec)
-            if need > total:
-                self.pending.remove(job_id)
-                self._fail(job_id, spec, P.EXIT_SETUP, self._too_big(need, total))
-            elif need <= len(self.free_slots()) and self.alive_other(job_id, spec_attempt(spec)) is None:
-                self.pending.remove(job_id)
-                self.launch(job_id, spec, need)
+            specs[job_id] = spec
+        self._admit([candidate(j, spec) for j, spec in specs.items()], specs,
+                    lambda d: self._start_pending(d, specs[d.job_id]))
 
-    def _unfit(self, spec: Any) -> str:
-        """Why this host can never run the spec ("" when it can)."""
-        if not isinstance(spec, dict):
-            return "job spec is not a JSON object"
-        major = spec_major(spec.get("schema"))
-        if major is None:
-            return "job spec has no valid schema (%r); this agent reads %s" % (spec.get("schema"), P.SPEC_SCHEMA)
-        if major > (spec_major(P.SPEC_SCHEMA) or 1):
-            return "job spec schema %s is newer than this agent (%s); upgrade the bundle" % (
-                spec.get("schema"), P.SPEC_SCHEMA)
-        need, total = spec_slots(spec), len(self.slots["ids"])
-        return self._too_big(need, total) if need > total else ""
+    def _admit(self, cands: list[Candidate], specs: dict[str, Any], act: Callable[[Decision], int]) -> int:
+        """Act on admission's decisions, in order; returns the sum of what ``act`` returned.
 
-    def _take(self, job_id: str, spec: Any) -> int:
-        """Claim and launch one inbox job, or fail it when it can never run here.  1 when it waits."""
-        unfit = self._unfit(spec)
-        if unfit:
-            if self._claim(job_id):
-                self._fail(job_id, spec if isinstance(spec, dict) else None, P.EXIT_SETUP, unfit)
-            return 0
-        need = spec_slots(spec)
-        if need > len(self.free_slots()):
-            return 1  # waits; a smaller job behind it may backfill
-        other = self.alive_other(job_id, spec_attempt(spec))
-        if other is not None:  # attempt n+1 waits in the inbox until attempt n has ended
-            if self.refused.get(job_id) != spec_attempt(spec):
-                self.refused[job_id] = spec_attempt(spec)
-                self.log("WAITING %s a%d: attempt %d of this job is still alive here; never two at once"
-                         % (job_id, spec_attempt(spec), other))
-            return 1
-        if self._claim(job_id):
-            self.queue_of[job_id] = str(spec.get("queue_id", ""))
-            self.launch(job_id, spec, need)
+        A job admission would start is looked at first, one at a time and only then, for another
+        attempt of it alive here (a host full of waiting jobs reads no attempt directory): one found
+        alive waits, and admission is asked again.  A start that took no slots (its spec withdrawn
+        meanwhile, refused, failed to start) leaves them free to the jobs after it: asked again too."""
+        done = 0
+        looked: set[str] = set()
+        while cands:
+            free = self.free_slots()
+            decisions = admit(cands, free, len(self.slots["ids"]), self.slots["kind"])
+            unseen = next((d.job_id for d in decisions if d.action == START and d.job_id not in looked), None)
+            if unseen is not None:
+                looked.add(unseen)
+                alive = self.alive_other(unseen, spec_attempt(specs[unseen]))
+                cands = [dataclasses.replace(c, alive=alive) if c.job_id == unseen else c for c in cands]
+                continue
+            for i, d in enumerate(decisions):
+                done += act(d)
+                if d.action == START:
+                    free = [s for s in free if s not in d.slots]
+                    if self.free_slots() != free:
+                        cands = cands[i + 1:]
+                        break
+            else:
+                return done
+        return done
+
+    def _start_pending(self, d: Decision, spec: dict[str, Any]) -> int:
+        if d.action == FAIL:
+            self.pending.remove(d.job_id)
+            self._fail(d.job_id, spec, P.EXIT_SETUP, d.why)
+        elif d.action == START:
+            self.pending.remove(d.job_id)
+            self.launch(d.job_id, spec, d.slots)
         return 0
 
-    def _too_big(self, need: int, total: int) -> str:
-        return "job needs %d slots and the host has %d (%s)" % (need, total, self.slots["kind"])
-
-    def _queue_pos(self, job_id: str, qid: str) -> tuple[int, int]:
-        claimed = list_specs(self.lay.p(P.CLAIMED_DIR))
-        mine = 0
-        for j in claimed:
-            if j not in self.queue_of:
-                s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json"))
-                self.queue_of[j] = str(s.get("queue_id", "")) if isinstance(s, dict) else ""
-            if self.queue_of[j] == qid:
-                mine += 1
-        waiting = 0
-        for j in list_specs(self.lay.p(P.INBOX_DIR)):
-            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
-            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
-                waiting += 1
-        return mine, mine + waiting
-
-    def queue_done_check(self, qid: str) -> None:
-        if not qid or not self.queues_open.get(qid):
-            return
-        if any(str(r.spec.get("queue_id", "")) == qid for r in self.running.values()):
-            return
-        for j in list_specs(self.lay.p(P.INBOX_DIR)):
-            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
-            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
-                return
-        failed, n = [], 0
-        for j in list_specs(self.lay.p(P.CLAIMED_DIR)):
-            if self.queue_of.get(j) != qid:
-                continue
-            s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json")) or {}
-            n += 1
-            ex = read_json(self.lay.attempt(j, spec_attempt(s), P.EXIT_FILE))
-            if not isinstance(ex, dict) or ex.get("wrapper_code") != 0:
-                failed.append(str(s.get("name", j)))
-        self.queues_open[qid] = False
-        if failed:
-            self.lay.log("=== gpuq queue %s done on %s: %d jobs FAILED: %s ===" % (
-                qid, self.host, len(failed), " ".join(failed)))
-        else:
-            self.lay.log("=== gpuq queue %s done on %s: all %d jobs exited 0 ===" % (qid, self.host, n))
+    def _take(self, d: Decision, spec: Any) -> int:
+        """Claim and launch one inbox job admission starts, or fail it when it can never run here.  1
+        when it waits (a smaller job behind it may backfill)."""
+        job_id = d.job_id
+        if d.action == FAIL:
+            if self._claim(job_id):
+                self._fail(job_id, spec if isinstance(spec, dict) else None, P.EXIT_SETUP, d.why)
+            return 0
+        if d.action != START:
+            if d.alive is not None and self.refused.get(job_id) != spec_attempt(spec):
+                # attempt n+1 waits in the inbox until attempt n has ended
+                self.refused[job_id] = spec_attempt(spec)
+                self.log("WAITING %s a%d: attempt %d of this job is still alive here; never two at once"
+                         % (job_id, spec_attempt(spec), d.alive))
+            return 1
+        if self._claim(job_id):
+            self.queues.queue_of[job_id] = str(spec.get("queue_id", ""))
+            self.launch(job_id, spec, d.slots)
+        return 0
 
     def alive_other(self, job_id: str, n: int) -> int | None:
         """Another attempt of ``job_id`` than ``n`` that still lives on this host (ours, adopted, or
@@ -565,7 +339,7 @@ class Agent:
             return r.attempt
         return live_attempt(self.lay.root, job_id, other_than=n)
 
-    def launch(self, job_id: str, spec: dict[str, Any], need: int) -> None:
+    def launch(self, job_id: str, spec: dict[str, Any], slots: Sequence[int]) -> None:
         lay = self.lay
         n = spec_attempt(spec)
         adir = lay.attempt(job_id, n)
@@ -579,87 +353,27 @@ class Agent:
         mkdirs(adir, lay.job(job_id, P.CKPT_DIR), lay.job(job_id, P.RESULT_DIR))
         atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec)
         qid = str(spec.get("queue_id", ""))
-        self.queue_of[job_id] = qid
+        self.queues.queue_of[job_id] = qid
         if os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
             atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(
                 job_id, n, P.EXIT_SIGNAL_BASE + signal.SIGTERM, "setup", "cancelled before launch",
                 sig=int(signal.SIGTERM)))
             self.log("CANCELLED %s a%d before launch" % (job_id, n))
             return
-        slots = self.free_slots()[:need]
-        idx, count = self._queue_pos(job_id, qid)
-        if qid and not self.queues_open.get(qid):
-            self.queues_open[qid] = True
-            lay.log("=== gpuq queue %s on %s: %d jobs ===" % (qid, self.host, count))
-        now = time.time()
-        atomic_write_json(os.path.join(adir, P.LAUNCH_FILE), {
-            "time": utc(now), "slots": slots, "kind": self.slots["kind"],
-            "device": "cpu" if self.train_device == "cpu" or self.slots["kind"] != "gpu" else "cuda",
-            "total_slots": len(self.slots["ids"]), "agent_pid": os.getpid(), "index": idx,
-            "count": count, "master_port": self.free_port()})
-        python = spec.get("python") or sys.executable
-        argv = [python, wrapper_file(lay, spec), "--root", lay.root, "wrap", job_id, str(n)]
+        idx, count = self.queues.started(job_id, qid)
         try:
-            logf = open(os.path.join(adir, P.JOB_LOG), "ab")  # noqa: SIM115 (handed to the child)
-        except OSError as e:
-            self._fail(job_id, spec, P.EXIT_SETUP, f"cannot open job.log: {e}")
+            pid, rec = start_wrapper(lay, job_id, n, spec, {
+                "time": utc(time.time()), "slots": list(slots), "kind": self.slots["kind"],
+                "device": "cpu" if self.train_device == "cpu" or self.slots["kind"] != "gpu" else "cuda",
+                "total_slots": len(self.slots["ids"]), "agent_pid": os.getpid(), "index": idx,
+                "count": count, "master_port": free_port(lay, ((r.job_id, r.attempt) for r in self.running.values()))})
+        except StartFailed as e:
+            self._fail(job_id, spec, P.EXIT_SETUP, str(e))
             return
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    cwd=lay.root, start_new_session=True, close_fds=True)
-        except OSError as e:
-            logf.close()
-            self._fail(job_id, spec, P.EXIT_SETUP, f"cannot start wrapper with {python}: {e}")
-            return
-        logf.close()
-        proc.returncode = 0  # we reap with os.waitpid; keep Popen.__del__ from touching it
-        rec = {"pgid": proc.pid, "start_ticks": start_ticks(proc.pid), "boot_id": boot_id()}
-        if rec["start_ticks"] is not None and not os.path.exists(os.path.join(adir, P.PGID_FILE)):
-            with contextlib.suppress(OSError):
-                atomic_write_json(os.path.join(adir, P.PGID_FILE), rec)
-        r = Running(job_id, n, slots, spec, proc.pid, rec)
-        self.running[job_id] = r
-        self.by_pid[proc.pid] = job_id
+        self.running[job_id] = Running(job_id, n, list(slots), spec, pid, rec)
+        self.by_pid[pid] = job_id
         for s in slots:
             self.busy[s] = job_id
-
-
-def attempt_processes(log_path: str, min_ticks: Any) -> list[int]:
-    """Live processes whose environment has ``GPUQ_LOG=<log_path>`` (the attempt's own job.log, an
-    absolute path under this root, set by the wrapper for the trainer and inherited by everything
-    it starts) and that started no earlier than ``min_ticks`` (the wrapper's start)."""
-    needle = ("%s=%s" % (P.ENV_LOG, log_path)).encode()
-    me = os.getpid()
-    out: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read()
-        except OSError:
-            continue  # gone, or another user's: not ours to judge
-        if needle not in env.split(b"\0"):
-            continue
-        st = proc_stat(int(name))
-        if st is None or st[0] in ("Z", "X"):
-            continue
-        if isinstance(min_ticks, int) and st[2] < min_ticks:
-            continue
-        out.append(int(name))
-    return out
-
-
-def wrapper_file(lay: Layout, spec: dict[str, Any]) -> str:
-    """The wrapper comes from the job's own bundle: a fix shipped in a new bundle applies to the
-    jobs of that bundle even while an agent started from an older bundle keeps serving."""
-    sha = str(spec.get("bundle_sha") or "")
-    own = lay.p(P.BUNDLES_DIR, sha, P.AGENT_ENTRY) if sha and "/" not in sha and not sha.startswith(".") else ""
-    return own if own and os.path.isfile(own) else AGENT_FILE
 
 
 def cmd_serve(lay: Layout, args: argparse.Namespace) -> int:

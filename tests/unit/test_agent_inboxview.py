@@ -83,9 +83,10 @@ def test_a_spec_renamed_in_while_a_round_claims_is_taken_by_the_next_round(tmp_p
     agent.slots = {"kind": "cpu", "ids": [0, 1, 2]}
     launched: list[str] = []
 
-    def launch(job_id: str, spec: dict[str, object], need: int) -> None:
+    def launch(job_id: str, spec: dict[str, object], slots: tuple[int, ...]) -> None:
         launched.append(job_id)
-        agent.busy[len(launched) - 1] = job_id
+        for s in slots:
+            agent.busy[s] = job_id
 
     agent.launch = launch
     claim = agent._claim
