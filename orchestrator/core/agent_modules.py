@@ -48,10 +48,10 @@ def _load(name: str) -> ModuleType:
 
 
 def argv_module() -> ModuleType:
-    """``payload/agent/gpuq_argv.py`` of this installation, imported once."""
+    """``payload/agent/gpuq_base/gpuq_argv.py`` of this installation, imported once."""
     return _load("gpuq_argv")
 
 
 def ckptcheck_module() -> ModuleType:
-    """``payload/agent/gpuq_ckptcheck.py`` of this installation, imported once."""
+    """``payload/agent/gpuq_base/gpuq_ckptcheck.py`` of this installation, imported once."""
     return _load("gpuq_ckptcheck")

@@ -57,8 +57,8 @@ import io  # noqa: E402
 import os  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
-import gpuq_protocol as P  # noqa: E402
-from gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
+from gpuq_base import gpuq_protocol as P  # noqa: E402
+from gpuq_base.gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
 
 # Each verb imports its own module when it runs, never the others: the agent runs from a read-only
 # bundle without bytecode files, so every module it imports is compiled from source on every call, and
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     hp = sub.add_parser("health", help="GPU preflight")
     rp = sub.add_parser("reap", help="find (--force: kill) VRAM zombies")
     if verb == "health":
-        import gpuq_health
+        from gpuq_verbs import gpuq_health
         gpuq_health.add_arguments(hp)
     elif verb == "reap":
-        import gpuq_reap
+        from gpuq_verbs import gpuq_reap
         gpuq_reap.add_arguments(rp)
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
     cp.add_argument("job_ids", nargs="+")
@@ -156,33 +156,33 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "serve":
-        from gpuq_serve import cmd_serve
+        from gpuq_serving.gpuq_serve import cmd_serve
         return cmd_serve(lay, args)
     if args.cmd == "wrap":
-        from gpuq_wrap import cmd_wrap
+        from gpuq_attempt.gpuq_wrap import cmd_wrap
         return cmd_wrap(lay, args.job_id, args.attempt)
     if args.cmd == "cancel":
-        from gpuq_cancel import cmd_cancel
+        from gpuq_verbs.gpuq_cancel import cmd_cancel
         return cmd_cancel(lay, args.job_ids)
     if args.cmd == "kill":
-        from gpuq_cancel import cmd_kill
+        from gpuq_verbs.gpuq_cancel import cmd_kill
         return cmd_kill(lay, args.job_id, args.attempt)
     if args.cmd == "stacks":
-        from gpuq_stacks import cmd_stacks
+        from gpuq_verbs.gpuq_stacks import cmd_stacks
         return cmd_stacks(lay, args.job_id, args.attempt)
     return enqueue(lay, args)
 
 
 def enqueue(lay: Layout, args: argparse.Namespace) -> int:
-    import gpuq_inbox
-    import gpuq_slurm
+    from gpuq_records import gpuq_inbox
+    from gpuq_slurmmode import gpuq_slurm
     code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
     if code != 0 or not args.serve:
         return code
     if gpuq_slurm.config(lay) is not None:  # a Slurm login node: sbatch now, no agent stays behind
-        import gpuq_slurm_submit
+        from gpuq_slurmmode import gpuq_slurm_submit
         return gpuq_slurm_submit.cmd_submit(lay, os.path.abspath(__file__))
-    from gpuq_serve import cmd_serve
+    from gpuq_serving.gpuq_serve import cmd_serve
     args.detach = True
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
         return cmd_serve(lay, args)
@@ -193,27 +193,27 @@ FRAMED = ("status", "health", "reap", "withdraw", "decide-retry", "collect", "sn
 
 def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "status":
-        from gpuq_status import cmd_status
+        from gpuq_verbs.gpuq_status import cmd_status
         return cmd_status(lay, args)
     if args.cmd == "health":
-        import gpuq_health
+        from gpuq_verbs import gpuq_health
         return gpuq_health.cmd_health(lay, args)
     if args.cmd == "reap":
-        import gpuq_reap
+        from gpuq_verbs import gpuq_reap
         return gpuq_reap.cmd_reap(lay, args)
     if args.cmd == "withdraw":
-        from gpuq_cancel import cmd_withdraw
+        from gpuq_verbs.gpuq_cancel import cmd_withdraw
         return cmd_withdraw(lay, args.job_ids)
     if args.cmd == "decide-retry":
-        from gpuq_retry import cmd_decide_retry
+        from gpuq_watch.gpuq_retry import cmd_decide_retry
         return cmd_decide_retry(lay, args.items)
     if args.cmd == "collect":
-        import gpuq_inbox
+        from gpuq_records import gpuq_inbox
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)
     if args.cmd == "stop-agent":
-        from gpuq_stopagent import cmd_stop_agent
+        from gpuq_verbs.gpuq_stopagent import cmd_stop_agent
         return cmd_stop_agent(lay, args.force)
-    import gpuq_manifest
+    from gpuq_verbs import gpuq_manifest
     if args.cmd == "snapshot":
         return gpuq_manifest.cmd_snapshot(lay.root, args.job_id)
     return gpuq_manifest.cmd_manifest(lay.root, args.job_ids)

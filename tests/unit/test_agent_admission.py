@@ -1,4 +1,4 @@
-"""The serving loop's admission (payload/agent/gpuq_admission.py), called directly: which claimed or
+"""The serving loop's admission (payload/agent/gpuq_serving/gpuq_admission.py), called directly: which claimed or
 queued job starts on which slots, which waits and which fails; and the loop acting on it
 (gpuq_serve.py): a job's live attempt looked up only when it would start, a start that took no slots
 leaving them to the jobs after it."""
@@ -13,9 +13,9 @@ from typing import Any
 
 from tests.support.agentmodule import load_agent_module
 
-A = load_agent_module("gpuq_admission", qualified=True)  # the module path scripts/mutation.py mutates
-serve_mod = load_agent_module("gpuq_serve")
-files_mod = load_agent_module("gpuq_files")
+A = load_agent_module("gpuq_serving.gpuq_admission", qualified=True)  # the module path scripts/mutation.py mutates
+serve_mod = load_agent_module("gpuq_serving.gpuq_serve")
+files_mod = load_agent_module("gpuq_base.gpuq_files")
 
 C = A.Candidate
 

@@ -16,12 +16,12 @@ import pytest
 from tests.support import fake_nvidia_smi
 from tests.support.agentmodule import load_agent_module
 
-K = load_agent_module("gpuq_kernel")
-H = load_agent_module("gpuq_health")
-G = load_agent_module("gpuq_health_gpus")
-V = load_agent_module("gpuq_health_checks")
-R = load_agent_module("gpuq_reap")
-PROTO = load_agent_module("gpuq_protocol")
+K = load_agent_module("gpuq_watch.gpuq_kernel")
+H = load_agent_module("gpuq_verbs.gpuq_health")
+G = load_agent_module("gpuq_verbs.gpuq_health_gpus")
+V = load_agent_module("gpuq_verbs.gpuq_health_checks")
+R = load_agent_module("gpuq_verbs.gpuq_reap")
+PROTO = load_agent_module("gpuq_base.gpuq_protocol")
 
 XID79 = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 

@@ -113,7 +113,7 @@ def test_the_agent_reads_versions_from_the_jobs_interpreter_without_importing_to
 
     from tests.support.agentmodule import load_agent_module
 
-    probe = load_agent_module("gpuq_provenance")
+    probe = load_agent_module("gpuq_attempt.gpuq_provenance")
     found = probe.versions(sys.executable, dict(os.environ))
     assert found["python"] == platform.python_version()
     assert found["torch"] == importlib.metadata.version("torch") and found["cuda"] is not None

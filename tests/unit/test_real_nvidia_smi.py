@@ -20,8 +20,8 @@ from tests.support.testhosts import default_gpus
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200-driver-580.txt"
 FAKE = REPO / "tests" / "support" / "fake_nvidia_smi.py"
-G = load_agent_module("gpuq_health_gpus")
-V = load_agent_module("gpuq_health_checks")
+G = load_agent_module("gpuq_verbs.gpuq_health_gpus")
+V = load_agent_module("gpuq_verbs.gpuq_health_checks")
 UUID = "GPU-1ba1d126-0991-0273-6d6a-73f4d5a4ca8b"
 
 
@@ -55,7 +55,7 @@ def test_the_status_probe_reads_a_real_gpu(tmp_path: Path, monkeypatch: pytest.M
     stub.write_text(f"#!/bin/sh\ncat {tmp_path / 'answer'}\n")
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    facts = load_agent_module("gpuq_hostfacts")
+    facts = load_agent_module("gpuq_base.gpuq_hostfacts")
     assert facts.query_gpus() == [{"index": 0, "name": "NVIDIA H200", "uuid": UUID, "util_pct": 0.0,
                                    "mem_used_mib": 0.0, "mem_total_mib": 143771.0, "temp_c": 41.0}]
 
