@@ -41,7 +41,8 @@ PRODUCTS_FILE = "products.json"
 
 
 def setup_key_of(spec: dict[str, Any]) -> str:
-    run = spec.get("run") if isinstance(spec.get("run"), dict) else {}
+    run = spec.get("run")
+    run = run if isinstance(run, dict) else {}
     return str(run.get("setup") and run.get("setup_key") or "")
 
 
@@ -150,7 +151,8 @@ def run_setup(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, st
               hide: list[str] | None = None) -> str:
     """"" when the project's setup has succeeded on this host (now or before); else the message.
     ``hide``: forwarded secret values, redacted from the recorded tail (and so from the message)."""
-    run = spec.get("run") if isinstance(spec.get("run"), dict) else {}
+    run = spec.get("run")
+    run = run if isinstance(run, dict) else {}
     script = str(run.get("setup") or "")
     key = str(run.get("setup_key") or "")
     if not script or not key:

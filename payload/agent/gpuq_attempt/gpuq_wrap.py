@@ -96,7 +96,7 @@ class Wrapper:
         self.started = time.time()
         self.phase = "setup"
         self.spec: dict[str, Any] = {}
-        self.trainer: subprocess.Popen | None = None
+        self.trainer: subprocess.Popen[bytes] | None = None
         self.got_signal: int | None = None
         self.sig_at: float | None = None
         self.done = threading.Event()
@@ -349,7 +349,7 @@ class Wrapper:
         self.done.set()
         return self._trainer_verdict(rc)
 
-    def _supervise(self, trainer: subprocess.Popen) -> int:
+    def _supervise(self, trainer: subprocess.Popen[bytes]) -> int:
         """Wait for the trainer: touch wrapper.alive every heartbeat, kill the rest of the group once
         a relayed signal's grace has passed.  Returns the trainer's exit status."""
         hb_s = float(self.spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S)

@@ -36,9 +36,9 @@ class TemplateError(ValueError):
         self.message = message
 
 
-def _parts(index: int, text: str) -> list[tuple]:
+def _parts(index: int, text: str) -> list[tuple[str, str]]:
     """Split one element into ("lit", text) and ("ph", name) parts; raise TemplateError."""
-    parts: list[tuple] = []
+    parts: list[tuple[str, str]] = []
     lit: list[str] = []
     i = 0
     while i < len(text):

@@ -20,7 +20,7 @@ from gpuq_base.gpuq_files import mtime, read_json, read_text
 HELPER_MARK = "GPUQ_WRAPPER_HELPER"  # in the environment of each process gpuq's wrapper starts for itself
 
 
-def helper_env(env: Any = None) -> dict:
+def helper_env(env: Any = None) -> dict[str, str]:
     """``env`` (default: this process's) marked as a helper's: a process gpuq's wrapper starts for itself
     beside the trainer (nvidia-smi for the memory samples, the provenance probe), never the attempt's own."""
     out = dict(os.environ if env is None else env)
@@ -68,17 +68,17 @@ def proc_cmdline(pid: int) -> list[str]:
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
-def leader_alive(pid: int, ticks: Any, boot: Any) -> bool:
+def leader_alive(pid: Any, ticks: Any, boot: Any) -> bool:
     """The recorded process (pid + start_ticks + boot_id) still runs and is not a zombie."""
     if not isinstance(pid, int) or pid <= 1 or boot != boot_id():
         return False
     st = proc_stat(pid)
-    return bool(st) and st[0] not in ("Z", "X") and st[2] == ticks
+    return st is not None and st[0] not in ("Z", "X") and st[2] == ticks
 
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of a process group, by one scan of /proc."""
-    out = []
+    out: list[int] = []
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -100,7 +100,7 @@ def become_subreaper() -> bool:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # 36 = PR_SET_CHILD_SUBREAPER
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # 36 = PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         return False
 
@@ -127,11 +127,11 @@ def descendants(pid: int) -> list[int]:
 _CLD_SIGNALED = (2, 3)  # CLD_KILLED, CLD_DUMPED (os.CLD_* only from Python 3.9)
 
 
-def signaled_children(exclude: Any = ()) -> list:
+def signaled_children(exclude: Any = ()) -> list[tuple[int, int]]:
     """[(pid, signal)] of this process's unreaped children (orphans a subreaper inherited included) that
     died of a signal.  Peeked with WNOWAIT: they stay for the reaper.  [] where /proc or waitid is missing."""
     me = os.getpid()
-    out = []
+    out: list[tuple[int, int]] = []
     try:
         tids = os.listdir("/proc/%d/task" % me)
     except OSError:

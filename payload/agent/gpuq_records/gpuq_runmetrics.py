@@ -159,7 +159,7 @@ def summarize(rows: list[dict[str, Any]], metric: str, mode: str) -> dict[str, A
             "steps": max(steps) if steps else 0, "rows": len(rows)}
 
 
-def downsample(points: list, limit: int = CURVE_POINTS) -> list:
+def downsample(points: list[Any], limit: int = CURVE_POINTS) -> list[Any]:
     """At most ``limit`` points spread evenly over the list, the first and the last always kept."""
     if len(points) <= limit:
         return points

@@ -71,7 +71,7 @@ def handle_cancels(lay: Layout, running: list[Running], log: Callable[[str], Non
             signal_group(r.rec["pgid"], signal.SIGTERM)
             r.kill_at = now + grace
         elif not r.killed and now >= r.kill_at:
-            if group_alive(r.rec):
+            if r.rec is not None and group_alive(r.rec):
                 signal_group(r.rec["pgid"], signal.SIGKILL)
             r.killed = True
 

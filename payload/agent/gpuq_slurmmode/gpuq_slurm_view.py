@@ -64,10 +64,10 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
         nodes = node_ranks(lay.attempt(e["job_id"], e["attempt"]))
         if nodes:
             e["nodes"] = nodes
-        seen = (view or {}).get(sid)
-        state = seen["state"] if seen else ""
+        row = (view or {}).get(sid)
+        state = row["state"] if row else ""
         e["slurm"] = {"id": sid, "state": state or ("UNKNOWN" if view is None else "GONE"),
-                      "reason": seen["reason"] if seen else "", "nodes": seen["nodes"] if seen else ""}
+                      "reason": row["reason"] if row else "", "nodes": row["nodes"] if row else ""}
         if view is None:  # Slurm did not answer: say nothing new about the attempt
             if e["state"] == "dead":
                 e["state"] = "running" if e.get("heartbeat") else "claimed"
@@ -88,7 +88,7 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
         what = state or "no longer listed by squeue"
         code = P.EXIT_SIGNAL_BASE + 9
         msg = "Slurm job %s ended %s%s before the wrapper wrote exit.json" % (
-            sid, what, " (%s)" % seen["reason"] if seen and seen["reason"] not in ("", "None") else "")
+            sid, what, " (%s)" % row["reason"] if row and row["reason"] not in ("", "None") else "")
         rec = exit_record(e["job_id"], e["attempt"], code, "train", msg, heartbeat=e.get("heartbeat"))
         rec["vanished"] = True
         rec["slurm_state"] = state or "GONE"

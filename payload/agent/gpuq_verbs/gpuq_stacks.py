@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base import gpuq_secrets
@@ -110,7 +111,8 @@ def _section(pid: int, exe: str | None, budget: float) -> list[str]:
     cmd = " ".join(proc_cmdline(pid)) or (_proc(pid, "comm").strip() or "?")
     wchan = _proc(pid, "wchan").strip() or "-"
     lines = ["process %d: state %s, wchan %s" % (pid, _state(pid), wchan), "  cmdline: %s" % cmd[:MAX_LINE_CHARS]]
-    dumped, why = [], ""
+    dumped: list[str] = []
+    why = ""
     if exe is not None and budget > 0:
         dumped, why = _py_spy(exe, pid, min(PER_PROCESS_S, budget))
     elif exe is not None:
@@ -129,7 +131,7 @@ def _section(pid: int, exe: str | None, budget: float) -> list[str]:
     return text
 
 
-def attempt_processes(rec: dict) -> list[int]:
+def attempt_processes(rec: dict[str, Any]) -> list[int]:
     """The live processes of a recorded group and its leader's descendants, the leader left out, and so are
     the processes the wrapper runs for itself beside the trainer (nvidia-smi for its memory samples, the
     provenance probe: ``gpuq_procs.is_helper``)."""
@@ -140,7 +142,7 @@ def attempt_processes(rec: dict) -> list[int]:
     return sorted(p for p in pids if not is_helper(p))
 
 
-def save_stacks(lay: Layout, job_id: str, attempt: int, rec: dict) -> tuple[str, str]:
+def save_stacks(lay: Layout, job_id: str, attempt: int, rec: dict[str, Any]) -> tuple[str, str]:
     """Write the attempt's stacks.txt for the recorded group ``rec``; (its path, a one-line summary)."""
     exe = py_spy()
     pids = attempt_processes(rec)

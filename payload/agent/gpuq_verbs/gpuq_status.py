@@ -171,8 +171,8 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     if kind == "gpu":  # what a trainer without a heartbeat shows on its GPUs (shown, not a liveness proof:
         util = {g.get("index"): g.get("util_pct") for g in gpus}  # a hung NCCL collective spins at 100%)
         for e in jobs:
-            seen = [util[s] for s in e["slots"] or [] if e["state"] == "running" and util.get(s) is not None]
-            e["gpu_util_pct"] = max(seen) if seen else None
+            busy: list[Any] = [util[s] for s in e["slots"] or [] if e["state"] == "running" and util.get(s) is not None]
+            e["gpu_util_pct"] = max(busy) if busy else None
     uptime = None
     up = (read_text("/proc/uptime") or "").split()
     if up:

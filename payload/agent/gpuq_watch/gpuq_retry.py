@@ -73,7 +73,7 @@ def retry_lock(lay: Layout) -> Iterator[None]:
         os.close(fd)  # closing drops the flock
 
 
-def decided(lay: Layout, job_id: str, n: int) -> Any:
+def decided(lay: Layout, job_id: str, n: int) -> dict[str, Any] | None:
     """attempts/<n>/next.json: who starts attempt n+1 ({"by": "host"|"controller", ...}), else None."""
     got = read_json(lay.attempt(job_id, n, P.NEXT_FILE))
     return got if isinstance(got, dict) else None
@@ -182,12 +182,14 @@ def judge(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> tuple[str, 
     hits, verdict = log_verdict(lay, job_id, n)
     sig = death_signal(ex)
     signals = [s for s in policy.get("signals") or [] if isinstance(s, int) and s not in STOP_SIGNALS]
+    ranked = rank_signal(hits)
     if ex.get("vanished") and ex.get("signal") not in STOP_SIGNALS:  # a group stopped by SIGTERM: a stop
         klass, what = "vanished", "its wrapper's group vanished (%s)" % ex.get("message", "")
     elif sig is not None and sig in signals:
         klass, what = "killed", "the trainer died of signal %d" % sig
-    elif sig is None and "rank_failed" not in {h.get("signature") for h in hits} and rank_signal(hits) in signals:
-        klass, what = "killed", "a rank died of signal %d" % rank_signal(hits)
+    elif sig is None and "rank_failed" not in {h.get("signature") for h in hits} and ranked is not None \
+            and ranked in signals:
+        klass, what = "killed", "a rank died of signal %d" % ranked
     else:
         return "", "not a signal death from outside"
     if klass not in (policy.get("on") or []):
@@ -257,7 +259,7 @@ def cmd_decide_retry(lay: Layout, items: list[str]) -> int:
         parsed.append((job_id, int(n)))
     out: dict[str, Any] = {}
     with retry_lock(lay):
-        for job_id, n in parsed:
-            out[job_id] = _forgo_locked(lay, job_id, n, "the controller settles attempt %d" % n)
+        for job_id, attempt in parsed:
+            out[job_id] = _forgo_locked(lay, job_id, attempt, "the controller settles attempt %d" % attempt)
     print(json.dumps(out, sort_keys=True))
     return 0
