@@ -35,11 +35,13 @@ attempt with sbatch instead of starting an agent, ``status`` asks squeue once, `
 The contract (layout, documents, exit codes, environment) lives in gpuq_protocol.py, a copy of
 orchestrator/core/protocol.py.  Killing is always by recorded process group after identity proof.
 
-This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
-(serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_stacks.py, gpuq_inbox.py
-(enqueue, collect), gpuq_retry.py (host retries, decide-retry), gpuq_stopagent.py (stop-agent),
-gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top of gpuq_files.py,
-gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
+This file only parses the command line; each command lives in a module of a package by role
+(docs/architecture.md): gpuq_serving/ (serve: gpuq_serve.py, gpuq_detach.py, gpuq_stall.py),
+gpuq_attempt/ (wrap: gpuq_wrap.py and what it runs around the trainer), gpuq_verbs/ (status, health,
+reap, cancel, kill, stacks, stop-agent, manifest), gpuq_records/gpuq_inbox.py (enqueue, collect),
+gpuq_watch/gpuq_retry.py (host retries, decide-retry) and gpuq_slurmmode/ (Slurm mode), on top of
+gpuq_base/ (the contract, files, processes, host facts).  Run by path, this file puts its own
+directory first on sys.path, so the packages import by name; a trainer never sees them.
 Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
 itself to 0700 (docs/security.md).
 """
@@ -49,14 +51,14 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-sys.dont_write_bytecode = True  # bundles are read-only; `status` must never write (before any sibling import)
+sys.dont_write_bytecode = True  # bundles are read-only; `status` must never write (before any agent import)
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import io  # noqa: E402
 import os  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the packages beside it, when run by path
 from gpuq_base import gpuq_protocol as P  # noqa: E402
 from gpuq_base.gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The agent's Slurm mode in process (payload/agent/gpuq_slurm*.py): the sbatch line, which status an
+"""The agent's Slurm mode in process (payload/agent/gpuq_slurmmode/): the sbatch line, which status an
 attempt gets from Slurm's word, the requeued run's stale record, the node's view of its GPUs.
 
 tests/integration/test_slurm_backend.py drives the same code on a real slurmctld/slurmd cluster;
