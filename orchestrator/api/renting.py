@@ -30,7 +30,8 @@ from orchestrator.core.states import HoldChange, HoldKind, LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostFields, HostRow
 from orchestrator.providers import registry
-from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name, ssh_address
+from orchestrator.providers.base import Provider
+from orchestrator.providers.models import LEDGER_ID, Instance, ProvisionRequest, instance_name, ssh_address
 from orchestrator.tick.leases import provider_for
 
 LEDGER_ID_FILE = "ledger-id"
@@ -323,7 +324,7 @@ class _Rental:
 
 
 def checked_endpoint(provider: str, inst: Instance) -> tuple[str, int]:
-    """The SSH endpoint ``inst`` is ready at, checked once before any row records it (base.ssh_address: an IP
+    """The SSH endpoint ``inst`` is ready at, checked once before any row records it (models.ssh_address: an IP
     address, or a host name under a domain the adapter declares); ProviderError for anything else."""
     if not inst.ssh_host or inst.ssh_port is None:
         raise GpuqError(f"{provider} {inst.id} is ready without an SSH endpoint")

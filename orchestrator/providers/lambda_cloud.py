@@ -23,20 +23,20 @@ from typing import Any, ClassVar
 import httpx
 
 from orchestrator.core.errors import NoCapacity, ProviderError, ProviderUnsupported
-from orchestrator.providers.base import (
-    Capabilities,
+from orchestrator.providers.base import Capabilities, Provider
+from orchestrator.providers.credentials import LAMBDA, ApiKey
+from orchestrator.providers.http_adapter import HttpProvider, key_name
+from orchestrator.providers.models import (
     Instance,
     InstanceState,
     Offer,
-    PollPolicy,
-    Provider,
+    OfferQuery,
     ProviderOptions,
     ProvisionRequest,
     check_price_cap,
     parse_money,
 )
-from orchestrator.providers.credentials import LAMBDA, ApiKey
-from orchestrator.providers.http_adapter import HttpProvider, key_name
+from orchestrator.providers.polling import PollPolicy
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy, json_object
 
 log = logging.getLogger("orchestrator.providers.lambda")
@@ -190,11 +190,16 @@ class LambdaProvider(HttpProvider):
             available=bool(regions),
         )
 
-    def list_offers(self, gpu_count: int | None = None) -> list[Offer]:
-        """Every instance type (or those with exactly ``gpu_count`` GPUs) with its price and the regions
-        that have capacity now; ``available`` is False when none has."""
+    def list_offers(self, query: OfferQuery) -> list[Offer]:
+        """Every instance type (or those with exactly ``query.gpu_count`` GPUs) with its price and the regions
+        that have capacity now; ``available`` is False when none has.  ``/instance-types`` takes no filter: the
+        count, type, memory floor, region and price cap are filtered here (``OfferQuery.admits``); a spot query
+        is refused (Lambda has no spot)."""
+        if query.spot:
+            raise ProviderUnsupported("Lambda Cloud", "Lambda Cloud has no spot instances; rent on demand",
+                                      code="no-spot")
         offers = [self._offer(name, entry) for name, entry in self._types().items() if isinstance(entry, dict)]
-        return [o for o in offers if gpu_count is None or o.gpu_count == gpu_count]
+        return [offer for offer in offers if query.admits(offer)]
 
     # -- instances ----------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from orchestrator.core.errors import ProviderError
-from orchestrator.providers.base import Instance, InstanceState, Offer, parse_money
+from orchestrator.providers.models import Instance, InstanceState, Offer, parse_money
 
 PROVIDER = "runpod"
 LABEL = "RunPod"

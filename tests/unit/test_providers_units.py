@@ -25,15 +25,17 @@ from orchestrator.core.errors import (
     ProviderUnreachable,
     ProvisioningFailed,
 )
-from orchestrator.providers import base, credentials, lambda_cloud, runpod, transport
-from orchestrator.providers.base import Instance, PollPolicy, ProvisionRequest, classify
+from orchestrator.providers import credentials, lambda_cloud, models, polling, runpod, transport
+from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import LAMBDA, RUNPOD, ApiKey
+from orchestrator.providers.models import Instance, OfferQuery, ProvisionRequest
+from orchestrator.providers.polling import PollPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "rpa_UNIT0TEST0KEY0never0shown0z9y8"
 
 
-def inst(state: base.InstanceState, raw: str, *, reason: str = "", ready: bool = False,
+def inst(state: models.InstanceState, raw: str, *, reason: str = "", ready: bool = False,
          gpus: int | None = 1) -> Instance:
     return Instance("runpod", "p1", "gpuq-x", state, raw, ssh_host="1.2.3.4" if ready else None,
                     ssh_port=2222 if ready else None, gpu_count=gpus, reason=reason)
@@ -88,12 +90,12 @@ def test_lambda_readiness_is_active_with_an_ip() -> None:
     (None, None), ("abc", None), (-1, None), ("NaN", None), ("Infinity", None), (True, None), ([1], None),
 ])
 def test_parse_money(raw: object, expected: Decimal | None) -> None:
-    assert base.parse_money(raw) == expected
+    assert models.parse_money(raw) == expected
 
 
 def test_cents_round_half_up() -> None:
-    assert base.to_cents(Decimal("0.745")) == 75 and base.to_cents(Decimal("0.744")) == 74
-    assert base.to_cents(None) is None
+    assert models.to_cents(Decimal("0.745")) == 75 and models.to_cents(Decimal("0.744")) == 74
+    assert models.to_cents(None) is None
 
 
 def test_request_names_one_per_machine() -> None:
@@ -126,7 +128,7 @@ def test_wait_ready_polls_with_growing_intervals_until_ready() -> None:
     clock = Clock()
     fetch = sequence(inst("pending", "CREATED"), inst("running", "RUNNING"), inst("pending", "NEWSTATE"),
                      inst("running", "RUNNING", ready=True))
-    got = base.poll_until_ready("RunPod", "p1", fetch, PollPolicy(100, 5, 15, factor=2), sleep=clock.sleep,
+    got = polling.poll_until_ready("RunPod", "p1", fetch, PollPolicy(100, 5, 15, factor=2), sleep=clock.sleep,
                                 clock=lambda: clock.now)
     assert got.ready and clock.sleeps == [5, 10, 15]
 
@@ -134,7 +136,7 @@ def test_wait_ready_polls_with_growing_intervals_until_ready() -> None:
 def test_wait_ready_gives_up_as_stuck_provisioning() -> None:
     clock = Clock()
     with pytest.raises(ProvisioningFailed, match="stuck provisioning") as caught:
-        base.poll_until_ready("RunPod", "p1", sequence(inst("running", "RUNNING")), PollPolicy(60, 5, 15),
+        polling.poll_until_ready("RunPod", "p1", sequence(inst("running", "RUNNING")), PollPolicy(60, 5, 15),
                               sleep=clock.sleep, clock=lambda: clock.now)
     assert caught.value.code == "stuck_provisioning" and 60 <= clock.now < 80
 
@@ -147,15 +149,15 @@ def test_wait_ready_gives_up_as_stuck_provisioning() -> None:
 def test_wait_ready_fails_when_the_instance_dies(dead: Instance | None, words: str) -> None:
     clock = Clock()
     with pytest.raises(ProvisioningFailed, match=words.replace("(", r"\(").replace(")", r"\)")):
-        base.poll_until_ready("RunPod", "p1", sequence(inst("pending", "CREATED"), dead), PollPolicy(60, 5, 15),
+        polling.poll_until_ready("RunPod", "p1", sequence(inst("pending", "CREATED"), dead), PollPolicy(60, 5, 15),
                               sleep=clock.sleep, clock=lambda: clock.now)
 
 
 def test_wait_gone_reports_a_resource_that_may_still_bill() -> None:
     clock = Clock()
     with pytest.raises(ProviderError, match="may still bill"):
-        base.poll_until_gone("Lambda Cloud", "i", sequence(inst("terminating", "terminating")), PollPolicy(30, 10, 10),
-                             sleep=clock.sleep, clock=lambda: clock.now)
+        polling.poll_until_gone("Lambda Cloud", "i", sequence(inst("terminating", "terminating")),
+                                PollPolicy(30, 10, 10), sleep=clock.sleep, clock=lambda: clock.now)
 
 
 # -- credentials ---------------------------------------------------------------------------------------------
@@ -292,7 +294,7 @@ def test_network_errors_are_retried_then_unreachable() -> None:
 
     clock = Clock()
     with pytest.raises(ProviderUnreachable, match="cannot connect"):
-        lambda_with(refuse, clock).list_offers()
+        lambda_with(refuse, clock).list_offers(OfferQuery())
     assert len(calls) == lambda_cloud.RETRY.tries and len(clock.sleeps) == lambda_cloud.RETRY.tries - 1
 
 
@@ -303,7 +305,7 @@ def test_5xx_is_retried_and_4xx_is_not() -> None:
         status = statuses.pop(0)
         return httpx.Response(status, json={"data": {}} if status == 200 else {"error": {"code": "global/unknown"}})
 
-    assert lambda_with(flaky).list_offers() == [] and not statuses
+    assert lambda_with(flaky).list_offers(OfferQuery()) == [] and not statuses
     calls: list[int] = []
 
     def invalid(request: httpx.Request) -> httpx.Response:
@@ -312,7 +314,7 @@ def test_5xx_is_retried_and_4xx_is_not() -> None:
                                                    "suggestion": "fix it"}})
 
     with pytest.raises(ProviderError, match="global/invalid-parameters: nope \\(fix it\\)"):
-        lambda_with(invalid).list_offers()
+        lambda_with(invalid).list_offers(OfferQuery())
     assert calls == [1]
 
 
@@ -339,7 +341,7 @@ def test_server_text_that_echoes_the_key_is_scrubbed() -> None:
         return httpx.Response(400, json={"error": {"code": "global/invalid-parameters", "message": f"bad {KEY}"}})
 
     with pytest.raises(ProviderError) as caught:
-        lambda_with(echo).list_offers()
+        lambda_with(echo).list_offers(OfferQuery())
     assert KEY not in str(caught.value) and "***" in str(caught.value)
 
 
@@ -399,7 +401,7 @@ def test_lambda_region_choice_and_capacity() -> None:
         provider.provision(ProvisionRequest("gpuq-a", "gpu_1x_a100", region="us-east-1", ssh_public_key=pub))
     with pytest.raises(ProviderError, match="unknown instance type"):
         provider.provision(ProvisionRequest("gpuq-a", "gpu_1x_z9", ssh_public_key=pub))
-    assert [o.gpu_type for o in provider.list_offers(gpu_count=8)] == ["gpu_8x_h100_sxm5"]
+    assert [o.gpu_type for o in provider.list_offers(OfferQuery(gpu_count=8))] == ["gpu_8x_h100_sxm5"]
 
 
 # -- layering -------------------------------------------------------------------------------------------------
