@@ -120,8 +120,8 @@ class RunPodProvider(HttpProvider):
             return body
         if status == 403:
             raise self.http.auth_error(403, self.http.scrub(response.text, 200))
-        detail = body.get("detail") if isinstance(body, dict) else None
-        text = self.http.scrub(str(wire.one_line(str(detail if detail else response.text[:200] or "no message"))))
+        detail = wire.problem_detail(body)
+        text = self.http.scrub(str(wire.one_line(detail or response.text[:200] or "no message")))
         if capacity and status == 400:
             raise NoCapacity("RunPod", f"{what}: {text}", code="no-capacity", status=status)
         raise ProviderError("RunPod", f"{what}: HTTP {status}: {text}", code=str(status), status=status)

@@ -149,6 +149,21 @@ class WireSshKeys(_Wire):
     keys: Annotated[list[Annotated[str, Field(max_length=16_384)]], Field(max_length=500)]
 
 
+class WireProblem(_Wire):
+    """An RFC 9457 problem object (``ErrorResponse``): gpuq quotes its ``detail``."""
+
+    title: Text | None = None
+    detail: Text | None = None
+
+
+def problem_detail(body: object) -> str | None:
+    """The ``detail`` of an error answer, or None when it is not a problem object with one."""
+    try:
+        return WireProblem.model_validate(body).detail or None
+    except ValidationError:
+        return None
+
+
 _M = TypeVar("_M", bound=_Wire)
 
 

@@ -25,7 +25,7 @@ from orchestrator.core.errors import (
     ProviderUnreachable,
     ProvisioningFailed,
 )
-from orchestrator.providers import credentials, lambda_cloud, models, polling, runpod, transport
+from orchestrator.providers import credentials, lambda_cloud, lambda_wire, models, polling, runpod, transport
 from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import LAMBDA, RUNPOD, ApiKey
 from orchestrator.providers.models import Instance, OfferQuery, ProvisionRequest
@@ -73,14 +73,32 @@ def test_readiness_needs_running_and_an_endpoint() -> None:
     assert not inst("unhealthy", "unhealthy", ready=True).ready
 
 
+def lambda_instance(item: dict[str, Any]) -> Instance:
+    return lambda_wire.instance_of(lambda_wire.parse(lambda_wire.WireInstance, item, "GET /instances/{id}"))
+
+
 def test_lambda_readiness_is_active_with_an_ip() -> None:
     item: dict[str, Any] = {"id": "i", "status": "booting", "ip": None, "ssh_key_names": [], "file_system_names": [],
-            "instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": "2392"}}
-    assert not lambda_cloud.instance_from_json(item).ready
-    active = lambda_cloud.instance_from_json({**item, "status": "active", "ip": "5.6.7.8"})
+            "instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": 2392}}
+    assert not lambda_instance(item).ready
+    active = lambda_instance({**item, "status": "active", "ip": "5.6.7.8"})
     assert active.ready and active.ssh_port == 22 and active.ssh_user == "ubuntu"
     assert active.gpu_count == 8 and active.price_per_hour == Decimal("23.92")
-    assert lambda_cloud.instance_from_json({**item, "status": "mystery"}).state == "pending"
+    assert lambda_instance({**item, "status": "mystery"}).state == "pending"
+    assert lambda_instance({"id": "i", "status": "active", "name": None}).name == ""  # launched without a name
+
+
+@pytest.mark.parametrize("bad", [
+    {"status": "active"},  # no id
+    {"id": "i", "status": "active", "instance_type": {"price_cents_per_hour": "2392"}},  # the document: integer
+    {"id": "i", "status": "active", "instance_type": {"price_cents_per_hour": -1}},
+    {"id": "i", "status": "active", "ip": 5},
+    {"id": "x" * 101, "status": "active"},
+])
+def test_a_lambda_instance_that_does_not_fit_the_document_is_refused_without_its_text(bad: dict[str, Any]) -> None:
+    with pytest.raises(ProviderError, match="unexpected answer") as caught:
+        lambda_instance(bad)
+    assert caught.value.code == "bad-answer" and "2392" not in str(caught.value)
 
 
 # -- money ---------------------------------------------------------------------------------------------------
