@@ -119,7 +119,7 @@ class WireInstance(_Wire):
     id: Id
     name: Text | None = None  # "if set": an instance launched without a name has none
     status: Text = ""
-    ip: Annotated[str, Field(max_length=64)] | None = None
+    ip: Annotated[str, Field(max_length=253)] | None = None  # checked as an address at registration (ssh_address)
     instance_type: WireInstanceType | None = None
     region: WireRegion | None = None
 
