@@ -32,6 +32,7 @@ from orchestrator.ledger import HostFields, HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider
 from orchestrator.providers.models import LEDGER_ID, Instance, ProvisionRequest, instance_name, ssh_address
+from orchestrator.tick import teardown
 from orchestrator.tick.leases import provider_for
 
 LEDGER_ID_FILE = "ledger-id"
@@ -250,13 +251,13 @@ class _Rental:
             self.out.hosts.append(row)
 
     def end(self, host: str, instance_id: str, why: str) -> Unusable:
-        """Terminate a machine gpuq will not use and wait until it is gone; when that fails, the row stays,
-        held, and says how to end it."""
+        """Terminate a machine gpuq will not use and wait until it is gone (teardown.end_instance); when that
+        fails, the row stays, held, and says how to end it."""
         self.done.add(host)
         ledger, provider = self.ctx.ledger, self.out.provider
         try:
-            self.prov.terminate(instance_id)
-            self.prov.wait_gone(instance_id)
+            teardown.end_instance(self.ctx, self.prov, host, instance_id, reason=f"{why}; terminated by gpuq",
+                                  event=f"{provider} {instance_id} {why}: terminated by gpuq (gone)")
         except GpuqError as exc:
             row = ledger.host(host)
             # a row without an address stays provisioning: never probed, never given work
@@ -265,13 +266,6 @@ class _Rental:
                                     hold=HoldChange(HoldKind.UNUSABLE, why))
             ledger.record_event("host", host, f"{provider} {instance_id} {why}; terminate failed: {exc}")
             return Unusable(host, instance_id, why, ended=False, end_error=str(exc))
-        row = ledger.host(host)
-        if row is not None and row.target:  # it was registered: the provider may hand its IP:port to the next machine
-            self.ctx.fleet.drop(host)
-            fleet.forget_row_keys(self.ctx.settings, row)
-        ledger.lease_transition(host, LeaseState.TERMINATED, f"{why}; terminated by gpuq",
-                                hold=HoldChange(HoldKind.TERMINATED))
-        ledger.record_event("host", host, f"{provider} {instance_id} {why}: terminated by gpuq (gone)")
         return Unusable(host, instance_id, why, ended=True)
 
     def abandon(self, why: str) -> None:
