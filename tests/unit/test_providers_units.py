@@ -23,6 +23,7 @@ from orchestrator.core.errors import (
     ProviderAuthError,
     ProviderError,
     ProviderUnreachable,
+    ProviderUnsupported,
     ProvisioningFailed,
 )
 from orchestrator.providers import credentials, lambda_cloud, lambda_wire, models, polling, runpod, transport
@@ -446,3 +447,50 @@ def test_providers_import_only_their_allowed_layers() -> None:
                 elif top != "__future__" and top not in sys.stdlib_module_names:
                     assert top in ALLOWED_EXTERNAL, f"{path.name} imports {name}"
 
+
+
+# -- the offer query ------------------------------------------------------------------------------------------
+
+def test_an_offer_query_admits_by_count_type_memory_region_and_price() -> None:
+    offer = models.Offer("runpod", "NVIDIA A100 80GB PCIe", "A100 PCIe", 2, Decimal("3.00"), gpu_memory_gb=80,
+                         spot_price_per_hour=Decimal("1.50"), regions=("US-TX-3", "EU-RO-1"))
+    Q = OfferQuery
+    assert Q().admits(offer) and Q(gpu_count=2, gpu_name="NVIDIA A100 80GB PCIe", min_gpu_memory_gb=80,
+                                   region="EU-RO-1", max_price_per_hour=Decimal("3.00")).admits(offer)
+    assert not Q(gpu_count=1).admits(offer) and not Q(gpu_name="A100").admits(offer)
+    assert not Q(min_gpu_memory_gb=80.5).admits(offer) and not Q(region="US-CA-1").admits(offer)
+    assert not Q(max_price_per_hour=Decimal("2.99")).admits(offer)
+    assert Q(spot=True, max_price_per_hour=Decimal("1.50")).admits(offer), "spot: priced by its minimum bid"
+    unknown = models.Offer("lambda", "gpu_1x_x", "x", 1, None)
+    assert Q().admits(unknown) and Q(region="us-east-1").admits(unknown), "an offer naming no region is kept"
+    assert not Q(min_gpu_memory_gb=1).admits(unknown) and not Q(max_price_per_hour=Decimal(9)).admits(unknown)
+
+
+@pytest.mark.parametrize("bad", [{"gpu_count": 0}, {"gpu_count": True}, {"min_gpu_memory_gb": -1},
+                                 {"min_gpu_memory_gb": float("nan")}, {"max_price_per_hour": Decimal("-0.01")}])
+def test_an_offer_query_out_of_range_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="offer query"):
+        OfferQuery(**bad)
+
+
+def test_lambda_filters_what_its_api_cannot() -> None:
+    types = {"gpu_1x_a100": {"instance_type": {"name": "gpu_1x_a100", "price_cents_per_hour": 129,
+                                               "gpu_description": "A100 (40 GB SXM4)"},
+                             "regions_with_capacity_available": [{"name": "us-west-1"}]},
+             "gpu_1x_h100": {"instance_type": {"name": "gpu_1x_h100", "price_cents_per_hour": 249,
+                                               "gpu_description": "H100 (80 GB PCIe)"},
+                             "regions_with_capacity_available": [{"name": "us-east-1"}]}}
+    sent: list[str] = []
+
+    def cloud(request: httpx.Request) -> httpx.Response:
+        sent.append(str(request.url))
+        return httpx.Response(200, json={"data": types})
+
+    lam = lambda_with(cloud)
+    assert [o.gpu_type for o in lam.list_offers(OfferQuery(min_gpu_memory_gb=80))] == ["gpu_1x_h100"]
+    assert [o.gpu_type for o in lam.list_offers(OfferQuery(region="us-west-1"))] == ["gpu_1x_a100"]
+    assert [o.gpu_type for o in lam.list_offers(OfferQuery(max_price_per_hour=Decimal("2")))] == ["gpu_1x_a100"]
+    assert all("?" not in url for url in sent), "Lambda's /instance-types takes no filter"
+    with pytest.raises(ProviderUnsupported, match="no spot"):
+        lam.list_offers(OfferQuery(spot=True))
+    assert len(sent) == 3, "a spot query is refused before anything is asked"
