@@ -45,8 +45,9 @@ def terminate(ctx: Context, row: HostRow, *, reason: str) -> tuple[str, float | 
     SSH identity is forgotten and its lease marked terminated with ``reason``).  Returns (outcome, the time it
     stopped billing): ("terminated", t), or ("terminate failed: ...", None) with the failure recorded as an
     event."""
+    prov = provider_for(ctx, row.provider)
     try:
-        gone = end_instance(ctx, provider_for(ctx, row.provider), row.name, row.instance_id, reason=reason,
+        gone = end_instance(ctx, prov, row.name, row.instance_id, reason=reason,
                             event=f"{row.provider} {row.instance_id} terminated (gone)")
     except ProviderError as exc:
         ctx.ledger.record_event("host", row.name, f"terminate of {row.instance_id} failed: {exc}")
