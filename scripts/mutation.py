@@ -86,6 +86,38 @@ MODULES: dict[str, ModuleSet] = {
     "launch": ModuleSet(("payload/agent/gpuq_attempt/gpuq_launch.py",), ("tests/unit/test_agent_launch.py",)),
     # Which claimed or queued job starts on which slots, waits or fails: the serve loop's pure admission.
     "admission": ModuleSet(("payload/agent/gpuq_serving/gpuq_admission.py",), ("tests/unit/test_agent_admission.py",)),
+    # The money code: what a host and a run cost, the budget's caps and holds, which offers a rent plan takes.
+    "money": ModuleSet(
+        ("orchestrator/money/cost.py", "orchestrator/money/budget.py", "orchestrator/money/rentplan.py"),
+        ("tests/unit/test_cost.py", "tests/unit/test_budget.py", "tests/unit/test_billing.py",
+         "tests/unit/test_rent_for.py", "tests/unit/test_honest_numbers_rules.py", "tests/unit/test_notify_forms.py",
+         "tests/unit/test_provider_vastai_wire.py"),
+    ),
+    # The tick's billing stage: reconciling leases with the provider, budget holds, down-when-done.
+    "billing": ModuleSet(
+        ("orchestrator/tick/billing.py",),
+        ("tests/unit/test_billing.py", "tests/unit/test_cloud_rows.py", "tests/unit/test_notify_forms.py",
+         "tests/unit/test_runpod_graphql_era_rows.py"),
+    ),
+    # The teardown gate and termination of a rented host, and the ledger's lease and hold writers.
+    "teardown": ModuleSet(
+        ("orchestrator/tick/teardown.py", "orchestrator/ledger/leases.py"),
+        ("tests/unit/test_teardown_terminate.py", "tests/unit/test_leases.py", "tests/unit/test_down_plan.py",
+         "tests/unit/test_rented_address.py",
+         "tests/unit/test_billing.py", "tests/unit/test_cost_agreement.py", "tests/unit/test_cloud_rows.py"),
+    ),
+    # Renting (`gpuq up`, `gpuq rent-for`) and the budget commands, through the api in process.
+    "renting": ModuleSet(
+        ("orchestrator/api/renting.py", "orchestrator/api/renting_for.py", "orchestrator/api/budgeting.py"),
+        ("tests/unit/test_cloud_rows.py", "tests/unit/test_rented_address.py", "tests/unit/test_rent_for.py",
+         "tests/unit/test_budget.py", "tests/unit/test_billing.py", "tests/unit/test_runpod_graphql_era_rows.py"),
+    ),
+    # The providers' money parsing: parse_money, to_cents, price caps, offers.
+    "prices": ModuleSet(
+        ("orchestrator/providers/models.py",),
+        ("tests/unit/test_providers_units.py", "tests/unit/test_price_cap.py", "tests/unit/test_rent_for.py",
+         "tests/unit/test_cloud_rows.py", "tests/unit/test_provider_vastai_wire.py", "tests/unit/test_billing.py"),
+    ),
     # gpuq_serve.py (the agent's serve loop: claiming from the inbox, starting wrappers, reaping) is not a
     # set: it runs in the host agent's own process, started by tests/integration/test_agent.py, where
     # mutmut's coverage and mutant switch do not reach.
