@@ -103,8 +103,8 @@ MODULES: dict[str, ModuleSet] = {
     # (test_billing.py, whose down-when-done runs through here too, is left out: 19 s a mutant.)
     "teardown": ModuleSet(
         ("orchestrator/tick/teardown.py", "orchestrator/ledger/leases.py"),
-        ("tests/unit/test_teardown_terminate.py", "tests/unit/test_leases.py", "tests/unit/test_down_plan.py",
-         "tests/unit/test_rented_address.py"),
+        ("tests/unit/test_teardown_gate.py", "tests/unit/test_teardown_terminate.py", "tests/unit/test_leases.py",
+         "tests/unit/test_down_plan.py", "tests/unit/test_rented_address.py"),
     ),
     # Renting (`gpuq up`, `gpuq rent-for`) and the budget commands, through the api in process.
     "renting": ModuleSet(
