@@ -52,10 +52,10 @@ def test_the_refusal_counts_every_running_job_and_names_three() -> None:
 
 
 def test_results_not_verified_at_home_keep_the_machine_unless_forced() -> None:
-    jobs = [_job(n, JobState.SUCCEEDED) for n in "abcd"] + [_job("e", JobState.SUCCEEDED, host="other")]
+    jobs = [_job(n, JobState.SUCCEEDED) for n in "abcde"] + [_job("f", JobState.SUCCEEDED, host="other")]
     assert refusal(_row(), jobs, {"id-b"}) == (
-        "3 job(s) with results not pulled and verified (a, c, d); `gpuq pull` first, or --force to lose them")
-    assert refusal(_row(), jobs, {"id-a", "id-b", "id-c", "id-d"}) is None  # another host's results do not count
+        "4 job(s) with results not pulled and verified (a, c, d); `gpuq pull` first, or --force to lose them")
+    assert refusal(_row(), jobs, {f"id-{n}" for n in "abcde"}) is None  # another host's results do not count
     assert refusal(_row(), jobs, set(), force=True) is None
 
 
