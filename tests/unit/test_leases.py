@@ -107,6 +107,14 @@ def test_a_lease_change_and_what_comes_with_it_are_one_transaction(ledger: Ledge
     assert row is not None and (row.lease, row.hold) == (LeaseState.TERMINATED, HoldKind.TERMINATED)
 
 
+def test_a_lease_or_hold_of_a_host_the_ledger_does_not_have_is_refused_by_name(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="unknown host 'gone'"):
+        ledger.lease_transition("gone", LeaseState.RUNNING, "")
+    with pytest.raises(LedgerError, match="unknown host 'gone'"):
+        ledger.change_hold("gone", HoldChange(HoldKind.UNHEALTHY, "gpu: Xid 79"))
+    assert ledger.host("gone") is None
+
+
 def test_update_host_writes_neither_a_lease_nor_a_hold(ledger: Ledger) -> None:
     for key, value in (("lease_state", "running"), ("lease_reason", "x"), ("lease_changed_at", 1.0),
                        ("hold_kind", "disk"), ("hold_detail", "x"), ("hold_reason", "disk: x")):
