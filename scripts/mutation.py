@@ -116,8 +116,8 @@ MODULES: dict[str, ModuleSet] = {
     # The providers' money parsing (parse_money, to_cents, price caps, offers) and SSH endpoints.
     "prices": ModuleSet(
         ("orchestrator/providers/models.py",),
-        ("tests/unit/test_providers_units.py", "tests/unit/test_price_cap.py", "tests/unit/test_rent_for.py",
-         "tests/unit/test_cloud_rows.py", "tests/unit/test_provider_vastai_wire.py",
+        ("tests/unit/test_provider_values.py", "tests/unit/test_providers_units.py", "tests/unit/test_price_cap.py",
+         "tests/unit/test_rent_for.py", "tests/unit/test_cloud_rows.py", "tests/unit/test_provider_vastai_wire.py",
          "tests/unit/test_rented_address.py"),
         deselect=("tests/unit/test_providers_units.py::test_providers_import_only_their_allowed_layers",),
     ),
