@@ -90,8 +90,9 @@ MODULES: dict[str, ModuleSet] = {
     # The money code: what a host and a run cost, the budget's caps and holds, which offers a rent plan takes.
     "money": ModuleSet(
         ("orchestrator/money/cost.py", "orchestrator/money/budget.py", "orchestrator/money/rentplan.py"),
-        ("tests/unit/test_cost.py", "tests/unit/test_budget.py", "tests/unit/test_rent_for.py",
-         "tests/unit/test_honest_numbers_rules.py", "tests/unit/test_provider_vastai_wire.py"),
+        ("tests/unit/test_cost.py", "tests/unit/test_budget_rules.py", "tests/unit/test_rentplan_words.py",
+         "tests/unit/test_budget.py", "tests/unit/test_rent_for.py", "tests/unit/test_honest_numbers_rules.py",
+         "tests/unit/test_provider_vastai_wire.py"),
     ),
     # The tick's billing stage: reconciling leases with the provider, budget holds, down-when-done.  Its
     # tests run the real agent on FakeHosts against the fake RunPod: 10-20 s a mutant.

@@ -87,3 +87,18 @@ def test_work_lost_counts_only_checkpoints_the_lost_attempt_could_resume_from() 
 def test_a_clock_that_went_backwards_costs_nothing_rather_than_less_than_nothing() -> None:
     cost = job_cost(1, [_attempt(1, "PREEMPTED", T0, T0 - 600, beat=T0 - 900)], [], T0 + 100)
     assert cost.gpu_hours == 0 and cost.cost == 0 and cost.lost_gpu_hours == 0 and cost.preemptions == 1
+
+
+def test_every_attempt_on_cpu_slots_and_every_loss_adds_up() -> None:
+    attempts = [_attempt(1, "PREEMPTED", T0, T0 + 1800, beat=T0 + 1800),
+                _attempt(2, "LOST", T0 + 1800, T0 + 3600, beat=T0 + 3600),
+                _attempt(3, "RUNNING", T0 + 3600, None)]
+    cost = job_cost(2, attempts, [], T0 + 5400, on_cpu=lambda a: True)
+    assert cost.cpu_hours == pytest.approx(2 * 1.5) and cost.gpu_hours == 0  # the running one until now
+    assert cost.lost_gpu_hours == pytest.approx(2 * 1.0)  # both lost attempts, nothing saved
+    assert cost.preemptions == 1
+
+
+def test_an_attempt_lost_without_an_end_or_a_heartbeat_was_alive_until_now() -> None:
+    cost = job_cost(2, [_attempt(1, "LOST", T0, None)], [_ckpt(1, T0 + 600, 5)], T0 + 1800)
+    assert cost.lost_gpu_hours == pytest.approx(2 * 1200 / 3600) and cost.gpu_hours == pytest.approx(1.0)

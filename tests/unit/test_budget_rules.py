@@ -1,0 +1,87 @@
+"""A sweep's budget as pure rules (orchestrator/money/budget.py): what a live attempt still commits, what a job
+would cost, which jobs a capped sweep starts and the words that say why the others wait, and how a projection
+names the jobs it could not price."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from orchestrator.core.states import AttemptState
+from orchestrator.money import budget
+
+SWEEP = "qrule001"
+T0 = 1_800_000_000.0
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class _Att:
+    job_id: str
+    state: str
+    started_at: float | None
+    ended_at: float | None = None
+    price_per_hour: float | None = 4.0
+    gpu_share: float = 0.5
+
+
+def test_a_live_attempt_commits_what_is_left_of_its_estimate_at_its_own_share() -> None:
+    running = _Att("j", AttemptState.RUNNING.value, T0)
+    assert budget.remaining_cost(running, 2 * HOUR, T0 + HOUR / 2) == pytest.approx(1.5 * 4.0 * 0.5)
+    assert budget.remaining_cost(running, HOUR, T0 + 2 * HOUR) == 0.0  # past its estimate: nothing more
+    assert budget.remaining_cost(running, HOUR, T0) == pytest.approx(2.0)  # just started: all of it
+    placed = _Att("j", AttemptState.STARTING.value, None)
+    assert budget.remaining_cost(placed, HOUR, T0) == pytest.approx(2.0)  # the whole estimate before it started
+
+
+@pytest.mark.parametrize("state", [AttemptState.EXITED, AttemptState.PREEMPTED, AttemptState.LOST])
+def test_an_attempt_that_ended_commits_nothing(state: AttemptState) -> None:
+    assert budget.remaining_cost(_Att("j", state.value, T0, T0 + 60), 10 * HOUR, T0 + 120) == 0.0
+
+
+def test_an_attempt_on_a_host_without_a_price_commits_nothing() -> None:
+    assert budget.remaining_cost(_Att("j", AttemptState.RUNNING.value, T0, price_per_hour=None), HOUR, T0) == 0.0
+
+
+def test_a_jobs_projected_cost_is_its_estimate_at_its_price_share() -> None:
+    assert budget.projected_cost(HOUR, (2.0, 0.5)) == 1.0
+    assert budget.projected_cost(90 * 60, (8.0, 0.25)) == 3.0
+    assert budget.projected_cost(10 * HOUR, None) == 0.0
+
+
+def test_without_a_cap_every_job_starts_and_none_is_held() -> None:
+    got = budget.admit(SWEEP, budget.Standing(None, spent=1e9), [("a", 5.0), ("b", 7.0)])
+    assert got.admitted == ("a", "b") and got.held == {} and not got.stopped and got.needs is None
+
+
+def test_a_held_sweep_needs_what_its_first_held_job_costs() -> None:
+    got = budget.admit(SWEEP, budget.Standing(10.0, spent=9.0), [("a", 0.5), ("b", 2.0), ("c", 0.25)])
+    assert got.admitted == ("a",) and list(got.held) == ["b", "c"] and got.stopped
+    assert got.added == 0.5 and got.needs == 2.0
+
+
+def test_a_reached_cap_says_so_and_how_to_raise_it() -> None:
+    assert budget.hold_reason(SWEEP, budget.Standing(10.0, spent=7.5, committed=2.5)) == (
+        "budget: the sweep's budget of $10.00 is reached ($7.50 spent + $2.50 committed); "
+        f"`gpuq budget {SWEEP} USD` raises it")
+
+
+def test_a_job_that_costs_the_whole_cap_fits_an_empty_budget_and_says_so_when_it_does_not_fit() -> None:
+    """Only a job dearer than the cap is "more than the sweep's budget": one that costs it exactly would fit
+    the sweep with nothing spent."""
+    why = budget.hold_reason(SWEEP, budget.Standing(1.0, spent=0.5), 1.0)
+    assert why.startswith("budget: the sweep's budget of $1.00 does not fit it ($0.50 spent + $0.00 committed; "
+                          "it needs about $1.00)")
+    assert "it alone would cost about $1.01" in budget.hold_reason(SWEEP, budget.Standing(1.0), 1.01)
+
+
+def test_a_projection_names_three_jobs_it_could_not_estimate_and_counts_the_rest() -> None:
+    priced = (2.0, 1.0)
+    jobs = [budget.JobCostInput("known", [priced], (HOUR, HOUR))]
+    five = budget.project(jobs + [budget.JobCostInput(n, [priced], None) for n in "abcde"])
+    assert "5 job(s) without est_min= or history (a, b, c and 2 more) leave the high end open" in five.line()
+    three = budget.project(jobs + [budget.JobCostInput(n, [priced], None) for n in "abc"])
+    assert "3 job(s) without est_min= or history (a, b, c) leave the high end open" in three.line()
+    four = budget.project(jobs + [budget.JobCostInput(n, [priced], None) for n in "abcd"])
+    assert "(a, b, c and 1 more)" in four.line()

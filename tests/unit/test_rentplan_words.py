@@ -1,0 +1,35 @@
+"""The words ``gpuq offers`` and ``gpuq up --for`` show for a machine and its price (orchestrator/money/rentplan.py
+``describe`` and ``MachineNeed.text``): the machine's price per hour on demand or spot, per GPU-hour, its
+memory where the provider says it, and what a need asks."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from orchestrator.money.rentplan import MachineNeed, describe
+from orchestrator.providers.models import Offer
+from orchestrator.scheduling.gpumatch import GpuNeed
+
+
+def _offer(count: int, price: str | None, *, spot: str | None = None, memory: int | None = 80) -> Offer:
+    return Offer(provider="vastai", gpu_type="A100 SXM4", display_name="A100", gpu_count=count,
+                 price_per_hour=None if price is None else Decimal(price), gpu_memory_gb=memory,
+                 spot_price_per_hour=None if spot is None else Decimal(spot))
+
+
+def test_a_machine_reads_with_its_price_per_hour_and_per_gpu_hour() -> None:
+    two = _offer(2, "2.40", spot="1.00")
+    assert describe(two, False) == 'vastai "A100 SXM4" 2x 80 GB at $2.40/h ($1.20/GPU-h)'
+    assert describe(two, True) == 'vastai "A100 SXM4" 2x 80 GB at $1.00/h ($0.50/GPU-h)'
+    assert describe(_offer(1, "0.79"), False) == 'vastai "A100 SXM4" 1x 80 GB at $0.79/h ($0.79/GPU-h)'
+
+
+def test_a_machine_without_a_price_memory_or_gpus_says_only_what_is_known() -> None:
+    assert describe(_offer(2, None, memory=None), False) == 'vastai "A100 SXM4" 2x at no price'
+    assert describe(_offer(2, "2.40"), True) == 'vastai "A100 SXM4" 2x 80 GB at no price'  # no spot price
+    assert describe(_offer(0, "1.00"), False) == 'vastai "A100 SXM4" 0x 80 GB at $1.00/h'
+
+
+def test_a_need_reads_as_its_machines_and_what_they_must_have() -> None:
+    assert MachineNeed(2, GpuNeed(("H100",), 80.0), 3).text() == "3x 2-GPU machine (gpu=H100 gpu_mem=80)"
+    assert MachineNeed(1, GpuNeed((), None)).text() == "1x 1-GPU machine (any GPU)"
