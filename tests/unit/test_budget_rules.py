@@ -85,3 +85,24 @@ def test_a_projection_names_three_jobs_it_could_not_estimate_and_counts_the_rest
     assert "3 job(s) without est_min= or history (a, b, c) leave the high end open" in three.line()
     four = budget.project(jobs + [budget.JobCostInput(n, [priced], None) for n in "abcd"])
     assert "(a, b, c and 1 more)" in four.line()
+
+
+def test_a_duration_comes_from_a_positive_est_min_else_the_history_of_the_config_before_the_task() -> None:
+    history = budget.spreads([("c0.yaml", "t", 2, 100.0), ("c1.yaml", "t", 2, 300.0)])
+    by = {"config": "c0.yaml", "task": "t", "epochs": 2, "history": history}
+    assert budget.duration_range(est_min=0.5, **by) == (30.0, 30.0)  # type: ignore[arg-type]
+    assert budget.duration_range(est_min=0, **by) == (100.0, 100.0)  # type: ignore[arg-type]  # 0: not given
+    assert budget.duration_range(est_min=None, **by) == (100.0, 100.0)  # type: ignore[arg-type]
+
+
+def test_a_projection_of_one_figure_reads_as_one_and_no_job_is_no_projection() -> None:
+    exact = budget.project([budget.JobCostInput("a", [(2.0, 1.0)], (HOUR, HOUR))])
+    assert exact.line() == "projected cost $2.00"
+    span = budget.project([budget.JobCostInput("a", [(2.0, 1.0)], (HOUR, 2 * HOUR))])
+    assert span.line() == "projected cost $2.00 .. $4.00"
+    unpriced = budget.project([budget.JobCostInput("a", [(2.0, 1.0)], (HOUR, HOUR)),
+                               budget.JobCostInput("b", [None], None)])
+    assert unpriced.line() == "projected cost $2.00 (1 job(s) on hosts without a price count nothing)"
+    nothing = budget.project([])
+    assert (nothing.low, nothing.high, nothing.fits(1.0)) == (0.0, 0.0, None)
+    assert nothing.line() == "projected cost unknown: no job to price"

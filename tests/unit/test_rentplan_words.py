@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from orchestrator.money.rentplan import MachineNeed, describe
+from orchestrator.core.specs import JobSpec
+from orchestrator.money.rentplan import MachineNeed, choose, describe, needs_of
 from orchestrator.providers.models import Offer
 from orchestrator.scheduling.gpumatch import GpuNeed
 
@@ -33,3 +34,29 @@ def test_a_machine_without_a_price_memory_or_gpus_says_only_what_is_known() -> N
 def test_a_need_reads_as_its_machines_and_what_they_must_have() -> None:
     assert MachineNeed(2, GpuNeed(("H100",), 80.0), 3).text() == "3x 2-GPU machine (gpu=H100 gpu_mem=80)"
     assert MachineNeed(1, GpuNeed((), None)).text() == "1x 1-GPU machine (any GPU)"
+
+
+def _job(name: str, line: int, *, host: str | None = None, gpus: int = 1) -> JobSpec:
+    return JobSpec(name=name, config="c", task="t", line=line, gpus=gpus, host=host)
+
+
+def test_a_pinned_line_does_not_hide_the_lines_after_it_and_a_grid_line_is_named_once() -> None:
+    jobs = [_job("pinned", 1, host="box"), _job("g-0", 2), _job("g-1", 2), _job("two", 3, gpus=2)]
+    assert [(n.gpus, n.lines) for n in needs_of(jobs)] == [(1, (2,)), (2, (3,))]
+
+
+def test_a_spot_shortage_names_the_spot_price_and_says_spot() -> None:
+    need = MachineNeed(2, GpuNeed(("A100",), None), lines=(1,))
+    dear = choose([need], [_offer(2, "2.40", spot="1.00")], max_price=Decimal("0.50"), spot=True)
+    assert dear.short[0].why == ('the cheapest matching offer, vastai "A100 SXM4" 2x 80 GB at $1.00/h '
+                                 "($0.50/GPU-h), is over --max-price $0.50/h")
+    none = choose([need], [_offer(1, "0.10", spot="0.05")], max_price=Decimal("9"), spot=True)
+    assert none.short[0].why == "no spot offer available now matches it"
+    on_demand = choose([need], [], max_price=Decimal("9"), spot=False)
+    assert on_demand.short[0].why == "no offer available now matches it"
+
+
+def test_a_spot_offer_without_an_on_demand_price_is_rented_spot() -> None:
+    need = MachineNeed(2, GpuNeed((), None), lines=(1,))
+    plan = choose([need], [_offer(2, None, spot="1.00")], max_price=Decimal("1.00"), spot=True)
+    assert plan.complete and plan.hourly == Decimal("1.00")
