@@ -106,3 +106,19 @@ def test_a_projection_of_one_figure_reads_as_one_and_no_job_is_no_projection() -
     nothing = budget.project([])
     assert (nothing.low, nothing.high, nothing.fits(1.0)) == (0.0, 0.0, None)
     assert nothing.line() == "projected cost unknown: no job to price"
+
+
+def test_without_a_projection_the_dry_run_still_names_the_jobs_it_could_not_place_price_or_estimate() -> None:
+    """``submit --dry-run`` reports these lists with the reason there is no figure (api/dryrun.py)."""
+    nowhere = budget.JobCostInput("z", [], (HOUR, HOUR))
+    placed = budget.project([nowhere])
+    assert (placed.unplaceable, placed.why_not) == (("z",), "no host of the sweep can take these jobs now (their "
+                                                    "gpu=/gpu_mem=; `gpuq hosts list` shows each host's GPUs)")
+    free = budget.project([budget.JobCostInput("a", [None], None), nowhere])
+    assert (free.unpriced, free.unplaceable, free.unestimated) == (("a",), ("z",), ())
+    assert free.why_not == ("no host these jobs may run on has a price (gpuq knows the prices of the machines it "
+                            "rents: `gpuq up`)")
+    guess = budget.project([budget.JobCostInput("a", [(2.0, 1.0)], None), nowhere])
+    assert (guess.unestimated, guess.unplaceable, guess.unpriced) == (("a",), ("z",), ())
+    assert guess.why_not == ("no job has an estimate (give est_min= on the queue lines, or let one job of each "
+                             "config run first)")
