@@ -122,3 +122,11 @@ def test_without_a_projection_the_dry_run_still_names_the_jobs_it_could_not_plac
     assert (guess.unestimated, guess.unplaceable, guess.unpriced) == (("a",), ("z",), ())
     assert guess.why_not == ("no job has an estimate (give est_min= on the queue lines, or let one job of each "
                              "config run first)")
+
+
+def test_a_standing_reads_as_spent_committed_and_the_cap_and_says_when_it_guessed() -> None:
+    assert budget.Standing(10.0, 3.0, 2.0).line() == "$3.00 spent + $2.00 committed of $10.00 (50%)"
+    assert budget.Standing(None, 3.0).line() == "$3.00 spent + $0.00 committed, no cap"
+    assert budget.Standing(10.0, 3.0, 2.0, placeholders=2).line() == (
+        "$3.00 spent + $2.00 committed of $10.00 (50%) (2 running job(s) without an estimate counted at the "
+        "scheduler's placeholder)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from orchestrator.core.specs import JobSpec
-from orchestrator.money.rentplan import MachineNeed, choose, describe, needs_of
+from orchestrator.money.rentplan import MachineNeed, cheapest_first, choose, describe, needs_of
 from orchestrator.providers.models import Offer
 from orchestrator.scheduling.gpumatch import GpuNeed
 
@@ -60,3 +60,8 @@ def test_a_spot_offer_without_an_on_demand_price_is_rented_spot() -> None:
     need = MachineNeed(2, GpuNeed((), None), lines=(1,))
     plan = choose([need], [_offer(2, None, spot="1.00")], max_price=Decimal("1.00"), spot=True)
     assert plan.complete and plan.hourly == Decimal("1.00")
+
+
+def test_offers_list_cheapest_first_and_unpriced_last() -> None:
+    unpriced, dear, cheap = _offer(1, None), _offer(1, "2.00"), _offer(1, "0.50")
+    assert cheapest_first([unpriced, dear, cheap], False) == [cheap, dear, unpriced]
