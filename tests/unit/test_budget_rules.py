@@ -130,3 +130,12 @@ def test_a_standing_reads_as_spent_committed_and_the_cap_and_says_when_it_guesse
     assert budget.Standing(10.0, 3.0, 2.0, placeholders=2).line() == (
         "$3.00 spent + $2.00 committed of $10.00 (50%) (2 running job(s) without an estimate counted at the "
         "scheduler's placeholder)")
+
+
+def test_a_projection_shows_a_span_of_cents_and_every_note() -> None:
+    near = budget.project([budget.JobCostInput("a", [(2.0, 1.0)], (HOUR, 1.25 * HOUR))])
+    assert near.line() == "projected cost $2.00 .. $2.50"
+    both = budget.project([budget.JobCostInput("a", [(2.0, 1.0)], (HOUR, HOUR)), budget.JobCostInput("b", [None], None),
+                           budget.JobCostInput("z", [], None)])
+    assert both.line() == ("projected cost $2.00 (1 job(s) on hosts without a price count nothing; 1 job(s) no host "
+                           "can take now (z: their gpu=/gpu_mem=) are not counted)")
