@@ -2,7 +2,7 @@
 
 A ``nodes=K gpus=G`` job that no Slurm host takes runs on K SSH hosts at once (docs/multinode.md):
 
-* the scheduler reserves the K hosts together (``scheduler._gang``); a gang is sent only when every
+* the scheduler reserves the K hosts together (``list_scheduling._gang``); a gang is sent only when every
   node can start now, and the jobs planned after it on those hosts wait with it (``hold_back``), so it
   is never half started and never starved by the jobs behind it;
 * the ledger records one attempt whose ``nodes`` names the host of each node rank (rank 0 is the
@@ -38,7 +38,7 @@ from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger
-from orchestrator.scheduling.scheduler import Plan
+from orchestrator.scheduling.placements import Plan
 
 RENDEZVOUS_PORTS = (20000, 50000)
 """Rendezvous ports are drawn from this range by job and attempt, so every node knows the port without

@@ -15,7 +15,8 @@ from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import instance_name, ledger_of
 from orchestrator.scheduling.estimates import epoch_rates
-from orchestrator.scheduling.scheduler import PlanJob, plan
+from orchestrator.scheduling.placements import PlanJob
+from orchestrator.scheduling.scheduler import plan
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.loop import run_tick
 from orchestrator.views import host_flags, host_state

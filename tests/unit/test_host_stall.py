@@ -330,7 +330,7 @@ def test_a_spec_sent_again_or_moved_carries_the_same_host_retries(tmp_path: Path
     """Re-sent (the host never got it) or moved (work stealing): the spec says what the host may retry itself,
     stall limits included, as the first delivery did.  Only the transport (``enqueue``) is replaced."""
     from orchestrator.ledger import HostRow
-    from orchestrator.scheduling.scheduler import Move
+    from orchestrator.scheduling.stealing import Move
     from orchestrator.tick import reconcile as reconcile_module
     from orchestrator.tick import steal
     sent: list[dict[str, Any]] = []

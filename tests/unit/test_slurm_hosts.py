@@ -17,7 +17,8 @@ from orchestrator.fleet.registry import Registered
 from orchestrator.fleet.slurm import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow
-from orchestrator.scheduling.scheduler import PlanJob, plan
+from orchestrator.scheduling.placements import PlanJob
+from orchestrator.scheduling.scheduler import plan
 
 
 @pytest.mark.parametrize("fields", [
