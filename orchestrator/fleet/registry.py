@@ -35,7 +35,8 @@ from orchestrator.scheduling.gpumatch import facts_json
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`), the host
     # documents' models only when one is read (`gpuq status --no-probe` reads none)
     from orchestrator.host_documents import HostFacts
-    from orchestrator.hosts.ssh import Endpoint, SSHOptions
+    from orchestrator.hosts.ssh import Endpoint
+    from orchestrator.hosts.sshconnect import SSHOptions
 
 HOST_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 DEFAULT_SSH_PROFILE = "ssh"
@@ -96,7 +97,7 @@ class Registered:
 
 
 def ssh_options(settings: Settings, *, trust_new: bool = False) -> SSHOptions:
-    from orchestrator.hosts.ssh import SSHOptions
+    from orchestrator.hosts.sshconnect import SSHOptions
 
     return SSHOptions(known_hosts=settings.home / "known_hosts", trust_new_host_key=trust_new)
 
@@ -397,7 +398,8 @@ def over_ssh(row: HostRow) -> bool:
 
 def trust(ledger: Ledger, settings: Settings, name: str, fingerprint_: str) -> str:
     """Replace one host's known key with the key it offers now, if that key has the fingerprint given."""
-    from orchestrator.hosts.ssh import known_hosts_key, offered_key, resolve
+    from orchestrator.hosts.ssh import known_hosts_key, resolve
+    from orchestrator.hosts.sshconnect import offered_key
 
     row = ledger.host(name)
     if row is None or not over_ssh(row):
