@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from orchestrator.context import Context
 from orchestrator.core.errors import ProviderError
 from orchestrator.core.states import HoldChange, HoldKind, JobState, LeaseState
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import host_keys
 from orchestrator.ledger import HostRow, Job
 from orchestrator.tick.leases import provider_for
 
@@ -53,7 +53,7 @@ def terminate(ctx: Context, row: HostRow, *, reason: str) -> tuple[str, float | 
     gone = time.time()
     ctx.fleet.drop(row.name)
     if row.target:  # the provider may hand this IP:port to the next machine
-        fleet.forget_row_keys(ctx.settings, row)
+        host_keys.forget_row_keys(ctx.settings, row)
     ctx.ledger.lease_transition(row.name, LeaseState.TERMINATED, reason, at=gone,
                                 hold=HoldChange(HoldKind.TERMINATED))
     ctx.ledger.record_event("host", row.name, f"{row.provider} {row.instance_id} terminated (gone)")

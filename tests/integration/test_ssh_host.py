@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import HostAuthFailed, HostKeyError, HostUnreachable
-from orchestrator.fleet.registry import key_fingerprint
+from orchestrator.fleet.host_keys import key_fingerprint
 from orchestrator.hosts.ssh import SSHHost, resolve
 from orchestrator.hosts.sshconnect import SSHOptions
 from tests.support.testhosts import FarmFactory, HostFarm

@@ -14,7 +14,7 @@ import paramiko
 import pytest
 
 from orchestrator.core.errors import HostError, HostKeyError
-from orchestrator.fleet.registry import key_fingerprint
+from orchestrator.fleet.host_keys import key_fingerprint
 from orchestrator.hosts.ssh import SSHHost
 from tests.conftest import ROOT
 from tests.integration.test_ssh_host import make_host

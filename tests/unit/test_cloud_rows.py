@@ -11,7 +11,7 @@ from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
 from orchestrator.core.states import LeaseState
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import registering
 from orchestrator.ledger import HostRow
 from orchestrator.providers.base import instance_name, ledger_of
 from orchestrator.scheduling.estimates import epoch_rates
@@ -41,7 +41,7 @@ def test_registering_fills_only_a_provisioning_row(ctx: Context) -> None:
     _provisioning(ctx)
     ctx.ledger.lease_transition("runpod-abc123-0", LeaseState.RUNNING, "")
     with pytest.raises(UsageError, match="already registered"):  # refused before any connection is made
-        fleet.register(ctx.ledger, ctx.settings, "runpod-abc123-0", "root@203.0.113.9", rented={})
+        registering.register(ctx.ledger, ctx.settings, "runpod-abc123-0", "root@203.0.113.9", rented={})
 
 
 def test_people_see_provisioning_with_its_age(ctx: Context) -> None:

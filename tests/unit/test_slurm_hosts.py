@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
 from orchestrator.core.specs import HostSlots
-from orchestrator.fleet.registry import Registered
+from orchestrator.fleet.registering import Registered
 from orchestrator.fleet.slurm import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow
