@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from orchestrator.health.patrol import Decision
+from orchestrator.health.verdicts import Decision
 from orchestrator.host_documents import ExitRecord
 from orchestrator.ledger import Ledger
 from orchestrator.ledger.attempt_records import SETUP_PHASE

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from orchestrator.context import Context, host_for
 from orchestrator.core.errors import GpuqError
 from orchestrator.health import stops
+from orchestrator.health.host_lines import host_line
 from orchestrator.health.patrol import (
     Finding,
     HostView,
@@ -18,7 +19,6 @@ from orchestrator.health.patrol import (
     Thresholds,
     ended_badly,
     host_findings,
-    host_line,
     job_findings,
     unreachable,
 )
@@ -145,7 +145,7 @@ def _settled_findings(ctx: Context, host: str, settled: Sequence[Settled], repor
             continue
         att = ctx.ledger.attempt(item.job_id, item.attempt)
         ended.append(ended_badly(host, JobView(item.job_id, item.name, item.attempt), item.outcome, item.klass,
-                                 item.decision.reason, item.decision.action == "requeue", rebooted=item.rebooted,
+                                 item.decision, item.decision.action == "requeue", rebooted=item.rebooted,
                                  message=att.message if att else ""))
     return ended
 

@@ -143,7 +143,7 @@ def record(ctx: Context, findings: Sequence[Finding], *, subjects: Sequence[str]
             continue
         ctx.ledger.record_finding("job" if f.job else "host", f.subject, severity=f.severity.value, rule=f.rule,
                                   message=f.message, action=f.action, reason=f.reason,
-                                  failure_class=f.failure_class, attempt=f.attempt)
+                                  failure_class=f.failure_class, attempt=f.attempt, signatures=f.signatures)
         report.findings.append(f)
         if f.severity == Severity.ESCALATE:
             notify.send(ctx.settings, ctx.ledger, _escalation(ctx, f))
@@ -197,8 +197,8 @@ def _escalation(ctx: Context, f: Finding) -> notify.Notice:
     named = re.match(rf"{re.escape(job.name)}(?: a(\d+))?: ", what)
     if named:  # "NAME a2: ..." says the job again: the line names it once
         what, attempt = what[named.end():], int(named.group(1) or attempt)
-    if f.rule in _ENDED and f.action:
-        what += "; " + f.action.split("; `")[0]
+    if f.rule in _ENDED and f.decision:
+        what += "; " + f.decision
     text = notify.line(what, job=notify.job_label(job.name, job.id), sweep=job.sweep_id, host=f.host,
                        next_step=step or f"gpuq logs {job.id} --attempt {attempt}")
     return notify.Notice("escalation", text, fields, title=title, severity="escalate")

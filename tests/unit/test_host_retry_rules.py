@@ -192,7 +192,7 @@ def test_the_spec_carries_what_the_host_may_retry(tmp_path: Path) -> None:
                           "signals": [int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS)],
                           "deadlock_left": 1, "stall_after_s": 900.0, "startup_grace_s": 600.0,
                           "start_stall_after_s": 300.0}  # the patrol's limits: the host heals a stall itself
-        # after a failure a stall before the first step is not retried again (patrol.decide)
+        # after a failure a stall before the first step is not retried again (verdicts.decide)
         assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == dict(policy, left=1, deadlock_left=0)
         assert launcher.host_retry(job, 2, Settings(), host=row, sweep=None) is None  # spent: the controller's
         assert row is not None

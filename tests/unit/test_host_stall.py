@@ -26,7 +26,7 @@ from orchestrator.agent import launcher
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.health import patrol
+from orchestrator.health import patrol, verdicts
 from orchestrator.health.patrol import JobView, Thresholds
 from orchestrator.host_documents import Verdicts
 from orchestrator.ledger import Ledger
@@ -98,7 +98,7 @@ def test_the_host_never_watches_a_job_it_may_not_retry() -> None:
     assert gpuq_stall.limits({"retry": {k: v for k, v in POLICY.items() if k != "stall_after_s"}}) is None
     assert gpuq_stall.limits({"retry": dict(POLICY, on=["killed"])}) is None  # an older controller's spec
     assert gpuq_stall.limits({}) is None
-    assert launcher.DEADLOCK_RETRIES == patrol.DEADLOCK_RETRIES  # the spec's deadlock_left follows the policy
+    assert launcher.DEADLOCK_RETRIES == verdicts.DEADLOCK_RETRIES  # the spec's deadlock_left follows the policy
 
 
 # --- on real attempt files ----------------------------------------------------------------------------------

@@ -17,12 +17,13 @@ from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.health.patrol import DEADLOCK_AT_START, JobView, Thresholds
+from orchestrator.health.patrol import JobView, Thresholds
+from orchestrator.health.verdicts import DEADLOCK_AT_START
 from orchestrator.transfer import evidence
 from tests.support.agentmodule import load_agent_module
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA
-from tests.support.wire import patrol
+from tests.support.wire import patrol, verdicts
 
 NF = load_agent_module("gpuq_nonfinite")
 
@@ -89,11 +90,11 @@ def test_a_trainer_without_a_heartbeat_keeps_its_start_up_grace_and_the_lower_li
 
 
 def test_a_deadlock_at_start_is_retried_once_at_most() -> None:
-    first = patrol.decide(DEADLOCK_AT_START, 1, 2)
+    first = verdicts.decide(DEADLOCK_AT_START, 1, 2)
     assert first.action == "requeue" and first.reason.startswith("deadlock_at_start: requeued (retry 1 of 1")
-    again = patrol.decide(DEADLOCK_AT_START, 2, 2)
+    again = verdicts.decide(DEADLOCK_AT_START, 2, 2)
     assert again.action == "fail" and again.reason.startswith("deadlock_at_start: ") and "num_workers=0" in again.reason
-    assert patrol.decide(DEADLOCK_AT_START, 1, 0).action == "fail"  # retries=0: none at all
+    assert verdicts.decide(DEADLOCK_AT_START, 1, 0).action == "fail"  # retries=0: none at all
 
 
 def test_a_non_finite_loss_ends_a_running_attempt_as_divergence() -> None:
