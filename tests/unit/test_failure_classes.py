@@ -320,7 +320,8 @@ def _run_attempt(ledger: Ledger, job: str, tmp_path: Path, log_text: str) -> str
     view = JobView(job, "grid-a", number)
     for found in patrol.job_findings("h", view, entry(seen), NOW, Thresholds()):
         ledger.record_finding("job", found.subject, severity=found.severity.value, rule=found.rule,
-                              message=found.message, action=found.action)
+                              message=found.message, action=found.action, reason=found.reason,
+                              signatures=found.signatures)
     host: Any = SimpleNamespace(name="h")
     done = reconcile(ledger, host, Settings(), Probe("h", True, status({"jobs": [seen]})))
     (settled,) = done.settled

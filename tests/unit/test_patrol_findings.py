@@ -210,17 +210,26 @@ def test_a_heartbeat_that_is_not_a_number_counts_as_none() -> None:
 
 
 def test_ended_badly_names_the_rule_and_severity_follows_the_requeue() -> None:
-    dead = patrol.ended_badly("h1", JOB, "lost", "vanished", "vanished: requeued", True)
+    dead = patrol.ended_badly("h1", JOB, "lost", "vanished", verdicts.Decision("requeue", "vanished: requeued"), True)
     assert dead == Finding("dead", Severity.WARN, "h1",
                            "baseline a2: process group gone without an exit record (class: vanished)",
                            "vanished: requeued", job="c000000000001")
-    rebooted = patrol.ended_badly("h1", JOB, "lost", "transient", "r", False, rebooted=True)
+    rebooted = patrol.ended_badly("h1", JOB, "lost", "transient", verdicts.Decision("fail", "r"), False, rebooted=True)
     assert (rebooted.rule, rebooted.severity, rebooted.message) == (
         "rebooted", Severity.ESCALATE, "baseline a2: the host rebooted (class: transient)")
-    failed = patrol.ended_badly("h1", JOB, "exited", "unknown", "r", False, message="exit 1: trainer exited 1")
+    failed = patrol.ended_badly("h1", JOB, "exited", "unknown", verdicts.Decision("fail", "r"), False,
+                                message="exit 1: trainer exited 1")
     assert (failed.rule, failed.message) == ("failed", "baseline a2: exit 1: trainer exited 1 (class: unknown)")
-    plain = patrol.ended_badly("h1", JOB, "exited", "unknown", "r", True)
+    plain = patrol.ended_badly("h1", JOB, "exited", "unknown", verdicts.Decision("requeue", "r"), True)
     assert (plain.severity, plain.message) == (Severity.WARN, "baseline a2: exited non-zero (class: unknown)")
+
+
+def test_an_ended_attempts_finding_keeps_the_decisions_words_apart_from_its_next_step() -> None:
+    """The escalation's line quotes the decision without its command (tick/findings.py), from the field."""
+    decision = verdicts.decide("transient", 2, 1)
+    ended = patrol.ended_badly("h1", JOB, "exited", "transient", decision, False)
+    assert ended.action == "transient: no retries left (1); `gpuq resume` once the cause is fixed"
+    assert ended.decision == "transient: no retries left (1)"
 
 
 def test_early_finish_follows_the_ratio() -> None:
