@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import protocol
+from orchestrator.core import documents
 from orchestrator.core.config import LOCAL_HOST, Settings, load_profile
 from orchestrator.core.errors import HostError, HostUnreachable, UsageError
 from orchestrator.core.specs import clamp_slots
@@ -80,7 +80,7 @@ if smi:
 doc["gpus"] = gpus
 doc["cpus"] = os.cpu_count() or 1
 print("\n@BEGIN@\n" + json.dumps(doc) + "\n@END@")
-""".replace("@BEGIN@", protocol.DOCUMENT_BEGIN).replace("@END@", protocol.DOCUMENT_END)
+""".replace("@BEGIN@", documents.DOCUMENT_BEGIN).replace("@END@", documents.DOCUMENT_END)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from orchestrator import host_documents
-from orchestrator.core import protocol
+from orchestrator.core import documents
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import HostError, UsageError
 from orchestrator.fleet import registering, registry
@@ -191,7 +191,7 @@ if not doc["missing"] and wait_s > 0:
         doc["probe"] = "failed"
         doc["probe_detail"] = (err.strip() or out.strip() or "exit %d" % code)[-400:]
 print("\n@BEGIN@\n" + json.dumps(doc) + "\n@END@")
-""".replace("@BEGIN@", protocol.DOCUMENT_BEGIN).replace("@END@", protocol.DOCUMENT_END)
+""".replace("@BEGIN@", documents.DOCUMENT_BEGIN).replace("@END@", documents.DOCUMENT_END)
 
 _Text = Annotated[str, StringConstraints(max_length=400)]
 

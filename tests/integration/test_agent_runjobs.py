@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core import protocol
+from orchestrator.core import filenames, protocol
 from orchestrator.host_documents import unframe
 from orchestrator.transfer.verify import parse_manifest
 from tests.support.jobtree import SHA, install_agent
@@ -160,7 +160,7 @@ def test_snapshot_copies_a_complete_checkpoint_directory_file_by_file(root: Path
     listed = [(f["path"], f["bytes"], f["sha256"]) for f in doc["files"]]
     assert sorted(listed) == sorted((p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items())
     assert (doc["file"], doc["dir"], doc["snapshot"]) == ("run/out/checkpoint-500", True, "ckpt/.ship.d")
-    assert doc["sha256"] == protocol.tree_sha256(listed) and doc["bytes"] == 4
+    assert doc["sha256"] == filenames.tree_sha256(listed) and doc["bytes"] == 4
     assert (jdir / "ckpt" / ".ship.d" / "rng state" / "r.pth").read_bytes() == b"r"
 
 

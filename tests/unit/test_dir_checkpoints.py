@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core import protocol
+from orchestrator.core import filenames
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, running_world
 from tests.support.wire import status
@@ -53,7 +53,7 @@ def _ship(world: World) -> list[str]:
 
 
 def _tree(files: dict[str, bytes]) -> str:
-    return protocol.tree_sha256([(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()])
+    return filenames.tree_sha256([(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()])
 
 
 def test_the_newest_complete_directory_comes_home_whole_and_goes_back_whole(world: World) -> None:

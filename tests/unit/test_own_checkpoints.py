@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core import protocol
+from orchestrator.core import filenames
 from tests.support.agentmodule import load_agent_module
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
@@ -31,18 +31,18 @@ UNSAFE = ["", ".", "..", "a/b", "a\\b", "a\nb", "a\x00b", "a\x1bb", "a\x7fb", "a
 @pytest.mark.parametrize("name", ORDINARY)
 def test_ordinary_names_travel_on_both_sides(name: str) -> None:
     assert own.name_problem(name) is None
-    assert protocol.name_problem(name) is None
+    assert filenames.name_problem(name) is None
 
 
 @pytest.mark.parametrize("name", UNSAFE)
 def test_unsafe_names_are_refused_on_both_sides_for_the_same_reason(name: str) -> None:
     why = own.name_problem(name)
-    assert why is not None and why == protocol.name_problem(name)
+    assert why is not None and why == filenames.name_problem(name)
 
 
 def test_both_sides_hash_a_directory_alike() -> None:
     entries = [{"path": "b/x y.bin", "bytes": 3, "sha256": "b" * 64}, {"path": "a=1", "bytes": 0, "sha256": "a" * 64}]
-    assert own.tree_sha256(entries) == protocol.tree_sha256([(e["path"], e["bytes"], e["sha256"]) for e in entries])
+    assert own.tree_sha256(entries) == filenames.tree_sha256([(e["path"], e["bytes"], e["sha256"]) for e in entries])
 
 
 def _write(path: Path, data: bytes = b"x", mtime: float | None = None) -> Path:
