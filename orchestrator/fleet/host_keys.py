@@ -14,8 +14,7 @@ from orchestrator.core.errors import HostError, HostKeyError, UsageError
 from orchestrator.fleet.registry import over_ssh
 from orchestrator.ledger import HostRow, Ledger
 
-if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`), the host
-    # documents' models only when one is read (`gpuq status --no-probe` reads none)
+if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`)
     from orchestrator.hosts.ssh import Endpoint
 
 

@@ -270,8 +270,3 @@ def timestamp(value: Any) -> float | None:
         except ValueError:
             return None
     return None
-
-
-# --- the one line per host per tick (docs/health.md) ---------------------------------------------
-
-

@@ -15,6 +15,8 @@ from orchestrator.scheduling.placements import Placement, PlanJob
 from orchestrator.scheduling.scheduler_slots import SlotGroup, SlotIndex, grouped
 
 INDEX_FROM_HOSTS = 24
+"""Candidate hosts from which ``scheduler.plan`` looks a job's best host up in its slot index rather than trying
+each (the same answer either way; below this, trying each is faster)."""
 
 
 @dataclass
@@ -32,6 +34,7 @@ class SchedulingPass:
 
 
 FitKey = tuple[str | None, int, int, GpuNeed]
+"""(host_pin, gpus, nodes, need): all that decides which hosts may take a job (disk aside)."""
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,6 @@ from orchestrator.scheduling.placements import Plan, PlanJob, slot_times
 IMPROVE_BUDGET = 50_000
 """Job placements ``plan`` may spend improving on the longest-first order (bounds its run time)."""
 
-"""Candidate hosts from which ``plan`` looks a job's best host up in its slot index rather than trying
-each (the same answer either way; below this, trying each is faster)."""
-
 
 def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
     """Pack ``jobs`` onto the free slots of the usable ``hosts`` (see the module docstring).
@@ -124,11 +121,3 @@ def _lower_bound(jobs: Sequence[PlanJob], usable: Sequence[HostSlots], base: Map
     work = sum(max(0.0, j.est_s) * max(1, j.gpus) for j in jobs)
     work += sum(h.speed * t for h in usable for t in base[h.host])
     return max(work / capacity, max(max(0.0, j.est_s) for j in jobs) / fastest)
-
-
-"""(host_pin, gpus, nodes, need): all that decides which hosts may take a job (disk aside)."""
-
-
-# --- work stealing ------------------------------------------------------------------
-
-
