@@ -162,7 +162,7 @@ from types import SimpleNamespace
 
 import paramiko
 
-from orchestrator.fleet.registry import forget_keys
+from orchestrator.fleet.host_keys import forget_keys
 from orchestrator.hosts.knownhosts import TrustPolicy, load_trust
 from orchestrator.hosts.sshconfig import Endpoint
 
