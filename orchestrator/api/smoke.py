@@ -57,7 +57,7 @@ ERROR_LINE = re.compile(r"^\S.*\b\w*(Error|Exception)\b:|\berror:", re.I)
 PROBE = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-import gpuq_runmetrics as m
+from gpuq_records import gpuq_runmetrics as m
 job_dir, attempt = sys.argv[2], int(sys.argv[3])
 spec = json.load(open(os.path.join(job_dir, "spec.json")))
 run = spec.get("run") or {}

@@ -1,7 +1,7 @@
 """The documents that cross the wire between the controller and a host's agent: how each is framed on
 stdout, and what each JSON document holds, field by field (their schema names and versions are
 ``protocol.py``'s, with the rest of the host contract; docs/host-protocol.md says how they are used).
-The agent's copy of the framing lines is ``payload/agent/gpuq_protocol.py``."""
+The agent's copy of the framing lines is ``payload/agent/gpuq_base/gpuq_protocol.py``."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #                                    str, "setup_key": sha256 hex ("" = no setup), "forward_env": list[str]
 #                                    NAMES (values travel beside the specs in the `enqueue` stdin object,
 #                                    {"specs": [...], "secrets": {queue_id: {NAME: value}}}, never in a spec)}
-#                                    argv: payload/agent/gpuq_argv.py job_argv(...)
+#                                    argv: payload/agent/gpuq_base/gpuq_argv.py job_argv(...)
 #   retry         null | object      (optional) what the host's agent may retry by itself (gpuq_retry.py,
 #                                    docs/checkpoints.md "Who retries what"): {"left": int >= 1 (retries=
 #                                    less the attempts that already counted), "on": classes ("killed",

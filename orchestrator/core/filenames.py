@@ -1,11 +1,11 @@
 """Which file names may travel between a host and this machine (the rule the agent shares,
-``payload/agent/gpuq_own.py``), and the hash of a checkpoint directory's tree of them."""
+``payload/agent/gpuq_records/gpuq_own.py``), and the hash of a checkpoint directory's tree of them."""
 
 from __future__ import annotations
 
 import hashlib
 
-# --- the file-name rule, shared with the agent (payload/agent/gpuq_own.py) --------------
+# --- the file-name rule, shared with the agent (payload/agent/gpuq_records/gpuq_own.py) --------------
 # A name travels unless it is unsafe: empty, "." or "..", a path separator, a control character,
 # over 255 bytes, not UTF-8.  "=", "+", "@", ",", spaces and leading dots are ordinary
 # (Lightning's epoch=19-step=40.ckpt, HF's checkpoint-500/, a DCP dir's .metadata).

@@ -3,7 +3,7 @@
 This module is the single source of truth for what crosses the wire between
 ``gpuq`` (the controller) and a host: the remote directory layout, the job
 spec schema, the environment a job receives, the heartbeat/exit records and
-the exit-code meanings.  The host agent (``payload/agent/gpuq_protocol.py``)
+the exit-code meanings.  The host agent (``payload/agent/gpuq_base/gpuq_protocol.py``)
 and the payload helper (``payload/gpuq_payload/contract.py``) carry copies,
 because they must run with nothing but the Python standard library on a
 rented box; ``tests/unit/test_protocol_copies.py`` asserts the copies agree.

@@ -1,4 +1,4 @@
-"""The host agent's `enqueue` in process (payload/agent/gpuq_inbox.py): which launch orders it
+"""The host agent's `enqueue` in process (payload/agent/gpuq_records/gpuq_inbox.py): which launch orders it
 writes, the verdict for each, and what it refuses, so that no job starts twice on one host.
 
 tests/integration/test_agent.py drives the same command through a real agent process; these tests
@@ -19,8 +19,8 @@ import pytest
 
 from tests.support.agentmodule import load_agent_module
 
-inbox = load_agent_module("gpuq_inbox", qualified=True)
-P = load_agent_module("gpuq_protocol")
+inbox = load_agent_module("gpuq_records.gpuq_inbox", qualified=True)
+P = load_agent_module("gpuq_base.gpuq_protocol")
 
 
 def _enqueue(root: Path, payload: Any, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:

@@ -1,4 +1,4 @@
-"""What the host agent launches for one attempt, in process (payload/agent/gpuq_launch.py): the
+"""What the host agent launches for one attempt, in process (payload/agent/gpuq_attempt/gpuq_launch.py): the
 trainer's environment value for value, its argv, the run dir's links, secrets and grace periods.
 
 tests/integration/test_agent.py and the own-project tests run the same code in real agents; these
@@ -22,11 +22,11 @@ import pytest
 
 from tests.support.agentmodule import load_agent_module
 
-launch = load_agent_module("gpuq_launch", qualified=True)
-jail = load_agent_module("gpuq_jail")
-P = load_agent_module("gpuq_protocol")
-files = load_agent_module("gpuq_files")
-hostfacts = load_agent_module("gpuq_hostfacts")
+launch = load_agent_module("gpuq_attempt.gpuq_launch", qualified=True)
+jail = load_agent_module("gpuq_attempt.gpuq_jail")
+P = load_agent_module("gpuq_base.gpuq_protocol")
+files = load_agent_module("gpuq_base.gpuq_files")
+hostfacts = load_agent_module("gpuq_base.gpuq_hostfacts")
 
 SHA = "b" * 64
 

@@ -13,9 +13,9 @@ import pytest
 
 from tests.support.agentmodule import load_agent_module
 
-OB = load_agent_module("gpuq_observe")
-OWN = load_agent_module("gpuq_own")
-M = load_agent_module("gpuq_runmetrics")
+OB = load_agent_module("gpuq_records.gpuq_observe")
+OWN = load_agent_module("gpuq_records.gpuq_own")
+M = load_agent_module("gpuq_records.gpuq_runmetrics")
 
 
 # --- progress ------------------------------------------------------------------------

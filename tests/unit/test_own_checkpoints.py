@@ -1,4 +1,4 @@
-"""What in a job's run dir is the job's own (payload/agent/gpuq_own.py, docs/checkpoints.md): the one
+"""What in a job's run dir is the job's own (payload/agent/gpuq_records/gpuq_own.py, docs/checkpoints.md): the one
 file-name rule the host and the controller share, which checkpoint ``{checkpoint}`` names (never one
 reached through a link into the project; a link the job made to its own file counts; a directory only
 when complete), and the line that makes a retry without a checkpoint loud.
@@ -17,9 +17,9 @@ from tests.support.agentmodule import load_agent_module
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 
-own = load_agent_module("gpuq_own")
-launch = load_agent_module("gpuq_launch", qualified=True)
-scan = load_agent_module("gpuq_scan")
+own = load_agent_module("gpuq_records.gpuq_own")
+launch = load_agent_module("gpuq_attempt.gpuq_launch", qualified=True)
+scan = load_agent_module("gpuq_watch.gpuq_scan")
 
 # real names of real trainers: Lightning, HF Trainer, DCP, Hydra, a user's own
 ORDINARY = ["epoch=19-step=40.ckpt", "last.ckpt", "checkpoint-500", "model.safetensors", "trainer_state.json",

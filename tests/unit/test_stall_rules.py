@@ -25,7 +25,7 @@ from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA
 from tests.support.wire import patrol, verdicts
 
-NF = load_agent_module("gpuq_nonfinite")
+NF = load_agent_module("gpuq_watch.gpuq_nonfinite")
 
 TH = Thresholds()  # stall 900 s, start-up grace 600 s, a stall before the first step 300 s
 NOW = 1_800_000_000.0

@@ -29,7 +29,7 @@ from tests.support.agentmodule import load_agent_module
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 
-M = load_agent_module("gpuq_runmetrics")
+M = load_agent_module("gpuq_records.gpuq_runmetrics")
 
 HEADER = "epoch,step,train_loss,val_loss"
 
