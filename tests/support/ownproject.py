@@ -72,9 +72,10 @@ def host_python() -> tuple[Path, Path]:
 
 
 def offline_pip_env(wheelhouse: Path) -> str:
-    """A [run] env line that makes the setup hook's pip install from the wheelhouse only (no network)."""
+    """A [run] env line that makes the setup hook's pip install from the wheelhouse only (no network), and
+    gives the trainer one torch thread (its hosts have one GPU: see THREADS in tests/support/sweepproject.py)."""
     return (f'env = {{ PIP_NO_INDEX = "1", PIP_FIND_LINKS = "{wheelhouse}", '
-            f'PIP_DISABLE_PIP_VERSION_CHECK = "1" }}\n')
+            f'PIP_DISABLE_PIP_VERSION_CHECK = "1", OMP_NUM_THREADS = "1", MKL_NUM_THREADS = "1" }}\n')
 
 
 def jobs_of(status_doc: dict[str, Any]) -> list[dict[str, Any]]:
