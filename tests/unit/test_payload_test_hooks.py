@@ -40,18 +40,21 @@ import train
 import gpuq_payload.trainer as trainer
 seen = []
 trainer.Trainer.run = lambda self: seen.append(torch.get_num_threads()) or 0
-code = train.main(["--config", sys.argv[1], "--task", "classify", "--epochs", "1"])
-print(code, *seen)
+codes = [train.main(["--config", path, "--task", "classify", "--epochs", "1"]) for path in sys.argv[1:]]
+print(*codes, *seen)
 """
 
 
-@pytest.mark.parametrize(("extra", "threads"), [("test_hook_threads: 1\n", "1"), ("", "2")])
-def test_the_trainer_runs_with_the_threads_the_hook_names(tmp_path: Path, extra: str, threads: str) -> None:
-    """torch's intra-op threads when the trainer starts training: the hook's, else OMP_NUM_THREADS's."""
+def test_the_trainer_runs_with_the_threads_the_hook_names(tmp_path: Path) -> None:
+    """torch's intra-op threads when the trainer starts training: OMP_NUM_THREADS's without the hook, then
+    the hook's (one process, so one torch import for both)."""
     pytest.importorskip("torch")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain, hooked = _write(tmp_path / "a", ""), _write(tmp_path / "b", "test_hook_threads: 1\n")
     env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2", "GPUQ_CKPT_DIR": str(tmp_path / "ckpt"),
            "GPUQ_RESULT_DIR": str(tmp_path / "result"), "GPUQ_HEARTBEAT": str(tmp_path / "hb")}
-    done = subprocess.run([sys.executable, "-c", PROBE, str(_write(tmp_path, extra))], cwd=ROOT / "payload",
+    done = subprocess.run([sys.executable, "-c", PROBE, str(plain), str(hooked)], cwd=ROOT / "payload",
                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", threads], done.stdout + done.stderr
+    assert done.stdout.split() == ["0", "0", "2", "1"], done.stdout + done.stderr
