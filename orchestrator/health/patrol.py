@@ -198,20 +198,19 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
             line = observed.last_line(entry) if beat_age is None else ""
             tail = f"; last log line: {line}" if line else ""
             if not started:
-                out.append(Finding("stalled", Severity.ESCALATE, host,
-                                   f"{job.name} a{job.attempt}: stalled before its first step ({DEADLOCK_AT_START}): "
-                                   f"heartbeat {hb}, nothing written for {freshest:.0f}s{tail}",
+                words = (f"stalled before its first step ({DEADLOCK_AT_START}): heartbeat {hb}, nothing written for "
+                         f"{freshest:.0f}s{tail}")
+                out.append(Finding("stalled", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {words}",
                                    "save where each process waits, then kill the attempt; " + DEADLOCK_HINT,
-                                   job=job.job_id, klass=DEADLOCK_AT_START, attempt=job.attempt))
+                                   job=job.job_id, klass=DEADLOCK_AT_START, attempt=job.attempt, reason=words))
                 return out
             step = entry.heartbeat.step if entry.heartbeat is not None else None
             if step is None:  # a trainer without a heartbeat: the step its log last showed
                 step = observed.attempt_progress(entry).get("step")
-            out.append(Finding("stalled", Severity.ESCALATE, host,
-                               f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
-                               f"{freshest:.0f}s (last step {step}){tail}",
+            words = f"stalled: heartbeat {hb}, nothing written for {freshest:.0f}s (last step {step}){tail}"
+            out.append(Finding("stalled", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {words}",
                                "kill the attempt and requeue it with resume if retries are left", job=job.job_id,
-                               klass="stalled", attempt=job.attempt))
+                               klass="stalled", attempt=job.attempt, reason=words))
     return out
 
 
@@ -251,11 +250,10 @@ def early_finish(host: str, job: JobView, duration_s: float | None, expected_s: 
                  th: Thresholds) -> Finding | None:
     if duration_s is None or not expected_s or duration_s >= th.early_finish_ratio * expected_s:
         return None
-    return Finding("early_finish", Severity.WARN, host,
-                   f"{job.name}: succeeded in {duration_s:.0f}s, under {th.early_finish_ratio:.0%} of the "
-                   f"expected {expected_s:.0f}s",
+    words = f"succeeded in {duration_s:.0f}s, under {th.early_finish_ratio:.0%} of the expected {expected_s:.0f}s"
+    return Finding("early_finish", Severity.WARN, host, f"{job.name}: {words}",
                    "suspect early finish: check the metrics; `gpuq submit` the line again for an identical rerun",
-                   job=job.job_id)
+                   job=job.job_id, reason=words)
 
 
 def timestamp(value: Any) -> float | None:

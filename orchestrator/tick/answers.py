@@ -139,9 +139,9 @@ def _settled_findings(ctx: Context, host: str, settled: Sequence[Settled], repor
         if item.outcome == HEALED:  # the patrol's own finding, as if it had seen the stall itself (once)
             if not any(e.rule == "stalled" and e.attempt == item.attempt
                        for e in ctx.ledger.events(subject=item.job_id, limit=50)):
-                ended.append(Finding("stalled", Severity.ESCALATE, host, f"{item.name} a{item.attempt}: {item.why}; "
-                                     "its host's agent saved where it hung, killed it and retried it",
-                                     item.decision.reason, job=item.job_id, attempt=item.attempt))
+                words = f"{item.why}; its host's agent saved where it hung, killed it and retried it"
+                ended.append(Finding("stalled", Severity.ESCALATE, host, f"{item.name} a{item.attempt}: {words}",
+                                     item.decision.reason, job=item.job_id, attempt=item.attempt, reason=words))
             continue
         att = ctx.ledger.attempt(item.job_id, item.attempt)
         ended.append(ended_badly(host, JobView(item.job_id, item.name, item.attempt), item.outcome, item.klass,
