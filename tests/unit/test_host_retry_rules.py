@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -188,12 +189,14 @@ def test_the_spec_carries_what_the_host_may_retry(tmp_path: Path) -> None:
         job = ledger.job(_ledger_job(ledger, retries=2))
         row = ledger.host("h")
         policy = launcher.host_retry(job, 0, Settings(), host=row, sweep=None)
-        assert policy == {"left": 2, "on": ["killed", "host_oom", "vanished", "stalled", "deadlock_at_start"],
-                          "signals": [int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS)],
-                          "deadlock_left": 1, "stall_after_s": 900.0, "startup_grace_s": 600.0,
-                          "start_stall_after_s": 300.0}  # the patrol's limits: the host heals a stall itself
+        assert policy is not None
+        assert policy.as_document() == {
+            "left": 2, "on": ["killed", "host_oom", "vanished", "stalled", "deadlock_at_start"],
+            "signals": [int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS)],
+            "deadlock_left": 1, "stall_after_s": 900.0, "startup_grace_s": 600.0,
+            "start_stall_after_s": 300.0}  # the patrol's limits: the host heals a stall itself
         # after a failure a stall before the first step is not retried again (patrol.decide)
-        assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == dict(policy, left=1, deadlock_left=0)
+        assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == replace(policy, left=1, deadlock_left=0)
         assert launcher.host_retry(job, 2, Settings(), host=row, sweep=None) is None  # spent: the controller's
         assert row is not None
         held = row.model_copy(update={"hold_kind": "disk", "hold_detail": "97% used"})
@@ -211,8 +214,8 @@ def test_the_spec_carries_what_the_host_may_retry(tmp_path: Path) -> None:
         none_left = job.model_copy(update={"retries": 0})
         assert launcher.host_retry(none_left, 0, Settings(), host=row, sweep=None) is None
         attempt = ledger.start_attempt(job.id, host="h", bundle_sha=SHA)
-        assert "retry" not in launcher.job_spec(job, attempt, Settings())
-        assert launcher.job_spec(job, attempt, Settings(), retry=policy)["retry"] == policy
+        assert "retry" not in launcher.job_spec(job, attempt, Settings()).as_document()
+        assert launcher.job_spec(job, attempt, Settings(), retry=policy).as_document()["retry"] == policy.as_document()
     finally:
         ledger.close()
 

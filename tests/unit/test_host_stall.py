@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from orchestrator.agent import launcher
+from orchestrator.agent.spec import OutboundSpec
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.states import AttemptState, JobState
@@ -333,11 +334,11 @@ def test_a_spec_sent_again_or_moved_carries_the_same_host_retries(tmp_path: Path
     from orchestrator.scheduling.scheduler import Move
     from orchestrator.tick import reconcile as reconcile_module
     from orchestrator.tick import steal
-    sent: list[dict[str, Any]] = []
+    sent: list[OutboundSpec] = []
 
-    def enqueue(host: Any, sha: str, specs: list[dict[str, Any]], settings: Settings) -> Verdicts:
+    def enqueue(host: Any, sha: str, specs: list[OutboundSpec], settings: Settings) -> Verdicts:
         sent.extend(specs)
-        return Verdicts({spec["job_id"]: "queued" for spec in specs})
+        return Verdicts({spec.job_id: "queued" for spec in specs})
 
     for module in (reconcile_module, steal):
         monkeypatch.setattr(module, "enqueue", enqueue)
@@ -347,7 +348,7 @@ def test_a_spec_sent_again_or_moved_carries_the_same_host_retries(tmp_path: Path
         ledger.add_host(HostRow(name="g", kind="ssh", target="u@g", root="/r", slots_kind="cpu", slots_total=2,
                                 created_at=0, agent_bundle=SHA))
         first = launcher.record_attempts(ledger, "h", SHA, [ledger.job(job_id)], Settings())[0]
-        assert first["retry"]["stall_after_s"] == Settings().stall_after_s
+        assert first.retry is not None and first.retry.stall_after_s == Settings().stall_after_s
         host = FakeHost(tmp_path / "host", name="h")
         reconcile(ledger, host, Settings(), Probe("h", True, status({"jobs": []})))  # the spec never arrived
         fleet = argparse.Namespace(named=lambda name: FakeHost(tmp_path / name, name=name))
@@ -355,5 +356,5 @@ def test_a_spec_sent_again_or_moved_carries_the_same_host_retries(tmp_path: Path
     finally:
         ledger.close()
     resent, moved = sent
-    assert (resent["attempt"], moved["attempt"]) == (1, 2)
-    assert resent["retry"] == first["retry"] and moved["retry"] == first["retry"], sent
+    assert (resent.attempt, moved.attempt) == (1, 2)
+    assert resent.retry == first.retry and moved.retry == first.retry, sent
