@@ -58,14 +58,14 @@ ERROR_LINE = re.compile(r"^\S.*\b\w*(Error|Exception)\b:|\berror:", re.I)
 PROBE = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
+import gpuq_jobspec
 import gpuq_runmetrics as m
 job_dir, attempt = sys.argv[2], int(sys.argv[3])
-spec = json.load(open(os.path.join(job_dir, "spec.json")))
-run = spec.get("run") or {}
-if run.get("command"):
+run = gpuq_jobspec.parse_spec(json.load(open(os.path.join(job_dir, "spec.json")))).run
+if run is not None and run.command:
     summary = m.run_summary(job_dir, run, attempt) or {}
     curves = summary.get("curves") or {}
-    metric = summary.get("metric") or run.get("metric") or ""
+    metric = summary.get("metric") or run.metric
     rows = summary.get("rows") or 0
 else:
     curves = m.payload_curves(job_dir, "val_acc")

@@ -146,42 +146,22 @@ def list_specs(dirpath: str) -> list[str]:
 # --- job documents --------------------------------------------------------------------------------
 
 
-def spec_attempt(spec: Any) -> int:
-    try:
-        return max(1, int(spec.get("attempt", 1)))
-    except (AttributeError, TypeError, ValueError):
-        return 1
-
-
-def unfinished_claims(lay: Layout) -> list[tuple[str, dict[str, Any], int]]:
+def unfinished_claims(lay: Layout) -> list[tuple[str, Any, int]]:
     """(job id, claimed spec, attempt) of every claimed job whose current attempt has no exit record:
-    launched or not, what an agent (re)starting or stopping must account for."""
+    launched or not, what an agent (re)starting or stopping must account for.  The spec is a
+    ``JobSpec``, or for a claimed file that is not a sound spec the reason (gpuq_jobspec.spec_or_reason)."""
+    from gpuq_jobspec import JobSpec, attempt_of, spec_or_reason  # it builds on this module
+
     out = []
     for job_id in list_specs(lay.p(P.CLAIMED_DIR)):
-        spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-        if not isinstance(spec, dict):
+        doc = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+        if doc is None:
             continue
-        n = spec_attempt(spec)
+        spec = spec_or_reason(doc)
+        n = spec.attempt if isinstance(spec, JobSpec) else attempt_of(doc) or 1
         if not os.path.exists(lay.attempt(job_id, n, P.EXIT_FILE)):
             out.append((job_id, spec, n))
     return out
-
-
-def spec_major(schema: Any) -> int | None:
-    if not isinstance(schema, str) or "/" not in schema:
-        return None
-    try:
-        return int(schema.rsplit("/", 1)[1].split(".")[0])
-    except ValueError:
-        return None
-
-
-def spec_slots(spec: dict[str, Any]) -> int:
-    """Slots (GPUs, or CPU slots on a GPU-less host) a job spec asks for: at least 1."""
-    try:
-        return max(1, int(spec.get("gpus", 1) or 1))
-    except (TypeError, ValueError):
-        return 1
 
 
 def exit_record(job_id: str, attempt: int, wrapper_code: int, phase: str, message: str,

@@ -37,12 +37,10 @@ from gpuq_files import (
     mkdirs,
     mtime,
     read_json,
-    spec_attempt,
-    spec_major,
-    spec_slots,
     unfinished_claims,
     utc,
 )
+from gpuq_jobspec import JobSpec, attempt_of, read_spec, spec_or_reason
 from gpuq_detach import serve_detached
 from gpuq_hostfacts import detect_slots
 from gpuq_inboxview import InboxView
@@ -190,7 +188,8 @@ class Agent:
         for job_id, spec, n in unfinished_claims(lay):
             launch = read_json(lay.attempt(job_id, n, P.LAUNCH_FILE))
             rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
-            if launch is None and not os.path.exists(lay.attempt(job_id, n, P.LAUNCH_FILE)):
+            if not isinstance(spec, JobSpec) or launch is None and not os.path.exists(
+                    lay.attempt(job_id, n, P.LAUNCH_FILE)):  # a refused spec is failed with its reason
                 self.pending.append(job_id)
                 continue
             if rec is None:
@@ -307,7 +306,7 @@ class Agent:
             if self.busy.get(s) == job_id:
                 del self.busy[s]
         self.retry(r)
-        self.queue_done_check(str(r.spec.get("queue_id", "")))
+        self.queue_done_check(r.spec.queue_id)
         self.drop_secrets()
 
     def retry(self, r: Running) -> None:
@@ -327,7 +326,7 @@ class Agent:
         """Delete secrets/<queue_id>.json once no job of that queue is queued, claimed or running."""
         lay = self.lay
         gpuq_secrets.drop_unused(lay, lambda j, s: j in self.running or not os.path.exists(
-            lay.attempt(j, spec_attempt(s), P.EXIT_FILE)))
+            lay.attempt(j, s.attempt, P.EXIT_FILE)))
 
     def free_port(self) -> int:
         """A free TCP port for MASTER_PORT that no live attempt of this root holds."""
@@ -393,7 +392,7 @@ class Agent:
                     continue
                 if not r.rec or not group_alive(r.rec):
                     continue
-                grace = float(r.spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+                grace = r.spec.kill_grace_s
                 self.log("CANCEL %s a%d: TERM to group %d, KILL in %.0fs" % (
                     job_id, r.attempt, r.rec["pgid"], grace))
                 signal_group(r.rec["pgid"], signal.SIGTERM)
@@ -424,12 +423,14 @@ class Agent:
                 self.log("STALL %s a%d: not watched here any more: %s" % (job_id, r.attempt, e))
 
     # claiming
-    def _fail(self, job_id: str, spec: Any, code: int, msg: str) -> None:
-        n = spec_attempt(spec)
+    def _fail(self, job_id: str, spec: JobSpec | None, code: int, msg: str) -> None:
+        """End a claimed job that never launches (a refused spec: ``spec`` None, its claimed file as it came)."""
+        doc = spec.document if spec is not None else read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
+        n = spec.attempt if spec is not None else attempt_of(doc) or 1
         adir = self.lay.attempt(job_id, n)
         mkdirs(adir)
-        if isinstance(spec, dict):
-            atomic_write_json(self.lay.job(job_id, P.SPEC_FILE), spec)
+        if isinstance(doc, dict):
+            atomic_write_json(self.lay.job(job_id, P.SPEC_FILE), doc)
         atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(job_id, n, code, "setup", msg))
         self.log("FAILED %s a%d (exit=%d): %s" % (job_id, n, code, msg))
 
@@ -466,29 +467,27 @@ class Agent:
         """Claimed but never launched (found at start-up): launched once they fit, failed if they never can."""
         total = len(self.slots["ids"])
         for job_id in list(self.pending):
-            spec = read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
-            if not isinstance(spec, dict):
+            doc = read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
+            spec = spec_or_reason(doc)
+            if doc is None or not isinstance(spec, JobSpec):
                 self.pending.remove(job_id)
+                if doc is not None:
+                    self._fail(job_id, None, P.EXIT_SETUP, spec)
                 continue
-            need = spec_slots(spec)
+            need = spec.slots
             if need > total:
                 self.pending.remove(job_id)
                 self._fail(job_id, spec, P.EXIT_SETUP, self._too_big(need, total))
-            elif need <= len(self.free_slots()) and self.alive_other(job_id, spec_attempt(spec)) is None:
+            elif need <= len(self.free_slots()) and self.alive_other(job_id, spec.attempt) is None:
                 self.pending.remove(job_id)
                 self.launch(job_id, spec, need)
 
     def _unfit(self, spec: Any) -> str:
-        """Why this host can never run the spec ("" when it can)."""
-        if not isinstance(spec, dict):
-            return "job spec is not a JSON object"
-        major = spec_major(spec.get("schema"))
-        if major is None:
-            return "job spec has no valid schema (%r); this agent reads %s" % (spec.get("schema"), P.SPEC_SCHEMA)
-        if major > (spec_major(P.SPEC_SCHEMA) or 1):
-            return "job spec schema %s is newer than this agent (%s); upgrade the bundle" % (
-                spec.get("schema"), P.SPEC_SCHEMA)
-        need, total = spec_slots(spec), len(self.slots["ids"])
+        """Why this host can never run the spec ("" when it can); ``spec``: a ``JobSpec``, or the reason
+        its inbox file was refused (not a JSON object, no or a newer schema, a field wrong: gpuq_jobspec)."""
+        if not isinstance(spec, JobSpec):
+            return str(spec)
+        need, total = spec.slots, len(self.slots["ids"])
         return self._too_big(need, total) if need > total else ""
 
     def _take(self, job_id: str, spec: Any) -> int:
@@ -496,20 +495,20 @@ class Agent:
         unfit = self._unfit(spec)
         if unfit:
             if self._claim(job_id):
-                self._fail(job_id, spec if isinstance(spec, dict) else None, P.EXIT_SETUP, unfit)
+                self._fail(job_id, spec if isinstance(spec, JobSpec) else None, P.EXIT_SETUP, unfit)
             return 0
-        need = spec_slots(spec)
+        need = spec.slots
         if need > len(self.free_slots()):
             return 1  # waits; a smaller job behind it may backfill
-        other = self.alive_other(job_id, spec_attempt(spec))
+        other = self.alive_other(job_id, spec.attempt)
         if other is not None:  # attempt n+1 waits in the inbox until attempt n has ended
-            if self.refused.get(job_id) != spec_attempt(spec):
-                self.refused[job_id] = spec_attempt(spec)
+            if self.refused.get(job_id) != spec.attempt:
+                self.refused[job_id] = spec.attempt
                 self.log("WAITING %s a%d: attempt %d of this job is still alive here; never two at once"
-                         % (job_id, spec_attempt(spec), other))
+                         % (job_id, spec.attempt, other))
             return 1
         if self._claim(job_id):
-            self.queue_of[job_id] = str(spec.get("queue_id", ""))
+            self.queue_of[job_id] = spec.queue_id
             self.launch(job_id, spec, need)
         return 0
 
@@ -521,35 +520,35 @@ class Agent:
         mine = 0
         for j in claimed:
             if j not in self.queue_of:
-                s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json"))
-                self.queue_of[j] = str(s.get("queue_id", "")) if isinstance(s, dict) else ""
+                s = read_spec(self.lay.p(P.CLAIMED_DIR, j + ".json"))
+                self.queue_of[j] = s.queue_id if s is not None else ""
             if self.queue_of[j] == qid:
                 mine += 1
         waiting = 0
         for j in list_specs(self.lay.p(P.INBOX_DIR)):
-            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
-            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
+            s = read_spec(self.lay.p(P.INBOX_DIR, j + ".json"))
+            if s is not None and s.queue_id == qid:
                 waiting += 1
         return mine, mine + waiting
 
     def queue_done_check(self, qid: str) -> None:
         if not qid or not self.queues_open.get(qid):
             return
-        if any(str(r.spec.get("queue_id", "")) == qid for r in self.running.values()):
+        if any(r.spec.queue_id == qid for r in self.running.values()):
             return
         for j in list_specs(self.lay.p(P.INBOX_DIR)):
-            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
-            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
+            s = read_spec(self.lay.p(P.INBOX_DIR, j + ".json"))
+            if s is not None and s.queue_id == qid:
                 return
         failed, n = [], 0
         for j in list_specs(self.lay.p(P.CLAIMED_DIR)):
             if self.queue_of.get(j) != qid:
                 continue
-            s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json")) or {}
+            s = read_spec(self.lay.p(P.CLAIMED_DIR, j + ".json"))
             n += 1
-            ex = read_json(self.lay.attempt(j, spec_attempt(s), P.EXIT_FILE))
+            ex = read_json(self.lay.attempt(j, s.attempt if s is not None else 1, P.EXIT_FILE))
             if not isinstance(ex, dict) or ex.get("wrapper_code") != 0:
-                failed.append(str(s.get("name", j)))
+                failed.append(s.name if s is not None else j)
         self.queues_open[qid] = False
         if failed:
             self.lay.log("=== gpuq queue %s done on %s: %d jobs FAILED: %s ===" % (
@@ -565,9 +564,9 @@ class Agent:
             return r.attempt
         return live_attempt(self.lay.root, job_id, other_than=n)
 
-    def launch(self, job_id: str, spec: dict[str, Any], need: int) -> None:
+    def launch(self, job_id: str, spec: JobSpec, need: int) -> None:
         lay = self.lay
-        n = spec_attempt(spec)
+        n = spec.attempt
         adir = lay.attempt(job_id, n)
         if os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
             self.log("REFUSED %s a%d: attempt already launched once; never run twice" % (job_id, n))
@@ -577,8 +576,8 @@ class Agent:
             self.log("REFUSED %s a%d: attempt %d is still alive here; never two at once" % (job_id, n, other))
             return
         mkdirs(adir, lay.job(job_id, P.CKPT_DIR), lay.job(job_id, P.RESULT_DIR))
-        atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec)
-        qid = str(spec.get("queue_id", ""))
+        atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec.document)
+        qid = spec.queue_id
         self.queue_of[job_id] = qid
         if os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
             atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(
@@ -597,7 +596,7 @@ class Agent:
             "device": "cpu" if self.train_device == "cpu" or self.slots["kind"] != "gpu" else "cuda",
             "total_slots": len(self.slots["ids"]), "agent_pid": os.getpid(), "index": idx,
             "count": count, "master_port": self.free_port()})
-        python = spec.get("python") or sys.executable
+        python = spec.python or sys.executable
         argv = [python, wrapper_file(lay, spec), "--root", lay.root, "wrap", job_id, str(n)]
         try:
             logf = open(os.path.join(adir, P.JOB_LOG), "ab")  # noqa: SIM115 (handed to the child)
@@ -654,10 +653,10 @@ def attempt_processes(log_path: str, min_ticks: Any) -> list[int]:
     return out
 
 
-def wrapper_file(lay: Layout, spec: dict[str, Any]) -> str:
+def wrapper_file(lay: Layout, spec: JobSpec) -> str:
     """The wrapper comes from the job's own bundle: a fix shipped in a new bundle applies to the
     jobs of that bundle even while an agent started from an older bundle keeps serving."""
-    sha = str(spec.get("bundle_sha") or "")
+    sha = spec.bundle_sha
     own = lay.p(P.BUNDLES_DIR, sha, P.AGENT_ENTRY) if sha and "/" not in sha and not sha.startswith(".") else ""
     return own if own and os.path.isfile(own) else AGENT_FILE
 
