@@ -48,7 +48,7 @@ def test_a_sound_node_section_is_kept_and_bounded() -> None:
     ({"timeout_s": 0}, "timeout_s"), ({"rank": "one"}, "rank"), ({"master_port": None}, "master_port"),
 ])
 def test_a_malformed_node_section_refuses_the_spec_naming_the_field(bad: dict[str, Any], field: str) -> None:
-    with pytest.raises(jobspec.SpecError, match=r"^node\.%s " % field):
+    with pytest.raises(jobspec.SpecError, match=rf"^node\.{field} "):
         jobspec.parse_spec(spec_doc(node=_node(**bad)))
     assert jobspec.spec_or_reason(spec_doc(node="x")) == "malformed job spec: node must be an object or null, not 'x'"
 

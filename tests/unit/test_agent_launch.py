@@ -415,7 +415,7 @@ def test_a_spec_without_optional_fields_gives_empty_values_never_none(tmp_path: 
     assert _env(tmp_path, {"env": {"MKL_NUM_THREADS": "5"}}, {})["MKL_NUM_THREADS"] == "5"
     many = _env(tmp_path, {}, {"total_slots": 64, "slots": [0]})
     assert many["OMP_NUM_THREADS"] == many["MKL_NUM_THREADS"] == str(hostfacts.thread_cap(64))
-    with pytest.raises(jobspec.SpecError, match="^resume_from must be a string"):  # never a JSON object
+    with pytest.raises(jobspec.SpecError, match=r"^resume_from must be a string"):  # never a JSON object
         _js(resume_from={"step": 8, "file": "a.pt"})
     spec = _js(bundle_sha=SHA, run={"launcher": "python", "command": ["t.py", "{name}", "{master_port}", "x"]},
                args=[])

@@ -266,7 +266,7 @@ def test_a_multi_node_job_asks_slurm_for_its_nodes_and_starts_one_wrapper_per_no
     single = submit.batch_script(lay, _spec(nodes=1), {}, "/b/agent.py").strip().splitlines()[-1]
     assert "srun" not in single
     assert slurm.job_nodes(_spec(nodes=2)) == 2
-    with pytest.raises(jobspec.SpecError, match="^nodes must be an integer >= 1"):
+    with pytest.raises(jobspec.SpecError, match=r"^nodes must be an integer >= 1"):
         _spec(nodes="junk")
 
 
