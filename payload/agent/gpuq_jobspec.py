@@ -167,7 +167,8 @@ def _str(doc: dict[str, Any], key: str, where: str = "", default: Any = _MISSING
 
 
 def _opt_str(doc: dict[str, Any], key: str, where: str = "") -> str | None:
-    return None if doc.get(key) is None else _str(doc, key, where)
+    """A string or null; absent is not null (the controller always sends the key)."""
+    return None if _value(doc, key, where, _MISSING) is None else _str(doc, key, where)
 
 
 def _int(doc: dict[str, Any], key: str, where: str = "", default: Any = _MISSING, low: int | None = None,
@@ -181,7 +182,7 @@ def _int(doc: dict[str, Any], key: str, where: str = "", default: Any = _MISSING
 
 
 def _opt_int(doc: dict[str, Any], key: str, where: str = "", low: int | None = None) -> int | None:
-    return None if doc.get(key) is None else _int(doc, key, where, low=low)
+    return None if _value(doc, key, where, _MISSING) is None else _int(doc, key, where, low=low)
 
 
 def _num(doc: dict[str, Any], key: str, where: str = "", default: Any = _MISSING, low: float = 0.0,
