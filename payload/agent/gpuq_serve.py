@@ -62,7 +62,7 @@ AGENT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpuq_agen
 
 
 class Running:
-    def __init__(self, job_id: str, attempt: int, slots: list[int], spec: dict[str, Any],
+    def __init__(self, job_id: str, attempt: int, slots: list[int], spec: JobSpec,
                  pid: int | None, rec: dict[str, Any] | None) -> None:
         self.job_id = job_id
         self.attempt = attempt

@@ -95,7 +95,7 @@ class Wrapper:
         self.adir = lay.attempt(job_id, attempt)
         self.started = time.time()
         self.phase = "setup"
-        self.spec: JobSpec | None = None  # read first thing by run()
+        self._spec: JobSpec | None = None  # read first thing by run()
         self.trainer: subprocess.Popen | None = None
         self.got_signal: int | None = None
         self.sig_at: float | None = None
@@ -125,9 +125,16 @@ class Wrapper:
                 with contextlib.suppress(OSError):
                     self.trainer.send_signal(signum)
 
+    @property
+    def spec(self) -> JobSpec:
+        """The attempt's spec (spec.json, parsed by ``run`` before any phase starts)."""
+        if self._spec is None:
+            raise RuntimeError("the wrapper read no spec yet")
+        return self._spec
+
     def marker(self, word: str, extra: str) -> None:
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
-        name = self.spec.name if self.spec is not None else "?"
+        name = self._spec.name if self._spec is not None else "?"
         self.lay.log("[%s] [%s/%s] %s %s %s a%d %s" % (
             utc(), launch.get("index", "?"), launch.get("count", "?"), word, name,
             self.job_id, self.attempt, extra))
@@ -179,7 +186,7 @@ class Wrapper:
         if not isinstance(got, JobSpec):
             return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable" if doc is None else
                                "spec.json refused: %s" % got)
-        self.spec = spec = got
+        self._spec = spec = got
         self.marker("STARTING", "({}, {}ep)".format(spec.task, spec.epochs or "-"))
         try:
             return self._run(spec)
@@ -208,7 +215,7 @@ class Wrapper:
 
     def _run(self, spec: JobSpec) -> int:
         """The attempt's phases in order; the first to return an exit code ends it."""
-        self.spec = spec
+        self._spec = spec
         for phase in (self._prepare, self._check_setup, self._gate, self._meet, self._train, self._finalize):
             code = phase()
             if code is not None:
@@ -224,7 +231,7 @@ class Wrapper:
         if launch.get("slurm"):
             launch = gpuq_slurm_node.launch_on_node(launch)
             if self.slurm_restart:  # the controller's resume point is older than what this attempt saved
-                self.spec = replace(self.spec, resume_from="")
+                self._spec = replace(self.spec, resume_from="")
         self.launch = launch
         spec = self.spec
         self.sha = spec.bundle_sha
