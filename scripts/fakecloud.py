@@ -33,7 +33,8 @@ from tests.support.fakecloud import FakeLambda, FakeRunPod, HostBackend, NetnsBa
 from tests.support.testhosts import HostFarm, requirements_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTRACT = "tests/unit/test_providers_contract.py"
+# the contract (tests/unit/test_providers_contract.py) and vast.ai's subclass of it, which records its own fixtures
+CONTRACTS = ("tests/unit/test_providers_contract.py", "tests/unit/test_provider_vastai.py")
 FIXTURES = ROOT / "tests" / "fixtures" / "providers"
 
 
@@ -86,7 +87,7 @@ def record() -> int:
     for stale in FIXTURES.glob("*/fake"):  # recordings of renamed or removed tests go too
         shutil.rmtree(stale)
     env = dict(os.environ, GPUQ_RECORD_PROVIDER_FIXTURES="1")
-    base = [sys.executable, "-m", "pytest", "-q", CONTRACT]
+    base = [sys.executable, "-m", "pytest", "-q", *CONTRACTS]
     recorded = subprocess.run([*base, "-k", "fake"], cwd=ROOT, env=env, check=False)
     if recorded.returncode != 0:
         return recorded.returncode

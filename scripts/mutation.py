@@ -80,10 +80,12 @@ MODULES: dict[str, ModuleSet] = {
     ),
     # The agent's claim path (enqueue: which launch orders are written, "busy" while another attempt
     # lives) and what collect sends home for a finished job, tested in process.
-    "inbox": ModuleSet(("payload/agent/gpuq_inbox.py",), ("tests/unit/test_agent_enqueue.py",
+    "inbox": ModuleSet(("payload/agent/gpuq_records/gpuq_inbox.py",), ("tests/unit/test_agent_enqueue.py",
                                                           "tests/unit/test_agent_collect.py")),
     # What the agent launches for an attempt (environment, argv, run-dir links, secrets, grace), in process.
-    "launch": ModuleSet(("payload/agent/gpuq_launch.py",), ("tests/unit/test_agent_launch.py",)),
+    "launch": ModuleSet(("payload/agent/gpuq_attempt/gpuq_launch.py",), ("tests/unit/test_agent_launch.py",)),
+    # Which claimed or queued job starts on which slots, waits or fails: the serve loop's pure admission.
+    "admission": ModuleSet(("payload/agent/gpuq_serving/gpuq_admission.py",), ("tests/unit/test_agent_admission.py",)),
     # gpuq_serve.py (the agent's serve loop: claiming from the inbox, starting wrappers, reaping) is not a
     # set: it runs in the host agent's own process, started by tests/integration/test_agent.py, where
     # mutmut's coverage and mutant switch do not reach.

@@ -124,7 +124,7 @@ def _ephemeral_key(folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.providers import registry
-    from orchestrator.providers.base import ProvisionRequest, instance_name
+    from orchestrator.providers.models import OfferQuery, ProvisionRequest, instance_name
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("provider", choices=registry.names())
@@ -141,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     cls = registry.entry(args.provider).adapter_class()
     prov = cls.from_env(os.environ, transport=recording)
     key = prov.http.key.reveal()  # only to scrub it from the recording
-    offers = sorted((o for o in prov.list_offers(1) if o.available and (o.spot_price_per_hour if args.spot
-                     else o.price_per_hour) is not None), key=lambda o: o.spot_price_per_hour if args.spot
-                    else o.price_per_hour)
-    offers = [o for o in offers if (o.spot_price_per_hour if args.spot else o.price_per_hour) <= args.max_price]
+    # the query admits only offers priced at or under the cap (spot: by their minimum bid)
+    query = OfferQuery(gpu_count=1, spot=args.spot, max_price_per_hour=args.max_price)
+    offers = sorted((o for o in prov.list_offers(query) if o.available),
+                    key=lambda o: (o.spot_price_per_hour if args.spot else o.price_per_hour) or Decimal(0))
     if not offers:
         print(f"no {args.provider} offer at or under ${args.max_price}/h; nothing rented", file=sys.stderr)
         _write(args.provider, recording, key)

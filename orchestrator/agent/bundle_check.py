@@ -10,9 +10,9 @@ the bundle it checks:
 * the manifest's sha256 must be the one in the controller's own tarball (``manifest_digest``);
 * the files under ``bundles/<sha>/`` must be exactly the manifest's (no link, no extra file),
   each of its size and sha256, plus the agent's bytecode that the unpack compiled with the host's
-  Python (``payload/agent/__pycache__/<module>.<tag>.pyc`` of a listed module, for this interpreter's
-  tag only): each is admitted only when its code object equals a fresh compile of its verified source,
-  so a planted or rewritten ``.pyc`` is tampering like any other file;
+  Python (``__pycache__/<module>.<tag>.pyc`` beside a listed module of ``payload/agent/`` or of one of
+  its packages, for this interpreter's tag only): each is admitted only when its code object equals a
+  fresh compile of its verified source, so a planted or rewritten ``.pyc`` is tampering like any other file;
 * cheaply: a pass writes ``bundles/.<sha>.verified`` with every file's (size, mtime, ctime, inode);
   the next check rehashes only when one of those changed (ctime cannot be set back by a user);
 * a failed check moves the directory aside to ``bundles/.<sha>.tampered.<time>`` (quarantined, never
@@ -79,15 +79,17 @@ with open(manifest, "rb") as fh:
 now = stats()
 TAG = getattr(sys.implementation, "cache_tag", None) or ""
 AGENT = "payload/agent/"
-def compiled(rel):
-    # the unpack compiled the agent with this interpreter: payload/agent/__pycache__/<m>.<tag>.pyc of a listed
-    # payload/agent/<m>.py; the full pass below admits it only when its code is that source's code
+def source_of(rel):
     head, _, name = rel.rpartition("/")
-    suffix = "." + TAG + ".pyc"
-    return bool(TAG) and head == AGENT + "__pycache__" and name.endswith(suffix) and \
-        AGENT + name[:-len(suffix)] + ".py" in listed
+    return head[:-len("__pycache__")] + name[:-len("." + TAG + ".pyc")] + ".py"
+def compiled(rel):
+    # the unpack compiled the agent with this interpreter: <dir>/__pycache__/<m>.<tag>.pyc of a listed <dir>/<m>.py,
+    # <dir> payload/agent/ or one of its packages; the full pass below admits it only when its code is that source's
+    head, _, name = rel.rpartition("/")
+    return bool(TAG) and head.startswith(AGENT) and head.endswith("/__pycache__") and \
+        name.endswith("." + TAG + ".pyc") and source_of(rel) in listed
 def compiled_problem(rel):
-    src = AGENT + rel.rpartition("/")[2][:-len("." + TAG + ".pyc")] + ".py"
+    src = source_of(rel)
     with open(os.path.join(d, rel), "rb") as fh:
         data = fh.read()
     with open(os.path.join(d, src), "rb") as fh:

@@ -107,7 +107,8 @@ def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | Non
         return None
     if (sweep is not None and sweep.budget_usd is not None) or (job.host_pin and job.host_pin != host.name):
         return None
-    # a stall: the patrol's own limits (payload/agent/gpuq_stall.py); a deadlock at start only as the first failure
+    # a stall: the patrol's own limits (payload/agent/gpuq_serving/gpuq_stall.py); a deadlock at start only as the first
+    # failure
     return RetryPolicy(left=left, on=HOST_RETRY_CLASSES, signals=HOST_RETRY_SIGNALS,
                        deadlock_left=max(0, min(retries, DEADLOCK_RETRIES) - failed),
                        stall_after_s=settings.stall_after_s, startup_grace_s=settings.startup_grace_s,

@@ -3,7 +3,7 @@
 One frozen dataclass per part (the spec, its ``run`` table, its ``retry`` policy, a multi-node
 job's ``node`` section), built by ``launcher.job_spec`` and turned into the wire JSON in one place,
 ``OutboundSpec.as_document`` (docs/host-protocol.md, "Job spec"; protocol.py).  The host's agent
-parses the same JSON into its own frozen dataclasses (payload/agent/gpuq_jobspec.py) once, at the
+parses the same JSON into its own frozen dataclasses (payload/agent/gpuq_base/gpuq_jobspec.py) once, at the
 edge.  The document is the wire format of protocol 1.x: its keys and values never depend on how
 the controller holds them.
 """

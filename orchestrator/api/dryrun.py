@@ -136,7 +136,7 @@ class _Argv:
         recorded = parse_run(result.run_json)
         self.data = recorded.data if recorded is not None else {}
         key = recorded.setup_key if recorded is not None and recorded.setup else ""
-        # with a setup hook, jobs see its prepared tree (payload/agent/gpuq_setup.py project_root)
+        # with a setup hook, jobs see its prepared tree (payload/agent/gpuq_attempt/gpuq_setup.py project_root)
         self.project = f".prepared/{self.sha}-{key[:32]}" if key else f"{self.sha}/{protocol.BUNDLE_WORKDIR}"
 
     def of(self, spec: JobSpec, job_id: str, row: HostRow | None) -> list[str]:

@@ -130,7 +130,7 @@ def hosts_release(ctx: Context, name: str) -> list[str]:
 
 def hosts_stop_agent(ctx: Context, name: str, *, force: bool = False) -> AgentStop:
     """Stop the agent of host ``name`` now instead of after its idle timeout (docs/cli.md).  The host's
-    own agent code decides (payload/agent/gpuq_stopagent.py): refused while it has work unless ``force``;
+    own agent code decides (payload/agent/gpuq_verbs/gpuq_stopagent.py): refused while it has work unless ``force``;
     forced, its running attempts keep running and the next agent adopts them.  Runs the agent of a bare
     bundle of this gpuq (pushed once, content-addressed) so an older bundle on the host never answers."""
     if name != LOCAL_HOST and ctx.ledger.host(name) is None:

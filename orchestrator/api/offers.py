@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
 
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError, ProviderAuthError
 from orchestrator.money import rentplan
 from orchestrator.providers import registry
-from orchestrator.providers.base import Offer, Provider
-from orchestrator.scheduling.gpumatch import MIB_PER_GB, GpuNeed
+from orchestrator.providers.models import Offer, OfferQuery
+from orchestrator.scheduling.gpumatch import GpuNeed
 from orchestrator.tick.leases import provider_for
 
 
@@ -37,7 +36,9 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
                 providers: Sequence[str] = ()) -> OfferScan:
     """Offers of every configured provider (``providers``: only those) with one of ``gpu_counts`` GPUs,
     matching ``models`` / ``mem_gb`` (rentplan.serves), priced for ``spot`` and at most ``max_price``
-    per machine-hour when given; available ones only, cheapest first."""
+    per machine-hour when given; available ones only, cheapest first.  Each provider is asked one
+    :class:`OfferQuery` per GPU count (count, memory floor, spot, price cap), which its adapter translates
+    into its vendor's search or filters itself; a provider without spot is skipped, not asked, for ``spot``."""
     for name in providers:
         registry.entry(name)  # UsageError for a provider gpuq does not know
     out = OfferScan()
@@ -53,8 +54,8 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
         try:
             prov = provider_for(ctx, name)
             for count in sorted(set(gpu_counts)):
-                found += _offers_of(prov, count, spot=spot, mem_gb=mem_gb,
-                                    searched=entry.capabilities().market_search)
+                found += prov.list_offers(OfferQuery(gpu_count=count, min_gpu_memory_gb=mem_gb, spot=spot,
+                                                     max_price_per_hour=max_price))
         except ProviderAuthError as exc:
             (out.skipped if exc.code == "no-api-key" else out.failed)[name] = str(exc)
         except GpuqError as exc:
@@ -67,19 +68,3 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
         kept = [o for o in kept if (rentplan.price_of(o, spot) or Decimal(0)) <= max_price]
     out.offers = rentplan.cheapest_first(kept, spot)
     return out
-
-
-def _offers_of(prov: Provider, count: int, *, spot: bool, mem_gb: float | None, searched: bool) -> list[Offer]:
-    """``list_offers(count)``, with the search hints of an adapter that declares its offers a searched market
-    (``Capabilities.market_search``, vast.ai: asking it for the bid market or a memory floor finds offers a
-    plain search's first page leaves out)."""
-    hints: dict[str, Any] = {}
-    if searched:
-        hints["spot"] = spot
-    if searched and mem_gb is not None:
-        # vast.ai's search takes GB and compares gpu_ram (MiB) with 1000 per GB: ask for gpu_ram of at
-        # least mem_gb GB in MiB (gpumatch's rule, which the offers' memory figure follows; a MiB of slack
-        # for the rounding), and rentplan.memory_ok decides
-        hints["min_gpu_memory_gb"] = max(0.0, mem_gb * MIB_PER_GB - 1) / 1000
-    offers: list[Offer] = prov.list_offers(count, **hints)
-    return offers

@@ -1,7 +1,7 @@
 """``gpuq down --orphans``: machines gpuq rented that bill with no live ledger row (docs/providers.md).
 
 Every configured provider (an API key is set) is asked for its instances.  An orphan carries the name
-gpuq gives (``gpuq-<ledger id>-<lease>[-<i>]``, ``providers/base.py``) and either this ledger's id with
+gpuq gives (``gpuq-<ledger id>-<lease>[-<i>]``, ``providers/models.py``) and either this ledger's id with
 no live row holding it (by instance id or by name), or any gpuq name with a row of this ledger that says
 terminated.  Never an orphan: an instance a live row holds, one without gpuq's name, one named by
 another ledger.  An instance named by a gpuq older than ledger ids (``gpuq-<lease>[-<i>]``) that no row
@@ -18,7 +18,7 @@ from orchestrator.core.errors import GpuqError, ProviderAuthError
 from orchestrator.core.states import LeaseState
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
-from orchestrator.providers.base import Instance, ledger_of
+from orchestrator.providers.models import Instance, ledger_of
 from orchestrator.tick.leases import provider_for
 
 

@@ -30,7 +30,9 @@ from orchestrator.core.states import HoldChange, HoldKind, LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostFields, HostRow
 from orchestrator.providers import registry
-from orchestrator.providers.base import LEDGER_ID, Instance, Provider, ProvisionRequest, instance_name, ssh_address
+from orchestrator.providers.base import Provider
+from orchestrator.providers.models import LEDGER_ID, Instance, ProvisionRequest, instance_name, ssh_address
+from orchestrator.tick import teardown
 from orchestrator.tick.leases import provider_for
 
 LEDGER_ID_FILE = "ledger-id"
@@ -249,13 +251,13 @@ class _Rental:
             self.out.hosts.append(row)
 
     def end(self, host: str, instance_id: str, why: str) -> Unusable:
-        """Terminate a machine gpuq will not use and wait until it is gone; when that fails, the row stays,
-        held, and says how to end it."""
+        """Terminate a machine gpuq will not use and wait until it is gone (teardown.end_instance); when that
+        fails, the row stays, held, and says how to end it."""
         self.done.add(host)
         ledger, provider = self.ctx.ledger, self.out.provider
         try:
-            self.prov.terminate(instance_id)
-            self.prov.wait_gone(instance_id)
+            teardown.end_instance(self.ctx, self.prov, host, instance_id, reason=f"{why}; terminated by gpuq",
+                                  event=f"{provider} {instance_id} {why}: terminated by gpuq (gone)")
         except GpuqError as exc:
             row = ledger.host(host)
             # a row without an address stays provisioning: never probed, never given work
@@ -264,13 +266,6 @@ class _Rental:
                                     hold=HoldChange(HoldKind.UNUSABLE, why))
             ledger.record_event("host", host, f"{provider} {instance_id} {why}; terminate failed: {exc}")
             return Unusable(host, instance_id, why, ended=False, end_error=str(exc))
-        row = ledger.host(host)
-        if row is not None and row.target:  # it was registered: the provider may hand its IP:port to the next machine
-            self.ctx.fleet.drop(host)
-            fleet.forget_row_keys(self.ctx.settings, row)
-        ledger.lease_transition(host, LeaseState.TERMINATED, f"{why}; terminated by gpuq",
-                                hold=HoldChange(HoldKind.TERMINATED))
-        ledger.record_event("host", host, f"{provider} {instance_id} {why}: terminated by gpuq (gone)")
         return Unusable(host, instance_id, why, ended=True)
 
     def abandon(self, why: str) -> None:
@@ -323,7 +318,7 @@ class _Rental:
 
 
 def checked_endpoint(provider: str, inst: Instance) -> tuple[str, int]:
-    """The SSH endpoint ``inst`` is ready at, checked once before any row records it (base.ssh_address: an IP
+    """The SSH endpoint ``inst`` is ready at, checked once before any row records it (models.ssh_address: an IP
     address, or a host name under a domain the adapter declares); ProviderError for anything else."""
     if not inst.ssh_host or inst.ssh_port is None:
         raise GpuqError(f"{provider} {inst.id} is ready without an SSH endpoint")

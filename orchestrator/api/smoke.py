@@ -58,8 +58,8 @@ ERROR_LINE = re.compile(r"^\S.*\b\w*(Error|Exception)\b:|\berror:", re.I)
 PROBE = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-import gpuq_jobspec
-import gpuq_runmetrics as m
+from gpuq_base import gpuq_jobspec
+from gpuq_records import gpuq_runmetrics as m
 job_dir, attempt = sys.argv[2], int(sys.argv[3])
 run = gpuq_jobspec.parse_spec(json.load(open(os.path.join(job_dir, "spec.json")))).run
 if run is not None and run.command:

@@ -1,15 +1,16 @@
 """The host agent's stdlib-only modules that the controller runs too, loaded by file path: one
 implementation for both sides, nothing copied.
 
-* ``gpuq_argv.py``: the trainer's command line (docs/your-project.md).  The controller uses it to
+* ``gpuq_base/gpuq_argv.py``: the trainer's command line (docs/your-project.md).  The controller uses it to
   check ``[run]`` templates at submit and to print the exact argv in ``gpuq submit --dry-run``.
-* ``gpuq_ckptcheck.py``: is a file a sound torch checkpoint (docs/results.md).  The wrapper's
+* ``gpuq_base/gpuq_ckptcheck.py``: is a file a sound torch checkpoint (docs/results.md).  The wrapper's
   ``best_ckpt`` check on the host and the controller's check of a pulled or shipped copy.
 
 ``payload_dir()`` finds that payload: a wheel's ``orchestrator/_payload``, else the checkout's ``payload/``.
 
-Only modules without sibling imports can be loaded this way (the agent's others import each other by
-bare name from the bundle's directory).
+Only modules that import nothing but the standard library can be loaded this way: the agent's others
+import its packages (``gpuq_base.gpuq_files``) by absolute name from the agent's directory, which is
+never put on the controller's ``sys.path``.  ``tests/unit/test_agent_modules.py`` keeps these two so.
 """
 
 from __future__ import annotations
@@ -36,10 +37,15 @@ def payload_dir() -> Path:
     raise BundleError("the gpuq payload is missing from this installation; reinstall gpuq")
 
 
+SHARED = ("gpuq_base.gpuq_argv", "gpuq_base.gpuq_ckptcheck")  # the agent modules the controller runs too
+
+
 @functools.cache
-def _load(name: str) -> ModuleType:
-    path = payload_dir() / "agent" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"gpuq_payload_agent_{name}", path)
+def _load(dotted: str) -> ModuleType:
+    """``dotted`` (``package.module`` under payload/agent/), under a private name of its own: it joins
+    no agent package in ``sys.modules``."""
+    path = payload_dir() / "agent" / f"{dotted.replace('.', '/')}.py"
+    spec = importlib.util.spec_from_file_location(f"gpuq_payload_agent_{dotted.replace('.', '_')}", path)
     if spec is None or spec.loader is None or not path.is_file():
         raise BundleError(f"{path} is missing from this installation; reinstall gpuq")
     module = importlib.util.module_from_spec(spec)
@@ -48,10 +54,10 @@ def _load(name: str) -> ModuleType:
 
 
 def argv_module() -> ModuleType:
-    """``payload/agent/gpuq_argv.py`` of this installation, imported once."""
-    return _load("gpuq_argv")
+    """``payload/agent/gpuq_base/gpuq_argv.py`` of this installation, imported once."""
+    return _load(SHARED[0])
 
 
 def ckptcheck_module() -> ModuleType:
-    """``payload/agent/gpuq_ckptcheck.py`` of this installation, imported once."""
-    return _load("gpuq_ckptcheck")
+    """``payload/agent/gpuq_base/gpuq_ckptcheck.py`` of this installation, imported once."""
+    return _load(SHARED[1])

@@ -3,7 +3,7 @@
 This module is the single source of truth for what crosses the wire between
 ``gpuq`` (the controller) and a host: the remote directory layout, the job
 spec schema, the environment a job receives, the heartbeat/exit records and
-the exit-code meanings.  The host agent (``payload/agent/gpuq_protocol.py``)
+the exit-code meanings.  The host agent (``payload/agent/gpuq_base/gpuq_protocol.py``)
 and the payload helper (``payload/gpuq_payload/contract.py``) carry copies,
 because they must run with nothing but the Python standard library on a
 rented box; ``tests/unit/test_protocol_copies.py`` asserts the copies agree.
@@ -222,7 +222,7 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #                                    str, "setup_key": sha256 hex ("" = no setup), "forward_env": list[str]
 #                                    NAMES (values travel beside the specs in the `enqueue` stdin object,
 #                                    {"specs": [...], "secrets": {queue_id: {NAME: value}}}, never in a spec)}
-#                                    argv: payload/agent/gpuq_argv.py job_argv(...)
+#                                    argv: payload/agent/gpuq_base/gpuq_argv.py job_argv(...)
 #   retry         null | object      (optional) what the host's agent may retry by itself (gpuq_retry.py,
 #                                    docs/checkpoints.md "Who retries what"): {"left": int >= 1 (retries=
 #                                    less the attempts that already counted), "on": classes ("killed",
@@ -404,7 +404,7 @@ DOCUMENT_END = "-----END GPUQ DOCUMENT-----"
 #   kill; 64 usage.
 
 
-# --- the file-name rule, shared with the agent (payload/agent/gpuq_own.py) --------------
+# --- the file-name rule, shared with the agent (payload/agent/gpuq_records/gpuq_own.py) --------------
 # A name travels unless it is unsafe: empty, "." or "..", a path separator, a control character,
 # over 255 bytes, not UTF-8.  "=", "+", "@", ",", spaces and leading dots are ordinary
 # (Lightning's epoch=19-step=40.ckpt, HF's checkpoint-500/, a DCP dir's .metadata).

@@ -2,7 +2,7 @@
 
 gpuq submits into Slurm and never schedules the cluster's nodes itself: each attempt is one Slurm
 job (``sbatch``) running gpuq's wrapper from the bundle on a root the compute nodes share with the
-login node.  The host agent does the Slurm work on the login node (payload/agent/gpuq_slurm.py);
+login node.  The host agent does the Slurm work on the login node (payload/agent/gpuq_slurmmode/gpuq_slurm.py);
 this module holds the settings, the registration audit and what the scheduler may assume.
 """
 

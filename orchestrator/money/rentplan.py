@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from orchestrator.core.specs import JobSpec
-from orchestrator.providers.base import Offer
+from orchestrator.providers.models import Offer
 from orchestrator.scheduling.gpumatch import GpuNeed, model_matches
 
 

@@ -5,7 +5,7 @@ credentials.ProviderSpec), ``capabilities`` (base.Capabilities) and its pacing d
 vendor calls: ``list_offers``, ``list_instances``, ``get``, ``provision``, ``stop``, ``resume``, ``terminate``,
 ``ensure_ssh_key``.  The base gives it the key and URL from the environment (:meth:`HttpProvider.from_env`),
 one :class:`~orchestrator.providers.transport.ApiTransport` (``self.http``), a repr that never shows the
-key, ``close``, and the polling ``wait_ready`` / ``wait_gone`` (base.poll_until_ready / poll_until_gone).
+key, ``close``, and the polling ``wait_ready`` / ``wait_gone`` (polling.poll_until_ready / poll_until_gone).
 ``supports_stop`` / ``supports_spot`` (the Provider protocol's) are derived from ``capabilities``.
 """
 
@@ -19,8 +19,10 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 
-from orchestrator.providers.base import Capabilities, Instance, PollPolicy, poll_until_gone, poll_until_ready
+from orchestrator.providers.base import Capabilities
 from orchestrator.providers.credentials import ApiKey, ProviderSpec, load_key, load_url
+from orchestrator.providers.models import Instance
+from orchestrator.providers.polling import PollPolicy, poll_until_gone, poll_until_ready
 from orchestrator.providers.transport import ApiTransport, RetryPolicy
 
 _P = TypeVar("_P", bound="HttpProvider")  # typing.Self needs Python 3.11; the controller runs on 3.10

@@ -8,13 +8,12 @@ second; HTTP 429 waits 10 s doubling to 120 s, at most 6 tries, honouring ``Retr
 searched for the requested name before launching again: a launch can succeed and still answer an error.
 
 Lambda has no spot and no stop: those raise ProviderUnsupported.  Readiness (API half): ``active`` with an
-``ip``; SSH as ``ubuntu`` on port 22.
+``ip``; SSH as ``ubuntu`` on port 22.  Bodies are parsed by lambda_wire.py.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -23,21 +22,20 @@ from typing import Any, ClassVar
 import httpx
 
 from orchestrator.core.errors import NoCapacity, ProviderError, ProviderUnsupported
-from orchestrator.providers.base import (
-    Capabilities,
+from orchestrator.providers import lambda_wire as wire
+from orchestrator.providers.base import Capabilities, Provider
+from orchestrator.providers.credentials import LAMBDA, ApiKey
+from orchestrator.providers.http_adapter import HttpProvider, key_name
+from orchestrator.providers.models import (
     Instance,
-    InstanceState,
     Offer,
-    PollPolicy,
-    Provider,
+    OfferQuery,
     ProviderOptions,
     ProvisionRequest,
     check_price_cap,
-    parse_money,
 )
-from orchestrator.providers.credentials import LAMBDA, ApiKey
-from orchestrator.providers.http_adapter import HttpProvider, key_name
-from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy, json_object
+from orchestrator.providers.polling import PollPolicy
+from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy
 
 log = logging.getLogger("orchestrator.providers.lambda")
 
@@ -46,71 +44,12 @@ MIN_INTERVAL_S = 1.0
 LAUNCH_INTERVAL_S = 12.0
 READY = PollPolicy(timeout_s=900.0, first_s=10.0, max_s=10.0)
 GONE = PollPolicy(timeout_s=600.0, first_s=10.0, max_s=10.0)
-SSH_USER = "ubuntu"
-SSH_PORT = 22
+SSH_USER = wire.SSH_USER
+SSH_PORT = wire.SSH_PORT
 
 NOT_FOUND = "global/object-does-not-exist"
 AUTH_CODES = frozenset({"global/invalid-api-key", "global/account-inactive"})
 CAPACITY_CODE = "instance-operations/launch/insufficient-capacity"
-
-_STATES: dict[str, InstanceState] = {
-    "booting": "pending", "active": "running", "unhealthy": "unhealthy",
-    "terminating": "terminating", "terminated": "terminated",
-}
-_GPUS_IN_NAME = re.compile(r"^gpu_(\d+)x_")
-_GPU_MEMORY = re.compile(r"\((\d{1,4}) GB\b")  # "A100 (40 GB SXM4)": the memory per GPU it is sold with
-
-
-def gpus_of(type_name: str, specs: object) -> int | None:
-    """GPUs of an instance type: ``specs.gpus`` when present, else the ``gpu_<n>x_`` name prefix."""
-    if isinstance(specs, dict) and isinstance(specs.get("gpus"), int):
-        return int(specs["gpus"])
-    match = _GPUS_IN_NAME.match(type_name)
-    return int(match.group(1)) if match else None
-
-
-def memory_of(itype: Mapping[str, Any]) -> int | None:
-    """GB per GPU from ``gpu_description`` (else ``description``): "A100 (40 GB SXM4)" → 40; None when absent."""
-    for text in (itype.get("gpu_description"), itype.get("description")):
-        match = _GPU_MEMORY.search(text) if isinstance(text, str) else None
-        if match:
-            return int(match.group(1))
-    return None
-
-
-def cents_to_dollars(value: object) -> Decimal | None:
-    cents = parse_money(value)
-    return cents / 100 if cents is not None else None
-
-
-def instance_from_json(item: Mapping[str, Any]) -> Instance:
-    """One Lambda instance object → Instance.  Unknown statuses count as pending (logged)."""
-    raw = str(item.get("status") or "")
-    state = _STATES.get(raw)
-    if state is None:
-        log.warning("Lambda instance %s has an unknown status %r; treating it as not ready", item.get("id"), raw)
-        state = "pending"
-    ip = item.get("ip") if isinstance(item.get("ip"), str) and item.get("ip") else None
-    itype = json_object(item.get("instance_type"))
-    region = json_object(item.get("region"))
-    type_name = str(itype.get("name") or "")
-    return Instance(
-        provider="lambda",
-        id=str(item.get("id")),
-        name=str(item.get("name") or ""),
-        state=state,
-        raw_status=raw,
-        ssh_host=ip,
-        ssh_port=SSH_PORT if ip else None,
-        ssh_user=SSH_USER if ip else None,
-        price_per_hour=cents_to_dollars(itype.get("price_cents_per_hour")),
-        gpu_count=gpus_of(type_name, itype.get("specs")),
-        gpu_type=type_name or None,
-        spot=False,
-        region=str(region.get("name")) if region.get("name") else None,
-        reason="",
-    )
-
 
 @dataclass(frozen=True)
 class LambdaOptions(ProviderOptions):
@@ -146,20 +85,19 @@ class LambdaProvider(HttpProvider):
         body = self.http.json_body(response)
         if 200 <= response.status_code < 300:
             if not isinstance(body, dict) or "data" not in body:
-                raise ProviderError("Lambda Cloud", f"{what}: the response has no data", code="no-data",
+                raise ProviderError(wire.LABEL, f"{what}: the response has no data", code="no-data",
                                     status=response.status_code)
             return body["data"]
-        err = body.get("error") if isinstance(body, dict) else None
-        err = err if isinstance(err, dict) else {}
-        code = str(err.get("code") or "")
-        message = self.http.scrub(str(err.get("message") or response.text[:200] or "no message"))
-        suggestion = self.http.scrub(str(err.get("suggestion") or ""))
+        err = wire.parse_error(body)
+        code = err.code
+        message = self.http.scrub(err.message or response.text[:200] or "no message")
+        suggestion = self.http.scrub(err.suggestion)
         detail = f"{message} ({suggestion})" if suggestion else message
         if code in AUTH_CODES:
             raise self.http.auth_error(response.status_code, detail, code=code)
         if code == CAPACITY_CODE:
-            raise NoCapacity("Lambda Cloud", f"{what}: {detail}", code=code, status=response.status_code)
-        raise ProviderError("Lambda Cloud", f"{what}: {code or 'HTTP ' + str(response.status_code)}: {detail}",
+            raise NoCapacity(wire.LABEL, f"{what}: {detail}", code=code, status=response.status_code)
+        raise ProviderError(wire.LABEL, f"{what}: {code or 'HTTP ' + str(response.status_code)}: {detail}",
                             code=code or str(response.status_code), status=response.status_code)
 
     def _call(self, method: str, path: str, *, json: Any = None, timeout_s: float | None = None) -> Any:
@@ -168,48 +106,35 @@ class LambdaProvider(HttpProvider):
 
     # -- offers ----------------------------------------------------------------------------------
 
-    def _types(self) -> dict[str, Any]:
-        data = self._call("GET", "/instance-types")
-        return data if isinstance(data, dict) else {}
+    def _types(self) -> dict[str, wire.WireTypeEntry]:
+        return wire.parse_as(wire.InstanceTypes, self._call("GET", "/instance-types"), "GET /instance-types")
 
-    @staticmethod
-    def _offer(name: str, entry: Mapping[str, Any]) -> Offer:
-        itype = json_object(entry.get("instance_type"))
-        specs = itype.get("specs")
-        regions = tuple(str(r["name"]) for r in entry.get("regions_with_capacity_available") or []
-                        if isinstance(r, dict) and r.get("name"))
-        gpus = gpus_of(name, specs)
-        return Offer(
-            provider="lambda",
-            gpu_type=name,
-            display_name=str(itype.get("description") or name),
-            gpu_count=gpus if gpus is not None else 0,
-            price_per_hour=cents_to_dollars(itype.get("price_cents_per_hour")),
-            gpu_memory_gb=memory_of(itype),
-            regions=regions,
-            available=bool(regions),
-        )
-
-    def list_offers(self, gpu_count: int | None = None) -> list[Offer]:
-        """Every instance type (or those with exactly ``gpu_count`` GPUs) with its price and the regions
-        that have capacity now; ``available`` is False when none has."""
-        offers = [self._offer(name, entry) for name, entry in self._types().items() if isinstance(entry, dict)]
-        return [o for o in offers if gpu_count is None or o.gpu_count == gpu_count]
+    def list_offers(self, query: OfferQuery) -> list[Offer]:
+        """Every instance type (or those with exactly ``query.gpu_count`` GPUs) with its price and the regions
+        that have capacity now; ``available`` is False when none has.  ``/instance-types`` takes no filter: the
+        count, type, memory floor, region and price cap are filtered here (``OfferQuery.admits``); a spot query
+        is refused (Lambda has no spot)."""
+        if query.spot:
+            raise ProviderUnsupported(wire.LABEL, "Lambda Cloud has no spot instances; rent on demand",
+                                      code="no-spot")
+        offers = [wire.offer_of(name, entry) for name, entry in self._types().items()]
+        return [offer for offer in offers if query.admits(offer)]
 
     # -- instances ----------------------------------------------------------------------------------
 
     def list_instances(self) -> list[Instance]:
-        data = self._call("GET", "/instances")
-        return [instance_from_json(item) for item in data or [] if isinstance(item, dict) and item.get("id")]
+        items = wire.parse_as(wire.Instances, self._call("GET", "/instances"), "GET /instances")
+        return [wire.instance_of(item) for item in items]
 
     def get(self, instance_id: str) -> Instance | None:
+        path = f"/instances/{_segment(instance_id)}"
         try:
-            data = self._call("GET", f"/instances/{_segment(instance_id)}")
+            data = self._call("GET", path)
         except ProviderError as exc:
             if exc.code == NOT_FOUND:
                 return None
             raise
-        return instance_from_json(data) if isinstance(data, dict) else None
+        return wire.instance_of(wire.parse(wire.WireInstance, data, "GET /instances/{id}"))
 
     def _find_by_name(self, name: str) -> str | None:
         matches = [i for i in self.list_instances() if i.name == name and i.state not in ("terminating", "terminated")]
@@ -220,20 +145,20 @@ class LambdaProvider(HttpProvider):
     def provision(self, request: ProvisionRequest,
                   on_created: Callable[[str, str], None] | None = None) -> list[Instance]:
         if request.spot:
-            raise ProviderUnsupported("Lambda Cloud", "Lambda Cloud has no spot instances; rent on demand",
+            raise ProviderUnsupported(wire.LABEL, "Lambda Cloud has no spot instances; rent on demand",
                                       code="no-spot")
         if not request.ssh_public_key:
-            raise ProviderError("Lambda Cloud", "a launch needs exactly one SSH key: pass ssh_public_key",
+            raise ProviderError(wire.LABEL, "a launch needs exactly one SSH key: pass ssh_public_key",
                                 code="no-ssh-key")
         extras = request.options_for(LambdaOptions)
         types = self._types()
         entry = types.get(request.gpu_type)
-        if not isinstance(entry, dict):
+        if entry is None:
             known = ", ".join(sorted(types)) or "none"
-            raise ProviderError("Lambda Cloud", f"unknown instance type {request.gpu_type!r} (known: {known})",
+            raise ProviderError(wire.LABEL, f"unknown instance type {request.gpu_type!r} (known: {known})",
                                 code="unknown-instance-type")
-        offer = self._offer(request.gpu_type, entry)
-        check_price_cap("Lambda Cloud", request, offer.price_per_hour)
+        offer = wire.offer_of(request.gpu_type, entry)
+        check_price_cap(wire.LABEL, request, offer.price_per_hour)
         region = self._region(request, offer)
         ssh_key = self.ensure_ssh_key(request.ssh_public_key)
         existing = {i.name: i.id for i in self.list_instances() if i.state not in ("terminating", "terminated")}
@@ -258,12 +183,12 @@ class LambdaProvider(HttpProvider):
     def _region(request: ProvisionRequest, offer: Offer) -> str:
         if request.region:
             if request.region not in offer.regions:
-                raise NoCapacity("Lambda Cloud", f"no capacity for {request.gpu_type} in {request.region} now "
+                raise NoCapacity(wire.LABEL, f"no capacity for {request.gpu_type} in {request.region} now "
                                  f"(regions with capacity: {', '.join(offer.regions) or 'none'})",
                                  code=CAPACITY_CODE)
             return request.region
         if not offer.regions:
-            raise NoCapacity("Lambda Cloud", f"no region has capacity for {request.gpu_type} now", code=CAPACITY_CODE)
+            raise NoCapacity(wire.LABEL, f"no region has capacity for {request.gpu_type} now", code=CAPACITY_CODE)
         return offer.regions[0]
 
     def _launch(self, body: Mapping[str, Any], name: str) -> str:
@@ -275,19 +200,19 @@ class LambdaProvider(HttpProvider):
         what = "POST /instance-operations/launch"
         data = self._check(self.http.request_once("POST", "/instance-operations/launch", json=dict(body),
                                                   what=what), what)
-        ids = data.get("instance_ids") if isinstance(data, dict) else None
-        if not isinstance(ids, list) or not ids:
-            raise ProviderError("Lambda Cloud", f"{what} returned no instance id", code="no-instance")
-        return str(ids[0])
+        ids = wire.parse(wire.WireLaunch, data, what).instance_ids
+        if not ids:
+            raise ProviderError(wire.LABEL, f"{what} returned no instance id", code="no-instance")
+        return ids[0]
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
     def stop(self, instance_id: str) -> None:
-        raise ProviderUnsupported("Lambda Cloud", "Lambda Cloud has no stop (an in-OS shutdown keeps billing); "
+        raise ProviderUnsupported(wire.LABEL, "Lambda Cloud has no stop (an in-OS shutdown keeps billing); "
                                   "terminate the instance instead", code="no-stop")
 
     def resume(self, instance_id: str, *, gpu_count: int = 1, bid_per_gpu: Decimal | None = None) -> None:
-        raise ProviderUnsupported("Lambda Cloud", "Lambda Cloud cannot resume an instance; launch a new one",
+        raise ProviderUnsupported(wire.LABEL, "Lambda Cloud cannot resume an instance; launch a new one",
                                   code="no-resume")
 
     def terminate(self, instance_id: str) -> None:
@@ -302,17 +227,15 @@ class LambdaProvider(HttpProvider):
 
     # -- ssh keys ------------------------------------------------------------------------------------
 
-    def list_ssh_keys(self) -> list[dict[str, str]]:
-        data = self._call("GET", "/ssh-keys")
-        return [{"id": str(k.get("id")), "name": str(k.get("name")), "public_key": str(k.get("public_key") or "")}
-                for k in data or [] if isinstance(k, dict)]
+    def list_ssh_keys(self) -> list[wire.WireSshKey]:
+        return wire.parse_as(wire.SshKeys, self._call("GET", "/ssh-keys"), "GET /ssh-keys")
 
     def ensure_ssh_key(self, public_key: str) -> str:
         """Register ``public_key`` as ``gpuq-<sha12>`` unless the account already has it (under any name);
         never asks Lambda to generate a pair (the private key would travel over the API)."""
         body = " ".join(public_key.split()[:2])
         if len(body.split()) != 2:
-            raise ProviderError("Lambda Cloud", "not an OpenSSH public key line", code="bad-key")
+            raise ProviderError(wire.LABEL, "not an OpenSSH public key line", code="bad-key")
         name = key_name(public_key)
         found = self._registered(body, name)
         if found is not None:
@@ -329,10 +252,10 @@ class LambdaProvider(HttpProvider):
     def _registered(self, body: str, name: str) -> str | None:
         """The name under which the account holds the key ``body``, or None."""
         for key in self.list_ssh_keys():
-            if " ".join(key["public_key"].split()[:2]) == body:
-                return key["name"]
-            if key["name"] == name:
-                raise ProviderError("Lambda Cloud", f"an SSH key named {name} exists with a different public key",
+            if " ".join(key.public_key.split()[:2]) == body:
+                return key.name
+            if key.name == name:
+                raise ProviderError(wire.LABEL, f"an SSH key named {name} exists with a different public key",
                                     code="key-name-taken")
         return None
 
@@ -340,7 +263,7 @@ class LambdaProvider(HttpProvider):
 def _segment(value: str) -> str:
     """An id as one URL path segment (ids never contain slashes; refuse rather than escape)."""
     if not value or "/" in value or value in (".", ".."):
-        raise ProviderError("Lambda Cloud", f"not an instance id: {value!r}", code="bad-id")
+        raise ProviderError(wire.LABEL, f"not an instance id: {value!r}", code="bad-id")
     return value
 
 

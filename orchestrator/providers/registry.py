@@ -126,12 +126,11 @@ def specs() -> tuple[ProviderSpec, ...]:
 
 def stop_bills_storage(name: str) -> bool:
     """Whether a stopped or preempted machine of provider ``name`` still bills its disk (its adapter's
-    ``stop_bills_storage``: vast.ai's does); False for a provider gpuq does not know."""
+    ``Capabilities.stop_bills_storage``: RunPod's and vast.ai's do); False for a provider gpuq does not know."""
     try:
-        cls = entry(name).adapter_class()
+        return entry(name).capabilities().stop_bills_storage
     except (UsageError, ConfigError, ImportError):
         return False
-    return bool(getattr(cls, "stop_bills_storage", False))
 
 
 def ssh_names(name: str) -> tuple[str, ...]:

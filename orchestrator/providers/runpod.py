@@ -31,18 +31,18 @@ import httpx
 
 from orchestrator.core.errors import NoCapacity, ProviderError, ProviderUnsupported
 from orchestrator.providers import runpod_wire as wire
-from orchestrator.providers.base import (
-    Capabilities,
+from orchestrator.providers.base import Capabilities, Provider
+from orchestrator.providers.credentials import RUNPOD, ApiKey
+from orchestrator.providers.http_adapter import HttpProvider
+from orchestrator.providers.models import (
     Instance,
     Offer,
-    PollPolicy,
-    Provider,
+    OfferQuery,
     ProviderOptions,
     ProvisionRequest,
     check_price_cap,
 )
-from orchestrator.providers.credentials import RUNPOD, ApiKey
-from orchestrator.providers.http_adapter import HttpProvider
+from orchestrator.providers.polling import PollPolicy
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy
 
 log = logging.getLogger("orchestrator.providers.runpod")
@@ -94,7 +94,10 @@ class RunPodProvider(HttpProvider):
 
     name = "runpod"
     spec = RUNPOD
-    capabilities = Capabilities(spot=False, stop=True, rebid=False, regions=True, offers=True)
+    # an EXITED pod bills no compute (its ``cost`` is 0.0) but keeps its container disk and pod volume, which
+    # bill on (v2's pod billing has a ``diskAmount`` of its own) until DELETE: stop_bills_storage
+    capabilities = Capabilities(spot=False, stop=True, rebid=False, regions=True, offers=True,
+                                stop_bills_storage=True)
     default_retry = RETRY
     default_min_interval_s = MIN_INTERVAL_S
     default_ready = READY
@@ -117,8 +120,8 @@ class RunPodProvider(HttpProvider):
             return body
         if status == 403:
             raise self.http.auth_error(403, self.http.scrub(response.text, 200))
-        detail = body.get("detail") if isinstance(body, dict) else None
-        text = self.http.scrub(str(wire.one_line(str(detail if detail else response.text[:200] or "no message"))))
+        detail = wire.problem_detail(body)
+        text = self.http.scrub(str(wire.one_line(detail or response.text[:200] or "no message")))
         if capacity and status == 400:
             raise NoCapacity("RunPod", f"{what}: {text}", code="no-capacity", status=status)
         raise ProviderError("RunPod", f"{what}: HTTP {status}: {text}", code=str(status), status=status)
@@ -139,13 +142,18 @@ class RunPodProvider(HttpProvider):
         body = self._call("GET", f"/catalog/gpus?{query}")
         return list(wire.parse(wire.WireGpuTypes, body, "GET /catalog/gpus").gpus)
 
-    def list_offers(self, gpu_count: int | None = None) -> list[Offer]:
-        """Every GPU type of the Secure cloud with at least ``gpu_count`` GPUs per pod (default 1), priced for
-        that many at its list price (v2 quotes no spot price)."""
-        count = gpu_count or 1
+    def list_offers(self, query: OfferQuery) -> list[Offer]:
+        """Every GPU type of the Secure cloud with at least ``query.gpu_count`` GPUs per pod (default 1), priced for
+        that many at its list price (v2 quotes no spot price).  The catalog takes the count; the GPU type, memory
+        floor, region (a data centre with stock) and price cap are filtered here (``OfferQuery.admits``); a spot
+        query is refused (RunPod rents no spot pods)."""
+        if query.spot:
+            raise ProviderUnsupported("RunPod", NO_SPOT, code="no-spot")
+        count = query.gpu_count or 1
         cloud = wire.RENTED_CLOUD
-        return [wire.offer_of(item, count, cloud) for item in self._catalog(count, cloud)
-                if (wire.max_count(item, cloud) or count) >= count]
+        offers = [wire.offer_of(item, count, cloud) for item in self._catalog(count, cloud)
+                  if (wire.max_count(item, cloud) or count) >= count]
+        return [offer for offer in offers if query.admits(offer)]
 
     def _gpu_item(self, gpu_type: str, count: int, cloud: str) -> wire.WireGpuType:
         """The catalog entry of ``gpu_type`` (ProviderError: unknown, or too many GPUs for one pod)."""

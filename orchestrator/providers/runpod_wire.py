@@ -30,7 +30,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from orchestrator.core.errors import ProviderError
-from orchestrator.providers.base import Instance, InstanceState, Offer, parse_money
+from orchestrator.providers.models import Instance, InstanceState, Offer, parse_money
 
 PROVIDER = "runpod"
 LABEL = "RunPod"
@@ -147,6 +147,21 @@ class WireGpuTypes(_Wire):
 
 class WireSshKeys(_Wire):
     keys: Annotated[list[Annotated[str, Field(max_length=16_384)]], Field(max_length=500)]
+
+
+class WireProblem(_Wire):
+    """An RFC 9457 problem object (``ErrorResponse``): gpuq quotes its ``detail``."""
+
+    title: Text | None = None
+    detail: Text | None = None
+
+
+def problem_detail(body: object) -> str | None:
+    """The ``detail`` of an error answer, or None when it is not a problem object with one."""
+    try:
+        return WireProblem.model_validate(body).detail or None
+    except ValidationError:
+        return None
 
 
 _M = TypeVar("_M", bound=_Wire)

@@ -14,7 +14,7 @@ after ``proxy_after_s`` of waiting without a direct one.  SSH as ``root``.
 
 Billing: ``terminate`` (DELETE, vast.ai's "destroy") is the only call that stops the meter.  A stopped
 instance, and an interruptible one paused by a higher bid, keep billing their disk, and bandwidth bills in
-every state (:attr:`VastAIProvider.stop_bills_storage`).  An outbid instance is paused with no warning and
+every state (``Capabilities.stop_bills_storage``).  An outbid instance is paused with no warning and
 no signal; gpuq sees it as ``spot_preemption``.  Auth: ``Authorization: Bearer <key>`` (never the URL).
 """
 
@@ -33,20 +33,20 @@ import httpx
 
 from orchestrator.core.errors import NoCapacity, ProviderError
 from orchestrator.providers import vastai_wire as wire
-from orchestrator.providers.base import (
-    Capabilities,
+from orchestrator.providers.base import Capabilities, Provider
+from orchestrator.providers.credentials import VASTAI, ApiKey
+from orchestrator.providers.http_adapter import HttpProvider, key_name
+from orchestrator.providers.models import (
     Instance,
     Offer,
-    PollPolicy,
-    Provider,
+    OfferQuery,
     ProviderOptions,
     ProvisionRequest,
     check_price_cap,
-    poll_until_ready,
 )
-from orchestrator.providers.credentials import VASTAI, ApiKey
-from orchestrator.providers.http_adapter import HttpProvider, key_name
+from orchestrator.providers.polling import PollPolicy, poll_until_ready
 from orchestrator.providers.transport import TERMINATE_TIMEOUT_S, RetryPolicy
+from orchestrator.scheduling.gpumatch import MIB_PER_GB
 
 log = logging.getLogger("orchestrator.providers.vastai")
 
@@ -87,9 +87,10 @@ class VastAIProvider(HttpProvider):
 
     name = "vastai"
     spec = VASTAI
-    capabilities = Capabilities(spot=True, stop=True, rebid=True, regions=True, offers=True, market_search=True)
-    stop_bills_storage: ClassVar[bool] = True  # stopped or outbid, the disk bills on; only terminate stops it
-    ssh_names: ClassVar[tuple[str, ...]] = (wire.PROXY_SUFFIX,)  # its proxy gateways, ssh<N>.vast.ai (base.ssh_address)
+    # stopped or outbid, the disk bills on (stop_bills_storage); only terminate stops the meter
+    capabilities = Capabilities(spot=True, stop=True, rebid=True, regions=True, offers=True, market_search=True,
+                                stop_bills_storage=True)
+    ssh_names: ClassVar[tuple[str, ...]] = (wire.PROXY_SUFFIX,)  # its proxy gateways, ssh<N>.vast.ai
     default_retry = RETRY
     default_min_interval_s = MIN_INTERVAL_S
     default_ready = READY
@@ -146,14 +147,14 @@ class VastAIProvider(HttpProvider):
 
     @staticmethod
     def _query(*, gpu_name: str | None, gpu_count: int, spot: bool, disk_gb: float, min_reliability: float,
-               min_gpu_memory_gb: float | None = None, region: str | None = None) -> dict[str, Any]:
+               min_gpu_ram_mib: float | None = None, region: str | None = None) -> dict[str, Any]:
         q: dict[str, Any] = {"verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True},
                              "rented": {"eq": False}, "num_gpus": {"eq": gpu_count},
                              "reliability": {"gte": min_reliability}, "direct_port_count": {"gte": 1}}
         if gpu_name:
             q["gpu_name"] = {"eq": gpu_name}
-        if min_gpu_memory_gb:
-            q["gpu_ram"] = {"gte": float(min_gpu_memory_gb) * 1000}  # the client's multiplier: GB → MB
+        if min_gpu_ram_mib:
+            q["gpu_ram"] = {"gte": float(min_gpu_ram_mib)}  # the offers' gpu_ram: MiB per GPU
         if region:
             q["geolocation"] = {"eq": region}
         q["order"] = [["min_bid" if spot else "dph_total", "asc"]]
@@ -176,13 +177,18 @@ class VastAIProvider(HttpProvider):
         spot = query.get("type") == "bid"
         return sorted(offers, key=lambda o: (o.min_bid if spot and o.min_bid is not None else o.dph_total, o.id))
 
-    def list_offers(self, gpu_count: int | None = None, *, gpu_name: str | None = None,
-                    min_gpu_memory_gb: float | None = None, spot: bool = False) -> list[Offer]:
-        """Rentable offers of ``gpu_count`` GPUs (default 1), cheapest first, each with its on-demand price and
-        the machine's minimum interruptible bid.  ``spot`` searches the bid market instead."""
-        query = self._query(gpu_name=gpu_name, gpu_count=gpu_count or 1, spot=spot, disk_gb=MIN_DISK_GB,
-                            min_reliability=MIN_RELIABILITY, min_gpu_memory_gb=min_gpu_memory_gb)
-        return [wire.offer_of(row) for row in self._search(query)]
+    def list_offers(self, query: OfferQuery) -> list[Offer]:
+        """Rentable offers of ``query.gpu_count`` GPUs (default 1), cheapest first, each with its on-demand price
+        and the machine's minimum interruptible bid.  The search takes the count, GPU name, memory floor
+        (``gpu_ram`` in MiB: ``min_gpu_memory_gb`` GB of 10^9 bytes, a MiB of slack for the rounding), region
+        (``geolocation``) and ``spot`` (the bid market instead); the price cap is filtered here."""
+        floor = (max(0.0, query.min_gpu_memory_gb * MIB_PER_GB - 1)
+                 if query.min_gpu_memory_gb is not None else None)
+        search = self._query(gpu_name=query.gpu_name, gpu_count=query.gpu_count or 1, spot=query.spot,
+                             disk_gb=MIN_DISK_GB, min_reliability=MIN_RELIABILITY, min_gpu_ram_mib=floor,
+                             region=query.region)
+        offers = [wire.offer_of(row) for row in self._search(search)]
+        return [offer for offer in offers if query.admits(offer)]
 
     # -- instances ----------------------------------------------------------------------------------
 

@@ -33,7 +33,8 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from orchestrator.core.errors import ProviderError
-from orchestrator.providers.base import REASON_OUTBID, Instance, InstanceState, Offer, parse_money
+from orchestrator.providers.base import REASON_OUTBID
+from orchestrator.providers.models import Instance, InstanceState, Offer, parse_money
 from orchestrator.scheduling.gpumatch import MIB_PER_GB
 
 PROVIDER = "vastai"

@@ -45,7 +45,7 @@ _UNSAFE_RE = re.compile(r"[^A-Za-z0-9._-]")
 _DQ_ESCAPES = '"\\$`'
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# The [run] command's placeholders that mean something per line (payload/agent/gpuq_argv.py renders them
+# The [run] command's placeholders that mean something per line (payload/agent/gpuq_base/gpuq_argv.py renders them
 # on the host; tests/unit/test_queue_placeholders.py keeps the two lists equal), and those that do not.
 LINE_PLACEHOLDERS = ("config", "task", "epochs", "name", "seed", "job_id", "attempt", "run_dir", "ckpt_dir",
                      "master_port")

@@ -9,7 +9,7 @@ A ``nodes=K gpus=G`` job that no Slurm host takes runs on K SSH hosts at once (d
   job's host, where checkpoints and results are written);
 * every host gets the same spec plus a ``node`` section: its rank, the node count, the head's
   addresses and the rendezvous port (``node_section``); the wrapper starts torchrun with a static
-  rendezvous there, after checking that the head's port can be reached (payload/agent/gpuq_gang.py);
+  rendezvous there, after checking that the head's port can be reached (payload/agent/gpuq_base/gpuq_gang.py);
 * each tick reads every part from its host's status document (``parts_this_tick``); the attempt is
   judged on all of them at once (``standing_entry``): one part failing fails the attempt, the other
   parts are stopped (``stop_parts``), and the job resumes on K healthy hosts from the newest

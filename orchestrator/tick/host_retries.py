@@ -1,7 +1,7 @@
 """Host retries as the tick records them (docs/checkpoints.md, "Who retries what").
 
 A host's agent starts attempt n+1 of a job itself, within seconds, when attempt n died of a signal gpuq did
-not send or its group vanished (payload/agent/gpuq_retry.py).  Who starts attempt n+1 is decided once, on
+not send or its group vanished (payload/agent/gpuq_watch/gpuq_retry.py).  Who starts attempt n+1 is decided once, on
 the host, in the attempt's ``next.json``; so before the tick settles an attempt that ended badly it asks
 the host (agent verb ``decide-retry``, one round trip per host, only when some attempt ended badly): the
 host already retried it, and the tick adopts that attempt; or the decision is now the controller's, and
@@ -9,7 +9,7 @@ the agent will not retry it.  An attempt the host retried before the tick looked
 document itself (the entry's ``host_retried``).  Either way the ledger records it exactly as if gpuq had
 made it: the ended attempt's class and decision, the same requeue, attempt n+1 on the same host, and one
 more event, "started by the host".  A stall the agent healed itself (its class ``stalled`` or
-``deadlock_at_start`` in next.json: payload/agent/gpuq_stall.py) is recorded as the patrol's own stall kill
+``deadlock_at_start`` in next.json: payload/agent/gpuq_serving/gpuq_stall.py) is recorded as the patrol's own stall kill
 records it (``adopt_stall``: attempt n LOST with the same message, the ``stalled`` finding).  A cancel
 asks the same question first (``before_cancel``), so that it ends an attempt the ledger knows and no host
 retry starts after it.

@@ -1,8 +1,9 @@
 """The teardown gate of a rented host, and its termination (docs/providers.md).
 
-``gpuq down`` (``api/cloud.py``) and the tick's down-when-done stage (``tick/billing.py``) both end a
-machine through here: never while a job there runs, never while a job there has results that are not
-pulled and verified at home (unless the user forces it), and a termination counts only once the
+``gpuq down`` (``api/cloud.py``), the tick's down-when-done stage (``tick/billing.py``) and ``gpuq up``, for a
+machine it will not use (``api/renting.py``), all end a machine through here (:func:`end_instance`).  ``down``
+and down-when-done pass the gate first: never while a job there runs, never while a job there has results
+that are not pulled and verified at home (unless the user forces it); and a termination counts only once the
 provider says the machine is gone (an acknowledgement is not proof).
 """
 
@@ -16,6 +17,7 @@ from orchestrator.core.errors import ProviderError
 from orchestrator.core.states import HoldChange, HoldKind, JobState, LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow, Job
+from orchestrator.providers.base import Provider
 from orchestrator.tick.leases import provider_for
 
 
@@ -39,22 +41,34 @@ def refusal(row: HostRow, jobs: Sequence[Job], verified: Collection[str], *, for
 
 
 def terminate(ctx: Context, row: HostRow, *, reason: str) -> tuple[str, float | None]:
-    """Terminate ``row``'s instance and wait until its provider says it is gone; then forget its SSH
-    identity (the provider may hand its address to the next machine) and mark the lease terminated
-    with ``reason``.  Returns (outcome, the time it stopped billing): ("terminated", t), or
-    ("terminate failed: ...", None) with the failure recorded as an event."""
+    """Terminate ``row``'s instance and wait until its provider says it is gone (:func:`end_instance`: then its
+    SSH identity is forgotten and its lease marked terminated with ``reason``).  Returns (outcome, the time it
+    stopped billing): ("terminated", t), or ("terminate failed: ...", None) with the failure recorded as an
+    event."""
     prov = provider_for(ctx, row.provider)
     try:
-        prov.terminate(row.instance_id)
-        prov.wait_gone(row.instance_id)
+        gone = end_instance(ctx, prov, row.name, row.instance_id, reason=reason,
+                            event=f"{row.provider} {row.instance_id} terminated (gone)")
     except ProviderError as exc:
         ctx.ledger.record_event("host", row.name, f"terminate of {row.instance_id} failed: {exc}")
         return f"terminate failed: {exc}", None
-    gone = time.time()
-    ctx.fleet.drop(row.name)
-    if row.target:  # the provider may hand this IP:port to the next machine
-        fleet.forget_row_keys(ctx.settings, row)
-    ctx.ledger.lease_transition(row.name, LeaseState.TERMINATED, reason, at=gone,
-                                hold=HoldChange(HoldKind.TERMINATED))
-    ctx.ledger.record_event("host", row.name, f"{row.provider} {row.instance_id} terminated (gone)")
     return "terminated", gone
+
+
+def end_instance(ctx: Context, prov: Provider, host: str, instance_id: str, *, reason: str, event: str) -> float:
+    """The one way gpuq ends a machine it rented (``gpuq down``, down-when-done, and ``gpuq up`` for a machine it
+    will not use): terminate ``instance_id`` and wait until ``prov`` says it is gone (an acknowledgement is not
+    proof); only then forget ``host``'s cached connection and, where it was registered with an address, its SSH
+    identity (the provider may hand that IP:port to the next machine), mark its lease terminated with ``reason``
+    and record ``event``.  Returns when it stopped billing.  A failing terminate or wait raises the provider's
+    error with nothing written: the caller records what it means for its row."""
+    prov.terminate(instance_id)
+    prov.wait_gone(instance_id)
+    gone = time.time()
+    row = ctx.ledger.host(host)
+    ctx.fleet.drop(host)
+    if row is not None and row.target:  # the provider may hand this IP:port to the next machine
+        fleet.forget_row_keys(ctx.settings, row)
+    ctx.ledger.lease_transition(host, LeaseState.TERMINATED, reason, at=gone, hold=HoldChange(HoldKind.TERMINATED))
+    ctx.ledger.record_event("host", host, event)
+    return gone

@@ -124,7 +124,7 @@ def lease_text(row: HostRow, now: float | None = None) -> str:
 
 def disk_bills(row: HostRow) -> str:
     """``"; still bills its disk ..."`` for a stopped or preempted machine whose provider bills a stopped
-    machine's disk (vast.ai: only terminate stops the meter; providers/registry.stop_bills_storage), else ""."""
+    machine's disk (RunPod, vast.ai: only terminate stops the meter; providers/registry.stop_bills_storage), else ""."""
     from orchestrator.providers.registry import stop_bills_storage
 
     if not row.provider or row.lease not in LEASE_REVIVABLE or row.hold is HoldKind.TERMINATED:

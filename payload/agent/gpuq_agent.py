@@ -35,11 +35,13 @@ attempt with sbatch instead of starting an agent, ``status`` asks squeue once, `
 The contract (layout, documents, exit codes, environment) lives in gpuq_protocol.py, a copy of
 orchestrator/core/protocol.py.  Killing is always by recorded process group after identity proof.
 
-This file only parses the command line; each command lives in a sibling module: gpuq_serve.py
-(serve, with gpuq_detach.py), gpuq_wrap.py, gpuq_status.py, gpuq_cancel.py, gpuq_stacks.py, gpuq_inbox.py
-(enqueue, collect), gpuq_retry.py (host retries, decide-retry), gpuq_stopagent.py (stop-agent),
-gpuq_manifest.py (manifest), gpuq_health.py (health) and gpuq_reap.py (reap), on top of gpuq_files.py,
-gpuq_procs.py, gpuq_hostfacts.py and gpuq_kernel.py (kernel-log Xids, status and health).
+This file only parses the command line; each command lives in a module of a package by role
+(docs/architecture.md): gpuq_serving/ (serve: gpuq_serve.py, gpuq_detach.py, gpuq_stall.py),
+gpuq_attempt/ (wrap: gpuq_wrap.py and what it runs around the trainer), gpuq_verbs/ (status, health,
+reap, cancel, kill, stacks, stop-agent, manifest), gpuq_records/gpuq_inbox.py (enqueue, collect),
+gpuq_watch/gpuq_retry.py (host retries, decide-retry) and gpuq_slurmmode/ (Slurm mode), on top of
+gpuq_base/ (the contract, files, processes, host facts).  Run by path, this file puts its own
+directory first on sys.path, so the packages import by name; a trainer never sees them.
 Whatever the agent creates is private: umask 077 for every command, and serve/enqueue close the root
 itself to 0700 (docs/security.md).
 """
@@ -49,16 +51,16 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-sys.dont_write_bytecode = True  # bundles are read-only; `status` must never write (before any sibling import)
+sys.dont_write_bytecode = True  # bundles are read-only; `status` must never write (before any agent import)
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import io  # noqa: E402
 import os  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings import when run by path
-import gpuq_protocol as P  # noqa: E402
-from gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the packages beside it, when run by path
+from gpuq_base import gpuq_protocol as P  # noqa: E402
+from gpuq_base.gpuq_files import PRIVATE_UMASK, Layout, make_private  # noqa: E402
 
 # Each verb imports its own module when it runs, never the others: the agent runs from a read-only
 # bundle without bytecode files, so every module it imports is compiled from source on every call, and
@@ -102,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     hp = sub.add_parser("health", help="GPU preflight")
     rp = sub.add_parser("reap", help="find (--force: kill) VRAM zombies")
     if verb == "health":
-        import gpuq_health
+        from gpuq_verbs import gpuq_health
         gpuq_health.add_arguments(hp)
     elif verb == "reap":
-        import gpuq_reap
+        from gpuq_verbs import gpuq_reap
         gpuq_reap.add_arguments(rp)
     cp = sub.add_parser("cancel", help="withdraw or kill a job")
     cp.add_argument("job_ids", nargs="+")
@@ -156,33 +158,33 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "serve":
-        from gpuq_serve import cmd_serve
+        from gpuq_serving.gpuq_serve import cmd_serve
         return cmd_serve(lay, args)
     if args.cmd == "wrap":
-        from gpuq_wrap import cmd_wrap
+        from gpuq_attempt.gpuq_wrap import cmd_wrap
         return cmd_wrap(lay, args.job_id, args.attempt)
     if args.cmd == "cancel":
-        from gpuq_cancel import cmd_cancel
+        from gpuq_verbs.gpuq_cancel import cmd_cancel
         return cmd_cancel(lay, args.job_ids)
     if args.cmd == "kill":
-        from gpuq_cancel import cmd_kill
+        from gpuq_verbs.gpuq_cancel import cmd_kill
         return cmd_kill(lay, args.job_id, args.attempt)
     if args.cmd == "stacks":
-        from gpuq_stacks import cmd_stacks
+        from gpuq_verbs.gpuq_stacks import cmd_stacks
         return cmd_stacks(lay, args.job_id, args.attempt)
     return enqueue(lay, args)
 
 
 def enqueue(lay: Layout, args: argparse.Namespace) -> int:
-    import gpuq_inbox
-    import gpuq_slurm
+    from gpuq_records import gpuq_inbox
+    from gpuq_slurmmode import gpuq_slurm
     code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
     if code != 0 or not args.serve:
         return code
     if gpuq_slurm.config(lay) is not None:  # a Slurm login node: sbatch now, no agent stays behind
-        import gpuq_slurm_submit
+        from gpuq_slurmmode import gpuq_slurm_submit
         return gpuq_slurm_submit.cmd_submit(lay, os.path.abspath(__file__))
-    from gpuq_serve import cmd_serve
+    from gpuq_serving.gpuq_serve import cmd_serve
     args.detach = True
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the verdict JSON
         return cmd_serve(lay, args)
@@ -193,27 +195,27 @@ FRAMED = ("status", "health", "reap", "withdraw", "decide-retry", "collect", "sn
 
 def run_document_verb(lay: Layout, args: argparse.Namespace) -> int:
     if args.cmd == "status":
-        from gpuq_status import cmd_status
+        from gpuq_verbs.gpuq_status import cmd_status
         return cmd_status(lay, args)
     if args.cmd == "health":
-        import gpuq_health
+        from gpuq_verbs import gpuq_health
         return gpuq_health.cmd_health(lay, args)
     if args.cmd == "reap":
-        import gpuq_reap
+        from gpuq_verbs import gpuq_reap
         return gpuq_reap.cmd_reap(lay, args)
     if args.cmd == "withdraw":
-        from gpuq_cancel import cmd_withdraw
+        from gpuq_verbs.gpuq_cancel import cmd_withdraw
         return cmd_withdraw(lay, args.job_ids)
     if args.cmd == "decide-retry":
-        from gpuq_retry import cmd_decide_retry
+        from gpuq_watch.gpuq_retry import cmd_decide_retry
         return cmd_decide_retry(lay, args.items)
     if args.cmd == "collect":
-        import gpuq_inbox
+        from gpuq_records import gpuq_inbox
         return gpuq_inbox.cmd_collect(lay.root, args.job_ids)
     if args.cmd == "stop-agent":
-        from gpuq_stopagent import cmd_stop_agent
+        from gpuq_verbs.gpuq_stopagent import cmd_stop_agent
         return cmd_stop_agent(lay, args.force)
-    import gpuq_manifest
+    from gpuq_verbs import gpuq_manifest
     if args.cmd == "snapshot":
         return gpuq_manifest.cmd_snapshot(lay.root, args.job_id)
     return gpuq_manifest.cmd_manifest(lay.root, args.job_ids)

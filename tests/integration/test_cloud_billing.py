@@ -24,8 +24,8 @@ import pytest
 
 from orchestrator.core.states import AttemptState, HoldKind, JobState
 from orchestrator.ledger import HostRow, Ledger
-from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.credentials import ApiKey
+from orchestrator.providers.models import ProvisionRequest
 from orchestrator.providers.runpod import RunPodProvider
 from orchestrator.queue.queuefile import parse_queue
 from tests.conftest import run_gpuq, wait_for

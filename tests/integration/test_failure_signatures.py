@@ -50,7 +50,7 @@ def test_a_dataloader_outgrowing_dev_shm_is_shm_exhausted_never_retried(tmp_path
                          cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.split() == ["enospc", "RuntimeError", "bus", "RuntimeError"], ran.stdout + ran.stderr
-    scan_log = load_agent_module("gpuq_scan").scan_log
+    scan_log = load_agent_module("gpuq_watch.gpuq_scan").scan_log
     said = {"enospc": "No space left on device", "bus": "is killed by signal: Bus error"}
     for mode, words in said.items():
         log = tmp_path / f"{mode}.log"

@@ -16,8 +16,10 @@ import pytest
 
 from orchestrator.core.errors import ProvisioningFailed
 from orchestrator.providers import lambda_cloud, runpod
-from orchestrator.providers.base import Instance, PollPolicy, ProvisionRequest, classify
+from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import ApiKey
+from orchestrator.providers.models import Instance, ProvisionRequest
+from orchestrator.providers.polling import PollPolicy
 from tests.support.fakecloud import FakeLambda, FakeRunPod, NetnsBackend, PoolExhausted
 from tests.support.testhosts import FarmFactory, HostFarm
 

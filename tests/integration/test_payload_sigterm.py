@@ -337,9 +337,9 @@ def test_wrapper_passes_the_grace_to_the_trainer(tmp_path: Path) -> None:
     """The wrapper's run.env: GPUQ_SIGTERM_GRACE_S = spec sigterm_grace_s (a spot grace) capped by
     kill_grace_s, default kill_grace_s; torchrun never kills before kill_grace_s."""
     sys.path.insert(0, str(REPO / "payload" / "agent"))
-    import gpuq_wrap
-    from gpuq_files import Layout
-    from gpuq_jobspec import parse_spec
+    from gpuq_attempt import gpuq_wrap
+    from gpuq_base.gpuq_files import Layout
+    from gpuq_base.gpuq_jobspec import parse_spec
 
     cases = [  # extra spec fields, GPUQ_SIGTERM_GRACE_S, TORCH_ELASTIC_SHUTDOWN_TIMEOUT
         ({}, "30", "30"),

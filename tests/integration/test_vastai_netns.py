@@ -17,8 +17,10 @@ import pytest
 from orchestrator.ledger import Ledger
 from orchestrator.providers import vastai
 from orchestrator.providers import vastai_wire as wire
-from orchestrator.providers.base import PollPolicy, ProvisionRequest, classify
+from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import ApiKey
+from orchestrator.providers.models import ProvisionRequest
+from orchestrator.providers.polling import PollPolicy
 from tests.conftest import run_gpuq
 from tests.integration.test_fakecloud_netns import gpu_lines, ok, on, start_workload
 from tests.support.fakecloud import NetnsBackend

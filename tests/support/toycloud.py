@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 
 from orchestrator.core.errors import ProviderError, ProviderUnsupported
-from orchestrator.providers.base import Capabilities, Instance, Offer, ProvisionRequest, parse_money
+from orchestrator.providers.base import Capabilities
 from orchestrator.providers.credentials import ProviderSpec
 from orchestrator.providers.http_adapter import HttpProvider
+from orchestrator.providers.models import Instance, Offer, OfferQuery, ProvisionRequest, parse_money
 from orchestrator.providers.registry import Entry
 
 TOY = ProviderSpec("toy", "Toy Cloud", ("GPUQ_TOY_API_KEY", "TOY_API_KEY"), ("GPUQ_TOY_URL",),
@@ -47,10 +48,12 @@ class ToyProvider(HttpProvider):
             raise ProviderError(TOY.label, f"{what}: HTTP {response.status_code}", status=response.status_code)
         return response.json()
 
-    def list_offers(self, gpu_count: int | None = None) -> list[Offer]:
+    def list_offers(self, query: OfferQuery) -> list[Offer]:
+        if query.spot:
+            raise ProviderUnsupported(TOY.label, "the toy cloud has no spot", code="no-spot")
         shapes = self._json(self.http.request("GET", "/shapes"), "GET /shapes")
-        return [Offer("toy", s["shape"], s["shape"], s["gpus"], parse_money(s["price"])) for s in shapes
-                if gpu_count is None or s["gpus"] == gpu_count]
+        offers = [Offer("toy", s["shape"], s["shape"], s["gpus"], parse_money(s["price"])) for s in shapes]
+        return [offer for offer in offers if query.admits(offer)]
 
     def list_instances(self) -> list[Instance]:
         return [_instance(m) for m in self._json(self.http.request("GET", "/machines"), "GET /machines")]

@@ -1,4 +1,4 @@
-"""The host agent's `collect` in process (payload/agent/gpuq_inbox.py): what a finished job sends
+"""The host agent's `collect` in process (payload/agent/gpuq_records/gpuq_inbox.py): what a finished job sends
 home, value for value. The summary (gpuq's payload's summary.json with curves from metrics.jsonl,
 or a project's own metrics file summarized on the host), the attempt of the spec the agent holds,
 the hashed result files and the checkpoint pointer.
@@ -20,9 +20,9 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 from tests.support.jobspecs import spec_doc
 
-inbox = load_agent_module("gpuq_inbox", qualified=True)
-P = load_agent_module("gpuq_protocol")
-jobspec = load_agent_module("gpuq_jobspec")
+inbox = load_agent_module("gpuq_records.gpuq_inbox", qualified=True)
+P = load_agent_module("gpuq_base.gpuq_protocol")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 JOB = "c000000000001"
 

@@ -1,4 +1,4 @@
-"""The host agent's `enqueue` in process (payload/agent/gpuq_inbox.py): which launch orders it
+"""The host agent's `enqueue` in process (payload/agent/gpuq_records/gpuq_inbox.py): which launch orders it
 writes, the verdict for each, and what it refuses, so that no job starts twice on one host.
 
 tests/integration/test_agent.py drives the same command through a real agent process; these tests
@@ -20,8 +20,8 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 from tests.support.jobspecs import spec_doc
 
-inbox = load_agent_module("gpuq_inbox", qualified=True)
-P = load_agent_module("gpuq_protocol")
+inbox = load_agent_module("gpuq_records.gpuq_inbox", qualified=True)
+P = load_agent_module("gpuq_base.gpuq_protocol")
 
 
 def _enqueue(root: Path, payload: Any, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:
@@ -135,7 +135,7 @@ def test_a_malformed_order_writes_nothing(tmp_path: Path, payload: Any, message:
 
 
 def test_the_attempt_a_document_names_is_a_whole_number_else_zero() -> None:
-    jobspec = load_agent_module("gpuq_jobspec")
+    jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
     assert jobspec.attempt_of({"attempt": 7}) == 7
     for bad in ({}, {"attempt": "7"}, {"attempt": None}, {"attempt": True}, {"attempt": 0}, "not a dict"):
         assert jobspec.attempt_of(bad) == 0, bad

@@ -1,4 +1,4 @@
-"""One node of a multi-node job over SSH hosts, in process (payload/agent/gpuq_gang.py): the spec's
+"""One node of a multi-node job over SSH hosts, in process (payload/agent/gpuq_base/gpuq_gang.py): the spec's
 node section checked as untrusted input, torchrun's static rendezvous, and the check before the launch
 that node 0's port is free there and reachable from the other nodes.
 
@@ -17,8 +17,8 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 from tests.support.jobspecs import spec_doc
 
-gang = load_agent_module("gpuq_gang")
-jobspec = load_agent_module("gpuq_jobspec")
+gang = load_agent_module("gpuq_base.gpuq_gang")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 
 def _node(**kw: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Parsers and verdict rules of the host agent's GPU preflight (gpuq_health.py), kernel-log reader
-(gpuq_kernel.py) and VRAM reaper (gpuq_reap.py): pure functions, no network, no GPU."""
+"""Parsers and verdict rules of the host agent's GPU preflight (gpuq_health.py, gpuq_health_gpus.py,
+gpuq_health_checks.py), kernel-log reader (gpuq_kernel.py) and VRAM reaper (gpuq_reap.py): pure functions,
+no network, no GPU."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import pytest
 from tests.support import fake_nvidia_smi
 from tests.support.agentmodule import load_agent_module
 
-K = load_agent_module("gpuq_kernel")
-H = load_agent_module("gpuq_health")
-R = load_agent_module("gpuq_reap")
-PROTO = load_agent_module("gpuq_protocol")
+K = load_agent_module("gpuq_watch.gpuq_kernel")
+H = load_agent_module("gpuq_verbs.gpuq_health")
+G = load_agent_module("gpuq_verbs.gpuq_health_gpus")
+V = load_agent_module("gpuq_verbs.gpuq_health_checks")
+R = load_agent_module("gpuq_verbs.gpuq_reap")
+PROTO = load_agent_module("gpuq_base.gpuq_protocol")
 
 XID79 = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
 
@@ -82,21 +85,21 @@ def test_kernel_section_readable_unreadable_and_limit() -> None:
 
 
 def test_cells_and_ids() -> None:
-    assert H.num("81559") == 81559.0 and H.num("81559 MiB") == 81559.0
-    assert H.num("[N/A]") is None and H.num("[Not Supported]") is None and H.num("") is None
-    assert H.flag("Active") is True and H.flag("Not Active") is False and H.flag("Yes") is True
-    assert H.flag("No") is False and H.flag("Disabled") is False and H.flag("2") is True
-    assert H.flag("0") is False and H.flag("[N/A]") is None and H.flag(None) is None
+    assert G.num("81559") == 81559.0 and G.num("81559 MiB") == 81559.0
+    assert G.num("[N/A]") is None and G.num("[Not Supported]") is None and G.num("") is None
+    assert G.flag("Active") is True and G.flag("Not Active") is False and G.flag("Yes") is True
+    assert G.flag("No") is False and G.flag("Disabled") is False and G.flag("2") is True
+    assert G.flag("0") is False and G.flag("[N/A]") is None and G.flag(None) is None
     assert H.parse_gpu_ids("0,1") == [0, 1] and H.parse_gpu_ids("") == [] and H.parse_gpu_ids("1, 1,3") == [1, 3]
     with pytest.raises(ValueError):
         H.parse_gpu_ids("0,a")
     with pytest.raises(ValueError):
         H.parse_gpu_ids("-1")
-    rows = H.parse_csv("0, NVIDIA A100-SXM4-80GB, 81920\n1, Weird, Name, Inc, 40960\n\n",
+    rows = G.parse_csv("0, NVIDIA A100-SXM4-80GB, 81920\n1, Weird, Name, Inc, 40960\n\n",
                        ["index", "name", "memory.total"])
     assert rows == [{"index": "0", "name": "NVIDIA A100-SXM4-80GB", "memory.total": "81920"},
                     {"index": "1", "name": "Weird,Name,Inc", "memory.total": "40960"}]
-    assert H.cuda_tuple("12.4") == (12, 4) and H.cuda_tuple(None) is None
+    assert G.cuda_tuple("12.4") == (12, 4) and G.cuda_tuple(None) is None
 
 
 REAL_DMON = """\
@@ -109,11 +112,11 @@ REAL_DMON = """\
 
 
 def test_parse_dmon_real_and_fake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    data = H.parse_dmon(REAL_DMON)
+    data = G.parse_dmon(REAL_DMON)
     assert sorted(data) == [0, 1] and len(data[0]) == 2 and len(data[1]) == 1
     assert data[1][0]["gtemp"] == 84.0 and data[1][0]["pclk"] == 900.0 and data[1][0]["mtemp"] is None
     assert [s["sbecc"] for s in data[0]] == [3.0, 5.0]
-    assert H.parse_dmon("") == {} and H.parse_dmon("Failed to initialize NVML\n") == {}
+    assert G.parse_dmon("") == {} and G.parse_dmon("Failed to initialize NVML\n") == {}
     # the fake nvidia-smi's dmon speaks the same format
     state = tmp_path / "gpus.json"
     import json
@@ -122,7 +125,7 @@ def test_parse_dmon_real_and_fake(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     state.write_text(json.dumps({"gpus": default_gpus("x", 2)}))
     assert fake_nvidia_smi.main(["--state", str(state), "dmon", "-s", "pucvmet", "-c", "1"]) == 0
-    fake = H.parse_dmon(capsys.readouterr().out)
+    fake = G.parse_dmon(capsys.readouterr().out)
     assert sorted(fake) == [0, 1] and fake[0][0]["gtemp"] == 31.0 and fake[0][0]["pclk"] == 1980.0
 
 
@@ -132,118 +135,118 @@ def _row(**kw: Any) -> dict[str, str]:
            "clocks.max.sm": "1980", "ecc.mode.current": "Enabled", "ecc.errors.corrected.volatile.total": "0",
            "ecc.errors.uncorrected.volatile.total": "0", "retired_pages.pending": "No",
            "remapped_rows.failure": "No"}
-    for r in H.THROTTLE_REASONS:
+    for r in G.THROTTLE_REASONS:
         row["clocks_throttle_reasons." + r] = "Not Active"
     row.update({k.replace("__", "."): str(v) for k, v in kw.items()})
     return row
 
 
 def _gpu(dmon: list[dict[str, float | None]] | None = None, **kw: Any) -> dict[str, Any]:
-    return H.gpu_record(_row(**kw), dmon or [])
+    return G.gpu_record(_row(**kw), dmon or [])
 
 
 # --- health: rules --------------------------------------------------------------------------------
 
 
 def test_throttle_rule() -> None:
-    assert H.check_throttle([_gpu()])[0] == "pass"
-    for reason in H.THROTTLE_REASONS:
-        st, detail = H.check_throttle([_gpu(), _gpu(index=1, **{"clocks_throttle_reasons__" + reason: "Active"})])
+    assert V.check_throttle([_gpu()])[0] == "pass"
+    for reason in G.THROTTLE_REASONS:
+        st, detail = V.check_throttle([_gpu(), _gpu(index=1, **{"clocks_throttle_reasons__" + reason: "Active"})])
         assert st == "fail" and f"GPU 1: {reason} Active" in detail
     # power capping and idle are not faults
     g = _gpu()
     g["throttle"] = []
-    assert H.check_throttle([g])[0] == "pass"
+    assert V.check_throttle([g])[0] == "pass"
 
 
 def test_heat_rule_compares_with_the_maximum_clock() -> None:
-    assert H.check_heat([_gpu(temperature__gpu=82, clocks__current__sm=500)])[0] == "pass"
-    st, detail = H.check_heat([_gpu(temperature__gpu=83, clocks__current__sm=1300)])  # 66 % of max
+    assert V.check_heat([_gpu(temperature__gpu=82, clocks__current__sm=500)])[0] == "pass"
+    st, detail = V.check_heat([_gpu(temperature__gpu=83, clocks__current__sm=1300)])  # 66 % of max
     assert st == "fail" and "83 C with SM clock 1300 of max 1980 MHz" in detail
-    st, detail = H.check_heat([_gpu(temperature__gpu=88, clocks__current__sm=1400)])  # 71 %: still normal
+    st, detail = V.check_heat([_gpu(temperature__gpu=88, clocks__current__sm=1400)])  # 71 %: still normal
     assert st == "warn" and "not yet throttled" in detail
     peak = [{"gtemp": 85.0, "pclk": 1980.0}, {"gtemp": 70.0, "pclk": 1980.0}]
-    st, detail = H.check_heat([_gpu(peak, temperature__gpu=70)])
+    st, detail = V.check_heat([_gpu(peak, temperature__gpu=70)])
     assert st == "warn" and "reached 85 C" in detail
-    assert H.check_heat([_gpu(temperature__gpu="[N/A]")])[0] == "pass"
+    assert V.check_heat([_gpu(temperature__gpu="[N/A]")])[0] == "pass"
 
 
 def test_ecc_rule() -> None:
-    assert H.check_ecc([_gpu()])[0] == "pass"
-    assert H.check_ecc([_gpu(ecc__errors__uncorrected__volatile__total=2)]) == (
+    assert V.check_ecc([_gpu()])[0] == "pass"
+    assert V.check_ecc([_gpu(ecc__errors__uncorrected__volatile__total=2)]) == (
         "fail", "GPU 0: 2 volatile uncorrectable ECC errors")
-    assert H.check_ecc([_gpu(retired_pages__pending="Yes")])[0] == "fail"
-    assert H.check_ecc([_gpu(remapped_rows__failure="Yes")])[0] == "fail"
-    assert H.check_ecc([_gpu(ecc__errors__uncorrected__volatile__total="[N/A]")])[0] == "pass"  # consumer card
+    assert V.check_ecc([_gpu(retired_pages__pending="Yes")])[0] == "fail"
+    assert V.check_ecc([_gpu(remapped_rows__failure="Yes")])[0] == "fail"
+    assert V.check_ecc([_gpu(ecc__errors__uncorrected__volatile__total="[N/A]")])[0] == "pass"  # consumer card
     rising = [{"sbecc": 3.0}, {"sbecc": 5.0}]
-    assert H.check_ecc([_gpu(rising)])[0] == "warn"
-    st, detail = H.check_ecc([_gpu(ecc__mode__current="Disabled")])
+    assert V.check_ecc([_gpu(rising)])[0] == "warn"
+    st, detail = V.check_ecc([_gpu(ecc__mode__current="Disabled")])
     assert st == "warn" and "ECC is off on a data-centre card" in detail
-    assert H.check_ecc([_gpu(name="NVIDIA GeForce RTX 4090", ecc__mode__current="Disabled")])[0] == "pass"
+    assert V.check_ecc([_gpu(name="NVIDIA GeForce RTX 4090", ecc__mode__current="Disabled")])[0] == "pass"
 
 
 def test_busy_rule() -> None:
     free, used = _gpu(memory__used=900), _gpu(index=1, uuid="GPU-1", memory__used=40000)
-    assert H.check_busy([free], {})[0] == "pass"
-    st, detail = H.check_busy([free, used], {"GPU-1": [4242]})
+    assert V.check_busy([free], {})[0] == "pass"
+    st, detail = V.check_busy([free, used], {"GPU-1": [4242]})
     assert st == "fail" and "GPU 1: 40000 MiB used and no gpuq attempt runs on it (nvidia-smi lists pid 4242)" in detail
     used["gpuq_job"] = "c000000000001"
-    st, detail = H.check_busy([free, used], {})
+    st, detail = V.check_busy([free, used], {})
     assert st == "pass" and "GPU 1: c000000000001" in detail
 
 
 def test_identity_rule() -> None:
-    assert H.check_identity([_gpu(), _gpu(index=1)], "", None) == ("pass", "2 x NVIDIA H100 80GB HBM3 (81559 MiB)")
-    assert H.check_identity([_gpu()], "H100", 80000)[0] == "pass"
-    st, detail = H.check_identity([_gpu(memory__total=40960, name="NVIDIA A100-SXM4-40GB")], "A100", 80000)
+    assert V.check_identity([_gpu(), _gpu(index=1)], "", None) == ("pass", "2 x NVIDIA H100 80GB HBM3 (81559 MiB)")
+    assert V.check_identity([_gpu()], "H100", 80000)[0] == "pass"
+    st, detail = V.check_identity([_gpu(memory__total=40960, name="NVIDIA A100-SXM4-40GB")], "A100", 80000)
     assert st == "fail" and "below the 80000 MiB requested" in detail
-    assert H.check_identity([_gpu()], "A100", None)[0] == "warn"
+    assert V.check_identity([_gpu()], "A100", None)[0] == "warn"
 
 
 def test_kernel_rule() -> None:
     ok = {"readable": True, "cursor": "5.0", "xids": []}
-    assert H.check_kernel(ok)[0] == "pass"
+    assert V.check_kernel(ok)[0] == "pass"
     rec13 = {"ts": 1.0, "code": 13, "pci": "0000:3b:00", "line": "..."}
     rec79 = {"ts": 2.0, "code": 79, "pci": "0000:3b:00", "line": "..."}
-    assert H.check_kernel({**ok, "xids": [rec13]})[0] == "warn"
-    st, detail = H.check_kernel({**ok, "xids": [rec13, rec79]})
+    assert V.check_kernel({**ok, "xids": [rec13]})[0] == "warn"
+    st, detail = V.check_kernel({**ok, "xids": [rec13, rec79]})
     assert st == "fail" and detail.startswith("host unhealthy: Xid 79 on 0000:3b:00") and "also Xid 13" in detail
-    assert H.check_kernel({**ok, "xids": [{**rec79, "code": 48}]})[0] == "fail"
-    st, detail = H.check_kernel({"readable": False, "error": "dmesg: read kernel buffer failed", "xids": []})
+    assert V.check_kernel({**ok, "xids": [{**rec79, "code": 48}]})[0] == "fail"
+    st, detail = V.check_kernel({"readable": False, "error": "dmesg: read kernel buffer failed", "xids": []})
     assert st == "warn"
     assert detail.startswith("non-authoritative: kernel log unreadable; a human must confirm no Xid")
 
 
 def test_torch_rule() -> None:
     good = {"torch": "2.4.0", "cuda": "12.4", "available": True, "count": 2}
-    assert [c[1] for c in H.check_torch(good, True, 2, (12, 4), "py")] == ["pass", "pass"]
+    assert [c[1] for c in V.check_torch(good, True, 2, (12, 4), "py")] == ["pass", "pass"]
     cpu = {"torch": "2.4.0+cpu", "cuda": None, "available": False, "count": 0}
-    (name, st, detail), _drv = H.check_torch(cpu, True, 2, (12, 4), "py")
+    (name, st, detail), _drv = V.check_torch(cpu, True, 2, (12, 4), "py")
     assert (name, st) == ("visibility", "fail") and "CPU-only build" in detail
-    assert H.check_torch({**good, "available": False}, True, 2, (12, 4), "py")[0][1] == "fail"
-    assert "torch sees 1 GPUs, expected 2" in H.check_torch({**good, "count": 1}, True, 2, (12, 4), "py")[0][2]
+    assert V.check_torch({**good, "available": False}, True, 2, (12, 4), "py")[0][1] == "fail"
+    assert "torch sees 1 GPUs, expected 2" in V.check_torch({**good, "count": 1}, True, 2, (12, 4), "py")[0][2]
     # driver older than the toolkit: a newer major fails, a newer minor that works warns
-    assert H.check_torch({**good, "cuda": "13.0"}, True, 2, (12, 4), "py")[1][1] == "fail"
-    assert H.check_torch({**good, "cuda": "12.6"}, True, 2, (12, 4), "py")[1][1] == "warn"
-    assert H.check_torch({**good, "cuda": "12.6", "available": False}, True, 2, (12, 4), "py")[1][1] == "fail"
-    assert H.check_torch({"error": "import torch failed: ModuleNotFoundError"}, True, 2, None, "py")[0][1] == "fail"
+    assert V.check_torch({**good, "cuda": "13.0"}, True, 2, (12, 4), "py")[1][1] == "fail"
+    assert V.check_torch({**good, "cuda": "12.6"}, True, 2, (12, 4), "py")[1][1] == "warn"
+    assert V.check_torch({**good, "cuda": "12.6", "available": False}, True, 2, (12, 4), "py")[1][1] == "fail"
+    assert V.check_torch({"error": "import torch failed: ModuleNotFoundError"}, True, 2, None, "py")[0][1] == "fail"
     # a CPU host: GPU checks pass with "no GPUs (cpu slots)"; a missing torch only warns
-    assert H.check_torch(cpu, False, 0, None, "py")[0][1] == "pass"
-    assert H.check_torch({"error": "x"}, False, 0, None, "py")[0][1] == "warn"
-    assert [c[1] for c in H.check_torch(None, True, 2, None, "")] == ["pass", "pass"]
+    assert V.check_torch(cpu, False, 0, None, "py")[0][1] == "pass"
+    assert V.check_torch({"error": "x"}, False, 0, None, "py")[0][1] == "warn"
+    assert [c[1] for c in V.check_torch(None, True, 2, None, "")] == ["pass", "pass"]
 
 
 def test_disk_and_shm_rules() -> None:
     disk = {"path": "/r", "free_bytes": 50e9, "used_pct": 50.0, "inodes_used_pct": 10.0}
-    assert [c[1] for c in H.check_disk(disk, 10.0)] == ["pass", "pass"]
-    assert H.check_disk(disk, 60.0)[0][1] == "fail"
-    assert H.check_disk({**disk, "used_pct": 92.0}, 10.0)[0][1] == "warn"
-    assert H.check_disk({**disk, "inodes_used_pct": 95.0}, 0.0)[1][1] == "fail"
-    assert H.check_disk({**disk, "inodes_used_pct": 91.0}, 0.0)[1][1] == "warn"
-    assert H.check_shm(64 << 20)[0] == "warn" and H.check_shm(None)[0] == "warn"
-    assert H.check_shm(2 << 30)[0] == "pass"
-    assert H.worst(["pass", "warn", "pass"]) == "warn" and H.worst(["warn", "fail"]) == "fail"
-    assert H.worst([]) == "pass"
+    assert [c[1] for c in V.check_disk(disk, 10.0)] == ["pass", "pass"]
+    assert V.check_disk(disk, 60.0)[0][1] == "fail"
+    assert V.check_disk({**disk, "used_pct": 92.0}, 10.0)[0][1] == "warn"
+    assert V.check_disk({**disk, "inodes_used_pct": 95.0}, 0.0)[1][1] == "fail"
+    assert V.check_disk({**disk, "inodes_used_pct": 91.0}, 0.0)[1][1] == "warn"
+    assert V.check_shm(64 << 20)[0] == "warn" and V.check_shm(None)[0] == "warn"
+    assert V.check_shm(2 << 30)[0] == "pass"
+    assert V.worst(["pass", "warn", "pass"]) == "warn" and V.worst(["warn", "fail"]) == "fail"
+    assert V.worst([]) == "pass"
 
 
 # --- reap -----------------------------------------------------------------------------------------

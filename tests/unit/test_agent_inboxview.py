@@ -1,4 +1,4 @@
-"""The serving loop's inbox view (payload/agent/gpuq_inboxview.py): every spec the controller renames in
+"""The serving loop's inbox view (payload/agent/gpuq_serving/gpuq_inboxview.py): every spec the controller renames in
 or out is seen at the next look, oldest first, and an unchanged inbox is neither listed nor read again."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.support.agentmodule import load_agent_module
 from tests.support.jobspecs import spec_doc
 
-view_mod = load_agent_module("gpuq_inboxview")
+view_mod = load_agent_module("gpuq_serving.gpuq_inboxview")
 
 
 def _enqueue(inbox: Path, job_id: str, created: float) -> None:
@@ -73,8 +73,8 @@ def test_a_spec_renamed_in_while_a_round_claims_is_taken_by_the_next_round(tmp_p
     """The serving loop skips a round whose inbox, slots and jobs are as the last round left them.  A
     spec that arrives while a round is claiming (the controller enqueues at any moment) was not decided
     on by that round: the next round must take it, on an otherwise idle host too."""
-    serve_mod = load_agent_module("gpuq_serve")
-    files_mod = load_agent_module("gpuq_files")
+    serve_mod = load_agent_module("gpuq_serving.gpuq_serve")
+    files_mod = load_agent_module("gpuq_base.gpuq_files")
     root = tmp_path / "root"
     for d in ("inbox", "claimed", "jobs"):
         (root / d).mkdir(parents=True)
@@ -83,9 +83,10 @@ def test_a_spec_renamed_in_while_a_round_claims_is_taken_by_the_next_round(tmp_p
     agent.slots = {"kind": "cpu", "ids": [0, 1, 2]}
     launched: list[str] = []
 
-    def launch(job_id: str, spec: dict[str, object], need: int) -> None:
+    def launch(job_id: str, spec: dict[str, object], slots: tuple[int, ...]) -> None:
         launched.append(job_id)
-        agent.busy[len(launched) - 1] = job_id
+        for s in slots:
+            agent.busy[s] = job_id
 
     agent.launch = launch
     claim = agent._claim

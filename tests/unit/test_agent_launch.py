@@ -1,4 +1,4 @@
-"""What the host agent launches for one attempt, in process (payload/agent/gpuq_launch.py): the
+"""What the host agent launches for one attempt, in process (payload/agent/gpuq_attempt/gpuq_launch.py): the
 trainer's environment value for value, its argv, the run dir's links, secrets and grace periods.
 
 tests/integration/test_agent.py and the own-project tests run the same code in real agents; these
@@ -23,12 +23,12 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 from tests.support.jobspecs import spec_doc
 
-launch = load_agent_module("gpuq_launch", qualified=True)
-jail = load_agent_module("gpuq_jail")
-P = load_agent_module("gpuq_protocol")
-files = load_agent_module("gpuq_files")
-hostfacts = load_agent_module("gpuq_hostfacts")
-jobspec = load_agent_module("gpuq_jobspec")
+launch = load_agent_module("gpuq_attempt.gpuq_launch", qualified=True)
+jail = load_agent_module("gpuq_attempt.gpuq_jail")
+P = load_agent_module("gpuq_base.gpuq_protocol")
+files = load_agent_module("gpuq_base.gpuq_files")
+hostfacts = load_agent_module("gpuq_base.gpuq_hostfacts")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 SHA = "b" * 64
 # what a spec that sets nothing optional carries (the fields every spec has, at their emptiest)

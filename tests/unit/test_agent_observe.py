@@ -13,10 +13,10 @@ import pytest
 
 from tests.support.agentmodule import load_agent_module
 
-OB = load_agent_module("gpuq_observe")
-OWN = load_agent_module("gpuq_own")
-M = load_agent_module("gpuq_runmetrics")
-jobspec = load_agent_module("gpuq_jobspec")
+OB = load_agent_module("gpuq_records.gpuq_observe")
+OWN = load_agent_module("gpuq_records.gpuq_own")
+M = load_agent_module("gpuq_records.gpuq_runmetrics")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 RUN_OF = jobspec.parse_run  # the spec's "run" as the agent reads it
 
 

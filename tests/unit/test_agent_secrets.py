@@ -1,4 +1,4 @@
-"""Forwarded secrets on a host (payload/agent/gpuq_secrets.py): redacted from the host text the agent
+"""Forwarded secrets on a host (payload/agent/gpuq_base/gpuq_secrets.py): redacted from the host text the agent
 reports, and deleted once no job of their sweep is queued or alive, by ``cancel``/``withdraw`` and, on a
 Slurm login node where no agent runs, by ``status`` (docs/security.md).  Also: the agent keeps what it
 creates private (umask 077, the root 0700)."""
@@ -20,12 +20,12 @@ import pytest
 from tests.support.agentmodule import AGENT, load_agent_module
 from tests.support.jobspecs import spec_doc
 
-secrets = load_agent_module("gpuq_secrets")
-cancel = load_agent_module("gpuq_cancel")
-status = load_agent_module("gpuq_status")
-slurm = load_agent_module("gpuq_slurm")
-files = load_agent_module("gpuq_files")
-P = load_agent_module("gpuq_protocol")
+secrets = load_agent_module("gpuq_base.gpuq_secrets")
+cancel = load_agent_module("gpuq_verbs.gpuq_cancel")
+status = load_agent_module("gpuq_verbs.gpuq_status")
+slurm = load_agent_module("gpuq_slurmmode.gpuq_slurm")
+files = load_agent_module("gpuq_base.gpuq_files")
+P = load_agent_module("gpuq_base.gpuq_protocol")
 
 TOKEN = "hf_" + "Zq7" * 8
 

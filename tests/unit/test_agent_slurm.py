@@ -1,4 +1,4 @@
-"""The agent's Slurm mode in process (payload/agent/gpuq_slurm*.py): the sbatch line, which status an
+"""The agent's Slurm mode in process (payload/agent/gpuq_slurmmode/): the sbatch line, which status an
 attempt gets from Slurm's word, the requeued run's stale record, the node's view of its GPUs.
 
 tests/integration/test_slurm_backend.py drives the same code on a real slurmctld/slurmd cluster;
@@ -18,13 +18,13 @@ import pytest
 from tests.support.agentmodule import load_agent_module
 from tests.support.jobspecs import spec_doc
 
-slurm = load_agent_module("gpuq_slurm")
-submit = load_agent_module("gpuq_slurm_submit")
-view = load_agent_module("gpuq_slurm_view")
-node = load_agent_module("gpuq_slurm_node")
-files = load_agent_module("gpuq_files")
-P = load_agent_module("gpuq_protocol")
-jobspec = load_agent_module("gpuq_jobspec")
+slurm = load_agent_module("gpuq_slurmmode.gpuq_slurm")
+submit = load_agent_module("gpuq_slurmmode.gpuq_slurm_submit")
+view = load_agent_module("gpuq_slurmmode.gpuq_slurm_view")
+node = load_agent_module("gpuq_slurmmode.gpuq_slurm_node")
+files = load_agent_module("gpuq_base.gpuq_files")
+P = load_agent_module("gpuq_base.gpuq_protocol")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 JOB = "c000000000001"
 
@@ -247,7 +247,7 @@ def test_no_agent_serves_a_slurm_root(tmp_path: Path, capsys: pytest.CaptureFixt
     start jobs on the login node itself: `serve` refuses a Slurm root."""
     import argparse
 
-    serve = load_agent_module("gpuq_serve")
+    serve = load_agent_module("gpuq_serving.gpuq_serve")
     (tmp_path / slurm.CONFIG_FILE).write_text(json.dumps({"max_jobs": 3}))
     args = argparse.Namespace(detach=False, idle_exit_s=0.1, poll_s=0.01, cpu_slots=1, train_device="auto")
     assert serve.cmd_serve(files.Layout(str(tmp_path)), args) == 0
@@ -290,7 +290,7 @@ def test_every_node_computes_the_same_rendezvous(monkeypatch: pytest.MonkeyPatch
 
 
 def test_torchrun_gets_the_rendezvous_instead_of_standalone() -> None:
-    argv_mod = load_agent_module("gpuq_argv")
+    argv_mod = load_agent_module("gpuq_base.gpuq_argv")
     multi = argv_mod.launcher_prefix("torchrun", "py", 2, rendezvous=["--nnodes=2", "--node-rank=1"])
     assert multi == ["py", "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--nproc-per-node=2"]
     single = argv_mod.launcher_prefix("torchrun", "py", 2, ["--local-addr=127.0.0.1"])

@@ -2,8 +2,10 @@
 
 A module under ``orchestrator/`` counts as named when its path relative to ``orchestrator/`` appears in
 backticks in the module map (``cli/render.py``), or when its file name does in a row whose first cell
-names its folder (``ledger/`` ... ``store.py``).  An agent module (``payload/agent/gpuq_*.py``) counts as
-named when its file name appears in backticks in the agent paragraph.
+names its folder (``ledger/`` ... ``store.py``).  The agent's entry (``payload/agent/gpuq_agent.py``)
+counts as named when its file name appears in backticks in the agent paragraph, and an agent module
+(``payload/agent/<package>/gpuq_*.py``) when its file name does in its package's bullet there
+(``- `gpuq_base/`: `gpuq_files.py`, ...``).
 """
 
 from __future__ import annotations
@@ -41,10 +43,30 @@ def module_map(text: str) -> tuple[set[str], dict[str, set[str]]]:
     return named, by_folder
 
 
+def agent_bullets(text: str) -> tuple[str, dict[str, set[str]]]:
+    """(the agent paragraph, package folder -> file names in backticks in that package's bullet)."""
+    block = section(text, "## Module map")
+    para = block[block.index("Agent packages (`payload/agent/`"):]
+    bullets: dict[str, set[str]] = {}
+    for bullet in re.split(r"\n- ", para)[1:]:
+        folder = re.match(r"`([A-Za-z_0-9]+/)`", bullet)
+        if folder:
+            bullets[folder[1]] = set(re.findall(r"`([^`]+\.py)`", bullet))
+    return para, bullets
+
+
+def unnamed_agent_modules(text: str) -> list[str]:
+    para, bullets = agent_bullets(text)
+    agent = ROOT / "payload" / "agent"
+    missing = [f"payload/agent/{p.name}" for p in sorted(agent.glob("*.py")) if f"`{p.name}`" not in para]
+    for path in sorted(agent.glob("*/*.py")):
+        if path.name != "__init__.py" and path.name not in bullets.get(f"{path.parent.name}/", set()):
+            missing.append(path.relative_to(ROOT).as_posix())
+    return missing
+
+
 def unnamed_modules(text: str) -> list[str]:
     named, by_folder = module_map(text)
-    agent_para = section(text, "## Module map")
-    agent_names = set(re.findall(r"`([^`]+\.py)`", agent_para))
     missing: list[str] = []
     for path in sorted((ROOT / "orchestrator").rglob("*.py")):
         rel = path.relative_to(ROOT / "orchestrator").as_posix()
@@ -61,10 +83,7 @@ def unnamed_modules(text: str) -> list[str]:
         if folder and (path.name in names or path.stem in names):
             continue
         missing.append(f"orchestrator/{rel}")
-    for path in sorted((ROOT / "payload" / "agent").glob("*.py")):
-        if path.name not in agent_names:
-            missing.append(f"payload/agent/{path.name}")
-    return missing
+    return missing + unnamed_agent_modules(text)
 
 
 def test_every_module_is_in_the_map() -> None:
@@ -76,6 +95,13 @@ def test_the_map_check_can_fail() -> None:
     text = DOC.read_text(encoding="utf-8")
     without = text.replace("`scheduling/scheduler.py`", "`scheduler-gone`")
     assert "orchestrator/scheduling/scheduler.py" in unnamed_modules(without)
+
+
+def test_the_agent_map_check_can_fail() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    assert "payload/agent/gpuq_base/gpuq_gang.py" in unnamed_modules(text.replace("`gpuq_gang.py`", "gang"))
+    moved = text.replace("`gpuq_stall.py` (a", "(a").replace("`gpuq_reap.py`,", "`gpuq_reap.py`, `gpuq_stall.py`,")
+    assert unnamed_modules(moved) == ["payload/agent/gpuq_serving/gpuq_stall.py"]  # named, in another package
 
 
 def test_the_drawn_layers_are_the_contracts_layers() -> None:

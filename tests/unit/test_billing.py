@@ -22,7 +22,7 @@ from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState
 from orchestrator.ledger import HostRow, Job
-from orchestrator.providers.base import ProvisionRequest
+from orchestrator.providers.models import ProvisionRequest
 from orchestrator.tick import billing
 from orchestrator.tick.findings import TickReport
 from orchestrator.tick.leases import provider_for

@@ -50,21 +50,26 @@ def test_an_untouched_bundle_is_reused_and_verified_once_by_hash(placed: tuple[L
 
 
 def _agent_pyc(bundle_dir: Path, module: str) -> Path:
-    return bundle_dir / "payload" / "agent" / "__pycache__" / f"{module}.{sys.implementation.cache_tag}.pyc"
+    """The bytecode of ``module`` (``gpuq_agent``, or ``package/module``) of the bundle's agent."""
+    folder, _, name = f"/{module}".rpartition("/")
+    return bundle_dir / "payload" / "agent" / folder.lstrip("/") / "__pycache__" / \
+        f"{name}.{sys.implementation.cache_tag}.pyc"
 
 
 def test_the_agent_is_compiled_once_on_unpack_and_runs_from_its_bytecode(
         placed: tuple[LocalHost, Bundle, Path]) -> None:
     host, bundle, where = placed
     agent = where / "payload" / "agent"
-    compiled = {p.name.split(".")[0] for p in (agent / "__pycache__").iterdir()}
-    assert compiled == {p.stem for p in agent.glob("*.py")}
+    compiled = {p.relative_to(agent).as_posix() for p in agent.rglob("__pycache__/*")}
+    sources = [p.relative_to(agent).with_suffix("").as_posix() for p in agent.rglob("*.py")]
+    assert any("/" in s for s in sources)  # the packages are compiled too, and admitted below
+    assert compiled == {_agent_pyc(where, s).relative_to(agent).as_posix() for s in sources}
     assert ensure_bundle(host, bundle) is False  # admitted by the check: each is its source's code
     assert ensure_bundle(host, bundle) is False  # and again on the cheap path
     run = subprocess.run([sys.executable, "-v", str(agent / "gpuq_agent.py"), "--root", str(host.root), "status"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0, run.stderr[-500:]
-    assert f"code object from '{_agent_pyc(where, 'gpuq_files')}'" in run.stderr
+    assert f"code object from '{_agent_pyc(where, 'gpuq_base/gpuq_files')}'" in run.stderr
     assert not (where / protocol.BUNDLE_WORKDIR / "__pycache__").exists()  # the project's code is not touched
 
 
@@ -86,11 +91,12 @@ def test_a_tampered_bundle_is_moved_aside_and_pushed_again(placed: tuple[LocalHo
         (train.parent / "__pycache__").mkdir()
         (train.parent / "__pycache__" / "train.cpython-38.pyc").write_bytes(b"\0" * 16)
     elif tamper == "agent_pyc_rewritten":  # a valid header and another program's code: python would run it
-        pyc = _agent_pyc(where, "gpuq_files")
+        pyc = _agent_pyc(where, "gpuq_base/gpuq_files")
         evil = marshal.dumps(compile("import os; os.system('id')\n", "gpuq_files.py", "exec"))
         pyc.write_bytes(pyc.read_bytes()[:16] + evil)
     elif tamper == "agent_pyc_of_no_module":
-        _agent_pyc(where, "gpuq_sitecustom").write_bytes(_agent_pyc(where, "gpuq_files").read_bytes())
+        planted = _agent_pyc(where, "gpuq_base/gpuq_files").read_bytes()
+        _agent_pyc(where, "gpuq_base/gpuq_sitecustom").write_bytes(planted)
     elif tamper == "link":
         (train.parent / "lib.py").symlink_to("/etc/passwd")
     else:  # the manifest rewritten to match the new file: its own hash is the controller's

@@ -1,4 +1,4 @@
-"""The static checkpoint check (payload/agent/gpuq_ckptcheck.py) agrees with torch.load(weights_only=True).
+"""The static checkpoint check (payload/agent/gpuq_base/gpuq_ckptcheck.py) agrees with torch.load(weights_only=True).
 
 The wrapper's ``best_ckpt`` finalize check and the controller's pull check are the same code, which
 reads a checkpoint without importing torch.  Here real ``torch.save`` files, and the same files
@@ -131,8 +131,8 @@ def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
 def test_wrapper_and_controller_give_one_verdict(tmp_path: Path) -> None:
     """The wrapper's finalize check (gpuq_checks, as the agent imports it) and the controller's
     (transfer/verify) say the same about every case: they are one implementation."""
-    checks = load_agent_module("gpuq_checks")
-    spec = load_agent_module("gpuq_jobspec").parse_spec(spec_doc(verify=["best_ckpt"]))
+    checks = load_agent_module("gpuq_attempt.gpuq_checks")
+    spec = load_agent_module("gpuq_base.gpuq_jobspec").parse_spec(spec_doc(verify=["best_ckpt"]))
     for i, case in enumerate(sorted(CASES)):
         jdir = tmp_path / str(i)
         (jdir / "ckpt").mkdir(parents=True)

@@ -13,7 +13,7 @@ from orchestrator.core.errors import UsageError
 from orchestrator.core.states import LeaseState
 from orchestrator.fleet import registry as fleet
 from orchestrator.ledger import HostRow
-from orchestrator.providers.base import instance_name, ledger_of
+from orchestrator.providers.models import instance_name, ledger_of
 from orchestrator.scheduling.estimates import epoch_rates
 from orchestrator.scheduling.scheduler import PlanJob, plan
 from orchestrator.tick.capacity import capacities

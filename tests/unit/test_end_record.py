@@ -1,4 +1,4 @@
-"""The attempt's end record (payload/agent/gpuq_outputs.py, docs/results.md): what the wrapper hashes as
+"""The attempt's end record (payload/agent/gpuq_records/gpuq_outputs.py, docs/results.md): what the wrapper hashes as
 an attempt ends well, what `collect` carries of it, how the controller keeps it, and a pull held to it
 word for word.  Real files, the real agent (in process, and as a subprocess through the FakeHost), a
 real ledger; tests/integration/test_end_record_e2e.py drives the same through sshd and a project's trainer.
@@ -25,11 +25,11 @@ from tests.support.jobspecs import spec_doc
 from tests.support.jobtree import SHA
 from tests.support.pullworld import SWEEP, World
 
-outputs = load_agent_module("gpuq_outputs")
-files_mod = load_agent_module("gpuq_files")
-inbox = load_agent_module("gpuq_inbox")
-jobspec = load_agent_module("gpuq_jobspec")
-P = load_agent_module("gpuq_protocol")
+outputs = load_agent_module("gpuq_records.gpuq_outputs")
+files_mod = load_agent_module("gpuq_base.gpuq_files")
+inbox = load_agent_module("gpuq_records.gpuq_inbox")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
+P = load_agent_module("gpuq_base.gpuq_protocol")
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 

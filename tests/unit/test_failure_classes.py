@@ -31,7 +31,7 @@ from orchestrator.tick.reconcile import reconcile
 from tests.support.agentmodule import load_agent_module
 from tests.support.wire import entry, status
 
-gpuq_scan = load_agent_module("gpuq_scan")
+gpuq_scan = load_agent_module("gpuq_watch.gpuq_scan")
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 RAISED = FIXTURES / "torchrun" / "rank1-raises-gloo-cpu-torch-2.13.log"

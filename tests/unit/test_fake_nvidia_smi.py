@@ -45,7 +45,7 @@ def hostfacts(state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> A
     wrapper.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     monkeypatch.syspath_prepend(str(REPO / "payload" / "agent"))
-    import gpuq_hostfacts
+    from gpuq_base import gpuq_hostfacts
 
     return gpuq_hostfacts
 

@@ -1,5 +1,5 @@
 """Hardware as a constraint (orchestrator/scheduling/gpumatch.py): the model-name rule, GiB per GPU, unknown GPUs,
-the reason no host matches, and the agent's copy of the rule (payload/agent/gpuq_health.py)."""
+the reason no host matches, and the agent's copy of the rule (payload/agent/gpuq_verbs/gpuq_health_checks.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from orchestrator.scheduling import gpumatch as G
 from tests.support.agentmodule import load_agent_module
 
-H = load_agent_module("gpuq_health")
+H = load_agent_module("gpuq_verbs.gpuq_health_checks")
 
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.api.submitting import seed_warnings
 from orchestrator.core.specs import DEFAULT_EPOCHS
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, Job
 from orchestrator.money.cost import job_cost
+from orchestrator.queue.project_checks import seed_warnings
 from orchestrator.queue.queuefile import parse_bytes
 from orchestrator.queue.runconfig import RunConfig
 from orchestrator.report import trust
@@ -113,7 +113,7 @@ def test_the_agent_reads_versions_from_the_jobs_interpreter_without_importing_to
 
     from tests.support.agentmodule import load_agent_module
 
-    probe = load_agent_module("gpuq_provenance")
+    probe = load_agent_module("gpuq_attempt.gpuq_provenance")
     found = probe.versions(sys.executable, dict(os.environ))
     assert found["python"] == platform.python_version()
     assert found["torch"] == importlib.metadata.version("torch") and found["cuda"] is not None

@@ -32,9 +32,9 @@ from tests.support.fakehost import FakeHost
 from tests.support.jobspecs import spec_doc
 from tests.support.wire import status
 
-gpuq_retry = load_agent_module("gpuq_retry")
-gpuq_files = load_agent_module("gpuq_files")
-gpuq_jobspec = load_agent_module("gpuq_jobspec")
+gpuq_retry = load_agent_module("gpuq_watch.gpuq_retry")
+gpuq_files = load_agent_module("gpuq_base.gpuq_files")
+gpuq_jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHA = "ab" * 32
 SHM_LOG = "shm-dataloader-bus-error-torch-2.13.log"
@@ -159,7 +159,7 @@ def test_whoever_decides_first_decides(tmp_path: Path, capsys: pytest.CaptureFix
 def test_gpuqs_own_kill_is_never_retried_by_the_host(tmp_path: Path) -> None:
     """The patrol's stall kill (agent verb ``kill``): the decision is the controller's before the group dies,
     even when the kill ends in SIGKILL of the whole group (a vanished attempt)."""
-    gpuq_cancel = load_agent_module("gpuq_cancel")
+    gpuq_cancel = load_agent_module("gpuq_verbs.gpuq_cancel")
     spec = _attempt(tmp_path, "c1", 1, None)
     lay = gpuq_files.Layout(str(tmp_path))
     assert gpuq_cancel.cmd_kill(lay, "c1", 1) == 1  # nothing runs here: "not running"; decided all the same

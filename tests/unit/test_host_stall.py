@@ -41,14 +41,15 @@ from tests.support.jobspecs import spec_doc
 from tests.support.wire import entry, status
 from tests.unit.test_host_retry_rules import SHA, _ledger_job
 
-gpuq_stall = load_agent_module("gpuq_stall")
-gpuq_retry = load_agent_module("gpuq_retry")
-gpuq_files = load_agent_module("gpuq_files")
-gpuq_procs = load_agent_module("gpuq_procs")
-gpuq_serve = load_agent_module("gpuq_serve")
-gpuq_cancel = load_agent_module("gpuq_cancel")
-gpuq_stacks = load_agent_module("gpuq_stacks")
-gpuq_jobspec = load_agent_module("gpuq_jobspec")
+gpuq_stall = load_agent_module("gpuq_serving.gpuq_stall")
+gpuq_retry = load_agent_module("gpuq_watch.gpuq_retry")
+gpuq_files = load_agent_module("gpuq_base.gpuq_files")
+gpuq_procs = load_agent_module("gpuq_base.gpuq_procs")
+gpuq_serve = load_agent_module("gpuq_serving.gpuq_serve")
+gpuq_serve_watch = load_agent_module("gpuq_serving.gpuq_serve_watch")
+gpuq_cancel = load_agent_module("gpuq_verbs.gpuq_cancel")
+gpuq_stacks = load_agent_module("gpuq_verbs.gpuq_stacks")
+gpuq_jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 LIMITS = {"stall_after_s": 10.0, "startup_grace_s": 6.0, "start_stall_after_s": 5.0}
 POLICY = {"left": 2, "on": list(launcher.HOST_RETRY_CLASSES), "signals": [9], "deadlock_left": 1, **LIMITS}
@@ -220,9 +221,9 @@ def test_the_agent_heals_a_stall_stacks_kill_then_attempt_two_with_one_retry_les
     lay, spec, proc = hung
     agent = _agent(lay)
     rec = json.loads(Path(lay.attempt("c1", 1, protocol.PGID_FILE)).read_text())
-    run = gpuq_serve.Running("c1", 1, [], spec, None, rec)
+    run = gpuq_serve_watch.Running("c1", 1, [], spec, None, rec)
     agent.running["c1"] = run
-    agent.watch_stalls()
+    gpuq_serve_watch.watch_stalls(lay, list(agent.running.values()), agent.log)  # the agent's round
     decided = _next(lay) or {}
     assert (decided.get("by"), decided.get("attempt"), decided.get("class")) == ("host", 2, "stalled"), decided
     assert str(decided.get("stacks", "")).startswith("saved attempts/1/stacks.txt: 1 process(es)"), decided

@@ -15,7 +15,7 @@ from orchestrator.context import Context, open_context
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import HostRow
-from orchestrator.providers.base import ProvisionRequest
+from orchestrator.providers.models import ProvisionRequest
 from orchestrator.tick.leases import check_lease
 from orchestrator.tick.settle import settle
 from tests.support.fakecloud.vastai import FakeVastAI

@@ -21,7 +21,7 @@ from orchestrator.core.states import AttemptState, JobState
 from orchestrator.health.patrol import Finding, JobView, Severity, ended_badly
 from orchestrator.ledger import HostRow, Job
 from orchestrator.money import budget
-from orchestrator.providers.base import ProvisionRequest
+from orchestrator.providers.models import ProvisionRequest
 from orchestrator.tick import billing, notify
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, record, sweeps_done

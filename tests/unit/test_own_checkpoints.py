@@ -1,4 +1,4 @@
-"""What in a job's run dir is the job's own (payload/agent/gpuq_own.py, docs/checkpoints.md): the one
+"""What in a job's run dir is the job's own (payload/agent/gpuq_records/gpuq_own.py, docs/checkpoints.md): the one
 file-name rule the host and the controller share, which checkpoint ``{checkpoint}`` names (never one
 reached through a link into the project; a link the job made to its own file counts; a directory only
 when complete), and the line that makes a retry without a checkpoint loud.
@@ -18,10 +18,10 @@ from tests.support.agentmodule import load_agent_module
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 
-own = load_agent_module("gpuq_own")
-launch = load_agent_module("gpuq_launch", qualified=True)
-scan = load_agent_module("gpuq_scan")
-jobspec = load_agent_module("gpuq_jobspec")
+own = load_agent_module("gpuq_records.gpuq_own")
+launch = load_agent_module("gpuq_attempt.gpuq_launch", qualified=True)
+scan = load_agent_module("gpuq_watch.gpuq_scan")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 
 def _run(rule: dict[str, Any]) -> Any:

@@ -14,7 +14,7 @@ from tests.support.wire import patrol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "payload" / "agent"))
 
-import gpuq_scan
+from gpuq_watch import gpuq_scan
 
 TH = Thresholds(stall_after_s=900, startup_grace_s=600)
 NOW = 1_800_000_000.0

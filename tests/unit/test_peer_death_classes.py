@@ -26,8 +26,8 @@ TORCHRUN_LOG = FIXTURES / "torchrun" / "rank1-sigkill-gloo-cpu-torch-2.13.log"
 LIGHTNING_LOG = FIXTURES / "lightning" / "ddp-python-launcher-rank1-sigkill-gloo.log"
 AGENT = payload_dir() / "agent"
 sys.path.insert(0, str(AGENT))
-import gpuq_procs  # noqa: E402
-import gpuq_scan  # noqa: E402
+from gpuq_base import gpuq_procs  # noqa: E402
+from gpuq_watch import gpuq_scan  # noqa: E402
 
 
 def _classify(log: Path, exit_code: int = 1, trainer_code: int = 1, **kw: bool) -> str:
@@ -79,7 +79,7 @@ def test_a_subreaper_sees_an_orphaned_ranks_signal_death(tmp_path: Path, sig: in
     script.write_text(textwrap.dedent(f"""
         import os, signal, subprocess, sys, time
         sys.path.insert(0, {str(AGENT)!r})
-        import gpuq_procs
+        from gpuq_base import gpuq_procs
         assert gpuq_procs.become_subreaper()
         rank0 = subprocess.Popen([sys.executable, "-c", (
             "import subprocess, sys, os, signal, time\\n"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import NoCapacity
-from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.lambda_cloud import LambdaProvider
+from orchestrator.providers.models import OfferQuery, ProvisionRequest
 from orchestrator.providers.runpod import RunPodProvider
 from orchestrator.providers.vastai import VastAIProvider
 from tests.conftest import run_gpuq
@@ -85,7 +85,7 @@ def test_runpod_offers_quote_the_cloud_gpuq_rents_in() -> None:
     with FakeRunPod(api_key=KEY) as fake:
         prov = RunPodProvider.from_env({"RUNPOD_API_KEY": KEY, "GPUQ_RUNPOD_URL": fake.url}, min_interval_s=0.0)
         try:
-            offers = {o.gpu_type: o for o in prov.list_offers(2)}
+            offers = {o.gpu_type: o for o in prov.list_offers(OfferQuery(gpu_count=2))}
             for gpu in fake.gpu_types.values():
                 assert gpu.community_price < gpu.secure_price  # the lowest price is not the rented cloud's
                 offer = offers[gpu.id]

@@ -34,7 +34,7 @@ CODES = {k for k in MASTER if k.startswith("EXIT_") and isinstance(MASTER[k], in
 
 
 def test_agent_copy_matches() -> None:
-    copy = _constants(ROOT / "payload" / "agent" / "gpuq_protocol.py")
+    copy = _constants(ROOT / "payload" / "agent" / "gpuq_base" / "gpuq_protocol.py")
     shared = set(copy) & set(MASTER)
     assert {"PROTOCOL_VERSION", "SPEC_SCHEMA", "STATUS_SCHEMA"} <= shared
     assert LAYOUT - {"BUNDLE_MANIFEST"} <= set(copy), sorted(LAYOUT - set(copy))

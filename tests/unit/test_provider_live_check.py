@@ -40,7 +40,7 @@ def test_the_recording_keeps_no_secret_address_key_or_account_id() -> None:
     assert clean["request"]["json"]["ssh_key"] == "<ssh-key>"
 
 
-def test_a_stopped_vastai_machine_is_said_to_bill_its_disk() -> None:
+def test_a_stopped_machine_is_said_to_bill_its_disk_where_its_provider_bills_it() -> None:
     def row(provider: str, state: str) -> HostRow:
         return HostRow(name="v1", kind="ssh", root="/r", provider=provider, lease_state=state,
                        lease_reason="Outbid", instance_id="42", created_at=0.0)
@@ -48,6 +48,10 @@ def test_a_stopped_vastai_machine_is_said_to_bill_its_disk() -> None:
     assert "still bills its disk" in lease_text(row("vastai", "preempted"))
     assert any("still bills its disk" in text for text, _style in host_flags(row("vastai", "stopped")))
     assert "bills" not in lease_text(row("lambda", "failed")) and "bills" not in lease_text(row("vastai", "failed"))
+    # an EXITED RunPod pod bills no compute but keeps (and bills) its container disk and pod volume
+    assert "still bills its disk" in lease_text(row("runpod", "stopped"))
+    assert any("still bills its disk" in text for text, _style in host_flags(row("runpod", "stopped")))
+    assert "bills" not in lease_text(row("lambda", "stopped")) and "bills" not in lease_text(row("toy", "stopped"))
 
 
 def test_spot_on_a_provider_without_spot_is_refused_before_any_call() -> None:

@@ -40,9 +40,10 @@ def test_every_builtin_entry_names_an_adapter_that_declares_what_it_can_do() -> 
         assert issubclass(cls, HttpProvider) and isinstance(cls.capabilities, Capabilities)
         assert (cls.supports_spot, cls.supports_stop) == (cls.capabilities.spot, cls.capabilities.stop)
         assert load_profile(entry.name).provider == entry.name  # profiles/<name>.toml
-    assert registry.entry("runpod").capabilities().words() == ["stop", "regions", "offers"]  # v2: no spot, no bid
+    # RunPod v2: no spot, no bid; an EXITED pod bills its disks
+    assert registry.entry("runpod").capabilities().words() == ["stop", "regions", "offers", "stop bills storage"]
     assert registry.entry("vastai").capabilities().words() == ["spot", "stop", "rebid", "regions", "offers",
-                                                               "market search"]
+                                                               "market search", "stop bills storage"]
     assert registry.entry("lambda").capabilities().words() == ["regions", "offers"]
 
 
@@ -55,6 +56,7 @@ def test_a_plugin_provider_joins_every_list(toy: None, tmp_path: Path) -> None:
     assert "toy" not in registry.builtin_names()
     assert registry.names()[-1] == "toy"
     assert registry.entry("toy").capabilities() == Capabilities(offers=True)
+    assert not registry.stop_bills_storage("toy") and not registry.stop_bills_storage("nope")
     assert load_profile("toy").provider == "toy"  # its profile came with its entry
     # the credentials table: runs never forward its key or URL variables; a missing key names its variable
     assert "Toy Cloud API credential" in never_forwarded("TOY_API_KEY")
@@ -109,12 +111,5 @@ def test_every_builtin_provider_has_a_fake_and_runs_the_contract() -> None:
         fakes |= {v.provider for v in vars(module).values()
                   if isinstance(v, type) and issubclass(v, FakeCloud) and v is not FakeCloud}
     assert set(registry.builtin_names()) <= fakes
-    covered = {mode.split("-")[0] for mode in contract.MODES}
-    here = Path(contract.__file__).parent
-    for info in pkgutil.iter_modules([str(here)]):
-        if info.name.startswith("test_provider_"):  # an adapter's own subclass of the contract class
-            module = importlib.import_module(f"tests.unit.{info.name}")
-            covered |= {v.__name__.removeprefix("Test").removesuffix("Contract").lower() for v in vars(module).values()
-                        if isinstance(v, type) and issubclass(v, contract.TestProviderContract)
-                        and v is not contract.TestProviderContract}
+    covered = set(contract.contract_classes())
     assert set(registry.builtin_names()) <= covered, covered

@@ -17,8 +17,9 @@ from orchestrator.core.errors import NoCapacity, ProviderError, ProviderUnsuppor
 from orchestrator.ledger import Ledger
 from orchestrator.providers import runpod
 from orchestrator.providers import runpod_wire as wire
-from orchestrator.providers.base import ProvisionRequest, classify
+from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import ApiKey
+from orchestrator.providers.models import OfferQuery, ProvisionRequest
 from tests.conftest import run_gpuq
 
 KEY = "rpa_V2UNIT0TEST0KEY0never0shown0q1w2"
@@ -97,7 +98,7 @@ def test_offers_quote_the_secure_list_price_times_the_gpus_and_the_data_centres_
         return httpx.Response(200, json={"gpus": [GPU, {**GPU, "id": "NVIDIA B200", "maxCount": {"secure": 1,
                                                                                                 "community": 1}}]})
 
-    [offer] = runpod_with(answer).list_offers(2)
+    [offer] = runpod_with(answer).list_offers(OfferQuery(gpu_count=2))
     assert offer.price_per_hour == Decimal("1.58") and offer.spot_price_per_hour is None
     assert offer.min_bid_per_gpu is None and offer.regions == ("US-KS-2",) and offer.available
     assert offer.gpu_memory_gb == 48

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,11 @@ import pytest
 
 from orchestrator.core.errors import ProvisioningFailed
 from orchestrator.providers import vastai
-from orchestrator.providers.base import PollPolicy, ProvisionRequest, classify
+from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import VASTAI, ApiKey
-from tests.support.fakecloud.recording import Recorder, Replay, fixture_path, load
+from orchestrator.providers.models import OfferQuery, ProvisionRequest
+from orchestrator.providers.polling import PollPolicy
+from tests.support.fakecloud.server import FakeCloud
 from tests.support.fakecloud.vastai import FakeVastAI
 from tests.support.fakecloud.vastai_market import CREATE_KEYS, OFFER_FIELDS, SEARCH_KEYS
 from tests.unit import test_providers_contract as contract
@@ -46,68 +47,30 @@ def op_name(method: str, path: str) -> str:
 
 
 class Counting(contract.Counting):
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.ops.append(op_name(request.method, request.url.path))
-        return self.inner.handle_request(request)
+    def op(self, request: httpx.Request) -> str:
+        return op_name(request.method, request.url.path)
 
 
-class VastCloud(contract.Cloud):
-    """contract.Cloud for vast.ai: the fake or a replay of its recording, and the vast.ai adapter."""
+class TestVastAIContract(contract.ProviderContract):
+    """The shared contract with vast.ai's answers; the tests overridden here are those whose answer is its own."""
 
-    def __init__(self, mode: str, test_name: str) -> None:
-        self.kind, self.mode, self.test_name = KIND, mode, test_name
-        self.now = 0.0
-        self.sleeps: list[float] = []
-        self.fake: Any = None
-        self.recorder: Recorder | None = None
-        self.replay: Replay | None = None
-        self.adapters: list[Any] = []
-        if mode == "fake":
-            self.fake = FakeVastAI(api_key=KEY).start()
-            inner: httpx.BaseTransport = httpx.HTTPTransport(verify=False)
-            if contract.RECORD:
-                self.recorder = inner = Recorder(inner, "")
-            self.url = self.fake.url
-        else:
-            path = fixture_path(KIND, test_name)
-            found = path.is_file()
-            self.replay = Replay(load(path) if found else [], "", f"vastai replay of {test_name}",
-                                 missing=None if found else path)
-            inner = self.replay.transport
-            self.url = VASTAI.default_url
-        self.counter = Counting(inner, "")
-        self.provider: Any = self.adapter()
+    kind = KIND
+    key = KEY
+    env_var = "VAST_API_KEY"
+    gpu_type = "RTX 4090"
+    ssh_user = "root"
+    create_op = "PUT /api/v0/asks/{id}/"
+    key_writes = ("POST /api/v0/ssh/",)
+    real_url = VASTAI.default_url
 
-    def adapter(self, key: str | None = None) -> Any:
-        made = vastai.VastAIProvider(ApiKey(key or KEY, "VAST_API_KEY"), url=self.url, transport=self.counter,
-                                     min_interval_s=0.0, sleep=self.sleep, clock=lambda: self.now,
-                                     policy=dataclasses.replace(vastai.RETRY, jitter=0.0))
-        self.adapters.append(made)
-        return made
+    def fake(self, key: str) -> FakeCloud:
+        return FakeVastAI(api_key=key)
 
-    @property
-    def create_op(self) -> str:
-        return "PUT /api/v0/asks/{id}/"
+    def adapter(self, api_key: ApiKey, **common: Any) -> Any:
+        return vastai.VastAIProvider(api_key, policy=dataclasses.replace(vastai.RETRY, jitter=0.0), **common)
 
-
-@pytest.fixture(params=["vastai-fake", "vastai-replay"])
-def cloud(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[VastCloud]:
-    mode = request.param.split("-")[1]
-    if contract.RECORD and mode == "replay":
-        pytest.skip("recording: replays run afterwards")
-    for table, value in ((contract.KEYS, KEY), (contract.GPU_TYPE, "RTX 4090"), (contract.SSH_USER, "root"),
-                         (contract.ENV_VAR, "VAST_API_KEY"), (contract.BASE_PATH, ""),
-                         (contract.REAL_URL, VASTAI.default_url)):
-        monkeypatch.setitem(table, KIND, value)
-    made = VastCloud(mode, request.node.originalname)
-    try:
-        yield made
-    finally:
-        made.close()
-
-
-class TestVastAIContract(contract.TestProviderContract):
-    """The shared contract; the tests overridden here are those whose answer is vast.ai's own."""
+    def counting(self, inner: httpx.BaseTransport) -> contract.Counting:
+        return Counting(inner, "")
 
     def test_stop_is_a_manual_stop_or_unsupported(self, cloud: contract.Cloud) -> None:
         instance = contract.ready_instance(cloud, "gpuq-stop")
@@ -115,7 +78,7 @@ class TestVastAIContract(contract.TestProviderContract):
         stopped = cloud.provider.get(instance.id)
         assert stopped is not None and stopped.state == "stopped" and not stopped.ready
         assert classify(stopped) == "manual_stop"
-        assert cloud.provider.stop_bills_storage, "a stopped vast.ai instance still bills its disk"
+        assert cloud.provider.capabilities.stop_bills_storage, "a stopped vast.ai instance still bills its disk"
 
     def test_resume_with_zero_gpus_is_a_host_failure(self, cloud: contract.Cloud) -> None:
         """vast.ai has no zero-GPU resume; its counterpart: a stopped instance waits for its own GPU (VAST3)."""
@@ -152,7 +115,8 @@ class Capture(httpx.BaseTransport):
 
 def lifecycle(provider: vastai.VastAIProvider, cloud: FakeVastAI) -> None:
     """Every operation gpuq uses, on demand and interruptible."""
-    assert provider.list_offers() and provider.list_offers(2, gpu_name="H100 SXM", min_gpu_memory_gb=80, spot=True)
+    assert provider.list_offers(OfferQuery()) and provider.list_offers(
+        OfferQuery(gpu_count=2, gpu_name="H100 SXM", min_gpu_memory_gb=80, spot=True))
     key = contract.PUBLIC_KEY
     [demand] = provider.provision(ProvisionRequest("gpuq-demand", "RTX A6000", ssh_public_key=key))
     [spot] = provider.provision(ProvisionRequest("gpuq-spot", "RTX 4090", spot=True, region="US", ssh_public_key=key,

@@ -15,8 +15,10 @@ from orchestrator.core.errors import NoCapacity, ProviderError
 from orchestrator.money import rentplan
 from orchestrator.providers import vastai
 from orchestrator.providers import vastai_wire as wire
-from orchestrator.providers.base import PollPolicy, ProvisionRequest, classify
+from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import ApiKey
+from orchestrator.providers.models import OfferQuery, ProvisionRequest
+from orchestrator.providers.polling import PollPolicy
 from orchestrator.scheduling.gpumatch import GpuNeed, host_matches
 from tests.support.fakecloud.vastai import FakeVastAI
 from tests.support.fakecloud.vastai_market import DEFAULT_OFFERS, FakeOffer
@@ -146,7 +148,7 @@ def test_an_address_that_is_not_one_gives_no_endpoint(changes: dict[str, Any]) -
 
 
 def test_offers_are_cheapest_first_and_filtered(vast: vastai.VastAIProvider) -> None:
-    offers = vast.list_offers()
+    offers = vast.list_offers(OfferQuery())
     prices = [o.price_per_hour or 0 for o in offers]
     assert prices == sorted(prices) and len(offers) >= 4
     assert all(o.gpu_count == 1 and o.available for o in offers)
@@ -154,10 +156,10 @@ def test_offers_are_cheapest_first_and_filtered(vast: vastai.VastAIProvider) -> 
     assert "offer 5003" not in shown, "no direct SSH port: filtered"
     assert "offer 5004" not in shown, "reliability 0.80: filtered"
     assert {o.gpu_type for o in offers} >= {"RTX 4090", "RTX A6000", "A100 SXM4"}
-    big = {o.gpu_type: o for o in vast.list_offers(2, gpu_name="H100 SXM")}["H100 SXM"]
+    big = {o.gpu_type: o for o in vast.list_offers(OfferQuery(gpu_count=2, gpu_name="H100 SXM"))}["H100 SXM"]
     assert big.min_bid_per_gpu == Decimal("1.3")
-    assert vast.list_offers(1, min_gpu_memory_gb=48) and all(
-        (o.gpu_memory_gb or 0) >= 48 for o in vast.list_offers(1, min_gpu_memory_gb=48))
+    assert vast.list_offers(OfferQuery(gpu_count=1, min_gpu_memory_gb=48)) and all(
+        (o.gpu_memory_gb or 0) >= 48 for o in vast.list_offers(OfferQuery(gpu_count=1, min_gpu_memory_gb=48)))
 
 
 def test_an_offers_memory_answers_gpu_mem_as_the_rented_host_will(vast: vastai.VastAIProvider) -> None:
@@ -165,7 +167,7 @@ def test_an_offers_memory_answers_gpu_mem_as_the_rented_host_will(vast: vastai.V
     exactly when the host, once rented and probed, does (gpumatch.host_matches), so `gpuq up --for` neither
     passes over a machine its jobs would run on nor rents one they would not (an A10's 23,028 MiB is 24 GB)."""
     market = {o.id: o for o in DEFAULT_OFFERS}
-    offers = vast.list_offers() + vast.list_offers(2)
+    offers = vast.list_offers(OfferQuery()) + vast.list_offers(OfferQuery(gpu_count=2))
     assert offers
     for offer in offers:
         mib = market[int(offer.display_name.rsplit("offer ", 1)[1].rstrip(")"))].gpu_ram_mb
@@ -264,14 +266,14 @@ def test_the_key_is_scrubbed_from_vast_error_text(clock: Clock) -> None:
     vast = adapter("https://console.vast.ai", httpx.MockTransport(answer), clock)
     try:
         with pytest.raises(ProviderError) as caught:
-            vast.list_offers()
+            vast.list_offers(OfferQuery())
     finally:
         vast.close()
     assert KEY not in str(caught.value) and "***" in str(caught.value) and caught.value.code == "invalid_args"
 
 
 def test_stopped_still_bills_and_terminate_is_the_meter_stop() -> None:
-    assert vastai.VastAIProvider.stop_bills_storage is True
     caps = vastai.VastAIProvider.capabilities
+    assert caps.stop_bills_storage is True
     assert caps.spot and caps.stop and caps.rebid
     assert vastai.VastAIProvider.supports_stop and vastai.VastAIProvider.supports_spot

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from orchestrator.core.errors import ProviderAuthError
-from orchestrator.providers.base import ProvisionRequest
 from orchestrator.providers.credentials import ApiKey
 from orchestrator.providers.lambda_cloud import LambdaProvider
+from orchestrator.providers.models import ProvisionRequest
 from orchestrator.providers.runpod import RunPodProvider
 from tests.support.fakecloud import FakeLambda, FakeRunPod
 from tests.support.fakecloud.recording import Replay, ReplayMismatch

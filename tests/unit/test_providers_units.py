@@ -23,17 +23,20 @@ from orchestrator.core.errors import (
     ProviderAuthError,
     ProviderError,
     ProviderUnreachable,
+    ProviderUnsupported,
     ProvisioningFailed,
 )
-from orchestrator.providers import base, credentials, lambda_cloud, runpod, transport
-from orchestrator.providers.base import Instance, PollPolicy, ProvisionRequest, classify
+from orchestrator.providers import credentials, lambda_cloud, lambda_wire, models, polling, runpod, transport
+from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import LAMBDA, RUNPOD, ApiKey
+from orchestrator.providers.models import Instance, OfferQuery, ProvisionRequest
+from orchestrator.providers.polling import PollPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "rpa_UNIT0TEST0KEY0never0shown0z9y8"
 
 
-def inst(state: base.InstanceState, raw: str, *, reason: str = "", ready: bool = False,
+def inst(state: models.InstanceState, raw: str, *, reason: str = "", ready: bool = False,
          gpus: int | None = 1) -> Instance:
     return Instance("runpod", "p1", "gpuq-x", state, raw, ssh_host="1.2.3.4" if ready else None,
                     ssh_port=2222 if ready else None, gpu_count=gpus, reason=reason)
@@ -71,14 +74,32 @@ def test_readiness_needs_running_and_an_endpoint() -> None:
     assert not inst("unhealthy", "unhealthy", ready=True).ready
 
 
+def lambda_instance(item: dict[str, Any]) -> Instance:
+    return lambda_wire.instance_of(lambda_wire.parse(lambda_wire.WireInstance, item, "GET /instances/{id}"))
+
+
 def test_lambda_readiness_is_active_with_an_ip() -> None:
     item: dict[str, Any] = {"id": "i", "status": "booting", "ip": None, "ssh_key_names": [], "file_system_names": [],
-            "instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": "2392"}}
-    assert not lambda_cloud.instance_from_json(item).ready
-    active = lambda_cloud.instance_from_json({**item, "status": "active", "ip": "5.6.7.8"})
+            "instance_type": {"name": "gpu_8x_h100_sxm5", "price_cents_per_hour": 2392}}
+    assert not lambda_instance(item).ready
+    active = lambda_instance({**item, "status": "active", "ip": "5.6.7.8"})
     assert active.ready and active.ssh_port == 22 and active.ssh_user == "ubuntu"
     assert active.gpu_count == 8 and active.price_per_hour == Decimal("23.92")
-    assert lambda_cloud.instance_from_json({**item, "status": "mystery"}).state == "pending"
+    assert lambda_instance({**item, "status": "mystery"}).state == "pending"
+    assert lambda_instance({"id": "i", "status": "active", "name": None}).name == ""  # launched without a name
+
+
+@pytest.mark.parametrize("bad", [
+    {"status": "active"},  # no id
+    {"id": "i", "status": "active", "instance_type": {"price_cents_per_hour": "2392"}},  # the document: integer
+    {"id": "i", "status": "active", "instance_type": {"price_cents_per_hour": -1}},
+    {"id": "i", "status": "active", "ip": 5},
+    {"id": "x" * 101, "status": "active"},
+])
+def test_a_lambda_instance_that_does_not_fit_the_document_is_refused_without_its_text(bad: dict[str, Any]) -> None:
+    with pytest.raises(ProviderError, match="unexpected answer") as caught:
+        lambda_instance(bad)
+    assert caught.value.code == "bad-answer" and "2392" not in str(caught.value)
 
 
 # -- money ---------------------------------------------------------------------------------------------------
@@ -88,12 +109,12 @@ def test_lambda_readiness_is_active_with_an_ip() -> None:
     (None, None), ("abc", None), (-1, None), ("NaN", None), ("Infinity", None), (True, None), ([1], None),
 ])
 def test_parse_money(raw: object, expected: Decimal | None) -> None:
-    assert base.parse_money(raw) == expected
+    assert models.parse_money(raw) == expected
 
 
 def test_cents_round_half_up() -> None:
-    assert base.to_cents(Decimal("0.745")) == 75 and base.to_cents(Decimal("0.744")) == 74
-    assert base.to_cents(None) is None
+    assert models.to_cents(Decimal("0.745")) == 75 and models.to_cents(Decimal("0.744")) == 74
+    assert models.to_cents(None) is None
 
 
 def test_request_names_one_per_machine() -> None:
@@ -126,7 +147,7 @@ def test_wait_ready_polls_with_growing_intervals_until_ready() -> None:
     clock = Clock()
     fetch = sequence(inst("pending", "CREATED"), inst("running", "RUNNING"), inst("pending", "NEWSTATE"),
                      inst("running", "RUNNING", ready=True))
-    got = base.poll_until_ready("RunPod", "p1", fetch, PollPolicy(100, 5, 15, factor=2), sleep=clock.sleep,
+    got = polling.poll_until_ready("RunPod", "p1", fetch, PollPolicy(100, 5, 15, factor=2), sleep=clock.sleep,
                                 clock=lambda: clock.now)
     assert got.ready and clock.sleeps == [5, 10, 15]
 
@@ -134,7 +155,7 @@ def test_wait_ready_polls_with_growing_intervals_until_ready() -> None:
 def test_wait_ready_gives_up_as_stuck_provisioning() -> None:
     clock = Clock()
     with pytest.raises(ProvisioningFailed, match="stuck provisioning") as caught:
-        base.poll_until_ready("RunPod", "p1", sequence(inst("running", "RUNNING")), PollPolicy(60, 5, 15),
+        polling.poll_until_ready("RunPod", "p1", sequence(inst("running", "RUNNING")), PollPolicy(60, 5, 15),
                               sleep=clock.sleep, clock=lambda: clock.now)
     assert caught.value.code == "stuck_provisioning" and 60 <= clock.now < 80
 
@@ -147,15 +168,15 @@ def test_wait_ready_gives_up_as_stuck_provisioning() -> None:
 def test_wait_ready_fails_when_the_instance_dies(dead: Instance | None, words: str) -> None:
     clock = Clock()
     with pytest.raises(ProvisioningFailed, match=words.replace("(", r"\(").replace(")", r"\)")):
-        base.poll_until_ready("RunPod", "p1", sequence(inst("pending", "CREATED"), dead), PollPolicy(60, 5, 15),
+        polling.poll_until_ready("RunPod", "p1", sequence(inst("pending", "CREATED"), dead), PollPolicy(60, 5, 15),
                               sleep=clock.sleep, clock=lambda: clock.now)
 
 
 def test_wait_gone_reports_a_resource_that_may_still_bill() -> None:
     clock = Clock()
     with pytest.raises(ProviderError, match="may still bill"):
-        base.poll_until_gone("Lambda Cloud", "i", sequence(inst("terminating", "terminating")), PollPolicy(30, 10, 10),
-                             sleep=clock.sleep, clock=lambda: clock.now)
+        polling.poll_until_gone("Lambda Cloud", "i", sequence(inst("terminating", "terminating")),
+                                PollPolicy(30, 10, 10), sleep=clock.sleep, clock=lambda: clock.now)
 
 
 # -- credentials ---------------------------------------------------------------------------------------------
@@ -292,7 +313,7 @@ def test_network_errors_are_retried_then_unreachable() -> None:
 
     clock = Clock()
     with pytest.raises(ProviderUnreachable, match="cannot connect"):
-        lambda_with(refuse, clock).list_offers()
+        lambda_with(refuse, clock).list_offers(OfferQuery())
     assert len(calls) == lambda_cloud.RETRY.tries and len(clock.sleeps) == lambda_cloud.RETRY.tries - 1
 
 
@@ -303,7 +324,7 @@ def test_5xx_is_retried_and_4xx_is_not() -> None:
         status = statuses.pop(0)
         return httpx.Response(status, json={"data": {}} if status == 200 else {"error": {"code": "global/unknown"}})
 
-    assert lambda_with(flaky).list_offers() == [] and not statuses
+    assert lambda_with(flaky).list_offers(OfferQuery()) == [] and not statuses
     calls: list[int] = []
 
     def invalid(request: httpx.Request) -> httpx.Response:
@@ -312,7 +333,7 @@ def test_5xx_is_retried_and_4xx_is_not() -> None:
                                                    "suggestion": "fix it"}})
 
     with pytest.raises(ProviderError, match="global/invalid-parameters: nope \\(fix it\\)"):
-        lambda_with(invalid).list_offers()
+        lambda_with(invalid).list_offers(OfferQuery())
     assert calls == [1]
 
 
@@ -339,7 +360,7 @@ def test_server_text_that_echoes_the_key_is_scrubbed() -> None:
         return httpx.Response(400, json={"error": {"code": "global/invalid-parameters", "message": f"bad {KEY}"}})
 
     with pytest.raises(ProviderError) as caught:
-        lambda_with(echo).list_offers()
+        lambda_with(echo).list_offers(OfferQuery())
     assert KEY not in str(caught.value) and "***" in str(caught.value)
 
 
@@ -399,7 +420,7 @@ def test_lambda_region_choice_and_capacity() -> None:
         provider.provision(ProvisionRequest("gpuq-a", "gpu_1x_a100", region="us-east-1", ssh_public_key=pub))
     with pytest.raises(ProviderError, match="unknown instance type"):
         provider.provision(ProvisionRequest("gpuq-a", "gpu_1x_z9", ssh_public_key=pub))
-    assert [o.gpu_type for o in provider.list_offers(gpu_count=8)] == ["gpu_8x_h100_sxm5"]
+    assert [o.gpu_type for o in provider.list_offers(OfferQuery(gpu_count=8))] == ["gpu_8x_h100_sxm5"]
 
 
 # -- layering -------------------------------------------------------------------------------------------------
@@ -426,3 +447,50 @@ def test_providers_import_only_their_allowed_layers() -> None:
                 elif top != "__future__" and top not in sys.stdlib_module_names:
                     assert top in ALLOWED_EXTERNAL, f"{path.name} imports {name}"
 
+
+
+# -- the offer query ------------------------------------------------------------------------------------------
+
+def test_an_offer_query_admits_by_count_type_memory_region_and_price() -> None:
+    offer = models.Offer("runpod", "NVIDIA A100 80GB PCIe", "A100 PCIe", 2, Decimal("3.00"), gpu_memory_gb=80,
+                         spot_price_per_hour=Decimal("1.50"), regions=("US-TX-3", "EU-RO-1"))
+    Q = OfferQuery
+    assert Q().admits(offer) and Q(gpu_count=2, gpu_name="NVIDIA A100 80GB PCIe", min_gpu_memory_gb=80,
+                                   region="EU-RO-1", max_price_per_hour=Decimal("3.00")).admits(offer)
+    assert not Q(gpu_count=1).admits(offer) and not Q(gpu_name="A100").admits(offer)
+    assert not Q(min_gpu_memory_gb=80.5).admits(offer) and not Q(region="US-CA-1").admits(offer)
+    assert not Q(max_price_per_hour=Decimal("2.99")).admits(offer)
+    assert Q(spot=True, max_price_per_hour=Decimal("1.50")).admits(offer), "spot: priced by its minimum bid"
+    unknown = models.Offer("lambda", "gpu_1x_x", "x", 1, None)
+    assert Q().admits(unknown) and Q(region="us-east-1").admits(unknown), "an offer naming no region is kept"
+    assert not Q(min_gpu_memory_gb=1).admits(unknown) and not Q(max_price_per_hour=Decimal(9)).admits(unknown)
+
+
+@pytest.mark.parametrize("bad", [{"gpu_count": 0}, {"gpu_count": True}, {"min_gpu_memory_gb": -1},
+                                 {"min_gpu_memory_gb": float("nan")}, {"max_price_per_hour": Decimal("-0.01")}])
+def test_an_offer_query_out_of_range_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="offer query"):
+        OfferQuery(**bad)
+
+
+def test_lambda_filters_what_its_api_cannot() -> None:
+    types = {"gpu_1x_a100": {"instance_type": {"name": "gpu_1x_a100", "price_cents_per_hour": 129,
+                                               "gpu_description": "A100 (40 GB SXM4)"},
+                             "regions_with_capacity_available": [{"name": "us-west-1"}]},
+             "gpu_1x_h100": {"instance_type": {"name": "gpu_1x_h100", "price_cents_per_hour": 249,
+                                               "gpu_description": "H100 (80 GB PCIe)"},
+                             "regions_with_capacity_available": [{"name": "us-east-1"}]}}
+    sent: list[str] = []
+
+    def cloud(request: httpx.Request) -> httpx.Response:
+        sent.append(str(request.url))
+        return httpx.Response(200, json={"data": types})
+
+    lam = lambda_with(cloud)
+    assert [o.gpu_type for o in lam.list_offers(OfferQuery(min_gpu_memory_gb=80))] == ["gpu_1x_h100"]
+    assert [o.gpu_type for o in lam.list_offers(OfferQuery(region="us-west-1"))] == ["gpu_1x_a100"]
+    assert [o.gpu_type for o in lam.list_offers(OfferQuery(max_price_per_hour=Decimal("2")))] == ["gpu_1x_a100"]
+    assert all("?" not in url for url in sent), "Lambda's /instance-types takes no filter"
+    with pytest.raises(ProviderUnsupported, match="no spot"):
+        lam.list_offers(OfferQuery(spot=True))
+    assert len(sent) == 3, "a spot query is refused before anything is asked"

@@ -20,7 +20,8 @@ from tests.support.testhosts import default_gpus
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200-driver-580.txt"
 FAKE = REPO / "tests" / "support" / "fake_nvidia_smi.py"
-H = load_agent_module("gpuq_health")
+G = load_agent_module("gpuq_verbs.gpuq_health_gpus")
+V = load_agent_module("gpuq_verbs.gpuq_health_checks")
 UUID = "GPU-1ba1d126-0991-0273-6d6a-73f4d5a4ca8b"
 
 
@@ -54,17 +55,17 @@ def test_the_status_probe_reads_a_real_gpu(tmp_path: Path, monkeypatch: pytest.M
     stub.write_text(f"#!/bin/sh\ncat {tmp_path / 'answer'}\n")
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    facts = load_agent_module("gpuq_hostfacts")
+    facts = load_agent_module("gpuq_base.gpuq_hostfacts")
     assert facts.query_gpus() == [{"index": 0, "name": "NVIDIA H200", "uuid": UUID, "util_pct": 0.0,
                                    "mem_used_mib": 0.0, "mem_total_mib": 143771.0, "temp_c": 41.0}]
 
 
 @pytest.mark.parametrize("section", ["health query", "health query, event names"])
 def test_the_health_preflight_reads_a_real_gpu_and_passes_it(section: str) -> None:
-    [row] = H.parse_csv(REAL[section], list(H.QUERY_FIELDS))
-    dmon = H.parse_dmon(REAL["dmon"])
+    [row] = G.parse_csv(REAL[section], list(G.QUERY_FIELDS))
+    dmon = G.parse_dmon(REAL["dmon"])
     assert sorted(dmon) == [0] and len(dmon[0]) == 2
-    gpu = H.gpu_record(row, dmon[0])
+    gpu = G.gpu_record(row, dmon[0])
     assert gpu == {
         "index": 0, "name": "NVIDIA H200", "uuid": UUID, "pci_bus_id": "00000000:00:06.0",
         "memory_total_mib": 143771.0, "memory_used_mib": 0.0, "temp_c": 41.0, "temp_max_c": 41.0,
@@ -74,16 +75,16 @@ def test_the_health_preflight_reads_a_real_gpu_and_passes_it(section: str) -> No
         "remapped_rows_failure": False, "samples": 2, "gpuq_job": None,
     }
     # an idle card's low SM clock at 41 C is no heat problem; ECC on, nothing pending
-    assert H.check_throttle([gpu])[0] == "pass"
-    assert H.check_heat([gpu]) == ("pass", f"below {H.TEMP_LIMIT_C:g} C on 1 GPUs (max 41 C)")
-    assert H.check_ecc([gpu])[0] == "pass"
-    assert H.check_identity([gpu], "H200", 80000.0) == ("pass", "1 x NVIDIA H200 (143771 MiB)")
-    assert H.check_busy([gpu], {})[0] == "pass"
+    assert V.check_throttle([gpu])[0] == "pass"
+    assert V.check_heat([gpu]) == ("pass", f"below {V.TEMP_LIMIT_C:g} C on 1 GPUs (max 41 C)")
+    assert V.check_ecc([gpu])[0] == "pass"
+    assert V.check_identity([gpu], "H200", 80000.0) == ("pass", "1 x NVIDIA H200 (143771 MiB)")
+    assert V.check_busy([gpu], {})[0] == "pass"
 
 
 def test_an_empty_compute_apps_answer_lists_no_pids() -> None:
     assert REAL["compute apps"] == ""
-    assert H.parse_csv(REAL["compute apps"], ["pid", "gpu_uuid"]) == []
+    assert G.parse_csv(REAL["compute apps"], ["pid", "gpu_uuid"]) == []
 
 
 def _form(cell: str) -> str:
@@ -109,7 +110,7 @@ def _fake(tmp_path: Path, *args: str) -> str:
 
 @pytest.mark.parametrize(("section", "fields"), [
     ("status query", "index,name,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu"),
-    ("health query", ",".join(H.QUERY_FIELDS)),
+    ("health query", ",".join(G.QUERY_FIELDS)),
 ])
 def test_the_fake_answers_each_query_in_the_real_tools_forms(tmp_path: Path, section: str, fields: str) -> None:
     real = [_form(c.strip()) for c in REAL[section].strip().split(",")]
@@ -127,8 +128,8 @@ def test_the_fakes_dmon_has_the_real_columns_and_units(tmp_path: Path) -> None:
 
 
 def test_the_real_cells_read_as_the_agent_means_them() -> None:
-    cells: dict[str, Any] = dict(zip(H.QUERY_FIELDS, (c.strip() for c in REAL["health query"].split(",")),
+    cells: dict[str, Any] = dict(zip(G.QUERY_FIELDS, (c.strip() for c in REAL["health query"].split(",")),
                                      strict=True))
-    assert [H.flag(cells["clocks_throttle_reasons." + r]) for r in H.THROTTLE_REASONS] == [False] * 4
-    assert (H.flag(cells["retired_pages.pending"]), H.flag(cells["remapped_rows.failure"])) == (None, False)
-    assert H.num(cells["clocks.current.sm"]) == 345.0
+    assert [G.flag(cells["clocks_throttle_reasons." + r]) for r in G.THROTTLE_REASONS] == [False] * 4
+    assert (G.flag(cells["retired_pages.pending"]), G.flag(cells["remapped_rows.failure"])) == (None, False)
+    assert G.num(cells["clocks.current.sm"]) == 345.0

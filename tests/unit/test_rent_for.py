@@ -19,7 +19,7 @@ from orchestrator.context import Context, open_context
 from orchestrator.core.errors import UsageError
 from orchestrator.core.specs import JobSpec
 from orchestrator.money import rentplan
-from orchestrator.providers.base import Offer
+from orchestrator.providers.models import Offer
 from orchestrator.scheduling.gpumatch import GpuNeed
 from tests.conftest import run_gpuq
 from tests.support.fakecloud import FakeRunPod

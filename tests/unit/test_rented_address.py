@@ -15,7 +15,7 @@ import pytest
 from orchestrator import api
 from orchestrator.context import Context, open_context
 from orchestrator.providers import registry
-from orchestrator.providers.base import ssh_address
+from orchestrator.providers.models import ssh_address
 from tests.support.fakecloud import FakeLambda
 from tests.support.fakecloud.backend import AddressBackend
 

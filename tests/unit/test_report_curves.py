@@ -16,7 +16,7 @@ from tests.support.agentmodule import load_agent_module
 
 
 def test_downsampling_keeps_the_ends_and_the_budget() -> None:
-    rm = load_agent_module("gpuq_runmetrics")
+    rm = load_agent_module("gpuq_records.gpuq_runmetrics")
     points = [[i, float(i)] for i in range(1001)]
     kept = rm.downsample(points, 200)
     assert len(kept) == 200 and kept[0] == [0, 0.0] and kept[-1] == [1000, 1000.0]
@@ -24,7 +24,7 @@ def test_downsampling_keeps_the_ends_and_the_budget() -> None:
 
 
 def test_curves_take_the_metric_and_loss_columns_finite_only() -> None:
-    rm = load_agent_module("gpuq_runmetrics")
+    rm = load_agent_module("gpuq_records.gpuq_runmetrics")
     rows = [{"kind": "train", "step": 1, "loss": 2.0}, {"kind": "train", "step": 2, "loss": float("nan")},
             {"kind": "eval", "step": 2, "val_loss": 1.5, "val_acc": 0.5}, {"kind": "train", "step": 3, "loss": 1.0},
             {"kind": "eval", "step": 4, "val_loss": 1.2, "val_acc": 0.7, "lr": 0.1}]
@@ -35,7 +35,7 @@ def test_curves_take_the_metric_and_loss_columns_finite_only() -> None:
 
 
 def test_payload_curves_read_metrics_jsonl(tmp_path: Path) -> None:
-    rm = load_agent_module("gpuq_runmetrics")
+    rm = load_agent_module("gpuq_records.gpuq_runmetrics")
     (tmp_path / "result").mkdir()
     lines = [{"kind": "train", "step": s, "loss": 1.0 / s} for s in range(1, 501)]
     lines += [{"kind": "eval", "step": 500, "val_acc": 0.9, "val_loss": 0.3}]

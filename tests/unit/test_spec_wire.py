@@ -1,5 +1,5 @@
 """The outbound job spec on both sides of the wire (issue 44): the controller's frozen dataclass
-(orchestrator/agent/spec.py) turned into JSON, the agent's one parser (payload/agent/gpuq_jobspec.py)
+(orchestrator/agent/spec.py) turned into JSON, the agent's one parser (payload/agent/gpuq_base/gpuq_jobspec.py)
 reading it back to the same values, and a spec that is missing a field or has one of the wrong type
 refused with that field named, by enqueue and by the serving loop alike."""
 
@@ -22,11 +22,11 @@ from orchestrator.ledger import Attempt, Job
 from tests.support.agentmodule import load_agent_module
 from tests.support.jobspecs import JOB, outbound_spec, spec_doc
 
-jobspec = load_agent_module("gpuq_jobspec")
-inbox = load_agent_module("gpuq_inbox")
-serve = load_agent_module("gpuq_serve")
-files = load_agent_module("gpuq_files")
-P = load_agent_module("gpuq_protocol")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
+inbox = load_agent_module("gpuq_records.gpuq_inbox")
+serve = load_agent_module("gpuq_serving.gpuq_serve")
+files = load_agent_module("gpuq_base.gpuq_files")
+P = load_agent_module("gpuq_base.gpuq_protocol")
 
 # the keys every spec carries, in the order the controller has always written them (optional ones: run
 # ``sigterm_grace_s`` and ``retry`` ahead, ``node`` last, each only when set)

@@ -24,8 +24,8 @@ from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA
 from tests.support.wire import patrol
 
-NF = load_agent_module("gpuq_nonfinite")
-jobspec = load_agent_module("gpuq_jobspec")
+NF = load_agent_module("gpuq_watch.gpuq_nonfinite")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 RUN_OF = jobspec.parse_run  # the spec's "run" as the agent reads it
 
 TH = Thresholds()  # stall 900 s, start-up grace 600 s, a stall before the first step 300 s

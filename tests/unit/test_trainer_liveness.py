@@ -27,11 +27,11 @@ from tests.support.wire import patrol
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 
-OB = load_agent_module("gpuq_observe")
-ST = load_agent_module("gpuq_status")
-LAUNCH = load_agent_module("gpuq_launch")
-FILES = load_agent_module("gpuq_files")
-JOBSPEC = load_agent_module("gpuq_jobspec")
+OB = load_agent_module("gpuq_records.gpuq_observe")
+ST = load_agent_module("gpuq_verbs.gpuq_status")
+LAUNCH = load_agent_module("gpuq_attempt.gpuq_launch")
+FILES = load_agent_module("gpuq_base.gpuq_files")
+JOBSPEC = load_agent_module("gpuq_base.gpuq_jobspec")
 
 TH = Thresholds(stall_after_s=900, startup_grace_s=600)
 NOW = 1_800_000_000.0

@@ -29,8 +29,8 @@ from tests.support.agentmodule import load_agent_module
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 
-M = load_agent_module("gpuq_runmetrics")
-jobspec = load_agent_module("gpuq_jobspec")
+M = load_agent_module("gpuq_records.gpuq_runmetrics")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 RUN_OF = jobspec.parse_run  # the spec's "run" as the agent reads it
 
 HEADER = "epoch,step,train_loss,val_loss"

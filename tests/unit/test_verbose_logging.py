@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from orchestrator.cli.verbose import configure
+from orchestrator.providers.models import OfferQuery
 from tests.unit.test_providers_units import Clock, lambda_with
 
 
@@ -19,7 +20,7 @@ def test_a_429_wait_and_a_backoff_are_logged(caplog: pytest.LogCaptureFixture) -
                httpx.Response(200, json={"data": {}})]
     clock = Clock()
     with caplog.at_level(logging.INFO, logger="orchestrator"):
-        assert lambda_with(lambda request: replies.pop(0), clock).list_offers() == []
+        assert lambda_with(lambda request: replies.pop(0), clock).list_offers(OfferQuery()) == []
     text = caplog.text
     assert "rate limited" in text and "3.0 s" in text
     assert "backing off" in text
