@@ -163,3 +163,27 @@ def test_the_serving_loop_fails_a_bad_inbox_file_with_its_reason_and_keeps_its_b
     assert (tmp_path / P.CLAIMED_DIR / "c1.json").read_text() == text
     assert json.loads(Path(lay.job("c1", P.SPEC_FILE)).read_text()) == json.loads(text)
     assert not Path(lay.attempt("c1", 2, P.LAUNCH_FILE)).exists()  # never launched
+
+
+def test_a_restarted_loop_fails_a_claimed_file_that_does_not_parse_and_launches_the_sound_one(tmp_path: Path) -> None:
+    """Claims an earlier agent left unlaunched, found at start-up: the one that does not parse is failed
+    in phase setup with its field named (its attempt read off the document) and never launched; the
+    sound one beside it launches."""
+    lay = files.Layout(str(tmp_path))
+    for d in (P.INBOX_DIR, P.CLAIMED_DIR, P.JOBS_DIR):
+        (tmp_path / d).mkdir()
+    bad = json.dumps(spec_doc(job_id="c1", attempt=2, gpus="1"))
+    (tmp_path / P.CLAIMED_DIR / "c1.json").write_text(bad)
+    (tmp_path / P.CLAIMED_DIR / "c2.json").write_text(json.dumps(spec_doc(job_id="c2")))
+    agent = serve.Agent(lay, argparse.Namespace(idle_exit_s=60, poll_s=0.1, cpu_slots=1, train_device="cpu"))
+    agent.slots = {"ids": [0], "kind": "cpu"}  # as serve() detects them
+    launched: list[tuple[str, int, tuple[int, ...]]] = []
+    agent.launch = lambda job_id, spec, slots: launched.append((job_id, spec.attempt, tuple(slots)))
+    agent.recover()
+    assert agent.pending == ["c1", "c2"]
+    assert agent.claim_and_launch() == 0
+    ended = json.loads(Path(lay.attempt("c1", 2, P.EXIT_FILE)).read_text())
+    assert (ended["wrapper_code"], ended["phase"]) == (P.EXIT_SETUP, "setup")
+    assert ended["message"] == "malformed job spec: gpus must be an integer >= 0 <= 4096, not '1'"
+    assert json.loads(Path(lay.job("c1", P.SPEC_FILE)).read_text()) == json.loads(bad)
+    assert launched == [("c2", 1, (0,))] and agent.pending == []
