@@ -30,6 +30,7 @@ from typing import Any
 
 from orchestrator.agent import client
 from orchestrator.agent.launcher import enqueue, job_spec, on_each_host, run_readable
+from orchestrator.agent.spec import NodeSection, OutboundSpec
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError, IllegalTransition
@@ -79,10 +80,10 @@ def rendezvous_port(job_id: str, attempt: int) -> int:
 
 
 def node_section(rank: int, hosts: Sequence[str], addresses: Sequence[str], port: int,
-                 timeout_s: float) -> dict[str, Any]:
+                 timeout_s: float) -> NodeSection:
     """The spec's ``node`` section for node ``rank`` (docs/host-protocol.md)."""
-    return {"rank": rank, "nodes": len(hosts), "hosts": list(hosts), "master_addrs": list(addresses),
-            "master_port": port, "timeout_s": timeout_s}
+    return NodeSection(rank=rank, nodes=len(hosts), hosts=tuple(hosts), master_addrs=tuple(addresses),
+                       master_port=port, timeout_s=timeout_s)
 
 
 def head_addresses(host: Host) -> list[str]:
@@ -193,13 +194,12 @@ def hold_back(decided: Plan) -> tuple[Plan, list[tuple[str, str]]]:
 
 
 def part_spec(ledger: Ledger, fleet: Fleet, settings: Settings, job: Job, attempt: Attempt, rank: int,
-              addresses: Sequence[str]) -> dict[str, Any]:
+              addresses: Sequence[str]) -> OutboundSpec:
     """The spec node ``rank`` of ``attempt`` gets: the job's spec plus its ``node`` section."""
     names = attempt.node_hosts()
     spec = job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(names[rank]))
-    spec["node"] = node_section(rank, names, addresses, rendezvous_port(job.id, attempt.number),
-                                settings.gang_timeout_s)
-    return spec
+    return replace(spec, node=node_section(rank, names, addresses, rendezvous_port(job.id, attempt.number),
+                                           settings.gang_timeout_s))
 
 
 def addresses_of_head(fleet: Fleet, name: str) -> list[str]:

@@ -20,6 +20,7 @@ import pytest
 from orchestrator.core import filenames, protocol
 from orchestrator.host_documents import unframe
 from orchestrator.transfer.verify import parse_manifest
+from tests.support.jobspecs import spec_doc
 from tests.support.jobtree import SHA, install_agent
 from tests.support.testhosts import default_gpus
 
@@ -55,7 +56,7 @@ def run_job(root: Path, job_id: str, *, code: int | None = 0, run: dict[str, Any
     for d in (adir, rdir / "outputs" / "plots", rdir / "logs", rdir / "ckpts", root / protocol.CLAIMED_DIR):
         d.mkdir(parents=True, exist_ok=True)
     (root / protocol.CLAIMED_DIR / f"{job_id}.json").write_text(json.dumps(
-        {"job_id": job_id, "queue_id": "qrun01", "attempt": 1, "name": job_id, "run": run or RUN}))
+        spec_doc(job_id=job_id, queue_id="qrun01", attempt=1, name=job_id, run=run or RUN)))
     (rdir / "outputs" / "model.txt").write_text("weights")
     (rdir / "outputs" / "plots" / "curve.png").write_bytes(b"\x89PNG")
     (rdir / "final.json").write_text('{"ok": true}')

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from gpuq_base import gpuq_gang
@@ -42,18 +43,17 @@ from gpuq_base.gpuq_files import (
     mkdirs,
     read_json,
     sha256_file,
-    spec_slots,
     touch,
     utc,
 )
 from gpuq_attempt.gpuq_jail import read_only_prefix, split_loader_env
+from gpuq_base.gpuq_jobspec import JobSpec, NodeSection, spec_or_reason
 from gpuq_attempt.gpuq_launch import (
     build_env,
     job_argv,
     kill_grace,
     link_project,
     resume_note,
-    run_section,
     secrets_for,
 )
 from gpuq_attempt.gpuq_memwatch import sample_memory
@@ -95,7 +95,7 @@ class Wrapper:
         self.adir = lay.attempt(job_id, attempt)
         self.started = time.time()
         self.phase = "setup"
-        self.spec: dict[str, Any] = {}
+        self._spec: JobSpec | None = None  # read first thing by run()
         self.trainer: subprocess.Popen[bytes] | None = None
         self.got_signal: int | None = None
         self.sig_at: float | None = None
@@ -109,7 +109,7 @@ class Wrapper:
         self.bundle = ""
         self.run_env: dict[str, str] = {}  # run.env: what the trainer gets on top of PATH/HOME/...
         self.env: dict[str, str] = {}  # the trainer's whole process environment
-        self.node: dict[str, Any] | None = None  # one node of a job over SSH hosts
+        self.node: NodeSection | None = None  # one node of a job over SSH hosts
         self.rendezvous: list[str] | None = None  # torchrun's multi-node arguments
         self.python = sys.executable
         self.gpus = 0
@@ -125,11 +125,18 @@ class Wrapper:
                 with contextlib.suppress(OSError):
                     self.trainer.send_signal(signum)
 
+    @property
+    def spec(self) -> JobSpec:
+        """The attempt's spec (spec.json, parsed by ``run`` before any phase starts)."""
+        if self._spec is None:
+            raise RuntimeError("the wrapper read no spec yet")
+        return self._spec
+
     def marker(self, word: str, extra: str) -> None:
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
-        s = self.spec
+        name = self._spec.name if self._spec is not None else "?"
         self.lay.log("[%s] [%s/%s] %s %s %s a%d %s" % (
-            utc(), launch.get("index", "?"), launch.get("count", "?"), word, s.get("name", "?"),
+            utc(), launch.get("index", "?"), launch.get("count", "?"), word, name,
             self.job_id, self.attempt, extra))
 
     def finish(self, code: int, message: str, trainer_code: int | None = None,
@@ -174,11 +181,13 @@ class Wrapper:
         become_subreaper()
         atomic_write_json(os.path.join(self.adir, P.PGID_FILE),
                           {"pgid": os.getpgrp(), "start_ticks": start_ticks(me), "boot_id": boot_id()})
-        spec = read_json(os.path.join(self.jdir, P.SPEC_FILE))
-        if not isinstance(spec, dict):
-            return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable")
-        self.spec = spec
-        self.marker("STARTING", "({}, {}ep)".format(spec.get("task"), spec.get("epochs") or "-"))
+        doc = read_json(os.path.join(self.jdir, P.SPEC_FILE))
+        got = spec_or_reason(doc)
+        if not isinstance(got, JobSpec):
+            return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable" if doc is None else
+                               "spec.json refused: %s" % got)
+        self._spec = spec = got
+        self.marker("STARTING", "({}, {}ep)".format(spec.task, spec.epochs or "-"))
         try:
             return self._run(spec)
         except Exception as e:  # a wrapper bug must still leave an exit record
@@ -189,24 +198,24 @@ class Wrapper:
             return self.finish(P.EXIT_SETUP if self.phase in ("setup", "gate") else 1,
                                f"wrapper error in phase {self.phase}: {e!r}")
 
-    def meet(self, node: dict[str, Any]) -> tuple[str, str]:
+    def meet(self, node: NodeSection) -> tuple[str, str]:
         """(the head's address to use, "") or ("", why this node cannot take part)."""
         log = os.path.join(self.adir, P.JOB_LOG)
-        if node["rank"] == 0:
-            problem = gpuq_gang.port_free(node["master_port"])
-            return ("", problem) if problem else (node["master_addrs"][0], "")
+        if node.rank == 0:
+            problem = gpuq_gang.port_free(node.master_port)
+            return ("", problem) if problem else (node.master_addrs[0], "")
         master, problem = gpuq_gang.reach_head(node, lambda line: append_line(log, line))
         if master:
             append_line(log, "gpuq: node %d of %d reaches node 0 at %s:%d" % (
-                node["rank"], node["nodes"], master, node["master_port"]))
+                node.rank, node.nodes, master, node.master_port))
         return master, problem
 
-    def build_env(self, spec: dict[str, Any], launch: dict[str, Any]) -> dict[str, str]:
+    def build_env(self, spec: JobSpec, launch: dict[str, Any]) -> dict[str, str]:
         return build_env(self.lay, self.job_id, self.attempt, spec, launch, adir=self.adir)
 
-    def _run(self, spec: dict[str, Any]) -> int:
+    def _run(self, spec: JobSpec) -> int:
         """The attempt's phases in order; the first to return an exit code ends it."""
-        self.spec = spec
+        self._spec = spec
         for phase in (self._prepare, self._check_setup, self._gate, self._meet, self._train, self._finalize):
             code = phase()
             if code is not None:
@@ -222,22 +231,22 @@ class Wrapper:
         if launch.get("slurm"):
             launch = gpuq_slurm_node.launch_on_node(launch)
             if self.slurm_restart:  # the controller's resume point is older than what this attempt saved
-                self.spec = dict(self.spec, resume_from="")
+                self._spec = replace(self.spec, resume_from="")
         self.launch = launch
         spec = self.spec
-        self.sha = str(spec.get("bundle_sha", ""))
+        self.sha = spec.bundle_sha
         self.bundle = self.lay.p(P.BUNDLES_DIR, self.sha)
         run_env = self.build_env(spec, launch)
         same_env: dict[str, str] = {}
-        self.node = None if launch.get("slurm") else gpuq_gang.node_of(spec)  # one node of a job over SSH hosts
+        self.node = None if launch.get("slurm") else spec.node  # one node of a job over SSH hosts
         if launch.get("slurm") and gpuq_slurm.job_nodes(spec) > 1:  # the same on every node but the rank
             self.rendezvous, same_env = gpuq_slurm_node.rendezvous(gpuq_slurm.job_nodes(spec))
         elif self.node is not None:  # the head's address is settled by the reachability check before the launch
-            self.rendezvous, same_env = gpuq_gang.rendezvous(self.node, self.node["master_addrs"][0])
+            self.rendezvous, same_env = gpuq_gang.rendezvous(self.node, self.node.master_addrs[0])
         elif gpuq_slurm.job_nodes(spec) > 1:
             return self.finish(P.EXIT_SETUP, "a multi-node job reached this host without its node section")
         for key, value in same_env.items():
-            run_env[key] = str((spec.get("env") or {}).get(key, value))  # the project's own setting wins
+            run_env[key] = spec.env.get(key, value)  # the project's own setting wins
         atomic_write(os.path.join(self.adir, P.RUN_ENV_FILE),
                      "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(run_env.items())))
         self.run_env, self.env = run_env, process_env(run_env)
@@ -252,11 +261,11 @@ class Wrapper:
         spec, launch = self.spec, self.launch
         if not self.sha or not os.path.isdir(self.bundle):
             return self.finish(P.EXIT_SETUP, f"bundle {self.sha} is not on this host")
-        entry = os.path.join(self.bundle, str(spec.get("entry") or P.TRAIN_ENTRY))
-        if not (run_section(spec) or {}).get("command") and not os.path.isfile(entry):
+        entry = os.path.join(self.bundle, spec.entry or P.TRAIN_ENTRY)
+        if not spec.own_command and not os.path.isfile(entry):
             return self.finish(P.EXIT_SETUP, "trainer entry %s not found in bundle %s"
-                               % (spec.get("entry"), self.sha))
-        self.gpus = len(launch.get("slots") or []) or spec_slots(spec)
+                               % (spec.entry, self.sha))
+        self.gpus = len(launch.get("slots") or []) or spec.slots
         if launch.get("kind") == "gpu" and launch.get("device", "cuda") == "cuda" \
                 and not cuda_sees(self.python, self.env, self.gpus):
             return self.finish(P.EXIT_SETUP, "torch.cuda does not see the %d assigned GPUs %s" % (
@@ -266,7 +275,7 @@ class Wrapper:
         problem = run_setup(self.lay, spec, workdir, dict(self.env, **secrets), hide=self._hidden(secrets))
         if not problem:
             return None
-        key = str((run_section(spec) or {}).get("setup_key") or "")
+        key = spec.run.setup_key if spec.run is not None else ""
         failed = read_json(self.lay.p(P.SETUP_DIR, key, "failed.json")) if key else None
         tail = failed.get("tail") if isinstance(failed, dict) else None
         tail_text = "\n".join(str(t)[:300] for t in tail[-20:]) if isinstance(tail, list) else ""
@@ -292,10 +301,10 @@ class Wrapper:
         self.phase = "rendezvous"
         master, problem = self.meet(node)
         if problem:  # a taken port is retried (the next attempt draws another); an unreachable head is not
-            return self.finish(P.EXIT_TRANSIENT if node["rank"] == 0 else 1, problem)
+            return self.finish(P.EXIT_TRANSIENT if node.rank == 0 else 1, problem)
         self.rendezvous, same_env = gpuq_gang.rendezvous(node, master)
         for key, value in same_env.items():
-            self.run_env[key] = self.env[key] = str((self.spec.get("env") or {}).get(key, value))
+            self.run_env[key] = self.env[key] = self.spec.env.get(key, value)
         return None
 
     def _train(self) -> int | None:
@@ -303,7 +312,7 @@ class Wrapper:
         self.phase = "train"
         spec, run_env = self.spec, self.run_env
         run_dir = run_env[P.ENV_RUN_DIR]
-        link_project(project_root(self.lay, spec), run_dir, run_section(spec))  # as the setup hook left it
+        link_project(project_root(self.lay, spec), run_dir, spec.run)  # as the setup hook left it
         try:
             argv = job_argv(self.lay, self.job_id, self.attempt, spec, run_env, self.python, self.gpus,
                             rendezvous=self.rendezvous)
@@ -322,12 +331,12 @@ class Wrapper:
         if why:
             append_line(log_path, "gpuq: %s" % why if prefix else
                         "gpuq: the bundle is read-only by mode bits only (%s)" % why)
-        note = resume_note(run_dir, run_section(spec), self.attempt)
+        note = resume_note(run_dir, spec.run, self.attempt)
         if note:
             append_line(log_path, note)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
-                self.job_id, self.attempt, spec.get("name", ""), utc(), run_dir,
+                self.job_id, self.attempt, spec.name, utc(), run_dir,
                 " ".join(shlex.quote(a) for a in argv))).encode())
             logf.flush()
             if self.got_signal is not None:
@@ -352,7 +361,7 @@ class Wrapper:
     def _supervise(self, trainer: subprocess.Popen[bytes]) -> int:
         """Wait for the trainer: touch wrapper.alive every heartbeat, kill the rest of the group once
         a relayed signal's grace has passed.  Returns the trainer's exit status."""
-        hb_s = float(self.spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S)
+        hb_s = self.spec.heartbeat_s
         grace = kill_grace(self.spec)
         alive_path = os.path.join(self.adir, P.WRAPPER_ALIVE)
         next_touch = 0.0
@@ -401,7 +410,7 @@ class Wrapper:
         """Phase "finalize": node 0 verifies the artifacts; None when they are sound."""
         self.phase = "finalize"
         node = self.node
-        rank = node["rank"] if node is not None else gpuq_slurm_node.node_rank() if self.launch.get("slurm") else 0
+        rank = node.rank if node is not None else gpuq_slurm_node.node_rank() if self.launch.get("slurm") else 0
         if rank > 0:  # rank 0 writes results and checkpoints, on node 0: they are verified there
             return self.finish(P.EXIT_OK, "trained as node %d; node 0 verifies the artifacts" % rank, trainer_code=0)
         problem = verify_artifacts(self.jdir, self.spec)
