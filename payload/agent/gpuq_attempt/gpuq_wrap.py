@@ -7,7 +7,8 @@ meet (one node of a multi-node job over SSH hosts), train (starts the trainer, t
 wrapper.alive, samples memory into mem.tsv, forwards signals, ends every leftover process of the
 attempt) and finalize (verifies the artifacts).  An attempt that ended well then gets its end record,
 outputs.json (gpuq_outputs.py: path, bytes and sha256 of every result file).  It always leaves
-exit.json, written last, with the forwarded secret values redacted (gpuq_secrets.py).
+exit.json, written last, with the forwarded secret values redacted (gpuq_wrap_exit.py).  The trainer's
+process, the signals relayed to it and every leftover process of the attempt are gpuq_wrap_trainer.py's.
 
 stdlib only, Python >= 3.8.
 """
@@ -15,10 +16,8 @@ stdlib only, Python >= 3.8.
 # ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import threading
@@ -30,22 +29,13 @@ from gpuq_base import gpuq_gang
 from gpuq_records import gpuq_outputs
 from gpuq_base import gpuq_protocol as P
 from gpuq_attempt import gpuq_provenance
-from gpuq_base import gpuq_secrets
 from gpuq_slurmmode import gpuq_slurm
 from gpuq_slurmmode import gpuq_slurm_node
 from gpuq_attempt.gpuq_checks import cuda_sees, disk_gate, verify_artifacts
-from gpuq_base.gpuq_files import (
-    Layout,
-    append_line,
-    atomic_write,
-    atomic_write_json,
-    exit_record,
-    mkdirs,
-    read_json,
-    sha256_file,
-    touch,
-    utc,
-)
+from gpuq_attempt.gpuq_wrap_exit import hidden_values, write_exit
+from gpuq_attempt.gpuq_wrap_trainer import Supervisor, trainer_end
+from gpuq_base import gpuq_secrets
+from gpuq_base.gpuq_files import Layout, append_line, atomic_write, atomic_write_json, mkdirs, read_json, utc
 from gpuq_attempt.gpuq_jail import read_only_prefix, split_loader_env
 from gpuq_base.gpuq_jobspec import JobSpec, NodeSection, spec_or_reason
 from gpuq_attempt.gpuq_launch import (
@@ -57,15 +47,7 @@ from gpuq_attempt.gpuq_launch import (
     secrets_for,
 )
 from gpuq_attempt.gpuq_memwatch import sample_memory
-from gpuq_base.gpuq_procs import (
-    become_subreaper,
-    boot_id,
-    dead_rank_line,
-    descendants,
-    group_members,
-    signaled_children,
-    start_ticks,
-)
+from gpuq_base.gpuq_procs import become_subreaper, boot_id, start_ticks
 from gpuq_attempt.gpuq_setup import project_root, run_setup
 
 
@@ -96,11 +78,8 @@ class Wrapper:
         self.started = time.time()
         self.phase = "setup"
         self._spec: JobSpec | None = None  # read first thing by run()
-        self.trainer: subprocess.Popen[bytes] | None = None
-        self.got_signal: int | None = None
-        self.sig_at: float | None = None
+        self.supervisor = Supervisor()  # the trainer's process and the stop signal from outside
         self.done = threading.Event()
-        self.time_limit_near = False
         self.slurm_restart = 0  # SLURM_RESTART_COUNT when Slurm runs this attempt (again)
         self.hide: list[str] = []  # forwarded secret values: never in a record the controller reads
         # what the phases settle for the ones after them
@@ -113,17 +92,6 @@ class Wrapper:
         self.rendezvous: list[str] | None = None  # torchrun's multi-node arguments
         self.python = sys.executable
         self.gpus = 0
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGUSR1:  # Slurm's --signal=B:USR1@grace: the time limit is near
-            self.time_limit_near = True
-            signum = signal.SIGTERM  # the trainer checkpoints and stops, as for any stop request
-        if self.got_signal is None:
-            self.got_signal = signum
-            self.sig_at = time.time()
-            if self.trainer is not None and self.trainer.poll() is None:
-                with contextlib.suppress(OSError):
-                    self.trainer.send_signal(signum)
 
     @property
     def spec(self) -> JobSpec:
@@ -141,35 +109,17 @@ class Wrapper:
 
     def finish(self, code: int, message: str, trainer_code: int | None = None,
                sig: int | None = None, extra: dict[str, Any] | None = None) -> int:
-        hb = read_json(os.path.join(self.adir, P.HEARTBEAT_FILE))
-        extra = dict(extra or {})
-        best = extra.pop("best_sha256", None) or sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
-        rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
-                          trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
-        rec["wrapper_signal"] = self.got_signal  # a stop from outside, whatever the trainer's code
-        if os.environ.get("SLURM_JOB_ID"):
-            rec["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-            rec["slurm_restart"] = self.slurm_restart
-            if self.time_limit_near:
-                rec["slurm_time_limit"] = True
-                rec["message"] = "Slurm time limit near (SIGUSR1): checkpointed and stopped; " + rec["message"]
-        rec.update(extra)
-        rec = gpuq_secrets.redact_doc(rec, self._hidden())  # host text: the setup tail, the trainer's word
-        atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
+        sup = self.supervisor
+        write_exit(self.lay, self.adir, self.jdir, self.job_id, self.attempt, code, message, phase=self.phase,
+                   started=self.started, trainer_code=trainer_code, sig=sig, extra=extra,
+                   wrapper_signal=sup.got_signal, slurm_restart=self.slurm_restart,
+                   time_limit_near=sup.time_limit_near, held=self.hide)
         self.done.set()
         self.marker("FINISHED", "(exit=%d)" % code)
         return code
 
-    def _hidden(self, more: dict[str, str] | None = None) -> list[str]:
-        """The secret values to redact: those held when the wrapper started, those held now and ``more``."""
-        now = gpuq_secrets.held_values(self.lay)
-        extra = [v for v in (more or {}).values() if len(v) >= gpuq_secrets.MIN_REDACT_CHARS]
-        return sorted(set(self.hide) | set(now) | set(extra), key=lambda v: (-len(v), v))
-
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.supervisor.catch_signals()
         if not os.path.isdir(self.adir):
             print(f"gpuq wrap: no attempt directory {self.adir}", file=sys.stderr)
             return P.EXIT_SETUP
@@ -193,8 +143,7 @@ class Wrapper:
         except Exception as e:  # a wrapper bug must still leave an exit record
             import traceback
             traceback.print_exc()
-            if self.trainer is not None and self.trainer.poll() is None:
-                self.trainer.kill()
+            self.supervisor.kill_trainer()
             return self.finish(P.EXIT_SETUP if self.phase in ("setup", "gate") else 1,
                                f"wrapper error in phase {self.phase}: {e!r}")
 
@@ -272,7 +221,8 @@ class Wrapper:
                 self.gpus, self.run_env.get("CUDA_VISIBLE_DEVICES")))
         workdir = os.path.join(self.bundle, P.BUNDLE_WORKDIR)
         secrets = secrets_for(self.lay, spec)
-        problem = run_setup(self.lay, spec, workdir, dict(self.env, **secrets), hide=self._hidden(secrets))
+        problem = run_setup(self.lay, spec, workdir, dict(self.env, **secrets),
+                            hide=hidden_values(self.lay, self.hide, secrets))
         if not problem:
             return None
         key = spec.run.setup_key if spec.run is not None else ""
@@ -339,72 +289,32 @@ class Wrapper:
                 self.job_id, self.attempt, spec.name, utc(), run_dir,
                 " ".join(shlex.quote(a) for a in argv))).encode())
             logf.flush()
-            if self.got_signal is not None:
-                return self.finish(P.EXIT_SIGNAL_BASE + self.got_signal, "signal %d before training started"
-                                   % self.got_signal, sig=self.got_signal)
-            self.trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                            stderr=subprocess.STDOUT, env=env, close_fds=True,
-                                            cwd=run_dir)
+            sup = self.supervisor
+            if sup.got_signal is not None:
+                return self.finish(P.EXIT_SIGNAL_BASE + sup.got_signal, "signal %d before training started"
+                                   % sup.got_signal, sig=sup.got_signal)
+            trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                       stderr=subprocess.STDOUT, env=env, close_fds=True, cwd=run_dir)
+            sup.trainer = trainer  # from here on, a relayed signal reaches it
         sampler = threading.Thread(target=sample_memory, name="gpuq-mem", args=(
-            os.path.join(self.adir, P.MEM_FILE), self.trainer.pid,
+            os.path.join(self.adir, P.MEM_FILE), trainer.pid,
             (read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}).get("kind") == "gpu", self.done))
         sampler.daemon = True
         sampler.start()
-        rc = self._supervise(self.trainer)
+        rc = sup.supervise(trainer, os.path.join(self.adir, P.WRAPPER_ALIVE), spec.heartbeat_s, kill_grace(spec))
         probe.join(gpuq_provenance.PROBE_TIMEOUT_S)  # a short trainer: the probe ends before the group does
-        if rc != 0 and self.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
-            self._report_dead_ranks(log_path)
-        self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
+        if rc != 0 and sup.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
+            sup.report_dead_ranks(log_path)
+        sup.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
         self.done.set()
         return self._trainer_verdict(rc)
 
-    def _supervise(self, trainer: subprocess.Popen[bytes]) -> int:
-        """Wait for the trainer: touch wrapper.alive every heartbeat, kill the rest of the group once
-        a relayed signal's grace has passed.  Returns the trainer's exit status."""
-        hb_s = self.spec.heartbeat_s
-        grace = kill_grace(self.spec)
-        alive_path = os.path.join(self.adir, P.WRAPPER_ALIVE)
-        next_touch = 0.0
-        killed_rest = False
-        while True:
-            now = time.time()
-            if now >= next_touch:
-                with contextlib.suppress(OSError):
-                    touch(alive_path)
-                next_touch = now + hb_s
-            if self.sig_at is not None and not killed_rest and now - self.sig_at >= grace:
-                self.kill_rest()
-                killed_rest = True
-            try:
-                return int(trainer.wait(timeout=0.2))
-            except subprocess.TimeoutExpired:
-                continue
-
-    def _report_dead_ranks(self, log_path: str) -> None:
-        """A process the trainer started that died of a signal before it (a rank Lightning or another
-        framework spawned, kill -9'd; the survivor then fails on the lost peer): say so in the log, in
-        torchrun's own words, so the attempt is classed by that death (docs/health.md).  Only orphans the
-        wrapper inherited as a subreaper are seen, and only before gpuq's own kill below."""
-        trainer = self.trainer
-        for pid, sig in signaled_children({trainer.pid} if trainer is not None else ()):
-            append_line(log_path, dead_rank_line(pid, sig))
-
     def _trainer_verdict(self, rc: int) -> int | None:
         """None when the trainer exited 0, else the attempt's end as the trainer's status says it."""
-        if rc < 0:
-            sig = -rc
-            return self.finish(P.EXIT_SIGNAL_BASE + sig, "trainer killed by signal %d%s" % (
-                sig, self._why()), trainer_code=rc, sig=sig)
-        if rc != 0:
-            told = read_json(os.path.join(self.adir, P.TRAINER_EXIT_FILE))
-            if isinstance(told, dict) and isinstance(told.get("code"), int) and 0 < told["code"] < 256:
-                # torchrun turns every worker failure into 1; the payload said what it meant
-                code = told["code"]
-                detail = str(told.get("message") or "")
-                return self.finish(code, "trainer exited %d (rank %s exited %d%s)%s" % (
-                    rc, told.get("rank"), code, ": " + detail if detail else "", self._why()), trainer_code=code)
-            return self.finish(rc, "trainer exited %d%s" % (rc, self._why()), trainer_code=rc)
-        return None
+        if rc == 0:
+            return None
+        end = trainer_end(rc, self.adir, self._why())
+        return self.finish(end.code, end.message, trainer_code=end.trainer_code, sig=end.sig)
 
     def _finalize(self) -> int | None:
         """Phase "finalize": node 0 verifies the artifacts; None when they are sound."""
@@ -421,34 +331,9 @@ class Wrapper:
     def _why(self) -> str:
         if os.path.exists(os.path.join(self.jdir, P.CANCEL_FILE)):
             return " (cancel requested)"
-        if self.got_signal is not None:
-            return " (wrapper got signal %d)" % self.got_signal
+        if self.supervisor.got_signal is not None:
+            return " (wrapper got signal %d)" % self.supervisor.got_signal
         return ""
-
-    def kill_rest(self) -> None:
-        """SIGKILL our group and every descendant (workers in other sessions included), then reap.
-
-        The trainer is reaped through its Popen first: a status reaped here would be lost to it (Popen
-        then reads the missing child as exit 0, and a trainer killed after its grace would look trained)."""
-        me = os.getpid()
-        for pid in set(group_members(os.getpgrp())) | set(descendants(me)):
-            if pid != me:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        trainer = self.trainer
-        if trainer is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                trainer.wait(timeout=2.0)
-        deadline = time.time() + 2.0
-        while time.time() < deadline:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                time.sleep(0.02)
-            elif trainer is not None and pid == trainer.pid and trainer.returncode is None:
-                trainer.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def cmd_wrap(lay: Layout, job_id: str, attempt: str) -> int:
