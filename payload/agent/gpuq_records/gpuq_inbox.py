@@ -27,10 +27,12 @@ from typing import Any
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base import gpuq_secrets
-from gpuq_base.gpuq_files import Layout, atomic_write_json, read_json, sha256_hex
-from gpuq_base.gpuq_jobspec import JOB_ID_RE, JobSpec, SpecError, attempt_of, parse_spec, read_spec
+from gpuq_base.gpuq_files import Layout, read_json, sha256_hex
+from gpuq_base.gpuq_jobspec import JOB_ID_RE, JobSpec, SpecError, attempt_of, parse_spec
 from gpuq_base.gpuq_procs import live_attempt
-from gpuq_records.gpuq_runmetrics import payload_curves, run_summary
+from gpuq_records import gpuq_outputs
+from gpuq_records.gpuq_runmetrics import payload_curves
+from gpuq_records.gpuq_summary import job_spec, project_summary
 
 def write_spec(root: str, job_id: str, spec: dict[str, Any]) -> None:
     """Write a spec document (``JobSpec.document``, or a host retry's) into the inbox: tmp + rename."""
@@ -156,29 +158,6 @@ def cmd_collect(root: str, job_ids: list[str]) -> int:
     return 0
 
 
-def job_spec(root: str, job_id: str) -> JobSpec | None:
-    """The job's claimed spec, else its job dir's spec.json (None: neither reads as a sound spec)."""
-    spec = read_spec(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
-    return spec if spec is not None else read_spec(os.path.join(root, P.JOBS_DIR, job_id, P.SPEC_FILE))
-
-
-def project_summary(root: str, job_id: str, spec: JobSpec | None, write: bool) -> Any:
-    """For a job whose spec has ``run.metrics``: its metrics summarized like the payload's
-    summary.json (gpuq_runmetrics.py), written to result/summary.json when ``write`` and it has a
-    value (a summary that found nothing still travels, for the controller's warning); else None."""
-    if spec is None or spec.run is None or not spec.run.metrics:
-        return None
-    job_dir = os.path.join(root, P.JOBS_DIR, job_id)
-    summary = run_summary(job_dir, spec.run, spec.attempt)
-    if summary is not None and summary.get("final") is not None and write:
-        try:
-            os.makedirs(os.path.join(job_dir, P.RESULT_DIR), exist_ok=True)
-            atomic_write_json(os.path.join(job_dir, P.RESULT_DIR, P.SUMMARY_FILE), summary)
-        except OSError:
-            pass  # the summary still travels in the answer
-    return summary
-
-
 def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
     """A finished job's summary, its attempt's end record (or, without one, its result files hashed now)
     and checkpoint pointer (``collect``, and
@@ -195,8 +174,6 @@ def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
         elif "curves" not in summary:  # gpuq's payload: from metrics.jsonl
             summary["curves"] = payload_curves(os.path.join(root, P.JOBS_DIR, job_id), str(summary.get("metric")
                                                                                            or "val_acc"))
-    from gpuq_records import gpuq_outputs  # here: it builds on this module
-
     attempt = spec.attempt if spec is not None else 0
     ended = gpuq_outputs.carried(Layout(root), job_id, attempt) if attempt > 0 else None
     got = {

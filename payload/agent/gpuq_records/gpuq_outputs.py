@@ -33,7 +33,7 @@ from typing import Any
 from gpuq_records import gpuq_own
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, atomic_write, read_json, utc
-from gpuq_records.gpuq_inbox import project_summary
+from gpuq_records.gpuq_summary import project_summary
 from gpuq_base.gpuq_jobspec import JobSpec, RunSection
 from gpuq_records.gpuq_observe import safe_globs
 

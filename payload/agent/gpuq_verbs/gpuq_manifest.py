@@ -48,7 +48,7 @@ from gpuq_records import gpuq_outputs
 from gpuq_records import gpuq_own
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, atomic_write, read_json, utc
-from gpuq_records.gpuq_inbox import job_spec
+from gpuq_records.gpuq_summary import job_spec
 from gpuq_base.gpuq_jobspec import JOB_ID_RE, RunSection, read_spec
 from gpuq_records.gpuq_observe import safe_globs
 from gpuq_records.gpuq_outputs import CHUNK, Hasher, Refused, no_link, open_regular
