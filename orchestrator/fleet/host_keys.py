@@ -15,7 +15,7 @@ from orchestrator.fleet.registry import over_ssh
 from orchestrator.ledger import HostRow, Ledger
 
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`)
-    from orchestrator.hosts.ssh import Endpoint
+    from orchestrator.hosts.sshconfig import Endpoint
 
 
 def _known_lock(settings: Settings) -> contextlib.AbstractContextManager[None]:
@@ -61,7 +61,7 @@ def _write_known(settings: Settings, lines: Iterable[str]) -> None:
 
 
 def known_key(settings: Settings, endpoint: Endpoint) -> str:
-    from orchestrator.hosts.ssh import known_hosts_key
+    from orchestrator.hosts.sshconfig import known_hosts_key
 
     marker = known_hosts_key(endpoint.hostname, endpoint.port)
     for line in _known_lines(settings):
@@ -73,7 +73,7 @@ def known_key(settings: Settings, endpoint: Endpoint) -> str:
 
 def forget_keys(settings: Settings, endpoint: Endpoint, *, only: Iterable[str] | None = None) -> int:
     """Drop this endpoint's entries from gpuq's known_hosts (``only``: just these "<type> <b64>" keys)."""
-    from orchestrator.hosts.ssh import known_hosts_key
+    from orchestrator.hosts.sshconfig import known_hosts_key
 
     keep_only = set(only) if only is not None else None
     if keep_only is not None and not keep_only:
@@ -95,7 +95,7 @@ def forget_keys(settings: Settings, endpoint: Endpoint, *, only: Iterable[str] |
 
 def trust(ledger: Ledger, settings: Settings, name: str, fingerprint_: str) -> str:
     """Replace one host's known key with the key it offers now, if that key has the fingerprint given."""
-    from orchestrator.hosts.ssh import known_hosts_key, resolve
+    from orchestrator.hosts.sshconfig import known_hosts_key, resolve
     from orchestrator.hosts.sshconnect import offered_key
 
     row = ledger.host(name)
@@ -118,7 +118,7 @@ def move_endpoint(ledger: Ledger, settings: Settings, name: str, target: str, po
     """The same machine answers at a new address or port (a RunPod pod after a resume: ports change
     on every start).  Its recorded host key is pinned for the new endpoint, never trusted anew: a
     machine that offers another key there is refused like any changed key."""
-    from orchestrator.hosts.ssh import known_hosts_key, resolve
+    from orchestrator.hosts.sshconfig import known_hosts_key, resolve
 
     row = ledger.host(name)
     if row is None or row.kind != "ssh":
@@ -152,7 +152,7 @@ def key_fingerprint(key_line: str) -> str:
 
 def forget_row_keys(settings: Settings, row: HostRow) -> int:
     """Forget the key pinned for a host's endpoint (a terminated rental: RunPod reuses IP:port)."""
-    from orchestrator.hosts.ssh import resolve
+    from orchestrator.hosts.sshconfig import resolve
 
     if not over_ssh(row):
         return 0
@@ -164,7 +164,7 @@ def forget_row_keys(settings: Settings, row: HostRow) -> int:
 
 def forget_host(ledger: Ledger, settings: Settings, row: HostRow) -> None:
     """Drop the host from the ledger and its key from gpuq's known_hosts."""
-    from orchestrator.hosts.ssh import resolve
+    from orchestrator.hosts.sshconfig import resolve
 
     if over_ssh(row):
         # an alias that no longer resolves: its key entry cannot be named either

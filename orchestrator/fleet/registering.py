@@ -29,7 +29,7 @@ from orchestrator.scheduling.gpumatch import facts_json
 if TYPE_CHECKING:  # paramiko loads only when a command talks to an SSH host (fast `gpuq --help`), the host
     # documents' models only when one is read (`gpuq status --no-probe` reads none)
     from orchestrator.host_documents import HostFacts
-    from orchestrator.hosts.ssh import Endpoint
+    from orchestrator.hosts.sshconfig import Endpoint
 
 
 HOST_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -114,7 +114,8 @@ def register(
     ``rented``: the name is held by the row `gpuq up` wrote before it rented the machine (lease state
     ``provisioning``, no address yet): the audit's facts and these fields (its instance and price) fill
     that row in and its lease goes RUNNING, in one transaction, so no row is ever half a host."""
-    from orchestrator.hosts.ssh import SSHHost, resolve
+    from orchestrator.hosts.ssh import SSHHost
+    from orchestrator.hosts.sshconfig import resolve
 
     if not HOST_NAME.match(name) or name == LOCAL_HOST:
         raise UsageError(f'host name "{name}": use 1-32 of a-z 0-9 _ - (starting with a letter or digit), '

@@ -73,7 +73,8 @@ class Fleet:
                 here = LocalHost(Path(row.root), name=row.name, python=row.python)
                 self._hosts[row.name] = here
                 return here
-            from orchestrator.hosts.ssh import SSHHost, resolve
+            from orchestrator.hosts.ssh import SSHHost
+            from orchestrator.hosts.sshconfig import resolve
 
             endpoint = resolve(row.target, port=row.port, user=row.user, key_file=row.key_path)
             made = SSHHost(row.name, endpoint, root=row.root, python=row.python,

@@ -41,13 +41,10 @@ from orchestrator.core.errors import HostError, HostUnreachable
 from orchestrator.core.specs import CommandResult
 from orchestrator.hosts.base import Host, Progress, too_big
 from orchestrator.hosts.sshcommand import CHUNK, exchange
-from orchestrator.hosts.sshconfig import Endpoint, fingerprint, known_hosts_key, resolve
 from orchestrator.hosts.sshconnect import SSHConnection, reason_of
 from orchestrator.hosts.sshexec import close_channel
 
-__all__ = [
-    "Endpoint", "SSHHost", "fingerprint", "known_hosts_key", "remote_command", "resolve",
-]
+__all__ = ["SSHHost", "remote_command"]
 
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
 

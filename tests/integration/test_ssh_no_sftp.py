@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import HostError
-from orchestrator.hosts.ssh import SSHHost, resolve
+from orchestrator.hosts.ssh import SSHHost
+from orchestrator.hosts.sshconfig import resolve
 from orchestrator.hosts.sshconnect import SSHOptions
 from tests.support.testhosts import FarmFactory, HostFarm
 

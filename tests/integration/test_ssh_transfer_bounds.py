@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.core.errors import HostError
 from orchestrator.hosts.local import LocalHost
-from orchestrator.hosts.ssh import SSHHost, resolve
+from orchestrator.hosts.ssh import SSHHost
+from orchestrator.hosts.sshconfig import resolve
 from orchestrator.hosts.sshconnect import SSHOptions
 from tests.support.testhosts import FarmFactory
 
