@@ -85,6 +85,9 @@ class Settings:
         # TEST HOOK: a slow step, from the environment or the config (tests that interrupt a job mid-run)
         self.test_hook_step_sleep_s = _env_float(contract.ENV_TEST_HOOK_STEP_SLEEP_S,
                                                  float(self.cfg.get("test_hook_step_sleep_s") or 0.0))
+        # TEST HOOK: torch's intra-op threads (0 = the OMP_NUM_THREADS the agent set).  The test hosts share
+        # the machine's cores, so two threads of a 1-slot host spin against every other process there
+        self.test_hook_threads = int(self.cfg.get("test_hook_threads") or 0)
         self.resume_from = _env(contract.ENV_RESUME_FROM)
         device = _env(contract.ENV_DEVICE)
         if device not in (None, "cpu", "cuda"):
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpuq_payload.distributed import Dist
     from gpuq_payload.trainer import Trainer
 
+    if settings.test_hook_threads:
+        torch.set_num_threads(settings.test_hook_threads)
     want_cuda = torch.cuda.is_available() and settings.device != "cpu"
     if settings.device == "cuda" and not torch.cuda.is_available():
         if rank == 0:

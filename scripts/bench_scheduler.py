@@ -42,9 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.core.specs import DEFAULT_EPOCHS, HostSlots  # noqa: E402
-from orchestrator.scheduling import scheduler  # noqa: E402
+from orchestrator.scheduling import scheduler, stealing  # noqa: E402
 from orchestrator.scheduling.estimates import DEFAULT_EST_S_PER_EPOCH  # noqa: E402
-from orchestrator.scheduling.scheduler import PlanJob, QueuedJob  # noqa: E402
+from orchestrator.scheduling.placements import PlanJob  # noqa: E402
+from orchestrator.scheduling.stealing import QueuedJob  # noqa: E402
 from tests.support import scheduler_reference as reference  # noqa: E402
 
 GB = 10**9
@@ -159,7 +160,7 @@ def main() -> None:
         inboxes, steal_hosts = steal_case(busy, idle, queued)
         run_old = busy <= 8
         compare(f"steal {queued} queued x {busy} busy, {idle} idle hosts",
-                lambda q=inboxes, h=steal_hosts: scheduler.plan_steals(q, h),
+                lambda q=inboxes, h=steal_hosts: stealing.plan_steals(q, h),
                 (lambda q=inboxes, h=steal_hosts: reference.plan_steals(q, h)) if run_old else None,
                 args.repeat, moves,
                 "" if run_old else "reference skipped: it projects every inbox again per move")

@@ -42,13 +42,17 @@ class ModuleSet:
 MODULES: dict[str, ModuleSet] = {
     "verify": ModuleSet(("orchestrator/transfer/verify.py",), ("tests/unit/test_transfer.py",)),
     "pull": ModuleSet(
-        ("orchestrator/transfer/pull.py",), ("tests/unit/test_transfer.py", "tests/unit/test_pull_outcomes.py")
+        ("orchestrator/transfer/pull.py", "orchestrator/transfer/job_copy.py", "orchestrator/transfer/durable.py"),
+        ("tests/unit/test_transfer.py", "tests/unit/test_pull_outcomes.py")
     ),
     "patrol": ModuleSet(
-        ("orchestrator/health/patrol.py",), ("tests/unit/test_patrol_rules.py", "tests/unit/test_patrol_findings.py")
+        ("orchestrator/health/patrol.py", "orchestrator/health/verdicts.py", "orchestrator/health/host_lines.py"),
+        ("tests/unit/test_patrol_rules.py", "tests/unit/test_patrol_findings.py")
     ),
     "scheduler": ModuleSet(
-        ("orchestrator/scheduling/scheduler.py", "orchestrator/scheduling/estimates.py"),
+        ("orchestrator/scheduling/scheduler.py", "orchestrator/scheduling/placements.py",
+         "orchestrator/scheduling/candidates.py", "orchestrator/scheduling/list_scheduling.py",
+         "orchestrator/scheduling/stealing.py", "orchestrator/scheduling/estimates.py"),
         ("tests/unit/test_scheduler.py", "tests/unit/test_scheduler_edges.py", "tests/unit/test_capacity.py",
          "tests/unit/test_scheduler_gangs.py", "tests/unit/test_slurm_hosts.py"),
     ),
@@ -62,7 +66,8 @@ MODULES: dict[str, ModuleSet] = {
         ),
     ),
     "ledger": ModuleSet(
-        ("orchestrator/ledger/store.py", "orchestrator/ledger/events.py", "orchestrator/ledger/results.py"),
+        ("orchestrator/ledger/store.py", "orchestrator/ledger/host_records.py", "orchestrator/ledger/sweep_records.py",
+         "orchestrator/ledger/attempt_records.py", "orchestrator/ledger/events.py", "orchestrator/ledger/results.py"),
         ("tests/unit/test_ledger.py", "tests/unit/test_ledger_queries.py"),
     ),
     "specs": ModuleSet(

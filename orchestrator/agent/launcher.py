@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
 
 from orchestrator import host_documents
 from orchestrator.agent import bundle_check, client
 from orchestrator.agent.bundle import Bundle
+from orchestrator.agent.spec import OutboundSpec, RetryPolicy, RunSection
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import AgentError, BundleError, GpuqError, IllegalTransition, LedgerError
@@ -91,13 +91,11 @@ def sigterm_grace_s(row: HostRow | None) -> float | None:
 
 HOST_RETRY_CLASSES = ("killed", "host_oom", "vanished", "stalled", "deadlock_at_start")  # a host's agent retries
 HOST_RETRY_SIGNALS = (int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS))  # the trainer's deaths it retries
-SPEC_RUN_KEYS = ("command", "launcher", "resume_args", "checkpoint", "outputs", "metrics", "metrics_regex", "metric",
-                 "mode", "progress", "setup", "setup_key", "forward_env")  # the spec's "run" (protocol.py)
-DEADLOCK_RETRIES = 1  # patrol.DEADLOCK_RETRIES (a sibling layer: not imported; tests/unit check they agree)
+DEADLOCK_RETRIES = 1  # health.verdicts.DEADLOCK_RETRIES (a sibling layer: not imported; tests/unit check they agree)
 
 
 def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | None,
-               sweep: Sweep | None) -> dict[str, Any] | None:
+               sweep: Sweep | None) -> RetryPolicy | None:
     """The spec's "retry" (protocol.py): what the host's agent may retry by itself, at once, with resume
     (docs/checkpoints.md, "Who retries what").  ``failed``: the job's attempts that already count against
     ``retries=`` (``Ledger.failed_attempts``).  None, and the controller settles every end, for a job with
@@ -111,15 +109,15 @@ def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | Non
         return None
     # a stall: the patrol's own limits (payload/agent/gpuq_serving/gpuq_stall.py); a deadlock at start only as the first
     # failure
-    return {"left": left, "on": list(HOST_RETRY_CLASSES), "signals": list(HOST_RETRY_SIGNALS),
-            "deadlock_left": max(0, min(retries, DEADLOCK_RETRIES) - failed),
-            "stall_after_s": settings.stall_after_s, "startup_grace_s": settings.startup_grace_s,
-            "start_stall_after_s": settings.start_stall_after_s}
+    return RetryPolicy(left=left, on=HOST_RETRY_CLASSES, signals=HOST_RETRY_SIGNALS,
+                       deadlock_left=max(0, min(retries, DEADLOCK_RETRIES) - failed),
+                       stall_after_s=settings.stall_after_s, startup_grace_s=settings.startup_grace_s,
+                       start_stall_after_s=settings.start_stall_after_s)
 
 
 def attempt_spec(ledger: Ledger, job: Job, attempt: Attempt, settings: Settings, *, host: str,
                  created_at: float | None = None, sweep: Sweep | None = None,
-                 row: HostRow | None = None) -> dict[str, Any]:
+                 row: HostRow | None = None) -> OutboundSpec:
     """Attempt ``attempt``'s spec for ``host`` (its ledger row ``row`` when the caller read it) with the
     retries its host may make itself (``host_retry``): the same whether the spec is sent first, sent again
     (never delivered) or moved (work stealing)."""
@@ -132,47 +130,24 @@ def attempt_spec(ledger: Ledger, job: Job, attempt: Attempt, settings: Settings,
 
 def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: float | None = None,
              sweep: Sweep | None = None, host: HostRow | None = None,
-             retry: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The inbox document for one attempt (protocol.py, "Job spec").  The trainer entry, launcher
-    and checks come from the sweep (recorded at submit), never from the caller's project; a spot
-    host's preemption grace comes from its profile; ``retry`` is what the host may retry itself
-    (``host_retry``)."""
+             retry: RetryPolicy | None = None) -> OutboundSpec:
+    """The inbox spec for one attempt (protocol.py, "Job spec"; its JSON: ``OutboundSpec.as_document``).
+    The trainer entry, launcher and checks come from the sweep (recorded at submit), never from the
+    caller's project; a spot host's preemption grace comes from its profile; ``retry`` is what the host
+    may retry itself (``host_retry``)."""
     entry = f"{protocol.BUNDLE_WORKDIR}/{sweep.entry}" if sweep is not None and sweep.entry else protocol.TRAIN_ENTRY
-    grace = sigterm_grace_s(host)
-    extra: dict[str, Any] = {} if grace is None else {"sigterm_grace_s": grace}
-    if retry is not None:
-        extra["retry"] = retry
-    return {**extra,
-        "schema": protocol.SPEC_SCHEMA,
-        "protocol": protocol.PROTOCOL_VERSION,
-        "job_id": job.id,
-        "name": job.name,
-        "queue_id": job.sweep_id,
-        "attempt": attempt.number,
-        "task": job.task,
-        "epochs": job.epochs or None,  # null: nothing gave the job epochs (GPUQ_EPOCHS is then empty)
-        "gpus": job.gpus,
-        "nodes": job.nodes,
-        "seed": job.seed,
-        "config": job.config,
-        "bundle_sha": attempt.bundle_sha,
-        "entry": entry,
-        "launcher": sweep.launcher if sweep is not None else "torchrun",
-        "python": "",
-        "verify": [v for v in sweep.verify.split(",") if v] if sweep is not None else ["metrics", "best_ckpt"],
-        "heartbeat_s": settings.heartbeat_s,
-        "ckpt_interval_s": settings.ckpt_interval_s,
-        "kill_grace_s": settings.kill_grace_s,
-        "min_free_gb": settings.min_free_gb,
-        "scratch_gb": 0,
-        "durable_dir": "",
-        "resume_from": attempt.resume_from,
-        "spec_hash": job.spec_hash,
-        "env": run_env(sweep),
-        "created_at": created_at if created_at is not None else attempt.created_at,
-        "args": job.arg_list(),
-        "run": run_spec(sweep),
-    }
+    return OutboundSpec(
+        schema=protocol.SPEC_SCHEMA, protocol=protocol.PROTOCOL_VERSION, job_id=job.id, name=job.name,
+        queue_id=job.sweep_id, attempt=attempt.number, task=job.task,
+        epochs=job.epochs or None,  # None: nothing gave the job epochs (GPUQ_EPOCHS is then empty)
+        gpus=job.gpus, nodes=job.nodes, seed=job.seed, config=job.config, bundle_sha=attempt.bundle_sha,
+        entry=entry, launcher=sweep.launcher if sweep is not None else "torchrun", python="",
+        verify=tuple(v for v in sweep.verify.split(",") if v) if sweep is not None else ("metrics", "best_ckpt"),
+        heartbeat_s=settings.heartbeat_s, ckpt_interval_s=settings.ckpt_interval_s,
+        kill_grace_s=settings.kill_grace_s, min_free_gb=settings.min_free_gb, scratch_gb=0, durable_dir="",
+        resume_from=attempt.resume_from, spec_hash=job.spec_hash, env=run_env(sweep),
+        created_at=created_at if created_at is not None else attempt.created_at, args=tuple(job.arg_list()),
+        run=run_spec(sweep), sigterm_grace_s=sigterm_grace_s(host), retry=retry)
 
 
 def run_env(sweep: Sweep | None) -> dict[str, str]:
@@ -182,20 +157,20 @@ def run_env(sweep: Sweep | None) -> dict[str, str]:
     return dict(run.env) if run is not None else {}
 
 
-def run_spec(sweep: Sweep | None) -> dict[str, Any] | None:
-    """The spec's "run" object from the sweep's [run] table (None without one); forward_env holds
-    names only.  setup_key was computed at submit from the project's files.  A sweep whose stored
-    table cannot be read gets no spec (LedgerError): its jobs must not run as the bundled payload."""
+def run_spec(sweep: Sweep | None) -> RunSection | None:
+    """The spec's "run" from the sweep's [run] table (None without one); forward_env holds names only.
+    setup_key was computed at submit from the project's files.  A sweep whose stored table cannot be
+    read gets no spec (LedgerError): its jobs must not run as the bundled payload."""
     run = sweep.run_config() if sweep is not None else None
     if sweep is None or run is None:
         return None
     if run.unreadable:
         raise LedgerError(unreadable_run(sweep.id, run.unreadable))
-    dumped = run.model_dump(mode="json")
-    out: dict[str, Any] = {key: dumped[key] for key in SPEC_RUN_KEYS}
-    if run.data:  # {NAME: {"tree", "file"}}: synced before the specs go (transfer/datasync.py)
-        out["data"] = {name: ref.model_dump() for name, ref in run.data.items()}
-    return out
+    return RunSection(command=run.command, launcher=run.launcher, resume_args=run.resume_args,
+                      checkpoint=run.checkpoint, outputs=run.outputs, metrics=run.metrics,
+                      metrics_regex=run.metrics_regex, metric=run.metric, mode=run.mode, progress=run.progress,
+                      setup=run.setup, setup_key=run.setup_key, forward_env=run.forward_env,
+                      data=dict(run.data))  # {NAME: {"tree", "file"}}: synced before the specs go (datasync)
 
 
 def unreadable_run(sweep_id: str, why: str) -> str:
@@ -203,7 +178,7 @@ def unreadable_run(sweep_id: str, why: str) -> str:
             f"cancel it (`gpuq cancel --sweep {sweep_id}`) and submit it again")
 
 
-def enqueue_payload(specs: Sequence[dict[str, Any]], environ: Mapping[str, str] | None = None,
+def enqueue_payload(specs: Sequence[OutboundSpec], environ: Mapping[str, str] | None = None,
                     allowed: Sequence[str] = ()) -> bytes:
     """The `enqueue` verb's stdin: the plain list of specs, or, when any spec forwards variables,
     {"specs": [...], "secrets": {queue_id: {NAME: value}}} with values read from the environment now.
@@ -212,23 +187,23 @@ def enqueue_payload(specs: Sequence[dict[str, Any]], environ: Mapping[str, str] 
     environ = os.environ if environ is None else environ
     secrets: dict[str, dict[str, str]] = {}
     for spec in specs:
-        names = (spec.get("run") or {}).get("forward_env") or []
-        for name in names:
+        for name in spec.run.forward_env if spec.run is not None else ():
             why = runconfig.never_forwarded(name)
             if why:
                 raise GpuqError(f"forward_env: {name} is {why}; gpuq never sends it to a host (sweep "
-                                f"{spec['queue_id']}: cancel it and submit again without it)")
+                                f"{spec.queue_id}: cancel it and submit again without it)")
             if not runconfig.is_allowed(name, allowed):
-                raise GpuqError(f"forward_env: {name} is not in your forward_env_allow (sweep {spec['queue_id']}); "
+                raise GpuqError(f"forward_env: {name} is not in your forward_env_allow (sweep {spec.queue_id}); "
                                 f"add it to $GPUQ_HOME/config.toml or GPUQ_FORWARD_ENV_ALLOW, or cancel the sweep "
                                 "(the job stays queued)")
             if name not in environ:
                 raise GpuqError(f"forward_env: {name} is not set in the controller's environment; export it "
                                 "and run the command again (the job stays queued)")
-            secrets.setdefault(str(spec["queue_id"]), {})[name] = environ[name]
+            secrets.setdefault(spec.queue_id, {})[name] = environ[name]
+    documents = [spec.as_document() for spec in specs]
     if not secrets:
-        return json.dumps(list(specs)).encode()
-    return json.dumps({"specs": list(specs), "secrets": secrets}).encode()
+        return json.dumps(documents).encode()
+    return json.dumps({"specs": documents, "secrets": secrets}).encode()
 
 
 def _serve_args(host: Host, settings: Settings) -> list[str]:
@@ -243,12 +218,13 @@ def ensure_agent(host: Host, bundle_sha: str, settings: Settings) -> str:
     return result.stdout.strip()
 
 
-def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settings: Settings) -> Verdicts:
+def enqueue(host: Host, bundle_sha: str, specs: Sequence[OutboundSpec], settings: Settings) -> Verdicts:
     """Write specs into the host's inbox (idempotent) and make sure its agent runs.
 
     Returns the agent's verdict per job id ("queued", "exists").
     """
-    datasync.sync_specs(host, list(specs), settings.home)  # [data] first: a killed sync resumes on re-delivery
+    # [data] first: a killed sync resumes on re-delivery
+    datasync.sync_data(host, [spec.data for spec in specs], settings.home)
     # a Slurm login node runs one sbatch per spec inside this call: allow for each of them
     result = client.run(host, bundle_sha, "enqueue", "--serve", *_serve_args(host, settings),
                         stdin=enqueue_payload(specs, allowed=settings.forward_env_allow),
@@ -259,7 +235,7 @@ def enqueue(host: Host, bundle_sha: str, specs: Sequence[dict[str, Any]], settin
 
 
 def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[Job],
-                    settings: Settings) -> list[dict[str, Any]]:
+                    settings: Settings) -> list[OutboundSpec]:
     """Record attempt n of each job on ``host`` (ledger first: exactly-once; one transaction for the
     whole delivery) and build their specs.
 

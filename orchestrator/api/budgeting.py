@@ -17,7 +17,7 @@ from orchestrator.ledger import HostRow, Job, attempt_price
 from orchestrator.money import budget
 from orchestrator.money.budget import JobCostInput, Projection, Standing, usd
 from orchestrator.scheduling.gpumatch import host_matches, need_of, read_facts
-from orchestrator.scheduling.scheduler import Plan, PlanJob
+from orchestrator.scheduling.placements import Plan, PlanJob
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.placement import target_rows
 

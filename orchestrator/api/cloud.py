@@ -28,7 +28,7 @@ from orchestrator.core.states import (
     JobState,
     LeaseState,
 )
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import host_keys
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider
@@ -200,7 +200,7 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
             host, port = checked_endpoint(row.provider, inst)
             user = row.target.split("@", 1)[0] if "@" in row.target else "root"
             ctx.fleet.drop(row.name)
-            fleet.move_endpoint(ctx.ledger, ctx.settings, row.name, f"{user}@{host}", port)
+            host_keys.move_endpoint(ctx.ledger, ctx.settings, row.name, f"{user}@{host}", port)
             ctx.ledger.lease_transition(row.name, LeaseState.RUNNING, "", unreachable_since=None, probe_failures=0,
                                         next_probe_at=None, hold=HoldChange(HoldKind.NONE,
                                                                             over=ANY_HOLD - {HoldKind.UNHEALTHY}))
@@ -227,7 +227,7 @@ def _revive(ctx: Context, row: HostRow, provision: bool) -> str:
     else:
         # gpuq never connects to the replaced machine again, and the provider may hand its IP:port to the
         # replacement (RunPod does): its pinned key must not be taken for the new machine's, changed
-        fleet.forget_row_keys(ctx.settings, row)
+        host_keys.forget_row_keys(ctx.settings, row)
         try:  # the replacement's row names the host it replaces from before its create call
             made = up(ctx, provider=row.provider, gpu_type=row.gpu_type, count=1, gpus=max(1, row.gpu_count),
                       spot=row.spot, bid=row.bid_per_gpu, region=row.region or None, key=row.key_path,

@@ -18,7 +18,7 @@ from orchestrator.core import protocol
 from orchestrator.core.config import LOCAL_HOST
 from orchestrator.core.errors import GpuqError, HostError, UsageError
 from orchestrator.core.states import JobState, LeaseState
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import host_keys, registering
 from orchestrator.fleet import slurm as slurm_hosts
 from orchestrator.health import setup_holds
 from orchestrator.host_documents import AgentStop, Provenance
@@ -27,19 +27,19 @@ from orchestrator.tick import ACTIVE
 
 
 def hosts_add(ctx: Context, name: str, target: str, *, port: int | None = None, key: str = "",
-              profile: str = fleet.DEFAULT_SSH_PROFILE, root: str = "", python: str = "",
-              trust_new_host_key: bool = False) -> fleet.Registered:
+              profile: str = registering.DEFAULT_SSH_PROFILE, root: str = "", python: str = "",
+              trust_new_host_key: bool = False) -> registering.Registered:
     """Register an SSH host after a strictly verified connection and a one-round-trip audit."""
-    return fleet.register(ctx.ledger, ctx.settings, name, target, port=port, key=key, profile=profile, root=root,
+    return registering.register(ctx.ledger, ctx.settings, name, target, port=port, key=key, profile=profile, root=root,
                           python=python, trust_new_host_key=trust_new_host_key)
 
 
 def hosts_add_slurm(ctx: Context, name: str, target: str, *, port: int | None = None, key: str = "", root: str = "",
-                    python: str = "", profile: str = fleet.DEFAULT_SSH_PROFILE, trust_new_host_key: bool = False,
+                    python: str = "", profile: str = registering.DEFAULT_SSH_PROFILE, trust_new_host_key: bool = False,
                     partition: str = "", account: str = "",
                     qos: str = "", time_limit: str = "", sbatch_args: Sequence[str] = (),
                     max_jobs: int | None = None, signal_grace_s: int | None = None,
-                    probe_wait_s: float = slurm_hosts.PROBE_WAIT_S) -> fleet.Registered:
+                    probe_wait_s: float = slurm_hosts.PROBE_WAIT_S) -> registering.Registered:
     """Register a Slurm cluster's login node (docs/slurm.md): the host audit, then Slurm's."""
     fields: dict[str, Any] = {"partition": partition, "account": account, "qos": qos, "time_limit": time_limit,
                               "sbatch_args": tuple(sbatch_args)}
@@ -78,7 +78,7 @@ def hosts_show(ctx: Context, name: str) -> HostDetail:
         raise UsageError(f'unknown host "{name}"; `gpuq hosts list` shows the registered ones')
     active = [j for j in ctx.ledger.jobs(states=ACTIVE) if j.host == name]
     newest = ctx.ledger.newest_provenance(name)
-    return HostDetail(row, active, _unverified_on(ctx, name), fleet.key_fingerprint(row.host_key),
+    return HostDetail(row, active, _unverified_on(ctx, name), host_keys.key_fingerprint(row.host_key),
                       ctx.ledger.events(subject=name, limit=10, exact=True),
                       Provenance.from_stored(newest.provenance) if newest is not None else None)
 
@@ -107,12 +107,12 @@ def hosts_rm(ctx: Context, name: str, *, force: bool = False) -> None:
         raise UsageError(f"host {name} holds unverified results of {len(detail.unverified)} jobs "
                          f"({', '.join(j.name for j in detail.unverified[:5])}); `gpuq pull` first, "
                          "or --force to forget them")
-    fleet.forget_host(ctx.ledger, ctx.settings, detail.row)
+    host_keys.forget_host(ctx.ledger, ctx.settings, detail.row)
 
 
 def hosts_trust(ctx: Context, name: str, fingerprint: str) -> str:
     """Replace a host's known key by the one it offers now, if it has the fingerprint the user checked."""
-    return fleet.trust(ctx.ledger, ctx.settings, name, fingerprint)
+    return host_keys.trust(ctx.ledger, ctx.settings, name, fingerprint)
 
 
 def hosts_release(ctx: Context, name: str) -> list[str]:

@@ -27,7 +27,7 @@ from orchestrator.context import Context
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import ConfigError, GpuqError, NoCapacity, ProviderError, UsageError
 from orchestrator.core.states import HoldChange, HoldKind, LeaseState
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import registering
 from orchestrator.ledger import HostFields, HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider
@@ -345,7 +345,7 @@ def _register(ctx: Context, name: str, inst: Instance, profile: str, key: str, p
     # a machine gpuq rented itself has no out-of-band host key: its first key is trusted and pinned
     # (a later change is refused like on any host); the audit and the lease fill in the row written
     # before the create call, in one transaction
-    fleet.register(ctx.ledger, ctx.settings, name, f"{user}@{inst.ssh_host}", port=inst.ssh_port, key=key,
+    registering.register(ctx.ledger, ctx.settings, name, f"{user}@{inst.ssh_host}", port=inst.ssh_port, key=key,
                    profile=profile, trust_new_host_key=True, rented=lease)
     ctx.ledger.record_event("host", name, f"rented {provider} {inst.id} ({gpus}x {gpu_type}"
                                           f"{', spot' if spot else ''}) at {inst.ssh_host}:{inst.ssh_port}")

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from glob import glob
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.agent import client, launcher
+from orchestrator.agent.spec import OutboundSpec
 from orchestrator.api.submitting import SubmitResult, submit
 from orchestrator.context import Context
 from orchestrator.core import protocol
@@ -57,14 +58,14 @@ ERROR_LINE = re.compile(r"^\S.*\b\w*(Error|Exception)\b:|\berror:", re.I)
 PROBE = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
+from gpuq_base import gpuq_jobspec
 from gpuq_records import gpuq_runmetrics as m
 job_dir, attempt = sys.argv[2], int(sys.argv[3])
-spec = json.load(open(os.path.join(job_dir, "spec.json")))
-run = spec.get("run") or {}
-if run.get("command"):
+run = gpuq_jobspec.parse_spec(json.load(open(os.path.join(job_dir, "spec.json")))).run
+if run is not None and run.command:
     summary = m.run_summary(job_dir, run, attempt) or {}
     curves = summary.get("curves") or {}
-    metric = summary.get("metric") or run.get("metric") or ""
+    metric = summary.get("metric") or run.metric
     rows = summary.get("rows") or 0
 else:
     curves = m.payload_curves(job_dir, "val_acc")
@@ -148,7 +149,7 @@ def _remove(root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _documents(ctx: Context, planned: SubmitResult, spec: JobSpec, job_id: str, number: int) -> dict[str, Any]:
+def _documents(ctx: Context, planned: SubmitResult, spec: JobSpec, job_id: str, number: int) -> OutboundSpec:
     """The attempt's inbox spec, built by the launcher as for a real host (``launcher.job_spec``)."""
     now = time.time()
     run = planned.run
@@ -168,11 +169,10 @@ def _documents(ctx: Context, planned: SubmitResult, spec: JobSpec, job_id: str, 
     attempt = Attempt(job_id=job_id, number=number, host="smoke", state="STARTING",
                       bundle_sha=planned.bundle.sha256, created_at=now)
     spec_doc = launcher.job_spec(job, attempt, ctx.settings, sweep=sweep)
-    spec_doc["ckpt_interval_s"] = min(float(spec_doc["ckpt_interval_s"] or 5), 5.0)  # the payload saves early
-    return spec_doc
+    return replace(spec_doc, ckpt_interval_s=min(float(spec_doc.ckpt_interval_s or 5), 5.0))  # the payload saves early
 
 
-def _start(host: LocalHost, cell_jail: jail.Jail, spec_doc: dict[str, Any], job_id: str, number: int,
+def _start(host: LocalHost, cell_jail: jail.Jail, spec_doc: OutboundSpec, job_id: str, number: int,
            gpus: int) -> subprocess.Popen[bytes]:
     """Write the spec and launch record as the agent's ``serve`` does, and start the wrapper in the jail
     (``hosts/jail.py``: HOME at the smoke root; $GPUQ_HOME and your credentials hidden where it can)."""
@@ -180,12 +180,12 @@ def _start(host: LocalHost, cell_jail: jail.Jail, spec_doc: dict[str, Any], job_
     adir = jdir / protocol.ATTEMPTS_DIR / str(number)
     for d in (adir, jdir / protocol.CKPT_DIR, jdir / protocol.RESULT_DIR):
         d.mkdir(parents=True, exist_ok=True)
-    (jdir / protocol.SPEC_FILE).write_text(json.dumps(spec_doc))
+    (jdir / protocol.SPEC_FILE).write_text(json.dumps(spec_doc.as_document()))
     slots = list(range(max(1, gpus)))
     (adir / protocol.LAUNCH_FILE).write_text(json.dumps({
         "time": "", "slots": slots, "kind": "cpu", "device": "cpu", "total_slots": len(slots), "index": 1,
         "count": 1, "master_port": _free_port()}))
-    agent = client.agent_path(host, str(spec_doc["bundle_sha"]))
+    agent = client.agent_path(host, spec_doc.bundle_sha)
     with open(adir / protocol.JOB_LOG, "ab") as logf:
         return subprocess.Popen([*cell_jail.prefix, host.python, agent, "--root", host.root, "wrap", job_id,
                                  str(number)], stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
@@ -200,27 +200,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _checkpoint(host: LocalHost, job_id: str, spec_doc: dict[str, Any]) -> str:
+def _checkpoint(host: LocalHost, job_id: str, spec_doc: OutboundSpec) -> str:
     """The newest file matching the cell's checkpoint globs (gpuq's payload: its ckpt dir), relative to
     the job dir; "" when none."""
     jdir = os.path.join(host.root, protocol.JOBS_DIR, job_id)
-    run = spec_doc["run"] or {}
-    patterns = ([os.path.join(jdir, protocol.RUN_DIR, g) for g in run.get("checkpoint") or []]
-                if run.get("command") else [os.path.join(jdir, protocol.CKPT_DIR, "*.pt")])
+    run = spec_doc.run
+    patterns = ([os.path.join(jdir, protocol.RUN_DIR, g) for g in run.checkpoint]
+                if run is not None and run.command else [os.path.join(jdir, protocol.CKPT_DIR, "*.pt")])
     found = [p for pat in patterns for p in glob(pat, recursive=True)  # a file, or a checkpoint directory
              if (os.path.isfile(p) or os.path.isdir(p)) and not os.path.islink(p)]
     return os.path.relpath(max(found, key=os.path.getmtime), jdir) if found else ""
 
 
-def _has_rows(host: LocalHost, job_id: str, spec_doc: dict[str, Any]) -> bool:
+def _has_rows(host: LocalHost, job_id: str, spec_doc: OutboundSpec) -> bool:
     """A metrics row is written (cheaply: a CSV with a line after its header, a JSON-lines file with a
     line; ``metrics = "log"`` and no metrics at all: True, the checkpoint alone decides)."""
     jdir = os.path.join(host.root, protocol.JOBS_DIR, job_id)
-    run = spec_doc["run"] or {}
-    metrics = str(run.get("metrics") or "")
-    if run.get("command") and (not metrics or metrics == "log"):
+    own = spec_doc.run is not None and bool(spec_doc.run.command)
+    metrics = spec_doc.run.metrics if spec_doc.run is not None else ""
+    if own and (not metrics or metrics == "log"):
         return True
-    path = (os.path.join(jdir, protocol.RUN_DIR, metrics) if run.get("command")
+    path = (os.path.join(jdir, protocol.RUN_DIR, metrics) if own
             else os.path.join(jdir, protocol.RESULT_DIR, protocol.METRICS_FILE))
     try:
         with open(path, "rb") as f:
@@ -311,7 +311,7 @@ def _smoke_cell(ctx: Context, host: LocalHost, cell_jail: jail.Jail, planned: Su
     sha = planned.bundle.sha256
     first = _documents(ctx, planned, spec, job_id, 1)
     try:
-        datasync.sync_specs(host, [first], ctx.settings.home, record=False)  # [data], as a host gets it
+        datasync.sync_data(host, [first.data], ctx.settings.home, record=False)  # [data], as a host gets it
         _run_cell(host, cell_jail, row, first, _documents(ctx, planned, spec, job_id, 2), job_id, sha, spec.gpus,
                   timeout_s)
     finally:
@@ -319,7 +319,7 @@ def _smoke_cell(ctx: Context, host: LocalHost, cell_jail: jail.Jail, planned: Su
     return row
 
 
-def _run_cell(host: LocalHost, cell_jail: jail.Jail, row: SmokeRow, first: dict[str, Any], second: dict[str, Any],
+def _run_cell(host: LocalHost, cell_jail: jail.Jail, row: SmokeRow, first: OutboundSpec, second: OutboundSpec,
               job_id: str, sha: str, gpus: int, timeout_s: float) -> None:
     proc = _start(host, cell_jail, first, job_id, 1, gpus)
     in_time, stopped = _wait(proc, timeout_s, stop_when=lambda: bool(_checkpoint(host, job_id, first))

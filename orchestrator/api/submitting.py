@@ -28,7 +28,8 @@ from orchestrator.queue.runconfig import (
 )
 from orchestrator.scheduling.estimates import epoch_rates, estimate_source
 from orchestrator.scheduling.gpumatch import need_of
-from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
+from orchestrator.scheduling.placements import Plan, PlanJob
+from orchestrator.scheduling.scheduler import plan
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
 from orchestrator.transfer import datasync

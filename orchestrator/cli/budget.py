@@ -36,12 +36,12 @@ def budget(sweep: str, usd: float | str | None) -> None:
     estimates, and what its jobs not started yet may cost.  With USD: set, raise or lower the cap
     ("none" removes it).  A cap below what is spent and committed stops the sweep's dispatch (running
     jobs finish); a higher one lets its queued jobs start at the next tick."""
-    from orchestrator.api import budgeting as budgets
+    from orchestrator.api import budgeting
 
     ctx = open_ctx()
     if usd is None:
-        view = budgets.show(ctx, sweep)
+        view = budgeting.show(ctx, sweep)
     else:
-        view = budgets.set_cap(ctx, sweep, usd if isinstance(usd, float) else None)
+        view = budgeting.set_cap(ctx, sweep, usd if isinstance(usd, float) else None)
     for line in view.lines():
         echo(line)

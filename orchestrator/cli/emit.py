@@ -14,8 +14,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli import documents as d
-from orchestrator.cli import jsontext
+from orchestrator.cli import documents, jsontext
 from orchestrator.core.specs import known_epochs
 
 if TYPE_CHECKING:
@@ -24,14 +23,14 @@ if TYPE_CHECKING:
     from orchestrator.ledger import HostRow
 
 
-def _out(doc: d.Doc) -> None:
+def _out(doc: documents.Doc) -> None:
     sys.stdout.write(jsontext.dumps(doc.as_dict()) + "\n")
 
 
 def submitted(result: SubmitResult) -> None:
-    jobs = [d.SubmittedJob(id=j.id, name=j.name, host=result.placements.get(j.id)) for j in result.jobs]
-    _out(d.SubmitDocument(schema_="gpuq.cli.submit/1", sweep=result.sweep_id, jobs=jobs,
-                          launch_error=result.launch_error))
+    jobs = [documents.SubmittedJob(id=j.id, name=j.name, host=result.placements.get(j.id)) for j in result.jobs]
+    _out(documents.SubmitDocument(schema_="gpuq.cli.submit/1", sweep=result.sweep_id, jobs=jobs,
+                                  launch_error=result.launch_error))
 
 
 def _ran_fields(host: str, ran: Provenance | None) -> dict[str, Any] | None:
@@ -42,9 +41,9 @@ def _ran_fields(host: str, ran: Provenance | None) -> dict[str, Any] | None:
             "driver": ran.driver, "cuda": ran.cuda, "torch": ran.torch, "nccl": ran.nccl, "python": ran.python}
 
 
-def _ran(host: str, ran: Provenance | None) -> d.RanWith | None:
+def _ran(host: str, ran: Provenance | None) -> documents.RanWith | None:
     fields = _ran_fields(host, ran)
-    return d.RanWith(**fields) if fields is not None else None
+    return documents.RanWith(**fields) if fields is not None else None
 
 
 def results(rows: list[ResultRow]) -> None:
@@ -61,12 +60,12 @@ def results(rows: list[ResultRow]) -> None:
         doc: dict[str, Any] = {"schema": "gpuq.cli.results/1", "sweep": rows[0].job.sweep_id,
                                "metric": rows[0].metric, "mode": rows[0].mode, "jobs": jobs}
         try:
-            d.ResultsDocument.model_validate(doc, strict=True)
+            documents.ResultsDocument.model_validate(doc, strict=True)
             exact = _floats_only(jobs)
         except ValidationError:
             exact = False
         if not exact:
-            doc = d.ResultsDocument.model_validate(doc).as_dict()
+            doc = documents.ResultsDocument.model_validate(doc).as_dict()
         sys.stdout.write(jsontext.dumps(doc) + "\n")
 
 
@@ -105,32 +104,34 @@ def _result_jobs(rows: list[ResultRow]) -> list[dict[str, Any]]:
     return jobs
 
 
-def host_entry(row: HostRow) -> d.HostEntry:
-    return d.HostEntry(name=row.name, kind=row.kind, target=row.target, profile=row.profile, root=row.root,
-                       slots_total=row.slots_total, slots_kind=row.slots_kind, last_probe_at=row.last_probe_at,
-                       unreachable_since=row.unreachable_since, health=row.health, hold_reason=row.hold_text,
-                       price_per_hour=row.price_per_hour, provider=row.provider)
+def host_entry(row: HostRow) -> documents.HostEntry:
+    return documents.HostEntry(name=row.name, kind=row.kind, target=row.target, profile=row.profile, root=row.root,
+                               slots_total=row.slots_total, slots_kind=row.slots_kind, last_probe_at=row.last_probe_at,
+                               unreachable_since=row.unreachable_since, health=row.health, hold_reason=row.hold_text,
+                               price_per_hour=row.price_per_hour, provider=row.provider)
 
 
 def hosts(rows: list[HostRow]) -> None:
-    _out(d.HostsDocument(schema_="gpuq.cli.hosts/1", hosts=[host_entry(r) for r in rows]))
+    _out(documents.HostsDocument(schema_="gpuq.cli.hosts/1", hosts=[host_entry(r) for r in rows]))
 
 
 def host(detail: HostDetail) -> None:
     row = detail.row
-    events = [d.HostEvent(time=e.time, state=e.new or "", message=e.message) for e in detail.events]
-    _out(d.HostDocument(schema_="gpuq.cli.host/1", host=host_entry(row), python=row.python, port=row.port,
-                        fingerprint=detail.fingerprint, agent_bundle=row.agent_bundle,
-                        active_jobs=[j.id for j in detail.active], unverified_jobs=[j.id for j in detail.unverified],
-                        events=events, ran_with=_ran(row.name, detail.ran_with)))
+    events = [documents.HostEvent(time=e.time, state=e.new or "", message=e.message) for e in detail.events]
+    _out(documents.HostDocument(schema_="gpuq.cli.host/1", host=host_entry(row), python=row.python, port=row.port,
+                                fingerprint=detail.fingerprint, agent_bundle=row.agent_bundle,
+                                active_jobs=[j.id for j in detail.active],
+                                unverified_jobs=[j.id for j in detail.unverified], events=events,
+                                ran_with=_ran(row.name, detail.ran_with)))
 
 
 def pulled(report: PullReport) -> None:
-    jobs = [d.PulledJob(id=o.job_id, name=o.name, host=o.host, state=o.state, verified=o.verified, reason=o.reason,
-                        files=o.files, bytes=o.bytes, transferred=o.transferred, local_dir=o.local_dir)
+    jobs = [documents.PulledJob(id=o.job_id, name=o.name, host=o.host, state=o.state, verified=o.verified,
+                                reason=o.reason, files=o.files, bytes=o.bytes, transferred=o.transferred,
+                                local_dir=o.local_dir)
             for o in report.outcomes]
-    _out(d.PullDocument(schema_="gpuq.cli.pull/1", sweep=report.sweep_id, results_dir=str(report.results_dir),
-                        ok=report.ok, jobs=jobs))
+    _out(documents.PullDocument(schema_="gpuq.cli.pull/1", sweep=report.sweep_id, results_dir=str(report.results_dir),
+                                ok=report.ok, jobs=jobs))
 
 
 def waited(snap: Snapshot, sweep_id: str) -> None:
@@ -140,5 +141,6 @@ def waited(snap: Snapshot, sweep_id: str) -> None:
     states: dict[str, int] = {}
     for job in snap.jobs:
         states[job.state] = states.get(job.state, 0) + 1
-    _out(d.WaitDocument(schema_="gpuq.cli.wait/1", sweep=sweep_id, ok=all(j.state == "SUCCEEDED" for j in snap.jobs),
-                        states=states, jobs=[job_model(v) for v in job_views(snap)]))
+    _out(documents.WaitDocument(schema_="gpuq.cli.wait/1", sweep=sweep_id,
+                                ok=all(j.state == "SUCCEEDED" for j in snap.jobs),
+                                states=states, jobs=[job_model(v) for v in job_views(snap)]))

@@ -54,7 +54,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
     cluster with --slurm TARGET."""
     from orchestrator import api
     from orchestrator.core.errors import UsageError
-    from orchestrator.fleet.registry import key_fingerprint
+    from orchestrator.fleet.host_keys import key_fingerprint
 
     slurm_only = {"--partition": partition, "--account": account, "--qos": qos, "--time-limit": time_limit,
                   "--sbatch-arg": sbatch_args, "--max-jobs": max_jobs, "--signal-grace": signal_grace}

@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from orchestrator import host_documents
-from orchestrator.core import protocol
+from orchestrator.core import documents
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import HostError, UsageError
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import registering, registry
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow, Ledger
@@ -191,7 +191,7 @@ if not doc["missing"] and wait_s > 0:
         doc["probe"] = "failed"
         doc["probe_detail"] = (err.strip() or out.strip() or "exit %d" % code)[-400:]
 print("\n@BEGIN@\n" + json.dumps(doc) + "\n@END@")
-""".replace("@BEGIN@", protocol.DOCUMENT_BEGIN).replace("@END@", protocol.DOCUMENT_END)
+""".replace("@BEGIN@", documents.DOCUMENT_BEGIN).replace("@END@", documents.DOCUMENT_END)
 
 _Text = Annotated[str, StringConstraints(max_length=400)]
 
@@ -242,34 +242,34 @@ WRITE_CONFIG = ('set -eu; cd "$1"; umask 077; cat > .slurm.json.tmp; mv -f .slur
 
 def register(ledger: Ledger, settings: Settings, name: str, target: str, slurm: SlurmSettings, *,
              port: int | None = None, key: str = "", root: str = "", python: str = "",
-             profile: str = fleet.DEFAULT_SSH_PROFILE, trust_new_host_key: bool = False,
-             probe_wait_s: float = PROBE_WAIT_S) -> fleet.Registered:
+             profile: str = registering.DEFAULT_SSH_PROFILE, trust_new_host_key: bool = False,
+             probe_wait_s: float = PROBE_WAIT_S) -> registering.Registered:
     """Register a Slurm login node (over SSH, or this machine with target "local"): the host audit,
     then the Slurm audit, then ROOT/slurm.json, then the ledger row.  All or nothing."""
 
-    def then(host: Host, out: fleet.Registered) -> None:
+    def then(host: Host, out: registering.Registered) -> None:
         _slurm_checks(host, out, slurm, probe_wait_s)
 
-    if target != fleet.SLURM_ON_THIS_MACHINE:
-        return fleet.register(ledger, settings, name, target, port=port, key=key, root=root, python=python,
+    if target != registry.SLURM_ON_THIS_MACHINE:
+        return registering.register(ledger, settings, name, target, port=port, key=key, root=root, python=python,
                               profile=profile, trust_new_host_key=trust_new_host_key, then=then)
-    if not fleet.HOST_NAME.match(name) or ledger.host(name) is not None:
+    if not registering.HOST_NAME.match(name) or ledger.host(name) is not None:
         raise UsageError(f'host name "{name}": already registered, or not 1-32 of a-z 0-9 _ -')
     if not root:
         raise UsageError("--slurm local needs --root DIR: a directory the compute nodes see (e.g. /scratch/$USER/gpuq)")
     interpreter = python or "python3"
     host = LocalHost(Path(root).expanduser(), name=name, python=interpreter)
-    facts = fleet.audit(host, interpreter, root)
+    facts = registering.audit(host, interpreter, root)
     row = HostRow(name=name, kind="slurm", target=target, root=facts.root, python=interpreter,
                   profile=profile, created_at=0.0, disk_free_bytes=facts.free_bytes,
                   train_device=load_profile(profile).launch.train_device)
-    out = fleet.Registered(row, facts)
+    out = registering.Registered(row, facts)
     then(host, out)
     ledger.add_host(out.row)
     return out
 
 
-def _slurm_checks(host: Host, out: fleet.Registered, slurm: SlurmSettings, probe_wait_s: float) -> None:
+def _slurm_checks(host: Host, out: registering.Registered, slurm: SlurmSettings, probe_wait_s: float) -> None:
     row = out.row
     doc = _run_audit(host, row.python or "python3", row.root, slurm, probe_wait_s)
     wanted, gpus, nodes, update = _partition_facts(host.name, doc, slurm, out)
@@ -313,7 +313,7 @@ def _run_audit(host: Host, python: str, root: str, slurm: SlurmSettings, probe_w
 
 
 def _partition_facts(name: str, doc: SlurmAudit, slurm: SlurmSettings,
-                     out: fleet.Registered) -> tuple[str, int, int, dict[str, Any]]:
+                     out: registering.Registered) -> tuple[str, int, int, dict[str, Any]]:
     """The partition jobs go to, its GPUs per node and node count, and the settings they change."""
     parts = doc.partitions
     wanted = slurm.partition or next((p.name for p in parts if p.default), "")
@@ -338,7 +338,7 @@ def _partition_facts(name: str, doc: SlurmAudit, slurm: SlurmSettings,
     return wanted, gpus, nodes, update
 
 
-def _check_probe(name: str, doc: SlurmAudit, root: str, out: fleet.Registered) -> None:
+def _check_probe(name: str, doc: SlurmAudit, root: str, out: registering.Registered) -> None:
     """The shared-root probe job's verdict: refused where the root is not shared or sbatch refused it."""
     if doc.probe == "not_shared":
         raise HostError(name, f"a job on a compute node wrote into {root}, and the login node does not see "

@@ -1,7 +1,7 @@
 """Failure classes (docs/health.md, "Failure classes and retries"): every class, whether gpuq retries it,
-and the classification of an ended attempt by the evidence ``patrol.classify`` does not weigh itself.
+and the classification of an ended attempt by the evidence ``verdicts.classify`` does not weigh itself.
 
-On top of ``patrol.classify`` (exit codes, stops and kills, the older signatures), the first match wins:
+On top of ``verdicts.classify`` (exit codes, stops and kills, the older signatures), the first match wins:
 
 - ``checkpoint_mismatch``: the log scan's ``state_dict`` signature ("Missing key(s) in state_dict",
   "Unexpected key(s) in state_dict", "size mismatch for ...: copying a param"): the checkpoint was saved
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrator.health import patrol, stops
+from orchestrator.health import stops, verdicts
 from orchestrator.health.hints import HINTS
 from orchestrator.host_documents import ScanHit
 
@@ -60,13 +60,13 @@ CLASSES: tuple[FailureClass, ...] = (
     FailureClass("killed", "with_resume", True),
     FailureClass("vanished", "with_resume", True),
     FailureClass("stalled", "with_resume", True),
-    FailureClass(patrol.DEADLOCK_AT_START, "once", True),
+    FailureClass(verdicts.DEADLOCK_AT_START, "once", True),
     FailureClass("unknown", "not_automatic", False),
 )
 BY_NAME = {c.name: c for c in CLASSES}
 NAMES = tuple(c.name for c in CLASSES)
 
-NEVER_RETRIED = frozenset({"checkpoint_mismatch", "shm_exhausted"})  # this module's; patrol.decide: the rest
+NEVER_RETRIED = frozenset({"checkpoint_mismatch", "shm_exhausted"})  # this module's; verdicts.decide: the rest
 
 # an exception's line, as Python prints it last in a traceback (the agent's gpuq_scan.EXCEPTION_LINE)
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyError|StopIteration)\b")
@@ -135,14 +135,14 @@ def same_exception(a: str, b: str) -> bool:
 def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[ScanHit],
              traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False,
              wrapper_signal: int | None = None) -> str:
-    """The failure class of an ended attempt (docs/health.md): ``patrol.classify``'s, given the first
+    """The failure class of an ended attempt (docs/health.md): ``verdicts.classify``'s, given the first
     failing rank's exception, unless a stop came first or the log names a class of this module."""
     raised = exception_line(hits, traceback)
     if raised and LOST_PEER.search(raised) and any(h.signature == "rank_killed" for h in hits):
         # torchrun dates failures to the second: a rank that lost its killed peer can be named first.  A
         # peer's death is not the survivor's fault: the death decides (stops.outside_class)
         hits = [h for h in hits if h.signature != stops.RANK_FAILED]
-    base = patrol.classify(exit_code, trainer_code, hits, [raised] if raised else traceback,
+    base = verdicts.classify(exit_code, trainer_code, hits, [raised] if raised else traceback,
                            oom_kill_rose=oom_kill_rose, rebooted=rebooted, wrapper_signal=wrapper_signal)
     if base == "stopped":
         return base
@@ -163,13 +163,13 @@ def repeat_matters(klass: str) -> bool:
     return known is not None and known.retry == "with_resume" and not known.interruption
 
 
-def decide(klass: str, failures: int, retries: int, *, repeated: str = "") -> patrol.Decision:
-    """``patrol.decide``, and never a retry for this module's classes, nor for a crash whose exception
+def decide(klass: str, failures: int, retries: int, *, repeated: str = "") -> verdicts.Decision:
+    """``verdicts.decide``, and never a retry for this module's classes, nor for a crash whose exception
     (``repeated``) already ended the attempt before."""
     if klass in NEVER_RETRIED:
-        return patrol.Decision("fail", f"{klass}: never retried; {HINTS[klass]}")
-    decision = patrol.decide(klass, failures, retries)
+        return verdicts.Decision("fail", f"{klass}: never retried; {HINTS[klass]}")
+    decision = verdicts.decide(klass, failures, retries)
     if repeated and decision.action == "requeue" and repeat_matters(klass):
-        return patrol.Decision("fail", f"{klass}: never retried: the attempt before ended with the same exception, "
+        return verdicts.Decision("fail", f"{klass}: never retried: the attempt before ended with the same exception, "
                                        f"{repeated} (fix it and submit again)")
     return decision

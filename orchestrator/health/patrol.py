@@ -2,7 +2,8 @@
 
 Nothing here talks to a host or the ledger.  The controller feeds each rule what it read (the
 agent's ``status --json`` document, the ledger's view of a job and host) and stores the findings
-as events; the policy (`decide`) says what to do about a job, and the controller does it.
+as events; the policy (``verdicts.decide``) says what to do about a job, and the controller does it;
+``host_lines`` draws one line per host.
 
 Signals are combined because each lies alone: a buffered log looks stale while training is fine,
 a CPU-bound loader shows 0 % GPU, a hung collective shows 100 % SM with no progress.  "Stalled"
@@ -13,15 +14,13 @@ comes only from the exit record.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from orchestrator.core import protocol
-from orchestrator.health import observed, stops
-from orchestrator.health.hints import HINTS
-from orchestrator.host_documents import JobEntry, Memory, Scan, ScanHit, StatusDocument
+from orchestrator.health import observed
+from orchestrator.health.verdicts import DEADLOCK_AT_START, DEADLOCK_HINT, DIVERGENCE_HINT, Decision
+from orchestrator.host_documents import JobEntry, Memory, Scan, StatusDocument
 
 
 class Severity(str, Enum):
@@ -51,6 +50,10 @@ class Finding:
     reason: str = field(default="", compare=False)
     failure_class: str = field(default="", compare=False)
     attempt: int | None = field(default=None, compare=False)
+    # a crash finding's signature names (its action says them to people too); an ended attempt's settling
+    # decision without its next step (its action is the whole decision)
+    signatures: tuple[str, ...] = field(default=(), compare=False)
+    decision: str = field(default="", compare=False)
 
     @property
     def subject(self) -> str:
@@ -149,97 +152,10 @@ def host_findings(host: HostView, doc: StatusDocument, th: Thresholds) -> list[F
     return out
 
 
-SIGNATURES_PREFIX = "signatures: "  # a crash finding's action starts with the signature names
-
-
-def signatures_of(action: str) -> list[str]:
-    """The crash signature names a stored crash finding carries."""
-    if not action.startswith(SIGNATURES_PREFIX):
-        return []
-    return [name.strip() for name in action[len(SIGNATURES_PREFIX):].split(";", 1)[0].split(",") if name.strip()]
+SIGNATURES_PREFIX = "signatures: "  # a crash finding's action starts with the signature names, for people
 
 
 # --- job rules --------------------------------------------------------------------------------
-
-CONFIG_EXCEPTIONS = ("KeyError", "AttributeError", "ImportError", "ModuleNotFoundError", "FileNotFoundError",
-                     "TypeError", "ValueError", "NameError", "SyntaxError", "IndentationError")
-
-
-def classify(exit_code: int | None, trainer_code: int | None, hits: Sequence[ScanHit],
-             traceback: Sequence[str] = (), *, oom_kill_rose: bool = False, rebooted: bool = False,
-             wrapper_signal: int | None = None) -> str:
-    """The failure class (docs/health.md) from the exit code and the log evidence:
-    "transient" | "config" | "divergence" | "gpu_oom" | "host_oom" | "disk_full" | "control_plane"
-    | "stopped" (SIGTERM from outside: a preemption's grace, a shutdown; ``wrapper_signal`` is the
-    signal the wrapper received, a stop whatever the trainer's code) | "killed" (a signal death gpuq
-    did not cause, no OOM evidence) | "vanished" | "unknown".  See ``orchestrator.health.stops``."""
-    signatures = {h.signature for h in hits}
-    last = next((line.strip() for line in reversed(traceback) if line.strip()), "")
-    outside = stops.outside_class(exit_code, trainer_code, wrapper_signal,
-                                  oom_evidence=oom_kill_rose or "killed" in signatures,
-                                  signatures=signatures if exit_code is not None else ())
-    if outside == "stopped":
-        return outside
-    if exit_code == protocol.EXIT_CONFIG or trainer_code == protocol.EXIT_CONFIG or "state_dict" in signatures:
-        return "config"
-    if exit_code == protocol.EXIT_TRANSIENT or trainer_code == protocol.EXIT_TRANSIENT:
-        return "transient"
-    if "nccl" in signatures and outside is None:
-        return "transient"  # a collective failing after a rank's signal death is that death's (below)
-    if exit_code == protocol.EXIT_FINALIZE:
-        return "control_plane"
-    if exit_code == protocol.EXIT_SIGNAL_BASE + 15 or trainer_code == protocol.EXIT_SIGNAL_BASE + 15:
-        return "stopped"  # a SIGTERM gpuq did not send (a cancel never gets here): a stop, not a verdict
-    if "nonfinite_loss" in signatures:
-        return "divergence"
-    if "cuda_oom" in signatures:
-        return "gpu_oom"
-    if "disk_full" in signatures or exit_code == protocol.EXIT_DISK_GATE:
-        return "disk_full"
-    if outside is not None:
-        return outside  # killed by a signal from outside: host_oom with OOM evidence, else killed
-    if oom_kill_rose or "killed" in signatures:
-        return "host_oom"
-    if any(last.startswith(name) for name in CONFIG_EXCEPTIONS):
-        return "config"
-    if rebooted:
-        return "transient"  # a reboot with a clean kernel log: an identical retry (docs/health.md)
-    if exit_code is None:
-        return "vanished"
-    return "unknown"
-
-
-# host_oom and killed: a signal death gpuq did not cause is retried with resume within retries=
-RETRYABLE = frozenset({"transient", "vanished", "stalled", "stopped", "killed", "host_oom"})
-DEADLOCK_AT_START = "deadlock_at_start"  # stalled before its first step: retried once at most
-DEADLOCK_RETRIES = 1
-DEADLOCK_HINT = HINTS[DEADLOCK_AT_START]  # the fixes live in orchestrator/health/hints.py, as `gpuq explain` shows them
-DIVERGENCE_HINT = HINTS["divergence"]
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: str  # "requeue" | "fail" | "keep_lost" | "none" | "stale" (settled already, by another command)
-    reason: str
-
-
-def decide(klass: str, failures: int, retries: int) -> Decision:
-    """Policy for an attempt that ended badly.  ``failures`` counts this one too.  Retries are
-    always the identical job resumed from its latest verified checkpoint; never for a config
-    error or divergence (docs/health.md)."""
-    if klass in ("config", "divergence"):
-        return Decision("fail", f"{klass} error: never retried (fix it and submit again)")
-    if klass == DEADLOCK_AT_START:  # a start that hangs twice will hang again: one retry at most
-        allowed = min(retries, DEADLOCK_RETRIES)
-        if failures <= allowed:
-            return Decision("requeue", f"{klass}: requeued (retry {failures} of {allowed}; a second stall before "
-                                       "the first step ends it)")
-        return Decision("fail", f"{klass}: stalled before its first step, not retried again; {DEADLOCK_HINT}")
-    if klass in RETRYABLE:
-        if failures <= retries:
-            return Decision("requeue", f"{klass}: requeued with resume (retry {failures} of {retries})")
-        return Decision("keep_lost", f"{klass}: no retries left ({retries}); `gpuq resume` once the cause is fixed")
-    return Decision("none", f"{klass}: not retried automatically; see `gpuq logs`")
 
 
 def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thresholds) -> list[Finding]:
@@ -253,7 +169,8 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
         tb = tuple(scan.traceback)
         out.append(Finding("crash", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {first}",
                            f"{SIGNATURES_PREFIX}{', '.join(names)}; triage from the traceback: gpuq logs {job.job_id}",
-                           job=job.job_id, evidence=tb or (first,), attempt=job.attempt))
+                           job=job.job_id, evidence=tb or (first,), attempt=job.attempt, reason=first,
+                           signatures=tuple(names)))
     if scan.nonfinite:
         b = scan.nonfinite[0]
         running = entry.state == "running"  # the attempt still bills: it is ended within this tick
@@ -281,20 +198,19 @@ def job_findings(host: str, job: JobView, entry: JobEntry, now: float, th: Thres
             line = observed.last_line(entry) if beat_age is None else ""
             tail = f"; last log line: {line}" if line else ""
             if not started:
-                out.append(Finding("stalled", Severity.ESCALATE, host,
-                                   f"{job.name} a{job.attempt}: stalled before its first step ({DEADLOCK_AT_START}): "
-                                   f"heartbeat {hb}, nothing written for {freshest:.0f}s{tail}",
+                words = (f"stalled before its first step ({DEADLOCK_AT_START}): heartbeat {hb}, nothing written for "
+                         f"{freshest:.0f}s{tail}")
+                out.append(Finding("stalled", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {words}",
                                    "save where each process waits, then kill the attempt; " + DEADLOCK_HINT,
-                                   job=job.job_id, klass=DEADLOCK_AT_START, attempt=job.attempt))
+                                   job=job.job_id, klass=DEADLOCK_AT_START, attempt=job.attempt, reason=words))
                 return out
             step = entry.heartbeat.step if entry.heartbeat is not None else None
             if step is None:  # a trainer without a heartbeat: the step its log last showed
                 step = observed.attempt_progress(entry).get("step")
-            out.append(Finding("stalled", Severity.ESCALATE, host,
-                               f"{job.name} a{job.attempt}: stalled: heartbeat {hb}, nothing written for "
-                               f"{freshest:.0f}s (last step {step}){tail}",
+            words = f"stalled: heartbeat {hb}, nothing written for {freshest:.0f}s (last step {step}){tail}"
+            out.append(Finding("stalled", Severity.ESCALATE, host, f"{job.name} a{job.attempt}: {words}",
                                "kill the attempt and requeue it with resume if retries are left", job=job.job_id,
-                               klass="stalled", attempt=job.attempt))
+                               klass="stalled", attempt=job.attempt, reason=words))
     return out
 
 
@@ -316,7 +232,7 @@ def first_step_reached(entry: JobEntry, job: JobView) -> bool:
     return (prog.step or 0) > 0 or (prog.pct or 0) > 0 or (prog.epoch or 0) > 1 or prog.source == "metrics"
 
 
-def ended_badly(host: str, job: JobView, outcome: str, klass: str, decision_reason: str, requeued: bool,
+def ended_badly(host: str, job: JobView, outcome: str, klass: str, decision: Decision, requeued: bool,
                 *, rebooted: bool = False, message: str = "") -> Finding:
     """The finding for an attempt that ended badly: "dead" (vanished: group gone without an exit
     record of its own), "rebooted", or "failed" (a non-zero exit)."""
@@ -326,19 +242,18 @@ def ended_badly(host: str, job: JobView, outcome: str, klass: str, decision_reas
     else:
         rule, why = "failed", message or "exited non-zero"
     return Finding(rule, Severity.WARN if requeued else Severity.ESCALATE, host,
-                   f"{job.name} a{job.attempt}: {why} (class: {klass})", decision_reason, job=job.job_id,
-                   reason=why, failure_class=klass, attempt=job.attempt)
+                   f"{job.name} a{job.attempt}: {why} (class: {klass})", decision.reason, job=job.job_id,
+                   reason=why, failure_class=klass, attempt=job.attempt, decision=decision.words)
 
 
 def early_finish(host: str, job: JobView, duration_s: float | None, expected_s: float | None,
                  th: Thresholds) -> Finding | None:
     if duration_s is None or not expected_s or duration_s >= th.early_finish_ratio * expected_s:
         return None
-    return Finding("early_finish", Severity.WARN, host,
-                   f"{job.name}: succeeded in {duration_s:.0f}s, under {th.early_finish_ratio:.0%} of the "
-                   f"expected {expected_s:.0f}s",
+    words = f"succeeded in {duration_s:.0f}s, under {th.early_finish_ratio:.0%} of the expected {expected_s:.0f}s"
+    return Finding("early_finish", Severity.WARN, host, f"{job.name}: {words}",
                    "suspect early finish: check the metrics; `gpuq submit` the line again for an identical rerun",
-                   job=job.job_id)
+                   job=job.job_id, reason=words)
 
 
 def timestamp(value: Any) -> float | None:
@@ -353,60 +268,3 @@ def timestamp(value: Any) -> float | None:
         except ValueError:
             return None
     return None
-
-
-# --- the one line per host per tick (docs/health.md) ---------------------------------------------
-
-
-@dataclass
-class HostLine:
-    host: str
-    state: str  # "ok" | "unreachable" | "backoff" | "no agent yet"
-    detail: dict[str, str] = field(default_factory=dict)
-
-    def render(self) -> str:
-        parts = [f"PATROL {self.host} {self.state}"] + [f"{k}={v}" for k, v in self.detail.items() if v != ""]
-        return " ".join(parts)
-
-
-def _shown(pct: float | None) -> str:
-    """A percentage as the host reported it (an integral one without ".0"), "?" when unknown."""
-    if pct is None:
-        return "?"
-    return str(int(pct)) if pct == int(pct) else str(pct)
-
-
-def host_line(host: str, doc: StatusDocument | None, findings: Iterable[Finding], *, error: str = "",
-              unreachable_since: float | None = None, failures: int = 0, next_try: float | None = None,
-              done: tuple[int, int] | None = None) -> str:
-    if doc is None:
-        if unreachable_since is None and not failures:
-            return HostLine(host, error or "not probed").render()
-        since = time.strftime("%H:%MZ", time.gmtime(unreachable_since)) if unreachable_since else "now"
-        nxt = f", next try {time.strftime('%H:%M:%SZ', time.gmtime(next_try))}" if next_try else ""
-        return HostLine(host, f"unreachable since {since} ({failures} failures{nxt})").render()
-    jobs = [j for j in doc.jobs if j.state == "running"]
-    mem = doc.memory if doc.memory is not None else Memory()
-    util = [g.util_pct for g in doc.gpus if g.util_pct is not None]
-    detail: dict[str, str] = {}
-    for j in jobs[:3]:
-        beat = j.beat
-        label = f"{j.name or j.job_id}:a{j.attempt}"
-        if beat is not None:
-            detail[label] = f"step={beat.step} ep={beat.epoch}/{beat.epochs}"
-        else:
-            detail[label] = "starting"
-    if len(jobs) > 3:
-        detail["more"] = str(len(jobs) - 3)
-    detail["disk"] = f"{_shown(doc.disk.used_pct)}%"
-    detail["ino"] = f"{_shown(doc.disk.inodes_used_pct)}%"
-    detail["mem"] = f"{_shown(mem.used_pct)}%"
-    if util:
-        detail["gpu"] = f"{sum(util) / len(util):.0f}%"
-    if done is not None:
-        detail["done"] = f"{done[0]}/{done[1]}"
-    worst = max((f.severity for f in findings), key=SEVERITY_RANK.__getitem__, default=None)
-    state = "running" if jobs else "idle"
-    if worst is not None and worst != Severity.INFO:
-        state += f" [{worst.value}]"
-    return HostLine(host, state, detail).render()

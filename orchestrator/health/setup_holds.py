@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from orchestrator.health.patrol import Decision
+from orchestrator.health.verdicts import Decision
 from orchestrator.host_documents import ExitRecord
 from orchestrator.ledger import Ledger
-from orchestrator.ledger.store import SETUP_PHASE
+from orchestrator.ledger.attempt_records import SETUP_PHASE
 
 RULE_PREFIX = "setup:"
 PHASE = SETUP_PHASE  # the attempt's phase: a setup failure never counts against retries=

@@ -14,12 +14,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.core import protocol
+from orchestrator.core import documents
 from orchestrator.core.errors import GpuqError
 from orchestrator.host_documents.bounds import MAX_DOCUMENT_CHARS
 
-BEGIN_MARK = protocol.DOCUMENT_BEGIN  # the agent prints each document between these two lines
-END_MARK = protocol.DOCUMENT_END
+BEGIN_MARK = documents.DOCUMENT_BEGIN  # the agent prints each document between these two lines
+END_MARK = documents.DOCUMENT_END
 NOISE_SHOWN = 200  # characters of shell noise quoted in the warning
 
 

@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic import model_validator as model_check
 from pydantic_core import PydanticCustomError
 
-from orchestrator.core import protocol
+from orchestrator.core import filenames, protocol
 from orchestrator.host_documents.bounds import (
     MAX_ATTEMPTS,
     MAX_CURVE_POINTS,
@@ -132,8 +132,8 @@ class Summary(Open):
 
 
 def _travels(path: str) -> str:
-    """A relative POSIX path by the agent's and the pull's one rule (protocol.path_problem)."""
-    why = protocol.path_problem(path)
+    """A relative POSIX path by the agent's and the pull's one rule (filenames.path_problem)."""
+    why = filenames.path_problem(path)
     if why is not None or path.startswith("/"):
         raise ValueError(f"an end record lists a path that cannot travel: {why or 'absolute'}")
     return path
@@ -204,7 +204,7 @@ class ManifestDocument(RootModel[Annotated[dict[Short, ManifestReply], Field(max
     """``manifest``: {job_id: where its MANIFEST.json is, or why there is none}."""
 
 
-MAX_PATH_CHARS = protocol.MAX_PATH_PARTS * (protocol.MAX_NAME_BYTES + 1)  # one path a manifest lists, at most
+MAX_PATH_CHARS = filenames.MAX_PATH_PARTS * (filenames.MAX_NAME_BYTES + 1)  # one path a manifest lists, at most
 
 
 def _said(why: str) -> PydanticCustomError:
@@ -222,7 +222,7 @@ def _refused(words: str) -> WrapValidator:
 
 
 class ManifestFile(Open):
-    """One file a MANIFEST.json lists: a relative POSIX path that can travel (protocol.path_problem), its
+    """One file a MANIFEST.json lists: a relative POSIX path that can travel (filenames.path_problem), its
     size and sha256; each problem one line that names the file."""
 
     path: Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS)]
@@ -232,7 +232,7 @@ class ManifestFile(Open):
     @field_validator("path")
     @classmethod
     def _travels(cls, path: str) -> str:
-        if path.startswith("/") or path.endswith(".tmp") or protocol.path_problem(path) is not None:
+        if path.startswith("/") or path.endswith(".tmp") or filenames.path_problem(path) is not None:
             raise ValueError("unsafe")
         return path
 

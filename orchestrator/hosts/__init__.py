@@ -1,6 +1,6 @@
 """Machines gpuq runs commands on (the Host seam: local, SSH); imports core alone.
 
-Only the SSH modules (ssh, sshconfig, sshexec, sshcommand, knownhosts) import paramiko.
+Only the SSH modules (ssh, sshconnect, sshconfig, sshexec, sshcommand, knownhosts) import paramiko.
 """
 
 from orchestrator.hosts.base import Host

@@ -4,8 +4,9 @@ subject index, so a tick costs the same with a million events in the table as wi
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
@@ -71,15 +72,16 @@ class EventRecords(Sessions):
 
     def record_finding(self, kind: str, subject: str, *, severity: str, rule: str, message: str,
                        action: str = "", at: float | None = None, reason: str = "", failure_class: str = "",
-                       attempt: int | None = None) -> Event:
+                       attempt: int | None = None, signatures: Sequence[str] = ()) -> Event:
         """A patrol finding: an event with a severity, the rule that fired and a suggested action; what a
         reader needs of it in fields (``reason``: its words without the subject's name; ``failure_class``:
-        the class of an attempt that ended badly; ``attempt``: the attempt it speaks of).
+        the class of an attempt that ended badly; ``attempt``: the attempt it speaks of; ``signatures``: a
+        crash finding's signature names).
         ``at``: its time (default now; a stage run on an injected clock passes its own)."""
         with self.session() as s:
             row = Event(time=time.time() if at is None else at, kind=kind, subject=subject, message=message,
                         severity=severity, rule=rule, action=action, reason=reason, failure_class=failure_class,
-                        attempt=attempt)
+                        attempt=attempt, signatures=json.dumps(list(signatures)) if signatures else "")
             s.add(row)
             s.flush()
             s.refresh(row)

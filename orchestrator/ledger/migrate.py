@@ -8,150 +8,17 @@ gpuq and is refused rather than silently misread.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from collections.abc import Callable
 
 from orchestrator.core.errors import LedgerVersionError
-
-# Frozen DDL: a migration never changes once released, even when tables.py grows (the
-# test_ledger schema test checks that the migrated schema equals tables.py).
-_V1_DDL = (
-    """CREATE TABLE event (
-    id INTEGER NOT NULL,
-    time FLOAT NOT NULL,
-    kind VARCHAR NOT NULL,
-    subject VARCHAR NOT NULL,
-    old VARCHAR NOT NULL,
-    new VARCHAR NOT NULL,
-    message VARCHAR NOT NULL,
-    PRIMARY KEY (id)
-)""",
-    """CREATE INDEX ix_event_subject ON event (subject)""",
-    """CREATE INDEX ix_event_time ON event (time)""",
-    """CREATE TABLE host (
-    name VARCHAR NOT NULL,
-    kind VARCHAR NOT NULL,
-    target VARCHAR NOT NULL,
-    root VARCHAR NOT NULL,
-    python VARCHAR NOT NULL,
-    profile VARCHAR NOT NULL,
-    agent_bundle VARCHAR NOT NULL,
-    slots_kind VARCHAR NOT NULL,
-    slots_total INTEGER NOT NULL,
-    price_per_hour FLOAT,
-    unreachable_since FLOAT,
-    last_probe_at FLOAT,
-    created_at FLOAT NOT NULL,
-    PRIMARY KEY (name)
-)""",
-    """CREATE TABLE sweep (
-    id VARCHAR NOT NULL,
-    queue_path VARCHAR NOT NULL,
-    workdir VARCHAR NOT NULL,
-    queue_text VARCHAR NOT NULL,
-    bundle_sha VARCHAR NOT NULL,
-    job_count INTEGER NOT NULL,
-    created_at FLOAT NOT NULL,
-    PRIMARY KEY (id)
-)""",
-    """CREATE TABLE job (
-    id VARCHAR NOT NULL,
-    sweep_id VARCHAR NOT NULL,
-    name VARCHAR NOT NULL,
-    line INTEGER NOT NULL,
-    raw VARCHAR NOT NULL,
-    config VARCHAR NOT NULL,
-    config_sha256 VARCHAR NOT NULL,
-    task VARCHAR NOT NULL,
-    epochs INTEGER NOT NULL,
-    gpus INTEGER NOT NULL,
-    nodes INTEGER NOT NULL,
-    est_min FLOAT,
-    seed INTEGER,
-    host_pin VARCHAR,
-    retries INTEGER NOT NULL,
-    spec_hash VARCHAR NOT NULL,
-    state VARCHAR NOT NULL,
-    host VARCHAR,
-    attempt_count INTEGER NOT NULL,
-    created_at FLOAT NOT NULL,
-    updated_at FLOAT NOT NULL,
-    PRIMARY KEY (id),
-    FOREIGN KEY(sweep_id) REFERENCES sweep (id)
-)""",
-    """CREATE INDEX ix_job_sweep_id ON job (sweep_id)""",
-    """CREATE INDEX ix_job_state ON job (state)""",
-    """CREATE TABLE artifact (
-    id INTEGER NOT NULL,
-    job_id VARCHAR NOT NULL,
-    attempt INTEGER NOT NULL,
-    path VARCHAR NOT NULL,
-    bytes INTEGER NOT NULL,
-    sha256 VARCHAR NOT NULL,
-    verified_at FLOAT NOT NULL,
-    PRIMARY KEY (id),
-    FOREIGN KEY(job_id) REFERENCES job (id)
-)""",
-    """CREATE INDEX ix_artifact_job_id ON artifact (job_id)""",
-    """CREATE TABLE attempt (
-    id INTEGER NOT NULL,
-    job_id VARCHAR NOT NULL,
-    number INTEGER NOT NULL,
-    host VARCHAR NOT NULL,
-    state VARCHAR NOT NULL,
-    bundle_sha VARCHAR NOT NULL,
-    resume_from VARCHAR NOT NULL,
-    created_at FLOAT NOT NULL,
-    started_at FLOAT,
-    ended_at FLOAT,
-    exit_code INTEGER,
-    trainer_code INTEGER,
-    phase VARCHAR,
-    message VARCHAR NOT NULL,
-    step INTEGER,
-    total_steps INTEGER,
-    epoch INTEGER,
-    loss FLOAT,
-    heartbeat_at FLOAT,
-    log_bytes INTEGER,
-    PRIMARY KEY (id),
-    FOREIGN KEY(job_id) REFERENCES job (id)
-)""",
-    """CREATE INDEX ix_attempt_job_id ON attempt (job_id)""",
-    """CREATE TABLE checkpoint (
-    id INTEGER NOT NULL,
-    job_id VARCHAR NOT NULL,
-    attempt INTEGER NOT NULL,
-    file VARCHAR NOT NULL,
-    step INTEGER NOT NULL,
-    epoch INTEGER,
-    sha256 VARCHAR NOT NULL,
-    bytes INTEGER NOT NULL,
-    written_at FLOAT NOT NULL,
-    durable BOOLEAN NOT NULL,
-    PRIMARY KEY (id),
-    FOREIGN KEY(job_id) REFERENCES job (id)
-)""",
-    """CREATE INDEX ix_checkpoint_job_id ON checkpoint (job_id)""",
-    """CREATE TABLE metric (
-    id INTEGER NOT NULL,
-    job_id VARCHAR NOT NULL,
-    attempt INTEGER NOT NULL,
-    scope VARCHAR NOT NULL,
-    name VARCHAR NOT NULL,
-    value FLOAT NOT NULL,
-    step INTEGER,
-    epoch INTEGER,
-    PRIMARY KEY (id),
-    FOREIGN KEY(job_id) REFERENCES job (id)
-)""",
-    """CREATE INDEX ix_metric_job_id ON metric (job_id)""",
-)
+from orchestrator.ledger.frozen_ddl import V1_DDL, V3_DDL
 
 
 def _v1_initial(conn: sqlite3.Connection) -> None:
-    for statement in _V1_DDL:
+    for statement in V1_DDL:
         conn.execute(statement)
 
 
@@ -176,30 +43,9 @@ def _v2_ssh_hosts(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE sweep ADD COLUMN {column}")
 
 
-_V3_DDL = (
-    """CREATE TABLE pull (
-    id INTEGER NOT NULL,
-    job_id VARCHAR NOT NULL,
-    attempt INTEGER NOT NULL,
-    host VARCHAR NOT NULL,
-    state VARCHAR NOT NULL,
-    manifest_sha256 VARCHAR NOT NULL,
-    files INTEGER NOT NULL,
-    bytes INTEGER NOT NULL,
-    local_dir VARCHAR NOT NULL,
-    reason VARCHAR NOT NULL,
-    created_at FLOAT NOT NULL,
-    PRIMARY KEY (id),
-    FOREIGN KEY(job_id) REFERENCES job (id)
-)""",
-    """CREATE INDEX ix_pull_created_at ON pull (created_at)""",
-    """CREATE INDEX ix_pull_job_id ON pull (job_id)""",
-)
-
-
 def _v3_pulls(conn: sqlite3.Connection) -> None:
     """`gpuq pull`: one row per pull outcome of a job; the newest says whether it is verified."""
-    for statement in _V3_DDL:
+    for statement in V3_DDL:
         conn.execute(statement)
 
 
@@ -377,11 +223,38 @@ def _v16_holds(conn: sqlite3.Connection) -> None:
         conn.execute("UPDATE host SET hold_kind = ?, hold_detail = ? WHERE name = ?", (kind, detail, name))
 
 
+_V17_SIGNATURES = "signatures: "  # how a crash finding's action began, naming its signatures (v4-v16)
+
+
+def _v17_signatures_of(action: str) -> str:
+    """The JSON list of signature names a v4-v16 crash finding's action begins with; "unknown" otherwise."""
+    if not action.startswith(_V17_SIGNATURES):
+        return "unknown"
+    names = [name.strip() for name in action[len(_V17_SIGNATURES):].split(";", 1)[0].split(",") if name.strip()]
+    return json.dumps(names) if names else "unknown"
+
+
+def _v17_crash_fields(conn: sqlite3.Connection) -> None:
+    """v17: a crash finding's signature names in a field (``signatures``, a JSON list), and its first log line
+    as its reason; older crash findings get them from their words ("unknown" signatures where the action
+    does not name them; the whole message as the reason where it does not begin with the job's name)."""
+    conn.execute("ALTER TABLE event ADD COLUMN signatures VARCHAR NOT NULL DEFAULT ''")
+    updates: list[tuple[str, str, int]] = []
+    for event_id, action, message, reason, name in conn.execute(
+            "SELECT e.id, e.action, e.message, e.reason, j.name FROM event AS e LEFT JOIN job AS j ON e.subject = j.id "
+            "WHERE e.rule = 'crash'"):
+        if not reason:
+            named = _V15_NAMED.match(message, len(name)) if name and message.startswith(f"{name} a") else None
+            reason = message[named.end():] if named else message
+        updates.append((_v17_signatures_of(action), reason, event_id))
+    conn.executemany("UPDATE event SET signatures = ?, reason = ? WHERE id = ?", updates)
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
-                                                          _v15_event_fields, _v16_holds]
+                                                          _v15_event_fields, _v16_holds, _v17_crash_fields]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -24,7 +24,7 @@ from orchestrator.core.errors import JobNotFound
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.pricing import PricedAttempt
-from orchestrator.ledger.rowmethods import AttemptMethods, HostMethods, JobMethods, SweepMethods
+from orchestrator.ledger.rowmethods import AttemptMethods, EventMethods, HostMethods, JobMethods, SweepMethods
 
 if TYPE_CHECKING:
     from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
@@ -78,7 +78,7 @@ class AttemptRecord(Record, AttemptMethods):
     __table__ = "attempt"
 
 
-class EventRecord(Record):
+class EventRecord(Record, EventMethods):
     __table__ = "event"
 
 

@@ -73,3 +73,20 @@ class AttemptMethods:
             return []
         found = json.loads(self.nodes)
         return [str(h) for h in found] if isinstance(found, list) else []
+
+
+UNKNOWN_SIGNATURES = "unknown"  # v17: an older gpuq's crash finding whose action did not name its signatures
+
+
+class EventMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        signatures: str
+
+    @property
+    def signature_names(self) -> tuple[str, ...]:
+        """A crash finding's crash signature names; none for any other event, and none where an older gpuq's
+        finding did not say them (``signatures`` is then "unknown")."""
+        if self.signatures in ("", UNKNOWN_SIGNATURES):
+            return ()
+        return tuple(str(name) for name in json.loads(self.signatures))

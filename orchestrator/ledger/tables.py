@@ -7,7 +7,7 @@ from typing import TypedDict
 from sqlalchemy import Index
 from sqlmodel import Field, SQLModel
 
-from orchestrator.ledger.rowmethods import AttemptMethods, HostMethods, JobMethods, SweepMethods
+from orchestrator.ledger.rowmethods import AttemptMethods, EventMethods, HostMethods, JobMethods, SweepMethods
 
 
 class HostRow(SQLModel, HostMethods, table=True):
@@ -201,7 +201,7 @@ class Attempt(SQLModel, AttemptMethods, table=True):
     withdrawing: str = ""
 
 
-class Event(SQLModel, table=True):
+class Event(SQLModel, EventMethods, table=True):
     id: int | None = Field(default=None, primary_key=True)
     time: float = Field(index=True)
     kind: str  # "job" | "attempt" | "host" | "sweep"
@@ -219,6 +219,9 @@ class Event(SQLModel, table=True):
     failure_class: str = ""
     reason: str = ""
     attempt: int | None = None
+    # v17: a crash finding's signature names as a JSON list ("": none; "unknown": an older gpuq's finding
+    # did not name them); read as ``signature_names``
+    signatures: str = ""
 
 
 class Checkpoint(SQLModel, table=True):

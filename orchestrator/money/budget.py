@@ -33,7 +33,7 @@ WARN_AT = 0.8
 LIVE = (AttemptState.STARTING.value, AttemptState.RUNNING.value)
 Level = Literal["none", "ok", "warn", "stop"]
 K = TypeVar("K")
-Price = tuple[float, float]  # (the host's price per hour, the attempt's share of it): ledger.store.attempt_price
+Price = tuple[float, float]  # (the host's price per hour, the attempt's share of it): ledger.pricing.attempt_price
 
 
 class Spending(Billed, Protocol):

@@ -1,4 +1,4 @@
-"""The work-stealing search behind ``scheduler.plan_steals``, kept fast on long inboxes.
+"""The work-stealing search behind ``stealing.plan_steals``, kept fast on long inboxes.
 
 ``plan_steals`` proposes one move at a time: the first job, taking sources most loaded first (latest
 projected drain, then name) and each source's inbox from its tail, that its agent would not start now
@@ -31,7 +31,7 @@ INF = float("inf")
 
 
 class Queued(Protocol):
-    """What the search reads of a job waiting in an inbox (``scheduler.QueuedJob``)."""
+    """What the search reads of a job waiting in an inbox (``stealing.QueuedJob``)."""
 
     @property
     def job_id(self) -> str: ...

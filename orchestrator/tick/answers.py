@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from orchestrator.context import Context, host_for
 from orchestrator.core.errors import GpuqError
 from orchestrator.health import stops
+from orchestrator.health.host_lines import host_line
 from orchestrator.health.patrol import (
     Finding,
     HostView,
@@ -18,7 +19,6 @@ from orchestrator.health.patrol import (
     Thresholds,
     ended_badly,
     host_findings,
-    host_line,
     job_findings,
     unreachable,
 )
@@ -139,13 +139,13 @@ def _settled_findings(ctx: Context, host: str, settled: Sequence[Settled], repor
         if item.outcome == HEALED:  # the patrol's own finding, as if it had seen the stall itself (once)
             if not any(e.rule == "stalled" and e.attempt == item.attempt
                        for e in ctx.ledger.events(subject=item.job_id, limit=50)):
-                ended.append(Finding("stalled", Severity.ESCALATE, host, f"{item.name} a{item.attempt}: {item.why}; "
-                                     "its host's agent saved where it hung, killed it and retried it",
-                                     item.decision.reason, job=item.job_id, attempt=item.attempt))
+                words = f"{item.why}; its host's agent saved where it hung, killed it and retried it"
+                ended.append(Finding("stalled", Severity.ESCALATE, host, f"{item.name} a{item.attempt}: {words}",
+                                     item.decision.reason, job=item.job_id, attempt=item.attempt, reason=words))
             continue
         att = ctx.ledger.attempt(item.job_id, item.attempt)
         ended.append(ended_badly(host, JobView(item.job_id, item.name, item.attempt), item.outcome, item.klass,
-                                 item.decision.reason, item.decision.action == "requeue", rebooted=item.rebooted,
+                                 item.decision, item.decision.action == "requeue", rebooted=item.rebooted,
                                  message=att.message if att else ""))
     return ended
 

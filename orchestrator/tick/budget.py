@@ -19,7 +19,8 @@ from orchestrator.core.states import JobState
 from orchestrator.ledger.pricing import attempt_price
 from orchestrator.money import budget
 from orchestrator.scheduling.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
-from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
+from orchestrator.scheduling.placements import Plan, PlanJob
+from orchestrator.scheduling.stealing import Move
 from orchestrator.tick import ACTIVE, notify
 
 if TYPE_CHECKING:

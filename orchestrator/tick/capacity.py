@@ -14,7 +14,7 @@ from orchestrator.fleet import slurm as slurm_hosts
 from orchestrator.ledger import Attempt, HostRow, Job, Ledger
 from orchestrator.scheduling.estimates import EpochRates, estimate_s
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, read_facts
-from orchestrator.scheduling.scheduler import PlanJob
+from orchestrator.scheduling.placements import PlanJob
 from orchestrator.tick import ACTIVE
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator import host_documents
 from orchestrator.agent import client
 from orchestrator.context import Context
-from orchestrator.core import protocol
+from orchestrator.core import filenames, protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError
 from orchestrator.core.states import JobState
@@ -58,7 +58,7 @@ def safe_checkpoint_file(name: object) -> str | None:
     parts = name.split("/")
     if len(parts) < 2 or len(parts) > _MAX_DEPTH + 1 or parts[0] != protocol.RUN_DIR:
         return None
-    if protocol.path_problem("/".join(parts[1:])) is None:  # the agent's rule (gpuq_own.name_problem)
+    if filenames.path_problem("/".join(parts[1:])) is None:  # the agent's rule (gpuq_own.name_problem)
         return name
     return None
 

@@ -15,7 +15,7 @@ from orchestrator.ledger import Job
 from orchestrator.money.budget import hold_reason
 from orchestrator.scheduling.estimates import EpochRates
 from orchestrator.scheduling.gpumatch import need_of
-from orchestrator.scheduling.scheduler import Plan
+from orchestrator.scheduling.placements import Plan
 from orchestrator.tick import budget, multinode
 from orchestrator.tick.capacity import plan_job
 from orchestrator.tick.checkpoints import place_checkpoint

@@ -17,7 +17,8 @@ from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.health.patrol import DEADLOCK_AT_START, DIVERGENCE_HINT, Finding
+from orchestrator.health.patrol import Finding
+from orchestrator.health.verdicts import DEADLOCK_AT_START, DIVERGENCE_HINT
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import HostRow, Job
 from orchestrator.tick.findings import TickReport

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,10 +59,10 @@ def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, 
         earlier = [c for c in ctx.ledger.checkpoints(job.id) if c.attempt < job.attempt_count]
         expected = max((c.step for c in earlier), default=None)
         if expected is not None and step < expected:
-            found = Finding("resume", Severity.ESCALATE, host,
-                            f"{job.name} a{job.attempt_count}: resumed from step {step}, but a checkpoint of "
-                            f"step {expected} existed", "the newer checkpoint was lost or not shipped: check "
-                            "the host's ckpt dir and `gpuq logs`", job=job.id, attempt=job.attempt_count)
+            words = f"resumed from step {step}, but a checkpoint of step {expected} existed"
+            found = Finding("resume", Severity.ESCALATE, host, f"{job.name} a{job.attempt_count}: {words}",
+                            "the newer checkpoint was lost or not shipped: check the host's ckpt dir and `gpuq logs`",
+                            job=job.id, attempt=job.attempt_count, reason=words)
             record(ctx, [found], subjects=[], report=report)
 
 
@@ -79,10 +78,10 @@ def from_scratch(ctx: Context, host: str, job: Job, report: TickReport) -> None:
     run = sweep.run_config() if sweep is not None else None
     globs = list(run.checkpoint) if run is not None else []
     shown = f" {json.dumps(globs)}" if globs else ""
-    found = Finding(FROM_SCRATCH, Severity.ESCALATE, host,
-                    f"{job.name} a{job.attempt_count}: restarted from scratch: no file matched `checkpoint`{shown} "
-                    "in its run dir", "the retry trains again from step 0: compare `checkpoint` in gpuq.toml with "
-                    "what the trainer writes (`gpuq logs`)", job=job.id, attempt=job.attempt_count)
+    words = f"restarted from scratch: no file matched `checkpoint`{shown} in its run dir"
+    found = Finding(FROM_SCRATCH, Severity.ESCALATE, host, f"{job.name} a{job.attempt_count}: {words}",
+                    "the retry trains again from step 0: compare `checkpoint` in gpuq.toml with what the trainer "
+                    "writes (`gpuq logs`)", job=job.id, attempt=job.attempt_count, reason=words)
     record(ctx, [found], subjects=[], report=report)
 
 
@@ -143,7 +142,7 @@ def record(ctx: Context, findings: Sequence[Finding], *, subjects: Sequence[str]
             continue
         ctx.ledger.record_finding("job" if f.job else "host", f.subject, severity=f.severity.value, rule=f.rule,
                                   message=f.message, action=f.action, reason=f.reason,
-                                  failure_class=f.failure_class, attempt=f.attempt)
+                                  failure_class=f.failure_class, attempt=f.attempt, signatures=f.signatures)
         report.findings.append(f)
         if f.severity == Severity.ESCALATE:
             notify.send(ctx.settings, ctx.ledger, _escalation(ctx, f))
@@ -193,12 +192,11 @@ def _escalation(ctx: Context, f: Finding) -> notify.Notice:
     except GpuqError:  # a job the ledger does not hold: the finding's own words
         return notify.Notice("escalation", notify.line(what, job=f.job, host=f.host, next_step=step), fields,
                              title=title, severity="escalate")
-    attempt = job.attempt_count
-    named = re.match(rf"{re.escape(job.name)}(?: a(\d+))?: ", what)
-    if named:  # "NAME a2: ..." says the job again: the line names it once
-        what, attempt = what[named.end():], int(named.group(1) or attempt)
-    if f.rule in _ENDED and f.action:
-        what += "; " + f.action.split("; `")[0]
+    # a job's finding carries its words without the job's name and the attempt it names, as fields
+    what = (f.reason + (f" (class: {f.failure_class})" if f.failure_class else "")) if f.reason else what
+    attempt = f.attempt if f.attempt is not None else job.attempt_count
+    if f.rule in _ENDED and f.decision:
+        what += "; " + f.decision
     text = notify.line(what, job=notify.job_label(job.name, job.id), sweep=job.sweep_id, host=f.host,
                        next_step=step or f"gpuq logs {job.id} --attempt {attempt}")
     return notify.Notice("escalation", text, fields, title=title, severity="escalate")

@@ -2,7 +2,7 @@
 
 A ``nodes=K gpus=G`` job that no Slurm host takes runs on K SSH hosts at once (docs/multinode.md):
 
-* the scheduler reserves the K hosts together (``scheduler._gang``); a gang is sent only when every
+* the scheduler reserves the K hosts together (``list_scheduling._gang``); a gang is sent only when every
   node can start now, and the jobs planned after it on those hosts wait with it (``hold_back``), so it
   is never half started and never starved by the jobs behind it;
 * the ledger records one attempt whose ``nodes`` names the host of each node rank (rank 0 is the
@@ -30,6 +30,7 @@ from typing import Any
 
 from orchestrator.agent import client
 from orchestrator.agent.launcher import enqueue, job_spec, on_each_host, run_readable
+from orchestrator.agent.spec import NodeSection, OutboundSpec
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, HostError, IllegalTransition
@@ -38,7 +39,7 @@ from orchestrator.fleet.registry import Fleet
 from orchestrator.host_documents import ExitRecord, JobEntry, StatusDocument
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger
-from orchestrator.scheduling.scheduler import Plan
+from orchestrator.scheduling.placements import Plan
 
 RENDEZVOUS_PORTS = (20000, 50000)
 """Rendezvous ports are drawn from this range by job and attempt, so every node knows the port without
@@ -79,10 +80,10 @@ def rendezvous_port(job_id: str, attempt: int) -> int:
 
 
 def node_section(rank: int, hosts: Sequence[str], addresses: Sequence[str], port: int,
-                 timeout_s: float) -> dict[str, Any]:
+                 timeout_s: float) -> NodeSection:
     """The spec's ``node`` section for node ``rank`` (docs/host-protocol.md)."""
-    return {"rank": rank, "nodes": len(hosts), "hosts": list(hosts), "master_addrs": list(addresses),
-            "master_port": port, "timeout_s": timeout_s}
+    return NodeSection(rank=rank, nodes=len(hosts), hosts=tuple(hosts), master_addrs=tuple(addresses),
+                       master_port=port, timeout_s=timeout_s)
 
 
 def head_addresses(host: Host) -> list[str]:
@@ -193,13 +194,12 @@ def hold_back(decided: Plan) -> tuple[Plan, list[tuple[str, str]]]:
 
 
 def part_spec(ledger: Ledger, fleet: Fleet, settings: Settings, job: Job, attempt: Attempt, rank: int,
-              addresses: Sequence[str]) -> dict[str, Any]:
+              addresses: Sequence[str]) -> OutboundSpec:
     """The spec node ``rank`` of ``attempt`` gets: the job's spec plus its ``node`` section."""
     names = attempt.node_hosts()
     spec = job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(names[rank]))
-    spec["node"] = node_section(rank, names, addresses, rendezvous_port(job.id, attempt.number),
-                                settings.gang_timeout_s)
-    return spec
+    return replace(spec, node=node_section(rank, names, addresses, rendezvous_port(job.id, attempt.number),
+                                           settings.gang_timeout_s))
 
 
 def addresses_of_head(fleet: Fleet, name: str) -> list[str]:

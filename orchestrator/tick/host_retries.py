@@ -26,7 +26,7 @@ from orchestrator.core.config import Settings
 from orchestrator.core.errors import HostError, IllegalTransition
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.health import failures
-from orchestrator.health.patrol import DEADLOCK_AT_START, Decision
+from orchestrator.health.verdicts import DEADLOCK_AT_START, Decision
 from orchestrator.host_documents import JobEntry, ProtocolError, RetryDecision
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Job, Ledger

@@ -18,9 +18,7 @@ from collections.abc import Sequence
 
 from orchestrator.context import Context, host_for
 from orchestrator.core.states import LEASE_UNPROBED, HoldKind, JobState
-from orchestrator.health.patrol import (
-    host_line,
-)
+from orchestrator.health.host_lines import host_line
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduling.estimates import epoch_rates
 from orchestrator.tick import ACTIVE, billing, budget, gangs, host_answers, multinode

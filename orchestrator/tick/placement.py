@@ -15,7 +15,8 @@ from orchestrator.hosts.local import gpus as local_gpus
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduling.estimates import EpochRates
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, facts_json, strictest
-from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
+from orchestrator.scheduling.placements import Plan, PlanJob
+from orchestrator.scheduling.scheduler import plan
 from orchestrator.tick import ACTIVE, gangs
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.preflight import needs_preflight, preflight_all

@@ -16,8 +16,8 @@ from orchestrator.core.config import Settings
 from orchestrator.core.specs import clamp_slots
 from orchestrator.core.states import JobState
 from orchestrator.health import failures, stops
-from orchestrator.health.patrol import Decision, signatures_of
 from orchestrator.health.setup_holds import is_setup_failure, settle_setup_failure
+from orchestrator.health.verdicts import Decision
 from orchestrator.host_documents import JobEntry, RetryDecision, Scan, ScanHit
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import HostFields, Job, Ledger
@@ -199,7 +199,7 @@ def _healed(ledger: Ledger, job: Job, seen: JobEntry, decision: RetryDecision, s
 
 def earlier_hits(ledger: Ledger, job: Job, number: int | None = None, *, limit: int = 50) -> list[ScanHit]:
     """Crash signatures earlier ticks found in attempt ``number``'s log (default: the current attempt's),
-    stored as "crash" findings, each with the finding's line ("NAME aN: " and the first hit's line)."""
+    stored as "crash" findings (their ``signatures`` field), each with the finding's first log line (its reason)."""
     number = job.attempt_count if number is None else number
     attempt = ledger.attempt(job.id, number)
     since = attempt.created_at if attempt is not None else 0.0
@@ -208,7 +208,7 @@ def earlier_hits(ledger: Ledger, job: Job, number: int | None = None, *, limit: 
     hits = []
     for event in ledger.events(subject=job.id, limit=limit):
         if event.rule == "crash" and since <= event.time < until:
-            hits += [ScanHit(signature=name, line=event.message) for name in signatures_of(event.action)]
+            hits += [ScanHit(signature=name, line=event.reason) for name in event.signature_names]
     return hits
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from orchestrator.core.config import Settings
 from orchestrator.core.states import JobState
 from orchestrator.health.failures import decide
-from orchestrator.health.patrol import Decision
+from orchestrator.health.verdicts import Decision
 from orchestrator.ledger import Ledger
 
 

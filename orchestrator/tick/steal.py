@@ -15,7 +15,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.ledger import HostRow, Job, Ledger
 from orchestrator.scheduling.estimates import EpochRates, estimate_s
 from orchestrator.scheduling.gpumatch import need_of, read_facts
-from orchestrator.scheduling.scheduler import Move, QueuedJob, plan_steals
+from orchestrator.scheduling.stealing import Move, QueuedJob, plan_steals
 from orchestrator.tick import budget, withdraw
 from orchestrator.tick.probe import Probe
 

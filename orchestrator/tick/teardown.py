@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from orchestrator.context import Context
 from orchestrator.core.errors import ProviderError
 from orchestrator.core.states import HoldChange, HoldKind, JobState, LeaseState
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import host_keys
 from orchestrator.ledger import HostRow, Job
 from orchestrator.providers.base import Provider
 from orchestrator.tick.leases import provider_for
@@ -68,7 +68,7 @@ def end_instance(ctx: Context, prov: Provider, host: str, instance_id: str, *, r
     row = ctx.ledger.host(host)
     ctx.fleet.drop(host)
     if row is not None and row.target:  # the provider may hand this IP:port to the next machine
-        fleet.forget_row_keys(ctx.settings, row)
+        host_keys.forget_row_keys(ctx.settings, row)
     ctx.ledger.lease_transition(host, LeaseState.TERMINATED, reason, at=gone, hold=HoldChange(HoldKind.TERMINATED))
     ctx.ledger.record_event("host", host, event)
     return gone

@@ -1,6 +1,7 @@
 """Moving files between hosts and this machine: ``gpuq pull``, evidence, checkpoints, ``[data]``, transfer progress.
 
-:mod:`~orchestrator.transfer.pull` fetches and retries; :mod:`~orchestrator.transfer.verify`
+:mod:`~orchestrator.transfer.pull` asks a host for its manifests, :mod:`~orchestrator.transfer.job_copy` fetches
+and retries one job's files; :mod:`~orchestrator.transfer.verify`
 decides whether a local copy may be called verified.  Imports core, queue, hosts, host_documents and the ledger.
 
 Plain re-exports, imported on first use (PEP 562): ``transfer.progress`` is for ``gpuq status`` too, which
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 from orchestrator.core.lazyexports import lazy_exports
 
 if TYPE_CHECKING:
-    from orchestrator.transfer.pull import (
+    from orchestrator.transfer.job_copy import (
         ALREADY,
         INCOMPLETE,
         NOT_PULLED,
@@ -23,16 +24,16 @@ if TYPE_CHECKING:
         VERIFIED,
         PullOutcome,
         backoff_delay,
-        pull_jobs,
-        request_manifests,
-        sweep_lock,
     )
+    from orchestrator.transfer.pull import pull_jobs, request_manifests, sweep_lock
     from orchestrator.transfer.verify import PROVENANCE, PULL_VERIFIED, Manifest, Problem, verify_copy
 
-_PULL = ("ALREADY", "INCOMPLETE", "NOT_PULLED", "QUARANTINED", "STAGING_SUFFIX", "VERIFIED", "PullOutcome",
-         "backoff_delay", "pull_jobs", "request_manifests", "sweep_lock")
+_JOB_COPY = ("ALREADY", "INCOMPLETE", "NOT_PULLED", "QUARANTINED", "STAGING_SUFFIX", "VERIFIED", "PullOutcome",
+             "backoff_delay")
+_PULL = ("pull_jobs", "request_manifests", "sweep_lock")
 _VERIFY = ("PROVENANCE", "PULL_VERIFIED", "Manifest", "Problem", "verify_copy")
-_HOME = {**{name: "orchestrator.transfer.pull" for name in _PULL},
+_HOME = {**{name: "orchestrator.transfer.job_copy" for name in _JOB_COPY},
+         **{name: "orchestrator.transfer.pull" for name in _PULL},
          **{name: "orchestrator.transfer.verify" for name in _VERIFY}}
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 HF's ``checkpoint-500/``, a DCP or DeepSpeed directory: the agent's ``snapshot`` copies a complete one
 file by file to ``ckpt/.ship.d/`` and lists every file with its size and sha256 (the pointer's
-``files``; its ``sha256`` is their tree hash, :func:`orchestrator.core.protocol.tree_sha256`).  Here it is
+``files``; its ``sha256`` is their tree hash, :func:`orchestrator.core.filenames.tree_sha256`).  Here it is
 
 - fetched file by file into a fresh local directory, each file checked by size and sha256, then the
   tree hash over the whole: one file short, extra or changed and nothing is kept;
@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core import protocol
+from orchestrator.core import filenames, protocol
 from orchestrator.core.errors import GpuqError
 from orchestrator.host_documents import SnapshotPointer
 from orchestrator.transfer.verify import file_sha256
@@ -56,7 +56,7 @@ def fetch_dir(host: Any, job_id: str, pointer: SnapshotPointer, part: Path) -> s
 def _fetch_files(host: Any, job_id: str, pointer: SnapshotPointer, part: Path) -> str | None:
     entries = []
     for item in pointer.files:
-        why = protocol.path_problem(item.path)
+        why = filenames.path_problem(item.path)
         if why is not None:
             return f"the directory lists an unsafe path {item.path[:80]!r}: {why}"
         local = part.joinpath(*item.path.split("/"))
@@ -65,7 +65,7 @@ def _fetch_files(host: Any, job_id: str, pointer: SnapshotPointer, part: Path) -
         if local.stat().st_size != item.bytes or file_sha256(local) != item.sha256:
             return f"{pointer.file}/{item.path} did not match its listing (torn or replaced)"
         entries.append((item.path, item.bytes, item.sha256))
-    if not entries or protocol.tree_sha256(entries) != pointer.sha256:
+    if not entries or filenames.tree_sha256(entries) != pointer.sha256:
         return f"{pointer.file} did not match its tree hash"
     if local_entries(part) != sorted(entries):
         return f"{pointer.file}: the copy holds other files than its listing"

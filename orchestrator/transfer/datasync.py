@@ -25,6 +25,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator.core import protocol
 from orchestrator.core.errors import HostError
 from orchestrator.hosts.base import Host
+from orchestrator.ledger.sweeprun import DataRef
 from orchestrator.queue.datasets import CHUNK, Manifest, data_dir
 from orchestrator.transfer import progress as transfer_progress
 
@@ -257,15 +259,14 @@ def held(home: Path, host: str) -> list[dict[str, Any]]:
             if isinstance(v, dict)]
 
 
-def sync_specs(host: Host, specs: list[dict[str, Any]], home: Path, *, record: bool = True) -> int:
-    """Sync every tree the specs' ``run.data`` names to ``host`` (each once); the bytes moved."""
+def sync_data(host: Host, refs: Sequence[Mapping[str, DataRef]], home: Path, *, record: bool = True) -> int:
+    """Sync every tree the specs' ``run.data`` sections (``refs``) name to ``host`` (each once); the bytes moved."""
     from orchestrator.queue.datasets import manifest
 
     trees: dict[str, str] = {}
-    for spec in specs:
-        for name, ref in ((spec.get("run") or {}).get("data") or {}).items():
-            if isinstance(ref, dict) and isinstance(ref.get("tree"), str):
-                trees.setdefault(ref["tree"], str(name))
+    for data in refs:
+        for name, ref in data.items():
+            trees.setdefault(ref.tree, name)
     moved = 0
     for tree, name in trees.items():
         m = manifest(home, tree)

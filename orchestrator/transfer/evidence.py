@@ -42,7 +42,7 @@ from orchestrator.host_documents.status import ExitRecord
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.transfer import quarantine
-from orchestrator.transfer.pull import fsync_path
+from orchestrator.transfer.durable import fsync_path
 
 EVIDENCE_DIR = "evidence"
 EVIDENCE_VERIFIED = "EVIDENCE_VERIFIED.json"

@@ -27,8 +27,9 @@ SCHEMA: dict = {
     "ckpt_every_steps": _INT,
     "log_every_steps": _INT,
     "test_hook_step_sleep_s": _NUM,  # TEST HOOK: seconds of sleep per step (tests that interrupt a job)
+    "test_hook_threads": _INT,  # TEST HOOK: torch's intra-op threads (tests whose hosts share the machine's cores)
 }
-OPTIONAL = {"epochs", "test_hook_step_sleep_s"}
+OPTIONAL = {"epochs", "test_hook_step_sleep_s", "test_hook_threads"}
 
 
 def load_config(path: str) -> dict:
@@ -99,3 +100,5 @@ def _check_ranges(doc: dict, path: str) -> None:
     need(doc["log_every_steps"] >= 1, "log_every_steps", "must be >= 1")
     if "epochs" in doc:
         need(doc["epochs"] >= 1, "epochs", "must be >= 1")
+    if "test_hook_threads" in doc:
+        need(doc["test_hook_threads"] >= 1, "test_hook_threads", "must be >= 1")

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from orchestrator.core import protocol
-from orchestrator.health import patrol, stops
+from orchestrator.health import stops, verdicts
 from orchestrator.host_documents import unframe
 from tests.support.jobtree import fake_checkpoint
 from tests.support.wire import exit_record
@@ -297,7 +297,7 @@ def test_exit_codes_crash_kill9_passthrough_finalize(host: Host, tmp_path: Path)
                           "last_epoch", "best_sha256", "message"}
     killed = host.exit_of(jobs["killed"][0]["job_id"])
     assert killed["signal"] == 9 and killed["wrapper_signal"] is None  # nobody signalled the wrapper
-    assert patrol.classify(killed["wrapper_code"], killed["trainer_code"], []) == "killed"  # retried
+    assert verdicts.classify(killed["wrapper_code"], killed["trainer_code"], []) == "killed"  # retried
     assert host.exit_of(jobs["nometrics"][0]["job_id"])["phase"] == "finalize"
     badckpt = host.exit_of(jobs["badckpt"][0]["job_id"])
     assert badckpt["phase"] == "finalize" and badckpt["trainer_code"] == 0
@@ -322,8 +322,8 @@ def test_a_sigterm_to_the_wrapper_is_a_stop_whatever_the_trainer_exits(host: Hos
     assert (e["wrapper_code"], e["trainer_code"], e["wrapper_signal"]) == (1, 1, 15), e
     assert "(wrapper got signal 15)" in e["message"]
     signalled = stops.wrapper_signal(exit_record(e))
-    assert patrol.classify(e["wrapper_code"], e["trainer_code"], [], wrapper_signal=signalled) == "stopped"
-    assert patrol.decide("stopped", 1, 2).action == "requeue"
+    assert verdicts.classify(e["wrapper_code"], e["trainer_code"], [], wrapper_signal=signalled) == "stopped"
+    assert verdicts.decide("stopped", 1, 2).action == "requeue"
 
 
 def test_agent_kill9_restart_adopts_and_never_reruns(host: Host) -> None:

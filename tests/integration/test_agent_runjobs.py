@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core import protocol
+from orchestrator.core import filenames, protocol
 from orchestrator.host_documents import unframe
 from orchestrator.transfer.verify import parse_manifest
+from tests.support.jobspecs import spec_doc
 from tests.support.jobtree import SHA, install_agent
 from tests.support.testhosts import default_gpus
 
@@ -55,7 +56,7 @@ def run_job(root: Path, job_id: str, *, code: int | None = 0, run: dict[str, Any
     for d in (adir, rdir / "outputs" / "plots", rdir / "logs", rdir / "ckpts", root / protocol.CLAIMED_DIR):
         d.mkdir(parents=True, exist_ok=True)
     (root / protocol.CLAIMED_DIR / f"{job_id}.json").write_text(json.dumps(
-        {"job_id": job_id, "queue_id": "qrun01", "attempt": 1, "name": job_id, "run": run or RUN}))
+        spec_doc(job_id=job_id, queue_id="qrun01", attempt=1, name=job_id, run=run or RUN)))
     (rdir / "outputs" / "model.txt").write_text("weights")
     (rdir / "outputs" / "plots" / "curve.png").write_bytes(b"\x89PNG")
     (rdir / "final.json").write_text('{"ok": true}')
@@ -160,7 +161,7 @@ def test_snapshot_copies_a_complete_checkpoint_directory_file_by_file(root: Path
     listed = [(f["path"], f["bytes"], f["sha256"]) for f in doc["files"]]
     assert sorted(listed) == sorted((p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items())
     assert (doc["file"], doc["dir"], doc["snapshot"]) == ("run/out/checkpoint-500", True, "ckpt/.ship.d")
-    assert doc["sha256"] == protocol.tree_sha256(listed) and doc["bytes"] == 4
+    assert doc["sha256"] == filenames.tree_sha256(listed) and doc["bytes"] == 4
     assert (jdir / "ckpt" / ".ship.d" / "rng state" / "r.pth").read_bytes() == b"r"
 
 

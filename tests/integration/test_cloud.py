@@ -31,6 +31,7 @@ from tests.support.fakecloud.netns_backend import NetnsBackend
 from tests.support.fakecloud.vastai import FakeVastAI
 from tests.support.fakecloud.vastai_market import FakeOffer
 from tests.support.once import once
+from tests.support.sweepproject import THREADS
 from tests.support.testhosts import HostFarm
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ JOBS = 3  # the spot test's one job per pod; the others take the first two
 
 def _config(seed: int, step_sleep_s: float = 0.0) -> str:
     text = (TINY_CONFIG.replace("seed: 3", f"seed: {seed}").replace("n_train: 256", "n_train: 3072")
-            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}"))
+            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}")) + THREADS  # 1-GPU hosts
     # TEST HOOK: slow steps (no effect on the weights) so an interruption lands mid-run on any machine
     return text + (f"test_hook_step_sleep_s: {step_sleep_s}\n" if step_sleep_s else "")
 

@@ -73,7 +73,7 @@ def _fabricate(ledger: Ledger, host: FakeHost, settings: Settings, ids: list[str
         job = ledger.job(job_id)
         attempt = ledger.attempt(job_id, 1)
         assert attempt is not None
-        spec = job_spec(job, attempt, settings)
+        spec = job_spec(job, attempt, settings).as_document()
         if job.name == "undelivered":
             continue  # the controller "died" before the spec reached the host
         if job.name == "withdrawn":

@@ -33,8 +33,9 @@ STEPS = 16  # a checkpoint-N/ every 2 steps; the kill lands after checkpoint-4 w
 HALF = STEPS - 1  # a step the trainer never saves at: the half-written directory planted below
 LINE = f"-- --max_steps {STEPS} --save_steps 2 --step_sleep 0.5\n"
 # the setup hook's pip finds the requirements installed and never looks further (the hosts have no network);
-# one OpenMP thread: a tiny model's second thread only spins (about a quarter of each trainer's CPU)
-ENV_LINE = 'env = { PIP_NO_INDEX = "1", PIP_DISABLE_PIP_VERSION_CHECK = "1", OMP_NUM_THREADS = "1" }\n'
+# one OpenMP thread, MKL's too: a tiny model's second thread only spins (about a quarter of each trainer's CPU)
+ENV_LINE = ('env = { PIP_NO_INDEX = "1", PIP_DISABLE_PIP_VERSION_CHECK = "1", OMP_NUM_THREADS = "1", '
+            'MKL_NUM_THREADS = "1" }\n')
 
 
 @pytest.fixture

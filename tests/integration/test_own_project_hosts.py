@@ -117,7 +117,10 @@ def hydra_cloud(host_farm: Callable[..., HostFarm], tmp_path: Path) -> Iterator[
 def test_hydra_app_preempted_on_vastai_resumes_from_its_shipped_checkpoint(hydra_cloud: Cloud,
                                                                           tmp_path: Path) -> None:
     cloud = hydra_cloud
-    epochs = 40
+    # the pod goes after 3 epochs and one patrol; the epochs the trainer runs meanwhile (one torch thread:
+    # offline_pip_env) must leave it mid-run.  The replacement trains the rest at about 0.06 s of CPU an
+    # epoch, so a wide margin costs little
+    epochs = 60
     queue = copy_example("hydra_csv", tmp_path,
                          queue=f"name=h gpus=1 -- model.width=64 optim.lr=1e-2 epochs={epochs} data.size=8192\n")
     # the hosts have no network: the setup hook's pip installs from a wheelhouse they can read

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.jobspecs import spec_doc
 from tests.support.once import once
 from tests.support.proctree import assert_gone, descendants
 
@@ -334,22 +335,23 @@ def test_long_steps_are_finished_or_abandoned_by_the_grace(tmp_path: Path, refer
 
 def test_wrapper_passes_the_grace_to_the_trainer(tmp_path: Path) -> None:
     """The wrapper's run.env: GPUQ_SIGTERM_GRACE_S = spec sigterm_grace_s (a spot grace) capped by
-    kill_grace_s, default kill_grace_s; "" stays unknown; torchrun never kills before kill_grace_s."""
+    kill_grace_s, default kill_grace_s; torchrun never kills before kill_grace_s."""
     sys.path.insert(0, str(REPO / "payload" / "agent"))
     from gpuq_attempt import gpuq_wrap
     from gpuq_base.gpuq_files import Layout
+    from gpuq_base.gpuq_jobspec import parse_spec
 
     cases = [  # extra spec fields, GPUQ_SIGTERM_GRACE_S, TORCH_ELASTIC_SHUTDOWN_TIMEOUT
         ({}, "30", "30"),
         ({"kill_grace_s": 45}, "45", "45"),
         ({"kill_grace_s": 45, "sigterm_grace_s": 5}, "5", "45"),  # a spot grace shorter than the cancel's
         ({"kill_grace_s": 10, "sigterm_grace_s": 60}, "10", "30"),  # the wrapper kills at 10 s anyway
-        ({"sigterm_grace_s": ""}, "", "30"),  # unknown: the payload saves regardless
         ({"kill_grace_s": 0}, "0", "30"),
         ({"kill_grace_s": 2.5, "sigterm_grace_s": None}, "2.5", "30"),
     ]
     for extra, want, shutdown in cases:
-        spec = {"job_id": "c0123456789ab", "task": "classify", "epochs": 1, "bundle_sha": "f" * 64, **extra}
+        spec = parse_spec(spec_doc(**{"job_id": "c0123456789ab", "task": "classify", "epochs": 1,
+                                      "bundle_sha": "f" * 64, "kill_grace_s": 30, **extra}))
         env = gpuq_wrap.Wrapper(Layout(str(tmp_path)), "c0123456789ab", 1).build_env(spec, {"kind": "cpu"})
         assert env["GPUQ_SIGTERM_GRACE_S"] == want, extra
         assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == shutdown, extra

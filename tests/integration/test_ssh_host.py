@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import HostAuthFailed, HostKeyError, HostUnreachable
-from orchestrator.fleet.registry import key_fingerprint
-from orchestrator.hosts.ssh import SSHHost, SSHOptions, resolve
+from orchestrator.fleet.host_keys import key_fingerprint
+from orchestrator.hosts.ssh import SSHHost
+from orchestrator.hosts.sshconfig import resolve
+from orchestrator.hosts.sshconnect import SSHOptions
 from tests.support.testhosts import FarmFactory, HostFarm
 from tests.unit import test_hosts_contract as contract
 

@@ -210,7 +210,7 @@ def test_changed_host_key_is_refused_until_the_user_checks_it(host_farm: Callabl
                       "--trust-new-host-key")
     assert again.returncode != 0 and "CHANGED" in again.stderr  # TOFU never overrides a changed key
 
-    from orchestrator.fleet.registry import key_fingerprint
+    from orchestrator.fleet.host_keys import key_fingerprint
 
     right = key_fingerprint(" ".join(new_line.split()[:2]))
     wrong = user.gpuq("hosts", "trust", "g0", "--fingerprint", "SHA256:" + "A" * 43)

@@ -14,7 +14,7 @@ import paramiko
 import pytest
 
 from orchestrator.core.errors import HostError, HostKeyError
-from orchestrator.fleet.registry import key_fingerprint
+from orchestrator.fleet.host_keys import key_fingerprint
 from orchestrator.hosts.ssh import SSHHost
 from tests.conftest import ROOT
 from tests.integration.test_ssh_host import make_host
@@ -162,7 +162,7 @@ from types import SimpleNamespace
 
 import paramiko
 
-from orchestrator.fleet.registry import forget_keys
+from orchestrator.fleet.host_keys import forget_keys
 from orchestrator.hosts.knownhosts import TrustPolicy, load_trust
 from orchestrator.hosts.sshconfig import Endpoint
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import HostError
-from orchestrator.hosts.ssh import SSHHost, SSHOptions, resolve
+from orchestrator.hosts.ssh import SSHHost
+from orchestrator.hosts.sshconfig import resolve
+from orchestrator.hosts.sshconnect import SSHOptions
 from tests.support.testhosts import FarmFactory, HostFarm
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,9 @@ import pytest
 
 from orchestrator.core.errors import HostError
 from orchestrator.hosts.local import LocalHost
-from orchestrator.hosts.ssh import SSHHost, SSHOptions, resolve
+from orchestrator.hosts.ssh import SSHHost
+from orchestrator.hosts.sshconfig import resolve
+from orchestrator.hosts.sshconnect import SSHOptions
 from tests.support.testhosts import FarmFactory
 
 pytestmark = pytest.mark.integration

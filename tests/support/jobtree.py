@@ -19,6 +19,7 @@ from pathlib import Path
 
 from orchestrator.core import protocol
 from tests.conftest import ROOT
+from tests.support.jobspecs import spec_doc
 
 SHA = "f" * 64  # the fake bundle every fabricated root carries
 
@@ -55,7 +56,7 @@ def finished_job(root: Path, job_id: str, *, queue_id: str = "qtest01", attempt:
     for d in (adir, rdir, cdir, root / protocol.CLAIMED_DIR):
         d.mkdir(parents=True, exist_ok=True)
     (root / protocol.CLAIMED_DIR / f"{job_id}.json").write_text(json.dumps(
-        {"job_id": job_id, "queue_id": queue_id, "attempt": attempt, "name": job_id}))
+        spec_doc(job_id=job_id, queue_id=queue_id, attempt=attempt, name=job_id)))
     best = ckpt if ckpt is not None else fake_checkpoint()
     (cdir / protocol.BEST_CKPT).write_bytes(best)
     (cdir / protocol.LATEST_CKPT).write_bytes(b"rolling state, never pulled")

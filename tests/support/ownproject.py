@@ -51,12 +51,17 @@ HYDRA_DISTS = ("hydra", "omegaconf", "antlr4")  # hydra-core and what it pulls i
 def host_python() -> tuple[Path, Path]:
     """A fresh venv whose site-packages chain to this interpreter's (torch importable), without hydra even
     when this interpreter has it (the suite's `examples` extra installs it); returns (its python, its dir
-    to remove).  It lives where the namespace hosts can run it."""
+    to remove).  It lives where the namespace hosts can run it.  Its ``pip`` is this interpreter's pip run
+    by the venv's python (what ``python -m venv`` would install, less ensurepip's 6 s of CPU): it installs
+    into the venv, as a venv's own pip does."""
     venv = Path(tempfile.mkdtemp(prefix="gpuq-test-hostvenv-", dir=SHARED))
-    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True,
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True,
                           timeout=300, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
     python = venv / "bin" / "python"
+    pip = venv / "bin" / "pip"
+    pip.write_text(f'#!/bin/sh\nexec "{python}" -m pip "$@"\n')
+    pip.chmod(0o755)
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     view = venv / "parent-site"  # this interpreter's site-packages, less hydra-core's distributions
@@ -68,13 +73,17 @@ def host_python() -> tuple[Path, Path]:
     probe = subprocess.run([str(python), "-c", "import torch, importlib.util as u; "
                             "assert u.find_spec('hydra') is None"], capture_output=True, text=True, check=False)
     assert probe.returncode == 0, probe.stderr
+    where = subprocess.run([str(pip), "--version"], capture_output=True, text=True, check=False)
+    assert where.returncode == 0 and f"(python {sys.version_info.major}.{sys.version_info.minor})" in where.stdout, \
+        where.stdout + where.stderr
     return python, venv
 
 
 def offline_pip_env(wheelhouse: Path) -> str:
-    """A [run] env line that makes the setup hook's pip install from the wheelhouse only (no network)."""
+    """A [run] env line that makes the setup hook's pip install from the wheelhouse only (no network), and
+    gives the trainer one torch thread (its hosts have one GPU: see THREADS in tests/support/sweepproject.py)."""
     return (f'env = {{ PIP_NO_INDEX = "1", PIP_FIND_LINKS = "{wheelhouse}", '
-            f'PIP_DISABLE_PIP_VERSION_CHECK = "1" }}\n')
+            f'PIP_DISABLE_PIP_VERSION_CHECK = "1", OMP_NUM_THREADS = "1", MKL_NUM_THREADS = "1" }}\n')
 
 
 def jobs_of(status_doc: dict[str, Any]) -> list[dict[str, Any]]:

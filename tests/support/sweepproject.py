@@ -12,9 +12,17 @@ from scripts.bench_project import TINY_CONFIG
 CKPT_EVERY = 4
 
 
+# TEST HOOK: one torch thread per rank.  A 1-GPU test host (and a Slurm job of one GPU) gets the agent's
+# thread cap of 2 on a 2-core machine, whose cores every test host and worker share: torch's two OpenMP
+# threads then spin at each barrier while the other waits for a core (a 2-epoch baseline run: 20 s of CPU
+# instead of 4.6 s, the same weights).  The weights do not depend on it (tiny matrices: one thread does
+# every op either way), so an interrupted job and its twin still end equal.
+THREADS = "test_hook_threads: 1\n"
+
+
 def tiny_config(step_sleep_s: float = 0.0, n_train: int = 256) -> str:
     text = (TINY_CONFIG.replace("n_train: 256", f"n_train: {n_train}")
-            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}"))
+            .replace("ckpt_every_steps: 0", f"ckpt_every_steps: {CKPT_EVERY}")) + THREADS
     return text + (f"test_hook_step_sleep_s: {step_sleep_s}\n" if step_sleep_s else "")
 
 

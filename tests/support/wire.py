@@ -1,5 +1,5 @@
-"""The pure patrol / observed / stops rules fed the way a tick feeds them: a document written as the
-host would send it (plain JSON data) goes through the edge models first (host_documents), then to
+"""The pure patrol / verdicts / host_lines / observed / stops rules fed the way a tick feeds them: a document
+written as the host would send it (plain JSON data) goes through the edge models first (host_documents), then to
 the rule.  Tests keep writing documents as the agent prints them; the rules see only checked models."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator import host_documents as hd
+from orchestrator.health import host_lines as _host_lines
 from orchestrator.health import observed as _observed
 from orchestrator.health import patrol as _patrol
 from orchestrator.health import stops as _stops
+from orchestrator.health import verdicts as _verdicts
 
 
 def status(doc: Mapping[str, Any] | hd.StatusDocument | None) -> hd.StatusDocument | None:
@@ -43,8 +45,14 @@ patrol = _module(
     _patrol,
     host_findings=lambda host, doc, th: _patrol.host_findings(host, status(doc), th),
     job_findings=lambda host, job, e, now, th: _patrol.job_findings(host, job, entry(e), now, th),
-    host_line=lambda host, doc, findings, **kw: _patrol.host_line(host, status(doc), findings, **kw),
-    classify=lambda code, trainer, h, *a, **kw: _patrol.classify(code, trainer, hits(h), *a, **kw),
+)
+verdicts = _module(
+    _verdicts,
+    classify=lambda code, trainer, h, *a, **kw: _verdicts.classify(code, trainer, hits(h), *a, **kw),
+)
+host_lines = _module(
+    _host_lines,
+    host_line=lambda host, doc, findings, **kw: _host_lines.host_line(host, status(doc), findings, **kw),
 )
 observed = _module(
     _observed,

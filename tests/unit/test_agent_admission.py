@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 A = load_agent_module("gpuq_serving.gpuq_admission", qualified=True)  # the module path scripts/mutation.py mutates
 serve_mod = load_agent_module("gpuq_serving.gpuq_serve")
 files_mod = load_agent_module("gpuq_base.gpuq_files")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 C = A.Candidate
 
@@ -68,15 +70,23 @@ def test_one_decision_per_candidate_in_their_order() -> None:
 
 
 def test_what_a_spec_makes_of_a_candidate() -> None:
-    assert A.spec_unfit(None) == "job spec is not a JSON object"
-    assert A.spec_unfit({"schema": "junk"}) == "job spec has no valid schema ('junk'); this agent reads gpuq.job/1"
-    assert A.spec_unfit({}) == "job spec has no valid schema (None); this agent reads gpuq.job/1"
-    assert A.spec_unfit({"schema": "gpuq.job/2"}) == (
-        "job spec schema gpuq.job/2 is newer than this agent (gpuq.job/1); upgrade the bundle")
-    assert A.spec_unfit({"schema": "gpuq.job/1"}) == A.spec_unfit({"schema": "gpuq.job/1.4"}) == ""
-    assert A.candidate("a", {"gpus": 3}) == C("a", 3)
-    assert A.candidate("a", {"gpus": 0}) == C("a", 1)
-    assert A.candidate("a", None, "job spec is not a JSON object") == C("a", 1, "job spec is not a JSON object")
+    """A parsed spec asks for its slots (at least one); a document the parser refused is unfit with the
+    parser's reason, word for word, and asks for one slot."""
+    assert A.spec_unfit(jobspec.parse_spec(spec_doc(gpus=3))) == ""
+    assert A.candidate("a", jobspec.parse_spec(spec_doc(gpus=3))) == C("a", 3)
+    assert A.candidate("a", jobspec.parse_spec(spec_doc(gpus=0))) == C("a", 1)
+    assert A.candidate("a", jobspec.parse_spec(spec_doc(schema="gpuq.job/1.4"))) == C("a", 1)
+    newer = "job spec schema gpuq.job/2 is newer than this agent (gpuq.job/1); upgrade the bundle"
+    for doc, why in [
+        (None, "job spec is not a JSON object"),
+        ({"schema": "junk"}, "job spec has no valid schema ('junk'); this agent reads gpuq.job/1"),
+        ({}, "job spec has no valid schema (None); this agent reads gpuq.job/1"),
+        (spec_doc(schema="gpuq.job/2"), newer),
+        (spec_doc(gpus="2"), "malformed job spec: gpus must be an integer >= 0 <= 4096, not '2'"),
+    ]:
+        refused = jobspec.spec_or_reason(doc)
+        assert (refused, A.spec_unfit(refused)) == (why, why), doc
+        assert A.candidate("a", refused) == C("a", 1, why)
 
 
 # --- the loop acting on it --------------------------------------------------------------------------
@@ -91,7 +101,7 @@ def _agent(tmp_path: Path, slots: int) -> tuple[Any, list[tuple[str, tuple[int, 
     agent.slots = {"kind": "cpu", "ids": list(range(slots))}
     launched: list[tuple[str, tuple[int, ...]]] = []
 
-    def launch(job_id: str, spec: dict[str, Any], slots: tuple[int, ...]) -> None:
+    def launch(job_id: str, spec: Any, slots: tuple[int, ...]) -> None:
         launched.append((job_id, tuple(slots)))
         for s in slots:
             agent.busy[s] = job_id
@@ -101,8 +111,7 @@ def _agent(tmp_path: Path, slots: int) -> tuple[Any, list[tuple[str, tuple[int, 
 
 
 def _enqueue(inbox: Path, job_id: str, created: float, gpus: int = 1) -> None:
-    (inbox / f"{job_id}.json").write_text(json.dumps({"schema": "gpuq.job/1", "job_id": job_id, "attempt": 1,
-                                                      "gpus": gpus, "created_at": created}))
+    (inbox / f"{job_id}.json").write_text(json.dumps(spec_doc(job_id=job_id, gpus=gpus, created_at=created)))
 
 
 def test_the_loop_looks_up_a_live_attempt_only_for_a_job_that_would_start(tmp_path: Path) -> None:

@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 inbox = load_agent_module("gpuq_records.gpuq_inbox", qualified=True)
 P = load_agent_module("gpuq_base.gpuq_protocol")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
+summary = load_agent_module("gpuq_records.gpuq_summary", qualified=True)
 
 JOB = "c000000000001"
 
@@ -48,7 +51,7 @@ def test_the_payloads_summary_gets_its_curves_from_metrics_jsonl(tmp_path: Path)
     job = _job(tmp_path)
     _write(job / P.RESULT_DIR / P.SUMMARY_FILE, json.dumps({"metric": "val_acc", "final": {"val_acc": 0.75}}))
     _payload_metrics(job)
-    _write(job / P.SPEC_FILE, json.dumps({"job_id": JOB, "attempt": 2}))
+    _write(job / P.SPEC_FILE, json.dumps(spec_doc(job_id=JOB, attempt=2)))
     _write(job / P.CKPT_DIR / P.LATEST_POINTER, json.dumps({"file": "step_20.pt", "step": 20}))
     got = inbox.collect_one(str(tmp_path), JOB)
     assert got["attempt"] == 2
@@ -74,15 +77,17 @@ def test_nothing_finished_yet_is_an_empty_answer(tmp_path: Path) -> None:
 
 def test_the_attempt_is_the_claimed_specs_before_the_jobs_own(tmp_path: Path) -> None:
     job = _job(tmp_path)
-    _write(job / P.SPEC_FILE, json.dumps({"job_id": JOB, "attempt": 2}))
-    assert inbox.job_spec(str(tmp_path), JOB) == {"job_id": JOB, "attempt": 2}
-    _write(tmp_path / P.CLAIMED_DIR / f"{JOB}.json", json.dumps({"job_id": JOB, "attempt": 3}))
-    assert inbox.job_spec(str(tmp_path), JOB) == {"job_id": JOB, "attempt": 3}
+    _write(job / P.SPEC_FILE, json.dumps(spec_doc(job_id=JOB, attempt=2)))
+    assert summary.job_spec(str(tmp_path), JOB).attempt == 2
+    _write(tmp_path / P.CLAIMED_DIR / f"{JOB}.json", json.dumps(spec_doc(job_id=JOB, attempt=3)))
+    assert summary.job_spec(str(tmp_path), JOB).attempt == 3
     assert inbox.collect_one(str(tmp_path), JOB)["attempt"] == 3
     _write(tmp_path / P.CLAIMED_DIR / f"{JOB}.json", "not json")  # a torn claimed copy: the job's own spec
     assert inbox.collect_one(str(tmp_path), JOB)["attempt"] == 2
     _write(job / P.SPEC_FILE, '"a string"')
     assert inbox.collect_one(str(tmp_path), JOB)["attempt"] == 0
+    _write(job / P.SPEC_FILE, json.dumps(spec_doc(job_id=JOB, attempt="2")))  # refused: no spec to read
+    assert summary.job_spec(str(tmp_path), JOB) is None and inbox.collect_one(str(tmp_path), JOB)["attempt"] == 0
 
 
 CSV = "epoch,step,train_loss,val_acc\n0,100,2.5,0.25\n1,200,1.5,0.5\n2,300,1.0,0.4\n"
@@ -91,7 +96,7 @@ CSV = "epoch,step,train_loss,val_acc\n0,100,2.5,0.25\n1,200,1.5,0.5\n2,300,1.0,0
 def _own_project(root: Path, **run: Any) -> Path:
     job = _job(root)
     _write(job / P.RUN_DIR / "logs" / "metrics.csv", CSV)
-    spec = {"job_id": JOB, "attempt": 1, "run": {"metrics": "logs/metrics.csv", "metric": "val_acc", **run}}
+    spec = spec_doc(job_id=JOB, attempt=1, run={"metrics": "logs/metrics.csv", "metric": "val_acc", **run})
     _write(job / P.SPEC_FILE, json.dumps(spec))
     return job
 
@@ -131,23 +136,23 @@ def test_a_summary_that_cannot_be_written_still_travels(tmp_path: Path) -> None:
 
 def test_a_project_without_usable_metrics_falls_back_to_its_summary_file(tmp_path: Path) -> None:
     job = _own_project(tmp_path, metrics="logs/missing.csv")
-    counted = inbox.project_summary(str(tmp_path), JOB, json.loads((job / P.SPEC_FILE).read_text()), True)
+    counted = summary.project_summary(str(tmp_path), JOB, summary.job_spec(str(tmp_path), JOB), True)
     assert (counted["files"], counted["final"]) == (0, None)  # it says what it found: nothing
     assert not (job / P.RESULT_DIR / P.SUMMARY_FILE).exists()  # and writes no summary without a value
     assert inbox.collect_one(str(tmp_path), JOB)["summary"] == counted
     _write(job / P.RESULT_DIR / P.SUMMARY_FILE, json.dumps({"metric": "val_acc", "curves": {}}))
     assert inbox.collect_one(str(tmp_path), JOB)["summary"] == {"metric": "val_acc", "curves": {}}
-    for run in ({"metrics": ""}, {"metric": "val_acc"}, "not a table"):
-        assert inbox.project_summary(str(tmp_path), JOB, {"run": run}, True) is None
-    assert inbox.project_summary(str(tmp_path), JOB, None, True) is None
+    for run in ({"metrics": ""}, {"metric": "val_acc"}, None):
+        assert summary.project_summary(str(tmp_path), JOB, jobspec.parse_spec(spec_doc(run=run)), True) is None
+    assert summary.project_summary(str(tmp_path), JOB, None, True) is None
 
 
 def test_a_log_metrics_project_reads_the_newest_attempts_log(tmp_path: Path) -> None:
     job = _job(tmp_path)
     _write(job / P.ATTEMPTS_DIR / "1" / P.JOB_LOG, "step=1 acc=0.1\nstep=2 acc=0.2\n")
     _write(job / P.ATTEMPTS_DIR / "2" / P.JOB_LOG, "step=3 acc=0.6\n")
-    spec = {"job_id": JOB, "attempt": 2,
-            "run": {"metrics": "log", "metric": "acc", "metrics_regex": r"step=(?P<step>\d+) acc=(?P<acc>[\d.]+)"}}
+    spec = spec_doc(job_id=JOB, attempt=2,
+                    run={"metrics": "log", "metric": "acc", "metrics_regex": r"step=(?P<step>\d+) acc=(?P<acc>[\d.]+)"})
     _write(job / P.SPEC_FILE, json.dumps(spec))
     got = inbox.collect_one(str(tmp_path), JOB)["summary"]
     assert (got["rows"], got["final"], got["source"]) == (3, {"step": 3, "acc": 0.6}, "log")

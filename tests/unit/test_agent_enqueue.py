@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 inbox = load_agent_module("gpuq_records.gpuq_inbox", qualified=True)
 P = load_agent_module("gpuq_base.gpuq_protocol")
@@ -30,7 +31,7 @@ def _enqueue(root: Path, payload: Any, capsys: pytest.CaptureFixture[str]) -> tu
 
 
 def _spec(job_id: str = "c000000000001", attempt: int = 1, **kw: Any) -> dict[str, Any]:
-    return {"job_id": job_id, "attempt": attempt, **kw}
+    return spec_doc(job_id=job_id, attempt=attempt, **kw)
 
 
 def _attempt_dir(root: Path, job_id: str, n: int) -> Path:
@@ -43,7 +44,7 @@ def test_a_new_spec_is_queued_once_and_written_whole(tmp_path: Path, capsys: pyt
     code, verdicts, err = _enqueue(tmp_path, [_spec(x=1), _spec("c2", 3)], capsys)
     assert (code, verdicts, err) == (0, {"c000000000001": "queued", "c2": "queued"}, "")
     written = json.loads((tmp_path / P.INBOX_DIR / "c000000000001.json").read_text())
-    assert written == {"job_id": "c000000000001", "attempt": 1, "x": 1}
+    assert written == _spec(x=1)  # every key as it came, one this agent does not know included
     assert sorted(os.listdir(tmp_path / P.INBOX_DIR)) == ["c000000000001.json", "c2.json"]  # no temp file left
     # idempotent: the same order again is "exists", and the file is not rewritten
     before = (tmp_path / P.INBOX_DIR / "c2.json").stat().st_mtime_ns
@@ -115,12 +116,15 @@ def test_secrets_are_written_0600_in_a_0700_dir(tmp_path: Path, capsys: pytest.C
     ({"specs": [], "secrets": ["x"]}, 'gpuq enqueue: "secrets" must map queue ids to {NAME: value} objects'),
     ({"specs": [], "secrets": {"../q": {}}}, 'gpuq enqueue: "secrets" must map queue ids to {NAME: value} objects'),
     ({"specs": [], "secrets": {"q1": "v"}}, 'gpuq enqueue: "secrets" must map queue ids to {NAME: value} objects'),
-    ([_spec("../../etc")], "gpuq enqueue: malformed spec (job_id/attempt): "),
-    ([_spec("c1", 0)], "gpuq enqueue: malformed spec (job_id/attempt): "),
-    ([{"job_id": "c1", "attempt": "two"}], "gpuq enqueue: malformed spec (job_id/attempt): "),
-    ([_spec("c1"), "c2"], "gpuq enqueue: malformed spec (job_id/attempt): 'c2'"),
-    ([{"attempt": 1}], "gpuq enqueue: malformed spec (job_id/attempt): "),
-    ({"specs": [_spec("c1", -1)], "secrets": {"q1": {"A": "b"}}}, "gpuq enqueue: malformed spec (job_id/attempt): "),
+    ([_spec("../../etc")], "gpuq enqueue: malformed spec 0 ('../../etc'): job_id must be a job id"),
+    ([_spec("c1", 0)], "gpuq enqueue: malformed spec 0 ('c1'): attempt must be an integer >= 1, not 0"),
+    ([_spec("c1", "two")], "gpuq enqueue: malformed spec 0 ('c1'): attempt must be an integer >= 1, not 'two'"),
+    ([_spec("c1"), "c2"], "gpuq enqueue: malformed spec 1: job spec is not a JSON object"),
+    ([{k: v for k, v in _spec().items() if k != "job_id"}], "gpuq enqueue: malformed spec 0: job_id is missing"),
+    ({"specs": [_spec("c1", -1)], "secrets": {"q1": {"A": "b"}}},
+     "gpuq enqueue: malformed spec 0 ('c1'): attempt must be an integer >= 1, not -1"),
+    ([_spec("c1", gpus="2")], "gpuq enqueue: malformed spec 0 ('c1'): gpus must be an integer >= 0 <= 4096, not '2'"),
+    ([_spec("c1", schema="gpuq.job/2")], "gpuq enqueue: malformed spec 0 ('c1'): job spec schema gpuq.job/2 is newer"),
 ])
 def test_a_malformed_order_writes_nothing(tmp_path: Path, payload: Any, message: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,12 +134,11 @@ def test_a_malformed_order_writes_nothing(tmp_path: Path, payload: Any, message:
     assert list(tmp_path.iterdir()) == []  # not even a secrets file of a good queue id
 
 
-def test_attempt_numbers_default_to_one_and_bad_ones_to_zero() -> None:
-    assert inbox._attempt_of({}) == 1
-    assert inbox._attempt_of({"attempt": "7"}) == 7
-    assert inbox._attempt_of({"attempt": None}) == 0
-    assert inbox._attempt_of({"attempt": "x"}) == 0
-    assert inbox._attempt_of("not a dict") == 0
+def test_the_attempt_a_document_names_is_a_whole_number_else_zero() -> None:
+    jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
+    assert jobspec.attempt_of({"attempt": 7}) == 7
+    for bad in ({}, {"attempt": "7"}, {"attempt": None}, {"attempt": True}, {"attempt": 0}, "not a dict"):
+        assert jobspec.attempt_of(bad) == 0, bad
 
 
 def test_collect_refuses_a_bad_job_id_and_lists_only_real_result_files(tmp_path: Path,

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 gang = load_agent_module("gpuq_base.gpuq_gang")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 
 def _node(**kw: Any) -> dict[str, Any]:
@@ -26,31 +28,39 @@ def _node(**kw: Any) -> dict[str, Any]:
     return node
 
 
+def _section(**kw: Any) -> Any:
+    return jobspec.parse_node(_node(**kw))
+
+
 def test_a_sound_node_section_is_kept_and_bounded() -> None:
-    got = gang.node_of({"node": _node(master_addrs=["10.0.0.1", "fd00::1", "head.lan"] + ["10.0.0.9"] * 9,
-                                      timeout_s=10 ** 9)})
-    assert got == {"rank": 1, "nodes": 2, "master_addrs": ["10.0.0.1", "fd00::1", "head.lan"] + ["10.0.0.9"] * 5,
-                   "master_port": 23456, "timeout_s": 24 * 3600.0}
-    assert gang.node_of({}) is None and gang.node_of({"node": "x"}) is None
+    got = _section(master_addrs=["10.0.0.1", "fd00::1", "head.lan"] + ["10.0.0.9"] * 9, timeout_s=10 ** 9)
+    assert got == jobspec.NodeSection(rank=1, nodes=2, hosts=("h0", "h1"),
+                                      master_addrs=("10.0.0.1", "fd00::1", "head.lan") + ("10.0.0.9",) * 5,
+                                      master_port=23456, timeout_s=24 * 3600.0)
+    assert jobspec.parse_spec(spec_doc()).node is None and jobspec.parse_spec(spec_doc(node=None)).node is None
 
 
-@pytest.mark.parametrize("bad", [
-    {"rank": 2}, {"rank": -1}, {"nodes": 1}, {"nodes": 65}, {"master_port": 80}, {"master_port": 70000},
-    {"master_addrs": []}, {"master_addrs": ["-oProxyCommand=x"]}, {"master_addrs": ["a b"]}, {"master_addrs": "x"},
-    {"timeout_s": 0}, {"rank": "one"}, {"master_port": None},
+@pytest.mark.parametrize(("bad", "field"), [
+    ({"rank": 2}, "rank"), ({"rank": -1}, "rank"), ({"nodes": 1}, "nodes"), ({"nodes": 65}, "nodes"),
+    ({"master_port": 80}, "master_port"), ({"master_port": 70000}, "master_port"),
+    ({"master_addrs": []}, "master_addrs"), ({"master_addrs": ["-oProxyCommand=x"]}, "master_addrs"),
+    ({"master_addrs": ["a b"]}, "master_addrs"), ({"master_addrs": "x"}, "master_addrs"),
+    ({"timeout_s": 0}, "timeout_s"), ({"rank": "one"}, "rank"), ({"master_port": None}, "master_port"),
 ])
-def test_a_malformed_node_section_is_refused(bad: dict[str, Any]) -> None:
-    assert gang.node_of({"node": _node(**bad)}) is None
+def test_a_malformed_node_section_refuses_the_spec_naming_the_field(bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(jobspec.SpecError, match=rf"^node\.{field} "):
+        jobspec.parse_spec(spec_doc(node=_node(**bad)))
+    assert jobspec.spec_or_reason(spec_doc(node="x")) == "malformed job spec: node must be an object or null, not 'x'"
 
 
 def test_the_rendezvous_is_static_with_the_controllers_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gang, "interface_to", lambda addr: "veth1" if addr == "10.0.0.1" else "")
-    args, env = gang.rendezvous(gang.node_of({"node": _node(timeout_s=42.9)}), "10.0.0.1")
+    args, env = gang.rendezvous(_section(timeout_s=42.9), "10.0.0.1")
     assert args == ["--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=23456",
                     "--rdzv-conf=timeout=42"]
     assert env == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "23456", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
                    "GLOO_SOCKET_IFNAME": "veth1", "NCCL_SOCKET_IFNAME": "veth1"}
-    assert "GLOO_SOCKET_IFNAME" not in gang.rendezvous(gang.node_of({"node": _node()}), "10.9.9.9")[1]
+    assert "GLOO_SOCKET_IFNAME" not in gang.rendezvous(_section(), "10.9.9.9")[1]
 
 
 def test_node_0_refuses_a_taken_port() -> None:
@@ -67,7 +77,7 @@ def test_another_node_waits_for_node_0_then_reaches_it() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     lines: list[str] = []
-    node = gang.node_of({"node": _node(master_addrs=["127.0.0.1"], master_port=port, timeout_s=60)})
+    node = _section(master_addrs=["127.0.0.1"], master_port=port, timeout_s=60)
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
@@ -94,7 +104,7 @@ def test_an_unreachable_head_ends_the_node_with_the_port_named() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
-    node = gang.node_of({"node": _node(master_addrs=["127.0.0.1"], master_port=port, timeout_s=1)})
+    node = _section(master_addrs=["127.0.0.1"], master_port=port, timeout_s=1)
     addr, why = gang.reach_head(node, lambda line: None, poll_s=0.2)
     assert addr == ""
     assert why.startswith(f"node 1 could not reach node 0's rendezvous port within 1 s (127.0.0.1:{port} refused)")

@@ -1,6 +1,6 @@
 """Parsers and verdict rules of the host agent's GPU preflight (gpuq_health.py, gpuq_health_gpus.py,
-gpuq_health_checks.py), kernel-log reader (gpuq_kernel.py) and VRAM reaper (gpuq_reap.py): pure functions,
-no network, no GPU."""
+gpuq_health_checks.py), kernel-log reader (gpuq_kernel.py) and VRAM reaper (gpuq_reap.py, gpuq_reap_find.py,
+gpuq_reap_judge.py, gpuq_reap_kill.py, gpuq_reap_redact.py): pure functions, no network, no GPU."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ H = load_agent_module("gpuq_verbs.gpuq_health")
 G = load_agent_module("gpuq_verbs.gpuq_health_gpus")
 V = load_agent_module("gpuq_verbs.gpuq_health_checks")
 R = load_agent_module("gpuq_verbs.gpuq_reap")
+RF = load_agent_module("gpuq_verbs.gpuq_reap_find")
+RJ = load_agent_module("gpuq_verbs.gpuq_reap_judge")
+RK = load_agent_module("gpuq_verbs.gpuq_reap_kill")
+RR = load_agent_module("gpuq_verbs.gpuq_reap_redact")
 PROTO = load_agent_module("gpuq_base.gpuq_protocol")
 
 XID79 = "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
@@ -256,20 +260,21 @@ def test_redact_and_parsers() -> None:
     argv = ["python", "train.py", "--api-key=abc123", "--token", "t0ps3cret", "WANDB_API_KEY=k",
             "--lr", "0.1", "https://user:pw@example.com/repo", "hf_abcdefghijklmnop", "-c", "a\nb",
             "--password", "--next-flag"]
-    assert R.redact(argv) == ("python train.py --api-key=<redacted> --token <redacted> WANDB_API_KEY=<redacted> "
-                              "--lr 0.1 https://<redacted>@example.com/repo <redacted> -c a\\nb --password --next-flag")
-    assert len(R.redact(["x" * 5000])) == R.MAX_CMDLINE + 3
-    assert R.parse_fuser(" 1234 5678m 910e  1234c\n") == [1234, 5678, 910]
-    assert R.parse_fuser("") == [] and R.parse_pids("12\n\n34\nx\n12\n") == [12, 34]
-    assert R.is_daemon("nvidia-persiste", ["/usr/bin/nvidia-persistenced"])
-    assert R.is_daemon("Xorg", ["/usr/lib/xorg/Xorg"]) and R.is_daemon("x", ["/usr/sbin/gdm3"])
-    assert not R.is_daemon("python3", ["python3", "train.py"])
+    assert RR.redact(argv) == ("python train.py --api-key=<redacted> --token <redacted> WANDB_API_KEY=<redacted> "
+                               "--lr 0.1 https://<redacted>@example.com/repo <redacted> -c a\\nb "
+                               "--password --next-flag")
+    assert len(RR.redact(["x" * 5000])) == RR.MAX_CMDLINE + 3
+    assert RF.parse_fuser(" 1234 5678m 910e  1234c\n") == [1234, 5678, 910]
+    assert RF.parse_fuser("") == [] and RF.parse_pids("12\n\n34\nx\n12\n") == [12, 34]
+    assert RJ.is_daemon("nvidia-persiste", ["/usr/bin/nvidia-persistenced"])
+    assert RJ.is_daemon("Xorg", ["/usr/lib/xorg/Xorg"]) and RJ.is_daemon("x", ["/usr/sbin/gdm3"])
+    assert not RJ.is_daemon("python3", ["python3", "train.py"])
 
 
 def test_reap_keeps_only_candidates_seen_twice_with_the_same_start(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
     def sample(cands: dict[int, int]) -> Any:
-        s = R.Sample()
+        s = RJ.Sample()
         for pid, ticks in cands.items():
             s.cands[pid] = {"pid": pid, "user": "root", "comm": "python3", "age_s": 300.0,
                             "devices": ["/dev/nvidia0"], "cmdline": "python3 x"}
@@ -277,10 +282,10 @@ def test_reap_keeps_only_candidates_seen_twice_with_the_same_start(monkeypatch: 
         return s
 
     samples = [sample({10: 1, 11: 1, 12: 1}), sample({10: 1, 11: 2, 13: 1})]  # 11 reused, 12 gone, 13 new
-    monkeypatch.setattr(R, "device_nodes", lambda: ["/dev/nvidia0"])
-    monkeypatch.setattr(R, "holder_tool", lambda: "fuser")
-    monkeypatch.setattr(R, "take_sample", lambda *a: samples.pop(0))
-    monkeypatch.setattr(R, "gpu_memory", lambda: {})
+    monkeypatch.setattr(RF, "device_nodes", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(RF, "holder_tool", lambda: "fuser")
+    monkeypatch.setattr(RJ, "take_sample", lambda *a: samples.pop(0))
+    monkeypatch.setattr(RF, "gpu_memory", lambda: {})
     slept: list[float] = []
     lay = R.Layout(str(tmp_path))
     code, doc = R.run_reap(lay, False, 120.0, 60.0, False, sleep=slept.append)
@@ -291,17 +296,17 @@ def test_reap_keeps_only_candidates_seen_twice_with_the_same_start(monkeypatch: 
     samples[:] = [sample({})]
     code, doc = R.run_reap(lay, False, 120.0, 60.0, False, sleep=slept.append)
     assert code == 0 and doc["clean"] is True and slept == [60.0]
-    monkeypatch.setattr(R, "device_nodes", lambda: [])
+    monkeypatch.setattr(RF, "device_nodes", lambda: [])
     code, doc = R.run_reap(lay, False, 120.0, 60.0, False)
     assert code == 1 and "no /dev/nvidia* device nodes" in doc["error"]
-    monkeypatch.setattr(R, "device_nodes", lambda: ["/dev/nvidia0"])
-    monkeypatch.setattr(R, "holder_tool", lambda: "")
+    monkeypatch.setattr(RF, "device_nodes", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(RF, "holder_tool", lambda: "")
     code, doc = R.run_reap(lay, False, 120.0, 60.0, False)
     assert code == 1 and "neither fuser nor lsof" in doc["error"]
 
 
 def test_kill_all_terms_then_kills(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(R, "TERM_WAIT_S", 0.5)
+    monkeypatch.setattr(RK, "TERM_WAIT_S", 0.5)
     polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; "
                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
@@ -309,9 +314,9 @@ def test_kill_all_terms_then_kills(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "ready"
         time.sleep(0.2)
-        ticks = {p.pid: R.proc_stat(p.pid)[2] for p in (polite, stubborn)}
+        ticks = {p.pid: RK.proc_stat(p.pid)[2] for p in (polite, stubborn)}
         ticks[999999999] = 1  # vanished
-        out = {k["pid"]: k["outcome"] for k in R.kill_all(ticks)}
+        out = {k["pid"]: k["outcome"] for k in RK.kill_all(ticks)}
         assert out == {polite.pid: "terminated", stubborn.pid: "killed", 999999999: "gone"}
         assert polite.wait(5) == -signal.SIGTERM and stubborn.wait(5) == -signal.SIGKILL
     finally:
@@ -355,6 +360,6 @@ def test_oom_killer_lines_after_the_cursor() -> None:
      "python train.py --lr=0.1 --config a:b MODE=fast"),  # nothing secret-named: unchanged
 ])
 def test_reap_redacts_headers_attached_passwords_and_inline_assignments(argv: list[str], shown: str) -> None:
-    assert R.redact(argv) == shown
+    assert RR.redact(argv) == shown
     for secret in ("eyJhbGciOi", "k-123", "dXNlcjpwdw", "HUNTER2", "s3cret", "abc def", "x y", "pw mysql", "tok"):
-        assert secret not in R.redact(argv)
+        assert secret not in RR.redact(argv)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 view_mod = load_agent_module("gpuq_serving.gpuq_inboxview")
 
@@ -17,8 +18,7 @@ view_mod = load_agent_module("gpuq_serving.gpuq_inboxview")
 def _enqueue(inbox: Path, job_id: str, created: float) -> None:
     """As the agent's enqueue writes a spec: a dot-tmp file renamed in."""
     tmp = inbox / f".{job_id}.tmp"
-    tmp.write_text(json.dumps({"schema": "gpuq.job/1", "job_id": job_id, "attempt": 1, "gpus": 1, "nodes": 1,
-                               "created_at": created}))
+    tmp.write_text(json.dumps(spec_doc(job_id=job_id, attempt=1, gpus=1, nodes=1, created_at=created)))
     os.replace(tmp, inbox / f"{job_id}.json")
 
 
@@ -62,11 +62,11 @@ def test_an_unchanged_inbox_is_not_read_again_and_its_generation_stays(tmp_path:
     _age(inbox, 60)
     view.specs()  # the directory's key changed (aged): listed again, but the file's key did not
     assert view.specs() is view.specs() and view.generation == generation
-    assert [s["job_id"] for _c, _j, s in view.specs()] == [s["job_id"] for _c, _j, s in first]
-    assert view.specs()[7][2]["job_id"] == "c007"
+    assert [s.job_id for _c, _j, s in view.specs()] == [s.job_id for _c, _j, s in first]
+    assert view.specs()[7][2].job_id == "c007"
     # a spec renamed in (a new inode) is read, and the generation moves on
     _enqueue(inbox, "c007", 7.0)
-    assert view.specs()[7][2]["job_id"] == "c007" and view.generation == generation + 1
+    assert view.specs()[7][2].job_id == "c007" and view.generation == generation + 1
 
 
 def test_a_spec_renamed_in_while_a_round_claims_is_taken_by_the_next_round(tmp_path: Path) -> None:

@@ -21,49 +21,73 @@ from typing import Any
 import pytest
 
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 launch = load_agent_module("gpuq_attempt.gpuq_launch", qualified=True)
 jail = load_agent_module("gpuq_attempt.gpuq_jail")
 P = load_agent_module("gpuq_base.gpuq_protocol")
 files = load_agent_module("gpuq_base.gpuq_files")
 hostfacts = load_agent_module("gpuq_base.gpuq_hostfacts")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 SHA = "b" * 64
+# what a spec that sets nothing optional carries (the fields every spec has, at their emptiest)
+BARE = {"bundle_sha": "", "name": "", "queue_id": "", "config": "", "task": "", "epochs": None, "spec_hash": "",
+        "kill_grace_s": 30, "heartbeat_s": P.DEFAULT_HEARTBEAT_S, "ckpt_interval_s": P.DEFAULT_CKPT_INTERVAL_S,
+        "durable_dir": "", "seed": None, "resume_from": None, "env": {}, "min_free_gb": 0, "scratch_gb": 0, "args": []}
+
+
+def _js(**kw: Any) -> Any:
+    """The agent's ``JobSpec`` of a spec with every field it must have, ``kw`` set over them."""
+    return jobspec.parse_spec(spec_doc(**{**BARE, **kw}))
+
+
+def _run(**kw: Any) -> Any:
+    return jobspec.parse_run(kw)
 
 
 @pytest.mark.parametrize(("spec", "kill", "term"), [
     ({}, 30.0, "30"),
     ({"kill_grace_s": 12}, 12.0, "12"),
-    ({"kill_grace_s": -3}, 0.0, "0"),
-    ({"kill_grace_s": None}, 0.0, "0"),
-    ({"kill_grace_s": "soon"}, 30.0, "30"),
+    ({"kill_grace_s": 0}, 0.0, "0"),
     ({"kill_grace_s": 12, "sigterm_grace_s": 5}, 12.0, "5"),
     ({"kill_grace_s": 12, "sigterm_grace_s": 50}, 12.0, "12"),  # never past the kill
-    ({"kill_grace_s": 12, "sigterm_grace_s": -1}, 12.0, "0"),
-    ({"kill_grace_s": 12, "sigterm_grace_s": "x"}, 12.0, "12"),
-    ({"kill_grace_s": 12, "sigterm_grace_s": ""}, 12.0, ""),  # unknown: the payload saves regardless
+    ({"kill_grace_s": 12, "sigterm_grace_s": 0}, 12.0, "0"),
+    ({"kill_grace_s": 12, "sigterm_grace_s": None}, 12.0, "12"),
     ({"kill_grace_s": 7.5, "sigterm_grace_s": 2.25}, 7.5, "2.25"),
 ])
 def test_grace_periods(spec: dict[str, Any], kill: float, term: str) -> None:
-    assert launch.kill_grace(spec) == kill
-    assert launch.sigterm_grace(spec) == term
+    assert launch.kill_grace(_js(**spec)) == kill
+    assert launch.sigterm_grace(_js(**spec)) == term
 
 
-def test_run_section_and_reserved_names() -> None:
-    assert launch.run_section({"run": {"a": 1}}) == {"a": 1}
-    assert launch.run_section({"run": "x"}) is None and launch.run_section({}) is None
-    run = {"outputs": ["out/**", "./figs/*.png", "*.log", "", "a\\b/c"], "checkpoint": "ckpt/*.pt"}
+@pytest.mark.parametrize(("bad", "why"), [
+    ({"kill_grace_s": -3}, "kill_grace_s must be a number >= 0, not -3"),
+    ({"kill_grace_s": None}, "kill_grace_s must be a number >= 0, not None"),
+    ({"kill_grace_s": "soon"}, "kill_grace_s must be a number >= 0, not 'soon'"),
+    ({"sigterm_grace_s": -1}, "sigterm_grace_s must be a number >= 0, not -1"),
+    ({"sigterm_grace_s": "x"}, "sigterm_grace_s must be a number >= 0, not 'x'"),
+    ({"kill_grace_s": float("nan")}, "kill_grace_s must be a number >= 0, not nan"),
+])
+def test_a_grace_that_is_not_a_number_refuses_the_spec(bad: dict[str, Any], why: str) -> None:
+    with pytest.raises(jobspec.SpecError) as info:
+        _js(**bad)
+    assert str(info.value) == why
+
+
+def test_reserved_names() -> None:
+    run = _run(outputs=["out/**", "./figs/*.png", "*.log", "", "a\\b/c"], checkpoint=["ckpt/*.pt"])
     assert launch.reserved_names(run) == {"out", "figs", "a", "ckpt"}
-    assert launch.reserved_names({"outputs": "[ab]/x"}) == set()
+    assert launch.reserved_names(_run(outputs=["[ab]/x"])) == set()
     assert launch.reserved_names(None) == set()
 
 
 def test_a_glob_under_a_dot_directory_reserves_the_dot_name() -> None:
     """``.cache/**`` reserves ``.cache`` (not ``cache``, which would leave ``.cache`` linked to the
     bundle and reserve a project directory the job never writes)."""
-    run = {"outputs": [".cache/**", "./.hidden/x", ".//.git/y", "./../up/z"], "checkpoint": "./ckpt/*.pt"}
+    run = _run(outputs=[".cache/**", "./.hidden/x", ".//.git/y", "./../up/z"], checkpoint=["./ckpt/*.pt"])
     assert launch.reserved_names(run) == {".cache", ".hidden", ".git", "ckpt"}
-    assert launch.reserved_names({"outputs": [".", "./", ".."]}) == set()
+    assert launch.reserved_names(_run(outputs=[".", "./", ".."])) == set()
 
 
 def test_the_newest_real_checkpoint_file_wins(tmp_path: Path) -> None:
@@ -76,9 +100,9 @@ def test_the_newest_real_checkpoint_file_wins(tmp_path: Path) -> None:
     (run_dir / "ckpt" / "z.pt").symlink_to(old)  # a link is never the checkpoint
     os.utime(run_dir / "ckpt" / "z.pt", (5000, 5000), follow_symlinks=False)
     (run_dir / "ckpt" / "dir.pt").mkdir()
-    assert launch.newest_checkpoint(str(run_dir), {"checkpoint": "ckpt/*.pt"}) == str(new)
-    assert launch.newest_checkpoint(str(run_dir), {"checkpoint": ["nothing/*", "ckpt/**/*.pt"]}) == str(deep)
-    assert launch.newest_checkpoint(str(run_dir), {"checkpoint": []}) is None
+    assert launch.newest_checkpoint(str(run_dir), _run(checkpoint=["ckpt/*.pt"])) == str(new)
+    assert launch.newest_checkpoint(str(run_dir), _run(checkpoint=["nothing/*", "ckpt/**/*.pt"])) == str(deep)
+    assert launch.newest_checkpoint(str(run_dir), _run(checkpoint=[])) is None
     assert launch.newest_checkpoint(str(run_dir), None) is None
 
 
@@ -90,12 +114,12 @@ def test_the_project_is_linked_into_the_run_dir(tmp_path: Path) -> None:
     run_dir.mkdir()
     (run_dir / "data").mkdir()  # the job's own dir: never replaced
     (run_dir / "configs").symlink_to(tmp_path / "old-bundle")  # a stale link of another bundle
-    launch.link_project(str(work), str(run_dir), {"outputs": ["out/*"]})
+    launch.link_project(str(work), str(run_dir), _run(outputs=["out/*"]))
     links = {p.name: os.readlink(p) for p in run_dir.iterdir() if p.is_symlink()}
     assert links == {"src": str(work / "src"), "train.py": str(work / "train.py"), "configs": str(work / "configs")}
     assert (run_dir / "data").is_dir() and not (run_dir / "data").is_symlink()
     assert not (run_dir / "out").exists()  # an outputs dir is the job's own
-    launch.link_project(str(work), str(run_dir), {"outputs": ["out/*"]})  # again: nothing changes
+    launch.link_project(str(work), str(run_dir), _run(outputs=["out/*"]))  # again: nothing changes
     assert {p.name: os.readlink(p) for p in run_dir.iterdir() if p.is_symlink()} == links
     launch.link_project(str(tmp_path / "missing"), str(tmp_path / "run2"), None)
     assert list((tmp_path / "run2").iterdir()) == []
@@ -121,14 +145,14 @@ def test_two_wrappers_linking_one_run_dir_at_once_both_succeed(tmp_path: Path,
 
 
 def _env(tmp_path: Path, spec: dict[str, Any], launch_doc: dict[str, Any]) -> dict[str, str]:
-    return launch.build_env(files.Layout(str(tmp_path)), "c1", 2, spec, launch_doc)
+    return launch.build_env(files.Layout(str(tmp_path)), "c1", 2, _js(**spec), launch_doc)
 
 
 def test_the_trainers_environment_value_for_value(tmp_path: Path) -> None:
     spec = {"bundle_sha": SHA, "name": "base", "queue_id": "q1", "config": "configs/a.yaml", "task": "classify",
             "epochs": 3, "heartbeat_s": 5, "ckpt_interval_s": 60, "durable_dir": "/d", "spec_hash": "h",
-            "kill_grace_s": 45, "sigterm_grace_s": 5, "seed": 7, "resume_from": {"step": 8},
-            "env": {"PYTHONPATH": "/extra", "OMP_NUM_THREADS": "3", "GPUQ_SEED": "99", "MY": 1}}
+            "kill_grace_s": 45, "sigterm_grace_s": 5, "seed": 7, "resume_from": '{"step": 8}',
+            "env": {"PYTHONPATH": "/extra", "OMP_NUM_THREADS": "3", "GPUQ_SEED": "99", "MY": "1"}}
     env = _env(tmp_path, spec, {"kind": "gpu", "slots": [2, 3], "total_slots": 4, "master_port": 29511})
     work = f"{tmp_path}/bundles/{SHA}/{P.BUNDLE_WORKDIR}"
     job, att = f"{tmp_path}/jobs/c1", f"{tmp_path}/jobs/c1/attempts/2"
@@ -172,25 +196,26 @@ def test_only_the_named_secrets_of_the_jobs_own_sweep(tmp_path: Path) -> None:
     (tmp_path / P.SECRETS_DIR).mkdir()
     (tmp_path / P.SECRETS_DIR / "q1.json").write_text(json.dumps({"HF_TOKEN": "hf", "OTHER": "o", "N": 3}))
     spec = {"queue_id": "q1", "run": {"forward_env": ["HF_TOKEN", "N", "MISSING"]}}
-    assert launch.secrets_for(lay, spec) == {"HF_TOKEN": "hf", "N": "3"}
-    assert launch.secrets_for(lay, {"queue_id": "q1", "run": {}}) == {}
-    assert launch.secrets_for(lay, dict(spec, queue_id="")) == {}
-    assert launch.secrets_for(lay, dict(spec, queue_id="../q1")) == {}
-    assert launch.secrets_for(lay, dict(spec, queue_id=".q1")) == {}
-    assert launch.secrets_for(lay, dict(spec, queue_id="q2")) == {}
+    assert launch.secrets_for(lay, _js(**spec)) == {"HF_TOKEN": "hf", "N": "3"}
+    assert launch.secrets_for(lay, _js(queue_id="q1", run={})) == {}
+    assert launch.secrets_for(lay, _js(**dict(spec, queue_id=""))) == {}
+    assert launch.secrets_for(lay, _js(**dict(spec, queue_id="../q1"))) == {}
+    assert launch.secrets_for(lay, _js(**dict(spec, queue_id=".q1"))) == {}
+    assert launch.secrets_for(lay, _js(**dict(spec, queue_id="q2"))) == {}
     (tmp_path / P.SECRETS_DIR / "q3.json").write_text("[1]")
-    assert launch.secrets_for(lay, dict(spec, queue_id="q3")) == {}
+    assert launch.secrets_for(lay, _js(**dict(spec, queue_id="q3"))) == {}
 
 
 def _argv(tmp_path: Path, spec: dict[str, Any], nproc: int = 2) -> list[str]:
     lay = files.Layout(str(tmp_path))
-    env = launch.build_env(lay, "c1", 1, spec, {"master_port": 29600})
-    return launch.job_argv(lay, "c1", 1, spec, env, "/py", nproc)
+    parsed = _js(**spec)
+    env = launch.build_env(lay, "c1", 1, parsed, {"master_port": 29600})
+    return launch.job_argv(lay, "c1", 1, parsed, env, "/py", nproc)
 
 
 def test_the_payloads_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch, "local_addr_args", lambda: ["--local-addr=127.0.0.1"])
-    spec = {"bundle_sha": SHA, "config": "c.yaml", "task": "classify", "epochs": 3}
+    spec = {"bundle_sha": SHA, "config": "c.yaml", "task": "classify", "epochs": 3, "entry": "", "launcher": ""}
     argv = _argv(tmp_path, spec)
     work = f"{tmp_path}/bundles/{SHA}/{P.BUNDLE_WORKDIR}"
     assert argv[:7] == ["/py", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2",
@@ -205,7 +230,7 @@ def test_the_payloads_argv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_projects_argv_resumes_only_from_a_checkpoint_that_exists(tmp_path: Path) -> None:
     run = {"launcher": "python", "command": ["train.py", "--out", "{run_dir}", "--seed", "{seed}", "--port",
                                              "{master_port}", "--j", "{job_id}/{attempt}/{name}"],
-           "resume_args": ["--resume", "{checkpoint}"], "checkpoint": "ck/*.pt"}
+           "resume_args": ["--resume", "{checkpoint}"], "checkpoint": ["ck/*.pt"]}
     spec = {"bundle_sha": SHA, "name": "n1", "seed": 4, "args": ["--lr", "0.1"], "run": run}
     run_dir = f"{tmp_path}/jobs/c1/run"
     fresh = _argv(tmp_path, spec)
@@ -383,16 +408,17 @@ def test_a_root_trainer_neither_reads_other_sweeps_secrets_nor_plants_a_pth(tmp_
 
 
 def test_a_spec_without_optional_fields_gives_empty_values_never_none(tmp_path: Path) -> None:
-    env = _env(tmp_path, {}, {})
+    env = _env(tmp_path, {}, {})  # every empty value a spec may carry
     for key in ("GPUQ_JOB_NAME", "GPUQ_QUEUE_ID", "GPUQ_TASK", "GPUQ_EPOCHS", "GPUQ_SPEC_HASH", "GPUQ_BUNDLE_SHA"):
         assert env[key] == "", key
     assert env["GPUQ_CONFIG"] == f"{tmp_path}/bundles/{P.BUNDLE_WORKDIR}/"
     assert _env(tmp_path, {"env": {"MKL_NUM_THREADS": "5"}}, {})["MKL_NUM_THREADS"] == "5"
     many = _env(tmp_path, {}, {"total_slots": 64, "slots": [0]})
     assert many["OMP_NUM_THREADS"] == many["MKL_NUM_THREADS"] == str(hostfacts.thread_cap(64))
-    resumed = _env(tmp_path, {"resume_from": {"step": 8, "file": "a.pt"}}, {})
-    assert resumed["GPUQ_RESUME_FROM"] == '{"file": "a.pt", "step": 8}'  # sorted: the same text every launch
-    spec = {"bundle_sha": SHA, "run": {"launcher": "python", "command": ["t.py", "{name}", "{master_port}", "x"]}}
+    with pytest.raises(jobspec.SpecError, match=r"^resume_from must be a string"):  # never a JSON object
+        _js(resume_from={"step": 8, "file": "a.pt"})
+    spec = _js(bundle_sha=SHA, run={"launcher": "python", "command": ["t.py", "{name}", "{master_port}", "x"]},
+               args=[])
     lay = files.Layout(str(tmp_path))
     argv = launch.job_argv(lay, "c1", 1, spec, launch.build_env(lay, "c1", 1, spec, {}), "/py", 1)
     assert argv == ["/py", "t.py", "", "", "x"]
@@ -404,6 +430,5 @@ def test_a_queue_id_with_a_slash_or_none_reads_no_secrets(tmp_path: Path) -> Non
     for name in ("x/q1.json", ".json", "None.json", "XXXX.json"):
         (tmp_path / P.SECRETS_DIR / name).write_text(json.dumps({"HF_TOKEN": "leaked"}))
     run = {"forward_env": ["HF_TOKEN"]}
-    assert launch.secrets_for(lay, {"queue_id": "x/q1", "run": run}) == {}
-    assert launch.secrets_for(lay, {"queue_id": "", "run": run}) == {}
-    assert launch.secrets_for(lay, {"run": run}) == {}
+    assert launch.secrets_for(lay, _js(queue_id="x/q1", run=run)) == {}
+    assert launch.secrets_for(lay, _js(queue_id="", run=run)) == {}

@@ -16,6 +16,8 @@ from tests.support.agentmodule import load_agent_module
 OB = load_agent_module("gpuq_records.gpuq_observe")
 OWN = load_agent_module("gpuq_records.gpuq_own")
 M = load_agent_module("gpuq_records.gpuq_runmetrics")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
+RUN_OF = jobspec.parse_run  # the spec's "run" as the agent reads it
 
 
 # --- progress ------------------------------------------------------------------------
@@ -194,19 +196,19 @@ def _job(tmp_path: Path, run: dict[str, object], files: dict[str, bytes]) -> Pat
 
 def test_run_summary_reads_the_file_in_the_run_dir(tmp_path: Path) -> None:
     jdir = _job(tmp_path, {}, {"run/logs/metrics.csv": LIGHTNING_CSV.encode()})
-    s = M.run_summary(str(jdir), {"metrics": "logs/metrics.csv", "metric": "val_acc", "mode": "max"}, 1)
+    s = M.run_summary(str(jdir), RUN_OF({"metrics": "logs/metrics.csv", "metric": "val_acc", "mode": "max"}), 1)
     assert s["best"]["val_acc"] == 0.72 and s["source"] == "run/logs/metrics.csv"
-    assert M.run_summary(str(jdir), {"metrics": "../../etc/passwd", "metric": "x"}, 1) is None
-    absent = M.run_summary(str(jdir), {"metrics": "absent.csv", "metric": "x"}, 1)
+    assert M.run_summary(str(jdir), RUN_OF({"metrics": "../../etc/passwd", "metric": "x"}), 1) is None
+    absent = M.run_summary(str(jdir), RUN_OF({"metrics": "absent.csv", "metric": "x"}), 1)
     assert (absent["files"], absent["rows"], absent["final"], absent["best"]) == (0, 0, None, None)  # said, not silent
-    assert M.run_summary(str(jdir), {"metrics": ""}, 1) is None
+    assert M.run_summary(str(jdir), RUN_OF({"metrics": ""}), 1) is None
 
 
 def test_run_summary_from_the_logs_of_every_attempt(tmp_path: Path) -> None:
     jdir = _job(tmp_path, {}, {"attempts/1/job.log": b"acc 0.9 at 1\n", "attempts/2/job.log": b"acc 0.4 at 2\n"})
     run = {"metrics": "log", "metrics_regex": r"acc (?P<acc>[\d.]+) at (?P<step>\d+)", "metric": "acc",
            "mode": "min"}
-    s = M.run_summary(str(jdir), run, 2)
+    s = M.run_summary(str(jdir), RUN_OF(run), 2)
     assert s["final"]["step"] == 2 and s["best"]["acc"] == 0.4 and s["source"] == "log"
 
 
@@ -214,7 +216,7 @@ def test_metrics_symlink_is_refused(tmp_path: Path) -> None:
     jdir = _job(tmp_path, {}, {"elsewhere.csv": b"val_acc\n1\n"})
     (jdir / "run").mkdir()
     (jdir / "run" / "m.csv").symlink_to(jdir / "elsewhere.csv")
-    s = M.run_summary(str(jdir), {"metrics": "m.csv", "metric": "val_acc"}, 1)
+    s = M.run_summary(str(jdir), RUN_OF({"metrics": "m.csv", "metric": "val_acc"}), 1)
     assert s["files"] == 0 and s["final"] is None and s["rows"] == 0  # a link is never read
 
 

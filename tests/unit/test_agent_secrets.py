@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.agentmodule import AGENT, load_agent_module
+from tests.support.jobspecs import spec_doc
 
 secrets = load_agent_module("gpuq_base.gpuq_secrets")
 cancel = load_agent_module("gpuq_verbs.gpuq_cancel")
@@ -38,8 +39,8 @@ def _secret(root: Path, qid: str, **values: str) -> Path:
 
 
 def _spec(root: Path, where: str, job_id: str, qid: str, attempt: int = 1) -> dict[str, Any]:
-    spec = {"schema": "gpuq.job/1", "job_id": job_id, "queue_id": qid, "attempt": attempt, "name": job_id,
-            "run": {"forward_env": ["HF_TOKEN"]}, "kill_grace_s": 0}
+    spec = spec_doc(job_id=job_id, queue_id=qid, attempt=attempt, name=job_id, run={"forward_env": ["HF_TOKEN"]},
+                    kill_grace_s=0)
     (root / where).mkdir(exist_ok=True)
     (root / where / (job_id + ".json")).write_text(json.dumps(spec))
     return spec
@@ -176,7 +177,7 @@ def test_the_agent_creates_everything_private_and_closes_its_root(tmp_path: Path
     root = tmp_path / "root"
     root.mkdir(mode=0o755)
     os.chmod(root, 0o755)  # as `mkdir -p` under the usual umask 022 leaves it
-    spec = {"schema": "gpuq.job/1", "job_id": "c1", "queue_id": "q1", "attempt": 1}
+    spec = spec_doc(job_id="c1", queue_id="q1", attempt=1)
     r = subprocess.run([sys.executable, str(AGENT / "gpuq_agent.py"), "--root", str(root), "enqueue"],
                        input=json.dumps({"specs": [spec], "secrets": {"q1": {"A": "b"}}}), capture_output=True,
                        text=True, check=False, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))

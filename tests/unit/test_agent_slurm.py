@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 slurm = load_agent_module("gpuq_slurmmode.gpuq_slurm")
 submit = load_agent_module("gpuq_slurmmode.gpuq_slurm_submit")
@@ -23,14 +24,16 @@ view = load_agent_module("gpuq_slurmmode.gpuq_slurm_view")
 node = load_agent_module("gpuq_slurmmode.gpuq_slurm_node")
 files = load_agent_module("gpuq_base.gpuq_files")
 P = load_agent_module("gpuq_base.gpuq_protocol")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 JOB = "c000000000001"
 
 
-def _spec(**kw: Any) -> dict[str, Any]:
-    spec = {"job_id": JOB, "attempt": 1, "name": "lr/3", "queue_id": "q1", "gpus": 2, "kill_grace_s": 30}
-    spec.update(kw)
-    return spec
+def _spec(**kw: Any) -> Any:
+    fields = {"job_id": JOB, "attempt": 1, "name": "lr/3", "queue_id": "q1", "gpus": 2, "kill_grace_s": 30,
+              "python": ""}
+    fields.update(kw)
+    return jobspec.parse_spec(spec_doc(**fields))
 
 
 def _attempt(root: Path, n: int = 1, *, slurm_id: str | None = "41", exit_doc: dict[str, Any] | None = None) -> Path:
@@ -262,7 +265,9 @@ def test_a_multi_node_job_asks_slurm_for_its_nodes_and_starts_one_wrapper_per_no
     assert script.endswith(f"wrap {JOB} 1")
     single = submit.batch_script(lay, _spec(nodes=1), {}, "/b/agent.py").strip().splitlines()[-1]
     assert "srun" not in single
-    assert slurm.job_nodes({"nodes": "junk"}) == 1 and slurm.job_nodes({}) == 1
+    assert slurm.job_nodes(_spec(nodes=2)) == 2
+    with pytest.raises(jobspec.SpecError, match=r"^nodes must be an integer >= 1"):
+        _spec(nodes="junk")
 
 
 def test_every_node_computes_the_same_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:

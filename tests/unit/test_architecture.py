@@ -185,3 +185,43 @@ def test_no_module_asks_an_adapter_what_it_takes_by_its_signature() -> None:
              if any(isinstance(node, ast.Attribute) and node.attr == "signature" and isinstance(node.value, ast.Name)
                     and node.value.id == "inspect" for node in ast.walk(ast.parse(path.read_text())))]
     assert found == [], f"declare it as a capability instead: {found}"
+
+
+# an event's, a finding's or a hold's words are for people: what a reader needs of them is a field
+EVENT_TEXT = frozenset({"message", "action", "hold_detail"})
+TEXT_CUTS = frozenset({"split", "rsplit", "startswith", "endswith", "partition", "rpartition", "removeprefix",
+                       "removesuffix"})
+REGEX_READS = frozenset({"match", "search", "fullmatch", "findall", "finditer", "split", "sub"})  # re.X(p, f.message)
+
+
+def text_cuts(paths: list[Path]) -> list[str]:
+    """``file:line: call`` for each ``X.message``/``X.action``/``X.hold_detail`` cut or tested by its words
+    (``split(``, ``startswith(`` and their kin) in ``paths``."""
+    found = []
+    for path in paths:
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        calls = [node for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in TEXT_CUTS
+                 and isinstance(node.func.value, ast.Attribute) and node.func.value.attr in EVENT_TEXT]
+        calls += [node for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in REGEX_READS
+                  and any(isinstance(a, ast.Attribute) and a.attr in EVENT_TEXT for a in node.args)]
+        found += [f"{where}:{node.lineno}: {ast.unparse(node)}" for node in sorted(calls, key=lambda n: n.lineno)]
+    return found
+
+
+def test_no_data_is_read_back_from_an_events_words() -> None:
+    found = text_cuts(sorted(PACKAGE.rglob("*.py")))
+    assert found == [], ("give the data a field on the event or finding (ledger/migrate.py: v15-v17), write it "
+                         "where the finding is recorded and read the field:\n" + "\n".join(found))
+
+
+def test_the_words_check_can_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("a = event.action.split('; `')[0]\nb = row.hold_detail.startswith('disk: ')\n"
+                     "c = f.message.partition(': ')\nd = name.split(',')\ne = event.reason.startswith('x')\n"
+                     "g = re.match(r'(\\w+) a(\\d+): ', f.message)\nh = re.match(r'x', name)\n")
+    assert [hit.split(": ", 1)[1] for hit in text_cuts([probe])] == [
+        "event.action.split('; `')", "row.hold_detail.startswith('disk: ')", "f.message.partition(': ')",
+        "re.match('(\\\\w+) a(\\\\d+): ', f.message)"]

@@ -100,7 +100,7 @@ def test_the_map_check_can_fail() -> None:
 def test_the_agent_map_check_can_fail() -> None:
     text = DOC.read_text(encoding="utf-8")
     assert "payload/agent/gpuq_base/gpuq_gang.py" in unnamed_modules(text.replace("`gpuq_gang.py`", "gang"))
-    moved = text.replace("`gpuq_stall.py` (a", "(a").replace("`gpuq_reap.py`,", "`gpuq_reap.py`, `gpuq_stall.py`,")
+    moved = text.replace("`gpuq_stall.py` (a", "(a").replace("`gpuq_cancel.py`,", "`gpuq_cancel.py`, `gpuq_stall.py`,")
     assert unnamed_modules(moved) == ["payload/agent/gpuq_serving/gpuq_stall.py"]  # named, in another package
 
 

@@ -22,7 +22,8 @@ from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Job, Ledger, attempt_price
 from orchestrator.money import budget
 from orchestrator.scheduling.estimates import epoch_rates
-from orchestrator.scheduling.scheduler import Move, Plan, PlanJob
+from orchestrator.scheduling.placements import Plan, PlanJob
+from orchestrator.scheduling.stealing import Move
 from orchestrator.tick import budget as tick_budget
 from orchestrator.tick.findings import TickReport, sweeps_done
 

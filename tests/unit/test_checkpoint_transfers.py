@@ -34,6 +34,7 @@ from orchestrator.hosts.local import LocalHost
 from orchestrator.tick import checkpoints as ck
 from orchestrator.transfer import progress as transfer_progress
 from tests.support.checkpointworld import World, archive, running_world
+from tests.support.jobspecs import spec_doc
 from tests.support.jobtree import SHA
 from tests.support.wire import status
 
@@ -109,7 +110,7 @@ def _project_checkpoint(world: World, data: bytes = b"weights") -> float:
     jdir = world.root / "jobs" / world.job
     (jdir / "run" / "ckpt").mkdir(parents=True, exist_ok=True)
     (jdir / "run" / "logs" / "train").mkdir(parents=True, exist_ok=True)
-    (jdir / "spec.json").write_text(json.dumps({"job_id": world.job, "attempt": 1, "run": RUN}))
+    (jdir / "spec.json").write_text(json.dumps(spec_doc(job_id=world.job, attempt=1, run=RUN)))
     (jdir / "run" / "ckpt" / "e1.pt").write_bytes(data)
     (jdir / "run" / "logs" / "train" / "metrics.csv").write_text("step,loss\n1,2.0\n")
     return os.path.getmtime(jdir / "run" / "ckpt" / "e1.pt")

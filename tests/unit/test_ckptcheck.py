@@ -21,6 +21,7 @@ import pytest
 from orchestrator.core.agent_modules import ckptcheck_module
 from orchestrator.transfer.verify import checkpoint_problem
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 
 torch = pytest.importorskip("torch")
 
@@ -131,11 +132,12 @@ def test_wrapper_and_controller_give_one_verdict(tmp_path: Path) -> None:
     """The wrapper's finalize check (gpuq_checks, as the agent imports it) and the controller's
     (transfer/verify) say the same about every case: they are one implementation."""
     checks = load_agent_module("gpuq_attempt.gpuq_checks")
+    spec = load_agent_module("gpuq_base.gpuq_jobspec").parse_spec(spec_doc(verify=["best_ckpt"]))
     for i, case in enumerate(sorted(CASES)):
         jdir = tmp_path / str(i)
         (jdir / "ckpt").mkdir(parents=True)
         best = jdir / "ckpt" / "best.pt"
         best.write_bytes(CASES[case]())
         controller = checkpoint_problem(best)
-        wrapper = checks.verify_artifacts(str(jdir), {"verify": ["best_ckpt"]})
+        wrapper = checks.verify_artifacts(str(jdir), spec)
         assert wrapper == ("" if controller is None else f"finalize: {best}: {controller}"), case

@@ -11,11 +11,12 @@ from orchestrator.api.renting import ledger_id
 from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
 from orchestrator.core.states import LeaseState
-from orchestrator.fleet import registry as fleet
+from orchestrator.fleet import registering
 from orchestrator.ledger import HostRow
 from orchestrator.providers.models import instance_name, ledger_of
 from orchestrator.scheduling.estimates import epoch_rates
-from orchestrator.scheduling.scheduler import PlanJob, plan
+from orchestrator.scheduling.placements import PlanJob
+from orchestrator.scheduling.scheduler import plan
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.loop import run_tick
 from orchestrator.views import host_flags, host_state
@@ -40,7 +41,7 @@ def test_registering_fills_only_a_provisioning_row(ctx: Context) -> None:
     _provisioning(ctx)
     ctx.ledger.lease_transition("runpod-abc123-0", LeaseState.RUNNING, "")
     with pytest.raises(UsageError, match="already registered"):  # refused before any connection is made
-        fleet.register(ctx.ledger, ctx.settings, "runpod-abc123-0", "root@203.0.113.9", rented={})
+        registering.register(ctx.ledger, ctx.settings, "runpod-abc123-0", "root@203.0.113.9", rented={})
 
 
 def test_people_see_provisioning_with_its_age(ctx: Context) -> None:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core import protocol
+from orchestrator.core import filenames
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, running_world
+from tests.support.jobspecs import spec_doc
 from tests.support.wire import status
 
 RUN = {"checkpoint": ["out/checkpoint-*"], "command": ["train.py"]}
@@ -34,7 +35,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
 def _save(world: World, step: int, files: dict[str, bytes], age_s: float = 60.0) -> Path:
     jdir = world.root / "jobs" / world.job
     jdir.mkdir(parents=True, exist_ok=True)
-    (jdir / "spec.json").write_text(json.dumps({"job_id": world.job, "attempt": 1, "run": RUN}))
+    (jdir / "spec.json").write_text(json.dumps(spec_doc(job_id=world.job, attempt=1, run=RUN)))
     directory = jdir / "run" / "out" / f"checkpoint-{step}"
     then = time.time() - age_s
     for rel, data in files.items():
@@ -53,7 +54,7 @@ def _ship(world: World) -> list[str]:
 
 
 def _tree(files: dict[str, bytes]) -> str:
-    return protocol.tree_sha256([(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()])
+    return filenames.tree_sha256([(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()])
 
 
 def test_the_newest_complete_directory_comes_home_whole_and_goes_back_whole(world: World) -> None:

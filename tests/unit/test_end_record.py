@@ -21,18 +21,20 @@ from orchestrator.tick.collect import collect
 from orchestrator.transfer import NOT_PULLED, VERIFIED
 from orchestrator.transfer.verify import Manifest, ManifestEntry, end_record_changes
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 from tests.support.jobtree import SHA
 from tests.support.pullworld import SWEEP, World
 
 outputs = load_agent_module("gpuq_records.gpuq_outputs")
 files_mod = load_agent_module("gpuq_base.gpuq_files")
 inbox = load_agent_module("gpuq_records.gpuq_inbox")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 P = load_agent_module("gpuq_base.gpuq_protocol")
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 
 JOB = "c000000000001"
-RUN = {"command": "train.py", "launcher": "python", "checkpoint": "output/*.pth.tar", "outputs": ["logs/**"]}
+RUN = {"command": ["train.py"], "launcher": "python", "checkpoint": ["output/*.pth.tar"], "outputs": ["logs/**"]}
 
 
 def _sha(data: bytes) -> str:
@@ -43,7 +45,7 @@ def _run_job(root: Path, run: dict[str, Any] | None = None) -> Path:
     """A [run] job's tree as its trainer left it: checkpoints, hard links between them, a log dir."""
     jdir = root / P.JOBS_DIR / JOB
     (jdir / P.ATTEMPTS_DIR / "1").mkdir(parents=True)
-    (jdir / P.SPEC_FILE).write_text(json.dumps({"job_id": JOB, "attempt": 1, "run": run or RUN}))
+    (jdir / P.SPEC_FILE).write_text(json.dumps(spec_doc(job_id=JOB, attempt=1, run=run or RUN)))
     out = jdir / P.RUN_DIR / "output"
     out.mkdir(parents=True)
     for epoch in (1, 2):
@@ -57,7 +59,7 @@ def _run_job(root: Path, run: dict[str, Any] | None = None) -> Path:
 
 
 def _record(root: Path) -> dict[str, Any]:
-    spec = json.loads((root / P.JOBS_DIR / JOB / P.SPEC_FILE).read_text())
+    spec = jobspec.parse_spec(json.loads((root / P.JOBS_DIR / JOB / P.SPEC_FILE).read_text()))
     adir = root / P.JOBS_DIR / JOB / P.ATTEMPTS_DIR / "1"
     return outputs.record(files_mod.Layout(str(root)), JOB, 1, spec, str(adir))
 
@@ -163,7 +165,7 @@ def test_the_differences_from_an_end_record_are_named_in_path_order() -> None:
 def _ended(world: World, job_id: str) -> None:
     """The wrapper's end record for a fabricated job, then the tick's collect through the real agent."""
     root = world.root
-    spec = {"job_id": job_id, "attempt": 1}
+    spec = jobspec.parse_spec(spec_doc(job_id=job_id, attempt=1))
     outputs.record(files_mod.Layout(str(root)), job_id, 1, spec, str(world.remote(world.ledger.job(job_id),
                                                                                  "attempts/1")))
     collect(world.ledger, world.host, SHA, [job_id])
@@ -171,7 +173,7 @@ def _ended(world: World, job_id: str) -> None:
 
 def test_an_end_record_the_ledger_never_got_is_no_weaker_check(world: World) -> None:
     job = world.jobs[0]
-    outputs.record(files_mod.Layout(str(world.root)), job.id, 1, {"job_id": job.id, "attempt": 1},
+    outputs.record(files_mod.Layout(str(world.root)), job.id, 1, jobspec.parse_spec(spec_doc(job_id=job.id, attempt=1)),
                    str(world.remote(job, "attempts/1")))  # on the host, but never collected
     [out] = world.pull([job])
     assert (out.state, out.reason) == (NOT_PULLED, (
@@ -208,7 +210,7 @@ def test_a_pull_is_held_to_the_end_record_word_for_word(world: World) -> None:
     curve.write_bytes(before)
     (world.remote(job, "result/summary.json")).write_text("{}")
     world.remote(job, "result/extra.txt").unlink()
-    outputs.record(files_mod.Layout(str(world.root)), job.id, 1, {"job_id": job.id, "attempt": 1},
+    outputs.record(files_mod.Layout(str(world.root)), job.id, 1, jobspec.parse_spec(spec_doc(job_id=job.id, attempt=1)),
                    str(world.remote(job, "attempts/1")))
     [again] = world.pull([job])
     assert again.state == NOT_PULLED and "attempts/1/outputs.json (sha256" in again.reason

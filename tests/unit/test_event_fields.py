@@ -35,7 +35,7 @@ def test_explain_reads_the_class_decision_and_attempt_from_fields(ctx: Context) 
     job_id = _ran(ctx)
     job = ctx.ledger.job(job_id)
     decision = settle(ctx.ledger, job_id, "transient", ctx.settings, attempt=1)
-    ended = patrol.ended_badly("local", patrol.JobView(job_id, "a", 1), "failed", "transient", decision.reason,
+    ended = patrol.ended_badly("local", patrol.JobView(job_id, "a", 1), "failed", "transient", decision,
                                requeued=True, message="exit 1: CUDA out of memory")
     record(ctx, [ended], subjects=[], report=TickReport())
     ctx.ledger.start_attempt(job_id, host="local", bundle_sha="s")  # attempt 2: "attempt 2 on local"

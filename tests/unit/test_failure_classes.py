@@ -22,7 +22,7 @@ import pytest
 from orchestrator.core.config import Settings
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import JobState
-from orchestrator.health import failures, hints, patrol
+from orchestrator.health import failures, hints, patrol, verdicts
 from orchestrator.health.patrol import JobView, Thresholds
 from orchestrator.host_documents import Scan, ScanHit
 from orchestrator.ledger import HostRow, Ledger
@@ -90,10 +90,10 @@ def test_torchrun_rank1_raising_seen_over_two_ticks_is_still_its_exception(tmp_p
     log.write_text(text)
     last = _scan(log, first.log_to)
     assert last.hits[0].line == "root cause: rank 1: exitcode 1"  # the exception is not among these bytes
-    kept = [ScanHit(signature=name, line=earlier.message) for name in patrol.signatures_of(earlier.action)]
+    kept = [ScanHit(signature=name, line=earlier.reason) for name in earlier.signatures]
     assert failures.classify(1, 1, [*kept, *last.hits], last.traceback) == "config"
     assert failures.exception_line([*kept, *last.hits], last.traceback) == ATTRIBUTE
-    assert patrol.classify(1, 1, last.hits, last.traceback) != "stopped"  # torchrun's SIGTERMs are not a stop
+    assert verdicts.classify(1, 1, last.hits, last.traceback) != "stopped"  # torchrun's SIGTERMs are not a stop
 
 
 def test_the_root_cause_exception_wins_over_a_later_signal_death_of_another_rank() -> None:
@@ -320,7 +320,8 @@ def _run_attempt(ledger: Ledger, job: str, tmp_path: Path, log_text: str) -> str
     view = JobView(job, "grid-a", number)
     for found in patrol.job_findings("h", view, entry(seen), NOW, Thresholds()):
         ledger.record_finding("job", found.subject, severity=found.severity.value, rule=found.rule,
-                              message=found.message, action=found.action)
+                              message=found.message, action=found.action, reason=found.reason,
+                              signatures=found.signatures)
     host: Any = SimpleNamespace(name="h")
     done = reconcile(ledger, host, Settings(), Probe("h", True, status({"jobs": [seen]})))
     (settled,) = done.settled

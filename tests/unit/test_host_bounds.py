@@ -17,7 +17,8 @@ from orchestrator.core.errors import LedgerError
 from orchestrator.core.specs import MAX_SLOTS, HostSlots, JobSpec
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.scheduling.estimates import EpochRates
-from orchestrator.scheduling.scheduler import PlanJob, plan
+from orchestrator.scheduling.placements import PlanJob
+from orchestrator.scheduling.scheduler import plan
 from orchestrator.tick.capacity import capacities
 from orchestrator.tick.collect import record_collected
 

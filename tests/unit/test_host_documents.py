@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from orchestrator import host_documents as hd
+from orchestrator.health.host_lines import host_line
 from orchestrator.health.observed import attempt_progress
-from orchestrator.health.patrol import HostView, JobView, Thresholds, host_findings, host_line, job_findings
+from orchestrator.health.patrol import HostView, JobView, Thresholds, host_findings, job_findings
 from orchestrator.health.stops import interrupted, kernel_oom_kills
 from orchestrator.transfer.verify import parse_manifest
 

@@ -87,7 +87,7 @@ def test_nothing_below_the_edge_reads_a_host_document_with_get() -> None:
 
 def test_the_probe_and_the_verdicts_carry_models() -> None:
     from orchestrator.api.health import ReapReport
-    from orchestrator.fleet.registry import Registered
+    from orchestrator.fleet.registering import Registered
     from orchestrator.tick.preflight import HealthVerdict
     from orchestrator.tick.probe import Probe
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,28 +29,28 @@ from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import reconcile
 from tests.support.agentmodule import AGENT, load_agent_module
 from tests.support.fakehost import FakeHost
+from tests.support.jobspecs import spec_doc
 from tests.support.wire import status
 
 gpuq_retry = load_agent_module("gpuq_watch.gpuq_retry")
 gpuq_files = load_agent_module("gpuq_base.gpuq_files")
+gpuq_jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHA = "ab" * 32
 SHM_LOG = "shm-dataloader-bus-error-torch-2.13.log"
 RAISED_LOG = "rank1-raises-gloo-cpu-torch-2.13.log"
-POLICY = {"left": 2, "on": ["killed", "host_oom", "vanished"], "signals": [9, 11, 7]}
+POLICY = {"left": 2, "on": ["killed", "host_oom", "vanished"], "signals": [9, 11, 7], "deadlock_left": 1,
+          "stall_after_s": 900.0, "startup_grace_s": 600.0, "start_stall_after_s": 300.0}
 KILLED = {"wrapper_code": 137, "trainer_code": -9, "signal": 9, "phase": "train", "wrapper_signal": None,
           "started_at": "2026-01-01T00:00:00.000Z", "last_step": 40, "message": "trainer killed by signal 9"}
 
 
 def _attempt(root: Path, job_id: str, n: int, exit_doc: dict[str, Any] | None, log: str = "step 40\n",
-             policy: dict[str, Any] | None = POLICY) -> dict[str, Any]:
+             policy: dict[str, Any] | None = POLICY) -> Any:
     """Attempt ``n`` of ``job_id`` launched under ``root`` (claimed spec, launch record, log), ended with
-    ``exit_doc``; returns its spec."""
-    spec: dict[str, Any] = {"schema": protocol.SPEC_SCHEMA, "job_id": job_id, "name": "victim", "queue_id": "qhr",
-                            "attempt": n, "gpus": 1, "nodes": 1, "bundle_sha": SHA, "min_free_gb": 0,
-                            "created_at": 1.0}
-    if policy is not None:
-        spec["retry"] = policy
+    ``exit_doc``; returns its spec as the agent reads it."""
+    spec = spec_doc(job_id=job_id, name="victim", queue_id="qhr", attempt=n, gpus=1, nodes=1, bundle_sha=SHA,
+                    min_free_gb=0, created_at=1.0, retry=policy)
     adir = root / protocol.JOBS_DIR / job_id / protocol.ATTEMPTS_DIR / str(n)
     adir.mkdir(parents=True, exist_ok=True)
     (root / protocol.CLAIMED_DIR).mkdir(parents=True, exist_ok=True)
@@ -58,7 +59,7 @@ def _attempt(root: Path, job_id: str, n: int, exit_doc: dict[str, Any] | None, l
     (adir / protocol.JOB_LOG).write_text(log)
     if exit_doc is not None:
         (adir / protocol.EXIT_FILE).write_text(json.dumps({"job_id": job_id, "attempt": n, **exit_doc}))
-    return spec
+    return gpuq_jobspec.parse_spec(spec)
 
 
 def _inbox(root: Path, job_id: str) -> dict[str, Any] | None:
@@ -82,7 +83,7 @@ def test_a_trainer_killed_by_sigkill_is_retried_by_the_host_with_one_retry_less(
     assert nxt is not None and nxt["attempt"] == 2 and nxt["started_by"] == "host", nxt
     assert nxt["retry"] == dict(POLICY, left=1, deadlock_left=0)  # a failure came: no deadlock_at_start retry
     assert {k: v for k, v in nxt.items() if k not in ("attempt", "started_by", "retry", "created_at")} == \
-        {k: v for k, v in spec.items() if k not in ("attempt", "retry", "created_at")}  # the same job
+        {k: v for k, v in spec.document.items() if k not in ("attempt", "retry", "created_at")}  # the same job
     assert _next(tmp_path, "c1", 1) == rec
     # once decided, never again: a second look (an adopted group's end, a restart) starts nothing more
     assert gpuq_retry.retry_after(gpuq_files.Layout(str(tmp_path)), "c1", spec, 1) is None
@@ -188,12 +189,14 @@ def test_the_spec_carries_what_the_host_may_retry(tmp_path: Path) -> None:
         job = ledger.job(_ledger_job(ledger, retries=2))
         row = ledger.host("h")
         policy = launcher.host_retry(job, 0, Settings(), host=row, sweep=None)
-        assert policy == {"left": 2, "on": ["killed", "host_oom", "vanished", "stalled", "deadlock_at_start"],
-                          "signals": [int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS)],
-                          "deadlock_left": 1, "stall_after_s": 900.0, "startup_grace_s": 600.0,
-                          "start_stall_after_s": 300.0}  # the patrol's limits: the host heals a stall itself
-        # after a failure a stall before the first step is not retried again (patrol.decide)
-        assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == dict(policy, left=1, deadlock_left=0)
+        assert policy is not None
+        assert policy.as_document() == {
+            "left": 2, "on": ["killed", "host_oom", "vanished", "stalled", "deadlock_at_start"],
+            "signals": [int(signal.SIGKILL), int(signal.SIGSEGV), int(signal.SIGBUS)],
+            "deadlock_left": 1, "stall_after_s": 900.0, "startup_grace_s": 600.0,
+            "start_stall_after_s": 300.0}  # the patrol's limits: the host heals a stall itself
+        # after a failure a stall before the first step is not retried again (verdicts.decide)
+        assert launcher.host_retry(job, 1, Settings(), host=row, sweep=None) == replace(policy, left=1, deadlock_left=0)
         assert launcher.host_retry(job, 2, Settings(), host=row, sweep=None) is None  # spent: the controller's
         assert row is not None
         held = row.model_copy(update={"hold_kind": "disk", "hold_detail": "97% used"})
@@ -211,8 +214,8 @@ def test_the_spec_carries_what_the_host_may_retry(tmp_path: Path) -> None:
         none_left = job.model_copy(update={"retries": 0})
         assert launcher.host_retry(none_left, 0, Settings(), host=row, sweep=None) is None
         attempt = ledger.start_attempt(job.id, host="h", bundle_sha=SHA)
-        assert "retry" not in launcher.job_spec(job, attempt, Settings())
-        assert launcher.job_spec(job, attempt, Settings(), retry=policy)["retry"] == policy
+        assert "retry" not in launcher.job_spec(job, attempt, Settings()).as_document()
+        assert launcher.job_spec(job, attempt, Settings(), retry=policy).as_document()["retry"] == policy.as_document()
     finally:
         ledger.close()
 

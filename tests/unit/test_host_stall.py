@@ -17,16 +17,18 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.agent import launcher
+from orchestrator.agent.spec import OutboundSpec
 from orchestrator.core import protocol
 from orchestrator.core.config import Settings
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.health import patrol
+from orchestrator.health import patrol, verdicts
 from orchestrator.health.patrol import JobView, Thresholds
 from orchestrator.host_documents import Verdicts
 from orchestrator.ledger import Ledger
@@ -35,6 +37,7 @@ from orchestrator.tick.probe import Probe
 from orchestrator.tick.reconcile import HEALED, reconcile
 from tests.support.agentmodule import AGENT, load_agent_module
 from tests.support.fakehost import FakeHost
+from tests.support.jobspecs import spec_doc
 from tests.support.wire import entry, status
 from tests.unit.test_host_retry_rules import SHA, _ledger_job
 
@@ -46,6 +49,7 @@ gpuq_serve = load_agent_module("gpuq_serving.gpuq_serve")
 gpuq_serve_watch = load_agent_module("gpuq_serving.gpuq_serve_watch")
 gpuq_cancel = load_agent_module("gpuq_verbs.gpuq_cancel")
 gpuq_stacks = load_agent_module("gpuq_verbs.gpuq_stacks")
+gpuq_jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
 
 LIMITS = {"stall_after_s": 10.0, "startup_grace_s": 6.0, "start_stall_after_s": 5.0}
 POLICY = {"left": 2, "on": list(launcher.HOST_RETRY_CLASSES), "signals": [9], "deadlock_left": 1, **LIMITS}
@@ -94,12 +98,16 @@ def test_the_agents_stall_rule_gives_the_patrols_verdict_on_every_combination_of
 
 
 def test_the_host_never_watches_a_job_it_may_not_retry() -> None:
-    assert gpuq_stall.limits({"retry": POLICY}) == LIMITS
-    assert gpuq_stall.limits({"retry": dict(POLICY, left=0)}) is None
-    assert gpuq_stall.limits({"retry": {k: v for k, v in POLICY.items() if k != "stall_after_s"}}) is None
-    assert gpuq_stall.limits({"retry": dict(POLICY, on=["killed"])}) is None  # an older controller's spec
-    assert gpuq_stall.limits({}) is None
-    assert launcher.DEADLOCK_RETRIES == patrol.DEADLOCK_RETRIES  # the spec's deadlock_left follows the policy
+    def limits(retry: Any) -> Any:
+        return gpuq_stall.limits(gpuq_jobspec.parse_spec(spec_doc(retry=retry)))
+
+    assert limits(POLICY) == LIMITS
+    assert limits(dict(POLICY, left=0)) is None
+    assert limits(dict(POLICY, on=["killed"])) is None  # an older controller's spec
+    assert limits(None) is None
+    with pytest.raises(gpuq_jobspec.SpecError, match=r"^retry\.stall_after_s is missing$"):  # refused at the edge
+        limits({k: v for k, v in POLICY.items() if k != "stall_after_s"})
+    assert launcher.DEADLOCK_RETRIES == verdicts.DEADLOCK_RETRIES  # the spec's deadlock_left follows the policy
 
 
 # --- on real attempt files ----------------------------------------------------------------------------------
@@ -111,9 +119,9 @@ def hung(tmp_path: Path) -> Iterator[tuple[Any, dict[str, Any], subprocess.Popen
     sleeping forever) recorded as the attempt's, launched 60 s ago, its log and checkpoint written 30 s ago."""
     proc = subprocess.Popen(["sh", "-c", "sleep 600 & wait", "wrap", "c1"], start_new_session=True)  # job id in argv
     lay = gpuq_files.Layout(str(tmp_path))
-    spec = {"schema": protocol.SPEC_SCHEMA, "job_id": "c1", "name": "victim", "queue_id": "qhs", "attempt": 1,
-            "gpus": 1, "nodes": 1, "bundle_sha": SHA, "min_free_gb": 0, "created_at": 1.0, "kill_grace_s": 2,
-            "retry": POLICY, "run": {"checkpoint": ["ckpt.json"], "command": [], "outputs": []}}
+    spec = spec_doc(job_id="c1", name="victim", queue_id="qhs", attempt=1, gpus=1, nodes=1, bundle_sha=SHA,
+                    min_free_gb=0, created_at=1.0, kill_grace_s=2, resume_from=None, retry=POLICY,
+                    run={"checkpoint": ["ckpt.json"], "command": [], "outputs": []})
     adir = Path(lay.attempt("c1", 1))
     adir.mkdir(parents=True)
     (tmp_path / protocol.CLAIMED_DIR).mkdir()
@@ -127,7 +135,7 @@ def hung(tmp_path: Path) -> Iterator[tuple[Any, dict[str, Any], subprocess.Popen
     for path in (adir / protocol.JOB_LOG, run / "ckpt.json"):
         path.write_text("step 7\n")
         os.utime(path, (now - 30, now - 30))
-    yield lay, spec, proc
+    yield lay, gpuq_jobspec.parse_spec(spec), proc
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -188,9 +196,9 @@ def test_a_stall_before_the_first_step_is_retried_once_and_never_after_a_failure
     os.utime(log, (time.time() - 30, time.time() - 30))
     klass, what, why_not = gpuq_stall.judge(lay, "c1", spec, 1, LIMITS, time.time())
     assert (klass, why_not) == ("deadlock_at_start", "") and what.startswith("stalled before its first step")
-    spent = dict(spec, retry=dict(POLICY, deadlock_left=0))
+    spent = replace(spec, retry=replace(spec.retry, deadlock_left=0))
     assert gpuq_stall.judge(lay, "c1", spent, 1, LIMITS, time.time())[2].startswith("a stall before the first step")
-    assert gpuq_stall.judge(lay, "c1", dict(spec, resume_from="ckpt.json"), 1, LIMITS, time.time())[0] == "stalled"
+    assert gpuq_stall.judge(lay, "c1", replace(spec, resume_from="ckpt.json"), 1, LIMITS, time.time())[0] == "stalled"
 
 
 def test_a_stall_with_a_non_finite_loss_or_a_cancel_is_left_to_gpuq(hung: Any) -> None:
@@ -331,14 +339,14 @@ def test_a_spec_sent_again_or_moved_carries_the_same_host_retries(tmp_path: Path
     """Re-sent (the host never got it) or moved (work stealing): the spec says what the host may retry itself,
     stall limits included, as the first delivery did.  Only the transport (``enqueue``) is replaced."""
     from orchestrator.ledger import HostRow
-    from orchestrator.scheduling.scheduler import Move
+    from orchestrator.scheduling.stealing import Move
     from orchestrator.tick import reconcile as reconcile_module
     from orchestrator.tick import steal
-    sent: list[dict[str, Any]] = []
+    sent: list[OutboundSpec] = []
 
-    def enqueue(host: Any, sha: str, specs: list[dict[str, Any]], settings: Settings) -> Verdicts:
+    def enqueue(host: Any, sha: str, specs: list[OutboundSpec], settings: Settings) -> Verdicts:
         sent.extend(specs)
-        return Verdicts({spec["job_id"]: "queued" for spec in specs})
+        return Verdicts({spec.job_id: "queued" for spec in specs})
 
     for module in (reconcile_module, steal):
         monkeypatch.setattr(module, "enqueue", enqueue)
@@ -348,7 +356,7 @@ def test_a_spec_sent_again_or_moved_carries_the_same_host_retries(tmp_path: Path
         ledger.add_host(HostRow(name="g", kind="ssh", target="u@g", root="/r", slots_kind="cpu", slots_total=2,
                                 created_at=0, agent_bundle=SHA))
         first = launcher.record_attempts(ledger, "h", SHA, [ledger.job(job_id)], Settings())[0]
-        assert first["retry"]["stall_after_s"] == Settings().stall_after_s
+        assert first.retry is not None and first.retry.stall_after_s == Settings().stall_after_s
         host = FakeHost(tmp_path / "host", name="h")
         reconcile(ledger, host, Settings(), Probe("h", True, status({"jobs": []})))  # the spec never arrived
         fleet = argparse.Namespace(named=lambda name: FakeHost(tmp_path / name, name=name))
@@ -356,5 +364,5 @@ def test_a_spec_sent_again_or_moved_carries_the_same_host_retries(tmp_path: Path
     finally:
         ledger.close()
     resent, moved = sent
-    assert (resent["attempt"], moved["attempt"]) == (1, 2)
-    assert resent["retry"] == first["retry"] and moved["retry"] == first["retry"], sent
+    assert (resent.attempt, moved.attempt) == (1, 2)
+    assert resent.retry == first.retry and moved.retry == first.retry, sent

@@ -102,7 +102,7 @@ def test_dispatch_from_a_stale_queued_list_enqueues_nothing_twice(ledger: Ledger
     stale = ledger.jobs(states=[JobState.QUEUED])
     ledger.start_attempt(ids[0], host="a", bundle_sha="s")  # `gpuq status` elsewhere, meanwhile
     specs = record_attempts(ledger, "b", "s", stale, Settings())
-    assert [s["job_id"] for s in specs] == [ids[1]]
+    assert [s.job_id for s in specs] == [ids[1]]
     assert [(a.number, a.host) for a in ledger.attempts(ids[0])] == [(1, "a")]
     assert any("not started on b" in e.message for e in ledger.events(ids[0]))
 

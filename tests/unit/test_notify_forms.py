@@ -119,7 +119,7 @@ def _ended(ctx: Context, job: Job, host: str, outcome: str, klass: str, message:
         ctx.ledger.update_attempt(job.id, 1, exit_code=1, message=message)
         ctx.ledger.transition(job.id, AttemptState.EXITED, attempt=1)
     decision = settle(ctx.ledger, job.id, klass, ctx.settings, attempt=1)
-    found = ended_badly(host, JobView(job.id, job.name, 1), outcome, klass, decision.reason,
+    found = ended_badly(host, JobView(job.id, job.name, 1), outcome, klass, decision,
                         decision.action == "requeue", message=message)
     record(ctx, [found], subjects=[], report=TickReport())
 

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.health.patrol import Decision, Finding, HostView, JobView, Severity, Thresholds
-from tests.support.wire import patrol
+from orchestrator.health.patrol import Finding, HostView, JobView, Severity, Thresholds
+from orchestrator.health.verdicts import Decision
+from orchestrator.ledger import migrate
+from tests.support.wire import host_lines, patrol, verdicts
 
 TH = Thresholds()
 NOW = 1_800_000_000.0  # 2027-01-15 08:00:00Z
@@ -111,11 +113,12 @@ def test_xid_findings_word_for_word() -> None:
                             "usually an application fault; check the job's log", evidence=("NVRM: Xid 31",))
 
 
-def test_signatures_of_reads_the_names_before_the_first_semicolon() -> None:
-    assert patrol.signatures_of("signatures: cuda_oom, traceback; triage: x, y") == ["cuda_oom", "traceback"]
-    assert patrol.signatures_of("signatures: nccl") == ["nccl"]
-    assert patrol.signatures_of("signatures: , ; z") == []
-    assert patrol.signatures_of("triage: signatures: nccl") == []
+def test_an_older_crash_findings_signatures_are_the_names_before_the_first_semicolon() -> None:
+    """v17 moves them from a v4-v16 crash finding's action into its ``signatures`` field."""
+    assert migrate._v17_signatures_of("signatures: cuda_oom, traceback; triage: x, y") == '["cuda_oom", "traceback"]'
+    assert migrate._v17_signatures_of("signatures: nccl") == '["nccl"]'
+    assert migrate._v17_signatures_of("signatures: , ; z") == "unknown"
+    assert migrate._v17_signatures_of("triage: signatures: nccl") == "unknown"
 
 
 # --- job rules ----------------------------------------------------------------------------------
@@ -207,17 +210,26 @@ def test_a_heartbeat_that_is_not_a_number_counts_as_none() -> None:
 
 
 def test_ended_badly_names_the_rule_and_severity_follows_the_requeue() -> None:
-    dead = patrol.ended_badly("h1", JOB, "lost", "vanished", "vanished: requeued", True)
+    dead = patrol.ended_badly("h1", JOB, "lost", "vanished", verdicts.Decision("requeue", "vanished: requeued"), True)
     assert dead == Finding("dead", Severity.WARN, "h1",
                            "baseline a2: process group gone without an exit record (class: vanished)",
                            "vanished: requeued", job="c000000000001")
-    rebooted = patrol.ended_badly("h1", JOB, "lost", "transient", "r", False, rebooted=True)
+    rebooted = patrol.ended_badly("h1", JOB, "lost", "transient", verdicts.Decision("fail", "r"), False, rebooted=True)
     assert (rebooted.rule, rebooted.severity, rebooted.message) == (
         "rebooted", Severity.ESCALATE, "baseline a2: the host rebooted (class: transient)")
-    failed = patrol.ended_badly("h1", JOB, "exited", "unknown", "r", False, message="exit 1: trainer exited 1")
+    failed = patrol.ended_badly("h1", JOB, "exited", "unknown", verdicts.Decision("fail", "r"), False,
+                                message="exit 1: trainer exited 1")
     assert (failed.rule, failed.message) == ("failed", "baseline a2: exit 1: trainer exited 1 (class: unknown)")
-    plain = patrol.ended_badly("h1", JOB, "exited", "unknown", "r", True)
+    plain = patrol.ended_badly("h1", JOB, "exited", "unknown", verdicts.Decision("requeue", "r"), True)
     assert (plain.severity, plain.message) == (Severity.WARN, "baseline a2: exited non-zero (class: unknown)")
+
+
+def test_an_ended_attempts_finding_keeps_the_decisions_words_apart_from_its_next_step() -> None:
+    """The escalation's line quotes the decision without its command (tick/findings.py), from the field."""
+    decision = verdicts.decide("transient", 2, 1)
+    ended = patrol.ended_badly("h1", JOB, "exited", "transient", decision, False)
+    assert ended.action == "transient: no retries left (1); `gpuq resume` once the cause is fixed"
+    assert ended.decision == "transient: no retries left (1)"
 
 
 def test_early_finish_follows_the_ratio() -> None:
@@ -231,16 +243,18 @@ def test_early_finish_follows_the_ratio() -> None:
 
 
 def test_every_decision_word_for_word() -> None:
-    assert patrol.decide("config", 1, 3) == Decision("fail", "config error: never retried (fix it and submit again)")
-    assert patrol.decide("divergence", 1, 3) == Decision(
+    assert verdicts.decide("config", 1, 3) == Decision("fail", "config error: never retried (fix it and submit again)")
+    assert verdicts.decide("divergence", 1, 3) == Decision(
         "fail", "divergence error: never retried (fix it and submit again)")
-    assert patrol.decide("transient", 1, 1) == Decision("requeue", "transient: requeued with resume (retry 1 of 1)")
-    assert patrol.decide("transient", 2, 1) == Decision(
-        "keep_lost", "transient: no retries left (1); `gpuq resume` once the cause is fixed")
-    assert patrol.decide("vanished", 0, 0) == Decision("requeue", "vanished: requeued with resume (retry 0 of 0)")
+    assert verdicts.decide("transient", 1, 1) == Decision("requeue", "transient: requeued with resume (retry 1 of 1)")
+    assert verdicts.decide("transient", 2, 1) == Decision(
+        "keep_lost", "transient: no retries left (1)", "`gpuq resume` once the cause is fixed")
+    assert verdicts.decide("transient", 2, 1).reason == ("transient: no retries left (1); "
+                                                      "`gpuq resume` once the cause is fixed")
+    assert verdicts.decide("vanished", 0, 0) == Decision("requeue", "vanished: requeued with resume (retry 0 of 0)")
     for klass in ("gpu_oom", "disk_full", "control_plane", "unknown"):
-        assert patrol.decide(klass, 1, 5) == Decision("none", f"{klass}: not retried automatically; see `gpuq logs`")
-    assert {"transient", "vanished", "stalled", "stopped", "killed", "host_oom"} == patrol.RETRYABLE
+        assert verdicts.decide(klass, 1, 5) == Decision("none", f"{klass}: not retried automatically; see `gpuq logs`")
+    assert {"transient", "vanished", "stalled", "stopped", "killed", "host_oom"} == verdicts.RETRYABLE
 
 
 @pytest.mark.parametrize(("code", "trainer", "hits", "tb", "kw", "klass"), [
@@ -258,7 +272,7 @@ def test_every_decision_word_for_word() -> None:
 ])
 def test_more_classifications(code: int | None, trainer: int | None, hits: list[str], tb: list[str],
                               kw: dict[str, Any], klass: str) -> None:
-    assert patrol.classify(code, trainer, [{"signature": h} for h in hits], tb, **kw) == klass
+    assert verdicts.classify(code, trainer, [{"signature": h} for h in hits], tb, **kw) == klass
 
 
 # --- timestamps and the one line per host --------------------------------------------------------
@@ -273,11 +287,11 @@ def test_timestamps(value: Any, expected: float | None) -> None:
 
 
 def test_host_line_before_any_probe_and_while_unreachable() -> None:
-    assert patrol.host_line("h1", None, []) == "PATROL h1 not probed"
-    assert patrol.host_line("h1", None, [], error="no agent yet") == "PATROL h1 no agent yet"
-    assert patrol.host_line("h1", None, [], unreachable_since=NOW - 900, failures=2) == (
+    assert host_lines.host_line("h1", None, []) == "PATROL h1 not probed"
+    assert host_lines.host_line("h1", None, [], error="no agent yet") == "PATROL h1 no agent yet"
+    assert host_lines.host_line("h1", None, [], unreachable_since=NOW - 900, failures=2) == (
         "PATROL h1 unreachable since 07:45Z (2 failures)")
-    assert patrol.host_line("h1", None, [], failures=1, next_try=NOW + 480) == (
+    assert host_lines.host_line("h1", None, [], failures=1, next_try=NOW + 480) == (
         "PATROL h1 unreachable since now (1 failures, next try 08:08:00Z)")
 
 
@@ -292,13 +306,14 @@ def test_host_line_lists_three_jobs_and_counts_the_rest() -> None:
     ]
     doc = {"jobs": jobs, "disk": {"used_pct": 12}, "gpus": [{"util_pct": 50}, {"util_pct": "n/a"}, {}]}
     warn = Finding("disk", Severity.WARN, "h1", "m")
-    line = patrol.host_line("h1", doc, [Finding("x", Severity.INFO, "h1", "i"), warn], done=(3, 9))
+    line = host_lines.host_line("h1", doc, [Finding("x", Severity.INFO, "h1", "i"), warn], done=(3, 9))
     assert line == ("PATROL h1 running [warn] a:a1=step=5 ep=1/3 c2:a2=starting c:a1=starting more=2 disk=12% "
                     "ino=?% mem=?% gpu=50% done=3/9")
     escalate = Finding("xid", Severity.ESCALATE, "h1", "m")
-    assert patrol.host_line("h1", {"jobs": []}, [warn, escalate]) == "PATROL h1 idle [escalate] disk=?% ino=?% mem=?%"
+    assert (host_lines.host_line("h1", {"jobs": []}, [warn, escalate])
+            == "PATROL h1 idle [escalate] disk=?% ino=?% mem=?%")
     info = Finding("x", Severity.INFO, "h1", "i")
-    assert patrol.host_line("h1", {}, [info]) == "PATROL h1 idle disk=?% ino=?% mem=?%"
+    assert host_lines.host_line("h1", {}, [info]) == "PATROL h1 idle disk=?% ino=?% mem=?%"
 
 
 def test_a_finding_names_its_job_or_else_its_host() -> None:
@@ -348,7 +363,7 @@ def test_inodes_are_judged_without_a_disk_figure() -> None:
 
 
 def test_signatures_stop_at_the_first_semicolon_of_several() -> None:
-    assert patrol.signatures_of("signatures: a, b; x; y") == ["a", "b"]
+    assert migrate._v17_signatures_of("signatures: a, b; x; y") == '["a", "b"]'
 
 
 @pytest.mark.parametrize(("hits", "kw", "klass"), [
@@ -357,12 +372,12 @@ def test_signatures_stop_at_the_first_semicolon_of_several() -> None:
     ([], {}, "unknown"),
 ])
 def test_an_ordinary_exit_with_oom_evidence_is_a_host_oom(hits: list[str], kw: dict[str, Any], klass: str) -> None:
-    assert patrol.classify(1, 1, [{"signature": h} for h in hits], [], **kw) == klass
+    assert verdicts.classify(1, 1, [{"signature": h} for h in hits], [], **kw) == klass
 
 
 def test_host_line_counts_only_jobs_past_the_third() -> None:
     jobs = [{"state": "running", "name": n, "attempt": 1} for n in "abc"]
-    line = patrol.host_line("h1", {"jobs": jobs}, [])
+    line = host_lines.host_line("h1", {"jobs": jobs}, [])
     assert line == "PATROL h1 running a:a1=starting b:a1=starting c:a1=starting disk=?% ino=?% mem=?%"
-    line = patrol.host_line("h1", {"jobs": [*jobs, {"state": "running", "name": "d", "attempt": 1}]}, [])
+    line = host_lines.host_line("h1", {"jobs": [*jobs, {"state": "running", "name": "d", "attempt": 1}]}, [])
     assert "more=1" in line and "d:a1" not in line

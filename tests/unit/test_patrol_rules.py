@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.health.patrol import HostView, JobView, Severity, Thresholds
-from tests.support.wire import patrol
+from tests.support.wire import host_lines, patrol, verdicts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "payload" / "agent"))
 
@@ -112,7 +112,8 @@ def test_crash_signatures_and_nan_from_the_scan() -> None:
                            "nonfinite": [{"field": "loss", "value": "nan", "step": 7}]})
     found = patrol.job_findings("h", JOB, entry, NOW, TH)
     assert _rules(found) == [("crash", "escalate"), ("nan", "escalate")]
-    assert patrol.signatures_of(found[0].action) == ["cuda_oom"]
+    assert found[0].signatures == ("cuda_oom",) and found[0].action.startswith("signatures: cuda_oom; ")
+    assert found[0].reason == "torch.OutOfMemoryError: CUDA out of memory"  # the first hit's line, without the name
     assert found[0].evidence[0].startswith("Traceback")
 
 
@@ -148,21 +149,21 @@ def test_crash_signatures_and_nan_from_the_scan() -> None:
 ])
 def test_classification(code: int | None, trainer: int | None, hits: list[str], tb: list[str],
                         kw: dict[str, Any], klass: str) -> None:
-    assert patrol.classify(code, trainer, [{"signature": h} for h in hits], tb, **kw) == klass
+    assert verdicts.classify(code, trainer, [{"signature": h} for h in hits], tb, **kw) == klass
 
 
 def test_retry_policy() -> None:
-    assert patrol.decide("vanished", 1, 2).action == "requeue"
-    assert patrol.decide("stalled", 2, 2).action == "requeue"
-    assert patrol.decide("stalled", 3, 2).action == "keep_lost"
-    assert patrol.decide("stopped", 1, 2).action == "requeue"  # a SIGTERM from outside is no verdict
-    assert patrol.decide("config", 1, 10).action == "fail"  # never blind-retried
-    assert patrol.decide("divergence", 1, 10).action == "fail"
-    assert patrol.decide("gpu_oom", 1, 10).action == "none"
+    assert verdicts.decide("vanished", 1, 2).action == "requeue"
+    assert verdicts.decide("stalled", 2, 2).action == "requeue"
+    assert verdicts.decide("stalled", 3, 2).action == "keep_lost"
+    assert verdicts.decide("stopped", 1, 2).action == "requeue"  # a SIGTERM from outside is no verdict
+    assert verdicts.decide("config", 1, 10).action == "fail"  # never blind-retried
+    assert verdicts.decide("divergence", 1, 10).action == "fail"
+    assert verdicts.decide("gpu_oom", 1, 10).action == "none"
     # a signal death gpuq did not cause: retried with resume within retries=
-    assert patrol.decide("killed", 2, 2).action == "requeue"
-    assert patrol.decide("killed", 3, 2).action == "keep_lost"
-    assert patrol.decide("host_oom", 1, 2).action == "requeue"
+    assert verdicts.decide("killed", 2, 2).action == "requeue"
+    assert verdicts.decide("killed", 3, 2).action == "keep_lost"
+    assert verdicts.decide("host_oom", 1, 2).action == "requeue"
 
 
 def test_early_finish_only_under_half_the_expectation() -> None:
@@ -192,9 +193,9 @@ def test_one_line_per_host() -> None:
                      "heartbeat": {"step": 41200, "epoch": 17, "epochs": 50}}],
            "disk": {"used_pct": 71, "inodes_used_pct": 8}, "memory": {"used_pct": 64},
            "gpus": [{"util_pct": 96}, {"util_pct": 98}]}
-    line = patrol.host_line("h2", doc, [])
+    line = host_lines.host_line("h2", doc, [])
     assert line == "PATROL h2 running det:a1=step=41200 ep=17/50 disk=71% ino=8% mem=64% gpu=97%"
-    down = patrol.host_line("h3", None, [], unreachable_since=NOW, failures=3, next_try=NOW + 480)
+    down = host_lines.host_line("h3", None, [], unreachable_since=NOW, failures=3, next_try=NOW + 480)
     assert down.startswith("PATROL h3 unreachable since ") and "3 failures, next try" in down
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.agent_modules import payload_dir
-from orchestrator.health import patrol
+from orchestrator.health import verdicts
 from orchestrator.host_documents import Scan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -32,7 +32,7 @@ from gpuq_watch import gpuq_scan  # noqa: E402
 
 def _classify(log: Path, exit_code: int = 1, trainer_code: int = 1, **kw: bool) -> str:
     scan = Scan.model_validate(gpuq_scan.scan_log(str(log), 0))  # typed at the edge, as the controller reads it
-    return patrol.classify(exit_code, trainer_code, scan.hits, scan.traceback, **kw)
+    return verdicts.classify(exit_code, trainer_code, scan.hits, scan.traceback, **kw)
 
 
 def test_torchrun_reporting_a_ranks_sigkill_is_killed_not_stopped() -> None:
@@ -41,7 +41,7 @@ def test_torchrun_reporting_a_ranks_sigkill_is_killed_not_stopped() -> None:
     assert "Connection reset by peer" in text
     assert _classify(TORCHRUN_LOG) == "killed"
     assert _classify(TORCHRUN_LOG, oom_kill_rose=True) == "host_oom"
-    assert patrol.decide("killed", 1, 2).action == "requeue"
+    assert verdicts.decide("killed", 1, 2).action == "requeue"
 
 
 def test_torchrun_reporting_only_sigterms_is_still_a_stop(tmp_path: Path) -> None:

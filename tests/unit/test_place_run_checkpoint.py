@@ -21,6 +21,7 @@ import pytest
 from orchestrator.core.errors import GpuqError
 from orchestrator.tick import checkpoints as ck
 from tests.support.checkpointworld import World, running_world
+from tests.support.jobspecs import spec_doc
 from tests.support.wire import status
 
 RUN = {"checkpoint": ["ckpt/*.pt"], "metrics": "logs/metrics.csv", "command": ["train.py"]}
@@ -37,7 +38,7 @@ def _project_job(world: World, data: bytes = WEIGHTS, metrics: str = "step,loss\
     jdir = world.root / "jobs" / world.job
     (jdir / "run" / "ckpt").mkdir(parents=True, exist_ok=True)
     (jdir / "run" / "logs").mkdir(parents=True, exist_ok=True)
-    (jdir / "spec.json").write_text(json.dumps({"job_id": world.job, "attempt": 1, "run": RUN}))
+    (jdir / "spec.json").write_text(json.dumps(spec_doc(job_id=world.job, attempt=1, run=RUN)))
     (jdir / "run" / "ckpt" / "e1.pt").write_bytes(data)
     (jdir / "run" / "logs" / "metrics.csv").write_text(metrics)
     return os.path.getmtime(jdir / "run" / "ckpt" / "e1.pt")

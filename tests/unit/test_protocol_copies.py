@@ -1,4 +1,5 @@
-"""The agent's and the payload's copies of the host contract agree with orchestrator/core/protocol.py."""
+"""The agent's and the payload's copies of the host contract agree with orchestrator/core/protocol.py (and
+its documents.py and filenames.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import ast
 import contextlib
 from pathlib import Path
 
-from orchestrator.core import protocol
+from orchestrator.core import documents, filenames, protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ def _constants(path: Path) -> dict[str, object]:
     return found
 
 
-MASTER = {k: v for k, v in vars(protocol).items() if k.isupper()}
+MASTER = {k: v for module in (protocol, documents, filenames) for k, v in vars(module).items() if k.isupper()}
 LAYOUT = {k for k in MASTER if k.endswith(("_DIR", "_FILE", "_LOG", "_CKPT", "_POINTER", "_ENTRY"))}
 CODES = {k for k in MASTER if k.startswith("EXIT_") and isinstance(MASTER[k], int)}
 

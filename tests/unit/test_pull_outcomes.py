@@ -28,9 +28,12 @@ from orchestrator.transfer import (
     QUARANTINED,
     VERIFIED,
     backoff_delay,
+    durable,
+    job_copy,
 )
 from orchestrator.transfer import pull as pull_mod
-from orchestrator.transfer.pull import PullOutcome, request_manifests, sweep_lock
+from orchestrator.transfer.job_copy import PullOutcome
+from orchestrator.transfer.pull import request_manifests, sweep_lock
 from tests.support.jobtree import SHA, finished_job
 from tests.support.pullworld import SWEEP, World
 
@@ -55,7 +58,7 @@ def test_a_verified_pull_word_for_word(world: World) -> None:
     record = json.loads((final / PULL_VERIFIED).read_text())
     stamp = record.pop("verified_at")
     assert UTC.match(stamp), stamp
-    assert record == {"schema": pull_mod.PULL_VERIFIED_SCHEMA, "queue_id": SWEEP, "job_id": job.id, "name": job.name,
+    assert record == {"schema": job_copy.PULL_VERIFIED_SCHEMA, "queue_id": SWEEP, "job_id": job.id, "name": job.name,
                       "attempt": 1, "host": "fake", "manifest_sha256": _manifest_sha(world, job.id), "files": 6,
                       "bytes": size}
     [row] = world.ledger.pulls([job.id])
@@ -85,9 +88,9 @@ def test_a_missing_verified_record_means_the_job_is_pulled_again(world: World) -
     ({}, "no manifest in the agent's reply"),
 ])
 def test_a_refused_manifest_word_for_word(world: World, reply: dict[str, Any], why: str) -> None:
-    run = pull_mod._Pull(world.ledger, world.host, world.results, world.quarantine, 5, (10.0, 120.0),
+    run = job_copy.PullRun(world.ledger, world.host, world.results, world.quarantine, 5, (10.0, 120.0),
                          world.sleeps.append, lambda: 0.0)
-    out = pull_mod._pull_one(run, world.jobs[0], ManifestReply.model_validate(reply))
+    out = job_copy.pull_one(run, world.jobs[0], ManifestReply.model_validate(reply))
     assert (out.state, out.reason) == (NOT_PULLED, f"fake refused to manifest it: {why}")
     assert not world.results.exists()
 
@@ -245,11 +248,11 @@ def test_a_local_disk_error_is_incomplete_and_names_the_file(world: World, monke
     def full(*a: Any, **kw: Any) -> Any:
         raise OSError(28, "No space left on device", "/results/x")
 
-    monkeypatch.setattr(pull_mod, "_copy_files", full)
+    monkeypatch.setattr(job_copy, "_copy_files", full)
     [out] = world.pull([world.jobs[0]])
     assert (out.state, out.reason) == (INCOMPLETE, "local file error: No space left on device (/results/x); nothing "
                                                    "was marked verified, `gpuq pull` resumes")
-    monkeypatch.setattr(pull_mod, "_copy_files", lambda *a, **kw: (_ for _ in ()).throw(OSError("disk gone")))
+    monkeypatch.setattr(job_copy, "_copy_files", lambda *a, **kw: (_ for _ in ()).throw(OSError("disk gone")))
     [out] = world.pull([world.jobs[0]])
     assert out.reason == "local file error: disk gone; nothing was marked verified, `gpuq pull` resumes"
 
@@ -333,9 +336,9 @@ def test_backoff_clamps_its_jitter(failures: int, jitter: float, delay: float) -
 
 
 def test_timestamps_are_utc_seconds() -> None:
-    assert pull_mod._utc(0) == "1970-01-01T00:00:00Z"
-    assert pull_mod._utc(1_800_000_000.7) == "2027-01-15T08:00:00Z"
-    assert UTC.match(pull_mod._utc())
+    assert durable.utc_stamp(0) == "1970-01-01T00:00:00Z"
+    assert durable.utc_stamp(1_800_000_000.7) == "2027-01-15T08:00:00Z"
+    assert UTC.match(durable.utc_stamp())
 
 
 def test_the_agents_bundle_is_the_one_asked(world: World) -> None:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from orchestrator.agent import launcher
+from orchestrator.agent.spec import RunSection
 from orchestrator.core import protocol
 from orchestrator.core.config import load_settings
 from orchestrator.core.errors import GpuqError
 from orchestrator.ledger import Ledger
 from orchestrator.queue.queuefile import parse_bytes
 from orchestrator.queue.runconfig import RunConfig
+from tests.support.jobspecs import outbound_spec
 
 
 def _ledger(tmp_path: Path, run: str = "") -> tuple[Ledger, list[str]]:
@@ -42,9 +45,10 @@ def test_spec_without_run_is_the_legacy_spec_plus_empty_args(tmp_path: Path) -> 
     attempt = ledger.start_attempt(job.id, host="local", bundle_sha="s")
     spec = launcher.job_spec(job, attempt, load_settings(env={"GPUQ_HOME": str(tmp_path)}),
                              sweep=ledger.sweep("qaaaaaa"))
-    assert spec["protocol"] == protocol.PROTOCOL_VERSION == "1.1"
-    assert spec["args"] == ["--lr", "1", "a b"] and spec["run"] is None
-    assert launcher.enqueue_payload([spec], environ={}) == json.dumps([spec]).encode()
+    doc = spec.as_document()
+    assert doc["protocol"] == protocol.PROTOCOL_VERSION == "1.1"
+    assert doc["args"] == ["--lr", "1", "a b"] and doc["run"] is None
+    assert launcher.enqueue_payload([spec], environ={}) == json.dumps([doc]).encode()
 
 
 def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_path: Path) -> None:
@@ -55,16 +59,17 @@ def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_pat
     attempt = ledger.start_attempt(job.id, host="local", bundle_sha="s")
     spec = launcher.job_spec(job, attempt, load_settings(env={"GPUQ_HOME": str(tmp_path)}),
                              sweep=ledger.sweep("qaaaaaa"))
-    assert spec["run"] == {
+    doc = spec.as_document()
+    assert doc["run"] == {
         "command": ["train.py", "{args}"], "launcher": "torchrun", "resume_args": [], "checkpoint": ["snap.pt"],
         "outputs": [], "metrics": "", "metrics_regex": "", "metric": "", "mode": "max", "progress": "",
         "setup": "pip install x", "setup_key": "ab" * 32, "forward_env": ["TOKEN"],
     }
-    assert spec["verify"] == []
-    assert spec["env"] == {"NCCL_DEBUG": "WARN", "PIP_NO_INDEX": "1"}  # [run] env: the job's run.env
+    assert doc["verify"] == []
+    assert doc["env"] == {"NCCL_DEBUG": "WARN", "PIP_NO_INDEX": "1"}  # [run] env: the job's run.env
     payload = json.loads(launcher.enqueue_payload([spec], environ={"TOKEN": "s3cret"}, allowed=["TOK*"]))
-    assert payload == {"specs": [spec], "secrets": {"qaaaaaa": {"TOKEN": "s3cret"}}}
-    assert "s3cret" not in json.dumps(spec)
+    assert payload == {"specs": [doc], "secrets": {"qaaaaaa": {"TOKEN": "s3cret"}}}
+    assert "s3cret" not in json.dumps(doc)
     with pytest.raises(GpuqError) as info:
         launcher.enqueue_payload([spec], environ={}, allowed=["TOKEN"])
     assert "TOKEN" in str(info.value)
@@ -79,7 +84,7 @@ def test_spec_run_carries_the_table_names_only_and_secrets_travel_beside(tmp_pat
 ])
 def test_enqueue_never_sends_a_name_the_user_did_not_allow_or_gpuqs_own(names: list[str], allowed: list[str],
                                                                          refused: str) -> None:
-    spec = {"queue_id": "qaaaaaa", "run": {"forward_env": names}}
+    spec = replace(outbound_spec(), queue_id="qaaaaaa", run=RunSection(forward_env=tuple(names)))
     environ = {name: "s3cret" for name in names}
     with pytest.raises(GpuqError) as info:
         launcher.enqueue_payload([spec], environ=environ, allowed=allowed)

@@ -14,7 +14,9 @@ from orchestrator.core.specs import HostSlots, JobSpec
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Ledger
 from orchestrator.scheduling.estimates import DEFAULT_EST_S_PER_EPOCH, epoch_rates, estimate_s
-from orchestrator.scheduling.scheduler import Move, Plan, PlanJob, QueuedJob, plan, plan_steals
+from orchestrator.scheduling.placements import Plan, PlanJob
+from orchestrator.scheduling.scheduler import plan
+from orchestrator.scheduling.stealing import Move, QueuedJob, plan_steals
 
 GB = 10**9
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.specs import HostSlots
-from orchestrator.scheduling import estimates, scheduler
+from orchestrator.scheduling import estimates, list_scheduling, scheduler
 from orchestrator.scheduling.estimates import EpochRates, epoch_rates, estimate_s
-from orchestrator.scheduling.scheduler import Move, Placement, Plan, PlanJob, QueuedJob, plan, plan_steals
+from orchestrator.scheduling.placements import Placement, Plan, PlanJob
+from orchestrator.scheduling.scheduler import plan
+from orchestrator.scheduling.stealing import Move, QueuedJob, plan_steals
 
 # --- estimates -----------------------------------------------------------------------------------
 
@@ -162,14 +164,14 @@ def _jobs_never_at_the_bound() -> list[PlanJob]:
 def test_the_polish_spends_exactly_its_budget(monkeypatch: pytest.MonkeyPatch, budget: int, trials: int) -> None:
     """IMPROVE_BUDGET // jobs - 1 trial plans (42 // 8 - 1 = 4), after the longest-first one."""
     runs = []
-    original = scheduler._ListScheduler.run
+    original = list_scheduling.ListScheduler.run
 
-    def counted(self: scheduler._ListScheduler, order: list[PlanJob]) -> scheduler._Pass:
+    def counted(self: list_scheduling.ListScheduler, order: list[PlanJob]) -> list_scheduling.SchedulingPass:
         runs.append(1)
         return original(self, order)
 
     monkeypatch.setattr(scheduler, "IMPROVE_BUDGET", budget)
-    monkeypatch.setattr(scheduler._ListScheduler, "run", counted)
+    monkeypatch.setattr(list_scheduling.ListScheduler, "run", counted)
     plan(_jobs_never_at_the_bound(), [HostSlots(host=f"h{i}", total=1) for i in range(3)])
     assert len(runs) == 1 + trials
 

@@ -25,9 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.specs import DEFAULT_EPOCHS, HostSlots
-from orchestrator.scheduling import scheduler
+from orchestrator.scheduling import list_scheduling, scheduler, stealing
 from orchestrator.scheduling.estimates import DEFAULT_EST_S_PER_EPOCH
-from orchestrator.scheduling.scheduler import PlanJob, QueuedJob
+from orchestrator.scheduling.placements import PlanJob
+from orchestrator.scheduling.stealing import QueuedJob
 from tests.support import scheduler_reference as reference
 
 GB = 10**9
@@ -36,20 +37,20 @@ ESTIMATES = [0.0, 1e-9, 0.5, 60.0, 600.0, 600.0, 900.0, 3600.0, UNKNOWN_EST, UNK
 SLOT_TIMES = [0.0, 0.0, 0.0, 30.0, 60.0, 600.5, 3600.0, 1e7]
 
 
-INDEX_FROM = [0, 0, scheduler.INDEX_FROM_HOSTS]  # 0: the slot index serves every job not pinned, on any fleet
+INDEX_FROM = [0, 0, list_scheduling.INDEX_FROM_HOSTS]  # 0: the slot index serves every job not pinned, on any fleet
 
 
 @contextmanager
 def knobs(swap_budget: int, index_from: int) -> Iterator[None]:
     """The same swap budget in the new module and in the oracle, and when the new one uses its slot index
     (its answers must not depend on that), for one comparison."""
-    old = scheduler.IMPROVE_BUDGET, reference.IMPROVE_BUDGET, scheduler.INDEX_FROM_HOSTS
+    old = scheduler.IMPROVE_BUDGET, reference.IMPROVE_BUDGET, list_scheduling.INDEX_FROM_HOSTS
     scheduler.IMPROVE_BUDGET = reference.IMPROVE_BUDGET = swap_budget
-    scheduler.INDEX_FROM_HOSTS = index_from
+    list_scheduling.INDEX_FROM_HOSTS = index_from
     try:
         yield
     finally:
-        scheduler.IMPROVE_BUDGET, reference.IMPROVE_BUDGET, scheduler.INDEX_FROM_HOSTS = old
+        scheduler.IMPROVE_BUDGET, reference.IMPROVE_BUDGET, list_scheduling.INDEX_FROM_HOSTS = old
 
 
 def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
@@ -66,7 +67,7 @@ def plan_fields(plan: Any) -> tuple[Any, ...]:
 
 
 def assert_same_plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots], swap_budget: int,
-                     index_from: int = scheduler.INDEX_FROM_HOSTS) -> None:
+                     index_from: int = list_scheduling.INDEX_FROM_HOSTS) -> None:
     with knobs(swap_budget, index_from):
         old = outcome(lambda: plan_fields(reference.plan(jobs, hosts)))
         new = outcome(lambda: plan_fields(scheduler.plan(jobs, hosts)))
@@ -75,7 +76,7 @@ def assert_same_plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots], swap_b
 
 def assert_same_steals(queued: Mapping[str, Sequence[QueuedJob]], hosts: Sequence[HostSlots]) -> None:
     old = outcome(lambda: [astuple(m) for m in reference.plan_steals(queued, hosts)])
-    new = outcome(lambda: [astuple(m) for m in scheduler.plan_steals(queued, hosts)])
+    new = outcome(lambda: [astuple(m) for m in stealing.plan_steals(queued, hosts)])
     assert new == old
 
 

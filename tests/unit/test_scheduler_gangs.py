@@ -1,4 +1,4 @@
-"""Multi-node jobs over SSH hosts in the planner (scheduler._gang) and in delivery (gangs.hold_back):
+"""Multi-node jobs over SSH hosts in the planner (list_scheduling._gang) and in delivery (gangs.hold_back):
 K distinct hosts reserved together, sent only when all start now, never starved by the jobs behind."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 from orchestrator.core.specs import Assignment, HostSlots
 from orchestrator.host_documents import JobEntry
 from orchestrator.hosts.sshconfig import Endpoint
-from orchestrator.scheduling.scheduler import Plan, PlanJob, plan
+from orchestrator.scheduling.placements import Plan, PlanJob
+from orchestrator.scheduling.scheduler import plan
 from orchestrator.tick.gangs import Part, head_addresses, hold_back, rendezvous_port, standing_entry, waiting
 from tests.support.fakehost import FakeHost
 

@@ -13,9 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.specs import HostSlots
-from orchestrator.scheduling import scheduler
+from orchestrator.scheduling import list_scheduling, scheduler
 from orchestrator.scheduling.gpumatch import ANY_GPU, GpuNeed, host_matches
-from orchestrator.scheduling.scheduler import PlanJob, QueuedJob, plan, plan_steals
+from orchestrator.scheduling.placements import PlanJob
+from orchestrator.scheduling.scheduler import plan
+from orchestrator.scheduling.stealing import QueuedJob, plan_steals
 
 A100 = ("NVIDIA A100-SXM4-80GB",), 81920.0
 H100 = ("NVIDIA H100 80GB HBM3",), 81559.0
@@ -30,12 +32,12 @@ def _host(name: str, card: tuple[tuple[str, ...] | None, float | None], total: i
 
 @contextmanager
 def knobs(swap_budget: int, index_from: int) -> Iterator[None]:
-    old = scheduler.IMPROVE_BUDGET, scheduler.INDEX_FROM_HOSTS
-    scheduler.IMPROVE_BUDGET, scheduler.INDEX_FROM_HOSTS = swap_budget, index_from
+    old = scheduler.IMPROVE_BUDGET, list_scheduling.INDEX_FROM_HOSTS
+    scheduler.IMPROVE_BUDGET, list_scheduling.INDEX_FROM_HOSTS = swap_budget, index_from
     try:
         yield
     finally:
-        scheduler.IMPROVE_BUDGET, scheduler.INDEX_FROM_HOSTS = old
+        scheduler.IMPROVE_BUDGET, list_scheduling.INDEX_FROM_HOSTS = old
 
 
 def _matches(job: PlanJob, host: HostSlots) -> bool:

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.core import protocol
+from orchestrator.core import documents
 from orchestrator.core.errors import HostError
 from orchestrator.core.specs import HostSlots
-from orchestrator.fleet.registry import Registered
+from orchestrator.fleet.registering import Registered
 from orchestrator.fleet.slurm import SlurmSettings, _gres_gpus, _slurm_checks, sbatch_arg_problem, settings_of
 from orchestrator.hosts.local import LocalHost
 from orchestrator.ledger import HostRow
-from orchestrator.scheduling.scheduler import PlanJob, plan
+from orchestrator.scheduling.placements import PlanJob
+from orchestrator.scheduling.scheduler import plan
 
 
 @pytest.mark.parametrize("fields", [
@@ -148,8 +149,8 @@ def test_the_sbatch_arg_guard_keeps_what_is_not_gpuqs(arg: str) -> None:
 def _audit(tmp_path: Path, doc: object) -> tuple[LocalHost, Registered]:
     """A login node whose interpreter answers the audit with ``doc`` (a real process, framed like the agent's)."""
     answer = tmp_path / "answer.txt"
-    answer.write_text(f"{protocol.DOCUMENT_BEGIN}\n{json.dumps(doc) if not isinstance(doc, str) else doc}\n"
-                      f"{protocol.DOCUMENT_END}\n")
+    answer.write_text(f"{documents.DOCUMENT_BEGIN}\n{json.dumps(doc) if not isinstance(doc, str) else doc}\n"
+                      f"{documents.DOCUMENT_END}\n")
     python = tmp_path / "python"
     python.write_text(f"#!/bin/sh\ncat {answer}\n")
     python.chmod(0o755)

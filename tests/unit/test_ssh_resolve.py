@@ -1,4 +1,4 @@
-"""hosts.ssh.resolve: ~/.ssh/config aliases and targets, the way OpenSSH reads them."""
+"""hosts.sshconfig.resolve: ~/.ssh/config aliases and targets, the way OpenSSH reads them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import HostError
-from orchestrator.hosts.ssh import known_hosts_key, resolve
+from orchestrator.hosts.sshconfig import known_hosts_key, resolve
 
 CONFIG = """
 Host bastion

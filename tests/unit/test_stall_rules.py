@@ -17,14 +17,17 @@ from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, JobState
-from orchestrator.health.patrol import DEADLOCK_AT_START, JobView, Thresholds
+from orchestrator.health.patrol import JobView, Thresholds
+from orchestrator.health.verdicts import DEADLOCK_AT_START
 from orchestrator.transfer import evidence
 from tests.support.agentmodule import load_agent_module
 from tests.support.fakehost import FakeHost
 from tests.support.jobtree import SHA
-from tests.support.wire import patrol
+from tests.support.wire import patrol, verdicts
 
 NF = load_agent_module("gpuq_watch.gpuq_nonfinite")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
+RUN_OF = jobspec.parse_run  # the spec's "run" as the agent reads it
 
 TH = Thresholds()  # stall 900 s, start-up grace 600 s, a stall before the first step 300 s
 NOW = 1_800_000_000.0
@@ -89,11 +92,11 @@ def test_a_trainer_without_a_heartbeat_keeps_its_start_up_grace_and_the_lower_li
 
 
 def test_a_deadlock_at_start_is_retried_once_at_most() -> None:
-    first = patrol.decide(DEADLOCK_AT_START, 1, 2)
+    first = verdicts.decide(DEADLOCK_AT_START, 1, 2)
     assert first.action == "requeue" and first.reason.startswith("deadlock_at_start: requeued (retry 1 of 1")
-    again = patrol.decide(DEADLOCK_AT_START, 2, 2)
+    again = verdicts.decide(DEADLOCK_AT_START, 2, 2)
     assert again.action == "fail" and again.reason.startswith("deadlock_at_start: ") and "num_workers=0" in again.reason
-    assert patrol.decide(DEADLOCK_AT_START, 1, 0).action == "fail"  # retries=0: none at all
+    assert verdicts.decide(DEADLOCK_AT_START, 1, 0).action == "fail"  # retries=0: none at all
 
 
 def test_a_non_finite_loss_ends_a_running_attempt_as_divergence() -> None:
@@ -122,27 +125,28 @@ def test_the_agent_reports_a_loss_whose_newest_value_is_not_finite(tmp_path: Pat
     csv = jdir / protocol.RUN_DIR / "metrics.csv"
     run = {"metrics": "metrics.csv"}
     csv.write_text("epoch,step,train_loss,val_loss\n0,1,0.9,\n0,2,nan,\n0,2,,0.8\n")
-    assert NF.nonfinite_losses(str(jdir), run, 1, 1000.0) == [
+    assert NF.nonfinite_losses(str(jdir), RUN_OF(run), 1, 1000.0) == [
         {"step": 2, "epoch": 0, "kind": "run/metrics.csv", "field": "train_loss", "value": "nan"}]
     csv.write_text(csv.read_text() + "0,3,0.7,\n")  # a NaN the trainer recovered from: not ended for it
-    assert NF.nonfinite_losses(str(jdir), run, 1, 1000.0) == []
+    assert NF.nonfinite_losses(str(jdir), RUN_OF(run), 1, 1000.0) == []
     csv.write_text(csv.read_text() + "0,4,,inf\n")
-    assert [(b["field"], b["value"]) for b in NF.nonfinite_losses(str(jdir), run, 1, 1000.0)] == [("val_loss", "inf")]
+    found = NF.nonfinite_losses(str(jdir), RUN_OF(run), 1, 1000.0)
+    assert [(b["field"], b["value"]) for b in found] == [("val_loss", "inf")]
     os.utime(csv, (900.0, 900.0))  # written before this attempt started: an earlier attempt's rows
-    assert NF.nonfinite_losses(str(jdir), run, 1, 1000.0) == []
+    assert NF.nonfinite_losses(str(jdir), RUN_OF(run), 1, 1000.0) == []
 
 
 def test_json_lines_and_log_metrics_are_read_the_same_way(tmp_path: Path) -> None:
     jdir = _job_dir(tmp_path, 0.0)
     rows = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": math.inf}]
     (jdir / protocol.RUN_DIR / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert [(b["step"], b["value"]) for b in NF.nonfinite_losses(str(jdir), {"metrics": "m.jsonl"}, 1, 0)] == [
+    assert [(b["step"], b["value"]) for b in NF.nonfinite_losses(str(jdir), RUN_OF({"metrics": "m.jsonl"}), 1, 0)] == [
         (2, "inf")]
     log = jdir / protocol.ATTEMPTS_DIR / "1" / protocol.JOB_LOG
     log.write_text("iter 10: loss 2.31\niter 20: loss nan\n")
     run = {"metrics": "log", "metrics_regex": r"iter (?P<step>\d+): loss (?P<loss>\S+)"}
-    assert [(b["step"], b["kind"]) for b in NF.nonfinite_losses(str(jdir), run, 1, 0)] == [(20, "log")]
-    assert NF.nonfinite_losses(str(jdir), {}, 1, 0) == []  # gpuq's own payload: gpuq_scan reads its metrics
+    assert [(b["step"], b["kind"]) for b in NF.nonfinite_losses(str(jdir), RUN_OF(run), 1, 0)] == [(20, "log")]
+    assert NF.nonfinite_losses(str(jdir), RUN_OF({}), 1, 0) == []  # gpuq's own payload: gpuq_scan reads its metrics
 
 
 # --- the stacks travel home with the evidence -------------------------------------------------------------

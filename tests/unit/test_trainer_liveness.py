@@ -22,6 +22,7 @@ from orchestrator.health.patrol import JobView, Thresholds
 from orchestrator.tick.findings import TickReport, early_finishes
 from tests.conftest import run_gpuq
 from tests.support.agentmodule import load_agent_module
+from tests.support.jobspecs import spec_doc
 from tests.support.wire import patrol
 
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
@@ -30,6 +31,7 @@ OB = load_agent_module("gpuq_records.gpuq_observe")
 ST = load_agent_module("gpuq_verbs.gpuq_status")
 LAUNCH = load_agent_module("gpuq_attempt.gpuq_launch")
 FILES = load_agent_module("gpuq_base.gpuq_files")
+JOBSPEC = load_agent_module("gpuq_base.gpuq_jobspec")
 
 TH = Thresholds(stall_after_s=900, startup_grace_s=600)
 NOW = 1_800_000_000.0
@@ -63,12 +65,13 @@ def test_progress_comes_from_the_metrics_rows_when_the_log_has_none(tmp_path: Pa
     csv.write_text("epoch,step,train_loss,val_loss\n0,49,0.91,\n0,49,,0.80\n1,99,0.52,\n")
     os.utime(csv, (1500.0, 1500.0))
     entry = {"progress": OB.parse_progress(HEADER + "\n"), "run_metrics_mtime": None}
-    ST.observe_metrics(entry, str(jdir), {"metrics": "lightning_logs/version_*/metrics.csv"}, 1)
+    run = JOBSPEC.parse_run({"metrics": "lightning_logs/version_*/metrics.csv"})
+    ST.observe_metrics(entry, str(jdir), run, 1)
     assert entry["run_metrics_mtime"] == 1500.0
     p = entry["progress"]
     assert (p["step"], p["epoch"], p["loss"], p["source"]) == (99, 1, 0.52, "metrics")
     shown = {"progress": {"step": 7, "epoch": None, "loss": None, "line": "step 7", "source": "pattern"}}
-    ST.observe_metrics(shown, str(jdir), {"metrics": "lightning_logs/version_*/metrics.csv"}, 1)
+    ST.observe_metrics(shown, str(jdir), run, 1)
     assert shown["progress"]["step"] == 7 and shown["run_metrics_mtime"] == 1500.0  # the log's own progress stays
 
 
@@ -93,7 +96,8 @@ def test_a_rich_progress_bar_writes_into_the_log_as_it_goes(tmp_path: Path) -> N
     environment the wrapper gives a job: the log has progress while the bar runs, not only at its end."""
     pytest.importorskip("rich")
     lay = FILES.Layout(str(tmp_path / "root"))
-    env = LAUNCH.build_env(lay, "c1", 1, {"bundle_sha": "s", "name": "lr"}, {"kind": "cpu", "slots": []})
+    env = LAUNCH.build_env(lay, "c1", 1, JOBSPEC.parse_spec(spec_doc(bundle_sha="s", name="lr", env={})),
+                           {"kind": "cpu", "slots": []})
     assert env["TTY_COMPATIBLE"] == "1"
     script = tmp_path / "trainer.py"
     script.write_text(RICH_TRAINER)

@@ -30,6 +30,8 @@ from tests.support.agentmodule import load_agent_module
 pytestmark = pytest.mark.honest  # no silent wrong answer (docs/testing.md)
 
 M = load_agent_module("gpuq_records.gpuq_runmetrics")
+jobspec = load_agent_module("gpuq_base.gpuq_jobspec")
+RUN_OF = jobspec.parse_run  # the spec's "run" as the agent reads it
 
 HEADER = "epoch,step,train_loss,val_loss"
 
@@ -69,7 +71,7 @@ def test_lightning_version_dirs_give_the_resumed_runs_final_value(tmp_path: Path
     _write(jdir / "run/lightning_logs/version_0/metrics.csv", _lightning_rows(range(6), v0), 1500.0)
     _write(jdir / "run/lightning_logs/version_1/metrics.csv", _lightning_rows(range(3, 8), v1), 2500.0)
     run = {"metrics": "lightning_logs/version_*/metrics.csv", "metric": "val_loss", "mode": "min"}
-    s = M.run_summary(str(jdir), run, 2)
+    s = M.run_summary(str(jdir), RUN_OF(run), 2)
     assert s["files"] == 2 and s["final"]["val_loss"] == v1[7] and s["final"]["step"] == 79
     assert s["best"]["val_loss"] == min(list(v0.values())[:3] + list(v1.values()))
     points = s["curves"]["val_loss"]
@@ -86,7 +88,7 @@ def test_files_are_ordered_by_the_attempt_that_wrote_them_not_by_name(tmp_path: 
     second = {e: 0.25 for e in range(2, 5)}
     _write(jdir / "run/outputs/2026-11-26/10-00-00/metrics.csv", _lightning_rows(range(4), first), 1500.0)
     _write(jdir / "run/outputs/2026-11-25/09-00-00/metrics.csv", _lightning_rows(range(2, 5), second), 2100.0)
-    s = M.run_summary(str(jdir), {"metrics": "outputs/*/*/metrics.csv", "metric": "val_loss", "mode": "min"}, 2)
+    s = M.run_summary(str(jdir), RUN_OF({"metrics": "outputs/*/*/metrics.csv", "metric": "val_loss", "mode": "min"}), 2)
     assert s["final"]["val_loss"] == 0.25 and dict(s["curves"]["val_loss"]) == {9: 0.5, 19: 0.5, 29: 0.25,
                                                                                  39: 0.25, 49: 0.25}
 
@@ -97,7 +99,7 @@ def test_tensorboard_style_run_dirs_of_json_lines(tmp_path: Path) -> None:
     again = "".join(json.dumps({"step": s, "loss": 0.5 / s}) + "\n" for s in range(4, 8))
     _write(jdir / "run/runs/Nov26_10-00-00_gpu1/metrics.jsonl", first, 1500.0)
     _write(jdir / "run/runs/Nov26_10-09-30_gpu1/metrics.jsonl", again, 2500.0)
-    s = M.run_summary(str(jdir), {"metrics": "runs/**/metrics.jsonl", "metric": "loss", "mode": "min"}, 2)
+    s = M.run_summary(str(jdir), RUN_OF({"metrics": "runs/**/metrics.jsonl", "metric": "loss", "mode": "min"}), 2)
     assert s["files"] == 2 and [p[0] for p in s["curves"]["loss"]] == list(range(1, 8))
     assert s["final"]["loss"] == 0.5 / 7 and dict(s["curves"]["loss"])[4] == 0.5 / 4
 
@@ -108,7 +110,7 @@ def test_one_file_appended_after_a_resume_keeps_the_retrained_rows_only(tmp_path
     rows = ["epoch,train_loss,val_acc"] + [f"{e},0.5,0.{e}" for e in range(1, 6)]
     rows += [f"{e},0.4,0.{e}5" for e in range(3, 7)]
     _write(jdir / "run/metrics.csv", "\n".join(rows) + "\n", 2500.0)
-    s = M.run_summary(str(jdir), {"metrics": "metrics.csv", "metric": "val_acc", "mode": "max"}, 2)
+    s = M.run_summary(str(jdir), RUN_OF({"metrics": "metrics.csv", "metric": "val_acc", "mode": "max"}), 2)
     assert dict(s["curves"]["val_acc"]) == {1: 0.1, 2: 0.2, 3: 0.35, 4: 0.45, 5: 0.55, 6: 0.65}
     assert s["best"]["val_acc"] == 0.65 and s["rows"] == 6
 
@@ -119,7 +121,7 @@ def test_metrics_from_the_log_one_row_per_step_across_attempts(tmp_path: Path) -
     (jdir / "attempts/2/job.log").write_text("".join(f"step {s} loss {0.5 / s:.3f}\n" for s in range(4, 9)))
     run = {"metrics": "log", "metrics_regex": r"step (?P<step>\d+) loss (?P<loss>[\d.]+)", "metric": "loss",
            "mode": "min"}
-    s = M.run_summary(str(jdir), run, 2)
+    s = M.run_summary(str(jdir), RUN_OF(run), 2)
     points = s["curves"]["loss"]
     assert [p[0] for p in points] == list(range(1, 9)), points
     assert dict(points)[5] == round(0.5 / 5, 3) and s["final"]["loss"] == round(0.5 / 8, 3)
@@ -133,7 +135,7 @@ def test_rows_that_step_within_an_epoch_are_not_a_restart() -> None:
 def test_a_setting_that_matches_nothing_says_so(tmp_path: Path) -> None:
     jdir = _job(tmp_path, [1000.0])
     _write(jdir / "run/logs/elsewhere/metrics.csv", _lightning_rows(range(2), {0: 0.5, 1: 0.4}), 1500.0)
-    s = M.run_summary(str(jdir), {"metrics": "lightning_logs/version_*/metrics.csv", "metric": "val_loss"}, 1)
+    s = M.run_summary(str(jdir), RUN_OF({"metrics": "lightning_logs/version_*/metrics.csv", "metric": "val_loss"}), 1)
     assert (s["files"], s["rows"], s["final"], s["best"]) == (0, 0, None, None)
 
 

@@ -14,12 +14,12 @@ import contextlib
 import json
 import os
 import subprocess
-from typing import Any
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_ckptcheck import checkpoint_problem
 from gpuq_base.gpuq_files import read_json
 from gpuq_base.gpuq_hostfacts import disk_info
+from gpuq_base.gpuq_jobspec import JobSpec
 
 INODE_LIMIT_PCT = 95.0
 
@@ -36,7 +36,7 @@ def cuda_sees(python: str, env: dict[str, str], gpus: int) -> bool:
     return rc == 0
 
 
-def disk_gate(root: str, ckpt: str, spec: dict[str, Any]) -> str:
+def disk_gate(root: str, ckpt: str, spec: JobSpec) -> str:
     """"" when the root's disk has room for the attempt, else the DISK_GATE_ABORT line.  Leftover
     ``*.tmp`` files of a torn save in ``ckpt`` go first; the need is twice the newest checkpoint plus
     the spec's scratch_gb, at least its min_free_gb."""
@@ -47,7 +47,7 @@ def disk_gate(root: str, ckpt: str, spec: dict[str, Any]) -> str:
     pointer = read_json(os.path.join(ckpt, P.LATEST_POINTER))  # names the rolling latest-<step>.pt
     ckpt_bytes = int(pointer.get("bytes") or 0) if isinstance(pointer, dict) else 0
     gb = 1e9
-    need = max(float(spec.get("min_free_gb") or 0), ckpt_bytes * 2 / gb + float(spec.get("scratch_gb") or 0))
+    need = max(spec.min_free_gb, ckpt_bytes * 2 / gb + spec.scratch_gb)
     disk = disk_info(root)
     have = (disk["free_bytes"] or 0) / gb
     ipct = disk["inodes_used_pct"] or 0.0
@@ -56,9 +56,9 @@ def disk_gate(root: str, ckpt: str, spec: dict[str, Any]) -> str:
     return ""
 
 
-def verify_artifacts(jdir: str, spec: dict[str, Any]) -> str:
+def verify_artifacts(jdir: str, spec: JobSpec) -> str:
     """"" when the artifacts the spec's ``verify`` names are sound, else why not ("finalize: ...")."""
-    checks = spec.get("verify") or []
+    checks = spec.verify
     if "metrics" in checks:
         path = os.path.join(jdir, P.RESULT_DIR, P.METRICS_FILE)
         try:

@@ -11,7 +11,6 @@ stdlib only, Python >= 3.8.
 # ruff: noqa: UP031  (%-formatting on purpose, as in the other agent modules)
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -24,48 +23,41 @@ from gpuq_records import gpuq_own
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, read_json
 from gpuq_base.gpuq_hostfacts import thread_cap
+from gpuq_base.gpuq_jobspec import JobSpec, RunSection
 from gpuq_attempt.gpuq_setup import project_root
 
 TORCHRUN_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 TORCHRUN_DEFAULT_SHUTDOWN_S = 30
 
 
-def kill_grace(spec: dict[str, Any]) -> float:
+def _number(value: float) -> str:
+    """A spec's number as the environment has always carried it: 10, not 10.0."""
+    return str(int(value)) if value == int(value) else str(value)
+
+
+def kill_grace(spec: JobSpec) -> float:
     """Seconds between the SIGTERM the wrapper relays and its SIGKILL of the rest of the group."""
-    try:
-        return max(0.0, float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0))
-    except (TypeError, ValueError):
-        return float(P.DEFAULT_KILL_GRACE_S)
+    return spec.kill_grace_s
 
 
-def sigterm_grace(spec: dict[str, Any]) -> str:
+def sigterm_grace(spec: JobSpec) -> str:
     """GPUQ_SIGTERM_GRACE_S for the trainer: the seconds it can count on between a SIGTERM and the
     SIGKILL after it.  The spec's ``sigterm_grace_s`` (a platform's spot grace, e.g. RunPod's 5 s)
     when given, else ``kill_grace_s``; never more than ``kill_grace_s``, since the wrapper (and a
-    cancel) kills the group then.  ``sigterm_grace_s: ""`` passes "" (unknown: the payload saves
-    regardless)."""
+    cancel) kills the group then."""
     kill = kill_grace(spec)
-    raw = spec.get("sigterm_grace_s")
-    if raw == "":
-        return ""
-    grace = kill
-    if raw is not None:
-        with contextlib.suppress(TypeError, ValueError):
-            grace = min(kill, max(0.0, float(raw)))
+    grace = kill if spec.sigterm_grace_s is None else min(kill, spec.sigterm_grace_s)
     return "%g" % grace
 
 
-def run_section(spec: dict[str, Any]) -> dict[str, Any] | None:
-    run = spec.get("run")
-    return run if isinstance(run, dict) else None
+def _globs(run: RunSection | None, key: str) -> list[str]:
+    if run is None:
+        return []
+    raw = run.metrics if key == "metrics" else getattr(run, key)
+    return [raw] if isinstance(raw, str) else [g for g in raw if g]
 
 
-def _globs(run: dict[str, Any] | None, key: str) -> list[str]:
-    raw = (run or {}).get(key) or []
-    return [raw] if isinstance(raw, str) else [str(g) for g in raw if g]
-
-
-def newest_checkpoint(run_dir: str, run: dict[str, Any] | None) -> str | None:
+def newest_checkpoint(run_dir: str, run: RunSection | None) -> str | None:
     """Absolute path of the job's newest own checkpoint under ``run_dir`` (gpuq_own: a real file, a link
     to one of its own files, or a complete directory; never anything reached through the project)."""
     found = gpuq_own.newest_checkpoint(run_dir, _globs(run, "checkpoint"))
@@ -75,7 +67,7 @@ def newest_checkpoint(run_dir: str, run: dict[str, Any] | None) -> str | None:
 FROM_SCRATCH = "gpuq: restarted from scratch: no file matched checkpoint"
 
 
-def resume_note(run_dir: str, run: dict[str, Any] | None, attempt: int) -> str | None:
+def resume_note(run_dir: str, run: RunSection | None, attempt: int) -> str | None:
     """The log line that says what this attempt starts from (a project's own trainer with ``checkpoint``
     globs): the checkpoint passed as ``{checkpoint}``, or, for a retry, that there was none (the tick's
     scan turns that line into an alert: a resume that did not happen is loud)."""
@@ -94,15 +86,14 @@ DATA_TREE_RE = re.compile(r"^[0-9a-f]{64}$")
 DATA_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def data_paths(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
+def data_paths(lay: Layout, spec: JobSpec) -> dict[str, str]:
     """{NAME: its path on this host} of the spec's ``run.data`` ([data] in gpuq.toml): the read-only tree
     the controller synced to bundles/.data/trees/<tree>, or the file in it."""
     out: dict[str, str] = {}
-    data = (run_section(spec) or {}).get("data")
-    for name, ref in (data.items() if isinstance(data, dict) else []):
-        if not isinstance(ref, dict) or not DATA_NAME_RE.match(str(name)):
+    for name, ref in (spec.run.data.items() if spec.run is not None else []):
+        if not DATA_NAME_RE.match(name):
             continue
-        tree, file = str(ref.get("tree") or ""), str(ref.get("file") or "")
+        tree, file = ref.tree, ref.file
         if not DATA_TREE_RE.match(tree) or "/" in file or file in (".", ".."):
             continue
         path = lay.p(P.BUNDLES_DIR, ".data", "trees", tree)
@@ -110,7 +101,7 @@ def data_paths(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def reserved_names(run: dict[str, Any] | None) -> set[str]:
+def reserved_names(run: RunSection | None) -> set[str]:
     """Top-level names never linked: the first path component of each outputs/checkpoint glob and
     of the metrics setting (a trainer's log dir such as lightning_logs/ is the job's own)."""
     out = set()
@@ -125,7 +116,7 @@ def reserved_names(run: dict[str, Any] | None) -> set[str]:
     return out
 
 
-def link_project(workdir: str, run_dir: str, run: dict[str, Any] | None) -> None:
+def link_project(workdir: str, run_dir: str, run: RunSection | None) -> None:
     """(Re)link the project's top-level entries into the run dir; real files are never touched.
     Safe when several wrappers of one job do it at once (the nodes of a multi-node job share the
     run dir): an entry another one made meanwhile is kept."""
@@ -152,24 +143,18 @@ def link_project(workdir: str, run_dir: str, run: dict[str, Any] | None) -> None
             continue  # another wrapper of this job made it a moment ago
 
 
-def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
+def build_env(lay: Layout, job_id: str, attempt: int, spec: JobSpec,
               launch: dict[str, Any], adir: str | None = None) -> dict[str, str]:
     """run.env: what the trainer gets on top of PATH/HOME/...; never a secret.  ``adir``: where this
     wrapper keeps its attempt files (a multi-node job's other nodes: attempts/<n>/node-<r>)."""
-    sha = str(spec.get("bundle_sha", ""))
+    sha = spec.bundle_sha
     workdir = project_root(lay, spec)  # the bundle's project, as its setup hook left it
     jdir = lay.job(job_id)
     adir = adir or lay.attempt(job_id, attempt)
     kind = launch.get("kind", "cpu")
     slots = launch.get("slots") or []
-    resume = spec.get("resume_from")
-    if resume is None:
-        resume = ""
-    elif not isinstance(resume, str):
-        resume = json.dumps(resume, sort_keys=True)
-    env: dict[str, str] = {}
-    for k, v in (spec.get("env") or {}).items():
-        env[str(k)] = str(v)
+    resume = spec.resume_from or ""
+    env: dict[str, str] = dict(spec.env)
     if "PYTHONPYCACHEPREFIX" not in env:
         # Libraries load the bytecode their installer compiled (torch: ~2.3 s less CPU per process than
         # compiling it again under a cache prefix); the project, read-only, is compiled in memory, and no
@@ -185,22 +170,22 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
         "HF_HOME": lay.p(P.CACHE_DIR, "huggingface"),
         "PIP_CACHE_DIR": lay.p(P.CACHE_DIR, "pip"),
         P.ENV_JOB_ID: job_id,
-        P.ENV_JOB_NAME: str(spec.get("name", "")),
-        P.ENV_QUEUE_ID: str(spec.get("queue_id", "")),
+        P.ENV_JOB_NAME: spec.name,
+        P.ENV_QUEUE_ID: spec.queue_id,
         P.ENV_ATTEMPT: str(attempt),
-        P.ENV_CONFIG: os.path.join(workdir, str(spec.get("config", ""))),
-        P.ENV_TASK: str(spec.get("task", "")),
-        P.ENV_EPOCHS: str(spec.get("epochs") or ""),
+        P.ENV_CONFIG: os.path.join(workdir, spec.config),
+        P.ENV_TASK: spec.task,
+        P.ENV_EPOCHS: str(spec.epochs or ""),
         P.ENV_CKPT_DIR: os.path.join(jdir, P.CKPT_DIR),
         P.ENV_RESULT_DIR: os.path.join(jdir, P.RESULT_DIR),
         P.ENV_RUN_DIR: os.path.join(jdir, P.RUN_DIR),
         P.ENV_LOG: os.path.join(adir, P.JOB_LOG),
         P.ENV_HEARTBEAT: os.path.join(adir, P.HEARTBEAT_FILE),
-        P.ENV_HEARTBEAT_S: str(spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S),
+        P.ENV_HEARTBEAT_S: _number(spec.heartbeat_s),
         P.ENV_RESUME_FROM: resume,
-        P.ENV_CKPT_INTERVAL_S: str(spec.get("ckpt_interval_s") or P.DEFAULT_CKPT_INTERVAL_S),
-        P.ENV_DURABLE_DIR: str(spec.get("durable_dir") or ""),
-        P.ENV_SPEC_HASH: str(spec.get("spec_hash", "")),
+        P.ENV_CKPT_INTERVAL_S: _number(spec.ckpt_interval_s),
+        P.ENV_DURABLE_DIR: spec.durable_dir,
+        P.ENV_SPEC_HASH: spec.spec_hash,
         P.ENV_BUNDLE_SHA: sha,
         P.ENV_DEVICE: str(launch.get("device") or ("cuda" if kind == "gpu" else "cpu")),
         P.ENV_EXIT_FILE: os.path.join(adir, P.TRAINER_EXIT_FILE),
@@ -219,8 +204,8 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
     for name, path in data_paths(lay, spec).items():
         env["GPUQ_DATA_" + name.upper()] = path
     env.pop(P.ENV_SEED, None)
-    if spec.get("seed") is not None:
-        env[P.ENV_SEED] = str(spec["seed"])
+    if spec.seed is not None:
+        env[P.ENV_SEED] = str(spec.seed)
     if kind == "gpu":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -230,12 +215,12 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any],
     return env
 
 
-def secrets_for(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
+def secrets_for(lay: Layout, spec: JobSpec) -> dict[str, str]:
     """The forwarded values this job's run.forward_env names (from secrets/<queue_id>.json)."""
-    names = (run_section(spec) or {}).get("forward_env") or []
+    names = spec.run.forward_env if spec.run is not None else ()
     if not names:
         return {}
-    qid = str(spec.get("queue_id", ""))
+    qid = spec.queue_id
     if not qid or "/" in qid or qid.startswith("."):
         return {}
     stored = read_json(lay.p(P.SECRETS_DIR, qid + ".json"))
@@ -244,31 +229,30 @@ def secrets_for(lay: Layout, spec: dict[str, Any]) -> dict[str, str]:
     return {str(n): str(stored[n]) for n in names if n in stored}
 
 
-def job_argv(lay: Layout, job_id: str, attempt: int, spec: dict[str, Any], run_env: dict[str, str],
+def job_argv(lay: Layout, job_id: str, attempt: int, spec: JobSpec, run_env: dict[str, str],
              python: str, nproc: int, rendezvous: list[str] | None = None) -> list[str]:
     """The trainer's argv: the legacy payload command when spec "run" is absent, else the
     project's template rendered by gpuq_argv.  ``rendezvous``: torchrun's multi-node arguments
     (``--nnodes --node-rank --master-addr --master-port``) instead of ``--standalone --nnodes=1``."""
-    sha = str(spec.get("bundle_sha", ""))
-    entry = lay.p(P.BUNDLES_DIR, sha, str(spec.get("entry") or P.TRAIN_ENTRY))
-    run = run_section(spec)
-    launcher = str((run or {}).get("launcher") or spec.get("launcher") or "torchrun")
+    entry = lay.p(P.BUNDLES_DIR, spec.bundle_sha, spec.entry or P.TRAIN_ENTRY)
+    run = spec.run
+    launcher = (run.launcher if run is not None else "") or spec.launcher or "torchrun"
     extra = local_addr_args() if launcher == "torchrun" and rendezvous is None else []
-    command = [str(a) for a in ((run or {}).get("command") or [])]
+    command = list(run.command) if run is not None else []
     if not command:
         literal = entry.replace("{", "{{").replace("}", "}}")
         command = [literal, "--config", "{config}", "--task", "{task}", "--epochs", "{epochs}"]
     run_dir = run_env[P.ENV_RUN_DIR]
     values = {
         "config": run_env[P.ENV_CONFIG], "task": run_env[P.ENV_TASK], "epochs": run_env[P.ENV_EPOCHS],
-        "name": str(spec.get("name", "")), "seed": "" if spec.get("seed") is None else str(spec["seed"]),
+        "name": spec.name, "seed": "" if spec.seed is None else str(spec.seed),
         "job_id": job_id, "attempt": str(attempt), "run_dir": run_dir,
         "ckpt_dir": run_env[P.ENV_CKPT_DIR], "master_port": run_env.get("MASTER_PORT", ""),
     }
     values.update({"data." + name: path for name, path in data_paths(lay, spec).items()})
-    args = [str(a) for a in (spec.get("args") or [])]
+    args = list(spec.args)
     ckpt = newest_checkpoint(run_dir, run) if run else None
-    resume_args = [str(a) for a in ((run or {}).get("resume_args") or [])]
+    resume_args = list(run.resume_args) if run is not None else []
     return gpuq_argv.job_argv(launcher=launcher, python=python, nproc=nproc, command=command, args=args,
                               resume_args=resume_args, values=values, checkpoint=ckpt,
                               launcher_extra=extra, rendezvous=rendezvous)

@@ -31,6 +31,7 @@ from typing import Any
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, atomic_write_json, read_json, utc
+from gpuq_base.gpuq_jobspec import JobSpec
 from gpuq_base.gpuq_secrets import redact
 
 KEY_RE = re.compile(r"^[0-9a-f]{8,128}$")
@@ -40,16 +41,15 @@ PREPARED = ".prepared"  # bundles/.prepared/<sha>-<key>/: the project as the hoo
 PRODUCTS_FILE = "products.json"
 
 
-def setup_key_of(spec: dict[str, Any]) -> str:
-    run = spec.get("run")
-    run = run if isinstance(run, dict) else {}
-    return str(run.get("setup") and run.get("setup_key") or "")
+def setup_key_of(spec: JobSpec) -> str:
+    run = spec.run
+    return run.setup_key if run is not None and run.setup else ""
 
 
-def project_root(lay: Layout, spec: dict[str, Any]) -> str:
+def project_root(lay: Layout, spec: JobSpec) -> str:
     """The directory jobs of ``spec`` see as their project: the bundle's workdir, or, with a setup
     hook, its prepared tree (built by ``run_setup`` before the trainer starts)."""
-    sha = str(spec.get("bundle_sha", ""))
+    sha = spec.bundle_sha
     key = setup_key_of(spec)
     if key and KEY_RE.match(key) and sha and "/" not in sha and not sha.startswith("."):
         return lay.p(P.BUNDLES_DIR, PREPARED, "%s-%s" % (sha, key[:32]))
@@ -99,7 +99,7 @@ def _place(src: str, dst: str) -> None:
             shutil.copy2(src, dst)
 
 
-def prepare_tree(lay: Layout, spec: dict[str, Any], workdir: str) -> str:
+def prepare_tree(lay: Layout, spec: JobSpec, workdir: str) -> str:
     """Build bundles/.prepared/<sha>-<key> once (the caller holds the setup lock): the bundle's project
     plus the hook's products.  "" when it is there, else why not."""
     final = project_root(lay, spec)
@@ -147,14 +147,12 @@ def _failure(key: str, rec: dict[str, Any]) -> str:
     return "setup failed (exit %s) on %s: %s" % (rec.get("code"), socket.gethostname(), tail[-1] if tail else "")
 
 
-def run_setup(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, str],
+def run_setup(lay: Layout, spec: JobSpec, workdir: str, env: dict[str, str],
               hide: list[str] | None = None) -> str:
     """"" when the project's setup has succeeded on this host (now or before); else the message.
     ``hide``: forwarded secret values, redacted from the recorded tail (and so from the message)."""
-    run = spec.get("run")
-    run = run if isinstance(run, dict) else {}
-    script = str(run.get("setup") or "")
-    key = str(run.get("setup_key") or "")
+    script = spec.run.setup if spec.run is not None else ""
+    key = spec.run.setup_key if spec.run is not None else ""
     if not script or not key:
         return ""
     if not KEY_RE.match(key):
@@ -176,7 +174,7 @@ def run_setup(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, st
         os.close(fd)  # closing drops the flock
 
 
-def _run_hook(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, str], script: str,
+def _run_hook(lay: Layout, spec: JobSpec, workdir: str, env: dict[str, str], script: str,
               hide: list[str] | None) -> str:
     """Run the hook in a fresh writable copy of the project; record ok.json (and the products) or
     failed.json.  "" on success, else the message."""
@@ -201,7 +199,7 @@ def _run_hook(lay: Layout, spec: dict[str, Any], workdir: str, env: dict[str, st
             logf.write(("cannot run sh: %s\n" % e).encode())
             code = 127
     tail = [redact(line, hide or []) for line in _tail(log_path)]
-    rec = {"code": code, "tail": tail, "bundle_sha": str(spec.get("bundle_sha", "")), "at": utc()}
+    rec = {"code": code, "tail": tail, "bundle_sha": spec.bundle_sha, "at": utc()}
     if code == 0:
         after = _files(project)
         products = sorted(rel for rel, st in after.items() if before.get(rel) != st)

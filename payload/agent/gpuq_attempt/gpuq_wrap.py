@@ -7,7 +7,8 @@ meet (one node of a multi-node job over SSH hosts), train (starts the trainer, t
 wrapper.alive, samples memory into mem.tsv, forwards signals, ends every leftover process of the
 attempt) and finalize (verifies the artifacts).  An attempt that ended well then gets its end record,
 outputs.json (gpuq_outputs.py: path, bytes and sha256 of every result file).  It always leaves
-exit.json, written last, with the forwarded secret values redacted (gpuq_secrets.py).
+exit.json, written last, with the forwarded secret values redacted (gpuq_wrap_exit.py).  The trainer's
+process, the signals relayed to it and every leftover process of the attempt are gpuq_wrap_trainer.py's.
 
 stdlib only, Python >= 3.8.
 """
@@ -15,57 +16,38 @@ stdlib only, Python >= 3.8.
 # ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from gpuq_base import gpuq_gang
 from gpuq_records import gpuq_outputs
 from gpuq_base import gpuq_protocol as P
 from gpuq_attempt import gpuq_provenance
-from gpuq_base import gpuq_secrets
 from gpuq_slurmmode import gpuq_slurm
 from gpuq_slurmmode import gpuq_slurm_node
 from gpuq_attempt.gpuq_checks import cuda_sees, disk_gate, verify_artifacts
-from gpuq_base.gpuq_files import (
-    Layout,
-    append_line,
-    atomic_write,
-    atomic_write_json,
-    exit_record,
-    mkdirs,
-    read_json,
-    sha256_file,
-    spec_slots,
-    touch,
-    utc,
-)
+from gpuq_attempt.gpuq_wrap_exit import hidden_values, write_exit
+from gpuq_attempt.gpuq_wrap_trainer import Supervisor, trainer_end
+from gpuq_base import gpuq_secrets
+from gpuq_base.gpuq_files import Layout, append_line, atomic_write, atomic_write_json, mkdirs, read_json, utc
 from gpuq_attempt.gpuq_jail import read_only_prefix, split_loader_env
+from gpuq_base.gpuq_jobspec import JobSpec, NodeSection, spec_or_reason
 from gpuq_attempt.gpuq_launch import (
     build_env,
     job_argv,
     kill_grace,
     link_project,
     resume_note,
-    run_section,
     secrets_for,
 )
 from gpuq_attempt.gpuq_memwatch import sample_memory
-from gpuq_base.gpuq_procs import (
-    become_subreaper,
-    boot_id,
-    dead_rank_line,
-    descendants,
-    group_members,
-    signaled_children,
-    start_ticks,
-)
+from gpuq_base.gpuq_procs import become_subreaper, boot_id, start_ticks
 from gpuq_attempt.gpuq_setup import project_root, run_setup
 
 
@@ -95,12 +77,9 @@ class Wrapper:
         self.adir = lay.attempt(job_id, attempt)
         self.started = time.time()
         self.phase = "setup"
-        self.spec: dict[str, Any] = {}
-        self.trainer: subprocess.Popen[bytes] | None = None
-        self.got_signal: int | None = None
-        self.sig_at: float | None = None
+        self._spec: JobSpec | None = None  # read first thing by run()
+        self.supervisor = Supervisor()  # the trainer's process and the stop signal from outside
         self.done = threading.Event()
-        self.time_limit_near = False
         self.slurm_restart = 0  # SLURM_RESTART_COUNT when Slurm runs this attempt (again)
         self.hide: list[str] = []  # forwarded secret values: never in a record the controller reads
         # what the phases settle for the ones after them
@@ -109,60 +88,38 @@ class Wrapper:
         self.bundle = ""
         self.run_env: dict[str, str] = {}  # run.env: what the trainer gets on top of PATH/HOME/...
         self.env: dict[str, str] = {}  # the trainer's whole process environment
-        self.node: dict[str, Any] | None = None  # one node of a job over SSH hosts
+        self.node: NodeSection | None = None  # one node of a job over SSH hosts
         self.rendezvous: list[str] | None = None  # torchrun's multi-node arguments
         self.python = sys.executable
         self.gpus = 0
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGUSR1:  # Slurm's --signal=B:USR1@grace: the time limit is near
-            self.time_limit_near = True
-            signum = signal.SIGTERM  # the trainer checkpoints and stops, as for any stop request
-        if self.got_signal is None:
-            self.got_signal = signum
-            self.sig_at = time.time()
-            if self.trainer is not None and self.trainer.poll() is None:
-                with contextlib.suppress(OSError):
-                    self.trainer.send_signal(signum)
+    @property
+    def spec(self) -> JobSpec:
+        """The attempt's spec (spec.json, parsed by ``run`` before any phase starts)."""
+        if self._spec is None:
+            raise RuntimeError("the wrapper read no spec yet")
+        return self._spec
 
     def marker(self, word: str, extra: str) -> None:
         launch = read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}
-        s = self.spec
+        name = self._spec.name if self._spec is not None else "?"
         self.lay.log("[%s] [%s/%s] %s %s %s a%d %s" % (
-            utc(), launch.get("index", "?"), launch.get("count", "?"), word, s.get("name", "?"),
+            utc(), launch.get("index", "?"), launch.get("count", "?"), word, name,
             self.job_id, self.attempt, extra))
 
     def finish(self, code: int, message: str, trainer_code: int | None = None,
                sig: int | None = None, extra: dict[str, Any] | None = None) -> int:
-        hb = read_json(os.path.join(self.adir, P.HEARTBEAT_FILE))
-        extra = dict(extra or {})
-        best = extra.pop("best_sha256", None) or sha256_file(os.path.join(self.jdir, P.CKPT_DIR, P.BEST_CKPT))
-        rec = exit_record(self.job_id, self.attempt, code, self.phase, message, started_at=self.started,
-                          trainer_code=trainer_code, sig=sig, heartbeat=hb, best_sha256=best)
-        rec["wrapper_signal"] = self.got_signal  # a stop from outside, whatever the trainer's code
-        if os.environ.get("SLURM_JOB_ID"):
-            rec["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-            rec["slurm_restart"] = self.slurm_restart
-            if self.time_limit_near:
-                rec["slurm_time_limit"] = True
-                rec["message"] = "Slurm time limit near (SIGUSR1): checkpointed and stopped; " + rec["message"]
-        rec.update(extra)
-        rec = gpuq_secrets.redact_doc(rec, self._hidden())  # host text: the setup tail, the trainer's word
-        atomic_write_json(os.path.join(self.adir, P.EXIT_FILE), rec)
+        sup = self.supervisor
+        write_exit(self.lay, self.adir, self.jdir, self.job_id, self.attempt, code, message, phase=self.phase,
+                   started=self.started, trainer_code=trainer_code, sig=sig, extra=extra,
+                   wrapper_signal=sup.got_signal, slurm_restart=self.slurm_restart,
+                   time_limit_near=sup.time_limit_near, held=self.hide)
         self.done.set()
         self.marker("FINISHED", "(exit=%d)" % code)
         return code
 
-    def _hidden(self, more: dict[str, str] | None = None) -> list[str]:
-        """The secret values to redact: those held when the wrapper started, those held now and ``more``."""
-        now = gpuq_secrets.held_values(self.lay)
-        extra = [v for v in (more or {}).values() if len(v) >= gpuq_secrets.MIN_REDACT_CHARS]
-        return sorted(set(self.hide) | set(now) | set(extra), key=lambda v: (-len(v), v))
-
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.supervisor.catch_signals()
         if not os.path.isdir(self.adir):
             print(f"gpuq wrap: no attempt directory {self.adir}", file=sys.stderr)
             return P.EXIT_SETUP
@@ -174,39 +131,40 @@ class Wrapper:
         become_subreaper()
         atomic_write_json(os.path.join(self.adir, P.PGID_FILE),
                           {"pgid": os.getpgrp(), "start_ticks": start_ticks(me), "boot_id": boot_id()})
-        spec = read_json(os.path.join(self.jdir, P.SPEC_FILE))
-        if not isinstance(spec, dict):
-            return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable")
-        self.spec = spec
-        self.marker("STARTING", "({}, {}ep)".format(spec.get("task"), spec.get("epochs") or "-"))
+        doc = read_json(os.path.join(self.jdir, P.SPEC_FILE))
+        got = spec_or_reason(doc)
+        if not isinstance(got, JobSpec):
+            return self.finish(P.EXIT_SETUP, "spec.json missing or unreadable" if doc is None else
+                               "spec.json refused: %s" % got)
+        self._spec = spec = got
+        self.marker("STARTING", "({}, {}ep)".format(spec.task, spec.epochs or "-"))
         try:
             return self._run(spec)
         except Exception as e:  # a wrapper bug must still leave an exit record
             import traceback
             traceback.print_exc()
-            if self.trainer is not None and self.trainer.poll() is None:
-                self.trainer.kill()
+            self.supervisor.kill_trainer()
             return self.finish(P.EXIT_SETUP if self.phase in ("setup", "gate") else 1,
                                f"wrapper error in phase {self.phase}: {e!r}")
 
-    def meet(self, node: dict[str, Any]) -> tuple[str, str]:
+    def meet(self, node: NodeSection) -> tuple[str, str]:
         """(the head's address to use, "") or ("", why this node cannot take part)."""
         log = os.path.join(self.adir, P.JOB_LOG)
-        if node["rank"] == 0:
-            problem = gpuq_gang.port_free(node["master_port"])
-            return ("", problem) if problem else (node["master_addrs"][0], "")
+        if node.rank == 0:
+            problem = gpuq_gang.port_free(node.master_port)
+            return ("", problem) if problem else (node.master_addrs[0], "")
         master, problem = gpuq_gang.reach_head(node, lambda line: append_line(log, line))
         if master:
             append_line(log, "gpuq: node %d of %d reaches node 0 at %s:%d" % (
-                node["rank"], node["nodes"], master, node["master_port"]))
+                node.rank, node.nodes, master, node.master_port))
         return master, problem
 
-    def build_env(self, spec: dict[str, Any], launch: dict[str, Any]) -> dict[str, str]:
+    def build_env(self, spec: JobSpec, launch: dict[str, Any]) -> dict[str, str]:
         return build_env(self.lay, self.job_id, self.attempt, spec, launch, adir=self.adir)
 
-    def _run(self, spec: dict[str, Any]) -> int:
+    def _run(self, spec: JobSpec) -> int:
         """The attempt's phases in order; the first to return an exit code ends it."""
-        self.spec = spec
+        self._spec = spec
         for phase in (self._prepare, self._check_setup, self._gate, self._meet, self._train, self._finalize):
             code = phase()
             if code is not None:
@@ -222,22 +180,22 @@ class Wrapper:
         if launch.get("slurm"):
             launch = gpuq_slurm_node.launch_on_node(launch)
             if self.slurm_restart:  # the controller's resume point is older than what this attempt saved
-                self.spec = dict(self.spec, resume_from="")
+                self._spec = replace(self.spec, resume_from="")
         self.launch = launch
         spec = self.spec
-        self.sha = str(spec.get("bundle_sha", ""))
+        self.sha = spec.bundle_sha
         self.bundle = self.lay.p(P.BUNDLES_DIR, self.sha)
         run_env = self.build_env(spec, launch)
         same_env: dict[str, str] = {}
-        self.node = None if launch.get("slurm") else gpuq_gang.node_of(spec)  # one node of a job over SSH hosts
+        self.node = None if launch.get("slurm") else spec.node  # one node of a job over SSH hosts
         if launch.get("slurm") and gpuq_slurm.job_nodes(spec) > 1:  # the same on every node but the rank
             self.rendezvous, same_env = gpuq_slurm_node.rendezvous(gpuq_slurm.job_nodes(spec))
         elif self.node is not None:  # the head's address is settled by the reachability check before the launch
-            self.rendezvous, same_env = gpuq_gang.rendezvous(self.node, self.node["master_addrs"][0])
+            self.rendezvous, same_env = gpuq_gang.rendezvous(self.node, self.node.master_addrs[0])
         elif gpuq_slurm.job_nodes(spec) > 1:
             return self.finish(P.EXIT_SETUP, "a multi-node job reached this host without its node section")
         for key, value in same_env.items():
-            run_env[key] = str((spec.get("env") or {}).get(key, value))  # the project's own setting wins
+            run_env[key] = spec.env.get(key, value)  # the project's own setting wins
         atomic_write(os.path.join(self.adir, P.RUN_ENV_FILE),
                      "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(run_env.items())))
         self.run_env, self.env = run_env, process_env(run_env)
@@ -252,21 +210,22 @@ class Wrapper:
         spec, launch = self.spec, self.launch
         if not self.sha or not os.path.isdir(self.bundle):
             return self.finish(P.EXIT_SETUP, f"bundle {self.sha} is not on this host")
-        entry = os.path.join(self.bundle, str(spec.get("entry") or P.TRAIN_ENTRY))
-        if not (run_section(spec) or {}).get("command") and not os.path.isfile(entry):
+        entry = os.path.join(self.bundle, spec.entry or P.TRAIN_ENTRY)
+        if not spec.own_command and not os.path.isfile(entry):
             return self.finish(P.EXIT_SETUP, "trainer entry %s not found in bundle %s"
-                               % (spec.get("entry"), self.sha))
-        self.gpus = len(launch.get("slots") or []) or spec_slots(spec)
+                               % (spec.entry, self.sha))
+        self.gpus = len(launch.get("slots") or []) or spec.slots
         if launch.get("kind") == "gpu" and launch.get("device", "cuda") == "cuda" \
                 and not cuda_sees(self.python, self.env, self.gpus):
             return self.finish(P.EXIT_SETUP, "torch.cuda does not see the %d assigned GPUs %s" % (
                 self.gpus, self.run_env.get("CUDA_VISIBLE_DEVICES")))
         workdir = os.path.join(self.bundle, P.BUNDLE_WORKDIR)
         secrets = secrets_for(self.lay, spec)
-        problem = run_setup(self.lay, spec, workdir, dict(self.env, **secrets), hide=self._hidden(secrets))
+        problem = run_setup(self.lay, spec, workdir, dict(self.env, **secrets),
+                            hide=hidden_values(self.lay, self.hide, secrets))
         if not problem:
             return None
-        key = str((run_section(spec) or {}).get("setup_key") or "")
+        key = spec.run.setup_key if spec.run is not None else ""
         failed = read_json(self.lay.p(P.SETUP_DIR, key, "failed.json")) if key else None
         tail = failed.get("tail") if isinstance(failed, dict) else None
         tail_text = "\n".join(str(t)[:300] for t in tail[-20:]) if isinstance(tail, list) else ""
@@ -292,10 +251,10 @@ class Wrapper:
         self.phase = "rendezvous"
         master, problem = self.meet(node)
         if problem:  # a taken port is retried (the next attempt draws another); an unreachable head is not
-            return self.finish(P.EXIT_TRANSIENT if node["rank"] == 0 else 1, problem)
+            return self.finish(P.EXIT_TRANSIENT if node.rank == 0 else 1, problem)
         self.rendezvous, same_env = gpuq_gang.rendezvous(node, master)
         for key, value in same_env.items():
-            self.run_env[key] = self.env[key] = str((self.spec.get("env") or {}).get(key, value))
+            self.run_env[key] = self.env[key] = self.spec.env.get(key, value)
         return None
 
     def _train(self) -> int | None:
@@ -303,7 +262,7 @@ class Wrapper:
         self.phase = "train"
         spec, run_env = self.spec, self.run_env
         run_dir = run_env[P.ENV_RUN_DIR]
-        link_project(project_root(self.lay, spec), run_dir, run_section(spec))  # as the setup hook left it
+        link_project(project_root(self.lay, spec), run_dir, spec.run)  # as the setup hook left it
         try:
             argv = job_argv(self.lay, self.job_id, self.attempt, spec, run_env, self.python, self.gpus,
                             rendezvous=self.rendezvous)
@@ -322,86 +281,46 @@ class Wrapper:
         if why:
             append_line(log_path, "gpuq: %s" % why if prefix else
                         "gpuq: the bundle is read-only by mode bits only (%s)" % why)
-        note = resume_note(run_dir, run_section(spec), self.attempt)
+        note = resume_note(run_dir, spec.run, self.attempt)
         if note:
             append_line(log_path, note)
         with open(log_path, "ab") as logf:
             logf.write(("=== gpuq %s a%d %s start %s cwd %s argv: %s ===\n" % (
-                self.job_id, self.attempt, spec.get("name", ""), utc(), run_dir,
+                self.job_id, self.attempt, spec.name, utc(), run_dir,
                 " ".join(shlex.quote(a) for a in argv))).encode())
             logf.flush()
-            if self.got_signal is not None:
-                return self.finish(P.EXIT_SIGNAL_BASE + self.got_signal, "signal %d before training started"
-                                   % self.got_signal, sig=self.got_signal)
-            self.trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
-                                            stderr=subprocess.STDOUT, env=env, close_fds=True,
-                                            cwd=run_dir)
+            sup = self.supervisor
+            if sup.got_signal is not None:
+                return self.finish(P.EXIT_SIGNAL_BASE + sup.got_signal, "signal %d before training started"
+                                   % sup.got_signal, sig=sup.got_signal)
+            trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
+                                       stderr=subprocess.STDOUT, env=env, close_fds=True, cwd=run_dir)
+            sup.trainer = trainer  # from here on, a relayed signal reaches it
         sampler = threading.Thread(target=sample_memory, name="gpuq-mem", args=(
-            os.path.join(self.adir, P.MEM_FILE), self.trainer.pid,
+            os.path.join(self.adir, P.MEM_FILE), trainer.pid,
             (read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}).get("kind") == "gpu", self.done))
         sampler.daemon = True
         sampler.start()
-        rc = self._supervise(self.trainer)
+        rc = sup.supervise(trainer, os.path.join(self.adir, P.WRAPPER_ALIVE), spec.heartbeat_s, kill_grace(spec))
         probe.join(gpuq_provenance.PROBE_TIMEOUT_S)  # a short trainer: the probe ends before the group does
-        if rc != 0 and self.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
-            self._report_dead_ranks(log_path)
-        self.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
+        if rc != 0 and sup.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
+            sup.report_dead_ranks(log_path)
+        sup.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt
         self.done.set()
         return self._trainer_verdict(rc)
 
-    def _supervise(self, trainer: subprocess.Popen[bytes]) -> int:
-        """Wait for the trainer: touch wrapper.alive every heartbeat, kill the rest of the group once
-        a relayed signal's grace has passed.  Returns the trainer's exit status."""
-        hb_s = float(self.spec.get("heartbeat_s") or P.DEFAULT_HEARTBEAT_S)
-        grace = kill_grace(self.spec)
-        alive_path = os.path.join(self.adir, P.WRAPPER_ALIVE)
-        next_touch = 0.0
-        killed_rest = False
-        while True:
-            now = time.time()
-            if now >= next_touch:
-                with contextlib.suppress(OSError):
-                    touch(alive_path)
-                next_touch = now + hb_s
-            if self.sig_at is not None and not killed_rest and now - self.sig_at >= grace:
-                self.kill_rest()
-                killed_rest = True
-            try:
-                return int(trainer.wait(timeout=0.2))
-            except subprocess.TimeoutExpired:
-                continue
-
-    def _report_dead_ranks(self, log_path: str) -> None:
-        """A process the trainer started that died of a signal before it (a rank Lightning or another
-        framework spawned, kill -9'd; the survivor then fails on the lost peer): say so in the log, in
-        torchrun's own words, so the attempt is classed by that death (docs/health.md).  Only orphans the
-        wrapper inherited as a subreaper are seen, and only before gpuq's own kill below."""
-        trainer = self.trainer
-        for pid, sig in signaled_children({trainer.pid} if trainer is not None else ()):
-            append_line(log_path, dead_rank_line(pid, sig))
-
     def _trainer_verdict(self, rc: int) -> int | None:
         """None when the trainer exited 0, else the attempt's end as the trainer's status says it."""
-        if rc < 0:
-            sig = -rc
-            return self.finish(P.EXIT_SIGNAL_BASE + sig, "trainer killed by signal %d%s" % (
-                sig, self._why()), trainer_code=rc, sig=sig)
-        if rc != 0:
-            told = read_json(os.path.join(self.adir, P.TRAINER_EXIT_FILE))
-            if isinstance(told, dict) and isinstance(told.get("code"), int) and 0 < told["code"] < 256:
-                # torchrun turns every worker failure into 1; the payload said what it meant
-                code = told["code"]
-                detail = str(told.get("message") or "")
-                return self.finish(code, "trainer exited %d (rank %s exited %d%s)%s" % (
-                    rc, told.get("rank"), code, ": " + detail if detail else "", self._why()), trainer_code=code)
-            return self.finish(rc, "trainer exited %d%s" % (rc, self._why()), trainer_code=rc)
-        return None
+        if rc == 0:
+            return None
+        end = trainer_end(rc, self.adir, self._why())
+        return self.finish(end.code, end.message, trainer_code=end.trainer_code, sig=end.sig)
 
     def _finalize(self) -> int | None:
         """Phase "finalize": node 0 verifies the artifacts; None when they are sound."""
         self.phase = "finalize"
         node = self.node
-        rank = node["rank"] if node is not None else gpuq_slurm_node.node_rank() if self.launch.get("slurm") else 0
+        rank = node.rank if node is not None else gpuq_slurm_node.node_rank() if self.launch.get("slurm") else 0
         if rank > 0:  # rank 0 writes results and checkpoints, on node 0: they are verified there
             return self.finish(P.EXIT_OK, "trained as node %d; node 0 verifies the artifacts" % rank, trainer_code=0)
         problem = verify_artifacts(self.jdir, self.spec)
@@ -412,34 +331,9 @@ class Wrapper:
     def _why(self) -> str:
         if os.path.exists(os.path.join(self.jdir, P.CANCEL_FILE)):
             return " (cancel requested)"
-        if self.got_signal is not None:
-            return " (wrapper got signal %d)" % self.got_signal
+        if self.supervisor.got_signal is not None:
+            return " (wrapper got signal %d)" % self.supervisor.got_signal
         return ""
-
-    def kill_rest(self) -> None:
-        """SIGKILL our group and every descendant (workers in other sessions included), then reap.
-
-        The trainer is reaped through its Popen first: a status reaped here would be lost to it (Popen
-        then reads the missing child as exit 0, and a trainer killed after its grace would look trained)."""
-        me = os.getpid()
-        for pid in set(group_members(os.getpgrp())) | set(descendants(me)):
-            if pid != me:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        trainer = self.trainer
-        if trainer is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                trainer.wait(timeout=2.0)
-        deadline = time.time() + 2.0
-        while time.time() < deadline:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                time.sleep(0.02)
-            elif trainer is not None and pid == trainer.pid and trainer.returncode is None:
-                trainer.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def cmd_wrap(lay: Layout, job_id: str, attempt: str) -> int:

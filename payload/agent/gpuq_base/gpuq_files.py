@@ -146,44 +146,6 @@ def list_specs(dirpath: str) -> list[str]:
 # --- job documents --------------------------------------------------------------------------------
 
 
-def spec_attempt(spec: Any) -> int:
-    try:
-        return max(1, int(spec.get("attempt", 1)))
-    except (AttributeError, TypeError, ValueError):
-        return 1
-
-
-def unfinished_claims(lay: Layout) -> list[tuple[str, dict[str, Any], int]]:
-    """(job id, claimed spec, attempt) of every claimed job whose current attempt has no exit record:
-    launched or not, what an agent (re)starting or stopping must account for."""
-    out = []
-    for job_id in list_specs(lay.p(P.CLAIMED_DIR)):
-        spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-        if not isinstance(spec, dict):
-            continue
-        n = spec_attempt(spec)
-        if not os.path.exists(lay.attempt(job_id, n, P.EXIT_FILE)):
-            out.append((job_id, spec, n))
-    return out
-
-
-def spec_major(schema: Any) -> int | None:
-    if not isinstance(schema, str) or "/" not in schema:
-        return None
-    try:
-        return int(schema.rsplit("/", 1)[1].split(".")[0])
-    except ValueError:
-        return None
-
-
-def spec_slots(spec: dict[str, Any]) -> int:
-    """Slots (GPUs, or CPU slots on a GPU-less host) a job spec asks for: at least 1."""
-    try:
-        return max(1, int(spec.get("gpus", 1) or 1))
-    except (TypeError, ValueError):
-        return 1
-
-
 def exit_record(job_id: str, attempt: int, wrapper_code: int, phase: str, message: str,
                 started_at: float | None = None, trainer_code: int | None = None,
                 sig: int | None = None, heartbeat: Any = None,

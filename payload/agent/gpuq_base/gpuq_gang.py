@@ -2,10 +2,11 @@
 rendezvous, and the check that the head's rendezvous port can be reached before the trainer starts.
 
 The controller sends every node the same spec plus ``node``: {"rank", "nodes", "hosts",
-"master_addrs", "master_port", "timeout_s"}.  Node 0 (the head) hosts the rendezvous on
-``master_port``; the other nodes connect to it on the first of ``master_addrs`` that answers.  A
-node that cannot reach the head within ``timeout_s`` ends its attempt with a message that names the
-address and port, never a torchrun hanging for half an hour.
+"master_addrs", "master_port", "timeout_s"}, checked by gpuq_jobspec.parse_node (``NodeSection``).
+Node 0 (the head) hosts the rendezvous on ``master_port``; the other nodes connect to it on the
+first of ``master_addrs`` that answers.  A node that cannot reach the head within ``timeout_s``
+ends its attempt with a message that names the address and port, never a torchrun hanging for
+half an hour.
 
 stdlib only, Python >= 3.8.
 """
@@ -14,50 +15,21 @@ stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import socket
 import subprocess
 import time
-from typing import Any, Callable
+from typing import Callable
 
-MAX_NODES = 64
-
-
-def node_of(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The spec's ``node`` section, checked (None for a one-host job or a malformed section)."""
-    node = spec.get("node")
-    if not isinstance(node, dict):
-        return None
-    try:
-        rank, nodes, port = int(node["rank"]), int(node["nodes"]), int(node["master_port"])
-        timeout = float(node.get("timeout_s", 300))
-    except (KeyError, TypeError, ValueError):
-        return None
-    listed = node.get("master_addrs")
-    addrs = [a for a in listed if isinstance(a, str) and _address(a)] if isinstance(listed, list) else []
-    if not (1 < nodes <= MAX_NODES and 0 <= rank < nodes and 1024 <= port <= 65535 and addrs and timeout > 0):
-        return None
-    return {"rank": rank, "nodes": nodes, "master_addrs": addrs[:8], "master_port": port,
-            "timeout_s": min(timeout, 24 * 3600.0)}
+from gpuq_base.gpuq_jobspec import NodeSection
 
 
-def _address(text: str) -> bool:
-    if not text or len(text) > 253 or text.startswith("-"):
-        return False
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        return all(c.isalnum() or c in ".-" for c in text)
-
-
-def rendezvous(node: dict[str, Any], master: str) -> tuple[list[str], dict[str, str]]:
+def rendezvous(node: NodeSection, master: str) -> tuple[list[str], dict[str, str]]:
     """torchrun's arguments for this node (static rendezvous: node ranks are the controller's, so node 0
     is the host the ledger names, where checkpoints are written) and the environment every node gets
     alike; ``master`` is the head's address this node reaches it on."""
-    args = ["--nnodes=%d" % node["nodes"], "--node-rank=%d" % node["rank"], "--master-addr=%s" % master,
-            "--master-port=%d" % node["master_port"], "--rdzv-conf=timeout=%d" % max(1, int(node["timeout_s"]))]
-    env = {"MASTER_ADDR": master, "MASTER_PORT": str(node["master_port"]), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    args = ["--nnodes=%d" % node.nodes, "--node-rank=%d" % node.rank, "--master-addr=%s" % master,
+            "--master-port=%d" % node.master_port, "--rdzv-conf=timeout=%d" % max(1, int(node.timeout_s))]
+    env = {"MASTER_ADDR": master, "MASTER_PORT": str(node.master_port), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
     iface = interface_to(master)
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface
@@ -77,15 +49,15 @@ def port_free(port: int) -> str:
     return ""
 
 
-def reach_head(node: dict[str, Any], log: Callable[[str], None], *, poll_s: float = 1.0) -> tuple[str, str]:
+def reach_head(node: NodeSection, log: Callable[[str], None], *, poll_s: float = 1.0) -> tuple[str, str]:
     """Node r > 0: wait until node 0's rendezvous port answers on one of its addresses.  Returns (the
     address that answered, "") or ("", why none did within ``timeout_s``)."""
-    port = node["master_port"]
-    deadline = time.monotonic() + node["timeout_s"]
+    port = node.master_port
+    deadline = time.monotonic() + node.timeout_s
     last: dict[str, str] = {}
     logged = False
     while True:
-        for addr in node["master_addrs"]:
+        for addr in node.master_addrs:
             why = _connect(addr, port, min(5.0, max(0.5, deadline - time.monotonic())))
             if not why:
                 return addr, ""
@@ -94,13 +66,13 @@ def reach_head(node: dict[str, Any], log: Callable[[str], None], *, poll_s: floa
             break
         if not logged:
             log("gpuq: node %d waits for node 0's rendezvous port %d (%s)" % (
-                node["rank"], port, ", ".join("%s: %s" % kv for kv in last.items())))
+                node.rank, port, ", ".join("%s: %s" % kv for kv in last.items())))
             logged = True
         time.sleep(poll_s)
     tried = "; ".join("%s:%d %s" % (a, port, w) for a, w in last.items())
     return "", ("node %d could not reach node 0's rendezvous port within %.0f s (%s): node 0 did not start, "
                 "or TCP port %d is blocked between the hosts (open the rendezvous ports 20000-50000 between "
-                "them, or run the job on one host)" % (node["rank"], node["timeout_s"], tried, port))
+                "them, or run the job on one host)" % (node.rank, node.timeout_s, tried, port))
 
 
 def _connect(addr: str, port: int, timeout: float) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, list_specs, read_json
+from gpuq_base.gpuq_jobspec import JobSpec, read_spec
 
 MASK = "[redacted]"
 MIN_REDACT_CHARS = 4
@@ -83,7 +84,7 @@ def locked(lay: Layout) -> Iterator[bool]:
         os.close(fd)  # closing drops the flock
 
 
-def drop_unused(lay: Layout, claimed_lives: Callable[[str, dict[str, Any]], bool]) -> list[str]:
+def drop_unused(lay: Layout, claimed_lives: Callable[[str, JobSpec], bool]) -> list[str]:
     """Delete the secrets of every sweep none of whose jobs is in the inbox or, claimed, still lives
     by ``claimed_lives(job_id, spec)``.  Returns the
     queue ids deleted.  The inbox is listed before claimed/: a job claimed in between is seen in one
@@ -100,12 +101,12 @@ def drop_unused(lay: Layout, claimed_lives: Callable[[str, dict[str, Any]], bool
             return []
         live: set[str] = set()
         for j in list_specs(lay.p(P.INBOX_DIR)):
-            s = read_json(lay.p(P.INBOX_DIR, j + ".json"))
-            live.add(str(s.get("queue_id", "")) if isinstance(s, dict) else "")
+            s = read_spec(lay.p(P.INBOX_DIR, j + ".json"))
+            live.add(s.queue_id if s is not None else "")
         for j in list_specs(lay.p(P.CLAIMED_DIR)):
-            s = read_json(lay.p(P.CLAIMED_DIR, j + ".json"))
-            if isinstance(s, dict) and claimed_lives(j, s):
-                live.add(str(s.get("queue_id", "")))
+            s = read_spec(lay.p(P.CLAIMED_DIR, j + ".json"))
+            if s is not None and claimed_lives(j, s):
+                live.add(s.queue_id)
         dropped = []
         for qid in held:
             if qid not in live:

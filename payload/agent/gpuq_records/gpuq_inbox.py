@@ -22,27 +22,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from typing import Any
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base import gpuq_secrets
-from gpuq_base.gpuq_files import Layout, atomic_write_json, read_json, sha256_hex
+from gpuq_base.gpuq_files import Layout, read_json, sha256_hex
+from gpuq_base.gpuq_jobspec import JOB_ID_RE, JobSpec, SpecError, attempt_of, parse_spec
 from gpuq_base.gpuq_procs import live_attempt
-from gpuq_records.gpuq_runmetrics import payload_curves, run_summary
-
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def _attempt_of(spec: Any) -> int:
-    try:
-        return int(spec.get("attempt", 1))
-    except (AttributeError, TypeError, ValueError):
-        return 0
-
+from gpuq_records import gpuq_outputs
+from gpuq_records.gpuq_runmetrics import payload_curves
+from gpuq_records.gpuq_summary import job_spec, project_summary
 
 def write_spec(root: str, job_id: str, spec: dict[str, Any]) -> None:
+    """Write a spec document (``JobSpec.document``, or a host retry's) into the inbox: tmp + rename."""
     inbox = os.path.join(root, P.INBOX_DIR)
     os.makedirs(inbox, exist_ok=True)
     tmp = os.path.join(inbox, ".%s.json.%d.tmp" % (job_id, os.getpid()))
@@ -53,20 +46,17 @@ def write_spec(root: str, job_id: str, spec: dict[str, Any]) -> None:
     os.rename(tmp, os.path.join(inbox, job_id + ".json"))
 
 
-def verdict_for(root: str, spec: Any) -> str | None:
-    """None when the spec may be written; else why not."""
-    job_id = str(spec.get("job_id", ""))
-    n = _attempt_of(spec)
-    inbox = read_json(os.path.join(root, P.INBOX_DIR, job_id + ".json"))
-    if isinstance(inbox, dict) and _attempt_of(inbox) >= n:
+def verdict_for(root: str, spec: JobSpec) -> str | None:
+    """None when the spec may be written; else why not.  A copy already there is compared by the
+    attempt it names alone (``attempt_of``: a half-written or refused copy still holds its place)."""
+    job_id, n = spec.job_id, spec.attempt
+    if attempt_of(read_json(os.path.join(root, P.INBOX_DIR, job_id + ".json"))) >= n:
         return "exists"
-    claimed = read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
-    if isinstance(claimed, dict) and _attempt_of(claimed) >= n:
+    if attempt_of(read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))) >= n:
         return "exists"
     if os.path.exists(os.path.join(root, P.JOBS_DIR, job_id, P.ATTEMPTS_DIR, str(n))):
         return "exists"
-    withdrawn = read_json(os.path.join(root, P.WITHDRAWN_DIR, job_id + ".json"))
-    if isinstance(withdrawn, dict) and _attempt_of(withdrawn) >= n:
+    if attempt_of(read_json(os.path.join(root, P.WITHDRAWN_DIR, job_id + ".json"))) >= n:
         return "withdrawn"
     if live_attempt(root, job_id, other_than=n) is not None:
         return "busy"  # another attempt of this job still runs here: never two at once
@@ -109,24 +99,26 @@ def cmd_enqueue(root: str, stdin: Any) -> int:
     if not isinstance(specs, list):
         print("gpuq enqueue: expected a JSON list of job specs", file=sys.stderr)
         return P.AGENT_EXIT_USAGE
-    bad = [s for s in specs if not isinstance(s, dict) or not JOB_ID_RE.match(str(s.get("job_id", "")))
-           or _attempt_of(s) < 1]
-    if bad:
-        print("gpuq enqueue: malformed spec (job_id/attempt): %r" % (bad[0],), file=sys.stderr)
-        return P.AGENT_EXIT_USAGE
+    parsed = []
+    for index, doc in enumerate(specs):
+        try:
+            parsed.append(parse_spec(doc))
+        except SpecError as e:  # one bad spec refuses the whole delivery: nothing is written
+            job = doc.get("job_id") if isinstance(doc, dict) else None
+            print("gpuq enqueue: malformed spec %d%s: %s" % (index, " (%r)" % job if job else "", e), file=sys.stderr)
+            return P.AGENT_EXIT_USAGE
     if secrets:
         _secrets_dir(root)
     verdicts: dict[str, str] = {}
     with gpuq_secrets.locked(Layout(root)):  # no deletion between a sweep's secrets and its specs
         for queue_id, values in sorted(secrets.items()):
             write_secrets(root, queue_id, {str(k): str(v) for k, v in values.items()})
-        for spec in specs:
-            job_id = str(spec["job_id"])
+        for spec in parsed:
             why = verdict_for(root, spec)
             if why is None:
-                write_spec(root, job_id, spec)
+                write_spec(root, spec.job_id, spec.document)
                 why = "queued"
-            verdicts[job_id] = why
+            verdicts[spec.job_id] = why
     sys.stdout.write(json.dumps(verdicts, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0
@@ -166,29 +158,6 @@ def cmd_collect(root: str, job_ids: list[str]) -> int:
     return 0
 
 
-def job_spec(root: str, job_id: str) -> Any:
-    spec = read_json(os.path.join(root, P.CLAIMED_DIR, job_id + ".json"))
-    return spec if isinstance(spec, dict) else read_json(os.path.join(root, P.JOBS_DIR, job_id, P.SPEC_FILE))
-
-
-def project_summary(root: str, job_id: str, spec: Any, write: bool) -> Any:
-    """For a job whose spec has ``run.metrics``: its metrics summarized like the payload's
-    summary.json (gpuq_runmetrics.py), written to result/summary.json when ``write`` and it has a
-    value (a summary that found nothing still travels, for the controller's warning); else None."""
-    run = spec.get("run") if isinstance(spec, dict) else None
-    if not isinstance(run, dict) or not run.get("metrics"):
-        return None
-    job_dir = os.path.join(root, P.JOBS_DIR, job_id)
-    summary = run_summary(job_dir, run, _attempt_of(spec))
-    if summary is not None and summary.get("final") is not None and write:
-        try:
-            os.makedirs(os.path.join(job_dir, P.RESULT_DIR), exist_ok=True)
-            atomic_write_json(os.path.join(job_dir, P.RESULT_DIR, P.SUMMARY_FILE), summary)
-        except OSError:
-            pass  # the summary still travels in the answer
-    return summary
-
-
 def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
     """A finished job's summary, its attempt's end record (or, without one, its result files hashed now)
     and checkpoint pointer (``collect``, and
@@ -205,9 +174,7 @@ def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
         elif "curves" not in summary:  # gpuq's payload: from metrics.jsonl
             summary["curves"] = payload_curves(os.path.join(root, P.JOBS_DIR, job_id), str(summary.get("metric")
                                                                                            or "val_acc"))
-    from gpuq_records import gpuq_outputs  # here: it builds on this module
-
-    attempt = _attempt_of(spec) if isinstance(spec, dict) else 0
+    attempt = spec.attempt if spec is not None else 0
     ended = gpuq_outputs.carried(Layout(root), job_id, attempt) if attempt > 0 else None
     got = {
         "attempt": attempt,

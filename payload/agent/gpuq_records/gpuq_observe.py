@@ -221,7 +221,7 @@ def safe_globs(globs: Any) -> list[str]:
     """The usable globs of a spec field: strings, relative, no ``..`` component."""
     if isinstance(globs, str):
         globs = [globs]
-    if not isinstance(globs, list):
+    if not isinstance(globs, (list, tuple)):
         return []
     out = []
     for g in globs:
@@ -234,11 +234,6 @@ def safe_globs(globs: Any) -> list[str]:
             continue
         out.append(g)
     return out
-
-
-def spec_run(spec: Any) -> dict[str, Any] | None:
-    run = spec.get("run") if isinstance(spec, dict) else None
-    return run if isinstance(run, dict) else None
 
 
 def run_dir_of(job_dir: str) -> str:

@@ -33,8 +33,9 @@ from typing import Any
 from gpuq_records import gpuq_own
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, atomic_write, read_json, utc
-from gpuq_records.gpuq_inbox import project_summary
-from gpuq_records.gpuq_observe import safe_globs, spec_run
+from gpuq_records.gpuq_summary import project_summary
+from gpuq_base.gpuq_jobspec import JobSpec, RunSection
+from gpuq_records.gpuq_observe import safe_globs
 
 CHUNK = 1 << 20
 MAX_RECORD_BYTES = 64 << 20  # an end record of OUTPUTS_MAX_FILES files of the longest paths fits
@@ -121,7 +122,7 @@ def result_files(jdir: str, hasher: Hasher) -> list[dict[str, Any]]:
     return found
 
 
-def run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, Any],
+def run_files(lay: Layout, job_id: str, spec: JobSpec, run: RunSection,
               hasher: Hasher) -> list[dict[str, Any]]:
     """A project's own trainer (spec "run"): result/** when any (its summary, written now from its
     metrics), everything of the job's own that an ``outputs`` or ``checkpoint`` glob matches under run/
@@ -137,9 +138,9 @@ def run_files(lay: Layout, job_id: str, spec: dict[str, Any], run: dict[str, Any
         files.extend(result_files(jdir, hasher))
     run_dir = lay.job(job_id, P.RUN_DIR)
     no_link(run_dir, P.RUN_DIR + "/")
-    globs = safe_globs(run.get("outputs")) + safe_globs(run.get("checkpoint"))
-    metrics = run.get("metrics")
-    if isinstance(metrics, str) and metrics not in ("", "log"):
+    globs = safe_globs(run.outputs) + safe_globs(run.checkpoint)
+    metrics = run.metrics
+    if metrics not in ("", "log"):
         globs += safe_globs([metrics])  # a path or a glob (lightning_logs/version_*/metrics.csv)
     found, refused = gpuq_own.scan(run_dir, globs, bundles=lay.p(P.BUNDLES_DIR))
     chosen: dict[str, str] = {}
@@ -176,11 +177,10 @@ def payload_files(lay: Layout, job_id: str, hasher: Hasher) -> list[dict[str, An
     return files
 
 
-def selection(lay: Layout, job_id: str, spec: Any, hasher: Hasher) -> list[dict[str, Any]]:
+def selection(lay: Layout, job_id: str, spec: JobSpec | None, hasher: Hasher) -> list[dict[str, Any]]:
     """The job's result files, hashed, sorted by path (Refused when they cannot travel)."""
-    run = spec_run(spec)
-    if run is not None and isinstance(spec, dict):
-        files = run_files(lay, job_id, spec, run, hasher)
+    if spec is not None and spec.run is not None:
+        files = run_files(lay, job_id, spec, spec.run, hasher)
     else:
         files = payload_files(lay, job_id, hasher)
     return sorted(files, key=lambda f: f["path"])
@@ -195,7 +195,7 @@ def _bounded(files: list[dict[str, Any]]) -> None:
         raise Refused("a path of more than %d characters: %r..." % (P.OUTPUTS_MAX_PATH, long[0][:120]))
 
 
-def record(lay: Layout, job_id: str, attempt: int, spec: Any, adir: str) -> dict[str, Any]:
+def record(lay: Layout, job_id: str, attempt: int, spec: JobSpec, adir: str) -> dict[str, Any]:
     """Write ``adir``/outputs.json, the end record of an attempt that ended well; returns what exit.json
     says of it: {"files", "bytes", "hashed_bytes", "seconds", "error"} (and "best_sha256" when the
     record lists ckpt/best.pt, so that the wrapper reads that file once)."""

@@ -27,6 +27,7 @@ import stat
 from typing import Any
 
 from gpuq_base import gpuq_protocol as P
+from gpuq_base.gpuq_jobspec import RunSection
 from gpuq_records import gpuq_own
 from gpuq_records.gpuq_observe import safe_globs
 
@@ -305,7 +306,7 @@ def file_sources(job_dir: str, pattern: str, attempt: int) -> tuple[list[list[di
     return sources, len(files)
 
 
-def log_sources(job_dir: str, run: dict[str, Any], attempt: int) -> list[list[dict[str, Any]]]:
+def log_sources(job_dir: str, run: RunSection, attempt: int) -> list[list[dict[str, Any]]]:
     """The rows of ``metrics_regex`` over each attempt's job.log, oldest attempt first, within budget."""
     sources: list[list[dict[str, Any]]] = []
     budget = MAX_METRICS_BYTES
@@ -317,19 +318,19 @@ def log_sources(job_dir: str, run: dict[str, Any], attempt: int) -> list[list[di
         except OSError:
             continue
         budget -= len(head) + len(body)
-        sources.insert(0, log_rows([head + "\n" + body], str(run.get("metrics_regex") or "")))
+        sources.insert(0, log_rows([head + "\n" + body], run.metrics_regex))
     return sources
 
 
-def run_summary(job_dir: str, run: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+def run_summary(job_dir: str, run: RunSection, attempt: int) -> dict[str, Any] | None:
     """The summary of a job whose spec has ``run.metrics`` (None without it, or with an unsafe path).
     It always says what was read: ``files`` (how many files the setting matched; attempts' logs for
     "log") and ``rows``; ``final`` and ``best`` are null when no row has the metric."""
-    metrics = run.get("metrics")
-    if not isinstance(metrics, str) or not metrics:
+    metrics = run.metrics
+    if not metrics:
         return None
-    metric = str(run.get("metric") or "val_acc")
-    mode = "min" if run.get("mode") == "min" else "max"
+    metric = run.metric or "val_acc"
+    mode = "min" if run.mode == "min" else "max"
     if metrics == "log":
         sources = log_sources(job_dir, run, attempt)
         files, source = sum(1 for rows in sources if rows), "log"
@@ -357,13 +358,13 @@ def _last(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> float | None:
     return None
 
 
-def metrics_progress(job_dir: str, run: dict[str, Any], attempt: int, rows_too: bool = True,
+def metrics_progress(job_dir: str, run: RunSection, attempt: int, rows_too: bool = True,
                      tail: int = 64 * 1024) -> tuple[float | None, dict[str, Any] | None]:
     """For the status probe of a running job whose ``metrics`` names files: (the newest mtime among
     them, a sign of life; with ``rows_too``, progress from the newest file's last rows: step, epoch,
     loss).  Bounded: one capped walk and the newest file's header and last ``tail`` bytes."""
-    metrics = run.get("metrics")
-    globs = safe_globs([metrics]) if isinstance(metrics, str) and metrics != "log" else []
+    metrics = run.metrics
+    globs = safe_globs([metrics]) if metrics and metrics != "log" else []
     if not globs:
         return None, None
     files = metrics_files(job_dir, globs[0], attempt)

@@ -5,8 +5,9 @@ The serving loop (gpuq_serve.py) gathers what a round decides from -- every cand
 host could never run it, another attempt of the same job still alive here -- and the free slots, calls
 ``admit`` and acts on its decisions, in order:
 
-* a job the host can never run (``unfit``: not a JSON object, an unknown or newer spec schema; or more
-  slots than the host has) fails;
+* a job the host can never run (``unfit``: a spec the parser refused -- not a JSON object, an unknown
+  or newer schema, a field missing or wrong, gpuq_jobspec.parse_spec --; or more slots than the host
+  has) fails;
 * a job that does not fit in the slots still free waits, and a smaller job behind it may backfill;
 * a job that fits waits while another attempt of it is alive here (one job, one run);
 * otherwise it starts on the lowest free slots, which are no longer free for the jobs after it.
@@ -18,10 +19,9 @@ stdlib only, Python >= 3.8.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence, Union
 
-from gpuq_base import gpuq_protocol as P
-from gpuq_base.gpuq_files import spec_major, spec_slots
+from gpuq_base.gpuq_jobspec import JobSpec
 
 START = "start"
 WAIT = "wait"
@@ -55,23 +55,23 @@ def too_big(need: int, total: int, kind: str) -> str:
     return "job needs %d slots and the host has %d (%s)" % (need, total, kind)
 
 
-def spec_unfit(spec: Any) -> str:
-    """Why this agent can never run the spec, whatever its slots ("" when it can)."""
-    if not isinstance(spec, dict):
-        return "job spec is not a JSON object"
-    major = spec_major(spec.get("schema"))
-    if major is None:
-        return "job spec has no valid schema (%r); this agent reads %s" % (spec.get("schema"), P.SPEC_SCHEMA)
-    if major > (spec_major(P.SPEC_SCHEMA) or 1):
-        return "job spec schema %s is newer than this agent (%s); upgrade the bundle" % (
-            spec.get("schema"), P.SPEC_SCHEMA)
-    return ""
+# a spec as the loop holds it: parsed, or the reason the parser refused its document
+# (gpuq_jobspec.spec_or_reason); Union, not |: this alias is evaluated at run time on Python 3.8
+Parsed = Union[JobSpec, str]
 
 
-def candidate(job_id: str, spec: Any, unfit: str = "") -> Candidate:
+def spec_unfit(spec: Parsed) -> str:
+    """Why this agent can never run the spec, whatever its slots ("" when it can): the parser's reason
+    for a document it refused (not a JSON object, no or a newer schema, a field missing or wrong)."""
+    return "" if isinstance(spec, JobSpec) else spec
+
+
+def candidate(job_id: str, spec: Parsed) -> Candidate:
     """The candidate a spec makes; its ``alive`` attempt is the loop's to look up, for a job ``admit``
     would start (gpuq_serve.py), never for every waiting one."""
-    return Candidate(job_id, 1 if unfit else spec_slots(spec), unfit)
+    if isinstance(spec, JobSpec):
+        return Candidate(job_id, spec.slots)
+    return Candidate(job_id, 1, spec_unfit(spec))
 
 
 def admit(candidates: Sequence[Candidate], free: Sequence[int], total: int, kind: str) -> list[Decision]:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from gpuq_base.gpuq_files import read_json
+from gpuq_base.gpuq_jobspec import JobSpec, spec_or_reason
 
 RACY_S = 2.0  # a directory changed this recently is listed again (coarse timestamps)
 RESCAN_S = 5.0  # and every directory is listed again at least this often
@@ -54,7 +55,8 @@ class InboxView:
         return True
 
     def specs(self) -> list[tuple[float, str, Any]]:
-        """(created_at, job id, spec or None) of every inbox spec, oldest first (then by job id)."""
+        """(created_at, job id, spec) of every inbox spec, oldest first (then by job id): a ``JobSpec``, or
+        for a file that is not a sound spec the reason it is refused (gpuq_jobspec.spec_or_reason)."""
         mono = time.monotonic()
         if self._fresh(time.time(), mono):
             return self._order
@@ -76,13 +78,8 @@ class InboxView:
             if seen is not None and seen[0] == key:
                 files[job_id] = seen
                 continue
-            spec = read_json(os.path.join(self.path, name))
-            created = spec.get("created_at", 0) if isinstance(spec, dict) else 0
-            try:
-                created = float(created)
-            except (TypeError, ValueError):
-                created = 0.0
-            files[job_id] = (key, created, spec)
+            spec = spec_or_reason(read_json(os.path.join(self.path, name)))  # a str: why it is refused
+            files[job_id] = (key, spec.created_at if isinstance(spec, JobSpec) else 0.0, spec)
         if files != self._files:
             self._files = files
             self._order = sorted(((c, job_id, spec) for job_id, (_k, c, spec) in files.items()),

@@ -29,7 +29,7 @@ from gpuq_watch import gpuq_retry
 from gpuq_base import gpuq_secrets
 from gpuq_slurmmode import gpuq_slurm
 from gpuq_serving import gpuq_stall
-from gpuq_serving.gpuq_admission import FAIL, START, Candidate, Decision, admit, candidate, spec_unfit
+from gpuq_serving.gpuq_admission import FAIL, START, Candidate, Decision, Parsed, admit, candidate
 from gpuq_serving.gpuq_detach import serve_detached
 from gpuq_base.gpuq_files import (
     Layout,
@@ -38,9 +38,9 @@ from gpuq_base.gpuq_files import (
     list_specs,
     mkdirs,
     read_json,
-    spec_attempt,
     utc,
 )
+from gpuq_base.gpuq_jobspec import JobSpec, attempt_of, spec_or_reason
 from gpuq_base.gpuq_hostfacts import detect_slots
 from gpuq_serving.gpuq_inboxview import InboxView
 from gpuq_base.gpuq_procs import live_attempt
@@ -116,7 +116,7 @@ class Agent:
         """Restart safety: adopt live groups, leave dead attempts dead, launch claimed-unlaunched."""
         for c in found_claims(self.lay, self.slots["ids"]):
             job_id, n, rec = c.job_id, c.attempt, c.rec
-            if not c.launched:
+            if not c.launched or c.spec is None:  # a refused spec is never launched: failed with its reason
                 self.pending.append(job_id)
             elif c.alive and rec is not None:
                 slots = list(c.slots)
@@ -206,7 +206,7 @@ class Agent:
             if self.busy.get(s) == job_id:
                 del self.busy[s]
         self.retry(r)
-        self.queues.done_check(str(r.spec.get("queue_id", "")), (x.spec for x in self.running.values()))
+        self.queues.done_check(r.spec.queue_id, (x.spec for x in self.running.values()))
         self.drop_secrets()
 
     def retry(self, r: Running) -> None:
@@ -226,15 +226,17 @@ class Agent:
         """Delete secrets/<queue_id>.json once no job of that queue is queued, claimed or running."""
         lay = self.lay
         gpuq_secrets.drop_unused(lay, lambda j, s: j in self.running or not os.path.exists(
-            lay.attempt(j, spec_attempt(s), P.EXIT_FILE)))
+            lay.attempt(j, s.attempt, P.EXIT_FILE)))
 
     # claiming
-    def _fail(self, job_id: str, spec: Any, code: int, msg: str) -> None:
-        n = spec_attempt(spec)
+    def _fail(self, job_id: str, spec: JobSpec | None, code: int, msg: str) -> None:
+        """End a claimed job that never launches (a refused spec: ``spec`` None, its claimed file as it came)."""
+        doc = spec.document if spec is not None else read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
+        n = spec.attempt if spec is not None else attempt_of(doc) or 1
         adir = self.lay.attempt(job_id, n)
         mkdirs(adir)
-        if isinstance(spec, dict):
-            atomic_write_json(self.lay.job(job_id, P.SPEC_FILE), spec)
+        if isinstance(doc, dict):
+            atomic_write_json(self.lay.job(job_id, P.SPEC_FILE), doc)
         atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(job_id, n, code, "setup", msg))
         self.log("FAILED %s a%d (exit=%d): %s" % (job_id, n, code, msg))
 
@@ -261,7 +263,7 @@ class Agent:
         if self._round_state() == self.last_round:
             return self.last_waiting
         specs = {job_id: spec for _created, job_id, spec in entries}
-        cands = [candidate(job_id, spec, spec_unfit(spec)) for _created, job_id, spec in entries]
+        cands = [candidate(job_id, spec) for _created, job_id, spec in entries]
         waiting = self._admit(cands, specs, lambda d: self._take(d, specs[d.job_id]))
         self.last_round, self.last_waiting = self._round_state(), waiting
         return waiting
@@ -271,18 +273,19 @@ class Agent:
                 tuple(self.pending))
 
     def _launch_pending(self) -> None:
-        """Claimed but never launched (found at start-up): launched once they fit, failed if they never can."""
-        specs: dict[str, Any] = {}
+        """Claimed but never launched (found at start-up): launched once they fit, failed if they never can
+        (a claimed file that is not a sound spec among them, with the parser's reason)."""
+        specs: dict[str, Parsed] = {}
         for job_id in list(self.pending):
-            spec = read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
-            if not isinstance(spec, dict):
+            doc = read_json(self.lay.p(P.CLAIMED_DIR, job_id + ".json"))
+            if doc is None:
                 self.pending.remove(job_id)
                 continue
-            specs[job_id] = spec
+            specs[job_id] = spec_or_reason(doc)
         self._admit([candidate(j, spec) for j, spec in specs.items()], specs,
                     lambda d: self._start_pending(d, specs[d.job_id]))
 
-    def _admit(self, cands: list[Candidate], specs: dict[str, Any], act: Callable[[Decision], int]) -> int:
+    def _admit(self, cands: list[Candidate], specs: dict[str, Parsed], act: Callable[[Decision], int]) -> int:
         """Act on admission's decisions, in order; returns the sum of what ``act`` returned.
 
         A job admission would start is looked at first, one at a time and only then, for another
@@ -297,7 +300,8 @@ class Agent:
             unseen = next((d.job_id for d in decisions if d.action == START and d.job_id not in looked), None)
             if unseen is not None:
                 looked.add(unseen)
-                alive = self.alive_other(unseen, spec_attempt(specs[unseen]))
+                spec = specs[unseen]  # parsed: admission starts no refused spec
+                alive = self.alive_other(unseen, spec.attempt) if isinstance(spec, JobSpec) else None
                 cands = [dataclasses.replace(c, alive=alive) if c.job_id == unseen else c for c in cands]
                 continue
             for i, d in enumerate(decisions):
@@ -311,32 +315,35 @@ class Agent:
                 return done
         return done
 
-    def _start_pending(self, d: Decision, spec: dict[str, Any]) -> int:
+    def _start_pending(self, d: Decision, spec: Parsed) -> int:
         if d.action == FAIL:
             self.pending.remove(d.job_id)
-            self._fail(d.job_id, spec, P.EXIT_SETUP, d.why)
-        elif d.action == START:
+            self._fail(d.job_id, spec if isinstance(spec, JobSpec) else None, P.EXIT_SETUP, d.why)
+        elif d.action == START and isinstance(spec, JobSpec):  # admission starts parsed specs only
             self.pending.remove(d.job_id)
             self.launch(d.job_id, spec, d.slots)
         return 0
 
-    def _take(self, d: Decision, spec: Any) -> int:
-        """Claim and launch one inbox job admission starts, or fail it when it can never run here.  1
-        when it waits (a smaller job behind it may backfill)."""
+    def _take(self, d: Decision, spec: Parsed) -> int:
+        """Claim and launch one inbox job admission starts, or fail it when it can never run here (a
+        spec the parser refused among them, with its reason).  1 when it waits (a smaller job behind it
+        may backfill)."""
         job_id = d.job_id
         if d.action == FAIL:
             if self._claim(job_id):
-                self._fail(job_id, spec if isinstance(spec, dict) else None, P.EXIT_SETUP, d.why)
+                self._fail(job_id, spec if isinstance(spec, JobSpec) else None, P.EXIT_SETUP, d.why)
             return 0
+        if not isinstance(spec, JobSpec):
+            return 0  # never so: admission fails every spec the parser refused
         if d.action != START:
-            if d.alive is not None and self.refused.get(job_id) != spec_attempt(spec):
+            if d.alive is not None and self.refused.get(job_id) != spec.attempt:
                 # attempt n+1 waits in the inbox until attempt n has ended
-                self.refused[job_id] = spec_attempt(spec)
+                self.refused[job_id] = spec.attempt
                 self.log("WAITING %s a%d: attempt %d of this job is still alive here; never two at once"
-                         % (job_id, spec_attempt(spec), d.alive))
+                         % (job_id, spec.attempt, d.alive))
             return 1
         if self._claim(job_id):
-            self.queues.queue_of[job_id] = str(spec.get("queue_id", ""))
+            self.queues.queue_of[job_id] = spec.queue_id
             self.launch(job_id, spec, d.slots)
         return 0
 
@@ -348,9 +355,9 @@ class Agent:
             return r.attempt
         return live_attempt(self.lay.root, job_id, other_than=n)
 
-    def launch(self, job_id: str, spec: dict[str, Any], slots: Sequence[int]) -> None:
+    def launch(self, job_id: str, spec: JobSpec, slots: Sequence[int]) -> None:
         lay = self.lay
-        n = spec_attempt(spec)
+        n = spec.attempt
         adir = lay.attempt(job_id, n)
         if os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
             self.log("REFUSED %s a%d: attempt already launched once; never run twice" % (job_id, n))
@@ -360,8 +367,8 @@ class Agent:
             self.log("REFUSED %s a%d: attempt %d is still alive here; never two at once" % (job_id, n, other))
             return
         mkdirs(adir, lay.job(job_id, P.CKPT_DIR), lay.job(job_id, P.RESULT_DIR))
-        atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec)
-        qid = str(spec.get("queue_id", ""))
+        atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec.document)
+        qid = spec.queue_id
         self.queues.queue_of[job_id] = qid
         if os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
             atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(

@@ -12,18 +12,21 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from gpuq_base import gpuq_protocol as P
-from gpuq_base.gpuq_files import Layout, read_json, unfinished_claims
+from gpuq_base.gpuq_files import Layout, read_json
+from gpuq_base.gpuq_jobspec import JobSpec, unfinished_claims
 from gpuq_base.gpuq_procs import boot_id, group_alive, proc_cmdline, start_ticks
 
 
 @dataclass(frozen=True)
 class Claim:
     """An unfinished claim found at start-up: ``launched`` or not; when launched, ``rec`` its group
-    record (None: none found) and ``slots`` the launch's slots this host has, when its group lives."""
+    record (None: none found) and ``slots`` the launch's slots this host has, when its group lives.
+    ``spec``: None for a claimed file that is not a sound spec (never launched: the loop fails it with
+    the parser's reason)."""
 
     job_id: str
     attempt: int
-    spec: dict[str, Any]
+    spec: JobSpec | None
     launched: bool
     rec: dict[str, Any] | None = None
     alive: bool = False
@@ -36,6 +39,9 @@ def found_claims(lay: Layout, slot_ids: Sequence[int]) -> list[Claim]:
     for job_id, spec, n in unfinished_claims(lay):
         launch = read_json(lay.attempt(job_id, n, P.LAUNCH_FILE))
         rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
+        if not isinstance(spec, JobSpec):  # a refused spec is failed with its reason
+            out.append(Claim(job_id, n, None, False))
+            continue
         if launch is None and not os.path.exists(lay.attempt(job_id, n, P.LAUNCH_FILE)):
             out.append(Claim(job_id, n, spec, False))
             continue

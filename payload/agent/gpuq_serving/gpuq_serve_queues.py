@@ -8,10 +8,11 @@ stdlib only, Python >= 3.8.
 # ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from gpuq_base import gpuq_protocol as P
-from gpuq_base.gpuq_files import Layout, list_specs, read_json, spec_attempt
+from gpuq_base.gpuq_files import Layout, list_specs, read_json
+from gpuq_base.gpuq_jobspec import JobSpec, read_spec
 
 
 class QueueBanners:
@@ -35,37 +36,37 @@ class QueueBanners:
         mine = 0
         for j in claimed:
             if j not in self.queue_of:
-                s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json"))
-                self.queue_of[j] = str(s.get("queue_id", "")) if isinstance(s, dict) else ""
+                s = read_spec(self.lay.p(P.CLAIMED_DIR, j + ".json"))
+                self.queue_of[j] = s.queue_id if s is not None else ""
             if self.queue_of[j] == qid:
                 mine += 1
         waiting = 0
         for j in list_specs(self.lay.p(P.INBOX_DIR)):
-            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
-            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
+            s = read_spec(self.lay.p(P.INBOX_DIR, j + ".json"))
+            if s is not None and s.queue_id == qid:
                 waiting += 1
         return mine, mine + waiting
 
-    def done_check(self, qid: str, running: Iterable[dict[str, Any]]) -> None:
+    def done_check(self, qid: str, running: Iterable[JobSpec]) -> None:
         """A job of ``qid`` ended (``running``: the specs still running here): the queue's closing
         banner once none of its jobs is queued or running."""
         if not qid or not self.queues_open.get(qid):
             return
-        if any(str(spec.get("queue_id", "")) == qid for spec in running):
+        if any(spec.queue_id == qid for spec in running):
             return
         for j in list_specs(self.lay.p(P.INBOX_DIR)):
-            s = read_json(self.lay.p(P.INBOX_DIR, j + ".json"))
-            if isinstance(s, dict) and str(s.get("queue_id", "")) == qid:
+            s = read_spec(self.lay.p(P.INBOX_DIR, j + ".json"))
+            if s is not None and s.queue_id == qid:
                 return
         failed, n = [], 0
         for j in list_specs(self.lay.p(P.CLAIMED_DIR)):
             if self.queue_of.get(j) != qid:
                 continue
-            s = read_json(self.lay.p(P.CLAIMED_DIR, j + ".json")) or {}
+            s = read_spec(self.lay.p(P.CLAIMED_DIR, j + ".json"))
             n += 1
-            ex = read_json(self.lay.attempt(j, spec_attempt(s), P.EXIT_FILE))
+            ex = read_json(self.lay.attempt(j, s.attempt if s is not None else 1, P.EXIT_FILE))
             if not isinstance(ex, dict) or ex.get("wrapper_code") != 0:
-                failed.append(str(s.get("name", j)))
+                failed.append(s.name if s is not None else j)
         self.queues_open[qid] = False
         if failed:
             self.lay.log("=== gpuq queue %s done on %s: %d jobs FAILED: %s ===" % (

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, atomic_write_json, read_json
+from gpuq_base.gpuq_jobspec import JobSpec
 from gpuq_base.gpuq_procs import boot_id, start_ticks
 
 # the wrapper is spawned as `python gpuq_agent.py --root R wrap JOB N`: cancel and restart
@@ -26,12 +27,12 @@ class StartFailed(Exception):
     """The wrapper could not be started (the message says why): the attempt fails in setup."""
 
 
-def start_wrapper(lay: Layout, job_id: str, n: int, spec: dict[str, Any],
+def start_wrapper(lay: Layout, job_id: str, n: int, spec: JobSpec,
                   launch: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """Write attempt ``n``'s launch.json (``launch``) and start its wrapper: (pid, group record)."""
     adir = lay.attempt(job_id, n)
     atomic_write_json(os.path.join(adir, P.LAUNCH_FILE), launch)
-    python = spec.get("python") or sys.executable
+    python = spec.python or sys.executable
     argv = [python, wrapper_file(lay, spec), "--root", lay.root, "wrap", job_id, str(n)]
     try:
         logf = open(os.path.join(adir, P.JOB_LOG), "ab")  # noqa: SIM115 (handed to the child)
@@ -52,10 +53,10 @@ def start_wrapper(lay: Layout, job_id: str, n: int, spec: dict[str, Any],
     return proc.pid, rec
 
 
-def wrapper_file(lay: Layout, spec: dict[str, Any]) -> str:
+def wrapper_file(lay: Layout, spec: JobSpec) -> str:
     """The wrapper comes from the job's own bundle: a fix shipped in a new bundle applies to the
     jobs of that bundle even while an agent started from an older bundle keeps serving."""
-    sha = str(spec.get("bundle_sha") or "")
+    sha = spec.bundle_sha
     own = lay.p(P.BUNDLES_DIR, sha, P.AGENT_ENTRY) if sha and "/" not in sha and not sha.startswith(".") else ""
     return own if own and os.path.isfile(own) else AGENT_FILE
 

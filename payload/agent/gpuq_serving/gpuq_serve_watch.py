@@ -15,12 +15,13 @@ from typing import Any, Callable
 from gpuq_base import gpuq_protocol as P
 from gpuq_serving import gpuq_stall
 from gpuq_base.gpuq_files import Layout
+from gpuq_base.gpuq_jobspec import JobSpec
 from gpuq_base.gpuq_procs import group_alive, leader_alive, signal_group
 from gpuq_serving.gpuq_serve_ends import end_leftovers
 
 
 class Running:
-    def __init__(self, job_id: str, attempt: int, slots: list[int], spec: dict[str, Any],
+    def __init__(self, job_id: str, attempt: int, slots: list[int], spec: JobSpec,
                  pid: int | None, rec: dict[str, Any] | None) -> None:
         self.job_id = job_id
         self.attempt = attempt
@@ -65,7 +66,7 @@ def handle_cancels(lay: Layout, running: list[Running], log: Callable[[str], Non
                 continue
             if not r.rec or not group_alive(r.rec):
                 continue
-            grace = float(r.spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+            grace = r.spec.kill_grace_s
             log("CANCEL %s a%d: TERM to group %d, KILL in %.0fs" % (
                 job_id, r.attempt, r.rec["pgid"], grace))
             signal_group(r.rec["pgid"], signal.SIGTERM)

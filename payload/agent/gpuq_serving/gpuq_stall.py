@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, atomic_write_json, mtime, read_json, utc
+from gpuq_base.gpuq_jobspec import JobSpec, parse_spec
 from gpuq_base.gpuq_procs import group_alive, signal_group
 from gpuq_watch.gpuq_retry import BY_HOST, decided, fatal_xid_since, retry_lock, short_of_disk
 
@@ -45,21 +46,14 @@ CHECK_S = 5.0  # the most often one attempt's files are looked at (less often th
 MIN_CHECK_S = 0.5
 
 
-def limits(spec: dict[str, Any]) -> dict[str, float] | None:
+def limits(spec: JobSpec) -> dict[str, float] | None:
     """The spec's stall limits ({"stall_after_s", "startup_grace_s", "start_stall_after_s"}), or None
-    when the host may not retry a stall of this job (no limits sent, no retries left, not in ``on``)."""
-    policy = spec.get("retry")
-    if not isinstance(policy, dict) or not isinstance(policy.get("left"), int) or policy["left"] < 1:
+    when the host may not retry a stall of this job (no retries left, not in ``on``)."""
+    policy = spec.retry
+    if policy is None or policy.left < 1 or not any(k in policy.on for k in CLASSES):
         return None
-    if not any(k in (policy.get("on") or []) for k in CLASSES):
-        return None
-    out = {}
-    for key in ("stall_after_s", "startup_grace_s", "start_stall_after_s"):
-        value = policy.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            return None
-        out[key] = float(value)
-    return out
+    return {"stall_after_s": policy.stall_after_s, "startup_grace_s": policy.startup_grace_s,
+            "start_stall_after_s": policy.start_stall_after_s}
 
 
 def check_every(th: dict[str, float]) -> float:
@@ -156,13 +150,12 @@ def nonfinite(lay: Layout, job_id: str, n: int, launched: Any) -> bool:
     return bool(found) or bool(of_running_job(lay, job_id, n, launched))
 
 
-def why_not(lay: Layout, job_id: str, spec: dict[str, Any], n: int, klass: str, e: dict[str, Any]) -> str:
+def why_not(lay: Layout, job_id: str, spec: JobSpec, n: int, klass: str, e: dict[str, Any]) -> str:
     """"" when the host retries this stall of attempt ``n`` itself; else why it leaves it to gpuq."""
-    policy = spec.get("retry") or {}
-    if klass not in (policy.get("on") or []):
+    policy = spec.retry
+    if policy is None or klass not in policy.on:
         return "%s is not retried by the host" % klass
-    if klass == DEADLOCK_AT_START and not (isinstance(policy.get("deadlock_left"), int)
-                                           and policy["deadlock_left"] >= 1):
+    if klass == DEADLOCK_AT_START and policy.deadlock_left < 1:
         return "a stall before the first step is retried once at most, and not after another failure"
     if os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
         return "cancel requested"
@@ -173,7 +166,7 @@ def why_not(lay: Layout, job_id: str, spec: dict[str, Any], n: int, klass: str, 
     return short_of_disk(lay, spec) or fatal_xid_since(e.get("launched_at"))
 
 
-def judge(lay: Layout, job_id: str, spec: dict[str, Any], n: int, th: dict[str, float],
+def judge(lay: Layout, job_id: str, spec: JobSpec, n: int, th: dict[str, float],
           now: float) -> tuple[str, str, str]:
     """(class, what, "") when attempt ``n`` stalled and the host retries it; (class, what, why not) when
     it stalled and is left to gpuq; ("", "", "") when it has not stalled."""
@@ -181,7 +174,7 @@ def judge(lay: Layout, job_id: str, spec: dict[str, Any], n: int, th: dict[str, 
     e = job_entry(lay, job_id, P.CLAIMED_DIR, now)
     if e.get("attempt") != n:
         return "", "", ""
-    klass, what = stall_of(e, now, th, bool(spec.get("resume_from")))
+    klass, what = stall_of(e, now, th, bool(spec.resume_from))
     if not klass:
         return "", "", ""
     return klass, what, why_not(lay, job_id, spec, n, klass, e)
@@ -207,7 +200,7 @@ def noted(lay: Layout, job_id: str, n: int, **fields: Any) -> None:
             atomic_write_json(lay.attempt(job_id, n, P.NEXT_FILE), rec)
 
 
-def follow(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> dict[str, Any] | None:
+def follow(lay: Layout, job_id: str, spec: JobSpec, n: int) -> dict[str, Any] | None:
     """Attempt ``n`` has ended after the host decided to retry its stall: write attempt n+1's spec into
     the inbox (once).  A cancel that came meanwhile is honoured by the launch itself (cancelled before
     launch): the attempt the decision names always exists.  Returns the decision when written."""
@@ -215,17 +208,15 @@ def follow(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> dict[str, 
     rec = decided(lay, job_id, n)
     if rec is None or rec.get("by") != BY_HOST or rec.get("class") not in CLASSES or rec.get("attempt") != n + 1:
         return None
-    policy = dict(spec.get("retry") or {})
-    nxt = dict(spec, attempt=n + 1, created_at=time.time(), started_by=BY_HOST,
-               retry=dict(policy, left=int(policy.get("left") or 1) - 1, deadlock_left=0))
+    nxt = spec.host_retry_document(time.time(), BY_HOST)
     with retry_lock(lay):
-        if gpuq_inbox.verdict_for(lay.root, nxt) is not None:
+        if gpuq_inbox.verdict_for(lay.root, parse_spec(nxt)) is not None:
             return None  # written already, or attempt n still lives
         gpuq_inbox.write_spec(lay.root, job_id, nxt)
     return rec
 
 
-def heal(lay: Layout, job_id: str, n: int, spec: dict[str, Any], rec: Any, th: dict[str, float],
+def heal(lay: Layout, job_id: str, n: int, spec: JobSpec, rec: Any, th: dict[str, float],
          log: Callable[[str], None]) -> tuple[bool, float | None]:
     """One look at the agent's running attempt ``n`` (its recorded group ``rec``): when it has stalled and
     the host retries it, decide (next.json), save its stacks and TERM its group.  Returns (whether the
@@ -254,7 +245,7 @@ def heal(lay: Layout, job_id: str, n: int, spec: dict[str, Any], rec: Any, th: d
     except OSError as e:
         summary = "not saved: %s" % (e.strerror or e)
     noted(lay, job_id, n, stacks=summary)
-    grace = float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+    grace = spec.kill_grace_s
     log("STALL KILL %s a%d: stacks %s; TERM to group %d, KILL in %.0fs" % (job_id, n, summary, rec["pgid"], grace))
     signal_group(rec["pgid"], signal.SIGTERM)
     return True, time.monotonic() + grace

@@ -30,6 +30,7 @@ import subprocess
 from typing import Any, Iterable
 
 from gpuq_base.gpuq_files import Layout, read_json
+from gpuq_base.gpuq_jobspec import JobSpec
 
 CONFIG_FILE = "slurm.json"  # under the root: its presence puts the root in Slurm mode
 JOB_FILE = "slurm.json"  # under attempts/<n>/: {"job_id", "submitted_at", "argv"}
@@ -53,16 +54,13 @@ def config(lay: Layout) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def job_name(spec: dict[str, Any]) -> str:
-    name = "gpuq-%s-%s" % (spec.get("queue_id") or "", spec.get("name") or spec.get("job_id"))
+def job_name(spec: JobSpec) -> str:
+    name = "gpuq-%s-%s" % (spec.queue_id, spec.name or spec.job_id)
     return NAME_CHARS.sub("_", name)[:120]
 
 
-def job_nodes(spec: dict[str, Any]) -> int:
-    try:
-        return max(1, int(spec.get("nodes") or 1))
-    except (TypeError, ValueError):
-        return 1
+def job_nodes(spec: JobSpec) -> int:
+    return spec.nodes
 
 
 def attempt_comment(job_id: str, attempt: int) -> str:

@@ -15,16 +15,8 @@ import sys
 from typing import Any, Mapping
 
 from gpuq_base import gpuq_protocol as P
-from gpuq_base.gpuq_files import (
-    Layout,
-    atomic_write,
-    atomic_write_json,
-    exit_record,
-    mkdirs,
-    read_json,
-    spec_attempt,
-    utc,
-)
+from gpuq_base.gpuq_files import Layout, atomic_write, atomic_write_json, exit_record, mkdirs, read_json, utc
+from gpuq_base.gpuq_jobspec import JobSpec, attempt_of, read_spec, spec_or_reason
 from gpuq_slurmmode.gpuq_slurm import (
     ALIVE,
     JOB_FILE,
@@ -53,12 +45,12 @@ def export_option(environ: Mapping[str, str] | None = None) -> str:
     return "--export=%s" % ",".join(names or ["PATH"])
 
 
-def sbatch_argv(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], dependency: str = "") -> list[str]:
+def sbatch_argv(lay: Layout, spec: JobSpec, conf: dict[str, Any], dependency: str = "") -> list[str]:
     """The sbatch command line for one attempt (the script path last)."""
-    job_id, n = str(spec["job_id"]), spec_attempt(spec)
+    job_id, n = spec.job_id, spec.attempt
     adir = lay.attempt(job_id, n)
-    gpus = int(spec.get("gpus") or 0)
-    grace = int(conf.get("signal_grace_s") or 0) or max(60, int(float(spec.get("kill_grace_s") or 30)) + 30)
+    gpus = spec.gpus
+    grace = int(conf.get("signal_grace_s") or 0) or max(60, int(spec.kill_grace_s or 30) + 30)
     argv = ["sbatch", "--parsable", "--job-name", job_name(spec), "--comment", attempt_comment(job_id, n),
             "--output", os.path.join(adir, P.JOB_LOG), "--open-mode=append", "--chdir", lay.root, export_option()]
     nodes = job_nodes(spec)
@@ -77,20 +69,20 @@ def sbatch_argv(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], depende
     return argv
 
 
-def batch_script(lay: Layout, spec: dict[str, Any], conf: dict[str, Any], agent_file: str) -> str:
-    job_id, n = str(spec["job_id"]), spec_attempt(spec)
-    python = str(spec.get("python") or conf.get("python") or "python3")
+def batch_script(lay: Layout, spec: JobSpec, conf: dict[str, Any], agent_file: str) -> str:
+    job_id, n = spec.job_id, spec.attempt
+    python = str(spec.python or conf.get("python") or "python3")
     argv = [python, agent_file, "--root", lay.root, "wrap", job_id, str(n)]
     nodes = job_nodes(spec)
     if nodes > 1:  # one wrapper per node, each starting torchrun for its node rank; one failing ends them all
-        gpus = int(spec.get("gpus") or 0)
+        gpus = spec.gpus
         step = ["srun", "--nodes=%d" % nodes, "--ntasks=%d" % nodes, "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
         if gpus > 0 and conf.get("gres", True):
             step.append("--gres=gpu:%d" % gpus)
         argv = step + argv
     return ("#!/bin/sh\n"
             "# gpuq: attempt %d of job %s (%s). Slurm runs this on a compute node, and again after a requeue.\n"
-            "exec %s\n" % (n, job_id, spec.get("name", ""), " ".join(shlex.quote(a) for a in argv)))
+            "exec %s\n" % (n, job_id, spec.name, " ".join(shlex.quote(a) for a in argv)))
 
 
 def previous_alive(lay: Layout, job_id: str, n: int) -> str:
@@ -105,21 +97,21 @@ def previous_alive(lay: Layout, job_id: str, n: int) -> str:
     return ""
 
 
-def submit(lay: Layout, job_id: str, spec: dict[str, Any], conf: dict[str, Any], agent_file: str) -> str:
+def submit(lay: Layout, job_id: str, spec: JobSpec, conf: dict[str, Any], agent_file: str) -> str:
     """Hand one claimed spec to sbatch.  ``launch.json`` is written first: an attempt is launched once
     whatever happens after (a lost sbatch reply leaves an attempt status reports dead, never a second
     job).  Returns a log line."""
-    n = spec_attempt(spec)
+    n = spec.attempt
     adir = lay.attempt(job_id, n)
     if os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
         return "REFUSED %s a%d: attempt already launched once; never run twice" % (job_id, n)
     mkdirs(adir, lay.job(job_id, P.CKPT_DIR), lay.job(job_id, P.RESULT_DIR))
-    atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec)
+    atomic_write_json(lay.job(job_id, P.SPEC_FILE), spec.document)
     if os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
         atomic_write_json(os.path.join(adir, P.EXIT_FILE), exit_record(
             job_id, n, P.EXIT_SIGNAL_BASE + 15, "setup", "cancelled before launch", sig=15))
         return "CANCELLED %s a%d before launch" % (job_id, n)
-    gpus = int(spec.get("gpus") or 0)
+    gpus = spec.gpus
     device = "cpu" if conf.get("train_device") == "cpu" or gpus == 0 else "cuda"
     atomic_write_json(os.path.join(adir, P.LAUNCH_FILE), {
         "time": utc(), "slots": [], "kind": "slurm", "device": device, "total_slots": max(1, gpus),
@@ -152,20 +144,19 @@ def claim_and_submit(lay: Layout, conf: dict[str, Any], agent_file: str) -> list
     for name in sorted(os.listdir(lay.p(P.INBOX_DIR))):
         if not name.endswith(".json") or name.startswith("."):
             continue
-        spec = read_json(lay.p(P.INBOX_DIR, name))
-        created = spec.get("created_at", 0) if isinstance(spec, dict) else 0
-        entries.append((float(created) if isinstance(created, (int, float)) else 0.0, name[:-5], spec))
+        spec = spec_or_reason(read_json(lay.p(P.INBOX_DIR, name)))  # a str: why the spec is refused
+        entries.append((spec.created_at if isinstance(spec, JobSpec) else 0.0, name[:-5], spec))
     entries.sort(key=lambda e: (e[0], e[1]))
     for _created, job_id, spec in entries:
         try:
             os.rename(lay.p(P.INBOX_DIR, job_id + ".json"), lay.p(P.CLAIMED_DIR, job_id + ".json"))
         except FileNotFoundError:
             continue  # withdrawn meanwhile
-        if not isinstance(spec, dict):
-            n = 1
+        if not isinstance(spec, JobSpec):
+            n = attempt_of(read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))) or 1
             mkdirs(lay.attempt(job_id, n))
             atomic_write_json(lay.attempt(job_id, n, P.EXIT_FILE),
-                              exit_record(job_id, n, P.EXIT_SETUP, "setup", "job spec is not a JSON object"))
+                              exit_record(job_id, n, P.EXIT_SETUP, "setup", spec))
             continue
         lines.append(submit(lay, job_id, spec, conf, agent_file))
     return lines
@@ -173,8 +164,8 @@ def claim_and_submit(lay: Layout, conf: dict[str, Any], agent_file: str) -> list
 
 def cancel(lay: Layout, job_id: str) -> str:
     """scancel the Slurm job of a claimed attempt; "" when there is none to cancel."""
-    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-    n = spec_attempt(spec if isinstance(spec, dict) else {})
+    spec = read_spec(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+    n = spec.attempt if spec is not None else 1
     rec = read_json(lay.attempt(job_id, n, JOB_FILE))
     if not isinstance(rec, dict) or not JOB_ID.match(str(rec.get("job_id", ""))):
         try:  # sbatch's reply was lost: the job is found by its comment

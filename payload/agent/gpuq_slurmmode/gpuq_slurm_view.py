@@ -14,7 +14,7 @@ from typing import Any
 from gpuq_base import gpuq_protocol as P
 from gpuq_base import gpuq_secrets
 from gpuq_slurmmode import gpuq_slurm
-from gpuq_base.gpuq_files import Layout, exit_record, mtime, read_json, spec_attempt
+from gpuq_base.gpuq_files import Layout, exit_record, mtime, read_json
 from gpuq_slurmmode.gpuq_slurm import ALIVE, JOB_FILE, JOB_ID, NODE_FILE, UNSUBMITTED_GRACE_S
 
 
@@ -106,7 +106,7 @@ def drop_ended_secrets(lay: Layout, jobs: list[dict[str, Any]], slurm: dict[str,
         return []  # Slurm did not answer: nothing is concluded
     state = {(str(e["job_id"]), e["attempt"]): e["state"] for e in jobs}
     return gpuq_secrets.drop_unused(
-        lay, lambda j, s: state.get((j, spec_attempt(s)), "claimed") in LIVE_STATES)
+        lay, lambda j, s: state.get((j, s.attempt), "claimed") in LIVE_STATES)
 
 
 def node_ranks(adir: str) -> list[dict[str, Any]]:

@@ -21,7 +21,8 @@ from gpuq_base import gpuq_protocol as P
 from gpuq_base import gpuq_secrets
 from gpuq_slurmmode import gpuq_slurm
 from gpuq_slurmmode import gpuq_slurm_submit
-from gpuq_base.gpuq_files import Layout, mkdirs, read_json, spec_attempt, touch
+from gpuq_base.gpuq_files import Layout, mkdirs, read_json, touch
+from gpuq_base.gpuq_jobspec import JobSpec, read_spec
 from gpuq_base.gpuq_procs import group_alive, proc_cmdline, proc_stat, signal_group
 
 
@@ -38,32 +39,31 @@ def _withdraw(lay: Layout, job_id: str) -> bool:
 
 
 def recorded_group(lay: Layout, job_id: str,
-                   attempt: int | None = None) -> tuple[dict[str, Any], dict[str, Any], str]:
+                   attempt: int | None = None) -> tuple[JobSpec | None, dict[str, Any], str]:
     """(the claimed spec, the attempt's recorded group, "") when that group still lives and passes the
     identity check (same boot and start ticks, the job id in its leader's command line); else
-    ({}, {}, "not running ..." saying why).  ``attempt``: only that attempt (else the claimed one)."""
-    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-    spec = spec if isinstance(spec, dict) else {}
-    n = spec_attempt(spec)
+    (None, {}, "not running ..." saying why).  ``attempt``: only that attempt (else the claimed one)."""
+    spec = read_spec(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+    n = spec.attempt if spec is not None else 1
     if attempt is not None and n != attempt:
-        return {}, {}, "not running (the claimed attempt is %d, not %d; nothing killed)" % (n, attempt)
+        return None, {}, "not running (the claimed attempt is %d, not %d; nothing killed)" % (n, attempt)
     rec = read_json(lay.attempt(job_id, n, P.PGID_FILE))
-    if not isinstance(rec, dict) or not group_alive(rec):
-        return {}, {}, "not running"
+    if spec is None or not isinstance(rec, dict) or not group_alive(rec):
+        return None, {}, "not running"
     pgid = rec["pgid"]
     leader = proc_stat(pgid)
     if leader is not None and leader[0] not in ("Z", "X") and (
             leader[2] != rec.get("start_ticks") or job_id not in proc_cmdline(pgid)):
-        return {}, {}, "not running (recorded group %d failed the identity check; nothing killed)" % pgid
+        return None, {}, "not running (recorded group %d failed the identity check; nothing killed)" % pgid
     return spec, rec, ""
 
 
 def _kill_claimed(lay: Layout, job_id: str, attempt: int | None = None) -> str:
     spec, rec, why = recorded_group(lay, job_id, attempt)
-    if why:
+    if why or spec is None:
         return why
     pgid = rec["pgid"]
-    grace = float(spec.get("kill_grace_s", P.DEFAULT_KILL_GRACE_S) or 0)
+    grace = spec.kill_grace_s
     signal_group(pgid, signal.SIGTERM)
     deadline = time.time() + grace
     while time.time() < deadline and group_alive(rec):
@@ -78,7 +78,7 @@ def drop_secrets(lay: Layout) -> None:
     job lives until its attempt's exit record, unless it was cancelled (a cancelled job never
     starts again, and its group has been killed by now)."""
     gpuq_secrets.drop_unused(lay, lambda j, s: not os.path.exists(lay.job(j, P.CANCEL_FILE))
-                             and not os.path.exists(lay.attempt(j, spec_attempt(s), P.EXIT_FILE)))
+                             and not os.path.exists(lay.attempt(j, s.attempt, P.EXIT_FILE)))
 
 
 def cmd_cancel(lay: Layout, job_ids: list[str]) -> int:
@@ -125,8 +125,8 @@ def cmd_kill(lay: Layout, job_id: str, attempt: int) -> int:
         print(f"gpuq kill: bad job id {job_id!r}", file=sys.stderr)
         return P.AGENT_EXIT_USAGE
     if gpuq_slurm.config(lay) is not None:
-        spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-        n = spec_attempt(spec if isinstance(spec, dict) else {})
+        spec = read_spec(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+        n = spec.attempt if spec is not None else 1
         verdict = gpuq_slurm_submit.cancel(lay, job_id) if n == attempt else ""
         verdict = "killed" if verdict.startswith("cancelled in Slurm") else verdict or "not running"
     else:

@@ -47,16 +47,17 @@ from typing import Any
 from gpuq_records import gpuq_outputs
 from gpuq_records import gpuq_own
 from gpuq_base import gpuq_protocol as P
-from gpuq_base.gpuq_files import Layout, atomic_write, read_json, spec_attempt, utc
-from gpuq_records.gpuq_inbox import JOB_ID_RE, job_spec
-from gpuq_records.gpuq_observe import safe_globs, spec_run
+from gpuq_base.gpuq_files import Layout, atomic_write, read_json, utc
+from gpuq_records.gpuq_summary import job_spec
+from gpuq_base.gpuq_jobspec import JOB_ID_RE, RunSection, read_spec
+from gpuq_records.gpuq_observe import safe_globs
 from gpuq_records.gpuq_outputs import CHUNK, Hasher, Refused, no_link, open_regular
 
 
 def _attempt_number(lay: Layout, job_id: str) -> int:
-    spec = read_json(lay.p(P.CLAIMED_DIR, job_id + ".json"))
-    if isinstance(spec, dict):
-        return spec_attempt(spec)
+    spec = read_spec(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+    if spec is not None:
+        return spec.attempt
     try:
         numbers = [int(n) for n in os.listdir(lay.job(job_id, P.ATTEMPTS_DIR)) if n.isdigit()]
     except OSError:
@@ -87,7 +88,7 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
     ended = gpuq_outputs.check(lay, job_id, n)  # Refused when the attempt's end record says why not
     hasher = Hasher()
     files = gpuq_outputs.selection(lay, job_id, spec, hasher)
-    if spec_run(spec) is None:
+    if spec is None or spec.run is None:
         _payload_checks(files, exit_doc)
     prefix = "%s/%d/" % (P.ATTEMPTS_DIR, n)
     log = os.path.join(adir, P.JOB_LOG)
@@ -98,7 +99,7 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
     if ended is not None:  # the record itself: the controller holds its sha256 since the attempt ended
         files.append(hasher.entry(os.path.join(adir, P.OUTPUTS_FILE), ended))
     files.sort(key=lambda f: f["path"])
-    queue_id = spec.get("queue_id") if isinstance(spec, dict) else None
+    queue_id = spec.queue_id if spec is not None else None
     return {"schema": P.MANIFEST_SCHEMA, "job_id": job_id, "queue_id": queue_id, "attempt": n,
             "created_at": utc(), "files": files, "total_files": len(files),
             "total_bytes": sum(f["bytes"] for f in files)}
@@ -159,8 +160,9 @@ def cmd_snapshot(root: str, job_id: str) -> int:
     if not re.match(r"^[A-Za-z0-9._-]+$", job_id) or job_id.startswith("."):
         print("gpuq snapshot: bad job id %r" % (job_id,), file=sys.stderr)
         return P.AGENT_EXIT_USAGE
-    run = spec_run(job_spec(root, job_id))
-    if run is not None and safe_globs(run.get("checkpoint")):
+    spec = job_spec(root, job_id)
+    run = spec.run if spec is not None else None
+    if run is not None and safe_globs(run.checkpoint):
         return _snapshot_run(Layout(root), job_id, run)
     ckpt = Layout(root).job(job_id, P.CKPT_DIR)
     for _ in range(5):  # LATEST may move between reading it and linking its file: read it again
@@ -210,7 +212,7 @@ def _copy_stable(src: str, dst: str, rel: str) -> dict[str, Any]:
     return {"path": rel, "bytes": size, "sha256": h.hexdigest(), "mtime": before.st_mtime}
 
 
-def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
+def _snapshot_run(lay: Layout, job_id: str, run: RunSection) -> int:
     """A project's own checkpoint (spec ``run.checkpoint`` globs, gpuq_own): COPY the job's newest own
     checkpoint under run/ to ckpt/.ship.pt and print {"file": "run/<rel>", "sha256", "bytes", "mtime",
     "step": null, "snapshot"}.  A copy, not a hard link: a trainer that saves with ``torch.save(state,
@@ -223,10 +225,10 @@ def _snapshot_run(lay: Layout, job_id: str, run: dict[str, Any]) -> int:
     ckpt = lay.job(job_id, P.CKPT_DIR)
     tmp = os.path.join(ckpt, SHIP_SNAPSHOT + ".copy")
     for _ in range(5):
-        newest = gpuq_own.newest_checkpoint(run_dir, run.get("checkpoint"), settle_s=gpuq_own.SETTLE_S)
+        newest = gpuq_own.newest_checkpoint(run_dir, run.checkpoint, settle_s=gpuq_own.SETTLE_S)
         if newest is None:
             print("gpuq snapshot: nothing of the job's own under %s matches the checkpoint globs %r"
-                  % (run_dir, run.get("checkpoint")), file=sys.stderr)
+                  % (run_dir, list(run.checkpoint)), file=sys.stderr)
             return 1
         rel = newest.rel
         try:

@@ -164,7 +164,7 @@ def save_stacks(lay: Layout, job_id: str, attempt: int, rec: dict[str, Any]) -> 
 
 
 def cmd_stacks(lay: Layout, job_id: str, attempt: int) -> int:
-    from gpuq_records.gpuq_inbox import JOB_ID_RE  # the rule every spec's job id passed
+    from gpuq_base.gpuq_jobspec import JOB_ID_RE  # the rule every spec's job id passed
     if not JOB_ID_RE.match(job_id):
         print("gpuq stacks: bad job id %r" % job_id, file=sys.stderr)
         return P.AGENT_EXIT_USAGE

@@ -25,12 +25,13 @@ from gpuq_base import gpuq_protocol as P
 from gpuq_base import gpuq_secrets
 from gpuq_slurmmode import gpuq_slurm
 from gpuq_slurmmode import gpuq_slurm_view
-from gpuq_base.gpuq_files import Layout, list_specs, mtime, read_json, read_text, spec_attempt, utc
+from gpuq_base.gpuq_files import Layout, list_specs, mtime, read_json, read_text, utc
 from gpuq_base.gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_records.gpuq_inbox import collect_one
 from gpuq_watch.gpuq_kernel import kernel_section
 from gpuq_watch.gpuq_nonfinite import of_running_job
-from gpuq_records.gpuq_observe import job_progress, spec_run
+from gpuq_base.gpuq_jobspec import RunSection, attempt_of, read_spec
+from gpuq_records.gpuq_observe import job_progress
 from gpuq_base.gpuq_procs import boot_id, group_alive, leader_alive
 from gpuq_records.gpuq_runmetrics import metrics_progress
 from gpuq_watch.gpuq_scan import MAX_NONFINITE, parse_scan_args, scan_job
@@ -47,10 +48,10 @@ def agent_state(lay: Layout) -> tuple[dict[str, Any], Any]:
 
 
 def job_entry(lay: Layout, job_id: str, where: str, now: float, wanted: Any = ()) -> dict[str, Any]:
-    spec = read_json(lay.p(where, job_id + ".json"))
-    spec = spec if isinstance(spec, dict) else {}
-    n = spec_attempt(spec)
-    e: dict[str, Any] = {"job_id": job_id, "name": spec.get("name"), "queue_id": spec.get("queue_id"),
+    spec = read_spec(lay.p(where, job_id + ".json"))  # None: unreadable, or refused (the serve loop says why)
+    n = spec.attempt if spec is not None else attempt_of(read_json(lay.p(where, job_id + ".json"))) or 1
+    e: dict[str, Any] = {"job_id": job_id, "name": spec.name if spec is not None else None,
+                         "queue_id": spec.queue_id if spec is not None else None,
                          "attempt": n, "state": None, "slots": None, "pgid": None, "group_alive": None,
                          "launched_at": None, "exit": None, "heartbeat": None, "heartbeat_age_s": None,
                          "log_bytes": None, "log_mtime": None, "ckpt": None, "progress": None,
@@ -103,17 +104,17 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float, wanted: Any = ()
         e["state"] = "dead"
     final = e["state"] == "exited" and job_id in wanted  # just ended: its last progress, once
     if e["state"] in ("running", "dead") or final:  # bounded: the log's last 64 KiB, a capped walk of run/
-        run = spec_run(spec) or {}
+        run = spec.run if spec is not None and spec.run is not None else RunSection()
         if e["log_bytes"]:
-            e["progress"] = job_progress(log_p, run.get("progress"))
+            e["progress"] = job_progress(log_p, run.progress)
         observe_metrics(e, lay.job(job_id), run, n)
-        if run.get("checkpoint"):
-            newest = gpuq_own.newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.get("checkpoint"))
+        if run.checkpoint:
+            newest = gpuq_own.newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.checkpoint)
             e["run_ckpt_mtime"] = newest.mtime if newest is not None else None
     return e
 
 
-def observe_metrics(e: dict[str, Any], job_dir: str, run: dict[str, Any], attempt: int) -> None:
+def observe_metrics(e: dict[str, Any], job_dir: str, run: RunSection, attempt: int) -> None:
     """A trainer's metrics files as signs of life ("run_metrics_mtime") and, when its log shows no
     step or epoch (a Rich progress bar writes nothing to a file), as its progress."""
     prog = e.get("progress")

@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from gpuq_base import gpuq_protocol as P
-from gpuq_base.gpuq_files import Layout, list_specs, read_json, unfinished_claims
+from gpuq_base.gpuq_files import Layout, list_specs, read_json
+from gpuq_base.gpuq_jobspec import unfinished_claims
 from gpuq_base.gpuq_procs import group_alive, leader_alive
 
 STOP_WAIT_S = 15.0

@@ -16,8 +16,9 @@ import os
 from typing import Any
 
 from gpuq_base import gpuq_protocol as P
-from gpuq_base.gpuq_files import Layout, read_json
-from gpuq_records.gpuq_observe import safe_globs, spec_run
+from gpuq_base.gpuq_files import Layout
+from gpuq_base.gpuq_jobspec import RunSection, read_spec
+from gpuq_records.gpuq_observe import safe_globs
 from gpuq_records.gpuq_runmetrics import MAX_CELL_CHARS, _file_rows, _read_bounded, log_rows, metrics_files, number
 
 LOSS_KEYS = ("loss", "train_loss", "train/loss", "train_loss_step", "train_loss_epoch", "val_loss", "val/loss")
@@ -30,22 +31,22 @@ def _whole(value: Any) -> int | None:
     return int(f) if f is not None and math.isfinite(f) else None
 
 
-def nonfinite_losses(job_dir: str, run: dict[str, Any], attempt: int, since: Any,
+def nonfinite_losses(job_dir: str, run: RunSection, attempt: int, since: Any,
                      tail: int = TAIL_BYTES) -> list[dict[str, Any]]:
     """Each loss (LOSS_KEYS) whose newest value is NaN or infinite, as {"step", "epoch", "kind" (the
     source), "field", "value"}; [] when none.  Read: the newest file the ``metrics`` setting matches,
     only when written since ``since`` (the attempt's launch: an earlier attempt's rows are not this
     one's), or for "log" the attempt's own job.log; bounded to the header and the last ``tail`` bytes.
     Only a loss's newest value counts: a trainer that logged one NaN and recovered is not ended for it."""
-    metrics = run.get("metrics")
-    if not isinstance(metrics, str) or not metrics:
+    metrics = run.metrics
+    if not metrics:
         return []
     if metrics == "log":
         try:
             head, body = _read_bounded(os.path.join(job_dir, P.ATTEMPTS_DIR, str(attempt), P.JOB_LOG), tail)
         except OSError:
             return []
-        rows, source = log_rows([head + "\n" + body], str(run.get("metrics_regex") or "")), "log"
+        rows, source = log_rows([head + "\n" + body], run.metrics_regex), "log"
     else:
         globs = safe_globs([metrics])
         files = metrics_files(job_dir, globs[0], attempt) if globs else []
@@ -75,5 +76,5 @@ def nonfinite_losses(job_dir: str, run: dict[str, Any], attempt: int, since: Any
 
 def of_running_job(lay: Layout, job_id: str, attempt: int, since: Any) -> list[dict[str, Any]]:
     """``nonfinite_losses`` of a claimed job, by its spec's ``run`` ([] for gpuq's own payload: gpuq_scan.py)."""
-    run = spec_run(read_json(lay.p(P.CLAIMED_DIR, job_id + ".json")))
-    return nonfinite_losses(lay.job(job_id), run, attempt, since) if run else []
+    spec = read_spec(lay.p(P.CLAIMED_DIR, job_id + ".json"))
+    return nonfinite_losses(lay.job(job_id), spec.run, attempt, since) if spec is not None and spec.run else []

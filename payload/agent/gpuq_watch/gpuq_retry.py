@@ -46,6 +46,7 @@ from typing import Any, Iterator
 
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, atomic_write_json, read_json, utc
+from gpuq_base.gpuq_jobspec import JobSpec, parse_spec
 
 BY_HOST = "host"
 BY_CONTROLLER = "controller"
@@ -155,20 +156,20 @@ def fatal_xid_since(started: Any) -> str:
     return ""
 
 
-def short_of_disk(lay: Layout, spec: dict[str, Any]) -> str:
+def short_of_disk(lay: Layout, spec: JobSpec) -> str:
+    want = spec.min_free_gb
     try:
-        want = float(spec.get("min_free_gb") or 0)
         st = os.statvfs(lay.root)
-    except (OSError, TypeError, ValueError):
+    except OSError:
         return ""
     free = st.f_bavail * st.f_frsize / 1e9
     return "%.1f GB free, the job wants %g" % (free, want) if free < want else ""
 
 
-def judge(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> tuple[str, str]:
+def judge(lay: Layout, job_id: str, spec: JobSpec, n: int) -> tuple[str, str]:
     """(class, why) when the host retries attempt ``n`` itself; ("", why not) otherwise."""
-    policy = spec.get("retry")
-    if not isinstance(policy, dict) or not isinstance(policy.get("left"), int) or policy["left"] < 1:
+    policy = spec.retry
+    if policy is None or policy.left < 1:
         return "", "no retries left to the host"
     if os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
         return "", "cancel requested"
@@ -181,7 +182,7 @@ def judge(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> tuple[str, 
         return "", "it ended in phase %s" % ex.get("phase")
     hits, verdict = log_verdict(lay, job_id, n)
     sig = death_signal(ex)
-    signals = [s for s in policy.get("signals") or [] if isinstance(s, int) and s not in STOP_SIGNALS]
+    signals = [s for s in policy.signals if s not in STOP_SIGNALS]
     ranked = rank_signal(hits)
     if ex.get("vanished") and ex.get("signal") not in STOP_SIGNALS:  # a group stopped by SIGTERM: a stop
         klass, what = "vanished", "its wrapper's group vanished (%s)" % ex.get("message", "")
@@ -192,7 +193,7 @@ def judge(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> tuple[str, 
         klass, what = "killed", "a rank died of signal %d" % ranked
     else:
         return "", "not a signal death from outside"
-    if klass not in (policy.get("on") or []):
+    if klass not in policy.on:
         return "", "%s is not retried by the host" % klass
     why_not = verdict or _same_death_before(lay, job_id, n, ex) or short_of_disk(lay, spec) \
         or fatal_xid_since(ex.get("started_at"))
@@ -209,7 +210,7 @@ def _same_death_before(lay: Layout, job_id: str, n: int, ex: dict[str, Any]) -> 
     return ""
 
 
-def retry_after(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> dict[str, Any] | None:
+def retry_after(lay: Layout, job_id: str, spec: JobSpec, n: int) -> dict[str, Any] | None:
     """Attempt ``n`` has ended: when the host retries it, write who decided (next.json) and attempt n+1's
     spec into the inbox, under retry.lock; returns the decision, else None (the controller's)."""
     if decided(lay, job_id, n) is not None:
@@ -218,12 +219,11 @@ def retry_after(lay: Layout, job_id: str, spec: dict[str, Any], n: int) -> dict[
     if not klass:
         return None
     from gpuq_records import gpuq_inbox
-    nxt = dict(spec, attempt=n + 1, created_at=time.time(), started_by=BY_HOST,
-               retry=dict(spec["retry"], left=int(spec["retry"]["left"]) - 1, deadlock_left=0))
+    nxt = spec.host_retry_document(time.time(), BY_HOST)
     with retry_lock(lay):
         if decided(lay, job_id, n) is not None or os.path.exists(lay.job(job_id, P.CANCEL_FILE)):
             return None  # the controller decided first, or the job was cancelled meanwhile
-        if gpuq_inbox.verdict_for(lay.root, nxt) is not None:
+        if gpuq_inbox.verdict_for(lay.root, parse_spec(nxt)) is not None:
             return None  # attempt n+1 exists already, or another attempt still lives here
         rec = {"by": BY_HOST, "attempt": n + 1, "class": klass, "why": why, "time": utc()}
         atomic_write_json(lay.attempt(job_id, n, P.NEXT_FILE), rec)  # the decision before the spec
@@ -249,7 +249,7 @@ def cmd_decide_retry(lay: Layout, items: list[str]) -> int:
     """``decide-retry JOB_ID:ATTEMPT...``: the controller settles these ended attempts unless the host
     already retried them.  Prints {job_id: next.json as it stands} ({"by": "host", "attempt": n+1, ...,
     "exit": attempt n's exit.json} or {"by": "controller", ...})."""
-    from gpuq_records.gpuq_inbox import JOB_ID_RE  # the rule every spec's job id passed
+    from gpuq_base.gpuq_jobspec import JOB_ID_RE  # the rule every spec's job id passed
     parsed: list[tuple[str, int]] = []
     for item in items:
         job_id, _, n = item.rpartition(":")

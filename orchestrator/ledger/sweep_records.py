@@ -1,0 +1,201 @@
+"""The ledger's sweeps and their jobs: a sweep inserted with all its jobs in one transaction, and the
+reads that find them by id, prefix or name (a mixin of ``store.Ledger``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func
+from sqlmodel import col, select
+
+from orchestrator.core.errors import JobNotFound, LedgerError
+from orchestrator.core.specs import JobSpec, job_id_for, spec_hash_for
+from orchestrator.core.states import JobState
+from orchestrator.ledger import refs
+from orchestrator.ledger.events import add_event
+from orchestrator.ledger.refs import JobRef
+from orchestrator.ledger.tables import Event, Job, Sweep
+
+if TYPE_CHECKING:
+    pass
+from orchestrator.ledger.txn import Sessions
+
+
+class SweepRecords(Sessions):
+    """Sweeps and their jobs of :class:`orchestrator.ledger.store.Ledger`: insert, read and find them."""
+
+    # --- sweeps and jobs -----------------------------------------------------------
+
+    def add_sweep(
+        self,
+        *,
+        sweep_id: str,
+        queue_path: str,
+        workdir: str,
+        queue_text: str,
+        jobs: Sequence[JobSpec],
+        default_retries: int,
+        bundle_sha: str = "",
+        hosts: Sequence[str] = (),
+        entry: str = "",
+        launcher: str = "torchrun",
+        verify: Sequence[str] = ("metrics", "best_ckpt"),
+        run: str = "",
+        git: tuple[str, bool | None] = ("", None),
+        budget_usd: float | None = None,
+    ) -> list[Job]:
+        """Insert a sweep and all its jobs (QUEUED) in one transaction.
+
+        ``hosts``: the hosts the user restricted the sweep to (empty: any registered host).
+        ``git``: the project's commit and whether it had uncommitted changes (("", None): unknown).
+        ``budget_usd``: the sweep's spending cap (None: none; orchestrator/money/budget.py).
+        """
+        now = time.time()
+        rows: list[Job] = []
+        with self.session() as s:
+            if s.get(Sweep, sweep_id) is not None:
+                raise LedgerError(f"sweep {sweep_id} already exists")
+            s.add(Sweep(id=sweep_id, queue_path=queue_path, workdir=workdir, queue_text=queue_text,
+                        bundle_sha=bundle_sha, hosts=",".join(hosts), entry=entry, launcher=launcher,
+                        verify=",".join(verify), run=run, git_commit=git[0], git_dirty=git[1],
+                        budget_usd=budget_usd, job_count=len(jobs), created_at=now))
+            s.flush()
+            for spec in jobs:
+                row = job_row(sweep_id, spec, default_retries, now)
+                s.add(row)
+                rows.append(row)
+            add_event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
+        return rows
+
+    def sweep_ids(self) -> set[str]:
+        with self.reading() as s:
+            return set(s.exec(select(Sweep.id)))
+
+    def sweep(self, sweep_id: str) -> Sweep | None:
+        with self.reading() as s:
+            return s.get(Sweep, sweep_id)
+
+    def set_sweep_hosts(self, sweep_id: str, hosts: Iterable[str]) -> None:
+        with self.session() as s:
+            row = s.get(Sweep, sweep_id)
+            if row is None:
+                raise LedgerError(f"no sweep {sweep_id!r}")
+            row.hosts = ",".join(sorted(set(hosts)))
+            add_event(s, "sweep", sweep_id, "", "", f"may use hosts {row.hosts}")
+
+    def set_sweep_budget(self, sweep_id: str, usd: float | None, *, severity: str, rule: str, message: str) -> None:
+        """Set (None: remove) a sweep's spending cap, and the finding that says so, in one transaction."""
+        with self.session() as s:
+            row = s.get(Sweep, sweep_id)
+            if row is None:
+                raise LedgerError(f"no sweep {sweep_id!r}")
+            row.budget_usd = usd
+            s.add(Event(time=time.time(), kind="sweep", subject=sweep_id, message=message, severity=severity,
+                        rule=rule))
+
+    def sweeps(self) -> list[Sweep]:
+        with self.reading() as s:
+            return list(s.exec(select(Sweep).order_by(col(Sweep.created_at))))
+
+    def resolve_sweep(self, ref: str | None) -> Sweep:
+        """A sweep id or unique prefix; None means the newest sweep."""
+        with self.reading() as s:
+            if ref is None:
+                newest = s.exec(select(Sweep).order_by(col(Sweep.created_at).desc())).first()
+                if newest is None:
+                    raise JobNotFound("no sweeps yet; submit one with `gpuq submit QUEUE`")
+                return newest
+            found = list(s.exec(select(Sweep).where(col(Sweep.id).startswith(ref, autoescape=True))))
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise JobNotFound(f"no sweep matches {ref!r}; `gpuq status` lists the sweeps")
+        raise JobNotFound(f"sweep prefix {ref!r} is ambiguous: {', '.join(sorted(x.id for x in found))}")
+
+    def job(self, job_id: str) -> Job:
+        with self.reading() as s:
+            row = s.get(Job, job_id)
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return row
+
+    def resolve_job(self, ref: str) -> Job:
+        """The job ``ref`` names: id, prefix >= 4, SWEEP:NAME or a bare name (``ledger/refs.py``)."""
+        return self.resolve_job_ref(ref).job
+
+    def resolve_job_ref(self, ref: str) -> JobRef:
+        """Like ``resolve_job``, with a note saying which sweep a bare name picked when several have it."""
+        with self.reading() as s:
+            return refs.resolve_job(s, ref)
+
+    def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]:
+        with self.reading() as s:
+            query = select(Job)
+            if sweep_id is not None:
+                query = query.where(Job.sweep_id == sweep_id)
+            if states is not None:
+                query = query.where(col(Job.state).in_([st.value for st in states]))
+            return list(s.exec(query.order_by(col(Job.created_at), col(Job.line))))
+
+    def succeeded_with(self, spec_hashes: Iterable[str]) -> dict[str, Job]:
+        """{spec_hash: a SUCCEEDED job with that identity} for the given hashes."""
+        hashes = list(spec_hashes)
+        with self.reading() as s:
+            rows = s.exec(select(Job).where(col(Job.spec_hash).in_(hashes), Job.state == JobState.SUCCEEDED.value))
+            return {row.spec_hash: row for row in rows}
+
+    def state_counts(self) -> dict[str, dict[str, int]]:
+        """{sweep_id: {state: count}} in one query."""
+        with self.reading() as s:
+            rows = s.exec(select(Job.sweep_id, Job.state, func.count()).group_by(Job.sweep_id, Job.state))
+            out: dict[str, dict[str, int]] = {}
+            for sweep_id, state, count in rows:
+                out.setdefault(sweep_id, {})[state] = int(count)
+            return out
+
+    def jobs_on(self, hosts: Iterable[str]) -> list[Job]:
+        """Every job whose current or last host is one of ``hosts``."""
+        names = sorted(set(hosts))
+        with self.reading() as s:
+            return list(s.exec(select(Job).where(col(Job.host).in_(names))
+                               .order_by(col(Job.created_at), col(Job.line))))
+
+    # --- budgets, retries, history -------------------------------------------------
+
+    def capped_sweeps(self) -> list[Sweep]:
+        """The sweeps with a spending cap (``Sweep.budget_usd``), oldest first."""
+        with self.reading() as s:
+            return list(s.exec(select(Sweep).where(col(Sweep.budget_usd).is_not(None))
+                               .order_by(col(Sweep.created_at))))
+
+
+def job_row(sweep_id: str, spec: JobSpec, default_retries: int, now: float) -> Job:
+    """The QUEUED row of one expanded queue line of sweep ``sweep_id``."""
+    return Job(
+        id=job_id_for(sweep_id, spec.name),
+        sweep_id=sweep_id,
+        name=spec.name,
+        line=spec.line,
+        raw=spec.raw,
+        config=spec.config,
+        config_sha256=spec.config_sha256,
+        task=spec.task,
+        epochs=spec.epochs or 0,  # 0: not given (specs.known_epochs)
+        gpus=spec.gpus,
+        nodes=spec.nodes,
+        est_min=spec.est_min,
+        seed=spec.seed,
+        host_pin=spec.host,
+        retries=default_retries if spec.retries is None else spec.retries,
+        spec_hash=spec_hash_for(spec),
+        args=json.dumps(list(spec.args)),
+        cell=spec.cell or spec.name,
+        gpu="|".join(spec.gpu),
+        gpu_mem=spec.gpu_mem,
+        state=JobState.QUEUED.value,
+        created_at=now,
+        updated_at=now,
+    )
