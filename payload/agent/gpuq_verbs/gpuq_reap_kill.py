@@ -25,40 +25,42 @@ def same_process(pid: int, ticks: int) -> bool:
 def kill_all(ticks: dict[int, int]) -> list[dict[str, Any]]:
     """SIGTERM each (after re-checking its start time), wait, SIGKILL survivors; one outcome each."""
     outcome: dict[int, str] = {}
-    for pid, t in sorted(ticks.items()):
-        if not same_process(pid, t):
-            outcome[pid] = "gone"
-            continue
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            outcome[pid] = "gone"
-        except PermissionError:
-            outcome[pid] = "failed: permission denied"
-    deadline = time.time() + TERM_WAIT_S
-    pending = [p for p in ticks if p not in outcome]
-    while pending and time.time() < deadline:
-        time.sleep(0.1)
-        pending = [p for p in pending if same_process(p, ticks[p])]
-    for pid in ticks:
-        if pid not in outcome and pid not in pending:
+    sent = _signal_each(sorted(ticks), ticks, signal.SIGTERM, "gone", outcome)
+    pending = _survivors(sent, ticks, TERM_WAIT_S, 0.1)
+    for pid in sent:
+        if pid not in pending:
             outcome[pid] = "terminated"
-    for pid in pending:
-        if not same_process(pid, ticks[pid]):
-            outcome[pid] = "terminated"
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            outcome[pid] = "terminated"
-        except PermissionError:
-            outcome[pid] = "failed: permission denied"
-    deadline = time.time() + KILL_WAIT_S
-    left = [p for p in pending if p not in outcome]
-    while left and time.time() < deadline:
-        time.sleep(0.05)
-        left = [p for p in left if same_process(p, ticks[p])]
-    for pid in pending:
-        if pid not in outcome:
-            outcome[pid] = "failed: still alive after SIGKILL" if pid in left else "killed"
+    sent = _signal_each(pending, ticks, signal.SIGKILL, "terminated", outcome)
+    left = _survivors(sent, ticks, KILL_WAIT_S, 0.05)
+    for pid in sent:
+        outcome[pid] = "failed: still alive after SIGKILL" if pid in left else "killed"
     return [{"pid": pid, "outcome": outcome[pid]} for pid in sorted(outcome)]
+
+
+def _signal_each(pids: list[int], ticks: dict[int, int], sig: int, gone: str, outcome: dict[int, str]) -> list[int]:
+    """Send ``sig`` to each pid still the process it was (its start time re-checked); one already gone gets
+    ``gone`` in ``outcome``, one we may not signal a failure.  The pids signalled, in order."""
+    sent = []
+    for pid in pids:
+        if not same_process(pid, ticks[pid]):
+            outcome[pid] = gone
+            continue
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            outcome[pid] = gone
+        except PermissionError:
+            outcome[pid] = "failed: permission denied"
+        else:
+            sent.append(pid)
+    return sent
+
+
+def _survivors(pids: list[int], ticks: dict[int, int], wait_s: float, poll_s: float) -> list[int]:
+    """The pids still alive (the same processes) after waiting up to ``wait_s`` for them to exit."""
+    deadline = time.time() + wait_s
+    left = list(pids)
+    while left and time.time() < deadline:
+        time.sleep(poll_s)
+        left = [p for p in left if same_process(p, ticks[p])]
+    return left
