@@ -79,64 +79,7 @@ def _verb(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gpuq_agent.py", description="gpuq host agent")
-    ap.add_argument("--root", required=True, help="GPUQ_ROOT: the host's data dir")
-    sub = ap.add_subparsers(dest="cmd")
-    sp = sub.add_parser("serve", help="run the host agent (one per root)")
-    sp.add_argument("--idle-exit-s", type=float, default=600.0)
-    sp.add_argument("--cpu-slots", type=int, default=None)
-    sp.add_argument("--poll-s", type=float, default=0.1)
-    sp.add_argument("--detach", action="store_true", help="double-fork, setsid, log to agent.out")
-    sp.add_argument("--train-device", choices=("auto", "cpu"), default="auto",
-                    help="cpu: train on CPU even on GPU slots (rehearsal hosts with an emulated nvidia-smi)")
-    wp = sub.add_parser("wrap", help="internal: run one attempt")
-    wp.add_argument("job_id")
-    wp.add_argument("attempt")
-    st = sub.add_parser("status", help="read-only probe")
-    st.add_argument("--json", action="store_true")
-    st.add_argument("--results-for", nargs="*", default=(), metavar="JOB",
-                    help="also carry the collected results of these jobs when they exited 0")
-    st.add_argument("--kernel-since", default=None, metavar="CURSOR",
-                    help="kernel.xids: only Xid lines after this cursor (TS or BOOT_ID:TS)")
-    st.add_argument("--scan", nargs="*", default=(), metavar="JOB:ATTEMPT:LOG_OFF:METRICS_OFF",
-                    help="scan these attempts' new log and metrics bytes for crash signatures and NaN")
-    verb = _verb(sys.argv[1:] if argv is None else argv)
-    hp = sub.add_parser("health", help="GPU preflight")
-    rp = sub.add_parser("reap", help="find (--force: kill) VRAM zombies")
-    if verb == "health":
-        from gpuq_verbs import gpuq_health
-        gpuq_health.add_arguments(hp)
-    elif verb == "reap":
-        from gpuq_verbs import gpuq_reap
-        gpuq_reap.add_arguments(rp)
-    cp = sub.add_parser("cancel", help="withdraw or kill a job")
-    cp.add_argument("job_ids", nargs="+")
-    kp = sub.add_parser("kill", help="kill one attempt's process group (identity-checked), no cancel")
-    kp.add_argument("job_id")
-    kp.add_argument("attempt", type=int)
-    stp = sub.add_parser("stacks", help="save where each process of a running attempt waits, to stacks.txt")
-    stp.add_argument("job_id")
-    stp.add_argument("attempt", type=int)
-    wd = sub.add_parser("withdraw", help="take unstarted jobs back out of the inbox (work stealing)")
-    wd.add_argument("job_ids", nargs="+")
-    dr = sub.add_parser("decide-retry", help="the controller settles these ended attempts unless the host retried them")
-    dr.add_argument("items", nargs="+", metavar="JOB_ID:ATTEMPT")
-    sub.add_parser("version", help="print the protocol version")
-    ep = sub.add_parser("enqueue", help="write job specs (JSON list on stdin) into the inbox, idempotently")
-    ep.add_argument("--serve", action="store_true", help="then make sure a detached agent runs")
-    ep.add_argument("--idle-exit-s", type=float, default=600.0)
-    ep.add_argument("--cpu-slots", type=int, default=None)
-    ep.add_argument("--poll-s", type=float, default=0.1)
-    ep.add_argument("--train-device", choices=("auto", "cpu"), default="auto",
-                    help="cpu: train on CPU even on GPU slots (rehearsal hosts with an emulated nvidia-smi)")
-    co = sub.add_parser("collect", help="summaries and hashed result files of finished jobs")
-    co.add_argument("job_ids", nargs="+")
-    sn = sub.add_parser("snapshot", help="pin a job's current checkpoint as ckpt/.ship.pt for copying")
-    sn.add_argument("job_id")
-    mp = sub.add_parser("manifest", help="build MANIFEST.json of finished jobs for `gpuq pull`")
-    mp.add_argument("job_ids", nargs="+")
-    sa = sub.add_parser("stop-agent", help="stop this root's idle agent now (--force: even with work)")
-    sa.add_argument("--force", action="store_true")
+    ap = parser(_verb(sys.argv[1:] if argv is None else argv))
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -154,6 +97,92 @@ def main(argv: list[str] | None = None) -> int:
         return run_verb(lay, args)
     ap.print_usage(sys.stderr)
     return P.AGENT_EXIT_USAGE
+
+
+def parser(verb: str | None) -> argparse.ArgumentParser:
+    """The agent's command line, one sub-parser per verb; health's and reap's options are added only
+    when ``verb`` is theirs (their modules are imported for them)."""
+    ap = argparse.ArgumentParser(prog="gpuq_agent.py", description="gpuq host agent")
+    ap.add_argument("--root", required=True, help="GPUQ_ROOT: the host's data dir")
+    sub = ap.add_subparsers(dest="cmd")
+    _add_serving_verbs(sub)
+    _add_probe_verbs(sub, verb)
+    _add_attempt_verbs(sub)
+    _add_record_verbs(sub)
+    return ap
+
+
+def _add_serving_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve`` (its options) and ``wrap``: the verbs that run jobs."""
+    sp = sub.add_parser("serve", help="run the host agent (one per root)")
+    sp.add_argument("--idle-exit-s", type=float, default=600.0)
+    sp.add_argument("--cpu-slots", type=int, default=None)
+    sp.add_argument("--poll-s", type=float, default=0.1)
+    sp.add_argument("--detach", action="store_true", help="double-fork, setsid, log to agent.out")
+    sp.add_argument("--train-device", choices=("auto", "cpu"), default="auto",
+                    help="cpu: train on CPU even on GPU slots (rehearsal hosts with an emulated nvidia-smi)")
+    wp = sub.add_parser("wrap", help="internal: run one attempt")
+    wp.add_argument("job_id")
+    wp.add_argument("attempt")
+
+
+def _add_probe_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser], verb: str | None) -> None:
+    """``status``, ``health`` and ``reap``: the read-only probes (health's and reap's options only when
+    ``verb`` is one of them)."""
+    st = sub.add_parser("status", help="read-only probe")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--results-for", nargs="*", default=(), metavar="JOB",
+                    help="also carry the collected results of these jobs when they exited 0")
+    st.add_argument("--kernel-since", default=None, metavar="CURSOR",
+                    help="kernel.xids: only Xid lines after this cursor (TS or BOOT_ID:TS)")
+    st.add_argument("--scan", nargs="*", default=(), metavar="JOB:ATTEMPT:LOG_OFF:METRICS_OFF",
+                    help="scan these attempts' new log and metrics bytes for crash signatures and NaN")
+    hp = sub.add_parser("health", help="GPU preflight")
+    rp = sub.add_parser("reap", help="find (--force: kill) VRAM zombies")
+    if verb == "health":
+        from gpuq_verbs import gpuq_health
+        gpuq_health.add_arguments(hp)
+    elif verb == "reap":
+        from gpuq_verbs import gpuq_reap
+        gpuq_reap.add_arguments(rp)
+
+
+def _add_attempt_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cancel``, ``kill``, ``stacks``, ``withdraw``, ``decide-retry`` and ``version``: the verbs that act
+    on given jobs or attempts (and the protocol's version)."""
+    cp = sub.add_parser("cancel", help="withdraw or kill a job")
+    cp.add_argument("job_ids", nargs="+")
+    kp = sub.add_parser("kill", help="kill one attempt's process group (identity-checked), no cancel")
+    kp.add_argument("job_id")
+    kp.add_argument("attempt", type=int)
+    stp = sub.add_parser("stacks", help="save where each process of a running attempt waits, to stacks.txt")
+    stp.add_argument("job_id")
+    stp.add_argument("attempt", type=int)
+    wd = sub.add_parser("withdraw", help="take unstarted jobs back out of the inbox (work stealing)")
+    wd.add_argument("job_ids", nargs="+")
+    dr = sub.add_parser("decide-retry", help="the controller settles these ended attempts unless the host retried them")
+    dr.add_argument("items", nargs="+", metavar="JOB_ID:ATTEMPT")
+    sub.add_parser("version", help="print the protocol version")
+
+
+def _add_record_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``enqueue`` (with serve's options), ``collect``, ``snapshot``, ``manifest`` and ``stop-agent``: the
+    verbs that write or read a root's records."""
+    ep = sub.add_parser("enqueue", help="write job specs (JSON list on stdin) into the inbox, idempotently")
+    ep.add_argument("--serve", action="store_true", help="then make sure a detached agent runs")
+    ep.add_argument("--idle-exit-s", type=float, default=600.0)
+    ep.add_argument("--cpu-slots", type=int, default=None)
+    ep.add_argument("--poll-s", type=float, default=0.1)
+    ep.add_argument("--train-device", choices=("auto", "cpu"), default="auto",
+                    help="cpu: train on CPU even on GPU slots (rehearsal hosts with an emulated nvidia-smi)")
+    co = sub.add_parser("collect", help="summaries and hashed result files of finished jobs")
+    co.add_argument("job_ids", nargs="+")
+    sn = sub.add_parser("snapshot", help="pin a job's current checkpoint as ckpt/.ship.pt for copying")
+    sn.add_argument("job_id")
+    mp = sub.add_parser("manifest", help="build MANIFEST.json of finished jobs for `gpuq pull`")
+    mp.add_argument("job_ids", nargs="+")
+    sa = sub.add_parser("stop-agent", help="stop this root's idle agent now (--force: even with work)")
+    sa.add_argument("--force", action="store_true")
 
 
 def run_verb(lay: Layout, args: argparse.Namespace) -> int:
