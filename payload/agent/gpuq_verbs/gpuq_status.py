@@ -30,7 +30,7 @@ from gpuq_base.gpuq_hostfacts import disk_info, memory_info, query_gpus
 from gpuq_records.gpuq_inbox import collect_one
 from gpuq_watch.gpuq_kernel import kernel_section
 from gpuq_watch.gpuq_nonfinite import of_running_job
-from gpuq_base.gpuq_jobspec import RunSection, attempt_of, read_spec
+from gpuq_base.gpuq_jobspec import JobSpec, RunSection, attempt_of, read_spec
 from gpuq_records.gpuq_observe import job_progress
 from gpuq_base.gpuq_procs import boot_id, group_alive, leader_alive
 from gpuq_records.gpuq_runmetrics import metrics_progress
@@ -50,13 +50,7 @@ def agent_state(lay: Layout) -> tuple[dict[str, Any], Any]:
 def job_entry(lay: Layout, job_id: str, where: str, now: float, wanted: Any = ()) -> dict[str, Any]:
     spec = read_spec(lay.p(where, job_id + ".json"))  # None: unreadable, or refused (the serve loop says why)
     n = spec.attempt if spec is not None else attempt_of(read_json(lay.p(where, job_id + ".json"))) or 1
-    e: dict[str, Any] = {"job_id": job_id, "name": spec.name if spec is not None else None,
-                         "queue_id": spec.queue_id if spec is not None else None,
-                         "attempt": n, "state": None, "slots": None, "pgid": None, "group_alive": None,
-                         "launched_at": None, "exit": None, "heartbeat": None, "heartbeat_age_s": None,
-                         "log_bytes": None, "log_mtime": None, "ckpt": None, "progress": None,
-                         "run_ckpt_mtime": None, "run_metrics_mtime": None, "gpu_util_pct": None,
-                         "cancel_requested": os.path.exists(lay.job(job_id, P.CANCEL_FILE))}
+    e = blank_entry(lay, job_id, spec, n)
     if where == P.INBOX_DIR:
         e["state"] = "queued"
         return e
@@ -64,14 +58,36 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float, wanted: Any = ()
         e["state"] = "withdrawn"
         return e
     adir = lay.attempt(job_id, n)
+    launch, rec = read_attempt_files(e, lay, job_id, adir, now)
+    e["state"] = attempt_state(e, adir, launch, rec, now)
+    final = e["state"] == "exited" and job_id in wanted  # just ended: its last progress, once
+    if e["state"] in ("running", "dead") or final:  # bounded: the log's last 64 KiB, a capped walk of run/
+        observe_run(e, lay, job_id, spec, n)
+    return e
+
+
+def blank_entry(lay: Layout, job_id: str, spec: JobSpec | None, n: int) -> dict[str, Any]:
+    """A job's entry before its attempt files are read: what its spec says, every other field None."""
+    return {"job_id": job_id, "name": spec.name if spec is not None else None,
+            "queue_id": spec.queue_id if spec is not None else None,
+            "attempt": n, "state": None, "slots": None, "pgid": None, "group_alive": None,
+            "launched_at": None, "exit": None, "heartbeat": None, "heartbeat_age_s": None,
+            "log_bytes": None, "log_mtime": None, "ckpt": None, "progress": None,
+            "run_ckpt_mtime": None, "run_metrics_mtime": None, "gpu_util_pct": None,
+            "cancel_requested": os.path.exists(lay.job(job_id, P.CANCEL_FILE))}
+
+
+def read_attempt_files(e: dict[str, Any], lay: Layout, job_id: str, adir: str,
+                       now: float) -> tuple[Any, Any]:
+    """Fill ``e`` from the attempt's files (its log's size, the checkpoint pointer, heartbeat, exit
+    record, provenance, launch record, group record); returns (launch.json, pgid.json) as read."""
     launch = read_json(os.path.join(adir, P.LAUNCH_FILE))
     rec = read_json(os.path.join(adir, P.PGID_FILE))
     ex = read_json(os.path.join(adir, P.EXIT_FILE))
     hb = read_json(os.path.join(adir, P.HEARTBEAT_FILE))
     hb_m = mtime(os.path.join(adir, P.HEARTBEAT_FILE))
-    log_p = os.path.join(adir, P.JOB_LOG)
     try:
-        st = os.stat(log_p)
+        st = os.stat(os.path.join(adir, P.JOB_LOG))
         e["log_bytes"], e["log_mtime"] = st.st_size, st.st_mtime
     except OSError:
         pass
@@ -92,26 +108,33 @@ def job_entry(lay: Layout, job_id: str, where: str, now: float, wanted: Any = ()
         e["pgid"] = rec.get("pgid")
         e["boot_id"] = rec.get("boot_id")  # the boot the attempt started in: differs after a reboot
         e["group_alive"] = group_alive(rec)
+    return launch, rec
+
+
+def attempt_state(e: dict[str, Any], adir: str, launch: Any, rec: Any, now: float) -> str:
+    """Which state a claimed job's attempt is in: exited (an exit record), claimed (not launched, or
+    launching: no group recorded yet), running (its group lives) or dead."""
     if e["exit"] is not None:
-        e["state"] = "exited"
-    elif launch is None and not os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
-        e["state"] = "claimed"
-    elif e["group_alive"]:
-        e["state"] = "running"
-    elif rec is None and now - (mtime(os.path.join(adir, P.LAUNCH_FILE)) or 0) < LAUNCH_PGID_GRACE_S:
-        e["state"] = "claimed"  # launching: the wrapper has not recorded its group yet
-    else:
-        e["state"] = "dead"
-    final = e["state"] == "exited" and job_id in wanted  # just ended: its last progress, once
-    if e["state"] in ("running", "dead") or final:  # bounded: the log's last 64 KiB, a capped walk of run/
-        run = spec.run if spec is not None and spec.run is not None else RunSection()
-        if e["log_bytes"]:
-            e["progress"] = job_progress(log_p, run.progress)
-        observe_metrics(e, lay.job(job_id), run, n)
-        if run.checkpoint:
-            newest = gpuq_own.newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.checkpoint)
-            e["run_ckpt_mtime"] = newest.mtime if newest is not None else None
-    return e
+        return "exited"
+    if launch is None and not os.path.exists(os.path.join(adir, P.LAUNCH_FILE)):
+        return "claimed"
+    if e["group_alive"]:
+        return "running"
+    if rec is None and now - (mtime(os.path.join(adir, P.LAUNCH_FILE)) or 0) < LAUNCH_PGID_GRACE_S:
+        return "claimed"  # launching: the wrapper has not recorded its group yet
+    return "dead"
+
+
+def observe_run(e: dict[str, Any], lay: Layout, job_id: str, spec: JobSpec | None, n: int) -> None:
+    """The progress of a running (or dead, or just ended) attempt: its log's progress line, its
+    metrics files, its newest own checkpoint's mtime."""
+    run = spec.run if spec is not None and spec.run is not None else RunSection()
+    if e["log_bytes"]:
+        e["progress"] = job_progress(os.path.join(lay.attempt(job_id, n), P.JOB_LOG), run.progress)
+    observe_metrics(e, lay.job(job_id), run, n)
+    if run.checkpoint:
+        newest = gpuq_own.newest_checkpoint(lay.job(job_id, P.RUN_DIR), run.checkpoint)
+        e["run_ckpt_mtime"] = newest.mtime if newest is not None else None
 
 
 def observe_metrics(e: dict[str, Any], job_dir: str, run: RunSection, attempt: int) -> None:
@@ -149,19 +172,9 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     now = time.time()
     agent, rec = agent_state(lay)
     gpus = query_gpus()
-    if isinstance(rec, dict) and isinstance(rec.get("slots"), dict):
-        kind = rec["slots"].get("kind", "cpu")
-        total = len(rec["slots"].get("ids") or [])
-    elif gpus:
-        kind, total = "gpu", len(gpus)
-    else:
-        kind, total = "cpu", os.cpu_count() or 1
-    seen: dict[str, str] = {}
-    for where in (P.WITHDRAWN_DIR, P.INBOX_DIR, P.CLAIMED_DIR):  # later wins: claimed > inbox > withdrawn
-        for job_id in list_specs(lay.p(where)):
-            seen[job_id] = where
+    kind, total = slot_capacity(rec, gpus)
     wanted = set(getattr(args, "results_for", ()) or ())
-    jobs = [job_entry(lay, j, w, now, wanted) for j, w in sorted(seen.items())]
+    jobs = [job_entry(lay, j, w, now, wanted) for j, w in sorted(where_each_job_is(lay).items())]
     used = sum(len(j["slots"] or []) for j in jobs if j["state"] == "running")
     slurm_conf = gpuq_slurm.config(lay)
     slurm = None
@@ -169,39 +182,17 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         slurm = gpuq_slurm_view.apply_view(lay, jobs, now)
         kind, total = "slurm", int(slurm_conf.get("max_jobs") or 1)
         used = slurm["jobs"]
-    if kind == "gpu":  # what a trainer without a heartbeat shows on its GPUs (shown, not a liveness proof:
-        util = {g.get("index"): g.get("util_pct") for g in gpus}  # a hung NCCL collective spins at 100%)
-        for e in jobs:
-            busy: list[Any] = [util[s] for s in e["slots"] or [] if e["state"] == "running" and util.get(s) is not None]
-            e["gpu_util_pct"] = max(busy) if busy else None
-    uptime = None
-    up = (read_text("/proc/uptime") or "").split()
-    if up:
-        with contextlib.suppress(ValueError):
-            uptime = float(up[0])
-    try:
-        bundles = sorted(n for n in os.listdir(lay.p(P.BUNDLES_DIR)) if not n.startswith("."))
-    except OSError:
-        bundles = []
+    if kind == "gpu":
+        show_gpu_util(jobs, gpus)
+    uptime = uptime_s()
+    bundles = bundle_names(lay)
     try:
         scans = parse_scan_args(getattr(args, "scan", ()))
     except ValueError as exc:
         print(f"gpuq status: {exc}", file=sys.stderr)
         return P.AGENT_EXIT_USAGE
-    for e in jobs:
-        if e["job_id"] in scans:
-            n, log_off, metrics_off = scans[e["job_id"]]
-            e["scan"] = scan_job(lay.job(e["job_id"]), n, log_off, metrics_off)
-            if e["state"] == "running" and n == e["attempt"]:  # a project's own metrics: its newest losses
-                e["scan"]["nonfinite"] = (e["scan"]["nonfinite"] + of_running_job(lay, e["job_id"], n,
-                                                                                 e["launched_at"]))[:MAX_NONFINITE]
-            if n < e["attempt"]:  # attempts the controller has not seen end: did this host retry them itself?
-                from gpuq_watch.gpuq_retry import chain
-                e["host_retried"] = chain(lay, e["job_id"], n, e["attempt"])
-    for e in jobs:
-        ex = e.get("exit") or {}
-        if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
-            e["results"] = collect_one(lay.root, e["job_id"], write=False)
+    attach_scans(lay, jobs, scans)
+    attach_results(lay, jobs, wanted)
     hide = gpuq_secrets.held_values(lay)
     for e in jobs:
         redact_host_text(e, hide)
@@ -216,3 +207,73 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         doc["slurm"] = slurm
     sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
     return 0
+
+
+def slot_capacity(rec: Any, gpus: list[dict[str, Any]]) -> tuple[str, int]:
+    """(slot kind, slot count): the running agent's slots as its pid record says, else the GPUs seen,
+    else the CPUs."""
+    if isinstance(rec, dict) and isinstance(rec.get("slots"), dict):
+        return rec["slots"].get("kind", "cpu"), len(rec["slots"].get("ids") or [])
+    if gpus:
+        return "gpu", len(gpus)
+    return "cpu", os.cpu_count() or 1
+
+
+def where_each_job_is(lay: Layout) -> dict[str, str]:
+    """{job id: the directory its spec is in}; a job in two is where it got last (claimed > inbox >
+    withdrawn)."""
+    seen: dict[str, str] = {}
+    for where in (P.WITHDRAWN_DIR, P.INBOX_DIR, P.CLAIMED_DIR):  # later wins: claimed > inbox > withdrawn
+        for job_id in list_specs(lay.p(where)):
+            seen[job_id] = where
+    return seen
+
+
+def show_gpu_util(jobs: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> None:
+    """Each running job's busiest GPU's utilisation: what a trainer without a heartbeat shows on its GPUs
+    (shown, not a liveness proof: a hung NCCL collective spins at 100%)."""
+    util = {g.get("index"): g.get("util_pct") for g in gpus}
+    for e in jobs:
+        busy: list[Any] = [util[s] for s in e["slots"] or [] if e["state"] == "running" and util.get(s) is not None]
+        e["gpu_util_pct"] = max(busy) if busy else None
+
+
+def uptime_s() -> float | None:
+    """The host's uptime from /proc/uptime, None when unreadable."""
+    up = (read_text("/proc/uptime") or "").split()
+    if up:
+        with contextlib.suppress(ValueError):
+            return float(up[0])
+    return None
+
+
+def bundle_names(lay: Layout) -> list[str]:
+    """The bundles on this host (hidden entries, such as the data trees, left out)."""
+    try:
+        return sorted(n for n in os.listdir(lay.p(P.BUNDLES_DIR)) if not n.startswith("."))
+    except OSError:
+        return []
+
+
+def attach_scans(lay: Layout, jobs: list[dict[str, Any]], scans: dict[str, tuple[int, int, int]]) -> None:
+    """The scan the controller asked for, per job: new log and metrics bytes, a running job's project
+    metrics' newest non-finite losses, and whether this host retried the attempts the controller has
+    not seen end."""
+    for e in jobs:
+        if e["job_id"] in scans:
+            n, log_off, metrics_off = scans[e["job_id"]]
+            e["scan"] = scan_job(lay.job(e["job_id"]), n, log_off, metrics_off)
+            if e["state"] == "running" and n == e["attempt"]:  # a project's own metrics: its newest losses
+                e["scan"]["nonfinite"] = (e["scan"]["nonfinite"] + of_running_job(lay, e["job_id"], n,
+                                                                                 e["launched_at"]))[:MAX_NONFINITE]
+            if n < e["attempt"]:  # attempts the controller has not seen end: did this host retry them itself?
+                from gpuq_watch.gpuq_retry import chain
+                e["host_retried"] = chain(lay, e["job_id"], n, e["attempt"])
+
+
+def attach_results(lay: Layout, jobs: list[dict[str, Any]], wanted: set[str]) -> None:
+    """The collected results of the wanted jobs that exited 0 (read, never written)."""
+    for e in jobs:
+        ex = e.get("exit") or {}
+        if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
+            e["results"] = collect_one(lay.root, e["job_id"], write=False)
