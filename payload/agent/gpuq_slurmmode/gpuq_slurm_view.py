@@ -32,6 +32,19 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
       Slurm still runs or queues the job): the attempt goes on, so it is not reported as exited.
 
     Returns the document's "slurm" section: {"jobs": alive count, "error": ""}."""
+    mine, unsubmitted = slurm_attempts(lay, jobs, now)
+    view, error = ask_slurm(lay, mine, unsubmitted)
+    alive = 0
+    for e, sid in mine:
+        alive += correct_entry(lay, e, sid, view)
+    return {"jobs": alive, "error": error}
+
+
+def slurm_attempts(lay: Layout, jobs: list[dict[str, Any]],
+                   now: float) -> tuple[list[tuple[dict[str, Any], str]], dict[str, dict[str, Any]]]:
+    """(entries with their recorded Slurm job id, {attempt comment: entry} of those launched with no id
+    recorded yet); an unsubmitted one is "claimed" within its grace (sbatch may still be running, or
+    its reply was lost), "dead" after it."""
     mine = []
     unsubmitted = {}  # comment -> entry: launched, but no Slurm id recorded (sbatch running, or its reply lost)
     for e in jobs:
@@ -47,6 +60,14 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
             e["state"] = "claimed" if now - launched < UNSUBMITTED_GRACE_S else "dead"
             e["group_alive"] = None
             unsubmitted[gpuq_slurm.attempt_comment(e["job_id"], int(e["attempt"]))] = e
+    return mine, unsubmitted
+
+
+def ask_slurm(lay: Layout, mine: list[tuple[dict[str, Any], str]],
+              unsubmitted: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, str]] | None, str]:
+    """(Slurm's view of these jobs, ""), or (None, the error) when it did not answer (the unsubmitted
+    entries then stay "claimed": nothing is concluded).  An unsubmitted attempt Slurm lists by its
+    comment joins ``mine`` with that job id (sbatch submitted it, its reply was lost)."""
     try:
         view = gpuq_slurm.slurm_states(lay, [sid for _e, sid in mine], list(unsubmitted))
         error = ""
@@ -58,43 +79,49 @@ def apply_view(lay: Layout, jobs: list[dict[str, Any]], now: float) -> dict[str,
         orphan = unsubmitted.pop(seen.get("comment", ""), None)
         if orphan is not None:  # sbatch submitted it, its reply was lost: this is the attempt's Slurm job
             mine.append((orphan, sid))
-    alive = 0
-    for e, sid in mine:
-        e["group_alive"] = None
-        nodes = node_ranks(lay.attempt(e["job_id"], e["attempt"]))
-        if nodes:
-            e["nodes"] = nodes
-        row = (view or {}).get(sid)
-        state = row["state"] if row else ""
-        e["slurm"] = {"id": sid, "state": state or ("UNKNOWN" if view is None else "GONE"),
-                      "reason": row["reason"] if row else "", "nodes": row["nodes"] if row else ""}
-        if view is None:  # Slurm did not answer: say nothing new about the attempt
-            if e["state"] == "dead":
-                e["state"] = "running" if e.get("heartbeat") else "claimed"
-            alive += e["state"] != "exited"
-            continue
-        ex = e.get("exit")
-        if state in ALIVE or (state == "" and ex is None and e.get("heartbeat_age_s") is not None
-                              and float(e["heartbeat_age_s"]) < 120):
-            alive += 1
-            if ex is not None and (ex.get("wrapper_code") == P.EXIT_OK or ex.get("wrapper_signal") is None):
-                continue  # a verdict of its own: the run ended, whatever Slurm still tidies up
-            e["exit"] = None
-            e["state"] = "running" if state in ("RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT") else "claimed"
-            continue
-        if ex is not None:
-            e["state"] = "exited"
-            continue
-        what = state or "no longer listed by squeue"
-        code = P.EXIT_SIGNAL_BASE + 9
-        msg = "Slurm job %s ended %s%s before the wrapper wrote exit.json" % (
-            sid, what, " (%s)" % row["reason"] if row and row["reason"] not in ("", "None") else "")
-        rec = exit_record(e["job_id"], e["attempt"], code, "train", msg, heartbeat=e.get("heartbeat"))
-        rec["vanished"] = True
-        rec["slurm_state"] = state or "GONE"
-        e["exit"] = rec
-        e["state"] = "exited"
-    return {"jobs": alive, "error": error}
+    return view, error
+
+
+def correct_entry(lay: Layout, e: dict[str, Any], sid: str, view: dict[str, dict[str, str]] | None) -> int:
+    """Correct one attempt's entry with what Slurm says of its job ``sid`` (``view`` None: Slurm did not
+    answer); 1 when the attempt is alive, else 0."""
+    e["group_alive"] = None
+    nodes = node_ranks(lay.attempt(e["job_id"], e["attempt"]))
+    if nodes:
+        e["nodes"] = nodes
+    row = (view or {}).get(sid)
+    state = row["state"] if row else ""
+    e["slurm"] = {"id": sid, "state": state or ("UNKNOWN" if view is None else "GONE"),
+                  "reason": row["reason"] if row else "", "nodes": row["nodes"] if row else ""}
+    if view is None:  # Slurm did not answer: say nothing new about the attempt
+        if e["state"] == "dead":
+            e["state"] = "running" if e.get("heartbeat") else "claimed"
+        return int(e["state"] != "exited")
+    ex = e.get("exit")
+    if state in ALIVE or (state == "" and ex is None and e.get("heartbeat_age_s") is not None
+                          and float(e["heartbeat_age_s"]) < 120):
+        if ex is not None and (ex.get("wrapper_code") == P.EXIT_OK or ex.get("wrapper_signal") is None):
+            return 1  # a verdict of its own: the run ended, whatever Slurm still tidies up
+        e["exit"] = None
+        e["state"] = "running" if state in ("RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT") else "claimed"
+        return 1
+    if ex is None:
+        e["exit"] = vanished_exit(e, sid, state, row)
+    e["state"] = "exited"
+    return 0
+
+
+def vanished_exit(e: dict[str, Any], sid: str, state: str, row: dict[str, str] | None) -> dict[str, Any]:
+    """The exit record status reports (never writes) for an attempt whose Slurm job ended, or was
+    forgotten, before its wrapper wrote one: ``vanished``, naming Slurm's state."""
+    what = state or "no longer listed by squeue"
+    code = P.EXIT_SIGNAL_BASE + 9
+    msg = "Slurm job %s ended %s%s before the wrapper wrote exit.json" % (
+        sid, what, " (%s)" % row["reason"] if row and row["reason"] not in ("", "None") else "")
+    rec = exit_record(e["job_id"], e["attempt"], code, "train", msg, heartbeat=e.get("heartbeat"))
+    rec["vanished"] = True
+    rec["slurm_state"] = state or "GONE"
+    return rec
 
 
 def drop_ended_secrets(lay: Layout, jobs: list[dict[str, Any]], slurm: dict[str, Any]) -> list[str]:
