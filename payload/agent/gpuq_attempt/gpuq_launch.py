@@ -147,28 +147,48 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: JobSpec,
               launch: dict[str, Any], adir: str | None = None) -> dict[str, str]:
     """run.env: what the trainer gets on top of PATH/HOME/...; never a secret.  ``adir``: where this
     wrapper keeps its attempt files (a multi-node job's other nodes: attempts/<n>/node-<r>)."""
-    sha = spec.bundle_sha
     workdir = project_root(lay, spec)  # the bundle's project, as its setup hook left it
-    jdir = lay.job(job_id)
     adir = adir or lay.attempt(job_id, attempt)
-    kind = launch.get("kind", "cpu")
-    slots = launch.get("slots") or []
-    resume = spec.resume_from or ""
     env: dict[str, str] = dict(spec.env)
     if "PYTHONPYCACHEPREFIX" not in env:
         # Libraries load the bytecode their installer compiled (torch: ~2.3 s less CPU per process than
         # compiling it again under a cache prefix); the project, read-only, is compiled in memory, and no
         # __pycache__ is ever written into the bundle (bundle_check.py would take it for tampering).
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-    threads = str(thread_cap(int(launch.get("total_slots") or len(slots) or 1)))
+    env.update(python_env(lay, env, workdir, launch))
+    env.update(gpuq_env(lay, job_id, attempt, spec, launch, workdir, adir))
+    trainer_defaults(env, spec, launch)
+    for name, path in data_paths(lay, spec).items():
+        env["GPUQ_DATA_" + name.upper()] = path
+    env.pop(P.ENV_SEED, None)
+    if spec.seed is not None:
+        env[P.ENV_SEED] = str(spec.seed)
+    visible_devices(env, launch)
+    return env
+
+
+def python_env(lay: Layout, env: dict[str, str], workdir: str, launch: dict[str, Any]) -> dict[str, str]:
+    """Python's and its libraries' settings: unbuffered output, the project's directory first on PYTHONPATH
+    (then the [run] env's), thread caps by slot share unless the project set them, the host's caches."""
+    threads = str(thread_cap(int(launch.get("total_slots") or len(launch.get("slots") or []) or 1)))
     pythonpath = workdir + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update({
+    return {
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": pythonpath,
         "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", threads),
         "MKL_NUM_THREADS": env.get("MKL_NUM_THREADS", threads),
         "HF_HOME": lay.p(P.CACHE_DIR, "huggingface"),
         "PIP_CACHE_DIR": lay.p(P.CACHE_DIR, "pip"),
+    }
+
+
+def gpuq_env(lay: Layout, job_id: str, attempt: int, spec: JobSpec, launch: dict[str, Any],
+             workdir: str, adir: str) -> dict[str, str]:
+    """The contract's GPUQ_* variables (gpuq_protocol.py): who the attempt is, where its files go, its
+    heartbeat and checkpoint cadence, what it resumes from, its device and its SIGTERM grace."""
+    jdir = lay.job(job_id)
+    kind = launch.get("kind", "cpu")
+    return {
         P.ENV_JOB_ID: job_id,
         P.ENV_JOB_NAME: spec.name,
         P.ENV_QUEUE_ID: spec.queue_id,
@@ -182,15 +202,20 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: JobSpec,
         P.ENV_LOG: os.path.join(adir, P.JOB_LOG),
         P.ENV_HEARTBEAT: os.path.join(adir, P.HEARTBEAT_FILE),
         P.ENV_HEARTBEAT_S: _number(spec.heartbeat_s),
-        P.ENV_RESUME_FROM: resume,
+        P.ENV_RESUME_FROM: spec.resume_from or "",
         P.ENV_CKPT_INTERVAL_S: _number(spec.ckpt_interval_s),
         P.ENV_DURABLE_DIR: spec.durable_dir,
         P.ENV_SPEC_HASH: spec.spec_hash,
-        P.ENV_BUNDLE_SHA: sha,
+        P.ENV_BUNDLE_SHA: spec.bundle_sha,
         P.ENV_DEVICE: str(launch.get("device") or ("cuda" if kind == "gpu" else "cpu")),
         P.ENV_EXIT_FILE: os.path.join(adir, P.TRAINER_EXIT_FILE),
         P.ENV_SIGTERM_GRACE_S: sigterm_grace(spec),
-    })
+    }
+
+
+def trainer_defaults(env: dict[str, str], spec: JobSpec, launch: dict[str, Any]) -> None:
+    """What the trainer's tools need under gpuq, unless the project's [run] env says otherwise: the
+    attempt's MASTER_PORT, a Rich progress bar that draws into the log, torchrun's shutdown grace."""
     if launch.get("master_port"):
         env["MASTER_PORT"] = str(launch["master_port"])
     # Rich (Lightning's default progress bar when rich is installed) draws nothing into a file until
@@ -201,18 +226,17 @@ def build_env(lay: Layout, job_id: str, attempt: int, spec: JobSpec,
     # before the wrapper's own kill_grace_s (a torch that ignores this keeps 30 s, and the
     # payload then counts on 30 s at most)
     env.setdefault(TORCHRUN_SHUTDOWN_ENV, str(max(TORCHRUN_DEFAULT_SHUTDOWN_S, math.ceil(kill_grace(spec)))))
-    for name, path in data_paths(lay, spec).items():
-        env["GPUQ_DATA_" + name.upper()] = path
-    env.pop(P.ENV_SEED, None)
-    if spec.seed is not None:
-        env[P.ENV_SEED] = str(spec.seed)
-    if kind == "gpu":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
+
+
+def visible_devices(env: dict[str, str], launch: dict[str, Any]) -> None:
+    """The GPUs the attempt sees: its slots on a GPU host (in PCI bus order, as nvidia-smi numbers
+    them), none on a CPU one."""
+    if launch.get("kind", "cpu") == "gpu":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in launch.get("slots") or [])
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
         env.pop("CUDA_DEVICE_ORDER", None)
-    return env
 
 
 def secrets_for(lay: Layout, spec: JobSpec) -> dict[str, str]:
