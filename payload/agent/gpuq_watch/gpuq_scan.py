@@ -167,83 +167,127 @@ def _root_cause_hit(cause: dict[str, str], tracebacks: list[_Traceback]) -> tupl
 
 
 def scan_log(path: str, offset: int) -> dict[str, Any]:
+    data, start, end, skipped = _whole_lines(path, offset)
+    scan = _LogScan()
+    for raw in data.decode("utf-8", "replace").splitlines():
+        scan.read(raw.rstrip("\r"))
+    hits, chosen = scan.verdict()
+    out: dict[str, Any] = {"log_from": start, "log_to": end, "log_skipped": skipped, "hits": hits,
+                           "traceback": chosen.lines if chosen is not None else []}
+    if scan.resumed is not None:
+        out["resumed"] = scan.resumed  # the payload's proof of what it loaded (docs/checkpoints.md)
+    if scan.scratch is not None:
+        out["from_scratch"] = scan.scratch  # a retry that found no checkpoint to resume from
+    return out
+
+
+def _whole_lines(path: str, offset: int) -> tuple[bytes, int, int, int]:
+    """``_read_from`` up to the last newline: a half-written line is left for the next tick."""
     data, start, end, skipped = _read_from(path, offset)
-    if data and not data.endswith(b"\n"):  # leave a half-written line for the next tick
+    if data and not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
         end = start + cut
         data = data[:cut]
-    hits: list[dict[str, str]] = []
-    tracebacks: list[_Traceback] = []  # in the order they began, at most MAX_TRACEBACKS
-    reading: dict[str, _Traceback] = {}  # prefix -> the traceback of that rank still being read
-    resumed: dict[str, Any] | None = None
-    scratch: str | None = None
-    cause_lines: list[str] = []  # torchrun's root-cause block
-    cause_open = False
-    for raw in data.decode("utf-8", "replace").splitlines():
-        line = raw.rstrip("\r")
-        marker = RESUMED.search(line) if resumed is None else None
-        if marker is not None:
-            resumed = {"step": int(marker.group(1)),
-                       "epoch": int(marker.group(2)) if marker.group(2) is not None else None,
-                       "sha256": marker.group(3)}
-        fresh = FROM_SCRATCH.match(line) if scratch is None else None
-        if fresh is not None:
-            scratch = fresh.group(1)
-        if cause_open and (line.startswith("===") or len(cause_lines) >= MAX_ROOT_CAUSE_LINES):
-            cause_open = False
-        elif cause_open:
-            cause_lines.append(line)
-        elif not cause_lines and ROOT_CAUSE.match(line):  # the first report in these bytes
-            cause_open = True
+    return data, start, end, skipped
+
+
+class _LogScan:
+    """One log chunk read line by line: the first resume and from-scratch markers, torchrun's first
+    root-cause block, each rank's tracebacks, the signature hits."""
+
+    def __init__(self) -> None:
+        self.hits: list[dict[str, str]] = []
+        self.tracebacks: list[_Traceback] = []  # in the order they began, at most MAX_TRACEBACKS
+        self.reading: dict[str, _Traceback] = {}  # prefix -> the traceback of that rank still being read
+        self.resumed: dict[str, Any] | None = None
+        self.scratch: str | None = None
+        self.cause_lines: list[str] = []  # torchrun's root-cause block
+        self.cause_open = False
+
+    def read(self, line: str) -> None:
+        """Take one line through each step: markers, the root-cause block, its rank's traceback, signatures."""
+        self._markers(line)
+        self._root_cause_block(line)
         prefixed = RANK_PREFIX.match(line)
         prefix = prefixed.group(0) if prefixed else ""
+        tb, reopened = self._follow(line, prefix)
+        if not reopened:
+            self._signatures(line, prefix, tb)
+
+    def _markers(self, line: str) -> None:
+        """The payload's GPUQ_RESUMED line and the wrapper's "restarted from scratch" line: the first of each."""
+        marker = RESUMED.search(line) if self.resumed is None else None
+        if marker is not None:
+            self.resumed = {"step": int(marker.group(1)),
+                            "epoch": int(marker.group(2)) if marker.group(2) is not None else None,
+                            "sha256": marker.group(3)}
+        fresh = FROM_SCRATCH.match(line) if self.scratch is None else None
+        if fresh is not None:
+            self.scratch = fresh.group(1)
+
+    def _root_cause_block(self, line: str) -> None:
+        """Whether ``line`` opens, continues or closes torchrun's first root-cause report in these bytes."""
+        if self.cause_open and (line.startswith("===") or len(self.cause_lines) >= MAX_ROOT_CAUSE_LINES):
+            self.cause_open = False
+        elif self.cause_open:
+            self.cause_lines.append(line)
+        elif not self.cause_lines and ROOT_CAUSE.match(line):  # the first report in these bytes
+            self.cause_open = True
+
+    def _follow(self, line: str, prefix: str) -> tuple[_Traceback | None, bool]:
+        """(the traceback of this line's rank that ``line`` belongs to, or None; True when the line is
+        a DataLoader worker's "Original Traceback" reopening one that ended: no signature is looked for)."""
         body = line[len(prefix):]
-        tb = reading.get(prefix)
+        tb = self.reading.get(prefix)
         if tb is not None and tb.ended:
             if ORIGINAL_TRACEBACK.match(body.lstrip("\x00")):  # a DataLoader worker's: the cause follows
                 tb.ended = False
                 tb.lines.append(line[:400])
-                continue
-            del reading[prefix]
+                return tb, True
+            del self.reading[prefix]
             tb = None
         if tb is not None:
             tb.lines.append(line[:400])
             if EXCEPTION_LINE.match(body):
                 tb.exception, tb.ended = body.strip()[:400], True
             if len(tb.lines) >= MAX_TRACEBACK_LINES:
-                del reading[prefix]
+                del self.reading[prefix]
+        return tb, False
+
+    def _signatures(self, line: str, prefix: str, tb: _Traceback | None) -> None:
+        """The first signature ``line`` matches, as a hit (at most MAX_HITS); a traceback header outside
+        one being read begins a new traceback of its rank (at most MAX_TRACEBACKS)."""
         for name, pattern in SIGNATURES:
             if pattern.search(line):
                 hit = {"signature": name, "line": line.strip()[:400]}
-                if len(hits) < MAX_HITS:
-                    hits.append(hit)
-                if name == "traceback" and tb is None and len(tracebacks) < MAX_TRACEBACKS:
+                if len(self.hits) < MAX_HITS:
+                    self.hits.append(hit)
+                if name == "traceback" and tb is None and len(self.tracebacks) < MAX_TRACEBACKS:
                     begun = _Traceback(prefix, hit)
                     begun.lines.append(line[:400])
-                    tracebacks.append(begun)
-                    reading[prefix] = begun
+                    self.tracebacks.append(begun)
+                    self.reading[prefix] = begun
                 break
-    for tb in tracebacks:  # the alert shows what went wrong, not "Traceback (most recent call last):"
-        if tb.exception and tb.hit is not None:
-            tb.hit["line"] = (tb.prefix.strip() + " " + tb.exception).strip()[:400]
-    chosen = tracebacks[0] if tracebacks else None
-    cause = _root_cause_hit(_root_cause(cause_lines), tracebacks) if cause_lines else None
-    if cause is not None:
-        hits.insert(0, cause[0])  # the first failure first; the rest follow
-        del hits[MAX_HITS:]
-        chosen = next((tb for tb in tracebacks if tb.rank == cause[1]), chosen)
-    if tracebacks and STOPPED.search(tracebacks[0].lines[-1]):
-        # torchrun's answer to SIGTERM (a preemption, a cancel) is a traceback ending in
-        # SignalException: a stop, not a crash
-        hits = [dict(h, signature="stopped_by_signal") if h["signature"] == "traceback" else h for h in hits]
-        chosen = tracebacks[0]
-    out: dict[str, Any] = {"log_from": start, "log_to": end, "log_skipped": skipped, "hits": hits,
-                           "traceback": chosen.lines if chosen is not None else []}
-    if resumed is not None:
-        out["resumed"] = resumed  # the payload's proof of what it loaded (docs/checkpoints.md)
-    if scratch is not None:
-        out["from_scratch"] = scratch  # a retry that found no checkpoint to resume from
-    return out
+
+    def verdict(self) -> tuple[list[dict[str, str]], _Traceback | None]:
+        """(the hits, the traceback to show): a traceback's hit names its exception, torchrun's root cause
+        comes first and picks its rank's traceback, and a traceback ending in a stop signal is no crash."""
+        hits, tracebacks = self.hits, self.tracebacks
+        for tb in tracebacks:  # the alert shows what went wrong, not "Traceback (most recent call last):"
+            if tb.exception and tb.hit is not None:
+                tb.hit["line"] = (tb.prefix.strip() + " " + tb.exception).strip()[:400]
+        chosen = tracebacks[0] if tracebacks else None
+        cause = _root_cause_hit(_root_cause(self.cause_lines), tracebacks) if self.cause_lines else None
+        if cause is not None:
+            hits.insert(0, cause[0])  # the first failure first; the rest follow
+            del hits[MAX_HITS:]
+            chosen = next((tb for tb in tracebacks if tb.rank == cause[1]), chosen)
+        if tracebacks and STOPPED.search(tracebacks[0].lines[-1]):
+            # torchrun's answer to SIGTERM (a preemption, a cancel) is a traceback ending in
+            # SignalException: a stop, not a crash
+            hits = [dict(h, signature="stopped_by_signal") if h["signature"] == "traceback" else h for h in hits]
+            chosen = tracebacks[0]
+        return hits, chosen
 
 
 def _nonfinite(value: Any) -> bool:
