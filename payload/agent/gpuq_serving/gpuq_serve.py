@@ -5,8 +5,8 @@ backfill, packed onto slots: GPUs, or CPU slots on a GPU-less host), one wrapper
 own process group (gpuq_serve_start.py), reaps them, kills whatever an ended attempt left behind
 (gpuq_serve_ends.py), acts on cancel files and heals stalls (gpuq_serve_watch.py), adopts live groups
 after a restart (gpuq_serve_adopt.py) and exits when idle; the queue banners of agent.log are
-gpuq_serve_queues.py's.  One agent per root (gpuq_serve_lock.py); with ``--detach`` it runs as a
-daemon (gpuq_detach.py).
+gpuq_serve_queues.py's, its signal handlers and the wait between rounds gpuq_serve_wake.py's.  One
+agent per root (gpuq_serve_lock.py); with ``--detach`` it runs as a daemon (gpuq_detach.py).
 
 stdlib only, Python >= 3.8.
 """
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import os
-import select
 import signal
 import socket
 import time
@@ -49,6 +47,7 @@ from gpuq_serving.gpuq_serve_ends import end_leftovers, write_vanished
 from gpuq_serving.gpuq_serve_lock import AgentLock
 from gpuq_serving.gpuq_serve_queues import QueueBanners
 from gpuq_serving.gpuq_serve_start import StartFailed, free_port, start_wrapper
+from gpuq_serving.gpuq_serve_wake import Wakeup
 from gpuq_serving.gpuq_serve_watch import Running, handle_cancels, watch_adopted, watch_stalls
 
 
@@ -69,7 +68,7 @@ class Agent:
         self.stop = False
         self.host = socket.gethostname()
         self.queues = QueueBanners(lay, self.host)
-        self.wake_r, self.wake_w = os.pipe()
+        self.wake = Wakeup()
         self.inbox = InboxView(lay.p(P.INBOX_DIR))
         self.last_round: tuple[Any, ...] | None = None  # what the last claim round decided from
         self.last_waiting = 0
@@ -90,14 +89,7 @@ class Agent:
             return 0
         self.slots = detect_slots(self.cpu_slots)
         self.lock.write_pid(self.slots)
-        for fd in (self.wake_r, self.wake_w):
-            fl = fcntl.fcntl(fd, fcntl.F_GETFL)
-            fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
-        signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda s, f: None)
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.wake.install(self._on_stop)
         self.log("agent %d started on %s: %d %s slots %s, protocol %s" % (
             os.getpid(), self.host, len(self.slots["ids"]), self.slots["kind"], self.slots["ids"],
             P.PROTOCOL_VERSION))
@@ -154,12 +146,7 @@ class Agent:
                     if self.idle_exit():
                         return 0
                     idle_since = None
-            try:
-                select.select([self.wake_r], [], [], self.poll_s)
-                while True:
-                    os.read(self.wake_r, 4096)
-            except (OSError, ValueError):
-                pass
+            self.wake.wait(self.poll_s)
         self.log("agent %d stopping on signal; %d groups keep running" % (os.getpid(), len(self.running)))
         return 0
 
