@@ -1,6 +1,7 @@
 """The host agent's static checks (docs/testing.md, "The agent's checks"): its layout (packages by role,
-no flat module but the entry, every package in the import contract), mypy --strict over it, and its
-Python 3.8 compatibility, each shown to fail on a probe.
+no flat module but the entry, every package in the import contract), the house rules' sizes (no function
+over 60 lines, no module over 400: the caps tests/unit/test_architecture.py holds the controller to),
+mypy --strict over it, and its Python 3.8 compatibility, each shown to fail on a probe.
 
 mypy cannot check the agent for 3.8 itself: the installed mypy refuses ``--python-version 3.8`` (1.16
 is the last that accepts it), so mypy checks the agent's types at the lowest target it accepts and the
@@ -20,6 +21,7 @@ from pathlib import Path
 import tomllib
 
 from tests.support.devtools import dev_tool
+from tests.unit.test_architecture import MAX_FUNCTION_LINES, MAX_MODULE_LINES, long_functions
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "payload" / "agent"
@@ -66,6 +68,32 @@ def test_each_package_says_what_it_owns_and_may_import() -> None:
     for pkg in packages():
         doc = ast.get_docstring(ast.parse((AGENT / pkg / "__init__.py").read_text(encoding="utf-8"))) or ""
         assert "\n" not in doc and "import" in doc, (pkg, doc)
+
+
+def long_modules(paths: list[Path]) -> list[str]:
+    """``file: N lines`` for each of ``paths`` over the module cap."""
+    sizes = [(p, len(p.read_text(encoding="utf-8").splitlines())) for p in paths]
+    return [f"{p}: {n} lines" for p, n in sizes if n > MAX_MODULE_LINES]
+
+
+def test_no_agent_function_is_over_sixty_lines() -> None:
+    long = long_functions(modules())
+    assert long == [], f"over {MAX_FUNCTION_LINES} lines: split into its steps\n" + "\n".join(long)
+
+
+def test_no_agent_module_is_over_four_hundred_lines() -> None:
+    long = long_modules(modules())
+    assert long == [], f"over {MAX_MODULE_LINES} lines: move a part with a purpose of its own\n" + "\n".join(long)
+
+
+def test_the_size_checks_fail_on_probes(tmp_path: Path) -> None:
+    probe = tmp_path / "gpuq_long.py"
+    probe.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "\n\ndef g():\n    pass\n")
+    assert [hit.rsplit(": ", 1)[1] for hit in long_functions([probe])] == [f"f is {MAX_FUNCTION_LINES + 1} lines"]
+    big, small = tmp_path / "gpuq_big.py", tmp_path / "gpuq_small.py"
+    big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    small.write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert long_modules([big, small]) == [f"{big}: {MAX_MODULE_LINES + 1} lines"]
 
 
 def test_mypy_strict_over_the_agent() -> None:
