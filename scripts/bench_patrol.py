@@ -55,14 +55,103 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=16)
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--ticks", type=int, default=5)
     parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def start_sweep(ctx: Any, farm: Any, queue: Path, jobs: int) -> tuple[float, float, str]:
+    """Every farm host added, the queue submitted, and every job RUNNING: (hosts add s, submit s, sweep)."""
+    from orchestrator import api
+    from orchestrator.core.states import JobState
+
+    t0 = time.monotonic()
+    for i, h in enumerate(farm.hosts):
+        api.hosts_add(ctx, f"p{i:02d}", f"root@{h.address}", key=str(farm.client_key), profile="rehearsal",
+                      trust_new_host_key=True)
+    add_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    result = api.submit(ctx, queue)
+    submit_s = time.monotonic() - t0
+    if result.launch_error:
+        raise RuntimeError(result.launch_error)
+    deadline = time.monotonic() + 300
+    while True:
+        snap = api.status(ctx, sweep=result.sweep_id)
+        running = sum(j.state == JobState.RUNNING.value for j in snap.jobs)
+        if running == jobs:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {running}/{jobs} jobs running after 300 s")
+        time.sleep(1)
+    return add_s, submit_s, result.sweep_id
+
+
+def measure_ticks(ctx: Any, ticks: int) -> tuple[list[float], list[float], list[float], int]:
+    """``ticks`` patrol ticks: (each tick's wall time, each host's probe time, round trips per host per tick,
+    the last tick's line count)."""
+    from orchestrator import api
+
+    def trips() -> dict[str, int]:
+        return {row.name: int(getattr(api.host_for(ctx, row), "round_trips", 0)) for row in ctx.ledger.hosts()}
+
+    walls: list[float] = []
+    per_host: list[float] = []
+    per_tick_trips: list[float] = []
+    lines = 0
+    for _ in range(ticks):
+        before = trips()
+        t0 = time.monotonic()
+        report = api.run_tick(ctx)
+        walls.append(time.monotonic() - t0)
+        after = trips()
+        per_tick_trips.append(sum(after[n] - before.get(n, 0) for n in after) / len(after))
+        per_host += [p.duration_s for p in report.probes.values()]
+        lines = len(report.lines)
+        if not all(p.ok for p in report.probes.values()):
+            raise RuntimeError(f"a probe failed: {[p.error for p in report.probes.values() if not p.ok]}")
+    return walls, per_host, per_tick_trips, lines
+
+
+def sequential_baseline(ctx: Any, farm: Any, ticks: int) -> list[float]:
+    """The baseline: one OpenSSH command per host, one host after the other; each round's wall time."""
+    rows = ctx.ledger.hosts()
+    seq: list[float] = []
+    for _ in range(ticks):
+        t0 = time.monotonic()
+        for i, row in enumerate(sorted(rows, key=lambda r: r.name)):
+            argv = [row.python or "python3", f"{row.root}/bundles/{row.agent_bundle}/payload/agent/gpuq_agent.py",
+                    "--root", row.root, "status", "--json"]
+            out = subprocess.run([*farm.ssh_argv(i), "--", *argv], capture_output=True, text=True, timeout=60)
+            if out.returncode != 0:
+                raise RuntimeError(f"baseline ssh to {row.name}: {out.stderr[-300:]}")
+        seq.append(time.monotonic() - t0)
+    return seq
+
+
+def print_report(args: argparse.Namespace, jobs: int, report_doc: dict[str, Any], lines: int) -> None:
+    setup = report_doc["setup_s"]
+    print(f"patrol tick over {args.hosts} hosts with {jobs} running jobs ({args.ticks} ticks):")
+    w = report_doc["tick_wall_s"]
+    print(f"  tick wall time        median {w['median']:.2f} s  p90 {w['p90']:.2f} s  max {w['max']:.2f} s  "
+          f"({report_doc['tick_vs_interval']:.3f} of the 60 s interval)")
+    print(f"  round trips per host  {report_doc['round_trips_per_host_per_tick']:.2f} per tick")
+    p = report_doc["probe_s"]
+    print(f"  one host's probe      min {p['min']:.2f} s  median {p['median']:.2f} s  max {p['max']:.2f} s")
+    print(f"  lines per tick        {lines} (one per host)")
+    b = report_doc["baseline_sequential_s"]
+    ratio = report_doc["baseline_over_gpuq"]
+    print(f"  sequential ssh loop   median {b['median']:.2f} s  -> baseline/gpuq {ratio:.2f}x")
+    print(f"  setup: farm {setup['farm']:.1f} s, hosts add {setup['hosts_add']:.1f} s, submit {setup['submit']:.1f} s")
+    print(json.dumps(report_doc, sort_keys=True))
+
+
+def main() -> int:
+    args = parse_args()
     from tests.support.testhosts import HostFarm, requirements_problem
 
     problem = requirements_problem()
@@ -82,61 +171,12 @@ def main() -> int:
         farm.start()
         farm_s = time.monotonic() - t0
         from orchestrator import api
-        from orchestrator.core.states import JobState
 
         ctx = api.open_context(project_dir=queue.parent)
-        t0 = time.monotonic()
-        for i, h in enumerate(farm.hosts):
-            api.hosts_add(ctx, f"p{i:02d}", f"root@{h.address}", key=str(farm.client_key), profile="rehearsal",
-                          trust_new_host_key=True)
-        add_s = time.monotonic() - t0
-        t0 = time.monotonic()
-        result = api.submit(ctx, queue)
-        submit_s = time.monotonic() - t0
-        if result.launch_error:
-            raise RuntimeError(result.launch_error)
-        deadline = time.monotonic() + 300
-        while True:
-            snap = api.status(ctx, sweep=result.sweep_id)
-            running = sum(j.state == JobState.RUNNING.value for j in snap.jobs)
-            if running == jobs:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {running}/{jobs} jobs running after 300 s")
-            time.sleep(1)
-
-        def trips() -> dict[str, int]:
-            return {row.name: int(getattr(api.host_for(ctx, row), "round_trips", 0)) for row in ctx.ledger.hosts()}
-
-        walls: list[float] = []
-        per_host: list[float] = []
-        per_tick_trips: list[float] = []
-        lines = 0
-        for _ in range(args.ticks):
-            before = trips()
-            t0 = time.monotonic()
-            report = api.run_tick(ctx)
-            walls.append(time.monotonic() - t0)
-            after = trips()
-            per_tick_trips.append(sum(after[n] - before.get(n, 0) for n in after) / len(after))
-            per_host += [p.duration_s for p in report.probes.values()]
-            lines = len(report.lines)
-            if not all(p.ok for p in report.probes.values()):
-                raise RuntimeError(f"a probe failed: {[p.error for p in report.probes.values() if not p.ok]}")
-
-        # baseline: one OpenSSH command per host, one host after the other
-        rows = ctx.ledger.hosts()
-        seq: list[float] = []
-        for _ in range(args.ticks):
-            t0 = time.monotonic()
-            for i, row in enumerate(sorted(rows, key=lambda r: r.name)):
-                argv = [row.python or "python3", f"{row.root}/bundles/{row.agent_bundle}/payload/agent/gpuq_agent.py",
-                        "--root", row.root, "status", "--json"]
-                out = subprocess.run([*farm.ssh_argv(i), "--", *argv], capture_output=True, text=True, timeout=60)
-                if out.returncode != 0:
-                    raise RuntimeError(f"baseline ssh to {row.name}: {out.stderr[-300:]}")
-            seq.append(time.monotonic() - t0)
-        api.cancel(ctx, sweep=result.sweep_id)
+        add_s, submit_s, sweep = start_sweep(ctx, farm, queue, jobs)
+        walls, per_host, per_tick_trips, lines = measure_ticks(ctx, args.ticks)
+        seq = sequential_baseline(ctx, farm, args.ticks)
+        api.cancel(ctx, sweep=sweep)
     finally:
         if ctx is not None:
             ctx.close()
@@ -155,19 +195,7 @@ def main() -> int:
         "baseline_over_gpuq": statistics.median(seq) / statistics.median(walls),
         "setup_s": {"farm": farm_s, "hosts_add": add_s, "submit": submit_s},
     }
-    print(f"patrol tick over {args.hosts} hosts with {jobs} running jobs ({args.ticks} ticks):")
-    w = report_doc["tick_wall_s"]
-    print(f"  tick wall time        median {w['median']:.2f} s  p90 {w['p90']:.2f} s  max {w['max']:.2f} s  "
-          f"({report_doc['tick_vs_interval']:.3f} of the 60 s interval)")
-    print(f"  round trips per host  {report_doc['round_trips_per_host_per_tick']:.2f} per tick")
-    p = report_doc["probe_s"]
-    print(f"  one host's probe      min {p['min']:.2f} s  median {p['median']:.2f} s  max {p['max']:.2f} s")
-    print(f"  lines per tick        {lines} (one per host)")
-    b = report_doc["baseline_sequential_s"]
-    ratio = report_doc["baseline_over_gpuq"]
-    print(f"  sequential ssh loop   median {b['median']:.2f} s  -> baseline/gpuq {ratio:.2f}x")
-    print(f"  setup: farm {farm_s:.1f} s, hosts add {add_s:.1f} s, submit {submit_s:.1f} s")
-    print(json.dumps(report_doc, sort_keys=True))
+    print_report(args, jobs, report_doc, lines)
     return 0
 
 

@@ -34,7 +34,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -80,6 +82,74 @@ print(f"{imported - start:.3f} {time.perf_counter() - imported:.3f}")
 """
 
 
+@dataclass
+class Tables:
+    """The rows build_sweep writes past the ORM, table by table."""
+
+    attempts: list[tuple[Any, ...]] = field(default_factory=list)
+    metrics: list[tuple[Any, ...]] = field(default_factory=list)
+    ckpts: list[tuple[Any, ...]] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    states: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def _insert_hosts(db: sqlite3.Connection, t0: float) -> None:
+    for name, kind, price in (("gpu1", "gpu", 16.0), ("cpu1", "cpu", None)):
+        db.execute("INSERT INTO host (name, kind, target, root, python, profile, agent_bundle, slots_kind, "
+                   "slots_total, price_per_hour, created_at, port, user, key_path, host_key, train_device, "
+                   "min_free_gb, health, health_detail, hold_detail, probe_failures, kernel_cursor, provider, "
+                   "instance_id, spot, gpu_type, gpu_count, region, lease_state, lease_reason, replaces, slurm) "
+                   "VALUES (?, 'ssh', '', '/r', '', '', '', ?, 8, ?, ?, 22, '', '', '', '', 0, '', '', '', 0, '', "
+                   "'', '', 0, '', 0, '', '', '', '', '')", (name, kind, price, t0))
+
+
+def _job_attempts(out: Tables, i: int, job: Any, host: str, tries: int, state: str, start: float,
+                  rng: random.Random) -> float:
+    """Job ``i``'s attempts, checkpoints and their events; returns when its last attempt ended (+10 s)."""
+    for n in range(1, tries + 1):
+        last = n == tries
+        ended = start + 600 + rng.random() * 600
+        a_state = "EXITED" if last else ("PREEMPTED" if n == 1 else "LOST")
+        out.attempts.append((job.id, n, host, a_state, "s", "" if n == 1 else f"ckpt-{n - 1}", start, start, ended,
+                             (0 if state == "SUCCEEDED" else 1) if last else None, None if last else ended - 30,
+                             16.0 if host == "gpu1" else None, job.gpus / 8, CPU if host == "cpu1" else GPU))
+        out.ckpts.append((job.id, n, f"e{n}.pt", 100 * n, n, f"{i:058x}{n:06x}", 1000, start + 300))
+        out.events += [(start, "attempt", f"{job.id}/a{n}", "", "STARTING", host, "", ""),
+                       (start + 1, "attempt", f"{job.id}/a{n}", "STARTING", "RUNNING", "", "", ""),
+                       (ended, "attempt", f"{job.id}/a{n}", "RUNNING", a_state, "exit", "", "")]
+        if n > 1 and i % 2:
+            out.events.append((start + 2, "job", job.id, "", "", f"{job.name} a{n}: restarted from scratch",
+                               "escalate", "from_scratch"))
+        start = ended + 10
+    return start
+
+
+def _job_metrics(out: Tables, job: Any, tries: int, points: int, rng: random.Random) -> None:
+    """A succeeded job's final and best metrics and its learning curves (``points`` steps)."""
+    level = 0.8 + 0.1 * rng.random()
+    curve = [(s * 1000 // max(1, points - 1), level * (1 - 2.718 ** (-s / 15)) + rng.gauss(0, 0.005))
+             for s in range(points)]
+    out.metrics += [(job.id, tries, "final", "val_acc", curve[-1][1], 1000, 3),
+                    (job.id, tries, "final", "loss", 0.1 + rng.random() / 10, 1000, 3),
+                    (job.id, tries, "best", "val_acc", max(v for _, v in curve), 900, 3)]
+    out.metrics += [(job.id, tries, "curve", name, value * scale, step, None)
+                    for name, scale in (("val_acc", 1.0), ("loss", 2.0)) for step, value in curve]
+
+
+def _write_tables(db: sqlite3.Connection, out: Tables) -> None:
+    db.executemany("INSERT INTO attempt (job_id, number, host, state, bundle_sha, resume_from, created_at, "
+                   "started_at, ended_at, exit_code, heartbeat_at, price_per_hour, gpu_share, provenance, message, "
+                   "log_scanned, metrics_scanned, nodes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', 0, 0, "
+                   "'')", out.attempts)
+    db.executemany("INSERT INTO metric (job_id, attempt, scope, name, value, step, epoch) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   out.metrics)
+    db.executemany("INSERT INTO checkpoint (job_id, attempt, file, step, epoch, sha256, bytes, written_at, durable, "
+                   "durable_path, host) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, '', '')", out.ckpts)
+    db.executemany("INSERT INTO event (time, kind, subject, old, new, message, severity, rule, action) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, '')", out.events)
+    db.executemany("UPDATE job SET state = ?, attempt_count = ?, host = ? WHERE id = ?", out.states)
+
+
 def build_sweep(home: Path, jobs: int, seeds: int, points: int, seed: int = 7) -> None:
     """A ledger at ``home`` with one finished sweep of ``jobs`` jobs (``jobs // seeds`` cells)."""
     ledger = Ledger(home / "ledger.db")
@@ -94,57 +164,19 @@ def build_sweep(home: Path, jobs: int, seeds: int, points: int, seed: int = 7) -
     rng = random.Random(seed)
     db = sqlite3.connect(home / "ledger.db")
     t0 = 1_700_000_000.0
-    for name, kind, price in (("gpu1", "gpu", 16.0), ("cpu1", "cpu", None)):
-        db.execute("INSERT INTO host (name, kind, target, root, python, profile, agent_bundle, slots_kind, "
-                   "slots_total, price_per_hour, created_at, port, user, key_path, host_key, train_device, "
-                   "min_free_gb, health, health_detail, hold_detail, probe_failures, kernel_cursor, provider, "
-                   "instance_id, spot, gpu_type, gpu_count, region, lease_state, lease_reason, replaces, slurm) "
-                   "VALUES (?, 'ssh', '', '/r', '', '', '', ?, 8, ?, ?, 22, '', '', '', '', 0, '', '', '', 0, '', "
-                   "'', '', 0, '', 0, '', '', '', '', '')", (name, kind, price, t0))
-    attempts, metrics, ckpts, events, states = [], [], [], [], []
+    _insert_hosts(db, t0)
+    out = Tables()
     for i, job in enumerate(rows):
         host = "cpu1" if i % 11 == 5 else "gpu1"
         tries = 1 + (i % 9 == 4) + (i % 27 == 13)
-        start = t0 + i * 5.0
         state = "FAILED" if i % 23 == 17 else "SUCCEEDED"
-        for n in range(1, tries + 1):
-            last = n == tries
-            ended = start + 600 + rng.random() * 600
-            a_state = "EXITED" if last else ("PREEMPTED" if n == 1 else "LOST")
-            attempts.append((job.id, n, host, a_state, "s", "" if n == 1 else f"ckpt-{n - 1}", start, start, ended,
-                             (0 if state == "SUCCEEDED" else 1) if last else None, None if last else ended - 30,
-                             16.0 if host == "gpu1" else None, job.gpus / 8, CPU if host == "cpu1" else GPU))
-            ckpts.append((job.id, n, f"e{n}.pt", 100 * n, n, f"{i:058x}{n:06x}", 1000, start + 300))
-            events += [(start, "attempt", f"{job.id}/a{n}", "", "STARTING", host, "", ""),
-                       (start + 1, "attempt", f"{job.id}/a{n}", "STARTING", "RUNNING", "", "", ""),
-                       (ended, "attempt", f"{job.id}/a{n}", "RUNNING", a_state, "exit", "", "")]
-            if n > 1 and i % 2:
-                events.append((start + 2, "job", job.id, "", "", f"{job.name} a{n}: restarted from scratch",
-                               "escalate", "from_scratch"))
-            start = ended + 10
-        events += [(t0, "job", job.id, "QUEUED", "ASSIGNED", "placed", "", ""),
-                   (start, "job", job.id, "RUNNING", state, "", "", "")]
-        states.append((state, tries, host, job.id))
+        start = _job_attempts(out, i, job, host, tries, state, t0 + i * 5.0, rng)
+        out.events += [(t0, "job", job.id, "QUEUED", "ASSIGNED", "placed", "", ""),
+                       (start, "job", job.id, "RUNNING", state, "", "", "")]
+        out.states.append((state, tries, host, job.id))
         if state == "SUCCEEDED":
-            level = 0.8 + 0.1 * rng.random()
-            curve = [(s * 1000 // max(1, points - 1), level * (1 - 2.718 ** (-s / 15)) + rng.gauss(0, 0.005))
-                     for s in range(points)]
-            metrics += [(job.id, tries, "final", "val_acc", curve[-1][1], 1000, 3),
-                        (job.id, tries, "final", "loss", 0.1 + rng.random() / 10, 1000, 3),
-                        (job.id, tries, "best", "val_acc", max(v for _, v in curve), 900, 3)]
-            metrics += [(job.id, tries, "curve", name, value * scale, step, None)
-                        for name, scale in (("val_acc", 1.0), ("loss", 2.0)) for step, value in curve]
-    db.executemany("INSERT INTO attempt (job_id, number, host, state, bundle_sha, resume_from, created_at, "
-                   "started_at, ended_at, exit_code, heartbeat_at, price_per_hour, gpu_share, provenance, message, "
-                   "log_scanned, metrics_scanned, nodes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '', 0, 0, "
-                   "'')", attempts)
-    db.executemany("INSERT INTO metric (job_id, attempt, scope, name, value, step, epoch) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   metrics)
-    db.executemany("INSERT INTO checkpoint (job_id, attempt, file, step, epoch, sha256, bytes, written_at, durable, "
-                   "durable_path, host) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, '', '')", ckpts)
-    db.executemany("INSERT INTO event (time, kind, subject, old, new, message, severity, rule, action) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, '')", events)
-    db.executemany("UPDATE job SET state = ?, attempt_count = ?, host = ? WHERE id = ?", states)
+            _job_metrics(out, job, tries, points, rng)
+    _write_tables(db, out)
     db.commit()
     db.close()
 

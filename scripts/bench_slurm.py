@@ -110,10 +110,8 @@ def main() -> int:
         farm.teardown()
 
 
-def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> int:
-    home = base / "home"
-    os.environ["GPUQ_HOME"] = str(home)
-    os.environ["GPUQ_HEARTBEAT_S"] = "5"
+def _register(args: argparse.Namespace, farm: Any, cluster: Any) -> float:
+    """The login node added as a Slurm host (``hosts add --slurm``): the seconds it took."""
     from orchestrator import api
 
     root = cluster.shared_dir / "gpuq"
@@ -123,21 +121,28 @@ def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> i
         api.hosts_add_slurm(ctx, "hpc", f"root@{farm.hosts[0].address}", key=str(farm.client_key),
                             profile="rehearsal", root=str(root), trust_new_host_key=True, max_jobs=args.jobs,
                             time_limit="10")
-        register_s = time.perf_counter() - t0
+        return time.perf_counter() - t0
     finally:
         ctx.close()
-    # the partition stops starting jobs: every job submitted from here on waits in Slurm's queue
-    cluster.check_login(["scontrol", "update", "PartitionName=gpu", "State=DOWN"])
+
+
+def _write_queue(base: Path, jobs: int) -> Path:
     work = base / "project"
     (work / "configs").mkdir(parents=True)
     (work / "configs" / "tiny.yaml").write_text(TINY_CONFIG)
     (work / "queue.txt").write_text("".join(f"configs/tiny.yaml classify 1 name=j{i} gpus=1 seed={i}\n"
-                                            for i in range(args.jobs)))
+                                            for i in range(jobs)))
+    return work / "queue.txt"
+
+
+def _submit_and_tick(args: argparse.Namespace, cluster: Any, queue: Path) -> tuple[float, list[float], list[int], str]:
+    """Submit the queue, then time ``--ticks`` status calls: (submit s, each tick's s, its round trips, sweep)."""
+    from orchestrator import api
 
     ctx = api.open_context()
     try:
         t0 = time.perf_counter()
-        result = api.submit(ctx, work / "queue.txt")
+        result = api.submit(ctx, queue)
         submit_s = time.perf_counter() - t0
         in_slurm = [j for j in cluster.squeue() if j.name.startswith("gpuq-") and not j.ended]
         print(f"# {len(result.placements)} jobs placed, {len(in_slurm)} in Slurm's queue "
@@ -151,17 +156,24 @@ def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> i
             trips.append(round_trips(ctx) - before)
     finally:
         ctx.close()
+    return submit_s, ticks, trips, result.sweep_id
 
+
+def _bare_squeue(farm: Any, ticks: int) -> tuple[list[float], int]:
+    """One bare ``squeue`` over SSH, ``ticks`` times: (each one's seconds, the bytes of the last answer)."""
     ssh = farm.ssh_argv(0)
     squeue_s = []
-    for _ in range(args.ticks):
+    for _ in range(ticks):
         t0 = time.perf_counter()
         out = subprocess.run([*ssh, shlex.join(["squeue", "--noheader", "--states=all", "--user", "root",
                                                 "--format=%i|%T|%r|%N"])], capture_output=True, check=True)
         squeue_s.append(time.perf_counter() - t0)
-    squeue_bytes = len(out.stdout)
+    return squeue_s, len(out.stdout)
 
-    # the user's own loop: one SSH session, one sbatch per job
+
+def _sbatch_loop(args: argparse.Namespace, farm: Any, cluster: Any) -> float:
+    """The user's own loop: one SSH session, one sbatch per job (its jobs cancelled after): its seconds."""
+    ssh = farm.ssh_argv(0)
     loop = (f"cd {shlex.quote(str(cluster.shared_dir))} && for i in $(seq {args.jobs}); do "
             "sbatch --parsable --time=10 --gres=gpu:1 --nodes=1 --ntasks=1 --output=/dev/null "
             "--job-name=loop-$i --wrap 'python3 train.py' >/dev/null || exit 1; done")
@@ -170,9 +182,25 @@ def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> i
     loop_s = time.perf_counter() - t0
     subprocess.run([*ssh, shlex.join(["scancel", "--name", ",".join(f"loop-{i}" for i in range(1, args.jobs + 1))])],
                    check=False, capture_output=True)
+    return loop_s
+
+
+def _measure(args: argparse.Namespace, base: Path, farm: Any, cluster: Any) -> int:
+    home = base / "home"
+    os.environ["GPUQ_HOME"] = str(home)
+    os.environ["GPUQ_HEARTBEAT_S"] = "5"
+    from orchestrator import api
+
+    register_s = _register(args, farm, cluster)
+    # the partition stops starting jobs: every job submitted from here on waits in Slurm's queue
+    cluster.check_login(["scontrol", "update", "PartitionName=gpu", "State=DOWN"])
+    queue = _write_queue(base, args.jobs)
+    submit_s, ticks, trips, sweep = _submit_and_tick(args, cluster, queue)
+    squeue_s, squeue_bytes = _bare_squeue(farm, args.ticks)
+    loop_s = _sbatch_loop(args, farm, cluster)
     ctx = api.open_context()
     try:  # gpuq's own jobs go through gpuq: the ledger says CANCELLED, nothing is retried
-        api.cancel(ctx, sweep=result.sweep_id)
+        api.cancel(ctx, sweep=sweep)
     finally:
         ctx.close()
 

@@ -124,7 +124,7 @@ def _ephemeral_key(folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.providers import registry
-    from orchestrator.providers.models import OfferQuery, ProvisionRequest, instance_name
+    from orchestrator.providers.models import OfferQuery
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("provider", choices=registry.names())
@@ -152,6 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     offer = offers[0]
     print(f"renting {offer.provider} {offer.gpu_type!r} ({offer.display_name}) for at most {deadline_s:.0f} s",
           flush=True)
+    return _rent_once(args, prov, offer, deadline_s, recording, key)
+
+
+def _rent_once(args: argparse.Namespace, prov: Any, offer: Any, deadline_s: float, recording: Recording,
+               key: str) -> int:
+    """Rent ``offer`` under an alarm of ``deadline_s``, wait until it is ready, end it whatever happened,
+    and write the recording: 0 ready, 1 not ready, 2 a machine that may still bill."""
+    from orchestrator.providers.models import ProvisionRequest, instance_name
+
     made: list[str] = []
     outcome = 1
     with tempfile.TemporaryDirectory() as folder:
@@ -178,18 +187,26 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-            for instance_id in made:
-                try:
-                    prov.terminate(instance_id)
-                    prov.wait_gone(instance_id, timeout_s=120.0)
-                    print(f"INSTANCE {instance_id} terminated and gone", flush=True)
-                except Exception as exc:  # say it loudly: it may still bill
-                    outcome = 2
-                    print(f"INSTANCE {instance_id} may still bill: terminate failed ({exc}); end it in the console",
-                          file=sys.stderr, flush=True)
+            if not _terminate_all(prov, made):
+                outcome = 2
             _write(args.provider, recording, key)
             prov.close()
     return outcome
+
+
+def _terminate_all(prov: Any, made: list[str]) -> bool:
+    """Terminate every instance made and wait until it is gone; False when one may still bill."""
+    ended = True
+    for instance_id in made:
+        try:
+            prov.terminate(instance_id)
+            prov.wait_gone(instance_id, timeout_s=120.0)
+            print(f"INSTANCE {instance_id} terminated and gone", flush=True)
+        except Exception as exc:  # say it loudly: it may still bill
+            ended = False
+            print(f"INSTANCE {instance_id} may still bill: terminate failed ({exc}); end it in the console",
+                  file=sys.stderr, flush=True)
+    return ended
 
 
 def _write(provider: str, recording: Recording, key: str) -> Path:

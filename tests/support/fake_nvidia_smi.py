@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 STATE_ENV = "GPUQ_FAKE_NVSMI_STATE"
 FAILED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -296,6 +297,65 @@ def summary(state: dict) -> list[str]:
     return out
 
 
+@dataclass
+class Options:
+    """nvidia-smi's options as the fake reads them; ``help``: ``-h`` was met (what follows it is not read)."""
+
+    ids: str | None = None
+    fmt: str | None = None
+    query: str | None = None
+    apps: str | None = None
+    listing: bool = False
+    help: bool = False
+
+
+def parse_options(args: list[str]) -> Options:
+    """The options, read left to right (``-i X`` or ``-i=X``); Usage on one nvidia-smi would refuse."""
+    opts = Options()
+    i = 0
+    while i < len(args):
+        a = args[i]
+        key, eq, val = a.partition("=")
+        if not eq and key in ("-i", "--id", "--format", "--query-gpu", "--query-compute-apps") \
+                and i + 1 < len(args):
+            val, i = args[i + 1], i + 1
+        if key in ("-i", "--id"):
+            opts.ids = val
+        elif key == "--format":
+            opts.fmt = val
+        elif key == "--query-gpu":
+            opts.query = val
+        elif key == "--query-compute-apps":
+            opts.apps = val
+        elif a in ("-L", "--list-gpus"):
+            opts.listing = True
+        elif a in ("-h", "--help"):
+            opts.help = True
+            return opts
+        else:
+            raise Usage(INVALID_ARGS)
+        i += 1
+    return opts
+
+
+def answer(state: dict, opts: Options) -> tuple[list[str], int]:
+    """The lines the options ask for and the exit code (6: no GPU matched a listing or a query)."""
+    gpus = select_gpus(state, opts.ids)
+    if opts.listing:
+        lines = list_gpus(gpus)
+    elif opts.query is not None:
+        lines = query_gpu(state, gpus, opts.query, opts.fmt)
+    elif opts.apps is not None:
+        lines = query_apps(state, gpus, opts.apps, opts.fmt)
+    elif opts.fmt is not None:
+        raise Usage(INVALID_ARGS)
+    else:
+        lines = summary(state)
+    if not gpus and (opts.listing or opts.query is not None):
+        return ["No devices were found"], 6
+    return lines, 0
+
+
 def main(argv: list[str]) -> int:
     args = list(argv)
     state_path = os.environ.get(STATE_ENV, "")
@@ -312,51 +372,17 @@ def main(argv: list[str]) -> int:
     try:
         if args and args[0] == "dmon":
             return dmon(state_path, args[1:])
-        ids = fmt_arg = query = apps = None
-        listing = False
-        i = 0
-        while i < len(args):
-            a = args[i]
-            key, eq, val = a.partition("=")
-            if not eq and key in ("-i", "--id", "--format", "--query-gpu", "--query-compute-apps") \
-                    and i + 1 < len(args):
-                val, i = args[i + 1], i + 1
-            if key in ("-i", "--id"):
-                ids = val
-            elif key == "--format":
-                fmt_arg = val
-            elif key == "--query-gpu":
-                query = val
-            elif key == "--query-compute-apps":
-                apps = val
-            elif a in ("-L", "--list-gpus"):
-                listing = True
-            elif a in ("-h", "--help"):
-                print("NVIDIA System Management Interface -- fake for gpuq tests\n\n" + __doc__)
-                return 0
-            else:
-                raise Usage(INVALID_ARGS)
-            i += 1
-        gpus = select_gpus(state, ids)
-        if listing:
-            lines = list_gpus(gpus)
-        elif query is not None:
-            lines = query_gpu(state, gpus, query, fmt_arg)
-        elif apps is not None:
-            lines = query_apps(state, gpus, apps, fmt_arg)
-        elif fmt_arg is not None:
-            raise Usage(INVALID_ARGS)
-        else:
-            lines = summary(state)
-        if not gpus and (listing or query is not None):
-            print("No devices were found")
-            return 6
+        opts = parse_options(args)
+        if opts.help:
+            print("NVIDIA System Management Interface -- fake for gpuq tests\n\n" + __doc__)
+            return 0
+        lines, code = answer(state, opts)
     except Usage as e:
         print(str(e))
         return e.code
     for line in lines:
         print(line)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

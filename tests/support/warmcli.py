@@ -214,6 +214,61 @@ def _text(data: bytes) -> str:
     return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
+def _send(conn: socket.socket, path: str, args: list[str], env: dict[str, str], cwd: Path, out_w: int,
+          err_w: int) -> None:
+    """The command to the warm server: its length-framed JSON, with the two pipes' write ends."""
+    conn.connect(path)
+    msg = json.dumps({"args": list(args), "env": env, "cwd": str(cwd)}).encode()
+    conn.sendall(struct.pack("!I", len(msg)))
+    socket.send_fds(conn, [msg], [out_w, err_w])
+
+
+def _collect(conn: socket.socket, argv: list[str], timeout: float, out_r: int, err_r: int,
+             chunks: dict[int, list[bytes]]) -> int:
+    """The command's output into ``chunks`` until both pipes close and its wait status has come: that
+    status.  Past ``timeout`` the command is killed and TimeoutExpired raised, as subprocess.run does."""
+    pid: int | None = None
+    status: int | None = None
+    deadline = time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(out_r, selectors.EVENT_READ)
+    sel.register(err_r, selectors.EVENT_READ)
+    sel.register(conn, selectors.EVENT_READ)
+    reply = b""
+    open_pipes = 2
+    while open_pipes or status is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(argv, timeout, b"".join(chunks[out_r]), b"".join(chunks[err_r]))
+        for key, _ in sel.select(left):
+            fd = key.fd
+            if fd == conn.fileno():
+                data = conn.recv(4096)
+                if not data:
+                    sel.unregister(conn)
+                    if status is None:
+                        raise RuntimeError("the warm gpuq server went away mid-command")
+                    continue
+                reply += data  # the command's pid, then its wait status: 4 bytes each
+                if len(reply) >= 4:
+                    pid = struct.unpack("!i", reply[:4])[0]
+                if len(reply) >= 8:
+                    status = struct.unpack("!i", reply[4:8])[0]
+            else:
+                data = os.read(fd, 65536)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    sel.unregister(fd)
+                    open_pipes -= 1
+    sel.close()
+    assert status is not None
+    return status
+
+
 def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     """`python -m orchestrator ARGS` with ``env`` in ``cwd``: as subprocess.run(capture_output=True,
     text=True) would return it."""
@@ -229,59 +284,18 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subp
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid: int | None = None
-    status: int | None = None
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     try:
-        conn.connect(server.path)
-        msg = json.dumps({"args": list(args), "env": env, "cwd": str(cwd)}).encode()
-        conn.sendall(struct.pack("!I", len(msg)))
-        socket.send_fds(conn, [msg], [out_w, err_w])
+        _send(conn, server.path, args, env, cwd, out_w, err_w)
         os.close(out_w)
         os.close(err_w)
         out_w = err_w = -1
-        deadline = time.monotonic() + timeout
-        sel = selectors.DefaultSelector()
-        sel.register(out_r, selectors.EVENT_READ)
-        sel.register(err_r, selectors.EVENT_READ)
-        sel.register(conn, selectors.EVENT_READ)
-        reply = b""
-        open_pipes = 2
-        while open_pipes or status is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                if pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(argv, timeout, b"".join(chunks[out_r]), b"".join(chunks[err_r]))
-            for key, _ in sel.select(left):
-                fd = key.fd
-                if fd == conn.fileno():
-                    data = conn.recv(4096)
-                    if not data:
-                        sel.unregister(conn)
-                        if status is None:
-                            raise RuntimeError("the warm gpuq server went away mid-command")
-                        continue
-                    reply += data  # the command's pid, then its wait status: 4 bytes each
-                    if len(reply) >= 4:
-                        pid = struct.unpack("!i", reply[:4])[0]
-                    if len(reply) >= 8:
-                        status = struct.unpack("!i", reply[4:8])[0]
-                else:
-                    data = os.read(fd, 65536)
-                    if data:
-                        chunks[fd].append(data)
-                    else:
-                        sel.unregister(fd)
-                        open_pipes -= 1
-        sel.close()
+        status = _collect(conn, argv, timeout, out_r, err_r, chunks)
     finally:
         conn.close()
         for fd in (out_r, err_r, out_w, err_w):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-    assert status is not None
     return subprocess.CompletedProcess(argv, os.waitstatus_to_exitcode(status),
                                        _text(b"".join(chunks[out_r])), _text(b"".join(chunks[err_r])))

@@ -3,8 +3,9 @@
 - No module under ``orchestrator/`` reaches for a ``_private`` name of another module (by
   ``from … import _name`` or ``module._name``): what another module needs is public, in the layer it
   belongs to (``tick/placement.target_rows``, not ``api/submit._target_rows``).
-- The verbs (``api/``) and the control loop (``tick/``) stay small: no module over 400 lines; no
-  function anywhere in ``orchestrator/`` over 60 lines.
+- Product code stays small: no module over 400 lines in ``orchestrator/``, ``payload/gpuq_payload/``,
+  ``scripts/`` and ``tests/support/``; no function over 60 lines there nor in ``profiles/`` (the agent,
+  ``payload/agent/``, has its own checks in test_agent_static.py).
 - Only ``__init__``, ``__main__`` and ``context`` stand at ``orchestrator/``'s root; every package's
   ``__init__.py`` opens with one line of what it owns.
 """
@@ -21,6 +22,12 @@ PACKAGE = ROOT / "orchestrator"
 GUARDED = ("orchestrator",)
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
+FUNCTION_CAPPED = ("orchestrator", "payload/gpuq_payload", "profiles", "scripts", "tests/support")
+MODULE_CAPPED = ("orchestrator", "payload/gpuq_payload", "scripts", "tests/support")
+# test support modules past the cap before it covered tests/support/: split each by purpose, then remove its entry
+KNOWN_LONG_MODULES = {"tests/support/testhosts.py", "tests/support/slurmcluster.py",
+                      "tests/support/scheduler_reference.py", "tests/support/fakecloud/runpod.py",
+                      "tests/support/fakecloud/lambda_cloud.py"}
 # left to the module's owner (cli/ is being rewritten beside this change): remove the entry with the fix
 KNOWN: set[str] = set()  # private names still reached across modules (none; the test says when one is fixed)
 
@@ -83,11 +90,30 @@ def test_the_check_sees_both_ways_of_reaching(tmp_path: Path) -> None:
                                                         "orchestrator.tick.attempts._apply"]
 
 
-def test_verbs_and_tick_modules_stay_small() -> None:
-    long = [f"{p.relative_to(ROOT)}: {n} lines" for folder in ("api", "tick")
-            for p in sorted((PACKAGE / folder).glob("*.py"))
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
-    assert long == [], f"over {MAX_MODULE_LINES} lines: split by purpose\n" + "\n".join(long)
+def capped(folders: tuple[str, ...]) -> list[Path]:
+    """Every Python module under ``folders`` (relative to the repository root)."""
+    return [p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def long_modules(paths: list[Path]) -> dict[str, int]:
+    """``path: lines`` for each module of ``paths`` over the cap (paths relative to the root when inside it)."""
+    return {(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p).as_posix(): n for p in paths
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+
+
+def test_no_module_is_over_four_hundred_lines() -> None:
+    found = long_modules(capped(MODULE_CAPPED))
+    new = [f"{path}: {n} lines" for path, n in found.items() if path not in KNOWN_LONG_MODULES]
+    assert new == [], f"over {MAX_MODULE_LINES} lines: split by purpose\n" + "\n".join(new)
+    fixed = sorted(KNOWN_LONG_MODULES - set(found))
+    assert fixed == [], f"fixed: remove {fixed} from KNOWN_LONG_MODULES"
+
+
+def test_the_module_check_can_fail(tmp_path: Path) -> None:
+    long, short = tmp_path / "long.py", tmp_path / "short.py"
+    long.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    short.write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert long_modules([long, short]) == {long.as_posix(): MAX_MODULE_LINES + 1}
 
 
 def long_functions(paths: list[Path]) -> list[str]:
@@ -103,7 +129,7 @@ def long_functions(paths: list[Path]) -> list[str]:
 
 
 def test_no_function_is_over_sixty_lines() -> None:
-    long = long_functions(sorted(PACKAGE.rglob("*.py")))
+    long = long_functions(capped(FUNCTION_CAPPED))
     assert long == [], f"over {MAX_FUNCTION_LINES} lines: split into its steps\n" + "\n".join(long)
 
 

@@ -304,7 +304,7 @@ def test_an_rng_state_of_the_wrong_shape_from_a_peer_is_refused(bad: object) -> 
 
 
 def test_a_resume_choice_of_the_wrong_shape_is_refused() -> None:
-    from gpuq_payload.trainer import resume_choice
+    from gpuq_payload.trainstate import resume_choice
     assert resume_choice(None) is None
     assert resume_choice({"path": "/c/x.pt", "sha256": "ab"}) == {"path": "/c/x.pt", "sha256": "ab"}
     assert resume_choice({"error": "no such checkpoint"}) == {"error": "no such checkpoint"}
