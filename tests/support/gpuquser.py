@@ -1,4 +1,4 @@
-"""A gpuq user driving the CLI against a farm of namespace SSH hosts (tests/support/testhosts.py).
+"""A gpuq user driving the CLI against a farm of namespace SSH hosts (tests/support/testhosts/).
 
 Each user has its own GPUQ_HOME and its own data dir on the hosts, so tests sharing a module's farm
 never see each other's files; ``stop_everything`` ends the user's agents and jobs by the process

@@ -1,4 +1,4 @@
-"""PID 1 of one test "GPU host" (see testhosts.py).  stdlib only.
+"""PID 1 of one test "GPU host" (see testhosts/).  stdlib only.
 
 Started by the farm as ``ip netns exec NS unshare --pid --fork --mount --mount-proc ... python -I -S
 hostinit.py SPEC.json``.  It

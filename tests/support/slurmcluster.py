@@ -1,4 +1,4 @@
-"""A real Slurm cluster on a routed farm of test hosts (tests/support/testhosts.py); needs root,
+"""A real Slurm cluster on a routed farm of test hosts (tests/support/testhosts/); needs root,
 ``slurm-wlm`` and ``munge`` (Debian: ``apt-get install -y slurm-wlm munge``).
 
     farm = HostFarm(base, 3, gpus=2, routed=True).start()

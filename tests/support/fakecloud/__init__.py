@@ -5,7 +5,7 @@
         cloud.preempt(pod_id)                      # inject events (also POST /_fake/preempt)
 
 ``backend`` decides what stands behind a pod or instance (backend.HostBackend; ``netns_backend.NetnsBackend``
-puts real SSH hosts of a tests/support/testhosts.py farm there); ``recording`` records
+puts real SSH hosts of a tests/support/testhosts/ farm there); ``recording`` records
 adapter exchanges into fixtures and replays them.  ``python scripts/fakecloud.py`` runs both fakes.
 """
 

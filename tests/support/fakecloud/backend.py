@@ -3,7 +3,7 @@
 The fake clouds call a :class:`HostBackend` whenever the machine behind a pod/instance appears,
 loses its workload or is deleted.  The default :class:`AddressBackend` only hands out addresses
 (TEST-NET-3, 203.0.113.0/24, which routes nowhere); a later backend can start a real OpenSSH host in
-a network namespace (tests/support/testhosts.py) so that SSH, signals and probes run end to end.
+a network namespace (tests/support/testhosts/) so that SSH, signals and probes run end to end.
 
 Backends are called with the fake's state lock held: keep them quick, or do the slow part in the
 background and let the fake's readiness polls (``slow_ready``) cover the start-up time.

@@ -1,4 +1,4 @@
-"""A host backend whose pods/instances are real OpenSSH hosts of a HostFarm (tests/support/testhosts.py).
+"""A host backend whose pods/instances are real OpenSSH hosts of a HostFarm (tests/support/testhosts/).
 
     farm = HostFarm(base, n=3, gpus=2).start()         # the pool: every host a machine for rent
     with NetnsBackend(farm) as backend, FakeRunPod(backend=backend) as cloud:
