@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Billed idle time of a rented host after its last job ended, with and without `--down-when-done`.
 
-Starts a farm of namespace SSH hosts (tests/support/testhosts.py; needs root) behind the fake RunPod
+Starts a farm of namespace SSH hosts (tests/support/testhosts/; needs root) behind the fake RunPod
 (tests/support/fakecloud, NetnsBackend: a pod is a real SSH host), and runs the same sweep twice, each
 time on ``--pods`` freshly rented pods: two jobs of a project's own trainer (stdlib, sleeping 1 s on the
 first pod up to ``--max-job-s`` on the last) pinned to each pod, so that the pods finish one after another.

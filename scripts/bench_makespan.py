@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makespan of a queue on several SSH hosts: gpuq vs the ideal vs one sequential loop per host.
 
-Starts its own test host farm (tests/support/testhosts.py: real OpenSSH servers in network/PID/mount
+Starts its own test host farm (tests/support/testhosts/: real OpenSSH servers in network/PID/mount
 namespaces with emulated GPUs; needs root), registers the hosts with a fresh GPUQ_HOME exactly as a
 user would (``rehearsal`` profile, trust on first use), writes a project whose trainer ``sleeper.py``
 (stdlib only) sleeps the duration its config names and honours the payload contract (metrics.jsonl,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A 2-node launch against a 1-node launch of the same job, over SSH hosts.
 
-Starts three namespace SSH hosts on a routed test network (tests/support/testhosts.py: each its own
+Starts three namespace SSH hosts on a routed test network (tests/support/testhosts/: each its own
 sshd and root, two emulated GPUs, training on CPU; needs root), registers them with a fresh GPUQ_HOME
 as a user would, and runs the same one-epoch job as ``nodes=2 gpus=1`` (two hosts, torchrun's static
 rendezvous on node 0 after the reachability check) and as ``nodes=1 gpus=2`` (one host), world size 2

@@ -2,7 +2,7 @@
 """Wall time and SSH round trips of one patrol tick over many hosts (default 16), side by side with
 a sequential loop that asks the same hosts the same question.
 
-Starts its own farm of namespace SSH hosts (tests/support/testhosts.py; needs root), registers them
+Starts its own farm of namespace SSH hosts (tests/support/testhosts/; needs root), registers them
 with a fresh GPUQ_HOME as a user would (``rehearsal`` profile, trust on first use), submits one
 long-running stand-in job per emulated GPU (``sleeper.py`` from bench_makespan, so every host has
 running attempts whose logs and metrics the patrol scans), waits until all of them run, then

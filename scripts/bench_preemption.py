@@ -2,7 +2,7 @@
 """What a spot preemption costs: time until the job runs again, and training steps lost, measured
 against the checkpoint interval.
 
-Starts a farm of namespace SSH hosts (tests/support/testhosts.py; needs root) behind the fake vast.ai,
+Starts a farm of namespace SSH hosts (tests/support/testhosts/; needs root) behind the fake vast.ai,
 gpuq's spot market (tests/support/fakecloud, NetnsBackend: an instance is a real SSH host; an outbid pauses it
 at once, no warning, its disk kept; RunPod rents no spot pods since its API v2), rents ``--pods`` interruptible
 instances with ``gpuq up`` (api.up), submits one deterministic torchrun job per GPU (checkpoint every

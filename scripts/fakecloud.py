@@ -9,7 +9,7 @@
         to what an adapter sends), then replays them
 
 By default the fakes hand out fake addresses (TEST-NET-3) that nothing answers.  With ``--farm N`` (root;
-tests/support/testhosts.py) both fakes rent real OpenSSH hosts of an N-host farm in network namespaces
+tests/support/testhosts/) both fakes rent real OpenSSH hosts of an N-host farm in network namespaces
 instead (fakecloud.NetnsBackend): SSH as root with the farm's client key, or add yours with --authorize-key;
 stops and failures SIGTERM/SIGKILL the host's processes, starts boot the same host.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start or stop a farm of real OpenSSH test "GPU hosts" (tests/support/testhosts.py); needs root.
+"""Start or stop a farm of real OpenSSH test "GPU hosts" (tests/support/testhosts/); needs root.
 
     python scripts/testhosts.py up --n 3 --gpus 2 --dir /tmp/farm    # prints the farm as JSON; hosts keep running
     ssh -F /dev/null -i /tmp/farm/client_ed25519 -o UserKnownHostsFile=/tmp/farm/known_hosts root@<address>

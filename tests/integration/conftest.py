@@ -1,4 +1,4 @@
-"""Integration fixtures: farms of real OpenSSH "GPU hosts" (tests/support/testhosts.py).
+"""Integration fixtures: farms of real OpenSSH "GPU hosts" (tests/support/testhosts/).
 
 ``farm = host_farm(n=3, gpus=2)`` returns a started HostFarm, torn down (by pid and namespace name)
 when the test ends; ``host_farm_module`` is the same factory with module scope, for read-only tests

@@ -1,6 +1,6 @@
 """The host agent's GPU preflight (`health`), kernel-log Xids in `status --json`, and the VRAM reaper
 (`reap`), run over SSH on a test-farm "GPU host": fake nvidia-smi state, a fake dmesg over a kernel-log
-fixture, fake /dev/nvidia* nodes that real processes hold open (tests/support/testhosts.py).
+fixture, fake /dev/nvidia* nodes that real processes hold open (tests/support/testhosts/).
 
 One module-scoped host; every test puts back the GPU state and kernel log it changed and kills every
 process it started (by pid inside the host, or by recorded process group).

@@ -6,7 +6,7 @@ The trainer is stdlib Python (no torch): it checkpoints every step to ``ckpt.jso
 from the file ``resume_args`` passes it, and appends ``ATTEMPT PID START_STEP`` to ``launches.log`` when it
 starts, so every launch of every attempt is counted, whoever started it.
 
-- on a namespace SSH host (tests/support/testhosts.py): the SIGKILLed attempt 1 is followed by attempt 2
+- on a namespace SSH host (tests/support/testhosts/): the SIGKILLed attempt 1 is followed by attempt 2
   on that host within 30 s, resumed from its checkpoint, started by the host; the job ends SUCCEEDED and
   the next `gpuq status` shows exactly 2 attempts, the ledger's history saying the host started the second;
   with ``retries=0`` the host starts nothing and gpuq settles the job.

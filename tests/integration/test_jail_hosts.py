@@ -133,7 +133,7 @@ def test_a_job_reads_no_other_sweeps_forwarded_secrets(user: User, tmp_path: Pat
 def test_a_job_plants_nothing_the_agent_or_another_job_runs_and_writes_where_trainers_write(
         user: User, tmp_path: Path) -> None:
     user.add_hosts(1)
-    purelib = Path(sysconfig.get_paths()["purelib"])  # the hosts run this interpreter (testhosts.py)
+    purelib = Path(sysconfig.get_paths()["purelib"])  # the hosts run this interpreter (tests/support/testhosts/)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     planted = {"pth": purelib / "gpuq-jail-test.pth", "sitecustomize": stdlib / "gpuq_jail_test_sitecustomize.py"}
     root = user.remote_root

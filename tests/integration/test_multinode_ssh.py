@@ -1,4 +1,4 @@
-"""Multi-node jobs over real OpenSSH hosts (a routed tests/support/testhosts.py farm: the hosts reach
+"""Multi-node jobs over real OpenSSH hosts (a routed tests/support/testhosts/ farm: the hosts reach
 each other, as the nodes of one job must), driven through the api.
 
 - ``nodes=2 gpus=1`` (one torchrun per host, static rendezvous on node 0, gloo over the test network)

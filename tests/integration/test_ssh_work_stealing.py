@@ -1,4 +1,4 @@
-"""Work stealing over real OpenSSH hosts (tests/support/testhosts.py farm), driven through the api.
+"""Work stealing over real OpenSSH hosts (tests/support/testhosts/ farm), driven through the api.
 
 A busy host's unstarted jobs move to hosts that came free; nothing runs twice (one launch.json per
 attempt, only on the host that ran it); a job the busy host claimed meanwhile stays where it is.

@@ -1,4 +1,4 @@
-"""The test host farm itself (tests/support/testhosts.py): real sshd in real namespaces."""
+"""The test host farm itself (tests/support/testhosts/): real sshd in real namespaces."""
 
 from __future__ import annotations
 
