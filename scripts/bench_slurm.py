@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A big sweep into a real Slurm cluster: the cost of submitting it, and of one tick while it waits.
 
-Starts a test cluster (tests/support/slurmcluster.py: slurmctld on a login host, slurmd on compute
+Starts a test cluster (tests/support/slurmcluster/: slurmctld on a login host, slurmd on compute
 hosts, each a network namespace with its own sshd; needs root, slurm-wlm and munge), registers it with
 a fresh GPUQ_HOME as a user would (``gpuq hosts add hpc --slurm root@login ...``), and measures, in one
 run and on the same cluster:

@@ -1,4 +1,4 @@
-"""gpuq on a real Slurm cluster (tests/support/slurmcluster.py): slurmctld on a login host, slurmd on
+"""gpuq on a real Slurm cluster (tests/support/slurmcluster/): slurmctld on a login host, slurmd on
 two compute hosts, every host a namespace with its own sshd; the gpuq root lies on the directory the
 hosts share.  gpuq reaches the login node over SSH like any host and submits each job with sbatch.
 

@@ -1,4 +1,4 @@
-"""The Slurm test cluster itself (tests/support/slurmcluster.py): real slurmctld/slurmd/munged on a
+"""The Slurm test cluster itself (tests/support/slurmcluster/): real slurmctld/slurmd/munged on a
 routed farm of test hosts, driven over SSH from the login node as gpuq drives it."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Each host is a faithful stand-in for a rented GPU container:
   routes 10.231.0.0/16 via its gateway and the root namespace forwards packets that arrive on the
   farm's veths (``net.ipv4.conf.<veth>.forwarding=1``, per interface: the machine's
   ``net.ipv4.ip_forward`` is never touched, and the setting vanishes with the veth), so the hosts of
-  the farm reach each other (a Slurm cluster: tests/support/slurmcluster.py);
+  the farm reach each other (a Slurm cluster: tests/support/slurmcluster/);
 - ``sshd_extra``: lines appended to every host's sshd_config (``set_sshd_extra`` changes one host's
   later and restarts its sshd), e.g. ``SetEnv SLURM_CONF=...`` for the commands sessions run.
 
