@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scaling of the pure scheduler: ``plan`` and ``plan_steals`` against the pre-scaling copy (the oracle).
 
-The reference is ``tests/support/scheduler_reference.py`` (``orchestrator/scheduling/scheduler.py`` before the
+The reference is ``tests/support/scheduler_reference/`` (``orchestrator/scheduling/scheduler.py`` before the
 scaling work), measured in the same run on the same inputs.  For each case: the median wall time of
 ``--repeat`` runs (fewer once they took over 5 s) and the peak extra memory of one more run under
 ``tracemalloc`` (Python allocations made during the call: inputs are built before), for the reference

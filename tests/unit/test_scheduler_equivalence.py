@@ -1,6 +1,6 @@
 """The scheduler after its scaling work plans exactly what it planned before.
 
-``tests/support/scheduler_reference.py`` is ``orchestrator/scheduling/scheduler.py`` as it was before (the oracle).
+``tests/support/scheduler_reference/`` is ``orchestrator/scheduling/scheduler.py`` as it was before (the oracle).
 Random job and host sets go through both; ``plan`` and ``plan_steals`` must give equal results, to the
 last bit of every time, including the reasons of unplaced jobs, and raise the same errors where the
 old one raised.  Nothing is excluded: identical jobs (which the swap pass skips), a job id given twice,
