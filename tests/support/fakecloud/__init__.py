@@ -6,7 +6,8 @@
 
 ``backend`` decides what stands behind a pod or instance (backend.HostBackend; ``netns_backend.NetnsBackend``
 puts real SSH hosts of a tests/support/testhosts/ farm there); ``recording`` records
-adapter exchanges into fixtures and replays them.  ``python scripts/fakecloud.py`` runs both fakes.
+adapter exchanges into fixtures and replays them; ``runpod_wire`` holds the fake RunPod's records and
+wire rules.  ``python scripts/fakecloud.py`` runs both fakes.
 """
 
 from tests.support.fakecloud.backend import AddressBackend, HostBackend
