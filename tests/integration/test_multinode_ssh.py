@@ -146,9 +146,10 @@ def test_one_node_killed_fails_the_attempt_and_both_resume_from_the_checkpoint(w
 def test_a_gang_that_cannot_start_waits_without_holding_the_free_hosts_slots(
         world: World, farm: HostFarm, tmp_path: Path) -> None:
     """s0 and s1 each have one of their two GPUs busy (jobs of 256 steps of 1 s: they outlast the
-    test's waits); s2 is free.  The two-node job cannot start (it needs two hosts with two GPUs free at
-    once): it waits QUEUED in the ledger, nothing of it reaches any host, and a one-GPU job submitted
-    with it runs on s2 meanwhile.  Once the busy jobs are cancelled, the two-node job runs."""
+    test's waits); s2 is free.  Every job is the light stdlib trainer.  The two-node job cannot start
+    (it needs two hosts with two GPUs free at once): it waits QUEUED in the ledger, nothing of it
+    reaches any host, and a one-GPU job submitted with it runs on s2 meanwhile.  Once the busy jobs
+    are cancelled, the two-node job runs."""
     # the busy jobs are the light stdlib trainer (tests/support/lightproject.py): they only hold a GPU each
     busy = light_project(tmp_path / "busy", {"hold": light_config(steps=256, step_s=1.0)},
                          ["configs/hold.yaml classify 1 name=hold0 gpus=1 host=s0 est_min=2",
@@ -156,9 +157,11 @@ def test_a_gang_that_cannot_start_waits_without_holding_the_free_hosts_slots(
     first = api.submit(world.ctx, busy)
     assert wait_for(lambda: (api.status(world.ctx), {world.job(n).state for n in ("hold0", "hold1")})[1]  # type: ignore[attr-defined]
                     == {"RUNNING"}, timeout=300, interval=0.5), world.history("hold0")
-    queue = write_project(tmp_path / "gang", {"tiny": tiny_config(0.0, 256)},
-                          ["configs/tiny.yaml classify 1 name=wide nodes=2 gpus=2 est_min=1",
-                           "configs/tiny.yaml classify 1 name=small gpus=1 host=s2 est_min=0.1"])
+    # the gang and the one-GPU job are light too: where and when they run is the subject here; two nodes
+    # training one world under torchrun are test_two_nodes_train_to_the_weights_of_the_same_world_on_one_host's
+    queue = light_project(tmp_path / "gang", {"quick": light_config(steps=4, step_s=0.2)},
+                          ["configs/quick.yaml classify 1 name=wide nodes=2 gpus=2 est_min=1",
+                           "configs/quick.yaml classify 1 name=small gpus=1 host=s2 est_min=0.1"])
     second = api.submit(world.ctx, queue)
     wide = world.job("wide")
     assert wide.state == JobState.QUEUED.value and wide.attempt_count == 0, world.history("wide")  # type: ignore[attr-defined]
