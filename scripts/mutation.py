@@ -113,11 +113,13 @@ MODULES: dict[str, ModuleSet] = {
         ("tests/unit/test_teardown_gate.py", "tests/unit/test_teardown_terminate.py", "tests/unit/test_leases.py",
          "tests/unit/test_down_plan.py", "tests/unit/test_rented_address.py"),
     ),
-    # Renting (`gpuq up`, `gpuq rent-for`) and the budget commands, through the api in process.
+    # Renting (`gpuq up`, `gpuq rent-for`) and the budget commands, through the api in process (the fake clouds
+    # on loopback; every machine is refused at registration, so no SSH: `_register`'s audit and the GPU preflight
+    # are tests/integration/test_cloud*.py's).
     "renting": ModuleSet(
         ("orchestrator/api/renting.py", "orchestrator/api/renting_for.py", "orchestrator/api/budgeting.py"),
         ("tests/unit/test_cloud_rows.py", "tests/unit/test_rented_address.py", "tests/unit/test_rent_for.py",
-         "tests/unit/test_budget.py"),
+         "tests/unit/test_budget.py", "tests/unit/test_up_rows.py"),
     ),
     # The providers' money parsing (parse_money, to_cents, price caps, offers) and SSH endpoints.
     "prices": ModuleSet(
