@@ -6,6 +6,7 @@ stage end to end against the fake RunPod and FakeHosts with the real agent (slow
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 import pytest
 
 from orchestrator.context import Context, open_context
-from orchestrator.core.states import HoldKind, JobState
+from orchestrator.core.specs import JobSpec
+from orchestrator.core.states import AttemptState, HoldKind, JobState
 from orchestrator.ledger import Attempt, HostRow, Job, Sweep
 from orchestrator.tick import billing
 from orchestrator.tick.findings import TickReport
@@ -291,3 +293,76 @@ def test_an_idle_period_that_ended_between_two_ticks_is_cleared_as_of_its_end(ct
     billing._idle(ctx, row, billing.Work(idle_since=T0 + after + 5), T0 + after + 10, last, TickReport())
     cleared = ctx.ledger.latest_finding("rp-a", billing.RULE_IDLE)
     assert cleared is not None and cleared.severity == "info" and cleared.time == T0 + after + 5
+
+
+# -- the stage on a rented pod with nothing to bring home (the fake RunPod; no host behind it) ------------------
+
+KEY = "rp-billing-rules-key-0123456789"
+
+
+@pytest.fixture
+def pod(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, hook: list[dict[str, Any]]) -> Iterator[tuple[Context, Any]]:
+    from orchestrator.providers.models import ProvisionRequest
+    from orchestrator.tick.leases import provider_for
+    from tests.support.fakecloud import FakeRunPod
+
+    with FakeRunPod(api_key=KEY) as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+        monkeypatch.setenv("GPUQ_RUNPOD_URL", fake.url)
+        monkeypatch.setenv("GPUQ_PROVIDER_POLL_S", "0.1")
+        context = open_context()
+        try:
+            (inst,) = provider_for(context, "runpod").provision(ProvisionRequest(name="gpuq-t-rp-a",
+                                                                                 gpu_type="NVIDIA RTX A6000"))
+            add_rented(context.ledger, _row(instance_id=inst.id, target="root@rp-a.invalid"))
+            yield context, fake
+        finally:
+            context.close()
+
+
+def _queued(ctx: Context, name: str) -> Job:
+    (job,) = ctx.ledger.add_sweep(sweep_id=f"qbr{name}", queue_path="q.txt", workdir="/w", queue_text="",
+                                  jobs=[JobSpec(name=name, config="c.yaml", task="t")], default_retries=0)
+    return job
+
+
+def test_an_unused_down_when_done_pod_goes_once_the_sweeps_since_it_came_up_ended(
+        pod: tuple[Context, Any], hook: list[dict[str, Any]]) -> None:
+    ctx, _fake = pod
+    job = _queued(ctx, "j")
+    report = TickReport()
+    billing.billing(ctx, report, {"rp-a"}, now=time.time())
+    row = ctx.ledger.host("rp-a")
+    assert row is not None and row.lease_state == "running" and report.actions == []
+    ctx.ledger.transition(job.id, JobState.CANCELLED)
+    assert billing.idle_hosts(ctx) and "rp-a" in billing.idle_hosts(ctx)
+    billing.billing(ctx, report, {"rp-a"}, now=time.time())
+    row = ctx.ledger.host("rp-a")
+    assert row is not None and row.lease_state == "terminated"
+    (message,) = [e.message for e in ctx.ledger.events("rp-a", exact=True) if e.rule == billing.RULE_DONE]
+    assert message.startswith(f"runpod {row.instance_id} terminated, down when done: stopped billing at ")
+    assert report.actions == [f"rp-a: {message}"] and billing.idle_hosts(ctx) == {}
+    assert [h["event"] for h in hook] == [billing.RULE_DONE]
+
+
+def test_a_pod_with_results_not_home_waits_for_an_answer_and_a_kept_one_for_a_person(
+        pod: tuple[Context, Any]) -> None:
+    ctx, _fake = pod
+    job = _queued(ctx, "r")
+    ctx.ledger.start_attempt(job.id, host="rp-a", bundle_sha="b")
+    ctx.ledger.transition(job.id, AttemptState.RUNNING, attempt=1)
+    ctx.ledger.transition(job.id, JobState.RUNNING)
+    ctx.ledger.update_attempt(job.id, 1, exit_code=0)
+    ctx.ledger.transition(job.id, AttemptState.EXITED, attempt=1)
+    ctx.ledger.transition(job.id, JobState.SUCCEEDED)
+    report = TickReport()
+    billing.billing(ctx, report, set(), now=time.time())  # it did not answer this tick
+    assert report.teardown_pending == ["rp-a"]
+    assert report.actions == ["rp-a: down when done: rp-a not ended yet: it did not answer this tick: its results "
+                              "cannot come home yet (retried)"]
+    ctx.ledger.record_finding("host", "rp-a", severity="escalate", rule=billing.RULE_UNVERIFIED, message="kept")
+    kept = TickReport()
+    billing.billing(ctx, kept, {"rp-a"}, now=time.time())
+    assert kept.teardown_pending == [] and kept.actions == []
+    row = ctx.ledger.host("rp-a")
+    assert row is not None and row.lease_state == "running"
