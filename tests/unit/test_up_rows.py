@@ -206,3 +206,26 @@ def test_the_ledger_id_is_made_once_and_a_damaged_one_is_refused(ctx: Context) -
     path.write_text("not-hex!\n")
     with pytest.raises(ConfigError, match="not a ledger id"):
         ledger_id(ctx.settings)
+
+
+def test_an_interrupt_between_creates_says_which_may_bill_and_forgets_those_never_asked_for(
+        cloud: tuple[Context, FakeLambda], key: str) -> None:
+    context, fake = cloud
+
+    def interrupt(line: str) -> None:
+        if line.endswith("waiting until it is ready"):  # the first create answered; the second is next
+            raise KeyboardInterrupt
+
+    with pytest.raises(UpInterrupted) as caught:
+        api.up(context, provider="lambda", gpu_type=_itype(fake), count=3, key=key, prefix="mid", say=interrupt)
+    result = caught.value.result
+    first, second, third = (f"mid-{result.lease}-{i}" for i in range(3))
+    assert all(i.status == "terminated" for i in fake.instances.values())
+    assert [(u.host, u.ended) for u in result.unusable] == [(first, True)] and result.unusable[0].instance_id
+    assert list(result.unknown) == [second]
+    assert result.unknown[second] == ("`gpuq up` was interrupted during its create call, and no instance has its "
+                                      f"name yet; `gpuq down {second}` checks by its name and ends it")
+    row = context.ledger.host(second)
+    assert row is not None and row.lease_state == LeaseState.PROVISIONING.value
+    assert row.lease_reason == result.unknown[second]
+    assert result.not_created == [third] and context.ledger.host(third) is None
