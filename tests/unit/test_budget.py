@@ -353,3 +353,22 @@ def test_after_submit_warns_once_the_placed_work_nears_the_cap(ctx: Context, hoo
     api_budget.after_submit(ctx, "qfree001")  # no cap: nothing to say
     api_budget.after_submit(ctx, "qnone001")  # no such sweep: nothing either
     assert ctx.ledger.latest_finding("qfree001", budget.RULE) is None
+
+
+def test_set_cap_bounds_its_words_and_the_sweep_it_names(ctx: Context) -> None:
+    _sweep(ctx.ledger, None, [60])
+    jobs = _sweep(ctx.ledger, None, [60], sweep_id="qbud0002")  # the newer sweep: what no ref names
+    view = api_budget.set_cap(ctx, SWEEP, 0.5)  # under a dollar is a budget too
+    first = ctx.ledger.latest_finding(SWEEP, budget.RULE)
+    assert first is not None and first.message == f"budget of sweep {SWEEP} set to $0.50 (had none)"
+    assert view.sweep_id == SWEEP and ctx.ledger.sweep("qbud0002").budget_usd is None  # type: ignore[union-attr]
+    with pytest.raises(UsageError):
+        api_budget.set_cap(ctx, SWEEP, 1e9 + 1)
+    _run(ctx.ledger, jobs[0], "dear", T0 - HOUR / 4, T0)  # $2 spent of the other sweep's
+    other = api_budget.set_cap(ctx, "qbud0002", 5.0)
+    assert other.note.startswith("$3.00 left under the cap for jobs not started")
+    assert api_budget.show(ctx, None).sweep_id == "qbud0002"
+    removed = api_budget.set_cap(ctx, SWEEP, None)
+    assert removed.note == "no cap: every queued job may start (at the next tick)" and removed.standing.cap is None
+    last = ctx.ledger.latest_finding(SWEEP, budget.RULE)
+    assert last is not None and last.message == f"budget of sweep {SWEEP} removed (was $0.50)"

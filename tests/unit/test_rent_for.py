@@ -161,6 +161,8 @@ def market_rented(ctx: Context) -> list[str]:
 def test_a_cap_below_every_match_refuses_naming_the_cheapest_and_rents_nothing(
         ctx: Context, market: FakeVastAI, tmp_path: Path) -> None:
     queue = _queue(tmp_path, "name=hopper gpu=H100", "name=small")
+    with pytest.raises(UsageError, match=r"--max-price must be more than 0 \(US dollars per machine-hour\)"):
+        plan_for(ctx, queue, max_price=0.0)
     plan = plan_for(ctx, queue, max_price=1.0)
     assert not plan.plan.complete and _types(plan.plan) == [(1, "A10")]
     assert '"H100 PCIE"' in plan.missing() and "over --max-price $1" in plan.missing()
@@ -254,11 +256,14 @@ def test_up_for_rents_each_need_with_its_offer_and_says_which_failed(
                 "total $0.25 per hour while all run (for the machines found; nothing is rented while one is missing)"]
             assert short.missing() == short.lines()[1].replace(" for line(s) 1, 2", "")
             fake.no_capacity(1)  # the first need's first create finds none; the A10's goes through
-            result = up_for(context, plan, key=str(private), prefix="for", down_when_done=False)
+            said: list[str] = []
+            result = up_for(context, plan, key=str(private), prefix="for",
+                            down_when_done=not context.settings.auto_down, say=said.append)
+            assert any(line.endswith("created; waiting until it is ready") for line in said), said
             (rental,) = result.rentals
             row = context.ledger.host(rental.unusable[0].host)
             assert row is not None and (row.provider, row.gpu_type, row.gpu_count, row.down_when_done) == (
-                "vastai", "A10", 1, False)
+                "vastai", "A10", 1, not context.settings.auto_down)
             assert row.name.startswith("for-") and row.lease_state == "terminated"
         finally:
             context.close()
