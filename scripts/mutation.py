@@ -99,11 +99,14 @@ MODULES: dict[str, ModuleSet] = {
          "tests/unit/test_budget.py", "tests/unit/test_rent_for.py", "tests/unit/test_honest_numbers_rules.py",
          "tests/unit/test_provider_vastai_wire.py"),
     ),
-    # The tick's billing stage: reconciling leases with the provider, budget holds, down-when-done.  Its
-    # tests run the real agent on FakeHosts against the fake RunPod: 10-20 s a mutant.
+    # The tick's billing stage: which rented hosts bill, their work, down-when-done's blockers, the idle alert and
+    # the findings the stage writes, as rules and on a real ledger (test_billing_rules.py).  test_billing.py is
+    # left out: it runs the same stage end to end with the real agent on FakeHosts against the fake RunPod, and
+    # covers every function of the module, so each mutant would cost its whole 5-20 s.  (test_notify_forms.py's
+    # slow preemption cases never reach billing.py: mutmut runs only the tests that call a mutated function.)
     "billing": ModuleSet(
         ("orchestrator/tick/billing.py",),
-        ("tests/unit/test_billing.py", "tests/unit/test_cloud_rows.py", "tests/unit/test_notify_forms.py",
+        ("tests/unit/test_billing_rules.py", "tests/unit/test_cloud_rows.py", "tests/unit/test_notify_forms.py",
          "tests/unit/test_runpod_graphql_era_rows.py"),
     ),
     # The teardown gate and termination of a rented host, and the ledger's lease and hold writers.
@@ -113,11 +116,13 @@ MODULES: dict[str, ModuleSet] = {
         ("tests/unit/test_teardown_gate.py", "tests/unit/test_teardown_terminate.py", "tests/unit/test_leases.py",
          "tests/unit/test_down_plan.py", "tests/unit/test_rented_address.py"),
     ),
-    # Renting (`gpuq up`, `gpuq rent-for`) and the budget commands, through the api in process.
+    # Renting (`gpuq up`, `gpuq rent-for`) and the budget commands, through the api in process (the fake clouds
+    # on loopback; every machine is refused at registration, so no SSH: `_register`'s audit and the GPU preflight
+    # are tests/integration/test_cloud*.py's).
     "renting": ModuleSet(
         ("orchestrator/api/renting.py", "orchestrator/api/renting_for.py", "orchestrator/api/budgeting.py"),
         ("tests/unit/test_cloud_rows.py", "tests/unit/test_rented_address.py", "tests/unit/test_rent_for.py",
-         "tests/unit/test_budget.py"),
+         "tests/unit/test_budget.py", "tests/unit/test_up_rows.py"),
     ),
     # The providers' money parsing (parse_money, to_cents, price caps, offers) and SSH endpoints.
     "prices": ModuleSet(

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.api import budgeting as api_budget
 from orchestrator.context import Context, open_context
 from orchestrator.core.config import load_settings
-from orchestrator.core.errors import ConfigError
+from orchestrator.core.errors import ConfigError, UsageError
 from orchestrator.core.specs import Assignment, JobSpec
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Job, Ledger, attempt_price
@@ -279,3 +279,96 @@ def test_what_waiting_jobs_may_cost_counts_only_hosts_their_gpus_take(ctx: Conte
     alone = api_budget._project(ctx, [j for j in ctx.ledger.jobs(sweep_id=SWEEP) if j.name == "b200"],
                                 ctx.ledger.hosts())
     assert alone.why_not.startswith("no host of the sweep can take these jobs now")
+
+
+def test_the_budget_view_says_cap_spent_committed_use_and_what_waits_in_words(ctx: Context) -> None:
+    jobs = _sweep(ctx.ledger, 10.0, [60, 60, None])
+    _run(ctx.ledger, jobs[0], "dear", T0 - HOUR, T0)  # $8 spent
+    view = api_budget.show(ctx, SWEEP)
+    assert view.waiting == 2 and view.note == ""
+    assert view.lines() == [
+        f"sweep {SWEEP}: budget $10.00",
+        "  spent      $8.00  (attempts so far, at the price each fixed when it started)",
+        "  committed  $0.00  (placed and running attempts, to their estimates)",
+        "  used       80% (warn)",
+        f"  remaining  2 job(s) not started: {view.remaining.line()}",  # type: ignore[union-attr]
+    ]
+    free = api_budget.BudgetView(SWEEP, budget.Standing(None, spent=1.0, committed=2.0, placeholders=3), 0, None,
+                                 note="a note")
+    assert free.lines() == [
+        f"sweep {SWEEP}: budget none (no cap)",
+        "  spent      $1.00  (attempts so far, at the price each fixed when it started)",
+        "  committed  $2.00  (placed and running attempts, to their estimates)",
+        "             3 of them without est_min= or history: counted at the scheduler's placeholder",
+        "a note"]
+
+
+def test_set_cap_records_what_it_changed_and_says_what_is_left(ctx: Context) -> None:
+    _sweep(ctx.ledger, None, [60])
+    with pytest.raises(UsageError, match=r"a budget is a number of dollars above 0 \(and at most 1e9\), not 0"):
+        api_budget.set_cap(ctx, SWEEP, 0.0)
+    with pytest.raises(UsageError, match="not 2e"):
+        api_budget.set_cap(ctx, SWEEP, 2e9)
+    assert api_budget.set_cap(ctx, SWEEP, 1e9).standing.cap == 1e9  # the top is allowed
+    view = api_budget.set_cap(ctx, SWEEP, 12.5)
+    assert view.note == ("$12.50 left under the cap for jobs not started; queued jobs it fits start at the next tick "
+                         "(`gpuq status` or `gpuq watch`)")
+    finding = ctx.ledger.latest_finding(SWEEP, budget.RULE)
+    assert finding is not None and finding.severity == "info"
+    assert finding.message == f"budget of sweep {SWEEP} set to $12.50 (was $1,000,000,000.00)"
+    assert view.waiting == 1 and view.sweep_id == SWEEP and view.remaining is not None
+
+
+def test_the_dry_run_projection_prices_each_job_at_its_planned_hosts_share(ctx: Context) -> None:
+    from orchestrator.core.specs import job_id_for
+
+    specs = [JobSpec(name="a", config="c.yaml", task="t", epochs=2, est_min=60),
+             JobSpec(name="b", config="c.yaml", task="t", epochs=2, est_min=120, gpus=2),
+             JobSpec(name="c", config="c.yaml", task="t", epochs=2, est_min=60)]
+    placements = {job_id_for(SWEEP, "a"): "dear", job_id_for(SWEEP, "b"): "cheap"}  # c is not placed
+    got = api_budget.projection(ctx, SWEEP, specs, placements, ctx.ledger.hosts())
+    # a: 1 h at $8; b: 2 h at half of cheap's $2 ($1/h); c: unplaced, no price
+    assert got.low == pytest.approx(10.0) and got.high == pytest.approx(10.0) and got.why_not == ""
+
+
+def test_a_capped_submit_keeps_what_the_cap_fits_and_an_uncapped_one_everything(ctx: Context) -> None:
+    _sweep(ctx.ledger, 5.0, [60, 60])
+    jobs = {p.name: p for p in ctx.ledger.jobs(sweep_id=SWEEP)}
+    plan_jobs = [PlanJob(jobs["j0"].id, 1, HOUR), PlanJob(jobs["j1"].id, 1, HOUR)]
+    decided = Plan(assignments=(Assignment(job_id=jobs["j1"].id, host="cheap"),
+                                Assignment(job_id=jobs["j0"].id, host="dear")), unplaced=())
+    assert api_budget.admit_submitted(ctx, SWEEP, None, decided, plan_jobs) == (decided, {})
+    kept, held = api_budget.admit_submitted(ctx, SWEEP, 5.0, decided, plan_jobs)
+    assert [a.job_id for a in kept.assignments] == [jobs["j1"].id]  # $0.50 fits $5; then $8 does not
+    assert list(held) == [jobs["j0"].id] and held[jobs["j0"].id].startswith("budget: ")
+
+
+def test_after_submit_warns_once_the_placed_work_nears_the_cap(ctx: Context, hook: list[dict[str, Any]]) -> None:
+    jobs = _sweep(ctx.ledger, 10.0, [60])
+    _run(ctx.ledger, jobs[0], "dear", T0 - HOUR, T0)  # $8 of $10
+    api_budget.after_submit(ctx, SWEEP)
+    finding = ctx.ledger.latest_finding(SWEEP, budget.RULE)
+    assert finding is not None and finding.severity == "warn" and "80% of its budget" in finding.message
+    _sweep(ctx.ledger, None, [60], sweep_id="qfree001")
+    api_budget.after_submit(ctx, "qfree001")  # no cap: nothing to say
+    api_budget.after_submit(ctx, "qnone001")  # no such sweep: nothing either
+    assert ctx.ledger.latest_finding("qfree001", budget.RULE) is None
+
+
+def test_set_cap_bounds_its_words_and_the_sweep_it_names(ctx: Context) -> None:
+    _sweep(ctx.ledger, None, [60])
+    jobs = _sweep(ctx.ledger, None, [60], sweep_id="qbud0002")  # the newer sweep: what no ref names
+    view = api_budget.set_cap(ctx, SWEEP, 0.5)  # under a dollar is a budget too
+    first = ctx.ledger.latest_finding(SWEEP, budget.RULE)
+    assert first is not None and first.message == f"budget of sweep {SWEEP} set to $0.50 (had none)"
+    assert view.sweep_id == SWEEP and ctx.ledger.sweep("qbud0002").budget_usd is None  # type: ignore[union-attr]
+    with pytest.raises(UsageError):
+        api_budget.set_cap(ctx, SWEEP, 1e9 + 1)
+    _run(ctx.ledger, jobs[0], "dear", T0 - HOUR / 4, T0)  # $2 spent of the other sweep's
+    other = api_budget.set_cap(ctx, "qbud0002", 5.0)
+    assert other.note.startswith("$3.00 left under the cap for jobs not started")
+    assert api_budget.show(ctx, None).sweep_id == "qbud0002"
+    removed = api_budget.set_cap(ctx, SWEEP, None)
+    assert removed.note == "no cap: every queued job may start (at the next tick)" and removed.standing.cap is None
+    last = ctx.ledger.latest_finding(SWEEP, budget.RULE)
+    assert last is not None and last.message == f"budget of sweep {SWEEP} removed (was $0.50)"

@@ -23,6 +23,7 @@ from orchestrator.providers.models import Offer
 from orchestrator.scheduling.gpumatch import GpuNeed
 from tests.conftest import run_gpuq
 from tests.support.fakecloud import FakeRunPod
+from tests.support.fakecloud.backend import AddressBackend
 from tests.support.fakecloud.vastai import FakeVastAI
 from tests.support.fakecloud.vastai_market import FakeOffer
 
@@ -160,6 +161,8 @@ def market_rented(ctx: Context) -> list[str]:
 def test_a_cap_below_every_match_refuses_naming_the_cheapest_and_rents_nothing(
         ctx: Context, market: FakeVastAI, tmp_path: Path) -> None:
     queue = _queue(tmp_path, "name=hopper gpu=H100", "name=small")
+    with pytest.raises(UsageError, match=r"--max-price must be more than 0 \(US dollars per machine-hour\)"):
+        plan_for(ctx, queue, max_price=0.0)
     plan = plan_for(ctx, queue, max_price=1.0)
     assert not plan.plan.complete and _types(plan.plan) == [(1, "A10")]
     assert '"H100 PCIE"' in plan.missing() and "over --max-price $1" in plan.missing()
@@ -215,3 +218,56 @@ def test_cli_offers_and_up_for_dry_run_and_refusal(market: FakeVastAI, tmp_path:
     assert not market.instances
     mixed = run_gpuq("up", "--for", str(queue), "--max-price", "1", "--gpu", "A10")
     assert mixed.returncode == 2 and "--gpu" in mixed.stderr
+
+
+class _RefusedAddresses(AddressBackend):
+    """Machines ready at a host name outside vast.ai's gateways: each is refused before any SSH, and ended."""
+
+    def provision(self, instance_id: str, gpu_count: int) -> tuple[str, int]:
+        _ip, port = super().provision(instance_id, gpu_count)
+        return "machine.example", port
+
+
+def test_up_for_rents_each_need_with_its_offer_and_says_which_failed(
+        gpuq_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    private = tmp_path / "id_for"
+    private.write_text("not used: gpuq never connects\n")
+    (tmp_path / "id_for.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIRentForTestKeyOnly00000000 t\n")
+    with FakeVastAI(api_key=KEY, offers=MARKET, backend=_RefusedAddresses()) as fake:
+        monkeypatch.setenv("VAST_API_KEY", KEY)
+        monkeypatch.setenv("GPUQ_VASTAI_API_URL", fake.url)
+        monkeypatch.setenv("GPUQ_PROVIDER_POLL_S", "0.1")
+        context = open_context()
+        try:
+            queue = _queue(tmp_path, "name=pair gpus=2 gpu=H100", "name=pair2 gpus=2 gpu=H100", "name=small gpu=A10")
+            plan = plan_for(context, queue, max_price=5.0)
+            assert _types(plan.plan) == [(2, "H100 SXM"), (1, "A10")] and plan.plan.choices[0].need.machines == 1
+            assert plan.lines() == [
+                '1x 2-GPU machine (gpu=H100) for line(s) 1, 2: vastai "H100 SXM" 2x 85 GB at $4.90/h ($2.45/GPU-h)',
+                '1x 1-GPU machine (gpu=A10) for line(s) 3: vastai "A10" 1x 25 GB at $0.25/h ($0.25/GPU-h)',
+                "total $5.15 per hour while all run"]
+            short = plan_for(context, queue, max_price=1.0)
+            assert short.lines() == [
+                '1x 1-GPU machine (gpu=A10) for line(s) 3: vastai "A10" 1x 25 GB at $0.25/h ($0.25/GPU-h)',
+                '1x 2-GPU machine (gpu=H100) for line(s) 1, 2: the cheapest matching offer, vastai "H100 SXM" 2x 85 GB '
+                'at $4.90/h ($2.45/GPU-h), is over --max-price $1.0/h',
+                "total $0.25 per hour while all run (for the machines found; nothing is rented while one is missing)"]
+            assert short.missing() == short.lines()[1].replace(" for line(s) 1, 2", "")
+            fake.no_capacity(1)  # the first need's first create finds none; the A10's goes through
+            said: list[str] = []
+            result = up_for(context, plan, key=str(private), prefix="for",
+                            down_when_done=not context.settings.auto_down, say=said.append)
+            assert any(line.endswith("created; waiting until it is ready") for line in said), said
+            (rental,) = result.rentals
+            row = context.ledger.host(rental.unusable[0].host)
+            assert row is not None and (row.provider, row.gpu_type, row.gpu_count, row.down_when_done) == (
+                "vastai", "A10", 1, not context.settings.auto_down)
+            assert row.name.startswith("for-") and row.lease_state == "terminated"
+        finally:
+            context.close()
+    assert list(result.failed) == [plan.plan.choices[0].need.text()] and not result.ok
+    assert result.failed[plan.plan.choices[0].need.text()].startswith("vastai H100 SXM: ")
+    assert rental.provider == "vastai" and rental.wanted == 1 and len(rental.unusable) == 1
+    assert "no on-demand vast.ai offer has capacity for 2x H100 SXM" in result.failed["1x 2-GPU machine (gpu=H100)"]
