@@ -21,6 +21,7 @@ from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.tick import billing, teardown
 from orchestrator.tick.findings import TickReport
+from orchestrator.transfer import evidence
 from tests.support.rented import add_rented
 from tests.support.webhook import Delivery, receiver
 
@@ -227,6 +228,10 @@ def test_works_counts_the_jobs_that_ran_there_are_queued_for_it_or_run_a_node_th
         [(moved.id, 1), (done.id, 1), (pulled.id, 1)])
     held, _ = billing.works(ctx, rows, {"s2": "raise its cap", "s3": "raise its cap"})  # type: ignore[arg-type]
     assert held["rp-a"].busy == ("ddp",) and held["rp-b"].busy == ("moved", "ddp")
+    home = evidence.local_dir(ctx.settings.home / "results", moved, 1)  # its log and exit record came home
+    home.mkdir(parents=True)
+    (home / evidence.EVIDENCE_VERIFIED).write_text(json.dumps({"job_id": moved.id, "attempt": 1, "files": []}))
+    assert billing.works(ctx, rows)[0]["rp-a"].evidence == ()  # type: ignore[arg-type]
 
 
 def test_works_dates_the_idle_period_from_the_last_cleared_idle_alert(ctx: Context) -> None:
@@ -262,3 +267,10 @@ def test_a_failure_to_end_one_host_is_a_retry_and_the_tick_goes_on(
     assert report.teardown_pending == ["rp-a", "rp-b"]
     (idle,) = _events(ctx, billing.RULE_IDLE)
     assert idle[0] == "warn" and idle[1].endswith("down-when-done waits: its results could not be brought home")
+
+
+def test_the_stage_runs_at_this_moment_by_default(ctx: Context) -> None:
+    ctx.ledger.update_host("rp-a", down_when_done=False)
+    report = TickReport()
+    billing.billing(ctx, report, {"rp-a"})  # it came up just now: not idle long enough
+    assert report.actions == [] and _events(ctx, billing.RULE_IDLE) == []
