@@ -274,3 +274,46 @@ def test_the_stage_runs_at_this_moment_by_default(ctx: Context) -> None:
     report = TickReport()
     billing.billing(ctx, report, {"rp-a"})  # it came up just now: not idle long enough
     assert report.actions == [] and _events(ctx, billing.RULE_IDLE) == []
+
+
+# -- the stage ending pods (the fake RunPod; no host behind them) -------------------------------------------------
+
+KEY = "rp-billing-findings-key-0123456789"
+
+
+@pytest.fixture
+def pods(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, hook: list[dict[str, Any]]) -> Iterator[Context]:
+    from orchestrator.providers.models import ProvisionRequest
+    from orchestrator.tick.leases import provider_for
+    from tests.support.fakecloud import FakeRunPod
+
+    with FakeRunPod(api_key=KEY) as fake:
+        monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+        monkeypatch.setenv("GPUQ_RUNPOD_URL", fake.url)
+        monkeypatch.setenv("GPUQ_PROVIDER_POLL_S", "0.1")
+        context = open_context()
+        try:
+            for name in ("rp-a", "rp-b"):
+                (inst,) = provider_for(context, "runpod").provision(ProvisionRequest(name=f"gpuq-t-{name}",
+                                                                                     gpu_type="NVIDIA RTX A6000"))
+                add_rented(context.ledger, _row(name, instance_id=inst.id, target=f"root@{name}.invalid"))
+            yield context
+        finally:
+            context.close()
+
+
+def test_one_tick_ends_every_pod_whose_work_is_over_and_a_lost_job_with_its_checkpoint_home_holds_none(
+        pods: Context) -> None:
+    ctx = pods
+    (lost,) = _sweep(ctx, "s1", "lost")
+    ctx.ledger.transition(lost.id, AttemptState.LOST, attempt=_start(ctx, lost, "rp-a"))
+    ctx.ledger.transition(lost.id, JobState.LOST)
+    home = evidence.local_dir(ctx.settings.home / "results", lost, 1)
+    home.mkdir(parents=True)
+    (home / evidence.EVIDENCE_VERIFIED).write_text(json.dumps({"job_id": lost.id, "attempt": 1, "files": []}))
+    ctx.ledger.update_host("rp-b", health="fail")
+    report = TickReport()
+    billing.billing(ctx, report, set())
+    assert [(r.name, r.lease_state) for r in ctx.ledger.hosts()] == [("rp-a", "terminated"), ("rp-b", "terminated")]
+    (message,) = [e.message for e in ctx.ledger.events("rp-a", exact=True) if e.rule == billing.RULE_DONE]
+    assert message.endswith("; lost resume from the checkpoint shipped home (`gpuq resume`)")
