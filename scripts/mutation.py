@@ -106,8 +106,8 @@ MODULES: dict[str, ModuleSet] = {
     # slow preemption cases never reach billing.py: mutmut runs only the tests that call a mutated function.)
     "billing": ModuleSet(
         ("orchestrator/tick/billing.py",),
-        ("tests/unit/test_billing_rules.py", "tests/unit/test_cloud_rows.py", "tests/unit/test_notify_forms.py",
-         "tests/unit/test_runpod_graphql_era_rows.py"),
+        ("tests/unit/test_billing_rules.py", "tests/unit/test_billing_findings.py", "tests/unit/test_cloud_rows.py",
+         "tests/unit/test_notify_forms.py", "tests/unit/test_runpod_graphql_era_rows.py"),
     ),
     # The teardown gate and termination of a rented host, and the ledger's lease and hold writers.
     # (test_billing.py, whose down-when-done runs through here too, is left out: 19 s a mutant.)
