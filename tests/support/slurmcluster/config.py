@@ -43,7 +43,7 @@ class SlurmConfig:
     def _slurm_conf(self) -> str:
         login = self.farm.hosts[self.login]
         lines = [
-            f"# gpuq test cluster on farm {self.farm.farm_id} (tests/support/slurmcluster.py)",
+            f"# gpuq test cluster on farm {self.farm.farm_id} (tests/support/slurmcluster/)",
             f"ClusterName={self.cluster_name}",
             f"SlurmctldHost={login.name}({login.address})",
             f"SlurmctldPort={self.ctld_port}",
