@@ -3,8 +3,21 @@ edge table (``states.LEASE_ALLOWED``) by ``Ledger.lease_transition``, never set 
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator.core.states import LEASE_ALLOWED, LeaseState
 from orchestrator.ledger import HostRow, Ledger
+
+T0 = 1_800_000_000.0  # a fixed "now" for rows built in memory
+
+
+def rented_row(name: str = "rp-a", **kw: Any) -> HostRow:
+    """A RunPod pod's row, running, down-when-done, at $0.79/h since ``T0``; ``kw`` overrides any field."""
+    values: dict[str, Any] = {"name": name, "kind": "ssh", "target": "root@h", "root": "/r", "provider": "runpod",
+                              "instance_id": "pod1", "lease_state": "running", "down_when_done": True,
+                              "health": "pass", "price_per_hour": 0.79, "created_at": T0, "lease_changed_at": T0}
+    values.update(kw)
+    return HostRow(**values)
 
 
 def add_rented(ledger: Ledger, row: HostRow) -> HostRow:

@@ -22,19 +22,10 @@ from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.tick import billing, teardown
 from orchestrator.tick.findings import TickReport
 from orchestrator.transfer import evidence
-from tests.support.rented import add_rented
+from tests.support.rented import T0, add_rented, rented_row
 from tests.support.webhook import Delivery, receiver
 
-T0 = 1_800_000_000.0
 MIN = 60.0
-
-
-def _row(name: str = "rp-a", **kw: Any) -> HostRow:
-    values: dict[str, Any] = {"name": name, "kind": "ssh", "target": "root@h", "root": "/r", "provider": "runpod",
-                              "instance_id": "pod1", "lease_state": "running", "down_when_done": True,
-                              "health": "pass", "price_per_hour": 0.79, "created_at": T0, "lease_changed_at": T0}
-    values.update(kw)
-    return HostRow(**values)
 
 
 def _att(job_id: str, *, number: int = 1, started: float | None = None, ended: float | None = None,
@@ -49,7 +40,7 @@ def _att(job_id: str, *, number: int = 1, started: float | None = None, ended: f
 def ctx(gpuq_home: Path, hook: list[dict[str, Any]]) -> Iterator[Context]:
     context = open_context()
     try:
-        add_rented(context.ledger, _row())
+        add_rented(context.ledger, rented_row())
         yield context
     finally:
         context.close()
@@ -62,7 +53,7 @@ def ntfy(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Con
         monkeypatch.setenv("GPUQ_WEBHOOK_FORMAT", "ntfy")
         context = open_context()
         try:
-            add_rented(context.ledger, _row())
+            add_rented(context.ledger, rented_row())
             yield context, got
         finally:
             context.close()
@@ -168,7 +159,7 @@ def test_each_notice_has_its_title_and_priority(ntfy: tuple[Context, list[Delive
 
 
 def test_retries_are_counted_per_host_across_other_findings(ctx: Context, hook: list[dict[str, Any]]) -> None:
-    add_rented(ctx.ledger, _row("rp-ab", instance_id="pod2"))
+    add_rented(ctx.ledger, rented_row("rp-ab", instance_id="pod2"))
     row, other = _host(ctx), ctx.ledger.host("rp-ab")
     assert other is not None
     billing._retry(ctx, other, "down", TickReport())
@@ -205,7 +196,7 @@ def _end(ctx: Context, job: Job, number: int, code: int, state: JobState) -> Non
 
 
 def test_works_counts_the_jobs_that_ran_there_are_queued_for_it_or_run_a_node_there(ctx: Context) -> None:
-    add_rented(ctx.ledger, _row("rp-b", instance_id="pod2"))
+    add_rented(ctx.ledger, rented_row("rp-b", instance_id="pod2"))
     moved, done, pulled, ddp = _sweep(ctx, "s1", "moved", "done", "pulled", "ddp")
     _sweep(ctx, "s2", "swept", hosts=("rp-a",))
     _sweep(ctx, "s3", "elsewhere", hosts=("rp-b",))
@@ -250,7 +241,7 @@ def test_works_dates_the_idle_period_from_the_last_cleared_idle_alert(ctx: Conte
 def test_a_failure_to_end_one_host_is_a_retry_and_the_tick_goes_on(
         ctx: Context, monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
     ctx.ledger.update_host("rp-a", health="fail")  # no work will come: it goes now
-    add_rented(ctx.ledger, _row("rp-b", instance_id="pod2", health="fail"))
+    add_rented(ctx.ledger, rented_row("rp-b", instance_id="pod2", health="fail"))
     tried: list[str] = []
 
     def terminate(_ctx: Context, row: HostRow, **_kw: Any) -> tuple[str, float | None]:
@@ -296,7 +287,7 @@ def pods(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, hook: list[dict[str, 
             for name in ("rp-a", "rp-b"):
                 (inst,) = provider_for(context, "runpod").provision(ProvisionRequest(name=f"gpuq-t-{name}",
                                                                                      gpu_type="NVIDIA RTX A6000"))
-                add_rented(context.ledger, _row(name, instance_id=inst.id, target=f"root@{name}.invalid"))
+                add_rented(context.ledger, rented_row(name, instance_id=inst.id, target=f"root@{name}.invalid"))
             yield context
         finally:
             context.close()

@@ -19,18 +19,9 @@ from orchestrator.core.states import AttemptState, HoldKind, JobState
 from orchestrator.ledger import Attempt, HostRow, Job, Sweep
 from orchestrator.tick import billing
 from orchestrator.tick.findings import TickReport
-from tests.support.rented import add_rented
+from tests.support.rented import T0, add_rented, rented_row
 
-T0 = 1_800_000_000.0
 MIN = 60.0
-
-
-def _row(name: str = "rp-a", **kw: Any) -> HostRow:
-    values: dict[str, Any] = {"name": name, "kind": "ssh", "target": "root@h", "root": "/r", "provider": "runpod",
-                              "instance_id": "pod1", "lease_state": "running", "down_when_done": True,
-                              "health": "pass", "price_per_hour": 0.79, "created_at": T0, "lease_changed_at": T0}
-    values.update(kw)
-    return HostRow(**values)
 
 
 def _job(name: str, state: JobState, *, host: str | None = None, pin: str | None = None, sweep: str = "s1") -> Job:
@@ -56,20 +47,20 @@ def _work_of(row: HostRow, jobs: list[Job], attempts: list[Attempt] = (), *, que
 
 
 def test_only_a_running_rented_host_not_replaced_or_terminated_bills() -> None:
-    assert billing.rented(_row())
-    assert not billing.rented(_row(provider=""))
-    assert not billing.rented(_row(instance_id=""))
-    assert not billing.rented(_row(lease_state="provisioning"))
-    assert not billing.rented(_row(hold_kind=HoldKind.REPLACED.value))
-    assert not billing.rented(_row(hold_kind=HoldKind.TERMINATED.value))
-    assert billing.rented(_row(hold_kind=HoldKind.UNUSABLE.value))
+    assert billing.rented(rented_row())
+    assert not billing.rented(rented_row(provider=""))
+    assert not billing.rented(rented_row(instance_id=""))
+    assert not billing.rented(rented_row(lease_state="provisioning"))
+    assert not billing.rented(rented_row(hold_kind=HoldKind.REPLACED.value))
+    assert not billing.rented(rented_row(hold_kind=HoldKind.TERMINATED.value))
+    assert billing.rented(rented_row(hold_kind=HoldKind.UNUSABLE.value))
 
 
 # -- what a host's work is ---------------------------------------------------------------------------------
 
 
 def test_work_names_what_runs_is_queued_for_it_waits_on_it_and_is_not_home() -> None:
-    row = _row()
+    row = rented_row()
     running = _job("run", JobState.RUNNING, host="rp-a")
     done = _job("done", JobState.SUCCEEDED, host="rp-a")
     pulled = _job("pulled", JobState.SUCCEEDED, host="rp-a")
@@ -89,12 +80,12 @@ def test_work_names_what_runs_is_queued_for_it_waits_on_it_and_is_not_home() -> 
 
 def test_a_host_that_failed_its_preflight_has_nothing_queued_for_it() -> None:
     pinned = _job("pinned", JobState.QUEUED, pin="rp-a")
-    assert _work_of(_row(health="fail"), [], queued=[pinned]).busy == ()
-    assert _work_of(_row(health="warn"), [], queued=[pinned]).busy == ("pinned",)
+    assert _work_of(rented_row(health="fail"), [], queued=[pinned]).busy == ()
+    assert _work_of(rented_row(health="warn"), [], queued=[pinned]).busy == ("pinned",)
 
 
 def test_work_keeps_failed_attempts_evidence_until_it_is_home_and_writes_off_a_cancelled_job() -> None:
-    row = _row()
+    row = rented_row()
     failed = _job("failed", JobState.FAILED, host="rp-a")
     gone = _job("gone", JobState.FAILED, host="rp-a")
     cancelled = _job("cancelled", JobState.CANCELLED, host="rp-a")
@@ -110,9 +101,9 @@ def test_work_keeps_failed_attempts_evidence_until_it_is_home_and_writes_off_a_c
 
 def test_idle_since_is_the_latest_of_its_start_its_lease_its_attempts_and_work_last_seen() -> None:
     job = _job("j", JobState.SUCCEEDED, host="rp-a")
-    row = _row(created_at=T0, lease_changed_at=T0 + 10)
+    row = rented_row(created_at=T0, lease_changed_at=T0 + 10)
     assert _work_of(row, []).idle_since == T0 + 10
-    assert _work_of(_row(lease_changed_at=None), []).idle_since == T0
+    assert _work_of(rented_row(lease_changed_at=None), []).idle_since == T0
     assert _work_of(row, [], seen=T0 + 20).idle_since == T0 + 20
     for att, when in [(_att(job, "rp-a", "EXITED", created=T0 + 30), T0 + 30),
                       (_att(job, "rp-a", "EXITED", created=T0 + 30, started=T0 + 40), T0 + 40),
@@ -126,17 +117,18 @@ def test_idle_since_is_the_latest_of_its_start_its_lease_its_attempts_and_work_l
 
 def test_the_end_blockers_in_their_order() -> None:
     work = billing.Work(busy=("a", "b", "c", "d"), stranded=("p",))
-    assert billing.end_blocker(_row(down_when_done=False), work, True) == "not marked down-when-done"
-    assert billing.end_blocker(_row(), work, True) == "4 job(s) queued for it or running there (a, b, c)"
+    assert billing.end_blocker(rented_row(down_when_done=False), work, True) == "not marked down-when-done"
+    assert billing.end_blocker(rented_row(), work, True) == "4 job(s) queued for it or running there (a, b, c)"
     stranded = billing.Work(stranded=("p", "q", "r", "s"), attempts=(_att(_job("p", JobState.LOST), "rp-a", "LOST"),))
-    assert billing.end_blocker(_row(), stranded, False) is None, "its checkpoints are home: resumed anywhere"
-    assert billing.end_blocker(_row(), stranded, False, checkpoints_home=False) == (
+    assert billing.end_blocker(rented_row(), stranded, False) is None, "its checkpoints are home: resumed anywhere"
+    assert billing.end_blocker(rented_row(), stranded, False, checkpoints_home=False) == (
         "4 preempted or lost job(s) resume from its disk (p, q, r; ship_checkpoints is never): `gpuq resume`, or "
         "`gpuq cancel` them")
-    assert billing.end_blocker(_row(), billing.Work(), False) == "no work has run there yet"
-    assert billing.end_blocker(_row(), billing.Work(), True) is None, "every sweep since it came up ended"
-    assert billing.end_blocker(_row(health="fail"), billing.Work(), False) is None, "failed its preflight: it goes"
-    assert billing.end_blocker(_row(), billing.Work(attempts=stranded.attempts), False) is None
+    assert billing.end_blocker(rented_row(), billing.Work(), False) == "no work has run there yet"
+    assert billing.end_blocker(rented_row(), billing.Work(), True) is None, "every sweep since it came up ended"
+    failed = rented_row(health="fail")
+    assert billing.end_blocker(failed, billing.Work(), False) is None, "failed its preflight: it goes"
+    assert billing.end_blocker(rented_row(), billing.Work(attempts=stranded.attempts), False) is None
 
 
 # -- the idle alert -----------------------------------------------------------------------------------------
@@ -167,7 +159,7 @@ def _sweep(sid: str, created: float) -> Sweep:
 
 
 def test_sweeps_since_it_came_up_ended_counts_stranded_and_budget_held_sweeps_as_ended() -> None:
-    row = _row(created_at=T0)
+    row = rented_row(created_at=T0)
     before, since = _sweep("old", T0 - 1), _sweep("new", T0)
     assert not billing._sweeps_since_done(row, [before], {"old": {"SUCCEEDED": 1}}), "none since: not done"
     assert billing._sweeps_since_done(row, [before, since], {"old": {"RUNNING": 1}, "new": {"SUCCEEDED": 2}})
@@ -184,7 +176,7 @@ def test_sweeps_since_it_came_up_ended_counts_stranded_and_budget_held_sweeps_as
 def ctx(gpuq_home: Path, hook: list[dict[str, Any]]) -> Iterator[Context]:
     context = open_context()
     try:
-        add_rented(context.ledger, _row(created_at=T0, lease_changed_at=T0))
+        add_rented(context.ledger, rented_row(created_at=T0, lease_changed_at=T0))
         yield context
     finally:
         context.close()
@@ -238,7 +230,7 @@ def test_the_end_says_when_billing_stopped_what_the_machine_and_its_attempts_cos
         "attempt(s) cost $0.40; billed 5400 s after its last job ended; p1 resume from the checkpoint shipped home "
         "(`gpuq resume`)")
     assert report.actions == [f"rp-a: {event[1]}"]
-    unpriced = _row("rp-b", price_per_hour=None, instance_id="pod2")
+    unpriced = rented_row("rp-b", price_per_hour=None, instance_id="pod2")
     add_rented(ctx.ledger, unpriced)
     billing._record_end(ctx, unpriced, billing.Work(), T0, TickReport())
     (found,) = [e.message for e in ctx.ledger.events("rp-b", exact=True) if e.rule == billing.RULE_DONE]
@@ -256,7 +248,7 @@ def test_a_host_whose_results_did_not_verify_is_kept_with_one_escalation(ctx: Co
                                                   "...): the host is kept, billing $0.79/h")
     assert action.startswith("inspect them (`gpuq results`, ") and "`gpuq down rp-a --force` gives them up" in action
     assert report.actions == [f"rp-a: down when done: kept: {message}"]
-    billing._keep(ctx, _row("rp-a", price_per_hour=None), ["one"], TickReport())
+    billing._keep(ctx, rented_row("rp-a", price_per_hour=None), ["one"], TickReport())
     assert _events(ctx, billing.RULE_UNVERIFIED)[-1][1] == (
         "1 result(s) from rp-a did not verify (one): the host is kept, billing an unknown price per hour")
 
@@ -278,7 +270,7 @@ def test_the_idle_alert_names_the_price_and_what_down_when_done_waits_for(ctx: C
     cleared = ctx.ledger.latest_finding("rp-a", billing.RULE_IDLE)
     assert cleared is not None and cleared.severity == "info" and cleared.time == T0 + 2 * after
     assert cleared.message == "cleared: work ran on rp-a; its idle period ended"
-    plain = _row("rp-a", down_when_done=False)
+    plain = rented_row("rp-a", down_when_done=False)
     billing._idle(ctx, plain, billing.Work(idle_since=T0 + 3 * after), T0 + 5 * after, cleared, TickReport())
     assert _events(ctx, billing.RULE_IDLE)[-1][1] == (
         f"rp-a has had no work for {int(2 * after / 60)} min and bills $0.79/h (runpod pod1)")
@@ -314,7 +306,7 @@ def pod(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, hook: list[dict[str, A
         try:
             (inst,) = provider_for(context, "runpod").provision(ProvisionRequest(name="gpuq-t-rp-a",
                                                                                  gpu_type="NVIDIA RTX A6000"))
-            add_rented(context.ledger, _row(instance_id=inst.id, target="root@rp-a.invalid"))
+            add_rented(context.ledger, rented_row(instance_id=inst.id, target="root@rp-a.invalid"))
             yield context, fake
         finally:
             context.close()

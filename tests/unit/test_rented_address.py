@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
-from orchestrator.context import Context, open_context
+from orchestrator.context import Context
 from orchestrator.providers import registry
 from orchestrator.providers.models import ssh_address
 from tests.support.fakecloud import FakeLambda
 from tests.support.fakecloud.backend import AddressBackend
+from tests.support.fakecloud.inprocess import lambda_context
 
 KEY = "secret_address-test-key-0123456789"
 CRAFTED = "h:1 -oProxyCommand=touch${IFS}X x"
@@ -60,15 +61,8 @@ def ctx(gpuq_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     (tmp_path / "home" / ".ssh" / "config").write_text("Host *\n  ProxyCommand ssh -W %h:%p bastion.invalid\n")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     crafted = CRAFTED.replace("X", str(tmp_path / "PWNED"))
-    with FakeLambda(api_key=KEY, backend=CraftedBackend(crafted)) as fake:
-        monkeypatch.setenv("LAMBDA_API_KEY", KEY)
-        monkeypatch.setenv("GPUQ_LAMBDA_API_URL", fake.url)
-        monkeypatch.setenv("GPUQ_PROVIDER_POLL_S", "0.1")
-        context = open_context()
-        try:
-            yield context, fake
-        finally:
-            context.close()
+    with lambda_context(monkeypatch, KEY, CraftedBackend(crafted)) as opened:
+        yield opened
 
 
 def test_a_machine_ready_at_a_crafted_address_is_never_registered_and_is_ended(

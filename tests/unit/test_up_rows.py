@@ -14,12 +14,13 @@ import pytest
 from orchestrator import api
 from orchestrator.api.rented import UpInterrupted
 from orchestrator.api.renting import key_pair, ledger_id
-from orchestrator.context import Context, open_context
+from orchestrator.context import Context
 from orchestrator.core.errors import ConfigError, NoCapacity, UsageError
 from orchestrator.core.states import LeaseState
 from orchestrator.providers.models import instance_name
 from tests.support.fakecloud import FakeLambda
 from tests.support.fakecloud.backend import AddressBackend
+from tests.support.fakecloud.inprocess import lambda_context
 
 KEY = "secret_up-rows-test-key-0123456789"
 
@@ -34,15 +35,8 @@ class NamedBackend(AddressBackend):
 
 @pytest.fixture
 def cloud(gpuq_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Context, FakeLambda]]:
-    with FakeLambda(api_key=KEY, backend=NamedBackend()) as fake:
-        monkeypatch.setenv("LAMBDA_API_KEY", KEY)
-        monkeypatch.setenv("GPUQ_LAMBDA_API_URL", fake.url)
-        monkeypatch.setenv("GPUQ_PROVIDER_POLL_S", "0.1")
-        context = open_context()
-        try:
-            yield context, fake
-        finally:
-            context.close()
+    with lambda_context(monkeypatch, KEY, NamedBackend()) as opened:
+        yield opened
 
 
 @pytest.fixture
