@@ -25,7 +25,7 @@ from pathlib import Path
 from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy
 from orchestrator.context import Context
 from orchestrator.core.config import Settings, load_profile
-from orchestrator.core.errors import ConfigError, GpuqError, NoCapacity, ProviderError, UsageError
+from orchestrator.core.errors import ConfigError, CreateUnknown, GpuqError, NoCapacity, ProviderError, UsageError
 from orchestrator.core.states import HoldChange, HoldKind, LeaseState
 from orchestrator.fleet import registering
 from orchestrator.ledger import HostFields, HostRow
@@ -210,7 +210,9 @@ class _Rental:
         if not missing:
             return
         why = str(failure) if failure is not None else "the provider returned no instance for it"
-        if not isinstance(failure, NoCapacity):  # a capacity error created nothing; anything else may have
+        if isinstance(failure, CreateUnknown):  # its machine may exist: never "not created" before it is known
+            missing = self._look_up(missing, why)
+        elif not isinstance(failure, NoCapacity):  # a capacity error created nothing; anything else may have
             try:
                 named = self._named()
             except GpuqError as exc:
@@ -228,6 +230,34 @@ class _Rental:
         self.out.shortfall = why
         if failure is not None and not self.ids and not self.out.unknown:
             raise failure  # nothing was created: the provider's error is the whole story
+
+    def _look_up(self, missing: list[str], why: str) -> list[str]:
+        """After a CreateUnknown for ``missing[0]`` (the later ones were never asked for): look the machines up
+        by their names for ``create_lookup_s`` (a listing lags behind a create).  One found is created; the
+        first, still unseen, stays unknown (its row kept, its name looked up again by the tick and by
+        `gpuq down`).  Returns the hosts whose create was never made."""
+        settings = self.ctx.settings
+        deadline = time.monotonic() + settings.create_lookup_s
+        pause = settings.provider_poll_s or 5.0
+        left = list(missing)
+        while True:
+            try:
+                named = self._named()
+            except GpuqError:
+                named = {}
+            for iname, host in self.hosts.items():
+                if host in left and iname in named:
+                    self.created(iname, named[iname].id)
+                    left.remove(host)
+            now = time.monotonic()
+            if missing[0] not in left or now >= deadline:
+                break
+            time.sleep(min(pause, deadline - now))
+        if missing[0] in left:
+            self._unknown(missing[0], f"its create call failed ({why}) and no instance had its name "
+                                      f"{settings.create_lookup_s:.0f} s later: it may still be made")
+            left.remove(missing[0])
+        return left
 
     # -- after the creates --------------------------------------------------------------------------------------
 

@@ -83,6 +83,8 @@ class Settings(BaseModel):
     ssh_key: str = ""  # private key for hosts gpuq rents ("" = ~/.ssh/id_ed25519, else id_rsa)
     provider_poll_s: float | None = Field(default=None, ge=0.1, le=3600)  # API poll/pace (None = adapter default)
     provider_ready_timeout_s: float = Field(default=900.0, ge=1, le=86400)  # a rented machine must be ready by then
+    # after a create that answered a server error or timed out: how long gpuq looks for the machine by its name
+    create_lookup_s: float = Field(default=120.0, ge=0, le=3600)
     # `gpuq up --for --retry-until`: the first wait between two offer polls while capacity is short (doubling
     # up to offers_retry_max_s); tests and demos set it small (GPUQ_OFFERS_RETRY_S)
     offers_retry_s: float = Field(default=30.0, ge=0.01, le=3600)

@@ -207,6 +207,12 @@ class ProviderUnreachable(ProviderError):
     re-query state before acting on it (docs/providers.md)."""
 
 
+class CreateUnknown(ProviderUnreachable):
+    """A create call answered a server error or timed out, so it may have been applied, and no instance
+    carried its name when asked right after: the machine may exist and bill.  Never "not created": the
+    caller looks it up by its name for a bounded time, and the row stays until it knows (docs/providers.md)."""
+
+
 class ProvisioningFailed(ProviderError):
     """An instance did not become ready: stuck provisioning past its deadline, or lost while booting."""
 

@@ -193,7 +193,8 @@ class LambdaProvider(HttpProvider):
 
     def _launch(self, body: Mapping[str, Any], name: str) -> str:
         """One launch, retried only after checking that no instance got the name meanwhile."""
-        return self.http.retrying(lambda: self._launch_once(body), adopt=lambda: self._find_by_name(name))
+        return self.http.retrying(lambda: self._launch_once(body), adopt=lambda: self._find_by_name(name),
+                                  repeat_applied=False)
 
     def _launch_once(self, body: Mapping[str, Any]) -> str:
         self.http.throttle("launch", self.launch_interval_s)

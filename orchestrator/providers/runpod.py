@@ -237,7 +237,8 @@ class RunPodProvider(HttpProvider):
 
     def _create(self, body: Mapping[str, Any], name: str) -> str:
         """One create call, retried only after checking that no pod got the name meanwhile (docs/providers.md)."""
-        return self.http.retrying(lambda: self._create_once(body), adopt=lambda: self._find_by_name(name))
+        return self.http.retrying(lambda: self._create_once(body), adopt=lambda: self._find_by_name(name),
+                                  repeat_applied=False)
 
     def _create_once(self, body: Mapping[str, Any]) -> str:
         what = "POST /pods"

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from orchestrator.core.errors import ProviderAuthError, ProviderError, ProviderUnreachable, RateLimited
+from orchestrator.core.errors import CreateUnknown, ProviderAuthError, ProviderError, ProviderUnreachable, RateLimited
 from orchestrator.providers.credentials import ApiKey, ProviderSpec, how_to_set
 
 T = TypeVar("T")
@@ -221,9 +221,13 @@ class ApiTransport:
         """:meth:`request_once` retried with backoff; for calls that are safe to repeat."""
         return self.retrying(lambda: self.request_once(method, path, json=json, timeout_s=timeout_s, what=what))
 
-    def retrying(self, attempt: Callable[[], T], *, adopt: Callable[[], T | None] | None = None) -> T:
+    def retrying(self, attempt: Callable[[], T], *, adopt: Callable[[], T | None] | None = None,
+                 repeat_applied: bool = True) -> T:
         """Run ``attempt`` up to ``policy.tries`` times while it raises Transient.  After a failure that
-        may have been applied server-side, ``adopt()`` is asked first; a non-None answer is the result."""
+        may have been applied server-side, ``adopt()`` is asked first; a non-None answer is the result.
+        ``repeat_applied`` False (an instance create): after a server error or timeout that ``adopt`` cannot
+        resolve, the call is never repeated (a lagging listing would make it a second machine): CreateUnknown.
+        A 429 is a refusal, repeated after the same check."""
         tries = max(1, self.policy.tries)
         for number in range(1, tries + 1):
             try:
@@ -234,6 +238,11 @@ class ApiTransport:
                     if adopted is not None:
                         self.log.info("adopted a resource created by a call that failed client-side")
                         return adopted
+                    if not repeat_applied and not isinstance(failure.error, RateLimited):
+                        error = failure.error
+                        said = str(error).removeprefix(f"{error.provider}: ")
+                        raise CreateUnknown(error.provider, f"{said}; no instance carries its name yet: it may "
+                                            "have been created", code="create-unknown", status=error.status) from None
                 if number == tries:
                     raise failure.error from None
                 self.log.info("%s; retry %d of %d", failure.error, number, tries - 1)

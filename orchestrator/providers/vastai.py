@@ -286,7 +286,7 @@ class VastAIProvider(HttpProvider):
                 body["price"] = bid if cap is None else min(bid, float(cap))  # never above the cap
             try:
                 return self.http.retrying(partial(self._create_once, f"/api/v0/asks/{offer.id}/", body),
-                                          adopt=partial(self._find_by_label, name))
+                                          adopt=partial(self._find_by_label, name), repeat_applied=False)
             except NoCapacity as exc:
                 log.info("vast.ai offer %d was taken meanwhile; trying the next", offer.id)
                 last = exc

@@ -223,3 +223,33 @@ def test_an_interrupt_between_creates_says_which_may_bill_and_forgets_those_neve
     assert row is not None and row.lease_state == LeaseState.PROVISIONING.value
     assert row.lease_reason == result.unknown[second]
     assert result.not_created == [third] and context.ledger.host(third) is None
+
+
+def test_an_ambiguous_create_is_looked_up_by_its_name_until_the_listing_shows_it(
+        cloud: tuple[Context, FakeLambda], key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    context, fake = cloud
+    monkeypatch.setattr(context, "settings", context.settings.model_copy(update={"create_lookup_s": 30.0}))
+    fake.fail_after_create(1, status=500, listing_lag_s=0.5)
+    result = api.up(context, provider="lambda", gpu_type=_itype(fake), count=2, key=key, prefix="lag")
+    first = next(i for i in fake.instances.values() if i.name == instance_name(ledger_id(context.settings),
+                                                                                 result.lease) + "-0")
+    assert len(fake.instances) == 1, "no second machine for the first, and none for the second after the error"
+    assert [(u.host, u.instance_id, u.ended) for u in result.unusable] == [(f"lag-{result.lease}-0", first.id, True)]
+    assert result.not_created == [f"lag-{result.lease}-1"] and result.unknown == {}
+    row = context.ledger.host(f"lag-{result.lease}-0")
+    assert row is not None and row.instance_id == first.id and row.lease_state == LeaseState.TERMINATED.value
+
+
+def test_an_ambiguous_create_not_seen_in_time_keeps_its_row_as_unknown(
+        cloud: tuple[Context, FakeLambda], key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    context, fake = cloud
+    monkeypatch.setattr(context, "settings", context.settings.model_copy(update={"create_lookup_s": 0.0}))
+    fake.fail_after_create(1, status=500, listing_lag_s=3600.0)
+    result = api.up(context, provider="lambda", gpu_type=_itype(fake), key=key, prefix="unk")
+    host = f"unk-{result.lease}-0"
+    assert len(fake.instances) == 1, "the create was never repeated"
+    assert result.not_created == [] and list(result.unknown) == [host] and not result.ok
+    row = context.ledger.host(host)
+    assert row is not None, "never 'not created' while the machine may bill"
+    assert row.lease_state == LeaseState.PROVISIONING.value and row.instance_id == ""
+    assert "may still be made" in row.lease_reason

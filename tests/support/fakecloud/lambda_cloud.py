@@ -26,6 +26,7 @@ ordinary calls.
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,7 @@ class FakeInstance:
     boot_polls: int = 0
     terminate_polls: int = 0
     linger_polls: int = 0
+    hidden_until: float = 0.0  # time.monotonic() before which no read lists it (a lagging listing)
 
 
 def error(status: int, code: str, message: str, suggestion: str = "") -> Reply:
@@ -102,7 +104,6 @@ class FakeLambda(FakeCloud):
         self.ssh_keys: dict[str, dict[str, str]] = {}  # id -> {id, name, public_key}
         self.file_systems: dict[str, str] = {}  # name -> region
         self._no_capacity = 0
-        self._fail_after_create: list[tuple[int, float | None]] = []
         self._short_terminate = 0
         self._inactive = False
         self._launch_interval = 0.0
@@ -171,11 +172,6 @@ class FakeLambda(FakeCloud):
     def terminate_lag(self, terminating_polls: int = 1, linger_polls: int = 1) -> None:
         with self.lock:
             self.terminate_polls, self.linger_polls = terminating_polls, linger_polls
-
-    def fail_after_create(self, count: int = 1, status: int = 429, retry_after: float | None = 1.0) -> None:
-        """The next ``count`` launches succeed server-side but answer ``status`` (SkyPilot #2261)."""
-        with self.lock:
-            self._fail_after_create.extend([(status, retry_after)] * count)
 
     def short_terminate_response(self, count: int = 1) -> None:
         """The next ``count`` terminate responses list no instances (the terminate still happens)."""
@@ -263,6 +259,8 @@ class FakeLambda(FakeCloud):
     def _visible(self) -> list[FakeInstance]:
         out = []
         for inst in list(self.instances.values()):
+            if inst.hidden_until > time.monotonic():
+                continue
             if inst.status == "terminated":
                 if inst.linger_polls <= 0:
                     del self.instances[inst.id]
@@ -371,8 +369,9 @@ class FakeLambda(FakeCloud):
                             file_systems=list(fs), boot_polls=self.boot_polls)
         inst.ip, _port = self.backend.provision(inst.id, itype.gpus)
         self.instances[inst.id] = inst
-        if self._fail_after_create:
-            status, retry_after = self._fail_after_create.pop(0)
+        failure = self.failure_after_create()
+        if failure is not None:
+            status, retry_after, inst.hidden_until = failure
             if status == 429:
                 return self.rate_limited(retry_after)
             return error(status, "global/unknown", "An unknown error occurred.")

@@ -26,6 +26,7 @@ There is no spot, interruptible or bid anywhere: v2 has none.  Not modelled: bil
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tests.support.fakecloud.backend import HostBackend
@@ -61,7 +62,6 @@ class FakeRunPod(FakeCloud):
         self.ssh_keys: list[str] = list(ssh_keys)
         self._no_capacity = 0
         self._rest_errors: list[tuple[str, str | None, int]] = []
-        self._fail_after_create: list[tuple[int, float | None]] = []
         self._create_delays: list[float] = []
         self.status_polls = 0
         self.port_polls = 1
@@ -136,12 +136,6 @@ class FakeRunPod(FakeCloud):
         without ``ssh.direct`` for ``port_polls`` reads."""
         with self.lock:
             self.status_polls, self.port_polls = status_polls, port_polls
-
-    def fail_after_create(self, count: int = 1, status: int = 429, retry_after: float | None = 1.0) -> None:
-        """The next ``count`` creates succeed server-side but answer ``status`` (a leaked pod unless the client
-        adopts it by name)."""
-        with self.lock:
-            self._fail_after_create.extend([(status, retry_after)] * count)
 
     def slow_create(self, seconds: float, count: int = 1) -> None:
         """The next ``count`` creates make their pod at once but answer ``seconds`` later."""
@@ -243,6 +237,8 @@ class FakeRunPod(FakeCloud):
         """Pods a read can see; each read counts as one poll for readiness and deletion lags."""
         out = []
         for pod in list(self.pods.values()):
+            if pod.hidden_until > time.monotonic():
+                continue
             if pod.status == "TERMINATED":
                 if pod.terminate_polls <= 0:
                     del self.pods[pod.id]
@@ -332,8 +328,9 @@ class FakeRunPod(FakeCloud):
                   created_at=self.clock.now())
         self._start(pod, count)
         self.pods[pod_id] = pod
-        if self._fail_after_create:
-            status, retry_after = self._fail_after_create.pop(0)
+        failure = self.failure_after_create()
+        if failure is not None:
+            status, retry_after, pod.hidden_until = failure
             headers = {"Content-Type": "application/problem+json"}
             if retry_after is not None:
                 headers["Retry-After"] = format(retry_after, "g")

@@ -56,6 +56,7 @@ class Pod:
     ip: str = ""
     port: int = 0
     created_at: float = 0.0
+    hidden_until: float = 0.0  # time.monotonic() before which no read lists it (a lagging listing)
     started_at: float = 0.0
     status_polls: int = 0
     port_polls: int = 0

@@ -89,6 +89,7 @@ class FakeCloud:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._throttle: list[float | None] = []  # one Retry-After per injected 429
+        self._fail_after_create: list[tuple[int, float | None, float]] = []  # status, Retry-After, listing lag
         self._serial = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -141,6 +142,22 @@ class FakeCloud:
 
     def advance(self, seconds: float) -> float:
         return self.clock.advance(seconds)
+
+    def fail_after_create(self, count: int = 1, status: int = 429, retry_after: float | None = 1.0,
+                          listing_lag_s: float = 0.0) -> None:
+        """The next ``count`` creates succeed server-side but answer ``status`` (a leaked machine unless the
+        client finds it by name; SkyPilot #2261), and no read lists such a machine for ``listing_lag_s`` real
+        seconds (a listing that lags behind the create)."""
+        with self.lock:
+            self._fail_after_create.extend([(status, retry_after, listing_lag_s)] * count)
+
+    def failure_after_create(self) -> tuple[int, float | None, float] | None:
+        """The armed failure for the create just made, if any: (status, Retry-After, the time.monotonic() until
+        which its machine is unlisted)."""
+        if not self._fail_after_create:
+            return None
+        status, retry_after, lag = self._fail_after_create.pop(0)
+        return status, retry_after, time.monotonic() + lag
 
     def set_api_key(self, api_key: str) -> None:
         with self.lock:

@@ -30,8 +30,8 @@ gives (``auth_error``, ``invalid_args``, ``invalid_price``, ``no_such_ask``, ``n
   for its GPU while [``gpu_taken``]; [``host_failure``] makes the host ``offline``;
 - [``no_capacity``] the next N searches find nothing (capacity that appears after N polls); a rented
   offer leaves the market until its instance is destroyed; [``fail_after_create``] a create succeeds but
-  answers an error; [``race``] a create finds its offer just taken (``no_such_ask``);
-  [``terminate_lag``] a destroyed instance is still listed for N reads.
+  answers an error (unlisted for ``listing_lag_s``); [``race``] a create finds its offer just taken
+  (``no_such_ask``); [``terminate_lag``] a destroyed instance is still listed for N reads.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class FakeInstance:
     outbid_until_rebid: bool = False  # the higher bid is over by the time the owner bids again
     gpu_taken: bool = False
     destroyed_polls: int | None = None  # set once destroyed: reads it is still listed
+    hidden_until: float = 0.0  # time.monotonic() before which no read shows it (a lagging listing)
     ssh_keys: list[str] = field(default_factory=list)
 
 
@@ -85,7 +86,6 @@ class FakeVastAI(FakeCloud):
         self.ssh_keys: list[dict[str, Any]] = []
         self._next_id = 9_000_001
         self._no_capacity = 0
-        self._fail_after_create: list[tuple[int, float | None]] = []
         self._direct = True
         self._race = 0
         self.boot_polls = 1
@@ -164,10 +164,6 @@ class FakeVastAI(FakeCloud):
     def terminate_lag(self, terminating_polls: int = 1) -> None:
         with self.lock:
             self.terminate_polls = terminating_polls
-
-    def fail_after_create(self, count: int = 1, status: int = 429, retry_after: float | None = 1.0) -> None:
-        with self.lock:
-            self._fail_after_create.extend([(status, retry_after)] * count)
 
     def gpu_taken(self, instance_id: int | str, taken: bool = True) -> None:
         """Someone else rents the instance's GPU: a start waits for it (VAST3)."""
@@ -255,13 +251,16 @@ class FakeVastAI(FakeCloud):
         offer.rented = True
         inst.ip, inst.port = self.backend.provision(str(inst.id), offer.num_gpus)
         self.instances[inst.id] = inst
-        if self._fail_after_create:
-            status, retry_after = self._fail_after_create.pop(0)
+        failure = self.failure_after_create()
+        if failure is not None:
+            status, retry_after, inst.hidden_until = failure
             return self.rate_limited(retry_after) if status == 429 else fail(status, "server_error", "Internal error.")
         return Reply(200, {"success": True, "new_contract": inst.id})
 
     def _visible(self, inst: FakeInstance) -> bool:
         """One read of ``inst``: booting and destroyed-but-listed last their number of reads."""
+        if inst.hidden_until > time.monotonic():
+            return False
         if inst.destroyed_polls is not None:
             if inst.destroyed_polls <= 0:
                 self.instances.pop(inst.id, None)
