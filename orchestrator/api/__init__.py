@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         hosts_trust,
     )
     from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
-    from orchestrator.api.orphans import OrphanScan, end_orphans, find_orphans
+    from orchestrator.api.orphans import OrphanScan, end_orphans, end_stuck, find_orphans
     from orchestrator.api.pulling import PullReport, pull
     from orchestrator.api.rented import UpInterrupted, UpResult
     from orchestrator.api.renting import up
@@ -67,6 +67,7 @@ _HOME = {
     "down_plan": "orchestrator.api.cloud",
     "dry_run": "orchestrator.api.dryrun",
     "end_orphans": "orchestrator.api.orphans",
+    "end_stuck": "orchestrator.api.orphans",
     "find_orphans": "orchestrator.api.orphans",
     "host_for": "orchestrator.context",
     "hosts_add": "orchestrator.api.hosts",
@@ -116,6 +117,7 @@ __all__ = [
     "down_plan",
     "dry_run",
     "end_orphans",
+    "end_stuck",
     "find_orphans",
     "host_for",
     "hosts_add",

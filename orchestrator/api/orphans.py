@@ -5,11 +5,13 @@ gpuq gives (``gpuq-<ledger id>-<lease>[-<i>]``, ``providers/models.py``) and eit
 no live row holding it (by instance id or by name), or any gpuq name with a row of this ledger that says
 terminated.  Never an orphan: an instance a live row holds, one without gpuq's name, one named by
 another ledger.  An instance named by a gpuq older than ledger ids (``gpuq-<lease>[-<i>]``) that no row
-holds is listed apart and never terminated here: no name says which ledger rented it.
+holds is listed apart and never terminated here: no name says which ledger rented it.  Also listed: the
+rows still ``provisioning`` past the readiness window (tick/provisioning.py), which the tick settles too.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from orchestrator.api.renting import ledger_id
@@ -20,6 +22,7 @@ from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.models import Instance, ledger_of
 from orchestrator.tick.leases import provider_for
+from orchestrator.tick.provisioning import settle, stuck, window_s
 
 
 @dataclass
@@ -40,6 +43,8 @@ class OrphanScan:
     older: list[Orphan] = field(default_factory=list)  # gpuq's older names, held by no row: listed, never ended
     others: int = 0  # instances of other ledgers, left alone
     skipped: dict[str, str] = field(default_factory=dict)  # provider -> why it was not asked
+    # rows still provisioning past the readiness window (their `gpuq up` is gone): they may bill
+    stuck: list[HostRow] = field(default_factory=list)
 
     @property
     def hourly(self) -> float:
@@ -50,7 +55,8 @@ def find_orphans(ctx: Context) -> OrphanScan:
     """Ask every configured provider for gpuq's instances that no live row of this ledger holds."""
     me = ledger_id(ctx.settings)
     rows = ctx.ledger.hosts()
-    out = OrphanScan()
+    now, window = time.time(), window_s(ctx.settings)
+    out = OrphanScan(stuck=[r for r in rows if stuck(r, now, window)])
     for provider in registry.names():
         try:
             instances = provider_for(ctx, provider).list_instances()
@@ -113,3 +119,9 @@ def end_orphans(ctx: Context, orphans: list[Orphan]) -> dict[str, str]:
                                                  "`gpuq down --orphans` (gone)")
         out[inst.id] = "terminated"
     return out
+
+
+def end_stuck(ctx: Context, row: HostRow) -> str:
+    """End the machine of a row stuck provisioning, or remove the row when no machine has its name (what the tick
+    does too: tick/provisioning.settle); what was done, in words.  Raises the provider's error, nothing written."""
+    return settle(ctx, row)

