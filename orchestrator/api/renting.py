@@ -29,6 +29,7 @@ from orchestrator.core.errors import ConfigError, CreateUnknown, GpuqError, NoCa
 from orchestrator.core.states import HoldChange, HoldKind, LeaseState
 from orchestrator.fleet import registering
 from orchestrator.ledger import HostFields, HostRow
+from orchestrator.money import rentplan
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider
 from orchestrator.providers.models import LEDGER_ID, Instance, ProvisionRequest, instance_name, ssh_address
@@ -162,6 +163,7 @@ class _Rental:
         self.ids: dict[str, str] = {}  # host -> instance id, as each create answered
         self.done: set[str] = set()  # hosts registered, ended or forgotten: nothing left to clean up
         self.creating = False  # inside the create calls: the first host without an id may be in flight
+        self.cap: Decimal | None = None  # --max-price: a machine priced above it once created is ended unused
 
     # -- before any create ----------------------------------------------------------------------------------
 
@@ -196,6 +198,7 @@ class _Rental:
         """The create calls.  A failure part-way keeps what was created; a machine whose create failed
         in a way that may have been applied server-side is looked up by its name."""
         failure: GpuqError | None = None
+        self.cap = request.max_price_per_hour
         self.creating = True
         try:
             made = self.prov.provision(request, on_created=self.created)
@@ -272,6 +275,9 @@ class _Rental:
                 ready = self.prov.wait_ready(instance_id)
                 if ready.price_per_hour is not None:  # known from here on, whatever the audit says
                     self.ctx.ledger.update_host(host, price_per_hour=float(ready.price_per_hour))
+                over = rentplan.over_cap(ready.price_per_hour, self.cap)
+                if over is not None:
+                    raise ProviderError(self.out.provider, over, code="over-price")
                 row = _register(self.ctx, host, ready, profile, key, self.out.provider, spot, bid, gpus, gpu_type,
                                 region, user)
             except GpuqError as exc:

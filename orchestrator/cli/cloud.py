@@ -99,8 +99,8 @@ def _down_stuck(ctx: Context, rows: list[HostRow], yes: bool) -> int:
 
     for row in rows:
         what = row.instance_id or f"{printable(row.instance_name)} (no instance id: its create never answered)"
-        echo(f"{row.name}: {row.provider} {what} still provisioning since "
-             f"{time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(row.lease_changed_at or row.created_at))}, past the readiness window: "
+        since = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(row.lease_changed_at or row.created_at))
+        echo(f"{row.name}: {row.provider} {what} still provisioning since {since}, past the readiness window: "
              "it may bill")
     _confirm(yes, f"end {len(rows)} machine(s) stuck provisioning?")
     left = 0

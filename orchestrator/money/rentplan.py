@@ -68,6 +68,15 @@ def needs_of(jobs: Iterable[JobSpec]) -> list[MachineNeed]:
     return list(found.values())
 
 
+def over_cap(price_per_hour: Decimal | None, cap: Decimal | None) -> str | None:
+    """Why a machine its provider priced at ``price_per_hour`` once created breaks ``cap`` (``--max-price``), in
+    words; None when it does not, when there is no cap, or when the provider names no price (the offer it was
+    rented from was checked against the cap before the create)."""
+    if cap is None or price_per_hour is None or price_per_hour <= cap:
+        return None
+    return f"priced ${price_per_hour:.2f}/h once created, above --max-price ${cap:.2f}/h"
+
+
 def price_of(offer: Offer, spot: bool) -> Decimal | None:
     """The machine's price per hour: on demand, or its current minimum spot price."""
     return offer.spot_price_per_hour if spot else offer.price_per_hour

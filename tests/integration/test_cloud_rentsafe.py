@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import wait_for
-from tests.integration.test_cloud_billing import Rig, _wait_for_id, key, rig
+from tests.integration.test_cloud_billing import GPU, Rig, _wait_for_id, key, rig
 
 pytestmark = pytest.mark.integration
 __all__ = ["key", "rig"]  # the rig's fixtures, shared
@@ -51,3 +51,23 @@ def test_a_row_left_provisioning_by_a_killed_up_is_ended_by_the_next_tick(rig: C
     status = cloud.gpuq("status", "--once")
     assert cloud.billing() == {}, status.stdout + status.stderr
     assert cloud.rows()[row.name].lease_state == "terminated"
+
+
+def test_a_machine_priced_above_max_price_once_created_is_ended_before_use(rig: Callable[..., Rig]) -> None:
+    cloud = rig()
+    gpu = cloud.fake.gpu_types[GPU["runpod"]]
+    cloud.fake.slow_ready(port_polls=10**6)
+    proc = cloud.spawn(*cloud.up_args("--max-price", f"{gpu.secure_price:.2f}"))
+    try:
+        row = _wait_for_id(cloud)
+        with cloud.fake.lock:  # the pod the provider made bills more than the catalog said before the create
+            gpu.secure_price = gpu.community_price = 2.37
+            cloud.fake.pods[row.instance_id].port_polls = 0
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out + err
+    assert "priced $2.37/h once created, above --max-price" in err and "gpuq terminated it" in err, err
+    assert cloud.billing() == {} and cloud.rows()[row.name].lease_state == "terminated"

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
+
 from orchestrator.core.specs import JobSpec
+from orchestrator.money import rentplan
 from orchestrator.money.rentplan import MachineNeed, cheapest_first, choose, describe, needs_of
 from orchestrator.providers.models import Offer
 from orchestrator.scheduling.gpumatch import GpuNeed
@@ -65,3 +68,16 @@ def test_a_spot_offer_without_an_on_demand_price_is_rented_spot() -> None:
 def test_offers_list_cheapest_first_and_unpriced_last() -> None:
     unpriced, dear, cheap = _offer(1, None), _offer(1, "2.00"), _offer(1, "0.50")
     assert cheapest_first([unpriced, dear, cheap], False) == [cheap, dear, unpriced]
+
+
+@pytest.mark.parametrize(("price", "cap", "said"), [
+    (Decimal("2.37"), Decimal("1.00"), "priced $2.37/h once created, above --max-price $1.00/h"),
+    (Decimal("1.001"), Decimal("1"), "priced $1.00/h once created, above --max-price $1.00/h"),
+    (Decimal("1.00"), Decimal("1.00"), None),  # at the cap is within it
+    (Decimal("0.99"), Decimal("1.00"), None),
+    (None, Decimal("1.00"), None),  # no price named: the offer was checked before the create
+    (Decimal("9.99"), None, None),  # no cap
+])
+def test_a_price_named_after_the_create_is_held_to_the_cap(price: Decimal | None, cap: Decimal | None,
+                                                           said: str | None) -> None:
+    assert rentplan.over_cap(price, cap) == said

@@ -253,3 +253,25 @@ def test_an_ambiguous_create_not_seen_in_time_keeps_its_row_as_unknown(
     assert row is not None, "never 'not created' while the machine may bill"
     assert row.lease_state == LeaseState.PROVISIONING.value and row.instance_id == ""
     assert "may still be made" in row.lease_reason
+
+
+def test_a_machine_priced_above_the_cap_once_created_is_ended_before_use(
+        cloud: tuple[Context, FakeLambda], key: str) -> None:
+    context, fake = cloud
+    itype = fake.types[_itype(fake)]
+    cap = itype.price_cents / 100
+
+    def dearer(line: str) -> None:
+        if "created" in line:  # the machine the provider made costs more than the offer it was rented from
+            itype.price_cents += 137
+
+    result = api.up(context, provider="lambda", gpu_type=itype.name, key=key, prefix="cap", say=dearer, max_price=cap)
+    (inst,) = fake.instances.values()
+    (unusable,) = result.unusable
+    assert (unusable.host, unusable.instance_id, unusable.ended) == (f"cap-{result.lease}-0", inst.id, True)
+    assert inst.status == "terminated" and result.hosts == []
+    dear = f"${(itype.price_cents) / 100:.2f}/h"
+    assert f"priced {dear} once created, above --max-price ${cap:.2f}/h" in result.problems()[0]
+    row = context.ledger.host(unusable.host)
+    assert row is not None and row.lease_state == LeaseState.TERMINATED.value
+    assert row.price_per_hour == pytest.approx(itype.price_cents / 100), "what it billed at, recorded"
