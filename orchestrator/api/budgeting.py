@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.context import Context
 from orchestrator.core.errors import UsageError
@@ -117,7 +117,11 @@ def resume_refusals(ctx: Context, jobs: Sequence[Job]) -> dict[str, str]:
 
 def admit_submitted(ctx: Context, sweep_id: str, cap: float | None, decided: Plan,
                     plan_jobs: Sequence[PlanJob]) -> tuple[Plan, Mapping[str, str]]:
-    """A new capped sweep's plan less what its cap does not fit (they stay QUEUED, each saying why)."""
+    """A new capped sweep's plan less what its cap does not fit (they stay QUEUED, each saying why); nothing of it
+    while the user's monthly cap (``budget_usd_month``) is spent."""
+    month = tick_budget.month_stopped(ctx.ledger, ctx.settings, time.time())
+    if month is not None:
+        return replace(decided, assignments=()), {a.job_id: month for a in decided.assignments}
     if cap is None:
         return decided, {}
     kept, admitted = tick_budget.admit_plan(ctx.ledger, ctx.settings, sweep_id, Standing(cap), decided,

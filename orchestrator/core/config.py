@@ -101,6 +101,8 @@ class Settings(BaseModel):
     # A sweep's spending cap in dollars when `gpuq submit` is given no --budget (None = no cap; docs/cost.md).
     # Only your own config.toml or GPUQ_BUDGET_USD sets it: a cloned project must not set or raise it.
     budget_usd: float | None = Field(default=None, gt=0, le=1e9)
+    # the user's cap on what every sweep together spends in a calendar month (UTC); user-only
+    budget_usd_month: float | None = Field(default=None, gt=0, le=1e9)
     # Multi-node jobs over SSH hosts (docs/multinode.md): how long the nodes of one attempt may wait for
     # each other (a node not started, the head's rendezvous port not reachable) before the attempt is given up
     gang_timeout_s: float = Field(default=300.0, ge=10, le=86400)
@@ -157,7 +159,7 @@ _FIELDS = {name for name in Settings.model_fields if name != "home"}
 # cloned repository must not redirect notifications (or change their form: a body the user's hook refuses
 # silences them), choose what gpuq runs or writes on this machine, or set what it may spend
 USER_ONLY = ("webhook_url", "webhook_format", "local_python", "local_root", "forward_env_allow", "checkpoint_trust",
-             "budget_usd")
+             "budget_usd", "budget_usd_month")
 _LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
 
 

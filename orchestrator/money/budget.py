@@ -17,6 +17,8 @@ estimates can.  A job on a host without a price costs nothing and always fits.
 
 from __future__ import annotations
 
+import calendar
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
@@ -28,6 +30,7 @@ from orchestrator.scheduling.estimates import run_groups
 if TYPE_CHECKING:
     from orchestrator.scheduling.estimates import RunRecord
 
+RULE_MONTH = "budget_month"  # escalate: the user's monthly cap (budget_usd_month) stopped dispatch
 RULE = "budget"  # the findings: warn at WARN_AT, escalate when dispatch stops, info when the cap changes
 WARN_AT = 0.8
 LIVE = (AttemptState.STARTING.value, AttemptState.RUNNING.value)
@@ -295,3 +298,31 @@ def project(jobs: Sequence[JobCostInput]) -> Projection:
         high += job.seconds[1] / 3600 * max(shares)
     unpriced = tuple(j.name for j in jobs if not any(p is not None for p in j.prices))
     return Projection(low, None if open_ else high, tuple(open_), unpriced, unplaceable=unplaceable)
+
+
+def month_start(now: float) -> float:
+    """The start (UTC) of the calendar month ``now`` falls in: what a monthly cap counts from."""
+    day = time.gmtime(now)
+    return float(calendar.timegm((day.tm_year, day.tm_mon, 1, 0, 0, 0, 0, 0, 0)))
+
+
+def spent_between(attempts: Iterable[Billed], since: float, now: float) -> float:
+    """What ``attempts`` cost from ``since`` to ``now``: each one's billed time inside that window, at the price
+    share it fixed when it started (``cost.money_spent``'s policy, clipped to the window)."""
+    total = 0.0
+    for att in attempts:
+        if att.started_at is None or att.price_per_hour is None:
+            continue
+        start = max(att.started_at, since)
+        end = min(att.ended_at if att.ended_at is not None else now, now)
+        if end > start:
+            total += (end - start) / 3600 * att.price_per_hour * att.gpu_share
+    return total
+
+
+def month_stop(cap: float | None, spent: float) -> str | None:
+    """Why nothing new starts under the monthly cap ``cap`` with ``spent`` this month (None: it may)."""
+    if cap is None or spent < cap - EPSILON:
+        return None
+    return (f"budget_usd_month: {usd(spent)} spent this month of the {usd(cap)} monthly cap; nothing new starts "
+            "until next month or a higher budget_usd_month")

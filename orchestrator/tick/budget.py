@@ -234,3 +234,30 @@ def check(ledger: Ledger, settings: Settings, report: TickReport) -> None:
     for sweep_id, now in standings(ledger, open_, time.time()).items():
         queued = counts.get(sweep_id, {}).get(JobState.QUEUED.value, 0)  # at the cap, dispatch just held them
         alert(ledger, settings, sweep_id, now, held=queued if now.level == "stop" else 0, report=report)
+
+
+def month_stopped(ledger: Ledger, settings: Settings, now: float) -> str | None:
+    """Why the user's monthly cap (``budget_usd_month``) stops all dispatch now, or None.  What counts: every
+    sweep's priced attempts, their time inside this calendar month (UTC).  The stop is an escalation (notify
+    and webhook too), recorded once per month and cap."""
+    cap = settings.budget_usd_month
+    if cap is None:
+        return None
+    since = budget.month_start(now)
+    priced = ledger.priced_attempts(s.id for s in ledger.sweeps())
+    spent = budget.spent_between((a for attempts in priced.values() for a in attempts), since, now)
+    why = budget.month_stop(cap, spent)
+    if why is None:
+        return None
+    last = ledger.latest_finding("budget_usd_month", budget.RULE_MONTH)
+    key = f"{time.strftime('%Y-%m', time.gmtime(now))} at a cap of {budget.usd(cap)}"  # once per month and cap
+    if last is None or last.reason != key:
+        message = f"dispatch stopped across every sweep: {why}"
+        action = "raise budget_usd_month in your config.toml (queued jobs start at the next tick); running jobs finish"
+        ledger.record_finding("budget", "budget_usd_month", severity="escalate", rule=budget.RULE_MONTH,
+                              message=message, action=action, reason=key)
+        notify.send(settings, ledger, notify.Notice(
+            budget.RULE_MONTH, notify.line(message, next_step="raise budget_usd_month"),
+            {"severity": "escalate", "cap_usd": cap, "spent_usd": round(spent, 2), "message": message,
+             "action": action}, title="monthly budget reached: dispatch stopped", severity="escalate"))
+    return why

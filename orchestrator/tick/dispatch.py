@@ -5,6 +5,7 @@ capped sweep's jobs only while its budget fits them (``tick/budget.py``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from orchestrator.agent.bundle import Bundle
@@ -45,7 +46,12 @@ def _with_checkpoints(ctx: Context, decided: Plan, jobs: dict[str, Job]) -> Plan
 
 def dispatch_queued(ctx: Context, rates: EpochRates, queued: list[Job]) -> None:
     """Place QUEUED jobs: a submit killed after its ledger write, a host left out at submit, or a
-    job requeued by the patrol (preferring the host that holds its checkpoint)."""
+    job requeued by the patrol (preferring the host that holds its checkpoint).  Nothing starts while the user's
+    monthly cap (``budget_usd_month``) is spent."""
+    month = budget.month_stopped(ctx.ledger, ctx.settings, time.time()) if queued else None
+    if month is not None:
+        ctx.ledger.record_events("job", {j.id: f"still queued: {month}" for j in queued})
+        return
     for sweep_id in sorted({j.sweep_id for j in queued}):
         sweep = ctx.ledger.sweep(sweep_id)
         if sweep is None:

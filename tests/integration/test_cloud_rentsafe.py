@@ -1,17 +1,22 @@
 """Issue 38, items 5-7, end to end (the CLI against the fake RunPod, tests/integration/test_cloud_billing.py's rig):
 an ambiguous create rents one machine and loses none; a row a killed `gpuq up` left `provisioning` is ended by the
-next tick; a machine priced above `--max-price` after its create is ended before use.  No job runs: the machines
-stand on the fake's AddressBackend and never need SSH."""
+next tick; a machine priced above `--max-price` after its create is ended before use (no job runs: the machines
+stand on the fake's AddressBackend and never need SSH); the user's monthly cap stops dispatch across sweeps (the
+light trainer on the embedded local host, priced)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from orchestrator import api
 from tests.conftest import wait_for
+from tests.integration.test_budget_holds import ENV, PRICE, _events, _ok, _states, _status, _until
 from tests.integration.test_cloud_billing import GPU, Rig, _wait_for_id, key, rig
+from tests.support.lightproject import light_config, light_project
 
 pytestmark = pytest.mark.integration
 __all__ = ["key", "rig"]  # the rig's fixtures, shared
@@ -71,3 +76,27 @@ def test_a_machine_priced_above_max_price_once_created_is_ended_before_use(rig: 
     assert proc.returncode == 1, out + err
     assert "priced $2.37/h once created, above --max-price" in err and "gpuq terminated it" in err, err
     assert cloud.billing() == {} and cloud.rows()[row.name].lease_state == "terminated"
+
+
+def test_the_monthly_cap_stops_dispatch_across_sweeps(gpuq_home: Path, tmp_path: Path) -> None:
+    """The embedded local host priced like a rented one ($0.10 a second), the light trainer: a first sweep
+    spends past a $0.05 `budget_usd_month`; a second sweep, capped by nothing of its own, starts nothing."""
+    ctx = api.open_context()
+    try:
+        ctx.ledger.ensure_host("local", kind="local", root=str(gpuq_home / "local"))
+        ctx.ledger.update_host("local", price_per_hour=PRICE, gpu_count=1)
+    finally:
+        ctx.close()
+    first = light_project(tmp_path / "a", {"tiny": light_config(steps=3, step_s=0.3)},
+                          ["configs/tiny.yaml classify 1 name=first"])
+    _ok("submit", str(first))
+    assert set(_states(_until({"first"}, "SUCCEEDED")).values()) == {"SUCCEEDED"}
+    capped = {**ENV, "GPUQ_BUDGET_USD_MONTH": "0.05"}
+    second = light_project(tmp_path / "b", {"tiny": light_config(steps=1, step_s=0.1)},
+                           ["configs/tiny.yaml classify 1 name=second"])
+    _ok("submit", str(second), env=capped)
+    doc = _status(env=capped)
+    assert _states(doc)["second"] == "QUEUED", doc["jobs"]
+    (job,) = [j for j in doc["jobs"] if j["name"] == "second"]
+    assert "still queued: budget_usd_month: $" in _events(gpuq_home, job["id"])[-1]
+    assert [a["severity"] for a in doc["alerts"] if a["rule"] == "budget_month"] == ["escalate"], doc["alerts"]

@@ -139,3 +139,36 @@ def test_a_projection_shows_a_span_of_cents_and_every_note() -> None:
                            budget.JobCostInput("z", [], None)])
     assert both.line() == ("projected cost $2.00 (1 job(s) on hosts without a price count nothing; 1 job(s) no host "
                            "can take now (z: their gpu=/gpu_mem=) are not counted)")
+
+
+# -- the user's monthly cap (budget_usd_month) ------------------------------------------------------------------
+
+def test_a_month_starts_at_midnight_utc_on_its_first_day() -> None:
+    start = budget.month_start(T0)  # 2027-01-15T08:00:00Z
+    assert start == 1_798_761_600.0  # 2027-01-01T00:00:00Z
+    assert budget.month_start(start) == start and budget.month_start(start - 1) == 1_796_083_200.0  # 2026-12-01
+    assert budget.month_start(1_801_439_999.0) == start  # 2027-01-31T23:59:59Z
+
+
+def test_what_a_month_spent_is_each_attempts_time_inside_it_at_its_share() -> None:
+    since = T0
+    attempts = [
+        _Att("a", AttemptState.EXITED.value, since - HOUR, since + HOUR),  # half inside: 1 h
+        _Att("b", AttemptState.RUNNING.value, since + HOUR),  # running: to now, 1 h
+        _Att("c", AttemptState.EXITED.value, since - 2 * HOUR, since - HOUR),  # last month: nothing
+        _Att("d", AttemptState.STARTING.value, None),  # never started: nothing
+        _Att("e", AttemptState.EXITED.value, since, since + HOUR, price_per_hour=None),  # unpriced: nothing
+        _Att("f", AttemptState.EXITED.value, since, since + 3 * HOUR, gpu_share=1.0),  # ends after now: 2 h
+    ]
+    assert budget.spent_between(attempts, since, since + 2 * HOUR) == pytest.approx(2.0 + 2.0 + 8.0)
+    assert budget.spent_between([], since, since + HOUR) == 0.0
+
+
+@pytest.mark.parametrize(("cap", "spent", "stops"), [(None, 1e6, False), (10.0, 9.99, False), (10.0, 10.0, True),
+                                                     (10.0, 12.5, True)])
+def test_the_monthly_cap_stops_dispatch_from_the_cap_on(cap: float | None, spent: float, stops: bool) -> None:
+    why = budget.month_stop(cap, spent)
+    assert (why is not None) is stops
+    if why is not None:
+        assert why == (f"budget_usd_month: ${spent:,.2f} spent this month of the $10.00 monthly cap; nothing new "
+                       "starts until next month or a higher budget_usd_month")

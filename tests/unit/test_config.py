@@ -68,7 +68,7 @@ def test_unknown_profile_lists_known_ones() -> None:
         load_profile("nope")
 
 
-@pytest.mark.parametrize("key", ["webhook_url", "local_python", "local_root", "forward_env_allow"])
+@pytest.mark.parametrize("key", ["webhook_url", "local_python", "local_root", "forward_env_allow", "budget_usd_month"])
 def test_a_project_cannot_set_what_only_the_user_may(tmp_path: Path, key: str) -> None:
     """A cloned repository's gpuq.toml must not redirect notifications or pick what runs locally."""
     project = tmp_path / "proj"
