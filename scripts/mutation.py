@@ -116,6 +116,12 @@ MODULES: dict[str, ModuleSet] = {
         ("tests/unit/test_teardown_gate.py", "tests/unit/test_teardown_terminate.py", "tests/unit/test_leases.py",
          "tests/unit/test_down_plan.py", "tests/unit/test_rented_address.py"),
     ),
+    # The tick's watch over rented machines stuck provisioning (a killed `gpuq up`, a create whose answer never
+    # came): ended, or their row removed, or escalated once; on a real ledger against the in-process fake Lambda.
+    "provisioning": ModuleSet(
+        ("orchestrator/tick/provisioning.py",),
+        ("tests/unit/test_provisioning_watch.py",),
+    ),
     # Renting (`gpuq up`, `gpuq rent-for`) and the budget commands, through the api in process (the fake clouds
     # on loopback; every machine is refused at registration, so no SSH: `_register`'s audit and the GPU preflight
     # are tests/integration/test_cloud*.py's).
