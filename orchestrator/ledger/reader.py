@@ -47,6 +47,7 @@ class LedgerReads(Protocol):
     def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]: ...
     def state_counts(self) -> dict[str, dict[str, int]]: ...
     def attempts_of(self, job_ids: Iterable[str]) -> list[Attempt]: ...
+    def attempts_on(self, hosts: Iterable[str]) -> list[Attempt]: ...
     def alerts(self, limit: int = 50, *, since: float | None = None) -> list[Event]: ...
     def priced_attempts(self, sweep_ids: Iterable[str]) -> dict[str, list[PricedAttempt]]: ...
     def run_history(self) -> list[tuple[str, str, int, float]]: ...
@@ -193,6 +194,16 @@ class LedgerReader:
         for start in range(0, len(ids), _IN_CHUNK):
             chunk = ids[start:start + _IN_CHUNK]
             out.extend(self._records(AttemptRecord, f"SELECT * FROM attempt WHERE job_id IN "
+                                     f"({', '.join('?' * len(chunk))}) ORDER BY job_id, number", chunk))
+        return cast("list[Attempt]", out)
+
+    def attempts_on(self, hosts: Iterable[str]) -> list[Attempt]:
+        """Every attempt whose (rank-0) host is one of ``hosts``, by job then number."""
+        names = sorted(set(hosts))
+        out: list[Any] = []
+        for start in range(0, len(names), _IN_CHUNK):
+            chunk = names[start:start + _IN_CHUNK]
+            out.extend(self._records(AttemptRecord, f"SELECT * FROM attempt WHERE host IN "
                                      f"({', '.join('?' * len(chunk))}) ORDER BY job_id, number", chunk))
         return cast("list[Attempt]", out)
 

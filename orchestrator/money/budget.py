@@ -61,10 +61,11 @@ class Standing:
     spent: float = 0.0
     committed: float = 0.0
     placeholders: int = 0  # live attempts committed at the scheduler's placeholder (no est_min=, no history)
+    idle: float = 0.0  # its share of the idle billed hours of the rented machines its attempts ran on (idle_split)
 
     @property
     def total(self) -> float:
-        return self.spent + self.committed
+        return self.spent + self.idle + self.committed
 
     @property
     def fraction(self) -> float | None:
@@ -80,7 +81,8 @@ class Standing:
 
     def line(self) -> str:
         """``$3.10 spent + $1.20 committed of $5.00 (86%)``; without a cap, what it spent and commits."""
-        head = f"{usd(self.spent)} spent + {usd(self.committed)} committed"
+        idle = f" + {usd(self.idle)} idle machine time" if self.idle else ""
+        head = f"{usd(self.spent)} spent{idle} + {usd(self.committed)} committed"
         guess = (f" ({self.placeholders} running job(s) without an estimate counted at the scheduler's "
                  "placeholder)") if self.placeholders else ""
         if self.cap is None:
@@ -147,7 +149,7 @@ def admit(sweep_id: str, now: Standing, costs: Sequence[tuple[str, float]]) -> A
             added += dollars
             continue
         needs = dollars if needs is None else needs
-        after = Standing(now.cap, now.spent, now.committed + added, now.placeholders)
+        after = Standing(now.cap, now.spent, now.committed + added, now.placeholders, now.idle)
         held[job] = hold_reason(sweep_id, after, dollars, behind=bool(held))
     return Admission(tuple(admitted), held, added, needs)
 
@@ -326,3 +328,15 @@ def month_stop(cap: float | None, spent: float) -> str | None:
         return None
     return (f"budget_usd_month: {usd(spent)} spent this month of the {usd(cap)} monthly cap; nothing new starts "
             "until next month or a higher budget_usd_month")
+
+
+def idle_split(billed_usd: float, used_usd: Mapping[str, float]) -> dict[str, float]:
+    """A rented machine's idle money (``billed_usd``, what it billed, less what the attempts there cost) split over
+    the sweeps whose attempts ran there in proportion to what those cost (``used_usd``: sweep id -> dollars; the
+    key "" for attempts of sweeps not counted now: they take their part, charged to nobody here).  A machine no
+    priced attempt used charges no sweep."""
+    used = sum(used_usd.values())
+    if used <= 0:
+        return {}
+    idle = max(0.0, billed_usd - used)
+    return {sweep: idle * part / used for sweep, part in used_usd.items() if sweep}

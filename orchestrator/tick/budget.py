@@ -10,14 +10,15 @@ per cap (a new cap, set by `gpuq budget`, starts over), on the dashboard and the
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from orchestrator.core.config import Settings
-from orchestrator.core.states import JobState
+from orchestrator.core.states import LEASE_DOWN, JobState, LeaseState
 from orchestrator.ledger.pricing import attempt_price
 from orchestrator.money import budget
+from orchestrator.money.cost import money_spent
 from orchestrator.scheduling.estimates import EpochRates, epoch_rates, estimate_s, estimate_source
 from orchestrator.scheduling.placements import Plan, PlanJob
 from orchestrator.scheduling.stealing import Move
@@ -48,7 +49,33 @@ def standings(ledger: LedgerReads, sweeps: Sequence[Sweep], now: float,
                 if estimate_source(config=job.config, task=job.task, epochs=job.epochs, est_min=job.est_min,
                                    rates=rates) is None:
                     guessed.add(job.id)
-    return {s.id: budget.standing(s.budget_usd, priced.get(s.id, []), est, now, guessed) for s in sweeps}
+    idle = idle_charges(ledger, {s.id for s in sweeps}, now)
+    return {s.id: replace(budget.standing(s.budget_usd, priced.get(s.id, []), est, now, guessed),
+                          idle=idle.get(s.id, 0.0)) for s in sweeps}
+
+
+def idle_charges(ledger: LedgerReads, sweep_ids: Collection[str], now: float) -> dict[str, float]:
+    """{sweep: its share of the idle billed time of every priced machine gpuq rented that its attempts ran on}
+    (``budget.idle_split``): a machine bills from its row's creation to the provider saying it is down (now while
+    it runs), at its price."""
+    rows = [r for r in ledger.hosts() if r.provider and r.price_per_hour is not None
+            and r.lease not in (LeaseState.NONE, LeaseState.PROVISIONING)]
+    if not rows or not sweep_ids:
+        return {}
+    attempts = ledger.attempts_on(r.name for r in rows)
+    ran = {a.job_id for a in attempts}
+    ours = {j.id: s for s in sorted(sweep_ids) for j in ledger.jobs(sweep_id=s) if j.id in ran} if ran else {}
+    out: dict[str, float] = {}
+    for row in rows:
+        used: dict[str, float] = {}
+        for att in (a for a in attempts if a.host == row.name):
+            sweep = ours.get(att.job_id, "")
+            used[sweep] = used.get(sweep, 0.0) + (money_spent([att], now) or 0.0)
+        end = (row.lease_changed_at or now) if row.lease in LEASE_DOWN else now
+        billed = max(0.0, end - row.created_at) / 3600 * (row.price_per_hour or 0.0)
+        for sweep, dollars in budget.idle_split(billed, used).items():
+            out[sweep] = out.get(sweep, 0.0) + dollars
+    return out
 
 
 def standing_of(ledger: Ledger, sweep: Sweep, rates: EpochRates | None = None) -> budget.Standing:
@@ -81,7 +108,7 @@ def admit_plan(ledger: Ledger, settings: Settings, sweep_id: str, now: budget.St
              for a in decided.assignments]
     admitted = budget.admit(sweep_id, now, costs)
     if admitted.held:
-        after = budget.Standing(now.cap, now.spent, now.committed + admitted.added, now.placeholders)
+        after = budget.Standing(now.cap, now.spent, now.committed + admitted.added, now.placeholders, now.idle)
         hold(ledger, settings, sweep_id, after, admitted.held, admitted.needs)
     keep = set(admitted.admitted)
     return replace(decided, assignments=tuple(a for a in decided.assignments if a.job_id in keep)), admitted

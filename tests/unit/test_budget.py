@@ -18,7 +18,7 @@ from orchestrator.context import Context, open_context
 from orchestrator.core.config import load_settings
 from orchestrator.core.errors import ConfigError, UsageError
 from orchestrator.core.specs import Assignment, JobSpec
-from orchestrator.core.states import AttemptState, JobState
+from orchestrator.core.states import AttemptState, JobState, LeaseState
 from orchestrator.ledger import Job, Ledger, attempt_price
 from orchestrator.money import budget
 from orchestrator.scheduling.estimates import epoch_rates
@@ -372,3 +372,44 @@ def test_set_cap_bounds_its_words_and_the_sweep_it_names(ctx: Context) -> None:
     assert removed.note == "no cap: every queued job may start (at the next tick)" and removed.standing.cap is None
     last = ctx.ledger.latest_finding(SWEEP, budget.RULE)
     assert last is not None and last.message == f"budget of sweep {SWEEP} removed (was $0.50)"
+
+
+# -- idle billed hours of rented machines -------------------------------------------------------------------------
+
+
+def test_a_rented_machines_idle_billed_time_counts_in_the_sweeps_that_used_it(ctx: Context) -> None:
+    from tests.support.rented import add_rented, rented_row
+
+    rented = add_rented(ctx.ledger, rented_row("rp-a", price_per_hour=4.0, gpu_count=1))  # $4/h, billing since now
+    start = rented.created_at
+    mine = _sweep(ctx.ledger, 100.0, [60])
+    other = _sweep(ctx.ledger, None, [60], sweep_id="qbud0002")
+    _run(ctx.ledger, mine[0], "rp-a", start, start + HOUR)  # $4 of use
+    _run(ctx.ledger, other[0], "rp-a", start + HOUR, start + 2 * HOUR)  # $4 of use, another sweep's
+    now = start + 4 * HOUR  # $16 billed: $8 of it idle, half of it this sweep's
+    assert budget.Standing(None).idle == 0.0
+    standing = _standing(ctx.ledger, now)
+    assert standing.spent == pytest.approx(4.0) and standing.idle == pytest.approx(4.0)
+    assert standing.total == pytest.approx(8.0) and "$4.00 spent + $4.00 idle machine time + $0.00" in standing.line()
+    assert _standing(ctx.ledger, now, "qbud0002").idle == pytest.approx(4.0)
+    ctx.ledger.lease_transition("rp-a", LeaseState.TERMINATED, "gone", at=start + 2 * HOUR)  # ended: no more idle
+    assert _standing(ctx.ledger, now).idle == pytest.approx(0.0)
+    assert _standing(ctx.ledger, now, "qbud0002").idle == pytest.approx(0.0)
+
+
+def test_a_machine_not_rented_by_gpuq_adds_no_idle_time(ctx: Context) -> None:
+    jobs = _sweep(ctx.ledger, 10.0, [60])
+    _run(ctx.ledger, jobs[0], "dear", T0, T0 + HOUR)  # a priced host the user brought: only its attempts count
+    assert _standing(ctx.ledger, T0 + 10 * HOUR).idle == 0.0
+
+
+@pytest.mark.parametrize(("billed", "used", "split"), [
+    (10.0, {"a": 3.0, "b": 1.0}, {"a": 4.5, "b": 1.5}),
+    (8.0, {"a": 2.0, "": 2.0}, {"a": 2.0}),  # a sweep not counted now takes its part, charged to nobody here
+    (3.0, {"a": 4.0}, {"a": 0.0}),  # billed less than used (a price changed): no idle
+    (5.0, {}, {}),  # nothing ran there: no sweep to charge
+    (5.0, {"a": 0.0}, {}),
+])
+def test_idle_money_is_split_by_what_each_sweep_used(billed: float, used: dict[str, float],
+                                                     split: dict[str, float]) -> None:
+    assert budget.idle_split(billed, used) == pytest.approx(split)
