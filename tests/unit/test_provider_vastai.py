@@ -21,7 +21,7 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from orchestrator.core.errors import ProvisioningFailed
+from orchestrator.core.errors import CreateUnknown, ProvisioningFailed
 from orchestrator.providers import vastai
 from orchestrator.providers.base import classify
 from orchestrator.providers.credentials import VASTAI, ApiKey
@@ -34,6 +34,7 @@ from tests.unit import test_providers_contract as contract
 
 KIND = "vastai"
 KEY = "vast_CONTRACT0TEST0KEY0do0not0leak0f7a8"
+PUBLIC = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIVastAmbiguousCreateTestKey0000 t"
 CLIENT = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "providers" / KIND / "client_requests.json")
                     .read_text(encoding="utf-8"))
 _ID = re.compile(r"/\d+/")
@@ -186,3 +187,17 @@ def test_the_fake_refuses_what_the_client_does_not_send() -> None:
         bad = http.put("/api/v0/asks/5001/", json={"client_id": "me", "image": "x", "ssh_keys": []})
         assert bad.status_code == 400 and bad.json()["success"] is False
         assert http.get("/api/v0/ssh/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_an_ambiguous_create_is_never_repeated_on_the_next_offer() -> None:
+    """A rent that made the machine but answered 500, while the listing lags: no second machine (issue 38)."""
+    with FakeVastAI(api_key=KEY) as cloud:
+        provider = vastai.VastAIProvider(ApiKey(KEY, "VAST_API_KEY"), url=cloud.url, min_interval_s=0.0,
+                                         sleep=lambda s: None)
+        cloud.fail_after_create(1, status=500, listing_lag_s=3600.0)
+        try:
+            with pytest.raises(CreateUnknown, match="no instance carries its name yet"):
+                provider.provision(ProvisionRequest("gpuq-0000beef-cafe01", "RTX 4090", ssh_public_key=PUBLIC))
+        finally:
+            provider.close()
+        assert len(cloud.instances) == 1 and [i.label for i in cloud.instances.values()] == ["gpuq-0000beef-cafe01"]
