@@ -229,7 +229,8 @@ def _notes(out: Sequence[CellRow], total: int, finished_n: int, metric: str, bas
         notes.append("no baseline: name a cell with --baseline (a cell called 'baseline' is chosen by itself)")
     compared = sum(c.p_adjusted is not None for c in out)
     if compared:
-        notes.append(f"verdicts are Holm-corrected over {compared} compared cells: p (Holm) decides, p is the raw Welch p")
+        notes.append(f"verdicts are Holm-corrected over {compared} compared cells: p (Holm) decides, "
+                     "p is the raw Welch p")
     return notes
 
 
