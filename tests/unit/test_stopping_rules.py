@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from orchestrator.report import stats
 from orchestrator.stopping import halving, rules
 from orchestrator.stopping.policy import StopPolicy, rung_steps, value_at
+from orchestrator.stopping.progress import Seed, at_rungs
 from orchestrator.stopping.rules import AtRung
 
 values = st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=0, max_size=8)
@@ -132,3 +133,13 @@ def test_holm_is_monotone_at_least_raw_and_at_most_bonferroni(ps: list[float]) -
     assert all(p <= a + 1e-12 and a <= min(1.0, m * p) + 1e-12 for p, a in zip(ps, adj, strict=True))
     order = sorted(range(m), key=lambda i: ps[i])
     assert all(adj[order[i]] <= adj[order[i + 1]] for i in range(m - 1))
+
+
+def test_the_rungs_are_read_from_the_collected_curves() -> None:
+    policy = StopPolicy(rule="baseline", rungs=(0.1, 0.5))
+    done = Seed(job_id="a", live=False, total_steps=100, curve=((5, 3.0), (10, 2.5), (50, 2.0), (100, 1.0)))
+    early = Seed(job_id="b", live=True, total_steps=100, curve=((5, 3.0), (12, math.inf)))
+    died = Seed(job_id="c", live=False, total_steps=100, curve=((5, 3.0),))
+    seen = {(a.cell, a.rung): a for a in at_rungs(policy, {"x": [done, early, died]})}
+    assert seen[("x", 0)].values == (2.5, 3.0) and seen[("x", 0)].pending == 0
+    assert seen[("x", 1)].values == (2.0,) and seen[("x", 1)].pending == 1
