@@ -71,6 +71,7 @@ class DryRun(BaseModel):
     makespan_s: float | None  # None: unknown until one job of each config has run
     metrics: str = ""  # what each job's results will be read from ([run] metrics), in words; "" = gpuq's payload
     cost: DryRunCost | None = None
+    stop: str = ""  # what early stopping will do, in one line (docs/stopping.md); "" = off
 
 
 def metrics_plan(run: RunConfig | None) -> str:
@@ -110,7 +111,8 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
                   bundle_bytes=result.bundle.bytes, warnings=result.warnings,
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
                   makespan_s=result.makespan_s if known and result.makespan_known else None,
-                  metrics=metrics_plan(result.run), cost=_cost(ctx, result))
+                  metrics=metrics_plan(result.run), cost=_cost(ctx, result),
+                  stop=result.stop.describe() if result.stop else "")
 
 
 def _cost(ctx: Context, result: SubmitResult) -> DryRunCost:

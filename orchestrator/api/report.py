@@ -227,6 +227,10 @@ def _notes(out: Sequence[CellRow], total: int, finished_n: int, metric: str, bas
                      "lie too far apart for floating point (beyond ±1.8e308); the means are shown")
     if base_name is None:
         notes.append("no baseline: name a cell with --baseline (a cell called 'baseline' is chosen by itself)")
+    compared = sum(c.p_adjusted is not None for c in out)
+    if compared:
+        notes.append(f"verdicts are Holm-corrected over {compared} compared cells: p (Holm) decides, "
+                     "p is the raw Welch p")
     return notes
 
 
@@ -300,6 +304,17 @@ def _compare(cells: list[CellRow], finals_of: dict[str, list[float]], base: str 
             continue
         cell.delta_ci_low, cell.delta_ci_high, cell.p_value = test.ci.low, test.ci.high, test.p_value
         cell.verdict = _better(test.ci.low, test.ci.high, mode)
+    _holm(cells)
+
+
+def _holm(cells: list[CellRow]) -> None:
+    """Each compared cell's p Holm-adjusted over all of them; a better or worse verdict whose adjusted p
+    is not under 1 - CONFIDENCE becomes "within noise" (docs/report.md)."""
+    tested = [c for c in cells if c.p_value is not None and not c.is_baseline]
+    for cell, adjusted in zip(tested, stats.holm([c.p_value or 0.0 for c in tested]), strict=True):
+        cell.p_adjusted = adjusted
+        if cell.verdict in ("better", "worse") and adjusted >= 1.0 - stats.CONFIDENCE:
+            cell.verdict = "within noise"
 
 
 def _failures(ctx: Context, jobs: Sequence[Job], attempts: dict[str, list[Attempt]],

@@ -30,6 +30,8 @@ from orchestrator.scheduling.estimates import epoch_rates, estimate_source
 from orchestrator.scheduling.gpumatch import need_of
 from orchestrator.scheduling.placements import Plan, PlanJob
 from orchestrator.scheduling.scheduler import plan
+from orchestrator.stopping.config import load_stop
+from orchestrator.stopping.policy import StopPolicy
 from orchestrator.tick.capacity import capacities, plan_job
 from orchestrator.tick.placement import deliver, plan_and_push, target_rows
 from orchestrator.transfer import datasync
@@ -54,6 +56,7 @@ class SubmitResult:
     run_json: str = ""  # the sweep's [run] JSON as recorded (setup_key included); "" without [run]
     budget_usd: float | None = None  # the sweep's cap (--budget, else the budget_usd setting; None: none)
     budget_held: Mapping[str, str] = field(default_factory=dict)  # job id -> why its cap keeps it QUEUED
+    stop: StopPolicy | None = None  # the sweep's early stopping ([stop], --stop; None: off)
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -65,16 +68,18 @@ def _new_sweep_id(ctx: Context) -> str:
 
 
 def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: bool = False,
-           budget_usd: float | None = None) -> SubmitResult:
+           budget_usd: float | None = None, stop: str | None = None) -> SubmitResult:
     """Validate the whole queue, record it in one transaction, place and start its jobs: read, warn, plan,
     record, admit, deliver.
 
     Jobs are packed across the target hosts (see ``target_rows``) by ``scheduler.plan``; the
     bundle is pushed to every host that gets work before anything is written, and a host
     whose push fails is left out of the plan.  ``budget_usd`` (else the ``budget_usd`` setting) caps
-    the sweep: only the jobs it fits start, the others stay QUEUED (``api/budgeting.py``).
+    the sweep: only the jobs it fits start, the others stay QUEUED (``api/budgeting.py``).  ``stop``
+    (``--stop RULE``) over the project's ``[stop]`` table: the sweep's early stopping (docs/stopping.md).
     """
     cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
+    policy = load_stop(queue.parent / PROJECT_CONFIG, stop)
     read = _read(ctx, queue, hosts)
     warnings = _warn(ctx, queue, read)
     planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run)
@@ -82,13 +87,13 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
                             makespan_s=planned.decided.makespan_s, makespan_known=planned.estimated,
                             specs=list(read.parsed.jobs), run=read.run, hosts=planned.rows, run_json=read.run_json,
-                            budget_usd=cap)
-    jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap)
+                            budget_usd=cap, stop=policy)
+    jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap, policy.model_dump_json() if policy else "")
     decided, held = budgeting.admit_submitted(ctx, planned.sweep_id, cap, planned.decided, planned.plan_jobs)
     placements = {job_id: host for job_id, host in planned.placements.items() if job_id not in held}  # not yet
     result = SubmitResult(planned.sweep_id, str(queue), jobs, read.bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, makespan_known=planned.estimated,
-                          pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held)
+                          pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held, stop=policy)
     result.launch_error = _deliver(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
     return result
 
@@ -221,7 +226,7 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
 
 
 def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequence[str],
-            cap: float | None) -> list[Job]:
+            cap: float | None, stop: str) -> list[Job]:
     """The sweep, its jobs and their first attempts, in one transaction."""
     return ctx.ledger.add_sweep(
         sweep_id=sweep_id, queue_path=str(queue), workdir=str(read.workdir.resolve()),
@@ -229,7 +234,7 @@ def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequen
         default_retries=ctx.settings.retries, bundle_sha=read.bundle.sha256, hosts=list(dict.fromkeys(hosts)),
         entry=ctx.settings.entry, launcher=ctx.settings.launcher,
         verify=read.run.verify if read.run is not None else ctx.settings.verify, run=read.run_json,
-        git=project_git(read.workdir), budget_usd=cap)
+        git=project_git(read.workdir), budget_usd=cap, stop=stop)
 
 
 def _deliver(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job], bundle_sha: str) -> str:

@@ -1,9 +1,14 @@
-"""Flag values as numbers and durations: one line and exit 2 for anything else (``--max-price``, ``--retry-until``)."""
+"""Flag values as numbers and durations: one line and exit 2 for anything else (``--max-price``, ``--retry-until``);
+shared options (``--stop``)."""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from typing import Any
+
+import click
 
 from orchestrator.core.errors import UsageError
 
@@ -38,3 +43,15 @@ def seconds(flag: str, text: str | None) -> float | None:
     if not 0 < value <= 7 * 86400:
         raise UsageError(f"{flag} {text!r}: give a duration more than 0 and at most a week")
     return value
+
+
+def stop_option() -> Callable[[Any], Any]:
+    """``submit --stop RULE``: the sweep's early stopping over the project's ``[stop]`` table (docs/stopping.md)."""
+    return click.option(
+        "--stop",
+        type=click.Choice(["baseline", "halving", "off"]),
+        default=None,
+        metavar="RULE",
+        help="Stop cells early: baseline (worse than the baseline at a rung, wrong stops <= alpha), halving "
+        "(successive halving, no error bound) or off; default: gpuq.toml [stop], else off (docs/stopping.md).",
+    )

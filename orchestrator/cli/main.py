@@ -2,8 +2,7 @@
 
 Exit codes: ``orchestrator/core/exitcodes.py`` (0 ok, 1 a job or host failed, 2 usage/config/queue
 error, 3 health check failed, 4 timeout, 130 interrupted).
-Heavy modules (sqlmodel, rich) are imported inside commands so that
-``gpuq --help`` stays fast.
+Heavy modules (sqlmodel, rich) are imported inside commands so that ``gpuq --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrator.cli import complete
+from orchestrator.cli import complete, flags
 from orchestrator.cli.ctx import open_ctx, open_reader
 from orchestrator.core import exitcodes
 
@@ -85,11 +84,12 @@ def cli(debug: bool, verbose: int) -> None:
 @click.option("--budget", "budget_usd", type=click.FloatRange(min=0, min_open=True, max=1e9), metavar="USD",
               help="Cap what the sweep may spend: its jobs start only while spent + committed fits (default: the "
                    "budget_usd setting; none). With --dry-run: whether the projected cost fits.")
+@flags.stop_option()
 @click.option("--json", "as_json", is_flag=True,
               help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
                    "--parsable; with --dry-run: one JSON document of every expanded job and its argv.")
 def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait_: bool, budget_usd: float | None,
-           as_json: bool) -> None:
+           stop: str | None, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
@@ -104,7 +104,7 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
         print_smoke(smoked)
         sys.exit(0 if smoked.ok else exitcodes.FAILED)
     try:
-        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run, budget_usd=budget_usd)
+        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run, budget_usd=budget_usd, stop=stop)
     except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)
         raise UsageError(f"{exc.filename or queue}: permission denied while reading the project; make it "
                          "readable to you, or leave it out ([run] project, .gpuqignore)") from exc

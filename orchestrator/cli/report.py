@@ -61,7 +61,7 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
 
 
 WIDE = 170  # terminal columns from which every column of the table fits
-NARROW = ("cell", "n", "mean ± CI", "Δ ± CI", "p", "verdict")
+NARROW = ("cell", "n", "mean ± CI", "Δ ± CI", "p", "p (Holm)", "verdict")
 
 
 def report_cells(doc: Report, wide: bool) -> tuple[list[str], list[list[Cell]], list[Line]]:

@@ -38,6 +38,7 @@ PROJECT_CONFIG = "gpuq.toml"
 LOCAL_HOST = "local"
 RUN_TABLE = "run"  # the project's trainer: read by orchestrator/queue/runconfig.py, not a setting
 DATA_TABLE = "data"  # the project's datasets: read by orchestrator/queue/datasets.py, not a setting
+STOP_TABLE = "stop"  # the sweep's early stopping: read by orchestrator/stopping/config.py, not a setting
 
 
 _ALLOW_RE = re.compile(r"[A-Za-z0-9_*?]+")
@@ -284,12 +285,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
     section = data.get("gpuq", data)
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: [gpuq] must be a table")
-    unknown = sorted(set(section) - _FIELDS - {RUN_TABLE, DATA_TABLE})  # [run]: runconfig.py, [data]: datasets.py
+    unknown = sorted(set(section) - _FIELDS - {RUN_TABLE, DATA_TABLE, STOP_TABLE})  # tables read elsewhere
     if unknown:
         allowed = ", ".join(sorted(_FIELDS))
         raise ConfigError(f"{path}: unknown setting {unknown[0]!r} (allowed: {allowed})")
     return {key: (str(value) if key == "local_root" else value) for key, value in section.items()
-            if key not in (RUN_TABLE, DATA_TABLE)}
+            if key not in (RUN_TABLE, DATA_TABLE, STOP_TABLE)}
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

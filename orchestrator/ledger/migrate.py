@@ -250,11 +250,17 @@ def _v17_crash_fields(conn: sqlite3.Connection) -> None:
     conn.executemany("UPDATE event SET signatures = ?, reason = ? WHERE id = ?", updates)
 
 
+def _v18_stopping(conn: sqlite3.Connection) -> None:
+    """v18: a sweep's early-stopping policy, JSON of ``stopping.policy.StopPolicy`` ("" = off)."""
+    conn.execute("ALTER TABLE sweep ADD COLUMN stop VARCHAR NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
-                                                          _v15_event_fields, _v16_holds, _v17_crash_fields]
+                                                          _v15_event_fields, _v16_holds, _v17_crash_fields,
+                                                          _v18_stopping]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -46,12 +46,14 @@ class SweepRecords(Sessions):
         run: str = "",
         git: tuple[str, bool | None] = ("", None),
         budget_usd: float | None = None,
+        stop: str = "",
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
         ``hosts``: the hosts the user restricted the sweep to (empty: any registered host).
         ``git``: the project's commit and whether it had uncommitted changes (("", None): unknown).
         ``budget_usd``: the sweep's spending cap (None: none; orchestrator/money/budget.py).
+        ``stop``: the sweep's stopping policy as JSON ("": off; orchestrator/stopping/policy.py).
         """
         now = time.time()
         rows: list[Job] = []
@@ -61,7 +63,7 @@ class SweepRecords(Sessions):
             s.add(Sweep(id=sweep_id, queue_path=queue_path, workdir=workdir, queue_text=queue_text,
                         bundle_sha=bundle_sha, hosts=",".join(hosts), entry=entry, launcher=launcher,
                         verify=",".join(verify), run=run, git_commit=git[0], git_dirty=git[1],
-                        budget_usd=budget_usd, job_count=len(jobs), created_at=now))
+                        budget_usd=budget_usd, stop=stop, job_count=len(jobs), created_at=now))
             s.flush()
             for spec in jobs:
                 row = job_row(sweep_id, spec, default_retries, now)

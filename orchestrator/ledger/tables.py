@@ -132,6 +132,7 @@ class Sweep(SQLModel, SweepMethods, table=True):
     git_commit: str = ""  # v10: the project's git commit at submit ("" = not a git checkout, or unknown)
     git_dirty: bool | None = None  # v10: uncommitted changes at submit (None = unknown)
     budget_usd: float | None = None  # v12: the sweep's spending cap in dollars (None = no cap)
+    stop: str = ""  # v18: JSON of the sweep's stopping.policy.StopPolicy ("" = off; docs/stopping.md)
 
 
 class Job(SQLModel, JobMethods, table=True):

@@ -40,6 +40,8 @@ class CellRow(_Strict):
     delta_ci_low: float | None = Field(description="95 % Welch confidence interval of the delta")
     delta_ci_high: float | None
     p_value: float | None = Field(description="two-sided Welch t-test p-value of the delta")
+    p_adjusted: float | None = Field(default=None, description="that p-value Holm-adjusted over every cell compared "
+                                     "with the baseline; the verdict is better or worse only when it is under 0.05")
     verdict: Verdict
     flags: list[str] = Field(description="warnings in words: a diverged seed, seeds that disagree, seeds "
                                          "identical, seeds or a baseline on other machines")

@@ -227,3 +227,17 @@ def welch(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
     if not finite(low, mid, high):
         return None
     return Welch(mid, Interval(low, high), min(1.0, max(0.0, p)), df)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (same order out): the k-th smallest is multiplied
+    by (m - k + 1), made monotone, capped at 1.  Rejecting where adjusted p <= alpha holds the chance
+    of any wrong verdict among the m at most alpha, whatever their dependence."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [1.0] * m
+    running = 0.0
+    for k, i in enumerate(order):
+        running = max(running, min(1.0, (m - k) * p_values[i]))
+        out[i] = running
+    return out

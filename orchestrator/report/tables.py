@@ -9,7 +9,7 @@ import io
 from orchestrator.report.model import CellRow, Report
 
 COLUMNS = ("cell", "n", "mean", "std", "95% CI", "best", "steps", "GPU-h", "cost", "Δ vs baseline", "Δ 95% CI",
-           "p", "verdict", "flags")
+           "p", "p (Holm)", "verdict", "flags")
 
 
 def num(value: float | None, digits: int = 4) -> str:
@@ -48,7 +48,7 @@ def cells(row: CellRow) -> list[str]:
             num(row.mean), num(row.std), interval(row.ci_low, row.ci_high), num(row.best),
             "" if row.steps is None else str(row.steps), _hours(row), cost(row.cost_usd),
             signed(row.delta), interval(row.delta_ci_low, row.delta_ci_high, sign=True), p_value(row.p_value),
-            row.verdict, "; ".join(row.flags)]
+            p_value(row.p_adjusted), row.verdict, "; ".join(row.flags)]
 
 
 def heading(report: Report) -> str:
@@ -83,7 +83,8 @@ def csv_text(report: Report) -> str:
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     fields = ("cell", "is_baseline", "n_finished", "n_total", "mean", "std", "ci_low", "ci_high", "best", "steps",
-              "gpu_hours", "cpu_hours", "cost_usd", "delta", "delta_ci_low", "delta_ci_high", "p_value", "verdict")
+              "gpu_hours", "cpu_hours", "cost_usd", "delta", "delta_ci_low", "delta_ci_high", "p_value",
+              "p_adjusted", "verdict")
     out.writerow((*fields, "flags", "sweeps", "metric", "mode"))
     for row in report.cells:
         data = row.model_dump()

@@ -79,7 +79,8 @@ def test_every_number_of_the_table(ctx: api.Context, tmp_path: Path) -> None:
     assert [c.cell for c in report.cells] == ["baseline", "wide", "lr_high", "no_aug", "flat"]
     assert (report.metric, report.mode, report.baseline) == ("val_acc", "max", "baseline")
     assert (report.finished, report.total, report.partial) == (11, 12, False)
-    assert report.notes == ["1 of 12 jobs have not finished with the metric 'val_acc': only the 11 finished ones count"]
+    assert report.notes == ["1 of 12 jobs have not finished with the metric 'val_acc': only the 11 finished ones count",
+                            "verdicts are Holm-corrected over 3 compared cells: p (Holm) decides, p is the raw Welch p"]
 
     base = _cell(report, "baseline")
     half = 4.30265272975 * 0.02 / math.sqrt(3)
@@ -115,8 +116,9 @@ def test_every_number_of_the_table(ctx: api.Context, tmp_path: Path) -> None:
     assert (flat.delta, flat.p_value, flat.verdict) == (pytest.approx(0.0), 1.0, "within noise")
 
     assert [(f.name, f.failure_class, f.state) for f in report.failures] == [("baseline-seed3", "config", "FAILED")]
-    assert tables.cells(wide)[9:13] == ["+0.1", f"[+{0.10 - 2.7764451052 * se:.4g}, +{0.10 + 2.7764451052 * se:.4g}]",
-                                         "0.004", "better"]
+    assert wide.p_value is not None  # lr_high's p is smaller: Holm multiplies wide's by 2 of 3
+    assert tables.cells(wide)[9:14] == ["+0.1", f"[+{0.10 - 2.7764451052 * se:.4g}, +{0.10 + 2.7764451052 * se:.4g}]",
+                                         "0.004", tables.p_value(2 * wide.p_value), "better"]
 
 
 def test_within_noise_and_seeds_that_disagree(ctx: api.Context, tmp_path: Path) -> None:
@@ -194,3 +196,27 @@ def test_cells_drop_seed_parts_and_join_seed_only_lines() -> None:
     jobs = [J("base_s1", 1), J("base_s2", 2), J("other", 3, sha="o")]
     assert {k: [j.name for j in v] for k, v in cells_mod.group(jobs).items()} == \
         {"base": ["base_s1", "base_s2"], "other": ["other"]}
+
+
+HOLM_QUEUE = """\
+configs/a.yaml classify 3 name=baseline seeds=3
+configs/b.yaml classify 3 name=edge seeds=3
+configs/c.yaml classify 3 name=same seeds=3
+configs/d.yaml classify 3 name=also seeds=3
+"""
+
+
+def test_verdicts_are_holm_corrected_over_the_compared_cells(ctx: api.Context, tmp_path: Path) -> None:
+    """``edge`` is better by its own Welch test (p near 0.02) but not once corrected for three cells."""
+    base = {f"baseline-seed{i}": (v, v) for i, v in enumerate((0.80, 0.82, 0.81))}
+    edge = {f"edge-seed{i}": (v, v) for i, v in enumerate((0.83, 0.85, 0.84))}
+    same = {f"{c}-seed{i}": (v, v) for c in ("same", "also") for i, v in enumerate((0.79, 0.83, 0.81))}
+    _sweep(ctx, tmp_path, "qholm00", HOLM_QUEUE, base | edge | same)
+    report = build_report(ctx, ["qholm00"], collect=False)
+    cell = _cell(report, "edge")
+    assert cell.p_value is not None and cell.p_adjusted is not None
+    assert cell.p_value < 0.05 <= cell.p_adjusted and cell.verdict == "within noise"
+    assert cell.p_adjusted == pytest.approx(min(1.0, 3 * cell.p_value))
+    assert _cell(report, "baseline").p_adjusted is None
+    assert any("Holm-corrected over 3 compared cells" in note for note in report.notes)
+    assert "p (Holm)" in tables.markdown(report)

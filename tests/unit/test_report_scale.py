@@ -192,6 +192,10 @@ def oracle(ctx: Context, sweeps: Sequence[str]) -> Report:
                      "lie too far apart for floating point (beyond ±1.8e308); the means are shown")
     if base_name is None:
         notes.append("no baseline: name a cell with --baseline (a cell called 'baseline' is chosen by itself)")
+    compared = sum(c.p_adjusted is not None for c in out)
+    if compared:
+        notes.append(f"verdicts are Holm-corrected over {compared} compared cells: p (Holm) decides, "
+                     "p is the raw Welch p")
     cell_of = {j.id: name for name, members in cells.items() for j in members}
     failures = [_failure(ctx, j, attempts.get(j.id, []), cell_of[j.id]) for j in jobs if j.state in rep._FAILED]
     return Report(
