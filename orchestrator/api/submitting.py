@@ -76,7 +76,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     """
     cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
     read = _read(ctx, queue, hosts)
-    warnings = _warn(ctx, queue, read)
+    warnings = _warn(ctx, queue, read, dry_run)
     planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run)
     if dry_run:
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
@@ -148,8 +148,9 @@ def _read(ctx: Context, queue: Path, hosts: Sequence[str]) -> _Read:
     return _Read(parsed, run, toml_path, manifests, run_json, bundle)
 
 
-def _warn(ctx: Context, queue: Path, read: _Read) -> list[str]:
-    """What the user should know before anything runs: what leaves this machine, seeds, repeats, the bundle."""
+def _warn(ctx: Context, queue: Path, read: _Read, dry_run: bool) -> list[str]:
+    """What the user should know before anything runs: what leaves this machine, seeds, repeats, the bundle.
+    A dry run (and ``--smoke``, which plans with one) submits nothing: a repeat "would" run again."""
     parsed, run = read.parsed, read.run
     warnings = list(parsed.warnings) + project_checks.what_leaves(run, read.workdir, queue, read.toml_path)
     warnings += datasets.leaving(read.manifests, read.toml_path)
@@ -161,7 +162,8 @@ def _warn(ctx: Context, queue: Path, read: _Read) -> list[str]:
         twin = done.get(hashes[spec.name])
         if twin is not None:
             warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
-                            f"{twin.sweep_id}, which already succeeded; it will run again")
+                            f"{twin.sweep_id}, which already succeeded; "
+                            + ("a submit would run it again" if dry_run else "it will run again"))
     return warnings + _bundle_warnings(read.bundle)
 
 

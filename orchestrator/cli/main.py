@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.cli import complete
-from orchestrator.cli.ctx import open_ctx, open_reader
+from orchestrator.cli.ctx import open_ctx, open_reader, warn
 from orchestrator.core import exitcodes
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     from orchestrator.api.jobs import collect_notes
 
     for note in collect_notes({row.job.id: row.error for row in rows if row.error}):
-        click.echo(f"gpuq: warning: {note}", err=True)  # one host's failure: the other rows stand
+        warn(note)  # one host's failure: the other rows stand
     if as_json:
         emit.results(rows)
     elif as_csv:

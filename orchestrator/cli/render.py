@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.markup import escape as _markup_escape
 from rich.table import Table
 
+from orchestrator.cli.ctx import warn
 from orchestrator.views import AlertView, HostView, JobView, alert_views, host_views, job_views, sweep_views
 from orchestrator.views.text import clock, duration, money, one_line, pct, printable, rough_duration
 
@@ -64,7 +65,7 @@ def _makespan(result: SubmitResult) -> str:
 def submitted(result: SubmitResult) -> None:
     out = console()
     for warning in result.warnings:
-        out.print(f"[yellow]warning:[/] {escape(warning)}")
+        warn(warning)
     if result.dry_run:
         out.print(f"dry run: {len(result.placements)} jobs valid; bundle {result.bundle.sha256[:12]} "
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")

@@ -37,8 +37,9 @@ def test_resubmitting_a_succeeded_cell_warns(ctx: api.Context, tmp_path: Path) -
     ctx.ledger.transition(done.id, JobState.SUCCEEDED)
     result = api.submit(ctx, queue, dry_run=True)
     twins = [w for w in result.warnings if "already succeeded" in w]
+    # a dry run (and --smoke, which plans with one) submits nothing: it never says "it will run again"
     assert twins == [f"{queue}:1: job 'a' is identical to {done.id} of sweep qold000, which already succeeded; "
-                     "it will run again"]
+                     "a submit would run it again"]
     assert result.dry_run and ctx.ledger.sweep_ids() == {"qold000"}
 
 
