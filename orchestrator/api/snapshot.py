@@ -126,5 +126,6 @@ def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,
         if stopped(ctx.ledger, sweep_id):
             return snap
         if deadline is not None and time.monotonic() > deadline:
-            raise WaitTimeout(f"sweep {sweep_id} still running after {timeout_s:.0f} s; `gpuq status` to follow it")
+            raise WaitTimeout(f"sweep {sweep_id} still running after {timeout_s:.0f} s; `gpuq status` to follow it",
+                              snap)
         time.sleep(interval_s)

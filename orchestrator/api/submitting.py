@@ -213,13 +213,21 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
                                          pushed)
     warnings += [f"host {name} left out: {why}" for name, why in sorted(dropped.items())]
     if decided.unplaced:
-        names = {job_id_for(sweep_id, j.name): (j.name, j.line) for j in jobs}
-        lines = [f"{queue}:{names[jid][1]}: job {names[jid][0]!r} cannot be placed: {why}"
-                 for jid, why in decided.unplaced]
+        names = {job_id_for(sweep_id, j.name): j for j in jobs}
+        lines = [f"{queue}:{names[jid].line}: job {names[jid].name!r} cannot be placed: {why}"
+                 + _did_you_mean(names[jid]) for jid, why in decided.unplaced]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     estimated = all(estimate_source(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min, rates=rates)
                     for j in jobs)
     return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated)
+
+
+def _did_you_mean(spec: JobSpec) -> str:
+    """``gpu=2`` names a GPU model called "2": a count was meant (``gpus=2``)."""
+    counts = [m for m in spec.gpu if m.isdigit()]
+    if not counts:
+        return ""
+    return f"; did you mean gpus={counts[0]}? (gpu= names a GPU model, e.g. gpu=A100; gpus= is how many)"
 
 
 def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequence[str],

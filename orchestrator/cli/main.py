@@ -213,12 +213,11 @@ def _show_status(snap: Snapshot, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="How the sweep ended, as JSON (docs/schemas/wait.schema.json).")
 def wait(sweep: str | None, timeout_s: float | None, as_json: bool) -> None:
     """Block until every job of the sweep has ended; exit 1 if any did not succeed, 4 on --timeout."""
-    from orchestrator import api
     from orchestrator.cli import emit, render
 
     ctx = open_ctx()
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
-    snap = api.wait(ctx, sweep=sweep_id, timeout_s=timeout_s)
+    snap = emit.wait(ctx, sweep_id, timeout_s, as_json=as_json)
     if as_json:
         emit.waited(snap, sweep_id)
     else:

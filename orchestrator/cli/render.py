@@ -106,6 +106,8 @@ def status_table(snap: Snapshot) -> None:
     plain aligned table, written at once: the same columns, no boxes, no wrapping."""
     out = console()
     out.print(hosts_table(host_views(snap)))
+    if not snap.hosts:  # a fresh $GPUQ_HOME: say what fills the table
+        out.print(NO_HOSTS, markup=False)
     views = job_views(snap)
     room = out.size.height - 12 if sys.stdout.isatty() else RICH_ROWS
     if len(views) <= max(room, 10):
@@ -123,6 +125,12 @@ def status_table(snap: Snapshot) -> None:
         out.print(sweep.line, markup=False)
     if hidden:
         out.print(f"{len(hidden)} finished sweep(s) not listed; `gpuq status --all` or `--sweep ID` shows them")
+    if not sweeps:
+        out.print(NO_SWEEPS, markup=False)
+
+
+NO_HOSTS = "no hosts yet: this machine (`local`) takes the first `gpuq submit`; `gpuq hosts add` adds SSH hosts"
+NO_SWEEPS = "no sweeps yet; `gpuq submit QUEUE` (`gpuq submit --dry-run QUEUE` first shows the plan)"
 
 
 JOB_COLUMNS = ("job", "sweep", "name", "state", "host:gpu", "try", "progress", "eta", "loss", "hb", "cost", "exit")

@@ -319,6 +319,16 @@ def test_an_empty_ledger_says_what_to_do() -> None:
     assert "no hosts yet" in text and "no jobs to show" in text and "no alerts" in text
 
 
+def test_a_fresh_home_says_what_fills_the_once_table(gpuq_home: Path) -> None:
+    from tests.conftest import run_gpuq
+
+    for args in (("status",), ("status", "--no-probe")):  # the ledger's read path, and the Context's
+        done = run_gpuq(*args)
+        assert done.returncode == 0, done.stderr
+        assert "no hosts yet: this machine (`local`) takes the first `gpuq submit`" in done.stdout, done.stdout
+        assert "no sweeps yet; `gpuq submit QUEUE`" in done.stdout, done.stdout
+
+
 def test_once_table_has_the_new_columns(capsys: pytest.CaptureFixture[str]) -> None:
     render.status_table(_snapshot())
     out = capsys.readouterr().out
