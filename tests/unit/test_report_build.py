@@ -194,3 +194,22 @@ def test_cells_drop_seed_parts_and_join_seed_only_lines() -> None:
     jobs = [J("base_s1", 1), J("base_s2", 2), J("other", 3, sha="o")]
     assert {k: [j.name for j in v] for k, v in cells_mod.group(jobs).items()} == \
         {"base": ["base_s1", "base_s2"], "other": ["other"]}
+
+
+def test_cpu_hours_never_read_like_a_sum_and_the_heading_never_says_baseline_twice() -> None:
+    from orchestrator.report import tables
+    from orchestrator.report.model import CellRow, Report
+
+    def hours(gpu: float, cpu: float) -> str:
+        return tables.cells(CellRow.model_construct(cell="c", is_baseline=False, n_finished=1, n_total=1, mean=None,
+                                                    std=None, ci_low=None, ci_high=None, best=None, steps=None,
+                                                    gpu_hours=gpu, cpu_hours=cpu, cost_usd=None, delta=None,
+                                                    delta_ci_low=None, delta_ci_high=None, p_value=None,
+                                                    verdict="", flags=[]))[tables.COLUMNS.index("GPU-h")]
+
+    assert hours(0.0, 0.12) == "0.12 CPU-h" and "+" not in hours(1.5, 0.12) and hours(1.5, 0.12) == "1.50 · 0.12 CPU-h"
+    assert hours(1.5, 0.0) == "1.50"
+    report = Report.model_construct(sweeps=[], metric="val_acc", mode="max", baseline="baseline", finished=2, total=2)
+    assert "baseline baseline" not in tables.heading(report) and "against baseline" in tables.heading(report)
+    report.baseline = None
+    assert "no baseline" in tables.heading(report)
