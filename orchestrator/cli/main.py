@@ -120,9 +120,9 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
     if result.launch_error:
         sys.exit(exitcodes.FAILED)
     if wait_ and not dry_run:
-        snap = api.wait(ctx, sweep=result.sweep_id)
-        if not as_json:
-            render.status_table(snap)
+        from orchestrator.cli import statelines
+
+        snap = statelines.wait(ctx, result.sweep_id, as_json=as_json)
         _say_budget_stop(ctx, result.sweep_id)
         if any(j.state != "SUCCEEDED" for j in snap.jobs):
             sys.exit(exitcodes.FAILED)

@@ -518,3 +518,26 @@ def test_a_name_is_never_cut_while_its_id_is_shown() -> None:
         assert "sweep" in chosen.columns, width  # three sweeps on screen: each job's sweep is named
     single = [v for v in views if v.job.sweep_id == "qsweepaa"]
     assert "sweep" not in plan(single, LossHistory().losses, 200).columns  # one sweep: nothing to tell apart
+
+
+def test_submit_wait_prints_a_line_per_state_change_and_one_summary() -> None:
+    from orchestrator.cli.statelines import StateLines, summary
+
+    said: list[str] = []
+    lines = StateLines(said.append)
+    jobs = [_job("c1a2b3c4d5e6", "baseline-seed0", "ASSIGNED", "local"), _job("c9f8e7d6c5b4", "wide", "QUEUED", None)]
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))  # nothing changed: nothing said
+    jobs[0].state, jobs[1].state, jobs[1].host = "RUNNING", "ASSIGNED", "g1"
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))
+    jobs[0].state = "SUCCEEDED"
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))
+    assert [line.split(" ", 1)[1] for line in said] == [
+        "baseline-seed0 (c1a2b3c4) ASSIGNED on local", "wide (c9f8e7d6) QUEUED",
+        "baseline-seed0 (c1a2b3c4) RUNNING on local", "wide (c9f8e7d6) ASSIGNED on g1",
+        "baseline-seed0 (c1a2b3c4) SUCCEEDED on local"]
+    assert all(line[:9].endswith("Z") for line in said)  # each with its time
+    jobs[1].state = "FAILED"
+    assert summary(Snapshot(NOW, [], {}, [], jobs, {}), "qsweep1") == (
+        "sweep qsweep1 ended: 1 FAILED, 1 SUCCEEDED; `gpuq results --sweep qsweep1` shows the numbers, "
+        "`gpuq status --sweep qsweep1` the table")
