@@ -213,3 +213,17 @@ def test_cpu_hours_never_read_like_a_sum_and_the_heading_never_says_baseline_twi
     assert "baseline baseline" not in tables.heading(report) and "against baseline" in tables.heading(report)
     report.baseline = None
     assert "no baseline" in tables.heading(report)
+
+
+def test_an_accuracy_interval_past_one_is_said() -> None:
+    from orchestrator.api.report import _past_bounds
+    from orchestrator.report.model import CellRow
+
+    def row(cell: str, low: float | None, high: float | None) -> CellRow:
+        return CellRow.model_construct(cell=cell, ci_low=low, ci_high=high)
+
+    rows = [row("wide", 0.91, 1.04), row("deep", 0.90, 0.95), row("lr_high", -0.2, 0.6), row("single", None, None)]
+    (note,) = _past_bounds(rows, "val_acc")
+    assert note.startswith("the 95% CI of wide, lr_high goes past [0, 1], where 'val_acc' lives"), note
+    assert _past_bounds(rows, "val_loss") == []  # a loss has no upper bound
+    assert _past_bounds([row("deep", 0.90, 0.95)], "val_acc") == []
