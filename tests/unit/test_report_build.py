@@ -227,3 +227,18 @@ def test_an_accuracy_interval_past_one_is_said() -> None:
     assert note.startswith("the 95% CI of wide, lr_high goes past [0, 1], where 'val_acc' lives"), note
     assert _past_bounds(rows, "val_loss") == []  # a loss has no upper bound
     assert _past_bounds([row("deep", 0.90, 0.95)], "val_acc") == []
+
+
+def test_one_outlier_cell_does_not_squash_the_axis_of_the_others() -> None:
+    from orchestrator.report.figures import axis_range
+
+    late = {"baseline": [0.975, 0.978, 0.980], "wide": [0.978, 0.981, 0.982], "deep": [0.970, 0.974, 0.976],
+            "no_aug": [0.968, 0.972, 0.975], "lr_high": [0.13, 0.17, 0.19]}
+    ranged = axis_range(late)
+    assert ranged is not None
+    lo, hi, out = ranged
+    assert out == ["lr_high"]
+    assert 0.96 < lo < 0.968 and 0.982 < hi < 0.99  # the others fill the axis; lr_high runs off it
+    del late["lr_high"]
+    assert axis_range(late) is None  # no outlier: matplotlib's own range
+    assert axis_range({"a": [1.0], "b": [100.0], "c": [2.0]}) is None  # too few cells to call one an outlier
