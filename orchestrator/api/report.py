@@ -231,7 +231,21 @@ def _notes(out: Sequence[CellRow], total: int, finished_n: int, metric: str, bas
     if compared:
         notes.append(f"verdicts are Holm-corrected over {compared} compared cells: p (Holm) decides, "
                      "p is the raw Welch p")
-    return notes
+    return notes + _past_bounds(out, metric)
+
+
+BOUNDED = ("acc", "f1", "precision", "recall", "auc", "iou", "dice")  # metric names that live in [0, 1]
+
+
+def _past_bounds(out: Sequence[CellRow], metric: str) -> list[str]:
+    """A 95% CI past 1 (or below 0) for a metric that cannot leave [0, 1] (an accuracy): said, not hidden."""
+    if not any(word in metric.lower() for word in BOUNDED):
+        return []
+    past = [c.cell for c in out if (c.ci_high is not None and c.ci_high > 1) or (c.ci_low is not None and c.ci_low < 0)]
+    if not past:
+        return []
+    return [f"the 95% CI of {', '.join(past)} goes past [0, 1], where {metric!r} lives: few seeds (Student's t) make "
+            "the interval wide; read its end as the bound (1 or 0), or run more seeds"]
 
 
 def _baseline(cells: dict[str, list[Job]], wanted: str | None) -> str | None:

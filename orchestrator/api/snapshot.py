@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -111,20 +111,23 @@ def ledger_status(ledger: LedgerReads, *, sweep: str | None = None, all_jobs: bo
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,
-         timeout_s: float | None = None) -> Snapshot:
+         timeout_s: float | None = None, seen: Callable[[Snapshot], None] | None = None) -> Snapshot:
     """Tick until every job of the sweep is terminal (or LOST), or its budget stopped it (nothing runs and
-    the rest waits for the cap to be raised: ``tick.budget.stopped``)."""
+    the rest waits for the cap to be raised: ``tick.budget.stopped``); ``seen`` is shown each tick's snapshot."""
     from orchestrator.tick.budget import stopped
 
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         snap = status(ctx, sweep=sweep_id)
+        if seen is not None:
+            seen(snap)
         if all(JobState(j.state).terminal or j.state in (JobState.LOST.value, JobState.PREEMPTED.value)
                for j in snap.jobs):
             return snap
         if stopped(ctx.ledger, sweep_id):
             return snap
         if deadline is not None and time.monotonic() > deadline:
-            raise WaitTimeout(f"sweep {sweep_id} still running after {timeout_s:.0f} s; `gpuq status` to follow it")
+            raise WaitTimeout(f"sweep {sweep_id} still running after {timeout_s:.0f} s; `gpuq status` to follow it",
+                              snap)
         time.sleep(interval_s)

@@ -81,7 +81,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
     policy = load_stop(queue.parent / PROJECT_CONFIG, stop)
     read = _read(ctx, queue, hosts)
-    warnings = _warn(ctx, queue, read)
+    warnings = _warn(ctx, queue, read, dry_run)
     planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run)
     if dry_run:
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
@@ -153,8 +153,9 @@ def _read(ctx: Context, queue: Path, hosts: Sequence[str]) -> _Read:
     return _Read(parsed, run, toml_path, manifests, run_json, bundle)
 
 
-def _warn(ctx: Context, queue: Path, read: _Read) -> list[str]:
-    """What the user should know before anything runs: what leaves this machine, seeds, repeats, the bundle."""
+def _warn(ctx: Context, queue: Path, read: _Read, dry_run: bool) -> list[str]:
+    """What the user should know before anything runs: what leaves this machine, seeds, repeats, the bundle.
+    A dry run (and ``--smoke``, which plans with one) submits nothing: a repeat "would" run again."""
     parsed, run = read.parsed, read.run
     warnings = list(parsed.warnings) + project_checks.what_leaves(run, read.workdir, queue, read.toml_path)
     warnings += datasets.leaving(read.manifests, read.toml_path)
@@ -166,7 +167,8 @@ def _warn(ctx: Context, queue: Path, read: _Read) -> list[str]:
         twin = done.get(hashes[spec.name])
         if twin is not None:
             warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
-                            f"{twin.sweep_id}, which already succeeded; it will run again")
+                            f"{twin.sweep_id}, which already succeeded; "
+                            + ("a submit would run it again" if dry_run else "it will run again"))
     return warnings + _bundle_warnings(read.bundle)
 
 
@@ -216,13 +218,21 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
                                          pushed)
     warnings += [f"host {name} left out: {why}" for name, why in sorted(dropped.items())]
     if decided.unplaced:
-        names = {job_id_for(sweep_id, j.name): (j.name, j.line) for j in jobs}
-        lines = [f"{queue}:{names[jid][1]}: job {names[jid][0]!r} cannot be placed: {why}"
-                 for jid, why in decided.unplaced]
+        names = {job_id_for(sweep_id, j.name): j for j in jobs}
+        lines = [f"{queue}:{names[jid].line}: job {names[jid].name!r} cannot be placed: {why}"
+                 + _did_you_mean(names[jid]) for jid, why in decided.unplaced]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     estimated = all(estimate_source(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min, rates=rates)
                     for j in jobs)
     return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated)
+
+
+def _did_you_mean(spec: JobSpec) -> str:
+    """``gpu=2`` names a GPU model called "2": a count was meant (``gpus=2``)."""
+    counts = [m for m in spec.gpu if m.isdigit()]
+    if not counts:
+        return ""
+    return f"; did you mean gpus={counts[0]}? (gpu= names a GPU model, e.g. gpu=A100; gpus= is how many)"
 
 
 def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequence[str],

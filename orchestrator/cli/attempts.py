@@ -5,7 +5,7 @@ saved stacks); docs/cli.md, docs/health.md."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import click
@@ -75,7 +75,7 @@ def _explained(job_id: str, story: AttemptStory, show_stacks: bool) -> list[str]
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--raw", is_flag=True,
               help="Print the log as the host wrote it, terminal control sequences included "
-                   "(default: shown escaped, e.g. \\x1b).")
+                   "(default: colours and cursor moves dropped, other controls shown escaped, e.g. \\x1b).")
 @click.option("--attempt", "attempt", type=click.IntRange(min=1), metavar="N",
               help="Attempt N's log (from its copy at home when it was brought home, else its host).")
 @click.option("--attempts", "list_attempts", is_flag=True,
@@ -83,12 +83,14 @@ def _explained(job_id: str, story: AttemptStory, show_stacks: bool) -> list[str]
 def logs(job: str, follow: bool, raw: bool, attempt: int | None, list_attempts: bool) -> None:
     """Print the log of JOB's latest attempt (a name, id, prefix >= 4, or SWEEP:NAME).
 
-    A bare name means that job of the newest sweep that has one.  Control characters other than
-    line breaks and tabs are shown escaped (\\x1b), so nothing in a log acts on the terminal.
+    A bare name means that job of the newest sweep that has one.  Colours, cursor moves and erases are
+    dropped and of a line rewritten with carriage returns (a progress bar) its last state is kept; any
+    other control character is shown escaped (\\x1b), so nothing in a log acts on the terminal; --raw
+    prints the bytes as written.
     Forwarded secret values are redacted ([redacted:NAME]), with --raw too.
     `gpuq explain JOB` says why each attempt ended."""
     from orchestrator import api
-    from orchestrator.views.text import shown_escaped
+    from orchestrator.views.text import readable_log
 
     if list_attempts and (attempt is not None or follow or raw):
         raise click.UsageError("--attempts lists the attempts: give it without --attempt, --follow or --raw")
@@ -105,9 +107,29 @@ def logs(job: str, follow: bool, raw: bool, attempt: int | None, list_attempts: 
             return
         print_attempts(told)
         return
-    for chunk in api.logs(ctx, found.job, follow=follow, attempt=attempt):
-        # color=True: click would strip some escape sequences on a pipe; --raw means every byte as written
-        click.echo(chunk if raw else shown_escaped(chunk), nl=False, color=True if raw else None)
+    chunks = api.logs(ctx, found.job, follow=follow, attempt=attempt)
+    if raw:  # color=True: click would strip some escape sequences on a pipe; --raw means every byte as written
+        for chunk in chunks:
+            click.echo(chunk, nl=False, color=True)
+        return
+    for text in whole_lines(chunks):
+        click.echo(readable_log(text), nl=False)
+
+
+def whole_lines(chunks: Iterator[str], limit: int = 1 << 16) -> Iterator[str]:
+    """The chunks re-cut at line ends, so a carriage return or an escape sequence split across two reads
+    is read whole (a line longer than ``limit`` goes out as it is); what is left at the end goes out last."""
+    pending = ""
+    for chunk in chunks:
+        pending += chunk
+        cut = pending.rfind("\n") + 1
+        if cut == 0 and len(pending) > limit:
+            cut = len(pending)
+        if cut:
+            yield pending[:cut]
+            pending = pending[cut:]
+    if pending:
+        yield pending
 
 
 @click.command()

@@ -1,5 +1,5 @@
 """What every ``gpuq`` command shares: opening its ``Context`` (``open_ctx``) and printing text
-that may quote a host (``echo``)."""
+that may quote a host (``echo``), warnings (``warn``: stderr, always)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,12 @@ def open_reader() -> LedgerReader | None:
         reader.close()
         return None
     return reader
+
+
+def warn(text: str) -> None:
+    """The one way a command warns: ``warning: TEXT`` on stderr, printable (it may quote a host), so
+    ``gpuq submit --dry-run > plan.txt`` and ``--json`` keep stdout for the answer alone."""
+    echo(f"warning: {text}", err=True)
 
 
 def echo(text: str, *, err: bool = False) -> None:

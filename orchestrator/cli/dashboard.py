@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from orchestrator.cli.glyphs import bar, sparkline  # noqa: F401  (re-exported for the tests)
 from orchestrator.cli.panels import (  # noqa: F401  (the drawing, re-exported for the live loop and tests)
     LossHistory,
     View,
-    bar,
     jobs_capacity,
     screen,
     scroll,
-    sparkline,
 )
 
 if TYPE_CHECKING:

@@ -352,6 +352,7 @@ class WaitDocument(Doc):
     schema_: Literal["gpuq.cli.wait/1"] = Field(alias="schema")
     sweep: str
     ok: bool = Field(description="Every job succeeded.")
+    timed_out: bool = Field(False, description="`--timeout` ran out first: the jobs as they stood then (exit 4).")
     states: dict[JobStateName, int]
     jobs: list[JobStatus]
 

@@ -8,6 +8,7 @@ import sys
 
 from orchestrator.api.dryrun import DryRun, DryRunCost
 from orchestrator.api.smoke import SmokeResult
+from orchestrator.cli.ctx import warn
 from orchestrator.views.text import rough_duration
 
 COLUMNS = ("name", "config", "task", "epochs", "gpus", "host", "estimate", "argv")
@@ -25,7 +26,7 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
         out.write(doc.model_dump_json(indent=1) + "\n")
         return
     for warning in doc.warnings:
-        out.write(f"warning: {warning}\n")
+        warn(warning)
     rows = [COLUMNS] + [
         (j.name, j.config or "-", j.task or "-", str(j.epochs or "-"), str(j.gpus), j.host or "-",
          _estimate(j.est_s, j.estimate_from), shlex.join(j.argv))
@@ -74,7 +75,7 @@ def print_smoke(result: SmokeResult) -> None:
     """``gpuq submit --smoke``: one row per cell, then each failure on its own line."""
     out = sys.stdout
     for warning in result.warnings:
-        out.write(f"warning: {warning}\n")
+        warn(warning)
 
     def yes(flag: bool | None) -> str:
         return "?" if flag is None else "yes" if flag else "no"

@@ -18,7 +18,7 @@ from orchestrator.cli import documents, jsontext
 from orchestrator.core.specs import known_epochs
 
 if TYPE_CHECKING:
-    from orchestrator.api import HostDetail, PullReport, ResultRow, Snapshot, SubmitResult
+    from orchestrator.api import Context, HostDetail, PullReport, ResultRow, Snapshot, SubmitResult
     from orchestrator.host_documents import Provenance
     from orchestrator.ledger import HostRow
 
@@ -134,7 +134,22 @@ def pulled(report: PullReport) -> None:
                                 ok=report.ok, jobs=jobs))
 
 
-def waited(snap: Snapshot, sweep_id: str) -> None:
+def wait(ctx: Context, sweep_id: str, timeout_s: float | None, *, as_json: bool) -> Snapshot:
+    """``api.wait``; when ``--timeout`` runs out first, a ``--json`` caller still gets its document (the
+    jobs as they stood, ``timed_out: true``) before the one-line error and exit 4."""
+    from orchestrator import api
+    from orchestrator.api import Snapshot as Snap
+    from orchestrator.core.errors import WaitTimeout
+
+    try:
+        return api.wait(ctx, sweep=sweep_id, timeout_s=timeout_s)
+    except WaitTimeout as exc:
+        if as_json and isinstance(exc.snapshot, Snap):
+            waited(exc.snapshot, sweep_id, timed_out=True)
+        raise
+
+
+def waited(snap: Snapshot, sweep_id: str, *, timed_out: bool = False) -> None:
     from orchestrator.cli.statusjson import job_model
     from orchestrator.views import job_views
 
@@ -142,5 +157,5 @@ def waited(snap: Snapshot, sweep_id: str) -> None:
     for job in snap.jobs:
         states[job.state] = states.get(job.state, 0) + 1
     _out(documents.WaitDocument(schema_="gpuq.cli.wait/1", sweep=sweep_id,
-                                ok=all(j.state == "SUCCEEDED" for j in snap.jobs),
+                                ok=all(j.state == "SUCCEEDED" for j in snap.jobs), timed_out=timed_out,
                                 states=states, jobs=[job_model(v) for v in job_views(snap)]))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.cli import complete
-from orchestrator.cli.ctx import echo, open_ctx
+from orchestrator.cli.ctx import echo, open_ctx, warn
 
 if TYPE_CHECKING:
     from orchestrator.api import HostDetail
@@ -92,7 +92,7 @@ def add(name: str, target: str, port: int | None, key: str, profile: str, root: 
     if done.trusted_key:
         echo(f"trusted new host key {key_fingerprint(done.trusted_key)} (recorded in gpuq's known_hosts)")
     for warning in done.warnings:
-        echo(f"warning: {warning}", err=True)
+        warn(warning)
 
 
 @hosts.command("list")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.cli import complete, flags
-from orchestrator.cli.ctx import open_ctx, open_reader
+from orchestrator.cli.ctx import open_ctx, open_reader, warn
 from orchestrator.core import exitcodes
 
 if TYPE_CHECKING:
@@ -120,9 +120,9 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
     if result.launch_error:
         sys.exit(exitcodes.FAILED)
     if wait_ and not dry_run:
-        snap = api.wait(ctx, sweep=result.sweep_id)
-        if not as_json:
-            render.status_table(snap)
+        from orchestrator.cli import statelines
+
+        snap = statelines.wait(ctx, result.sweep_id, as_json=as_json)
         _say_budget_stop(ctx, result.sweep_id)
         if any(j.state != "SUCCEEDED" for j in snap.jobs):
             sys.exit(exitcodes.FAILED)
@@ -213,12 +213,11 @@ def _show_status(snap: Snapshot, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="How the sweep ended, as JSON (docs/schemas/wait.schema.json).")
 def wait(sweep: str | None, timeout_s: float | None, as_json: bool) -> None:
     """Block until every job of the sweep has ended; exit 1 if any did not succeed, 4 on --timeout."""
-    from orchestrator import api
     from orchestrator.cli import emit, render
 
     ctx = open_ctx()
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
-    snap = api.wait(ctx, sweep=sweep_id, timeout_s=timeout_s)
+    snap = emit.wait(ctx, sweep_id, timeout_s, as_json=as_json)
     if as_json:
         emit.waited(snap, sweep_id)
     else:
@@ -289,7 +288,7 @@ def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     from orchestrator.api.jobs import collect_notes
 
     for note in collect_notes({row.job.id: row.error for row in rows if row.error}):
-        click.echo(f"gpuq: warning: {note}", err=True)  # one host's failure: the other rows stand
+        warn(note)  # one host's failure: the other rows stand
     if as_json:
         emit.results(rows)
     elif as_csv:

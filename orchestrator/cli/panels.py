@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.layout import Layout
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.render import SEVERITY_STYLE, STATE_STYLE
+from orchestrator.cli.glyphs import BAR_W, SPARK_W, bar, level_style
+from orchestrator.cli.render import SEVERITY_STYLE
 from orchestrator.views import (
     HEALTH_STYLE,
     AlertView,
@@ -31,52 +31,14 @@ from orchestrator.views import (
     job_views,
     sweep_views,
 )
-from orchestrator.views.text import clock, duration, money, one_line, printable
+from orchestrator.views.text import clock, duration, one_line, printable
 
 if TYPE_CHECKING:
     from orchestrator.api import Snapshot
 
-SPARKS = "▁▂▃▄▅▆▇█"
-FULL, EMPTY = "█", "░"
-BAR_W = 10  # cells of a utilisation / memory / disk bar
-PROGRESS_W = 14  # cells of a job's progress bar
-SPARK_W = 16  # losses shown in a job's sparkline
+NARROW_BAR_W = 4  # cells of a bar on a narrow terminal
 ALERT_ROWS = 6  # at most this many alerts on screen (the newest)
-HEARTBEAT_OLD_S = 300  # a heartbeat older than this is drawn red (the patrol's "stalled" rule decides)
-NAME_MAX_W = 48  # a job name wider than this is cut with an ellipsis
 BUDGET_ROWS = 3  # at most this many sweeps' budget lines above the jobs
-
-
-# --- pure views -------------------------------------------------------------------------------------
-
-
-def bar(fraction: float | None, width: int = BAR_W, style: str = "green") -> Text:
-    """``█████░░░░░``: ``fraction`` (0..1) of ``width`` cells filled; dim dots when unknown."""
-    if fraction is None or not math.isfinite(fraction):
-        return Text("·" * width, style="dim")
-    filled = round(min(1.0, max(0.0, fraction)) * width)
-    return Text.assemble((FULL * filled, style), (EMPTY * (width - filled), "dim"))
-
-
-def level_style(pct: float | None, warn: float, bad: float) -> str:
-    if pct is None:
-        return "dim"
-    return "bold red" if pct >= bad else "yellow" if pct >= warn else "green"
-
-
-def sparkline(values: Sequence[float], width: int = SPARK_W) -> str:
-    """The last ``width`` values as block characters (log scale when all are positive: losses fall
-    by orders of magnitude, and a linear scale would flatten everything after the first drop)."""
-    vals = [v for v in values if math.isfinite(v)][-width:]
-    if not vals:
-        return ""
-    if all(v > 0 for v in vals):
-        vals = [math.log(v) for v in vals]
-    lo, hi = min(vals), max(vals)
-    if hi - lo <= 1e-12 * max(1.0, abs(hi)):
-        return SPARKS[3] * len(vals)
-    top = len(SPARKS) - 1
-    return "".join(SPARKS[round((v - lo) / (hi - lo) * top)] for v in vals)
 
 
 class LossHistory:
@@ -121,31 +83,37 @@ def _gib(mib: object) -> str:
     return f"{mib / 1024:.1f}" if isinstance(mib, int | float) else "?"
 
 
-def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, title: str = "hosts") -> Panel:
+HOST_COLUMNS = ("host", "state", "probed", "slots", "disk", "inodes", "mem", "gpu", "util", "vram", "temp", "job")
+# what a narrow terminal gives up first: the minor columns, then the bars narrow, then disk and utilisation,
+# the job on each GPU (the jobs panel says where each job runs), the memory
+HOST_DROPS: tuple[tuple[str, int], ...] = (("inodes", BAR_W), ("temp", BAR_W), ("probed", BAR_W), ("mem", BAR_W),
+                                           ("", NARROW_BAR_W), ("disk", NARROW_BAR_W), ("util", NARROW_BAR_W),
+                                           ("job", NARROW_BAR_W), ("vram", NARROW_BAR_W))
+
+
+def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, title: str = "hosts",
+                width: int = 160) -> Panel:
     """One row per host (state and flags, probe age, slots, disk, inodes, memory), one more per GPU
     (utilisation and memory bars, temperature, the job on it), then one line per host that needs a
     word: why it is unreachable, unhealthy or held.  A host whose last good probe is older than
-    ``stale_after_s`` is marked stale: an old reading is never shown as a fresh one."""
+    ``stale_after_s`` is marked stale: an old reading is never shown as a fresh one.  On a terminal
+    narrower than the table the minor columns go first (HOST_DROPS), never the host's name."""
     if not snap.hosts:
         return Panel(Text("no hosts yet: `gpuq submit` uses this machine; `gpuq hosts add` adds SSH hosts",
                           style="dim"), title="hosts", title_align="left", border_style="blue")
-    table = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, header_style="bold dim")
-    for name in ("host", "state", "probed", "slots", "disk", "inodes", "mem", "gpu", "util", "vram", "temp"):
-        table.add_column(name, no_wrap=True, overflow="ellipsis", max_width=26 if name == "gpu" else None)
-    table.add_column("job", no_wrap=True, overflow="ellipsis", ratio=1, min_width=12)
-    names = {j.id: printable(j.name) for j in snap.jobs}
+    dropped: set[str] = set()
+    for name, bar_w in (("", BAR_W), *HOST_DROPS):
+        dropped.add(name)
+        table = _hosts_table(snap, now, stale_after_s, [c for c in HOST_COLUMNS if c not in dropped], bar_w)
+        if Console(width=10_000, file=io.StringIO()).measure(table).maximum <= width - 4:
+            break
+    table.expand = True
     notes: list[Text] = []
     for host in host_views(snap):
-        row = host.row
-        host_cells = _host_cells(host, now, stale_after_s)
-        blank: list[RenderableType] = [""] * len(host_cells)
-        devices: list[list[RenderableType]] = _device_rows(host, names) or [["", "", "", "", ""]]
-        for i, device in enumerate(devices):
-            table.add_row(*(host_cells if i == 0 else blank), *device)
         text, style = host.state
         said = [(text, style)] if style != "green" and text != "not probed" else []
         if said or host.flags:
-            note = Text.assemble((f"{printable(row.name)}: ", "bold"))
+            note = Text.assemble((f"{printable(host.row.name)}: ", "bold"))
             for i, (flag, flag_style) in enumerate(said + host.flags):
                 note.append(" · " if i else "")
                 note.append(flag, style=flag_style)
@@ -154,7 +122,24 @@ def hosts_panel(snap: Snapshot, now: float, stale_after_s: float | None = None, 
     return Panel(Group(table, *notes), title=title, title_align="left", border_style="blue")
 
 
-def _host_cells(host: HostView, now: float, stale_after_s: float | None) -> list[RenderableType]:
+def _hosts_table(snap: Snapshot, now: float, stale_after_s: float | None, columns: list[str], bar_w: int) -> Table:
+    table = Table(box=None, padding=(0, 1), pad_edge=False, expand=False, header_style="bold dim")
+    for name in columns:
+        table.add_column(name, no_wrap=True, overflow="ellipsis", max_width=26 if name == "gpu" else None,
+                         min_width=min(len(name), 4) if name in ("host", "state") else None,
+                         ratio=1 if name == "job" else None)
+    names = {j.id: printable(j.name) for j in snap.jobs}
+    for host in host_views(snap):
+        host_cells = _host_cells(host, now, stale_after_s, bar_w)
+        blank: list[RenderableType] = [""] * len(host_cells)
+        devices: list[list[RenderableType]] = _device_rows(host, names, bar_w) or [["", "", "", "", ""]]
+        for i, device in enumerate(devices):
+            cells = dict(zip(HOST_COLUMNS, [*(host_cells if i == 0 else blank), *device], strict=True))
+            table.add_row(*(cells[c] for c in columns))
+    return table
+
+
+def _host_cells(host: HostView, now: float, stale_after_s: float | None, bar_w: int) -> list[RenderableType]:
     row, probe = host.row, host.probe
     if probe is not None and probe.ok:
         state = Text("ok", style="green")
@@ -178,13 +163,13 @@ def _host_cells(host: HostView, now: float, stale_after_s: float | None) -> list
     return [
         Text(printable(row.name), style="bold"), state, probed,
         Text(f"{host.slots} free") if host.has_slots else "-",
-        _pct_bar(host.disk_pct, 90, 95),
+        _pct_bar(host.disk_pct, 90, 95, bar_w=bar_w),
         Text(f"{inodes:.0f}%", style=level_style(inodes, 90, 95)) if inodes is not None else "-",
         Text(f"{mem_pct:.0f}%", style=level_style(mem_pct, 90, 95)) if mem_pct is not None else "-",
     ]
 
 
-def _device_rows(host: HostView, names: dict[str, str]) -> list[list[RenderableType]]:
+def _device_rows(host: HostView, names: dict[str, str], bar_w: int) -> list[list[RenderableType]]:
     """Per GPU: index and model, utilisation, memory, temperature, the job on it; on a CPU host one
     row per running job with the CPU slots it holds."""
     rows: list[list[RenderableType]] = []
@@ -195,8 +180,8 @@ def _device_rows(host: HostView, names: dict[str, str]) -> list[list[RenderableT
         job_id = gpu.job_id
         rows.append([
             Text(f"{'None' if gpu.index is None else gpu.index} {gpu.model}".strip()),  # a Text is never markup
-            _pct_bar(gpu.util_pct, 101, 101, "cyan"),
-            Text.assemble(bar(None if vram is None else vram / 100, BAR_W, level_style(vram, 90, 97)),
+            _pct_bar(gpu.util_pct, 101, 101, "cyan", bar_w=bar_w),
+            Text.assemble(bar(None if vram is None else vram / 100, bar_w, level_style(vram, 90, 97)),
                           f" {_gib(used)}/{_gib(total)}G"),
             Text(f"{temp:.0f}°C", style=level_style(temp, 80, 88)) if temp is not None else "-",
             Text(names.get(job_id, job_id[:8])) if job_id else Text("idle", style="dim"),
@@ -209,10 +194,10 @@ def _device_rows(host: HostView, names: dict[str, str]) -> list[list[RenderableT
     return rows
 
 
-def _pct_bar(pct: float | None, warn: float, bad: float, style: str | None = None) -> Text:
+def _pct_bar(pct: float | None, warn: float, bad: float, style: str | None = None, bar_w: int = BAR_W) -> Text:
     if pct is None:
         return Text("-", style="dim")
-    return Text.assemble(bar(pct / 100, BAR_W, style or level_style(pct, warn, bad)), f" {pct:3.0f}%")
+    return Text.assemble(bar(pct / 100, bar_w, style or level_style(pct, warn, bad)), f" {pct:3.0f}%")
 
 
 def jobs_capacity(height: int) -> int:
@@ -221,48 +206,21 @@ def jobs_capacity(height: int) -> int:
 
 
 def jobs_panel(views: Sequence[JobView], history: LossHistory, *, offset: int, rows: int,
-               budgets: Sequence[str] = ()) -> Panel:
+               budgets: Sequence[str] = (), width: int = 160) -> Panel:
     """The jobs table, rows ``offset``..``offset + rows`` of ``views``, under the budget line of each shown
-    sweep that has a cap (``budgets``, one line each).
+    sweep that has a cap (``budgets``, one line each), for a terminal ``width`` columns wide.
 
-    Columns are as wide as what they hold (not stretched to the terminal): the name column takes
-    the width of the longest name shown, up to NAME_MAX_W, and progress, loss and ETA keep theirs."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False, header_style="bold dim")
-    for name, kw in (("job", {"no_wrap": True}), ("name", {"no_wrap": True, "max_width": NAME_MAX_W}),
-                     ("state", {"no_wrap": True}),
-                     ("host:gpu", {"no_wrap": True}), ("progress", {"no_wrap": True}),
-                     ("eta", {"no_wrap": True, "justify": "right"}), ("loss", {"no_wrap": True, "justify": "right"}),
-                     ("trend", {"no_wrap": True}), ("hb", {"no_wrap": True, "justify": "right"}),
-                     ("try", {"no_wrap": True, "justify": "right"}), ("cost", {"no_wrap": True, "justify": "right"})):
-        table.add_column(name, overflow="ellipsis", **kw)
+    Columns are as wide as what they hold (not stretched to the terminal) and drop by priority when
+    the row does not fit (``cli/jobstable.py``): a job's name is never cut while its id is shown."""
+    from orchestrator.cli.jobstable import jobs_table
+
     shown = views[offset:offset + rows]
-    for view in shown:
-        job, att = view.job, view.attempt
-        progress = Text.assemble(
-            bar(view.fraction, PROGRESS_W, "green" if job.state == "SUCCEEDED" else "cyan"),
-            f" {view.fraction:4.0%}" if view.fraction is not None else "     ",
-            (f" ep {att.epoch}" + (f"/{view.epochs}" if view.epochs else "")
-             if att is not None and att.epoch is not None else "", "dim"),
-            (f" {view.note}" if view.note else "", "dim"),  # no heartbeat: elapsed and the last log line
-        )
-        old = view.heartbeat_age_s is not None and view.heartbeat_age_s > HEARTBEAT_OLD_S
-        table.add_row(
-            job.id, Text(printable(job.name)), Text(job.state, style=STATE_STYLE.get(job.state, "")),
-            Text(printable(view.where)), progress,
-            duration(view.eta_s), f"{att.loss:.4g}" if att is not None and att.loss is not None else "-",
-            Text(sparkline(history.losses(job.id)), style="magenta"),
-            Text(duration(view.heartbeat_age_s), style="bold red" if old else ""),
-            str(job.attempt_count or "-"), money(view.cost),
-        )
-    if not views:
-        table.add_row("", Text("no jobs to show: `gpuq submit QUEUE`, or `gpuq status --all` for finished sweeps",
-                               style="dim"), *[""] * 9)
+    body: RenderableType = jobs_table(shown, history.losses, max(1, width - 4))  # the panel's borders and padding
     title = f"jobs {offset + 1}-{offset + len(shown)} of {len(views)}" if len(views) > rows else "jobs"
-    body: RenderableType = table
     if budgets:
         lines = [Text(line, style="bold red" if line.endswith("dispatch stopped") else "yellow", no_wrap=True,
                       overflow="ellipsis") for line in budgets]
-        body = Group(*lines, table)
+        body = Group(*lines, body)
     return Panel(body, title=title, title_align="left", border_style="blue",
                  subtitle="↑↓ PgUp PgDn scroll" if len(views) > rows else None, subtitle_align="right")
 
@@ -284,17 +242,23 @@ def alerts_panel(alerts: Sequence[AlertView], rows: int = ALERT_ROWS) -> Panel:
     return Panel(table, title=f"alerts{more}", title_align="left", border_style="red" if worst else "yellow")
 
 
-def footer(view: View, now: float) -> Table:
-    grid = Table.grid(expand=True)
-    grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
-    grid.add_column(no_wrap=True, justify="right")
+KEY_HINTS = ("q quit  ↑↓ scroll  r refresh  c cells/jobs", "q quit  r refresh  c cells", "q quit")
+
+
+def footer(view: View, now: float, width: int = 160) -> Table:
+    """One line: when the view was updated, and the keys in the room the left side leaves (the longest
+    hint that fits beside it, "q quit" at the least; the left side is cut, never overlapped)."""
     when = "not probed yet" if view.updated_at is None else f"updated {duration(now - view.updated_at)} ago"
     left = Text.assemble(("gpuq status", "bold"), f" · {when} · every {view.interval_s:g}s")
     if view.ticking:
         left.append(" · probing…", style="cyan")
     if view.error:
         left.append(f" · last tick failed: {one_line(view.error)}", style="red")
-    grid.add_row(left, Text("q quit  ↑↓ scroll  r refresh  c cells/jobs", style="dim"))
+    hint = next((h for h in KEY_HINTS if left.cell_len + 2 + len(h) <= width), KEY_HINTS[-1])
+    grid = Table.grid(expand=True)
+    grid.add_column(no_wrap=True, overflow="ellipsis", ratio=1)
+    grid.add_column(no_wrap=True, justify="right", width=len(hint) + 2)
+    grid.add_row(left, Text(hint, style="dim"))
     return grid
 
 
@@ -308,12 +272,12 @@ def screen(view: View, now: float, width: int, height: int) -> tuple[Layout, int
     """The whole frame for a ``width`` x ``height`` terminal, and the job rows it has room for."""
     snap = view.snapshot
     stale_after_s = 3 * view.interval_s  # "three ticks" (docs/health.md)
-    hosts = hosts_panel(snap, now, stale_after_s)
+    hosts = hosts_panel(snap, now, stale_after_s, width=width)
     hosts_h = height_of(hosts, width)
     room = max(5, (height - 1) // 3)
     if hosts_h > room:  # never cut silently
         hosts = hosts_panel(snap, now, stale_after_s, title=f"hosts ({hosts_h - room} lines cut: a taller "
-                            "terminal, or `gpuq status --once`, shows them)")
+                            "terminal, or `gpuq status --once`, shows them)", width=width)
         hosts_h = room
     alerts = alert_views(snap)
     alerts_h = 2 + max(1, min(len(alerts), ALERT_ROWS))
@@ -330,13 +294,13 @@ def screen(view: View, now: float, width: int, height: int) -> tuple[Layout, int
     else:
         views = job_views(snap, now)
         offset = max(0, min(view.offset, len(views) - rows))
-        middle = jobs_panel(views, view.history, offset=offset, rows=rows, budgets=budgets)
+        middle = jobs_panel(views, view.history, offset=offset, rows=rows, budgets=budgets, width=width)
     layout = Layout()
     layout.split_column(
         Layout(hosts, name="hosts", size=hosts_h),
         Layout(middle, name="jobs", size=jobs_h),
         Layout(alerts_panel(alerts), name="alerts", size=alerts_h),
-        Layout(footer(view, now), name="footer", size=1),
+        Layout(footer(view, now, width), name="footer", size=1),
     )
     return layout, rows
 

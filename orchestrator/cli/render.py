@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.markup import escape as _markup_escape
 from rich.table import Table
 
+from orchestrator.cli.ctx import warn
 from orchestrator.views import AlertView, HostView, JobView, alert_views, host_views, job_views, sweep_views
 from orchestrator.views.text import clock, duration, money, one_line, pct, printable, rough_duration
 
@@ -64,7 +65,7 @@ def _makespan(result: SubmitResult) -> str:
 def submitted(result: SubmitResult) -> None:
     out = console()
     for warning in result.warnings:
-        out.print(f"[yellow]warning:[/] {escape(warning)}")
+        warn(warning)
     if result.dry_run:
         out.print(f"dry run: {len(result.placements)} jobs valid; bundle {result.bundle.sha256[:12]} "
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
@@ -105,6 +106,8 @@ def status_table(snap: Snapshot) -> None:
     plain aligned table, written at once: the same columns, no boxes, no wrapping."""
     out = console()
     out.print(hosts_table(host_views(snap)))
+    if not snap.hosts:  # a fresh $GPUQ_HOME: say what fills the table
+        out.print(NO_HOSTS, markup=False)
     views = job_views(snap)
     room = out.size.height - 12 if sys.stdout.isatty() else RICH_ROWS
     if len(views) <= max(room, 10):
@@ -122,6 +125,12 @@ def status_table(snap: Snapshot) -> None:
         out.print(sweep.line, markup=False)
     if hidden:
         out.print(f"{len(hidden)} finished sweep(s) not listed; `gpuq status --all` or `--sweep ID` shows them")
+    if not sweeps:
+        out.print(NO_SWEEPS, markup=False)
+
+
+NO_HOSTS = "no hosts yet: this machine (`local`) takes the first `gpuq submit`; `gpuq hosts add` adds SSH hosts"
+NO_SWEEPS = "no sweeps yet; `gpuq submit QUEUE` (`gpuq submit --dry-run QUEUE` first shows the plan)"
 
 
 JOB_COLUMNS = ("job", "sweep", "name", "state", "host:gpu", "try", "progress", "eta", "loss", "hb", "cost", "exit")

@@ -63,9 +63,14 @@ class UsageError(GpuqError):
 
 
 class WaitTimeout(GpuqError):
-    """``gpuq wait --timeout`` ran out while jobs were still unfinished."""
+    """``gpuq wait --timeout`` ran out while jobs were still unfinished; ``snapshot``: the sweep as it
+    stood then (an ``api.Snapshot``), for ``gpuq wait --json`` to print."""
 
     exit_code = exitcodes.TIMEOUT
+
+    def __init__(self, message: str, snapshot: object = None) -> None:
+        super().__init__(message)
+        self.snapshot = snapshot
 
 
 class ConfigError(UsageError):

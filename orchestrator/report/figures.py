@@ -6,7 +6,9 @@ One figure per curve: the headline metric and the training loss against step.  O
 the baseline drawn black, thicker and dashed; the legend sits outside the plot, and a loss axis
 is logarithmic when its values span more than two decades.  Points beyond ±PLOT_LIMIT (huge finite
 metrics: matplotlib's axis arithmetic overflows near the float range) are left out of the figure,
-and its title says how many.
+and its title says how many.  One outlier cell (``axis_range``: beyond 3 interquartile spreads of the
+cells' late values) does not squash the others: the axis fits the others' second half, the outlier runs
+off it, and the title names it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,30 @@ def drawn_cells(report: Report) -> list[CellRow]:
     return [c for c in report.cells if id(c) in keep]
 
 
+OUTLIER_IQR = 3.0  # a cell whose late values lie this many interquartile spreads outside the others' is an outlier
+
+
+def axis_range(late: Mapping[str, Sequence[float]]) -> tuple[float, float, list[str]] | None:
+    """A y range that one outlier cell cannot squash: ``late`` is each cell's values over the second half
+    of its curve.  With 4 or more cells, a cell whose median lies more than OUTLIER_IQR interquartile
+    spreads outside the cells' middle half is an outlier; the range is then the other cells' late values
+    (padded by a tenth), and the outliers are named (drawn, running off the axis).  None: no outlier,
+    matplotlib's own range."""
+    medians = {cell: sorted(v)[len(v) // 2] for cell, v in late.items() if v}
+    if len(medians) < 4:
+        return None
+    ordered = sorted(medians.values())
+    q1, q3 = ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+    spread = max(q3 - q1, 1e-12 * max(1.0, abs(q3)))
+    out = sorted(c for c, m in medians.items() if m < q1 - OUTLIER_IQR * spread or m > q3 + OUTLIER_IQR * spread)
+    kept = [v for c, vals in late.items() if c not in out for v in vals]
+    if not out or not kept:
+        return None
+    lo, hi = min(kept), max(kept)
+    pad = 0.1 * (hi - lo) or 0.05 * max(1e-12, abs(hi))
+    return lo - pad, hi + pad, out
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64] or "metric"
 
@@ -97,6 +123,7 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
         fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
         lows: list[float] = []
         highs: list[float] = []
+        late: dict[str, list[float]] = {}
         shown = drawn_cells(report)
         dropped = 0
         for cell in shown:
@@ -115,6 +142,7 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
                                 alpha=0.18, linewidth=0)
             lows += [b[2] for b in band]
             highs += [b[3] for b in band]
+            late[cell.cell] = [v for b in band[len(band) // 2:] for v in b[2:]]
         is_loss = "loss" in name.lower()
         if is_loss and lows and min(lows) > 0 and max(highs) / min(lows) > LOG_SPAN:
             ax.set_yscale("log")
@@ -124,6 +152,10 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
         sweeps = ", ".join(s.id for s in report.sweeps)
         some = f", the best {len(shown)} of {len(report.cells)} cells" if len(shown) < len(report.cells) else ""
         beyond = f"\n{dropped} points beyond ±{PLOT_LIMIT:.0e} not drawn" if dropped else ""
+        ranged = None if ax.get_yscale() == "log" else axis_range(late)
+        if ranged is not None:  # one outlier must not squash the others into one band
+            ax.set_ylim(ranged[0], ranged[1])
+            beyond += f"\naxis fits the other cells' second half; {', '.join(ranged[2])} (outlier) runs off it"
         ax.set_title(f"{name} against step ({better} is better), sweep {sweeps}{some}{beyond}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9,

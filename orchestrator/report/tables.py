@@ -38,8 +38,12 @@ def cost(value: float | None) -> str:
 
 
 def _hours(row: CellRow) -> str:
-    """GPU-hours, and the CPU-hours of attempts on CPU slots beside them (never added to them)."""
-    return f"{row.gpu_hours:.2f}" + (f" +{row.cpu_hours:.2f} CPU-h" if row.cpu_hours else "")
+    """GPU-hours, and the CPU-hours of attempts on CPU slots beside them (never added to them, and never
+    written "0.00 +0.12", which reads like a sum): ``0.12 CPU-h`` alone, or ``1.50 · 0.12 CPU-h``."""
+    if not row.cpu_hours:
+        return f"{row.gpu_hours:.2f}"
+    cpu = f"{row.cpu_hours:.2f} CPU-h"
+    return f"{row.gpu_hours:.2f} · {cpu}" if row.gpu_hours else cpu
 
 
 def cells(row: CellRow) -> list[str]:
@@ -54,8 +58,8 @@ def cells(row: CellRow) -> list[str]:
 def heading(report: Report) -> str:
     sweeps = ", ".join(s.id for s in report.sweeps)
     best = "higher" if report.mode == "max" else "lower"
-    base = report.baseline or "none"
-    return (f"sweep {sweeps}: {report.metric} ({best} is better), final value per seed; baseline {base}; "
+    base = f"against {report.baseline}" if report.baseline else "no baseline"  # never "baseline baseline"
+    return (f"sweep {sweeps}: {report.metric} ({best} is better), final value per seed; {base}; "
             f"{report.finished}/{report.total} jobs finished")
 
 

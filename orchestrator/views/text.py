@@ -5,11 +5,14 @@ may carry terminal control sequences: ``\\x1b]0;`` sets the window title, ``\\x1
 clipboard, ``\\x1b[8m`` hides what follows.  ``printable`` drops every control and format character
 (Unicode categories C*, and separators other than a space), so none reaches a terminal from a view;
 ``shown_escaped`` keeps a log's lines and tabs and writes every other control character as an
-escape (``\\x1b``), for ``gpuq logs`` (``--raw`` prints the bytes as they are).
+escape (``\\x1b``); ``readable_log`` is what ``gpuq logs`` prints: a Rich/tqdm/Lightning log made readable
+(colours, cursor moves and erases dropped, each line's last segment after a carriage return kept, as a
+terminal would have shown it), then ``shown_escaped`` (``--raw`` prints the bytes as they are).
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 WHITESPACE = "\t\n\r\v\f\x1c\x1d\x1e\x1f\x85\u2028\u2029"
@@ -29,6 +32,27 @@ def shown_escaped(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in "\n\t" else _escape(c) for c in text.replace("\r\n", "\n"))
+
+
+# CSI sequences (ESC [ or the 8-bit CSI, parameters, intermediates, a final byte): SGR colours, cursor
+# moves, erases, scroll regions; none carries text a reader needs
+CSI = re.compile(r"(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]")
+
+
+def readable_log(text: str) -> str:
+    """A log as its terminal would have shown it: CSI sequences (colours, cursor moves, erases) dropped,
+    of each line only what follows its last carriage return (a progress bar's final state), then
+    ``shown_escaped`` for every other control character (an OSC title or clipboard write, a BEL, a
+    bidi override): readable, and nothing in it acts on the terminal."""
+    text = CSI.sub("", text.replace("\r\n", "\n"))
+    if "\r" in text:
+        text = "\n".join(_last_segment(line) for line in text.split("\n"))
+    return shown_escaped(text)
+
+
+def _last_segment(line: str) -> str:
+    segments = line.split("\r")
+    return next((s for s in reversed(segments) if s), "")  # "bar 100%\r" ends with an empty segment
 
 
 def _escape(char: str) -> str:

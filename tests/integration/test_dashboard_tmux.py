@@ -41,8 +41,8 @@ class Pane:
         return subprocess.run(["tmux", "-u", "-L", self.socket, "-f", "/dev/null", *args], capture_output=True,
                               text=True, env=self.env, timeout=30, check=False)
 
-    def start(self, script: Path) -> None:
-        started = self.tmux("new-session", "-d", "-s", self.session, "-x", str(WIDTH), "-y", str(HEIGHT),
+    def start(self, script: Path, width: int = WIDTH, height: int = HEIGHT) -> None:
+        started = self.tmux("new-session", "-d", "-s", self.session, "-x", str(width), "-y", str(height),
                             f"bash --noprofile --norc {shlex.quote(str(script))}")
         assert started.returncode == 0, started.stderr
 
@@ -148,5 +148,63 @@ def test_live_dashboard_in_a_real_terminal(gpuq_home: Path, tmp_path: Path) -> N
         after = pane.screen()
         assert "gpuq-exit=0" in after and f"gpuq-exit={128 + signal.SIGTERM}" in after
         assert "╭─ hosts" not in after and "Traceback" not in after, after
+    finally:
+        pane.kill()
+
+
+def _job_rows(screen: str) -> list[str]:
+    return [line for line in screen.splitlines() if line.startswith("│ ") and " baseline-seed" in line
+            and "sweep_done" not in line]
+
+
+def _fits(screen: str, width: int, height: int) -> bool:
+    """The view is drawn at this size: four job rows, panels as wide as the terminal, the footer last."""
+    lines = screen.rstrip("\n ").splitlines()  # (a resized tmux window may leave a blank last row)
+    return (len(_job_rows(screen)) == 4 and height - 1 <= len(lines) <= height
+            and max(len(line) for line in lines) == width and lines[-1].startswith("gpuq status · "))
+
+
+def test_at_80x24_and_120x40_every_job_shows_its_whole_name_and_its_sweep(gpuq_home: Path, tmp_path: Path) -> None:
+    # two sweeps of the same two seeds, finished (the light trainer, two short steps): `--all` lists four
+    # rows whose names repeat; only the sweep column tells them apart
+    for i in (1, 2):
+        queue = light_project(tmp_path / f"p{i}", {"tiny": light_config(steps=2, step_s=0.05)},
+                              ["configs/tiny.yaml classify 1 name=baseline seeds=2"])
+        assert run_gpuq("submit", str(queue), env=ENV).returncode == 0
+        waited = run_gpuq("wait", env=ENV)
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+    listed = run_gpuq("status", "--all", "--json", "--no-probe", env=ENV)
+    jobs = json.loads(listed.stdout)["jobs"]
+    assert len(jobs) == 4 and len({j["sweep_id"] for j in jobs}) == 2 and len({j["name"] for j in jobs}) == 2, jobs
+
+    gpuq = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "orchestrator", "status", "--all", "--no-probe",
+                                              "--interval", "1"])
+    script = tmp_path / "session.sh"
+    script.write_text("\n".join([
+        f"cd {shlex.quote(str(ROOT))}",
+        *[f"export {k}={shlex.quote(v)}" for k, v in {**ENV, "GPUQ_HOME": str(gpuq_home)}.items()],
+        gpuq, f"echo $? > {tmp_path}/exit", "exec sleep 600",
+    ]) + "\n")
+    pane = Pane()
+    try:
+        pane.start(script, 80, 24)
+        for width, height in ((80, 24), (120, 40)):
+            if width != 80:
+                resized = pane.tmux("resize-window", "-t", pane.session, "-x", str(width), "-y", str(height))
+                assert resized.returncode == 0, resized.stderr
+            assert wait_for(lambda size=(width, height): _fits(pane.screen(), *size), timeout=60, interval=0.5), \
+                pane.screen()
+            lines = pane.screen().rstrip("\n ").splitlines()
+            rows = _job_rows(pane.screen())
+            for job in jobs:  # the whole name, beside its own sweep, on one row
+                assert any(f" {job['name']} " in row and job["sweep_id"] in row for row in rows), (job, rows)
+            assert not any("…" in row for row in rows), rows
+            footer = lines[-1]
+            assert footer.startswith("gpuq status · ") and "every 1s" in footer and "q quit" in footer, "\n".join(lines)
+            if width >= 120:  # room for (a prefix of) each job's id too
+                assert all(any(job["id"][:8] in row for row in rows) for job in jobs), rows
+        pane.keys("q")
+        assert wait_for(lambda: (tmp_path / "exit").is_file(), timeout=30), pane.screen()
+        assert (tmp_path / "exit").read_text().strip() == "0"
     finally:
         pane.kill()

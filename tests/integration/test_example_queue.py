@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def test_example_queue_runs_to_success_on_the_local_host(gpuq_home: Path) -> None:
     submitted = run_gpuq("submit", "payload/queue.txt", "--wait", timeout=900)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    assert "warning" not in submitted.stdout  # the example configs agree with the queue
+    assert "warning" not in submitted.stdout + submitted.stderr  # the example configs agree with the queue
 
     status = run_gpuq("status", "--once")
     assert status.returncode == 0, status.stderr

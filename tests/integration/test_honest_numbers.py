@@ -70,8 +70,8 @@ def test_a_project_without_epochs_or_seed_shows_no_invented_number(gpuq_home: Pa
 
     dry = run_gpuq("submit", "--dry-run", str(queue), env=ENV)
     assert dry.returncode == 0, dry.stderr
-    assert "baseline-seed0, baseline-seed1 differ only by their seed" in dry.stdout
-    assert "must read GPUQ_SEED" in dry.stdout
+    assert "baseline-seed0, baseline-seed1 differ only by their seed" in dry.stderr
+    assert "must read GPUQ_SEED" in dry.stderr  # a warning: stderr
     header, *rows = [ln.split() for ln in dry.stdout.splitlines() if ln.split()[:1] in (["name"], ["baseline-seed0"])]
     assert rows and rows[0][header.index("epochs")] == "-"  # not 20
     assert "makespan unknown" in dry.stdout
@@ -80,7 +80,7 @@ def test_a_project_without_epochs_or_seed_shows_no_invented_number(gpuq_home: Pa
     done = run_gpuq("submit", str(queue), "--wait", env=ENV, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "makespan unknown" in done.stdout and "projected makespan" not in done.stdout
-    assert "must read GPUQ_SEED" in done.stdout
+    assert "must read GPUQ_SEED" in done.stderr
 
     status = _json("status", "--all")
     assert {j["state"] for j in status["jobs"]} == {"SUCCEEDED"}

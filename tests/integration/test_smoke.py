@@ -195,7 +195,7 @@ def _snoop(gpuq_home: Path, tmp_path: Path, env: dict[str, str]) -> tuple[str, P
     assert done.returncode == 1 and "FAILED snoop: attempt 1 failed" in done.stdout, done.stdout + done.stderr
     (kept,) = (gpuq_home / "smoke").iterdir()
     (saw,) = kept.glob("jobs/*/run/saw.json")
-    return done.stdout, kept, secrets, json.loads(saw.read_text())
+    return done.stdout + done.stderr, kept, secrets, json.loads(saw.read_text())
 
 
 def test_a_smoke_trainer_cannot_read_gpuq_home_ssh_or_aws(gpuq_home: Path, tmp_path: Path) -> None:

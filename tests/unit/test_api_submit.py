@@ -37,8 +37,9 @@ def test_resubmitting_a_succeeded_cell_warns(ctx: api.Context, tmp_path: Path) -
     ctx.ledger.transition(done.id, JobState.SUCCEEDED)
     result = api.submit(ctx, queue, dry_run=True)
     twins = [w for w in result.warnings if "already succeeded" in w]
+    # a dry run (and --smoke, which plans with one) submits nothing: it never says "it will run again"
     assert twins == [f"{queue}:1: job 'a' is identical to {done.id} of sweep qold000, which already succeeded; "
-                     "it will run again"]
+                     "a submit would run it again"]
     assert result.dry_run and ctx.ledger.sweep_ids() == {"qold000"}
 
 
@@ -73,3 +74,15 @@ def test_a_project_root_outside_the_repository_is_refused_and_another_one_is_nam
     (exp / "gpuq.toml").write_text('[run]\ncommand = "train.py {args}"\n')
     (exp / "train.py").write_text("print(1)\n")
     assert not [w for w in api.submit(ctx, queue, dry_run=True).warnings if "bundling" in w]
+
+
+def test_gpu_2_for_gpus_2_is_named_with_a_did_you_mean(ctx: api.Context, tmp_path: Path) -> None:
+    from orchestrator.core.errors import UsageError
+
+    queue = _queue(tmp_path, "configs/a.yaml classify 2 gpu=2\n")
+    with pytest.raises(UsageError) as err:
+        api.submit(ctx, queue, dry_run=True)
+    (line, last) = str(err.value).splitlines()
+    assert line.startswith(f"{queue}:1: job 'a' cannot be placed: ") and last == "nothing was submitted"
+    assert line.endswith("; did you mean gpus=2? (gpu= names a GPU model, e.g. gpu=A100; gpus= is how many)"), line
+    assert ctx.ledger.sweeps() == []

@@ -3,12 +3,14 @@ several jobs, exit codes, --version, completion, status --no-probe / --state."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from orchestrator import __version__
@@ -166,6 +168,15 @@ def test_wait_timeout_exits_4(home: Path) -> None:
     result = run_gpuq("wait", "--timeout", "0")
     assert result.returncode == exitcodes.TIMEOUT, (result.returncode, result.stdout, result.stderr)
     assert "still running after 0 s" in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""  # without --json: the one line on stderr alone
+    # a script asking for JSON gets it on timeout too: the jobs as they stood, timed_out, then exit 4
+    as_json = run_gpuq("wait", "--timeout", "0", "--json")
+    assert as_json.returncode == exitcodes.TIMEOUT and "still running after 0 s" in as_json.stderr, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    schema = json.loads((ROOT / "docs" / "schemas" / "wait.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert doc["timed_out"] is True and doc["ok"] is False and doc["jobs"], doc
+    assert sum(doc["states"].values()) == len(doc["jobs"]) and "SUCCEEDED" not in doc["states"], doc
 
 
 def test_committed_schemas_are_the_generated_ones() -> None:

@@ -319,6 +319,16 @@ def test_an_empty_ledger_says_what_to_do() -> None:
     assert "no hosts yet" in text and "no jobs to show" in text and "no alerts" in text
 
 
+def test_a_fresh_home_says_what_fills_the_once_table(gpuq_home: Path) -> None:
+    from tests.conftest import run_gpuq
+
+    for args in (("status",), ("status", "--no-probe")):  # the ledger's read path, and the Context's
+        done = run_gpuq(*args)
+        assert done.returncode == 0, done.stderr
+        assert "no hosts yet: this machine (`local`) takes the first `gpuq submit`" in done.stdout, done.stdout
+        assert "no sweeps yet; `gpuq submit QUEUE`" in done.stdout, done.stdout
+
+
 def test_once_table_has_the_new_columns(capsys: pytest.CaptureFixture[str]) -> None:
     render.status_table(_snapshot())
     out = capsys.readouterr().out
@@ -452,3 +462,82 @@ def test_key_c_switches_to_the_per_cell_view(gpuq_home: Path, tmp_path: Path) ->
     assert "n too small" in lines["no_aug"]
     view.show_cells = False
     assert "cells ·" not in _frame(view, width=200)[0]
+
+
+# --- narrow terminals: columns drop by priority, names are never cut before ids ---------------------
+
+
+def _three_sweeps() -> Snapshot:
+    """`gpuq status --all` over three sweeps of the same queue: each has baseline-seed0 and baseline-seed1."""
+    snap = _snapshot()
+    snap.jobs = [_job(f"{s}{k}a2b3c4d5e6"[:12], f"baseline-seed{k}", "RUNNING" if s == "f" else "SUCCEEDED",
+                      "g1", attempts=1) for s in "abf" for k in (0, 1)]
+    for job, sweep in zip(snap.jobs, ["qsweepaa"] * 2 + ["qsweepbb"] * 2 + ["qsweepff"] * 2, strict=True):
+        job.sweep_id = sweep
+    snap.attempts = {j.id: _attempt(j.id, "g1", step=600, epoch=6, loss=0.4012, heartbeat=NOW - 4)
+                     for j in snap.jobs}
+    return snap
+
+
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (120, 40)])
+def test_at_80_and_120_columns_names_and_sweeps_stay_whole_and_the_footer_fits(width: int, height: int) -> None:
+    text, _ = _frame(View(_three_sweeps(), interval_s=5, updated_at=NOW - 3), width, height)
+    lines = text.splitlines()
+    assert len(lines) == height and all(len(line) <= width for line in lines)
+    rows = [line for line in lines if "baseline-seed" in line and "│" in line and "idle" not in line
+            and "A100" not in line]
+    assert len(rows) == 6, lines
+    for row in rows:  # every name whole, with the sweep it belongs to
+        assert "baseline-seed0 " in row or "baseline-seed1 " in row, row
+        assert any(f"qsweep{s}" in row for s in ("aa", "bb", "ff")), row
+        assert "RUNNING" in row or "SUCCEEDED" in row, row
+        assert "…" not in row, row  # nothing in a job's row is cut mid-word: columns went whole
+    # the footer: the left part whole, the key hint beside it, no overlap
+    assert lines[-1].startswith("gpuq status · updated 3s ago · every 5s  "), lines[-1]
+    assert lines[-1].rstrip().endswith(("c cells", "c cells/jobs")), lines[-1]
+    # the host's name is never what a narrow terminal gives up
+    assert any(line.startswith("│ g1 ") for line in lines) and any(line.startswith("│ local ") for line in lines)
+    if width >= 120:  # room for the id (at least its first 8 characters: still a job reference) and where it runs
+        assert all(r.split("│")[1].split()[0][:8] in {j.id[:8] for j in _three_sweeps().jobs} for r in rows)
+        assert all("g1:" in r or " g1 " in r for r in rows)
+
+
+def test_a_name_is_never_cut_while_its_id_is_shown() -> None:
+    from orchestrator.cli.jobstable import plan
+
+    snap = _three_sweeps()
+    snap.jobs[0].name = "a-rather-long-name-for-a-job-lr0.003-wd0.1-seed0"
+    views = job_views(snap, NOW)
+    for width in range(30, 220, 7):
+        chosen = plan(views, LossHistory().losses, width)
+        assert chosen.width() <= width or width < 40, width
+        name = chosen.columns["name"]
+        if "job" in chosen.columns:
+            assert name.width == min(len(snap.jobs[0].name), 48), width
+        assert "state" in chosen.columns  # the state is never dropped
+        assert "sweep" in chosen.columns, width  # three sweeps on screen: each job's sweep is named
+    single = [v for v in views if v.job.sweep_id == "qsweepaa"]
+    assert "sweep" not in plan(single, LossHistory().losses, 200).columns  # one sweep: nothing to tell apart
+
+
+def test_submit_wait_prints_a_line_per_state_change_and_one_summary() -> None:
+    from orchestrator.cli.statelines import StateLines, summary
+
+    said: list[str] = []
+    lines = StateLines(said.append)
+    jobs = [_job("c1a2b3c4d5e6", "baseline-seed0", "ASSIGNED", "local"), _job("c9f8e7d6c5b4", "wide", "QUEUED", None)]
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))  # nothing changed: nothing said
+    jobs[0].state, jobs[1].state, jobs[1].host = "RUNNING", "ASSIGNED", "g1"
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))
+    jobs[0].state = "SUCCEEDED"
+    lines(Snapshot(NOW, [], {}, [], jobs, {}))
+    assert [line.split(" ", 1)[1] for line in said] == [
+        "baseline-seed0 (c1a2b3c4) ASSIGNED on local", "wide (c9f8e7d6) QUEUED",
+        "baseline-seed0 (c1a2b3c4) RUNNING on local", "wide (c9f8e7d6) ASSIGNED on g1",
+        "baseline-seed0 (c1a2b3c4) SUCCEEDED on local"]
+    assert all(line[:9].endswith("Z") for line in said)  # each with its time
+    jobs[1].state = "FAILED"
+    assert summary(Snapshot(NOW, [], {}, [], jobs, {}), "qsweep1") == (
+        "sweep qsweep1 ended: 1 FAILED, 1 SUCCEEDED; `gpuq results --sweep qsweep1` shows the numbers, "
+        "`gpuq status --sweep qsweep1` the table")

@@ -27,10 +27,11 @@ def test_dry_run_prints_every_job_with_its_argv_and_masks_secrets(gpuq_home: Pat
            "GPUQ_FORWARD_ENV_ALLOW": "MY_*"}
     done = run_gpuq("submit", "--dry-run", str(queue), env=env)
     assert done.returncode == 0, done.stderr
+    # warnings go to stderr (`submit --dry-run 2>/dev/null` is the plan alone)
+    assert done.stderr.splitlines()[0] == "warning: forwarding these environment variables to the hosts " \
+        f"([run] forward_env in {tmp_path}/gpuq.toml): MY_TOKEN"
+    assert "warning" not in done.stdout
     lines = done.stdout.splitlines()
-    assert lines[0] == "warning: forwarding these environment variables to the hosts ([run] forward_env in " \
-        f"{tmp_path}/gpuq.toml): MY_TOKEN"
-    lines = lines[1:]
     assert lines[0].split() == ["name", "config", "task", "epochs", "gpus", "host", "estimate", "argv"]
     assert lines[1].split()[:7] == ["lr-lr1e-3", "-", "-", "-", "1", "local", "no"]  # no epochs given: none shown
     assert lines[1].endswith("/usr/bin/python3 train.py --name lr-lr1e-3 --lr 1e-3 --key '***'")
@@ -113,7 +114,7 @@ def test_dry_run_names_the_framework_output_dirs_it_left_out(gpuq_home: Path, tm
     (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").write_text("epoch\n0\n")
     done = run_gpuq("submit", "--dry-run", str(queue), env={"GPUQ_LOCAL_CPU_SLOTS": "2"})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == (
+    assert "warning" not in done.stdout and done.stderr.splitlines()[0] == (
         "warning: left out of the bundle (training framework output, never the job's own; a `!name/` line in "
         ".gpuqignore ships one): lightning_logs/")
 

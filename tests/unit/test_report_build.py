@@ -220,3 +220,51 @@ def test_verdicts_are_holm_corrected_over_the_compared_cells(ctx: api.Context, t
     assert _cell(report, "baseline").p_adjusted is None
     assert any("Holm-corrected over 3 compared cells" in note for note in report.notes)
     assert "p (Holm)" in tables.markdown(report)
+
+
+def test_cpu_hours_never_read_like_a_sum_and_the_heading_never_says_baseline_twice() -> None:
+    from orchestrator.report import tables
+    from orchestrator.report.model import CellRow, Report
+
+    def hours(gpu: float, cpu: float) -> str:
+        return tables.cells(CellRow.model_construct(cell="c", is_baseline=False, n_finished=1, n_total=1, mean=None,
+                                                    std=None, ci_low=None, ci_high=None, best=None, steps=None,
+                                                    gpu_hours=gpu, cpu_hours=cpu, cost_usd=None, delta=None,
+                                                    delta_ci_low=None, delta_ci_high=None, p_value=None,
+                                                    verdict="", flags=[]))[tables.COLUMNS.index("GPU-h")]
+
+    assert hours(0.0, 0.12) == "0.12 CPU-h" and "+" not in hours(1.5, 0.12) and hours(1.5, 0.12) == "1.50 · 0.12 CPU-h"
+    assert hours(1.5, 0.0) == "1.50"
+    report = Report.model_construct(sweeps=[], metric="val_acc", mode="max", baseline="baseline", finished=2, total=2)
+    assert "baseline baseline" not in tables.heading(report) and "against baseline" in tables.heading(report)
+    report.baseline = None
+    assert "no baseline" in tables.heading(report)
+
+
+def test_an_accuracy_interval_past_one_is_said() -> None:
+    from orchestrator.api.report import _past_bounds
+    from orchestrator.report.model import CellRow
+
+    def row(cell: str, low: float | None, high: float | None) -> CellRow:
+        return CellRow.model_construct(cell=cell, ci_low=low, ci_high=high)
+
+    rows = [row("wide", 0.91, 1.04), row("deep", 0.90, 0.95), row("lr_high", -0.2, 0.6), row("single", None, None)]
+    (note,) = _past_bounds(rows, "val_acc")
+    assert note.startswith("the 95% CI of wide, lr_high goes past [0, 1], where 'val_acc' lives"), note
+    assert _past_bounds(rows, "val_loss") == []  # a loss has no upper bound
+    assert _past_bounds([row("deep", 0.90, 0.95)], "val_acc") == []
+
+
+def test_one_outlier_cell_does_not_squash_the_axis_of_the_others() -> None:
+    from orchestrator.report.figures import axis_range
+
+    late = {"baseline": [0.975, 0.978, 0.980], "wide": [0.978, 0.981, 0.982], "deep": [0.970, 0.974, 0.976],
+            "no_aug": [0.968, 0.972, 0.975], "lr_high": [0.13, 0.17, 0.19]}
+    ranged = axis_range(late)
+    assert ranged is not None
+    lo, hi, out = ranged
+    assert out == ["lr_high"]
+    assert 0.96 < lo < 0.968 and 0.982 < hi < 0.99  # the others fill the axis; lr_high runs off it
+    del late["lr_high"]
+    assert axis_range(late) is None  # no outlier: matplotlib's own range
+    assert axis_range({"a": [1.0], "b": [100.0], "c": [2.0]}) is None  # too few cells to call one an outlier

@@ -127,7 +127,7 @@ def test_the_error_printer_prints_no_control_sequence(ledger_home: tuple[Path, s
     assert "]0;x" in done.stderr  # the rest of the name is still there
 
 
-def test_gpuq_logs_shows_control_sequences_escaped_unless_raw(ledger_home: tuple[Path, str]) -> None:
+def test_gpuq_logs_drops_csi_shows_other_controls_escaped_unless_raw(ledger_home: tuple[Path, str]) -> None:
     home, job_id = ledger_home
     log = Path(home / "local", protocol.JOBS_DIR, job_id, protocol.ATTEMPTS_DIR, "1", protocol.JOB_LOG)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,9 @@ def test_gpuq_logs_shows_control_sequences_escaped_unless_raw(ledger_home: tuple
     assert shown.returncode == 0, shown.stderr
     _assert_clean(shown.stdout)
     assert "step 1\n" in shown.stdout and "step\t2\n" in shown.stdout
-    assert "\\x1b]0;pwned\\x07" in shown.stdout and "\\x1b[8msecret" in shown.stdout and "\\u202eevil" in shown.stdout
+    assert "\\x1b]0;pwned\\x07" in shown.stdout and "\\u202eevil" in shown.stdout
+    # colours and cursor moves (CSI) are dropped, not escaped: the hidden text is shown plainly
+    assert " secret " in shown.stdout and "[8m" not in shown.stdout and "31m" not in shown.stdout
     raw = run_gpuq("logs", "--raw", job_id)
     assert raw.returncode == 0 and raw.stdout == f"step 1\n{EVIL}\nstep\t2\n"
 
@@ -146,3 +148,20 @@ def test_hosts_show_prints_no_host_control_sequence(ledger_home: tuple[Path, str
     assert done.returncode == 0, done.stderr
     _assert_clean(done.stdout)
     assert "pwned" in done.stdout
+
+
+def test_a_rich_progress_log_reads_as_its_terminal_showed_it() -> None:
+    from orchestrator.cli.attempts import whole_lines
+    from orchestrator.views.text import readable_log
+
+    rich = ("\x1b[35m━━━━\x1b[0m\x1b[2K epoch 1  10%\r\x1b[35m━━━━━━━━\x1b[0m epoch 1 100%\r\n"
+            "\x1b[1A\x1b[2Kval_acc \x1b[1;32m0.98\x1b[0m\n")
+    assert readable_log(rich) == "━━━━━━━━ epoch 1 100%\nval_acc 0.98\n"
+    assert readable_log("tqdm 50%\rtqdm 100%\r\nnext\n") == "tqdm 100%\nnext\n"  # a trailing \r keeps the line
+    # what is not a colour or a cursor move still acts on nothing: shown escaped, as before
+    out = readable_log(EVIL)
+    _assert_clean(out)
+    assert "\\x1b]0;" in out and "\\x07" in out and "\\u202e" in out
+    # a line split across two reads of a followed log is read whole
+    parts = ["step 1\rst", "ep 2\n\x1b[3", "1mred\x1b[0m", "\n", "tail"]
+    assert [readable_log(t) for t in whole_lines(iter(parts))] == ["step 2\n", "red\n", "tail"]
