@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(PRIVATE_UMASK)  # the agent's every directory 0700, every file 0600 (docs/security.md)
     if args.cmd in ("serve", "enqueue"):
         make_private(lay.root)
+    if args.cmd not in ("serve", "wrap"):  # every other verb is a gpuq command: the lease's heartbeat
+        from gpuq_serving.gpuq_selfstop import touch_contact
+        touch_contact(lay.root)
     if args.cmd in FRAMED:
         return framed(lambda: run_document_verb(lay, args))
     if args.cmd == "version":

@@ -49,6 +49,7 @@ from gpuq_serving.gpuq_serve_queues import QueueBanners
 from gpuq_serving.gpuq_serve_start import StartFailed, free_port, start_wrapper
 from gpuq_serving.gpuq_serve_wake import Wakeup
 from gpuq_serving.gpuq_serve_watch import Running, handle_cancels, watch_adopted, watch_stalls
+from gpuq_serving.gpuq_selfstop import SelfStop
 
 
 class Agent:
@@ -72,6 +73,7 @@ class Agent:
         self.inbox = InboxView(lay.p(P.INBOX_DIR))
         self.last_round: tuple[Any, ...] | None = None  # what the last claim round decided from
         self.last_waiting = 0
+        self.selfstop = SelfStop(lay.root, self.log)  # the lease: billing ends when the controller is gone
 
     def log(self, msg: str) -> None:
         self.lay.log(f"[{utc()}] {msg}")
@@ -137,7 +139,8 @@ class Agent:
                 self.log("agent round failed:\n" + traceback.format_exc())
                 time.sleep(1.0)
                 continue
-            if inbox or self.pending or self.running:
+            self.selfstop.check(inbox + len(self.pending) + len(self.running))
+            if inbox or self.pending or self.running or self.selfstop.lease_on():
                 idle_since = None
             else:
                 now = time.monotonic()
