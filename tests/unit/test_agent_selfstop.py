@@ -72,8 +72,8 @@ def _fake_cli(tmp_path: Path, name: str) -> Path:
     calls = tmp_path / "calls.jsonl"
     exe = bindir / name
     exe.write_text(
-        f"#!/usr/bin/env python3\nimport json, sys\nopen({str(calls)!r}, 'a').write("
-        "json.dumps(sys.argv[1:]) + '\\n')\nprint('pod stopped')\n"
+        f"#!/usr/bin/env python3\nimport json, os, sys\nopen({str(calls)!r}, 'a').write("
+        "json.dumps(sys.argv[1:] + [os.environ.get('RUNPOD_API_KEY')]) + '\\n')\nprint('pod stopped')\n"
     )
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return calls
@@ -108,7 +108,7 @@ def test_a_silent_idle_runpod_host_writes_what_it_does_then_stops_once(
     watch.next_check = 0.0
     assert watch.lease_on()  # the agent stays while the lease is on
     assert watch.check(busy=0).action == ss.STOP
-    assert [json.loads(line) for line in calls.read_text().splitlines()] == [["pod", "stop", "pod-1"]]
+    assert [json.loads(line) for line in calls.read_text().splitlines()] == [["pod", "stop", "pod-1", "pod-scoped"]]
     doc = json.loads((root / ss.SELFSTOP_FILE).read_text())
     assert (doc["schema"], doc["action"], doc["mechanism"]) == (ss.SELFSTOP_SCHEMA, "stop", "runpod")
     assert doc["outcome"].startswith("exit 0")
@@ -126,7 +126,7 @@ def test_a_vast_host_uses_the_instance_key_and_never_writes_it_down(
     calls = _fake_cli(tmp_path, "vastai")
     root = _silent_root(tmp_path, timeout_s=60)
     assert _agent(root, VAST, monkeypatch, tmp_path).check(busy=0).action == ss.STOP
-    assert json.loads(calls.read_text()) == ["stop", "instance", "42", "--api-key", "instance-key"]
+    assert json.loads(calls.read_text()) == ["stop", "instance", "42", "--api-key", "instance-key", None]
     assert "instance-key" not in (root / ss.SELFSTOP_FILE).read_text()
 
 

@@ -118,13 +118,29 @@ def read_lease(root: str) -> tuple[float | None, str]:
     return timeout_s, (str(url) if ok_url else "")
 
 
+def instance_env() -> dict[str, str]:
+    """The agent's environment, then what the provider gave the container's PID 1: an agent started
+    over ssh does not inherit RUNPOD_POD_ID / CONTAINER_API_KEY (they live in PID 1's environment)."""
+    env = dict(os.environ)
+    try:
+        with open("/proc/1/environ", "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError:
+        return env
+    for item in raw.split(b"\0"):
+        key, sep, value = item.decode("utf-8", "replace").partition("=")
+        if sep and key in ("RUNPOD_POD_ID", "RUNPOD_API_KEY", "CONTAINER_ID", "CONTAINER_API_KEY"):
+            env.setdefault(key, value)
+    return env
+
+
 class SelfStop:
     """The serving loop's lease watch: ``check`` once per round, cheap between its checks."""
 
     def __init__(self, root: str, log: Callable[[str], None], env: Mapping[str, str] | None = None) -> None:
         self.root = root
         self.log = log
-        self.env = dict(os.environ if env is None else env)
+        self.env = instance_env() if env is None else dict(env)
         self.started = time.time()
         self.next_check = 0.0
         self.timeout_s: float | None = None  # the lease as last read (check), None = off
@@ -157,15 +173,16 @@ class SelfStop:
         atomic_write_json(os.path.join(self.root, SELFSTOP_FILE), doc)
         self.acted = True
         self.log("SELFSTOP %s: %s" % (v.action, v.reason))
-        outcome = _run(argv) if argv else _notify(url, doc)
+        outcome = _run(argv, dict(os.environ, **self.env)) if argv else _notify(url, doc)
         self.log("SELFSTOP %s: %s" % (v.action, outcome))
         result = dict(doc, outcome=outcome[:500])
         atomic_write_json(os.path.join(self.root, SELFSTOP_FILE), result)
 
 
-def _run(argv: list[str]) -> str:
+def _run(argv: list[str], env: dict[str, str]) -> str:
+    """The provider's CLI with its in-instance key in the environment (runpodctl reads RUNPOD_API_KEY)."""
     try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        p = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            timeout=ACT_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as e:
         return "failed: %s" % type(e).__name__
