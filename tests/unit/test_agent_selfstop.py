@@ -162,3 +162,25 @@ def test_a_lambda_host_notifies_the_user(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(got) == 1 and "cannot stop itself" in str(got[0]["text"])
     doc = json.loads((root / ss.SELFSTOP_FILE).read_text())
     assert (doc["action"], doc["outcome"]) == ("notify", "notified: HTTP 204")
+
+
+def test_the_controller_sets_the_lease_and_keeps_the_notify_url(tmp_path: Path) -> None:
+    ss.write_lease(str(tmp_path), 1800)
+    assert ss.read_lease(str(tmp_path)) == (1800.0, "")
+    (tmp_path / ss.LEASE_FILE).write_text('{"timeout_s": 60, "notify_url": "https://hooks.example.com/x"}')
+    ss.write_lease(str(tmp_path), 0)  # the user turned it off
+    assert ss.read_lease(str(tmp_path)) == (None, "https://hooks.example.com/x")
+    ss.write_lease(str(tmp_path / "absent"), 60)  # no root yet: nothing written, no error
+    assert not (tmp_path / "absent").exists()
+
+
+def test_only_a_rented_host_gets_a_lease() -> None:
+    from orchestrator.core.config import Settings
+    from orchestrator.fleet.registry import agent_flags
+    from orchestrator.ledger.tables import HostRow
+
+    settings = Settings(home=Path("/nonexistent"), lease_timeout_min=0.5)
+    fields = {"name": "h", "kind": "ssh", "root": "/r", "created_at": 0.0}
+    rented = HostRow.model_validate({**fields, "provider": "runpod", "instance_id": "pod-1"})
+    assert agent_flags(rented, settings)[-2:] == ("--lease-timeout-s", "30")
+    assert "--lease-timeout-s" not in agent_flags(HostRow.model_validate(fields), settings)

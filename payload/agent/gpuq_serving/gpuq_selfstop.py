@@ -106,6 +106,16 @@ def _mtime(path: str) -> float | None:
         return None
 
 
+def write_lease(root: str, timeout_s: float) -> None:
+    """The lease the controller sets (0 = off), keeping a ``notify_url`` already there; unchanged: no write."""
+    path = os.path.join(root, LEASE_FILE)
+    old = read_json(path)
+    url = old.get("notify_url") if isinstance(old, dict) else None
+    doc = {"timeout_s": max(0.0, float(timeout_s)), "notify_url": url}
+    if doc != old and os.path.isdir(root):
+        atomic_write_json(path, doc)
+
+
 def read_lease(root: str) -> tuple[float | None, str]:
     """``(timeout_s, notify_url)`` from lease.json; ``(None, "")`` when absent or malformed."""
     doc = read_json(os.path.join(root, LEASE_FILE))
