@@ -92,9 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd not in ("serve", "wrap"):  # every other verb is a gpuq command: the lease's heartbeat
         from gpuq_serving.gpuq_selfstop import touch_contact
         touch_contact(lay.root)
-    if getattr(args, "lease_timeout_s", None) is not None:  # the controller that rented this host sets its lease
-        from gpuq_serving.gpuq_selfstop import write_lease
-        write_lease(lay.root, args.lease_timeout_s)
     if args.cmd in FRAMED:
         return framed(lambda: run_document_verb(lay, args))
     if args.cmd == "version":

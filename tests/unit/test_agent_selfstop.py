@@ -184,3 +184,32 @@ def test_only_a_rented_host_gets_a_lease() -> None:
     rented = HostRow.model_validate({**fields, "provider": "runpod", "instance_id": "pod-1"})
     assert agent_flags(rented, settings)[-2:] == ("--lease-timeout-s", "30")
     assert "--lease-timeout-s" not in agent_flags(HostRow.model_validate(fields), settings)
+
+
+AGENT = Path(__file__).resolve().parents[2] / "payload" / "agent" / "gpuq_agent.py"
+
+
+def test_the_serving_agent_outlives_its_idle_exit_while_the_lease_is_on_then_stops_the_pod(
+    tmp_path: Path,
+) -> None:
+    """The real serve loop: idle exit after 1 s, a 2 s lease.  It stays past the idle exit, stops the pod
+    once (its first look after the lease ran out), then exits idle."""
+    import subprocess
+    import sys
+
+    calls = _fake_cli(tmp_path, "runpodctl")
+    root = tmp_path / "root"
+    env = {**os.environ, **RUNPOD, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    argv = [sys.executable, str(AGENT), "--root", str(root), "serve", "--idle-exit-s", "1", "--cpu-slots", "1"]
+    done = subprocess.run([*argv, "--lease-timeout-s", "2"], env=env, timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in calls.read_text().splitlines()] == [["pod", "stop", "pod-1", "pod-scoped"]]
+    doc = json.loads((root / ss.SELFSTOP_FILE).read_text())
+    assert (doc["action"], doc["mechanism"]) == ("stop", "runpod")
+    log = (root / "agent.log").read_text()
+    assert log.index("SELFSTOP stop") < log.index("idle for")
+    # without a lease the same agent exits idle and never stops anything
+    (root / ss.SELFSTOP_FILE).unlink()
+    again = subprocess.run([*argv, "--lease-timeout-s", "0"], env=env, timeout=60, capture_output=True, text=True)
+    assert again.returncode == 0 and len(calls.read_text().splitlines()) == 1
+    assert not (root / ss.SELFSTOP_FILE).exists()
