@@ -138,6 +138,8 @@ def test_a_recent_contact_or_agent_start_keeps_the_host_up(tmp_path: Path, monke
     watch = ss.SelfStop(str(root), print, env=RUNPOD)  # started now: the silence before it is not counted
     assert watch.check(busy=0).action == ss.WAIT
     assert not calls.exists()
+    nothing = ss.SelfStop(str(root), print, env={})  # no in-instance stop, no notify_url: it exits idle as before
+    assert nothing.check(busy=0).action == ss.WAIT and not nothing.lease_on()
 
 
 def test_a_lambda_host_notifies_the_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

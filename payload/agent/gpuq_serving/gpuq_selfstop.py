@@ -154,11 +154,12 @@ class SelfStop:
         self.started = time.time()
         self.next_check = 0.0
         self.timeout_s: float | None = None  # the lease as last read (check), None = off
+        self.can_act = False
         self.acted = os.path.exists(os.path.join(root, SELFSTOP_FILE))
 
     def lease_on(self) -> bool:
         """While on, the agent stays (no idle exit): it is the one that ends the billing."""
-        return not self.acted and self.timeout_s is not None
+        return not self.acted and self.timeout_s is not None and self.can_act
 
     def check(self, busy: int) -> Verdict | None:
         mono = time.monotonic()
@@ -167,6 +168,7 @@ class SelfStop:
         self.next_check = mono + CHECK_EVERY_S
         timeout_s, url = read_lease(self.root)
         self.timeout_s = timeout_s
+        self.can_act = bool(mechanism(self.env) or url)  # a host that can do nothing exits idle as before
         now = time.time()
         last = _mtime(os.path.join(self.root, CONTACT_FILE))
         last = max(last or 0.0, self.started)  # an agent restart never counts the silence before it
