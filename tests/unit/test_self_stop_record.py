@@ -113,3 +113,14 @@ def test_a_stopped_host_is_recorded_as_its_own_stop_only_when_it_could_be(
             assert "self_stop" in rules and ctx.ledger.job(job).state == "SUCCEEDED"  # results stay, job untouched
         finally:
             ctx.close()
+
+
+def test_gpuq_up_says_at_rent_time_which_machines_cannot_stop_themselves(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.api.rented import UpResult
+    from orchestrator.cli.up import up_report
+    from tests.support.rented import rented_row
+
+    up_report(UpResult(provider="lambda", lease="l1", wanted=1, hosts=[rented_row("lam-1", provider="lambda")]))
+    assert "lambda machines cannot stop their own billing" in capsys.readouterr().err
+    up_report(UpResult(provider="runpod", lease="l2", wanted=1, hosts=[rented_row("rp-1")]))
+    assert "cannot stop" not in capsys.readouterr().err
