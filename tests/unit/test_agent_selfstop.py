@@ -118,6 +118,13 @@ def test_a_silent_idle_runpod_host_writes_what_it_does_then_stops_once(
     assert len(calls.read_text().splitlines()) == 1
     # a restarted agent finds selfstop.json and does not act again
     assert ss.SelfStop(str(root), print, env=RUNPOD).acted
+    # the machine started again and a gpuq command came: the lease holds anew, the old record kept
+    later = time.time() + 5
+    os.utime(root / ss.CONTACT_FILE, (later, later))
+    watch.next_check = 0.0
+    assert watch.check(busy=0).action == ss.WAIT and watch.lease_on()
+    assert json.loads((root / ss.PREV_FILE).read_text())["action"] == "stop"
+    assert not (root / ss.SELFSTOP_FILE).exists()
 
 
 def test_a_vast_host_uses_the_instance_key_and_never_writes_it_down(

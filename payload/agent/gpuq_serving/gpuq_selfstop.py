@@ -34,6 +34,7 @@ from gpuq_base.gpuq_files import atomic_write_json, read_json, utc
 CONTACT_FILE = "controller_contact"  # mtime = the last gpuq command the controller ran here
 LEASE_FILE = "lease.json"  # written by the controller that rented this host
 SELFSTOP_FILE = "selfstop.json"  # written by the host BEFORE it stops or notifies
+PREV_FILE = "selfstop.prev.json"  # the last one, once a gpuq command came after it
 SELFSTOP_SCHEMA = "gpuq.selfstop/1"
 CHECK_EVERY_S = 5.0
 ACT_TIMEOUT_S = 60.0
@@ -170,12 +171,22 @@ class SelfStop:
         self.timeout_s = timeout_s
         self.can_act = bool(mechanism(self.env) or url)  # a host that can do nothing exits idle as before
         now = time.time()
-        last = _mtime(os.path.join(self.root, CONTACT_FILE))
-        last = max(last or 0.0, self.started)  # an agent restart never counts the silence before it
+        contact = _mtime(os.path.join(self.root, CONTACT_FILE))
+        self._rearm(contact)
+        last = max(contact or 0.0, self.started)  # an agent restart never counts the silence before it
         v = decide(now, last, timeout_s, busy, self.acted, mechanism(self.env), bool(url))
         if v.action in (STOP, NOTIFY):
             self.act(v, now, last, url)
         return v
+
+    def _rearm(self, contact: float | None) -> None:
+        """A gpuq command after the stop (the machine was started again): the lease holds anew; the old
+        record stays as ``selfstop.prev.json``."""
+        path = os.path.join(self.root, SELFSTOP_FILE)
+        acted_at = _mtime(path)
+        if self.acted and contact is not None and acted_at is not None and contact > acted_at:
+            os.replace(path, os.path.join(self.root, PREV_FILE))
+            self.acted = False
 
     def act(self, v: Verdict, now: float, last: float, url: str) -> None:
         argv = stop_argv(v.mechanism, self.env) if v.action == STOP else []
