@@ -109,6 +109,12 @@ MODULES: dict[str, ModuleSet] = {
         ("tests/unit/test_billing_rules.py", "tests/unit/test_billing_findings.py", "tests/unit/test_cloud_rows.py",
          "tests/unit/test_notify_forms.py", "tests/unit/test_runpod_graphql_era_rows.py"),
     ),
+    # A rented host's own stop: the latest it can have stopped by gpuq's clock and what its idle time cost
+    # (money/selfstop.py), on a real ledger against the fake vast.ai (test_self_stop_record.py).
+    "selfstop": ModuleSet(
+        ("orchestrator/money/selfstop.py",),
+        ("tests/unit/test_self_stop_record.py",),
+    ),
     # The teardown gate and termination of a rented host, and the ledger's lease and hold writers.
     # (test_billing.py, whose down-when-done runs through here too, is left out: 19 s a mutant.)
     "teardown": ModuleSet(

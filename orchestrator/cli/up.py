@@ -11,6 +11,7 @@ from orchestrator.cli.ctx import echo, open_ctx
 from orchestrator.cli.flags import number, seconds
 from orchestrator.core import exitcodes
 from orchestrator.core.errors import UsageError
+from orchestrator.money.selfstop import can_stop_itself
 
 if TYPE_CHECKING:
     from orchestrator.api import UpResult
@@ -112,6 +113,10 @@ def up_report(result: UpResult) -> None:
                    f"{' spot' if row.spot else ''} at {row.target}:{row.port}  {price}  preflight {health}")
         if verdict and verdict.verdict != "pass":
             echo(f"  {verdict.detail}")
+    cannot = sorted({row.provider for row in result.hosts if not can_stop_itself(row.provider)})
+    for provider in cannot:  # docs/providers.md, "When no gpuq command runs: the host stops itself"
+        echo(f"gpuq: {provider} machines cannot stop their own billing: while no gpuq command runs they bill until "
+             "`gpuq down` (run `gpuq watch` on a machine that stays on)", err=True)
     for line in result.problems():
         echo(f"gpuq: {line}", err=True)
     if result.hosts and not result.ok:

@@ -99,6 +99,10 @@ class Settings(BaseModel):
     # minutes gets one idle_billing alert per idle period (0 = no alert)
     auto_down: bool = False
     idle_billing_alert_min: float = Field(default=15.0, ge=0, le=43200)
+    # The host's own lease (docs/cost.md, "When no gpuq command runs"): a rented host whose agent has heard from no
+    # gpuq command this many minutes and has no work stops its own billing (RunPod, vast.ai) or notifies (Lambda).
+    # 0 = off.  Only your own config.toml or GPUQ_LEASE_TIMEOUT_MIN sets it; tests set a fraction of a minute.
+    lease_timeout_min: float = Field(default=30.0, ge=0, le=43200)
     # A sweep's spending cap in dollars when `gpuq submit` is given no --budget (None = no cap; docs/cost.md).
     # Only your own config.toml or GPUQ_BUDGET_USD sets it: a cloned project must not set or raise it.
     budget_usd: float | None = Field(default=None, gt=0, le=1e9)
@@ -160,7 +164,7 @@ _FIELDS = {name for name in Settings.model_fields if name != "home"}
 # cloned repository must not redirect notifications (or change their form: a body the user's hook refuses
 # silences them), choose what gpuq runs or writes on this machine, or set what it may spend
 USER_ONLY = ("webhook_url", "webhook_format", "local_python", "local_root", "forward_env_allow", "checkpoint_trust",
-             "budget_usd", "budget_usd_month")
+             "budget_usd", "budget_usd_month", "lease_timeout_min")
 _LIST_FIELDS = {name for name, f in Settings.model_fields.items() if "tuple" in str(f.annotation)}
 
 

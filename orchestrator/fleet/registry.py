@@ -38,6 +38,8 @@ def agent_flags(row: HostRow, settings: Settings) -> tuple[str, ...]:
         flags += ["--cpu-slots", str(settings.local_cpu_slots)]
     if row.train_device == "cpu":
         flags += ["--train-device", "cpu"]
+    if row.provider:  # a rented host keeps its own lease: 0 turns a lease it holds off (gpuq_selfstop.py)
+        flags += ["--lease-timeout-s", "%g" % (settings.lease_timeout_min * 60.0)]
     return tuple(flags)
 
 

@@ -16,6 +16,7 @@ from orchestrator.core.errors import ProviderError
 from orchestrator.core.states import AttemptState, JobState, LeaseState
 from orchestrator.health import stops
 from orchestrator.ledger import HostRow
+from orchestrator.money.selfstop import can_stop_itself, self_stop_cost
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider, classify
 from orchestrator.tick import ACTIVE, notify
@@ -61,6 +62,8 @@ def check_lease(ctx: Context, row: HostRow) -> str | None:
     reason = (inst.reason or inst.raw_status) if inst is not None else "the provider no longer knows this instance"
     if inst is not None and inst.gpu_count == 0 and inst.state == "running":
         reason = "came back with zero GPUs"
+    if verdict == "manual_stop" and state is LeaseState.STOPPED and _leased(ctx, row):
+        return _record_self_stop(ctx, row, reason)
     changed = row.lease is not state or row.lease_reason != reason
     label = {"spot_preemption": "spot preemption", "manual_stop": "stopped by the user",
              "host_failure": "host failure"}.get(verdict, verdict)
@@ -99,3 +102,31 @@ def settle_host_jobs(ctx: Context, host: str, verdict: str, reason: str) -> list
         ctx.ledger.transition(job.id, JobState.PREEMPTED if preempted else JobState.LOST, message=message)
         done.append(job.id)
     return done
+
+
+# --- the host's own stop (docs/cost.md, "When no gpuq command runs") ---------------------------------
+
+
+def _leased(ctx: Context, row: HostRow) -> bool:
+    """A rented host that holds a lease of its own and nothing live there: a stop found now is its own."""
+    if not can_stop_itself(row.provider) or ctx.settings.lease_timeout_min <= 0 or row.lease is not LeaseState.RUNNING:
+        return False
+    return not any(j.host == row.name for j in ctx.ledger.jobs(states=ACTIVE))
+
+
+def _record_self_stop(ctx: Context, row: HostRow, provider_says: str) -> str:
+    """Through the lease gate: STOPPED as of the latest it can have stopped, the idle hours and money to then."""
+    now = time.time()
+    ends = [max(a.created_at, a.started_at or 0.0, a.ended_at or 0.0) for a in ctx.ledger.attempts_on([row.name])]
+    idle_since = max([row.created_at, *ends])
+    lease_s = ctx.settings.lease_timeout_min * 60.0
+    cost = self_stop_cost(row.last_probe_at or idle_since, idle_since, lease_s, row.price_per_hour, now)
+    money = "price unknown" if cost.cost is None else f"${cost.cost:.2f}"
+    reason = (f"stopped by itself: no gpuq command for {ctx.settings.lease_timeout_min:g} min and no work "
+              f"(lease_timeout_min); {cost.idle_hours:.2f} idle h billed after its last work ({money}); "
+              f"disk kept ({row.provider}: {provider_says})")
+    ctx.ledger.lease_transition(row.name, LeaseState.STOPPED, reason, at=cost.stopped_at)
+    ctx.ledger.record_finding("host", row.name, severity="info", rule="self_stop", at=cost.stopped_at,
+                              message=f"{row.provider} {row.instance_id} {reason}",
+                              action="its results stay on its stopped disk: start it (`gpuq resume`), then `gpuq pull`")
+    return "manual_stop"

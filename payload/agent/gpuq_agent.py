@@ -3,9 +3,10 @@
 
 Commands (``python gpuq_agent.py --root ROOT <command>``):
 
-  serve [--detach] [--idle-exit-s S] [--cpu-slots N] [--poll-s S]
+  serve [--detach] [--idle-exit-s S] [--cpu-slots N] [--poll-s S] [--lease-timeout-s S]
                           the long-lived agent: claims inbox specs, packs them onto slots, runs one
                           wrapper per attempt, adopts live groups after a restart, exits when idle
+                          (a rented host with a lease stays, and stops its own billing: gpuq_selfstop.py)
   wrap JOB_ID ATTEMPT     internal: the per-attempt wrapper (docs/host-protocol.md)
   status --json [--scan JOB:N:LOG_OFF:METRICS_OFF ...] [--kernel-since CURSOR]
                           read-only probe, one "gpuq.status/1" document on stdout
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(PRIVATE_UMASK)  # the agent's every directory 0700, every file 0600 (docs/security.md)
     if args.cmd in ("serve", "enqueue"):
         make_private(lay.root)
+    if args.cmd not in ("serve", "wrap"):  # every other verb is a gpuq command: the lease's heartbeat
+        from gpuq_serving.gpuq_selfstop import touch_contact
+        touch_contact(lay.root)
     if args.cmd in FRAMED:
         return framed(lambda: run_document_verb(lay, args))
     if args.cmd == "version":
@@ -116,6 +120,7 @@ def _add_serving_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     """``serve`` (its options) and ``wrap``: the verbs that run jobs."""
     sp = sub.add_parser("serve", help="run the host agent (one per root)")
     sp.add_argument("--idle-exit-s", type=float, default=600.0)
+    sp.add_argument("--lease-timeout-s", type=float, default=None)
     sp.add_argument("--cpu-slots", type=int, default=None)
     sp.add_argument("--poll-s", type=float, default=0.1)
     sp.add_argument("--detach", action="store_true", help="double-fork, setsid, log to agent.out")
@@ -171,6 +176,7 @@ def _add_record_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ep = sub.add_parser("enqueue", help="write job specs (JSON list on stdin) into the inbox, idempotently")
     ep.add_argument("--serve", action="store_true", help="then make sure a detached agent runs")
     ep.add_argument("--idle-exit-s", type=float, default=600.0)
+    ep.add_argument("--lease-timeout-s", type=float, default=None, help="rented: stop billing after S silent")
     ep.add_argument("--cpu-slots", type=int, default=None)
     ep.add_argument("--poll-s", type=float, default=0.1)
     ep.add_argument("--train-device", choices=("auto", "cpu"), default="auto",

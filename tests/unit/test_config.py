@@ -129,3 +129,15 @@ def test_forward_env_allow_comes_from_the_user_alone(tmp_path: Path) -> None:
         load_settings(env={"GPUQ_HOME": str(tmp_path)}, project_dir=project)
     with pytest.raises(ConfigError, match=r"GPUQ_FORWARD_ENV_ALLOW: .*'A B' is not a variable name or a pattern"):
         load_settings(env={"GPUQ_HOME": str(tmp_path), "GPUQ_FORWARD_ENV_ALLOW": '["A B"]'})
+
+
+def test_the_hosts_lease_is_on_by_default_and_the_users_alone(tmp_path: Path) -> None:
+    """lease_timeout_min (the rented host stops its own billing): 30 by default, 0 = off, never a project's."""
+    home = {"GPUQ_HOME": str(tmp_path / "home")}
+    assert load_settings(env=home).lease_timeout_min == 30.0
+    assert load_settings(env={**home, "GPUQ_LEASE_TIMEOUT_MIN": "0"}).lease_timeout_min == 0.0
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "gpuq.toml").write_text("lease_timeout_min = 0\n")  # a cloned project must not keep machines billing
+    with pytest.raises(ConfigError, match=r"gpuq.toml: lease_timeout_min can only be set in your own"):
+        load_settings(env=home, project_dir=project)

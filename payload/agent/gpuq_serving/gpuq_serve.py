@@ -49,6 +49,7 @@ from gpuq_serving.gpuq_serve_queues import QueueBanners
 from gpuq_serving.gpuq_serve_start import StartFailed, free_port, start_wrapper
 from gpuq_serving.gpuq_serve_wake import Wakeup
 from gpuq_serving.gpuq_serve_watch import Running, handle_cancels, watch_adopted, watch_stalls
+from gpuq_serving.gpuq_selfstop import SelfStop, write_lease
 
 
 class Agent:
@@ -72,6 +73,8 @@ class Agent:
         self.inbox = InboxView(lay.p(P.INBOX_DIR))
         self.last_round: tuple[Any, ...] | None = None  # what the last claim round decided from
         self.last_waiting = 0
+        self.lease_s: float | None = getattr(args, "lease_timeout_s", None)
+        self.selfstop = SelfStop(lay.root, self.log)  # the lease: billing ends when the controller is gone
 
     def log(self, msg: str) -> None:
         self.lay.log(f"[{utc()}] {msg}")
@@ -81,6 +84,8 @@ class Agent:
         lay = self.lay
         mkdirs(lay.root, lay.p(P.INBOX_DIR), lay.p(P.CLAIMED_DIR), lay.p(P.WITHDRAWN_DIR),
                lay.p(P.JOBS_DIR), lay.p(P.CACHE_DIR))
+        if self.lease_s is not None:  # the controller that rented this host sets its lease (also to a running agent)
+            write_lease(lay.root, self.lease_s)
         if not self.lock.take():
             pid = self.lock.holder()
             msg = f"agent already running (pid {pid})"
@@ -137,7 +142,8 @@ class Agent:
                 self.log("agent round failed:\n" + traceback.format_exc())
                 time.sleep(1.0)
                 continue
-            if inbox or self.pending or self.running:
+            self.selfstop.check(inbox + len(self.pending) + len(self.running))
+            if inbox or self.pending or self.running or self.selfstop.lease_on():
                 idle_since = None
             else:
                 now = time.monotonic()
