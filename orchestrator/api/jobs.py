@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import transfer
@@ -35,8 +35,9 @@ def _job_host(ctx: Context, job: Job) -> Host:
     return host_for(ctx, row)
 
 
-def logs(ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 1.0,
-         attempt: int | None = None) -> Iterator[str]:
+def logs(
+    ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 1.0, attempt: int | None = None
+) -> Iterator[str]:
     """The job's log of its latest attempt; with ``follow``, until the job ends.  ``attempt``: that
     attempt's log instead (from its copy at home, else its host: ``explaining.attempt_log``); following
     it makes sense only for the current attempt.  The log is host text: the values of the variables
@@ -61,8 +62,10 @@ def _log(ctx: Context, job: Job, follow: bool, poll_s: float, attempt: int | Non
             yield result.stdout
         if not follow:
             if result.exit_code != 0 and offset == 0:
-                raise GpuqError(f"job {job.id} ({job.name}) has no log yet: it is {job.state} on {host.name} "
-                                "and has not started; `gpuq logs -f` waits for it")
+                raise GpuqError(
+                    f"job {job.id} ({job.name}) has no log yet: it is {job.state} on {host.name} "
+                    "and has not started; `gpuq logs -f` waits for it"
+                )
             return
         tick(ctx)
         if JobState(ctx.ledger.job(job.id).state).terminal:
@@ -80,8 +83,9 @@ class CancelOutcome:
     ok: bool = True  # False: the job could not be cancelled (its host did not answer); it was left as it was
 
 
-def cancel_targets(ctx: Context, *, refs: Sequence[str] = (), sweeps: Sequence[str] = (),
-                   all_sweeps: bool = False) -> tuple[list[Job], list[str]]:
+def cancel_targets(
+    ctx: Context, *, refs: Sequence[str] = (), sweeps: Sequence[str] = (), all_sweeps: bool = False
+) -> tuple[list[Job], list[str]]:
     """The jobs ``gpuq cancel`` would touch, in order, each once, and the notes on bare names.
 
     Jobs named by reference are listed whatever their state (a finished one is reported as such);
@@ -107,8 +111,9 @@ def cancel_targets(ctx: Context, *, refs: Sequence[str] = (), sweeps: Sequence[s
     return list(targets.values()), notes
 
 
-def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
-           jobs: Sequence[Job] | None = None) -> list[CancelOutcome]:
+def cancel(
+    ctx: Context, *, ref: str | None = None, sweep: str | None = None, jobs: Sequence[Job] | None = None
+) -> list[CancelOutcome]:
     """Cancel ``jobs`` (or one job ``ref``, or a sweep's unfinished jobs): one agent call per host.
 
     A host that cannot be reached leaves its jobs as they were (``ok`` False)."""
@@ -131,8 +136,9 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
         try:
             host = _job_host(ctx, held[0])
             host_retries.before_cancel(ctx.ledger, host, held, ctx.settings)  # a host's own retry: recorded first
-            verdicts = client.cancel(host, row.agent_bundle if row else "", [j.id for j in held],
-                                     timeout=60 + ctx.settings.kill_grace_s * 2)
+            verdicts = client.cancel(
+                host, row.agent_bundle if row else "", [j.id for j in held], timeout=60 + ctx.settings.kill_grace_s * 2
+            )
         except GpuqError as exc:
             reason = " ".join(str(exc).split())
             out += [CancelOutcome(job, f"not cancelled: {reason}", ok=False) for job in held]
@@ -154,8 +160,11 @@ def _stop_other_nodes(ctx: Context, job: Job) -> None:
     """A cancelled multi-node job: its parts on the other node hosts are stopped too."""
     attempt = ctx.ledger.attempt(job.id, job.attempt_count)
     if attempt is not None and attempt.nodes:
-        parts = [gangs.Part(rank, name, False, None)  # not probed: withdrawn if waiting, killed if running
-                 for rank, name in enumerate(attempt.node_hosts()) if rank > 0]
+        parts = [
+            gangs.Part(rank, name, False, None)  # not probed: withdrawn if waiting, killed if running
+            for rank, name in enumerate(attempt.node_hosts())
+            if rank > 0
+        ]
         gangs.stop_parts(ctx.ledger, ctx.fleet, job, attempt, parts, "it was cancelled")
 
 
@@ -163,7 +172,7 @@ def _stop_other_nodes(ctx: Context, job: Job) -> None:
 class ResultRow:
     job: Job
     final: dict[str, float]
-    best: dict[str, float]
+    best: dict[str, float]  # each metric's own best by its direction (tick.collect.own_bests)
     attempt: Attempt | None
     pulled: str = ""  # "verified" (local copy in local_dir), "missing" (verified, copy gone), "" (not pulled)
     local_dir: str = ""
@@ -174,6 +183,7 @@ class ResultRow:
     provenance: Provenance | None = None  # what the newest attempt ran with (None: its host has not said)
     git: tuple[str, bool | None] = ("", None)  # the project's commit at submit and whether it was dirty
     restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
+    best_row: dict[str, float] = field(default_factory=dict)  # every metric in the row where the headline was best
 
 
 @functools.lru_cache(maxsize=1024)
@@ -192,6 +202,7 @@ def cpu_slots(ctx: Context) -> Callable[[Attempt], bool]:
         ran = ran_with(att.provenance)
         kind = ran.slot_kind if ran is not None and ran.slot_kind else kinds.get(att.host, "")
         return kind == "cpu"
+
     return on_cpu
 
 
@@ -242,8 +253,8 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
     errors = collect_missing(ctx, jobs)
     ids = [j.id for j in jobs]
-    values: dict[tuple[str, str], dict[str, float]] = {}  # (job id, "final" | "best") -> name -> value
-    for job_id, scope, name, value, _ in ctx.ledger.metric_values(ids):
+    values: dict[tuple[str, str], dict[str, float]] = {}  # (job id, "final" | "best" | "best_row") -> name -> value
+    for job_id, scope, name, value, _ in ctx.ledger.metric_values(ids, ("final", "best", "best_row")):
         values.setdefault((job_id, scope), {})[name] = value
     tried: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(ids):  # by job, then number: the last is the newest
@@ -266,10 +277,18 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     for job in jobs:
         attempts = tried.get(job.id, [])
         newest = attempts[-1] if attempts else None
-        entry = ResultRow(job, values.get((job.id, "final"), {}), values.get((job.id, "best"), {}), newest,
-                          metric=metric, mode=mode, error=errors.get(job.id, ""),
-                          provenance=ran_with(newest.provenance) if newest is not None else None,
-                          git=git)
+        entry = ResultRow(
+            job,
+            values.get((job.id, "final"), {}),
+            values.get((job.id, "best"), {}),
+            newest,
+            metric=metric,
+            mode=mode,
+            error=errors.get(job.id, ""),
+            provenance=ran_with(newest.provenance) if newest is not None else None,
+            git=git,
+            best_row=values.get((job.id, "best_row"), {}),
+        )
         entry.cost = job_cost(job.gpus * job.nodes, attempts, saved.get(job.id, []), now, on_cpu)
         entry.restarts_from_scratch = restarts.get(job.id, 0)
         mark = verified.get(job.id)
