@@ -35,9 +35,8 @@ def _job_host(ctx: Context, job: Job) -> Host:
     return host_for(ctx, row)
 
 
-def logs(
-    ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 1.0, attempt: int | None = None
-) -> Iterator[str]:
+def logs(ctx: Context, ref: str | Job, *, follow: bool = False, poll_s: float = 1.0,
+         attempt: int | None = None) -> Iterator[str]:
     """The job's log of its latest attempt; with ``follow``, until the job ends.  ``attempt``: that
     attempt's log instead (from its copy at home, else its host: ``explaining.attempt_log``); following
     it makes sense only for the current attempt.  The log is host text: the values of the variables
@@ -62,10 +61,8 @@ def _log(ctx: Context, job: Job, follow: bool, poll_s: float, attempt: int | Non
             yield result.stdout
         if not follow:
             if result.exit_code != 0 and offset == 0:
-                raise GpuqError(
-                    f"job {job.id} ({job.name}) has no log yet: it is {job.state} on {host.name} "
-                    "and has not started; `gpuq logs -f` waits for it"
-                )
+                raise GpuqError(f"job {job.id} ({job.name}) has no log yet: it is {job.state} on {host.name} "
+                                "and has not started; `gpuq logs -f` waits for it")
             return
         tick(ctx)
         if JobState(ctx.ledger.job(job.id).state).terminal:
@@ -83,9 +80,8 @@ class CancelOutcome:
     ok: bool = True  # False: the job could not be cancelled (its host did not answer); it was left as it was
 
 
-def cancel_targets(
-    ctx: Context, *, refs: Sequence[str] = (), sweeps: Sequence[str] = (), all_sweeps: bool = False
-) -> tuple[list[Job], list[str]]:
+def cancel_targets(ctx: Context, *, refs: Sequence[str] = (), sweeps: Sequence[str] = (),
+                   all_sweeps: bool = False) -> tuple[list[Job], list[str]]:
     """The jobs ``gpuq cancel`` would touch, in order, each once, and the notes on bare names.
 
     Jobs named by reference are listed whatever their state (a finished one is reported as such);
@@ -111,9 +107,8 @@ def cancel_targets(
     return list(targets.values()), notes
 
 
-def cancel(
-    ctx: Context, *, ref: str | None = None, sweep: str | None = None, jobs: Sequence[Job] | None = None
-) -> list[CancelOutcome]:
+def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
+           jobs: Sequence[Job] | None = None) -> list[CancelOutcome]:
     """Cancel ``jobs`` (or one job ``ref``, or a sweep's unfinished jobs): one agent call per host.
 
     A host that cannot be reached leaves its jobs as they were (``ok`` False)."""
@@ -136,9 +131,8 @@ def cancel(
         try:
             host = _job_host(ctx, held[0])
             host_retries.before_cancel(ctx.ledger, host, held, ctx.settings)  # a host's own retry: recorded first
-            verdicts = client.cancel(
-                host, row.agent_bundle if row else "", [j.id for j in held], timeout=60 + ctx.settings.kill_grace_s * 2
-            )
+            verdicts = client.cancel(host, row.agent_bundle if row else "", [j.id for j in held],
+                                     timeout=60 + ctx.settings.kill_grace_s * 2)
         except GpuqError as exc:
             reason = " ".join(str(exc).split())
             out += [CancelOutcome(job, f"not cancelled: {reason}", ok=False) for job in held]
@@ -160,11 +154,8 @@ def _stop_other_nodes(ctx: Context, job: Job) -> None:
     """A cancelled multi-node job: its parts on the other node hosts are stopped too."""
     attempt = ctx.ledger.attempt(job.id, job.attempt_count)
     if attempt is not None and attempt.nodes:
-        parts = [
-            gangs.Part(rank, name, False, None)  # not probed: withdrawn if waiting, killed if running
-            for rank, name in enumerate(attempt.node_hosts())
-            if rank > 0
-        ]
+        parts = [gangs.Part(rank, name, False, None)  # not probed: withdrawn if waiting, killed if running
+                 for rank, name in enumerate(attempt.node_hosts()) if rank > 0]
         gangs.stop_parts(ctx.ledger, ctx.fleet, job, attempt, parts, "it was cancelled")
 
 
@@ -202,7 +193,6 @@ def cpu_slots(ctx: Context) -> Callable[[Attempt], bool]:
         ran = ran_with(att.provenance)
         kind = ran.slot_kind if ran is not None and ran.slot_kind else kinds.get(att.host, "")
         return kind == "cpu"
-
     return on_cpu
 
 
@@ -277,18 +267,10 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     for job in jobs:
         attempts = tried.get(job.id, [])
         newest = attempts[-1] if attempts else None
-        entry = ResultRow(
-            job,
-            values.get((job.id, "final"), {}),
-            values.get((job.id, "best"), {}),
-            newest,
-            metric=metric,
-            mode=mode,
-            error=errors.get(job.id, ""),
-            provenance=ran_with(newest.provenance) if newest is not None else None,
-            git=git,
-            best_row=values.get((job.id, "best_row"), {}),
-        )
+        entry = ResultRow(job, values.get((job.id, "final"), {}), values.get((job.id, "best"), {}), newest,
+                          metric=metric, mode=mode, error=errors.get(job.id, ""),
+                          provenance=ran_with(newest.provenance) if newest is not None else None,
+                          git=git, best_row=values.get((job.id, "best_row"), {}))
         entry.cost = job_cost(job.gpus * job.nodes, attempts, saved.get(job.id, []), now, on_cpu)
         entry.restarts_from_scratch = restarts.get(job.id, 0)
         mark = verified.get(job.id)

@@ -31,9 +31,8 @@ def _known_provider(value: str) -> str:
 
 # The providers of the registry (orchestrator/providers/registry.py): the schema lists gpuq's own, a document
 # also accepts one a plugin added (GPUQ_PROVIDER_PLUGINS).
-ProviderName = Annotated[
-    str, AfterValidator(_known_provider), WithJsonSchema({"enum": ["", *registry.builtin_names()], "type": "string"})
-]
+ProviderName = Annotated[str, AfterValidator(_known_provider),
+                         WithJsonSchema({"enum": ["", *registry.builtin_names()], "type": "string"})]
 
 
 class Doc(BaseModel):
@@ -102,8 +101,7 @@ class HostStatus(Doc):
     reachable: bool = Field(description="This tick's probe got the agent's status document.")
     error: str = Field(description='Why the probe failed ("" when it did not).')
     unreachable_since: float | None = Field(
-        description="First failed probe of the current outage; null when reachable."
-    )
+        description="First failed probe of the current outage; null when reachable.")
     last_probe_at: float | None = Field(description="The last probe that reached the host.")
     probe_s: float | None = Field(ge=0, description="How long this tick's probe took; null when not probed.")
     agent_alive: bool | None = Field(description="null when the probe failed.")
@@ -116,8 +114,7 @@ class HostStatus(Doc):
     spot: bool
     lease_state: Literal["", "provisioning", "running", "preempted", "stopped", "failed", "terminated"] = Field(
         description='What the provider last said about a rented host ("provisioning": recorded before its create '
-        "call, not up yet; it may bill)."
-    )
+                    'call, not up yet; it may bill).')
     lease_reason: str = Field(description="Why the lease is in its state: the provider's words where it gives any.")
     slots: Slots
     gpus: list[Gpu]
@@ -128,15 +125,11 @@ class HostStatus(Doc):
 class SweepBudget(Doc):
     """A sweep's spending against its cap (docs/cost.md): the same cost policy as each job's ``cost``."""
 
-    cap: float | None = Field(
-        gt=0, description="The sweep's cap in dollars (`gpuq submit --budget`, `gpuq budget`); null: no cap."
-    )
+    cap: float | None = Field(gt=0, description="The sweep's cap in dollars (`gpuq submit --budget`, `gpuq budget`); "
+                                                "null: no cap.")
     spent: float = Field(ge=0, description="Dollars its attempts cost so far: the sum of its jobs' `cost`.")
-    committed: float = Field(
-        ge=0,
-        description="Dollars its placed and running attempts will still cost if each "
-        "runs to its estimate, at the price share it fixed.",
-    )
+    committed: float = Field(ge=0, description="Dollars its placed and running attempts will still cost if each "
+                                               "runs to its estimate, at the price share it fixed.")
 
 
 class SweepStatus(Doc):
@@ -153,45 +146,30 @@ class JobStatus(Doc):
     sweep_id: str = Field(min_length=1)
     name: str
     task: str
-    epochs: int | None = Field(
-        ge=1,
-        description="null: nothing gave the job epochs (the queue line, its config "
-        "or a command with {epochs}); gpuq never invents them.",
-    )
+    epochs: int | None = Field(ge=1, description="null: nothing gave the job epochs (the queue line, its config "
+                                                 "or a command with {epochs}); gpuq never invents them.")
     gpus: int = Field(ge=1)
     state: JobStateName
     host: str | None = Field(description="Where the job is placed; null before placement.")
-    host_gpus: list[int] = Field(
-        description="Slots (GPU indices, or CPU slot ids) the running attempt holds on `host`; empty when not running."
-    )
+    host_gpus: list[int] = Field(description="Slots (GPU indices, or CPU slot ids) the running attempt holds on "
+                                             "`host`; empty when not running.")
     attempt: int = Field(ge=0, description="Number of the latest attempt (0: none yet).")
     step: int | None = Field(ge=0)
     total_steps: int | None = Field(ge=0)
     epoch: int | None = Field(ge=0)
     loss: float | None
-    eta_s: float | None = Field(
-        ge=0, description="Seconds to the last step at the current step rate; null unless running with a known rate."
-    )
-    heartbeat_age_s: float | None = Field(
-        ge=0, description="Age of the last heartbeat; null for finished jobs and before the first."
-    )
-    cost: float | None = Field(
-        ge=0,
-        description="Spent so far: hours run x host price per hour x the job's share of "
-        "the host's slots, over its attempts; null without a price.",
-    )
+    eta_s: float | None = Field(ge=0, description="Seconds to the last step at the current step rate; null unless "
+                                                  "running with a known rate.")
+    heartbeat_age_s: float | None = Field(ge=0, description="Age of the last heartbeat; null for finished jobs and "
+                                                            "before the first.")
+    cost: float | None = Field(ge=0, description="Spent so far: hours run x host price per hour x the job's share of "
+                                                 "the host's slots, over its attempts; null without a price.")
     exit_code: int | None
     message: str
-    waiting: str = Field(
-        "",
-        description="Why a placed job has not started yet: a job in a Slurm queue says Slurm's "
-        "state and reason (`Slurm job 41 PENDING (Priority)`); empty otherwise.",
-    )
-    node_hosts: list[str] = Field(
-        default_factory=list,
-        description="A multi-node job over SSH hosts: the host of "
-        "each node rank of its current attempt (node 0 is `host`); empty for a one-host job.",
-    )
+    waiting: str = Field("", description="Why a placed job has not started yet: a job in a Slurm queue says Slurm's "
+                                         "state and reason (`Slurm job 41 PENDING (Priority)`); empty otherwise.")
+    node_hosts: list[str] = Field(default_factory=list, description="A multi-node job over SSH hosts: the host of "
+                                  "each node rank of its current attempt (node 0 is `host`); empty for a one-host job.")
 
 
 class Alert(Doc):
@@ -258,46 +236,31 @@ class ResultJob(Doc):
     state: JobStateName
     attempts: int = Field(ge=0)
     final: dict[str, float] = Field(description="The last metrics the trainer reported.")
-    best: dict[str, float] = Field(
-        description="Each metric's own best by its direction: the sweep's [run] mode for "
-        "its headline metric, lower for loss-like names, higher for accuracy-like "
-        "ones; a metric whose name says neither has none."
-    )
-    best_row: dict[str, float] = Field(
-        default_factory=dict, description="Every metric in the row where the headline metric was best."
-    )
+    best: dict[str, float] = Field(description="Each metric's own best by its direction: the sweep's [run] mode for "
+                                   "its headline metric, lower for loss-like names, higher for accuracy-like "
+                                   "ones; a metric whose name says neither has none.")
+    best_row: dict[str, float] = Field(default_factory=dict,
+                                       description="Every metric in the row where the headline metric was best.")
     gpu_hours: float | None
-    cpu_hours: float | None = Field(
-        default=None, description="Hours of attempts on CPU slots, times the slots (never counted as GPU-hours)."
-    )
+    cpu_hours: float | None = Field(default=None, description="Hours of attempts on CPU slots, times the slots "
+                                                              "(never counted as GPU-hours).")
     cost: float | None
     lost_gpu_hours: float | None
     preemptions: int | None
     pulled: Literal["", "verified", "missing"] = Field(
-        description='"verified": a verified copy is in local_dir; "missing": verified, the copy is gone.'
-    )
+        description='"verified": a verified copy is in local_dir; "missing": verified, the copy is gone.')
     local_dir: str
-    restarts_from_scratch: int = Field(
-        default=0,
-        ge=0,
-        description="Retries that found no checkpoint to resume "
-        "from and trained again from the start (never counted as resumed).",
-    )
-    error: str = Field(
-        default="",
-        description="Why the job's results could not be read from its host "
-        "(unreachable, or a non-finite metric), or why its [run] metrics gave no value (a setting "
-        'that matched no file, names the setting); "" when nothing failed.',
-    )
-    ran_with: RanWith | None = Field(
-        default=None, description="What the newest attempt ran with; null before its host said."
-    )
-    git_commit: str | None = Field(
-        default=None, description="The project's git commit at submit; null: not a git checkout, or unknown."
-    )
-    git_dirty: bool | None = Field(
-        default=None, description="Uncommitted changes under the project root at submit; null: unknown."
-    )
+    restarts_from_scratch: int = Field(default=0, ge=0, description="Retries that found no checkpoint to resume "
+                                       "from and trained again from the start (never counted as resumed).")
+    error: str = Field(default="", description='Why the job\'s results could not be read from its host '
+                       '(unreachable, or a non-finite metric), or why its [run] metrics gave no value (a setting '
+                       'that matched no file, names the setting); "" when nothing failed.')
+    ran_with: RanWith | None = Field(default=None, description="What the newest attempt ran with; null before "
+                                                               "its host said.")
+    git_commit: str | None = Field(default=None, description="The project's git commit at submit; null: not "
+                                                             "a git checkout, or unknown.")
+    git_dirty: bool | None = Field(default=None, description="Uncommitted changes under the project root at "
+                                                             "submit; null: unknown.")
 
 
 class ResultsDocument(Doc):
@@ -354,11 +317,8 @@ class HostDocument(Doc):
     active_jobs: list[str] = Field(description="Ids of the host's unfinished jobs.")
     unverified_jobs: list[str] = Field(description="Ids of jobs whose results there are not pulled yet.")
     events: list[HostEvent]
-    ran_with: RanWith | None = Field(
-        default=None,
-        description="What the newest attempt there ran with (GPUs, "
-        "driver, CUDA, torch, NCCL, Python); null: none said.",
-    )
+    ran_with: RanWith | None = Field(default=None, description="What the newest attempt there ran with (GPUs, "
+                                                               "driver, CUDA, torch, NCCL, Python); null: none said.")
 
 
 # --- gpuq pull --json -----------------------------------------------------------------------------
@@ -401,15 +361,8 @@ class WaitDocument(Doc):
 
 
 DOCUMENTS: dict[str, type[BaseModel]] = {
-    "status": StatusDocument,
-    "submit": SubmitDocument,
-    "results": ResultsDocument,
-    "hosts": HostsDocument,
-    "host": HostDocument,
-    "pull": PullDocument,
-    "wait": WaitDocument,
-    "report": Report,
-    "offers": OffersDocument,
+    "status": StatusDocument, "submit": SubmitDocument, "results": ResultsDocument, "hosts": HostsDocument,
+    "host": HostDocument, "pull": PullDocument, "wait": WaitDocument, "report": Report, "offers": OffersDocument,
 }
 SCHEMA_DIR = Path("docs") / "schemas"
 
@@ -418,11 +371,8 @@ def json_schema(name: str) -> dict[str, Any]:
     """The published JSON Schema of document ``name`` (``docs/schemas/<name>.schema.json``)."""
     model = DOCUMENTS[name]
     schema = model.model_json_schema(by_alias=True, mode="serialization")
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://gpuq.invalid/schemas/{name}.schema.json",
-        **schema,
-    }
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://gpuq.invalid/schemas/{name}.schema.json", **schema}
 
 
 def render_schema(name: str) -> str:

@@ -29,28 +29,16 @@ def _out(doc: documents.Doc) -> None:
 
 def submitted(result: SubmitResult) -> None:
     jobs = [documents.SubmittedJob(id=j.id, name=j.name, host=result.placements.get(j.id)) for j in result.jobs]
-    _out(
-        documents.SubmitDocument(
-            schema_="gpuq.cli.submit/1", sweep=result.sweep_id, jobs=jobs, launch_error=result.launch_error
-        )
-    )
+    _out(documents.SubmitDocument(schema_="gpuq.cli.submit/1", sweep=result.sweep_id, jobs=jobs,
+                                  launch_error=result.launch_error))
 
 
 def _ran_fields(host: str, ran: Provenance | None) -> dict[str, Any] | None:
     """What ``host`` said an attempt ran with, as ``RanWith``'s fields (None: it has not said)."""
     if ran is None:
         return None
-    return {
-        "host": host,
-        "slot_kind": ran.slot_kind,
-        "gpu_model": ran.gpu_model,
-        "gpu_count": ran.gpu_count,
-        "driver": ran.driver,
-        "cuda": ran.cuda,
-        "torch": ran.torch,
-        "nccl": ran.nccl,
-        "python": ran.python,
-    }
+    return {"host": host, "slot_kind": ran.slot_kind, "gpu_model": ran.gpu_model, "gpu_count": ran.gpu_count,
+            "driver": ran.driver, "cuda": ran.cuda, "torch": ran.torch, "nccl": ran.nccl, "python": ran.python}
 
 
 def _ran(host: str, ran: Provenance | None) -> documents.RanWith | None:
@@ -69,13 +57,8 @@ def results(rows: list[ResultRow]) -> None:
 
     with gc_paused():  # tens of thousands of live dicts: full collections would find nothing
         jobs = _result_jobs(rows)
-        doc: dict[str, Any] = {
-            "schema": "gpuq.cli.results/1",
-            "sweep": rows[0].job.sweep_id,
-            "metric": rows[0].metric,
-            "mode": rows[0].mode,
-            "jobs": jobs,
-        }
+        doc: dict[str, Any] = {"schema": "gpuq.cli.results/1", "sweep": rows[0].job.sweep_id,
+                               "metric": rows[0].metric, "mode": rows[0].mode, "jobs": jobs}
         try:
             documents.ResultsDocument.model_validate(doc, strict=True)
             exact = _floats_only(jobs)
@@ -108,51 +91,25 @@ def _result_jobs(rows: list[ResultRow]) -> list[dict[str, Any]]:
         j, c, att = row.job, row.cost, row.attempt
         if att is not None and (att.host, id(row.provenance)) not in ran:
             ran[att.host, id(row.provenance)] = _ran_fields(att.host, row.provenance)
-        jobs.append(
-            {
-                "id": j.id,
-                "sweep_id": j.sweep_id,
-                "name": j.name,
-                "task": j.task,
-                "epochs": known_epochs(j.epochs),
-                "state": j.state,
-                "attempts": j.attempt_count,
-                "final": row.final,
-                "best": row.best,
-                "best_row": row.best_row,
-                "gpu_hours": c.gpu_hours if c else None,
-                "cost": c.cost if c else None,
-                "lost_gpu_hours": c.lost_gpu_hours if c else None,
-                "preemptions": c.preemptions if c else None,
-                "pulled": row.pulled,
-                "local_dir": row.local_dir,
-                "error": row.error,
-                "restarts_from_scratch": row.restarts_from_scratch,
-                "cpu_hours": c.cpu_hours if c else None,
-                "ran_with": ran[att.host, id(row.provenance)] if att is not None else None,
-                "git_commit": row.git[0] or None,
-                "git_dirty": row.git[1],
-            }
-        )
+        jobs.append({
+            "id": j.id, "sweep_id": j.sweep_id, "name": j.name, "task": j.task, "epochs": known_epochs(j.epochs),
+            "state": j.state, "attempts": j.attempt_count, "final": row.final, "best": row.best,
+            "best_row": row.best_row,
+            "gpu_hours": c.gpu_hours if c else None, "cost": c.cost if c else None,
+            "lost_gpu_hours": c.lost_gpu_hours if c else None, "preemptions": c.preemptions if c else None,
+            "pulled": row.pulled, "local_dir": row.local_dir, "error": row.error,
+            "restarts_from_scratch": row.restarts_from_scratch, "cpu_hours": c.cpu_hours if c else None,
+            "ran_with": ran[att.host, id(row.provenance)] if att is not None else None,
+            "git_commit": row.git[0] or None, "git_dirty": row.git[1],
+        })
     return jobs
 
 
 def host_entry(row: HostRow) -> documents.HostEntry:
-    return documents.HostEntry(
-        name=row.name,
-        kind=row.kind,
-        target=row.target,
-        profile=row.profile,
-        root=row.root,
-        slots_total=row.slots_total,
-        slots_kind=row.slots_kind,
-        last_probe_at=row.last_probe_at,
-        unreachable_since=row.unreachable_since,
-        health=row.health,
-        hold_reason=row.hold_text,
-        price_per_hour=row.price_per_hour,
-        provider=row.provider,
-    )
+    return documents.HostEntry(name=row.name, kind=row.kind, target=row.target, profile=row.profile, root=row.root,
+                               slots_total=row.slots_total, slots_kind=row.slots_kind, last_probe_at=row.last_probe_at,
+                               unreachable_since=row.unreachable_since, health=row.health, hold_reason=row.hold_text,
+                               price_per_hour=row.price_per_hour, provider=row.provider)
 
 
 def hosts(rows: list[HostRow]) -> None:
@@ -162,47 +119,20 @@ def hosts(rows: list[HostRow]) -> None:
 def host(detail: HostDetail) -> None:
     row = detail.row
     events = [documents.HostEvent(time=e.time, state=e.new or "", message=e.message) for e in detail.events]
-    _out(
-        documents.HostDocument(
-            schema_="gpuq.cli.host/1",
-            host=host_entry(row),
-            python=row.python,
-            port=row.port,
-            fingerprint=detail.fingerprint,
-            agent_bundle=row.agent_bundle,
-            active_jobs=[j.id for j in detail.active],
-            unverified_jobs=[j.id for j in detail.unverified],
-            events=events,
-            ran_with=_ran(row.name, detail.ran_with),
-        )
-    )
+    _out(documents.HostDocument(schema_="gpuq.cli.host/1", host=host_entry(row), python=row.python, port=row.port,
+                                fingerprint=detail.fingerprint, agent_bundle=row.agent_bundle,
+                                active_jobs=[j.id for j in detail.active],
+                                unverified_jobs=[j.id for j in detail.unverified], events=events,
+                                ran_with=_ran(row.name, detail.ran_with)))
 
 
 def pulled(report: PullReport) -> None:
-    jobs = [
-        documents.PulledJob(
-            id=o.job_id,
-            name=o.name,
-            host=o.host,
-            state=o.state,
-            verified=o.verified,
-            reason=o.reason,
-            files=o.files,
-            bytes=o.bytes,
-            transferred=o.transferred,
-            local_dir=o.local_dir,
-        )
-        for o in report.outcomes
-    ]
-    _out(
-        documents.PullDocument(
-            schema_="gpuq.cli.pull/1",
-            sweep=report.sweep_id,
-            results_dir=str(report.results_dir),
-            ok=report.ok,
-            jobs=jobs,
-        )
-    )
+    jobs = [documents.PulledJob(id=o.job_id, name=o.name, host=o.host, state=o.state, verified=o.verified,
+                                reason=o.reason, files=o.files, bytes=o.bytes, transferred=o.transferred,
+                                local_dir=o.local_dir)
+            for o in report.outcomes]
+    _out(documents.PullDocument(schema_="gpuq.cli.pull/1", sweep=report.sweep_id, results_dir=str(report.results_dir),
+                                ok=report.ok, jobs=jobs))
 
 
 def waited(snap: Snapshot, sweep_id: str) -> None:
@@ -212,12 +142,6 @@ def waited(snap: Snapshot, sweep_id: str) -> None:
     states: dict[str, int] = {}
     for job in snap.jobs:
         states[job.state] = states.get(job.state, 0) + 1
-    _out(
-        documents.WaitDocument(
-            schema_="gpuq.cli.wait/1",
-            sweep=sweep_id,
-            ok=all(j.state == "SUCCEEDED" for j in snap.jobs),
-            states=states,
-            jobs=[job_model(v) for v in job_views(snap)],
-        )
-    )
+    _out(documents.WaitDocument(schema_="gpuq.cli.wait/1", sweep=sweep_id,
+                                ok=all(j.state == "SUCCEEDED" for j in snap.jobs),
+                                states=states, jobs=[job_model(v) for v in job_views(snap)]))

@@ -30,7 +30,7 @@ def _metric_names(rows: list[ResultRow]) -> list[str]:
 
 
 def _way(rows: list[ResultRow], name: str) -> str:
-    """ " (max)" / " (min)": the direction each metric's own best was taken by (none for a name that says neither)."""
+    """" (max)" / " (min)": the direction each metric's own best was taken by (none for a name that says neither)."""
     from orchestrator.tick.collect import direction
 
     head = rows[0]
@@ -82,16 +82,9 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
     below: list[Line] = []
     for row in rows:
         if row.restarts_from_scratch:
-            below.append(
-                [
-                    (
-                        f"{row.job.id} {printable(row.job.name)}: {row.restarts_from_scratch} retr"
-                        f"{'ies' if row.restarts_from_scratch > 1 else 'y'} restarted from scratch: no file "
-                        "matched `checkpoint`",
-                        "yellow",
-                    )
-                ]
-            )
+            below.append([(f"{row.job.id} {printable(row.job.name)}: {row.restarts_from_scratch} retr"
+                           f"{'ies' if row.restarts_from_scratch > 1 else 'y'} restarted from scratch: no file "
+                           "matched `checkpoint`", "yellow")])
     total = [r.cost for r in rows if r.cost is not None]
     if total:
         money = [c.cost for c in total if c.cost is not None]
@@ -99,15 +92,8 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
         wasted = sum(c.lost_gpu_hours for c in total)
         hours = [f"{sum(c.gpu_hours for c in total):.3f} GPU-h"] if on_gpu else []
         hours += [f"{sum(c.cpu_hours for c in total):.3f} CPU-h"] if on_cpu else []
-        below.append(
-            [
-                (
-                    f"total {', '.join(hours)}{spent}"
-                    + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""),
-                    "",
-                )
-            ]
-        )
+        below.append([(f"total {', '.join(hours)}{spent}"
+                       + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""), "")])
     return cols, table, below
 
 
@@ -142,62 +128,23 @@ def results_table(rows: list[ResultRow], *, plain: bool | None = None) -> None:
 def results_csv(rows: list[ResultRow]) -> None:
     names = _metric_names(rows)
     writer = csv.writer(sys.stdout)
-    writer.writerow(
-        [
-            "job_id",
-            "sweep_id",
-            "name",
-            "task",
-            "epochs",
-            "state",
-            "attempts",
-            *[f"final_{n}" for n in names],
-            *[f"best_{n}" for n in names],
-            "gpu_hours",
-            "cost_usd",
-            "lost_gpu_hours",
-            "preemptions",
-            "pulled",
-            "local_dir",
-            "error",
-            "cpu_hours",
-            *[f"best_row_{n}" for n in names],
-        ]
-    )
+    writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
+                     *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "gpu_hours", "cost_usd",
+                     "lost_gpu_hours", "preemptions", "pulled", "local_dir", "error", "cpu_hours",
+                     *[f"best_row_{n}" for n in names]])
     for row in rows:
         j = row.job
         c = row.cost
-        writer.writerow(
-            [
-                j.id,
-                j.sweep_id,
-                j.name,
-                j.task,
-                j.epochs or "",
-                j.state,
-                j.attempt_count,
-                *[row.final.get(n, "") for n in names],
-                *[row.best.get(n, "") for n in names],
-                f"{c.gpu_hours:.6f}" if c else "",
-                f"{c.cost:.4f}" if c and c.cost is not None else "",
-                f"{c.lost_gpu_hours:.6f}" if c else "",
-                c.preemptions if c else "",
-                row.pulled,
-                row.local_dir,
-                row.error or "",
-                f"{c.cpu_hours:.6f}" if c else "",
-                *[row.best_row.get(n, "") for n in names],
-            ]
-        )
+        writer.writerow([j.id, j.sweep_id, j.name, j.task, j.epochs or "", j.state, j.attempt_count,
+                         *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names],
+                         f"{c.gpu_hours:.6f}" if c else "", f"{c.cost:.4f}" if c and c.cost is not None else "",
+                         f"{c.lost_gpu_hours:.6f}" if c else "", c.preemptions if c else "",
+                         row.pulled, row.local_dir, row.error or "", f"{c.cpu_hours:.6f}" if c else "",
+                         *[row.best_row.get(n, "") for n in names]])
 
 
-PULL_STYLE = {
-    "verified": "green",
-    "already verified": "green",
-    "incomplete": "yellow",
-    "quarantined": "red",
-    "not pulled": "red",
-}
+PULL_STYLE = {"verified": "green", "already verified": "green", "incomplete": "yellow", "quarantined": "red",
+              "not pulled": "red"}
 
 
 def _size(n: int) -> str:
@@ -222,14 +169,9 @@ def pulled(report: PullReport) -> None:
     for item in report.outcomes:
         style = PULL_STYLE.get(item.state, "")
         shown = item.local_dir if item.verified else "-"
-        table.add_row(
-            escape(item.job_id),
-            escape(item.name),
-            f"[{style}]{escape(item.state)}[/]",
-            str(item.files) if item.files else "-",
-            _size(item.bytes) if item.bytes else "-",
-            escape(str(shown)),
-        )
+        table.add_row(escape(item.job_id), escape(item.name), f"[{style}]{escape(item.state)}[/]",
+                      str(item.files) if item.files else "-", _size(item.bytes) if item.bytes else "-",
+                      escape(str(shown)))
     out.print(table)
     for item in report.outcomes:
         if item.reason:
@@ -239,14 +181,10 @@ def pulled(report: PullReport) -> None:
     unverified = [o for o in report.outcomes if not o.verified and o.job_id not in report.written_off]
     retry = [o for o in unverified if o.state in ("incomplete", "quarantined")]
     if not verified:
-        out.print(
-            "nothing was pulled: no job of this sweep has verified results (an empty result set is a failure)",
-            style="red",
-        )
-    summary = (
-        f"{len(verified)} of {len(report.outcomes)} jobs verified ({len(fresh)} just now, "
-        f"{_size(sum(o.transferred for o in fresh))} transferred) in {report.results_dir}"
-    )
+        out.print("nothing was pulled: no job of this sweep has verified results "
+                  "(an empty result set is a failure)", style="red")
+    summary = (f"{len(verified)} of {len(report.outcomes)} jobs verified ({len(fresh)} just now, "
+               f"{_size(sum(o.transferred for o in fresh))} transferred) in {report.results_dir}")
     if retry:
         summary += f"; {len(retry)} to retry: `gpuq pull --sweep {report.sweep_id}` resumes"
     if len(unverified) > len(retry):

@@ -22,9 +22,10 @@ def exit_message(exit_doc: ExitRecord) -> str:
         meaning = f"killed by signal {code - protocol.EXIT_SIGNAL_BASE}"
     detail = exit_doc.message or ""
     if meaning and detail.startswith(meaning):  # an older wrapper repeats the meaning as its message
-        detail = detail[len(meaning) :].lstrip(":, ")
+        detail = detail[len(meaning):].lstrip(":, ")
     parts = [f"exit {code}"] + ([meaning] if meaning else []) + ([detail] if detail else [])
     return ": ".join(parts)
+
 
 
 def apply(ledger: Ledger, job: Job, seen: JobEntry) -> str:
@@ -40,32 +41,21 @@ def apply(ledger: Ledger, job: Job, seen: JobEntry) -> str:
         exit_doc = seen.exit_or_empty
         code = exit_doc.code
         ledger.update_attempt(
-            job.id,
-            number,
-            exit_code=code,
-            trainer_code=exit_doc.trainer_code,
-            phase=exit_doc.phase,
-            message=exit_message(exit_doc),
-            ended_at=exit_doc.ended_at,
-            started_at=exit_doc.started_at,
+            job.id, number, exit_code=code, trainer_code=exit_doc.trainer_code,
+            phase=exit_doc.phase, message=exit_message(exit_doc),
+            ended_at=exit_doc.ended_at, started_at=exit_doc.started_at,
         )
         if _time_limit_chunk(ledger, job, number, exit_doc, code, seen):
-            message = (
-                f"Slurm time limit: stopped at step {exit_doc.last_step} with a checkpoint; "
-                "continues in a new Slurm job (not counted against retries=)"
-            )
-            ledger.requeue(
-                job.id, message=message, of_attempt=number, end_attempt=AttemptState.PREEMPTED, via=JobState.PREEMPTED
-            )
+            message = (f"Slurm time limit: stopped at step {exit_doc.last_step} with a checkpoint; "
+                       "continues in a new Slurm job (not counted against retries=)")
+            ledger.requeue(job.id, message=message, of_attempt=number, end_attempt=AttemptState.PREEMPTED,
+                           via=JobState.PREEMPTED)
             return ""
-        ledger.transition(
-            job.id,
-            AttemptState.LOST if exit_doc.vanished and code != protocol.EXIT_OK else AttemptState.EXITED,
-            attempt=number,
-            message=exit_message(exit_doc),
-        )
+        ledger.transition(job.id, AttemptState.LOST if exit_doc.vanished and code != protocol.EXIT_OK
+                          else AttemptState.EXITED, attempt=number, message=exit_message(exit_doc))
         if code == protocol.EXIT_OK:
-            ledger.transition(job.id, JobState.SUCCEEDED, message=exit_message(exit_doc), of_attempt=number)
+            ledger.transition(job.id, JobState.SUCCEEDED, message=exit_message(exit_doc),
+                              of_attempt=number)
             return "succeeded"
         if seen.cancel_requested:
             ledger.transition(job.id, JobState.CANCELLED, message=exit_message(exit_doc), of_attempt=number)
@@ -84,7 +74,8 @@ def apply(ledger: Ledger, job: Job, seen: JobEntry) -> str:
     return ""
 
 
-def _time_limit_chunk(ledger: Ledger, job: Job, number: int, exit_doc: ExitRecord, code: int, seen: JobEntry) -> bool:
+def _time_limit_chunk(ledger: Ledger, job: Job, number: int, exit_doc: ExitRecord, code: int,
+                      seen: JobEntry) -> bool:
     """A Slurm job stopped near its time limit (the wrapper's ``slurm_time_limit``) that trained past
     where this attempt began: one chunk of a run longer than the partition allows, continued like a
     preemption.  A chunk that made no progress is an ordinary stop (it counts against retries=, so a
@@ -101,9 +92,8 @@ def _progress(ledger: Ledger, job: Job, number: int, seen: JobEntry) -> None:
     beat = seen.beat
     fields: dict[str, Any] = {}
     if beat is not None:
-        fields.update(
-            step=beat.step, total_steps=beat.total_steps, epoch=beat.epoch, loss=beat.loss, heartbeat_at=beat.time
-        )
+        fields.update(step=beat.step, total_steps=beat.total_steps, epoch=beat.epoch, loss=beat.loss,
+                      heartbeat_at=beat.time)
     fields.update(observed.attempt_progress(seen))  # no heartbeat: what the log's tail says
     if seen.launched_at is not None:
         fields["started_at"] = seen.launched_at

@@ -13,7 +13,8 @@ from orchestrator.ledger import Ledger
 from orchestrator.tick.probe import Probe
 
 
-def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str], report: Probe | None = None) -> None:
+def collect(ledger: Ledger, host: Host, agent_bundle: str, job_ids: Sequence[str],
+            report: Probe | None = None) -> None:
     """Read finished jobs' summaries and file hashes into the ledger: from the probe's document
     when it carried them, else in one ``collect`` round trip for the rest."""
     doc = report.document if report is not None else StatusDocument.empty()
@@ -42,15 +43,9 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
         seen = ledger.open_findings([job_id]).get((job_id, observed.METRICS_RULE))
         if seen is not None and seen.message == message:
             continue
-        ledger.record_finding(
-            "job",
-            job_id,
-            severity="warn",
-            rule=observed.METRICS_RULE,
-            message=message,
-            action=f"fix [run] metrics in gpuq.toml; the trainer's files: gpuq logs {job_id}",
-            reason=problem,
-        )
+        ledger.record_finding("job", job_id, severity="warn", rule=observed.METRICS_RULE, message=message,
+                              action=f"fix [run] metrics in gpuq.toml; the trainer's files: gpuq logs {job_id}",
+                              reason=problem)
 
 
 LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer")
@@ -58,7 +53,7 @@ HIGHER_BETTER = ("acc", "f1", "auc", "precision", "recall", "map", "bleu", "roug
 
 
 def direction(name: str, summary: Summary) -> str:
-    """ "min" or "max" for a metric: the headline's own mode ([run] mode), else by its name (loss-like
+    """"min" or "max" for a metric: the headline's own mode ([run] mode), else by its name (loss-like
     lower, accuracy-like higher); "" when the name says neither (its best is not guessed)."""
     if name == (summary.metric or observed.DEFAULT_METRIC[0]):
         return "min" if summary.mode == "min" else "max"
@@ -94,9 +89,8 @@ def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
         metrics: list[tuple[str, str, float, int | None, int | None]] = []
         for scope, row in (("final", summary.final), ("best_row", summary.best)):
             if row is not None:
-                metrics += [
-                    (scope, name, value, row.step_int(), row.epoch_int()) for name, value in row.metrics().items()
-                ]
+                metrics += [(scope, name, value, row.step_int(), row.epoch_int())
+                            for name, value in row.metrics().items()]
         metrics += [("best", name, value, step, None) for name, (value, step) in own_bests(summary).items()]
         for name, points in summary.curves.items():
             metrics += [("curve", name, value, int(step), None) for step, value in points]

@@ -55,32 +55,11 @@ class Word(str, enum.Enum):
 
 
 def _scalar(rng: random.Random) -> Any:
-    return rng.choice(
-        [
-            None,
-            True,
-            False,
-            0,
-            -7,
-            10**30,
-            0.1,
-            -2.5e-8,
-            1e16,
-            123456.789,
-            math.inf,
-            -math.inf,
-            math.nan,
-            "",
-            "plain",
-            'quote " back \\ slash',
-            "tab\tnew\nline\x00nul\x1b",
-            "é ü 名前 \u2028 😀",
-            "%s %d %%",
-            Size.SMALL,
-            Word.HI,
-            3.0,
-        ]
-    )
+    return rng.choice([
+        None, True, False, 0, -7, 10**30, 0.1, -2.5e-8, 1e16, 123456.789, math.inf, -math.inf, math.nan, "",
+        "plain", "quote \" back \\ slash", "tab\tnew\nline\x00nul\x1b", "é ü 名前 \u2028 😀", "%s %d %%", Size.SMALL,
+        Word.HI, 3.0,
+    ])
 
 
 def _doc(rng: random.Random, depth: int) -> Any:
@@ -90,10 +69,8 @@ def _doc(rng: random.Random, depth: int) -> Any:
     if pick < 0.55:
         return [_doc(rng, depth - 1) for _ in range(rng.randint(0, 4))]
     if pick < 0.7:
-        return {
-            rng.choice(["a", "b", "%s", "%%", "é", "k\x00", "z"]) + str(rng.randint(0, 3)): _doc(rng, depth - 1)
-            for _ in range(rng.randint(0, 4))
-        }
+        return {rng.choice(["a", "b", "%s", "%%", "é", "k\x00", "z"]) + str(rng.randint(0, 3)): _doc(rng, depth - 1)
+                for _ in range(rng.randint(0, 4))}
     keys = rng.sample(["id", "final", "%s", "b", "a b", "名"], rng.randint(1, 5))
     rows: list[Any] = [{k: _doc(rng, depth - 1) for k in rng.sample(keys, len(keys))} for _ in range(rng.randint(2, 6))]
     if rng.random() < 0.5:  # a row of other keys, or not a dict, among them
@@ -127,46 +104,19 @@ def _old_results_json(rows: list[ResultRow]) -> str:
         ran = None
         if row.attempt is not None and row.provenance is not None:
             p = row.provenance
-            ran = d.RanWith(
-                host=row.attempt.host,
-                slot_kind=p.slot_kind,
-                gpu_model=p.gpu_model,
-                gpu_count=p.gpu_count,
-                driver=p.driver,
-                cuda=p.cuda,
-                torch=p.torch,
-                nccl=p.nccl,
-                python=p.python,
-            )
-        jobs.append(
-            d.ResultJob(
-                id=j.id,
-                sweep_id=j.sweep_id,
-                name=j.name,
-                task=j.task,
-                epochs=known_epochs(j.epochs),
-                state=j.state,
-                attempts=j.attempt_count,
-                final=row.final,
-                best=row.best,
-                best_row=row.best_row,
-                gpu_hours=c.gpu_hours if c else None,
-                cost=c.cost if c else None,
-                lost_gpu_hours=c.lost_gpu_hours if c else None,
-                preemptions=c.preemptions if c else None,
-                pulled=row.pulled,
-                local_dir=row.local_dir,
-                error=row.error,
-                restarts_from_scratch=row.restarts_from_scratch,
-                cpu_hours=c.cpu_hours if c else None,
-                ran_with=ran,
-                git_commit=row.git[0] or None,
-                git_dirty=row.git[1],
-            )
-        )
-    return d.ResultsDocument(
-        schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id, metric=rows[0].metric, mode=rows[0].mode, jobs=jobs
-    ).dump()
+            ran = d.RanWith(host=row.attempt.host, slot_kind=p.slot_kind, gpu_model=p.gpu_model,
+                            gpu_count=p.gpu_count, driver=p.driver, cuda=p.cuda, torch=p.torch, nccl=p.nccl,
+                            python=p.python)
+        jobs.append(d.ResultJob(
+            id=j.id, sweep_id=j.sweep_id, name=j.name, task=j.task, epochs=known_epochs(j.epochs), state=j.state,
+            attempts=j.attempt_count, final=row.final, best=row.best, best_row=row.best_row,
+            gpu_hours=c.gpu_hours if c else None, cost=c.cost if c else None,
+            lost_gpu_hours=c.lost_gpu_hours if c else None, preemptions=c.preemptions if c else None,
+            pulled=row.pulled, local_dir=row.local_dir, error=row.error,
+            restarts_from_scratch=row.restarts_from_scratch,
+            cpu_hours=c.cpu_hours if c else None, ran_with=ran, git_commit=row.git[0] or None, git_dirty=row.git[1]))
+    return d.ResultsDocument(schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id, metric=rows[0].metric,
+                             mode=rows[0].mode, jobs=jobs).dump()
 
 
 def _renamed(row: ResultRow, **job: Any) -> ResultRow:
@@ -183,21 +133,16 @@ def _varied_rows(ctx: Context, tmp_path: Path, *, ints: bool = True) -> list[Res
     rows[1] = _renamed(rows[1], name=NASTY, task="名前")
     rows[2] = dataclasses.replace(rows[2], final={"loss": 1.5, "%s": 2.5}, best={"loss": 0.25})
     if ints:
-        rows[2] = dataclasses.replace(
-            rows[2],
-            final={"loss": 1, "%s": 2.5},
-            best={"loss": 0},
-            cost=JobCost(gpu_hours=1, cost=2, lost_gpu_hours=0, preemptions=3, cpu_hours=0),
-        )
+        rows[2] = dataclasses.replace(rows[2], final={"loss": 1, "%s": 2.5}, best={"loss": 0},
+                                      cost=JobCost(gpu_hours=1, cost=2, lost_gpu_hours=0, preemptions=3, cpu_hours=0))
     rows[3] = dataclasses.replace(rows[3], error=NASTY)
     rows[4] = _renamed(rows[4], name="日本語の名前-seed1")
     return rows
 
 
 @pytest.mark.parametrize("ints", [False, True])
-def test_results_json_is_the_text_the_per_row_models_printed(
-    ctx: Context, tmp_path: Path, ints: bool, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_results_json_is_the_text_the_per_row_models_printed(ctx: Context, tmp_path: Path, ints: bool,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Without ints the dicts pass strict validation and are written as they are; with them, the
     lax validation's dump is written: the same text as the models' either way."""
     import jsonschema
@@ -221,7 +166,8 @@ def test_every_float_field_of_a_result_is_checked() -> None:
     floats = {name for name, field in d.ResultJob.model_fields.items() if field.annotation in (float, float | None)}
     maps = {name for name, field in d.ResultJob.model_fields.items() if field.annotation == dict[str, float]}
     assert floats == set(emit.FLOAT_FIELDS) and maps == set(emit.FLOAT_MAPS)
-    assert not any("float" in str(f.annotation) for n, f in d.ResultJob.model_fields.items() if n not in floats | maps)
+    assert not any("float" in str(f.annotation) for n, f in d.ResultJob.model_fields.items()
+                   if n not in floats | maps)
     assert not any("float" in str(f.annotation) for f in d.RanWith.model_fields.values())
 
 
@@ -243,14 +189,14 @@ def _rich_parts(text: str) -> tuple[list[str], list[list[str]], list[str]]:
     header = [c.strip() for c in next(line for line in lines if line.startswith("┃")).split("┃")[1:-1]]
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
     end = next(i for i, line in enumerate(lines) if line.startswith("└"))
-    return header, rows, lines[end + 1 :]
+    return header, rows, lines[end + 1:]
 
 
 def _plain_parts(text: str, rows: int) -> tuple[str, list[str], list[list[str]], list[str]]:
     """The plain table's title, header, rows' cells (cut where every line has two spaces or more,
     whatever each column's alignment) and the lines after it."""
     lines = text.splitlines()
-    table = lines[1 : 2 + rows]
+    table = lines[1:2 + rows]
     width = max(map(len, table))
     blank = [all(len(line) <= p or line[p] == " " for line in table) for p in range(width)] + [True]
     cuts, p = [], 0
@@ -263,12 +209,12 @@ def _plain_parts(text: str, rows: int) -> tuple[str, list[str], list[list[str]],
         p += 1
     bounds = [0, *[x for cut in cuts for x in cut], width]
     cells = [[line[a:b].strip() for a, b in zip(bounds[::2], bounds[1::2], strict=True)] for line in table]
-    return lines[0], cells[0], cells[1:], lines[2 + rows :]
+    return lines[0], cells[0], cells[1:], lines[2 + rows:]
 
 
-def test_results_table_plain_and_rich_carry_the_same_cells(
-    ctx: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_results_table_plain_and_rich_carry_the_same_cells(ctx: Context, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [r for i, r in enumerate(_varied_rows(ctx, tmp_path)) if i != 4]  # (wide characters: below)
     # a screen wide enough that rich wraps no cell (the long notes), so that its cells can be read back
     monkeypatch.setattr(render, "console", lambda: Console(highlight=False, soft_wrap=False, width=400))
@@ -286,16 +232,15 @@ def test_results_table_plain_and_rich_carry_the_same_cells(
     assert by_id[rows[1].job.id][1] == SHOWN and by_id[rows[3].job.id][-1] == SHOWN  # name and note
 
 
-def test_report_table_plain_and_rich_carry_the_same_cells(
-    ctx: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_report_table_plain_and_rich_carry_the_same_cells(ctx: Context, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     _sweep(ctx, tmp_path, "qgggggg", QUEUE, VALUES, failed=("baseline-seed3",))
     doc = build_report(ctx, ["qgggggg"])
     doc.cells[1].flags.append(NASTY)
     doc.notes.append(NASTY)
-    doc.failures.append(
-        FailureRow(job="j", name="n", cell="c", state="FAILED", failure_class="oom", message=NASTY, log_tail=[])
-    )
+    doc.failures.append(FailureRow(job="j", name="n", cell="c", state="FAILED", failure_class="oom",
+                                   message=NASTY, log_tail=[]))
     for width, wide in (("400", True), ("120", False)):  # 400: rich wraps no flag, its cells can be read back
         monkeypatch.setenv("COLUMNS", width)
         columns, cells, below = report_cli.report_cells(doc, wide)
@@ -313,9 +258,9 @@ def test_report_table_plain_and_rich_carry_the_same_cells(
         assert "failed baseline-seed3 (config): " in "\n".join(plain_below)
 
 
-def test_past_a_screenful_of_rows_the_table_is_plain(
-    ctx: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_past_a_screenful_of_rows_the_table_is_plain(ctx: Context, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     rows = _varied_rows(ctx, tmp_path)
     monkeypatch.setattr(plaintable, "RICH_ROWS", len(rows))
     resulttables.results_table(rows)
@@ -332,19 +277,15 @@ def test_plain_table_aligns_by_screen_width_and_colours_only_the_text() -> None:
 
     def drawn(terminal: bool) -> str:
         out = io.StringIO()
-        console = Console(file=out, force_terminal=terminal, color_system="standard" if terminal else None, width=100)
+        console = Console(file=out, force_terminal=terminal, color_system="standard" if terminal else None,
+                          width=100)
         plaintable.write(console, "title", ["name", "state", "value"], rows, right=["value"])
         plaintable.write_lines(console, [[("a", "red"), (": b", "")]])
         return out.getvalue()
 
     plain = drawn(False)
-    assert plain.splitlines() == [
-        "title",
-        "name    state      value",
-        "日本語  SUCCEEDED    1.5",
-        "ab      FAILED     10.25",
-        "a: b",
-    ]
+    assert plain.splitlines() == ["title", "name    state      value", "日本語  SUCCEEDED    1.5",
+                                  "ab      FAILED     10.25", "a: b"]
     assert len({cell_len(line) for line in plain.splitlines()[1:4]}) == 1
     coloured = drawn(True)
     assert "\x1b[32mSUCCEEDED\x1b[0m  " in coloured and "\x1b[31mFAILED\x1b[0m     " in coloured

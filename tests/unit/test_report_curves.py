@@ -25,18 +25,11 @@ def test_downsampling_keeps_the_ends_and_the_budget() -> None:
 
 def test_curves_take_the_metric_and_loss_columns_finite_only() -> None:
     rm = load_agent_module("gpuq_records.gpuq_runmetrics")
-    rows = [
-        {"kind": "train", "step": 1, "loss": 2.0},
-        {"kind": "train", "step": 2, "loss": float("nan")},
-        {"kind": "eval", "step": 2, "val_loss": 1.5, "val_acc": 0.5},
-        {"kind": "train", "step": 3, "loss": 1.0},
-        {"kind": "eval", "step": 4, "val_loss": 1.2, "val_acc": 0.7, "lr": 0.1},
-    ]
-    assert rm.curves(rows, "val_acc") == {
-        "val_acc": [[2, 0.5], [4, 0.7]],
-        "loss": [[1, 2.0], [3, 1.0]],
-        "val_loss": [[2, 1.5], [4, 1.2]],
-    }
+    rows = [{"kind": "train", "step": 1, "loss": 2.0}, {"kind": "train", "step": 2, "loss": float("nan")},
+            {"kind": "eval", "step": 2, "val_loss": 1.5, "val_acc": 0.5}, {"kind": "train", "step": 3, "loss": 1.0},
+            {"kind": "eval", "step": 4, "val_loss": 1.2, "val_acc": 0.7, "lr": 0.1}]
+    assert rm.curves(rows, "val_acc") == {"val_acc": [[2, 0.5], [4, 0.7]], "loss": [[1, 2.0], [3, 1.0]],
+                                          "val_loss": [[2, 1.5], [4, 1.2]]}
     many = [{f"loss{i}": 1.0 for i in range(20)} | {"step": 1, "acc": 1.0}]
     assert len(rm.curves(many, "acc")) == rm.CURVE_NAMES
 
@@ -56,19 +49,16 @@ def _collect(curves: object) -> str:
     return json.dumps({"c0123456789ab": {"attempt": 1, "summary": {"final": {"val_acc": 0.9}, "curves": curves}}})
 
 
-@pytest.mark.parametrize(
-    ("curves", "why"),
-    [
-        ({"loss": [[1, "NaN"]]}, "finite"),
-        ({"loss": [[1, 1e400]]}, "finite"),
-        ({"loss": [[1]]}, "curves"),
-        ({"loss": [[1, 2.0, 3.0]]}, "curves"),
-        ({f"m{i}": [[1, 1.0]] for i in range(9)}, "curves"),
-        ({"loss": [[i, 1.0] for i in range(hd.MAX_CURVE_POINTS + 1)]}, "curves"),
-        ({"x" * 200: [[1, 1.0]]}, "curves"),
-        ([[1, 1.0]], "curves"),
-    ],
-)
+@pytest.mark.parametrize(("curves", "why"), [
+    ({"loss": [[1, "NaN"]]}, "finite"),
+    ({"loss": [[1, 1e400]]}, "finite"),
+    ({"loss": [[1]]}, "curves"),
+    ({"loss": [[1, 2.0, 3.0]]}, "curves"),
+    ({f"m{i}": [[1, 1.0]] for i in range(9)}, "curves"),
+    ({"loss": [[i, 1.0] for i in range(hd.MAX_CURVE_POINTS + 1)]}, "curves"),
+    ({"x" * 200: [[1, 1.0]]}, "curves"),
+    ([[1, 1.0]], "curves"),
+])
 def test_hostile_curves_are_a_protocol_error(curves: object, why: str) -> None:
     with pytest.raises(hd.ProtocolError, match="bad collect document") as err:
         hd.read_collect("h1", _collect(curves).replace('"NaN"', "NaN"))
@@ -78,31 +68,14 @@ def test_hostile_curves_are_a_protocol_error(curves: object, why: str) -> None:
 def test_curves_land_in_the_ledger_beside_final_and_best(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "ledger.db")
     job = JobSpec(name="a", config="c.yaml", config_sha256="0" * 64, task="t", epochs=1, line=1, raw="c.yaml t 1")
-    row = ledger.add_sweep(
-        sweep_id="qaaaaaa", queue_path="q", workdir=str(tmp_path), queue_text="", jobs=[job], default_retries=0
-    )[0]
-    doc = hd.read_collect(
-        "h1",
-        json.dumps(
-            {
-                row.id: {
-                    "attempt": 1,
-                    "summary": {
-                        "final": {"val_acc": 0.9, "step": 4},
-                        "best": {"val_acc": 0.95, "step": 2},
-                        "curves": {"val_acc": [[4, 0.9], [2, 0.95]], "loss": [[1, 2.0], [3, 1.0]]},
-                    },
-                }
-            }
-        ),
-    )
+    row = ledger.add_sweep(sweep_id="qaaaaaa", queue_path="q", workdir=str(tmp_path), queue_text="", jobs=[job],
+                           default_retries=0)[0]
+    doc = hd.read_collect("h1", json.dumps({row.id: {"attempt": 1, "summary": {
+        "final": {"val_acc": 0.9, "step": 4}, "best": {"val_acc": 0.95, "step": 2},
+        "curves": {"val_acc": [[4, 0.9], [2, 0.95]], "loss": [[1, 2.0], [3, 1.0]]}}}}))
     record_collected(ledger, doc.root)
     assert ledger.curves([row.id]) == {row.id: {"val_acc": [(2, 0.95), (4, 0.9)], "loss": [(1, 2.0), (3, 1.0)]}}
     kept = sorted((m.scope, m.name, m.value) for m in ledger.metrics([row.id], ("final", "best", "best_row")))
     # each metric's own best (the loss from its curve), the headline's best row, the final row
-    assert kept == [
-        ("best", "loss", 1.0),
-        ("best", "val_acc", 0.95),
-        ("best_row", "val_acc", 0.95),
-        ("final", "val_acc", 0.9),
-    ]
+    assert kept == [("best", "loss", 1.0), ("best", "val_acc", 0.95), ("best_row", "val_acc", 0.95),
+                    ("final", "val_acc", 0.9)]

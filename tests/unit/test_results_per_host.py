@@ -27,13 +27,10 @@ SWEEP = "qhosts1"
 @pytest.fixture
 def ctx(gpuq_home: Path, tmp_path: Path) -> Iterator[Context]:
     ctx = open_context()
-    specs = [
-        JobSpec(name=n, config="c.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
-        for i, n in enumerate(["good", "dead", "nan"])
-    ]
-    jobs = ctx.ledger.add_sweep(
-        sweep_id=SWEEP, queue_path="q.txt", workdir="/w", queue_text="", jobs=specs, default_retries=1
-    )
+    specs = [JobSpec(name=n, config="c.yaml", task="classify", config_sha256="0" * 64, line=i + 1)
+             for i, n in enumerate(["good", "dead", "nan"])]
+    jobs = ctx.ledger.add_sweep(sweep_id=SWEEP, queue_path="q.txt", workdir="/w", queue_text="", jobs=specs,
+                                default_retries=1)
     for job in jobs:
         host = FakeHost(tmp_path / job.name, name=f"h-{job.name}")
         install_agent(Path(host.root))
@@ -47,8 +44,7 @@ def ctx(gpuq_home: Path, tmp_path: Path) -> Iterator[Context]:
         jdir = finished_job(Path(host.root), job.id, queue_id=SWEEP)
         if job.name == "nan":
             (jdir / protocol.RESULT_DIR / protocol.SUMMARY_FILE).write_text(
-                '{"final": {"val_acc": NaN}, "best": {"val_acc": 0.8}}'
-            )
+                '{"final": {"val_acc": NaN}, "best": {"val_acc": 0.8}}')
         if job.name == "dead":
             host.down = True
     try:
@@ -78,16 +74,14 @@ def test_the_ledger_refuses_a_non_finite_metric_whole(ctx: Context) -> None:
     job = ctx.ledger.jobs(sweep_id=SWEEP)[0]
     for bad in (float("nan"), float("inf"), float("-inf")):
         with pytest.raises(LedgerError, match="finite"):
-            ctx.ledger.record_results(
-                job.id, 1, metrics=[("final", "a", 1.0, None, None), ("final", "b", bad, None, None)], artifacts=[]
-            )
+            ctx.ledger.record_results(job.id, 1, metrics=[("final", "a", 1.0, None, None),
+                                                          ("final", "b", bad, None, None)], artifacts=[])
     assert ctx.ledger.metrics([job.id]) == []
     assert json.dumps([m.value for m in ctx.ledger.metrics([job.id])]) == "[]"
 
 
-def test_the_table_and_csv_say_on_each_row_why_its_results_are_missing(
-    ctx: Context, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_table_and_csv_say_on_each_row_why_its_results_are_missing(ctx: Context,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     import csv
     import io
 
