@@ -11,7 +11,6 @@ Metrics go to metrics.csv (epoch, train_loss, val_acc) in the working directory.
 
 import argparse
 import csv
-import hashlib
 import os
 
 import torch
@@ -29,11 +28,14 @@ def ddp_setup():
     dist.init_process_group(backend=backend)
 
 
+TASK_SEED = 0  # the labelling rule: one problem, whatever the run's seed
+
+
 def make_dataset(size, seed):
-    """A synthetic two-class problem: points around two centres (no downloads)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(size, 20, generator=g)
-    w = torch.randn(20, generator=g)
+    """A synthetic two-class problem (no downloads): points drawn with ``seed``, labelled by which side
+    of one fixed hyperplane they fall (the same rule for the training and the validation set)."""
+    w = torch.randn(20, generator=torch.Generator().manual_seed(TASK_SEED))
+    x = torch.randn(size, 20, generator=torch.Generator().manual_seed(seed))
     y = (x @ w > 0).long()
     return TensorDataset(x, y)
 
@@ -125,15 +127,9 @@ def main(total_epochs, save_every, batch_size, dataset_size, seed, snapshot_path
     train_set = make_dataset(dataset_size, seed)
     val_set = make_dataset(max(dataset_size // 4, 64), seed + 1000)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train_data = DataLoader(train_set, batch_size=batch_size, shuffle=False, sampler=DistributedSampler(train_set))
     val_data = DataLoader(val_set, batch_size=256)
-    if int(os.environ["RANK"]) == 0:
-        # Proof that a forwarded secret reached the process, without ever writing its value.
-        token = os.environ.get("WANDB_API_KEY")
-        if token is not None:
-            with open("secret.sha256", "w") as f:
-                f.write(hashlib.sha256(token.encode()).hexdigest() + "\n")
     trainer = Trainer(model, train_data, val_data, optimizer, save_every, snapshot_path)
     trainer.train(total_epochs)
     dist.barrier()

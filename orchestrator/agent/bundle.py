@@ -2,7 +2,7 @@
 
 Layout inside the tarball (and under ``bundles/<sha>/`` on a host)::
 
-    payload/   the training payload and the host agent (from gpuq itself)
+    payload/   the training payload and the host agent (from gpuq itself: PAYLOAD_PARTS only)
     workdir/   the project: the queue file's directory, or ``[run] project``
     MANIFEST.json   every file's path, bytes, sha256
 
@@ -266,12 +266,25 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+PAYLOAD_PARTS = ("agent/", "gpuq_payload/", "train.py")  # what hosts run of gpuq's own payload/ directory
+
+
+def carried_from_gpuq(name: str) -> bool:
+    """Whether a file of gpuq's ``payload/`` goes into ``payload/`` of the bundle: the agent, the trainer
+    and its package only; the example's configs, queue.txt and any scratch file there travel only as a
+    project's own files (in ``workdir/``, when the example is the project), so editing the demo queue
+    never changes another project's bundle."""
+    rel = name[len(protocol.BUNDLE_PAYLOAD) + 1:]
+    return any(rel == part or (part.endswith("/") and rel.startswith(part)) for part in PAYLOAD_PARTS)
+
+
 def build_bundle(workdir: Path, cache_dir: Path, *, exclude: tuple[Path, ...] = (),
                  max_bytes: int | None = None, warn_bytes: int = WARN_BYTES) -> Bundle:
     """Build (or reuse) the bundle for the project ``workdir``; returns its sha and cached tarball.
     Raises BundleError naming the biggest paths when the project exceeds ``max_bytes``."""
     excluded = {p.resolve() for p in exclude}
     entries, secrets = _walk(payload_dir(), protocol.BUNDLE_PAYLOAD, excluded, deny=False)
+    entries = [e for e in entries if carried_from_gpuq(e.name)]
     outputs: list[str] = []
     work_entries, work_secrets = _walk(workdir, protocol.BUNDLE_WORKDIR, excluded, deny=True, outputs=outputs)
     secrets += work_secrets

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import transfer
@@ -163,7 +163,7 @@ def _stop_other_nodes(ctx: Context, job: Job) -> None:
 class ResultRow:
     job: Job
     final: dict[str, float]
-    best: dict[str, float]
+    best: dict[str, float]  # each metric's own best by its direction (tick.collect.own_bests)
     attempt: Attempt | None
     pulled: str = ""  # "verified" (local copy in local_dir), "missing" (verified, copy gone), "" (not pulled)
     local_dir: str = ""
@@ -174,6 +174,7 @@ class ResultRow:
     provenance: Provenance | None = None  # what the newest attempt ran with (None: its host has not said)
     git: tuple[str, bool | None] = ("", None)  # the project's commit at submit and whether it was dirty
     restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
+    best_row: dict[str, float] = field(default_factory=dict)  # every metric in the row where the headline was best
 
 
 @functools.lru_cache(maxsize=1024)
@@ -242,8 +243,8 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
     errors = collect_missing(ctx, jobs)
     ids = [j.id for j in jobs]
-    values: dict[tuple[str, str], dict[str, float]] = {}  # (job id, "final" | "best") -> name -> value
-    for job_id, scope, name, value, _ in ctx.ledger.metric_values(ids):
+    values: dict[tuple[str, str], dict[str, float]] = {}  # (job id, "final" | "best" | "best_row") -> name -> value
+    for job_id, scope, name, value, _ in ctx.ledger.metric_values(ids, ("final", "best", "best_row")):
         values.setdefault((job_id, scope), {})[name] = value
     tried: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(ids):  # by job, then number: the last is the newest
@@ -269,7 +270,7 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
         entry = ResultRow(job, values.get((job.id, "final"), {}), values.get((job.id, "best"), {}), newest,
                           metric=metric, mode=mode, error=errors.get(job.id, ""),
                           provenance=ran_with(newest.provenance) if newest is not None else None,
-                          git=git)
+                          git=git, best_row=values.get((job.id, "best_row"), {}))
         entry.cost = job_cost(job.gpus * job.nodes, attempts, saved.get(job.id, []), now, on_cpu)
         entry.restarts_from_scratch = restarts.get(job.id, 0)
         mark = verified.get(job.id)

@@ -29,6 +29,7 @@ class OfferScan:
     skipped: dict[str, str] = field(default_factory=dict)  # provider -> why it was not asked (no key, no offers)
     failed: dict[str, str] = field(default_factory=dict)  # provider -> its error
     seen: int = 0  # offers the providers returned before filtering
+    asked: int = 0  # providers that answered (none: "no offers match" would be a guess)
 
 
 def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Sequence[str] = (),
@@ -56,6 +57,7 @@ def scan_offers(ctx: Context, *, gpu_counts: Sequence[int] = (1,), models: Seque
             for count in sorted(set(gpu_counts)):
                 found += prov.list_offers(OfferQuery(gpu_count=count, min_gpu_memory_gb=mem_gb, spot=spot,
                                                      max_price_per_hour=max_price))
+            out.asked += 1
         except ProviderAuthError as exc:
             (out.skipped if exc.code == "no-api-key" else out.failed)[name] = str(exc)
         except GpuqError as exc:

@@ -236,7 +236,11 @@ class ResultJob(Doc):
     state: JobStateName
     attempts: int = Field(ge=0)
     final: dict[str, float] = Field(description="The last metrics the trainer reported.")
-    best: dict[str, float] = Field(description="The best metrics, by the sweep's metric and mode.")
+    best: dict[str, float] = Field(description="Each metric's own best by its direction: the sweep's [run] mode for "
+                                   "its headline metric, lower for loss-like names, higher for accuracy-like "
+                                   "ones; a metric whose name says neither has none.")
+    best_row: dict[str, float] = Field(default_factory=dict,
+                                       description="Every metric in the row where the headline metric was best.")
     gpu_hours: float | None
     cpu_hours: float | None = Field(default=None, description="Hours of attempts on CPU slots, times the slots "
                                                               "(never counted as GPU-hours).")

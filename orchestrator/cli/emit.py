@@ -70,7 +70,7 @@ def results(rows: list[ResultRow]) -> None:
 
 
 FLOAT_FIELDS = ("gpu_hours", "cost", "lost_gpu_hours", "cpu_hours")  # ResultJob's fields of float | None
-FLOAT_MAPS = ("final", "best")  # ... and of dict[str, float]
+FLOAT_MAPS = ("final", "best", "best_row")  # ... and of dict[str, float]
 
 
 def _floats_only(jobs: list[dict[str, Any]]) -> bool:
@@ -94,6 +94,7 @@ def _result_jobs(rows: list[ResultRow]) -> list[dict[str, Any]]:
         jobs.append({
             "id": j.id, "sweep_id": j.sweep_id, "name": j.name, "task": j.task, "epochs": known_epochs(j.epochs),
             "state": j.state, "attempts": j.attempt_count, "final": row.final, "best": row.best,
+            "best_row": row.best_row,
             "gpu_hours": c.gpu_hours if c else None, "cost": c.cost if c else None,
             "lost_gpu_hours": c.lost_gpu_hours if c else None, "preemptions": c.preemptions if c else None,
             "pulled": row.pulled, "local_dir": row.local_dir, "error": row.error,

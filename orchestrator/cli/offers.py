@@ -53,6 +53,10 @@ def offers(models: tuple[str, ...], gpu_mem: str | None, gpus: str, spot: bool, 
         _offers_text(scan, spot)
     if scan.failed:
         sys.exit(exitcodes.FAILED)
+    if not scan.asked:  # every provider skipped (no API key anywhere): nothing was looked at
+        echo("gpuq: no provider was asked (none has an API key or lists offers): nothing to list; "
+             "docs/providers.md says where a key goes", err=True)
+        sys.exit(exitcodes.FAILED)
 
 
 def _offers_text(scan: object, spot: bool) -> None:
@@ -65,7 +69,8 @@ def _offers_text(scan: object, spot: bool) -> None:
     for name, why in scan.failed.items():
         echo(f"gpuq: {name} failed: {why}", err=True)
     if not scan.offers:
-        echo(f"no offers match ({scan.seen} seen before filtering)")
+        if scan.asked:  # else nothing was looked at: offers() says so
+            echo(f"no offers match ({scan.seen} seen before filtering)")
         return
     rows = []
     for offer in scan.offers:

@@ -120,8 +120,9 @@ def status_table(snap: Snapshot) -> None:
         out.print(alerts_table(alerts[:10]))
     listed = {j.sweep_id for j in snap.jobs}
     sweeps = sweep_views(snap)
-    hidden = [s for s in sweeps if s.id not in listed]
-    for sweep in sweeps[-5:]:
+    lined = sweeps[-5:]
+    hidden = [s for s in sweeps if s.id not in listed and s not in lined]  # a sweep with a line is listed
+    for sweep in lined:
         out.print(sweep.line, markup=False)
     if hidden:
         out.print(f"{len(hidden)} finished sweep(s) not listed; `gpuq status --all` or `--sweep ID` shows them")

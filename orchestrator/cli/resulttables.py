@@ -11,6 +11,7 @@ import csv
 import sys
 from typing import TYPE_CHECKING
 
+from orchestrator.host_documents import Summary
 from orchestrator.views.text import printable
 
 if TYPE_CHECKING:
@@ -28,6 +29,17 @@ def _metric_names(rows: list[ResultRow]) -> list[str]:
     return names
 
 
+def _way(rows: list[ResultRow], name: str) -> str:
+    """" (max)" / " (min)": the direction each metric's own best was taken by (none for a name that says neither)."""
+    from orchestrator.tick.collect import direction
+
+    head = rows[0]
+    if name == head.metric:
+        return " (min)" if head.mode == "min" else " (max)"
+    way = direction(name, Summary(metric=head.metric, mode=head.mode))
+    return f" ({way})" if way else ""
+
+
 PULLED_CELL = {"verified": ("verified", "green"), "missing": ("verified, copy missing", "red")}
 
 
@@ -39,10 +51,7 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
     names = _metric_names(rows)
     priced = any(r.cost is not None and r.cost.cost is not None for r in rows)
     lost = any(r.cost is not None and (r.cost.preemptions or r.cost.lost_gpu_hours) for r in rows)
-    head = rows[0].metric
-    arrow = {"max": " (max)", "min": " (min)"}.get(rows[0].mode, "")
-    cols = ["job", "name", "state", *[f"final {n}" for n in names],
-            *[f"best {n}{arrow if n == head else ''}" for n in names]]
+    cols = ["job", "name", "state", *[f"final {n}" for n in names], *[f"best {n}{_way(rows, n)}" for n in names]]
     on_cpu = any(r.cost is not None and r.cost.cpu_hours for r in rows)  # CPU slots: CPU-hours, never "GPU-h"
     on_gpu = not on_cpu or any(r.cost is not None and r.cost.gpu_hours for r in rows)
     cols += (["GPU-h"] if on_gpu else []) + (["CPU-h"] if on_cpu else [])
@@ -121,7 +130,8 @@ def results_csv(rows: list[ResultRow]) -> None:
     writer = csv.writer(sys.stdout)
     writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
                      *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "gpu_hours", "cost_usd",
-                     "lost_gpu_hours", "preemptions", "pulled", "local_dir", "error", "cpu_hours"])
+                     "lost_gpu_hours", "preemptions", "pulled", "local_dir", "error", "cpu_hours",
+                     *[f"best_row_{n}" for n in names]])
     for row in rows:
         j = row.job
         c = row.cost
@@ -129,7 +139,8 @@ def results_csv(rows: list[ResultRow]) -> None:
                          *[row.final.get(n, "") for n in names], *[row.best.get(n, "") for n in names],
                          f"{c.gpu_hours:.6f}" if c else "", f"{c.cost:.4f}" if c and c.cost is not None else "",
                          f"{c.lost_gpu_hours:.6f}" if c else "", c.preemptions if c else "",
-                         row.pulled, row.local_dir, row.error or "", f"{c.cpu_hours:.6f}" if c else ""])
+                         row.pulled, row.local_dir, row.error or "", f"{c.cpu_hours:.6f}" if c else "",
+                         *[row.best_row.get(n, "") for n in names]])
 
 
 PULL_STYLE = {"verified": "green", "already verified": "green", "incomplete": "yellow", "quarantined": "red",

@@ -125,7 +125,7 @@ EXIT_FINALIZE = 82
 EXIT_SIGNAL_BASE = 128
 
 EXIT_MEANINGS: dict[int, str] = {
-    EXIT_OK: "trained, artifacts verified",
+    EXIT_OK: "trained",
     EXIT_TRANSIENT: "transient failure, safe to resume",
     EXIT_CONFIG: "configuration error (never retried)",
     EXIT_SETUP: "setup failed before training",

@@ -301,12 +301,12 @@ def _check_environment(
         given = info.epochs
         if isinstance(given, int) and not isinstance(given, bool) and given > 0:
             draft.config_epochs = given
+        if draft.epochs is None and draft.config_epochs is not None:
+            continue  # the line gives none: the config's own epochs run (``_epochs``)
         runs = draft.epochs if draft.epochs is not None else DEFAULT_EPOCHS
         if _epochs_differ(info.epochs, runs) and (draft.epochs is not None or uses_epochs):
-            warnings.append(
-                f"{label}:{draft.number}: config {rel} sets epochs: {info.epochs} "
-                f"but the queue line runs {runs}"
-            )
+            who = "the queue line runs" if draft.epochs is not None else "gpuq runs the default"
+            warnings.append(f"{label}:{draft.number}: config {rel} sets epochs: {info.epochs} but {who} {runs}")
     return warnings
 
 
@@ -360,13 +360,13 @@ def _issue_order(issue: QueueIssue) -> tuple[int, float]:
 
 
 def _epochs(draft: Draft, uses_epochs: bool) -> int | None:
-    """The line's epochs; else what the trainer gets (``{epochs}``: the default); else the config's
-    ``epochs:``; else None: gpuq does not know and never invents a number."""
+    """The line's epochs; else the config's ``epochs:``; else, for a trainer that gets ``{epochs}``, the
+    default; else None: gpuq does not know and never invents a number."""
     if draft.epochs is not None:
         return draft.epochs
-    if uses_epochs:
-        return DEFAULT_EPOCHS
-    return draft.config_epochs
+    if draft.config_epochs is not None:
+        return draft.config_epochs
+    return DEFAULT_EPOCHS if uses_epochs else None
 
 
 def _to_spec(draft: Draft, name: str, cell: Cell, uses_epochs: bool = True) -> JobSpec:

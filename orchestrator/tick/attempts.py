@@ -21,6 +21,8 @@ def exit_message(exit_doc: ExitRecord) -> str:
     if meaning is None and code > protocol.EXIT_SIGNAL_BASE:
         meaning = f"killed by signal {code - protocol.EXIT_SIGNAL_BASE}"
     detail = exit_doc.message or ""
+    if meaning and detail.startswith(meaning):  # an older wrapper repeats the meaning as its message
+        detail = detail[len(meaning):].lstrip(":, ")
     parts = [f"exit {code}"] + ([meaning] if meaning else []) + ([detail] if detail else [])
     return ": ".join(parts)
 
@@ -52,7 +54,7 @@ def apply(ledger: Ledger, job: Job, seen: JobEntry) -> str:
         ledger.transition(job.id, AttemptState.LOST if exit_doc.vanished and code != protocol.EXIT_OK
                           else AttemptState.EXITED, attempt=number, message=exit_message(exit_doc))
         if code == protocol.EXIT_OK:
-            ledger.transition(job.id, JobState.SUCCEEDED, message="exit record 0, artifacts verified",
+            ledger.transition(job.id, JobState.SUCCEEDED, message=exit_message(exit_doc),
                               of_attempt=number)
             return "succeeded"
         if seen.cancel_requested:

@@ -48,6 +48,38 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
                               reason=problem)
 
 
+LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer")
+HIGHER_BETTER = ("acc", "f1", "auc", "precision", "recall", "map", "bleu", "rouge", "iou", "dice", "r2", "score")
+
+
+def direction(name: str, summary: Summary) -> str:
+    """"min" or "max" for a metric: the headline's own mode ([run] mode), else by its name (loss-like
+    lower, accuracy-like higher); "" when the name says neither (its best is not guessed)."""
+    if name == (summary.metric or observed.DEFAULT_METRIC[0]):
+        return "min" if summary.mode == "min" else "max"
+    low = name.lower()
+    if any(word in low for word in LOWER_BETTER):
+        return "min"
+    return "max" if any(word in low for word in HIGHER_BETTER) else ""
+
+
+def own_bests(summary: Summary) -> dict[str, tuple[float, int | None]]:
+    """Each metric's own best by its direction, and its step, over every value the summary carries of it
+    (the headline's best row, the final row, the learning curve's points, whose extremes the agent keeps)."""
+    seen: dict[str, list[tuple[float, int | None]]] = {}
+    for row in (summary.best, summary.final):
+        for name, value in (row.metrics() if row is not None else {}).items():
+            seen.setdefault(name, []).append((value, row.step_int() if row is not None else None))
+    for name, points in summary.curves.items():
+        seen.setdefault(name, []).extend((value, int(step)) for step, value in points)
+    out: dict[str, tuple[float, int | None]] = {}
+    for name, values in seen.items():
+        way = direction(name, summary)
+        if way:  # the first of equal values: the best row's own
+            out[name] = min(values, key=lambda v: v[0]) if way == "min" else max(values, key=lambda v: v[0])
+    return out
+
+
 def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
     """Each job's results as the ledger keeps them: finite metrics of the final and best rows, the
     learning curves, the files' hashes (the attempt's end record: what it left as it ended) and the
@@ -55,10 +87,11 @@ def record_collected(ledger: Ledger, docs: Mapping[str, Results]) -> None:
     for job_id, doc in docs.items():
         summary = doc.summary if doc.summary is not None else Summary()
         metrics: list[tuple[str, str, float, int | None, int | None]] = []
-        for scope, row in (("final", summary.final), ("best", summary.best)):
+        for scope, row in (("final", summary.final), ("best_row", summary.best)):
             if row is not None:
                 metrics += [(scope, name, value, row.step_int(), row.epoch_int())
                             for name, value in row.metrics().items()]
+        metrics += [("best", name, value, step, None) for name, (value, step) in own_bests(summary).items()]
         for name, points in summary.curves.items():
             metrics += [("curve", name, value, int(step), None) for step, value in points]
         ledger.record_results(job_id, doc.attempt, metrics=metrics, artifacts=doc.artifacts(), checkpoint=doc.ckpt)

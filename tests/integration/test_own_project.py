@@ -18,6 +18,11 @@ pytestmark = pytest.mark.integration
 
 SECRET = "wandb-secret-value-7f3a9c1e5b"
 ENV = {"GPUQ_LOCAL_CPU_SLOTS": "4", "GPUQ_HEARTBEAT_S": "1"}
+# proof that a forwarded secret reached the trainer, without ever writing its value (rank 0 writes it)
+PROBE = ('    if os.environ.get("WANDB_API_KEY") is not None and int(os.environ["RANK"]) == 0:\n'
+         '        import hashlib\n'
+         '        with open("secret.sha256", "w") as f:\n'
+         '            f.write(hashlib.sha256(os.environ["WANDB_API_KEY"].encode()).hexdigest() + "\\n")\n')
 
 
 def _plain(line: str) -> str:
@@ -99,6 +104,8 @@ def test_grid_runs_each_cell_once_in_its_own_run_dir_side_by_side(gpuq_home: Pat
 def test_forwarded_secret_reaches_only_the_trainer(gpuq_home: Path, tmp_path: Path) -> None:
     queue = copy_example("ddp_snapshot", tmp_path, queue="name=sec gpus=2 -- 2 1 --batch_size 64\n",
                          toml_extra='forward_env = ["WANDB_API_KEY"]\nenv = { WANDB_MODE = "offline" }\n')
+    train = queue.parent / "train.py"  # the test's own probe (the example carries none): the secret's hash
+    train.write_text(train.read_text().replace("    ddp_setup()\n", "    ddp_setup()\n" + PROBE, 1))
     env = {**ENV, "WANDB_API_KEY": SECRET, "GPUQ_FORWARD_ENV_ALLOW": "WANDB_API_KEY"}  # the user allows it
     outputs: list[str] = []
     dry = run_gpuq("submit", str(queue), "--dry-run", env=env)

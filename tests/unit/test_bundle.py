@@ -165,3 +165,24 @@ def test_framework_output_dirs_stay_out_unless_gpuqignore_asks_for_them(workdir:
     (workdir / ".gpuqignore").write_text("!runs/\n")
     again = build_bundle(workdir, tmp_path / "cache")
     assert "workdir/runs/Nov26/events.out" in _names(again.path) and "runs/" not in again.skipped_outputs
+
+
+def test_a_projects_bundle_carries_none_of_gpuqs_demo_files(workdir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpuq's payload/ travels as its agent, trainer and package only: the example's configs, queue.txt
+    and a scratch file there are no part of another project's bundle, nor of its hash (issue 39 item 14)."""
+    import shutil
+
+    from orchestrator.agent import bundle as bundle_mod
+
+    own = tmp_path / "gpuq_payload_copy"
+    shutil.copytree(bundle_mod.payload_dir(), own, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(bundle_mod, "payload_dir", lambda: own)
+    first = build_bundle(workdir, tmp_path / "cache")
+    names = _names(first.path)
+    assert "payload/train.py" in names and "payload/gpuq_payload/trainer.py" in names
+    assert "payload/agent/gpuq_agent.py" in names
+    assert not any(n.startswith(("payload/configs/", "payload/queue.txt")) for n in names), sorted(names)
+    (own / "queue.txt").write_text("configs/baseline.yaml classify 1 gpus=1\n")
+    (own / "notes.txt").write_text("scratch\n")
+    assert build_bundle(workdir, tmp_path / "cache2").sha256 == first.sha256

@@ -31,8 +31,8 @@ def test_epochs_come_from_the_line_the_config_or_a_command_that_passes_them(tmp_
     (tmp_path / "b.yaml").write_text("lr: 1\n")
     lines = "a.yaml t\nb.yaml t\nb.yaml t 3 name=three\n"
     assert _parse(lines, tmp_path, needs_config=True, uses_epochs=False) == [7, None, 3]
-    # a command with {epochs} gets the default: the trainer is really given it
-    assert _parse(lines, tmp_path, uses_epochs=True) == [DEFAULT_EPOCHS, DEFAULT_EPOCHS, 3]
+    # a command with {epochs} gets the config's, else the default: the trainer is really given it
+    assert _parse(lines, tmp_path, uses_epochs=True) == [7, DEFAULT_EPOCHS, 3]
     assert _parse("name=x -- 1 2\n", None, needs_config=False, uses_epochs=False) == [None]
 
 

@@ -62,3 +62,21 @@ def test_the_status_table_shows_host_text_as_text(monkeypatch: pytest.MonkeyPatc
     assert "[link=http://x]click me[/link]" in text and "[red]boom[/]" in text and "g1[/]" in text
     assert "protocol error: [link=http://x]" in text  # the host's line names the protocol error
     assert "\x1b]8;" not in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_a_sweep_whose_line_is_shown_is_not_counted_as_not_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status --state RUNNING` over a finished sweep: no job rows, but its sweep line is printed, so
+    "1 finished sweep(s) not listed" would be false (issue 39); a sixth, older sweep is not shown."""
+    from orchestrator.ledger import Sweep
+
+    def sweep(i: int) -> Sweep:
+        return Sweep(id=f"q{i}", queue_path="q.txt", workdir="/w", queue_text="", job_count=1,
+                     created_at=NOW - 100 + i)
+
+    console = _console()
+    monkeypatch.setattr(render, "console", lambda *a, **k: console)
+    snap = _snapshot()
+    render.status_table(Snapshot(NOW, snap.hosts, snap.probes, [sweep(0)], [], {}))
+    assert "not listed" not in console.export_text()
+    render.status_table(Snapshot(NOW, snap.hosts, snap.probes, [sweep(i) for i in range(6)], [], {}))
+    assert "1 finished sweep(s) not listed" in console.export_text()

@@ -494,11 +494,20 @@ def test_epochs_warning(project: Path) -> None:
     text += "configs/broken.yaml r\nconfigs/list.yaml r\nconfigs/e20.yaml r 5 name=c\n"
     parsed = parse_text(project, text)
     label = str(project / "q.txt")
-    assert parsed.warnings == (
-        f"{label}:1: config configs/e30.yaml sets epochs: 30 but the queue line runs 20",
-        f"{label}:6: config configs/e20.yaml sets epochs: 20 but the queue line runs 5",
-    )
-    assert len(parsed.jobs) == 6
+    assert parsed.warnings == (f"{label}:6: config configs/e20.yaml sets epochs: 20 but the queue line runs 5",)
+    # a line without epochs runs its config's (issue 39 item 2); without a usable one, the default
+    assert [job.epochs for job in parsed.jobs] == [30, 30, 20, 20, 20, 5]
+
+
+def test_a_line_without_epochs_never_overrides_the_configs(project: Path) -> None:
+    """``configs/no_aug.yaml classify gpus=2`` with ``epochs: 6`` in the config runs 6, and says nothing
+    about "the queue line" (which gave none); a config whose epochs: is unusable gets the default, said so."""
+    (project / "configs" / "e6.yaml").write_text("epochs: 6\n")
+    (project / "configs" / "odd.yaml").write_text("epochs: six\n")
+    parsed = parse_text(project, "configs/e6.yaml classify gpus=2 est_min=2\nconfigs/odd.yaml classify\n")
+    assert [job.epochs for job in parsed.jobs] == [6, 20]
+    label = str(project / "q.txt")
+    assert parsed.warnings == (f"{label}:2: config configs/odd.yaml sets epochs: six but gpuq runs the default 20",)
 
 
 def test_workdir_none_skips_environment() -> None:

@@ -109,7 +109,7 @@ def _old_results_json(rows: list[ResultRow]) -> str:
                             python=p.python)
         jobs.append(d.ResultJob(
             id=j.id, sweep_id=j.sweep_id, name=j.name, task=j.task, epochs=known_epochs(j.epochs), state=j.state,
-            attempts=j.attempt_count, final=row.final, best=row.best,
+            attempts=j.attempt_count, final=row.final, best=row.best, best_row=row.best_row,
             gpu_hours=c.gpu_hours if c else None, cost=c.cost if c else None,
             lost_gpu_hours=c.lost_gpu_hours if c else None, preemptions=c.preemptions if c else None,
             pulled=row.pulled, local_dir=row.local_dir, error=row.error,

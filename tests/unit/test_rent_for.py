@@ -271,3 +271,14 @@ def test_up_for_rents_each_need_with_its_offer_and_says_which_failed(
     assert result.failed[plan.plan.choices[0].need.text()].startswith("vastai H100 SXM: ")
     assert rental.provider == "vastai" and rental.wanted == 1 and len(rental.unusable) == 1
     assert "no on-demand vast.ai offer has capacity for 2x H100 SXM" in result.failed["1x 2-GPU machine (gpu=H100)"]
+
+
+def test_cli_offers_without_any_provider_key_says_nothing_was_asked(gpuq_home: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key anywhere: not "no offers match" and exit 0 (nothing was looked at), but one line saying
+    so and exit 1 (issue 39)."""
+    for var in CREDENTIAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    listed = run_gpuq("offers")
+    assert listed.returncode == 1, listed.stdout + listed.stderr
+    assert "no offers match" not in listed.stdout and "no provider was asked" in listed.stderr

@@ -75,4 +75,7 @@ def test_curves_land_in_the_ledger_beside_final_and_best(tmp_path: Path) -> None
         "curves": {"val_acc": [[4, 0.9], [2, 0.95]], "loss": [[1, 2.0], [3, 1.0]]}}}}))
     record_collected(ledger, doc.root)
     assert ledger.curves([row.id]) == {row.id: {"val_acc": [(2, 0.95), (4, 0.9)], "loss": [(1, 2.0), (3, 1.0)]}}
-    assert sorted((m.scope, m.name) for m in ledger.metrics([row.id])) == [("best", "val_acc"), ("final", "val_acc")]
+    kept = sorted((m.scope, m.name, m.value) for m in ledger.metrics([row.id], ("final", "best", "best_row")))
+    # each metric's own best (the loss from its curve), the headline's best row, the final row
+    assert kept == [("best", "loss", 1.0), ("best", "val_acc", 0.95), ("best_row", "val_acc", 0.95),
+                    ("final", "val_acc", 0.9)]

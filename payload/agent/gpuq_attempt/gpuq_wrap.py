@@ -171,7 +171,7 @@ class Wrapper:
                 return code
         # the end record (gpuq_outputs.py): what the attempt's results are as it ends, before exit.json
         ended = gpuq_outputs.record(self.lay, self.job_id, self.attempt, spec, self.adir)
-        return self.finish(P.EXIT_OK, "trained, artifacts verified", trainer_code=0, extra=ended)
+        return self.finish(P.EXIT_OK, checked_message(spec.verify), trainer_code=0, extra=ended)
 
     def _prepare(self) -> int | None:
         """Phase "setup", first half: the launch record as this node sees it, the bundle's paths, the
@@ -334,6 +334,13 @@ class Wrapper:
         if self.supervisor.got_signal is not None:
             return " (wrapper got signal %d)" % self.supervisor.got_signal
         return ""
+
+
+def checked_message(verify: tuple[str, ...]) -> str:
+    """What an exit-0 record says was checked: the artifacts ``verify`` named, or that none were."""
+    if not verify:
+        return "no artifacts checked (verify = [])"
+    return "artifacts verified: " + ", ".join(verify)
 
 
 def cmd_wrap(lay: Layout, job_id: str, attempt: str) -> int:

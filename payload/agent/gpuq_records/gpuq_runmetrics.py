@@ -161,12 +161,20 @@ def summarize(rows: list[dict[str, Any]], metric: str, mode: str) -> dict[str, A
 
 
 def downsample(points: list[Any], limit: int = CURVE_POINTS) -> list[Any]:
-    """At most ``limit`` points spread evenly over the list, the first and the last always kept."""
+    """At most ``limit`` points spread evenly over the list, the first, the last and the lowest and
+    highest value (``[step, value]`` points: each metric's own best survives) always kept."""
     if len(points) <= limit:
         return points
     last = len(points) - 1
-    picks = sorted({round(i * last / (limit - 1)) for i in range(limit)})
-    return [points[i] for i in picks]
+    picks = {0, last}
+    if isinstance(points[0], list):
+        picks |= {min(range(len(points)), key=lambda i: points[i][1]),
+                  max(range(len(points)), key=lambda i: points[i][1])}
+    for i in range(limit):  # evenly spread, up to the budget
+        if len(picks) >= limit:
+            break
+        picks.add(round(i * last / (limit - 1)))
+    return [points[i] for i in sorted(picks)]
 
 
 def curves(rows: list[dict[str, Any]], metric: str) -> dict[str, list[list[float]]]:
