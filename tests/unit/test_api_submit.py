@@ -38,7 +38,8 @@ def test_resubmitting_a_succeeded_cell_warns(ctx: api.Context, tmp_path: Path) -
     result = api.submit(ctx, queue, dry_run=True)
     twins = [w for w in result.warnings if "already succeeded" in w]
     assert twins == [f"{queue}:1: job 'a' is identical to {done.id} of sweep qold000, which already succeeded; "
-                     "it will run again"]
+                     "it will run again (--rerun or rerun=true, its code or [run]/[data] changed, or its results "
+                     "are not pulled verified)"]
     assert result.dry_run and ctx.ledger.sweep_ids() == {"qold000"}
 
 
