@@ -128,3 +128,28 @@ def test_rerun_must_be_true_or_false(ctx: api.Context, project: Path) -> None:
     queue.write_text("configs/wide.yaml classify 5 rerun=yes\n")
     with pytest.raises(QueueParseError, match='rerun must be true or false, got "yes"'):
         api.submit(ctx, queue, dry_run=True)
+
+
+def test_the_report_of_a_reused_sweep_counts_the_twins_values_at_no_cost(
+    ctx: api.Context, project: Path, tmp_path: Path
+) -> None:
+    from orchestrator.api.report import build_report
+
+    old = _ran(ctx, project / "queue.txt", tmp_path)
+    finals = {row.name: 0.5 + i / 10 for i, row in enumerate(old)}
+    for row in old:
+        ctx.ledger.record_results(row.id, 1, metrics=[("final", "val_acc", finals[row.name], 300, 3)], artifacts=[])
+    result = api.submit(ctx, project / "queue.txt")
+    report = build_report(ctx, [result.sweep_id], metric="val_acc", mode="max", collect=False)
+    assert {c.cell: c.mean for c in report.cells} == finals
+    assert report.finished == len(old) and report.gpu_hours == 0
+    assert any(note.startswith(f"{len(old)} of {len(old)} jobs reuse the verified results") for note in report.notes)
+
+
+def test_status_says_a_reused_job_was_not_run(ctx: api.Context, project: Path, tmp_path: Path) -> None:
+    from orchestrator.views.jobs import job_views
+
+    old = _ran(ctx, project / "queue.txt", tmp_path)
+    result = api.submit(ctx, project / "queue.txt")
+    views = job_views(api.status(ctx, sweep=result.sweep_id, probe=False, all_jobs=True))
+    assert [v.note for v in views] == [f"reused the verified results of {row.id} (not run)" for row in old]
