@@ -77,6 +77,7 @@ def submitted(result: SubmitResult) -> None:
     for job in result.jobs:
         epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
         where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else "?")
+        where = f"reused {job.reused_from} (not run)" if job.reused_from else where
         out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> {where}"))
     hosts = sorted(set(result.placements.values()))
     if result.pushed_to:

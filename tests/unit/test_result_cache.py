@@ -153,3 +153,19 @@ def test_status_says_a_reused_job_was_not_run(ctx: api.Context, project: Path, t
     result = api.submit(ctx, project / "queue.txt")
     views = job_views(api.status(ctx, sweep=result.sweep_id, probe=False, all_jobs=True))
     assert [v.note for v in views] == [f"reused the verified results of {row.id} (not run)" for row in old]
+
+
+def test_the_cli_says_each_reused_job_and_its_dry_run_places_none_of_them(
+    ctx: api.Context, project: Path, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from orchestrator.cli.main import cli
+
+    old = _ran(ctx, project / "queue.txt", tmp_path)
+    dry = CliRunner().invoke(cli, ["submit", str(project / "queue.txt"), "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert '"host": ""' in dry.output and "reused, not run" in dry.output
+    done = CliRunner().invoke(cli, ["submit", str(project / "queue.txt")])
+    assert done.exit_code == 0, done.output
+    assert all(f"reused {row.id} (not run)" in done.output for row in old)
