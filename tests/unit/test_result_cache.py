@@ -169,3 +169,4 @@ def test_the_cli_says_each_reused_job_and_its_dry_run_places_none_of_them(
     done = CliRunner().invoke(cli, ["submit", str(project / "queue.txt")])
     assert done.exit_code == 0, done.output
     assert all(f"reused {row.id} (not run)" in done.output for row in old)
+    assert f"nothing to start: {len(old)} of {len(old)} jobs reused" in done.output
