@@ -81,8 +81,8 @@ def submitted(result: SubmitResult) -> None:
         out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> {where}"))
     hosts = sorted(set(result.placements.values()))
     if not result.placements and result.reused:
-        held = f"; {len(result.budget_held)} queued (budget)" if result.budget_held else ""
-        out.print(f"nothing to start: {len(result.reused)} of {len(result.jobs)} jobs reused{held}")
+        waits = f"; {len(result.budget_held)} queued (budget)" if result.budget_held else ""
+        out.print(f"nothing to start: {len(result.reused)} of {len(result.jobs)} jobs reused{waits}")
     elif result.pushed_to:
         out.print(f"bundle pushed to {escape(', '.join(result.pushed_to))} ({result.bundle.bytes / 1e6:.2f} MB each); "
                   f"{_makespan(result)}")
