@@ -72,6 +72,7 @@ class Bundle:
     skipped_secrets: tuple[str, ...] = field(default_factory=tuple)
     biggest: tuple[tuple[str, int], ...] = field(default_factory=tuple)  # set when over warn_bytes
     skipped_outputs: tuple[str, ...] = field(default_factory=tuple)  # framework output dirs left out
+    digests: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (archive name, sha256) of every file
 
 
 @dataclass(frozen=True)
@@ -326,4 +327,4 @@ def build_bundle(workdir: Path, cache_dir: Path, *, exclude: tuple[Path, ...] = 
         raise
     biggest = _biggest(work_entries) if total > warn_bytes else ()
     return Bundle(sha, target, len(manifest), sum(e.size for e in entries), tuple(secrets), biggest,
-                  tuple(outputs))
+                  tuple(outputs), tuple((str(m["path"]), str(m["sha256"])) for m in manifest))

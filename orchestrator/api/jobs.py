@@ -243,8 +243,10 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
     errors = collect_missing(ctx, jobs)
     ids = [j.id for j in jobs]
+    source = {j.id: j.reused_from or j.id for j in jobs}  # a reused job's results are its twin's (never its cost)
     values: dict[tuple[str, str], dict[str, float]] = {}  # (job id, "final" | "best" | "best_row") -> name -> value
-    for job_id, scope, name, value, _ in ctx.ledger.metric_values(ids, ("final", "best", "best_row")):
+    for job_id, scope, name, value, _ in ctx.ledger.metric_values(sorted(set(source.values())),
+                                                                   ("final", "best", "best_row")):
         values.setdefault((job_id, scope), {})[name] = value
     tried: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(ids):  # by job, then number: the last is the newest
@@ -252,7 +254,7 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     # checkpoints count only against work lost (cost.job_cost): read for the jobs that lost some
     saved = ctx.ledger.checkpoints_of(j for j, atts in tried.items() if any(a.state in LOST_STATES for a in atts))
     restarts = ctx.ledger.rule_counts(ids, FROM_SCRATCH)  # among each job's newest 200 events, as ever
-    verified = ctx.ledger.verified_jobs(sweep_id)
+    verified = ctx.ledger.verified_pulls(sorted(set(source.values())))
     sweep_row = ctx.ledger.sweep(sweep_id)
     metric, mode = observed.headline(sweep_row.run_config() if sweep_row is not None else None)
     git = (sweep_row.git_commit, sweep_row.git_dirty) if sweep_row is not None else ("", None)
@@ -267,13 +269,14 @@ def _results(ctx: Context, sweep: str | None) -> list[ResultRow]:
     for job in jobs:
         attempts = tried.get(job.id, [])
         newest = attempts[-1] if attempts else None
-        entry = ResultRow(job, values.get((job.id, "final"), {}), values.get((job.id, "best"), {}), newest,
+        entry = ResultRow(job, values.get((source[job.id], "final"), {}), values.get((source[job.id], "best"), {}),
+                          newest,
                           metric=metric, mode=mode, error=errors.get(job.id, ""),
                           provenance=ran_with(newest.provenance) if newest is not None else None,
-                          git=git, best_row=values.get((job.id, "best_row"), {}))
+                          git=git, best_row=values.get((source[job.id], "best_row"), {}))
         entry.cost = job_cost(job.gpus * job.nodes, attempts, saved.get(job.id, []), now, on_cpu)
         entry.restarts_from_scratch = restarts.get(job.id, 0)
-        mark = verified.get(job.id)
+        mark = verified.get(source[job.id])
         if mark is not None:
             present = (Path(mark.local_dir) / transfer.PULL_VERIFIED).is_file()
             entry.pulled, entry.local_dir = ("verified" if present else "missing"), mark.local_dir

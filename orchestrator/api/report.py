@@ -139,6 +139,11 @@ def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: st
     _against_baseline(out, cells, ran, base_name, same)
     finished_n = sum(c.n_finished for c in out)
     notes = collect_notes(got.missing) + got.unread + _notes(out, len(jobs), finished_n, metric, base_name)
+    reused = [j for j in jobs if j.reused_from]
+    if reused:
+        notes.append(f"{len(reused)} of {len(jobs)} jobs reuse the verified results of identical earlier jobs "
+                     f"(result cache; not run, no cost): " + ", ".join(f"{j.id} = {j.reused_from}" for j in reused[:5])
+                     + (f" and {len(reused) - 5} more" if len(reused) > 5 else ""))
     cell_of = {j.id: name for name, members in cells.items() for j in members}
     failures = _failures(ctx, [j for j in jobs if j.state in _FAILED], attempts, cell_of)
     return Report(
@@ -169,8 +174,12 @@ def _gather(ctx: Context, rows: Sequence[Sweep], metric: str, collect: bool) -> 
         jobs.extend(ctx.ledger.jobs(sweep_id=sweep.id))
     missing = collect_missing(ctx, jobs) if collect else {}
     values: dict[str, dict[str, Value]] = {}
-    for job_id, scope, _, value, step in ctx.ledger.metric_values((j.id for j in jobs), names=[metric]):
-        values.setdefault(job_id, {})[scope] = Value(value, step)
+    reusing: dict[str, list[str]] = {}  # the job whose values are read -> the jobs they count for (a reused
+    for job in jobs:                    # job's are its twin's: the result cache)
+        reusing.setdefault(job.reused_from or job.id, []).append(job.id)
+    for job_id, scope, _, value, step in ctx.ledger.metric_values(sorted(reusing), names=[metric]):
+        for counted in reusing[job_id]:
+            values.setdefault(counted, {})[scope] = Value(value, step)
     attempts: dict[str, list[Attempt]] = {}
     for att in ctx.ledger.attempts_of(j.id for j in jobs):
         attempts.setdefault(att.job_id, []).append(att)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.agent.bundle import Bundle, build_bundle, tree_rules
-from orchestrator.api import budgeting
+from orchestrator.api import budgeting, resultcache
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.core.config import PROJECT_CONFIG
 from orchestrator.core.errors import UsageError
@@ -57,6 +57,7 @@ class SubmitResult:
     budget_usd: float | None = None  # the sweep's cap (--budget, else the budget_usd setting; None: none)
     budget_held: Mapping[str, str] = field(default_factory=dict)  # job id -> why its cap keeps it QUEUED
     stop: StopPolicy | None = None  # the sweep's early stopping ([stop], --stop; None: off)
+    reused: Mapping[str, str] = field(default_factory=dict)  # job name -> the job whose verified results it reuses
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -68,7 +69,7 @@ def _new_sweep_id(ctx: Context) -> str:
 
 
 def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: bool = False,
-           budget_usd: float | None = None, stop: str | None = None) -> SubmitResult:
+           budget_usd: float | None = None, stop: str | None = None, rerun: bool = False) -> SubmitResult:
     """Validate the whole queue, record it in one transaction, place and start its jobs: read, warn, plan,
     record, admit, deliver.
 
@@ -77,23 +78,30 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     whose push fails is left out of the plan.  ``budget_usd`` (else the ``budget_usd`` setting) caps
     the sweep: only the jobs it fits start, the others stay QUEUED (``api/budgeting.py``).  ``stop``
     (``--stop RULE``) over the project's ``[stop]`` table: the sweep's early stopping (docs/stopping.md).
+    A job whose content key a verified success already has is recorded reused, never run, unless ``rerun``
+    (``--rerun``) or its line's ``rerun=true`` (``api/resultcache.py``).
     """
     cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
     policy = load_stop(queue.parent / PROJECT_CONFIG, stop)
     read = _read(ctx, queue, hosts)
-    warnings = _warn(ctx, queue, read, dry_run)
-    planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run)
+    keys = resultcache.content_keys(read.parsed.jobs, read.bundle.digests, read.run_json, _under(queue, read.workdir))
+    reuse = resultcache.reuse_of(read.parsed.jobs, keys, ctx.ledger.reusable(keys.values()), rerun=rerun)
+    warnings = _warn(ctx, queue, read, reuse, dry_run)
+    planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run, skip=reuse.keys())
+    reused = {name: twin.id for name, twin in reuse.items()}
     if dry_run:
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
                             makespan_s=planned.decided.makespan_s, makespan_known=planned.estimated,
                             specs=list(read.parsed.jobs), run=read.run, hosts=planned.rows, run_json=read.run_json,
-                            budget_usd=cap, stop=policy)
-    jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap, policy.model_dump_json() if policy else "")
+                            budget_usd=cap, stop=policy, reused=reused)
+    jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap, policy.model_dump_json() if policy else "",
+                   keys, reused)
     decided, held = budgeting.admit_submitted(ctx, planned.sweep_id, cap, planned.decided, planned.plan_jobs)
     placements = {job_id: host for job_id, host in planned.placements.items() if job_id not in held}  # not yet
     result = SubmitResult(planned.sweep_id, str(queue), jobs, read.bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, makespan_known=planned.estimated,
-                          pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held, stop=policy)
+                          pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held, stop=policy,
+                          reused=reused)
     result.launch_error = _deliver(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
     return result
 
@@ -153,8 +161,18 @@ def _read(ctx: Context, queue: Path, hosts: Sequence[str]) -> _Read:
     return _Read(parsed, run, toml_path, manifests, run_json, bundle)
 
 
-def _warn(ctx: Context, queue: Path, read: _Read, dry_run: bool) -> list[str]:
-    """What the user should know before anything runs: what leaves this machine, seeds, repeats, the bundle.
+def _under(path: Path, root: Path) -> str:
+    """``path`` as a POSIX path under ``root`` ("" when it is outside)."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return ""
+
+
+def _warn(ctx: Context, queue: Path, read: _Read, reuse: Mapping[str, Job],
+          dry_run: bool) -> list[str]:
+    """What the user should know before anything runs: what leaves this machine, seeds, repeats (reused or
+    run again), the bundle.
     A dry run (and ``--smoke``, which plans with one) submits nothing: a repeat "would" run again."""
     parsed, run = read.parsed, read.run
     warnings = list(parsed.warnings) + project_checks.what_leaves(run, read.workdir, queue, read.toml_path)
@@ -164,11 +182,19 @@ def _warn(ctx: Context, queue: Path, read: _Read, dry_run: bool) -> list[str]:
     hashes = {spec.name: spec_hash_for(spec) for spec in parsed.jobs}
     done = ctx.ledger.succeeded_with(hashes.values())
     for spec in parsed.jobs:
+        twin = reuse.get(spec.name)
+        if twin is not None:
+            warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
+                            f"{twin.sweep_id}, which succeeded with verified results: reused, not run "
+                            "(--rerun or rerun=true runs it)")
+            continue
         twin = done.get(hashes[spec.name])
         if twin is not None:
             warnings.append(f"{queue}:{spec.line}: job {spec.name!r} is identical to {twin.id} of sweep "
                             f"{twin.sweep_id}, which already succeeded; "
-                            + ("a submit would run it again" if dry_run else "it will run again"))
+                            + ("a submit would run it again" if dry_run else "it will run again")
+                            + " (--rerun or rerun=true, its code or [run]/[data] changed, or its results are not "
+                            "pulled verified)")
     return warnings + _bundle_warnings(read.bundle)
 
 
@@ -192,10 +218,11 @@ def _bundle_warnings(bundle: Bundle) -> list[str]:
 
 
 def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings: list[str], *,
-          dry_run: bool) -> _Planned:
-    """The plan over the target hosts (the bundle pushed to each host that gets work, unless a dry run);
-    a host left out is added to ``warnings``; a job no host can take is a UsageError naming its line."""
-    jobs = read.parsed.jobs
+          dry_run: bool, skip: Collection[str] = ()) -> _Planned:
+    """The plan over the target hosts (the bundle pushed to each host that gets work, unless a dry run) of
+    the jobs not in ``skip`` (reused); a host left out is added to ``warnings``; a job no host can take is a
+    UsageError naming its line."""
+    jobs = [j for j in read.parsed.jobs if j.name not in skip]
     sweep_id = _new_sweep_id(ctx)
     rates = epoch_rates(ctx.ledger.run_history())
     ckpt = ctx.ledger.checkpoint_bytes_by_config()
@@ -236,15 +263,16 @@ def _did_you_mean(spec: JobSpec) -> str:
 
 
 def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequence[str],
-            cap: float | None, stop: str) -> list[Job]:
-    """The sweep, its jobs and their first attempts, in one transaction."""
+            cap: float | None, stop: str, keys: Mapping[str, str], reused: Mapping[str, str]) -> list[Job]:
+    """The sweep, its jobs (content keys; the reused ones SUCCEEDED, pointing at their twins), in one
+    transaction."""
     return ctx.ledger.add_sweep(
         sweep_id=sweep_id, queue_path=str(queue), workdir=str(read.workdir.resolve()),
         queue_text=read_queue_bytes(queue).decode("utf-8-sig", errors="replace"), jobs=read.parsed.jobs,
         default_retries=ctx.settings.retries, bundle_sha=read.bundle.sha256, hosts=list(dict.fromkeys(hosts)),
         entry=ctx.settings.entry, launcher=ctx.settings.launcher,
         verify=read.run.verify if read.run is not None else ctx.settings.verify, run=read.run_json,
-        git=project_git(read.workdir), budget_usd=cap, stop=stop)
+        git=project_git(read.workdir), budget_usd=cap, stop=stop, keys=keys, reuse=reused)
 
 
 def _deliver(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job], bundle_sha: str) -> str:

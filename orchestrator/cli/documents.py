@@ -261,6 +261,8 @@ class ResultJob(Doc):
                                                              "a git checkout, or unknown.")
     git_dirty: bool | None = Field(default=None, description="Uncommitted changes under the project root at "
                                                              "submit; null: unknown.")
+    reused_from: str = Field(default="", description="The result cache: the job whose verified results this one "
+                             "reuses (it never ran; its metrics and pulled copy are that job's); \"\" when it ran.")
 
 
 class ResultsDocument(Doc):

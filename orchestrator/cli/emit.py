@@ -100,7 +100,7 @@ def _result_jobs(rows: list[ResultRow]) -> list[dict[str, Any]]:
             "pulled": row.pulled, "local_dir": row.local_dir, "error": row.error,
             "restarts_from_scratch": row.restarts_from_scratch, "cpu_hours": c.cpu_hours if c else None,
             "ran_with": ran[att.host, id(row.provenance)] if att is not None else None,
-            "git_commit": row.git[0] or None, "git_dirty": row.git[1],
+            "git_commit": row.git[0] or None, "git_dirty": row.git[1], "reused_from": j.reused_from,
         })
     return jobs
 

@@ -45,6 +45,16 @@ def seconds(flag: str, text: str | None) -> float | None:
     return value
 
 
+def rerun_option() -> Callable[[Any], Any]:
+    """``submit --rerun``: run every job, even one whose verified success the result cache holds."""
+    return click.option(
+        "--rerun",
+        is_flag=True,
+        help="Run every job, even one identical to a job that already "
+        "succeeded with verified results (default: that one is recorded reused, not run).",
+    )
+
+
 def stop_option() -> Callable[[Any], Any]:
     """``submit --stop RULE``: the sweep's early stopping over the project's ``[stop]`` table (docs/stopping.md)."""
     return click.option(

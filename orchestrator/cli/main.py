@@ -85,11 +85,12 @@ def cli(debug: bool, verbose: int) -> None:
               help="Cap what the sweep may spend: its jobs start only while spent + committed fits (default: the "
                    "budget_usd setting; none). With --dry-run: whether the projected cost fits.")
 @flags.stop_option()
+@flags.rerun_option()
 @click.option("--json", "as_json", is_flag=True,
               help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
                    "--parsable; with --dry-run: one JSON document of every expanded job and its argv.")
 def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait_: bool, budget_usd: float | None,
-           stop: str | None, as_json: bool) -> None:
+           stop: str | None, rerun: bool, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
@@ -99,12 +100,11 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
     if smoke:
         from orchestrator.api.smoke import smoke as run_smoke
         from orchestrator.cli.dryrun import print_smoke
-
         smoked = run_smoke(ctx, queue)
         print_smoke(smoked)
         sys.exit(0 if smoked.ok else exitcodes.FAILED)
     try:
-        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run, budget_usd=budget_usd, stop=stop)
+        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run, budget_usd=budget_usd, stop=stop, rerun=rerun)
     except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)
         raise UsageError(f"{exc.filename or queue}: permission denied while reading the project; make it "
                          "readable to you, or leave it out ([run] project, .gpuqignore)") from exc

@@ -78,9 +78,13 @@ def submitted(result: SubmitResult) -> None:
     for job in result.jobs:
         epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
         where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else "?")
+        where = f"reused {job.reused_from} (not run)" if job.reused_from else where
         out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> {where}"))
     hosts = sorted(set(result.placements.values()))
-    if result.pushed_to:
+    if not result.placements and result.reused:
+        waits = f"; {len(result.budget_held)} queued (budget)" if result.budget_held else ""
+        out.print(f"nothing to start: {len(result.reused)} of {len(result.jobs)} jobs reused{waits}")
+    elif result.pushed_to:
         out.print(f"bundle pushed to {escape(', '.join(result.pushed_to))} ({result.bundle.bytes / 1e6:.2f} MB each); "
                   f"{_makespan(result)}")
     else:

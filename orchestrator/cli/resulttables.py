@@ -81,6 +81,9 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
         table.append(styled)
     below: list[Line] = []
     for row in rows:
+        if row.job.reused_from:
+            below.append([(f"{row.job.id} {printable(row.job.name)}: reused the verified results of "
+                           f"{row.job.reused_from} (result cache; not run, no cost)", "")])
         if row.restarts_from_scratch:
             below.append([(f"{row.job.id} {printable(row.job.name)}: {row.restarts_from_scratch} retr"
                            f"{'ies' if row.restarts_from_scratch > 1 else 'y'} restarted from scratch: no file "

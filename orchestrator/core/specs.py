@@ -45,6 +45,7 @@ class JobSpec(BaseModel):
     seed: int | None = None
     host: str | None = None
     retries: int | None = None
+    rerun: bool = False  # `rerun=true`: run it even when the result cache holds its verified success
     gpu: tuple[str, ...] = ()  # `gpu=`: the GPU models it may run on, any one of them (() = any; gpumatch.py)
     gpu_mem: float | None = None  # `gpu_mem=`: GB (10^9 bytes) of memory each of its GPUs needs at least (None = any)
     config_sha256: str = ""

@@ -250,9 +250,15 @@ def _v17_crash_fields(conn: sqlite3.Connection) -> None:
     conn.executemany("UPDATE event SET signatures = ?, reason = ? WHERE id = ?", updates)
 
 
-def _v18_stopping(conn: sqlite3.Connection) -> None:
+def _v18_stop_policy(conn: sqlite3.Connection) -> None:
     """v18: a sweep's early-stopping policy, JSON of ``stopping.policy.StopPolicy`` ("" = off)."""
     conn.execute("ALTER TABLE sweep ADD COLUMN stop VARCHAR NOT NULL DEFAULT ''")
+
+
+def _v19_result_cache(conn: sqlite3.Connection) -> None:
+    """v19: the result cache: a job's content key and the job whose verified results it reuses."""
+    for column in ("content_key VARCHAR NOT NULL DEFAULT ''", "reused_from VARCHAR NOT NULL DEFAULT ''"):
+        conn.execute(f"ALTER TABLE job ADD COLUMN {column}")
 
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
@@ -260,7 +266,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_h
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
                                                           _v15_event_fields, _v16_holds, _v17_crash_fields,
-                                                          _v18_stopping]
+                                                          _v18_stop_policy, _v19_result_cache]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

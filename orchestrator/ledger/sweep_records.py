@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func
@@ -47,6 +47,8 @@ class SweepRecords(Sessions):
         git: tuple[str, bool | None] = ("", None),
         budget_usd: float | None = None,
         stop: str = "",
+        keys: Mapping[str, str] | None = None,
+        reuse: Mapping[str, str] | None = None,
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
@@ -54,6 +56,8 @@ class SweepRecords(Sessions):
         ``git``: the project's commit and whether it had uncommitted changes (("", None): unknown).
         ``budget_usd``: the sweep's spending cap (None: none; orchestrator/money/budget.py).
         ``stop``: the sweep's stopping policy as JSON ("": off; orchestrator/stopping/policy.py).
+        ``keys``: {job name: content key} (the result cache); ``reuse``: {job name: the SUCCEEDED job whose
+        verified results it reuses}: those rows are inserted SUCCEEDED with ``reused_from`` and never run.
         """
         now = time.time()
         rows: list[Job] = []
@@ -67,8 +71,16 @@ class SweepRecords(Sessions):
             s.flush()
             for spec in jobs:
                 row = job_row(sweep_id, spec, default_retries, now)
+                row.content_key = (keys or {}).get(spec.name, "")
+                twin = (reuse or {}).get(spec.name, "")
+                if twin:
+                    row.state, row.reused_from = JobState.SUCCEEDED.value, twin
                 s.add(row)
                 rows.append(row)
+            for row in rows:
+                if row.reused_from:
+                    add_event(s, "job", row.id, "", JobState.SUCCEEDED.value,
+                              f"reused the verified results of {row.reused_from}; not run")
             add_event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
         return rows
 
@@ -148,6 +160,17 @@ class SweepRecords(Sessions):
         with self.reading() as s:
             rows = s.exec(select(Job).where(col(Job.spec_hash).in_(hashes), Job.state == JobState.SUCCEEDED.value))
             return {row.spec_hash: row for row in rows}
+
+    def reusable(self, keys: Iterable[str]) -> dict[str, Job]:
+        """{content key: the SUCCEEDED job that ran it and whose newest pull is verified} for the given keys
+        (a reused job is never the one pointed at: the job that ran is)."""
+        wanted = [k for k in set(keys) if k]
+        with self.reading() as s:
+            rows = list(s.exec(select(Job).where(col(Job.content_key).in_(wanted), Job.reused_from == "",
+                                                 Job.state == JobState.SUCCEEDED.value)
+                               .order_by(col(Job.created_at))))
+        verified = self.verified_pulls([row.id for row in rows])  # type: ignore[attr-defined]
+        return {row.content_key: row for row in rows if row.id in verified}
 
     def state_counts(self) -> dict[str, dict[str, int]]:
         """{sweep_id: {state: count}} in one query."""

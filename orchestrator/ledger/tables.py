@@ -163,6 +163,9 @@ class Job(SQLModel, JobMethods, table=True):
     # v14: the hardware it needs (docs/queue.md): GPU models joined by "|" ("" = any), GB per GPU (None = any)
     gpu: str = ""
     gpu_mem: float | None = None
+    # v19: the result cache (docs/queue.md): what the job computes, and the job whose results it reuses
+    content_key: str = ""  # sha256 of the spec, the code it runs and the [run]/[data] it reads ("" = none)
+    reused_from: str = ""  # SUCCEEDED without running: the job id whose verified results it reuses ("" = ran)
 
 
 class Attempt(SQLModel, AttemptMethods, table=True):

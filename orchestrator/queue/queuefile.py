@@ -383,6 +383,7 @@ def _to_spec(draft: Draft, name: str, cell: Cell, uses_epochs: bool = True) -> J
         seed=cell.seed if cell.seed is not None else draft.ints.get("seed"),
         host=draft.host.text if draft.host is not None else None,
         retries=draft.ints.get("retries"),
+        rerun=draft.rerun,
         gpu=draft.gpu,
         gpu_mem=draft.gpu_mem,
         config_sha256=draft.sha256,

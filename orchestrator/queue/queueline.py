@@ -9,11 +9,12 @@ project's command uses neither ``{config}`` nor ``{task}``, a line may be only f
 (``name=bs32 gpus=2 -- 50 10``); such a line needs ``name=``.
 
 Fields: ``name`` ``gpus`` ``nodes`` ``est_min`` ``seed`` ``seeds`` ``host`` ``retries`` ``gpu``
-``gpu_mem``, each at most once, never empty.  ``gpu=`` is one GPU model or several joined by
-``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]`` with a letter or digit; ``gpu_mem=`` GB per
-GPU, like ``est_min=`` (orchestrator/scheduling/gpumatch.py: how they match a host).  Integers are ``0`` or
-a non-zero digit followed by digits (no sign, no leading zero). The job name is ``name=`` or the
-config file name without one trailing ``.yaml``/``.yml``.
+``gpu_mem`` ``rerun``, each at most once, never empty.  ``rerun=true`` runs the line even when the result
+cache holds its verified success (orchestrator/api/resultcache.py); ``rerun=false`` is the default.
+``gpu=`` is one GPU model or several joined by ``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]``
+with a letter or digit; ``gpu_mem=`` GB per GPU, like ``est_min=`` (orchestrator/scheduling/gpumatch.py:
+how they match a host).  Integers are ``0`` or a non-zero digit followed by digits (no sign, no leading
+zero). The job name is ``name=`` or the config file name without one trailing ``.yaml``/``.yml``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from orchestrator.queue.queuegrid import MAX_JOBS_PER_LINE, ArgsError, Word, cou
 
 MAX_EPOCHS = 2**63 - 1  # what the ledger's SQLite INTEGER can hold
 ARGS_MARK = "--"
-ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem")
+ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem", "rerun")
 MAX_GPU_MODELS = 16
 MAX_GPU_MEM_GB = 4096
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -73,6 +74,7 @@ class Draft:
     gpu: tuple[str, ...] = ()
     gpu_mem: float | None = None
     name: str | None = None
+    rerun: bool = False
     config_ok: bool = True
     sha256: str = ""
     words: list[Word] = field(default_factory=list)
@@ -233,6 +235,10 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
         draft.est_min = minutes
     elif key == "host":
         draft.host = Token(value, token.column)
+    elif key == "rerun":
+        if value not in ("true", "false"):
+            return f'rerun must be true or false, got "{value}"'
+        draft.rerun = value == "true"
     elif key == "gpu_mem":
         gib = _parse_decimal(value)
         if gib is None or gib > MAX_GPU_MEM_GB:

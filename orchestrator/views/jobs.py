@@ -127,6 +127,8 @@ def _job_view(job: Job, att: Attempt | None, entry: JobEntry | None, attempts: S
         fraction = fraction if fraction is not None else observed.progress_fraction(entry)
         since = observed.elapsed_s(entry, att.started_at if att is not None else None, now)
         note = " ".join(x for x in (duration(since) if since is not None else "", observed.last_line(entry)) if x)
+    if job.reused_from:  # the result cache: never ran
+        note = f"reused the verified results of {job.reused_from} (not run)"
     waiting = observed.slurm_wait(entry) if entry is not None and job.state == JobState.ASSIGNED.value else ""
     slurm = entry.slurm if entry is not None else None
     nodes = printable(slurm.nodes)[:60] if slurm is not None and running else ""

@@ -101,7 +101,7 @@ def test_example_queue_runs_once_per_job_across_three_hosts_and_comes_home_verif
 
     before = {i: [p.name for p in bundles(i)] for i in range(3)}
     stamps = {i: [p.stat().st_mtime_ns for p in bundles(i)] for i in range(3)}
-    again = user.gpuq("submit", str(example))
+    again = user.gpuq("submit", str(example), "--rerun")  # run again: the cache would reuse them
     assert again.returncode == 0, again.stderr
     assert before == {i: [p.name for p in bundles(i)] for i in range(3)}
     assert stamps == {i: [p.stat().st_mtime_ns for p in bundles(i)] for i in range(3)}

@@ -39,7 +39,8 @@ def test_resubmitting_a_succeeded_cell_warns(ctx: api.Context, tmp_path: Path) -
     twins = [w for w in result.warnings if "already succeeded" in w]
     # a dry run (and --smoke, which plans with one) submits nothing: it never says "it will run again"
     assert twins == [f"{queue}:1: job 'a' is identical to {done.id} of sweep qold000, which already succeeded; "
-                     "a submit would run it again"]
+                     "a submit would run it again (--rerun or rerun=true, its code or [run]/[data] changed, or its "
+                     "results are not pulled verified)"]
     assert result.dry_run and ctx.ledger.sweep_ids() == {"qold000"}
 
 

@@ -164,7 +164,7 @@ def test_a_dry_run_names_the_trees_that_leave_and_a_refusal_is_one_line(tmp_path
     (repo / "t.py").write_text("")
     (repo / "queue.txt").write_text("name=a --\n")
     out = run_gpuq("submit", str(repo / "queue.txt"), "--dry-run")
-    said = " ".join(out.stdout.split())
+    said = " ".join(out.stderr.split())  # warnings go to stderr
     assert out.returncode == 0 and f"sending these [data] trees to the hosts ([data] in {repo / 'gpuq.toml'}): " \
         f"corpus = {repo / 'corpus'} (2 file(s), 0.0 MB)" in said, out.stdout + out.stderr
     assert "left out of [data] corpus (credential-like paths" in said and "ships one): .env" in said
