@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
-from orchestrator.core.states import AttemptState, JobState, attempt_may, job_may
+from orchestrator.core.states import ENDS_AS, AttemptState, JobState, attempt_may, job_may
 from orchestrator.ledger.attempt_records import AttemptRecords
 from orchestrator.ledger.events import EventRecords, add_event
 from orchestrator.ledger.host_records import HostRecords
@@ -324,7 +324,22 @@ class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultReco
         job.state = new.value
         job.updated_at = time.time()
         add_event(s, "job", job.id, old.value, new.value, message, failure_class=failure_class, attempt=attempt)
+        if new.terminal:
+            Ledger._end_current_attempt(s, job, new, message)
         return True
+
+    @staticmethod
+    def _end_current_attempt(s: Session, job: Job, new: JobState, message: str) -> None:
+        """A job that ends ends its current attempt in the same transaction (an attempt always ends:
+        docs/cost.md): one the host never reported ended becomes KILLED (cancelled), EXITED (succeeded)
+        or LOST (failed), and its end is now, on the controller's clock, unless one is recorded."""
+        row = s.exec(select(Attempt).where(Attempt.job_id == job.id, Attempt.number == job.attempt_count)).first()
+        if row is None:
+            return
+        if row.ended_at is None:
+            row.ended_at = time.time()
+        if not AttemptState(row.state).terminal:
+            Ledger._transition_attempt(s, row, ENDS_AS[new], f"the job is {new.value}: {message}"[:500])
 
 
 def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None] | None = None) -> dict[str, Any]:
