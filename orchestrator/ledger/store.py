@@ -299,6 +299,7 @@ class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultReco
                 self._transition_job(s, job, JobState.LOST, message, failure_class=failure_class)
                 self._transition_job(s, job, JobState.QUEUED, message, failure_class=failure_class)
             attempt = self._start(s, job, host=host, bundle_sha=old.bundle_sha)
+            attempt.dispatched_at = old.dispatched_at or old.created_at  # the host started it from that dispatch
             add_event(s, "attempt", f"{job_id}/a{attempt.number}", "", "", note)
             return attempt
 
