@@ -126,5 +126,7 @@ def test_the_window_is_what_gpuq_saw() -> None:
     assert (never.started, never.ended) == (None, None)
     skew = billed_interval(100.0 - 20, 3760.0 + 20, seen, 9e9)  # a clock a few seconds off: clamped, no finding
     assert (skew.started, skew.ended, skew.start_outside, skew.end_outside) == (100.0, 3760.0, False, False)
+    edge = billed_interval(100.0 - 30, 3760.0 + 31, seen, 9e9)  # the slack's edge: 30 s is skew, 31 s a claim
+    assert (edge.start_outside, edge.end_outside) == (False, True)
     before_end = billed_interval(3000.0, 10.0, Seen(dispatched=100.0, running=None, alive=None, ended=3760.0), 9e9)
     assert before_end.started == 3000.0 and before_end.ended == 3000.0  # never before its start
