@@ -311,6 +311,10 @@ class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultReco
         if not attempt_may(old, new):
             raise IllegalTransition("attempt", f"{row.job_id}/a{row.number}", old.value, new.value)
         row.state = new.value
+        if new.terminal:  # gpuq records its end now: an end time, so its cost stops growing
+            now = time.time()
+            row.ended_at = now if row.ended_at is None else row.ended_at
+            row.seen_ended_at = now if row.seen_ended_at is None else row.seen_ended_at
         add_event(s, "attempt", f"{row.job_id}/a{row.number}", old.value, new.value, message)
         return True
 
@@ -333,12 +337,10 @@ class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultReco
     def _end_current_attempt(s: Session, job: Job, new: JobState, message: str) -> None:
         """A job that ends ends its current attempt in the same transaction (an attempt always ends:
         docs/cost.md): one the host never reported ended becomes KILLED (cancelled), EXITED (succeeded)
-        or LOST (failed), and its end is now, on the controller's clock, unless one is recorded."""
+        or LOST (failed), with an end time as every attempt that ends (``_transition_attempt``)."""
         row = s.exec(select(Attempt).where(Attempt.job_id == job.id, Attempt.number == job.attempt_count)).first()
         if row is None:
             return
-        if row.ended_at is None:
-            row.ended_at = time.time()
         if not AttemptState(row.state).terminal:
             Ledger._transition_attempt(s, row, ENDS_AS[new], f"the job is {new.value}: {message}"[:500])
 

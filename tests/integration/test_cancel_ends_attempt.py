@@ -41,10 +41,13 @@ def test_a_cancelled_running_job_ends_its_attempt_and_stops_costing(gpuq_home: P
     assert cancelled.returncode == 0, cancelled.stderr
     conn = sqlite3.connect(gpuq_home / "ledger.db")
     try:
-        ((state, started, ended),) = conn.execute("SELECT state, started_at, ended_at FROM attempt").fetchall()
+        ((state, started, ended, dispatched, seen_running, seen_ended),) = conn.execute(
+            "SELECT state, started_at, ended_at, created_at, seen_running_at, seen_ended_at FROM attempt"
+        ).fetchall()
     finally:
         conn.close()
     assert state == "KILLED" and started is not None and ended is not None and ended >= started
+    assert dispatched <= started <= seen_running and ended <= seen_ended  # billed within what gpuq saw
     explained = run_gpuq("explain", job_id, env=env)
     assert explained.returncode == 0, explained.stderr
     assert "attempt 1 on local: KILLED" in explained.stdout and "ended -" not in explained.stdout
