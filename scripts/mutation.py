@@ -97,7 +97,7 @@ MODULES: dict[str, ModuleSet] = {
         ("orchestrator/money/cost.py", "orchestrator/money/budget.py", "orchestrator/money/rentplan.py"),
         ("tests/unit/test_cost.py", "tests/unit/test_budget_rules.py", "tests/unit/test_rentplan_words.py",
          "tests/unit/test_budget.py", "tests/unit/test_rent_for.py", "tests/unit/test_honest_numbers_rules.py",
-         "tests/unit/test_provider_vastai_wire.py"),
+         "tests/unit/test_provider_vastai_wire.py", "tests/unit/test_billed_interval.py"),
     ),
     # The tick's billing stage: which rented hosts bill, their work, down-when-done's blockers, the idle alert and
     # the findings the stage writes, as rules and on a real ledger (test_billing_rules.py).  test_billing.py is

@@ -69,6 +69,14 @@ ATTEMPT_TERMINAL = frozenset(
     {AttemptState.EXITED, AttemptState.PREEMPTED, AttemptState.LOST, AttemptState.KILLED}
 )
 
+# the state a job's current attempt ends in when the job ends and the host never said the attempt ended
+# (a cancel, a settle): an attempt always ends with its job (``Ledger.transition``; docs/cost.md)
+ENDS_AS: dict[JobState, AttemptState] = {
+    JobState.SUCCEEDED: AttemptState.EXITED,
+    JobState.FAILED: AttemptState.LOST,
+    JobState.CANCELLED: AttemptState.KILLED,
+}
+
 _J = JobState
 JOB_ALLOWED: dict[JobState, frozenset[JobState]] = {
     _J.QUEUED: frozenset({_J.ASSIGNED, _J.CANCELLED}),

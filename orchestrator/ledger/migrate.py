@@ -261,12 +261,22 @@ def _v19_result_cache(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE job ADD COLUMN {column}")
 
 
+def _v20_attempt_clock(conn: sqlite3.Connection) -> None:
+    """v20: what gpuq itself saw of each attempt, on its own clock (docs/cost.md, "The billed interval"): when it
+    dispatched the spec (a host's own retry keeps the first dispatch), the first and the latest probe that saw
+    it running, the first probe that saw it ended; and the times its host claimed, kept as claims (the billed
+    ``started_at``/``ended_at`` are clamped to what gpuq saw)."""
+    for column in ("dispatched_at", "seen_running_at", "seen_alive_at", "seen_ended_at", "host_started_at",
+                   "host_ended_at"):
+        conn.execute(f"ALTER TABLE attempt ADD COLUMN {column} FLOAT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
                                                           _v15_event_fields, _v16_holds, _v17_crash_fields,
-                                                          _v18_stop_policy, _v19_result_cache]
+                                                          _v18_stop_policy, _v19_result_cache, _v20_attempt_clock]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

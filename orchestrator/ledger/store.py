@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
-from orchestrator.core.states import AttemptState, JobState, attempt_may, job_may
+from orchestrator.core.states import ENDS_AS, AttemptState, JobState, attempt_may, job_may
 from orchestrator.ledger.attempt_records import AttemptRecords
 from orchestrator.ledger.events import EventRecords, add_event
 from orchestrator.ledger.host_records import HostRecords
@@ -299,6 +299,7 @@ class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultReco
                 self._transition_job(s, job, JobState.LOST, message, failure_class=failure_class)
                 self._transition_job(s, job, JobState.QUEUED, message, failure_class=failure_class)
             attempt = self._start(s, job, host=host, bundle_sha=old.bundle_sha)
+            attempt.dispatched_at = old.dispatched_at or old.created_at  # the host started it from that dispatch
             add_event(s, "attempt", f"{job_id}/a{attempt.number}", "", "", note)
             return attempt
 
@@ -310,6 +311,10 @@ class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultReco
         if not attempt_may(old, new):
             raise IllegalTransition("attempt", f"{row.job_id}/a{row.number}", old.value, new.value)
         row.state = new.value
+        if new.terminal:  # gpuq records its end now: an end time, so its cost stops growing
+            now = time.time()
+            row.ended_at = now if row.ended_at is None else row.ended_at
+            row.seen_ended_at = now if row.seen_ended_at is None else row.seen_ended_at
         add_event(s, "attempt", f"{row.job_id}/a{row.number}", old.value, new.value, message)
         return True
 
@@ -324,7 +329,20 @@ class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultReco
         job.state = new.value
         job.updated_at = time.time()
         add_event(s, "job", job.id, old.value, new.value, message, failure_class=failure_class, attempt=attempt)
+        if new.terminal:
+            Ledger._end_current_attempt(s, job, new, message)
         return True
+
+    @staticmethod
+    def _end_current_attempt(s: Session, job: Job, new: JobState, message: str) -> None:
+        """A job that ends ends its current attempt in the same transaction (an attempt always ends:
+        docs/cost.md): one the host never reported ended becomes KILLED (cancelled), EXITED (succeeded)
+        or LOST (failed), with an end time as every attempt that ends (``_transition_attempt``)."""
+        row = s.exec(select(Attempt).where(Attempt.job_id == job.id, Attempt.number == job.attempt_count)).first()
+        if row is None:
+            return
+        if not AttemptState(row.state).terminal:
+            Ledger._transition_attempt(s, row, ENDS_AS[new], f"the job is {new.value}: {message}"[:500])
 
 
 def _price(s: Session, gpus: int, *hosts: str, rows: Mapping[str, HostRow | None] | None = None) -> dict[str, Any]:

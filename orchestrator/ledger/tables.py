@@ -203,6 +203,14 @@ class Attempt(SQLModel, AttemptMethods, table=True):
     provenance: str = ""  # JSON of host_documents.Provenance: GPUs, driver, CUDA, torch, NCCL, Python ("" = none yet)
     # v13: why the controller is withdrawing it unstarted from its host's inbox ("steal" | "budget"; "" = not)
     withdrawing: str = ""
+    # v18: what gpuq saw, on its own clock (money/cost.billed_interval clamps started_at/ended_at to it), and
+    # what the host claimed (kept, never billed)
+    dispatched_at: float | None = None  # the spec's first dispatch (None: created_at)
+    seen_running_at: float | None = None  # the first probe that saw it running
+    seen_alive_at: float | None = None  # the latest probe that saw it running
+    seen_ended_at: float | None = None  # the first probe that saw it ended
+    host_started_at: float | None = None  # the host's claims, as it made them
+    host_ended_at: float | None = None
 
 
 class Event(SQLModel, EventMethods, table=True):

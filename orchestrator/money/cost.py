@@ -50,6 +50,48 @@ class Billed(Protocol):
     def gpu_share(self) -> float: ...
 
 
+CLAIM_SLACK_S = 30.0  # a host's clock this far outside what gpuq saw is skew, not a claim worth a finding
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What gpuq itself saw of an attempt, on its own clock: when it dispatched the spec, the first and the
+    latest probe that saw it running, the first that saw it ended (None: not seen)."""
+
+    dispatched: float
+    running: float | None = None
+    alive: float | None = None
+    ended: float | None = None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An attempt's billed interval (what cost and budgets count) and whether a host claim fell outside it."""
+
+    started: float | None
+    ended: float | None
+    start_outside: bool = False
+    end_outside: bool = False
+
+
+def billed_interval(claim_start: float | None, claim_end: float | None, seen: Seen, now: float) -> Interval:
+    """Clamp a host's claimed start and end to what gpuq saw (docs/cost.md, "The billed interval"): the start
+    no earlier than the dispatch, no later than the first sight of it running (or ended, or now); the end no
+    later than the first sight of it ended (now while none), no earlier than the start or the latest sight of
+    it running.  A host that says nothing of its start but was seen running is billed from that sight."""
+    late = [t for t in (seen.running, seen.ended, now) if t is not None]
+    start = seen.running if claim_start is None else min(max(claim_start, seen.dispatched), min(late))
+    if claim_end is None:
+        end = seen.ended
+    else:
+        highest = seen.ended if seen.ended is not None else now
+        lowest = max([t for t in (start, seen.alive) if t is not None], default=seen.dispatched)
+        end = min(max(claim_end, lowest), highest)
+    return Interval(start, end,
+                  claim_start is not None and start is not None and abs(claim_start - start) > CLAIM_SLACK_S,
+                  claim_end is not None and end is not None and abs(claim_end - end) > CLAIM_SLACK_S)
+
+
 def attempt_hours(att: Billed, now: float) -> float:
     """Hours an attempt ran: from its start to its end (``now`` while it runs); 0 before it started."""
     if att.started_at is None:

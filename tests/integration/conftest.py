@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 
 from tests.support.gpuquser import User
+from tests.support.ledger_invariants import check_all
 from tests.support.testhosts import FarmFactory, HostFarm, requirements_problem
+
+
+@pytest.fixture(autouse=True)
+def ledger_invariants(tmp_path: Path) -> Iterator[None]:
+    """After every integration test, each ledger it left holds the invariants of
+    tests/support/ledger_invariants.py (an attempt always ends with its job; docs/cost.md)."""
+    yield
+    broken = check_all(tmp_path)
+    assert not broken, "ledger invariant broken:\n" + "\n".join(broken)
 
 
 def _factory(base: Path) -> tuple[FarmFactory, list[HostFarm]]:

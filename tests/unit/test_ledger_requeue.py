@@ -73,14 +73,16 @@ def test_a_requeue_that_cannot_finish_changes_nothing(ledger: Ledger) -> None:
     """Four writes once (attempt fields, attempt state, LOST, QUEUED): a job cancelled meanwhile left
     its attempt KILLED with a message although the job never went back to the queue."""
     job_id = _running(ledger)
-    ledger.transition(job_id, JobState.CANCELLED, message="gpuq cancel")
+    ledger.transition(job_id, JobState.CANCELLED, message="gpuq cancel")  # ends its attempt too (KILLED)
     before = _changes(ledger, job_id)
+    cancelled = ledger.attempt(job_id, 1)
+    assert cancelled is not None and cancelled.state == "KILLED" and cancelled.ended_at is not None
     with pytest.raises(IllegalTransition):
-        ledger.requeue(job_id, message="gave up", of_attempt=1, end_attempt=AttemptState.KILLED,
+        ledger.requeue(job_id, message="gave up", of_attempt=1, end_attempt=AttemptState.LOST,
                        attempt_fields={"message": "gave up", "ended_at": 5.0})
     attempt = ledger.attempt(job_id, 1)
     assert attempt is not None
-    assert (attempt.state, attempt.message, attempt.ended_at) == ("RUNNING", "", None)
+    assert (attempt.state, attempt.message, attempt.ended_at) == ("KILLED", "", cancelled.ended_at)
     assert _changes(ledger, job_id) == before
     assert ledger.job(job_id).state == JobState.CANCELLED.value
 
