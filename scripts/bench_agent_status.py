@@ -5,7 +5,7 @@ many finished jobs, interpreter start included.
 Builds a throw-away agent root with ``--jobs`` exited attempts (launch record, process group record,
 heartbeat, a log line, exit record and checkpoint pointer each, as the integration tests lay them out)
 and one queued job, then runs ``python payload/agent/gpuq_agent.py --root R status --json`` ``--repeat``
-times and prints the median, p90 and max.
+times and prints the median, p90 and max wall time and the median CPU time of a call.
 
     python scripts/bench_agent_status.py [--jobs 100] [--repeat 10]
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,12 +29,34 @@ AGENT = Path(__file__).resolve().parents[1] / "payload" / "agent" / "gpuq_agent.
 
 def spec(job_id: str, name: str) -> dict[str, object]:
     """A one-GPU job spec as the controller writes it (the agent reads nothing more here)."""
-    return {"schema": "gpuq.job/1", "job_id": job_id, "name": name, "queue_id": "q1", "attempt": 1,
-            "task": "cls", "epochs": 2, "gpus": 1, "nodes": 1, "seed": None, "config": "configs/x.json",
-            "bundle_sha": "f" * 64, "entry": "payload/train.py", "launcher": "python", "python": "",
-            "verify": ["metrics"], "heartbeat_s": 1, "ckpt_interval_s": 600, "kill_grace_s": 2, "min_free_gb": 0,
-            "scratch_gb": 0, "durable_dir": "", "resume_from": None, "spec_hash": "h" + job_id, "env": {},
-            "created_at": 1000.0}
+    return {
+        "schema": "gpuq.job/1",
+        "job_id": job_id,
+        "name": name,
+        "queue_id": "q1",
+        "attempt": 1,
+        "task": "cls",
+        "epochs": 2,
+        "gpus": 1,
+        "nodes": 1,
+        "seed": None,
+        "config": "configs/x.json",
+        "bundle_sha": "f" * 64,
+        "entry": "payload/train.py",
+        "launcher": "python",
+        "python": "",
+        "verify": ["metrics"],
+        "heartbeat_s": 1,
+        "ckpt_interval_s": 600,
+        "kill_grace_s": 2,
+        "min_free_gb": 0,
+        "scratch_gb": 0,
+        "durable_dir": "",
+        "resume_from": None,
+        "spec_hash": "h" + job_id,
+        "env": {},
+        "created_at": 1000.0,
+    }
 
 
 def build(root: Path, jobs: int) -> None:
@@ -55,6 +78,12 @@ def build(root: Path, jobs: int) -> None:
         (ckpt / "LATEST").write_text(json.dumps({"file": "latest.pt", "step": 5}))
 
 
+def cpu_of_children() -> float:
+    """User plus system CPU seconds of this process's waited-for children so far."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=100)
@@ -63,20 +92,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpuq-bench-status-") as tmp:
         root = Path(tmp) / "root"
         build(root, args.jobs)
-        times = []
+        times, cpus = [], []
         for _ in range(args.repeat):
+            c0 = cpu_of_children()
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, str(AGENT), "--root", str(root), "status", "--json"],
-                                 capture_output=True, text=True, check=False)
+            out = subprocess.run(
+                [sys.executable, str(AGENT), "--root", str(root), "status", "--json"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             times.append(time.perf_counter() - t0)
+            cpus.append(cpu_of_children() - c0)
             if out.returncode != 0:
                 print(out.stderr, file=sys.stderr)
                 return 1
         got = len(json.loads(unframe(out.stdout)[0])["jobs"])
     times.sort()
     p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
-    print(f"agent status --json, {got} jobs, {args.repeat} runs: median {statistics.median(times):.3f}s "
-          f"p90 {p90:.3f}s max {times[-1]:.3f}s (interpreter start included)")
+    print(
+        f"agent status --json, {got} jobs, {args.repeat} runs: median {statistics.median(times):.3f}s "
+        f"p90 {p90:.3f}s max {times[-1]:.3f}s; CPU (user+sys) median {statistics.median(cpus):.3f}s "
+        f"(interpreter start included)"
+    )
     return 0
 
 

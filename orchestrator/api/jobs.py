@@ -21,7 +21,6 @@ from orchestrator.host_documents import Provenance
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Job
 from orchestrator.money.cost import LOST_STATES, JobCost, job_cost
-from orchestrator.tick import gangs, host_retries
 from orchestrator.tick.collect import collect
 from orchestrator.tick.findings import FROM_SCRATCH
 
@@ -130,6 +129,8 @@ def cancel(ctx: Context, *, ref: str | None = None, sweep: str | None = None,
         row = ctx.ledger.host(host_name)
         try:
             host = _job_host(ctx, held[0])
+            from orchestrator.tick import host_retries  # cancel only: results and logs stay light
+
             host_retries.before_cancel(ctx.ledger, host, held, ctx.settings)  # a host's own retry: recorded first
             verdicts = client.cancel(host, row.agent_bundle if row else "", [j.id for j in held],
                                      timeout=60 + ctx.settings.kill_grace_s * 2)
@@ -154,6 +155,8 @@ def _stop_other_nodes(ctx: Context, job: Job) -> None:
     """A cancelled multi-node job: its parts on the other node hosts are stopped too."""
     attempt = ctx.ledger.attempt(job.id, job.attempt_count)
     if attempt is not None and attempt.nodes:
+        from orchestrator.tick import gangs  # the fleet and the ORM behind it: cancel only
+
         parts = [gangs.Part(rank, name, False, None)  # not probed: withdrawn if waiting, killed if running
                  for rank, name in enumerate(attempt.node_hosts()) if rank > 0]
         gangs.stop_parts(ctx.ledger, ctx.fleet, job, attempt, parts, "it was cancelled")

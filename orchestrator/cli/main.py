@@ -280,8 +280,7 @@ def cancel(jobs: tuple[str, ...], sweeps: tuple[str, ...], all_sweeps: bool, yes
 def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     """One row per job: state, final and best metrics."""
     from orchestrator import api
-    from orchestrator.cli import emit, resulttables
-
+    from orchestrator.cli import resulttables
     if as_csv and as_json:
         raise click.UsageError("give --csv or --json, not both")
     rows = api.results(open_ctx(), sweep=sweep)
@@ -290,6 +289,7 @@ def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     for note in collect_notes({row.job.id: row.error for row in rows if row.error}):
         warn(note)  # one host's failure: the other rows stand
     if as_json:
+        from orchestrator.cli import emit  # every command's JSON models: only when printing JSON
         emit.results(rows)
     elif as_csv:
         resulttables.results_csv(rows)

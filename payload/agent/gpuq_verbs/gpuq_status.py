@@ -24,10 +24,8 @@ from gpuq_records import gpuq_own
 from gpuq_base import gpuq_protocol as P
 from gpuq_base import gpuq_secrets
 from gpuq_slurmmode import gpuq_slurm
-from gpuq_slurmmode import gpuq_slurm_view
 from gpuq_base.gpuq_files import Layout, list_specs, mtime, read_json, read_text, utc
 from gpuq_base.gpuq_hostfacts import disk_info, memory_info, query_gpus
-from gpuq_records.gpuq_inbox import collect_one
 from gpuq_watch.gpuq_kernel import kernel_section
 from gpuq_watch.gpuq_nonfinite import of_running_job
 from gpuq_base.gpuq_jobspec import JobSpec, RunSection, attempt_of, read_spec
@@ -179,6 +177,7 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     slurm_conf = gpuq_slurm.config(lay)
     slurm = None
     if slurm_conf is not None:  # a login node: Slurm says which jobs live, capacity is the job cap
+        from gpuq_slurmmode import gpuq_slurm_view  # only on login nodes: every import compiles from source
         slurm = gpuq_slurm_view.apply_view(lay, jobs, now)
         kind, total = "slurm", int(slurm_conf.get("max_jobs") or 1)
         used = slurm["jobs"]
@@ -197,6 +196,7 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
     for e in jobs:
         redact_host_text(e, hide)
     if slurm is not None:
+        from gpuq_slurmmode import gpuq_slurm_view
         gpuq_slurm_view.drop_ended_secrets(lay, jobs, slurm)
     doc = {"schema": P.STATUS_SCHEMA, "protocol": P.PROTOCOL_VERSION, "hostname": socket.gethostname(),
            "root": lay.root, "time": utc(now), "boot_id": boot_id(), "uptime_s": uptime, "agent": agent,
@@ -273,6 +273,9 @@ def attach_scans(lay: Layout, jobs: list[dict[str, Any]], scans: dict[str, tuple
 
 def attach_results(lay: Layout, jobs: list[dict[str, Any]], wanted: set[str]) -> None:
     """The collected results of the wanted jobs that exited 0 (read, never written)."""
+    if not wanted:  # gpuq_inbox and what it imports compile from source on every call: only when asked
+        return
+    from gpuq_records.gpuq_inbox import collect_one
     for e in jobs:
         ex = e.get("exit") or {}
         if e["job_id"] in wanted and e["state"] == "exited" and ex.get("wrapper_code") == 0:
