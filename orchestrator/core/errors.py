@@ -33,7 +33,9 @@ subprocess, paramiko, httpx) are translated at the module that touches them.
         ├── NoCapacity                      no machines of the requested kind right now (retry later)
         ├── RateLimited                     HTTP 429 persisted through every bounded retry
         ├── ProviderUnreachable             network error, timeout or 5xx through every retry;
-        │                                   the outcome of the last call is unknown
+        │   │                               the outcome of the last call is unknown
+        │   └── CreateUnknown               a create that erred or timed out, its machine not found
+        │                                   by name yet: it may exist and bill (looked up, row kept)
         ├── ProvisioningFailed              an instance never became ready (stuck, or died while booting)
         └── ProviderUnsupported             the provider has no such operation (Lambda has no stop or spot)
 

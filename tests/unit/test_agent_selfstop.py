@@ -89,6 +89,15 @@ def _silent_root(tmp_path: Path, timeout_s: float, url: str | None = None, silen
     return root
 
 
+def test_a_host_without_a_lease_is_never_written_by_a_verb(tmp_path: Path) -> None:
+    """A host the user brought has no lease.json: ``status`` (any verb) leaves its root as it was."""
+    ss.touch_contact(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / ss.LEASE_FILE).write_text(json.dumps({"timeout_s": 60, "notify_url": None}))
+    ss.touch_contact(str(tmp_path))
+    assert (tmp_path / ss.CONTACT_FILE).is_file()
+
+
 def _agent(root: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> object:
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     logs: list[str] = []

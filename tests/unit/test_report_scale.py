@@ -196,6 +196,7 @@ def oracle(ctx: Context, sweeps: Sequence[str]) -> Report:
     if compared:
         notes.append(f"verdicts are Holm-corrected over {compared} compared cells: p (Holm) decides, "
                      "p is the raw Welch p")
+    notes += rep._past_bounds(out, metric)
     cell_of = {j.id: name for name, members in cells.items() for j in members}
     failures = [_failure(ctx, j, attempts.get(j.id, []), cell_of[j.id]) for j in jobs if j.state in rep._FAILED]
     return Report(

@@ -24,11 +24,14 @@ def ctx(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch) -> api.Context:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A copy of the example queue's project (payload/queue.txt, its configs and trainer)."""
+    """A copy of the example queue's project (payload/queue.txt, its configs and trainer), one seed a line."""
     root = tmp_path / "project"
     root.mkdir()
-    for name in ("queue.txt", "TASKS", "train.py"):
+    for name in ("TASKS", "train.py"):
         shutil.copy(EXAMPLE / name, root / name)
+    # one job per line (the example queue's seeds=2 stripped): the tests name the jobs by their cells
+    queue = (EXAMPLE / "queue.txt").read_text(encoding="utf-8").replace(" seeds=2", "")
+    (root / "queue.txt").write_text(queue, encoding="utf-8")
     shutil.copytree(EXAMPLE / "configs", root / "configs")
     return root
 
@@ -118,7 +121,7 @@ def test_a_success_without_a_verified_pull_is_not_reused(ctx: api.Context, proje
     _ran(ctx, project / "queue.txt", tmp_path, pulled=False)
     result = api.submit(ctx, project / "queue.txt", dry_run=True)
     assert result.reused == {}
-    assert sum("it will run again" in w for w in result.warnings) == 4
+    assert sum("a submit would run it again" in w for w in result.warnings) == 4  # a dry run submits nothing
 
 
 def test_rerun_must_be_true_or_false(ctx: api.Context, project: Path) -> None:

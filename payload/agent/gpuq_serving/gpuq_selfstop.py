@@ -1,7 +1,8 @@
 """The host stops its own billing when the controller is gone (issue 38 item 2, docs/cost.md).
 
-Every agent verb the controller calls (status, enqueue, collect, ...) touches ``controller_contact``
-in the root (``touch_contact``).  A controller that rents a host writes ``lease.json`` there:
+On a leased host, every agent verb the controller calls (status, enqueue, collect, ...) touches
+``controller_contact`` in the root (``touch_contact``); a host without ``lease.json`` is never written by it.
+A controller that rents a host writes ``lease.json`` there:
 ``{"timeout_s": S, "notify_url": URL-or-null}``.  The serving loop asks ``decide`` at most every
 ``CHECK_EVERY_S`` (on its own timer, no extra thread): once the controller has been silent for
 ``timeout_s`` and the host has no running attempt, no claimed-unlaunched spec and nothing in its
@@ -90,8 +91,11 @@ def stop_argv(mech: str, env: Mapping[str, str]) -> list[str]:
 
 
 def touch_contact(root: str) -> None:
-    """Best effort: a read-only root (a probe of someone else's) must not fail the verb."""
+    """Only on a leased host (``lease.json`` present): a host the user brought is never written by a read-only
+    verb such as ``status``. Best effort: a read-only root (a probe of someone else's) must not fail the verb."""
     path = os.path.join(root, CONTACT_FILE)
+    if not os.path.isfile(os.path.join(root, LEASE_FILE)):
+        return
     try:
         with open(path, "a"):
             pass
