@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the ledger's ORM and the hosts load when a context is opene
     from orchestrator.fleet.registry import Fleet
     from orchestrator.hosts.base import Host
     from orchestrator.ledger import HostRow, Ledger
+    from orchestrator.ledger.reader import LedgerReader
     from orchestrator.providers.base import Provider
 
 
@@ -29,6 +30,19 @@ class Context:
 
     def close(self) -> None:
         self.fleet.close()
+        self.ledger.close()
+
+
+@dataclass
+class ReadContext:
+    """What a read-only verb (``results``, ``report``, ``logs``, ``explain``) runs on when it reads the
+    ledger alone: the settings and the read path without the ORM (``ledger/reader.py``, one read
+    transaction).  No fleet: a verb that must talk to a host opens a ``Context`` instead."""
+
+    settings: Settings
+    ledger: LedgerReader
+
+    def close(self) -> None:
         self.ledger.close()
 
 

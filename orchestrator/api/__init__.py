@@ -31,11 +31,12 @@ if TYPE_CHECKING:
         hosts_stop_agent,
         hosts_trust,
     )
-    from orchestrator.api.jobs import CancelOutcome, ResultRow, cancel, cancel_targets, logs, results
+    from orchestrator.api.jobs import CancelOutcome, cancel, cancel_targets, logs
     from orchestrator.api.orphans import OrphanScan, end_orphans, end_stuck, find_orphans
     from orchestrator.api.pulling import PullReport, pull
     from orchestrator.api.rented import UpInterrupted, UpResult
     from orchestrator.api.renting import up
+    from orchestrator.api.resultrows import ResultRow, results
     from orchestrator.api.snapshot import Snapshot, ledger_status, status, wait
     from orchestrator.api.submitting import SubmitResult, submit
     from orchestrator.api.watching import WatchResult, watch
@@ -52,7 +53,7 @@ _HOME = {
     "OrphanScan": "orchestrator.api.orphans",
     "PullReport": "orchestrator.api.pulling",
     "ReapReport": "orchestrator.api.health",
-    "ResultRow": "orchestrator.api.jobs",
+    "ResultRow": "orchestrator.api.resultrows",
     "ResumeResult": "orchestrator.api.cloud",
     "Snapshot": "orchestrator.api.snapshot",
     "SubmitResult": "orchestrator.api.submitting",
@@ -83,7 +84,7 @@ _HOME = {
     "open_context": "orchestrator.context",
     "pull": "orchestrator.api.pulling",
     "reap": "orchestrator.api.health",
-    "results": "orchestrator.api.jobs",
+    "results": "orchestrator.api.resultrows",
     "resume": "orchestrator.api.cloud",
     "run_tick": "orchestrator.tick.loop",
     "status": "orchestrator.api.snapshot",

@@ -12,20 +12,22 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, ran_with
-from orchestrator.context import Context, gc_paused
+from orchestrator.api.resultrows import collect_notes, collect_or_refuse, cpu_slots, ran_with
+from orchestrator.context import Context, ReadContext, gc_paused
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, UsageError
 from orchestrator.core.states import JobState
 from orchestrator.health import observed
 from orchestrator.host_documents import Provenance
-from orchestrator.ledger import Attempt, Job, Pull, Sweep
 from orchestrator.money.cost import JobCost, job_cost
 from orchestrator.report import stats, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Verdict
+
+if TYPE_CHECKING:  # the ORM's models only as types: the report reads through ledger/reader.py too
+    from orchestrator.ledger import Attempt, Job, Pull, Sweep
 
 DIVERGED_DROP = 0.20  # a final value worse than the job's own best by more than 20 % of |best|
 SEEDS_DISAGREE_CV = 0.10  # seeds whose std exceeds 10 % of |mean|
@@ -46,7 +48,7 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _resolve(ctx: Context, refs: Sequence[str]) -> list[Sweep]:
+def _resolve(ctx: Context | ReadContext, refs: Sequence[str]) -> list[Sweep]:
     if not refs:
         return [ctx.ledger.resolve_sweep(None)]
     out: list[Sweep] = []
@@ -66,7 +68,7 @@ def _headline(sweeps: Sequence[Sweep], metric: str | None, mode: str | None) -> 
     return metric or default_metric, mode or default_mode
 
 
-def _metrics_problems(ctx: Context, jobs: Sequence[Job]) -> list[str]:
+def _metrics_problems(ctx: Context | ReadContext, jobs: Sequence[Job]) -> list[str]:
     """Why succeeded jobs have no metric, as their warnings said (observed.metrics_problem): one line
     per distinct reason with how many jobs it hides, the setting named, never the metric blamed for a
     file that was not there."""
@@ -102,14 +104,14 @@ class Value(NamedTuple):
     step: int | None
 
 
-def build_report(ctx: Context, sweeps: Sequence[str] = (), *, baseline: str | None = None,
+def build_report(ctx: Context | ReadContext, sweeps: Sequence[str] = (), *, baseline: str | None = None,
                  metric: str | None = None, mode: str | None = None, collect: bool = True) -> Report:
     with gc_paused():  # a few reads of the sweeps' rows, grouped by job: linear in the jobs
         return _build(ctx, sweeps, baseline, metric, mode, collect)
 
 
-def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: str | None, mode: str | None,
-           collect: bool) -> Report:
+def _build(ctx: Context | ReadContext, sweeps: Sequence[str], baseline: str | None, metric: str | None,
+           mode: str | None, collect: bool) -> Report:
     rows = _resolve(ctx, sweeps)
     metric, mode = _headline(rows, metric, mode)
     got = _gather(ctx, rows, metric, collect)
@@ -166,13 +168,13 @@ class _Gathered:
     unread: list[str]
 
 
-def _gather(ctx: Context, rows: Sequence[Sweep], metric: str, collect: bool) -> _Gathered:
+def _gather(ctx: Context | ReadContext, rows: Sequence[Sweep], metric: str, collect: bool) -> _Gathered:
     """The jobs of ``rows`` with their values of ``metric`` and their attempts; GpuqError or UsageError when
     no finished job's value can be had (one line saying why)."""
     jobs: list[Job] = []
     for sweep in rows:
         jobs.extend(ctx.ledger.jobs(sweep_id=sweep.id))
-    missing = collect_missing(ctx, jobs) if collect else {}
+    missing = collect_or_refuse(ctx, jobs) if collect else {}
     values: dict[str, dict[str, Value]] = {}
     reusing: dict[str, list[str]] = {}  # the job whose values are read -> the jobs they count for (a reused
     for job in jobs:                    # job's are its twin's: the result cache)
@@ -340,7 +342,7 @@ def _holm(cells: list[CellRow]) -> None:
             cell.verdict = "within noise"
 
 
-def _failures(ctx: Context, jobs: Sequence[Job], attempts: dict[str, list[Attempt]],
+def _failures(ctx: Context | ReadContext, jobs: Sequence[Job], attempts: dict[str, list[Attempt]],
               cell_of: dict[str, str]) -> list[FailureRow]:
     """The failed jobs' rows: why each failed (its last attempt's message and the newest event that
     names a failure class) and its log's tail from a pulled copy, redacted; a few reads for them all."""

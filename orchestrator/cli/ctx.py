@@ -4,12 +4,15 @@ that may quote a host (``echo``), warnings (``warn``: stderr, always)."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from orchestrator.context import Context
+    from orchestrator.context import Context, ReadContext
     from orchestrator.ledger.reader import LedgerReader
+
+T = TypeVar("T")
 
 
 def open_ctx(project_dir: Path | None = None) -> Context:
@@ -45,6 +48,26 @@ def open_reader() -> LedgerReader | None:
         reader.close()
         return None
     return reader
+
+
+def read_through(verb: Callable[[Context | ReadContext], T]) -> T:
+    """``verb`` on the read path without the ORM (a ``ReadContext``: ``gpuq results``, ``report``), else on
+    the command's ``Context``: where ``open_reader`` gives none, or the verb found finished jobs whose
+    metrics must be collected from their hosts first (``resultrows.HostsNeeded``)."""
+    from orchestrator.api.resultrows import HostsNeeded
+    from orchestrator.context import ReadContext
+    from orchestrator.core.config import load_settings
+
+    reader = open_reader()
+    if reader is not None:
+        gc.enable()  # off while the modules load (main()); the verb pauses it while it reads
+        try:
+            return verb(ReadContext(load_settings(), reader))
+        except HostsNeeded:
+            pass
+        finally:
+            reader.close()
+    return verb(open_ctx())
 
 
 def warn(text: str) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.cli import complete, flags
-from orchestrator.cli.ctx import open_ctx, open_reader, warn
+from orchestrator.cli.ctx import open_ctx, open_reader, read_through, warn
 from orchestrator.core import exitcodes
 
 if TYPE_CHECKING:
@@ -283,8 +283,8 @@ def results(sweep: str | None, as_csv: bool, as_json: bool) -> None:
     from orchestrator.cli import resulttables
     if as_csv and as_json:
         raise click.UsageError("give --csv or --json, not both")
-    rows = api.results(open_ctx(), sweep=sweep)
-    from orchestrator.api.jobs import collect_notes
+    rows = read_through(lambda ctx: api.results(ctx, sweep=sweep))  # the ledger alone unless a job lacks metrics
+    from orchestrator.api.resultrows import collect_notes
 
     for note in collect_notes({row.job.id: row.error for row in rows if row.error}):
         warn(note)  # one host's failure: the other rows stand

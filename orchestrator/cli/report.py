@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrator.cli import complete
-from orchestrator.cli.ctx import open_ctx
+from orchestrator.cli.ctx import read_through
 
 if TYPE_CHECKING:
     from orchestrator.cli.plaintable import Cell, Line
+    from orchestrator.context import Context, ReadContext
     from orchestrator.report.model import Report
 
 
@@ -37,15 +38,17 @@ def report(sweeps: tuple[str, ...], baseline: str | None, metric: str | None, mo
 
     if fmt == "html" and out_dir is None:
         raise UsageError("gpuq report --format html needs -o DIR (the page and its figures are written there)")
-    ctx = open_ctx()
-    doc = build_report(ctx, list(sweeps), baseline=baseline, metric=metric, mode=mode)
     if fmt == "html" and out_dir is not None:
         from orchestrator.report.figures import drawn_cells
         from orchestrator.report.html import write_report
 
-        page = write_report(doc, ctx.ledger.curves(j for cell in drawn_cells(doc) for j in cell.jobs), out_dir)
-        click.echo(f"wrote {page}")
+        def page_of(ctx: Context | ReadContext) -> Path:
+            doc = build_report(ctx, list(sweeps), baseline=baseline, metric=metric, mode=mode)
+            return write_report(doc, ctx.ledger.curves(j for cell in drawn_cells(doc) for j in cell.jobs), out_dir)
+
+        click.echo(f"wrote {read_through(page_of)}")
         return
+    doc = read_through(lambda ctx: build_report(ctx, list(sweeps), baseline=baseline, metric=metric, mode=mode))
     if fmt in ("md", "csv", "json"):
         text = {"md": tables.markdown(doc), "csv": tables.csv_text(doc),
                 "json": doc.model_dump_json(by_alias=True, indent=2) + "\n"}[fmt]

@@ -31,7 +31,7 @@ def _metric_names(rows: list[ResultRow]) -> list[str]:
 
 def _way(rows: list[ResultRow], name: str) -> str:
     """" (max)" / " (min)": the direction each metric's own best was taken by (none for a name that says neither)."""
-    from orchestrator.tick.collect import direction
+    from orchestrator.health.observed import direction
 
     head = rows[0]
     if name == head.metric:

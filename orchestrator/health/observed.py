@@ -72,6 +72,7 @@ def headline(run: SweepRun | None) -> tuple[str, str]:
 
 
 METRICS_RULE = "metrics_missing"  # a finding on a job: its [run] metrics gave no value (docs/health.md)
+FROM_SCRATCH = "from_scratch"  # the rule of a retry that restarted from scratch (counted by `gpuq results`)
 
 
 def metrics_problem(run: SweepRun | None, summary: Summary | None) -> str:
@@ -105,3 +106,18 @@ def slurm_wait(entry: JobEntry) -> str:
     job = f" job {slurm.id}" if slurm.id else ""
     text = f"Slurm{job} {slurm.state}" + (f" ({reason})" if reason and reason != "None" else "")
     return "".join(c for c in text if c.isprintable())[:LINE_CHARS]
+
+
+LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer")
+HIGHER_BETTER = ("acc", "f1", "auc", "precision", "recall", "map", "bleu", "rouge", "iou", "dice", "r2", "score")
+
+
+def direction(name: str, summary: Summary) -> str:
+    """"min" or "max" for a metric: the headline's own mode ([run] mode), else by its name (loss-like
+    lower, accuracy-like higher); "" when the name says neither (its best is not guessed)."""
+    if name == (summary.metric or DEFAULT_METRIC[0]):
+        return "min" if summary.mode == "min" else "max"
+    low = name.lower()
+    if any(word in low for word in LOWER_BETTER):
+        return "min"
+    return "max" if any(word in low for word in HIGHER_BETTER) else ""

@@ -11,14 +11,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from orchestrator.ledger.eventsql import NEWEST_EVENTS as _NEWEST_EVENTS
+from orchestrator.ledger.eventsql import past_prefix
 from orchestrator.ledger.tables import Event
 from orchestrator.ledger.txn import IN_CHUNK, Sessions
 
-# the newest events of each (subject, upper) pair: a range of the subject index per pair, numbered newest first
-_NEWEST_EVENTS = ("WITH p(subject, upper) AS (VALUES {values}) "
-                  "SELECT subject, id FROM (SELECT p.subject AS subject, e.id AS id, e.rule AS rule, "
-                  "row_number() OVER (PARTITION BY p.subject ORDER BY e.id DESC) AS n "
-                  "FROM p JOIN event AS e ON e.subject >= p.subject AND e.subject < p.upper) WHERE n <= ?{rule}")
+__all__ = ["EventRecords", "add_event", "past_prefix"]
 
 
 def add_event(s: Session, kind: str, subject: str, old: str, new: str, message: str, *, failure_class: str = "",
@@ -27,18 +25,6 @@ def add_event(s: Session, kind: str, subject: str, old: str, new: str, message: 
     decision names; ``attempt``: the attempt it speaks of)."""
     s.add(Event(time=time.time(), kind=kind, subject=subject, old=old, new=new, message=message,
                 failure_class=failure_class, attempt=attempt))
-
-
-def past_prefix(prefix: str) -> str | None:
-    """The least string above every string that starts with ``prefix`` in SQLite's BINARY order (UTF-8
-    bytes, which is code point order), so ``prefix <= s < past_prefix(prefix)`` is ``s.startswith(prefix)``;
-    None when no string is above them all ("")."""
-    while prefix:
-        last = ord(prefix[-1]) + 1
-        if last <= 0x10FFFF:
-            return prefix[:-1] + chr(0xE000 if 0xD800 <= last <= 0xDFFF else last)  # no surrogate in UTF-8
-        prefix = prefix[:-1]
-    return None
 
 
 class EventRecords(Sessions):

@@ -24,6 +24,7 @@ from orchestrator.core.errors import JobNotFound
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.pricing import PricedAttempt
+from orchestrator.ledger.reader_results import ResultReads
 from orchestrator.ledger.rowmethods import AttemptMethods, EventMethods, HostMethods, JobMethods, SweepMethods
 
 if TYPE_CHECKING:
@@ -83,14 +84,24 @@ class EventRecord(Record, EventMethods):
     __table__ = "event"
 
 
+class CheckpointRecord(Record):
+    __table__ = "checkpoint"
+
+
+class PullRecord(Record):
+    __table__ = "pull"
+
+
 def _prefix_pattern(prefix: str) -> str:
     """``LIKE ? ESCAPE '/'``'s pattern for ``prefix`` (SQLAlchemy's ``startswith(autoescape=True)``)."""
     escaped = "".join(_LIKE_ESCAPE + ch if ch in "%_/" else ch for ch in prefix)
     return escaped + "%"
 
 
-class LedgerReader:
+class LedgerReader(ResultReads):
     """Read-only answers from the ledger file at ``path``; ``ReaderUnavailable`` when it cannot give them."""
+
+    HOST, SWEEP, EVENT, CHECKPOINT, PULL = HostRecord, SweepRecord, EventRecord, CheckpointRecord, PullRecord
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -116,6 +127,12 @@ class LedgerReader:
     def close(self) -> None:
         self._conn.close()
 
+    def __enter__(self) -> LedgerReader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     # --- rows ----------------------------------------------------------------------------------------
 
     def _booleans_of(self, table: str) -> tuple[str, ...]:
@@ -126,7 +143,7 @@ class LedgerReader:
             found = self._booleans[table] = tuple(name for name, kind in rows if str(kind).upper() == "BOOLEAN")
         return found
 
-    def _records(self, cls: type[Record], sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    def _records(self, cls: type[Any], sql: str, params: Sequence[Any] = ()) -> list[Any]:
         cursor = self._conn.execute(sql, params)
         names = [d[0] for d in cursor.description]
         booleans = self._booleans_of(cls.__table__)

@@ -48,19 +48,7 @@ def metrics_warnings(ledger: Ledger, docs: Mapping[str, Results]) -> None:
                               reason=problem)
 
 
-LOWER_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer")
-HIGHER_BETTER = ("acc", "f1", "auc", "precision", "recall", "map", "bleu", "rouge", "iou", "dice", "r2", "score")
-
-
-def direction(name: str, summary: Summary) -> str:
-    """"min" or "max" for a metric: the headline's own mode ([run] mode), else by its name (loss-like
-    lower, accuracy-like higher); "" when the name says neither (its best is not guessed)."""
-    if name == (summary.metric or observed.DEFAULT_METRIC[0]):
-        return "min" if summary.mode == "min" else "max"
-    low = name.lower()
-    if any(word in low for word in LOWER_BETTER):
-        return "min"
-    return "max" if any(word in low for word in HIGHER_BETTER) else ""
+direction = observed.direction  # the one rule, in health/observed.py (pure: `gpuq results` draws with it)
 
 
 def own_bests(summary: Summary) -> dict[str, tuple[float, int | None]]:

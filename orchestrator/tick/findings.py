@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
 from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState
+from orchestrator.health.observed import FROM_SCRATCH
 from orchestrator.health.patrol import (
     Finding,
     JobView,
@@ -66,7 +67,6 @@ def resumed(ctx: Context, host: str, mine: Sequence[Job], entries: Mapping[str, 
             record(ctx, [found], subjects=[], report=report)
 
 
-FROM_SCRATCH = "from_scratch"  # the rule of a retry that restarted from scratch (counted by `gpuq results`)
 
 
 def from_scratch(ctx: Context, host: str, job: Job, report: TickReport) -> None:
