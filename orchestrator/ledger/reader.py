@@ -55,40 +55,78 @@ class LedgerReads(Protocol):
 
 
 class Record:
-    """One row: its columns as attributes (a read-only view; nothing is written back)."""
+    """One row: its columns as attributes (a read-only view; nothing is written back).
 
+    Slotted: each read makes (once per table and column list) a subclass whose slots are the columns the
+    ledger file has, so a row costs its values and a pointer per column, not a dict (a 100,000-job sweep's
+    rows are a few hundred thousand records)."""
+
+    __slots__ = ()
     __table__ = ""
+    __columns__: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
-        cols = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        cols = ", ".join(f"{k}={v!r}" for k, v in record_columns(self).items())
         return f"{type(self).__name__}({cols})"
 
 
+def record_columns(rec: object) -> dict[str, Any]:
+    """{column: value} of a record (typed as its model where it is read), in the file's column order."""
+    return {name: getattr(rec, name) for name in cast("Record", rec).__columns__}
+
+
+_SHAPES: dict[tuple[type, tuple[str, ...], tuple[str, ...]], type] = {}
+
+
+def _shaped(cls: type[Record], names: tuple[str, ...], booleans: tuple[str, ...]) -> type:
+    """The slotted subclass of ``cls`` for rows of these columns: built from a row tuple in one call."""
+    key = (cls, names, booleans)
+    found = _SHAPES.get(key)
+    if found is None:
+        if not all(name.isidentifier() for name in names):
+            raise ReaderUnavailable(f"table {cls.__table__}: a column name that is no identifier: {names}")
+        sets = [f"self.{name} = None if r[{i}] is None else bool(r[{i}])" if name in booleans
+                else f"self.{name} = r[{i}]" for i, name in enumerate(names)]
+        code = "def __init__(self, r):\n    " + "\n    ".join(sets or ["pass"]) + "\n"
+        space: dict[str, Any] = {}
+        exec(code, space)  # the file's own column names, checked to be identifiers above
+        found = _SHAPES[key] = type(cls.__name__, (cls,), {"__slots__": names, "__columns__": names,
+                                                           "__init__": space["__init__"]})
+    return found
+
+
 class HostRecord(Record, HostMethods):
+    __slots__ = ()
     __table__ = "host"
 
 
 class SweepRecord(Record, SweepMethods):
+    __slots__ = ()
     __table__ = "sweep"
 
 
 class JobRecord(Record, JobMethods):
+    __slots__ = ()
     __table__ = "job"
 
 
 class AttemptRecord(Record, AttemptMethods):
+    __slots__ = ()
     __table__ = "attempt"
 
 
 class EventRecord(Record, EventMethods):
+    __slots__ = ()
     __table__ = "event"
 
 
 class CheckpointRecord(Record):
+    __slots__ = ()
     __table__ = "checkpoint"
 
 
 class PullRecord(Record):
+    __slots__ = ()
     __table__ = "pull"
 
 
@@ -145,20 +183,9 @@ class LedgerReader(ResultReads):
 
     def _records(self, cls: type[Any], sql: str, params: Sequence[Any] = ()) -> list[Any]:
         cursor = self._conn.execute(sql, params)
-        names = [d[0] for d in cursor.description]
-        booleans = self._booleans_of(cls.__table__)
-        new = object.__new__
-        out = []
-        for row in cursor:
-            rec = new(cls)
-            values = dict(zip(names, row, strict=True))
-            for name in booleans:
-                value = values[name]
-                if value is not None:
-                    values[name] = bool(value)
-            rec.__dict__ = values
-            out.append(rec)
-        return out
+        names = tuple(d[0] for d in cursor.description)
+        shaped = _shaped(cls, names, tuple(n for n in self._booleans_of(cls.__table__) if n in names))
+        return list(map(shaped, cursor))
 
     # --- the reads of a ledger-only snapshot (each as ``store.Ledger``'s of the same name) -------------
 

@@ -25,7 +25,7 @@ from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import AttemptState, HoldChange, HoldKind, JobState, LeaseState
 from orchestrator.ledger import HostRow, Ledger
 from orchestrator.ledger.migrate import SCHEMA_VERSION
-from orchestrator.ledger.reader import LedgerReader, ReaderUnavailable
+from orchestrator.ledger.reader import LedgerReader, ReaderUnavailable, record_columns
 from tests.support.rented import add_rented
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def _same_rows(orm: list[Any], read: list[Any]) -> None:
     assert len(orm) == len(read) and orm
     for a, b in zip(orm, read, strict=True):
         want = _columns(a)
-        assert set(vars(b)) == set(want), type(a).__name__  # every column, none more
+        assert set(record_columns(b)) == set(want), type(a).__name__  # every column, none more
         for name, value in want.items():
             got = getattr(b, name)
             assert (type(got), got) == (type(value), value), (type(a).__name__, name)
@@ -152,7 +152,8 @@ def test_sweep_references_resolve_as_the_ledger_resolves_them(ctx: Context, read
     """Prefixes with SQL wildcards match only themselves (``q%`` is no prefix of ``qb000002``)."""
     def answer(source: Any) -> Any:
         try:
-            return _columns(ctx.ledger.resolve_sweep(ref)) if source is ctx.ledger else vars(source.resolve_sweep(ref))
+            found = source.resolve_sweep(ref)
+            return _columns(found) if source is ctx.ledger else record_columns(found)
         except JobNotFound as exc:
             return str(exc)
 
@@ -164,9 +165,9 @@ def test_a_ledger_only_snapshot_is_the_same_either_way(ctx: Context, reader: Led
                                                        shown: dict[str, Any]) -> None:
     orm, read = ledger_status(ctx.ledger, **shown), ledger_status(reader, **shown)
     assert [j.id for j in read.jobs] == [j.id for j in orm.jobs] != []
-    assert {k: vars(v) for k, v in read.attempts.items()} == {k: _columns(v) for k, v in orm.attempts.items()}
+    assert {k: record_columns(v) for k, v in read.attempts.items()} == {k: _columns(v) for k, v in orm.attempts.items()}
     assert read.counts == orm.counts and read.budgets == orm.budgets
-    assert [vars(e) for e in read.alerts] == [_columns(e) for e in orm.alerts]
+    assert [record_columns(e) for e in read.alerts] == [_columns(e) for e in orm.alerts]
     assert {k: [a.id for a in v] for k, v in read.attempt_history.items()} == \
         {k: [a.id for a in v] for k, v in orm.attempt_history.items()}
 

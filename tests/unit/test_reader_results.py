@@ -19,7 +19,7 @@ from orchestrator.api.resultrows import HostsNeeded, results
 from orchestrator.cli.ctx import read_through
 from orchestrator.context import Context, ReadContext
 from orchestrator.core.states import JobState
-from orchestrator.ledger.reader import LedgerReader
+from orchestrator.ledger.reader import LedgerReader, record_columns
 from tests.unit.test_results_scale import SWEEP, T0, _view, build
 
 
@@ -35,7 +35,7 @@ def built(ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 
 def _cols(row: Any) -> dict[str, Any]:
-    names = type(row).model_fields if hasattr(type(row), "model_fields") else vars(row)
+    names = type(row).model_fields if hasattr(type(row), "model_fields") else record_columns(row)
     return {name: (type(getattr(row, name)), getattr(row, name)) for name in names}
 
 
@@ -50,7 +50,7 @@ def _same(orm: Any, read: Any) -> None:
         for a, b in zip(orm, read, strict=True):
             _same(a, b)
     elif hasattr(type(orm), "model_fields"):
-        assert set(vars(read)) == set(type(orm).model_fields), type(orm).__name__
+        assert set(record_columns(read)) == set(type(orm).model_fields), type(orm).__name__
         assert _cols(orm) == _cols(read)
     else:
         assert (type(orm), orm) == (type(read), read)
