@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 
-@dataclass
+@dataclass(slots=True)  # one per job: 100,000 of them for a 100,000-job sweep, no dict each
 class ResultRow:
     job: Job
     final: dict[str, float]

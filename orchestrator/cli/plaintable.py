@@ -54,29 +54,42 @@ class Painter:
 
 def write(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[Cell]], *,
           right: Collection[str] = ()) -> None:
-    """``title``, then the header and ``rows`` (one cell per column each), aligned; column by column."""
+    """``title``, then the header and ``rows`` (one cell per column each), aligned; column by column.  Each
+    column's width is measured over every row first; then the lines are made and written ``BATCH`` rows at
+    a time, so what is held beside the cells is one batch of lines, not a padded copy of the whole table."""
     paint = Painter(console)
     last = len(columns) - 1
-    shown: list[list[str]] = []
-    for i, column in enumerate(zip(*[[(name, "bold") for name in columns], *rows], strict=True)):
-        texts = [text for text, _ in column]
-        ascii_only = all(map(str.isascii, texts))
-        sizes = list(map(len if ascii_only else cell_len, texts))
-        width = max(sizes)
-        flush = columns[i] in right
-        if paint.plain or not any(style for _, style in column):
-            if i == last and not flush:
-                shown.append(texts)
-            elif ascii_only:
-                shown.append(list(map(str.rjust if flush else str.ljust, texts, repeat(width))))
-            else:
-                shown.append(_padded(texts, sizes, width, flush))
-        else:
-            painted = [paint(text, style) for text, style in column]
-            shown.append(painted if i == last and not flush else _padded(painted, sizes, width, flush))
+    every = [[(name, "bold") for name in columns], *rows]
+    measured = []
+    for column in zip(*every, strict=True):
+        ascii_only = all(text.isascii() for text, _ in column)
+        measured.append((ascii_only, max((len if ascii_only else cell_len)(text) for text, _ in column),
+                         paint.plain or not any(style for _, style in column)))
     lines = [paint(title, "italic")] if title else []
-    lines += map("  ".join, zip(*shown, strict=True))
-    console.file.write("\n".join(lines) + "\n")
+    for start in range(0, len(every), BATCH):
+        shown: list[list[str]] = []
+        batch = every[start:start + BATCH]
+        for i, column in enumerate(zip(*batch, strict=True)):
+            ascii_only, width, unpainted = measured[i]
+            flush = columns[i] in right
+            texts = [text for text, _ in column]
+            if unpainted:
+                if i == last and not flush:
+                    shown.append(texts)
+                elif ascii_only:
+                    shown.append(list(map(str.rjust if flush else str.ljust, texts, repeat(width))))
+                else:
+                    shown.append(_padded(texts, list(map(cell_len, texts)), width, flush))
+            else:
+                painted = [paint(text, style) for text, style in column]
+                sizes = list(map(len if ascii_only else cell_len, texts))
+                shown.append(painted if i == last and not flush else _padded(painted, sizes, width, flush))
+        lines += map("  ".join, zip(*shown, strict=True))
+        console.file.write("\n".join(lines) + "\n")
+        lines = []
+
+
+BATCH = 2000  # rows of a plain table made into lines and written at a time
 
 
 def _padded(texts: list[str], sizes: list[int], width: int, flush_right: bool) -> list[str]:

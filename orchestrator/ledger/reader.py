@@ -15,8 +15,9 @@ to the ``Ledger``'s on the same file, row for row and type for type.
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -130,6 +131,33 @@ class PullRecord(Record):
     __table__ = "pull"
 
 
+_SAMPLE = 256  # rows a read looks at to tell repeating text columns (a state, a host) from unique ones (an id)
+
+
+def _shared(rows: Iterable[tuple[Any, ...]]) -> Iterator[Sequence[Any]]:
+    """The rows, each repeated text value of a column one string object (SQLite hands out a new one per row:
+    a 100,000-job sweep's states, hosts, configs and provenance would be that many copies).  A column is
+    shared when its first ``_SAMPLE`` rows hold at most half as many distinct texts as rows."""
+    it = iter(rows)
+    head = list(itertools.islice(it, _SAMPLE))
+    if len(head) < 16:
+        yield from head
+        return
+    repeat = [i for i, value in enumerate(head[0]) if isinstance(value, str) and len(value) > 1
+              and len({row[i] for row in head}) * 2 <= len(head)]
+    if not repeat:
+        yield from head
+        yield from it
+        return
+    caches: list[dict[str, str]] = [{} for _ in repeat]
+    for row in itertools.chain(head, it):
+        values = list(row)
+        for i, cache in zip(repeat, caches, strict=True):
+            value = values[i]
+            values[i] = cache.setdefault(value, value)
+        yield values
+
+
 def _prefix_pattern(prefix: str) -> str:
     """``LIKE ? ESCAPE '/'``'s pattern for ``prefix`` (SQLAlchemy's ``startswith(autoescape=True)``)."""
     escaped = "".join(_LIKE_ESCAPE + ch if ch in "%_/" else ch for ch in prefix)
@@ -185,7 +213,7 @@ class LedgerReader(ResultReads):
         cursor = self._conn.execute(sql, params)
         names = tuple(d[0] for d in cursor.description)
         shaped = _shaped(cls, names, tuple(n for n in self._booleans_of(cls.__table__) if n in names))
-        return list(map(shaped, cursor))
+        return list(map(shaped, _shared(cursor)))
 
     # --- the reads of a ledger-only snapshot (each as ``store.Ledger``'s of the same name) -------------
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the ledger (sqlalchemy) only for the types: views.text must
 LOST_STATES = (AttemptState.PREEMPTED.value, AttemptState.LOST.value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per job of a sweep: no dict each
 class JobCost:
     gpu_hours: float
     cost: float | None  # None when no attempt ran on a priced host
