@@ -16,9 +16,12 @@ next to a floor measured in the same run, as a ratio):
 * ``results``: ``gpuq results`` / ``gpuq report`` at 1k and 10k jobs and ``Ledger.events`` at 1k /
   200k / 1M rows, from ``bench_results_scale.py``;
 * ``scheduler``: planning 1k / 10k / 100k jobs on 256 hosts x 8 GPUs and work stealing, from
-  ``bench_scheduler.py``.
+  ``bench_scheduler.py``;
+* ``reads``: ``results``, ``report`` and ``status --all`` at 1k / 10k / 100k jobs, time and peak RSS
+  against the bare-sqlite3 floor of the same rows, from ``bench_reads.py`` (the 100k ledger takes a while
+  to build).
 
-    python scripts/bench_scale.py [--only status tick submit agent results scheduler] [--repeat 5]
+    python scripts/bench_scale.py [--only status tick submit agent results scheduler reads] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PY = sys.executable
 GPUQ = [PY, "-m", "orchestrator"]
-SECTIONS = ("status", "tick", "submit", "agent", "results", "scheduler")
+SECTIONS = ("status", "tick", "submit", "agent", "results", "scheduler", "reads")
 
 
 def timed(argv: list[str], repeat: int, env: dict[str, str] | None = None, cwd: Path | None = None) -> float:
@@ -192,7 +195,8 @@ def main() -> int:
     if "agent" in chosen:
         agent_section()
     here = Path(__file__).resolve().parent
-    for name, script in (("results", "bench_results_scale.py"), ("scheduler", "bench_scheduler.py")):
+    for name, script in (("results", "bench_results_scale.py"), ("scheduler", "bench_scheduler.py"),
+                         ("reads", "bench_reads.py")):
         if name in chosen:
             print(f"{name}: {script}")
             sys.stdout.flush()

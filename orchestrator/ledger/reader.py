@@ -15,9 +15,8 @@ to the ``Ledger``'s on the same file, row for row and type for type.
 
 from __future__ import annotations
 
-import itertools
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -76,24 +75,40 @@ def record_columns(rec: object) -> dict[str, Any]:
     return {name: getattr(rec, name) for name in cast("Record", rec).__columns__}
 
 
-_SHAPES: dict[tuple[type, tuple[str, ...], tuple[str, ...]], type] = {}
+_SHAPES: dict[tuple[type, tuple[str, ...], tuple[str, ...], tuple[int, ...]], type[Any]] = {}
+_SAMPLE = 256  # rows a read looks at to tell repeating text columns (a state, a host) from unique ones (an id)
 
 
-def _shaped(cls: type[Record], names: tuple[str, ...], booleans: tuple[str, ...]) -> type:
-    """The slotted subclass of ``cls`` for rows of these columns: built from a row tuple in one call."""
-    key = (cls, names, booleans)
+def _shaped(cls: type[Record], names: tuple[str, ...], booleans: tuple[str, ...],
+            shared: tuple[int, ...]) -> type[Any]:
+    """The slotted subclass of ``cls`` for rows of these columns, built from a row tuple in one call; its
+    ``_make(*setdefaults)`` gives the ``__init__`` of one read, which passes the ``shared`` columns' values
+    through their caches' ``setdefault`` (each repeated text one string object)."""
+    key = (cls, names, booleans, shared)
     found = _SHAPES.get(key)
     if found is None:
         if not all(name.isidentifier() for name in names):
             raise ReaderUnavailable(f"table {cls.__table__}: a column name that is no identifier: {names}")
         sets = [f"self.{name} = None if r[{i}] is None else bool(r[{i}])" if name in booleans
+                else f"self.{name} = s{i}(r[{i}], r[{i}])" if i in shared
                 else f"self.{name} = r[{i}]" for i, name in enumerate(names)]
-        code = "def __init__(self, r):\n    " + "\n    ".join(sets or ["pass"]) + "\n"
+        code = (f"def make({', '.join(f's{i}' for i in shared)}):\n    def __init__(self, r):\n        "
+                + "\n        ".join(sets or ["pass"]) + "\n    return __init__\n")
         space: dict[str, Any] = {}
         exec(code, space)  # the file's own column names, checked to be identifiers above
         found = _SHAPES[key] = type(cls.__name__, (cls,), {"__slots__": names, "__columns__": names,
-                                                           "__init__": space["__init__"]})
+                                                           "_make": staticmethod(space["make"])})
     return found
+
+
+def _repeating(head: Sequence[tuple[Any, ...]]) -> tuple[int, ...]:
+    """The text columns whose values repeat (SQLite hands out a new string per row: a 100,000-job sweep's
+    states, hosts, configs and provenance would be that many copies): those whose first ``_SAMPLE`` rows
+    hold at most half as many distinct texts as rows."""
+    if len(head) < 16:
+        return ()
+    return tuple(i for i, value in enumerate(head[0]) if isinstance(value, str) and len(value) > 1
+                 and len({row[i] for row in head}) * 2 <= len(head))
 
 
 class HostRecord(Record, HostMethods):
@@ -129,33 +144,6 @@ class CheckpointRecord(Record):
 class PullRecord(Record):
     __slots__ = ()
     __table__ = "pull"
-
-
-_SAMPLE = 256  # rows a read looks at to tell repeating text columns (a state, a host) from unique ones (an id)
-
-
-def _shared(rows: Iterable[tuple[Any, ...]]) -> Iterator[Sequence[Any]]:
-    """The rows, each repeated text value of a column one string object (SQLite hands out a new one per row:
-    a 100,000-job sweep's states, hosts, configs and provenance would be that many copies).  A column is
-    shared when its first ``_SAMPLE`` rows hold at most half as many distinct texts as rows."""
-    it = iter(rows)
-    head = list(itertools.islice(it, _SAMPLE))
-    if len(head) < 16:
-        yield from head
-        return
-    repeat = [i for i, value in enumerate(head[0]) if isinstance(value, str) and len(value) > 1
-              and len({row[i] for row in head}) * 2 <= len(head)]
-    if not repeat:
-        yield from head
-        yield from it
-        return
-    caches: list[dict[str, str]] = [{} for _ in repeat]
-    for row in itertools.chain(head, it):
-        values = list(row)
-        for i, cache in zip(repeat, caches, strict=True):
-            value = values[i]
-            values[i] = cache.setdefault(value, value)
-        yield values
 
 
 def _prefix_pattern(prefix: str) -> str:
@@ -212,8 +200,14 @@ class LedgerReader(ResultReads):
     def _records(self, cls: type[Any], sql: str, params: Sequence[Any] = ()) -> list[Any]:
         cursor = self._conn.execute(sql, params)
         names = tuple(d[0] for d in cursor.description)
-        shaped = _shaped(cls, names, tuple(n for n in self._booleans_of(cls.__table__) if n in names))
-        return list(map(shaped, _shared(cursor)))
+        head = cursor.fetchmany(_SAMPLE)
+        shared = _repeating(head)
+        shaped = _shaped(cls, names, tuple(n for n in self._booleans_of(cls.__table__) if n in names), shared)
+        caches: list[dict[Any, Any]] = [{} for _ in shared]  # this read's: dropped with it
+        shaped.__init__ = shaped._make(*(cache.setdefault for cache in caches))
+        out = list(map(shaped, head))
+        out.extend(map(shaped, cursor))
+        return out
 
     # --- the reads of a ledger-only snapshot (each as ``store.Ledger``'s of the same name) -------------
 
