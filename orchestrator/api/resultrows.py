@@ -80,7 +80,18 @@ def missing_metrics(ledger: LedgerReader, jobs: Sequence[Job]) -> dict[str, list
 
 class HostsNeeded(Exception):
     """A verb on a ``ReadContext`` found finished jobs without metrics: it must run on a ``Context``,
-    which collects them from their hosts (``collect_missing``)."""
+    which collects them from their hosts (``collect_missing``).  ``pending``: {host: those jobs}."""
+
+    def __init__(self, pending: dict[str, list[str]]) -> None:
+        super().__init__(pending)
+        self.pending = pending
+
+    def note(self) -> str:
+        """What the command says before it asks the hosts (only those jobs are asked for)."""
+        jobs = sum(map(len, self.pending.values()))
+        hosts = ", ".join(sorted(self.pending))
+        return (f"{jobs} finished job{'s' if jobs != 1 else ''} without metrics in the ledger: reading "
+                f"{'them' if jobs != 1 else 'it'} from {'host' if len(self.pending) == 1 else 'hosts'} {hosts}")
 
 
 def collect_or_refuse(ctx: Context | ReadContext, jobs: Sequence[Job]) -> dict[str, str]:
@@ -88,8 +99,9 @@ def collect_or_refuse(ctx: Context | ReadContext, jobs: Sequence[Job]) -> dict[s
     ``HostsNeeded``."""
     if isinstance(ctx, Context):
         return collect_missing(ctx, jobs)
-    if missing_metrics(ctx.ledger, jobs):
-        raise HostsNeeded()
+    pending = missing_metrics(ctx.ledger, jobs)
+    if pending:
+        raise HostsNeeded(pending)
     return {}
 
 

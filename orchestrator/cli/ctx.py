@@ -53,7 +53,8 @@ def open_reader() -> LedgerReader | None:
 def read_through(verb: Callable[[Context | ReadContext], T]) -> T:
     """``verb`` on the read path without the ORM (a ``ReadContext``: ``gpuq results``, ``report``), else on
     the command's ``Context``: where ``open_reader`` gives none, or the verb found finished jobs whose
-    metrics must be collected from their hosts first (``resultrows.HostsNeeded``)."""
+    metrics must be collected from their hosts first (``resultrows.HostsNeeded``: said on stderr, and only
+    those jobs are asked for)."""
     from orchestrator.api.resultrows import HostsNeeded
     from orchestrator.context import ReadContext
     from orchestrator.core.config import load_settings
@@ -63,8 +64,8 @@ def read_through(verb: Callable[[Context | ReadContext], T]) -> T:
         gc.enable()  # off while the modules load (main()); the verb pauses it while it reads
         try:
             return verb(ReadContext(load_settings(), reader))
-        except HostsNeeded:
-            pass
+        except HostsNeeded as needed:
+            echo(f"gpuq: {needed.note()}", err=True)  # stderr: --csv and --json keep stdout for the answer
         finally:
             reader.close()
     return verb(open_ctx())

@@ -96,7 +96,8 @@ def test_every_read_and_the_verbs_answer_as_on_the_ledger(ctx: Context, built: t
     assert build_report(light, [SWEEP], metric="loss").model_dump() == want
 
 
-def test_a_job_whose_metrics_are_still_on_its_host_is_read_on_a_context(ctx: Context, tmp_path: Path) -> None:
+def test_a_job_whose_metrics_are_still_on_its_host_is_read_on_a_context(ctx: Context, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     ids = build(ctx, tmp_path, jobs=8)
     reader = LedgerReader(ctx.settings.ledger_path)
     try:
@@ -120,5 +121,8 @@ def test_a_job_whose_metrics_are_still_on_its_host_is_read_on_a_context(ctx: Con
 
     rows = {r.job.id: r for r in read_through(verb)}
     assert seen == [ReadContext, Context]  # the light path first, then the one that collects
+    said = capsys.readouterr()
+    assert said.err == "gpuq: 1 finished job without metrics in the ledger: reading it from host gpu9\n"
+    assert said.out == ""
     assert rows[job.id].error.startswith("results not collected: host gpu9")  # it tried that host
     assert set(rows) == set(ids)
