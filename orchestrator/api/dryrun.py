@@ -8,6 +8,7 @@ import sys
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.agent.handed import render_args
 from orchestrator.api.budgeting import projection
 from orchestrator.api.submitting import SubmitResult
 from orchestrator.context import Context
@@ -39,6 +40,7 @@ class DryRunJob(BaseModel):
     est_s: float | None  # None: no estimate (no est_min= and no history)
     estimate_from: str  # "est_min=" | "history of N runs" | "no history"
     argv: list[str]
+    after: list[str] = []  # the jobs it waits for (after=): it is placed once they SUCCEEDED, so no host yet
 
 
 class DryRunCost(BaseModel):
@@ -95,6 +97,9 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
     argv = _Argv(ctx, result, secrets)
     jobs = []
     known = True
+    waits: dict[str, list[str]] = {}
+    for edge in result.edges:
+        waits.setdefault(edge.job, []).append(edge.needs)
     for spec in result.specs:
         job_id = job_id_for(result.sweep_id, spec.name)
         host = result.placements.get(job_id, "")
@@ -106,7 +111,8 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
         jobs.append(DryRunJob(
             job_id=job_id, name=spec.name, cell=spec.cell or spec.name, line=spec.line, config=spec.config,
             task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host, est_s=seconds,
-            estimate_from=source or "no history", argv=argv.of(spec, job_id, rows.get(host))))
+            estimate_from=source or "no history", argv=argv.of(spec, job_id, rows.get(host)),
+            after=waits.get(spec.name, [])))
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
                   bundle_bytes=result.bundle.bytes, warnings=result.warnings,
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
@@ -160,8 +166,10 @@ class _Argv:
         for name, ref in self.data.items():  # [data]: the synced tree on the host (transfer/datasync.py)
             tree = f"{root}/{protocol.BUNDLES_DIR}/.data/trees/{ref.tree}"
             values[f"data.{name}"] = f"{tree}/{ref.file}" if ref.file else tree
+        handed = {name: f"<checkpoint of {name}>" for name in spec.after}  # placed on the host by the tick
         argv: list[str] = self.module.job_argv(
-            launcher=self.launcher, python=python, nproc=spec.gpus, command=command, args=list(spec.args),
+            launcher=self.launcher, python=python, nproc=spec.gpus, command=command,
+            args=list(render_args(spec.args, handed)),
             resume_args=list(self.run.resume_args) if self.run is not None else [], values=values, checkpoint=None)
         if self.secrets:
             argv = [_mask(a, self.secrets) for a in argv]

@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.agent.bundle import Bundle, build_bundle, tree_rules
@@ -14,11 +14,11 @@ from orchestrator.api import budgeting, resultcache
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.core.config import PROJECT_CONFIG
 from orchestrator.core.errors import UsageError
-from orchestrator.core.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
+from orchestrator.core.specs import DependencyEdge, JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.health.setup_holds import held_bundles, is_held
 from orchestrator.ledger import HostRow, Job
 from orchestrator.ledger.sweeprun import SweepRun
-from orchestrator.queue import datasets, project_checks
+from orchestrator.queue import datasets, dependencies, project_checks
 from orchestrator.queue.queuefile import parse_queue, read_queue_bytes
 from orchestrator.queue.runconfig import (
     RunConfig,
@@ -26,6 +26,7 @@ from orchestrator.queue.runconfig import (
     load_run,
     setup_key,
 )
+from orchestrator.scheduling.chains import tail_of
 from orchestrator.scheduling.estimates import epoch_rates, estimate_source
 from orchestrator.scheduling.gpumatch import need_of
 from orchestrator.scheduling.placements import Plan, PlanJob
@@ -58,6 +59,7 @@ class SubmitResult:
     budget_held: Mapping[str, str] = field(default_factory=dict)  # job id -> why its cap keeps it QUEUED
     stop: StopPolicy | None = None  # the sweep's early stopping ([stop], --stop; None: off)
     reused: Mapping[str, str] = field(default_factory=dict)  # job name -> the job whose verified results it reuses
+    edges: Sequence[DependencyEdge] = ()  # the queue's after= edges (by job name)
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -84,7 +86,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
     policy = load_stop(queue.parent / PROJECT_CONFIG, stop)
     read = _read(ctx, queue, hosts)
-    keys = resultcache.content_keys(read.parsed.jobs, read.bundle.digests, read.run_json, _under(queue, read.workdir))
+    keys = dependencies.folded_keys(resultcache.content_keys(read.parsed.jobs, read.bundle.digests, read.run_json,
+                                                             _under(queue, read.workdir)), read.parsed.edges)
     reuse = resultcache.reuse_of(read.parsed.jobs, keys, ctx.ledger.reusable(keys.values()), rerun=rerun)
     warnings = _warn(ctx, queue, read, reuse, dry_run)
     planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run, skip=reuse.keys())
@@ -93,7 +96,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
                             makespan_s=planned.decided.makespan_s, makespan_known=planned.estimated,
                             specs=list(read.parsed.jobs), run=read.run, hosts=planned.rows, run_json=read.run_json,
-                            budget_usd=cap, stop=policy, reused=reused)
+                            budget_usd=cap, stop=policy, reused=reused, edges=read.parsed.edges)
     jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap, policy.model_dump_json() if policy else "",
                    keys, reused)
     decided, held = budgeting.admit_submitted(ctx, planned.sweep_id, cap, planned.decided, planned.plan_jobs)
@@ -220,8 +223,10 @@ def _bundle_warnings(bundle: Bundle) -> list[str]:
 def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings: list[str], *,
           dry_run: bool, skip: Collection[str] = ()) -> _Planned:
     """The plan over the target hosts (the bundle pushed to each host that gets work, unless a dry run) of
-    the jobs not in ``skip`` (reused); a host left out is added to ``warnings``; a job no host can take is a
-    UsageError naming its line."""
+    the jobs not in ``skip`` (reused) that wait for nothing (``after=``: those wait QUEUED for the tick, which
+    places them once what they wait for SUCCEEDED; the jobs they wait for go first, longest chain first); a host
+    left out is added to ``warnings``; a job no host can take, waiting or not, is a UsageError naming its line."""
+    waits = {e.job for e in read.parsed.edges}
     jobs = [j for j in read.parsed.jobs if j.name not in skip]
     sweep_id = _new_sweep_id(ctx)
     rates = epoch_rates(ctx.ledger.run_history())
@@ -229,6 +234,7 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
     plan_jobs = [plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task, epochs=j.epochs,
                           est_min=j.est_min, host_pin=j.host, rates=rates, ckpt_bytes=ckpt, nodes=j.nodes,
                           need=need_of(j.gpu, j.gpu_mem)) for j in jobs]
+    plan_jobs, later = _critical_first(plan_jobs, read.parsed.edges, sweep_id, waits)
     rows = target_rows(ctx, hosts, {j.host for j in jobs if j.host})
     warnings += _data_room(ctx, read.manifests, rows)
     holds = held_bundles(ctx.ledger, [r.name for r in rows])
@@ -244,14 +250,32 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
         decided, dropped = plan_and_push(ctx.ledger, ctx.fleet, ctx.settings, plan_jobs, rows, read.bundle, rates,
                                          pushed)
     warnings += [f"host {name} left out: {why}" for name, why in sorted(dropped.items())]
-    if decided.unplaced:
+    never = list(decided.unplaced)
+    if later:  # a waiting job is placed by the tick; that some host can ever take it is checked now
+        never += plan(later, capacities(ctx.ledger, ctx.settings, rows, rates)).unplaced
+    if never:
         names = {job_id_for(sweep_id, j.name): j for j in jobs}
         lines = [f"{queue}:{names[jid].line}: job {names[jid].name!r} cannot be placed: {why}"
-                 + _did_you_mean(names[jid]) for jid, why in decided.unplaced]
+                 + _did_you_mean(names[jid]) for jid, why in never]
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     estimated = all(estimate_source(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min, rates=rates)
                     for j in jobs)
     return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated)
+
+
+def _critical_first(plan_jobs: list[PlanJob], edges: Sequence[DependencyEdge], sweep_id: str,
+                    waits: Collection[str]) -> tuple[list[PlanJob], list[PlanJob]]:
+    """(the jobs to place now, each with the estimated work waiting behind it; the jobs that wait)."""
+    if not edges:
+        return plan_jobs, []
+    ids = {name: job_id_for(sweep_id, name) for e in edges for name in (e.job, e.needs)}
+    needs: dict[str, list[str]] = {}
+    for e in edges:
+        needs.setdefault(ids[e.job], []).append(ids[e.needs])
+    tails = tail_of({p.job_id: p.est_s for p in plan_jobs}, needs)
+    waiting = {job_id_for(sweep_id, name) for name in waits}
+    now = [replace(p, tail_s=tails.get(p.job_id, 0.0)) for p in plan_jobs if p.job_id not in waiting]
+    return now, [p for p in plan_jobs if p.job_id in waiting]
 
 
 def _did_you_mean(spec: JobSpec) -> str:
@@ -272,7 +296,7 @@ def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequen
         default_retries=ctx.settings.retries, bundle_sha=read.bundle.sha256, hosts=list(dict.fromkeys(hosts)),
         entry=ctx.settings.entry, launcher=ctx.settings.launcher,
         verify=read.run.verify if read.run is not None else ctx.settings.verify, run=read.run_json,
-        git=project_git(read.workdir), budget_usd=cap, stop=stop, keys=keys, reuse=reused)
+        git=project_git(read.workdir), budget_usd=cap, stop=stop, keys=keys, reuse=reused, edges=read.parsed.edges)
 
 
 def _deliver(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job], bundle_sha: str) -> str:

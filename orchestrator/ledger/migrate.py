@@ -271,12 +271,30 @@ def _v20_attempt_clock(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE attempt ADD COLUMN {column} FLOAT")
 
 
+def _v21_dependencies(conn: sqlite3.Connection) -> None:
+    """v21: ``after=`` edges between jobs (``tables.Dependency``): who waits for whom, and by which name the line
+    asked for it (its checkpoint's placeholder)."""
+    conn.execute("""CREATE TABLE dependency (
+    id INTEGER NOT NULL,
+    job_id VARCHAR NOT NULL,
+    needs_id VARCHAR NOT NULL,
+    via VARCHAR NOT NULL,
+    created_at FLOAT NOT NULL,
+    PRIMARY KEY (id),
+    FOREIGN KEY(job_id) REFERENCES job (id),
+    FOREIGN KEY(needs_id) REFERENCES job (id)
+)""")
+    conn.execute("CREATE INDEX ix_dependency_job_id ON dependency (job_id)")
+    conn.execute("CREATE INDEX ix_dependency_needs_id ON dependency (needs_id)")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
                                                           _v15_event_fields, _v16_holds, _v17_crash_fields,
-                                                          _v18_stop_policy, _v19_result_cache, _v20_attempt_clock]
+                                                          _v18_stop_policy, _v19_result_cache, _v20_attempt_clock,
+                                                          _v21_dependencies]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -37,6 +37,7 @@ from sqlmodel import Session, col, select
 from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.core.states import ENDS_AS, AttemptState, JobState, attempt_may, job_may
 from orchestrator.ledger.attempt_records import AttemptRecords
+from orchestrator.ledger.dependency_records import DependencyRecords
 from orchestrator.ledger.events import EventRecords, add_event
 from orchestrator.ledger.host_records import HostRecords
 from orchestrator.ledger.leases import LeaseRecords
@@ -61,7 +62,8 @@ def _create_private(path: Path) -> None:
         os.chmod(path, 0o600)
 
 
-class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultRecords, PullRecords, LeaseRecords):
+class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultRecords, PullRecords, LeaseRecords,
+             DependencyRecords):
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
 
     def __init__(self, path: Path) -> None:

@@ -12,12 +12,12 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from orchestrator.core.errors import JobNotFound, LedgerError
-from orchestrator.core.specs import JobSpec, job_id_for, spec_hash_for
+from orchestrator.core.specs import DependencyEdge, JobSpec, job_id_for, spec_hash_for
 from orchestrator.core.states import JobState
 from orchestrator.ledger import refs
 from orchestrator.ledger.events import add_event
 from orchestrator.ledger.refs import JobRef
-from orchestrator.ledger.tables import Event, Job, Sweep
+from orchestrator.ledger.tables import Dependency, Event, Job, Sweep
 
 if TYPE_CHECKING:
     pass
@@ -49,6 +49,7 @@ class SweepRecords(Sessions):
         stop: str = "",
         keys: Mapping[str, str] | None = None,
         reuse: Mapping[str, str] | None = None,
+        edges: Sequence[DependencyEdge] = (),
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
@@ -58,6 +59,7 @@ class SweepRecords(Sessions):
         ``stop``: the sweep's stopping policy as JSON ("": off; orchestrator/stopping/policy.py).
         ``keys``: {job name: content key} (the result cache); ``reuse``: {job name: the SUCCEEDED job whose
         verified results it reuses}: those rows are inserted SUCCEEDED with ``reused_from`` and never run.
+        ``edges``: the queue's ``after=`` edges between its jobs (by name), inserted as ``Dependency`` rows.
         """
         now = time.time()
         rows: list[Job] = []
@@ -77,6 +79,10 @@ class SweepRecords(Sessions):
                     row.state, row.reused_from = JobState.SUCCEEDED.value, twin
                 s.add(row)
                 rows.append(row)
+            s.flush()
+            for edge in edges:
+                s.add(Dependency(job_id=job_id_for(sweep_id, edge.job), needs_id=job_id_for(sweep_id, edge.needs),
+                                 via=edge.via, created_at=now))
             for row in rows:
                 if row.reused_from:
                     add_event(s, "job", row.id, "", JobState.SUCCEEDED.value,

@@ -168,6 +168,19 @@ class Job(SQLModel, JobMethods, table=True):
     reused_from: str = ""  # SUCCEEDED without running: the job id whose verified results it reuses ("" = ran)
 
 
+class Dependency(SQLModel, table=True):
+    """v21: one ``after=`` edge (docs/queue.md): job ``job_id`` starts only once job ``needs_id`` SUCCEEDED, and
+    gets its checkpoint as ``{checkpoint.<via>}`` / ``GPUQ_CHECKPOINT_<VIA>``; ``via`` is the name the line wrote."""
+
+    __tablename__ = "dependency"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    needs_id: str = Field(foreign_key="job.id", index=True)
+    via: str
+    created_at: float
+
+
 class Attempt(SQLModel, AttemptMethods, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id", index=True)

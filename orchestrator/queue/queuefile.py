@@ -38,6 +38,7 @@ import yaml
 
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
+from orchestrator.queue import dependencies
 from orchestrator.queue.queuegrid import ArgsError, Cell, expand, job_name
 from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
 
@@ -136,6 +137,7 @@ def parse_bytes(
     issues: list[QueueIssue] = []
     drafts, saw_job = _parse_lines(data, issues, needs_config)
     jobs = _expand(drafts, issues)
+    edges = dependencies.edges_of(drafts, jobs, issues)
     _check_hosts_and_tasks(drafts, known_hosts, tasks, issues)
     warnings = _check_environment(drafts, workdir, label, issues, uses_epochs) if workdir is not None else []
     if not saw_job and not issues:
@@ -147,6 +149,7 @@ def parse_bytes(
         workdir=str(workdir) if workdir is not None else "",
         jobs=tuple(_to_spec(draft, name, cell, uses_epochs) for draft, name, cell in jobs),
         warnings=tuple(warnings),
+        edges=tuple(edges),
     )
 
 
@@ -384,6 +387,7 @@ def _to_spec(draft: Draft, name: str, cell: Cell, uses_epochs: bool = True) -> J
         host=draft.host.text if draft.host is not None else None,
         retries=draft.ints.get("retries"),
         rerun=draft.rerun,
+        after=tuple(t.text for t in draft.after),
         gpu=draft.gpu,
         gpu_mem=draft.gpu_mem,
         config_sha256=draft.sha256,

@@ -9,8 +9,10 @@ project's command uses neither ``{config}`` nor ``{task}``, a line may be only f
 (``name=bs32 gpus=2 -- 50 10``); such a line needs ``name=``.
 
 Fields: ``name`` ``gpus`` ``nodes`` ``est_min`` ``seed`` ``seeds`` ``host`` ``retries`` ``gpu``
-``gpu_mem`` ``rerun``, each at most once, never empty.  ``rerun=true`` runs the line even when the result
-cache holds its verified success (orchestrator/api/resultcache.py); ``rerun=false`` is the default.
+``gpu_mem`` ``rerun`` ``after``, each at most once, never empty.  ``after=a,b`` names the cells or jobs
+the line's jobs wait for (orchestrator/queue/dependencies.py resolves them over the whole file).
+``rerun=true`` runs the line even when the result cache holds its verified success
+(orchestrator/api/resultcache.py); ``rerun=false`` is the default.
 ``gpu=`` is one GPU model or several joined by ``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]``
 with a letter or digit; ``gpu_mem=`` GB per GPU, like ``est_min=`` (orchestrator/scheduling/gpumatch.py:
 how they match a host).  Integers are ``0`` or a non-zero digit followed by digits (no sign, no leading
@@ -29,7 +31,9 @@ from orchestrator.queue.queuegrid import MAX_JOBS_PER_LINE, ArgsError, Word, cou
 
 MAX_EPOCHS = 2**63 - 1  # what the ledger's SQLite INTEGER can hold
 ARGS_MARK = "--"
-ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem", "rerun")
+ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem", "rerun",
+                "after")
+MAX_AFTER = 64
 MAX_GPU_MODELS = 16
 MAX_GPU_MEM_GB = 4096
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -75,6 +79,7 @@ class Draft:
     gpu_mem: float | None = None
     name: str | None = None
     rerun: bool = False
+    after: tuple[Token, ...] = ()  # `after=`: each name with its column
     config_ok: bool = True
     sha256: str = ""
     words: list[Word] = field(default_factory=list)
@@ -235,6 +240,8 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
         draft.est_min = minutes
     elif key == "host":
         draft.host = Token(value, token.column)
+    elif key == "after":
+        return _apply_after(draft, token.column + len("after="), value)
     elif key == "rerun":
         if value not in ("true", "false"):
             return f'rerun must be true or false, got "{value}"'
@@ -251,6 +258,22 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
         if number is None:
             return problem
         draft.ints[key] = number
+    return None
+
+
+def _apply_after(draft: Draft, column: int, value: str) -> str | None:
+    """``after=`` (its value starts at ``column``): names joined by ``,``, each a cell's or a job's name."""
+    names: list[Token] = []
+    start = 0
+    for part in value.split(","):
+        at, start = column + start, start + len(part) + 1
+        if not _NAME_RE.fullmatch(part):
+            return (f'after= names cells or jobs joined by "," (after=train or after=a,b); "{part}" is not a name '
+                    "of [A-Za-z0-9._-]")
+        names.append(Token(part, at))
+    if len(names) > MAX_AFTER:
+        return f"after= names {len(names)} cells or jobs, more than {MAX_AFTER}"
+    draft.after = tuple(names)
     return None
 
 
