@@ -104,7 +104,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     result = SubmitResult(planned.sweep_id, str(queue), jobs, read.bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, makespan_known=planned.estimated,
                           pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held, stop=policy,
-                          reused=reused)
+                          reused=reused, edges=read.parsed.edges)
     result.launch_error = _deliver(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
     return result
 

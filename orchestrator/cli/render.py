@@ -75,9 +75,14 @@ def submitted(result: SubmitResult) -> None:
         return
     out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {escape(str(result.queue_path))} "
               f"(bundle {result.bundle.sha256[:12]})")
+    after: dict[str, list[str]] = {}
+    for edge in result.edges:
+        after.setdefault(edge.job, []).append(edge.needs)
     for job in result.jobs:
         epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
-        where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else "?")
+        where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else
+                                                  f"queued (after {','.join(after[job.name])})" if job.name in after
+                                                  else "?")
         where = f"reused {job.reused_from} (not run)" if job.reused_from else where
         out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> {where}"))
     hosts = sorted(set(result.placements.values()))
