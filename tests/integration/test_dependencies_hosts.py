@@ -125,11 +125,15 @@ def test_train_then_eval_on_the_other_host_hands_the_checkpoint_over_once(user: 
     assert (g1 / "jobs" / ids["train"] / "run" / "model.ckpt").is_file()  # handed over before it died
     assert not (g1 / "jobs" / ids["eval"]).exists()
     _killed_tick(user, "after-record", ids["eval"])
-    waited = user.gpuq("wait", "--timeout", "60", timeout=120)
-    doc = user.status_doc()
-    states = {j["name"]: j["state"] for j in doc["jobs"]}
+    states: dict[str, str] = {}
+
+    def ended() -> bool:  # ticks as `gpuq wait` runs them, back to back
+        states.update({j["name"]: j["state"] for j in user.status_doc()["jobs"]})
+        return all(state in ("SUCCEEDED", "FAILED", "CANCELLED") for state in states.values())
+
+    assert wait_for(ended, 60, interval=0.1), (states, user.logs_of_unfinished())
     assert states == {"train": "SUCCEEDED", "eval": "SUCCEEDED", "bad": "FAILED", "late": "CANCELLED"}, \
-        waited.stdout + waited.stderr + user.logs_of_unfinished()
+        user.logs_of_unfinished()
 
     # eval ran once, on g1, from train's checkpoint placed there and verified
     assert user.launches()[ids["eval"]] == [1]
