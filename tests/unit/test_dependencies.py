@@ -10,6 +10,7 @@ from typing import cast
 import pytest
 
 from orchestrator.agent.handed import handed_env, remote_path, render_args
+from orchestrator.api.explaining import waits_of
 from orchestrator.context import Context
 from orchestrator.core.errors import QueueParseError
 from orchestrator.core.specs import DependencyEdge, HostSlots, ParsedQueue, job_id_for
@@ -148,6 +149,8 @@ def test_the_gate_holds_waiting_jobs_and_ends_them_when_what_they_wait_for_fails
     reason = ledger.events(subject=ids["eval"])[-1].message
     assert f"train {ids['train']}" in reason and "ended FAILED" in reason
     assert "ended CANCELLED" in ledger.events(subject=ids["rep"])[-1].message
+    assert waits_of(ctx, ledger.job(ids["eval"])) == [  # what `gpuq explain eval` says
+        f"after=train: waits for train ({ids['train']}): FAILED", f"ended CANCELLED without starting: {reason}"]
 
 
 def test_the_gate_frees_a_job_once_what_it_waits_for_succeeded(tmp_path: Path) -> None:
