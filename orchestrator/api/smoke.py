@@ -130,8 +130,12 @@ def smoke(ctx: Context, queue: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> Smo
     if cell_jail.why_not:
         warnings.append(f"the smoke runs the project with HOME at its own root but cannot hide $GPUQ_HOME, ~/.ssh "
                         f"and ~/.aws from it ({cell_jail.why_not}): it can read what you can")
+    cells = distinct_cells(planned.specs)
+    handed = [spec for spec in cells if any("{checkpoint." in arg for arg in spec.args)]
+    warnings += [f"cell {spec.cell or spec.name} is not smoke-run: its {{checkpoint.NAME}} is a checkpoint of what it "
+                 f"waits for (after={','.join(spec.after)}), which no smoke run hands over" for spec in handed]
     rows = [_smoke_cell(ctx, host, cell_jail, planned, spec, i, timeout_s)
-            for i, spec in enumerate(distinct_cells(planned.specs))]
+            for i, spec in enumerate(c for c in cells if c not in handed)]
     result = SmokeResult(rows, root, warnings)
     if result.ok:
         _remove(root)
