@@ -49,10 +49,10 @@ def describe(auto: AutoSeeds, cells: Mapping[str, tuple[int, int]], budget_usd: 
     clear = f"Holm-adjusted Welch p <= {auto.alpha:g}"
     if auto.margin:
         clear += f", or its {1 - auto.alpha:.0%} interval within +-{auto.margin:g}"
-    cap = f", or the sweep's budget of ${budget_usd:,.2f}" if budget_usd is not None else ""
+    cap = f", or the sweep's budget of ${budget_usd:,.2f} is spent" if budget_usd is not None else ""
     return (f"seeds=auto: {bounds} seeds; once every job has ended, each cell whose verdict against baseline is "
-            f"ambiguous gets one more seed (clear: {clear}; the baseline too when every comparison is), until "
-            f"clear, its most seeds{cap}")
+            f"ambiguous gets one more seed (clear: {clear}; the baseline too when every comparison is ambiguous), "
+            f"until its verdict is clear, it has its most seeds{cap}")
 
 
 class CellSeeds(BaseModel):

@@ -60,6 +60,9 @@ def plan_round(auto: AutoSeeds, jobs: Sequence[Job], finals: Mapping[str, float]
         return None
     if any(j.state == JobState.CANCELLED.value for j in jobs):
         return Round(settled="a job of the sweep was cancelled: seeds=auto adds no more seeds")
+    if not any(j.id in finals for j in jobs):
+        return Round(settled="no seed reported a final value of the sweep's headline metric ([run] metric): "
+                             "seeds=auto adds no seeds it could not judge")
     cells = group(list(jobs))
     baseline = next((c for c in cells if c.lower() == "baseline"), None)
     if baseline is None:

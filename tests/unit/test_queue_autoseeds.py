@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 
 from orchestrator.core.errors import QueueParseError
 from orchestrator.queue import queueline
 from orchestrator.queue.queuefile import parse_bytes
 from orchestrator.stopping.seeds import AutoSeeds
+from tests.conftest import run_gpuq
 
 
 def _parse(text: str) -> list[tuple[str, int | None, int]]:
@@ -56,3 +60,35 @@ def test_the_queue_bounds_are_the_rules_own() -> None:
         AutoSeeds(min_seeds=queueline.AUTO_BOUNDS[0] - 1)
     with pytest.raises(ValueError):
         AutoSeeds(max_seeds=queueline.AUTO_BOUNDS[1] + 1)
+
+
+ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_LOCAL_PYTHON": "/usr/bin/python3"}
+
+
+def _project(tmp_path: Path, queue: str, toml: str = "") -> Path:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "gpuq.toml").write_text('[run]\ncommand = "train.py {args}"\nlauncher = "python"\n' + toml)
+    path = tmp_path / "queue.txt"
+    path.write_text(queue)
+    return path
+
+
+def test_the_dry_run_says_what_seeds_auto_will_do(gpuq_home: Path, tmp_path: Path) -> None:
+    queue = _project(tmp_path, "name=baseline seeds=auto:3..6 --\nname=wide seeds=auto -- --wide\nname=x seeds=2 --\n",
+                     '[stop]\nrule = "baseline"\nalpha = 0.1\nmargin = 0.02\n')
+    done = run_gpuq("submit", "--dry-run", "--budget", "40", str(queue), env=ENV)
+    assert done.returncode == 0, done.stderr
+    (said,) = [line for line in done.stdout.splitlines() if line.startswith("seeds=auto: ")]
+    assert said.startswith("seeds=auto: baseline 3..6, wide 3..8 seeds; once every job has ended")
+    assert "Holm-adjusted Welch p <= 0.1, or its 90% interval within +-0.02" in said
+    assert said.endswith("it has its most seeds, or the sweep's budget of $40.00 is spent")
+    done = run_gpuq("submit", "--dry-run", str(_project(tmp_path, "name=baseline seeds=3 --\n")), env=ENV)
+    assert done.returncode == 0 and not any(line.startswith("seeds=auto") for line in done.stdout.splitlines())
+
+
+def test_seeds_auto_without_a_baseline_exits_2_with_nothing_written(gpuq_home: Path, tmp_path: Path) -> None:
+    done = run_gpuq("submit", str(_project(tmp_path, "name=base seeds=3 --\nname=x seeds=auto:2..4 --\n")), env=ENV)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "queue.txt:2: seeds=auto compares each cell with the baseline" in done.stderr
+    db = gpuq_home / "ledger.db"
+    assert not db.exists() or sqlite3.connect(db).execute("SELECT COUNT(*) FROM sweep").fetchone()[0] == 0

@@ -98,6 +98,12 @@ def test_a_fixed_cell_and_a_failed_seed_count_towards_the_bound() -> None:
     assert decided is not None and not decided.add and "unclear" in decided.settled
 
 
+def test_no_seed_is_added_when_no_seed_reported_the_metric() -> None:
+    jobs, _ = _rows(FINALS)
+    decided = autoseeds.plan_round(AUTO, jobs, {}, {}, None)
+    assert decided is not None and not decided.add and "no seed reported a final value" in decided.settled
+
+
 def test_a_cancelled_job_settles_the_sweep() -> None:
     jobs, values = _rows(FINALS)
     jobs[0].state = JobState.CANCELLED.value
