@@ -44,6 +44,8 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
         out.write(f"metrics: {doc.metrics}\n")
     if doc.stop:
         out.write(doc.stop + "\n")
+    if doc.seeds:
+        out.write(doc.seeds + "\n")
     if doc.makespan_s is None:
         out.write("makespan unknown until one job of each config has run\n")
     else:

@@ -271,12 +271,20 @@ def _v20_attempt_clock(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE attempt ADD COLUMN {column} FLOAT")
 
 
+def _v21_auto_seeds(conn: sqlite3.Connection) -> None:
+    """v21: ``seeds=auto:MIN..MAX`` (docs/stopping.md, "seeds=auto"): the most seeds a job's cell may have (0 = a
+    fixed number of seeds); the tick adds a seed, as a job row named ``<cell>-seed<k>``, while the cell's verdict
+    against the baseline is ambiguous."""
+    conn.execute("ALTER TABLE job ADD COLUMN seeds_max INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
                                                           _v15_event_fields, _v16_holds, _v17_crash_fields,
-                                                          _v18_stop_policy, _v19_result_cache, _v20_attempt_clock]
+                                                          _v18_stop_policy, _v19_result_cache, _v20_attempt_clock,
+                                                          _v21_auto_seeds]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

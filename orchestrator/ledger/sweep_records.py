@@ -84,6 +84,37 @@ class SweepRecords(Sessions):
             add_event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
         return rows
 
+    def add_seeds(self, sweep_id: str, jobs: Sequence[JobSpec], default_retries: int,
+                  why: Mapping[str, str]) -> list[Job]:
+        """Seeds ``seeds=auto`` adds to a sweep (tick/autoseeds.py): QUEUED rows with one event each (``why``:
+        {job name: the verdict that called for it}), in one transaction.  The row is the decision's record;
+        a job id the sweep already has is skipped, so a tick that decides again after a crash adds it once
+        (ids derive from the sweep and the seed's name, ``job_id_for``)."""
+        now = time.time()
+        rows: list[Job] = []
+        with self.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            if sweep is None:
+                raise LedgerError(f"no sweep {sweep_id!r}")
+            for spec in jobs:
+                row = job_row(sweep_id, spec, default_retries, now)
+                if s.get(Job, row.id) is not None:
+                    continue
+                s.add(row)
+                rows.append(row)
+            sweep.job_count += len(rows)
+            s.flush()
+            for row in rows:
+                add_event(s, "job", row.id, "", JobState.QUEUED.value, f"seeds=auto added {row.name}: {why[row.name]}")
+        return rows
+
+    def auto_seed_sweeps(self) -> list[str]:
+        """The sweeps with a ``seeds=auto`` line (a job whose ``seeds_max`` is set), oldest first."""
+        with self.reading() as s:
+            found = s.exec(select(Job.sweep_id, func.min(Job.created_at)).where(Job.seeds_max > 0)
+                           .group_by(Job.sweep_id))
+            return [sweep_id for sweep_id, _ in sorted(found, key=lambda r: (r[1], r[0]))]
+
     def sweep_ids(self) -> set[str]:
         with self.reading() as s:
             return set(s.exec(select(Sweep.id)))
@@ -220,6 +251,7 @@ def job_row(sweep_id: str, spec: JobSpec, default_retries: int, now: float) -> J
         cell=spec.cell or spec.name,
         gpu="|".join(spec.gpu),
         gpu_mem=spec.gpu_mem,
+        seeds_max=spec.seeds_max,
         state=JobState.QUEUED.value,
         created_at=now,
         updated_at=now,

@@ -166,6 +166,8 @@ class Job(SQLModel, JobMethods, table=True):
     # v19: the result cache (docs/queue.md): what the job computes, and the job whose results it reuses
     content_key: str = ""  # sha256 of the spec, the code it runs and the [run]/[data] it reads ("" = none)
     reused_from: str = ""  # SUCCEEDED without running: the job id whose verified results it reuses ("" = ran)
+    # v21: seeds=auto:MIN..MAX: the most seeds its cell may have (0 = a fixed number; tick/autoseeds.py)
+    seeds_max: int = 0
 
 
 class Attempt(SQLModel, AttemptMethods, table=True):
