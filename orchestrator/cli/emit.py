@@ -69,7 +69,7 @@ def results(rows: list[ResultRow]) -> None:
         sys.stdout.write(jsontext.dumps(doc) + "\n")
 
 
-FLOAT_FIELDS = ("gpu_hours", "cost", "lost_gpu_hours", "cpu_hours")  # ResultJob's fields of float | None
+FLOAT_FIELDS = ("gpu_hours", "cost", "lost_gpu_hours", "cpu_hours", "joined_at")  # ResultJob's fields of float | None
 FLOAT_MAPS = ("final", "best", "best_row")  # ... and of dict[str, float]
 
 

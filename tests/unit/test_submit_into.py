@@ -138,6 +138,19 @@ def test_a_dry_run_into_plans_only_the_new_jobs_and_writes_nothing(ctx: api.Cont
     assert [s.name for s in more.specs] == ["deeper"] and _ledger_rows(ctx) == before
 
 
+def test_the_cli_dry_run_into_says_what_the_sweep_has_and_what_would_join(
+        ctx: api.Context, project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli.main import main
+
+    _sweep(ctx, project)
+    (project / "queue.txt").write_text(QUEUE + "configs/c.yaml cls 2 name=deep\n")
+    main(["submit", str(project / "queue.txt"), "--into", "qold", "--dry-run"])
+    out = capsys.readouterr().out
+    assert f"{project / 'queue.txt'}:2: wide: 2 jobs already in sweep qold000 (part 1): not new" in out
+    assert "dry run: 1 jobs valid would join sweep qold000;" in out and "\ndeep " in out
+    assert len(ctx.ledger.jobs()) == 4
+
+
 @pytest.mark.parametrize("change, said", [
     ("code", "code (a project file other than the queues and their configs changed)"),
     ("run", "entry, launcher or verify setting"),
