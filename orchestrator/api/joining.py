@@ -83,14 +83,14 @@ def _join(ctx: Context, queue: Path, read: ProjectRead, sweep: Sweep, targets: S
     part, jobs = ctx.ledger.join_sweep(
         sweep_id=sweep.id, queue_path=str(queue), queue_text=read_queue_bytes(queue).decode("utf-8-sig", "replace"),
         bundle_sha=read.bundle.sha256, jobs=specs, default_retries=ctx.settings.retries, keys=keys, reuse=reused)
-    mine = {job.id for job in jobs}
+    mine, names = {job.id for job in jobs}, {job.name for job in jobs}
     decided = replace(planned.decided, assignments=tuple(a for a in planned.decided.assignments if a.job_id in mine))
     decided, held = budgeting.admit_joined(ctx, sweep.id, decided, [p for p in planned.plan_jobs if p.job_id in mine])
     placements = {a.job_id: a.host for a in decided.assignments}
     result = SubmitResult(sweep.id, str(queue), jobs, read.bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, makespan_known=planned.estimated,
                           pushed_to=sorted(planned.pushed), budget_usd=sweep.budget_usd, budget_held=held,
-                          reused={n: r for n, r in reused.items() if any(j.name == n for j in jobs)},
+                          reused={n: r for n, r in reused.items() if n in names},
                           part=part.number if part is not None else 0, joined=notes)
     if jobs:
         result.launch_error = deliver_recorded(ctx, sweep.id, decided, jobs, read.bundle.sha256)
