@@ -53,7 +53,7 @@ def submit_into(ctx: Context, queue: Path, into: str, *, hosts: Sequence[str] = 
     with nullcontext() if dry_run else _join_lock(ctx, sweep.id):
         read = read_project(ctx, queue, targets)
         existing = ctx.ledger.jobs(sweep_id=sweep.id)
-        parts = [p for p in ctx.ledger.sweep_parts() if p.sweep_id == sweep.id]
+        parts = ctx.ledger.parts_of(sweep.id)
         _same_ground(ctx, queue, read, sweep, existing, parts)
         number = max((p.number for p in parts), default=1) + 1
         joined = joinplan.classify(str(queue), read.parsed.jobs, existing, sweep.id, number)

@@ -199,3 +199,27 @@ def test_the_cli_refuses_an_unknown_sweep_in_one_line_with_exit_2(ctx: api.Conte
     assert err.splitlines() == ["gpuq: --into nosuch: no sweep matches 'nosuch'; `gpuq status` lists the sweeps; "
                                 "nothing was submitted"]
     assert ctx.ledger.sweeps() == []
+
+
+def test_the_tick_dispatches_each_parts_queued_jobs_with_its_bundle(project: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.scheduling.estimates import epoch_rates
+    from orchestrator.tick import dispatch
+
+    ledger = Ledger(project / "l.db")
+    ledger.add_sweep(sweep_id="s1", queue_path="queue.txt", workdir=str(project), queue_text="", bundle_sha="b1",
+                     jobs=_specs(project, QUEUE), default_retries=1)
+    ledger.join_sweep(sweep_id="s1", queue_path="q2.txt", queue_text="", bundle_sha="b2", default_retries=1,
+                      jobs=_specs(project, "configs/c.yaml cls 2 name=deep\n"), keys={}, reuse={})
+    seen: list[tuple[str, str, list[str]]] = []
+    monkeypatch.setattr(dispatch, "_dispatch_part",
+                        lambda _ctx, _rates, sweep, sha, jobs: seen.append((sweep.id, sha, sorted(
+                            j.name for j in jobs.values()))))
+
+    class Ctx:  # what dispatch_queued reads before a part's dispatch: the ledger and the monthly cap
+        settings = type("S", (), {"budget_usd_month": None})()
+
+    Ctx.ledger = ledger  # type: ignore[attr-defined]
+    dispatch.dispatch_queued(Ctx(), epoch_rates([]), ledger.jobs())  # type: ignore[arg-type]
+    assert seen == [("s1", "b1", ["baseline-seed0", "baseline-seed1", "wide-seed0", "wide-seed1"]),
+                    ("s1", "b2", ["deep"])]
