@@ -6,7 +6,8 @@ Pure: the queue's expanded jobs and the sweep's jobs in, the jobs to add and one
   seed, arguments), is already in the sweep: not a new job.  The rest of its line (more seeds: ``seeds=2`` ->
   ``seeds=4``) joins as new jobs of the same cell.
 * A changed line (a job of that name, or a cell of that name, with another identity) is a new cell: its jobs are
-  renamed ``<cell>.p<part>...`` so the sweep keeps both, side by side in one report.
+  renamed ``<cell>.p<part>...`` so the sweep keeps both, side by side in one report; the same changed line
+  submitted again is that cell (more seeds of it join it), never another.
 * The baseline cell (the report's: named ``baseline``) may gain seeds but never change: a changed baseline line
   is refused, with its line named.
 """
@@ -71,24 +72,19 @@ def classify(queue: str, specs: Sequence[JobSpec], existing: Sequence[Job], swee
     taken = set(by_name)
     for number, line in lines.items():
         line_name = line[0].cell or line[0].name
+        shown = line_name
         changed = _changed(line, by_name, cells)
-        if changed:
-            if any(cell_name(s.name, s.cell).casefold() == BASELINE for s in line):
-                plan.errors.append(f"{queue}:{number}: the baseline differs from sweep {sweep_id}'s ({changed}); "
-                                   "a grown sweep keeps its baseline: restore the line, or submit without --into "
-                                   "for a new sweep")
-                continue
-            renamed = _renamed(line, f"{line_name}.p{part}")
-            clash = [s.name for s in renamed if s.name.casefold() in taken or not _NAME.fullmatch(s.name)]
-            if clash:
-                plan.errors.append(f"{queue}:{number}: {line_name} differs from sweep {sweep_id}'s cell of that "
-                                   f"name ({changed}) and cannot be named {clash[0]}; give the line a name= of its own")
-                continue
-            taken |= {s.name.casefold() for s in renamed}
-            plan.new.extend(renamed)
-            plan.notes.append(f"{queue}:{number}: {line_name} differs from sweep {sweep_id}'s ({changed}): joins as "
-                              f"a new cell, {line_name}.p{part}")
+        if changed and any(cell_name(s.name, s.cell).casefold() == BASELINE for s in line):
+            plan.errors.append(f"{queue}:{number}: the baseline differs from sweep {sweep_id}'s ({changed}); "
+                               "a grown sweep keeps its baseline: restore the line, or submit without --into "
+                               "for a new sweep")
             continue
+        if changed:
+            earlier = _earlier(line, line_name, by_name, cells)  # the cell a part before made of this very line
+            if earlier is None:
+                _new_cell(plan, f"{queue}:{number}", line, f"{line_name}.p{part}", taken, f"{sweep_id}'s ({changed})")
+                continue
+            line, shown = earlier, f"{line_name} (as {earlier[0].cell})"
         have = [s for s in line if s.name.casefold() in by_name]
         fresh = [s for s in line if s.name.casefold() not in by_name]
         plan.new.extend(fresh)
@@ -96,9 +92,34 @@ def classify(queue: str, specs: Sequence[JobSpec], existing: Sequence[Job], swee
         if have:
             parts = sorted({by_name[s.name.casefold()].part for s in have})
             more = f"; {len(fresh)} more join" if fresh else ": not new"
-            plan.notes.append(f"{queue}:{number}: {line_name}: {_jobs(len(have))} already in sweep {sweep_id} "
+            plan.notes.append(f"{queue}:{number}: {shown}: {_jobs(len(have))} already in sweep {sweep_id} "
                               f"(part {', '.join(map(str, parts))}){more}")
     return plan
+
+
+def _new_cell(plan: JoinPlan, where: str, line: Sequence[JobSpec], cell: str, taken: set[str], what: str) -> None:
+    """The changed line's jobs joined as the new cell ``cell``, or the error that says why they cannot be."""
+    line_name = line[0].cell or line[0].name
+    renamed = _renamed(line, cell)
+    clash = [s.name for s in renamed if s.name.casefold() in taken or not _NAME.fullmatch(s.name)]
+    if clash:
+        plan.errors.append(f"{where}: {line_name} differs from sweep {what} and cannot be named {clash[0]}; give "
+                           "the line a name= of its own")
+        return
+    taken |= {s.name.casefold() for s in renamed}
+    plan.new.extend(renamed)
+    plan.notes.append(f"{where}: {line_name} differs from sweep {what}: joins as a new cell, {cell}")
+
+
+def _earlier(line: Sequence[JobSpec], line_name: str, by_name: dict[str, Job],
+             cells: dict[str, list[Job]]) -> list[JobSpec] | None:
+    """The line renamed as the cell ``<line>.p<k>`` an earlier join made of it (its jobs the same), or None."""
+    made = re.compile(re.escape(line_name.casefold()) + r"\.p[0-9]+")
+    for cell in sorted({job.cell for jobs in cells.values() for job in jobs if made.fullmatch(job.cell.casefold())}):
+        renamed = _renamed(line, cell)
+        if not _changed(renamed, by_name, cells):
+            return renamed
+    return None
 
 
 def _jobs(n: int) -> str:

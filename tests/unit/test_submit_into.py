@@ -67,6 +67,13 @@ def test_identical_lines_are_not_new_more_seeds_join_and_a_changed_line_is_a_new
                           "q.txt:2: wide differs from sweep s1's (epochs 4 (was 2)): joins as a new cell, wide.p2"]
     same = joinplan.classify("q.txt", _specs(project, QUEUE), old, "s1", 2)
     assert same.new == [] and same.already == 4 and len(same.notes) == 2 and same.notes[1].endswith(": not new")
+    # the grown queue joined; submitted again with one more seed of the changed line, that cell grows: no wide.p3
+    _, added = ledger.join_sweep(sweep_id="s1", queue_path="q.txt", queue_text="", bundle_sha="", jobs=plan.new,
+                                 default_retries=1, keys={}, reuse={})
+    regrown = _specs(project, "configs/a.yaml cls 2 name=baseline seeds=3\nconfigs/b.yaml cls 4 name=wide seeds=3\n")
+    again = joinplan.classify("q.txt", regrown, old + added, "s1", 3)
+    assert [s.name for s in again.new] == ["wide.p2-seed2"] and again.errors == []
+    assert again.notes[1] == "q.txt:2: wide (as wide.p2): 2 jobs already in sweep s1 (part 2); 1 more join"
 
 
 def test_a_changed_baseline_or_a_changed_config_byte_is_seen(project: Path) -> None:
