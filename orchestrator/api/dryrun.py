@@ -75,6 +75,8 @@ class DryRun(BaseModel):
     cost: DryRunCost | None = None
     stop: str = ""  # what early stopping will do, in one line (docs/stopping.md); "" = off
     seeds: str = ""  # what seeds=auto will do, in one line (docs/stopping.md); "" = no seeds=auto line
+    into: str = ""  # ``--into``: the sweep the jobs would join ("" = a new sweep)
+    joined: list[str] = []  # ``--into``: one line per queue line not simply new (already in the sweep, changed)
 
 
 def metrics_plan(run: RunConfig | None) -> str:
@@ -111,7 +113,8 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
             task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host, est_s=seconds,
             estimate_from=source or "no history", argv=argv.of(spec, job_id, rows.get(host))))
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
-                  bundle_bytes=result.bundle.bytes, warnings=result.warnings,
+                  bundle_bytes=result.bundle.bytes, warnings=result.warnings, joined=result.joined,
+                  into=result.sweep_id if result.part != 1 else "",
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
                   makespan_s=result.makespan_s if known and result.makespan_known else None,
                   metrics=metrics_plan(result.run), cost=_cost(ctx, result),

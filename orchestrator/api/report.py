@@ -145,6 +145,7 @@ def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: st
                      f"(result cache; not run, no cost): " + ", ".join(f"{j.id} = {j.reused_from}" for j in reused[:5])
                      + (f" and {len(reused) - 5} more" if len(reused) > 5 else ""))
     cell_of = {j.id: name for name, members in cells.items() for j in members}
+    notes += _joined(ctx, rows, jobs, cell_of)
     failures = _failures(ctx, [j for j in jobs if j.state in _FAILED], attempts, cell_of)
     return Report(
         generated_at=now, sweeps=[_sweep_info(s, jobs, attempts) for s in rows], metric=metric,
@@ -365,6 +366,17 @@ def _failures(ctx: Context, jobs: Sequence[Job], attempts: dict[str, list[Attemp
     return [FailureRow(job=job.id, name=job.name, cell=cell, state=job.state, failure_class=klass, message=text,
                        log_tail=tail)
             for (job, cell, klass), text, tail in zip(found, clean_texts, clean_tails, strict=True)]
+
+
+def _joined(ctx: Context, sweeps: Sequence[Sweep], jobs: Sequence[Job], cell_of: dict[str, str]) -> list[str]:
+    """One note per part that joined a sweep later (``submit --into``): when, from which queue, and its cells,
+    compared with the same baseline as the rest."""
+    out = []
+    for sweep in sweeps:
+        for part in ctx.ledger.parts_of(sweep.id)[1:]:
+            names = dict.fromkeys(cell_of[j.id] for j in jobs if j.sweep_id == sweep.id and j.part == part.number)
+            out.append(f"sweep {sweep.id} {part.line}: cells {', '.join(names) or 'none'}")
+    return out
 
 
 def _sweep_info(sweep: Sweep, jobs: Sequence[Job], attempts: dict[str, list[Attempt]]) -> SweepInfo:

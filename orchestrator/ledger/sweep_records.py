@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from orchestrator.core.errors import JobNotFound, LedgerError
 from orchestrator.core.specs import JobSpec, job_id_for, spec_hash_for
@@ -17,7 +17,7 @@ from orchestrator.core.states import JobState
 from orchestrator.ledger import refs
 from orchestrator.ledger.events import add_event
 from orchestrator.ledger.refs import JobRef
-from orchestrator.ledger.tables import Event, Job, Sweep
+from orchestrator.ledger.tables import Event, Job, Sweep, SweepPart
 
 if TYPE_CHECKING:
     pass
@@ -60,7 +60,6 @@ class SweepRecords(Sessions):
         verified results it reuses}: those rows are inserted SUCCEEDED with ``reused_from`` and never run.
         """
         now = time.time()
-        rows: list[Job] = []
         with self.session() as s:
             if s.get(Sweep, sweep_id) is not None:
                 raise LedgerError(f"sweep {sweep_id} already exists")
@@ -69,18 +68,9 @@ class SweepRecords(Sessions):
                         verify=",".join(verify), run=run, git_commit=git[0], git_dirty=git[1],
                         budget_usd=budget_usd, stop=stop, job_count=len(jobs), created_at=now))
             s.flush()
-            for spec in jobs:
-                row = job_row(sweep_id, spec, default_retries, now)
-                row.content_key = (keys or {}).get(spec.name, "")
-                twin = (reuse or {}).get(spec.name, "")
-                if twin:
-                    row.state, row.reused_from = JobState.SUCCEEDED.value, twin
-                s.add(row)
-                rows.append(row)
-            for row in rows:
-                if row.reused_from:
-                    add_event(s, "job", row.id, "", JobState.SUCCEEDED.value,
-                              f"reused the verified results of {row.reused_from}; not run")
+            s.add(SweepPart(sweep_id=sweep_id, number=1, queue_path=queue_path, queue_text=queue_text,
+                            bundle_sha=bundle_sha, job_count=len(jobs), created_at=now))
+            rows = insert_jobs(s, sweep_id, jobs, default_retries, now, keys=keys or {}, reuse=reuse or {}, part=1)
             add_event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
         return rows
 
@@ -226,6 +216,26 @@ class SweepRecords(Sessions):
         with self.reading() as s:
             return list(s.exec(select(Sweep).where(col(Sweep.budget_usd).is_not(None))
                                .order_by(col(Sweep.created_at))))
+
+
+def insert_jobs(s: Session, sweep_id: str, jobs: Sequence[JobSpec], default_retries: int, now: float, *,
+                keys: Mapping[str, str], reuse: Mapping[str, str], part: int) -> list[Job]:
+    """Insert the QUEUED rows of ``jobs`` (part ``part`` of the sweep), the ones in ``reuse`` SUCCEEDED pointing at
+    the job whose verified results they reuse, each with its event; in the caller's transaction."""
+    rows: list[Job] = []
+    for spec in jobs:
+        row = job_row(sweep_id, spec, default_retries, now)
+        row.content_key, row.part = keys.get(spec.name, ""), part
+        twin = reuse.get(spec.name, "")
+        if twin:
+            row.state, row.reused_from = JobState.SUCCEEDED.value, twin
+        s.add(row)
+        rows.append(row)
+    for row in rows:
+        if row.reused_from:
+            add_event(s, "job", row.id, "", JobState.SUCCEEDED.value,
+                      f"reused the verified results of {row.reused_from}; not run")
+    return rows
 
 
 def job_row(sweep_id: str, spec: JobSpec, default_retries: int, now: float) -> Job:
