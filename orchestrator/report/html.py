@@ -79,7 +79,8 @@ def _flag_key(flag: str) -> str:
     return flag.split(":", 1)[0]
 
 
-def _td(report: Report, cell: CellRow, column: str, value: str) -> str:
+def _td(report: Report, k: int, column: str, value: str) -> str:
+    cell = report.cells[k]
     if column == "verdict":
         return f'<td class="{_VERDICT_CLASS.get(value, "")}">{escape(value)}</td>'
     if column == "flags":
@@ -87,15 +88,11 @@ def _td(report: Report, cell: CellRow, column: str, value: str) -> str:
             return "<td></td>"
         keys = list(dict.fromkeys(_flag_key(f) for f in cell.flags))  # in order, once each
         more = f" +{len(keys) - 1}" if len(keys) > 1 else ""
-        return (f'<td class="flag"><a class="flags" href="#flags-{_anchor(cell.cell)}" '
+        return (f'<td class="flag"><a class="flags" href="#flags-{k}" '
                 f'title="{escape("; ".join(keys))}">{escape(keys[0])}{more}</a></td>')
     if column == "95% CI":
         return f'<td{_NUM}>{_ci_mark(report, cell, value)}</td>'
     return f'<td{"" if column == "cell" else _NUM}>{escape(value)}</td>'
-
-
-def _anchor(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
 def _wide(table_id: str, head: str, rows: list[str]) -> str:
@@ -110,14 +107,14 @@ def _table(report: Report) -> str:
     columns = [*tables.COLUMNS[:at], TIME_COLUMN, *tables.COLUMNS[at:]]
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
     rows = []
-    for cell in report.cells:
+    for k, cell in enumerate(report.cells):  # anchors by position: two names never share one
         values = tables.cells(cell)
         values.insert(at, summary.duration(cell.wall_s))
-        tds = "".join(_td(report, cell, c, v) for c, v in zip(columns, values, strict=True))
+        tds = "".join(_td(report, k, c, v) for c, v in zip(columns, values, strict=True))
         rows.append(f'<tr class="{"baseline" if cell.is_baseline else ""}">{tds}</tr>')
     table = _wide("cells", head, rows)
-    flagged = "".join(f'<li id="flags-{_anchor(c.cell)}"><b>{escape(c.cell)}</b>: '
-                      f'{"; ".join(escape(f) for f in c.flags)}</li>' for c in report.cells if c.flags)
+    flagged = "".join(f'<li id="flags-{k}"><b>{escape(c.cell)}</b>: {"; ".join(escape(f) for f in c.flags)}</li>'
+                      for k, c in enumerate(report.cells) if c.flags)
     return table + (f'<ul class="flag">{flagged}</ul>' if flagged else "")
 
 
@@ -145,7 +142,7 @@ def _differs(report: Report) -> str:
             continue
         lines = "".join(f"<li>{escape(line)}</li>" for line in cell.differs) or \
             "<li>nothing but the name (same config bytes, task, epochs, GPUs and arguments)</li>"
-        parts.append(f'<li id="differs-{_anchor(cell.cell)}"><b>{escape(cell.cell)}</b>'
+        parts.append(f'<li class="differs"><b>{escape(cell.cell)}</b>'
                      f'<ul class="differs">{lines}</ul></li>')
     return f"<ul>{''.join(parts)}</ul>" if parts else "<p>The baseline is the only cell.</p>"
 

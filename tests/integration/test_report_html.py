@@ -83,7 +83,7 @@ def _check_page_content(report, dom: str) -> None:  # type: ignore[no-untyped-de
     row = re.search(r"<tr><td>baseline</td><td>baseline-seed1</td>.*?</tr>", seeds.group(0))
     assert row is not None and ">0.82<" in row.group(0) and ">0.83<" in row.group(0) and ">2m01s<" in row.group(0)
     assert "baseline-seed3" in seeds.group(0) and "FAILED" in seeds.group(0)
-    differs = re.search(r'<li id="differs-near_one">.*?</ul>', dom, re.S)
+    differs = re.search(r'<li class="differs"><b>near_one</b>.*?</ul>', dom, re.S)
     assert differs is not None
     assert "config x: e (baseline a)" in differs.group(0) and "argument --lr: 0.5 (baseline unset)" in differs.group(0)
     near = re.search(r"<tr[^>]*><td[^>]*>near_one</td>.*?</tr>", dom)

@@ -205,6 +205,6 @@ def test_the_cells_table_is_one_line_a_row() -> None:
     assert f"<th>{TIME_COLUMN}</th>" in html and ">2m01s<" in html and ">2m10s<" in html
     assert ">0.01 CPU-h<" in html and "+0.01" not in html  # never "0.00 +0.01 CPU-h"
     assert "[0.853, 1.107] <span" in html and "[0.82" not in html  # the interval past 1 is marked
-    assert '<a class="flags" href="#flags-near_one" title="diverged; seeds disagree">diverged +1</a>' in html
-    assert '<li id="flags-near_one"><b>near_one</b>: diverged: near_one-seed0 ended at 0.5' in html
+    assert '<a class="flags" href="#flags-1" title="diverged; seeds disagree">diverged +1</a>' in html
+    assert '<li id="flags-1"><b>near_one</b>: diverged: near_one-seed0 ended at 0.5' in html
     assert ">baseline<" in html and "baseline (baseline)" not in html
