@@ -80,4 +80,5 @@ def _check_html_page(out: Path) -> None:
     dom = _browser("--window-size=1400,1000", "--dump-dom", (out / "report.html").as_uri())
     body = re.search(r"<body[^>]*>", dom.stdout)
     assert body and 'data-figures-loaded="2"' in body.group(0), dom.stdout[:300]
-    assert dom.stdout.count("<tr") == 5  # the header and the four cells
+    cells_table = re.search(r'<table id="cells".*?</table>', dom.stdout, re.S)
+    assert cells_table and cells_table.group(0).count("<tr") == 5  # the header and the four cells
