@@ -19,7 +19,8 @@ from orchestrator.cli.offers_document import OffersDocument
 from orchestrator.providers import registry
 from orchestrator.report.model import Report
 
-JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED"]
+JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED",
+                       "STOPPED"]
 Severity = Literal["info", "warn", "escalate"]
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         Job,
         Metric,
         Pull,
+        StopLook,
         Sweep,
     )
 
@@ -40,6 +41,7 @@ _HOME = {
     "Metric": "orchestrator.ledger.tables",
     "PricedAttempt": "orchestrator.ledger.pricing",
     "Pull": "orchestrator.ledger.tables",
+    "StopLook": "orchestrator.ledger.tables",
     "Sweep": "orchestrator.ledger.tables",
     "attempt_price": "orchestrator.ledger.pricing",
 }
@@ -57,6 +59,7 @@ __all__ = [
     "Metric",
     "PricedAttempt",
     "Pull",
+    "StopLook",
     "Sweep",
     "attempt_price",
 ]

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Verdict = Literal["baseline", "better", "worse", "within noise", "n too small", "cannot compute", "no data",
-                  "no baseline", "seeds identical"]
+                  "no baseline", "seeds identical", "stopped"]
 
 
 class _Strict(BaseModel):
@@ -47,6 +47,12 @@ class CellRow(_Strict):
                                          "identical, seeds or a baseline on other machines")
     ran_with: list[str] = Field(default_factory=list, description="what the seeds' attempts ran with, one line "
                                 "per distinct machine and software (GPUs, driver, CUDA, torch, NCCL, Python)")
+    stopped: str = Field(default="", description="early stopping stopped the cell: \"stopped: worse than baseline "
+                         "at step N\" (docs/stopping.md); \"\" when it was not stopped")
+    stopped_step: int | None = Field(default=None, description="the step of the rung it was stopped at")
+    stopped_rung: int | None = Field(default=None, description="that rung, 1 for the first")
+    stopped_mean: float | None = Field(default=None, description="the cell's mean at that rung (not a final value)")
+    stopped_baseline_mean: float | None = Field(default=None, description="the baseline's mean at that rung")
 
 
 class SweepInfo(_Strict):
@@ -70,6 +76,15 @@ class FailureRow(_Strict):
     log_tail: list[str] = Field(description="the last lines of the job's log from a pulled copy, when there is one")
 
 
+class Saved(_Strict):
+    """What early stopping saved against running every stopped job to its end: an estimate with its basis."""
+
+    gpu_hours: float
+    cost_usd: float | None = Field(description="null when no stopped job ran on a priced host")
+    counted: int = Field(description="stopped jobs whose progress rate is known (the others are left out)")
+    basis: str = Field(description="how the estimate was made, in words")
+
+
 class Report(_Strict):
     """`gpuq report --format json`: per-cell statistics of one or more sweeps against a baseline."""
 
@@ -88,3 +103,5 @@ class Report(_Strict):
     cpu_hours: float = 0.0
     cost_usd: float | None
     notes: list[str] = Field(description="what the reader must know: unfinished jobs, a missing baseline, ...")
+    saved: Saved | None = Field(default=None, description="early stopping's saving (docs/stopping.md); null when "
+                                "no job was stopped")

@@ -29,6 +29,7 @@ class StopPolicy(BaseModel):
     min_seeds: int = Field(default=3, ge=2, le=64)
     keep: float = Field(default=1.0 / 3.0, gt=0.0, lt=1.0, allow_inf_nan=False)
     direction: Literal["min", "max"] = "min"
+    baseline: str = Field(default="baseline", min_length=1, max_length=200)  # the cell compared against (any case)
 
     @field_validator("rungs")
     @classmethod
