@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from sqlalchemy import delete, insert
-from sqlmodel import col, select
+from sqlalchemy import delete, func, insert
+from sqlmodel import Session, col, select
 
 from orchestrator.ledger.tables import Metric, StopLook
 from orchestrator.ledger.txn import IN_CHUNK, Sessions
@@ -24,9 +24,16 @@ class StopRecords(Sessions):
         if not looks:
             return 0
         rows = [look.model_dump(exclude={"id"}) for look in looks]
+        sweeps = sorted({look.sweep_id for look in looks})
+
+        def count(s: Session) -> int:
+            return int(s.exec(select(func.count()).select_from(StopLook)
+                              .where(col(StopLook.sweep_id).in_(sweeps))).one())
+
         with self.session() as s:
-            done = s.execute(insert(StopLook).prefix_with("OR IGNORE"), rows)
-            return int(getattr(done, "rowcount", 0) or 0)
+            before = count(s)
+            s.execute(insert(StopLook).prefix_with("OR IGNORE"), rows)
+            return count(s) - before
 
     def stop_looks(self, sweep_ids: Iterable[str]) -> list[StopLook]:
         """The sweeps' looks, oldest first."""
