@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from orchestrator.api.jobs import ResultRow
 from orchestrator.core.states import JobState
 from orchestrator.ledger import Attempt, Job, Ledger, StopLook
 from orchestrator.money.cost import job_cost
@@ -49,6 +50,19 @@ def savings(jobs: Sequence[Job], attempts: Mapping[str, Sequence[Attempt]], now:
         last = tried[-1] if tried else None
         spent.append(Spent(gpu_hours=cost.gpu_hours, cost_usd=cost.cost, step=last.step if last else None,
                            total_steps=last.total_steps if last else None))
+    return _as_saved(spent)
+
+
+def result_saving(rows: Sequence[ResultRow]) -> Saved | None:
+    """``savings`` over ``gpuq results``' rows (their costs and newest attempts are read already)."""
+    spent = [Spent(gpu_hours=row.cost.gpu_hours if row.cost else 0.0, cost_usd=row.cost.cost if row.cost else None,
+                   step=row.attempt.step if row.attempt else None,
+                   total_steps=row.attempt.total_steps if row.attempt else None)
+             for row in rows if row.job.state == JobState.STOPPED.value]
+    return _as_saved(spent)
+
+
+def _as_saved(spent: Sequence[Spent]) -> Saved | None:
     found = saved(spent)
     if found is None:
         return None

@@ -97,6 +97,12 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
         hours += [f"{sum(c.cpu_hours for c in total):.3f} CPU-h"] if on_cpu else []
         below.append([(f"total {', '.join(hours)}{spent}"
                        + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""), "")])
+    if any(row.job.state == "STOPPED" for row in rows):
+        from orchestrator.api import stopreport  # early stopping's words: only when a job was stopped
+
+        found = stopreport.result_saving(rows)
+        if found is not None:
+            below.append([(stopreport.saved_line(found), "")])
     return cols, table, below
 
 

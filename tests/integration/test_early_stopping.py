@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
-from orchestrator.api import explaining
+from orchestrator.api import explaining, stopreport
 from orchestrator.api.report import build_report
 from orchestrator.core.states import JobState
 from orchestrator.report.cells import group
@@ -156,4 +156,10 @@ def test_the_worse_cell_is_stopped_once_at_its_rung_and_its_slot_taken(
     doc = build_report(ctx, [result.sweep_id], collect=False)
     row = next(c for c in doc.cells if c.cell == "worse")
     assert row.stopped == "stopped: worse than baseline at step 10" and row.mean is None, row
-    assert doc.saved is not None and doc.saved.gpu_hours > 0
+    assert doc.saved is not None and doc.saved.gpu_hours > 0 and doc.saved.basis.startswith("estimate: ")
+    assert any(note.startswith("early stopping saved about ") for note in doc.notes), doc.notes
+    found = stopreport.result_saving(api.results(ctx, sweep=result.sweep_id))  # the line under `gpuq results`
+    assert found is not None and found.gpu_hours == pytest.approx(doc.saved.gpu_hours, rel=0.2)
+    # a stopped job's files are kept and pullable: its partial metrics come home verified
+    pulled = {o.job_id: o for o in api.pull(ctx, sweep=result.sweep_id).outcomes}
+    assert all(pulled[j].verified for j in worse), [pulled[j] for j in worse]
