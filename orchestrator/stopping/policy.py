@@ -55,12 +55,13 @@ class StopPolicy(BaseModel):
         if self.rule == "halving":
             return (
                 f"stop: successive halving at {at} of each run: the best {self.keep:.0%} of the cells with "
-                f">= {self.min_seeds} seeds go on (metric {self.direction}imised); no error bound; never the baseline"
+                f">= {self.min_seeds} seeds go on (metric {self.direction}imised); no error bound; never the baseline "
+                f"(cell {self.baseline!r})"
             )
         worse = f"worse than the baseline by more than {self.margin:g}" if self.margin else "worse than the baseline"
         return (
             f"stop: a cell {worse} at {at} of its run (one-sided Welch over >= {self.min_seeds} seeds a side), "
-            f"any wrong stop in the sweep at most alpha={self.alpha:g}; never the baseline"
+            f"any wrong stop in the sweep at most alpha={self.alpha:g}; never the baseline (cell {self.baseline!r})"
         )
 
 
