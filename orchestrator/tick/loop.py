@@ -50,7 +50,8 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     by_host: dict[str, list[Job]] = {}
     for job in active:
         by_host.setdefault(job.host or "", []).append(job)
-    curves_for = stopping.curves_wanted(ctx.ledger, active)
+    stopped_sweeps = stopping.watched(ctx.ledger, active)  # sweeps with a [stop] policy and work on hosts
+    curves_for = stopping.curves_wanted(active, stopped_sweeps)
     requests, waiting = _requests(ctx, rows, by_host, attempts, now, honour_backoff, curves_for)
     probes = host_answers.only_known(ctx.ledger, probe_all(requests, ctx.settings))
     row_by_name = {r.name: r for r in rows}
@@ -70,9 +71,9 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     for row in waiting:
         report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
                                       failures=row.probe_failures, next_try=row.next_probe_at))
-    if curves_for:
+    if stopped_sweeps:
         stopping.record_partials(ctx.ledger, probes, curves_for)
-    stopping.stop_stage(ctx, report)
+        stopping.stop_stage(ctx, report, stopped_sweeps)
     _place(ctx, probes)
     budget.check(ctx.ledger, ctx.settings, report)
     billing.billing(ctx, report, {p.host for p in probes if p.ok})

@@ -47,9 +47,8 @@ def watched(ledger: Ledger, jobs: Iterable[Job]) -> dict[str, StopPolicy]:
     return out
 
 
-def curves_wanted(ledger: Ledger, active: Sequence[Job]) -> set[str]:
-    """The running jobs whose curves this tick's probe should carry: those of sweeps with a policy."""
-    sweeps = watched(ledger, active)
+def curves_wanted(active: Sequence[Job], sweeps: Mapping[str, StopPolicy]) -> set[str]:
+    """The running jobs whose curves this tick's probe should carry: those of ``sweeps`` (``watched``)."""
     return {j.id for j in active if j.sweep_id in sweeps and j.state == JobState.RUNNING.value}
 
 
@@ -65,10 +64,10 @@ def record_partials(ledger: Ledger, probes: Sequence[Probe], wanted: set[str]) -
                 ledger.record_curves(entry.job_id, entry.partial.attempt, curves)
 
 
-def stop_stage(ctx: Context, report: TickReport) -> None:
-    """Looks due in every watched sweep, recorded; then every recorded stop carried out."""
-    active = ctx.ledger.jobs(states=[JobState(s) for s in LIVE])
-    for sweep_id, policy in watched(ctx.ledger, active).items():
+def stop_stage(ctx: Context, report: TickReport, sweeps: Mapping[str, StopPolicy]) -> None:
+    """Looks due in each of ``sweeps`` (``watched`` at the tick's start), recorded; then every recorded stop
+    carried out."""
+    for sweep_id, policy in sweeps.items():
         jobs = ctx.ledger.jobs(sweep_id=sweep_id)
         cells = group(jobs)
         baseline = next((name for name in cells if name.lower() == policy.baseline.lower()), None)
