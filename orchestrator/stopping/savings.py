@@ -45,8 +45,9 @@ def saved(stopped: Sequence[Spent]) -> Savings | None:
             cost += job.cost_usd * left
             priced = True
         counted += 1
-    basis = (f"estimate: each of {counted} stopped job{'s' if counted != 1 else ''}' own GPU-hours and cost per "
-             "step so far, times the steps it did not run")
+    whose = "jobs'" if counted != 1 else "job's"
+    basis = (f"estimate: each of {counted} stopped {whose} own GPU-hours and cost per step so far, times the steps "
+             "it did not run")
     if counted < len(stopped):
         basis += f"; {len(stopped) - counted} without a known step and total left out"
     return Savings(gpu_hours=hours, cost_usd=cost if priced else None, counted=counted,

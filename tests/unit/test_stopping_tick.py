@@ -176,3 +176,24 @@ def test_the_saving_is_each_jobs_own_rate_times_the_steps_it_did_not_run() -> No
     assert found.gpu_hours == pytest.approx(0.5 * 4 + 0.2 * 1) and found.cost_usd == pytest.approx(4.0)
     assert (found.counted, found.uncounted) == (2, 1)
     assert found.basis.startswith("estimate: ") and "1 without a known step and total left out" in found.basis
+
+
+def test_explain_says_why_a_job_was_stopped(gpuq_home: Path) -> None:
+    from tests.conftest import run_gpuq
+
+    ledger = Ledger(gpuq_home / "ledger.db")
+    cells = _sweep(ledger, {"baseline": 1, "worse": 1})
+    job = cells["worse"][0]
+    _running(ledger, job, _curve(3.0, 0))
+    ledger.record_looks([_look("worse")])
+    ledger.transition(job, JobState.STOPPED, message="stopped")
+    ran = run_gpuq("explain", job)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0].endswith(": STOPPED, 1 attempt")
+    assert lines[1] == ("stopped: worse than baseline at step 10 (rung 1): mean 3 vs baseline 2, t=40, "
+                        "p=1e-05 <= 0.025"), lines
+    listed = run_gpuq("results")
+    assert listed.returncode == 0, listed.stderr
+    assert "STOPPED" in listed.stdout and "early stopping saved about " in listed.stdout, listed.stdout
+    assert "(estimate: each of 1 stopped job" in " ".join(listed.stdout.split()), listed.stdout
