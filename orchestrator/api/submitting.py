@@ -87,6 +87,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     keys = resultcache.content_keys(read.parsed.jobs, read.bundle.digests, read.run_json, _under(queue, read.workdir))
     reuse = resultcache.reuse_of(read.parsed.jobs, keys, ctx.ledger.reusable(keys.values()), rerun=rerun)
     warnings = _warn(ctx, queue, read, reuse, dry_run)
+    if policy is not None:
+        warnings += _stop_warnings(policy, read, queue)
     planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run, skip=reuse.keys())
     reused = {name: twin.id for name, twin in reuse.items()}
     if dry_run:
@@ -167,6 +169,20 @@ def _under(path: Path, root: Path) -> str:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return ""
+
+
+def _stop_warnings(policy: StopPolicy, read: _Read, queue: Path) -> list[str]:
+    """A [stop] policy with no baseline cell in the queue stops nothing: said at submit, not discovered later
+    (a line named like the baseline counts: lines that differ only by ``seed=`` are one cell by their stem)."""
+    from orchestrator.report.cells import cell_name
+
+    base = policy.baseline.lower()
+    names = sorted({cell_name(spec.name, spec.cell) for spec in read.parsed.jobs})
+    if any(name.lower() == base or name.lower().startswith(base) for name in names):
+        return []
+    return [f"{read.toml_path}: [stop] compares each cell with the cell {policy.baseline!r}, and {queue} has none "
+            f"(cells: {', '.join(names[:8])}): nothing will be stopped; name a line {policy.baseline} or set "
+            "[stop] baseline"]
 
 
 def _warn(ctx: Context, queue: Path, read: _Read, reuse: Mapping[str, Job],
