@@ -88,7 +88,8 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     reuse = resultcache.reuse_of(read.parsed.jobs, keys, ctx.ledger.reusable(keys.values()), rerun=rerun)
     warnings = _warn(ctx, queue, read, reuse, dry_run)
     if policy is not None:
-        warnings += _stop_warnings(policy, read, queue)
+        policy, said = _stop_direction(policy, read)
+        warnings += said + _stop_warnings(policy, read, queue)
     planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run, skip=reuse.keys())
     reused = {name: twin.id for name, twin in reuse.items()}
     if dry_run:
@@ -169,6 +170,21 @@ def _under(path: Path, root: Path) -> str:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return ""
+
+
+def _stop_direction(policy: StopPolicy, read: _Read) -> tuple[StopPolicy, list[str]]:
+    """The policy's direction: the headline metric's mode ([run] metric/mode) unless [stop] gives one; a
+    [stop] direction against that mode would stop the cells that do better, and is said at submit."""
+    metric = (read.run.metric if read.run is not None else "") or "val_acc"
+    mode = read.run.mode if read.run is not None else "max"
+    if "direction" not in policy.model_fields_set:
+        return policy.model_copy(update={"direction": mode}), []
+    if policy.direction == mode:
+        return policy, []
+    way = "maximised" if mode == "max" else "minimised"
+    return policy, [f"{read.toml_path}: [stop] direction = {policy.direction!r}, but the headline metric {metric!r} "
+                    f"is {way} ([run] mode = {mode!r}): early stopping would stop the cells that do better; "
+                    "make them agree"]
 
 
 def _stop_warnings(policy: StopPolicy, read: _Read, queue: Path) -> list[str]:
