@@ -72,7 +72,7 @@ def stop_stage(ctx: Context, report: TickReport, sweeps: Mapping[str, StopPolicy
         cells = group(jobs)
         baseline = next((name for name in cells if name.lower() == policy.baseline.lower()), None)
         if baseline is None:
-            continue  # nothing to compare with: nothing is stopped (the dry run names the baseline)
+            continue  # nothing to compare with: nothing is stopped (submit warned)
         looks = ctx.ledger.stop_looks([sweep_id])
         due = decide(ctx.ledger, policy, sweep_id, cells, baseline, looks)
         if due:
@@ -116,10 +116,6 @@ def decide(ledger: Ledger, policy: StopPolicy, sweep_id: str, cells: Mapping[str
         step = rung_steps(policy, max(totals))[look.rung] if totals else 0
         out.append(StopLook(sweep_id=sweep_id, step=step, decided_at=now, **look.model_dump()))
     return out
-
-
-
-
 
 
 def carry_out(ctx: Context, cells: Mapping[str, Sequence[Job]], baseline: str, looks: Sequence[StopLook],
