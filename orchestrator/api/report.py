@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from orchestrator.api import stopreport
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots, ran_with
 from orchestrator.api.report_detail import fill_differs, mean_wall, seed_rows
 from orchestrator.context import Context, gc_paused
@@ -142,8 +143,12 @@ def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: st
     _compare(out, {name: [values[j.id]["final"].value for j in done[name]] for name in cells}, base_name, mode, same)
     _against_baseline(out, cells, ran, base_name, same)
     fill_differs(out, cells, rows, base_name, ctx.settings.bundle_cache)
+    stopreport.mark_stopped(out, stopreport.cell_stops(ctx.ledger, [s.id for s in rows]))
+    saved = stopreport.savings(jobs, attempts, now, on_cpu)
     finished_n = sum(c.n_finished for c in out)
     notes = collect_notes(got.missing) + got.unread + _notes(out, len(jobs), finished_n, metric, base_name)
+    if saved is not None:
+        notes.append(stopreport.saved_line(saved))
     reused = [j for j in jobs if j.reused_from]
     if reused:
         notes.append(f"{len(reused)} of {len(jobs)} jobs reuse the verified results of identical earlier jobs "
@@ -158,7 +163,7 @@ def _build(ctx: Context, sweeps: Sequence[str], baseline: str | None, metric: st
         partial=any(not JobState(j.state).terminal for j in jobs), cells=out, failures=failures,
         gpu_hours=sum(c.gpu_hours for c in out), cpu_hours=sum(c.cpu_hours for c in out),
         cost_usd=sum(c.cost_usd for c in out if c.cost_usd is not None) if any(c.cost_usd is not None for c in out)
-        else None, notes=notes)
+        else None, notes=notes, saved=saved)
     report.headline = summary.headline(report)
     return report
 
@@ -237,6 +242,10 @@ def _notes(out: Sequence[CellRow], total: int, finished_n: int, metric: str, bas
     if finished_n < total:
         notes.append(f"{total - finished_n} of {total} jobs have not finished with the metric "
                      f"{metric!r}: only the {finished_n} finished ones count")
+    for c in out:
+        if c.stopped:
+            notes.append(f"{c.cell}: {c.stopped} (rung {c.stopped_rung}): mean {c.stopped_mean:.4g} there vs the "
+                         f"baseline's {c.stopped_baseline_mean:.4g}; a partial run, no final value (gpuq explain)")
     huge = [c.cell for c in out if (c.n_finished >= 2 and (c.std is None or c.ci_low is None))
             or c.verdict == "cannot compute"]
     if huge:

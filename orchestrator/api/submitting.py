@@ -90,6 +90,9 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                                     path_under(queue, read.workdir))
     reuse = resultcache.reuse_of(read.parsed.jobs, keys, ctx.ledger.reusable(keys.values()), rerun=rerun)
     warnings = submit_warnings(ctx, queue, read, reuse, dry_run)
+    if policy is not None:
+        policy, said = _stop_direction(policy, read)
+        warnings += said + _stop_warnings(policy, read, queue)
     planned = place_jobs(ctx, queue, read, hosts, warnings, dry_run=dry_run, skip=reuse.keys())
     reused = {name: twin.id for name, twin in reuse.items()}
     if dry_run:
@@ -170,6 +173,35 @@ def path_under(path: Path, root: Path) -> str:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return ""
+
+
+def _stop_direction(policy: StopPolicy, read: ProjectRead) -> tuple[StopPolicy, list[str]]:
+    """The policy's direction: the headline metric's mode ([run] metric/mode) unless [stop] gives one; a
+    [stop] direction against that mode would stop the cells that do better, and is said at submit."""
+    metric = (read.run.metric if read.run is not None else "") or "val_acc"
+    mode = read.run.mode if read.run is not None else "max"
+    if "direction" not in policy.model_fields_set:
+        return policy.model_copy(update={"direction": mode}), []
+    if policy.direction == mode:
+        return policy, []
+    way = "maximised" if mode == "max" else "minimised"
+    return policy, [f"{read.toml_path}: [stop] direction = {policy.direction!r}, but the headline metric {metric!r} "
+                    f"is {way} ([run] mode = {mode!r}): early stopping would stop the cells that do better; "
+                    "make them agree"]
+
+
+def _stop_warnings(policy: StopPolicy, read: ProjectRead, queue: Path) -> list[str]:
+    """A [stop] policy with no baseline cell in the queue stops nothing: said at submit, not discovered later
+    (a line named like the baseline counts: lines that differ only by ``seed=`` are one cell by their stem)."""
+    from orchestrator.report.cells import cell_name
+
+    base = policy.baseline.lower()
+    names = sorted({cell_name(spec.name, spec.cell) for spec in read.parsed.jobs})
+    if any(name.lower() == base or name.lower().startswith(base) for name in names):
+        return []
+    return [f"{read.toml_path}: [stop] compares each cell with the cell {policy.baseline!r}, and {queue} has none "
+            f"(cells: {', '.join(names[:8])}): nothing will be stopped; name a line {policy.baseline} or set "
+            "[stop] baseline"]
 
 
 def submit_warnings(ctx: Context, queue: Path, read: ProjectRead, reuse: Mapping[str, Job],

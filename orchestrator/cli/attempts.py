@@ -155,6 +155,9 @@ def explain(job: str, number: int | None, show_stacks: bool) -> None:
     told = [s for s in explaining.explain(ctx, row, stacks=show_stacks) if number is None or s.number == number]
     count = f"{row.attempt_count} attempt{'s' if row.attempt_count != 1 else ''}"
     echo(f"job {row.name} ({row.id}) of sweep {row.sweep_id}: {row.state}, {count}")
+    why = explaining.stopped(ctx, row)
+    if why:
+        echo(why)
     if not told:
         echo("it has not started yet: nothing to explain")
     for story in told:

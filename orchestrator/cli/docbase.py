@@ -10,7 +10,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
 
 from orchestrator.providers import registry
 
-JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED"]
+JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED",
+                       "STOPPED"]
 Severity = Literal["info", "warn", "escalate"]
 
 

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from orchestrator.api import Snapshot, SubmitResult
 
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "ASSIGNED": "blue",
-               "QUEUED": "white", "LOST": "magenta", "PREEMPTED": "magenta", "CANCELLED": "yellow"}
+               "QUEUED": "white", "LOST": "magenta", "PREEMPTED": "magenta", "CANCELLED": "yellow",
+               "STOPPED": "cyan"}
 SEVERITY_STYLE = {"escalate": "bold red", "warn": "yellow", "info": "dim"}
 
 

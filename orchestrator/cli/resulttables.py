@@ -100,7 +100,17 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
         hours += [f"{sum(c.cpu_hours for c in total):.3f} CPU-h"] if on_cpu else []
         below.append([(f"total {', '.join(hours)}{spent}"
                        + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""), "")])
-    return cols, table, below
+    return cols, table, below + _saved(rows)
+
+
+def _saved(rows: list[ResultRow]) -> list[Line]:
+    """What early stopping saved, one line (none when no job was stopped)."""
+    if not any(row.job.state == "STOPPED" for row in rows):
+        return []
+    from orchestrator.api import stopreport  # early stopping's words: only when a job was stopped
+
+    found = stopreport.result_saving(rows)
+    return [[(stopreport.saved_line(found), "")]] if found is not None else []
 
 
 def results_table(rows: list[ResultRow], *, plain: bool | None = None) -> None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         Job,
         Metric,
         Pull,
+        StopLook,
         Sweep,
         SweepPart,
     )
@@ -41,6 +42,7 @@ _HOME = {
     "Metric": "orchestrator.ledger.tables",
     "PricedAttempt": "orchestrator.ledger.pricing",
     "Pull": "orchestrator.ledger.tables",
+    "StopLook": "orchestrator.ledger.tables",
     "Sweep": "orchestrator.ledger.tables",
     "SweepPart": "orchestrator.ledger.tables",
     "attempt_price": "orchestrator.ledger.pricing",
@@ -59,6 +61,7 @@ __all__ = [
     "Metric",
     "PricedAttempt",
     "Pull",
+    "StopLook",
     "Sweep",
     "SweepPart",
     "attempt_price",

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable
 
 from orchestrator.core.errors import LedgerVersionError
-from orchestrator.ledger.frozen_ddl import V1_DDL, V3_DDL
+from orchestrator.ledger.frozen_ddl import V1_DDL, V3_DDL, V23_DDL
 
 
 def _v1_initial(conn: sqlite3.Connection) -> None:
@@ -300,13 +300,20 @@ def _v22_sweep_parts(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE job ADD COLUMN part INTEGER NOT NULL DEFAULT 1")
 
 
+def _v23_stop_looks(conn: sqlite3.Connection) -> None:
+    """v23: early stopping's looks (``stop_look``): one row per sweep, cell and rung, with the rule's numbers as
+    fields, written before any job of a stopped cell is stopped (docs/stopping.md)."""
+    for statement in V23_DDL:
+        conn.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
                                                           _v15_event_fields, _v16_holds, _v17_crash_fields,
                                                           _v18_stop_policy, _v19_result_cache, _v20_attempt_clock,
-                                                          _v21_auto_seeds, _v22_sweep_parts]
+                                                          _v21_auto_seeds, _v22_sweep_parts, _v23_stop_looks]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -45,6 +45,7 @@ from orchestrator.ledger.pricing import attempt_price
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.results import ResultRecords
+from orchestrator.ledger.stop_records import StopRecords
 from orchestrator.ledger.sweep_parts import SweepParts
 from orchestrator.ledger.sweep_records import SweepRecords
 from orchestrator.ledger.tables import Attempt, HostRow, Job
@@ -63,7 +64,7 @@ def _create_private(path: Path) -> None:
 
 
 class Ledger(HostRecords, SweepRecords, SweepParts, AttemptRecords, EventRecords, ResultRecords, PullRecords,
-             LeaseRecords):
+             LeaseRecords, StopRecords):
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
 
     def __init__(self, path: Path) -> None:

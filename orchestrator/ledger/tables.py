@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from sqlalchemy import Index
+from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from orchestrator.ledger.rowmethods import (
@@ -301,6 +301,31 @@ class Metric(SQLModel, table=True):
     value: float
     step: int | None = None
     epoch: int | None = None
+
+
+class StopLook(SQLModel, table=True):
+    """v21: one look of a sweep's stopping policy at one cell and rung (stopping.rules.Look), stop or not,
+    recorded before any job of the cell is stopped (docs/stopping.md); a cell is looked at once per rung."""
+
+    __tablename__ = "stop_look"
+    __table_args__ = (UniqueConstraint("sweep_id", "cell", "rung", name="uq_stop_look_cell_rung"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    sweep_id: str = Field(foreign_key="sweep.id", index=True)
+    cell: str
+    rung: int
+    step: int  # the rung's step in the cell's runs
+    rule: str  # "baseline" | "halving"
+    fraction: float
+    cell_mean: float
+    baseline_mean: float
+    n_cell: int
+    n_baseline: int
+    statistic: float
+    threshold: float
+    p_value: float | None = None
+    stop: bool
+    decided_at: float
 
 
 class Pull(SQLModel, table=True):

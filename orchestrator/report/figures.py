@@ -151,6 +151,7 @@ def _draw_cells(ax: Any, shown: Sequence[CellRow], curves: Curves, name: str) ->
         style = {"color": "black", "linewidth": 2.6, "linestyle": "--", "zorder": 5} if cell.is_baseline \
             else {"linewidth": 1.6}
         label = f"{cell.cell} (baseline)" if cell.is_baseline and cell.cell.lower() != "baseline" else cell.cell
+        label += f" ({cell.stopped})" if cell.stopped else ""  # a partial curve, as far as it got
         seeds = len([j for j in cell.jobs if name in curves.get(j, {})])
         line = ax.plot(steps, [b[1] for b in band], label=f"{label}, n={seeds}", **style)[0]
         if seeds >= 2:  # a band is the spread of seeds: none for a cell of one job

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Verdict = Literal["baseline", "better", "worse", "within noise", "n too small", "cannot compute", "no data",
-                  "no baseline", "seeds identical"]
+                  "no baseline", "seeds identical", "stopped"]
 
 
 class _Strict(BaseModel):
@@ -67,6 +67,12 @@ class CellRow(_Strict):
     differs: list[str] = Field(default_factory=list, description="what this cell runs differently from the "
                                "baseline (config keys, trainer arguments, task, epochs, GPUs), one line each; "
                                "empty for the baseline and without one")
+    stopped: str = Field(default="", description="early stopping stopped the cell: \"stopped: worse than baseline "
+                         "at step N\" (docs/stopping.md); \"\" when it was not stopped")
+    stopped_step: int | None = Field(default=None, description="the step of the rung it was stopped at")
+    stopped_rung: int | None = Field(default=None, description="that rung, 1 for the first")
+    stopped_mean: float | None = Field(default=None, description="the cell's mean at that rung (not a final value)")
+    stopped_baseline_mean: float | None = Field(default=None, description="the baseline's mean at that rung")
 
 
 class SweepInfo(_Strict):
@@ -90,6 +96,15 @@ class FailureRow(_Strict):
     log_tail: list[str] = Field(description="the last lines of the job's log from a pulled copy, when there is one")
 
 
+class Saved(_Strict):
+    """What early stopping saved against running every stopped job to its end: an estimate with its basis."""
+
+    gpu_hours: float
+    cost_usd: float | None = Field(description="null when no stopped job ran on a priced host")
+    counted: int = Field(description="stopped jobs whose progress rate is known (the others are left out)")
+    basis: str = Field(description="how the estimate was made, in words")
+
+
 class Report(_Strict):
     """`gpuq report --format json`: per-cell statistics of one or more sweeps against a baseline."""
 
@@ -110,3 +125,5 @@ class Report(_Strict):
     notes: list[str] = Field(description="what the reader must know: unfinished jobs, a missing baseline, ...")
     headline: str = Field(default="", description="one sentence: the best cell, its delta against the baseline "
                           "and its verdict (orchestrator/report/summary.py)")
+    saved: Saved | None = Field(default=None, description="early stopping's saving (docs/stopping.md); null when "
+                                "no job was stopped")

@@ -57,7 +57,7 @@ def cells(row: CellRow) -> list[str]:
             num(row.mean), num(row.std), interval(row.ci_low, row.ci_high), num(row.best),
             "" if row.steps is None else str(row.steps), _hours(row), cost(row.cost_usd),
             signed(row.delta), interval(row.delta_ci_low, row.delta_ci_high, sign=True), p_value(row.p_value),
-            p_value(row.p_adjusted), row.verdict, "; ".join(row.flags)]
+            p_value(row.p_adjusted), row.stopped or row.verdict, "; ".join(row.flags)]
 
 
 def heading(report: Report) -> str:

@@ -138,6 +138,8 @@ def _add_probe_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser], v
     st.add_argument("--json", action="store_true")
     st.add_argument("--results-for", nargs="*", default=(), metavar="JOB",
                     help="also carry the collected results of these jobs when they exited 0")
+    st.add_argument("--curves-for", nargs="*", default=(), metavar="JOB",
+                    help="also carry the learning curves so far of these jobs while they run (early stopping)")
     st.add_argument("--kernel-since", default=None, metavar="CURSOR",
                     help="kernel.xids: only Xid lines after this cursor (TS or BOOT_ID:TS)")
     st.add_argument("--scan", nargs="*", default=(), metavar="JOB:ATTEMPT:LOG_OFF:METRICS_OFF",

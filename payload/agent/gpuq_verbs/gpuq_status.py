@@ -164,6 +164,9 @@ def redact_host_text(entry: dict[str, Any], hide: list[str]) -> None:
     results = entry.get("results")
     if isinstance(results, dict) and results.get("summary") is not None:
         results["summary"] = gpuq_secrets.redact_doc(results["summary"], hide)
+    partial = entry.get("partial")
+    if isinstance(partial, dict) and partial.get("curves"):
+        partial["curves"] = gpuq_secrets.redact_doc(partial["curves"], hide)
 
 
 def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
@@ -192,6 +195,7 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         return P.AGENT_EXIT_USAGE
     attach_scans(lay, jobs, scans)
     attach_results(lay, jobs, wanted)
+    attach_partial(lay, jobs, set(getattr(args, "curves_for", ()) or ()))
     hide = gpuq_secrets.held_values(lay)
     for e in jobs:
         redact_host_text(e, hide)
@@ -269,6 +273,17 @@ def attach_scans(lay: Layout, jobs: list[dict[str, Any]], scans: dict[str, tuple
             if n < e["attempt"]:  # attempts the controller has not seen end: did this host retry them itself?
                 from gpuq_watch.gpuq_retry import chain
                 e["host_retried"] = chain(lay, e["job_id"], n, e["attempt"])
+
+
+def attach_partial(lay: Layout, jobs: list[dict[str, Any]], wanted: set[str]) -> None:
+    """The learning curves so far of the wanted jobs that are running (read, never written): what the
+    controller's early stopping compares at its rungs."""
+    if not wanted:
+        return
+    from gpuq_records.gpuq_inbox import partial_one
+    for e in jobs:
+        if e["job_id"] in wanted and e["state"] == "running":
+            e["partial"] = partial_one(lay.root, e["job_id"])
 
 
 def attach_results(lay: Layout, jobs: list[dict[str, Any]], wanted: set[str]) -> None:
