@@ -13,13 +13,13 @@ from orchestrator.agent.bundle import Bundle, build_bundle, tree_rules
 from orchestrator.api import budgeting, resultcache
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.core.config import PROJECT_CONFIG
-from orchestrator.core.errors import UsageError
+from orchestrator.core.errors import QueueIssue, UsageError
 from orchestrator.core.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.health.setup_holds import held_bundles, is_held
 from orchestrator.ledger import HostRow, Job
 from orchestrator.ledger.sweeprun import SweepRun
 from orchestrator.queue import datasets, project_checks
-from orchestrator.queue.queuefile import parse_queue, read_queue_bytes
+from orchestrator.queue.queuefile import PlacementCheck, parse_queue, read_queue_bytes
 from orchestrator.queue.runconfig import (
     RunConfig,
     check_forward_allowed,
@@ -146,7 +146,7 @@ def _read(ctx: Context, queue: Path, hosts: Sequence[str]) -> _Read:
             raise UsageError(f'unknown host "{name}"; known hosts: {", ".join(sorted(known))} '
                              "(`gpuq hosts add` registers one)")
     entry = ctx.settings.entry
-    parsed, run, toml_path = read_queue(ctx, queue, known)
+    parsed, run, toml_path = read_queue(ctx, queue, known, placement=lambda specs: placement_issues(ctx, hosts, specs))
     if entry:
         path = Path(parsed.workdir) / entry
         if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
@@ -254,6 +254,22 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
     return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated)
 
 
+def placement_issues(ctx: Context, hosts: Sequence[str], specs: Sequence[JobSpec]) -> list[QueueIssue]:
+    """One issue for each job that no target host can take (``gpu=2`` for ``gpus=2``, more GPUs than any
+    host has), from the ledger alone, as the plan decides it; the plan after the push checks again."""
+    if not specs:
+        return []
+    rates = epoch_rates(ctx.ledger.run_history())
+    by_id = {job_id_for("qcheck", s.name): s for s in specs}
+    jobs = [plan_job(jid, gpus=s.gpus, config=s.config, task=s.task, epochs=s.epochs, est_min=s.est_min,
+                     host_pin=s.host, rates=rates, nodes=s.nodes, need=need_of(s.gpu, s.gpu_mem))
+            for jid, s in by_id.items()]
+    rows = target_rows(ctx, hosts, {s.host for s in specs if s.host})
+    decided = plan(jobs, capacities(ctx.ledger, ctx.settings, rows, rates))
+    return [QueueIssue(by_id[jid].line, None, f"job {by_id[jid].name!r} cannot be placed: {why}"
+                       + _did_you_mean(by_id[jid])) for jid, why in decided.unplaced]
+
+
 def _did_you_mean(spec: JobSpec) -> str:
     """``gpu=2`` names a GPU model called "2": a count was meant (``gpus=2``)."""
     counts = [m for m in spec.gpu if m.isdigit()]
@@ -285,15 +301,17 @@ def _deliver(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job], bundle
     return "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)" for err in failed.values())
 
 
-def read_queue(ctx: Context, queue: Path, known: Collection[str]) -> tuple[ParsedQueue, RunConfig | None, Path]:
+def read_queue(ctx: Context, queue: Path, known: Collection[str], *, placement: PlacementCheck | None = None,
+               ) -> tuple[ParsedQueue, RunConfig | None, Path]:
     """The queue validated and expanded as ``submit`` reads it (its project's gpuq.toml ``[run]`` table
-    applied), recording nothing: (jobs, the run table or None, the gpuq.toml path)."""
+    applied), recording nothing: (jobs, the run table or None, the gpuq.toml path); ``placement`` checks
+    the jobs of the lines that parsed against the hosts in the same pass (``placement_issues``)."""
     toml_path = queue.parent / PROJECT_CONFIG
     run = load_run(toml_path)
     payload_command = not ctx.settings.entry and (run is None or not run.command)
     parsed = parse_queue(queue, known_hosts=known, tasks=payload_tasks() if payload_command else None,
                          needs_config=run is None or run.needs_config,
-                         uses_epochs=run is None or "epochs" in run.uses())
+                         uses_epochs=run is None or "epochs" in run.uses(), placement=placement)
     if run is not None:
         check_forward_allowed(run, toml_path, ctx.settings.forward_env_allow, str(ctx.settings.home / "config.toml"))
         parsed = project_checks.under_project(parsed, run, toml_path, str(queue), ctx.settings.home)
