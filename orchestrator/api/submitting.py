@@ -26,7 +26,7 @@ from orchestrator.queue.runconfig import (
     load_run,
     setup_key,
 )
-from orchestrator.scheduling.estimates import epoch_rates, estimate_source
+from orchestrator.scheduling.estimates import epoch_rates, estimate_source, scaled_from
 from orchestrator.scheduling.gpumatch import need_of
 from orchestrator.scheduling.placements import Plan, PlanJob
 from orchestrator.scheduling.scheduler import plan
@@ -49,6 +49,7 @@ class SubmitResult:
     launch_error: str = ""
     makespan_s: float = 0.0
     makespan_known: bool = False  # every job's estimate comes from est_min= or history (else never shown)
+    makespan_scaled: int = 0  # how many of those estimates were scaled from runs of another shape (scaled_from)
     pushed_to: list[str] = field(default_factory=list)  # hosts that received the bundle's bytes
     specs: list[JobSpec] = field(default_factory=list)  # every expanded job (dry run: what would be recorded)
     run: RunConfig | None = None  # the project's [run] table
@@ -92,6 +93,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     if dry_run:
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
                             makespan_s=planned.decided.makespan_s, makespan_known=planned.estimated,
+                            makespan_scaled=planned.scaled,
                             specs=list(read.parsed.jobs), run=read.run, hosts=planned.rows, run_json=read.run_json,
                             budget_usd=cap, stop=policy, reused=reused)
     jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap, policy.model_dump_json() if policy else "",
@@ -100,6 +102,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     placements = {job_id: host for job_id, host in planned.placements.items() if job_id not in held}  # not yet
     result = SubmitResult(planned.sweep_id, str(queue), jobs, read.bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, makespan_known=planned.estimated,
+                          makespan_scaled=planned.scaled,
                           pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held, stop=policy,
                           reused=reused)
     result.launch_error = _deliver(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
@@ -132,6 +135,7 @@ class _Planned:
     decided: Plan
     pushed: list[str]
     estimated: bool  # every job's estimate comes from est_min= or history
+    scaled: int = 0  # jobs whose estimate is scaled from runs of another shape
 
     @property
     def placements(self) -> dict[str, str]:
@@ -251,7 +255,9 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     estimated = all(estimate_source(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min, rates=rates)
                     for j in jobs)
-    return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated)
+    scaled = sum(1 for j in jobs if scaled_from(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min,
+                                                rates=rates))
+    return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated, scaled)
 
 
 def placement_issues(ctx: Context, hosts: Sequence[str], specs: Sequence[JobSpec]) -> list[QueueIssue]:
