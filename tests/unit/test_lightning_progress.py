@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -27,15 +28,16 @@ LOG = ("epoch 2/3 rank 0 pid 41\r\n"
        "Validation DataLoader 0 \x1b[35m" + BAR + "\x1b[0m 1/2 0:00:00\r\n")
 
 
-def _cell(progress: dict[str, object]) -> str:
+def _cell(progress: dict[str, Any]) -> str:
     """The dashboard's progress cell for the attempt fields the tick records from this progress."""
+    step, total, epoch, epochs = (int(progress[k]) for k in ("step", "total", "epoch", "epochs"))
     att = Attempt(job_id="c1", number=1, host="local", state="RUNNING", bundle_sha="b" * 64, created_at=0.0,
-                  step=progress["step"], total_steps=progress["total"], epoch=progress["epoch"])
-    job = Job(id="c1", sweep_id="q1", name="lit", config="", config_sha256="0" * 64, task="", epochs=None,
-              state="RUNNING", host="local")
-    fraction = progress["step"] / progress["total"]  # type: ignore[operator]
-    view = JobView(job=job, attempt=att, host_gpus=[], fraction=fraction, eta_s=None, heartbeat_age_s=None,
-                   cost=None, epochs=progress["epochs"])  # type: ignore[arg-type]
+                  step=step, total_steps=total, epoch=epoch)
+    job = Job(id="c1", sweep_id="q1", name="lit", line=1, raw="", config="", config_sha256="0" * 64, task="",
+              epochs=0, gpus=1, nodes=1, retries=1, spec_hash="h", state="RUNNING", host="local", created_at=0.0,
+              updated_at=0.0)  # epochs 0: the line gave none (Lightning's bar tells)
+    view = JobView(job=job, attempt=att, host_gpus=[], fraction=step / total, eta_s=None, heartbeat_age_s=None,
+                   cost=None, epochs=epochs)
     console = Console(width=120, record=True)
     console.print(progress_cell(view, 0))
     return console.export_text().strip()
