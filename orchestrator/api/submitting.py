@@ -59,6 +59,8 @@ class SubmitResult:
     budget_held: Mapping[str, str] = field(default_factory=dict)  # job id -> why its cap keeps it QUEUED
     stop: StopPolicy | None = None  # the sweep's early stopping ([stop], --stop; None: off)
     reused: Mapping[str, str] = field(default_factory=dict)  # job name -> the job whose verified results it reuses
+    part: int = 1  # the part of the sweep this submit is (``--into``: 2, 3, ...; 0: it added nothing)
+    joined: list[str] = field(default_factory=list)  # ``--into``: one line per queue line not simply new
 
 
 def _new_sweep_id(ctx: Context) -> str:
@@ -84,11 +86,12 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     """
     cap = budget_usd if budget_usd is not None else ctx.settings.budget_usd
     policy = load_stop(queue.parent / PROJECT_CONFIG, stop)
-    read = _read(ctx, queue, hosts)
-    keys = resultcache.content_keys(read.parsed.jobs, read.bundle.digests, read.run_json, _under(queue, read.workdir))
+    read = read_project(ctx, queue, hosts)
+    keys = resultcache.content_keys(read.parsed.jobs, read.bundle.digests, read.run_json,
+                                    path_under(queue, read.workdir))
     reuse = resultcache.reuse_of(read.parsed.jobs, keys, ctx.ledger.reusable(keys.values()), rerun=rerun)
-    warnings = _warn(ctx, queue, read, reuse, dry_run)
-    planned = _plan(ctx, queue, read, hosts, warnings, dry_run=dry_run, skip=reuse.keys())
+    warnings = submit_warnings(ctx, queue, read, reuse, dry_run)
+    planned = place_jobs(ctx, queue, read, hosts, warnings, dry_run=dry_run, skip=reuse.keys())
     reused = {name: twin.id for name, twin in reuse.items()}
     if dry_run:
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
@@ -105,12 +108,12 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
                           makespan_scaled=planned.scaled,
                           pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held, stop=policy,
                           reused=reused)
-    result.launch_error = _deliver(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
+    result.launch_error = deliver_recorded(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
     return result
 
 
 @dataclass
-class _Read:
+class ProjectRead:
     """What submit read: the expanded queue, its project's ``[run]`` and ``[data]``, and the bundle built."""
 
     parsed: ParsedQueue
@@ -126,7 +129,7 @@ class _Read:
 
 
 @dataclass
-class _Planned:
+class Planned:
     """Where submit's jobs go: the sweep's id, the plan's jobs and hosts, the plan, the hosts pushed to."""
 
     sweep_id: str
@@ -142,7 +145,7 @@ class _Planned:
         return {a.job_id: a.host for a in self.decided.assignments}
 
 
-def _read(ctx: Context, queue: Path, hosts: Sequence[str]) -> _Read:
+def read_project(ctx: Context, queue: Path, hosts: Sequence[str]) -> ProjectRead:
     """The queue validated, its project's tables read and the bundle built; UsageError for a user mistake."""
     known = known_hosts(ctx)
     for name in hosts:
@@ -162,10 +165,10 @@ def _read(ctx: Context, queue: Path, hosts: Sequence[str]) -> _Read:
                                  data=datasets.wire(manifests)).text() if run is not None else ""
     bundle = build_bundle(workdir, ctx.settings.bundle_cache, exclude=(ctx.settings.home,),
                           max_bytes=int(ctx.settings.bundle_max_mb * 1e6))
-    return _Read(parsed, run, toml_path, manifests, run_json, bundle)
+    return ProjectRead(parsed, run, toml_path, manifests, run_json, bundle)
 
 
-def _under(path: Path, root: Path) -> str:
+def path_under(path: Path, root: Path) -> str:
     """``path`` as a POSIX path under ``root`` ("" when it is outside)."""
     try:
         return path.resolve().relative_to(root.resolve()).as_posix()
@@ -173,7 +176,7 @@ def _under(path: Path, root: Path) -> str:
         return ""
 
 
-def _warn(ctx: Context, queue: Path, read: _Read, reuse: Mapping[str, Job],
+def submit_warnings(ctx: Context, queue: Path, read: ProjectRead, reuse: Mapping[str, Job],
           dry_run: bool) -> list[str]:
     """What the user should know before anything runs: what leaves this machine, seeds, repeats (reused or
     run again), the bundle.
@@ -221,13 +224,13 @@ def _bundle_warnings(bundle: Bundle) -> list[str]:
     return warnings
 
 
-def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings: list[str], *,
-          dry_run: bool, skip: Collection[str] = ()) -> _Planned:
+def place_jobs(ctx: Context, queue: Path, read: ProjectRead, hosts: Sequence[str], warnings: list[str], *,
+               dry_run: bool, skip: Collection[str] = (), sweep_id: str = "") -> Planned:
     """The plan over the target hosts (the bundle pushed to each host that gets work, unless a dry run) of
-    the jobs not in ``skip`` (reused); a host left out is added to ``warnings``; a job no host can take is a
-    UsageError naming its line."""
+    the jobs not in ``skip`` (reused), for sweep ``sweep_id`` ("": a new one); a host left out is added to
+    ``warnings``; a job no host can take is a UsageError naming its line."""
     jobs = [j for j in read.parsed.jobs if j.name not in skip]
-    sweep_id = _new_sweep_id(ctx)
+    sweep_id = sweep_id or _new_sweep_id(ctx)
     rates = epoch_rates(ctx.ledger.run_history())
     ckpt = ctx.ledger.checkpoint_bytes_by_config()
     plan_jobs = [plan_job(job_id_for(sweep_id, j.name), gpus=j.gpus, config=j.config, task=j.task, epochs=j.epochs,
@@ -257,7 +260,7 @@ def _plan(ctx: Context, queue: Path, read: _Read, hosts: Sequence[str], warnings
                     for j in jobs)
     scaled = sum(1 for j in jobs if scaled_from(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min,
                                                 rates=rates))
-    return _Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated, scaled)
+    return Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated, scaled)
 
 
 def placement_issues(ctx: Context, hosts: Sequence[str], specs: Sequence[JobSpec]) -> list[QueueIssue]:
@@ -284,7 +287,7 @@ def _did_you_mean(spec: JobSpec) -> str:
     return f"; did you mean gpus={counts[0]}? (gpu= names a GPU model, e.g. gpu=A100; gpus= is how many)"
 
 
-def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequence[str],
+def _record(ctx: Context, queue: Path, read: ProjectRead, sweep_id: str, hosts: Sequence[str],
             cap: float | None, stop: str, keys: Mapping[str, str], reused: Mapping[str, str]) -> list[Job]:
     """The sweep, its jobs (content keys; the reused ones SUCCEEDED, pointing at their twins), in one
     transaction."""
@@ -297,7 +300,7 @@ def _record(ctx: Context, queue: Path, read: _Read, sweep_id: str, hosts: Sequen
         git=project_git(read.workdir), budget_usd=cap, stop=stop, keys=keys, reuse=reused)
 
 
-def _deliver(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job], bundle_sha: str) -> str:
+def deliver_recorded(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job], bundle_sha: str) -> str:
     """The admitted jobs' specs into their hosts' inboxes; what failed is recorded (the tick retries it) and
     said: the launch error, or ""."""
     failed = deliver(ctx.ledger, ctx.fleet, ctx.settings, decided, {j.id: j for j in jobs}, bundle_sha)

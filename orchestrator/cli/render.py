@@ -70,14 +70,23 @@ def submitted(result: SubmitResult) -> None:
     for warning in result.warnings:
         warn(warning)
     if result.dry_run:
+        for note in result.joined:
+            out.print(escape(note))
         out.print(f"dry run: {len(result.placements)} jobs valid; bundle {result.bundle.sha256[:12]} "
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
         for job_id, host in result.placements.items():
             out.print(f"  {job_id} -> {escape(host)}")
         out.print(f"{_makespan(result)} (estimates: est_min=, else history)")
         return
-    out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {escape(str(result.queue_path))} "
-              f"(bundle {result.bundle.sha256[:12]})")
+    for note in result.joined:  # --into: what of the queue the sweep already has, and changed lines
+        out.print(escape(note))
+    if result.part == 0:
+        out.print(f"sweep [bold]{result.sweep_id}[/]: nothing joined: every job of {escape(str(result.queue_path))} "
+                  "is already in it")
+        return
+    joined = f"part {result.part} joined: " if result.part > 1 else ""
+    out.print(f"sweep [bold]{result.sweep_id}[/]: {joined}{len(result.jobs)} jobs from "
+              f"{escape(str(result.queue_path))} (bundle {result.bundle.sha256[:12]})")
     for job in result.jobs:
         epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
         where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else "?")

@@ -51,6 +51,7 @@ class JobSpec(BaseModel):
     config_sha256: str = ""
     args: tuple[str, ...] = ()  # trainer arguments after `--`, grid-expanded, literal
     cell: str = ""  # the line's name before grid/seed expansion ("" = the job's own name)
+    seeds_max: int = 0  # seeds=auto:MIN..MAX: the most seeds its cell may have (0 = a fixed number; not identity)
     line: int = 0
     raw: str = ""
 

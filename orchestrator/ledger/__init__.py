@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         Metric,
         Pull,
         Sweep,
+        SweepPart,
     )
 
 _HOME = {
@@ -41,6 +42,7 @@ _HOME = {
     "PricedAttempt": "orchestrator.ledger.pricing",
     "Pull": "orchestrator.ledger.tables",
     "Sweep": "orchestrator.ledger.tables",
+    "SweepPart": "orchestrator.ledger.tables",
     "attempt_price": "orchestrator.ledger.pricing",
 }
 
@@ -58,6 +60,7 @@ __all__ = [
     "PricedAttempt",
     "Pull",
     "Sweep",
+    "SweepPart",
     "attempt_price",
 ]
 

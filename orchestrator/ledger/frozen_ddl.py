@@ -1,4 +1,4 @@
-"""TODO."""
+"""The ledger's first schema as released (v1), frozen: the migrations build on it, never on tables.py."""
 
 from __future__ import annotations
 

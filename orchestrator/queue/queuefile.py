@@ -39,7 +39,7 @@ import yaml
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
 from orchestrator.queue.queuegrid import ArgsError, Cell, expand, job_name
-from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
+from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, check_auto_baseline, parse_line
 
 __all__ = ["ALLOWED_KEYS", "PlacementCheck", "parse_bytes", "parse_queue"]
 
@@ -143,6 +143,7 @@ def parse_bytes(
     issues: list[QueueIssue] = []
     drafts, saw_job = _parse_lines(data, issues, needs_config)
     jobs = _expand(drafts, issues)
+    check_auto_baseline([(draft, name) for draft, name, _ in jobs], issues)
     _check_hosts_and_tasks(drafts, known_hosts, tasks, issues)
     warnings = _check_environment(drafts, workdir, label, issues, uses_epochs) if workdir is not None else []
     if placement is not None:
@@ -385,6 +386,7 @@ def _to_spec(draft: Draft, name: str, cell: Cell, uses_epochs: bool = True) -> J
     return JobSpec(
         name=name,
         cell=draft.name,
+        seeds_max=draft.seeds_max,
         config=draft.config.text if draft.config is not None else "",
         task=draft.task.text if draft.task is not None else "",
         epochs=_epochs(draft, uses_epochs),

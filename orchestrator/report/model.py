@@ -15,6 +15,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class SeedRow(_Strict):
+    """One job of a cell: its own values, so the reader sees the seeds behind a mean."""
+
+    job: str
+    name: str
+    seed: int | None = Field(description="the job's seed= field; null when its seed comes from its name or args")
+    state: str
+    final: float | None = Field(description="the job's final value of the metric; null: none reported")
+    best: float | None = Field(description="the best value it reached during training (by mode)")
+    steps: int | None = Field(description="the step its final value was taken at")
+    attempts: int
+    wall_s: float = Field(description="seconds its attempts ran, summed (a running attempt up to now)")
+
+
 class CellRow(_Strict):
     """One cell: the jobs of one ablation setting that differ only by seed (docs/report.md)."""
 
@@ -47,6 +61,12 @@ class CellRow(_Strict):
                                          "identical, seeds or a baseline on other machines")
     ran_with: list[str] = Field(default_factory=list, description="what the seeds' attempts ran with, one line "
                                 "per distinct machine and software (GPUs, driver, CUDA, torch, NCCL, Python)")
+    seeds: list[SeedRow] = Field(default_factory=list, description="every job of the cell, in the order of jobs")
+    wall_s: float | None = Field(default=None, description="the mean over finished seeds of the seconds each ran; "
+                                 "null when none finished")
+    differs: list[str] = Field(default_factory=list, description="what this cell runs differently from the "
+                               "baseline (config keys, trainer arguments, task, epochs, GPUs), one line each; "
+                               "empty for the baseline and without one")
 
 
 class SweepInfo(_Strict):
@@ -88,3 +108,5 @@ class Report(_Strict):
     cpu_hours: float = 0.0
     cost_usd: float | None
     notes: list[str] = Field(description="what the reader must know: unfinished jobs, a missing baseline, ...")
+    headline: str = Field(default="", description="one sentence: the best cell, its delta against the baseline "
+                          "and its verdict (orchestrator/report/summary.py)")

@@ -1,4 +1,5 @@
-"""One controller tick: probe → reconcile → patrol → collect → steal → dispatch → budget → billing (docs/health.md).
+"""One controller tick: probe → reconcile → patrol → collect → seeds=auto → steal → dispatch → budget → billing
+(docs/health.md).
 
 Every host gets exactly one read-only round trip (the agent's ``status --json``, carrying the
 patrol's scan offsets and kernel-log cursor).  The patrol rules (``orchestrator.health.patrol``) turn
@@ -9,7 +10,9 @@ retries last; a full disk or a bad GPU holds the host).  Last, the rented hosts'
 verified and is terminated; an idle rented host is alerted on; a rented machine still provisioning past the
 readiness window (its `gpuq up` gone) is settled (``tick/provisioning.py``).  Before that, each unfinished capped
 sweep is counted against its budget (``tick/budget.py``: dispatch itself starts only what the budget
-fits).  Every tick yields one line per host, also when nothing changed.
+fits).  Before placement, a ``seeds=auto`` sweep whose jobs have all ended gets its next seeds as QUEUED
+jobs (``tick/autoseeds.py``), so dispatch starts them in the same tick.  Every tick yields one line per
+host, also when nothing changed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from orchestrator.core.states import LEASE_UNPROBED, HoldKind, JobState
 from orchestrator.health.host_lines import host_line
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduling.estimates import epoch_rates
-from orchestrator.tick import ACTIVE, billing, budget, gangs, host_answers, multinode, provisioning
+from orchestrator.tick import ACTIVE, autoseeds, billing, budget, gangs, host_answers, multinode, provisioning
 from orchestrator.tick.answers import failed_probe, patrol_host
 from orchestrator.tick.dispatch import dispatch_queued
 from orchestrator.tick.findings import (
@@ -65,11 +68,12 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     for row in waiting:
         report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
                                       failures=row.probe_failures, next_try=row.next_probe_at))
+    unsettled = autoseeds.add_seeds(ctx, report)
     _place(ctx, probes)
     budget.check(ctx.ledger, ctx.settings, report)
     billing.billing(ctx, report, {p.host for p in probes if p.ok})
     provisioning.watch_provisioning(ctx, report)
-    sweeps_done(ctx, report)
+    sweeps_done(ctx, report, unsettled)
     return report
 
 

@@ -149,6 +149,8 @@ EXPECTED: dict[str, tuple[int, Check]] = {
     "gpuq submit Q --smoke": (0, _contains("2 of 2 cell(s) passed")),
     "gpuq pull": (0, _contains("4 of 4 jobs verified")),
     "gpuq submit Q (again)": (0, _contains("nothing to start: 4 of 4 jobs reused")),
+    # the tour's queue has no line added since: every job is already in the sweep, nothing joins, exit 0
+    "gpuq submit Q --into q4mzk2a": (0, _contains("nothing joined: every job of")),
     'eval "$(gpuq completion bash)"': (0, lambda done: None),
     "gpuq report": (0, _contains("baseline", "wide", "verdict")),
     "gpuq report --format html -o report/": (0, _contains("report.html")),

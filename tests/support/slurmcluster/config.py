@@ -80,7 +80,7 @@ class SlurmConfig:
             "SlurmdTimeout=10",
             "SlurmctldTimeout=10",
             "ReturnToService=2",
-            "KillWait=5",
+            "KillWait=20",  # Slurm defaults to 30: a wrapper under load gets time to write its exit record
             "MessageTimeout=3",
             "TCPTimeout=2",
             "BatchStartTimeout=10",
