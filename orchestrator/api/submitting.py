@@ -13,20 +13,20 @@ from orchestrator.agent.bundle import Bundle, build_bundle, tree_rules
 from orchestrator.api import budgeting, resultcache
 from orchestrator.context import Context, known_hosts, payload_tasks
 from orchestrator.core.config import PROJECT_CONFIG
-from orchestrator.core.errors import UsageError
+from orchestrator.core.errors import QueueIssue, UsageError
 from orchestrator.core.specs import JobSpec, ParsedQueue, job_id_for, new_queue_id, spec_hash_for
 from orchestrator.health.setup_holds import held_bundles, is_held
 from orchestrator.ledger import HostRow, Job
 from orchestrator.ledger.sweeprun import SweepRun
 from orchestrator.queue import datasets, project_checks
-from orchestrator.queue.queuefile import parse_queue, read_queue_bytes
+from orchestrator.queue.queuefile import PlacementCheck, parse_queue, read_queue_bytes
 from orchestrator.queue.runconfig import (
     RunConfig,
     check_forward_allowed,
     load_run,
     setup_key,
 )
-from orchestrator.scheduling.estimates import epoch_rates, estimate_source
+from orchestrator.scheduling.estimates import epoch_rates, estimate_source, scaled_from
 from orchestrator.scheduling.gpumatch import need_of
 from orchestrator.scheduling.placements import Plan, PlanJob
 from orchestrator.scheduling.scheduler import plan
@@ -49,6 +49,7 @@ class SubmitResult:
     launch_error: str = ""
     makespan_s: float = 0.0
     makespan_known: bool = False  # every job's estimate comes from est_min= or history (else never shown)
+    makespan_scaled: int = 0  # how many of those estimates were scaled from runs of another shape (scaled_from)
     pushed_to: list[str] = field(default_factory=list)  # hosts that received the bundle's bytes
     specs: list[JobSpec] = field(default_factory=list)  # every expanded job (dry run: what would be recorded)
     run: RunConfig | None = None  # the project's [run] table
@@ -98,6 +99,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     if dry_run:
         return SubmitResult(planned.sweep_id, str(queue), [], read.bundle, planned.placements, warnings, True,
                             makespan_s=planned.decided.makespan_s, makespan_known=planned.estimated,
+                            makespan_scaled=planned.scaled,
                             specs=list(read.parsed.jobs), run=read.run, hosts=planned.rows, run_json=read.run_json,
                             budget_usd=cap, stop=policy, reused=reused)
     jobs = _record(ctx, queue, read, planned.sweep_id, hosts, cap, policy.model_dump_json() if policy else "",
@@ -106,6 +108,7 @@ def submit(ctx: Context, queue: Path, *, hosts: Sequence[str] = (), dry_run: boo
     placements = {job_id: host for job_id, host in planned.placements.items() if job_id not in held}  # not yet
     result = SubmitResult(planned.sweep_id, str(queue), jobs, read.bundle, placements, warnings, False,
                           makespan_s=decided.makespan_s, makespan_known=planned.estimated,
+                          makespan_scaled=planned.scaled,
                           pushed_to=sorted(planned.pushed), budget_usd=cap, budget_held=held, stop=policy,
                           reused=reused)
     result.launch_error = deliver_recorded(ctx, planned.sweep_id, decided, jobs, read.bundle.sha256)
@@ -138,6 +141,7 @@ class Planned:
     decided: Plan
     pushed: list[str]
     estimated: bool  # every job's estimate comes from est_min= or history
+    scaled: int = 0  # jobs whose estimate is scaled from runs of another shape
 
     @property
     def placements(self) -> dict[str, str]:
@@ -152,7 +156,7 @@ def read_project(ctx: Context, queue: Path, hosts: Sequence[str]) -> ProjectRead
             raise UsageError(f'unknown host "{name}"; known hosts: {", ".join(sorted(known))} '
                              "(`gpuq hosts add` registers one)")
     entry = ctx.settings.entry
-    parsed, run, toml_path = read_queue(ctx, queue, known)
+    parsed, run, toml_path = read_queue(ctx, queue, known, placement=lambda specs: placement_issues(ctx, hosts, specs))
     if entry:
         path = Path(parsed.workdir) / entry
         if entry.startswith("/") or ".." in Path(entry).parts or not path.is_file():
@@ -286,7 +290,25 @@ def place_jobs(ctx: Context, queue: Path, read: ProjectRead, hosts: Sequence[str
         raise UsageError("\n".join([*lines, "nothing was submitted"]))
     estimated = all(estimate_source(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min, rates=rates)
                     for j in jobs)
-    return Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated)
+    scaled = sum(1 for j in jobs if scaled_from(config=j.config, task=j.task, epochs=j.epochs, est_min=j.est_min,
+                                                rates=rates))
+    return Planned(sweep_id, plan_jobs, rows, decided, pushed, estimated, scaled)
+
+
+def placement_issues(ctx: Context, hosts: Sequence[str], specs: Sequence[JobSpec]) -> list[QueueIssue]:
+    """One issue for each job that no target host can take (``gpu=2`` for ``gpus=2``, more GPUs than any
+    host has), from the ledger alone, as the plan decides it; the plan after the push checks again."""
+    if not specs:
+        return []
+    rates = epoch_rates(ctx.ledger.run_history())
+    by_id = {job_id_for("qcheck", s.name): s for s in specs}
+    jobs = [plan_job(jid, gpus=s.gpus, config=s.config, task=s.task, epochs=s.epochs, est_min=s.est_min,
+                     host_pin=s.host, rates=rates, nodes=s.nodes, need=need_of(s.gpu, s.gpu_mem))
+            for jid, s in by_id.items()]
+    rows = target_rows(ctx, hosts, {s.host for s in specs if s.host})
+    decided = plan(jobs, capacities(ctx.ledger, ctx.settings, rows, rates))
+    return [QueueIssue(by_id[jid].line, None, f"job {by_id[jid].name!r} cannot be placed: {why}"
+                       + _did_you_mean(by_id[jid])) for jid, why in decided.unplaced]
 
 
 def _did_you_mean(spec: JobSpec) -> str:
@@ -320,15 +342,17 @@ def deliver_recorded(ctx: Context, sweep_id: str, decided: Plan, jobs: list[Job]
     return "; ".join(f"{err} (recorded; `gpuq status` retries the delivery)" for err in failed.values())
 
 
-def read_queue(ctx: Context, queue: Path, known: Collection[str]) -> tuple[ParsedQueue, RunConfig | None, Path]:
+def read_queue(ctx: Context, queue: Path, known: Collection[str], *, placement: PlacementCheck | None = None,
+               ) -> tuple[ParsedQueue, RunConfig | None, Path]:
     """The queue validated and expanded as ``submit`` reads it (its project's gpuq.toml ``[run]`` table
-    applied), recording nothing: (jobs, the run table or None, the gpuq.toml path)."""
+    applied), recording nothing: (jobs, the run table or None, the gpuq.toml path); ``placement`` checks
+    the jobs of the lines that parsed against the hosts in the same pass (``placement_issues``)."""
     toml_path = queue.parent / PROJECT_CONFIG
     run = load_run(toml_path)
     payload_command = not ctx.settings.entry and (run is None or not run.command)
     parsed = parse_queue(queue, known_hosts=known, tasks=payload_tasks() if payload_command else None,
                          needs_config=run is None or run.needs_config,
-                         uses_epochs=run is None or "epochs" in run.uses())
+                         uses_epochs=run is None or "epochs" in run.uses(), placement=placement)
     if run is not None:
         check_forward_allowed(run, toml_path, ctx.settings.forward_env_allow, str(ctx.settings.home / "config.toml"))
         parsed = project_checks.under_project(parsed, run, toml_path, str(queue), ctx.settings.home)

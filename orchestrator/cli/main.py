@@ -101,7 +101,7 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
     if smoke:
         from orchestrator.api.smoke import smoke as run_smoke
         from orchestrator.cli.dryrun import print_smoke
-        smoked = run_smoke(ctx, queue)
+        smoked = run_smoke(ctx, queue, say=lambda line: click.echo(f"gpuq: {line}", err=True))
         print_smoke(smoked)
         sys.exit(0 if smoked.ok else exitcodes.FAILED)
     try:

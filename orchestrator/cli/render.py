@@ -60,7 +60,10 @@ def _makespan(result: SubmitResult) -> str:
     """The plan's makespan only when every estimate is est_min= or history; never the plan's guess."""
     if not result.makespan_known:
         return "makespan unknown (no est_min= and no history of these jobs)"
-    return f"projected makespan {rough_duration(result.makespan_s)}"
+    scaled = result.makespan_scaled
+    note = (f" ({scaled} of {len(result.placements)} estimates scaled from runs of another shape; `gpuq submit "
+            "--dry-run` says which)") if scaled else ""
+    return f"projected makespan {rough_duration(result.makespan_s)}{note}"
 
 
 def submitted(result: SubmitResult) -> None:

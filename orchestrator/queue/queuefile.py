@@ -30,7 +30,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +41,11 @@ from orchestrator.core.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
 from orchestrator.queue.queuegrid import ArgsError, Cell, expand, job_name
 from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, check_auto_baseline, parse_line
 
-__all__ = ["ALLOWED_KEYS", "parse_bytes", "parse_queue"]
+__all__ = ["ALLOWED_KEYS", "PlacementCheck", "parse_bytes", "parse_queue"]
+
+PlacementCheck = Callable[[Sequence[JobSpec]], Sequence[QueueIssue]]
+"""Where the jobs of the lines that parsed could go: an issue for each that no host can take (``submit``
+passes one, so a ``gpu=2`` meant as ``gpus=2`` is reported in the same pass as a typo on another line)."""
 
 MAX_LINE_BYTES = 4096
 MAX_QUEUE_BYTES = 8 * 1024 * 1024  # a bigger queue file is refused (`gpuq submit /dev/zero` must not eat memory)
@@ -69,6 +73,7 @@ def parse_queue(
     tasks: Collection[str] | None = None,
     needs_config: bool = True,
     uses_epochs: bool = True,
+    placement: PlacementCheck | None = None,
 ) -> ParsedQueue:
     """Read and validate the queue file at ``path``; its directory is the workdir.
 
@@ -79,7 +84,7 @@ def parse_queue(
     data = read_queue_bytes(path)
     workdir = Path(os.path.abspath(path)).parent
     return parse_bytes(data, label=label, workdir=workdir, known_hosts=known_hosts, tasks=tasks,
-                       needs_config=needs_config, uses_epochs=uses_epochs)
+                       needs_config=needs_config, uses_epochs=uses_epochs, placement=placement)
 
 
 def read_queue_bytes(path: Path) -> bytes:
@@ -131,14 +136,20 @@ def parse_bytes(
     tasks: Collection[str] | None = None,
     needs_config: bool = True,
     uses_epochs: bool = True,
+    placement: PlacementCheck | None = None,
 ) -> ParsedQueue:
-    """Validate queue-file bytes; ``workdir=None`` skips the config-file checks and hashing."""
+    """Validate queue-file bytes; ``workdir=None`` skips the config-file checks and hashing.  With
+    ``placement``, the jobs of every line without a problem are also checked against the hosts."""
     issues: list[QueueIssue] = []
     drafts, saw_job = _parse_lines(data, issues, needs_config)
     jobs = _expand(drafts, issues)
     check_auto_baseline([(draft, name) for draft, name, _ in jobs], issues)
     _check_hosts_and_tasks(drafts, known_hosts, tasks, issues)
     warnings = _check_environment(drafts, workdir, label, issues, uses_epochs) if workdir is not None else []
+    if placement is not None:
+        bad = {issue.line for issue in issues}
+        issues.extend(placement([_to_spec(draft, name, cell, uses_epochs) for draft, name, cell in jobs
+                                 if draft.number not in bad]))
     if not saw_job and not issues:
         issues.append(QueueIssue(0, None, "no jobs"))
     if issues:

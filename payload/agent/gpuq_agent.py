@@ -213,8 +213,11 @@ def run_verb(lay: Layout, args: argparse.Namespace) -> int:
 
 
 def enqueue(lay: Layout, args: argparse.Namespace) -> int:
+    from gpuq_base.gpuq_hostfacts import write_cpu_slots
     from gpuq_records import gpuq_inbox
     from gpuq_slurmmode import gpuq_slurm
+    if args.serve and args.cpu_slots:  # before the specs: a running agent claims them on these slots
+        write_cpu_slots(lay.root, args.cpu_slots)
     code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
     if code != 0 or not args.serve:
         return code

@@ -137,15 +137,19 @@ def observe_run(e: dict[str, Any], lay: Layout, job_id: str, spec: JobSpec | Non
 
 def observe_metrics(e: dict[str, Any], job_dir: str, run: RunSection, attempt: int) -> None:
     """A trainer's metrics files as signs of life ("run_metrics_mtime") and, when its log shows no
-    step or epoch (a Rich progress bar writes nothing to a file), as its progress."""
+    step or epoch (a Rich progress bar writes nothing to a file), as its progress; when its log shows
+    no loss (Lightning's bar shows only what is logged with ``prog_bar=True``), the rows' loss
+    (``train_loss`` in a CSVLogger's metrics.csv) fills it."""
     prog = e.get("progress")
     shown = prog is not None and (prog.get("step") is not None or prog.get("epoch") is not None)
-    mtime_, rows = metrics_progress(job_dir, run, attempt, rows_too=not shown)
+    lossless = prog is None or prog.get("loss") is None
+    mtime_, rows = metrics_progress(job_dir, run, attempt, rows_too=not shown or lossless)
     e["run_metrics_mtime"] = mtime_
     if rows is None:
         return
     prog = dict(prog or {"total": None, "epochs": None, "pct": None, "line": None})
-    prog.update(step=rows["step"], epoch=rows["epoch"], source="metrics")
+    if not shown:
+        prog.update(step=rows["step"], epoch=rows["epoch"], source="metrics")
     if prog.get("loss") is None:
         prog["loss"] = rows["loss"]
     e["progress"] = prog
