@@ -18,7 +18,9 @@ from orchestrator.core.specs import JobSpec, job_id_for
 from orchestrator.ledger import HostRow
 from orchestrator.ledger.sweeprun import parse_run
 from orchestrator.queue.runconfig import RunConfig
+from orchestrator.report.cells import cell_name
 from orchestrator.scheduling.estimates import epoch_rates, estimate_s, estimate_source
+from orchestrator.stopping.seeds import auto_of, describe
 
 MASK = "***"
 MASTER_PORT = "<master_port>"  # picked by the host's agent per launch
@@ -74,6 +76,9 @@ class DryRun(BaseModel):
     metrics: str = ""  # what each job's results will be read from ([run] metrics), in words; "" = gpuq's payload
     cost: DryRunCost | None = None
     stop: str = ""  # what early stopping will do, in one line (docs/stopping.md); "" = off
+    seeds: str = ""  # what seeds=auto will do, in one line (docs/stopping.md); "" = no seeds=auto line
+    into: str = ""  # ``--into``: the sweep the jobs would join ("" = a new sweep)
+    joined: list[str] = []  # ``--into``: one line per queue line not simply new (already in the sweep, changed)
 
 
 def metrics_plan(run: RunConfig | None) -> str:
@@ -114,11 +119,22 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
             estimate_from=source or "no history", argv=argv.of(spec, job_id, rows.get(host)),
             after=waits.get(spec.name, [])))
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
-                  bundle_bytes=result.bundle.bytes, warnings=result.warnings,
+                  bundle_bytes=result.bundle.bytes, warnings=result.warnings, joined=result.joined,
+                  into=result.sweep_id if result.part != 1 else "",
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
                   makespan_s=result.makespan_s if known and result.makespan_known else None,
                   metrics=metrics_plan(result.run), cost=_cost(ctx, result),
-                  stop=result.stop.describe() if result.stop else "")
+                  stop=result.stop.describe() if result.stop else "", seeds=_seeds_plan(result))
+
+
+def _seeds_plan(result: SubmitResult) -> str:
+    """seeds=auto's line: each cell of a seeds=auto line, the seeds it starts with and the most it may get."""
+    cells: dict[str, tuple[int, int]] = {}
+    for spec in result.specs:
+        if spec.seeds_max:
+            now, _ = cells.get(cell := cell_name(spec.name, spec.cell), (0, 0))
+            cells[cell] = (now + 1, spec.seeds_max)
+    return describe(auto_of(result.stop), cells, result.budget_usd) if cells else ""
 
 
 def _cost(ctx: Context, result: SubmitResult) -> DryRunCost:

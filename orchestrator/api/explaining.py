@@ -24,6 +24,7 @@ from orchestrator.core.states import JobState
 from orchestrator.health import hints
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Event, Job
+from orchestrator.tick import stoplooks
 from orchestrator.transfer import evidence
 
 EVENTS = 2000  # a job's newest events read (a job retried ten times writes a few dozen)
@@ -118,6 +119,15 @@ def _attempt_of(event: Event, job: Job, attempts: Sequence[Attempt]) -> int | No
         if att.created_at <= event.time:
             number = att.number
     return number
+
+
+def stopped(ctx: Context, job: Job) -> str:
+    """Why early stopping stopped the job, from its recorded look's fields ("stopped: worse than baseline at
+    step N ...", docs/stopping.md); "" for a job that was not stopped."""
+    if job.state != JobState.STOPPED.value:
+        return ""
+    look = stoplooks.decided_stop(ctx.ledger, job)
+    return stoplooks.reason(look) if look is not None else "stopped early (its look is not in the ledger)"
 
 
 def attempt_or_error(ctx: Context, job: Job, number: int) -> Attempt:

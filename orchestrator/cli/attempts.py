@@ -158,6 +158,9 @@ def explain(job: str, number: int | None, show_stacks: bool) -> None:
     echo(f"job {row.name} ({row.id}) of sweep {row.sweep_id}: {row.state}, {count}")
     for line in explaining.waits_of(ctx, row):  # after=, and why a job that never started ended
         echo(line)
+    why = explaining.stopped(ctx, row)
+    if why:
+        echo(why)
     if not told and not JobState(row.state).terminal:
         echo("it has not started yet: nothing to explain")
     for story in told:

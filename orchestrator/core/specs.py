@@ -52,6 +52,7 @@ class JobSpec(BaseModel):
     args: tuple[str, ...] = ()  # trainer arguments after `--`, grid-expanded, literal
     cell: str = ""  # the line's name before grid/seed expansion ("" = the job's own name)
     after: tuple[str, ...] = ()  # `after=`: the cells or jobs it waits for, as the line names them
+    seeds_max: int = 0  # seeds=auto:MIN..MAX: the most seeds its cell may have (0 = a fixed number; not identity)
     line: int = 0
     raw: str = ""
 

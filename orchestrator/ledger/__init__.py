@@ -25,7 +25,9 @@ if TYPE_CHECKING:
         Job,
         Metric,
         Pull,
+        StopLook,
         Sweep,
+        SweepPart,
     )
 
 _HOME = {
@@ -42,7 +44,9 @@ _HOME = {
     "Metric": "orchestrator.ledger.tables",
     "PricedAttempt": "orchestrator.ledger.pricing",
     "Pull": "orchestrator.ledger.tables",
+    "StopLook": "orchestrator.ledger.tables",
     "Sweep": "orchestrator.ledger.tables",
+    "SweepPart": "orchestrator.ledger.tables",
     "attempt_price": "orchestrator.ledger.pricing",
 }
 
@@ -60,7 +64,9 @@ __all__ = [
     "Metric",
     "PricedAttempt",
     "Pull",
+    "StopLook",
     "Sweep",
+    "SweepPart",
     "attempt_price",
 ]
 

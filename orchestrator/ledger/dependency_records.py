@@ -1,4 +1,4 @@
-"""The ledger's ``after=`` edges (``tables.Dependency``, v21): written with their sweep's jobs (``add_sweep``), read
+"""The ledger's ``after=`` edges (``tables.Dependency``, v24): written with their sweep's jobs (``add_sweep``), read
 by the tick's gate and hand-over and by the dry run (a mixin of ``store.Ledger``)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Loading SQLAlchemy, SQLModel and the table models costs a read-only command more than reading ten
 thousand rows does.  ``LedgerReader`` answers the reads a ledger-only snapshot makes (``api/snapshot.py``:
-hosts, sweeps, jobs, attempts, counts, alerts, and what a budget's standing is reckoned from) in one
+hosts, sweeps and their parts, jobs, attempts, counts, alerts, and what a budget's standing is reckoned from) in one
 read transaction (a consistent snapshot that blocks no writer), from a read-only connection.
 
 There is no second copy of the tables: a row becomes a record whose attributes are the columns the
@@ -24,10 +24,17 @@ from orchestrator.core.errors import JobNotFound
 from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.pricing import PricedAttempt
-from orchestrator.ledger.rowmethods import AttemptMethods, EventMethods, HostMethods, JobMethods, SweepMethods
+from orchestrator.ledger.rowmethods import (
+    AttemptMethods,
+    EventMethods,
+    HostMethods,
+    JobMethods,
+    PartMethods,
+    SweepMethods,
+)
 
 if TYPE_CHECKING:
-    from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
+    from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep, SweepPart
 
 _IN_CHUNK = 500  # ids per IN (...) list, as the Ledger reads them
 _LIKE_ESCAPE = "/"
@@ -43,6 +50,7 @@ class LedgerReads(Protocol):
 
     def hosts(self) -> list[HostRow]: ...
     def sweeps(self) -> list[Sweep]: ...
+    def sweep_parts(self) -> list[SweepPart]: ...
     def resolve_sweep(self, ref: str | None) -> Sweep: ...
     def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]: ...
     def state_counts(self) -> dict[str, dict[str, int]]: ...
@@ -69,6 +77,10 @@ class HostRecord(Record, HostMethods):
 
 class SweepRecord(Record, SweepMethods):
     __table__ = "sweep"
+
+
+class PartRecord(Record, PartMethods):
+    __table__ = "sweep_part"
 
 
 class JobRecord(Record, JobMethods):
@@ -150,6 +162,9 @@ class LedgerReader:
 
     def sweeps(self) -> list[Sweep]:
         return cast("list[Sweep]", self._records(SweepRecord, "SELECT * FROM sweep ORDER BY created_at"))
+
+    def sweep_parts(self) -> list[SweepPart]:
+        return cast("list[SweepPart]", self._records(PartRecord, "SELECT * FROM sweep_part ORDER BY sweep_id, number"))
 
     def resolve_sweep(self, ref: str | None) -> Sweep:
         """A sweep id or unique prefix; None means the newest sweep."""

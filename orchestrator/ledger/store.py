@@ -46,6 +46,8 @@ from orchestrator.ledger.pricing import attempt_price
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.results import ResultRecords
+from orchestrator.ledger.stop_records import StopRecords
+from orchestrator.ledger.sweep_parts import SweepParts
 from orchestrator.ledger.sweep_records import SweepRecords
 from orchestrator.ledger.tables import Attempt, HostRow, Job
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, IN_CHUNK, ledger_engine, transaction
@@ -62,8 +64,8 @@ def _create_private(path: Path) -> None:
         os.chmod(path, 0o600)
 
 
-class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultRecords, PullRecords, LeaseRecords,
-             DependencyRecords):
+class Ledger(HostRecords, SweepRecords, SweepParts, AttemptRecords, EventRecords, ResultRecords, PullRecords,
+             LeaseRecords, StopRecords, DependencyRecords):
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
 
     def __init__(self, path: Path) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.errors import QueueIssue
-from orchestrator.core.specs import DependencyEdge
+from orchestrator.core.specs import DependencyEdge, job_id_for
 from orchestrator.queue.queuegrid import CHECKPOINT_PREFIX, Cell
 from orchestrator.queue.queueline import Draft
 
@@ -140,6 +140,14 @@ def _env_collisions(lines: Sequence[LineAfter]) -> list[QueueIssue]:
                 out.append(QueueIssue(line.line, name.column, f"after={seen[var]} and after={name.text} both hand "
                                                               f"their checkpoint over as {var}; rename one"))
             seen.setdefault(var, name.text)
+    return out
+
+
+def needs_by_id(edges: Sequence[DependencyEdge], sweep_id: str) -> dict[str, list[str]]:
+    """{job id: the ids of the jobs it waits for} of sweep ``sweep_id``'s ``edges``."""
+    out: dict[str, list[str]] = {}
+    for edge in edges:
+        out.setdefault(job_id_for(sweep_id, edge.job), []).append(job_id_for(sweep_id, edge.needs))
     return out
 
 

@@ -7,7 +7,10 @@ path starts as early as it can.  Jobs that still wait are never in a plan (the t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
+
+from orchestrator.scheduling.placements import PlanJob
 
 
 def tail_of(est_s: Mapping[str, float], needs: Mapping[str, Sequence[str]]) -> dict[str, float]:
@@ -35,3 +38,12 @@ def tail_of(est_s: Mapping[str, float], needs: Mapping[str, Sequence[str]]) -> d
                 continue
             tails[job] = max((max(1.0, est_s.get(w, 0.0)) + tails.get(w, 0.0) for w in behind), default=0.0)
     return {job: tails[job] for job in waiters}
+
+
+def critical_first(jobs: Sequence[PlanJob], needs: Mapping[str, Sequence[str]],
+                   placeable: Collection[str]) -> tuple[list[PlanJob], list[PlanJob]]:
+    """(the ``placeable`` jobs, each with the estimated work waiting behind it as ``tail_s``: the plan orders them
+    first, longest chain first; the others, which wait and count only for their estimates)."""
+    tails = tail_of({j.job_id: j.est_s for j in jobs}, needs) if needs else {}
+    now = [replace(j, tail_s=tails.get(j.job_id, 0.0)) for j in jobs if j.job_id in placeable]
+    return now, [j for j in jobs if j.job_id not in placeable]

@@ -3,8 +3,8 @@
 A job that waits (``Dependency`` rows) is placeable only once every job it waits for has SUCCEEDED; while one
 has not ended it stays QUEUED (one event says for what), and when one ended otherwise (FAILED, CANCELLED: a
 stopped cell's jobs end so) it is ended CANCELLED, never started, with a reason that names that job.  Ending
-one ends its own waiting jobs in the same tick.  The estimated work waiting behind each placeable job
-(``chains.tail_of``) orders the plan: the critical path first.
+one ends its own waiting jobs in the same tick.  ``Gate.needs`` lets the plan see the chains
+(``chains.critical_first``): the critical path first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from orchestrator.context import Context
 from orchestrator.core.errors import IllegalTransition
 from orchestrator.core.states import JobState
 from orchestrator.ledger import Dependency, Job
-from orchestrator.scheduling.chains import tail_of
 
 _ENDED_BADLY = (JobState.FAILED.value, JobState.CANCELLED.value)
 
@@ -81,9 +80,3 @@ def _end(ctx: Context, job: Job, edge: Dependency, states: Mapping[str, tuple[st
     except IllegalTransition:
         return False  # another command started or ended it meanwhile
     return True
-
-
-def tails(gated: Gate, est_s: Mapping[str, float]) -> dict[str, float]:
-    """{job id: the estimated seconds of the longest chain waiting behind it} (``chains.tail_of``) over the
-    edges the gate read; ``est_s``: the estimates of the jobs it knows (placeable and waiting)."""
-    return tail_of(est_s, gated.needs) if gated.needs else {}
