@@ -25,19 +25,16 @@ the line's epochs gives a warning, which never blocks.
 from __future__ import annotations
 
 import errno
-import hashlib
 import math
 import os
 import re
 import stat
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
+from orchestrator.queue.queueconfig import ConfigInfo, epochs_differ, inspect_config
 from orchestrator.queue.queuegrid import ArgsError, Cell, expand, job_name
 from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, check_auto_baseline, parse_line
 
@@ -52,15 +49,6 @@ MAX_QUEUE_BYTES = 8 * 1024 * 1024  # a bigger queue file is refused (`gpuq submi
 BOM = b"\xef\xbb\xbf"
 _TOKEN_RE = re.compile(r"[^ \t]+")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-@dataclass(frozen=True)
-class _ConfigInfo:
-    """The environment's answer for one config path: an error, or its hash and YAML ``epochs:``."""
-
-    error: str | None = None
-    sha256: str = ""
-    epochs: object = None
 
 
 # ---------------------------------------------------------------- public API
@@ -297,7 +285,7 @@ def _check_environment(
 ) -> list[str]:
     """Check and hash every config file; return the epochs warnings."""
     root = os.path.realpath(workdir)
-    cache: dict[str, _ConfigInfo] = {}
+    cache: dict[str, ConfigInfo] = {}
     warnings: list[str] = []
     for draft in drafts:
         if not draft.config_ok or draft.config is None:
@@ -305,7 +293,7 @@ def _check_environment(
         rel = draft.config.text
         info = cache.get(rel)
         if info is None:
-            info = cache[rel] = _inspect_config(root, rel)
+            info = cache[rel] = inspect_config(root, rel)
         if info.error is not None:
             issues.append(QueueIssue(draft.number, draft.config.column, info.error))
             continue
@@ -316,55 +304,10 @@ def _check_environment(
         if draft.epochs is None and draft.config_epochs is not None:
             continue  # the line gives none: the config's own epochs run (``_epochs``)
         runs = draft.epochs if draft.epochs is not None else DEFAULT_EPOCHS
-        if _epochs_differ(info.epochs, runs) and (draft.epochs is not None or uses_epochs):
+        if epochs_differ(info.epochs, runs) and (draft.epochs is not None or uses_epochs):
             who = "the queue line runs" if draft.epochs is not None else "gpuq runs the default"
             warnings.append(f"{label}:{draft.number}: config {rel} sets epochs: {info.epochs} but {who} {runs}")
     return warnings
-
-
-def _inspect_config(root: str, rel: str) -> _ConfigInfo:
-    """Resolve ``rel`` under ``root``; it must stay inside and be a readable regular file."""
-    try:
-        real = os.path.realpath(os.path.join(root, rel))
-        inside = os.path.commonpath([root, real]) == root
-    except (OSError, ValueError) as exc:
-        return _ConfigInfo(error=f"cannot read config file {rel}: {_reason(exc)}")
-    if not inside:
-        return _ConfigInfo(error=f"config path {rel} leads outside the project root through a symlink")
-    try:
-        mode = os.stat(real).st_mode
-        if not stat.S_ISREG(mode):
-            return _ConfigInfo(error=f"config path is not a regular file: {rel}")
-        with open(real, "rb") as handle:
-            data = handle.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return _ConfigInfo(error=f"config file not found: {rel}")
-    except OSError as exc:
-        return _ConfigInfo(error=f"cannot read config file {rel}: {_reason(exc)}")
-    return _ConfigInfo(sha256=hashlib.sha256(data).hexdigest(), epochs=_yaml_epochs(data))
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc)
-
-
-def _yaml_epochs(data: bytes) -> object:
-    """The config's top-level ``epochs:`` value, or None; YAML problems are the payload's business."""
-    try:
-        document = yaml.safe_load(data)
-    except Exception:  # any YAML failure (syntax, recursion, bad keys) only means "no warning"
-        return None
-    if isinstance(document, dict):
-        return document.get("epochs")
-    return None
-
-
-def _epochs_differ(value: object, epochs: int) -> bool:
-    if value is None:
-        return False
-    return isinstance(value, bool) or value != epochs
 
 
 def _issue_order(issue: QueueIssue) -> tuple[int, float]:
