@@ -49,7 +49,7 @@ def _ctx(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeVastAI, lea
     return open_context()
 
 
-def _rented_with_one_job(ctx: Context, *, running: bool) -> tuple[str, str, float]:
+def _rented_with_one_job(ctx: Context, *, running: bool, dispatched_long_ago: bool) -> tuple[str, str, float]:
     (inst,) = provider_for(ctx, "vastai").provision(
         ProvisionRequest(name="gpuq-self", gpu_type="RTX 4090", gpu_count=1, ssh_public_key=PUBLIC_KEY)
     )
@@ -80,6 +80,8 @@ def _rented_with_one_job(ctx: Context, *, running: bool) -> tuple[str, str, floa
     ctx.ledger.transition(job, AttemptState.RUNNING, attempt=1)
     ctx.ledger.transition(job, JobState.RUNNING)
     ended = created + HOUR
+    if dispatched_long_ago:  # the controller dispatched it and went away (a closed laptop)
+        ctx.ledger.update_attempt(job, 1, created_at=created, started_at=created)
     if not running:
         ctx.ledger.update_attempt(
             job, 1, exit_code=0, created_at=created, started_at=created, ended_at=ended, message="exit 0"
@@ -90,14 +92,20 @@ def _rented_with_one_job(ctx: Context, *, running: bool) -> tuple[str, str, floa
     return inst.id, job, ended
 
 
-@pytest.mark.parametrize(("lease_min", "running", "own"), [("1", False, True), ("0", False, False), ("1", True, False)])
+@pytest.mark.parametrize(
+    ("lease_min", "running", "long_ago", "own"),
+    [("1", False, True, True), ("0", False, True, False), ("1", True, False, False), ("1", True, True, True)],
+)
 def test_a_stopped_host_is_recorded_as_its_own_stop_only_when_it_could_be(
-    gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, lease_min: str, running: bool, own: bool
+    gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, lease_min: str, running: bool, long_ago: bool, own: bool
 ) -> None:
+    """Its own only with the lease on and no gpuq command reaching it for the lease: a job gpuq saw running
+    there an hour ago and never since ended unseen (the host stops only once idle), a job gpuq dispatched just
+    now did not (a stop by the user)."""
     with FakeVastAI(api_key=KEY, offers=(FakeOffer(7001, "RTX 4090", 1, 24564, 1.5, 0.40),)) as fake:
         ctx = _ctx(gpuq_home, monkeypatch, fake, lease_min)
         try:
-            inst_id, job, ended = _rented_with_one_job(ctx, running=running)
+            inst_id, job, ended = _rented_with_one_job(ctx, running=running, dispatched_long_ago=long_ago)
             provider_for(ctx, "vastai").stop(inst_id)  # as the host's `vastai stop instance` does
             assert check_lease(ctx, ctx.ledger.host("box")) == "manual_stop"
             row = ctx.ledger.host("box")
@@ -105,6 +113,13 @@ def test_a_stopped_host_is_recorded_as_its_own_stop_only_when_it_could_be(
             rules = {e.rule for e in ctx.ledger.events("box", exact=True) if getattr(e, "rule", "")}
             if not own:
                 assert "stopped by itself" not in row.lease_reason and "self_stop" not in rules
+                return
+            if running:  # its end is on the stopped disk: the latest it can have stopped is when gpuq found it
+                assert row.lease_changed_at == pytest.approx(time.time(), abs=30)
+                assert "ended unseen" in row.lease_reason and "at most $" in row.lease_reason, row.lease_reason
+                assert ctx.ledger.job(job).state == "RUNNING"  # left as gpuq last saw it, not guessed
+                assert check_lease(ctx, ctx.ledger.host("box")) == "manual_stop"  # a second look changes nothing
+                assert ctx.ledger.host("box") == row and ctx.ledger.job(job).state == "RUNNING"
                 return
             stopped = ended + 60.0 + 60.0 + CHECK_S  # last probe + 1 min lease + one check
             assert row.lease_changed_at == pytest.approx(stopped)

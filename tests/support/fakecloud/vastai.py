@@ -41,7 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.fakecloud.backend import HostBackend
+from tests.support.fakecloud.backend import HostBackend, give_instance
+from tests.support.fakecloud.instance_tools import VASTAI, body_is, render, scoped_call
 from tests.support.fakecloud.server import FakeClock, FakeCloud, Reply, Request
 from tests.support.fakecloud.vastai_market import CREATE_KEYS, DEFAULT_OFFERS, FakeOffer, check_query, search
 
@@ -66,6 +67,7 @@ class FakeInstance:
     destroyed_polls: int | None = None  # set once destroyed: reads it is still listed
     hidden_until: float = 0.0  # time.monotonic() before which no read shows it (a lagging listing)
     ssh_keys: list[str] = field(default_factory=list)
+    key: str = ""  # the instance-scoped CONTAINER_API_KEY in its container (it may stop and read itself only)
 
 
 def fail(status: int, code: str, msg: str) -> Reply:
@@ -95,8 +97,12 @@ class FakeVastAI(FakeCloud):
 
     def authorize(self, req: Request) -> bool:
         auth = req.headers.get("authorization", "")
-        if auth:
-            return auth == f"Bearer {self.api_key}"
+        if auth == f"Bearer {self.api_key}":
+            return True
+        if auth:  # an instance's own key (instance_tools.py): reading and stopping itself only
+            return scoped_call(self, req, {i.key: str(i.id) for i in self.instances.values() if i.key},
+                               lambda iid, r: r.path == f"/api/v0/instances/{iid}/" and (
+                                   r.method == "GET" or (r.method == "PUT" and body_is(r, {"state": "stopped"}))))
         return req.query.get("api_key") == [self.api_key]
 
     def auth_failure(self, req: Request) -> Reply:
@@ -246,7 +252,10 @@ class FakeVastAI(FakeCloud):
         label = body.get("label")
         inst = FakeInstance(id=self._next_id, label=label if isinstance(label, str) else None, offer=offer,
                             image=body["image"], disk=float(disk), bid=float(price) if price is not None else None,
-                            boot_polls=self.boot_polls, ssh_keys=[k["ssh_key"] for k in self.ssh_keys])
+                            boot_polls=self.boot_polls, ssh_keys=[k["ssh_key"] for k in self.ssh_keys],
+                            key=self.new_id(64, "0123456789abcdef"))
+        give_instance(self.backend, str(inst.id), {"CONTAINER_ID": str(inst.id), "CONTAINER_API_KEY": inst.key},
+                      {"vastai": lambda gateway: render(VASTAI, self.listen_on(gateway))})
         self._next_id += 1
         offer.rented = True
         inst.ip, inst.port = self.backend.provision(str(inst.id), offer.num_gpus)
