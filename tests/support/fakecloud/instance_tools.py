@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tests.support.fakecloud.backend import give_instance
+
 if TYPE_CHECKING:
     from tests.support.fakecloud.server import FakeCloud, Request
 
@@ -93,3 +95,34 @@ def body_is(req: Request, expected: dict[str, Any]) -> bool:
         return bool(req.json() == expected)
     except ValueError:
         return False
+
+
+def runpod_may(prefix: str) -> Callable[[str, Request], bool]:
+    """What a pod's own key may do at RunPod v2 (below ``prefix``): read its pod, stop it."""
+    def may(pod_id: str, req: Request) -> bool:
+        own = f"{prefix}/pods/{pod_id}"
+        if req.method == "GET":
+            return req.path == own
+        return req.method == "POST" and req.path == own + "/action" and body_is(req, {"action": "stop"})
+    return may
+
+
+def vastai_may(instance_id: str, req: Request) -> bool:
+    """What an instance's CONTAINER_API_KEY may do at vast.ai (as gpuq assumes: docs/providers.md): read and
+    stop its own instance."""
+    own = req.path == f"/api/v0/instances/{instance_id}/"
+    return own and (req.method == "GET" or (req.method == "PUT" and body_is(req, {"state": "stopped"})))
+
+
+def furnish(cloud: FakeCloud, instance_id: str, env: dict[str, str], tool: str, template: str, prefix: str) -> None:
+    """Give the instance its environment and its CLI ``tool`` calling ``cloud``'s API (``prefix`` below the
+    root) from inside, over its host's gateway (fakecloud/backend.py ``give_instance``)."""
+    give_instance(cloud.backend, instance_id, env, {tool: lambda gateway: render(template,
+                                                                                  cloud.listen_on(gateway) + prefix)})
+
+
+def vastai_inside(cloud: FakeCloud, instance_id: str) -> str:
+    """A new vast.ai instance's CONTAINER_ID and CONTAINER_API_KEY, and its ``vastai``; returns the key."""
+    key = cloud.new_id(64, "0123456789abcdef")
+    furnish(cloud, instance_id, {"CONTAINER_ID": instance_id, "CONTAINER_API_KEY": key}, "vastai", VASTAI, "")
+    return key

@@ -29,8 +29,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.support.fakecloud.backend import HostBackend, give_instance
-from tests.support.fakecloud.instance_tools import RUNPODCTL, body_is, render, scoped_call
+from tests.support.fakecloud.backend import HostBackend
+from tests.support.fakecloud.instance_tools import RUNPODCTL, furnish, runpod_may, scoped_call
 from tests.support.fakecloud.runpod_wire import (
     CAPACITY_MESSAGE,
     DATA_CENTERS,
@@ -73,15 +73,8 @@ class FakeRunPod(FakeCloud):
 
     def authorize(self, req: Request) -> bool:
         """The account key; or a pod's own key (instance_tools.py), for reading and stopping that pod only."""
-        if req.headers.get("authorization", "") == f"Bearer {self.api_key}":
-            return True
-        return scoped_call(self, req, {p.key: p.id for p in self.pods.values() if p.key}, self._own_pod_call)
-
-    def _own_pod_call(self, pod_id: str, req: Request) -> bool:
-        own = f"{PREFIX}/pods/{pod_id}"
-        if req.method == "GET":
-            return req.path == own
-        return req.method == "POST" and req.path == own + "/action" and body_is(req, {"action": "stop"})
+        return req.headers.get("authorization", "") == f"Bearer {self.api_key}" or scoped_call(
+            self, req, {p.key: p.id for p in self.pods.values() if p.key}, runpod_may(PREFIX))
 
     def auth_failure(self, req: Request) -> Reply:
         return problem(401, "invalid bearer token")
@@ -336,8 +329,7 @@ class FakeRunPod(FakeCloud):
         pod = Pod(id=pod_id, name=name, gpu_type=gpu, gpu_count=count, image=image, cloud=cloud, env=env, ports=ports,
                   volume_gb=volume_gb, disk_gb=disk_gb, start_ssh=start_ssh, data_center=data_center,
                   created_at=self.clock.now(), key="rpa_pod_" + self.new_id(24, ID_ALPHABET))
-        give_instance(self.backend, pod_id, {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": pod.key},
-                      {"runpodctl": lambda gateway: render(RUNPODCTL, self.listen_on(gateway) + PREFIX)})
+        furnish(self, pod_id, {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": pod.key}, "runpodctl", RUNPODCTL, PREFIX)
         self._start(pod, count)
         self.pods[pod_id] = pod
         failure = self.failure_after_create()
