@@ -136,6 +136,10 @@ def test_gpuq_up_says_at_rent_time_which_machines_cannot_stop_themselves(capsys:
     from tests.support.rented import rented_row
 
     up_report(UpResult(provider="lambda", lease="l1", wanted=1, hosts=[rented_row("lam-1", provider="lambda")]))
-    assert "lambda machines cannot stop their own billing" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "lambda machines cannot stop their own billing" in err and "set webhook_url" in err, err
+    up_report(UpResult(provider="lambda", lease="l1", wanted=1, hosts=[rented_row("lam-1", provider="lambda")],
+                       noticed=["lam-1"]))
+    assert "each POSTs a notice to your webhook_url" in capsys.readouterr().err
     up_report(UpResult(provider="runpod", lease="l2", wanted=1, hosts=[rented_row("rp-1")]))
     assert "cannot stop" not in capsys.readouterr().err
