@@ -185,6 +185,7 @@ def test_a_lambda_host_notifies_the_user(tmp_path: Path, monkeypatch: pytest.Mon
 def test_the_controller_sets_the_lease_and_keeps_the_notify_url(tmp_path: Path) -> None:
     ss.write_lease(str(tmp_path), 1800)
     assert ss.read_lease(str(tmp_path)) == (1800.0, "")
+    assert (tmp_path / ss.CONTACT_FILE).exists()  # the serve/enqueue that set it reached the host: a contact
     (tmp_path / ss.LEASE_FILE).write_text('{"timeout_s": 60, "notify_url": "https://hooks.example.com/x"}')
     ss.write_lease(str(tmp_path), 0)  # the user turned it off
     assert ss.read_lease(str(tmp_path)) == (None, "https://hooks.example.com/x")

@@ -129,6 +129,7 @@ def write_lease(root: str, timeout_s: float) -> None:
             atomic_write_json(path, doc)
         finally:
             os.umask(old_mask)
+    touch_contact(root)  # the controller setting the lease is a gpuq command too (the verb's touch came first)
 
 
 def notify_format(root: str) -> str:
