@@ -144,7 +144,7 @@ def unattended_round(base: Path, fake: Any, backend: Any, *, pods: int, max_job_
     return out
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=3)
     parser.add_argument("--interval", type=float, default=2.0, help="the patrol interval P (gpuq watch --interval)")
@@ -152,7 +152,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--lease-min", type=float, default=0.15, help="lease_timeout_min of the unattended round")
     parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
 
     from tests.support.testhosts import HostFarm, requirements_problem
 
@@ -206,7 +210,11 @@ def main() -> int:
     worst = max(r["idle"] / (p + r["teardown"]) for r in rounds["down when done"])
     print(f"idle / (P + teardown) = {ratio:.2f} (target <= 1; the worst pod {worst:.2f})   idle / P = {idle / p:.2f}   "
           f"baseline / down-when-done = {base / idle:.1f}x")
-    lease_s, look = args.lease_min * 60, 5.0
+    return 0 if ratio <= 1.0 and unattended_report(unattended, args.lease_min * 60) else 1
+
+
+def unattended_report(unattended: list[dict[str, float]], lease_s: float, look: float = 5.0) -> bool:
+    """Print the unattended round; whether every pod stopped within its bound and never before the lease."""
     shown = "  ".join(f"{r['idle']:5.1f}" for r in unattended)
     bound = max(r["after_both"] for r in unattended)
     silent = min(r["silent"] for r in unattended)
@@ -215,7 +223,7 @@ def main() -> int:
     print(f"  unattended: each pod stopped itself at most {bound:.1f} s after the later of its last job's end and "
           f"the last gpuq command (lease_timeout_min {lease_s:g} s + one agent look {look:g} s = {lease_s + look:g} s),"
           f" and none sooner than {silent:.1f} s after that command")
-    return 0 if ratio <= 1.0 and bound <= lease_s + look + 1.0 and silent >= lease_s else 1
+    return bound <= lease_s + look + 1.0 and silent >= lease_s
 
 
 if __name__ == "__main__":
