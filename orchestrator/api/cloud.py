@@ -33,7 +33,7 @@ from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider
 from orchestrator.tick import ACTIVE, teardown
-from orchestrator.tick.leases import provider_for, self_stopped
+from orchestrator.tick.leases import own_stop_record, provider_for, self_stopped
 from orchestrator.tick.loop import run_tick
 
 # --- down --------------------------------------------------------------------------------------
@@ -173,6 +173,9 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
         row = ctx.ledger.host(name)
         how = _revive(ctx, row, provision=False) if row is not None else "failed: no such host"
         (out.failed if how.startswith("failed") else out.revived)[name] = how
+        back = ctx.ledger.host(name)
+        if row is not None and back is not None and not how.startswith("failed"):
+            own_stop_record(ctx, row, back)  # what it wrote before it stopped, now readable: kept as its claim
     for job in stranded:
         preemptions = sum(a.state == AttemptState.PREEMPTED.value for a in ctx.ledger.attempts(job.id))
         if preemptions > ctx.settings.max_preemptions:

@@ -7,13 +7,14 @@ Also the provider adapters' opener and the per-context cache the verbs (``api/cl
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
 
 from orchestrator.context import Context
 from orchestrator.core.config import Settings
-from orchestrator.core.errors import ProviderError
+from orchestrator.core.errors import GpuqError, ProviderError
 from orchestrator.core.states import AttemptState, JobState, LeaseState
 from orchestrator.health import stops
 from orchestrator.ledger import Attempt, HostRow
@@ -169,3 +170,40 @@ def _record_self_stop(ctx: Context, row: HostRow, provider_says: str) -> str:
                               message=f"{row.provider} {row.instance_id} {reason}",
                               action="its results stay on its stopped disk: `gpuq resume` starts it and reads them")
     return "manual_stop"
+
+
+def own_stop_record(ctx: Context, row: HostRow, back: HostRow) -> None:
+    """A self-stopped host that is back (``row``: its row as it was, STOPPED; ``back``: as it is now, at its new
+    endpoint): its own ``selfstop.json`` says when
+    it stopped.  Kept as the host's claim in an ``info`` finding, bounded by gpuq's clock (no sooner than the
+    lease after the last gpuq command that reached it, no later than when gpuq found it stopped), never billed;
+    a claim outside those bounds is a ``host_clock`` finding too.  A host that answers nothing usable: nothing."""
+    if row.lease_changed_at is None:
+        return
+    try:
+        host = ctx.fleet.host(back)
+        read = 'head -c 65536 "$1/selfstop.json" 2>/dev/null || head -c 65536 "$1/selfstop.prev.json"'
+        result = host.run(["sh", "-c", read, "sh", host.root], timeout=30)
+        doc = json.loads(result.stdout) if result.exit_code == 0 else None
+    except (GpuqError, ValueError):
+        return
+    claim = doc.get("at_epoch") if isinstance(doc, dict) else None
+    if not isinstance(claim, (int, float)) or isinstance(claim, bool):
+        return
+    lowest = _last_contact(row, ctx.ledger.attempts_on([row.name])) + ctx.settings.lease_timeout_min * 60.0
+    kept = min(max(float(claim), lowest), row.lease_changed_at)
+    saved = row.lease_changed_at - kept
+    money = "" if row.price_per_hour is None else f" (${saved * row.price_per_hour / 3600.0:.2f})"
+    ctx.ledger.record_finding("host", row.name, severity="info", rule="self_stop_claim",
+                              message=f"{row.name} says it stopped itself at {_utc(float(claim))}: "
+                                      f"{saved / 3600:.2f} h before gpuq found it stopped{money}, by its claim "
+                                      "(kept, never billed)")
+    if abs(kept - float(claim)) > 1.0:
+        ctx.ledger.record_finding("host", row.name, severity="warn", rule="host_clock",
+                                  message=f"{row.name} says it stopped itself at {_utc(float(claim))}, outside what "
+                                          "gpuq saw (after the lease, before gpuq found it stopped)",
+                                  action="check the host's clock")
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))

@@ -182,6 +182,13 @@ def test_with_the_controller_killed_every_machine_stops_itself_after_its_last_jo
     resumed = cloud.gpuq("resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert wait_for(lambda: {j.state for j in cloud.jobs()} == {"SUCCEEDED"}, timeout=30), cloud.jobs()
+    ledger = cloud.ledger()
+    try:  # its own record of the stop, readable again: kept as its claim, inside gpuq's bounds
+        (claim,) = [e for e in ledger.events(names[0], exact=True) if e.rule == "self_stop_claim"]
+        assert not [e for e in ledger.events(names[0], exact=True) if e.rule == "host_clock"]
+    finally:
+        ledger.close()
+    assert "says it stopped itself at" in claim.message and "never billed" in claim.message, claim.message
 
 
 def _states(cloud: Cloud) -> dict[str, str]:

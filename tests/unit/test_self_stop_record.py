@@ -143,3 +143,47 @@ def test_gpuq_up_says_at_rent_time_which_machines_cannot_stop_themselves(capsys:
     assert "each POSTs a notice to your webhook_url" in capsys.readouterr().err
     up_report(UpResult(provider="runpod", lease="l2", wanted=1, hosts=[rented_row("rp-1")]))
     assert "cannot stop" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("claim_ago", "clock"), [(600.0, False), (30 * 86400.0, True), (-86400.0, True)])
+def test_the_hosts_own_record_of_its_stop_is_kept_as_its_claim(
+    gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, claim_ago: float, clock: bool
+) -> None:
+    """Once the machine is back, its selfstop.json says when it stopped: an info finding with what that saves
+    against gpuq's bound, and a host_clock warning for a claim before its lease ran out or after gpuq found it."""
+    import json as jsonlib
+
+    from orchestrator.core.specs import CommandResult
+    from orchestrator.tick.leases import own_stop_record
+
+    with FakeVastAI(api_key=KEY, offers=(FakeOffer(7001, "RTX 4090", 1, 24564, 1.5, 0.40),)) as fake:
+        ctx = _ctx(gpuq_home, monkeypatch, fake, "1")
+        try:
+            _rented_with_one_job(ctx, running=True, dispatched_long_ago=True)
+            found = time.time()
+            row = ctx.ledger.host("box")
+            assert row is not None
+            stopped = row.model_copy(update={"lease_state": "stopped", "lease_changed_at": found})
+            record = jsonlib.dumps({"action": "stop", "at_epoch": found - claim_ago})
+
+            class Box:
+                root = "/root/gpuq"
+
+                def path(self, *parts: str) -> str:
+                    return "/".join([self.root, *parts])
+
+                def run(self, argv: list[str], timeout: float = 60.0) -> CommandResult:
+                    return CommandResult(host="box", argv=tuple(argv), exit_code=0, stdout=record, stderr="",
+                                         duration_s=0.0)
+
+            monkeypatch.setattr(ctx.fleet, "host", lambda _row: Box())
+            own_stop_record(ctx, stopped, row)
+            events = ctx.ledger.events("box", exact=True)
+            (claim,) = [e for e in events if e.rule == "self_stop_claim"]
+            assert "never billed" in claim.message
+            warned = [e for e in events if e.rule == "host_clock"]
+            assert bool(warned) is clock, [e.message for e in events]
+            if not clock:  # 10 min before gpuq found it, 1 h after its lease ran out: 0.17 h saved at $1.50/h
+                assert "0.17 h before gpuq found it stopped ($0.25)" in claim.message, claim.message
+        finally:
+            ctx.close()
