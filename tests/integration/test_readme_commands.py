@@ -155,6 +155,8 @@ EXPECTED: dict[str, tuple[int, Check]] = {
     "gpuq report": (0, _contains("baseline", "wide", "verdict")),
     "gpuq report --format html -o report/": (0, _contains("report.html")),
     "python scripts/bench_stopping.py": (0, lambda done: None),
+    # the same queue again, with early stopping: every job is already run and pulled, so the cache answers
+    "gpuq submit q.txt --stop baseline": (0, _contains("4 of 4 jobs reused")),
     "gpuq cancel baseline-seed0 wide-seed1": (0, _contains("baseline-seed0", "already SUCCEEDED")),
     "GPUQ_LOCAL_CPU_SLOTS=4 gpuq submit queue.txt": (0, _contains("nothing to start: 4 of 4 jobs reused")),
     "gpuq hosts stop-agent HOST": (0, lambda done: None),  # HOST: local, whose agent is idle by then
@@ -175,7 +177,7 @@ def _run(line: str, queue: Path, sweep: str, tmp_path: Path, env: dict[str, str]
     words = shlex.split(line)
     extra = dict(w.split("=", 1) for w in words if re.fullmatch(r"GPUQ_\w+=\S*", w))
     args = [w for w in words if w not in {f"{k}={v}" for k, v in extra.items()}][1:]
-    swap = {"queue.txt": str(queue), "report/": str(tmp_path / "report"), "HOST": "local"}
+    swap = {"queue.txt": str(queue), "q.txt": str(queue), "report/": str(tmp_path / "report"), "HOST": "local"}
     args = [swap.get(a, a) for a in args]
     return run_gpuq(*args, env={**env, **extra}, timeout=300, cwd=tmp_path)
 
