@@ -9,14 +9,19 @@ first pod up to ``--max-job-s`` on the last) pinned to each pod, so that the pod
 - **down when done**: ``gpuq up --down-when-done``, then ``gpuq watch --interval P``: the tick that sees
   a pod's last job end pulls its results, verifies them and terminates it (tick/billing.py);
 - **baseline**, the best a person did before: ``gpuq watch``, then at once ``gpuq pull`` and
-  ``gpuq down --sweep --yes``: a pod that finished early bills until the whole sweep is done.
+  ``gpuq down --sweep --yes``: a pod that finished early bills until the whole sweep is done;
+- **unattended** (the laptop closed): ``gpuq up --down-when-done`` and ``gpuq submit`` with
+  ``lease_timeout_min = --lease-min``, then no gpuq command at all: each pod stops itself (its agent,
+  ``runpodctl pod stop`` with the pod's own key: payload/agent/gpuq_serving/gpuq_selfstop.py).  Billed idle per
+  pod = the pod's own stop call at the fake minus the end of its last job (the exit record on its disk); the
+  bound is the lease plus one agent look (5 s) after the later of that end and the last gpuq command.
 
 Per pod, billed idle = the time its lease was terminated (the provider said gone) minus the end of its
 last job (the exit record).  Down when done splits it into **detect** (last job ended -> the tick that
 recorded it; at most one patrol interval plus a tick) and **teardown** (that tick's pull, verification
 and terminate).  The target is idle <= P + teardown; the script prints the medians and the ratios.
 
-    sudo python scripts/bench_idle_billing.py [--pods 3] [--interval 2] [--max-job-s 6] [--seed 5]
+    sudo python scripts/bench_idle_billing.py [--pods 3] [--interval 2] [--max-job-s 6] [--seed 5] [--lease-min 0.15]
 """
 
 from __future__ import annotations
@@ -95,14 +100,63 @@ def one_round(base: Path, *, pods: int, interval: float, max_job_s: float, seed:
         ctx.close()
 
 
-def main() -> int:
+def unattended_round(base: Path, fake: Any, backend: Any, *, pods: int, max_job_s: float, seed: int,
+                     lease_min: float) -> list[dict[str, float]]:
+    """Rent, submit, then no gpuq command: per pod, billed idle after its last job until it stopped itself."""
+    import json
+    from datetime import datetime, timezone
+
+    from orchestrator import api
+
+    os.environ.update({"GPUQ_HOME": str(base / "home"), "GPUQ_LEASE_TIMEOUT_MIN": f"{lease_min:g}"})
+    ctx = api.open_context()
+    try:
+        made = api.up(ctx, provider="runpod", gpu_type="NVIDIA RTX A6000", count=pods, gpus=1, profile="rehearsal",
+                      down_when_done=True)
+        if not made.ok or len(made.hosts) != pods:
+            raise RuntimeError(f"up: {'; '.join(made.problems())}")
+        rows = {h.name: h for h in made.hosts}
+        sweep = api.submit(ctx, write_project(base, sorted(rows), random.Random(seed), max_job_s)).sweep_id
+        jobs = {j.id: j.host for j in ctx.ledger.jobs(sweep_id=sweep)}
+    finally:
+        ctx.close()  # the laptop closes: nothing of gpuq runs from here on
+        del os.environ["GPUQ_LEASE_TIMEOUT_MIN"]
+
+    def stop_of(instance_id: str) -> float | None:
+        calls = [c["at"] for c in fake.instance_calls if c["instance"] == instance_id and c["method"] != "GET"]
+        return min(calls) if calls else None
+
+    deadline = time.monotonic() + max_job_s * 2 + lease_min * 60 + 60
+    while time.monotonic() < deadline and any(stop_of(r.instance_id) is None for r in rows.values()):
+        time.sleep(0.2)
+    out = []
+    for name, row in sorted(rows.items()):
+        stopped = stop_of(row.instance_id)
+        if stopped is None:
+            raise RuntimeError(f"{name} did not stop itself")
+        root = backend.host(row.instance_id).root / "gpuq"
+        ends = [datetime.strptime(json.loads((root / "jobs" / j / "attempts" / "1" / "exit.json").read_text())[
+            "ended_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+            for j, h in jobs.items() if h == name]
+        contact = (root / "controller_contact").stat().st_mtime  # the last gpuq command that reached it
+        out.append({"idle": stopped - max(ends), "silent": stopped - contact,
+                    "after_both": stopped - max(max(ends), contact)})
+    return out
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=3)
     parser.add_argument("--interval", type=float, default=2.0, help="the patrol interval P (gpuq watch --interval)")
     parser.add_argument("--max-job-s", type=float, default=6.0)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--lease-min", type=float, default=0.15, help="lease_timeout_min of the unattended round")
     parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
 
     from tests.support.testhosts import HostFarm, requirements_problem
 
@@ -129,6 +183,9 @@ def main() -> int:
             rounds[label] = one_round(tmp / label.replace(" ", "-"), pods=args.pods, interval=args.interval,
                                       max_job_s=args.max_job_s, seed=args.seed, down_when_done=down)
             backend.wait_idle(timeout=120)
+        unattended = unattended_round(tmp / "unattended", fake, backend, pods=args.pods, max_job_s=args.max_job_s,
+                                      seed=args.seed, lease_min=args.lease_min)
+        backend.wait_idle(timeout=120)
     finally:
         fake.stop()
         backend.close()
@@ -153,7 +210,20 @@ def main() -> int:
     worst = max(r["idle"] / (p + r["teardown"]) for r in rounds["down when done"])
     print(f"idle / (P + teardown) = {ratio:.2f} (target <= 1; the worst pod {worst:.2f})   idle / P = {idle / p:.2f}   "
           f"baseline / down-when-done = {base / idle:.1f}x")
-    return 0 if ratio <= 1.0 else 1
+    return 0 if ratio <= 1.0 and unattended_report(unattended, args.lease_min * 60) else 1
+
+
+def unattended_report(unattended: list[dict[str, float]], lease_s: float, look: float = 5.0) -> bool:
+    """Print the unattended round; whether every pod stopped within its bound and never before the lease."""
+    shown = "  ".join(f"{r['idle']:5.1f}" for r in unattended)
+    bound = max(r["after_both"] for r in unattended)
+    silent = min(r["silent"] for r in unattended)
+    print(f"  unattended      billed idle per pod (s): {shown}   median "
+          f"{statistics.median(r['idle'] for r in unattended):5.1f}   (no gpuq command after the submit)")
+    print(f"  unattended: each pod stopped itself at most {bound:.1f} s after the later of its last job's end and "
+          f"the last gpuq command (lease_timeout_min {lease_s:g} s + one agent look {look:g} s = {lease_s + look:g} s),"
+          f" and none sooner than {silent:.1f} s after that command")
+    return bound <= lease_s + look + 1.0 and silent >= lease_s
 
 
 if __name__ == "__main__":

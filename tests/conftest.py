@@ -65,7 +65,7 @@ SLOW_FIRST = (
     "tests/integration/test_multinode_ssh.py", "tests/integration/test_example_queue.py",
     "tests/integration/test_ssh_hosts.py", "tests/integration/test_hostile_host.py",
     "tests/integration/test_multihost.py", "tests/integration/test_cli_pull.py",
-    "tests/integration/test_report_example.py", "tests/integration/test_cloud.py",
+    "tests/integration/test_cloud.py",
     "tests/integration/test_slurm_backend.py", "tests/integration/test_cli.py",
     "tests/integration/test_dashboard_tmux.py", "tests/integration/test_concurrent_commands.py",
     "tests/integration/test_ssh_work_stealing.py", "tests/integration/test_cli_hosts.py",

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from orchestrator import host_documents
-from orchestrator.agent import bundle_check, client
+from orchestrator.agent import bundle_check, client, handed
 from orchestrator.agent.bundle import Bundle
 from orchestrator.agent.spec import OutboundSpec, RetryPolicy, RunSection
 from orchestrator.core import protocol
@@ -117,24 +117,28 @@ def host_retry(job: Job, failed: int, settings: Settings, *, host: HostRow | Non
 
 def attempt_spec(ledger: Ledger, job: Job, attempt: Attempt, settings: Settings, *, host: str,
                  created_at: float | None = None, sweep: Sweep | None = None,
-                 row: HostRow | None = None) -> OutboundSpec:
+                 row: HostRow | None = None, waits: bool = True) -> OutboundSpec:
     """Attempt ``attempt``'s spec for ``host`` (its ledger row ``row`` when the caller read it) with the
-    retries its host may make itself (``host_retry``): the same whether the spec is sent first, sent again
+    retries its host may make itself (``host_retry``) and its dependencies' checkpoints (``handed.py``;
+    ``waits=False``: the caller knows it has none): the same whether the spec is sent first, sent again
     (never delivered) or moved (work stealing)."""
     row = row if row is not None else ledger.host(host)
     sweep = sweep if sweep is not None else ledger.sweep(job.sweep_id)
     failed = ledger.failed_attempts(job.id) if attempt.number > 1 else 0
     return job_spec(job, attempt, settings, created_at=created_at, sweep=sweep, host=row,
-                    retry=host_retry(job, failed, settings, host=row, sweep=sweep))
+                    retry=host_retry(job, failed, settings, host=row, sweep=sweep),
+                    handed_over=handed.handed_paths(ledger, job, row) if waits else None)
 
 
 def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: float | None = None,
              sweep: Sweep | None = None, host: HostRow | None = None,
-             retry: RetryPolicy | None = None) -> OutboundSpec:
+             retry: RetryPolicy | None = None, handed_over: Mapping[str, str] | None = None) -> OutboundSpec:
     """The inbox spec for one attempt (protocol.py, "Job spec"; its JSON: ``OutboundSpec.as_document``).
     The trainer entry, launcher and checks come from the sweep (recorded at submit), never from the
     caller's project; a spot host's preemption grace comes from its profile; ``retry`` is what the host
-    may retry itself (``host_retry``)."""
+    may retry itself (``host_retry``); ``handed_over``: {after= name: its checkpoint's path on the host}
+    (``handed.py``: ``{checkpoint.NAME}`` in the arguments, ``GPUQ_CHECKPOINT_<NAME>``)."""
+    handed_over = handed_over or {}
     entry = f"{protocol.BUNDLE_WORKDIR}/{sweep.entry}" if sweep is not None and sweep.entry else protocol.TRAIN_ENTRY
     return OutboundSpec(
         schema=protocol.SPEC_SCHEMA, protocol=protocol.PROTOCOL_VERSION, job_id=job.id, name=job.name,
@@ -145,8 +149,10 @@ def job_spec(job: Job, attempt: Attempt, settings: Settings, *, created_at: floa
         verify=tuple(v for v in sweep.verify.split(",") if v) if sweep is not None else ("metrics", "best_ckpt"),
         heartbeat_s=settings.heartbeat_s, ckpt_interval_s=settings.ckpt_interval_s,
         kill_grace_s=settings.kill_grace_s, min_free_gb=settings.min_free_gb, scratch_gb=0, durable_dir="",
-        resume_from=attempt.resume_from, spec_hash=job.spec_hash, env=run_env(sweep),
-        created_at=created_at if created_at is not None else attempt.created_at, args=tuple(job.arg_list()),
+        resume_from=attempt.resume_from, spec_hash=job.spec_hash,
+        env=run_env(sweep) | handed.handed_env(handed_over),
+        created_at=created_at if created_at is not None else attempt.created_at,
+        args=handed.render_args(job.arg_list(), handed_over),
         run=run_spec(sweep), sigterm_grace_s=sigterm_grace_s(host), retry=retry)
 
 
@@ -251,6 +257,7 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
     sweeps = {sweep_id: ledger.sweep(sweep_id) for sweep_id in dict.fromkeys(job.sweep_id for job in jobs)}
     jobs = [job for job in jobs if run_readable(ledger, job, sweeps[job.sweep_id])]
     started = ledger.start_attempts([job.id for job in jobs], host=host, bundle_sha=bundle_sha)  # one transaction
+    waiting = ledger.dependencies(job.id for job in jobs)
     for index, job in enumerate(jobs):
         attempt = started[job.id]
         if isinstance(attempt, IllegalTransition):  # another gpuq command started it since our QUEUED read
@@ -258,7 +265,7 @@ def record_attempts(ledger: Ledger, host: str, bundle_sha: str, jobs: Sequence[J
                                 "meanwhile", unless_repeated=True)
             continue
         specs.append(attempt_spec(ledger, job, attempt, settings, host=host, created_at=now + index * 1e-3,
-                                  sweep=sweeps[job.sweep_id], row=row))
+                                  sweep=sweeps[job.sweep_id], row=row, waits=job.id in waiting))
     return specs
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         hosts_trust,
     )
     from orchestrator.api.jobs import CancelOutcome, cancel, cancel_targets, logs
+    from orchestrator.api.joining import submit_into
     from orchestrator.api.orphans import OrphanScan, end_orphans, end_stuck, find_orphans
     from orchestrator.api.pulling import PullReport, pull
     from orchestrator.api.rented import UpInterrupted, UpResult
@@ -89,6 +90,7 @@ _HOME = {
     "run_tick": "orchestrator.tick.loop",
     "status": "orchestrator.api.snapshot",
     "submit": "orchestrator.api.submitting",
+    "submit_into": "orchestrator.api.joining",
     "up": "orchestrator.api.renting",
     "wait": "orchestrator.api.snapshot",
     "watch": "orchestrator.api.watching",
@@ -139,6 +141,7 @@ __all__ = [
     "run_tick",
     "status",
     "submit",
+    "submit_into",
     "up",
     "wait",
     "watch",

@@ -129,6 +129,22 @@ def admit_submitted(ctx: Context, sweep_id: str, cap: float | None, decided: Pla
     return kept, admitted.held
 
 
+def admit_joined(ctx: Context, sweep_id: str, decided: Plan,
+                 plan_jobs: Sequence[PlanJob]) -> tuple[Plan, Mapping[str, str]]:
+    """``submit --into``: the joining jobs' plan less what the sweep's one cap (spent and committed so far
+    included) does not fit; nothing of it while the user's monthly cap is spent."""
+    month = tick_budget.month_stopped(ctx.ledger, ctx.settings, time.time())
+    if month is not None:
+        return replace(decided, assignments=()), {a.job_id: month for a in decided.assignments}
+    sweep = ctx.ledger.sweep(sweep_id)
+    if sweep is None or sweep.budget_usd is None:
+        return decided, {}
+    standing = tick_budget.standing_of(ctx.ledger, sweep)
+    kept, admitted = tick_budget.admit_plan(ctx.ledger, ctx.settings, sweep_id, standing, decided,
+                                            {p.job_id: p for p in plan_jobs})
+    return kept, admitted.held
+
+
 def after_submit(ctx: Context, sweep_id: str) -> None:
     """The new sweep's warning when what it placed already reaches 80 % of its cap."""
     sweep = ctx.ledger.sweep(sweep_id)

@@ -32,8 +32,8 @@ from orchestrator.fleet import host_keys
 from orchestrator.ledger import HostRow
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider
-from orchestrator.tick import teardown
-from orchestrator.tick.leases import provider_for
+from orchestrator.tick import ACTIVE, teardown
+from orchestrator.tick.leases import own_stop_record, provider_for, self_stopped
 from orchestrator.tick.loop import run_tick
 
 # --- down --------------------------------------------------------------------------------------
@@ -168,6 +168,14 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
             out.failed[name] = how
         else:
             out.revived[name] = how
+    held = _stopped_holding_results(ctx, sweep_id) - hosts_down
+    for name in sorted(held):  # the same machine only: its disk holds their results (never a replacement)
+        row = ctx.ledger.host(name)
+        how = _revive(ctx, row, provision=False) if row is not None else "failed: no such host"
+        (out.failed if how.startswith("failed") else out.revived)[name] = how
+        back = ctx.ledger.host(name)
+        if row is not None and back is not None and not how.startswith("failed"):
+            own_stop_record(ctx, row, back)  # what it wrote before it stopped, now readable: kept as its claim
     for job in stranded:
         preemptions = sum(a.state == AttemptState.PREEMPTED.value for a in ctx.ledger.attempts(job.id))
         if preemptions > ctx.settings.max_preemptions:
@@ -177,9 +185,18 @@ def resume(ctx: Context, *, sweep: str | None = None, provision: bool = True, ti
             continue
         ctx.ledger.requeue(job.id, message="gpuq resume: from the newest verified checkpoint", via=None)
         out.requeued.append(job.id)
-    if out.requeued:
-        run_tick(ctx)  # places them (the host holding their checkpoint first) and pushes checkpoints
+    if out.requeued or held & set(out.revived):
+        run_tick(ctx)  # places them (the host holding their checkpoint first), pushes checkpoints, reads the
+        # exit records of the jobs a host that stopped itself ended while no gpuq command ran
     return out
+
+
+def _stopped_holding_results(ctx: Context, sweep_id: str | None) -> set[str]:
+    """Rented hosts that stopped their own billing (tick/leases.py) while the ledger shows jobs live there:
+    those jobs ended before the stop, unseen; their exit records and results are on the stopped disk."""
+    hosts = {j.host for j in ctx.ledger.jobs(sweep_id=sweep_id, states=ACTIVE) if j.host}
+    rows = [ctx.ledger.host(name) for name in sorted(hosts)]
+    return {row.name for row in rows if row is not None and row.hold not in _STAYS_DOWN and self_stopped(ctx, row)}
 
 
 def _revive(ctx: Context, row: HostRow, provision: bool) -> str:

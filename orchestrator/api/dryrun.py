@@ -8,6 +8,7 @@ import sys
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.agent.handed import render_args
 from orchestrator.api.budgeting import projection
 from orchestrator.api.submitting import SubmitResult
 from orchestrator.context import Context
@@ -17,7 +18,9 @@ from orchestrator.core.specs import JobSpec, job_id_for
 from orchestrator.ledger import HostRow
 from orchestrator.ledger.sweeprun import parse_run
 from orchestrator.queue.runconfig import RunConfig
+from orchestrator.report.cells import cell_name
 from orchestrator.scheduling.estimates import epoch_rates, estimate_s, estimate_source
+from orchestrator.stopping.seeds import auto_of, describe
 
 MASK = "***"
 MASTER_PORT = "<master_port>"  # picked by the host's agent per launch
@@ -39,6 +42,7 @@ class DryRunJob(BaseModel):
     est_s: float | None  # None: no estimate (no est_min= and no history)
     estimate_from: str  # "est_min=" | "history of N runs" | "no history"
     argv: list[str]
+    after: list[str] = []  # the jobs it waits for (after=): it is placed once they SUCCEEDED, so no host yet
 
 
 class DryRunCost(BaseModel):
@@ -72,6 +76,9 @@ class DryRun(BaseModel):
     metrics: str = ""  # what each job's results will be read from ([run] metrics), in words; "" = gpuq's payload
     cost: DryRunCost | None = None
     stop: str = ""  # what early stopping will do, in one line (docs/stopping.md); "" = off
+    seeds: str = ""  # what seeds=auto will do, in one line (docs/stopping.md); "" = no seeds=auto line
+    into: str = ""  # ``--into``: the sweep the jobs would join ("" = a new sweep)
+    joined: list[str] = []  # ``--into``: one line per queue line not simply new (already in the sweep, changed)
 
 
 def metrics_plan(run: RunConfig | None) -> str:
@@ -95,6 +102,9 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
     argv = _Argv(ctx, result, secrets)
     jobs = []
     known = True
+    waits: dict[str, list[str]] = {}
+    for edge in result.edges:
+        waits.setdefault(edge.job, []).append(edge.needs)
     for spec in result.specs:
         job_id = job_id_for(result.sweep_id, spec.name)
         host = result.placements.get(job_id, "")
@@ -106,13 +116,25 @@ def dry_run(ctx: Context, result: SubmitResult) -> DryRun:
         jobs.append(DryRunJob(
             job_id=job_id, name=spec.name, cell=spec.cell or spec.name, line=spec.line, config=spec.config,
             task=spec.task, epochs=spec.epochs, gpus=spec.gpus, seed=spec.seed, host=host, est_s=seconds,
-            estimate_from=source or "no history", argv=argv.of(spec, job_id, rows.get(host))))
+            estimate_from=source or "no history", argv=argv.of(spec, job_id, rows.get(host)),
+            after=waits.get(spec.name, [])))
     return DryRun(queue=result.queue_path, bundle_sha=result.bundle.sha256, bundle_files=result.bundle.files,
-                  bundle_bytes=result.bundle.bytes, warnings=result.warnings,
+                  bundle_bytes=result.bundle.bytes, warnings=result.warnings, joined=result.joined,
+                  into=result.sweep_id if result.part != 1 else "",
                   forward_env=list(result.run.forward_env if result.run else ()), jobs=jobs,
                   makespan_s=result.makespan_s if known and result.makespan_known else None,
                   metrics=metrics_plan(result.run), cost=_cost(ctx, result),
-                  stop=result.stop.describe() if result.stop else "")
+                  stop=result.stop.describe() if result.stop else "", seeds=_seeds_plan(result))
+
+
+def _seeds_plan(result: SubmitResult) -> str:
+    """seeds=auto's line: each cell of a seeds=auto line, the seeds it starts with and the most it may get."""
+    cells: dict[str, tuple[int, int]] = {}
+    for spec in result.specs:
+        if spec.seeds_max:
+            now, _ = cells.get(cell := cell_name(spec.name, spec.cell), (0, 0))
+            cells[cell] = (now + 1, spec.seeds_max)
+    return describe(auto_of(result.stop), cells, result.budget_usd) if cells else ""
 
 
 def _cost(ctx: Context, result: SubmitResult) -> DryRunCost:
@@ -160,8 +182,10 @@ class _Argv:
         for name, ref in self.data.items():  # [data]: the synced tree on the host (transfer/datasync.py)
             tree = f"{root}/{protocol.BUNDLES_DIR}/.data/trees/{ref.tree}"
             values[f"data.{name}"] = f"{tree}/{ref.file}" if ref.file else tree
+        handed = {name: f"<checkpoint of {name}>" for name in spec.after}  # placed on the host by the tick
         argv: list[str] = self.module.job_argv(
-            launcher=self.launcher, python=python, nproc=spec.gpus, command=command, args=list(spec.args),
+            launcher=self.launcher, python=python, nproc=spec.gpus, command=command,
+            args=list(render_args(spec.args, handed)),
             resume_args=list(self.run.resume_args) if self.run is not None else [], values=values, checkpoint=None)
         if self.secrets:
             argv = [_mask(a, self.secrets) for a in argv]

@@ -20,9 +20,11 @@ from pathlib import Path
 from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, HostError, UsageError
+from orchestrator.core.states import JobState
 from orchestrator.health import hints
 from orchestrator.hosts.base import Host
 from orchestrator.ledger import Attempt, Event, Job
+from orchestrator.tick import stoplooks
 from orchestrator.transfer import evidence
 
 EVENTS = 2000  # a job's newest events read (a job retried ten times writes a few dozen)
@@ -117,6 +119,15 @@ def _attempt_of(event: Event, job: Job, attempts: Sequence[Attempt]) -> int | No
         if att.created_at <= event.time:
             number = att.number
     return number
+
+
+def stopped(ctx: Context, job: Job) -> str:
+    """Why early stopping stopped the job, from its recorded look's fields ("stopped: worse than baseline at
+    step N ...", docs/stopping.md); "" for a job that was not stopped."""
+    if job.state != JobState.STOPPED.value:
+        return ""
+    look = stoplooks.decided_stop(ctx.ledger, job)
+    return stoplooks.reason(look) if look is not None else "stopped early (its look is not in the ledger)"
 
 
 def attempt_or_error(ctx: Context, job: Job, number: int) -> Attempt:
@@ -221,3 +232,20 @@ def _tail(path: Path) -> str:
         fh.seek(0, 2)
         fh.seek(max(0, fh.tell() - STACKS_MAX_BYTES))
         return fh.read().decode("utf-8", "replace")
+
+
+def waits_of(ctx: Context, job: Job) -> list[str]:
+    """What the job waits (or waited) for (``after=``), one line per dependency with its state now, and for a
+    job that ended without an attempt (a dependency ended otherwise, a cancel) the words it ended with."""
+    lines = []
+    edges = ctx.ledger.dependencies([job.id]).get(job.id, [])
+    needed = {j.id: j for j in ctx.ledger.jobs_by_ids(e.needs_id for e in edges)}
+    for edge in edges:
+        dep = needed.get(edge.needs_id)
+        what = f"{dep.name} ({dep.id}): {dep.state}" if dep is not None else f"{edge.needs_id}: not in the ledger"
+        lines.append(f"after={edge.via}: waits for {what}")
+    if job.attempt_count == 0 and JobState(job.state).terminal:
+        ended = [e for e in ctx.ledger.events(subject=job.id, exact=True) if e.kind == "job" and e.new == job.state]
+        if ended:
+            lines.append(f"ended {job.state} without starting: {ended[-1].message}")
+    return lines

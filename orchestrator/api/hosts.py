@@ -58,8 +58,22 @@ def hosts_add_slurm(ctx: Context, name: str, target: str, *, port: int | None = 
                                 probe_wait_s=probe_wait_s)
 
 
+UNREGISTERED_LOCAL = "not registered yet (the first submit)"
+
+
 def hosts_list(ctx: Context) -> list[HostRow]:
-    return ctx.ledger.hosts()
+    """The registered hosts; on a ledger without the local host (a fresh ``$GPUQ_HOME``), ``local`` too,
+    as the first ``gpuq submit`` will register it (a row of this answer only: nothing is written)."""
+    rows = ctx.ledger.hosts()
+    if not any(row.kind == "local" for row in rows):
+        rows.insert(0, HostRow(name=LOCAL_HOST, kind="local", root=str(ctx.settings.local_host_root),
+                               created_at=0.0))
+    return rows
+
+
+def unregistered(row: HostRow) -> bool:
+    """The ``local`` row ``hosts_list`` adds on a ledger that has none (its ``created_at`` is 0)."""
+    return row.kind == "local" and row.created_at == 0.0
 
 
 @dataclass

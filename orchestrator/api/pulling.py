@@ -42,7 +42,8 @@ def _not_pullable(job: Job) -> str:
 
 
 def pull(ctx: Context, *, sweep: str | None = None) -> PullReport:
-    """Bring the results of the sweep's SUCCEEDED jobs home into ``$GPUQ_HOME/results/<sweep>/<job>/``.
+    """Bring the results of the sweep's SUCCEEDED jobs (and STOPPED ones: early stopping keeps their files)
+    home into ``$GPUQ_HOME/results/<sweep>/<job>/``.
 
     One tick first (a job that finished unwatched becomes SUCCEEDED), then per host one
     ``manifest`` round trip and the transfers; every copy is verified against its manifest before
@@ -59,7 +60,7 @@ def pull(ctx: Context, *, sweep: str | None = None) -> PullReport:
     by_host: dict[str, list[Job]] = {}
     for job in jobs:
         row = ctx.ledger.host(job.host) if job.host else None
-        if job.state != JobState.SUCCEEDED.value:
+        if job.state not in (JobState.SUCCEEDED.value, JobState.STOPPED.value):  # a stopped job keeps its files
             why = _not_pullable(job)
         elif row is None:
             why = f"it ran on host {job.host!r}, which is no longer registered"

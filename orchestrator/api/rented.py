@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.context import Context
 from orchestrator.core.errors import GpuqError
+from orchestrator.fleet import hostlease
 from orchestrator.ledger import HostRow
 from orchestrator.tick.preflight import HealthVerdict
 
@@ -38,6 +39,7 @@ class UpResult:
     verdicts: dict[str, HealthVerdict] = field(default_factory=dict)
     unusable: list[Unusable] = field(default_factory=list)
     not_created: list[str] = field(default_factory=list)  # hosts whose machine was never created (rows gone)
+    noticed: list[str] = field(default_factory=list)  # hosts that notify the user's webhook (no stop of their own)
     shortfall: str = ""  # the provider's words for why they were not
     unknown: dict[str, str] = field(default_factory=dict)  # host -> why gpuq cannot tell whether it bills
     replaced: dict[str, str] = field(default_factory=dict)  # host that failed its preflight -> its replacement
@@ -96,3 +98,17 @@ def replace_unhealthy(ctx: Context, out: UpResult, again: Callable[[str], UpResu
         else:
             out.unusable.append(Unusable(row.name, row.instance_id, f"{why}; its replacement never became usable",
                                          ended=True))
+
+
+def send_leases(ctx: Context, out: UpResult) -> None:
+    """Each new machine whose provider cannot stop it from inside gets its lease with the user's webhook
+    (fleet/hostlease.py); one that could not be written is said in an event (the machine bills on either way)."""
+    for row in out.hosts:
+        lease = hostlease.lease_for(row.provider, ctx.settings)
+        if lease is None:
+            continue
+        try:
+            hostlease.send_lease(ctx.fleet.host(row), lease)
+            out.noticed.append(row.name)
+        except GpuqError as exc:
+            ctx.ledger.record_event("host", row.name, f"no lease notice set up there: {exc}")

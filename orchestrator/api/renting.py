@@ -22,7 +22,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
-from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy
+from orchestrator.api.rented import Unusable, UpInterrupted, UpResult, replace_unhealthy, send_leases
 from orchestrator.context import Context
 from orchestrator.core.config import Settings, load_profile
 from orchestrator.core.errors import ConfigError, CreateUnknown, GpuqError, NoCapacity, ProviderError, UsageError
@@ -142,6 +142,7 @@ def up(ctx: Context, *, provider: str, gpu_type: str, count: int = 1, gpus: int 
         rental.abandon("`gpuq up` failed")
         raise
     out = rental.out
+    send_leases(ctx, out)  # before the preflight starts the agent: it keeps the notice the lease carries
     if out.hosts:
         from orchestrator.api.health import doctor
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from orchestrator.api import stopreport
+from orchestrator.api.report_detail import fill_differs, joined_notes, mean_wall, seed_rows
 from orchestrator.api.resultrows import collect_notes, collect_or_refuse, cpu_slots, ran_with
 from orchestrator.context import Context, ReadContext, gc_paused
 from orchestrator.core import protocol
@@ -22,7 +24,7 @@ from orchestrator.core.states import JobState
 from orchestrator.health import observed
 from orchestrator.host_documents import Provenance
 from orchestrator.money.cost import JobCost, job_cost
-from orchestrator.report import stats, trust
+from orchestrator.report import stats, summary, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report, SweepInfo, Verdict
 
@@ -135,26 +137,37 @@ def _build(ctx: Context | ReadContext, sweeps: Sequence[str], baseline: str | No
         identical = trust.identical([_signature(values[j.id], curves.get(j.id, {})) for j in finished])
         if identical:
             same.add(name)
-        out.append(_cell_row(name, members, finished, values, costs, ran, mode, identical=identical,
-                             is_baseline=name == base_name))
+        row = _cell_row(name, members, finished, values, costs, ran, mode, identical=identical,
+                        is_baseline=name == base_name)
+        row.seeds = seed_rows(members, values, attempts, now)
+        row.wall_s = mean_wall(row.seeds)
+        out.append(row)
     _compare(out, {name: [values[j.id]["final"].value for j in done[name]] for name in cells}, base_name, mode, same)
     _against_baseline(out, cells, ran, base_name, same)
+    fill_differs(out, cells, rows, base_name, ctx.settings.bundle_cache)
+    stopreport.mark_stopped(out, stopreport.cell_stops(ctx.ledger, [s.id for s in rows]))
+    saved = stopreport.savings(jobs, attempts, now, on_cpu)
     finished_n = sum(c.n_finished for c in out)
     notes = collect_notes(got.missing) + got.unread + _notes(out, len(jobs), finished_n, metric, base_name)
+    if saved is not None:
+        notes.append(stopreport.saved_line(saved))
     reused = [j for j in jobs if j.reused_from]
     if reused:
         notes.append(f"{len(reused)} of {len(jobs)} jobs reuse the verified results of identical earlier jobs "
                      f"(result cache; not run, no cost): " + ", ".join(f"{j.id} = {j.reused_from}" for j in reused[:5])
                      + (f" and {len(reused) - 5} more" if len(reused) > 5 else ""))
     cell_of = {j.id: name for name, members in cells.items() for j in members}
+    notes += joined_notes(ctx.ledger, rows, jobs, cell_of)
     failures = _failures(ctx, [j for j in jobs if j.state in _FAILED], attempts, cell_of)
-    return Report(
+    report = Report(
         generated_at=now, sweeps=[_sweep_info(s, jobs, attempts) for s in rows], metric=metric,
         mode="max" if mode == "max" else "min", baseline=base_name, finished=finished_n, total=len(jobs),
         partial=any(not JobState(j.state).terminal for j in jobs), cells=out, failures=failures,
         gpu_hours=sum(c.gpu_hours for c in out), cpu_hours=sum(c.cpu_hours for c in out),
         cost_usd=sum(c.cost_usd for c in out if c.cost_usd is not None) if any(c.cost_usd is not None for c in out)
-        else None, notes=notes)
+        else None, notes=notes, saved=saved)
+    report.headline = summary.headline(report)
+    return report
 
 
 @dataclass
@@ -231,6 +244,10 @@ def _notes(out: Sequence[CellRow], total: int, finished_n: int, metric: str, bas
     if finished_n < total:
         notes.append(f"{total - finished_n} of {total} jobs have not finished with the metric "
                      f"{metric!r}: only the {finished_n} finished ones count")
+    for c in out:
+        if c.stopped:
+            notes.append(f"{c.cell}: {c.stopped} (rung {c.stopped_rung}): mean {c.stopped_mean:.4g} there vs the "
+                         f"baseline's {c.stopped_baseline_mean:.4g}; a partial run, no final value (gpuq explain)")
     huge = [c.cell for c in out if (c.n_finished >= 2 and (c.std is None or c.ci_low is None))
             or c.verdict == "cannot compute"]
     if huge:
@@ -245,12 +262,9 @@ def _notes(out: Sequence[CellRow], total: int, finished_n: int, metric: str, bas
     return notes + _past_bounds(out, metric)
 
 
-BOUNDED = ("acc", "f1", "precision", "recall", "auc", "iou", "dice")  # metric names that live in [0, 1]
-
-
 def _past_bounds(out: Sequence[CellRow], metric: str) -> list[str]:
     """A 95% CI past 1 (or below 0) for a metric that cannot leave [0, 1] (an accuracy): said, not hidden."""
-    if not any(word in metric.lower() for word in BOUNDED):
+    if not summary.bounded(metric):
         return []
     past = [c.cell for c in out if (c.ci_high is not None and c.ci_high > 1) or (c.ci_low is not None and c.ci_low < 0)]
     if not past:

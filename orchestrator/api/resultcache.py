@@ -30,11 +30,13 @@ def content_keys(
 ) -> dict[str, str]:
     """{job name: its content key}; ``queue``: the queue file's path under the project root ("" = outside)."""
     code = code_hash(digests, {spec.config for spec in specs} | {queue})
-    out = {}
-    for spec in specs:
-        doc = json.dumps({"spec": spec_hash_for(spec), "code": code, "run": run_json}, sort_keys=True)
-        out[spec.name] = hashlib.sha256(doc.encode()).hexdigest()
-    return out
+    return {spec.name: key_of(spec_hash_for(spec), code, run_json) for spec in specs}
+
+
+def key_of(spec_hash: str, code: str, run_json: str) -> str:
+    """The content key of a job of identity ``spec_hash`` running code ``code`` (``code_hash``) with ``run_json``."""
+    doc = json.dumps({"spec": spec_hash, "code": code, "run": run_json}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()
 
 
 def reuse_of(

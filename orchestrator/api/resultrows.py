@@ -46,6 +46,8 @@ class ResultRow:
     git: tuple[str, bool | None] = ("", None)  # the project's commit at submit and whether it was dirty
     restarts_from_scratch: int = 0  # retries that found no checkpoint and trained again from the start
     best_row: dict[str, float] = field(default_factory=dict)  # every metric in the row where the headline was best
+    joined: str = ""  # its part's line when it joined the sweep later (``submit --into``); "" for part 1
+    joined_at: float | None = None  # when that part joined
 
 
 @functools.lru_cache(maxsize=1024)
@@ -174,6 +176,7 @@ def _results(ctx: Context | ReadContext, sweep: str | None) -> list[ResultRow]:
     metric, mode = observed.headline(sweep_row.run_config() if sweep_row is not None else None)
     git = (sweep_row.git_commit, sweep_row.git_dirty) if sweep_row is not None else ("", None)
     on_cpu = cpu_slots(ctx)
+    parts = {p.number: p for p in ctx.ledger.parts_of(sweep_id) if p.number > 1}
     warned = ctx.ledger.open_findings(ids)  # a [run] metrics that gave no value says why
     for job in jobs:
         event = warned.get((job.id, observed.METRICS_RULE))
@@ -191,6 +194,8 @@ def _results(ctx: Context | ReadContext, sweep: str | None) -> list[ResultRow]:
                           git=git, best_row=values.get((source[job.id], "best_row"), {}))
         entry.cost = job_cost(job.gpus * job.nodes, attempts, saved.get(job.id, []), now, on_cpu)
         entry.restarts_from_scratch = restarts.get(job.id, 0)
+        if job.part in parts:
+            entry.joined, entry.joined_at = parts[job.part].line, parts[job.part].created_at
         mark = verified.get(source[job.id])
         if mark is not None:
             present = (Path(mark.local_dir) / PULL_VERIFIED).is_file()

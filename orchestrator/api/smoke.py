@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.agent import client, launcher
 from orchestrator.agent.spec import OutboundSpec
+from orchestrator.api.smoketalk import Say, SmokeTalk, silent
 from orchestrator.api.submitting import SubmitResult, submit
 from orchestrator.context import Context
 from orchestrator.core import protocol
@@ -117,8 +118,9 @@ def distinct_cells(specs: list[JobSpec]) -> list[JobSpec]:
     return out
 
 
-def smoke(ctx: Context, queue: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> SmokeResult:
-    """Smoke-run every distinct cell of ``queue`` on this machine; records nothing in the ledger."""
+def smoke(ctx: Context, queue: Path, *, timeout_s: float = RUN_TIMEOUT_S, say: Say = silent) -> SmokeResult:
+    """Smoke-run every distinct cell of ``queue`` on this machine; records nothing in the ledger.  ``say``
+    gets a line at each step of each cell and when the setup hook starts and ends (``smoketalk.py``)."""
     planned = submit(ctx, queue, dry_run=True)  # every check a submit makes, nothing recorded
     base = ctx.settings.home / "smoke"
     base.mkdir(parents=True, exist_ok=True)
@@ -130,8 +132,17 @@ def smoke(ctx: Context, queue: Path, *, timeout_s: float = RUN_TIMEOUT_S) -> Smo
     if cell_jail.why_not:
         warnings.append(f"the smoke runs the project with HOME at its own root but cannot hide $GPUQ_HOME, ~/.ssh "
                         f"and ~/.aws from it ({cell_jail.why_not}): it can read what you can")
-    rows = [_smoke_cell(ctx, host, cell_jail, planned, spec, i, timeout_s)
-            for i, spec in enumerate(distinct_cells(planned.specs))]
+    talk = SmokeTalk(Path(root), say)
+    cells = distinct_cells(planned.specs)
+    handed = [spec for spec in cells if any("{checkpoint." in arg for arg in spec.args)]
+    warnings += [f"cell {spec.cell or spec.name} is not smoke-run: its {{checkpoint.NAME}} is a checkpoint of what it "
+                 f"waits for (after={','.join(spec.after)}), which no smoke run hands over" for spec in handed]
+    cells = [c for c in cells if c not in handed]
+    rows = []
+    for i, spec in enumerate(cells):
+        talk.about(re.sub(r"-seed\d+$", "", spec.name), i, len(cells))
+        rows.append(_smoke_cell(ctx, host, cell_jail, planned, spec, i, timeout_s, talk))
+        talk.line("passed" if rows[-1].ok else f"FAILED: {rows[-1].problem}")
     result = SmokeResult(rows, root, warnings)
     if result.ok:
         _remove(root)
@@ -230,11 +241,14 @@ def _has_rows(host: LocalHost, job_id: str, spec_doc: OutboundSpec) -> bool:
     return lines >= (2 if path.endswith(".csv") else 1)
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout_s: float, stop_when: Any = None) -> tuple[bool, bool]:
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float, stop_when: Any = None,
+          talk: SmokeTalk | None = None) -> tuple[bool, bool]:
     """(ended in time, stopped by us): SIGTERM once ``stop_when()`` is true; SIGKILL at the deadline."""
     deadline = time.monotonic() + timeout_s
     stopped = False
     while proc.poll() is None:
+        if talk is not None:
+            talk.poll()
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -243,6 +257,8 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float, stop_when: Any = None
             os.kill(proc.pid, signal.SIGTERM)  # the wrapper relays it to the trainer, as a stop on a host
             stopped = True
         time.sleep(POLL_S)
+    if talk is not None:
+        talk.poll()  # a hook that ended with the attempt
     return True, stopped
 
 
@@ -304,7 +320,7 @@ def resumed_from(before: list[float], after: list[float]) -> bool | None:
 
 
 def _smoke_cell(ctx: Context, host: LocalHost, cell_jail: jail.Jail, planned: SubmitResult, spec: JobSpec,
-                index: int, timeout_s: float) -> SmokeRow:
+                index: int, timeout_s: float, talk: SmokeTalk) -> SmokeRow:
     row = SmokeRow(cell=re.sub(r"-seed\d+$", "", spec.name))
     started = time.monotonic()
     job_id = f"smoke-{index:03d}"
@@ -313,18 +329,21 @@ def _smoke_cell(ctx: Context, host: LocalHost, cell_jail: jail.Jail, planned: Su
     try:
         datasync.sync_data(host, [first.data], ctx.settings.home, record=False)  # [data], as a host gets it
         _run_cell(host, cell_jail, row, first, _documents(ctx, planned, spec, job_id, 2), job_id, sha, spec.gpus,
-                  timeout_s)
+                  timeout_s, talk)
     finally:
         row.seconds = time.monotonic() - started
     return row
 
 
 def _run_cell(host: LocalHost, cell_jail: jail.Jail, row: SmokeRow, first: OutboundSpec, second: OutboundSpec,
-              job_id: str, sha: str, gpus: int, timeout_s: float) -> None:
+              job_id: str, sha: str, gpus: int, timeout_s: float, talk: SmokeTalk) -> None:
     proc = _start(host, cell_jail, first, job_id, 1, gpus)
+    talk.line("attempt 1 started")
     in_time, stopped = _wait(proc, timeout_s, stop_when=lambda: bool(_checkpoint(host, job_id, first))
-                            and _has_rows(host, job_id, first))
+                            and _has_rows(host, job_id, first), talk=talk)
     rec = _exit_record(host, job_id, 1)
+    talk.line("attempt 1 stopped (SIGTERM) once a checkpoint and a metrics row were written" if stopped
+              else f"attempt 1 ended: exit {rec.wrapper_code}" if in_time else "attempt 1 timed out")
     row.started = rec.phase not in (None, "setup", "gate")
     row.checkpoint = _checkpoint(host, job_id, first)
     row.metrics, before = _probe(host, job_id, sha, 1)
@@ -341,9 +360,11 @@ def _run_cell(host: LocalHost, cell_jail: jail.Jail, row: SmokeRow, first: Outbo
         row.problem = "no checkpoint matched [run] checkpoint after the run"
         return
     proc = _start(host, cell_jail, second, job_id, 2, gpus)
-    in_time, _ = _wait(proc, timeout_s)
+    talk.line(f"attempt 2 started: the resume from {row.checkpoint}")
+    in_time, _ = _wait(proc, timeout_s, talk=talk)
     rec = _exit_record(host, job_id, 2)
     code = rec.wrapper_code
+    talk.line(f"attempt 2 ended: exit {code}" if in_time else "attempt 2 timed out")
     row.exit_code = code
     row.metrics, after = _probe(host, job_id, sha, 2)
     row.resumed = resumed_from(before, after)

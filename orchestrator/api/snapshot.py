@@ -12,7 +12,7 @@ from orchestrator.core.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.context import Context
-    from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep
+    from orchestrator.ledger import Attempt, Event, HostRow, Job, Sweep, SweepPart
     from orchestrator.ledger.reader import LedgerReads
     from orchestrator.money.budget import Standing
     from orchestrator.report.model import Report
@@ -37,6 +37,7 @@ class Snapshot:
     cells_error: str = ""  # why it could not be built
     idle: dict[str, float] = field(default_factory=dict)  # rented hosts with no work: since when (tick/billing.py)
     budgets: dict[str, Standing] = field(default_factory=dict)  # each sweep's cap, spent, committed (budget.py)
+    parts: dict[str, list[SweepPart]] = field(default_factory=dict)  # each sweep's parts by number (submit --into)
 
 
 def tick(ctx: Context) -> dict[str, Probe]:
@@ -105,9 +106,12 @@ def ledger_status(ledger: LedgerReads, *, sweep: str | None = None, all_jobs: bo
     from orchestrator.tick.budget import standings
 
     now = time.time()
+    parts: dict[str, list[SweepPart]] = {}
+    for part in ledger.sweep_parts():
+        parts.setdefault(part.sweep_id, []).append(part)
     return Snapshot(now, ledger.hosts(), {}, sweep_rows, jobs, latest, counts=counts,
                     alerts=ledger.alerts(ALERTS_SHOWN), attempt_history=history,
-                    budgets=standings(ledger, sweep_rows, now))
+                    budgets=standings(ledger, sweep_rows, now), parts=parts)
 
 
 def wait(ctx: Context, *, sweep: str | None = None, interval_s: float = 2.0,

@@ -144,6 +144,7 @@ def explain(job: str, number: int | None, show_stacks: bool) -> None:
     exit), what gpuq did about it, the fix for its class, and the stacks saved before a stall kill
     (their path; --stacks prints them).  Host text is redacted and shown without control characters."""
     from orchestrator.api import explaining
+    from orchestrator.core.states import JobState
 
     ctx = open_ctx()
     found = ctx.ledger.resolve_job_ref(job)
@@ -155,7 +156,12 @@ def explain(job: str, number: int | None, show_stacks: bool) -> None:
     told = [s for s in explaining.explain(ctx, row, stacks=show_stacks) if number is None or s.number == number]
     count = f"{row.attempt_count} attempt{'s' if row.attempt_count != 1 else ''}"
     echo(f"job {row.name} ({row.id}) of sweep {row.sweep_id}: {row.state}, {count}")
-    if not told:
+    for line in explaining.waits_of(ctx, row):  # after=, and why a job that never started ended
+        echo(line)
+    why = explaining.stopped(ctx, row)
+    if why:
+        echo(why)
+    if not told and not JobState(row.state).terminal:
         echo("it has not started yet: nothing to explain")
     for story in told:
         for line in _explained(row.id, story, show_stacks):

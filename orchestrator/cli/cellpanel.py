@@ -25,7 +25,7 @@ def plus_minus(mean: float | None, low: float | None, high: float | None, sign: 
 
 
 def _row(cell: CellRow) -> list[Text | str]:
-    name = Text(cell.cell + (" (baseline)" if cell.is_baseline else ""), style="bold" if cell.is_baseline else "")
+    name = Text(tables.cell_label(cell), style="bold" if cell.is_baseline else "")
     delta = "" if cell.is_baseline else plus_minus(cell.delta, cell.delta_ci_low, cell.delta_ci_high, sign=True)
     flags = Text("; ".join(cell.flags), style="red") if cell.flags else Text("")
     return [name, f"{cell.n_finished}/{cell.n_total}", plus_minus(cell.mean, cell.ci_low, cell.ci_high), delta,

@@ -11,51 +11,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, Field
 
+from orchestrator.cli.docbase import Doc, JobStateName, OpenPart, ProviderName, Severity
 from orchestrator.cli.offers_document import OffersDocument
-from orchestrator.providers import registry
 from orchestrator.report.model import Report
-
-JobStateName = Literal["QUEUED", "ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "LOST", "CANCELLED"]
-Severity = Literal["info", "warn", "escalate"]
-
-
-def _known_provider(value: str) -> str:
-    if value and value not in registry.names():
-        raise ValueError(f"{value!r} is not a provider gpuq knows ({', '.join(registry.names())})")
-    return value
-
-
-# The providers of the registry (orchestrator/providers/registry.py): the schema lists gpuq's own, a document
-# also accepts one a plugin added (GPUQ_PROVIDER_PLUGINS).
-ProviderName = Annotated[str, AfterValidator(_known_provider),
-                         WithJsonSchema({"enum": ["", *registry.builtin_names()], "type": "string"})]
-
-
-class Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON document; parts the agent left out (a failed probe's ``slots``) stay out."""
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
-
-    def dump(self) -> str:
-        return json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n"
-
-
-class _Open(BaseModel):
-    """A part the host agent reports: known fields typed, others passed through."""
-
-    model_config = ConfigDict(extra="allow")
-
 
 # --- gpuq status --json -------------------------------------------------------------------------
 
 
-class Slots(_Open):
+class Slots(OpenPart):
     """Empty when the probe failed."""
 
     kind: Literal["gpu", "cpu", "slurm"] | None = None
@@ -63,7 +30,7 @@ class Slots(_Open):
     free: int | None = Field(default=None, ge=0)
 
 
-class Gpu(_Open):
+class Gpu(OpenPart):
     index: int = Field(ge=0)
     name: str | None = None
     uuid: str | None = None
@@ -73,7 +40,7 @@ class Gpu(_Open):
     temp_c: float | None = None
 
 
-class Disk(_Open):
+class Disk(OpenPart):
     """The host root's file system (statvfs); empty when the probe failed."""
 
     path: str | None = None
@@ -85,7 +52,7 @@ class Disk(_Open):
     inodes_used_pct: float | None = None
 
 
-class Memory(_Open):
+class Memory(OpenPart):
     """cgroup (or host) memory; empty when the probe failed."""
 
     source: str | None = None
@@ -132,6 +99,16 @@ class SweepBudget(Doc):
                                                "runs to its estimate, at the price share it fixed.")
 
 
+class SweepPartStatus(Doc):
+    """One submit that added jobs to the sweep: part 1 made it, each `submit --into` the next."""
+
+    number: int = Field(ge=1)
+    joined_at: float = Field(description="When it joined (epoch seconds; part 1: the sweep's created_at).")
+    queue_path: str
+    jobs: int = Field(ge=0, description="The jobs it added.")
+    bundle_sha: str = Field(description="The bundle its jobs run with.")
+
+
 class SweepStatus(Doc):
     id: str = Field(min_length=1)
     queue_path: str
@@ -139,6 +116,7 @@ class SweepStatus(Doc):
     jobs: int = Field(ge=0)
     states: dict[JobStateName, int] = Field(description="Jobs of the sweep per state (states with none left out).")
     budget: SweepBudget
+    parts: list[SweepPartStatus] = Field(default_factory=list, description="Its parts by number (`submit --into`).")
 
 
 class JobStatus(Doc):
@@ -208,6 +186,8 @@ class SubmitDocument(Doc):
     sweep: str
     jobs: list[SubmittedJob]
     launch_error: str = Field(description='Why the launch failed ("" when it did not; `gpuq status` retries).')
+    part: int = Field(default=1, description="The part of the sweep this submit made: 1 for a new sweep, 2, 3, ... "
+                      "for `--into`; 0: `--into` found nothing new (jobs is empty).")
 
 
 # --- gpuq results --json --------------------------------------------------------------------------
@@ -263,6 +243,10 @@ class ResultJob(Doc):
                                                              "submit; null: unknown.")
     reused_from: str = Field(default="", description="The result cache: the job whose verified results this one "
                              "reuses (it never ran; its metrics and pulled copy are that job's); \"\" when it ran.")
+    part: int = Field(default=1, description="The part of its sweep that added it: 1, the submit that made the sweep; "
+                      "2, 3, ...: each `submit --into`.")
+    joined_at: float | None = Field(default=None, description="When its part joined the sweep (epoch seconds); "
+                                    "null for part 1.")
 
 
 class ResultsDocument(Doc):

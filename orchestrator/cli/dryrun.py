@@ -27,8 +27,11 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
         return
     for warning in doc.warnings:
         warn(warning)
+    for line in doc.joined:  # --into: what the sweep already has, and changed lines
+        out.write(line + "\n")
     rows = [COLUMNS] + [
-        (j.name, j.config or "-", j.task or "-", str(j.epochs or "-"), str(j.gpus), j.host or "-",
+        (j.name, j.config or "-", j.task or "-", str(j.epochs or "-"), str(j.gpus),
+         j.host or (f"after {','.join(j.after)}" if j.after else "-"),
          _estimate(j.est_s, j.estimate_from), shlex.join(j.argv))
         for j in doc.jobs
     ]
@@ -38,12 +41,16 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         lines.append("  ".join([*cells, row[-1]]))
     out.write("\n".join(lines) + "\n")
-    out.write(f"dry run: {len(doc.jobs)} jobs valid; bundle {doc.bundle_sha[:12]} ({doc.bundle_files} files, "
+    into = f" would join sweep {doc.into}" if doc.into else ""
+    out.write(f"dry run: {len(doc.jobs)} jobs valid{into}; bundle {doc.bundle_sha[:12]} ({doc.bundle_files} files, "
               f"{doc.bundle_bytes} bytes); nothing was written\n")
+    out.writelines(dependency_lines(doc))
     if doc.metrics:
         out.write(f"metrics: {doc.metrics}\n")
     if doc.stop:
         out.write(doc.stop + "\n")
+    if doc.seeds:
+        out.write(doc.seeds + "\n")
     if doc.makespan_s is None:
         out.write("makespan unknown until one job of each config has run\n")
     else:
@@ -53,6 +60,20 @@ def print_dry_run(doc: DryRun, *, as_json: bool) -> None:
         out.write(cost.summary + "\n")
         if cost.budget_usd is not None:
             out.write(budget_verdict(cost) + "\n")
+
+
+def dependency_lines(doc: DryRun) -> list[str]:
+    """The ``after=`` graph, one line per job that others wait for: ``train → eval, eval-b`` (each placed once
+    everything it waits for SUCCEEDED, with its checkpoint handed over)."""
+    waiters: dict[str, list[str]] = {}
+    for job in doc.jobs:
+        for needed in job.after:
+            waiters.setdefault(needed, []).append(job.name)
+    if not waiters:
+        return []
+    order = [j.name for j in doc.jobs if j.name in waiters]
+    return ["dependencies (after=; each starts once what it waits for SUCCEEDED):\n",
+            *(f"  {name} \u2192 {', '.join(waiters[name])}\n" for name in order)]
 
 
 def budget_verdict(cost: DryRunCost) -> str:

@@ -14,7 +14,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli import documents, jsontext
+from orchestrator.cli import docbase, documents, jsontext
 from orchestrator.core.specs import known_epochs
 
 if TYPE_CHECKING:
@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     from orchestrator.ledger import HostRow
 
 
-def _out(doc: documents.Doc) -> None:
+def _out(doc: docbase.Doc) -> None:
     sys.stdout.write(jsontext.dumps(doc.as_dict()) + "\n")
 
 
 def submitted(result: SubmitResult) -> None:
     jobs = [documents.SubmittedJob(id=j.id, name=j.name, host=result.placements.get(j.id)) for j in result.jobs]
     _out(documents.SubmitDocument(schema_="gpuq.cli.submit/1", sweep=result.sweep_id, jobs=jobs,
-                                  launch_error=result.launch_error))
+                                  launch_error=result.launch_error, part=result.part))
 
 
 def _ran_fields(host: str, ran: Provenance | None) -> dict[str, Any] | None:
@@ -69,7 +69,7 @@ def results(rows: list[ResultRow]) -> None:
         sys.stdout.write(jsontext.dumps(doc) + "\n")
 
 
-FLOAT_FIELDS = ("gpu_hours", "cost", "lost_gpu_hours", "cpu_hours")  # ResultJob's fields of float | None
+FLOAT_FIELDS = ("gpu_hours", "cost", "lost_gpu_hours", "cpu_hours", "joined_at")  # ResultJob's fields of float | None
 FLOAT_MAPS = ("final", "best", "best_row")  # ... and of dict[str, float]
 
 
@@ -101,6 +101,7 @@ def _result_jobs(rows: list[ResultRow]) -> list[dict[str, Any]]:
             "restarts_from_scratch": row.restarts_from_scratch, "cpu_hours": c.cpu_hours if c else None,
             "ran_with": ran[att.host, id(row.provenance)] if att is not None else None,
             "git_commit": row.git[0] or None, "git_dirty": row.git[1], "reused_from": j.reused_from,
+            "part": j.part, "joined_at": row.joined_at,
         })
     return jobs
 

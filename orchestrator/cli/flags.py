@@ -55,6 +55,17 @@ def rerun_option() -> Callable[[Any], Any]:
     )
 
 
+def into_option() -> Callable[[Any], Any]:
+    """``submit --into SWEEP``: the queue's new cells (and new seeds) join that sweep as its next part."""
+    from orchestrator.cli import complete
+
+    return click.option(
+        "--into", metavar="SWEEP", shell_complete=complete.sweeps,
+        help="Add the queue's new cells and seeds to this sweep (running or finished: same baseline, one report, "
+        "one budget); a line identical to one of its jobs is not added, a changed line is a new cell.",
+    )
+
+
 def stop_option() -> Callable[[Any], Any]:
     """``submit --stop RULE``: the sweep's early stopping over the project's ``[stop]`` table (docs/stopping.md)."""
     return click.option(

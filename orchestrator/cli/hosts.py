@@ -214,6 +214,7 @@ def _ago(ts: float | None, now: float) -> str:
 
 
 def _state(row: HostRow, now: float) -> str:
+    from orchestrator.api import hosts as api_hosts
     from orchestrator.core.states import LEASE_REVIVABLE, LeaseState
     from orchestrator.views import lease_text
     from orchestrator.views.hosts import disk_bills
@@ -222,6 +223,8 @@ def _state(row: HostRow, now: float) -> str:
         return "PROVISIONING" + lease_text(row, now).removeprefix("provisioning")
     if row.provider and row.lease in LEASE_REVIVABLE:  # gone from the jobs' view, maybe not the bill's
         return row.lease.value.upper() + disk_bills(row)
+    if api_hosts.unregistered(row):
+        return api_hosts.UNREGISTERED_LOCAL
     if row.unreachable_since is not None:
         return f"unreachable since {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(row.unreachable_since))}"
     return "ok" if row.last_probe_at else "not probed yet"

@@ -86,11 +86,12 @@ def cli(debug: bool, verbose: int) -> None:
                    "budget_usd setting; none). With --dry-run: whether the projected cost fits.")
 @flags.stop_option()
 @flags.rerun_option()
+@flags.into_option()
 @click.option("--json", "as_json", is_flag=True,
               help="Print the sweep id and its jobs as JSON (docs/schemas/submit.schema.json), like sbatch "
                    "--parsable; with --dry-run: one JSON document of every expanded job and its argv.")
 def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait_: bool, budget_usd: float | None,
-           stop: str | None, rerun: bool, as_json: bool) -> None:
+           stop: str | None, rerun: bool, into: str | None, as_json: bool) -> None:
     """Validate QUEUE, record it in the ledger and start its jobs."""
     from orchestrator import api
     from orchestrator.cli import emit, render
@@ -100,17 +101,18 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
     if smoke:
         from orchestrator.api.smoke import smoke as run_smoke
         from orchestrator.cli.dryrun import print_smoke
-        smoked = run_smoke(ctx, queue)
+        smoked = run_smoke(ctx, queue, say=lambda line: click.echo(f"gpuq: {line}", err=True))
         print_smoke(smoked)
         sys.exit(0 if smoked.ok else exitcodes.FAILED)
     try:
-        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run, budget_usd=budget_usd, stop=stop, rerun=rerun)
+        result = api.submit(ctx, queue, hosts=hosts, dry_run=dry_run, budget_usd=budget_usd, stop=stop, rerun=rerun) \
+            if into is None else api.submit_into(ctx, queue, into, hosts=hosts, dry_run=dry_run, rerun=rerun,
+                                                 budget_usd=budget_usd, stop=stop)
     except PermissionError as exc:  # reading the project (a directory gpuq.toml or the bundle walk reaches)
         raise UsageError(f"{exc.filename or queue}: permission denied while reading the project; make it "
                          "readable to you, or leave it out ([run] project, .gpuqignore)") from exc
     if dry_run:
         from orchestrator.cli.dryrun import print_dry_run
-
         print_dry_run(api.dry_run(ctx, result), as_json=as_json)
         return
     if as_json:
@@ -121,7 +123,6 @@ def submit(queue: Path, hosts: tuple[str, ...], dry_run: bool, smoke: bool, wait
         sys.exit(exitcodes.FAILED)
     if wait_ and not dry_run:
         from orchestrator.cli import statelines
-
         snap = statelines.wait(ctx, result.sweep_id, as_json=as_json)
         _say_budget_stop(ctx, result.sweep_id)
         if any(j.state != "SUCCEEDED" for j in snap.jobs):
@@ -185,7 +186,6 @@ def status(once: bool, as_json: bool, interval_s: float, sweep: str | None, all_
     ctx = open_ctx()
     if live:
         from orchestrator.cli import dashboard
-
         code = dashboard.run(ctx, sweep=sweep, all_jobs=all_jobs, interval_s=interval_s, probe=not no_probe,
                              states=wanted)
         if code:

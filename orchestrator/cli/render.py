@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from orchestrator.api import Snapshot, SubmitResult
 
 STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "ASSIGNED": "blue",
-               "QUEUED": "white", "LOST": "magenta", "PREEMPTED": "magenta", "CANCELLED": "yellow"}
+               "QUEUED": "white", "LOST": "magenta", "PREEMPTED": "magenta", "CANCELLED": "yellow",
+               "STOPPED": "cyan"}
 SEVERITY_STYLE = {"escalate": "bold red", "warn": "yellow", "info": "dim"}
 
 
@@ -59,7 +60,10 @@ def _makespan(result: SubmitResult) -> str:
     """The plan's makespan only when every estimate is est_min= or history; never the plan's guess."""
     if not result.makespan_known:
         return "makespan unknown (no est_min= and no history of these jobs)"
-    return f"projected makespan {rough_duration(result.makespan_s)}"
+    scaled = result.makespan_scaled
+    note = (f" ({scaled} of {len(result.placements)} estimates scaled from runs of another shape; `gpuq submit "
+            "--dry-run` says which)") if scaled else ""
+    return f"projected makespan {rough_duration(result.makespan_s)}{note}"
 
 
 def submitted(result: SubmitResult) -> None:
@@ -67,17 +71,31 @@ def submitted(result: SubmitResult) -> None:
     for warning in result.warnings:
         warn(warning)
     if result.dry_run:
+        for note in result.joined:
+            out.print(escape(note))
         out.print(f"dry run: {len(result.placements)} jobs valid; bundle {result.bundle.sha256[:12]} "
                   f"({result.bundle.files} files, {result.bundle.bytes} bytes); nothing was written")
         for job_id, host in result.placements.items():
             out.print(f"  {job_id} -> {escape(host)}")
         out.print(f"{_makespan(result)} (estimates: est_min=, else history)")
         return
-    out.print(f"sweep [bold]{result.sweep_id}[/]: {len(result.jobs)} jobs from {escape(str(result.queue_path))} "
-              f"(bundle {result.bundle.sha256[:12]})")
+    for note in result.joined:  # --into: what of the queue the sweep already has, and changed lines
+        out.print(escape(note))
+    if result.part == 0:
+        out.print(f"sweep [bold]{result.sweep_id}[/]: nothing joined: every job of {escape(str(result.queue_path))} "
+                  "is already in it")
+        return
+    joined = f"part {result.part} joined: " if result.part > 1 else ""
+    out.print(f"sweep [bold]{result.sweep_id}[/]: {joined}{len(result.jobs)} jobs from "
+              f"{escape(str(result.queue_path))} (bundle {result.bundle.sha256[:12]})")
+    after: dict[str, list[str]] = {}
+    for edge in result.edges:
+        after.setdefault(edge.job, []).append(edge.needs)
     for job in result.jobs:
         epochs = f"{job.epochs}ep " if job.epochs else ""  # none given: none shown
-        where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else "?")
+        where = result.placements.get(job.id) or ("queued (budget)" if job.id in result.budget_held else
+                                                  f"queued (after {','.join(after[job.name])})" if job.name in after
+                                                  else "?")
         where = f"reused {job.reused_from} (not run)" if job.reused_from else where
         out.print(escape(f"  {job.id}  {job.name:<24} {job.task} {epochs}gpus={job.gpus} -> {where}"))
     hosts = sorted(set(result.placements.values()))

@@ -86,7 +86,7 @@ def report_cells(doc: Report, wide: bool) -> tuple[list[str], list[list[Cell]], 
                                                                              row.delta_ci_high, sign=True)
         style = VERDICT_STYLE.get(row.verdict, "")
         rows.append([(values[c], style if c == "verdict" else "") for c in columns])
-    below: list[Line] = []
+    below: list[Line] = [[(printable(doc.headline), "bold")]] if doc.headline else []
     if not wide:
         below += [[(printable(cell.cell), "red"), (f": {printable(flag)}", "")]
                   for cell in doc.cells for flag in cell.flags]

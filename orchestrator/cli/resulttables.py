@@ -58,6 +58,8 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
     cols += (["cost"] if priced else []) + (["lost GPU-h", "preempted"] if lost else []) + ["pulled"]
     unknown = any(r.error for r in rows)  # a host that could not answer: its rows say so, the others stand
     cols += ["note"] if unknown else []
+    grown = any(r.joined for r in rows)  # parts that joined later (submit --into): a part column
+    cols[3:3] = ["part"] if grown else []
     table = []
     for row in rows:
         state = row.job.state
@@ -75,11 +77,12 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
             cells += [f"{c.lost_gpu_hours:.3f}" if c is not None else "-", str(c.preemptions) if c is not None else "-"]
         styled = [(text, "") for text in cells]
         styled.insert(2, (state, STATE_STYLE.get(state, "")))
+        styled[3:3] = [(str(row.job.part), "")] if grown else []
         styled.append(PULLED_CELL.get(row.pulled, ("-", "")))
         if unknown:
             styled.append((printable(row.error), "yellow") if row.error else ("", ""))
         table.append(styled)
-    below: list[Line] = []
+    below: list[Line] = [[(line, "")] for line in dict.fromkeys(r.joined for r in rows if r.joined)]
     for row in rows:
         if row.job.reused_from:
             below.append([(f"{row.job.id} {printable(row.job.name)}: reused the verified results of "
@@ -97,7 +100,17 @@ def result_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[Cell]], li
         hours += [f"{sum(c.cpu_hours for c in total):.3f} CPU-h"] if on_cpu else []
         below.append([(f"total {', '.join(hours)}{spent}"
                        + (f"; {wasted:.3f} GPU-h lost to preemptions and losses" if wasted else ""), "")])
-    return cols, table, below
+    return cols, table, below + _saved(rows)
+
+
+def _saved(rows: list[ResultRow]) -> list[Line]:
+    """What early stopping saved, one line (none when no job was stopped)."""
+    if not any(row.job.state == "STOPPED" for row in rows):
+        return []
+    from orchestrator.api import stopreport  # early stopping's words: only when a job was stopped
+
+    found = stopreport.result_saving(rows)
+    return [[(stopreport.saved_line(found), "")]] if found is not None else []
 
 
 def results_table(rows: list[ResultRow], *, plain: bool | None = None) -> None:
@@ -134,7 +147,7 @@ def results_csv(rows: list[ResultRow]) -> None:
     writer.writerow(["job_id", "sweep_id", "name", "task", "epochs", "state", "attempts",
                      *[f"final_{n}" for n in names], *[f"best_{n}" for n in names], "gpu_hours", "cost_usd",
                      "lost_gpu_hours", "preemptions", "pulled", "local_dir", "error", "cpu_hours",
-                     *[f"best_row_{n}" for n in names]])
+                     *[f"best_row_{n}" for n in names], "part"])
     for row in rows:
         j = row.job
         c = row.cost
@@ -143,7 +156,7 @@ def results_csv(rows: list[ResultRow]) -> None:
                          f"{c.gpu_hours:.6f}" if c else "", f"{c.cost:.4f}" if c and c.cost is not None else "",
                          f"{c.lost_gpu_hours:.6f}" if c else "", c.preemptions if c else "",
                          row.pulled, row.local_dir, row.error or "", f"{c.cpu_hours:.6f}" if c else "",
-                         *[row.best_row.get(n, "") for n in names]])
+                         *[row.best_row.get(n, "") for n in names], j.part])
 
 
 PULL_STYLE = {"verified": "green", "already verified": "green", "incomplete": "yellow", "quarantined": "red",

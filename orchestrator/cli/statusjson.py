@@ -47,7 +47,11 @@ def status_model(snap: Snapshot) -> documents.StatusDocument:
         ))
     sweeps = [documents.SweepStatus(id=sweep.id, queue_path=sweep.queue_path, created_at=sweep.created_at,
                                     jobs=sweep.job_count, states=snap.counts.get(sweep.id, {}),
-                                    budget=_budget(snap, sweep.id, sweep.budget_usd))
+                                    budget=_budget(snap, sweep.id, sweep.budget_usd),
+                                    parts=[documents.SweepPartStatus(number=p.number, joined_at=p.created_at,
+                                                                     queue_path=p.queue_path, jobs=p.job_count,
+                                                                     bundle_sha=p.bundle_sha)
+                                           for p in snap.parts.get(sweep.id, [])])
               for sweep in snap.sweeps]  # the raw strings: JSON escapes every control character
     alerts = [documents.Alert(time=a.time, severity=a.severity, rule=a.rule, subject=a.subject, message=a.message,
                               action=a.action) for a in alert_views(snap)]

@@ -115,8 +115,11 @@ def up_report(result: UpResult) -> None:
             echo(f"  {verdict.detail}")
     cannot = sorted({row.provider for row in result.hosts if not can_stop_itself(row.provider)})
     for provider in cannot:  # docs/providers.md, "When no gpuq command runs: the host stops itself"
+        told = any(r.name in result.noticed for r in result.hosts if r.provider == provider)
+        notice = ("; with no gpuq command for lease_timeout_min each POSTs a notice to your webhook_url" if told
+                  else "; set webhook_url in your config.toml to be told when one sits idle")
         echo(f"gpuq: {provider} machines cannot stop their own billing: while no gpuq command runs they bill until "
-             "`gpuq down` (run `gpuq watch` on a machine that stays on)", err=True)
+             f"`gpuq down` (run `gpuq watch` on a machine that stays on){notice}", err=True)
     for line in result.problems():
         echo(f"gpuq: {line}", err=True)
     if result.hosts and not result.ok:

@@ -51,12 +51,25 @@ class JobSpec(BaseModel):
     config_sha256: str = ""
     args: tuple[str, ...] = ()  # trainer arguments after `--`, grid-expanded, literal
     cell: str = ""  # the line's name before grid/seed expansion ("" = the job's own name)
+    after: tuple[str, ...] = ()  # `after=`: the cells or jobs it waits for, as the line names them
+    seeds_max: int = 0  # seeds=auto:MIN..MAX: the most seeds its cell may have (0 = a fixed number; not identity)
     line: int = 0
     raw: str = ""
 
 
+class DependencyEdge(BaseModel):
+    """One ``after=`` edge between two expanded jobs: ``job`` starts only once ``needs`` SUCCEEDED; ``via`` is
+    the name the line wrote (``after=VIA``; ``{checkpoint.VIA}`` and ``GPUQ_CHECKPOINT_<VIA>``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job: str
+    needs: str
+    via: str
+
+
 class ParsedQueue(BaseModel):
-    """A whole, valid queue file: its jobs plus warnings that never block a submit."""
+    """A whole, valid queue file: its jobs (and their ``after=`` edges) plus warnings that never block a submit."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -64,6 +77,7 @@ class ParsedQueue(BaseModel):
     workdir: str
     jobs: tuple[JobSpec, ...]
     warnings: tuple[str, ...] = Field(default_factory=tuple)
+    edges: tuple[DependencyEdge, ...] = Field(default_factory=tuple)
 
 
 class CommandResult(BaseModel):

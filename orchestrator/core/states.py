@@ -8,6 +8,8 @@
              ASSIGNED → QUEUED: the controller withdrew it unstarted from its host's inbox (a budget
              passed, or work stealing that did not live to place it elsewhere); the attempt ends KILLED
              any non-terminal → CANCELLED
+             any non-terminal → STOPPED: early stopping ([stop], docs/stopping.md) found its cell worse than
+             the baseline; the decision is recorded (``stop_look``) before the job is stopped on its host
              FAILED | LOST → PREEMPTED: the provider reports a spot preemption a tick after the
              attempt ended on that host (its grace came first); only ``stops.reclaim_preempted``
     Attempt: STARTING → RUNNING → EXITED | PREEMPTED | LOST | KILLED
@@ -45,6 +47,7 @@ class JobState(str, Enum):
     PREEMPTED = "PREEMPTED"
     LOST = "LOST"
     CANCELLED = "CANCELLED"
+    STOPPED = "STOPPED"  # early stopping: its cell lost against the baseline at a rung (its own outcome)
 
     @property
     def terminal(self) -> bool:
@@ -64,7 +67,7 @@ class AttemptState(str, Enum):
         return self in ATTEMPT_TERMINAL
 
 
-JOB_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+JOB_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED})
 ATTEMPT_TERMINAL = frozenset(
     {AttemptState.EXITED, AttemptState.PREEMPTED, AttemptState.LOST, AttemptState.KILLED}
 )
@@ -75,18 +78,21 @@ ENDS_AS: dict[JobState, AttemptState] = {
     JobState.SUCCEEDED: AttemptState.EXITED,
     JobState.FAILED: AttemptState.LOST,
     JobState.CANCELLED: AttemptState.KILLED,
+    JobState.STOPPED: AttemptState.KILLED,
 }
 
 _J = JobState
 JOB_ALLOWED: dict[JobState, frozenset[JobState]] = {
-    _J.QUEUED: frozenset({_J.ASSIGNED, _J.CANCELLED}),
-    _J.ASSIGNED: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED, _J.QUEUED}),
-    _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED}),
-    _J.PREEMPTED: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED}),
-    _J.LOST: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED, _J.PREEMPTED}),
+    _J.QUEUED: frozenset({_J.ASSIGNED, _J.CANCELLED, _J.STOPPED}),
+    _J.ASSIGNED: frozenset({_J.RUNNING, _J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED, _J.QUEUED,
+                            _J.STOPPED}),
+    _J.RUNNING: frozenset({_J.SUCCEEDED, _J.FAILED, _J.PREEMPTED, _J.LOST, _J.CANCELLED, _J.STOPPED}),
+    _J.PREEMPTED: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED, _J.STOPPED}),
+    _J.LOST: frozenset({_J.QUEUED, _J.FAILED, _J.CANCELLED, _J.PREEMPTED, _J.STOPPED}),
     _J.SUCCEEDED: frozenset(),
     _J.FAILED: frozenset({_J.PREEMPTED}),
     _J.CANCELLED: frozenset(),
+    _J.STOPPED: frozenset(),
 }
 
 _A = AttemptState

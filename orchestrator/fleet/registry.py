@@ -8,6 +8,7 @@ file says of one is ``host_keys.py``.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,8 +35,8 @@ def ssh_options(settings: Settings, *, trust_new: bool = False) -> SSHOptions:
 def agent_flags(row: HostRow, settings: Settings) -> tuple[str, ...]:
     """Host-specific flags for the agent's ``serve`` (and ``enqueue --serve``)."""
     flags: list[str] = []
-    if row.kind == "local" and settings.local_cpu_slots:
-        flags += ["--cpu-slots", str(settings.local_cpu_slots)]
+    if row.kind == "local":  # the CPU slots the plan assumes (host_capacity), also to an agent already serving
+        flags += ["--cpu-slots", str(settings.local_cpu_slots or os.cpu_count() or 1)]
     if row.train_device == "cpu":
         flags += ["--train-device", "cpu"]
     if row.provider:  # a rented host keeps its own lease: 0 turns a lease it holds off (gpuq_selfstop.py)

@@ -187,6 +187,14 @@ class Results(Open):
         return [(f.path, f.bytes, f.sha256) for f in self.files]
 
 
+class Partial(Open):
+    """A running job's learning curves so far (``status --curves-for``): what early stopping reads at its
+    rungs (finite points only, bounded like a summary's curves)."""
+
+    attempt: Attempt = 0
+    curves: Annotated[dict[Short, Curve], Field(max_length=MAX_CURVES)] = Field(default_factory=dict)
+
+
 class CollectDocument(RootModel[Annotated[dict[Short, Results], Field(max_length=MAX_JOBS)]]):
     """``collect``: {job_id: its results}."""
 

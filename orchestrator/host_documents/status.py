@@ -37,7 +37,7 @@ from orchestrator.host_documents.bounds import (
     objects_only,
 )
 from orchestrator.host_documents.provenance import Provenance
-from orchestrator.host_documents.results import Pointer, Results
+from orchestrator.host_documents.results import Partial, Pointer, Results
 
 Objects = BeforeValidator(objects_only)  # a list of records: items that are no JSON object are dropped
 
@@ -236,6 +236,7 @@ class JobEntry(Open):
     exit: Annotated[ExitRecord | None, BeforeValidator(object_or_none)] = None
     scan: Scan | None = None
     results: Results | None = None
+    partial: Partial | None = None  # ``--curves-for``: a running job's curves so far (early stopping)
     slots: Annotated[list[SlotCount], Field(max_length=MAX_GPUS)] | None = None
     ckpt: Annotated[Pointer | None, BeforeValidator(object_or_none)] = None
     heartbeat: Annotated[Heartbeat | None, BeforeValidator(object_or_none)] = None

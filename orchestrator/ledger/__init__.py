@@ -18,19 +18,23 @@ if TYPE_CHECKING:
         Artifact,
         Attempt,
         Checkpoint,
+        Dependency,
         Event,
         HostFields,
         HostRow,
         Job,
         Metric,
         Pull,
+        StopLook,
         Sweep,
+        SweepPart,
     )
 
 _HOME = {
     "Artifact": "orchestrator.ledger.tables",
     "Attempt": "orchestrator.ledger.tables",
     "Checkpoint": "orchestrator.ledger.tables",
+    "Dependency": "orchestrator.ledger.tables",
     "Event": "orchestrator.ledger.tables",
     "HostFields": "orchestrator.ledger.tables",
     "HostRow": "orchestrator.ledger.tables",
@@ -40,7 +44,9 @@ _HOME = {
     "Metric": "orchestrator.ledger.tables",
     "PricedAttempt": "orchestrator.ledger.pricing",
     "Pull": "orchestrator.ledger.tables",
+    "StopLook": "orchestrator.ledger.tables",
     "Sweep": "orchestrator.ledger.tables",
+    "SweepPart": "orchestrator.ledger.tables",
     "attempt_price": "orchestrator.ledger.pricing",
 }
 
@@ -48,6 +54,7 @@ __all__ = [
     "Artifact",
     "Attempt",
     "Checkpoint",
+    "Dependency",
     "Event",
     "HostFields",
     "HostRow",
@@ -57,7 +64,9 @@ __all__ = [
     "Metric",
     "PricedAttempt",
     "Pull",
+    "StopLook",
     "Sweep",
+    "SweepPart",
     "attempt_price",
 ]
 

@@ -21,6 +21,8 @@ from orchestrator.ledger.txn import Sessions
 
 SETUP_PHASE = "project_setup"  # orchestrator/health/setup_holds.py: never counts against retries=
 
+_ENDS = frozenset({"ended_at", "seen_ended_at"})  # end times a progress update may set, never clear
+
 
 class AttemptRecords(Sessions):
     """Attempt reads of :class:`orchestrator.ledger.store.Ledger`, and progress fields (never a state)."""
@@ -96,6 +98,8 @@ class AttemptRecords(Sessions):
         with self.session() as s:
             row = s.exec(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)).one()
             for key, value in fields.items():
+                if value is None and key in _ENDS and getattr(row, key) is not None:
+                    continue  # a look that began before another command ended the attempt never unends it
                 setattr(row, key, value)
 
     def failed_attempts(self, job_id: str) -> int:

@@ -1,4 +1,4 @@
-"""TODO."""
+"""The ledger's first schema as released (v1), frozen: the migrations build on it, never on tables.py."""
 
 from __future__ import annotations
 
@@ -156,4 +156,30 @@ V3_DDL = (
 )""",
     """CREATE INDEX ix_pull_created_at ON pull (created_at)""",
     """CREATE INDEX ix_pull_job_id ON pull (job_id)""",
+)
+
+
+V23_DDL = (
+    """CREATE TABLE stop_look (
+    id INTEGER NOT NULL,
+    sweep_id VARCHAR NOT NULL,
+    cell VARCHAR NOT NULL,
+    rung INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    rule VARCHAR NOT NULL,
+    fraction FLOAT NOT NULL,
+    cell_mean FLOAT NOT NULL,
+    baseline_mean FLOAT NOT NULL,
+    n_cell INTEGER NOT NULL,
+    n_baseline INTEGER NOT NULL,
+    statistic FLOAT NOT NULL,
+    threshold FLOAT NOT NULL,
+    p_value FLOAT,
+    stop BOOLEAN NOT NULL,
+    decided_at FLOAT NOT NULL,
+    PRIMARY KEY (id),
+    CONSTRAINT uq_stop_look_cell_rung UNIQUE (sweep_id, cell, rung),
+    FOREIGN KEY(sweep_id) REFERENCES sweep (id)
+)""",
+    """CREATE INDEX ix_stop_look_sweep_id ON stop_look (sweep_id)""",
 )

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable
 
 from orchestrator.core.errors import LedgerVersionError
-from orchestrator.ledger.frozen_ddl import V1_DDL, V3_DDL
+from orchestrator.ledger.frozen_ddl import V1_DDL, V3_DDL, V23_DDL
 
 
 def _v1_initial(conn: sqlite3.Connection) -> None:
@@ -271,12 +271,67 @@ def _v20_attempt_clock(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE attempt ADD COLUMN {column} FLOAT")
 
 
+def _v21_auto_seeds(conn: sqlite3.Connection) -> None:
+    """v21: ``seeds=auto:MIN..MAX`` (docs/stopping.md, "seeds=auto"): the most seeds a job's cell may have (0 = a
+    fixed number of seeds); the tick adds a seed, as a job row named ``<cell>-seed<k>``, while the cell's verdict
+    against the baseline is ambiguous."""
+    conn.execute("ALTER TABLE job ADD COLUMN seeds_max INTEGER NOT NULL DEFAULT 0")
+
+
+def _v22_sweep_parts(conn: sqlite3.Connection) -> None:
+    """v22: a sweep grows by parts (``submit --into``): one row per submit that added jobs, each job's part.
+    Every sweep so far is its part 1."""
+    conn.execute("""CREATE TABLE sweep_part (
+    id INTEGER NOT NULL,
+    sweep_id VARCHAR NOT NULL,
+    number INTEGER NOT NULL,
+    queue_path VARCHAR NOT NULL,
+    queue_text VARCHAR NOT NULL,
+    bundle_sha VARCHAR NOT NULL,
+    job_count INTEGER NOT NULL,
+    created_at FLOAT NOT NULL,
+    PRIMARY KEY (id),
+    FOREIGN KEY(sweep_id) REFERENCES sweep (id)
+)""")
+    conn.execute("CREATE INDEX ix_sweep_part_sweep_id ON sweep_part (sweep_id)")
+    conn.execute("CREATE UNIQUE INDEX ux_sweep_part_number ON sweep_part (sweep_id, number)")
+    conn.execute("INSERT INTO sweep_part (sweep_id, number, queue_path, queue_text, bundle_sha, job_count, created_at) "
+                 "SELECT id, 1, queue_path, queue_text, bundle_sha, job_count, created_at FROM sweep")
+    conn.execute("ALTER TABLE job ADD COLUMN part INTEGER NOT NULL DEFAULT 1")
+
+
+def _v23_stop_looks(conn: sqlite3.Connection) -> None:
+    """v23: early stopping's looks (``stop_look``): one row per sweep, cell and rung, with the rule's numbers as
+    fields, written before any job of a stopped cell is stopped (docs/stopping.md)."""
+    for statement in V23_DDL:
+        conn.execute(statement)
+
+
+def _v24_dependencies(conn: sqlite3.Connection) -> None:
+    """v24: ``after=`` edges between jobs (``tables.Dependency``): who waits for whom, and by which name the line
+    asked for it (its checkpoint's placeholder)."""
+    conn.execute("""CREATE TABLE dependency (
+    id INTEGER NOT NULL,
+    job_id VARCHAR NOT NULL,
+    needs_id VARCHAR NOT NULL,
+    via VARCHAR NOT NULL,
+    created_at FLOAT NOT NULL,
+    PRIMARY KEY (id),
+    FOREIGN KEY(job_id) REFERENCES job (id),
+    FOREIGN KEY(needs_id) REFERENCES job (id)
+)""")
+    conn.execute("CREATE INDEX ix_dependency_job_id ON dependency (job_id)")
+    conn.execute("CREATE INDEX ix_dependency_needs_id ON dependency (needs_id)")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_initial, _v2_ssh_hosts, _v3_pulls, _v4_health,
                                                           _v5_providers, _v6_run, _v7_replacements, _v8_slurm,
                                                           _v9_nodes, _v10_provenance, _v11_metric_scope,
                                                           _v12_money, _v13_withdrawing, _v14_gpu_needs,
                                                           _v15_event_fields, _v16_holds, _v17_crash_fields,
-                                                          _v18_stop_policy, _v19_result_cache, _v20_attempt_clock]
+                                                          _v18_stop_policy, _v19_result_cache, _v20_attempt_clock,
+                                                          _v21_auto_seeds, _v22_sweep_parts, _v23_stop_looks,
+                                                          _v24_dependencies]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

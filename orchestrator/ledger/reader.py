@@ -2,7 +2,7 @@
 
 Loading SQLAlchemy, SQLModel and the table models costs a read-only command more than reading ten
 thousand rows does.  ``LedgerReader`` answers the reads a ledger-only snapshot makes (``api/snapshot.py``:
-hosts, sweeps, jobs, attempts, counts, alerts, and what a budget's standing is reckoned from) in one
+hosts, sweeps and their parts, jobs, attempts, counts, alerts, and what a budget's standing is reckoned from) in one
 read transaction (a consistent snapshot that blocks no writer), from a read-only connection.
 
 There is no second copy of the tables: a row becomes a record whose attributes are the columns the
@@ -25,10 +25,17 @@ from orchestrator.core.states import AttemptState, JobState
 from orchestrator.ledger.migrate import SCHEMA_VERSION
 from orchestrator.ledger.pricing import PricedAttempt
 from orchestrator.ledger.reader_results import ResultReads
-from orchestrator.ledger.rowmethods import AttemptMethods, EventMethods, HostMethods, JobMethods, SweepMethods
+from orchestrator.ledger.rowmethods import (
+    AttemptMethods,
+    EventMethods,
+    HostMethods,
+    JobMethods,
+    PartMethods,
+    SweepMethods,
+)
 
 if TYPE_CHECKING:
-    from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep
+    from orchestrator.ledger.tables import Attempt, Event, HostRow, Job, Sweep, SweepPart
 
 _IN_CHUNK = 500  # ids per IN (...) list, as the Ledger reads them
 _LIKE_ESCAPE = "/"
@@ -44,6 +51,7 @@ class LedgerReads(Protocol):
 
     def hosts(self) -> list[HostRow]: ...
     def sweeps(self) -> list[Sweep]: ...
+    def sweep_parts(self) -> list[SweepPart]: ...
     def resolve_sweep(self, ref: str | None) -> Sweep: ...
     def jobs(self, *, sweep_id: str | None = None, states: Iterable[JobState] | None = None) -> list[Job]: ...
     def state_counts(self) -> dict[str, dict[str, int]]: ...
@@ -121,6 +129,11 @@ class SweepRecord(Record, SweepMethods):
     __table__ = "sweep"
 
 
+class PartRecord(Record, PartMethods):
+    __slots__ = ()
+    __table__ = "sweep_part"
+
+
 class JobRecord(Record, JobMethods):
     __slots__ = ()
     __table__ = "job"
@@ -146,6 +159,11 @@ class PullRecord(Record):
     __table__ = "pull"
 
 
+class StopLookRecord(Record):  # early stopping's looks (the report's stopped cells)
+    __slots__ = ()
+    __table__ = "stop_look"
+
+
 def _prefix_pattern(prefix: str) -> str:
     """``LIKE ? ESCAPE '/'``'s pattern for ``prefix`` (SQLAlchemy's ``startswith(autoescape=True)``)."""
     escaped = "".join(_LIKE_ESCAPE + ch if ch in "%_/" else ch for ch in prefix)
@@ -156,6 +174,7 @@ class LedgerReader(ResultReads):
     """Read-only answers from the ledger file at ``path``; ``ReaderUnavailable`` when it cannot give them."""
 
     HOST, SWEEP, EVENT, CHECKPOINT, PULL = HostRecord, SweepRecord, EventRecord, CheckpointRecord, PullRecord
+    PART, STOP_LOOK = PartRecord, StopLookRecord
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -216,6 +235,9 @@ class LedgerReader(ResultReads):
 
     def sweeps(self) -> list[Sweep]:
         return cast("list[Sweep]", self._records(SweepRecord, "SELECT * FROM sweep ORDER BY created_at"))
+
+    def sweep_parts(self) -> list[SweepPart]:
+        return cast("list[SweepPart]", self._records(PartRecord, "SELECT * FROM sweep_part ORDER BY sweep_id, number"))
 
     def resolve_sweep(self, ref: str | None) -> Sweep:
         """A sweep id or unique prefix; None means the newest sweep."""

@@ -1,7 +1,7 @@
 """The reads of ``gpuq results``, ``report``, ``logs`` and ``explain`` without the ORM: a mixin of
 ``LedgerReader`` (``reader.py``), each read answering what the ``Ledger``'s method of the same name answers
-(``results.py``, ``events.py``, ``pulls.py``, ``store.redact``), row for row, in the same order
-(``tests/unit/test_ledger_reader.py``)."""
+(``results.py``, ``events.py``, ``pulls.py``, ``sweep_parts.py``, ``stop_records.py``, ``store.redact``), row
+for row, in the same order (``tests/unit/test_ledger_reader.py``, ``test_reader_results.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from orchestrator.ledger.eventsql import NEWEST_EVENTS, past_prefix
 from orchestrator.ledger.sweeprun import parse_run
 
 if TYPE_CHECKING:
-    from orchestrator.ledger.tables import Checkpoint, Event, HostRow, Pull, Sweep
+    from orchestrator.ledger.tables import Checkpoint, Event, HostRow, Pull, StopLook, Sweep, SweepPart
 
 _IN_CHUNK = 500
 
@@ -33,6 +33,8 @@ class ResultReads:
     EVENT: type
     CHECKPOINT: type
     PULL: type
+    PART: type
+    STOP_LOOK: type
 
     if TYPE_CHECKING:
         def _records(self, cls: type[Any], sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
@@ -52,6 +54,16 @@ class ResultReads:
     def sweep(self, sweep_id: str) -> Sweep | None:
         found = self._records(self.SWEEP, "SELECT * FROM sweep WHERE id = ?", (sweep_id,))
         return cast("Sweep", found[0]) if found else None
+
+    def parts_of(self, sweep_id: str) -> list[SweepPart]:
+        """``Ledger.parts_of``: one sweep's parts (``submit --into``), by number."""
+        return cast("list[SweepPart]", self._records(self.PART, "SELECT * FROM sweep_part WHERE sweep_id = ? "
+                                                                "ORDER BY number", (sweep_id,)))
+
+    def stop_looks(self, sweep_ids: Iterable[str]) -> list[StopLook]:
+        """``Ledger.stop_looks``: the sweeps' early-stopping looks, oldest first (per 500 sweeps, as it reads)."""
+        sql = "SELECT * FROM stop_look WHERE sweep_id IN ({marks}) ORDER BY id"
+        return cast("list[StopLook]", self._chunks(self.STOP_LOOK, sql, sorted(set(sweep_ids))))
 
     def metric_values(self, job_ids: Iterable[str], scopes: Sequence[str] = ("final", "best"),
                       names: Sequence[str] | None = None) -> list[tuple[str, str, str, float, int | None]]:

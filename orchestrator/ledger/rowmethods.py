@@ -4,6 +4,7 @@ the read path's records (``reader.py``), so a row read either way answers the sa
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING
 
 from orchestrator.core.states import HoldKind, LeaseState, hold_text
@@ -51,6 +52,25 @@ class SweepMethods:
         """The sweep's ``[run]`` table (None without one; ``unreadable`` set when its stored text is not
         one): ``sweeprun.parse_run``, the one reader of ``Sweep.run``."""
         return parse_run(self.run)
+
+
+class PartMethods:
+    __slots__ = ()
+    if TYPE_CHECKING:
+        number: int
+        created_at: float
+        queue_path: str
+        job_count: int
+
+    @property
+    def joined(self) -> str:
+        """``joined: part 2, 2026-12-02 16:10 UTC``: when the part joined its sweep (``submit --into``)."""
+        return f"joined: part {self.number}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(self.created_at))}"
+
+    @property
+    def line(self) -> str:
+        """Its ``joined`` with the queue and the jobs it added."""
+        return f"{self.joined} ({self.queue_path}, {self.job_count} job{'s' if self.job_count != 1 else ''})"
 
 
 class JobMethods:

@@ -37,6 +37,7 @@ from sqlmodel import Session, col, select
 from orchestrator.core.errors import IllegalTransition, JobNotFound, LedgerError
 from orchestrator.core.states import ENDS_AS, AttemptState, JobState, attempt_may, job_may
 from orchestrator.ledger.attempt_records import AttemptRecords
+from orchestrator.ledger.dependency_records import DependencyRecords
 from orchestrator.ledger.events import EventRecords, add_event
 from orchestrator.ledger.host_records import HostRecords
 from orchestrator.ledger.leases import LeaseRecords
@@ -45,6 +46,8 @@ from orchestrator.ledger.pricing import attempt_price
 from orchestrator.ledger.pulls import PullRecords
 from orchestrator.ledger.redaction import LedgerRedaction
 from orchestrator.ledger.results import ResultRecords
+from orchestrator.ledger.stop_records import StopRecords
+from orchestrator.ledger.sweep_parts import SweepParts
 from orchestrator.ledger.sweep_records import SweepRecords
 from orchestrator.ledger.tables import Attempt, HostRow, Job
 from orchestrator.ledger.txn import BUSY_TIMEOUT_MS, IN_CHUNK, ledger_engine, transaction
@@ -61,7 +64,8 @@ def _create_private(path: Path) -> None:
         os.chmod(path, 0o600)
 
 
-class Ledger(HostRecords, SweepRecords, AttemptRecords, EventRecords, ResultRecords, PullRecords, LeaseRecords):
+class Ledger(HostRecords, SweepRecords, SweepParts, AttemptRecords, EventRecords, ResultRecords, PullRecords,
+             LeaseRecords, StopRecords, DependencyRecords):
     """gpuq's SQLite ledger (one file under ``$GPUQ_HOME``)."""
 
     def __init__(self, path: Path) -> None:

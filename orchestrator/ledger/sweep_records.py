@@ -9,15 +9,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from orchestrator.core.errors import JobNotFound, LedgerError
-from orchestrator.core.specs import JobSpec, job_id_for, spec_hash_for
+from orchestrator.core.specs import DependencyEdge, JobSpec, job_id_for, spec_hash_for
 from orchestrator.core.states import JobState
 from orchestrator.ledger import refs
 from orchestrator.ledger.events import add_event
 from orchestrator.ledger.refs import JobRef
-from orchestrator.ledger.tables import Event, Job, Sweep
+from orchestrator.ledger.tables import Dependency, Event, Job, Sweep, SweepPart
 
 if TYPE_CHECKING:
     pass
@@ -49,6 +49,7 @@ class SweepRecords(Sessions):
         stop: str = "",
         keys: Mapping[str, str] | None = None,
         reuse: Mapping[str, str] | None = None,
+        edges: Sequence[DependencyEdge] = (),
     ) -> list[Job]:
         """Insert a sweep and all its jobs (QUEUED) in one transaction.
 
@@ -58,9 +59,9 @@ class SweepRecords(Sessions):
         ``stop``: the sweep's stopping policy as JSON ("": off; orchestrator/stopping/policy.py).
         ``keys``: {job name: content key} (the result cache); ``reuse``: {job name: the SUCCEEDED job whose
         verified results it reuses}: those rows are inserted SUCCEEDED with ``reused_from`` and never run.
+        ``edges``: the queue's ``after=`` edges between its jobs (by name), inserted as ``Dependency`` rows.
         """
         now = time.time()
-        rows: list[Job] = []
         with self.session() as s:
             if s.get(Sweep, sweep_id) is not None:
                 raise LedgerError(f"sweep {sweep_id} already exists")
@@ -69,20 +70,46 @@ class SweepRecords(Sessions):
                         verify=",".join(verify), run=run, git_commit=git[0], git_dirty=git[1],
                         budget_usd=budget_usd, stop=stop, job_count=len(jobs), created_at=now))
             s.flush()
-            for spec in jobs:
-                row = job_row(sweep_id, spec, default_retries, now)
-                row.content_key = (keys or {}).get(spec.name, "")
-                twin = (reuse or {}).get(spec.name, "")
-                if twin:
-                    row.state, row.reused_from = JobState.SUCCEEDED.value, twin
-                s.add(row)
-                rows.append(row)
-            for row in rows:
-                if row.reused_from:
-                    add_event(s, "job", row.id, "", JobState.SUCCEEDED.value,
-                              f"reused the verified results of {row.reused_from}; not run")
+            s.add(SweepPart(sweep_id=sweep_id, number=1, queue_path=queue_path, queue_text=queue_text,
+                            bundle_sha=bundle_sha, job_count=len(jobs), created_at=now))
+            rows = insert_jobs(s, sweep_id, jobs, default_retries, now, keys=keys or {}, reuse=reuse or {}, part=1)
+            s.flush()
+            for edge in edges:
+                s.add(Dependency(job_id=job_id_for(sweep_id, edge.job), needs_id=job_id_for(sweep_id, edge.needs),
+                                 via=edge.via, created_at=now))
             add_event(s, "sweep", sweep_id, "", "submitted", f"{len(jobs)} jobs from {queue_path}")
         return rows
+
+    def add_seeds(self, sweep_id: str, jobs: Sequence[JobSpec], default_retries: int,
+                  why: Mapping[str, str]) -> list[Job]:
+        """Seeds ``seeds=auto`` adds to a sweep (tick/autoseeds.py): QUEUED rows with one event each (``why``:
+        {job name: the verdict that called for it}), in one transaction.  The row is the decision's record;
+        a job id the sweep already has is skipped, so a tick that decides again after a crash adds it once
+        (ids derive from the sweep and the seed's name, ``job_id_for``)."""
+        now = time.time()
+        rows: list[Job] = []
+        with self.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            if sweep is None:
+                raise LedgerError(f"no sweep {sweep_id!r}")
+            for spec in jobs:
+                row = job_row(sweep_id, spec, default_retries, now)
+                if s.get(Job, row.id) is not None:
+                    continue
+                s.add(row)
+                rows.append(row)
+            sweep.job_count += len(rows)
+            s.flush()
+            for row in rows:
+                add_event(s, "job", row.id, "", JobState.QUEUED.value, f"seeds=auto added {row.name}: {why[row.name]}")
+        return rows
+
+    def auto_seed_sweeps(self) -> list[str]:
+        """The sweeps with a ``seeds=auto`` line (a job whose ``seeds_max`` is set), oldest first."""
+        with self.reading() as s:
+            found = s.exec(select(Job.sweep_id, func.min(Job.created_at)).where(Job.seeds_max > 0)
+                           .group_by(Job.sweep_id))
+            return [sweep_id for sweep_id, _ in sorted(found, key=lambda r: (r[1], r[0]))]
 
     def sweep_ids(self) -> set[str]:
         with self.reading() as s:
@@ -197,6 +224,26 @@ class SweepRecords(Sessions):
                                .order_by(col(Sweep.created_at))))
 
 
+def insert_jobs(s: Session, sweep_id: str, jobs: Sequence[JobSpec], default_retries: int, now: float, *,
+                keys: Mapping[str, str], reuse: Mapping[str, str], part: int) -> list[Job]:
+    """Insert the QUEUED rows of ``jobs`` (part ``part`` of the sweep), the ones in ``reuse`` SUCCEEDED pointing at
+    the job whose verified results they reuse, each with its event; in the caller's transaction."""
+    rows: list[Job] = []
+    for spec in jobs:
+        row = job_row(sweep_id, spec, default_retries, now)
+        row.content_key, row.part = keys.get(spec.name, ""), part
+        twin = reuse.get(spec.name, "")
+        if twin:
+            row.state, row.reused_from = JobState.SUCCEEDED.value, twin
+        s.add(row)
+        rows.append(row)
+    for row in rows:
+        if row.reused_from:
+            add_event(s, "job", row.id, "", JobState.SUCCEEDED.value,
+                      f"reused the verified results of {row.reused_from}; not run")
+    return rows
+
+
 def job_row(sweep_id: str, spec: JobSpec, default_retries: int, now: float) -> Job:
     """The QUEUED row of one expanded queue line of sweep ``sweep_id``."""
     return Job(
@@ -220,6 +267,7 @@ def job_row(sweep_id: str, spec: JobSpec, default_retries: int, now: float) -> J
         cell=spec.cell or spec.name,
         gpu="|".join(spec.gpu),
         gpu_mem=spec.gpu_mem,
+        seeds_max=spec.seeds_max,
         state=JobState.QUEUED.value,
         created_at=now,
         updated_at=now,

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from sqlalchemy import Index
+from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from orchestrator.ledger.rowmethods import AttemptMethods, EventMethods, HostMethods, JobMethods, SweepMethods
+from orchestrator.ledger.rowmethods import (
+    AttemptMethods,
+    EventMethods,
+    HostMethods,
+    JobMethods,
+    PartMethods,
+    SweepMethods,
+)
 
 
 class HostRow(SQLModel, HostMethods, table=True):
@@ -166,6 +173,40 @@ class Job(SQLModel, JobMethods, table=True):
     # v19: the result cache (docs/queue.md): what the job computes, and the job whose results it reuses
     content_key: str = ""  # sha256 of the spec, the code it runs and the [run]/[data] it reads ("" = none)
     reused_from: str = ""  # SUCCEEDED without running: the job id whose verified results it reuses ("" = ran)
+    # v21: seeds=auto:MIN..MAX: the most seeds its cell may have (0 = a fixed number; tick/autoseeds.py)
+    seeds_max: int = 0
+    # v22: the part of its sweep that added it (1: the submit that made the sweep; each `submit --into`, the next)
+    part: int = 1
+
+
+class SweepPart(SQLModel, PartMethods, table=True):
+    """One submit that added jobs to a sweep (v22): part 1 made it, each ``submit --into`` the next (docs/queue.md).
+    Its jobs run with its bundle (``Job.part``); ``job_count``: the jobs it added."""
+
+    __tablename__ = "sweep_part"
+    __table_args__ = (Index("ux_sweep_part_number", "sweep_id", "number", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    sweep_id: str = Field(foreign_key="sweep.id", index=True)
+    number: int
+    queue_path: str
+    queue_text: str  # the queue file as it was read for this part
+    bundle_sha: str = ""
+    job_count: int
+    created_at: float
+
+
+class Dependency(SQLModel, table=True):
+    """v24: one ``after=`` edge (docs/queue.md): job ``job_id`` starts only once job ``needs_id`` SUCCEEDED, and
+    gets its checkpoint as ``{checkpoint.<via>}`` / ``GPUQ_CHECKPOINT_<VIA>``; ``via`` is the name the line wrote."""
+
+    __tablename__ = "dependency"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    needs_id: str = Field(foreign_key="job.id", index=True)
+    via: str
+    created_at: float
 
 
 class Attempt(SQLModel, AttemptMethods, table=True):
@@ -273,6 +314,31 @@ class Metric(SQLModel, table=True):
     value: float
     step: int | None = None
     epoch: int | None = None
+
+
+class StopLook(SQLModel, table=True):
+    """v21: one look of a sweep's stopping policy at one cell and rung (stopping.rules.Look), stop or not,
+    recorded before any job of the cell is stopped (docs/stopping.md); a cell is looked at once per rung."""
+
+    __tablename__ = "stop_look"
+    __table_args__ = (UniqueConstraint("sweep_id", "cell", "rung", name="uq_stop_look_cell_rung"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    sweep_id: str = Field(foreign_key="sweep.id", index=True)
+    cell: str
+    rung: int
+    step: int  # the rung's step in the cell's runs
+    rule: str  # "baseline" | "halving"
+    fraction: float
+    cell_mean: float
+    baseline_mean: float
+    n_cell: int
+    n_baseline: int
+    statistic: float
+    threshold: float
+    p_value: float | None = None
+    stop: bool
+    decided_at: float
 
 
 class Pull(SQLModel, table=True):

@@ -35,3 +35,11 @@ def self_stop_cost(
     stopped = min(max(last_contact, idle_since) + lease_s + CHECK_S, max(found_at, idle_since))
     hours = max(0.0, stopped - idle_since) / 3600.0
     return SelfStopCost(stopped, hours, None if price_per_hour is None else hours * price_per_hour)
+
+
+def unseen_stop_cost(last_contact: float, price_per_hour: float | None, found_at: float) -> SelfStopCost:
+    """The host stopped after jobs gpuq last saw running there ended, unseen (no gpuq command ran): their ends
+    are on its stopped disk, so the latest it can have stopped is when gpuq found it, and what it billed since
+    the last gpuq command that reached it is at most ``found_at - last_contact`` (``idle_hours``: that bound)."""
+    hours = max(0.0, found_at - last_contact) / 3600.0
+    return SelfStopCost(found_at, hours, None if price_per_hour is None else hours * price_per_hour)

@@ -25,38 +25,31 @@ the line's epochs gives a warning, which never blocks.
 from __future__ import annotations
 
 import errno
-import hashlib
 import math
 import os
 import re
 import stat
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-
-import yaml
 
 from orchestrator.core.errors import QueueIssue, QueueParseError
 from orchestrator.core.specs import DEFAULT_EPOCHS, JobSpec, ParsedQueue
+from orchestrator.queue import dependencies
+from orchestrator.queue.queueconfig import ConfigInfo, epochs_differ, inspect_config
 from orchestrator.queue.queuegrid import ArgsError, Cell, expand, job_name
-from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, parse_line
+from orchestrator.queue.queueline import ALLOWED_KEYS, ARGS_MARK, Draft, Token, check_auto_baseline, parse_line
 
-__all__ = ["ALLOWED_KEYS", "parse_bytes", "parse_queue"]
+__all__ = ["ALLOWED_KEYS", "PlacementCheck", "parse_bytes", "parse_queue"]
+
+PlacementCheck = Callable[[Sequence[JobSpec]], Sequence[QueueIssue]]
+"""Where the jobs of the lines that parsed could go: an issue for each that no host can take (``submit``
+passes one, so a ``gpu=2`` meant as ``gpus=2`` is reported in the same pass as a typo on another line)."""
 
 MAX_LINE_BYTES = 4096
 MAX_QUEUE_BYTES = 8 * 1024 * 1024  # a bigger queue file is refused (`gpuq submit /dev/zero` must not eat memory)
 BOM = b"\xef\xbb\xbf"
 _TOKEN_RE = re.compile(r"[^ \t]+")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-@dataclass(frozen=True)
-class _ConfigInfo:
-    """The environment's answer for one config path: an error, or its hash and YAML ``epochs:``."""
-
-    error: str | None = None
-    sha256: str = ""
-    epochs: object = None
 
 
 # ---------------------------------------------------------------- public API
@@ -69,6 +62,7 @@ def parse_queue(
     tasks: Collection[str] | None = None,
     needs_config: bool = True,
     uses_epochs: bool = True,
+    placement: PlacementCheck | None = None,
 ) -> ParsedQueue:
     """Read and validate the queue file at ``path``; its directory is the workdir.
 
@@ -79,7 +73,7 @@ def parse_queue(
     data = read_queue_bytes(path)
     workdir = Path(os.path.abspath(path)).parent
     return parse_bytes(data, label=label, workdir=workdir, known_hosts=known_hosts, tasks=tasks,
-                       needs_config=needs_config, uses_epochs=uses_epochs)
+                       needs_config=needs_config, uses_epochs=uses_epochs, placement=placement)
 
 
 def read_queue_bytes(path: Path) -> bytes:
@@ -131,13 +125,21 @@ def parse_bytes(
     tasks: Collection[str] | None = None,
     needs_config: bool = True,
     uses_epochs: bool = True,
+    placement: PlacementCheck | None = None,
 ) -> ParsedQueue:
-    """Validate queue-file bytes; ``workdir=None`` skips the config-file checks and hashing."""
+    """Validate queue-file bytes; ``workdir=None`` skips the config-file checks and hashing.  With
+    ``placement``, the jobs of every line without a problem are also checked against the hosts."""
     issues: list[QueueIssue] = []
     drafts, saw_job = _parse_lines(data, issues, needs_config)
     jobs = _expand(drafts, issues)
+    check_auto_baseline([(draft, name) for draft, name, _ in jobs], issues)
+    edges = dependencies.edges_of(drafts, jobs, issues)
     _check_hosts_and_tasks(drafts, known_hosts, tasks, issues)
     warnings = _check_environment(drafts, workdir, label, issues, uses_epochs) if workdir is not None else []
+    if placement is not None:
+        bad = {issue.line for issue in issues}
+        issues.extend(placement([_to_spec(draft, name, cell, uses_epochs) for draft, name, cell in jobs
+                                 if draft.number not in bad]))
     if not saw_job and not issues:
         issues.append(QueueIssue(0, None, "no jobs"))
     if issues:
@@ -147,6 +149,7 @@ def parse_bytes(
         workdir=str(workdir) if workdir is not None else "",
         jobs=tuple(_to_spec(draft, name, cell, uses_epochs) for draft, name, cell in jobs),
         warnings=tuple(warnings),
+        edges=tuple(edges),
     )
 
 
@@ -285,7 +288,7 @@ def _check_environment(
 ) -> list[str]:
     """Check and hash every config file; return the epochs warnings."""
     root = os.path.realpath(workdir)
-    cache: dict[str, _ConfigInfo] = {}
+    cache: dict[str, ConfigInfo] = {}
     warnings: list[str] = []
     for draft in drafts:
         if not draft.config_ok or draft.config is None:
@@ -293,7 +296,7 @@ def _check_environment(
         rel = draft.config.text
         info = cache.get(rel)
         if info is None:
-            info = cache[rel] = _inspect_config(root, rel)
+            info = cache[rel] = inspect_config(root, rel)
         if info.error is not None:
             issues.append(QueueIssue(draft.number, draft.config.column, info.error))
             continue
@@ -304,55 +307,10 @@ def _check_environment(
         if draft.epochs is None and draft.config_epochs is not None:
             continue  # the line gives none: the config's own epochs run (``_epochs``)
         runs = draft.epochs if draft.epochs is not None else DEFAULT_EPOCHS
-        if _epochs_differ(info.epochs, runs) and (draft.epochs is not None or uses_epochs):
+        if epochs_differ(info.epochs, runs) and (draft.epochs is not None or uses_epochs):
             who = "the queue line runs" if draft.epochs is not None else "gpuq runs the default"
             warnings.append(f"{label}:{draft.number}: config {rel} sets epochs: {info.epochs} but {who} {runs}")
     return warnings
-
-
-def _inspect_config(root: str, rel: str) -> _ConfigInfo:
-    """Resolve ``rel`` under ``root``; it must stay inside and be a readable regular file."""
-    try:
-        real = os.path.realpath(os.path.join(root, rel))
-        inside = os.path.commonpath([root, real]) == root
-    except (OSError, ValueError) as exc:
-        return _ConfigInfo(error=f"cannot read config file {rel}: {_reason(exc)}")
-    if not inside:
-        return _ConfigInfo(error=f"config path {rel} leads outside the project root through a symlink")
-    try:
-        mode = os.stat(real).st_mode
-        if not stat.S_ISREG(mode):
-            return _ConfigInfo(error=f"config path is not a regular file: {rel}")
-        with open(real, "rb") as handle:
-            data = handle.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return _ConfigInfo(error=f"config file not found: {rel}")
-    except OSError as exc:
-        return _ConfigInfo(error=f"cannot read config file {rel}: {_reason(exc)}")
-    return _ConfigInfo(sha256=hashlib.sha256(data).hexdigest(), epochs=_yaml_epochs(data))
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc)
-
-
-def _yaml_epochs(data: bytes) -> object:
-    """The config's top-level ``epochs:`` value, or None; YAML problems are the payload's business."""
-    try:
-        document = yaml.safe_load(data)
-    except Exception:  # any YAML failure (syntax, recursion, bad keys) only means "no warning"
-        return None
-    if isinstance(document, dict):
-        return document.get("epochs")
-    return None
-
-
-def _epochs_differ(value: object, epochs: int) -> bool:
-    if value is None:
-        return False
-    return isinstance(value, bool) or value != epochs
 
 
 def _issue_order(issue: QueueIssue) -> tuple[int, float]:
@@ -374,6 +332,7 @@ def _to_spec(draft: Draft, name: str, cell: Cell, uses_epochs: bool = True) -> J
     return JobSpec(
         name=name,
         cell=draft.name,
+        seeds_max=draft.seeds_max,
         config=draft.config.text if draft.config is not None else "",
         task=draft.task.text if draft.task is not None else "",
         epochs=_epochs(draft, uses_epochs),
@@ -384,6 +343,7 @@ def _to_spec(draft: Draft, name: str, cell: Cell, uses_epochs: bool = True) -> J
         host=draft.host.text if draft.host is not None else None,
         retries=draft.ints.get("retries"),
         rerun=draft.rerun,
+        after=tuple(t.text for t in draft.after),
         gpu=draft.gpu,
         gpu_mem=draft.gpu_mem,
         config_sha256=draft.sha256,

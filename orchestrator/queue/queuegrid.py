@@ -52,7 +52,12 @@ LINE_PLACEHOLDERS = ("config", "task", "epochs", "name", "seed", "job_id", "atte
 NOT_IN_ARGS = {"checkpoint": "it is empty on a first attempt; put it in [run] resume_args",
                "args": "it stands for these arguments; it belongs in [run] command"}
 
-_LITERAL_RE = re.compile(r"\{(" + "|".join(LINE_PLACEHOLDERS) + r")\}")
+# {checkpoint.NAME}: the verified checkpoint of the job NAME (a line's after= name) on this job's host; the
+# controller renders it when it writes the spec (orchestrator/tick/handover.py), the host never sees it
+CHECKPOINT_PREFIX = "checkpoint."
+_CHECKPOINT_RE = re.compile(r"checkpoint\.[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+_LITERAL_RE = re.compile(r"\{(" + "|".join(LINE_PLACEHOLDERS) + r"|checkpoint\.[A-Za-z0-9][A-Za-z0-9._-]{0,63})\}")
 
 Char = tuple[str, bool, int]  # (character, literal: quoted or escaped, offset in the arguments' text)
 
@@ -197,9 +202,11 @@ def _placeholder(chars: list[Char], i: int, column: int) -> tuple[Placeholder | 
     if j >= len(chars) or chars[j][1]:
         return None, i + 1
     name = "".join(c for c, _, _ in chars[i + 1 : j])
+    at = column + chars[i][2]
+    if _CHECKPOINT_RE.fullmatch(name):
+        return Placeholder(name, at), j + 1
     if not _NAME_RE.fullmatch(name):
         return None, i + 1
-    at = column + chars[i][2]
     if name in NOT_IN_ARGS:
         raise ArgsError(at, f"{{{name}}} is not available in a line's arguments ({NOT_IN_ARGS[name]})")
     if name not in LINE_PLACEHOLDERS:

@@ -9,8 +9,11 @@ project's command uses neither ``{config}`` nor ``{task}``, a line may be only f
 (``name=bs32 gpus=2 -- 50 10``); such a line needs ``name=``.
 
 Fields: ``name`` ``gpus`` ``nodes`` ``est_min`` ``seed`` ``seeds`` ``host`` ``retries`` ``gpu``
-``gpu_mem`` ``rerun``, each at most once, never empty.  ``rerun=true`` runs the line even when the result
-cache holds its verified success (orchestrator/api/resultcache.py); ``rerun=false`` is the default.
+``gpu_mem`` ``rerun`` ``after``, each at most once, never empty.  ``seeds=auto:MIN..MAX`` (``seeds=auto``:
+3..8) runs MIN seeds, and the tick adds one at a time up to MAX while the cell's verdict against the baseline is
+ambiguous (docs/stopping.md).  ``after=a,b`` names the cells or jobs the line's jobs wait for
+(orchestrator/queue/dependencies.py resolves them over the whole file).  ``rerun=true`` runs the line even when
+the result cache holds its verified success (orchestrator/api/resultcache.py); ``rerun=false`` is the default.
 ``gpu=`` is one GPU model or several joined by ``|`` (``gpu=A100|H100``), each ``[A-Za-z0-9._-]``
 with a letter or digit; ``gpu_mem=`` GB per GPU, like ``est_min=`` (orchestrator/scheduling/gpumatch.py:
 how they match a host).  Integers are ``0`` or a non-zero digit followed by digits (no sign, no leading
@@ -26,10 +29,13 @@ from dataclasses import dataclass, field
 from orchestrator.core.errors import QueueIssue
 from orchestrator.core.specs import DEFAULT_EPOCHS
 from orchestrator.queue.queuegrid import MAX_JOBS_PER_LINE, ArgsError, Word, count, split_args
+from orchestrator.report.cells import cell_name
 
 MAX_EPOCHS = 2**63 - 1  # what the ledger's SQLite INTEGER can hold
 ARGS_MARK = "--"
-ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem", "rerun")
+ALLOWED_KEYS = ("name", "gpus", "nodes", "est_min", "seed", "seeds", "host", "retries", "gpu", "gpu_mem", "rerun",
+                "after")
+MAX_AFTER = 64
 MAX_GPU_MODELS = 16
 MAX_GPU_MEM_GB = 4096
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -39,6 +45,11 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "seeds": (1, MAX_JOBS_PER_LINE),
     "retries": (0, 10),
 }
+
+AUTO_SEEDS = "auto"
+AUTO_BOUNDS = (2, 64)  # stopping.seeds.AutoSeeds' own (a Welch test needs two seeds a side)
+AUTO_DEFAULT = (3, 8)  # seeds=auto alone: AutoSeeds' defaults (tests/unit/test_queue_autoseeds.py keeps them equal)
+_AUTO_RE = re.compile(r"auto(?::([^.]*)\.\.(.*))?")
 
 _FIELD_RE = re.compile(r"[a-z_]+=")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -74,7 +85,9 @@ class Draft:
     gpu: tuple[str, ...] = ()
     gpu_mem: float | None = None
     name: str | None = None
+    seeds_max: int = 0  # seeds=auto:MIN..MAX: MAX (``ints["seeds"]`` holds MIN); 0 = a fixed number of seeds
     rerun: bool = False
+    after: tuple[Token, ...] = ()  # `after=`: each name with its column
     config_ok: bool = True
     sha256: str = ""
     words: list[Word] = field(default_factory=list)
@@ -235,6 +248,8 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
         draft.est_min = minutes
     elif key == "host":
         draft.host = Token(value, token.column)
+    elif key == "after":
+        return _apply_after(draft, token.column + len("after="), value)
     elif key == "rerun":
         if value not in ("true", "false"):
             return f'rerun must be true or false, got "{value}"'
@@ -245,6 +260,8 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
             return (f"gpu_mem must be GB of memory per GPU, greater than 0 and at most {MAX_GPU_MEM_GB} "
                     f'(like 24 or 80), got "{value}"')
         draft.gpu_mem = gib
+    elif key == "seeds" and value.startswith(AUTO_SEEDS):
+        return _apply_auto_seeds(draft, value)
     else:
         low, high = INT_RANGES[key]
         number, problem = _parse_int(key, value, low, high)
@@ -252,6 +269,51 @@ def _apply_field(draft: Draft, token: Token, key: str, value: str) -> str | None
             return problem
         draft.ints[key] = number
     return None
+
+
+def _apply_after(draft: Draft, column: int, value: str) -> str | None:
+    """``after=`` (its value starts at ``column``): names joined by ``,``, each a cell's or a job's name."""
+    names, start = [], 0
+    for part in value.split(","):
+        at, start = column + start, start + len(part) + 1
+        if not _NAME_RE.fullmatch(part):
+            return (f'after= names cells or jobs joined by "," (after=train or after=a,b); "{part}" is not a name '
+                    "of [A-Za-z0-9._-]")
+        names.append(Token(part, at))
+    draft.after = tuple(names)
+    return f"after= names {len(names)} cells or jobs, more than {MAX_AFTER}" if len(names) > MAX_AFTER else None
+
+
+def _apply_auto_seeds(draft: Draft, value: str) -> str | None:
+    """``seeds=auto`` or ``seeds=auto:MIN..MAX``: MIN seeds now, at most MAX in all."""
+    low, high = AUTO_BOUNDS
+    usage = (f"seeds=auto takes its bounds as auto:MIN..MAX, MIN from {low}, MAX up to {high}, MIN <= MAX "
+             f'(like auto:3..8; auto alone means auto:{AUTO_DEFAULT[0]}..{AUTO_DEFAULT[1]}), got "{value}"')
+    match = _AUTO_RE.fullmatch(value)
+    if match is None:
+        return usage
+    first, last = AUTO_DEFAULT
+    if match.group(1) is not None:
+        given, problem = _parse_int("seeds=auto's MIN", match.group(1), low, high)
+        most, problem_max = _parse_int("seeds=auto's MAX", match.group(2), low, high)
+        if given is None or most is None:
+            return f"{problem or problem_max} (seeds=auto:MIN..MAX, like auto:3..8)"
+        if most < given:
+            return f'seeds=auto:MIN..MAX needs MIN <= MAX, got "{value}"'
+        first, last = given, most
+    draft.ints["seeds"] = first
+    draft.seeds_max = last
+    return None
+
+
+def check_auto_baseline(jobs: list[tuple[Draft, str]], issues: list[QueueIssue]) -> None:
+    """``seeds=auto`` judges each cell against the baseline: the queue's expanded jobs (draft, name) must
+    hold a cell named baseline, as `gpuq report` finds it by itself (the tick judges against that one)."""
+    auto = next((draft for draft, _ in jobs if draft.seeds_max), None)
+    if auto is None or any(cell_name(name, draft.name or "").lower() == "baseline" for draft, name in jobs):
+        return
+    issues.append(QueueIssue(auto.number, None, "seeds=auto compares each cell with the baseline, and no cell is "
+                                                "named baseline; add a line with name=baseline"))
 
 
 def _apply_gpu(draft: Draft, column: int, value: str) -> tuple[int, str | None]:

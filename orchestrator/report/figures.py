@@ -8,15 +8,17 @@ is logarithmic when its values span more than two decades.  Points beyond ±PLOT
 metrics: matplotlib's axis arithmetic overflows near the float range) are left out of the figure,
 and its title says how many.  One outlier cell (``axis_range``: beyond 3 interquartile spreads of the
 cells' late values) does not squash the others: the axis fits the others' second half, the outlier runs
-off it, and the title names it.
+off it, an arrow at the edge gives its last value ("off scale"), and the title names it.  Each figure
+returns its y axis as drawn (range, scale, tick labels, the cells off scale): the page records it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.core.errors import UsageError
 from orchestrator.report import stats
@@ -111,8 +113,85 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64] or "metric"
 
 
-def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, Path]]:
-    """(curve name, PNG path) for each figure written under ``out``; none without curves."""
+class Axis(NamedTuple):
+    """The y axis a figure was drawn with, as matplotlib laid it out (the HTML page records it on the image)."""
+
+    low: float
+    high: float
+    scale: str  # "linear" | "log"
+    ticks: tuple[str, ...]  # the tick labels drawn inside the range
+    off_scale: tuple[str, ...]  # cells drawn running off the axis (outliers), named on the figure
+
+
+class Figure(NamedTuple):
+    name: str
+    path: Path
+    axis: Axis
+
+
+@dataclass
+class _Drawn:
+    """What ``_draw_cells`` put on one figure: the values' extent, each cell's second half and last point."""
+
+    lows: list[float] = field(default_factory=list)
+    highs: list[float] = field(default_factory=list)
+    late: dict[str, list[float]] = field(default_factory=dict)
+    last: dict[str, tuple[int, float]] = field(default_factory=dict)
+    dropped: int = 0
+
+
+def _draw_cells(ax: Any, shown: Sequence[CellRow], curves: Curves, name: str) -> _Drawn:
+    drawn = _Drawn()
+    for cell in shown:
+        band, left_out = drawable(cell_band(cell.jobs, curves, name))
+        drawn.dropped += left_out
+        if not band:
+            continue
+        steps = [b[0] for b in band]
+        style = {"color": "black", "linewidth": 2.6, "linestyle": "--", "zorder": 5} if cell.is_baseline \
+            else {"linewidth": 1.6}
+        label = f"{cell.cell} (baseline)" if cell.is_baseline and cell.cell.lower() != "baseline" else cell.cell
+        label += f" ({cell.stopped})" if cell.stopped else ""  # a partial curve, as far as it got
+        seeds = len([j for j in cell.jobs if name in curves.get(j, {})])
+        line = ax.plot(steps, [b[1] for b in band], label=f"{label}, n={seeds}", **style)[0]
+        if seeds >= 2:  # a band is the spread of seeds: none for a cell of one job
+            ax.fill_between(steps, [b[2] for b in band], [b[3] for b in band], color=line.get_color(),
+                            alpha=0.18, linewidth=0)
+        drawn.lows += [b[2] for b in band]
+        drawn.highs += [b[3] for b in band]
+        drawn.late[cell.cell] = [v for b in band[len(band) // 2:] for v in b[2:]]
+        drawn.last[cell.cell] = (band[-1][0], band[-1][1])
+    return drawn
+
+
+def _fit_axis(ax: Any, drawn: _Drawn) -> list[str]:
+    """Clip the y axis to the bulk of the cells when one is an outlier, and mark each outlier's last value
+    at the edge it runs off (an arrow and its value: off scale); the outliers' names."""
+    ranged = None if ax.get_yscale() == "log" else axis_range(drawn.late)
+    if ranged is None:
+        return []
+    low, high, out = ranged
+    ax.set_ylim(low, high)
+    for k, cell in enumerate(out):
+        step, value = drawn.last[cell]
+        below = value < low
+        edge = low if below else high
+        ax.annotate(f"{cell}: {value:.3g} {'↓' if below else '↑'} off scale", xy=(step, edge),
+                    xytext=(-6, (12 + 14 * k) * (1 if below else -1)), textcoords="offset points", ha="right",
+                    va="bottom" if below else "top", fontsize=8, color="#b3261e",
+                    arrowprops={"arrowstyle": "->", "color": "#b3261e"})
+    return out
+
+
+def _axis(ax: Any, off_scale: Sequence[str]) -> Axis:
+    low, high = ax.get_ylim()
+    ticks = tuple(t.get_text() for t, v in zip(ax.get_yticklabels(), ax.get_yticks(), strict=True)
+                  if min(low, high) <= v <= max(low, high) and t.get_text())
+    return Axis(float(low), float(high), str(ax.get_yscale()), ticks, tuple(off_scale))
+
+
+def write_figures(report: Report, curves: Curves, out: Path) -> list[Figure]:
+    """A figure (curve name, PNG path, its y axis) for each figure written under ``out``; none without curves."""
     names = curve_names(report, curves)
     if not names:
         return []
@@ -121,47 +200,26 @@ def write_figures(report: Report, curves: Curves, out: Path) -> list[tuple[str, 
     written = []
     for name in names:
         fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
-        lows: list[float] = []
-        highs: list[float] = []
-        late: dict[str, list[float]] = {}
         shown = drawn_cells(report)
-        dropped = 0
-        for cell in shown:
-            band, left_out = drawable(cell_band(cell.jobs, curves, name))
-            dropped += left_out
-            if not band:
-                continue
-            steps = [b[0] for b in band]
-            style = {"color": "black", "linewidth": 2.6, "linestyle": "--", "zorder": 5} if cell.is_baseline \
-                else {"linewidth": 1.6}
-            label = f"{cell.cell} (baseline)" if cell.is_baseline else cell.cell
-            seeds = len([j for j in cell.jobs if name in curves.get(j, {})])
-            line = ax.plot(steps, [b[1] for b in band], label=f"{label}, n={seeds}", **style)[0]
-            if seeds >= 2:  # a band is the spread of seeds: none for a cell of one job
-                ax.fill_between(steps, [b[2] for b in band], [b[3] for b in band], color=line.get_color(),
-                                alpha=0.18, linewidth=0)
-            lows += [b[2] for b in band]
-            highs += [b[3] for b in band]
-            late[cell.cell] = [v for b in band[len(band) // 2:] for v in b[2:]]
+        drawn = _draw_cells(ax, shown, curves, name)
         is_loss = "loss" in name.lower()
-        if is_loss and lows and min(lows) > 0 and max(highs) / min(lows) > LOG_SPAN:
+        if is_loss and drawn.lows and min(drawn.lows) > 0 and max(drawn.highs) / min(drawn.lows) > LOG_SPAN:
             ax.set_yscale("log")
         ax.set_xlabel("step (optimizer steps)")
         ax.set_ylabel(name)
         better = "lower" if is_loss or (name == report.metric and report.mode == "min") else "higher"
         sweeps = ", ".join(s.id for s in report.sweeps)
         some = f", the best {len(shown)} of {len(report.cells)} cells" if len(shown) < len(report.cells) else ""
-        beyond = f"\n{dropped} points beyond ±{PLOT_LIMIT:.0e} not drawn" if dropped else ""
-        ranged = None if ax.get_yscale() == "log" else axis_range(late)
-        if ranged is not None:  # one outlier must not squash the others into one band
-            ax.set_ylim(ranged[0], ranged[1])
-            beyond += f"\naxis fits the other cells' second half; {', '.join(ranged[2])} (outlier) runs off it"
+        beyond = f"\n{drawn.dropped} points beyond ±{PLOT_LIMIT:.0e} not drawn" if drawn.dropped else ""
+        off_scale = _fit_axis(ax, drawn)  # one outlier must not squash the others into one band
+        if off_scale:
+            beyond += f"\naxis fits the other cells' second half; {', '.join(off_scale)} (outlier) runs off it"
         ax.set_title(f"{name} against step ({better} is better), sweep {sweeps}{some}{beyond}")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9,
                   title="cell: mean over seeds\nband: lowest to highest", title_fontsize=8)
         path = out / f"curve-{_slug(name)}.png"
-        fig.savefig(path, bbox_inches="tight")
+        fig.savefig(path, bbox_inches="tight")  # draws: the tick labels below are those in the file
+        written.append(Figure(name, path, _axis(ax, off_scale)))
         plt.close(fig)
-        written.append((name, path))
     return written

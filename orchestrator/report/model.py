@@ -8,11 +8,25 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Verdict = Literal["baseline", "better", "worse", "within noise", "n too small", "cannot compute", "no data",
-                  "no baseline", "seeds identical"]
+                  "no baseline", "seeds identical", "stopped"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SeedRow(_Strict):
+    """One job of a cell: its own values, so the reader sees the seeds behind a mean."""
+
+    job: str
+    name: str
+    seed: int | None = Field(description="the job's seed= field; null when its seed comes from its name or args")
+    state: str
+    final: float | None = Field(description="the job's final value of the metric; null: none reported")
+    best: float | None = Field(description="the best value it reached during training (by mode)")
+    steps: int | None = Field(description="the step its final value was taken at")
+    attempts: int
+    wall_s: float = Field(description="seconds its attempts ran, summed (a running attempt up to now)")
 
 
 class CellRow(_Strict):
@@ -47,6 +61,18 @@ class CellRow(_Strict):
                                          "identical, seeds or a baseline on other machines")
     ran_with: list[str] = Field(default_factory=list, description="what the seeds' attempts ran with, one line "
                                 "per distinct machine and software (GPUs, driver, CUDA, torch, NCCL, Python)")
+    seeds: list[SeedRow] = Field(default_factory=list, description="every job of the cell, in the order of jobs")
+    wall_s: float | None = Field(default=None, description="the mean over finished seeds of the seconds each ran; "
+                                 "null when none finished")
+    differs: list[str] = Field(default_factory=list, description="what this cell runs differently from the "
+                               "baseline (config keys, trainer arguments, task, epochs, GPUs), one line each; "
+                               "empty for the baseline and without one")
+    stopped: str = Field(default="", description="early stopping stopped the cell: \"stopped: worse than baseline "
+                         "at step N\" (docs/stopping.md); \"\" when it was not stopped")
+    stopped_step: int | None = Field(default=None, description="the step of the rung it was stopped at")
+    stopped_rung: int | None = Field(default=None, description="that rung, 1 for the first")
+    stopped_mean: float | None = Field(default=None, description="the cell's mean at that rung (not a final value)")
+    stopped_baseline_mean: float | None = Field(default=None, description="the baseline's mean at that rung")
 
 
 class SweepInfo(_Strict):
@@ -70,6 +96,15 @@ class FailureRow(_Strict):
     log_tail: list[str] = Field(description="the last lines of the job's log from a pulled copy, when there is one")
 
 
+class Saved(_Strict):
+    """What early stopping saved against running every stopped job to its end: an estimate with its basis."""
+
+    gpu_hours: float
+    cost_usd: float | None = Field(description="null when no stopped job ran on a priced host")
+    counted: int = Field(description="stopped jobs whose progress rate is known (the others are left out)")
+    basis: str = Field(description="how the estimate was made, in words")
+
+
 class Report(_Strict):
     """`gpuq report --format json`: per-cell statistics of one or more sweeps against a baseline."""
 
@@ -88,3 +123,7 @@ class Report(_Strict):
     cpu_hours: float = 0.0
     cost_usd: float | None
     notes: list[str] = Field(description="what the reader must know: unfinished jobs, a missing baseline, ...")
+    headline: str = Field(default="", description="one sentence: the best cell, its delta against the baseline "
+                          "and its verdict (orchestrator/report/summary.py)")
+    saved: Saved | None = Field(default=None, description="early stopping's saving (docs/stopping.md); null when "
+                                "no job was stopped")

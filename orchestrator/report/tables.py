@@ -46,13 +46,18 @@ def _hours(row: CellRow) -> str:
     return f"{row.gpu_hours:.2f} · {cpu}" if row.gpu_hours else cpu
 
 
+def cell_label(row: CellRow) -> str:
+    """The cell's name, tagged when it is the baseline (a cell called "baseline" is not tagged again)."""
+    return row.cell + (" (baseline)" if row.is_baseline and row.cell.lower() != "baseline" else "")
+
+
 def cells(row: CellRow) -> list[str]:
     """One cell's columns, in the order of COLUMNS."""
-    return [row.cell + (" (baseline)" if row.is_baseline else ""), f"{row.n_finished}/{row.n_total}",
+    return [cell_label(row), f"{row.n_finished}/{row.n_total}",
             num(row.mean), num(row.std), interval(row.ci_low, row.ci_high), num(row.best),
             "" if row.steps is None else str(row.steps), _hours(row), cost(row.cost_usd),
             signed(row.delta), interval(row.delta_ci_low, row.delta_ci_high, sign=True), p_value(row.p_value),
-            p_value(row.p_adjusted), row.verdict, "; ".join(row.flags)]
+            p_value(row.p_adjusted), row.stopped or row.verdict, "; ".join(row.flags)]
 
 
 def heading(report: Report) -> str:
@@ -67,9 +72,10 @@ def markdown(report: Report) -> str:
     def esc(text: str) -> str:
         return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
-    lines = [f"**{esc(heading(report))}**", "", "| " + " | ".join(COLUMNS) + " |",
-             "|" + "|".join("---" if i == 0 or c in ("verdict", "flags") else "---:"
-                            for i, c in enumerate(COLUMNS)) + "|"]
+    lines = [f"**{esc(heading(report))}**", ""] + ([esc(report.headline), ""] if report.headline else [])
+    lines += ["| " + " | ".join(COLUMNS) + " |",
+              "|" + "|".join("---" if i == 0 or c in ("verdict", "flags") else "---:"
+                             for i, c in enumerate(COLUMNS)) + "|"]
     lines += ["| " + " | ".join(esc(v) for v in cells(row)) + " |" for row in report.cells]
     lines += [""] + [f"- {esc(note)}" for note in report.notes]
     return "\n".join(lines).rstrip() + "\n"
@@ -87,7 +93,7 @@ def csv_text(report: Report) -> str:
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     fields = ("cell", "is_baseline", "n_finished", "n_total", "mean", "std", "ci_low", "ci_high", "best", "steps",
-              "gpu_hours", "cpu_hours", "cost_usd", "delta", "delta_ci_low", "delta_ci_high", "p_value",
+              "gpu_hours", "cpu_hours", "wall_s", "cost_usd", "delta", "delta_ci_low", "delta_ci_high", "p_value",
               "p_adjusted", "verdict")
     out.writerow((*fields, "flags", "sweeps", "metric", "mode"))
     for row in report.cells:

@@ -27,6 +27,7 @@ class EpochRates:
     runs_by_config_task: Mapping[tuple[str, str], int] = field(default_factory=dict)
     runs_by_task: Mapping[str, int] = field(default_factory=dict)
     whole_runs: Mapping[tuple[str, str], list[float]] = field(default_factory=dict)  # jobs without epochs
+    epochs_by_config_task: Mapping[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)  # the runs' epochs
 
 
 RunGroups = tuple[dict[tuple[str, str], list[float]], dict[str, list[float]], dict[tuple[str, str], list[float]]]
@@ -54,8 +55,14 @@ def run_groups(history: Iterable[RunRecord]) -> RunGroups:
 
 def epoch_rates(history: Iterable[RunRecord]) -> EpochRates:
     """Index run history once (the mean of each run's seconds per epoch; ``run_groups``)."""
+    history = list(history)
     pair, task, whole = run_groups(history)
+    shapes: dict[tuple[str, str], set[int]] = {}
+    for config, task_name, epochs, seconds in history:
+        if seconds > 0 and epochs > 0:
+            shapes.setdefault((config, task_name), set()).add(epochs)
     return EpochRates(
+        epochs_by_config_task={k: tuple(sorted(v)) for k, v in shapes.items()},
         by_config_task={k: sum(v) / len(v) for k, v in pair.items()},
         by_task={k: sum(v) / len(v) for k, v in task.items()},
         runs_by_config_task={k: len(v) for k, v in pair.items()},
@@ -74,7 +81,27 @@ def estimate_source(*, config: str, task: str, epochs: int | None, est_min: floa
         runs = len(rates.whole_runs.get((config, task), ()))
     else:
         runs = rates.runs_by_config_task.get((config, task)) or rates.runs_by_task.get(task, 0)
-    return f"history of {runs} runs" if runs else None
+    if not runs:
+        return None
+    scaled = scaled_from(config=config, task=task, epochs=epochs, est_min=est_min, rates=rates)
+    return f"history of {runs} runs" + (f", {scaled}" if scaled else "")
+
+
+def scaled_from(*, config: str, task: str, epochs: int | None, est_min: float | None, rates: EpochRates) -> str:
+    """How an estimate from history was scaled from runs of another shape, in words ("from 2-epoch runs,
+    scaled to 6 epochs", "from other configs' runs of classify, scaled to 6 epochs"); "" when the runs
+    it comes from had this job's shape (or it comes from est_min=, or from nothing)."""
+    if (est_min is not None and est_min > 0) or not epochs:
+        return ""
+    seen = rates.epochs_by_config_task.get((config, task))
+    if seen:
+        if seen == (epochs,):
+            return ""
+        shown = "/".join(str(e) for e in seen[:3]) + ("/..." if len(seen) > 3 else "")
+        return f"from {shown}-epoch runs, scaled to {epochs} epochs"
+    if rates.runs_by_task.get(task):
+        return f"from other configs' runs of {task or 'this task'}, scaled to {epochs} epochs"
+    return ""
 
 
 def estimate_s(

@@ -21,6 +21,7 @@ class PlanJob:
     disk_bytes: int = 0  # checkpoints + scratch this job needs on its host
     nodes: int = 1  # machines the job spans (gpus on each): a Slurm host's nodes, or that many SSH hosts
     need: GpuNeed = ANY_GPU  # `gpu=` / `gpu_mem=`: only hosts whose GPUs match (none asked: any host)
+    tail_s: float = 0.0  # the longest chain of work waiting on it (`after=`, chains.tail_of): such jobs go first
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Nothing here does I/O or reads the clock: callers pass what they know and get
 decisions back (docs/architecture.md, docs/queue.md).
 
-``plan`` is list scheduling.  Jobs go longest first (``est_s × gpus``, ties by
-job id) onto the usable host where they would *finish* earliest: on a host, a
+``plan`` is list scheduling.  Jobs others wait for (``after=``) go first, longest remaining chain first
+(``chains.py``: the critical path first), then the rest longest first (``est_s × gpus``, ties by
+job id), onto the usable host where they would *finish* earliest: on a host, a
 job needing ``gpus`` slots starts when its ``gpus`` earliest-free slots are all
 free and runs ``est_s / speed`` seconds there.  Only usable hosts with at least
 ``gpus`` slots and enough disk budget left are candidates; a ``host=`` pin is
@@ -54,7 +55,7 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
     usable = [h for h in hosts if h.usable]
     mean_est = sum(max(0.0, j.est_s) for j in jobs) / len(jobs) if jobs else 0.0
     base = {h.host: slot_times(h, mean_est) for h in usable}
-    order = sorted(jobs, key=lambda j: (-max(0.0, j.est_s) * max(1, j.gpus), j.job_id))
+    order = sorted(jobs, key=_first)
     scheduler = ListScheduler(hosts, base)
     best = scheduler.run(order)
     best_key = best.key()
@@ -72,6 +73,9 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
             while k < len(order) and budget > 0:
                 if shapes[k] == shapes[i]:
                     k = after[k]  # the next job of another shape: swapping within a shape changes no time
+                    continue
+                if order[i].tail_s > 0 or order[k].tail_s > 0:
+                    k += 1  # a job others wait for keeps its place: the critical path first (chains.py)
                     continue
                 order[i], order[k] = order[k], order[i]
                 trial = scheduler.run(order)
@@ -94,6 +98,14 @@ def plan(jobs: Sequence[PlanJob], hosts: Sequence[HostSlots]) -> Plan:
         host_finish_s=host_finish,
         makespan_s=max(host_finish.values(), default=0.0),
     )
+
+
+def _first(job: PlanJob) -> tuple[int, float, str]:
+    """The list order: jobs others wait for first, longest remaining chain (the job and the work waiting behind
+    it, ``chains.tail_of``) first; then the rest longest first (``est_s × gpus``); ties by job id."""
+    if job.tail_s > 0:
+        return 0, -(max(0.0, job.est_s) + job.tail_s), job.job_id
+    return 1, -max(0.0, job.est_s) * max(1, job.gpus), job.job_id
 
 
 def _shape_numbers(order: Sequence[PlanJob]) -> list[int]:

@@ -29,6 +29,7 @@ class StopPolicy(BaseModel):
     min_seeds: int = Field(default=3, ge=2, le=64)
     keep: float = Field(default=1.0 / 3.0, gt=0.0, lt=1.0, allow_inf_nan=False)
     direction: Literal["min", "max"] = "min"
+    baseline: str = Field(default="baseline", min_length=1, max_length=200)  # the cell compared against (any case)
 
     @field_validator("rungs")
     @classmethod
@@ -54,12 +55,13 @@ class StopPolicy(BaseModel):
         if self.rule == "halving":
             return (
                 f"stop: successive halving at {at} of each run: the best {self.keep:.0%} of the cells with "
-                f">= {self.min_seeds} seeds go on (metric {self.direction}imised); no error bound; never the baseline"
+                f">= {self.min_seeds} seeds go on (metric {self.direction}imised); no error bound; never the baseline "
+                f"(cell {self.baseline!r})"
             )
         worse = f"worse than the baseline by more than {self.margin:g}" if self.margin else "worse than the baseline"
         return (
             f"stop: a cell {worse} at {at} of its run (one-sided Welch over >= {self.min_seeds} seeds a side), "
-            f"any wrong stop in the sweep at most alpha={self.alpha:g}; never the baseline"
+            f"any wrong stop in the sweep at most alpha={self.alpha:g}; never the baseline (cell {self.baseline!r})"
         )
 
 

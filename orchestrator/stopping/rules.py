@@ -33,6 +33,13 @@ class AtRung(BaseModel):
     pending: int = Field(default=0, ge=0)
 
 
+def stop_words(rule: str, step: int) -> str:
+    """The few words a report's row shows of a stop: "stopped: worse than baseline at step N"."""
+    if rule == "halving":
+        return f"stopped: not in the best share at step {step}"
+    return f"stopped: worse than baseline at step {step}"
+
+
 class Look(BaseModel):
     """One cell's verdict at one rung, recorded before anything is stopped."""
 
@@ -78,7 +85,8 @@ def worse_test(policy: StopPolicy, cell: Sequence[float], base: Sequence[float])
     se2 = vc + vb
     if se2 == 0.0:
         return (math.copysign(math.inf, gap) if gap else 0.0, 0.0 if gap > 0.0 else 1.0)
-    df = se2 * se2 / (vc * vc / (len(cell) - 1) + vb * vb / (len(base) - 1))
+    rc, rb = vc / se2, vb / se2  # shares of the variance: tiny spreads squared would underflow to 0 / 0
+    df = 1.0 / (rc * rc / (len(cell) - 1) + rb * rb / (len(base) - 1))
     t = gap / math.sqrt(se2)
     return t, 1.0 - stats.t_cdf(t, df)
 

@@ -10,10 +10,12 @@ ambiguous.  Cells nearest a verdict (smallest adjusted p) go first when the budg
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.report import stats
+from orchestrator.stopping.policy import StopPolicy
 
 
 class AutoSeeds(BaseModel):
@@ -31,6 +33,38 @@ class AutoSeeds(BaseModel):
         if self.max_seeds < self.min_seeds:
             raise ValueError("seeds=auto: max must be at least min")
         return self
+
+
+def auto_of(policy: StopPolicy | None) -> AutoSeeds:
+    """The verdicts' level for a sweep: its ``[stop]`` policy's alpha and margin when it has one, else the
+    defaults (the bounds are each line's own: ``seeds=auto:MIN..MAX``)."""
+    if policy is None:
+        return AutoSeeds(min_seeds=2, max_seeds=64)
+    return AutoSeeds(min_seeds=2, max_seeds=64, alpha=policy.alpha, margin=policy.margin)
+
+
+def describe(auto: AutoSeeds, cells: Mapping[str, tuple[int, int]], budget_usd: float | None) -> str:
+    """One line for the dry run: what seeds=auto will do with ``cells`` ({cell: (seeds now, most seeds)})."""
+    bounds = ", ".join(f"{c} {now}..{most}" for c, (now, most) in sorted(cells.items()))
+    clear = f"Holm-adjusted Welch p <= {auto.alpha:g}"
+    if auto.margin:
+        clear += f", or its {1 - auto.alpha:.0%} interval within +-{auto.margin:g}"
+    cap = f", or the sweep's budget of ${budget_usd:,.2f} is spent" if budget_usd is not None else ""
+    return (f"seeds=auto: {bounds} seeds; once every job has ended, each cell whose verdict against baseline is "
+            f"ambiguous gets one more seed (clear: {clear}; the baseline too when every comparison is ambiguous), "
+            f"until its verdict is clear, it has its most seeds{cap}")
+
+
+class CellSeeds(BaseModel):
+    """What the rule sees of one cell once its seeds so far have ended: their final values, how many seeds
+    it has had (in any state: a failed seed counts towards its bound), and its bound (its line's
+    ``seeds=auto`` MAX, or ``seeds`` itself for a fixed number of seeds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    finals: tuple[Annotated[float, Field(allow_inf_nan=False)], ...] = Field(max_length=4096)
+    seeds: int = Field(ge=0, le=4096)
+    most: int = Field(ge=0, le=4096)
 
 
 def verdicts(auto: AutoSeeds, baseline: str, finals: Mapping[str, Sequence[float]]) -> dict[str, bool]:
@@ -51,6 +85,36 @@ def verdicts(auto: AutoSeeds, baseline: str, finals: Mapping[str, Sequence[float
     return out
 
 
+def choose(auto: AutoSeeds, baseline: str, cells: Mapping[str, CellSeeds]) -> list[str]:
+    """The cells (the baseline included) to give one more seed now, all of them, nearest a verdict first:
+    each compared cell whose verdict is ambiguous and that is under its bound; the baseline first, when
+    every comparison is ambiguous and it is under its own."""
+    finals = {c: s.finals for c, s in cells.items()}
+    clear = verdicts(auto, baseline, finals)
+    ambiguous = [c for c, ok in clear.items() if not ok and cells[c].seeds < cells[c].most]
+    base = finals.get(baseline, ())
+    order = {c: _near(finals[c], base) for c in ambiguous}
+    chosen = sorted(ambiguous, key=lambda c: (order[c], c))
+    room = baseline in cells and cells[baseline].seeds < cells[baseline].most
+    if clear and not any(clear.values()) and room:
+        chosen.insert(0, baseline)
+    return chosen
+
+
+def afford(chosen: Sequence[str], cost: Mapping[str, float], left: float | None) -> tuple[list[str], list[str]]:
+    """``chosen`` split into the seeds the budget affords, in order, and those it does not: each costs its
+    cell's ``cost`` (0 when unknown); ``left`` is what the sweep's cap leaves (None: no cap).  The first
+    that does not fit holds it and every later one, as dispatch holds a capped sweep's plan."""
+    if left is None:
+        return list(chosen), []
+    spent = 0.0
+    for i, cell in enumerate(chosen):
+        spent += max(0.0, cost.get(cell, 0.0))
+        if spent > left + 1e-9:
+            return list(chosen[:i]), list(chosen[i:])
+    return list(chosen), []
+
+
 def more_seeds(
     auto: AutoSeeds,
     baseline: str,
@@ -63,14 +127,8 @@ def more_seeds(
     yet (its first seeds are still to come)."""
     if any(len(v) < auto.min_seeds or len(v) < planned.get(c, 0) for c, v in finals.items()):
         return []
-    clear = verdicts(auto, baseline, finals)
-    ambiguous = [c for c, ok in clear.items() if not ok and planned.get(c, 0) < auto.max_seeds]
-    base = finals.get(baseline, ())
-    order = {c: _near(finals[c], base) for c in ambiguous}
-    chosen = sorted(ambiguous, key=lambda c: (order[c], c))
-    if clear and not any(clear.values()) and planned.get(baseline, 0) < auto.max_seeds:
-        chosen.insert(0, baseline)
-    return chosen[: max(0, affordable)]
+    cells = {c: CellSeeds(finals=tuple(v), seeds=planned.get(c, 0), most=auto.max_seeds) for c, v in finals.items()}
+    return choose(auto, baseline, cells)[: max(0, affordable)]
 
 
 def _near(cell: Sequence[float], base: Sequence[float]) -> float:

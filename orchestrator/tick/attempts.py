@@ -13,6 +13,7 @@ from orchestrator.health import observed
 from orchestrator.host_documents import ExitRecord, JobEntry
 from orchestrator.ledger import Attempt, Job, Ledger
 from orchestrator.money.cost import Seen, billed_interval
+from orchestrator.tick import stoplooks as stopping
 from orchestrator.tick import withdraw
 
 CLOCK_RULE = "host_clock"  # a finding: a host's claimed start or end fell outside what gpuq saw (docs/cost.md)
@@ -63,8 +64,11 @@ def apply(ledger: Ledger, job: Job, seen: JobEntry) -> str:
             ledger.transition(job.id, JobState.SUCCEEDED, message=exit_message(exit_doc),
                               of_attempt=number)
             return "succeeded"
-        if seen.cancel_requested:
-            ledger.transition(job.id, JobState.CANCELLED, message=exit_message(exit_doc), of_attempt=number)
+        if seen.cancel_requested:  # early stopping's cancel whose STOPPED gpuq did not live to record is STOPPED
+            look = stopping.decided_stop(ledger, job)
+            ended, said = (JobState.STOPPED, f"{stopping.reason(look)} ({exit_message(exit_doc)})") if look else (
+                JobState.CANCELLED, exit_message(exit_doc))
+            ledger.transition(job.id, ended, message=said, of_attempt=number)
             return ""
         if exit_doc.vanished:  # the agent wrote it: the wrapper's whole group died (kill -9)
             return "lost"

@@ -51,6 +51,7 @@ RULE_RETRY = "auto_down"  # warn: ending it failed for a passing reason (retried
 MAX_TRIES = 3
 STRANDED = (JobState.PREEMPTED.value, JobState.LOST.value)
 ACTIVE_STATES = tuple(s.value for s in ACTIVE)
+KEPT = (JobState.SUCCEEDED.value, JobState.STOPPED.value)  # results brought home before the end: a stopped job's too
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Work:
 
     busy: tuple[str, ...] = ()  # names of jobs queued for it or running there
     stranded: tuple[str, ...] = ()  # PREEMPTED or LOST jobs last there, waiting for `gpuq resume`
-    unpulled: tuple[Job, ...] = ()  # SUCCEEDED there, results not yet verified at home
+    unpulled: tuple[Job, ...] = ()  # SUCCEEDED (or STOPPED) there, results not yet verified at home
     evidence: tuple[tuple[Job, Attempt], ...] = ()  # failed attempts there whose log and exit record are not home
     attempts: tuple[Attempt, ...] = ()  # every attempt that ran there
     idle_since: float = 0.0  # since when nothing ran there: its start, its newest attempt's, or work last seen
@@ -93,7 +94,7 @@ def work_of(row: HostRow, jobs: Mapping[str, Job], queued: Sequence[Job], sweep_
     times = [row.created_at, row.lease_changed_at or 0.0, seen_busy_at or 0.0]
     times += [max(a.created_at, a.started_at or 0.0, a.ended_at or 0.0) for a in here]
     return Work(busy=tuple(busy), stranded=tuple(j.name for j in mine if j.state in STRANDED),
-                unpulled=tuple(j for j in mine if j.state == JobState.SUCCEEDED.value and j.id not in verified),
+                unpulled=tuple(j for j in mine if j.state in KEPT and j.id not in verified),
                 evidence=tuple((j, a) for j, a in failed if not evidence_home(j, a.number)),
                 attempts=tuple(here), idle_since=max(times))
 
@@ -152,7 +153,7 @@ def works(ctx: Context, rows: Sequence[HostRow],
     queued = [j for j in ctx.ledger.jobs(states=[JobState.QUEUED]) if j.sweep_id not in held]
     sweeps = ctx.ledger.sweeps()
     sweep_hosts = {s.id: s.host_set() for s in sweeps if s.hosts}
-    verified = set(ctx.ledger.verified_pulls(j.id for j in jobs.values() if j.state == JobState.SUCCEEDED.value))
+    verified = set(ctx.ledger.verified_pulls(j.id for j in jobs.values() if j.state in KEPT))
     results = ctx.settings.home / "results"
     active = {j.id: j for j in ctx.ledger.jobs(states=ACTIVE)}
     as_node: dict[str, list[str]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.context import Context
@@ -153,11 +153,11 @@ def record(ctx: Context, findings: Sequence[Finding], *, subjects: Sequence[str]
                                       message=f"cleared: {event.message}")
 
 
-def sweeps_done(ctx: Context, report: TickReport) -> None:
-    """Announce each sweep once, when its last job ends."""
+def sweeps_done(ctx: Context, report: TickReport, unsettled: Collection[str] = ()) -> None:
+    """Announce each sweep once, when its last job ends (``unsettled``: seeds=auto may add more to these)."""
     counts = ctx.ledger.state_counts()
     for sweep_id, states in counts.items():
-        if any(not JobState(s).terminal and s != JobState.LOST.value for s in states):
+        if sweep_id in unsettled or any(not JobState(s).terminal and s != JobState.LOST.value for s in states):
             continue
         open_ = [rule for _, rule in ctx.ledger.open_findings([sweep_id]) if rule != budget.RULE]  # a cap: no bar
         if open_ or any(e.rule == "sweep_done" for e in ctx.ledger.events(subject=sweep_id, limit=20)):

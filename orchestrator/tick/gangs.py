@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from orchestrator.agent import client
+from orchestrator.agent import client, handed
 from orchestrator.agent.launcher import enqueue, job_spec, on_each_host, run_readable
 from orchestrator.agent.spec import NodeSection, OutboundSpec
 from orchestrator.core import protocol
@@ -197,7 +197,9 @@ def part_spec(ledger: Ledger, fleet: Fleet, settings: Settings, job: Job, attemp
               addresses: Sequence[str]) -> OutboundSpec:
     """The spec node ``rank`` of ``attempt`` gets: the job's spec plus its ``node`` section."""
     names = attempt.node_hosts()
-    spec = job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=ledger.host(names[rank]))
+    row = ledger.host(names[rank])
+    spec = job_spec(job, attempt, settings, sweep=ledger.sweep(job.sweep_id), host=row,
+                    handed_over=handed.handed_paths(ledger, job, row))  # each node got the checkpoints (handover)
     return replace(spec, node=node_section(rank, names, addresses, rendezvous_port(job.id, attempt.number),
                                            settings.gang_timeout_s))
 

@@ -7,16 +7,18 @@ Also the provider adapters' opener and the per-context cache the verbs (``api/cl
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Sequence
 
 from orchestrator.context import Context
 from orchestrator.core.config import Settings
-from orchestrator.core.errors import ProviderError
+from orchestrator.core.errors import GpuqError, ProviderError
 from orchestrator.core.states import AttemptState, JobState, LeaseState
 from orchestrator.health import stops
-from orchestrator.ledger import HostRow
-from orchestrator.money.selfstop import can_stop_itself, self_stop_cost
+from orchestrator.ledger import Attempt, HostRow
+from orchestrator.money.selfstop import can_stop_itself, self_stop_cost, unseen_stop_cost
 from orchestrator.providers import registry
 from orchestrator.providers.base import Provider, classify
 from orchestrator.tick import ACTIVE, notify
@@ -62,8 +64,11 @@ def check_lease(ctx: Context, row: HostRow) -> str | None:
     reason = (inst.reason or inst.raw_status) if inst is not None else "the provider no longer knows this instance"
     if inst is not None and inst.gpu_count == 0 and inst.state == "running":
         reason = "came back with zero GPUs"
-    if verdict == "manual_stop" and state is LeaseState.STOPPED and _leased(ctx, row):
-        return _record_self_stop(ctx, row, reason)
+    if verdict == "manual_stop" and state is LeaseState.STOPPED:
+        if self_stopped(ctx, row):
+            return verdict  # recorded by an earlier command: its jobs stay as they were, the reason too
+        if _leased(ctx, row):
+            return _record_self_stop(ctx, row, reason)
     changed = row.lease is not state or row.lease_reason != reason
     label = {"spot_preemption": "spot preemption", "manual_stop": "stopped by the user",
              "host_failure": "host failure"}.get(verdict, verdict)
@@ -108,25 +113,97 @@ def settle_host_jobs(ctx: Context, host: str, verdict: str, reason: str) -> list
 
 
 def _leased(ctx: Context, row: HostRow) -> bool:
-    """A rented host that holds a lease of its own and nothing live there: a stop found now is its own."""
+    """A stop found now can be the rented host's own: it holds a lease and a way to act, and no gpuq command
+    reached it for the lease (its last answered probe, by gpuq's clock, is that old).  Jobs the ledger still
+    shows live there do not say otherwise: a host stops itself only once its work has ended, and a controller
+    that was gone (a closed laptop, a kill) never saw them end."""
     if not can_stop_itself(row.provider) or ctx.settings.lease_timeout_min <= 0 or row.lease is not LeaseState.RUNNING:
         return False
-    return not any(j.host == row.name for j in ctx.ledger.jobs(states=ACTIVE))
+    live = any(j.host == row.name for j in ctx.ledger.jobs(states=ACTIVE))
+    heard = _last_contact(row, ctx.ledger.attempts_on([row.name]))
+    return not live or time.time() - heard >= ctx.settings.lease_timeout_min * 60.0
+
+
+def _last_contact(row: HostRow, attempts: Sequence[Attempt]) -> float:
+    """The last gpuq command the ledger knows reached the host: its last answered probe or a dispatch there."""
+    return max([row.last_probe_at or 0.0, row.created_at, *(a.created_at for a in attempts)])
+
+
+def self_stopped(ctx: Context, row: HostRow) -> bool:
+    """The rented host's lease is STOPPED by its own stop, as recorded (a ``self_stop`` finding at the stop)."""
+    if row.lease is not LeaseState.STOPPED or row.lease_changed_at is None:
+        return False
+    return any(e.rule == "self_stop" and abs(e.time - row.lease_changed_at) < 1.0
+               for e in ctx.ledger.events(row.name, limit=50, exact=True))
 
 
 def _record_self_stop(ctx: Context, row: HostRow, provider_says: str) -> str:
-    """Through the lease gate: STOPPED as of the latest it can have stopped, the idle hours and money to then."""
+    """Through the lease gate: STOPPED as of the latest it can have stopped, the idle hours and money to then.
+    Jobs the ledger shows live there ended before the stop, unseen: they are left as they are (their exit records
+    and results are on the stopped disk) until the machine is started again (`gpuq resume`), and the stop is
+    bounded by when gpuq found it."""
     now = time.time()
-    ends = [max(a.created_at, a.started_at or 0.0, a.ended_at or 0.0) for a in ctx.ledger.attempts_on([row.name])]
+    attempts = ctx.ledger.attempts_on([row.name])
+    ends = [max(a.created_at, a.started_at or 0.0, a.ended_at or 0.0) for a in attempts]
     idle_since = max([row.created_at, *ends])
-    lease_s = ctx.settings.lease_timeout_min * 60.0
-    cost = self_stop_cost(row.last_probe_at or idle_since, idle_since, lease_s, row.price_per_hour, now)
-    money = "price unknown" if cost.cost is None else f"${cost.cost:.2f}"
-    reason = (f"stopped by itself: no gpuq command for {ctx.settings.lease_timeout_min:g} min and no work "
-              f"(lease_timeout_min); {cost.idle_hours:.2f} idle h billed after its last work ({money}); "
-              f"disk kept ({row.provider}: {provider_says})")
+    contact = _last_contact(row, attempts)
+    minutes = f"{ctx.settings.lease_timeout_min:g}"
+    live = [j.name for j in ctx.ledger.jobs(states=ACTIVE) if j.host == row.name]
+    if live:
+        cost = unseen_stop_cost(contact, row.price_per_hour, now)
+        money = "price unknown" if cost.cost is None else f"at most ${cost.cost:.2f}"
+        found = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(now))
+        reason = (f"stopped by itself by {found} at the latest: no gpuq command for {minutes} min "
+                  f"(lease_timeout_min) and its work done; {len(live)} job(s) gpuq last saw running there "
+                  f"({', '.join(live[:5])}) ended unseen, their exit records and results on its disk; "
+                  f"{cost.idle_hours:.2f} h billed since the last gpuq command ({money}); disk kept "
+                  f"({row.provider}: {provider_says})")
+    else:
+        lease_s = ctx.settings.lease_timeout_min * 60.0
+        cost = self_stop_cost(contact, idle_since, lease_s, row.price_per_hour, now)
+        money = "price unknown" if cost.cost is None else f"${cost.cost:.2f}"
+        reason = (f"stopped by itself: no gpuq command for {minutes} min and no work (lease_timeout_min); "
+                  f"{cost.idle_hours:.2f} idle h billed after its last work ({money}); disk kept "
+                  f"({row.provider}: {provider_says})")
     ctx.ledger.lease_transition(row.name, LeaseState.STOPPED, reason, at=cost.stopped_at)
     ctx.ledger.record_finding("host", row.name, severity="info", rule="self_stop", at=cost.stopped_at,
                               message=f"{row.provider} {row.instance_id} {reason}",
-                              action="its results stay on its stopped disk: start it (`gpuq resume`), then `gpuq pull`")
+                              action="its results stay on its stopped disk: `gpuq resume` starts it and reads them")
     return "manual_stop"
+
+
+def own_stop_record(ctx: Context, row: HostRow, back: HostRow) -> None:
+    """A self-stopped host that is back (``row``: its row as it was, STOPPED; ``back``: as it is now, at its new
+    endpoint): its own ``selfstop.json`` says when
+    it stopped.  Kept as the host's claim in an ``info`` finding, bounded by gpuq's clock (no sooner than the
+    lease after the last gpuq command that reached it, no later than when gpuq found it stopped), never billed;
+    a claim outside those bounds is a ``host_clock`` finding too.  A host that answers nothing usable: nothing."""
+    if row.lease_changed_at is None:
+        return
+    try:
+        host = ctx.fleet.host(back)
+        read = 'head -c 65536 "$1/selfstop.json" 2>/dev/null || head -c 65536 "$1/selfstop.prev.json"'
+        result = host.run(["sh", "-c", read, "sh", host.root], timeout=30)
+        doc = json.loads(result.stdout) if result.exit_code == 0 else None
+    except (GpuqError, ValueError):
+        return
+    claim = doc.get("at_epoch") if isinstance(doc, dict) else None
+    if not isinstance(claim, (int, float)) or isinstance(claim, bool):
+        return
+    lowest = _last_contact(row, ctx.ledger.attempts_on([row.name])) + ctx.settings.lease_timeout_min * 60.0
+    kept = min(max(float(claim), lowest), row.lease_changed_at)
+    saved = row.lease_changed_at - kept
+    money = "" if row.price_per_hour is None else f" (${saved * row.price_per_hour / 3600.0:.2f})"
+    ctx.ledger.record_finding("host", row.name, severity="info", rule="self_stop_claim",
+                              message=f"{row.name} says it stopped itself at {_utc(float(claim))}: "
+                                      f"{saved / 3600:.2f} h before gpuq found it stopped{money}, by its claim "
+                                      "(kept, never billed)")
+    if abs(kept - float(claim)) > 1.0:
+        ctx.ledger.record_finding("host", row.name, severity="warn", rule="host_clock",
+                                  message=f"{row.name} says it stopped itself at {_utc(float(claim))}, outside what "
+                                          "gpuq saw (after the lease, before gpuq found it stopped)",
+                                  action="check the host's clock")
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))

@@ -1,4 +1,5 @@
-"""One controller tick: probe → reconcile → patrol → collect → steal → dispatch → budget → billing (docs/health.md).
+"""One controller tick: probe → reconcile → patrol → collect → stop → seeds=auto → steal → dispatch → budget → billing
+(docs/health.md).
 
 Every host gets exactly one read-only round trip (the agent's ``status --json``, carrying the
 patrol's scan offsets and kernel-log cursor).  The patrol rules (``orchestrator.health.patrol``) turn
@@ -9,7 +10,12 @@ retries last; a full disk or a bad GPU holds the host).  Last, the rented hosts'
 verified and is terminated; an idle rented host is alerted on; a rented machine still provisioning past the
 readiness window (its `gpuq up` gone) is settled (``tick/provisioning.py``).  Before that, each unfinished capped
 sweep is counted against its budget (``tick/budget.py``: dispatch itself starts only what the budget
-fits).  Every tick yields one line per host, also when nothing changed.
+fits).  Between collect and dispatch, early stopping (``tick/stopping.py``, docs/stopping.md): a sweep's
+``[stop]`` policy looks at its cells at the rungs, records each look, then stops the cells that lost, so
+that dispatch hands their slots on in the same tick.
+Before placement, a ``seeds=auto`` sweep whose jobs have all ended gets its next seeds as QUEUED
+jobs (``tick/autoseeds.py``), so dispatch starts them in the same tick.  Every tick yields one line per
+host, also when nothing changed.
 """
 
 from __future__ import annotations
@@ -22,7 +28,17 @@ from orchestrator.core.states import LEASE_UNPROBED, HoldKind, JobState
 from orchestrator.health.host_lines import host_line
 from orchestrator.ledger import Attempt, HostRow, Job
 from orchestrator.scheduling.estimates import epoch_rates
-from orchestrator.tick import ACTIVE, billing, budget, gangs, host_answers, multinode, provisioning
+from orchestrator.tick import (
+    ACTIVE,
+    autoseeds,
+    billing,
+    budget,
+    gangs,
+    host_answers,
+    multinode,
+    provisioning,
+    stopping,
+)
 from orchestrator.tick.answers import failed_probe, patrol_host
 from orchestrator.tick.dispatch import dispatch_queued
 from orchestrator.tick.findings import (
@@ -46,7 +62,9 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     by_host: dict[str, list[Job]] = {}
     for job in active:
         by_host.setdefault(job.host or "", []).append(job)
-    requests, waiting = _requests(ctx, rows, by_host, attempts, now, honour_backoff)
+    stopped_sweeps = stopping.watched(ctx.ledger, active)  # sweeps with a [stop] policy and work on hosts
+    curves_for = stopping.curves_wanted(active, stopped_sweeps)
+    requests, waiting = _requests(ctx, rows, by_host, attempts, now, honour_backoff, curves_for)
     probes = host_answers.only_known(ctx.ledger, probe_all(requests, ctx.settings))
     row_by_name = {r.name: r for r in rows}
     parts = gangs.parts_this_tick(active, attempts, {p.host: p.doc for p in probes if p.ok and p.doc is not None})
@@ -65,18 +83,22 @@ def run_tick(ctx: Context, *, honour_backoff: bool = False) -> TickReport:
     for row in waiting:
         report.lines.append(host_line(row.name, None, (), unreachable_since=row.unreachable_since,
                                       failures=row.probe_failures, next_try=row.next_probe_at))
+    if stopped_sweeps:
+        stopping.record_partials(ctx.ledger, probes, curves_for)
+        stopping.stop_stage(ctx, report, stopped_sweeps)
+    unsettled = autoseeds.add_seeds(ctx, report)
     _place(ctx, probes)
     budget.check(ctx.ledger, ctx.settings, report)
     billing.billing(ctx, report, {p.host for p in probes if p.ok})
     provisioning.watch_provisioning(ctx, report)
-    sweeps_done(ctx, report)
+    sweeps_done(ctx, report, unsettled)
     return report
 
 
 def _requests(ctx: Context, rows: Sequence[HostRow], by_host: dict[str, list[Job]], attempts: dict[str, Attempt],
-              now: float, honour_backoff: bool) -> tuple[list[ProbeRequest], list[HostRow]]:
-    """One probe request per host (with the patrol's scan offsets and kernel cursor), and the hosts
-    still backing off (skipped this tick)."""
+              now: float, honour_backoff: bool, curves_for: set[str]) -> tuple[list[ProbeRequest], list[HostRow]]:
+    """One probe request per host (with the patrol's scan offsets, kernel cursor and the running jobs whose
+    curves early stopping reads), and the hosts still backing off (skipped this tick)."""
     requests: list[ProbeRequest] = []
     waiting: list[HostRow] = []
     for row in rows:
@@ -95,6 +117,9 @@ def _requests(ctx: Context, rows: Sequence[HostRow], by_host: dict[str, list[Job
             extra += ["--scan", *scans]
         if row.kernel_cursor:
             extra += ["--kernel-since", row.kernel_cursor]
+        curves = [j.id for j in by_host.get(row.name, []) if j.id in curves_for]
+        if curves:
+            extra += ["--curves-for", *curves]
         requests.append((host_for(ctx, row), row.agent_bundle, [j.id for j in by_host.get(row.name, [])], extra))
     return requests, waiting
 

@@ -33,7 +33,9 @@ def steal(ledger: Ledger, fleet: Fleet, settings: Settings, probes: Sequence[Pro
     if len(slots) < 2 or not any(queued.values()):
         return []
     allowed = _allowed_hosts(ledger, rows, ledger_jobs)
-    moves = [m for m in plan_steals(queued, slots) if m.to_host in allowed[ledger_jobs[m.job_id].sweep_id]]
+    handed = ledger.dependencies(ledger_jobs)  # its dependencies' checkpoints were placed on its host: it stays
+    moves = [m for m in plan_steals(queued, slots)
+             if m.to_host in allowed[ledger_jobs[m.job_id].sweep_id] and m.job_id not in handed]
     moves = budget.moves_within(ledger, settings, moves, ledger_jobs, rates)  # a capped sweep's dearer moves
     done: list[Move] = []
     by_source: dict[str, list[Move]] = {}

@@ -86,8 +86,9 @@ def slot_jobs(doc: StatusDocument | None) -> dict[int, str]:
 
 def eta_seconds(att: Attempt | None, steps_per_s: float | None) -> float | None:
     """Seconds to the last step at ``steps_per_s`` (the trainer's recent rate), else at the
-    attempt's mean rate when it started from step 0; None when neither is known."""
-    if att is None or att.step is None or not att.total_steps:
+    attempt's mean rate when it started from step 0; None ("-") when neither is known, and before
+    the first step is done (a rate then measures the startup, not training)."""
+    if att is None or att.step is None or att.step <= 0 or not att.total_steps:
         return None
     rate = steps_per_s if steps_per_s and steps_per_s > 0 else None
     if rate is None and not att.resume_from and att.started_at and att.heartbeat_at and att.step > 0:

@@ -30,13 +30,16 @@ class SweepView:
     jobs: int
     states: dict[str, int]  # job state -> how many
     budget: Standing | None = None  # its cap, spent and committed (orchestrator/money/budget.py)
+    joined: tuple[str, ...] = ()  # one line per part that joined it later (submit --into), printable
 
     @property
     def line(self) -> str:
-        """``sweep ID  N jobs  STATE=n ...  (queue)``, and its budget line when it has a cap."""
+        """``sweep ID  N jobs  STATE=n ...  (queue)``, a line per part that joined it later, and its budget line
+        when it has a cap."""
         summary = "  ".join(f"{state}={n}" for state, n in sorted(self.states.items()))
-        line = f"sweep {self.id}  {self.jobs} jobs  {summary}  ({self.queue_path})"
-        return f"{line}\n  {self.budget_line}" if self.budget_line else line
+        lines = [f"sweep {self.id}  {self.jobs} jobs  {summary}  ({self.queue_path})", *self.joined]
+        lines += [self.budget_line] if self.budget_line else []
+        return "\n  ".join(lines)
 
     @property
     def budget_line(self) -> str:
@@ -56,4 +59,6 @@ def alert_views(snap: Snapshot) -> list[AlertView]:
 
 def sweep_views(snap: Snapshot) -> list[SweepView]:
     return [SweepView(id=s.id, queue_path=printable(s.queue_path), created_at=s.created_at, jobs=s.job_count,
-                      states=snap.counts.get(s.id, {}), budget=snap.budgets.get(s.id)) for s in snap.sweeps]
+                      states=snap.counts.get(s.id, {}), budget=snap.budgets.get(s.id),
+                      joined=tuple(printable(p.line) for p in snap.parts.get(s.id, []) if p.number > 1))
+            for s in snap.sweeps]

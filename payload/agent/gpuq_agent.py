@@ -138,6 +138,8 @@ def _add_probe_verbs(sub: argparse._SubParsersAction[argparse.ArgumentParser], v
     st.add_argument("--json", action="store_true")
     st.add_argument("--results-for", nargs="*", default=(), metavar="JOB",
                     help="also carry the collected results of these jobs when they exited 0")
+    st.add_argument("--curves-for", nargs="*", default=(), metavar="JOB",
+                    help="also carry the learning curves so far of these jobs while they run (early stopping)")
     st.add_argument("--kernel-since", default=None, metavar="CURSOR",
                     help="kernel.xids: only Xid lines after this cursor (TS or BOOT_ID:TS)")
     st.add_argument("--scan", nargs="*", default=(), metavar="JOB:ATTEMPT:LOG_OFF:METRICS_OFF",
@@ -211,8 +213,11 @@ def run_verb(lay: Layout, args: argparse.Namespace) -> int:
 
 
 def enqueue(lay: Layout, args: argparse.Namespace) -> int:
+    from gpuq_base.gpuq_hostfacts import write_cpu_slots
     from gpuq_records import gpuq_inbox
     from gpuq_slurmmode import gpuq_slurm
+    if args.serve and args.cpu_slots:  # before the specs: a running agent claims them on these slots
+        write_cpu_slots(lay.root, args.cpu_slots)
     code = framed(lambda: gpuq_inbox.cmd_enqueue(lay.root, sys.stdin))
     if code != 0 or not args.serve:
         return code

@@ -19,6 +19,9 @@ def write_json_atomic(path: str, doc: dict, fsync: bool = True) -> None:
     os.replace(tmp, path)
 
 
+RATE_WINDOW_S = 2.0  # the shortest time a step rate is measured over
+
+
 class Heartbeat:
     """Rate-limited heartbeat writer; ``enabled`` is False on ranks other than 0."""
 
@@ -43,9 +46,7 @@ class Heartbeat:
         due = force or phase != self._last_phase or now - self._last_write >= self.interval_s
         if not due:
             return False
-        if self._rate_step is not None and now > self._rate_t and step > self._rate_step:
-            self.steps_per_s = (step - self._rate_step) / (now - self._rate_t)
-        self._rate_t, self._rate_step = now, step
+        self._measure(now, step)
         doc = {
             "time": time.time(), "step": step, "total_steps": total_steps, "epoch": epoch,
             "epochs": epochs, "loss": _finite_or_none(loss), "lr": lr, "phase": phase,
@@ -55,6 +56,19 @@ class Heartbeat:
         self._last_write = now
         self._last_phase = phase
         return True
+
+    def _measure(self, now: float, step: int) -> None:
+        """The step rate over a window of at least RATE_WINDOW_S (and the heartbeat interval): a beat
+        forced by a phase change milliseconds after the last one measures no burst rate (an ETA of 0 s
+        with a quarter of the steps to go), and evals and saves inside the window count."""
+        if self._rate_step is None or step < self._rate_step:  # the first beat, or a restart of the count
+            self._rate_t, self._rate_step = now, step
+            return
+        window = now - self._rate_t
+        if window < max(RATE_WINDOW_S, self.interval_s) or step == self._rate_step:
+            return  # too short, or no step since (an eval): the window grows until one can be measured
+        self.steps_per_s = (step - self._rate_step) / window
+        self._rate_t, self._rate_step = now, step
 
 
 def _finite_or_none(x: float | None) -> float | None:

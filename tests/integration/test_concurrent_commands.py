@@ -3,10 +3,12 @@
 For STORM_S seconds (30 by default; GPUQ_TEST_STORM_S), six processes loop `gpuq status --once`,
 `gpuq patrol` and a bounded `gpuq watch` against sweeps on two namespace SSH hosts plus the local
 host, while more jobs are submitted, some cancelled and some requeued (their attempt's whole
-process group killed on the host: the patrol finds it gone and requeues it).  Afterwards every
+process group killed on the host: the patrol finds it gone and requeues it), and the first sweep grows
+by two racing `submit --into` of one queue at a time (its old lines and new ones).  Afterwards every
 job has exactly one launched attempt per attempt number (the launch.json records on the hosts),
-each where the ledger says, no "database is locked" (or traceback) reached the user, and the
-ledger's events tell each job's and attempt's whole story.
+each where the ledger says, no "database is locked" (or traceback) reached the user, the ledger's
+events tell each job's and attempt's whole story, and the grown sweep has every line of every
+`--into` queue once: each racing pair added its new lines once, the other of the pair nothing.
 """
 
 from __future__ import annotations
@@ -44,11 +46,27 @@ HOSTS = ("--host", "g0", "--host", "g1", "--host", "local")
 TROUBLE = ("database is locked", "Traceback")
 
 
-def _queue(work: Path, name: str, prefix: str, count: int) -> Path:
+def _queue(work: Path, name: str, prefix: str, count: int, *, keep: str = "") -> Path:
     lines = [f"configs/c.yaml cls {2 + i % 3} name={prefix}{i} retries=3" for i in range(count)]
     path = work / name
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(keep + "\n".join(lines) + "\n")
     return path
+
+
+def _race_into(user: User, queue: Path, sweep: str, cwd: Path) -> list[str]:
+    """Two `submit --into` of one queue at once: what each said (exit code first)."""
+    said: list[str] = ["", ""]
+
+    def one(i: int) -> None:
+        out = user.gpuq("submit", str(queue), "--into", sweep, *HOSTS, cwd=cwd)
+        said[i] = f"exit {out.returncode}: {out.stdout}{out.stderr}"
+
+    pair = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for thread in pair:
+        thread.start()
+    for thread in pair:
+        thread.join(timeout=240)
+    return said
 
 
 class Loop(threading.Thread):
@@ -89,8 +107,14 @@ def test_racing_commands_launch_each_attempt_once(host_farm, tmp_path: Path) -> 
     rng = random.Random(13)
     try:
         user.add_hosts()
-        first = user.gpuq("submit", str(_queue(work, "q0.txt", "a", 8)), *HOSTS, cwd=work)
+        q0 = _queue(work, "q0.txt", "a", 8)
+        for n in range(1, int(STORM_S) + 30):  # every queue of the storm written now: the project's files stay
+            _queue(work, f"q{n}.txt", f"b{n}x", 4)  # as the first sweep's bundle had them (its baseline's code)
+            _queue(work, f"i{n}.txt", f"i{n}x", 3, keep=q0.read_text())
+        first = user.gpuq("submit", str(q0), *HOSTS, cwd=work)
         assert first.returncode == 0, first.stdout + first.stderr
+        grown = _sweep_ids(home)[0]
+        joined: list[str] = []  # the new names of every --into queue
         watch = ["watch", "--interval", "1", "--max-hours", "0.004"]
         for args in (["status", "--once"], ["status", "--once"], ["patrol"], ["patrol"], watch, watch):
             loops.append(Loop(user, args, stop))
@@ -104,7 +128,17 @@ def test_racing_commands_launch_each_attempt_once(host_farm, tmp_path: Path) -> 
         while time.monotonic() < end:
             time.sleep(1)
             n += 1
-            action = ("submit", "kill", "cancel")[n % 3]
+            action = ("submit", "kill", "cancel", "into")[n % 4]
+            if action == "into":
+                into = _queue(work, f"i{n}.txt", f"i{n}x", 3, keep=q0.read_text())
+                said = _race_into(user, into, grown, work)
+                actions.append(f"into {into.name}: " + " | ".join(x.splitlines()[-1] for x in said if x))
+                assert all(x.startswith("exit 0: ") and not any(t in x for t in TROUBLE) for x in said), said
+                # each line once: one of the pair added the three new lines, the other found nothing new
+                assert sorted("joined: 3 jobs" in x for x in said) == [False, True], said
+                assert sum(f"sweep {grown}: nothing joined" in x for x in said) == 1, said
+                joined += [f"i{n}x{i}" for i in range(3)]
+                continue
             if action == "submit":
                 sub = user.gpuq("submit", str(_queue(work, f"q{n}.txt", f"b{n}x", 4)), *HOSTS, cwd=work)
                 actions.append(f"submit: exit {sub.returncode}")
@@ -153,6 +187,10 @@ def test_racing_commands_launch_each_attempt_once(host_farm, tmp_path: Path) -> 
         ledger = Ledger(home / "ledger.db")
         try:
             _check_ledger(ledger, launched, actions, cancels)
+            names = sorted(j.name for j in ledger.jobs(sweep_id=grown))  # no lost line, none twice, none renamed
+            assert joined and names == sorted([f"a{i}" for i in range(8)] + joined), (names, actions)
+            parts = ledger.parts_of(grown)
+            assert [p.number for p in parts] == list(range(1, len(joined) // 3 + 2)), parts
         finally:
             ledger.close()
     finally:
@@ -161,6 +199,14 @@ def test_racing_commands_launch_each_attempt_once(host_farm, tmp_path: Path) -> 
             loop.join(timeout=240)
         user.stop_everything()
         kill_recorded_groups(home / "local")
+
+
+def _sweep_ids(home: Path) -> list[str]:
+    ledger = Ledger(home / "ledger.db")
+    try:
+        return [s.id for s in ledger.sweeps()]
+    finally:
+        ledger.close()
 
 
 def _jobs(home: Path) -> list[dict[str, str]]:

@@ -32,9 +32,9 @@ ENV = {"GPUQ_LOCAL_CPU_SLOTS": "2", "GPUQ_HEARTBEAT_S": "1"}
 class Pane:
     """One detached tmux session on a private server socket (the user's own tmux is never touched)."""
 
-    def __init__(self) -> None:
-        self.socket = f"gpuq-test-{os.getpid()}"
-        self.session = f"gpuq-dashboard-{os.getpid()}"
+    def __init__(self, name: str = "") -> None:  # a server of its own per name: a new size is never an old one's
+        self.socket = f"gpuq-test-{os.getpid()}{name}"
+        self.session = f"gpuq-dashboard-{os.getpid()}{name}"
         self.env = {**os.environ, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -164,7 +164,7 @@ def _fits(screen: str, width: int, height: int) -> bool:
             and max(len(line) for line in lines) == width and lines[-1].startswith("gpuq status · "))
 
 
-def test_at_80x24_every_job_shows_its_whole_name_and_its_sweep(gpuq_home: Path, tmp_path: Path) -> None:
+def test_at_80x24_and_120x40_every_job_shows_its_whole_name_and_its_sweep(gpuq_home: Path, tmp_path: Path) -> None:
     # two sweeps of the same two seeds, finished (the light trainer, two short steps): `--all` lists four
     # rows whose names repeat; only the sweep column tells them apart
     for i in (1, 2):
@@ -185,11 +185,10 @@ def test_at_80x24_every_job_shows_its_whole_name_and_its_sweep(gpuq_home: Path, 
         *[f"export {k}={shlex.quote(v)}" for k, v in {**ENV, "GPUQ_HOME": str(gpuq_home)}.items()],
         gpuq, f"echo $? > {tmp_path}/exit", "exec sleep 600",
     ]) + "\n")
-    # 80x24 in a real terminal; the 120x40 frame is checked by tests/unit/test_dashboard.py (a second tmux
-    # session, or a resize, drew at the first size under a loaded parallel run: left for the follow-up)
-    for width, height in ((80, 24),):
+    # each size in a tmux server of its own (a second session of one server may draw at the first's size)
+    for width, height in ((80, 24), (120, 40)):
         (tmp_path / "exit").unlink(missing_ok=True)
-        pane = Pane()
+        pane = Pane(f"-{width}x{height}")
         try:
             pane.start(script, width, height)
             assert wait_for(lambda size=(width, height), p=pane: _fits(p.screen(), *size), timeout=60, interval=0.5), \

@@ -78,7 +78,7 @@ def test_lightning_cli_ddp_under_both_launchers_seeds_kill_resume_results_and_pu
     user.add_hosts(1)
     ssh_queue = copy_example("lightning_cli", tmp_path / "ssh", toml_extra=OFFLINE, queue=(
         f"name=lit seed=1 gpus=2 retries=1 -- fit --config config.yaml --seed_everything {{seed}} "
-        f"--model.lr=0.05 {DDP} --model.epoch_sleep=1.5\n"))
+        f"--model.lr=0.05 {DDP} --model.epoch_sleep=2.5\n"))
     local_queue = copy_example("lightning_cli", tmp_path / "local", toml_extra=OFFLINE, queue=(
         f"name=tr seed=2 gpus=2 -- fit --config config.yaml --seed_everything {{seed}} {DDP}\n"))
     toml = local_queue.parent / "gpuq.toml"
@@ -95,7 +95,8 @@ def test_lightning_cli_ddp_under_both_launchers_seeds_kill_resume_results_and_pu
     def rank1_in_epoch_2() -> str | None:
         """Rank 1's pid once its second epoch's hook has printed (after that epoch's work and sleep):
         both ranks then passed the barriers that end the first epoch's checkpoint saves, so version_0's
-        last.ckpt is complete, and epochs 3 and 4 (1.5 s of sleep each) are still to run."""
+        last.ckpt is complete, and epochs 3 and 4 (2.5 s of sleep each, so that the kill over ssh lands in them
+        on a loaded machine) are still to run."""
         text = first_log.read_text(errors="replace") if first_log.is_file() else ""
         found = re.findall(rf"epoch 2/{EPOCHS} rank 1 pid (\d+)", text)  # mid-line: Rich's bar ends in none
         return found[0] if found else None

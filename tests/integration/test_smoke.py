@@ -55,6 +55,7 @@ metrics = "metrics.csv"
 metric = "loss"
 mode = "min"
 smoke_args = "--sleep 0.4"
+setup = "echo preparing; sleep 0.5"
 """
 
 
@@ -95,6 +96,15 @@ def test_smoke_passes_a_trainer_that_resumes_and_fails_one_that_starts_over(gpuq
     assert not list((gpuq_home / "smoke").iterdir())  # a smoke that passed leaves nothing behind
     rows = _table(good.stdout)
     assert len(rows) == 2, good.stdout  # a cell per argument, not per seed
+    # never silent (issue 39 item 10): the setup hook's start and end, each cell's steps, on stderr
+    said = [ln for ln in good.stderr.splitlines() if ln.startswith("gpuq: smoke ")]
+    first = [ln.split(": ", 2)[2] for ln in said if ln.startswith("gpuq: smoke toy-3 (1/2): ")]
+    assert first[0] == "attempt 1 started" and first[1].startswith("setup hook started ([run] setup; its output: ")
+    assert first[2].startswith("setup hook done after ") and first[-1] == "passed", said
+    assert "attempt 1 stopped (SIGTERM) once a checkpoint and a metrics row were written" in first, said
+    assert "attempt 2 started: the resume from run/ckpt.json" in first and "attempt 2 ended: exit 0" in first, said
+    assert sum("setup hook started" in ln for ln in said) == 1, said  # once per host and setup key
+    assert said[-1] == "gpuq: smoke toy-4 (2/2): passed", said
     for cols in rows.values():  # started, metrics, checkpoint, resumed, exit
         assert cols[0] == "yes" and cols[2] == "rows" and cols[3] == "run/ckpt.json" and cols[4] == "yes" \
             and cols[5] == "0", good.stdout

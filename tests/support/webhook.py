@@ -32,7 +32,7 @@ class Delivery:
 
 
 @contextlib.contextmanager
-def _serve(on_post: Callable[[Delivery], None]) -> Iterator[str]:
+def _serve(on_post: Callable[[Delivery], None], address: str = "127.0.0.1") -> Iterator[str]:
     class Hook(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -43,11 +43,11 @@ def _serve(on_post: Callable[[Delivery], None]) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    server = http.server.ThreadingHTTPServer((address, 0), Hook)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+        yield f"http://{address}:{server.server_address[1]}/hook"
     finally:
         server.shutdown()
         server.server_close()
@@ -59,6 +59,14 @@ def receiver() -> Iterator[tuple[str, list[Delivery]]]:
     got: list[Delivery] = []
     with _serve(got.append) as url:
         yield url, got
+
+
+@contextlib.contextmanager
+def receiver_at(address: str, got: list[Delivery]) -> Iterator[str]:
+    """Another door to the same list: a receiver on ``address`` (a namespace host's gateway, which the
+    host reaches as "the internet"), appending to ``got``."""
+    with _serve(got.append, address) as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -185,6 +185,7 @@ def test_a_lambda_host_notifies_the_user(tmp_path: Path, monkeypatch: pytest.Mon
 def test_the_controller_sets_the_lease_and_keeps_the_notify_url(tmp_path: Path) -> None:
     ss.write_lease(str(tmp_path), 1800)
     assert ss.read_lease(str(tmp_path)) == (1800.0, "")
+    assert (tmp_path / ss.CONTACT_FILE).exists()  # the serve/enqueue that set it reached the host: a contact
     (tmp_path / ss.LEASE_FILE).write_text('{"timeout_s": 60, "notify_url": "https://hooks.example.com/x"}')
     ss.write_lease(str(tmp_path), 0)  # the user turned it off
     assert ss.read_lease(str(tmp_path)) == (None, "https://hooks.example.com/x")
@@ -231,3 +232,40 @@ def test_the_serving_agent_outlives_its_idle_exit_while_the_lease_is_on_then_sto
     again = subprocess.run([*argv, "--lease-timeout-s", "0"], env=env, timeout=60, capture_output=True, text=True)
     assert again.returncode == 0 and len(calls.read_text().splitlines()) == 1
     assert not (root / ss.SELFSTOP_FILE).exists()
+
+
+def test_the_lease_keeps_the_notice_form_and_is_the_users_alone(tmp_path: Path) -> None:
+    lease = {"timeout_s": 60, "notify_url": "https://hooks.example.com/x", "notify_format": "discord"}
+    (tmp_path / ss.LEASE_FILE).write_text(json.dumps(lease))
+    ss.write_lease(str(tmp_path), 120)  # a later serve/enqueue changes the timeout only
+    assert json.loads((tmp_path / ss.LEASE_FILE).read_text()) == {**lease, "timeout_s": 120.0}
+    assert (tmp_path / ss.LEASE_FILE).stat().st_mode & 0o077 == 0  # the URL is the user's webhook: 0600
+    assert ss.notify_format(str(tmp_path)) == "discord"
+    (tmp_path / ss.LEASE_FILE).write_text('{"timeout_s": 60, "notify_format": "<script>"}')
+    assert ss.notify_format(str(tmp_path)) == "json"
+
+
+@pytest.mark.parametrize(("fmt", "ctype", "key"), [("json", "application/json", "text"),
+                                                    ("slack", "application/json", "text"),
+                                                    ("discord", "application/json", "content"),
+                                                    ("ntfy", "text/plain; charset=utf-8", None)])
+def test_the_notice_comes_in_the_form_the_users_webhook_reads(fmt: str, ctype: str, key: str | None) -> None:
+    record = {"action": "notify", "last_contact": "2026-12-02T10:00:00.000Z"}
+    body, got_type = ss.notice_body(record, fmt)
+    assert got_type == ctype
+    text = json.loads(body)[key] if key else body.decode()
+    assert "cannot stop itself" in text and "2026-12-02T10:00:00.000Z" in text and "gpuq down" in text
+    if fmt == "json":
+        assert json.loads(body)["selfstop"] == record and json.loads(body)["event"] == "self_stop_notice"
+
+
+def test_only_a_host_that_cannot_stop_itself_gets_the_users_webhook() -> None:
+    from orchestrator.core.config import Settings
+    from orchestrator.fleet.hostlease import HostLease, lease_for
+
+    hook = "https://hooks.example.com/secret-path"
+    settings = Settings(home=Path("/nonexistent"), lease_timeout_min=0.5, webhook_url=hook, webhook_format="slack")
+    assert lease_for("lambda", settings) == HostLease(30.0, hook, "slack")
+    assert lease_for("runpod", settings) is None and lease_for("vastai", settings) is None  # they stop themselves
+    assert lease_for("lambda", settings.model_copy(update={"lease_timeout_min": 0.0})) is None  # the lease is off
+    assert lease_for("lambda", settings.model_copy(update={"webhook_url": ""})) is None  # nobody to tell

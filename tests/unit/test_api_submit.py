@@ -84,6 +84,23 @@ def test_gpu_2_for_gpus_2_is_named_with_a_did_you_mean(ctx: api.Context, tmp_pat
     with pytest.raises(UsageError) as err:
         api.submit(ctx, queue, dry_run=True)
     (line, last) = str(err.value).splitlines()
-    assert line.startswith(f"{queue}:1: job 'a' cannot be placed: ") and last == "nothing was submitted"
+    assert line.startswith(f"{queue}:1: job 'a' cannot be placed: ")
+    assert last == f"1 error in {queue}; nothing was submitted"
     assert line.endswith("; did you mean gpus=2? (gpu= names a GPU model, e.g. gpu=A100; gpus= is how many)"), line
     assert ctx.ledger.sweeps() == []
+
+
+def test_placement_errors_come_in_the_same_pass_as_syntax_errors(gpuq_home: Path, tmp_path: Path) -> None:
+    """Issue 39 item 13: ``gpu=2`` on one line and a typo on another are both reported at once, one line
+    each, exit 2, nothing written (before, the placement error came only once every typo was fixed)."""
+    from tests.conftest import run_gpuq
+
+    queue = _queue(tmp_path, "configs/a.yaml classify 2 gpu=2\nconfigs/a.yaml classify 2O name=b\n"
+                             "configs/a.yaml classify 2 name=c\n")
+    done = run_gpuq("submit", str(queue), env={"GPUQ_HOME": str(gpuq_home), "GPUQ_LOCAL_CPU_SLOTS": "4"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"{queue}:1: job 'a' cannot be placed: ") and "did you mean gpus=2?" in lines[0]
+    assert lines[1] == f'{queue}:2:25: epochs must be a positive integer, got "2O"'
+    assert lines[2:] == [f"2 errors in {queue}; nothing was submitted"], lines
+    assert "Traceback" not in done.stderr and not (gpuq_home / "local").exists()

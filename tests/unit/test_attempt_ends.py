@@ -78,6 +78,19 @@ def test_an_end_the_host_recorded_is_kept(ledger: Ledger) -> None:
     assert attempt is not None and attempt.ended_at == 1500.0
 
 
+def test_a_look_that_began_before_the_end_never_unends_the_attempt(ledger: Ledger) -> None:
+    """Two commands tick at once: one ends the attempt, the other (its probe read before that end) then
+    writes the progress it saw, with no end; the end stays (the race the concurrent-commands test met)."""
+    job_id = _job(ledger, running=True)
+    ledger.transition(job_id, JobState.CANCELLED, message="cancelled by user (killed)")
+    ended = ledger.attempt(job_id, 1)
+    assert ended is not None and ended.ended_at is not None
+    ledger.update_attempt(job_id, 1, started_at=1000.0, ended_at=None, seen_ended_at=None, step=3)
+    after = ledger.attempt(job_id, 1)
+    assert after is not None and after.ended_at == ended.ended_at and after.step == 3
+    assert not broken(ledger.path)
+
+
 def test_the_invariant_holds_on_a_good_ledger_and_names_each_breach(ledger: Ledger, tmp_path: Path) -> None:
     job_id = _job(ledger, running=True)
     ledger.transition(job_id, JobState.CANCELLED)

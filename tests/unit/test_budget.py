@@ -343,6 +343,28 @@ def test_a_capped_submit_keeps_what_the_cap_fits_and_an_uncapped_one_everything(
     assert list(held) == [jobs["j0"].id] and held[jobs["j0"].id].startswith("budget: ")
 
 
+def test_a_joined_part_is_admitted_under_the_sweeps_one_cap_with_what_it_spent(ctx: Context) -> None:
+    """``submit --into``: the part's jobs count against the cap the sweep's first part already spends from."""
+    import time
+
+    first = _sweep(ctx.ledger, 5.0, [60])
+    start = time.time() - 2 * HOUR
+    end = start + 0.53125 * HOUR
+    _run(ctx.ledger, first[0], "dear", start, end)  # part 1 spent $4.25 of $5
+    ctx.ledger.update_attempt(first[0].id, 1, dispatched_at=start, seen_running_at=start, seen_alive_at=end,
+                              seen_ended_at=end)
+    _, joined = ctx.ledger.join_sweep(sweep_id=SWEEP, queue_path="q2.txt", queue_text="", bundle_sha="c" * 64,
+                                      jobs=[JobSpec(name=f"k{i}", config="c.yaml", task="t", epochs=2, est_min=60)
+                                            for i in range(2)], default_retries=0, keys={}, reuse={})
+    plan_jobs = [PlanJob(j.id, 1, HOUR) for j in joined]
+    decided = Plan(assignments=tuple(Assignment(job_id=j.id, host="cheap") for j in joined), unplaced=())
+    kept, held = api_budget.admit_joined(ctx, SWEEP, decided, plan_jobs)
+    assert [a.job_id for a in kept.assignments] == [joined[0].id]  # $4.25 + $0.50 fits $5; another $0.50 does not
+    assert list(held) == [joined[1].id] and held[joined[1].id].startswith("budget: ")
+    # a fresh sweep's cap of the same size would have fitted both: it is the one budget that holds the second
+    assert len(api_budget.admit_submitted(ctx, SWEEP, 5.0, decided, plan_jobs)[0].assignments) == 2
+
+
 def test_after_submit_warns_once_the_placed_work_nears_the_cap(ctx: Context, hook: list[dict[str, Any]]) -> None:
     jobs = _sweep(ctx.ledger, 10.0, [60])
     _run(ctx.ledger, jobs[0], "dear", T0 - HOUR, T0)  # $8 of $10

@@ -102,6 +102,8 @@ def test_every_read_answers_as_the_ledger_does(ctx: Context, reader: LedgerReade
     ledger = ctx.ledger
     _same_rows(ledger.hosts(), reader.hosts())
     _same_rows(ledger.sweeps(), reader.sweeps())
+    _same_rows(ledger.sweep_parts(), reader.sweep_parts())
+    assert [(p.number, p.job_count) for p in reader.sweep_parts()][:1] == [(1, ledger.sweeps()[0].job_count)]
     _same_rows(ledger.jobs(), reader.jobs())
     for sweep in ledger.sweeps():
         _same_rows(ledger.jobs(sweep_id=sweep.id), reader.jobs(sweep_id=sweep.id))

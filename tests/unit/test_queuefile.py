@@ -181,7 +181,8 @@ def test_example_13_multi_node(project: Path) -> None:
         ),
         (
             "lr=0.1",  # example 15
-            'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, seeds, host, retries, gpu, gpu_mem, rerun)',
+            'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, seeds, host, retries, gpu, gpu_mem, rerun, '
+            'after)',
         ),
         ("name=", 'empty value for "name"; omit the field to use the default'),  # example 17
         ("gpus=", 'empty value for "gpus"; omit the field to use the default'),
@@ -298,7 +299,8 @@ def test_all_errors_at_once_in_line_order(project: Path) -> None:
     assert [(issue.line, issue.message) for issue in issues] == [
         (1, 'epochs must be a positive integer, got "0"'),
         (3, "config file not found: configs/missing.yaml"),
-        (5, 'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, seeds, host, retries, gpu, gpu_mem, rerun)'),
+        (5, 'unknown key "lr" (allowed: name, gpus, nodes, est_min, seed, seeds, host, retries, gpu, gpu_mem, rerun, '
+            'after)'),
     ]
 
 

@@ -6,6 +6,9 @@ read on a ``Context``, which collects them (``resultrows.HostsNeeded``, ``cli.ct
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +21,13 @@ from orchestrator.api.report import build_report
 from orchestrator.api.resultrows import HostsNeeded, results
 from orchestrator.cli.ctx import read_through
 from orchestrator.context import Context, ReadContext
+from orchestrator.core.specs import JobSpec
 from orchestrator.core.states import JobState
+from orchestrator.ledger import StopLook
 from orchestrator.ledger.reader import LedgerReader, record_columns
 from tests.unit.test_results_scale import SWEEP, T0, _view, build
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -126,3 +133,47 @@ def test_a_job_whose_metrics_are_still_on_its_host_is_read_on_a_context(ctx: Con
     assert said.out == ""
     assert rows[job.id].error.startswith("results not collected: host gpu9")  # it tried that host
     assert set(rows) == set(ids)
+
+
+def test_a_grown_and_stopped_sweep_reads_the_same_and_light(ctx: Context, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part that joined later (``submit --into``) and early stopping's looks and STOPPED job: the reader's
+    ``parts_of``/``stop_looks`` answer as the ``Ledger``'s, results and report equal on either, and the
+    commands still load no ORM."""
+    build(ctx, tmp_path, jobs=12)
+    led = ctx.ledger
+    led.join_sweep(sweep_id=SWEEP, queue_path="q2.txt", queue_text="", bundle_sha="b2", default_retries=0,
+                   jobs=[JobSpec(name=f"cell9-seed{i}", config="c.yaml", task="classify", config_sha256="0" * 64,
+                                 line=i + 1, cell="cell9", seed=i) for i in range(2)], keys={}, reuse={})
+    looks = [StopLook(sweep_id=SWEEP, cell=cell, rung=0, step=10, rule=rule, fraction=0.2, cell_mean=3.0,
+                      baseline_mean=2.0, n_cell=2, n_baseline=2, statistic=4.0, threshold=0.025, p_value=1e-5,
+                      stop=stop, decided_at=1.0)
+             for cell, rule, stop in (("cell9", "baseline", True), ("cell2", "halving", False))]
+    assert led.record_looks(looks) == 2
+    stopped = next(j for j in led.jobs(sweep_id=SWEEP, states=[JobState.QUEUED]) if j.name == "cell9-seed0")
+    led.start_attempt(stopped.id, host="gpu1", bundle_sha="s")
+    led.transition(stopped.id, JobState.RUNNING)
+    led.update_attempt(stopped.id, 1, step=10, total_steps=40)
+    led.transition(stopped.id, JobState.STOPPED)
+    monkeypatch.setattr(time, "time", lambda: T0 + 50_000)
+    with LedgerReader(ctx.settings.ledger_path) as reader:
+        _same(led.parts_of(SWEEP), reader.parts_of(SWEEP))
+        _same(led.stop_looks([SWEEP, "nope"]), reader.stop_looks([SWEEP, "nope"]))
+        assert [p.line for p in reader.parts_of(SWEEP)] == [p.line for p in led.parts_of(SWEEP)]
+        light = ReadContext(ctx.settings, reader)
+        rows = results(light, sweep=SWEEP)
+        assert [(_view(r), r.joined, r.joined_at) for r in rows] == [
+            (_view(r), r.joined, r.joined_at) for r in results(ctx, sweep=SWEEP)]
+        assert sum(1 for r in rows if r.joined.startswith("joined: part 2")) == 2
+        got = build_report(light, [SWEEP], metric="loss")
+        assert got.model_dump() == build_report(ctx, [SWEEP], metric="loss", collect=False).model_dump()
+    assert [c.verdict for c in got.cells if c.stopped] == ["stopped"] and any("part 2" in note for note in got.notes)
+    assert got.saved is not None
+    code = ("import sys\nfrom orchestrator.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+            "    pass\nprint(' '.join(sorted(m for m in sys.modules if m.startswith(('sqlalchemy', 'sqlmodel', "
+            "'orchestrator.ledger.store')))) or 'light', file=sys.stderr)\n")
+    for argv in (["results", "--sweep", SWEEP], ["report", SWEEP, "--format", "json"]):
+        ran = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                             check=False, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+        assert ran.returncode == 0 and ran.stderr.strip().splitlines()[-1] == "light", (argv, ran.stderr[-500:])
+        assert "cell9" in ran.stdout

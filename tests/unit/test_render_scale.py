@@ -115,7 +115,7 @@ def _old_results_json(rows: list[ResultRow]) -> str:
             pulled=row.pulled, local_dir=row.local_dir, error=row.error,
             restarts_from_scratch=row.restarts_from_scratch,
             cpu_hours=c.cpu_hours if c else None, ran_with=ran, git_commit=row.git[0] or None, git_dirty=row.git[1],
-            reused_from=row.job.reused_from))
+            reused_from=row.job.reused_from, part=row.job.part, joined_at=row.joined_at))
     return d.ResultsDocument(schema_="gpuq.cli.results/1", sweep=rows[0].job.sweep_id, metric=rows[0].metric,
                              mode=rows[0].mode, jobs=jobs).dump()
 

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.api import report as rep
 from orchestrator.api.jobs import collect_missing, collect_notes, cpu_slots
+from orchestrator.api.report_detail import fill_differs, mean_wall, seed_rows
 from orchestrator.context import Context
 from orchestrator.core import protocol
 from orchestrator.core.specs import JobSpec
@@ -22,7 +23,7 @@ from orchestrator.core.states import AttemptState, JobState
 from orchestrator.host_documents import Provenance
 from orchestrator.ledger import Attempt, HostRow, Job, Metric
 from orchestrator.money.cost import job_cost
-from orchestrator.report import stats, trust
+from orchestrator.report import stats, summary, trust
 from orchestrator.report.cells import group
 from orchestrator.report.model import CellRow, FailureRow, Report
 
@@ -179,8 +180,11 @@ def oracle(ctx: Context, sweeps: Sequence[str]) -> Report:
             delta=None, delta_ci_low=None, delta_ci_high=None, p_value=None,
             verdict="no data" if not finished else "no baseline", flags=flags,
             ran_with=trust.lines(p for j in members for p in ran[j.id])))
+        out[-1].seeds = seed_rows(members, values, attempts, now)
+        out[-1].wall_s = mean_wall(out[-1].seeds)
     rep._compare(out, finals_of, base_name, mode, same)
     rep._against_baseline(out, cells, ran, base_name, same)
+    fill_differs(out, cells, rows, base_name, ctx.settings.bundle_cache)
     finished_n = sum(c.n_finished for c in out)
     if finished_n < len(jobs):
         notes.append(f"{len(jobs) - finished_n} of {len(jobs)} jobs have not finished with the metric "
@@ -199,13 +203,15 @@ def oracle(ctx: Context, sweeps: Sequence[str]) -> Report:
     notes += rep._past_bounds(out, metric)
     cell_of = {j.id: name for name, members in cells.items() for j in members}
     failures = [_failure(ctx, j, attempts.get(j.id, []), cell_of[j.id]) for j in jobs if j.state in rep._FAILED]
-    return Report(
+    report = Report(
         generated_at=now, sweeps=[rep._sweep_info(s, jobs, attempts) for s in rows], metric=metric,
         mode="max" if mode == "max" else "min", baseline=base_name, finished=finished_n, total=len(jobs),
         partial=any(not JobState(j.state).terminal for j in jobs), cells=out, failures=failures,
         gpu_hours=sum(c.gpu_hours for c in out), cpu_hours=sum(c.cpu_hours for c in out),
         cost_usd=sum(c.cost_usd for c in out if c.cost_usd is not None) if any(c.cost_usd is not None for c in out)
         else None, notes=notes)
+    report.headline = summary.headline(report)
+    return report
 
 
 def test_the_report_is_the_one_the_per_job_algorithm_built(ctx: Context, tmp_path: Path,

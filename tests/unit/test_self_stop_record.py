@@ -49,7 +49,7 @@ def _ctx(gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeVastAI, lea
     return open_context()
 
 
-def _rented_with_one_job(ctx: Context, *, running: bool) -> tuple[str, str, float]:
+def _rented_with_one_job(ctx: Context, *, running: bool, dispatched_long_ago: bool) -> tuple[str, str, float]:
     (inst,) = provider_for(ctx, "vastai").provision(
         ProvisionRequest(name="gpuq-self", gpu_type="RTX 4090", gpu_count=1, ssh_public_key=PUBLIC_KEY)
     )
@@ -80,6 +80,8 @@ def _rented_with_one_job(ctx: Context, *, running: bool) -> tuple[str, str, floa
     ctx.ledger.transition(job, AttemptState.RUNNING, attempt=1)
     ctx.ledger.transition(job, JobState.RUNNING)
     ended = created + HOUR
+    if dispatched_long_ago:  # the controller dispatched it and went away (a closed laptop)
+        ctx.ledger.update_attempt(job, 1, created_at=created, started_at=created)
     if not running:
         ctx.ledger.update_attempt(
             job, 1, exit_code=0, created_at=created, started_at=created, ended_at=ended, message="exit 0"
@@ -90,14 +92,20 @@ def _rented_with_one_job(ctx: Context, *, running: bool) -> tuple[str, str, floa
     return inst.id, job, ended
 
 
-@pytest.mark.parametrize(("lease_min", "running", "own"), [("1", False, True), ("0", False, False), ("1", True, False)])
+@pytest.mark.parametrize(
+    ("lease_min", "running", "long_ago", "own"),
+    [("1", False, True, True), ("0", False, True, False), ("1", True, False, False), ("1", True, True, True)],
+)
 def test_a_stopped_host_is_recorded_as_its_own_stop_only_when_it_could_be(
-    gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, lease_min: str, running: bool, own: bool
+    gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, lease_min: str, running: bool, long_ago: bool, own: bool
 ) -> None:
+    """Its own only with the lease on and no gpuq command reaching it for the lease: a job gpuq saw running
+    there an hour ago and never since ended unseen (the host stops only once idle), a job gpuq dispatched just
+    now did not (a stop by the user)."""
     with FakeVastAI(api_key=KEY, offers=(FakeOffer(7001, "RTX 4090", 1, 24564, 1.5, 0.40),)) as fake:
         ctx = _ctx(gpuq_home, monkeypatch, fake, lease_min)
         try:
-            inst_id, job, ended = _rented_with_one_job(ctx, running=running)
+            inst_id, job, ended = _rented_with_one_job(ctx, running=running, dispatched_long_ago=long_ago)
             provider_for(ctx, "vastai").stop(inst_id)  # as the host's `vastai stop instance` does
             assert check_lease(ctx, ctx.ledger.host("box")) == "manual_stop"
             row = ctx.ledger.host("box")
@@ -105,6 +113,13 @@ def test_a_stopped_host_is_recorded_as_its_own_stop_only_when_it_could_be(
             rules = {e.rule for e in ctx.ledger.events("box", exact=True) if getattr(e, "rule", "")}
             if not own:
                 assert "stopped by itself" not in row.lease_reason and "self_stop" not in rules
+                return
+            if running:  # its end is on the stopped disk: the latest it can have stopped is when gpuq found it
+                assert row.lease_changed_at == pytest.approx(time.time(), abs=30)
+                assert "ended unseen" in row.lease_reason and "at most $" in row.lease_reason, row.lease_reason
+                assert ctx.ledger.job(job).state == "RUNNING"  # left as gpuq last saw it, not guessed
+                assert check_lease(ctx, ctx.ledger.host("box")) == "manual_stop"  # a second look changes nothing
+                assert ctx.ledger.host("box") == row and ctx.ledger.job(job).state == "RUNNING"
                 return
             stopped = ended + 60.0 + 60.0 + CHECK_S  # last probe + 1 min lease + one check
             assert row.lease_changed_at == pytest.approx(stopped)
@@ -121,6 +136,54 @@ def test_gpuq_up_says_at_rent_time_which_machines_cannot_stop_themselves(capsys:
     from tests.support.rented import rented_row
 
     up_report(UpResult(provider="lambda", lease="l1", wanted=1, hosts=[rented_row("lam-1", provider="lambda")]))
-    assert "lambda machines cannot stop their own billing" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "lambda machines cannot stop their own billing" in err and "set webhook_url" in err, err
+    up_report(UpResult(provider="lambda", lease="l1", wanted=1, hosts=[rented_row("lam-1", provider="lambda")],
+                       noticed=["lam-1"]))
+    assert "each POSTs a notice to your webhook_url" in capsys.readouterr().err
     up_report(UpResult(provider="runpod", lease="l2", wanted=1, hosts=[rented_row("rp-1")]))
     assert "cannot stop" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("claim_ago", "clock"), [(600.0, False), (30 * 86400.0, True), (-86400.0, True)])
+def test_the_hosts_own_record_of_its_stop_is_kept_as_its_claim(
+    gpuq_home: Path, monkeypatch: pytest.MonkeyPatch, claim_ago: float, clock: bool
+) -> None:
+    """Once the machine is back, its selfstop.json says when it stopped: an info finding with what that saves
+    against gpuq's bound, and a host_clock warning for a claim before its lease ran out or after gpuq found it."""
+    import json as jsonlib
+
+    from orchestrator.core.specs import CommandResult
+    from orchestrator.tick.leases import own_stop_record
+
+    with FakeVastAI(api_key=KEY, offers=(FakeOffer(7001, "RTX 4090", 1, 24564, 1.5, 0.40),)) as fake:
+        ctx = _ctx(gpuq_home, monkeypatch, fake, "1")
+        try:
+            _rented_with_one_job(ctx, running=True, dispatched_long_ago=True)
+            found = time.time()
+            row = ctx.ledger.host("box")
+            assert row is not None
+            stopped = row.model_copy(update={"lease_state": "stopped", "lease_changed_at": found})
+            record = jsonlib.dumps({"action": "stop", "at_epoch": found - claim_ago})
+
+            class Box:
+                root = "/root/gpuq"
+
+                def path(self, *parts: str) -> str:
+                    return "/".join([self.root, *parts])
+
+                def run(self, argv: list[str], timeout: float = 60.0) -> CommandResult:
+                    return CommandResult(host="box", argv=tuple(argv), exit_code=0, stdout=record, stderr="",
+                                         duration_s=0.0)
+
+            monkeypatch.setattr(ctx.fleet, "host", lambda _row: Box())
+            own_stop_record(ctx, stopped, row)
+            events = ctx.ledger.events("box", exact=True)
+            (claim,) = [e for e in events if e.rule == "self_stop_claim"]
+            assert "never billed" in claim.message
+            warned = [e for e in events if e.rule == "host_clock"]
+            assert bool(warned) is clock, [e.message for e in events]
+            if not clock:  # 10 min before gpuq found it, 1 h after its lease ran out: 0.17 h saved at $1.50/h
+                assert "0.17 h before gpuq found it stopped ($0.25)" in claim.message, claim.message
+        finally:
+            ctx.close()

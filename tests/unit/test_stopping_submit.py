@@ -62,3 +62,36 @@ def test_the_sweep_keeps_its_policy(tmp_path: Path) -> None:
     ledger.add_sweep(sweep_id="s2", queue_path="q", workdir="/w", queue_text="", jobs=[spec], default_retries=0)
     off = ledger.sweep("s2")
     assert off is not None and off.stop == ""
+
+
+def test_a_policy_without_its_baseline_cell_in_the_queue_is_said_to_stop_nothing(gpuq_home: Path,
+                                                                                  tmp_path: Path) -> None:
+    queue = _project(tmp_path, '[stop]\nrule = "baseline"\n')  # cells "base" and "wide": no "baseline"
+    done = run_gpuq("submit", "--dry-run", str(queue), env=ENV)
+    assert done.returncode == 0, done.stderr
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "[stop] compares each cell with the cell 'baseline'" in said and "nothing will be stopped" in said, said
+    (tmp_path / "gpuq.toml").write_text(RUN + '[stop]\nrule = "baseline"\nbaseline = "base"\n')
+    done = run_gpuq("submit", "--dry-run", str(queue), env=ENV)
+    assert done.returncode == 0 and "nothing will be stopped" not in done.stdout + done.stderr
+    assert "(cell 'base')" in done.stdout
+
+
+def test_the_direction_follows_the_headline_metric_unless_stop_says_otherwise(gpuq_home: Path,
+                                                                                tmp_path: Path) -> None:
+    """gpuq's payload maximises val_acc: a [stop] without a direction takes "max"; a [stop] direction
+    against the headline's mode would stop the better cells, and submit says so."""
+    from orchestrator import api
+
+    queue = _project(tmp_path, '[stop]\nrule = "baseline"\nbaseline = "base"\n')
+    ctx = api.open_context()
+    try:
+        found = api.submit(ctx, queue, dry_run=True)
+    finally:
+        ctx.close()
+    assert found.stop is not None and found.stop.direction == "max"
+    assert not any("[stop] direction" in w for w in found.warnings)
+    (tmp_path / "gpuq.toml").write_text(RUN + '[stop]\nrule = "baseline"\nbaseline = "base"\ndirection = "min"\n')
+    done = run_gpuq("submit", "--dry-run", str(queue), env=ENV)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0 and "[stop] direction = 'min', but the headline metric 'val_acc' is maximised" in said

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Any
+from typing import Any, Callable
 
-from gpuq_base.gpuq_files import read_text
+from gpuq_base.gpuq_files import atomic_write_json, read_json, read_text
 from gpuq_base.gpuq_procs import helper_env
 
 NVSMI_QUERY = [
@@ -166,3 +166,33 @@ def detect_slots(cpu_slots: int | None) -> dict[str, Any]:
         return {"kind": "gpu", "ids": [g["index"] for g in gpus]}
     n = cpu_slots if cpu_slots and cpu_slots > 0 else (os.cpu_count() or 1)
     return {"kind": "cpu", "ids": list(range(n))}
+
+
+CPU_SLOTS_FILE = "cpu_slots.json"  # {"slots": N}: the CPU slots the controller last asked for (--cpu-slots)
+
+
+def write_cpu_slots(root: str, n: int | None) -> None:
+    """What ``serve``/``enqueue --serve --cpu-slots N`` asks for, kept where a running agent reads it
+    (``GPUQ_LOCAL_CPU_SLOTS`` changed while an agent serves); unchanged or not given: no write."""
+    path = os.path.join(root, CPU_SLOTS_FILE)
+    if n and n > 0 and read_json(path) != {"slots": n} and os.path.isdir(root):
+        atomic_write_json(path, {"slots": n})
+
+
+def reslot(root: str, slots: dict[str, Any], log: Callable[[str], None],
+           record: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The CPU slots to serve now: those cpu_slots.json asks for when its count differs from ``slots``
+    (then logged and ``record``-ed in agent.pid), else ``slots`` (GPU slots follow the GPUs, never the
+    file).  Slot ids are 0..N-1: a job on a slot a smaller count drops keeps it until it ends, and no
+    job starts there again."""
+    if slots.get("kind") != "cpu":
+        return slots
+    doc = read_json(os.path.join(root, CPU_SLOTS_FILE))
+    n = doc.get("slots") if isinstance(doc, dict) else None
+    had = len(slots.get("ids") or [])
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= 4096 or n == had:
+        return slots
+    log(f"cpu slots {had} -> {n} (asked for by the controller)")
+    asked = {"kind": "cpu", "ids": list(range(n))}
+    record(asked)
+    return asked

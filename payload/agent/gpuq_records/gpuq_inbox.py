@@ -185,3 +185,15 @@ def collect_one(root: str, job_id: str, write: bool = True) -> dict[str, Any]:
     if ended is not None:
         got["outputs"] = ended
     return got
+
+
+def partial_one(root: str, job_id: str) -> dict[str, Any]:
+    """A running job's learning curves so far (``status --curves-for``), computed as ``collect`` would
+    (a project's ``[run] metrics``, else the payload's result/metrics.jsonl), never written."""
+    spec = job_spec(root, job_id)
+    summary = project_summary(root, job_id, spec, False)
+    curves = summary.get("curves") if isinstance(summary, dict) else None
+    if not curves:
+        metric = (spec.run.metric if spec is not None and spec.run is not None else "") or "val_acc"
+        curves = payload_curves(os.path.join(root, P.JOBS_DIR, job_id), metric)
+    return {"attempt": spec.attempt if spec is not None else 0, "curves": curves or {}}

@@ -30,6 +30,9 @@ OWN_LINE = re.compile(r"^(?:=== gpuq\b.*===\s*$|gpuq: )")
 EPOCH = re.compile(r"\bepoch\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
 STEP = re.compile(r"\b(?:global_)?step\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
 LOSS = re.compile(r"\b(?:train_)?loss\b\s*[:=]?\s*(" + _NUM + r")\b", re.IGNORECASE)
+# Lightning's Rich bar: "Epoch 2/2 ━━━━╸━━ 4/8 0:00:01 ..." numbers epochs from 0 up to max_epochs - 1
+# and counts the batches of that epoch (rich_progress.py: f"Epoch {current_epoch}/{max_epochs - 1}")
+LIGHTNING_RICH = re.compile("\\bEpoch (\\d+)/(\\d+)\\s*[\u2501\u2578\u257a\u2500]+\\s*(\\d+)/(\\d+)\\b")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -115,9 +118,25 @@ def _from_regex(lines: list[str], rx: Any) -> dict[str, Any]:
     return found
 
 
+def _lightning_bar(lines: list[str]) -> dict[str, Any]:
+    """Progress from the newest of Lightning's Rich epoch bars, in gpuq's terms: 1-based epochs of the
+    whole run (``Epoch 2/2`` is the third of 3) and steps of the whole run (the epoch's batches times
+    the epochs before it: Lightning's global step).  {} when no line is one."""
+    for line in reversed(lines):
+        m = LIGHTNING_RICH.search(_ANSI.sub("", line))
+        if m is None:
+            continue
+        index, last, batch, batches = (int(g) for g in m.groups())
+        if batches <= 0 or index > last:
+            return {}
+        return {"epoch": index + 1, "epochs": last + 1, "step": index * batches + batch,
+                "total": (last + 1) * batches}
+    return {}
+
+
 def _from_patterns(lines: list[str]) -> tuple[dict[str, Any], str | None]:
-    found: dict[str, Any] = {}
-    source = None
+    found: dict[str, Any] = _lightning_bar(lines)
+    source = "lightning" if found else None
     for line in reversed(lines):
         if "step" not in found:
             m = TQDM.search(line) or RICH.search(_ANSI.sub("", line))

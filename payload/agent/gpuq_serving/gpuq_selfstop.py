@@ -2,8 +2,10 @@
 
 On a leased host, every agent verb the controller calls (status, enqueue, collect, ...) touches
 ``controller_contact`` in the root (``touch_contact``); a host without ``lease.json`` is never written by it.
-A controller that rents a host writes ``lease.json`` there:
-``{"timeout_s": S, "notify_url": URL-or-null}``.  The serving loop asks ``decide`` at most every
+A controller that rents a host writes ``lease.json`` there (mode 0600):
+``{"timeout_s": S, "notify_url": URL-or-null, "notify_format": "json"|"slack"|"discord"|"ntfy"}``; the URL
+(the user's ``webhook_url``) only on a host whose provider has no in-instance stop (fleet/hostlease.py).
+The serving loop asks ``decide`` at most every
 ``CHECK_EVERY_S`` (on its own timer, no extra thread): once the controller has been silent for
 ``timeout_s`` and the host has no running attempt, no claimed-unlaunched spec and nothing in its
 inbox, the host ends its own billing with what its provider put inside the instance:
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 import urllib.request
@@ -112,13 +115,28 @@ def _mtime(path: str) -> float | None:
 
 
 def write_lease(root: str, timeout_s: float) -> None:
-    """The lease the controller sets (0 = off), keeping a ``notify_url`` already there; unchanged: no write."""
+    """The lease the controller sets (0 = off), keeping a ``notify_url`` (and its format) already there;
+    unchanged: no write.  0600: the URL is the user's webhook."""
     path = os.path.join(root, LEASE_FILE)
     old = read_json(path)
-    url = old.get("notify_url") if isinstance(old, dict) else None
-    doc = {"timeout_s": max(0.0, float(timeout_s)), "notify_url": url}
+    keep = old if isinstance(old, dict) else {}
+    doc = {"timeout_s": max(0.0, float(timeout_s)), "notify_url": keep.get("notify_url")}
+    if "notify_format" in keep:
+        doc["notify_format"] = keep["notify_format"]
     if doc != old and os.path.isdir(root):
-        atomic_write_json(path, doc)
+        old_mask = os.umask(0o077)
+        try:
+            atomic_write_json(path, doc)
+        finally:
+            os.umask(old_mask)
+    touch_contact(root)  # the controller setting the lease is a gpuq command too (the verb's touch came first)
+
+
+def notify_format(root: str) -> str:
+    """The form of the notice the user's webhook reads (gpuq's ``webhook_format``): json, slack, discord, ntfy."""
+    doc = read_json(os.path.join(root, LEASE_FILE))
+    fmt = doc.get("notify_format") if isinstance(doc, dict) else None
+    return fmt if fmt in ("json", "slack", "discord", "ntfy") else "json"
 
 
 def read_lease(root: str) -> tuple[float | None, str]:
@@ -200,7 +218,7 @@ class SelfStop:
         atomic_write_json(os.path.join(self.root, SELFSTOP_FILE), doc)
         self.acted = True
         self.log("SELFSTOP %s: %s" % (v.action, v.reason))
-        outcome = _run(argv, dict(os.environ, **self.env)) if argv else _notify(url, doc)
+        outcome = _run(argv, dict(os.environ, **self.env)) if argv else _notify(url, doc, notify_format(self.root))
         self.log("SELFSTOP %s: %s" % (v.action, outcome))
         result = dict(doc, outcome=outcome[:500])
         atomic_write_json(os.path.join(self.root, SELFSTOP_FILE), result)
@@ -217,10 +235,22 @@ def _run(argv: list[str], env: dict[str, str]) -> str:
     return "exit %d %s" % (p.returncode, tail[0][:200] if tail else "")
 
 
-def _notify(url: str, doc: Any) -> str:
-    text = "gpuq: host idle, no gpuq command for the lease; it cannot stop itself and is still billing"
-    body = json.dumps({"text": text, "selfstop": doc}).encode("utf-8")
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+def notice_body(doc: Any, fmt: str) -> tuple[bytes, str]:
+    """The notice in the form the user's webhook reads (orchestrator/tick/notify.py's forms): body, content type."""
+    text = ("gpuq: host %s idle, no gpuq command for its lease (since %s); it cannot stop itself and is still "
+            "billing: `gpuq down` or `gpuq watch` ends it" % (socket.gethostname(), doc.get("last_contact")))
+    if fmt == "ntfy":
+        return text.encode("utf-8"), "text/plain; charset=utf-8"
+    body: dict[str, Any] = {"content": text} if fmt == "discord" else {"text": text}
+    if fmt == "json":
+        body["event"] = "self_stop_notice"
+        body["selfstop"] = doc
+    return json.dumps(body).encode("utf-8"), "application/json"
+
+
+def _notify(url: str, doc: Any, fmt: str = "json") -> str:
+    body, ctype = notice_body(doc, fmt)
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": ctype}, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=ACT_TIMEOUT_S) as r:  # noqa: S310 (the user's webhook)
             return "notified: HTTP %d" % r.status

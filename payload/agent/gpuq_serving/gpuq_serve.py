@@ -39,7 +39,7 @@ from gpuq_base.gpuq_files import (
     utc,
 )
 from gpuq_base.gpuq_jobspec import JobSpec, attempt_of, spec_or_reason
-from gpuq_base.gpuq_hostfacts import detect_slots
+from gpuq_base.gpuq_hostfacts import detect_slots, reslot, write_cpu_slots
 from gpuq_serving.gpuq_inboxview import InboxView
 from gpuq_base.gpuq_procs import live_attempt
 from gpuq_serving.gpuq_serve_adopt import found_claims
@@ -86,6 +86,7 @@ class Agent:
                lay.p(P.JOBS_DIR), lay.p(P.CACHE_DIR))
         if self.lease_s is not None:  # the controller that rented this host sets its lease (also to a running agent)
             write_lease(lay.root, self.lease_s)
+        write_cpu_slots(lay.root, self.cpu_slots)  # and the CPU slots it plans with (a running agent: ``reslot``)
         if not self.lock.take():
             pid = self.lock.holder()
             msg = f"agent already running (pid {pid})"
@@ -133,6 +134,7 @@ class Agent:
         while not self.stop:
             try:
                 self.reap()
+                self.slots = reslot(self.lay.root, self.slots, self.log, self.lock.write_pid)  # cpu_slots.json
                 watch_adopted(self.lay, list(self.running.values()), self.log, self.finish)
                 handle_cancels(self.lay, list(self.running.values()), self.log)
                 watch_stalls(self.lay, list(self.running.values()), self.log)
@@ -263,7 +265,7 @@ class Agent:
 
     def _round_state(self) -> tuple[Any, ...]:
         return (self.inbox.generation, tuple(sorted(self.busy.items())), tuple(sorted(self.running)),
-                tuple(self.pending))
+                tuple(self.pending), tuple(self.slots["ids"]))
 
     def _launch_pending(self) -> None:
         """Claimed but never launched (found at start-up): launched once they fit, failed if they never can

@@ -81,7 +81,8 @@ def build(lay: Layout, job_id: str) -> dict[str, Any]:
     exit_doc = read_json(os.path.join(adir, P.EXIT_FILE))
     if not isinstance(exit_doc, dict):
         raise Refused("attempt %d has no exit record (still running, or lost)" % n)
-    if exit_doc.get("wrapper_code") != P.EXIT_OK:
+    stopped = os.path.exists(lay.job(job_id, P.CANCEL_FILE))  # stopped by gpuq (early stopping): partial results
+    if exit_doc.get("wrapper_code") != P.EXIT_OK and not stopped:
         raise Refused("attempt %d exited %r, not 0: its log and exit record are evidence, not results"
                       % (n, exit_doc.get("wrapper_code")))
     spec = job_spec(lay.root, job_id)

@@ -137,15 +137,19 @@ def observe_run(e: dict[str, Any], lay: Layout, job_id: str, spec: JobSpec | Non
 
 def observe_metrics(e: dict[str, Any], job_dir: str, run: RunSection, attempt: int) -> None:
     """A trainer's metrics files as signs of life ("run_metrics_mtime") and, when its log shows no
-    step or epoch (a Rich progress bar writes nothing to a file), as its progress."""
+    step or epoch (a Rich progress bar writes nothing to a file), as its progress; when its log shows
+    no loss (Lightning's bar shows only what is logged with ``prog_bar=True``), the rows' loss
+    (``train_loss`` in a CSVLogger's metrics.csv) fills it."""
     prog = e.get("progress")
     shown = prog is not None and (prog.get("step") is not None or prog.get("epoch") is not None)
-    mtime_, rows = metrics_progress(job_dir, run, attempt, rows_too=not shown)
+    lossless = prog is None or prog.get("loss") is None
+    mtime_, rows = metrics_progress(job_dir, run, attempt, rows_too=not shown or lossless)
     e["run_metrics_mtime"] = mtime_
     if rows is None:
         return
     prog = dict(prog or {"total": None, "epochs": None, "pct": None, "line": None})
-    prog.update(step=rows["step"], epoch=rows["epoch"], source="metrics")
+    if not shown:
+        prog.update(step=rows["step"], epoch=rows["epoch"], source="metrics")
     if prog.get("loss") is None:
         prog["loss"] = rows["loss"]
     e["progress"] = prog
@@ -164,6 +168,9 @@ def redact_host_text(entry: dict[str, Any], hide: list[str]) -> None:
     results = entry.get("results")
     if isinstance(results, dict) and results.get("summary") is not None:
         results["summary"] = gpuq_secrets.redact_doc(results["summary"], hide)
+    partial = entry.get("partial")
+    if isinstance(partial, dict) and partial.get("curves"):
+        partial["curves"] = gpuq_secrets.redact_doc(partial["curves"], hide)
 
 
 def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
@@ -192,6 +199,7 @@ def cmd_status(lay: Layout, args: argparse.Namespace) -> int:
         return P.AGENT_EXIT_USAGE
     attach_scans(lay, jobs, scans)
     attach_results(lay, jobs, wanted)
+    attach_partial(lay, jobs, set(getattr(args, "curves_for", ()) or ()))
     hide = gpuq_secrets.held_values(lay)
     for e in jobs:
         redact_host_text(e, hide)
@@ -269,6 +277,17 @@ def attach_scans(lay: Layout, jobs: list[dict[str, Any]], scans: dict[str, tuple
             if n < e["attempt"]:  # attempts the controller has not seen end: did this host retry them itself?
                 from gpuq_watch.gpuq_retry import chain
                 e["host_retried"] = chain(lay, e["job_id"], n, e["attempt"])
+
+
+def attach_partial(lay: Layout, jobs: list[dict[str, Any]], wanted: set[str]) -> None:
+    """The learning curves so far of the wanted jobs that are running (read, never written): what the
+    controller's early stopping compares at its rungs."""
+    if not wanted:
+        return
+    from gpuq_records.gpuq_inbox import partial_one
+    for e in jobs:
+        if e["job_id"] in wanted and e["state"] == "running":
+            e["partial"] = partial_one(lay.root, e["job_id"])
 
 
 def attach_results(lay: Layout, jobs: list[dict[str, Any]], wanted: set[str]) -> None:

@@ -12,6 +12,7 @@ background and let the fake's readiness polls (``slow_ready``) cover the start-u
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -32,6 +33,17 @@ class HostBackend(Protocol):
     def destroy(self, instance_id: str) -> None:
         """Delete the machine and its disks (terminate).  Idempotent."""
         ...
+
+
+def give_instance(backend: HostBackend, instance_id: str, env: dict[str, str],
+                  tools: dict[str, Callable[[str], str]]) -> None:
+    """What the provider puts inside the instance (tests/support/fakecloud/instance_tools.py): its container
+    environment ``env`` and CLI ``tools`` (name -> the script's text for a host that reaches the provider's API
+    from the given gateway address).  Called before the instance's first ``provision``; a backend with no
+    machine behind it (AddressBackend) has nowhere to put them."""
+    hook = getattr(backend, "in_instance", None)
+    if hook is not None:
+        hook(instance_id, env, tools)
 
 
 class AddressBackend:

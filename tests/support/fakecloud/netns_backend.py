@@ -95,6 +95,7 @@ class NetnsBackend:
         self._cond = threading.Condition()
         self._closed = False
         self._owner: dict[str, int] = {}
+        self._inside: dict[str, tuple[dict[str, str], dict[str, Callable[[str], str]]]] = {}  # in_instance
         self._slots = [_Slot(index=h.index, devices=farm.gpus) for h in farm.hosts]
         for slot in self._slots:
             slot.thread = threading.Thread(target=self._work, args=(slot,), daemon=True,
@@ -151,6 +152,12 @@ class NetnsBackend:
             slot.hurry += 1
             self._cond.notify_all()
             self._queue(slot, "destroy", instance_id, lambda: self._do_destroy(slot, instance_id))
+
+    def in_instance(self, instance_id: str, env: dict[str, str], tools: dict[str, Callable[[str], str]]) -> None:
+        """What the provider puts inside ``instance_id`` (fakecloud/backend.py ``give_instance``): at each boot
+        its host's PID 1 gets ``env`` and its /usr/local/bin the ``tools``, rendered for the host's gateway."""
+        with self._cond:
+            self._inside[instance_id] = (dict(env), dict(tools))
 
     # -- readiness hook consulted by the fakes ----------------------------------------------------------
 
@@ -301,6 +308,7 @@ class NetnsBackend:
         farm.set_gpu_devices(i, gpu_count)
         if not farm.is_up(i):
             slot.devices = gpu_count
+            self._furnish(i, instance_id)
             farm.boot(i)  # a fresh /tmp; returns once sshd answers
             self._act("boot", instance_id, i, f"{gpu_count} GPUs")
         if self.on_up is not None:
@@ -308,6 +316,18 @@ class NetnsBackend:
         with self._cond:
             if slot.gen == gen and slot.owner == instance_id:
                 slot.ready = True
+
+    def _furnish(self, i: int, instance_id: str) -> None:
+        """The instance's own environment and CLI tools on host ``i`` before it boots (none: a bare host)."""
+        with self._cond:
+            env, tools = self._inside.get(instance_id, ({}, {}))
+        h = self.farm.hosts[i]
+        h.init_env = dict(env)
+        bindir = h.root_dir / "bin"
+        for name, text in tools.items():
+            (bindir / f"{name}.py").write_text(text(h.gateway))
+            (bindir / name).write_text(f'#!/bin/sh\nexec python3 -I -S /usr/local/bin/{name}.py "$@"\n')
+            (bindir / name).chmod(0o755)
 
     def _do_preempt(self, slot: _Slot, instance_id: str, grace_s: float) -> None:
         farm, i = self.farm, slot.index

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from tests.support.fakecloud.backend import HostBackend
+from tests.support.fakecloud.instance_tools import RUNPODCTL, furnish, runpod_may, scoped_call
 from tests.support.fakecloud.runpod_wire import (
     CAPACITY_MESSAGE,
     DATA_CENTERS,
@@ -71,7 +72,9 @@ class FakeRunPod(FakeCloud):
     # -- auth -----------------------------------------------------------------------------------------
 
     def authorize(self, req: Request) -> bool:
-        return req.headers.get("authorization", "") == f"Bearer {self.api_key}"
+        """The account key; or a pod's own key (instance_tools.py), for reading and stopping that pod only."""
+        return req.headers.get("authorization", "") == f"Bearer {self.api_key}" or scoped_call(
+            self, req, {p.key: p.id for p in self.pods.values() if p.key}, runpod_may(PREFIX))
 
     def auth_failure(self, req: Request) -> Reply:
         return problem(401, "invalid bearer token")
@@ -325,7 +328,8 @@ class FakeRunPod(FakeCloud):
         pod_id = self.new_id(14, ID_ALPHABET)
         pod = Pod(id=pod_id, name=name, gpu_type=gpu, gpu_count=count, image=image, cloud=cloud, env=env, ports=ports,
                   volume_gb=volume_gb, disk_gb=disk_gb, start_ssh=start_ssh, data_center=data_center,
-                  created_at=self.clock.now())
+                  created_at=self.clock.now(), key="rpa_pod_" + self.new_id(24, ID_ALPHABET))
+        furnish(self, pod_id, {"RUNPOD_POD_ID": pod_id, "RUNPOD_API_KEY": pod.key}, "runpodctl", RUNPODCTL, PREFIX)
         self._start(pod, count)
         self.pods[pod_id] = pod
         failure = self.failure_after_create()

@@ -63,6 +63,7 @@ class Pod:
     terminate_polls: int = 0
     zero_gpus_next_start: bool = False
     running_gpus: int = 0
+    key: str = ""  # the pod-scoped RUNPOD_API_KEY RunPod puts in the pod (it may stop and read this pod only)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

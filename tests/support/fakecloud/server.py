@@ -91,6 +91,9 @@ class FakeCloud:
         self._throttle: list[float | None] = []  # one Retry-After per injected 429
         self._fail_after_create: list[tuple[int, float | None, float]] = []  # status, Retry-After, listing lag
         self._serial = 0
+        self._inside: dict[str, ThreadingHTTPServer] = {}  # address -> the listener instances reach (listen_on)
+        self._inside_lock = threading.Lock()
+        self.instance_calls: list[dict[str, Any]] = []  # calls made with an instance's own key (in_instance_auth)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -103,7 +106,25 @@ class FakeCloud:
         self._thread.start()
         return self
 
+    def listen_on(self, address: str) -> str:
+        """The API also on ``address`` (a namespace host's gateway: what its instance reaches as the
+        provider's API, from inside), started once per address; returns that root URL."""
+        with self._inside_lock:
+            server = self._inside.get(address)
+            if server is None:
+                server = ThreadingHTTPServer((address, 0), _make_handler(self))
+                server.daemon_threads = True
+                threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                                 name=f"fake-{self.provider}-{address}").start()
+                self._inside[address] = server
+            return f"http://{address}:{server.server_address[1]}"
+
     def stop(self) -> None:
+        with self._inside_lock:
+            for server in self._inside.values():
+                server.shutdown()
+                server.server_close()
+            self._inside.clear()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

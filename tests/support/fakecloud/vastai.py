@@ -3,7 +3,7 @@
 vast.ai publishes no schema file; this fake speaks the requests of its official client, vast-ai/vast-cli
 (the commit is in tests/fixtures/providers/README.md), and refuses fields that client never sends.  Routes
 (root ``/api/v0`` and ``/api/v1``; auth ``Authorization: Bearer <key>``, or ``?api_key=`` as older clients
-sent it, logged as such; anything else gets 401):
+sent it, logged as such, or an instance's own key on itself; anything else gets 401):
 
     POST   /api/v0/bundles/                   search offers (query body: field → {op: value}, order, type, ...)
     PUT    /api/v0/asks/<offer>/              rent an offer → {"success": true, "new_contract": <instance id>}
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.fakecloud.backend import HostBackend
+from tests.support.fakecloud.instance_tools import scoped_call, vastai_inside, vastai_may
 from tests.support.fakecloud.server import FakeClock, FakeCloud, Reply, Request
 from tests.support.fakecloud.vastai_market import CREATE_KEYS, DEFAULT_OFFERS, FakeOffer, check_query, search
 
@@ -66,6 +67,7 @@ class FakeInstance:
     destroyed_polls: int | None = None  # set once destroyed: reads it is still listed
     hidden_until: float = 0.0  # time.monotonic() before which no read shows it (a lagging listing)
     ssh_keys: list[str] = field(default_factory=list)
+    key: str = ""  # its CONTAINER_API_KEY: it may stop and read itself only
 
 
 def fail(status: int, code: str, msg: str) -> Reply:
@@ -95,8 +97,9 @@ class FakeVastAI(FakeCloud):
 
     def authorize(self, req: Request) -> bool:
         auth = req.headers.get("authorization", "")
-        if auth:
-            return auth == f"Bearer {self.api_key}"
+        if auth:  # the account's key, or an instance's own (instance_tools.py): reading and stopping itself only
+            return auth == f"Bearer {self.api_key}" or scoped_call(
+                self, req, {i.key: str(i.id) for i in self.instances.values() if i.key}, vastai_may)
         return req.query.get("api_key") == [self.api_key]
 
     def auth_failure(self, req: Request) -> Reply:
@@ -247,6 +250,7 @@ class FakeVastAI(FakeCloud):
         inst = FakeInstance(id=self._next_id, label=label if isinstance(label, str) else None, offer=offer,
                             image=body["image"], disk=float(disk), bid=float(price) if price is not None else None,
                             boot_polls=self.boot_polls, ssh_keys=[k["ssh_key"] for k in self.ssh_keys])
+        inst.key = vastai_inside(self, str(inst.id))
         self._next_id += 1
         offer.rented = True
         inst.ip, inst.port = self.backend.provision(str(inst.id), offer.num_gpus)

@@ -192,7 +192,7 @@ class HostBuilding:
                 self.python, "-I", "-S", str(HOSTINIT), str(h.root_dir / "init.json")]
         with open(h.log, "ab" if h.log.exists() and h.init_start else "wb") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                    close_fds=True, cwd="/")
+                                    close_fds=True, cwd="/", env=init_environment(h.init_env))
         self._launchers[h.index] = proc
         h.launcher_pid = proc.pid
 
@@ -230,6 +230,15 @@ class HostBuilding:
                 raise RuntimeError(f"{pending[0].name}: sshd not accepting after {timeout}s; "
                                    f"log:\n{_tail(pending[0].log)}")
             time.sleep(0.02)
+
+
+def init_environment(extra: dict[str, str]) -> dict[str, str]:
+    """PID 1's environment: this machine's, less anything that looks like a credential (a host must never see
+    the controller's cloud keys through its PID 1), plus what the provider puts in the container (``extra``)."""
+    secretish = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+    env = {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in secretish)}
+    env.update(extra)
+    return env
 
 
 def list_netns() -> list[str]:

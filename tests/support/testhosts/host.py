@@ -8,7 +8,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,9 @@ class TestHost:
     pidns: str = ""  # "pid:[...]" of the host's PID namespace
     launcher_pid: int = 0  # the `unshare` parent waiting on PID 1
     sshd_extra: str = ""  # lines appended to the host's sshd_config
+    # what the provider puts in its container's environment (PID 1's, read as /proc/1/environ inside the host:
+    # RUNPOD_POD_ID, vast.ai's CONTAINER_API_KEY...), set before a boot; sshd sessions do not inherit it
+    init_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def root(self) -> Path:
