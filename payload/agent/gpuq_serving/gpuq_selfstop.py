@@ -27,7 +27,6 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from typing import Any, Callable, Mapping, NamedTuple
 
 from gpuq_base.gpuq_files import atomic_write_json, read_json, utc
@@ -218,6 +217,9 @@ def _run(argv: list[str], env: dict[str, str]) -> str:
 
 
 def _notify(url: str, doc: Any) -> str:
+    # here only: urllib.request (http.client, email, ssl) cost every agent call 20-100 ms of import
+    import urllib.request
+
     text = "gpuq: host idle, no gpuq command for the lease; it cannot stop itself and is still billing"
     body = json.dumps({"text": text, "selfstop": doc}).encode("utf-8")
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
