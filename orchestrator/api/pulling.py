@@ -11,7 +11,7 @@ from orchestrator.context import Context, host_for
 from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, JobNotFound
 from orchestrator.core.states import JobState
-from orchestrator.ledger import Job
+from orchestrator.ledger import Job, Pull
 
 
 @dataclass
@@ -48,6 +48,11 @@ def _settled(ctx: Context, jobs: list[Job]) -> bool:
     return len(transfer.still_verified(ctx.ledger, succeeded)) == len(succeeded)
 
 
+def _already(job: Job, mark: Pull) -> transfer.PullOutcome:
+    return transfer.PullOutcome(job.id, job.name, job.sweep_id, job.host or "-", transfer.ALREADY, files=mark.files,
+                                bytes=mark.bytes, local_dir=mark.local_dir)
+
+
 def pull(ctx: Context, *, sweep: str | None = None) -> PullReport:
     """Bring the results of the sweep's SUCCEEDED jobs home into ``$GPUQ_HOME/results/<sweep>/<job>/``.
 
@@ -59,7 +64,8 @@ def pull(ctx: Context, *, sweep: str | None = None) -> PullReport:
     """
     sweep_id = ctx.ledger.resolve_sweep(sweep).id
     jobs = ctx.ledger.jobs(sweep_id=sweep_id)
-    if not _settled(ctx, jobs):
+    settled = _settled(ctx, jobs)
+    if not settled:
         from orchestrator.api.snapshot import tick
 
         tick(ctx)
@@ -70,12 +76,16 @@ def pull(ctx: Context, *, sweep: str | None = None) -> PullReport:
     quarantine_dir = ctx.settings.home / protocol.QUARANTINE_DIR
     outcomes: dict[str, transfer.PullOutcome] = {}
     by_host: dict[str, list[Job]] = {}
+    marks = transfer.still_verified(ctx.ledger, jobs) if settled else {}
     for job in jobs:
         row = ctx.ledger.host(job.host) if job.host else None
         if job.state != JobState.SUCCEEDED.value:
             why = _not_pullable(job)
         elif row is None:
             why = f"it ran on host {job.host!r}, which is no longer registered"
+        elif settled:  # verified here already: no host is asked (not even connected to)
+            outcomes[job.id] = _already(job, marks[job.id])
+            continue
         else:
             by_host.setdefault(row.name, []).append(job)
             continue
