@@ -13,7 +13,9 @@ Contract (docs/security.md, docs/host-protocol.md):
   ProxyJump tunnels a ``direct-tcpip`` channel through each jump host, whose keys are
   verified the same way and recorded as its own; ProxyCommand runs the command as the socket.
 - **Files** go over SFTP, or over an exec channel when the host has no SFTP subsystem
-  (sshexec.py); a download never reads past the size the caller expects.
+  (sshexec.py); a large one through the system ``ssh`` when it checks the host key as strictly
+  (sshsystem.py); a download never reads past the size the caller expects, and feeds what it
+  writes to the caller's digest.
 - **One connection per host per command**, reused by every call, with
   keepalives.  Connecting retries with capped exponential backoff and jitter;
   a command whose session cannot be opened on a stale connection reconnects once.
