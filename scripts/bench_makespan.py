@@ -32,7 +32,8 @@ summary.json, exit 0), and then measures, in one run:
   ``SSHHost.put`` of this process is counted (a wrapper installed by this script only).  That sweep is
   cancelled right away; it runs after the makespan measurement, so it cannot disturb it.
 
-Targets (issue): gpuq/ideal <= 1.10, baseline/gpuq >= 1.8, 1 round trip per host per status, 0 bytes.
+Targets (issue 42): gpuq/ideal <= 1.05 (a month ago 1.07-1.09; per-step breakdown beside the month-ago
+figures), baseline/gpuq >= 1.8, 1 round trip per host per status, 0 bytes.
 The baselines are ``makespan_baselines.py``; the ideal, the breakdown and the printed report ``makespan_report.py``.
 
     sudo python scripts/bench_makespan.py [--jobs 24] [--hosts 3] [--gpus 2] [--durations 4-12] [--seed 7]

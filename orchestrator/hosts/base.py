@@ -10,11 +10,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator.core.errors import HostError
 from orchestrator.core.specs import CommandResult
 
 Progress = Callable[[int], None]  # bytes transferred so far
+
+
+class Digest(Protocol):
+    """What ``Host.get`` feeds the bytes it writes to (a ``hashlib`` object): hashing while copying."""
+
+    def update(self, data: bytes, /) -> None: ...
 
 
 def too_big(host: str, remote: str, actual: int, expected: int) -> HostError:
@@ -49,12 +56,14 @@ class Host(ABC):
 
     @abstractmethod
     def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
-            progress: Progress | None = None) -> None:
+            progress: Progress | None = None, digest: Digest | None = None) -> None:
         """Copy one remote file to ``local``, from byte ``offset`` on.
 
         ``size``: the size the caller expects (a manifest's): a larger remote file is refused with
         HostError and nothing past ``size`` is ever read, so a host cannot fill the controller's disk.
-        ``progress`` is called with the bytes received so far.
+        ``progress`` is called with the bytes received so far.  ``digest``, when given, is fed every
+        byte written to ``local`` (from ``offset`` on, in order) as it is written, so the caller hashes
+        the copy without reading it again; after a failure what it holds is meaningless.
 
         ``offset == 0`` creates or truncates ``local``; ``offset > 0`` resumes a partial
         copy: ``local`` is cut to ``offset`` bytes and the rest is appended.  Raises

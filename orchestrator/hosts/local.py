@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.core.errors import HostError, HostUnreachable
 from orchestrator.core.specs import CommandResult
-from orchestrator.hosts.base import Host, Progress, too_big
+from orchestrator.hosts.base import Digest, Host, Progress, too_big
 
 # what a command on this machine inherits from the controller: enough to find programs (PATH), name
 # the user and their files (HOME, USER, LOGNAME, TMPDIR), speak their locale (LANG, LC_*, TZ) and reach
@@ -123,7 +123,7 @@ class LocalHost(Host):
             raise HostError(self.name, f"cannot write {remote}: {exc.strerror}") from exc
 
     def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
-            progress: Progress | None = None) -> None:
+            progress: Progress | None = None, digest: Digest | None = None) -> None:
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
             with open(remote, "rb") as src:
@@ -137,6 +137,8 @@ class LocalHost(Host):
                     done = offset
                     while block := src.read(1 << 20 if size is None else min(1 << 20, size - done)):
                         dst.write(block)
+                        if digest is not None:
+                            digest.update(block)
                         done += len(block)
                         if progress is not None:
                             progress(done)

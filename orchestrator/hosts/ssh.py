@@ -13,7 +13,9 @@ Contract (docs/security.md, docs/host-protocol.md):
   ProxyJump tunnels a ``direct-tcpip`` channel through each jump host, whose keys are
   verified the same way and recorded as its own; ProxyCommand runs the command as the socket.
 - **Files** go over SFTP, or over an exec channel when the host has no SFTP subsystem
-  (sshexec.py); a download never reads past the size the caller expects.
+  (sshexec.py); a large one through the system ``ssh`` when it checks the host key as strictly
+  (sshsystem.py); a download never reads past the size the caller expects, and feeds what it
+  writes to the caller's digest.
 - **One connection per host per command**, reused by every call, with
   keepalives.  Connecting retries with capped exponential backoff and jitter;
   a command whose session cannot be opened on a stale connection reconnects once.
@@ -28,6 +30,7 @@ Contract (docs/security.md, docs/host-protocol.md):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import stat
@@ -39,7 +42,7 @@ import paramiko
 
 from orchestrator.core.errors import HostError, HostUnreachable
 from orchestrator.core.specs import CommandResult
-from orchestrator.hosts.base import Host, Progress, too_big
+from orchestrator.hosts.base import Digest, Host, Progress, too_big
 from orchestrator.hosts.sshcommand import CHUNK, exchange
 from orchestrator.hosts.sshconnect import SSHConnection, reason_of
 from orchestrator.hosts.sshexec import close_channel
@@ -47,6 +50,8 @@ from orchestrator.hosts.sshexec import close_channel
 __all__ = ["SSHHost", "remote_command"]
 
 NOT_FOUND_MARK = "gpuq-ssh: command not found"
+
+_log = logging.getLogger(__name__)
 
 
 class SSHHost(SSHConnection, Host):
@@ -137,9 +142,38 @@ class SSHHost(SSHConnection, Host):
             self.close()
             raise
 
+    def _system(self, nbytes: int) -> list[str] | None:
+        """The system ssh's argv for a transfer of ``nbytes``, or None for paramiko's path."""
+        if not self.options.system_ssh or nbytes < self.options.system_ssh_min_bytes:
+            return None
+        if not self._system_checked:
+            from orchestrator.hosts.sshsystem import system_ssh
+
+            self._connection()  # paramiko checks (and on first use records) the host key first
+            self._system_argv = system_ssh(self.endpoint, self.options.known_hosts,
+                                           connect_timeout_s=self.endpoint.connect_timeout_s
+                                           or self.options.connect_timeout_s)
+            self._system_checked = True
+        return self._system_argv
+
+    def _system_failed(self, why: str) -> None:
+        _log.info("%s: the system ssh client cannot be used (%s); files go through paramiko", self.name, why)
+        self._system_argv = None
+
     def put(self, local: Path, remote: str, *, progress: Progress | None = None) -> None:
         directory, _, base = remote.rpartition("/")
         tmp = f"{directory}/.{base}.tmp.{os.getpid()}" if directory else f".{base}.tmp.{os.getpid()}"
+        system = self._system(local.stat().st_size)
+        if system is not None:
+            from orchestrator.hosts.sshsystem import SystemSSHUnusable, system_put
+
+            try:
+                system_put(system, self.name, local, remote, tmp, directory, stall_s=self.options.transfer_stall_s,
+                           progress=progress)
+                self.system_transfers += 1
+                return
+            except SystemSSHUnusable as exc:
+                self._system_failed(str(exc))
         sftp = self._files()
         if sftp is None:
             from orchestrator.hosts.sshexec import exec_put
@@ -164,14 +198,25 @@ class SSHHost(SSHConnection, Host):
             raise HostUnreachable(self.name, f"upload of {local.name} failed: {reason_of(exc)}") from exc
 
     def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
-            progress: Progress | None = None) -> None:
+            progress: Progress | None = None, digest: Digest | None = None) -> None:
+        system = self._system(size - offset) if size is not None else None
+        if system is not None:
+            from orchestrator.hosts.sshsystem import SystemSSHUnusable, system_get
+
+            try:
+                system_get(system, self.name, remote, local, offset, size, stall_s=self.options.transfer_stall_s,
+                           progress=progress, digest=digest)
+                self.system_transfers += 1
+                return
+            except SystemSSHUnusable as exc:
+                self._system_failed(str(exc))
         sftp = self._files()
         if sftp is None:
             from orchestrator.hosts.sshexec import exec_get
 
             with self._dropping_on_unreachable():
                 exec_get(self._session(), self.name, remote, local, offset, size,
-                         stall_s=self.options.transfer_stall_s, progress=progress)
+                         stall_s=self.options.transfer_stall_s, progress=progress, digest=digest)
             return
         try:
             remote_size = sftp.stat(remote).st_size or 0
@@ -199,6 +244,8 @@ class SSHHost(SSHConnection, Host):
                 # never past the size seen (or expected): a file that grows meanwhile is not followed
                 while done < limit and (block := src.read(min(CHUNK, limit - done))):
                     dst.write(block)
+                    if digest is not None:
+                        digest.update(block)
                     done += len(block)
                     if progress is not None:
                         progress(done)

@@ -52,6 +52,16 @@ TRANSFER_STALL_S = 60.0
 MAX_OUTPUT_BYTES = 64 << 20  # a command's stdout plus stderr; a host printing without end is stopped here
 
 
+SYSTEM_SSH_MIN_BYTES = 8 << 20  # a file this large goes through the system ssh when it can (sshsystem.py)
+
+
+# paramiko's defaults (2 MiB window, 32 KiB packets) stall a fast link on window updates
+WINDOW_BYTES = 64 << 20
+
+
+PACKET_BYTES = 1 << 15
+
+
 @dataclass
 class SSHOptions:
     known_hosts: Path
@@ -62,6 +72,8 @@ class SSHOptions:
     connect_tries: int = CONNECT_TRIES
     transfer_stall_s: float = TRANSFER_STALL_S
     max_output_bytes: int = MAX_OUTPUT_BYTES
+    system_ssh: bool = True  # large files through the system OpenSSH client when it is as strict (sshsystem.py)
+    system_ssh_min_bytes: int = SYSTEM_SSH_MIN_BYTES
     sleep: Callable[[float], None] = field(default=time.sleep)
 
 
@@ -85,6 +97,9 @@ class SSHConnection:
         self._lock = threading.RLock()
         self.connects = 0  # for tests and benchmarks: how many TCP connections this object made
         self.round_trips = 0
+        self.system_transfers = 0  # for tests and benchmarks: files moved by the system ssh client
+        self._system_argv: list[str] | None = None
+        self._system_checked = False
         self.trusted_keys: list[str] = []  # "<type> <base64>" of this host, accepted on first use by this object
         # jump hosts' keys accepted on first use, each with its own endpoint (never the host's key)
         self.trusted_hop_keys: list[tuple[Endpoint, str]] = []
@@ -157,7 +172,7 @@ class SSHConnection:
             client.close()
             raise HostKeyError(self.name, revoked_message(endpoint.label(), offered))
         if transport is not None:
-            transport.set_keepalive(self.options.keepalive_s)
+            _tune(transport, self.options.keepalive_s)
         if endpoint is self.endpoint:
             self.trusted_keys.extend(policy.trusted)
         else:
@@ -236,6 +251,12 @@ class SSHConnection:
                 if fresh:
                     raise HostUnreachable(self.name, f"cannot open a session: {reason_of(exc)}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _tune(transport: paramiko.Transport, keepalive_s: int) -> None:
+    transport.set_keepalive(keepalive_s)
+    transport.default_window_size = WINDOW_BYTES  # every channel opened from now on (sessions, SFTP)
+    transport.default_max_packet_size = PACKET_BYTES
 
 
 def _tunnel(via: paramiko.SSHClient, to: Endpoint, timeout: float, name: str) -> paramiko.Channel:

@@ -16,7 +16,7 @@ from pathlib import Path
 import paramiko
 
 from orchestrator.core.errors import HostError, HostUnreachable
-from orchestrator.hosts.base import Progress, too_big
+from orchestrator.hosts.base import Digest, Progress, too_big
 
 CHUNK = 1 << 20
 _MARK = "gpuq-ssh:"
@@ -43,14 +43,40 @@ def _stderr(chan: paramiko.Channel) -> str:
     return b"".join(parts).decode("utf-8", "replace").strip()
 
 
+def put_script(remote: str, tmp: str, directory: str, size: int) -> str:
+    """The host's side of an upload: stdin into ``tmp``, its byte count checked, renamed to ``remote``."""
+    q = shlex.quote
+    mkdir = f"mkdir -p -- {q(directory)} && " if directory else ""
+    return (f"{mkdir}cat > {q(tmp)} && [ $(wc -c < {q(tmp)}) -eq {size} ] && mv -f -- {q(tmp)} {q(remote)} "
+            f"|| {{ rm -f -- {q(tmp)}; echo '{_MARK} write failed' >&2; exit 1; }}")
+
+
+def put_failure(host: str, remote: str, err: str, code: int) -> HostError:
+    detail = err.replace(f"{_MARK} write failed", "").strip() or f"exit {code}"
+    return HostError(host, f"cannot write {remote}: {detail}")
+
+
+def get_script(remote: str, offset: int) -> str:
+    """The host's side of a download: ``remote`` from ``offset`` on to stdout; marks for a directory or nothing."""
+    q = shlex.quote
+    return (f"if [ -d {q(remote)} ]; then echo '{_MARK} directory' >&2; exit 3; fi; "
+            f"[ -f {q(remote)} ] || {{ echo '{_MARK} missing' >&2; exit 3; }}; "
+            f"tail -c +{offset + 1} -- {q(remote)}")
+
+
+def get_failure(host: str, remote: str, err: str, code: int) -> HostError:
+    if f"{_MARK} directory" in err:
+        return HostError(host, f"{remote} is a directory, not a file")
+    if f"{_MARK} missing" in err:
+        return HostError(host, f"{remote} does not exist")
+    return HostError(host, f"cannot read {remote}: {err or f'exit {code}'}")
+
+
 def exec_put(chan: paramiko.Channel, host: str, local: Path, remote: str, tmp: str, directory: str, *,
              stall_s: float, progress: Progress | None = None) -> None:
     """Upload ``local`` to ``remote`` through ``cat`` on the open session channel ``chan`` of ``host``."""
-    q = shlex.quote
     size = local.stat().st_size
-    mkdir = f"mkdir -p -- {q(directory)} && " if directory else ""
-    script = (f"{mkdir}cat > {q(tmp)} && [ $(wc -c < {q(tmp)}) -eq {size} ] && mv -f -- {q(tmp)} {q(remote)} "
-              f"|| {{ rm -f -- {q(tmp)}; echo '{_MARK} write failed' >&2; exit 1; }}")
+    script = put_script(remote, tmp, directory, size)
     try:
         chan.settimeout(stall_s)
         chan.exec_command(script)
@@ -69,17 +95,13 @@ def exec_put(chan: paramiko.Channel, host: str, local: Path, remote: str, tmp: s
     finally:
         close_channel(chan)
     if code != 0:
-        detail = err.replace(f"{_MARK} write failed", "").strip() or f"exit {code}"
-        raise HostError(host, f"cannot write {remote}: {detail}")
+        raise put_failure(host, remote, err, code)
 
 
 def exec_get(chan: paramiko.Channel, host: str, remote: str, local: Path, offset: int, size: int | None = None, *,
-             stall_s: float, progress: Progress | None = None) -> None:
+             stall_s: float, progress: Progress | None = None, digest: Digest | None = None) -> None:
     """Download ``remote`` from ``offset`` on into ``local`` through ``tail -c`` on the open channel ``chan``."""
-    q = shlex.quote
-    script = (f"if [ -d {q(remote)} ]; then echo '{_MARK} directory' >&2; exit 3; fi; "
-              f"[ -f {q(remote)} ] || {{ echo '{_MARK} missing' >&2; exit 3; }}; "
-              f"tail -c +{offset + 1} -- {q(remote)}")
+    script = get_script(remote, offset)
     local.parent.mkdir(parents=True, exist_ok=True)
     try:
         chan.settimeout(stall_s)
@@ -92,6 +114,8 @@ def exec_get(chan: paramiko.Channel, host: str, remote: str, local: Path, offset
                 if size is not None and done + len(block) > size:
                     raise too_big(host, remote, done + len(block), size)  # stops reading here
                 dst.write(block)
+                if digest is not None:
+                    digest.update(block)
                 done += len(block)
                 if progress is not None:
                     progress(done)
@@ -104,8 +128,4 @@ def exec_get(chan: paramiko.Channel, host: str, remote: str, local: Path, offset
     finally:
         close_channel(chan)
     if code != 0:
-        if f"{_MARK} directory" in err:
-            raise HostError(host, f"{remote} is a directory, not a file")
-        if f"{_MARK} missing" in err:
-            raise HostError(host, f"{remote} does not exist")
-        raise HostError(host, f"cannot read {remote}: {err or f'exit {code}'}")
+        raise get_failure(host, remote, err, code)

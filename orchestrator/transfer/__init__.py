@@ -25,12 +25,12 @@ if TYPE_CHECKING:
         PullOutcome,
         backoff_delay,
     )
-    from orchestrator.transfer.pull import pull_jobs, request_manifests, sweep_lock
+    from orchestrator.transfer.pull import pull_jobs, request_manifests, still_verified, sweep_lock
     from orchestrator.transfer.verify import PROVENANCE, PULL_VERIFIED, Manifest, Problem, verify_copy
 
 _JOB_COPY = ("ALREADY", "INCOMPLETE", "NOT_PULLED", "QUARANTINED", "STAGING_SUFFIX", "VERIFIED", "PullOutcome",
              "backoff_delay")
-_PULL = ("pull_jobs", "request_manifests", "sweep_lock")
+_PULL = ("pull_jobs", "request_manifests", "still_verified", "sweep_lock")
 _VERIFY = ("PROVENANCE", "PULL_VERIFIED", "Manifest", "Problem", "verify_copy")
 _HOME = {**{name: "orchestrator.transfer.job_copy" for name in _JOB_COPY},
          **{name: "orchestrator.transfer.pull" for name in _PULL},
@@ -38,8 +38,8 @@ _HOME = {**{name: "orchestrator.transfer.job_copy" for name in _JOB_COPY},
 
 __all__ = [
     "ALREADY", "INCOMPLETE", "NOT_PULLED", "PROVENANCE", "PULL_VERIFIED", "QUARANTINED", "STAGING_SUFFIX",
-    "VERIFIED", "Manifest", "Problem", "PullOutcome", "backoff_delay", "pull_jobs", "request_manifests", "sweep_lock",
-    "verify_copy",
+    "VERIFIED", "Manifest", "Problem", "PullOutcome", "backoff_delay", "pull_jobs", "request_manifests",
+    "still_verified", "sweep_lock", "verify_copy",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOME)

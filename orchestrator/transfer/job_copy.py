@@ -31,6 +31,7 @@ from orchestrator.transfer.verify import (
     Manifest,
     ManifestEntry,
     Problem,
+    Streamed,
     end_record_changes,
     parse_manifest,
     read_manifest,
@@ -161,8 +162,22 @@ def _required(run: PullRun, job: Job) -> tuple[str, ...]:
     return required_files(sweep.verify.split(",") if sweep is not None else ("metrics", "best_ckpt"))
 
 
-def _copy_files(run: PullRun, job: Job, staging: Path, manifest: Manifest, failures: list[str]) -> int:
-    """Copy every listed file into ``staging``, resuming partial files; returns bytes moved."""
+def _prefix_digest(local: Path, offset: int) -> Any:
+    """A sha256 that has already read the first ``offset`` bytes of ``local`` (the part a resume keeps)."""
+    digest = hashlib.sha256()
+    if offset:
+        with open(local, "rb") as f:
+            left = offset
+            while left and (block := f.read(min(1 << 20, left))):
+                digest.update(block)
+                left -= len(block)
+    return digest
+
+
+def _copy_files(run: PullRun, job: Job, staging: Path, manifest: Manifest, failures: list[str],
+                streamed: dict[str, Streamed]) -> int:
+    """Copy every listed file into ``staging``, resuming partial files, each hashed as it is written (into
+    ``streamed``: one pass over the bytes); returns bytes moved."""
     moved = 0
     for entry in manifest.files:
         local = staging / entry.path
@@ -175,10 +190,12 @@ def _copy_files(run: PullRun, job: Job, staging: Path, manifest: Manifest, failu
                 return
             offset = have if have < entry.size else 0  # longer than the manifest: start over
             local.parent.mkdir(parents=True, exist_ok=True)
+            digest = _prefix_digest(local, offset)
             try:
                 with transfer_progress.track(f"pull {job.name}: {entry.path}", entry.size - offset) as shown:
                     run.host.get(remote, local, offset=offset, size=entry.size,  # never past the manifest's size
-                                 progress=lambda done: shown(done - offset))
+                                 progress=lambda done: shown(done - offset), digest=digest)
+                streamed[entry.path] = Streamed.of(local, digest.hexdigest())
             finally:
                 moved += max(0, (local.stat().st_size if local.is_file() else 0) - offset)
 
@@ -271,8 +288,9 @@ def pull_one(run: PullRun, job: Job, reply: ManifestReply) -> PullOutcome:
     if mismatch:
         return outcome_of(job, run.host, NOT_PULLED, mismatch, files=files, bytes=size)
     moved = 0
+    streamed: dict[str, Streamed] = {}
     try:
-        moved = _copy_files(run, job, staging, manifest, failures)
+        moved = _copy_files(run, job, staging, manifest, failures, streamed)
     except HostError as exc:  # HostUnreachable after the budget, or a file that vanished on the host
         if isinstance(exc, HostUnreachable):
             reason = (f"transfer failed {len(failures)} times, last: {exc}; partial copy kept in {staging}, "
@@ -283,7 +301,7 @@ def pull_one(run: PullRun, job: Job, reply: ManifestReply) -> PullOutcome:
                                manifest_sha256=manifest.sha256, files=len(manifest.files),
                                total_bytes=manifest.total_bytes, local_dir=str(staging), reason=reason)
         return outcome_of(job, run.host, INCOMPLETE, reason, local_dir=str(staging), files=files, bytes=size)
-    problem = verify_copy(staging, manifest)
+    problem = verify_copy(staging, manifest, streamed)
     if problem is not None:
         where = run.quarantine(staging, job, manifest.attempt, problem, manifest.sha256)
         reason = f"{problem.detail}; moved to {where}"

@@ -42,7 +42,7 @@ from orchestrator.core import protocol
 from orchestrator.core.errors import GpuqError, HostError, HostUnreachable, TransferError
 from orchestrator.host_documents import ManifestReply
 from orchestrator.hosts.base import Host
-from orchestrator.ledger import Job, Ledger
+from orchestrator.ledger import Job, Ledger, Pull
 from orchestrator.transfer.job_copy import ALREADY, INCOMPLETE, NOT_PULLED, PullOutcome, PullRun, outcome_of, pull_one
 from orchestrator.transfer.verify import (
     read_verified_record,
@@ -83,6 +83,17 @@ def sweep_lock(sweep_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def still_verified(ledger: Ledger, jobs: Sequence[Job]) -> dict[str, Pull]:
+    """{job_id: its verified mark} for the jobs whose newest ledger pull is verified and whose local copy
+    still carries that record (bound to the same manifest): nothing on a host can change them."""
+    held: dict[str, Pull] = {}
+    for job_id, mark in ledger.verified_pulls(j.id for j in jobs).items():
+        record = read_verified_record(Path(mark.local_dir))
+        if record is not None and record.get("manifest_sha256") == mark.manifest_sha256:
+            held[job_id] = mark
+    return held
+
+
 def pull_jobs(
     ledger: Ledger,
     host: Host,
@@ -105,12 +116,11 @@ def pull_jobs(
     """
     run = PullRun(ledger, host, results_root, quarantine_root, max(1, tries), backoff, sleep, jitter)
     outcomes: dict[str, PullOutcome] = {}
-    verified = ledger.verified_pulls(j.id for j in jobs)
+    verified = still_verified(ledger, jobs)
     todo: list[Job] = []
     for job in jobs:
         mark = verified.get(job.id)
-        record = read_verified_record(Path(mark.local_dir)) if mark is not None else None
-        if mark is not None and record is not None and record.get("manifest_sha256") == mark.manifest_sha256:
+        if mark is not None:
             outcomes[job.id] = outcome_of(job, host, ALREADY, files=mark.files, bytes=mark.bytes,
                                         local_dir=mark.local_dir)
         else:

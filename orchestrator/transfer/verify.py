@@ -61,6 +61,26 @@ class Manifest:
 
 
 @dataclass(frozen=True)
+class Streamed:
+    """A file's sha256 taken from the bytes as they were written (``Host.get``'s digest), bound to the
+    file's identity then: trusted only while the file is still that inode, size and mtime."""
+
+    sha256: str
+    size: int
+    inode: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path, sha256: str) -> Streamed:
+        st = path.stat()
+        return cls(sha256, st.st_size, st.st_ino, st.st_mtime_ns)
+
+    def holds_for(self, path: Path) -> bool:
+        st = path.stat()
+        return (st.st_size, st.st_ino, st.st_mtime_ns) == (self.size, self.inode, self.mtime_ns)
+
+
+@dataclass(frozen=True)
 class Problem:
     """A verification failure: ``slug`` names the quarantine dir, ``detail`` is for people."""
 
@@ -182,8 +202,17 @@ def _metrics_problem(path: Path, rel: str) -> str | None:
     return None
 
 
-def verify_copy(directory: Path, manifest: Manifest) -> Problem | None:
-    """Check a local copy against its manifest; the first failure, or None when everything matches."""
+def _sha256_of(path: Path, streamed: Streamed | None) -> str:
+    if streamed is not None and streamed.holds_for(path):
+        return streamed.sha256
+    return file_sha256(path)
+
+
+def verify_copy(directory: Path, manifest: Manifest, streamed: Mapping[str, Streamed] | None = None) -> Problem | None:
+    """Check a local copy against its manifest; the first failure, or None when everything matches.
+
+    ``streamed``: sha256s taken as the copy was written (by relative path); a file not in it, or changed
+    since, is read again."""
     files, odd = _local_files(directory)
     want = {e.path: e for e in manifest.files}
     if odd:
@@ -199,7 +228,7 @@ def verify_copy(directory: Path, manifest: Manifest) -> Problem | None:
         if size != entry.size:
             return Problem("size-mismatch", f"{entry.path} has {size} bytes, the manifest says {entry.size}")
     for entry in manifest.files:
-        sha = file_sha256(files[entry.path])
+        sha = _sha256_of(files[entry.path], (streamed or {}).get(entry.path))
         if sha != entry.sha256:
             return Problem("sha256-mismatch", f"{entry.path} has sha256 {sha[:12]}, the manifest says "
                            f"{entry.sha256[:12]}")

@@ -18,15 +18,16 @@ from tests.support.testhosts import FarmFactory
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["sftp", "exec"])
+@pytest.fixture(scope="module", params=["sftp", "exec", "system-ssh"])
 def ssh(request: pytest.FixtureRequest, host_farm_module: FarmFactory, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    farm = host_farm_module(n=1, gpus=1, sftp=request.param)
+    farm = host_farm_module(n=1, gpus=1, sftp=request.param != "exec")
     config = tmp_path_factory.mktemp("cfg") / "ssh_config"
     config.write_text("")
     endpoint = resolve(f"root@{farm.hosts[0].address}", key_file=str(farm.client_key), ssh_config=config,
                        system_config=None)
     host = SSHHost("bound0", endpoint, root="/tmp", python="python3",
-                   options=SSHOptions(known_hosts=farm.known_hosts, ssh_config=config))
+                   options=SSHOptions(known_hosts=farm.known_hosts, ssh_config=config,
+                                      system_ssh=request.param == "system-ssh", system_ssh_min_bytes=0))
     yield host
     host.close()
 
@@ -45,6 +46,7 @@ def test_a_file_larger_than_expected_is_refused_and_not_read_past_the_size(ssh: 
     got: list[int] = []
     ssh.get("/tmp/bounds/big.bin", dst, size=len(data), progress=got.append)
     assert dst.read_bytes() == data and got[-1] == len(data)
+    assert ssh.system_transfers == (2 if ssh.options.system_ssh else 0)  # the put and the whole get
 
 
 def test_the_local_host_honours_the_same_bound(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from orchestrator.core.errors import HostUnreachable
 from orchestrator.core.specs import CommandResult
-from orchestrator.hosts.base import Progress
+from orchestrator.hosts.base import Digest, Progress
 from orchestrator.hosts.local import LocalHost
 
 
@@ -35,6 +35,6 @@ class FakeHost(LocalHost):
         super().put(local, remote, progress=progress)
 
     def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
-            progress: Progress | None = None) -> None:
+            progress: Progress | None = None, digest: Digest | None = None) -> None:
         self._check("get")
-        super().get(remote, local, offset=offset, size=size, progress=progress)
+        super().get(remote, local, offset=offset, size=size, progress=progress, digest=digest)

@@ -47,11 +47,11 @@ class LinkHost(FakeHost):
         return result
 
     def get(self, remote: str, local: Path, *, offset: int = 0, size: int | None = None,
-            progress: Any = None) -> None:
+            progress: Any = None, digest: Any = None) -> None:
         self.gets.append((remote, offset))
         plan = next((v for k, v in self.breaks.items() if remote.endswith(k) and v), None)
         if plan is None:
-            super().get(remote, local, offset=offset, size=size, progress=progress)
+            super().get(remote, local, offset=offset, size=size, progress=progress, digest=digest)
             return
         deliver = plan.pop(0)
         self._check("get")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 AGENT = Path(__file__).resolve().parents[2] / "payload" / "agent" / "gpuq_agent.py"
 ON_DEMAND = {"gpuq_records.gpuq_inbox", "gpuq_records.gpuq_outputs", "gpuq_slurmmode.gpuq_slurm_view"}
+# the self-stop's webhook client: imported only where a notice is sent (20-100 ms a call otherwise)
+WEBHOOK = {"urllib.request", "http.client", "email.parser", "ssl"}
 
 
 def imported_by_status(root: Path, *extra: str) -> set[str]:
@@ -30,6 +32,7 @@ def test_a_plain_status_leaves_the_results_collector_and_slurm_view_unloaded(tmp
     mods = imported_by_status(tmp_path)
     assert "gpuq_verbs.gpuq_status" in mods  # the probe did see the verb's imports
     assert not mods & ON_DEMAND, sorted(mods & ON_DEMAND)
+    assert not mods & WEBHOOK, sorted(mods & WEBHOOK)
 
 
 def test_asking_for_results_loads_the_collector(tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ COLUMNS = ("time", "cg_used_bytes", "cg_limit_bytes", "cg_used_pct", "oom_kill",
            "trainer_threads", "trainer_fds", "group_procs", "group_rss_bytes", "gpus")
 
 
-def sample_memory(path: str, trainer_pid: int, gpu: bool, done: threading.Event) -> None:
-    """Append rows to ``path`` until ``done`` is set; never raises (the sampler must never take the
-    attempt down)."""
+def sample_memory(path: str, trainer_pid: int, gpu: bool, done: threading.Event,
+                  first_row: threading.Event | None = None) -> None:
+    """Append rows to ``path`` until ``done`` is set, the first one even when it is set already;
+    ``first_row`` is set once that row is written (or could not be).  Never raises (the sampler must never
+    take the attempt down)."""
     try:
         if not os.path.exists(path):
             append_line(path, "\t".join(COLUMNS))
@@ -32,7 +34,7 @@ def sample_memory(path: str, trainer_pid: int, gpu: bool, done: threading.Event)
     last_cpu: tuple[float, float] | None = None
     page = os.sysconf("SC_PAGE_SIZE")
     tick = os.sysconf("SC_CLK_TCK")
-    while not done.is_set():
+    while True:
         try:
             m = memory_info()
             members = group_members(os.getpgrp())
@@ -70,4 +72,7 @@ def sample_memory(path: str, trainer_pid: int, gpu: bool, done: threading.Event)
             append_line(path, "\t".join("" if f is None else str(f) for f in fields))
         except Exception:  # the sampler must never take the attempt down
             pass
-        done.wait(MEM_SAMPLE_S)
+        if first_row is not None:
+            first_row.set()
+        if done.is_set() or done.wait(MEM_SAMPLE_S):
+            return

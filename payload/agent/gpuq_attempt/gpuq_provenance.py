@@ -1,7 +1,7 @@
 """What one attempt ran with: its GPUs' model and count, the driver, and the CUDA, torch and NCCL
 versions and Python of the job's own interpreter (docs/results.md, "Provenance").
 
-Written once per attempt by the wrapper, in a thread beside the trainer, to
+Written once per attempt by the wrapper's helpers thread (gpuq_helpers.py), once the trainer is up, to
 ``attempts/<n>/provenance.json``; ``status`` carries it in the job's entry.  Nothing here imports
 torch: the job's interpreter reads ``torch/version.py`` as text and the NCCL wheel's metadata
 (``importlib.metadata``), so the probe costs one short ``python -I`` and one ``nvidia-smi``.  What
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 from typing import Any
 
 from gpuq_base import gpuq_protocol as P
@@ -122,16 +121,9 @@ def collect(python: str, env: dict[str, str], launch: dict[str, Any]) -> dict[st
     return doc
 
 
-def record(adir: str, python: str, env: dict[str, str], launch: dict[str, Any]) -> threading.Thread:
-    """Write ``attempts/<n>/provenance.json`` in a daemon thread (the trainer does not wait for it)."""
-
-    def write() -> None:
-        try:
-            atomic_write_json(os.path.join(adir, P.PROVENANCE_FILE), collect(python, env, launch))
-        except Exception:  # provenance is evidence, never a reason for an attempt to fail
-            pass
-
-    thread = threading.Thread(target=write, name="gpuq-provenance")
-    thread.daemon = True
-    thread.start()
-    return thread
+def write(adir: str, python: str, env: dict[str, str], launch: dict[str, Any]) -> None:
+    """Write ``attempts/<n>/provenance.json`` (gpuq_helpers.py calls it once the trainer is up); never raises."""
+    try:
+        atomic_write_json(os.path.join(adir, P.PROVENANCE_FILE), collect(python, env, launch))
+    except Exception:  # provenance is evidence, never a reason for an attempt to fail
+        pass

@@ -4,7 +4,8 @@ It records its process group (pgid file), then runs the attempt's phases in orde
 that returns an exit code (the attempt ends) or None (the next phase runs): prepare (the job's
 environment, run.env), setup check (bundle, entry, GPUs, the project's setup hook), gate (disk),
 meet (one node of a multi-node job over SSH hosts), train (starts the trainer, touches
-wrapper.alive, samples memory into mem.tsv, forwards signals, ends every leftover process of the
+wrapper.alive, once the trainer is up probes provenance and samples memory into mem.tsv (gpuq_helpers.py),
+forwards signals, ends every leftover process of the
 attempt) and finalize (verifies the artifacts).  An attempt that ended well then gets its end record,
 outputs.json (gpuq_outputs.py: path, bytes and sha256 of every result file).  It always leaves
 exit.json, written last, with the forwarded secret values redacted (gpuq_wrap_exit.py).  The trainer's
@@ -28,7 +29,6 @@ from typing import Any
 from gpuq_base import gpuq_gang
 from gpuq_records import gpuq_outputs
 from gpuq_base import gpuq_protocol as P
-from gpuq_attempt import gpuq_provenance
 from gpuq_slurmmode import gpuq_slurm
 from gpuq_slurmmode import gpuq_slurm_node
 from gpuq_attempt.gpuq_checks import cuda_sees, disk_gate, verify_artifacts
@@ -46,7 +46,7 @@ from gpuq_attempt.gpuq_launch import (
     resume_note,
     secrets_for,
 )
-from gpuq_attempt.gpuq_memwatch import sample_memory
+from gpuq_attempt.gpuq_helpers import Helpers
 from gpuq_base.gpuq_procs import become_subreaper, boot_id, start_ticks
 from gpuq_attempt.gpuq_setup import project_root, run_setup
 
@@ -277,7 +277,6 @@ class Wrapper:
         prefix, why = read_only_prefix(self.bundle, loader, root=self.lay.root, hidden=[self.lay.p(P.SECRETS_DIR)])
         env = clean if prefix else self.env
         log_path = os.path.join(self.adir, P.JOB_LOG)
-        probe = gpuq_provenance.record(self.adir, self.python, self.env, self.launch)  # beside the trainer
         if why:
             append_line(log_path, "gpuq: %s" % why if prefix else
                         "gpuq: the bundle is read-only by mode bits only (%s)" % why)
@@ -296,13 +295,11 @@ class Wrapper:
             trainer = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=logf,
                                        stderr=subprocess.STDOUT, env=env, close_fds=True, cwd=run_dir)
             sup.trainer = trainer  # from here on, a relayed signal reaches it
-        sampler = threading.Thread(target=sample_memory, name="gpuq-mem", args=(
-            os.path.join(self.adir, P.MEM_FILE), trainer.pid,
-            (read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}).get("kind") == "gpu", self.done))
-        sampler.daemon = True
-        sampler.start()
+        # the provenance probe and the memory sampler, once the trainer is up (its start-up is not theirs)
+        gpu = (read_json(os.path.join(self.adir, P.LAUNCH_FILE)) or {}).get("kind") == "gpu"
+        helpers = Helpers(self.adir, self.python, self.env, self.launch, gpu, trainer.pid, self.done).start()
         rc = sup.supervise(trainer, os.path.join(self.adir, P.WRAPPER_ALIVE), spec.heartbeat_s, kill_grace(spec))
-        probe.join(gpuq_provenance.PROBE_TIMEOUT_S)  # a short trainer: the probe ends before the group does
+        helpers.finish()  # a short trainer: the probe's record and the first row are there before the group ends
         if rc != 0 and sup.got_signal is None:  # after a relayed stop, gpuq's own grace kill ended the ranks
             sup.report_dead_ranks(log_path)
         sup.kill_rest()  # leftovers (workers, loaders) must not outlive the attempt

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuq_base.gpuq_lazyre import lazy
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import Layout, list_specs, read_json
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_ID_RE = lazy(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LAUNCHERS = ("torchrun", "python", "none")
 MAX_NODES = 64
 MAX_SLOTS = 4096

@@ -15,6 +15,7 @@ import os
 import re
 from typing import Any
 
+from gpuq_base.gpuq_lazyre import lazy
 from gpuq_base import gpuq_protocol as P
 
 PROGRESS_TAIL_BYTES = 64 * 1024
@@ -23,18 +24,18 @@ MAX_WALK_ENTRIES = 20000
 LINE_SHOWN_CHARS = 200
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
-TQDM = re.compile(r"(?:\|\s*|^\s*)(\d+)/(\d+)\s*\[")  # " 12%|###   | 12/100 [00:01<00:09, ...]"
-RICH = re.compile("[\u2501\u2578\u257a\u2500]\\s+(\\d+)/(\\d+)\\b")  # Lightning's Rich bar: "━━━╸━━ 12/50 0:00:01"
+TQDM = lazy(r"(?:\|\s*|^\s*)(\d+)/(\d+)\s*\[")  # " 12%|###   | 12/100 [00:01<00:09, ...]"
+RICH = lazy("[\u2501\u2578\u257a\u2500]\\s+(\\d+)/(\\d+)\\b")  # Lightning's Rich bar: "━━━╸━━ 12/50 0:00:01"
 # gpuq's own lines in a job's log (the wrapper's header, its notes): never the trainer's last line
-OWN_LINE = re.compile(r"^(?:=== gpuq\b.*===\s*$|gpuq: )")
-EPOCH = re.compile(r"\bepoch\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
-STEP = re.compile(r"\b(?:global_)?step\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
-LOSS = re.compile(r"\b(?:train_)?loss\b\s*[:=]?\s*(" + _NUM + r")\b", re.IGNORECASE)
+OWN_LINE = lazy(r"^(?:=== gpuq\b.*===\s*$|gpuq: )")
+EPOCH = lazy(r"\bepoch\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
+STEP = lazy(r"\b(?:global_)?step\b\s*[:=#]?\s*(\d+)(?:\s*(?:/|of)\s*(\d+))?", re.IGNORECASE)
+LOSS = lazy(r"\b(?:train_)?loss\b\s*[:=]?\s*(" + _NUM + r")\b", re.IGNORECASE)
 # Lightning's Rich bar: "Epoch 2/2 ━━━━╸━━ 4/8 0:00:01 ..." numbers epochs from 0 up to max_epochs - 1
 # and counts the batches of that epoch (rich_progress.py: f"Epoch {current_epoch}/{max_epochs - 1}")
-LIGHTNING_RICH = re.compile("\\bEpoch (\\d+)/(\\d+)\\s*[\u2501\u2578\u257a\u2500]+\\s*(\\d+)/(\\d+)\\b")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+LIGHTNING_RICH = lazy("\\bEpoch (\\d+)/(\\d+)\\s*[\u2501\u2578\u257a\u2500]+\\s*(\\d+)/(\\d+)\\b")
+_CONTROL = lazy(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_ANSI = lazy(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 # --- progress ------------------------------------------------------------------------

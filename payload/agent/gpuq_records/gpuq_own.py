@@ -32,6 +32,7 @@ import re
 import time
 from typing import Any, NamedTuple
 
+from gpuq_base.gpuq_lazyre import lazy
 from gpuq_records.gpuq_observe import MAX_WALK_ENTRIES, glob_regex, safe_globs
 
 MAX_NAME_BYTES = 255
@@ -39,7 +40,7 @@ MAX_PATH_PARTS = 32
 SETTLE_S = 2.0  # a checkpoint dir whose newest file is younger may still be being written
 DIR_MARKERS = ("trainer_state.json", ".metadata")
 PARTIAL_SUFFIXES = (".tmp", ".part", ".partial", ".incomplete")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL = lazy("[\x00-\x1f\x7f-\x9f]")
 
 
 def name_problem(name: str) -> str | None:

@@ -30,7 +30,6 @@ import os
 import socket
 import subprocess
 import time
-import urllib.request
 from typing import Any, Callable, Mapping, NamedTuple
 
 from gpuq_base.gpuq_files import atomic_write_json, read_json, utc
@@ -249,6 +248,9 @@ def notice_body(doc: Any, fmt: str) -> tuple[bytes, str]:
 
 
 def _notify(url: str, doc: Any, fmt: str = "json") -> str:
+    # here only: urllib.request (http.client, email, ssl) cost every agent call 20-100 ms of import
+    import urllib.request
+
     body, ctype = notice_body(doc, fmt)
     req = urllib.request.Request(url, data=body, headers={"Content-Type": ctype}, method="POST")
     try:

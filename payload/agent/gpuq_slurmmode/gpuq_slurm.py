@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import getpass
 import os
-import re
 import subprocess
 from typing import Any, Iterable
 
+from gpuq_base.gpuq_lazyre import lazy
 from gpuq_base.gpuq_files import Layout, read_json
 from gpuq_base.gpuq_jobspec import JobSpec
 
@@ -43,8 +43,8 @@ FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY
 SUBMIT_TIMEOUT_S = 60.0
 QUERY_TIMEOUT_S = 60.0
 MAX_QUERY_BYTES = 32 << 20
-JOB_ID = re.compile(r"^[0-9]{1,12}$")
-NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+JOB_ID = lazy(r"^[0-9]{1,12}$")
+NAME_CHARS = lazy(r"[^A-Za-z0-9_.-]")
 UNSUBMITTED_GRACE_S = 120.0  # launched, no Slurm id recorded: sbatch is still running this long
 
 

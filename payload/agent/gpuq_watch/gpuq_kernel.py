@@ -20,22 +20,22 @@ Read-only and bounded: this runs inside the one-round-trip status probe.  stdlib
 # ruff: noqa: UP031  (%-formatting on purpose: one style for every Python >= 3.8 the agent meets)
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from typing import Any
 
+from gpuq_base.gpuq_lazyre import lazy
 from gpuq_base import gpuq_protocol as P
 from gpuq_base.gpuq_files import read_text
 from gpuq_base.gpuq_procs import boot_id
 
 DMESG_TIMEOUT_S = 5.0
 MAX_LINE_CHARS = 400  # one Xid line carried in a document; the rest is cut
-TS_RE = re.compile(r"^\s*\[\s*(\d+(?:\.\d+)?)\]")
-XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([^)\s]+)\):\s*(\d+)")
+TS_RE = lazy(r"^\s*\[\s*(\d+(?:\.\d+)?)\]")
+XID_RE = lazy(r"NVRM: Xid \((?:PCI:)?([^)\s]+)\):\s*(\d+)")
 # the OOM killer's report: "Out of memory: Killed process 1234 (python)", "Memory cgroup out of memory:
 # Killed process 1234 (python)", or the one-line summary "oom-kill:...,task=python,pid=1234,uid=0"
-OOM_RE = re.compile(r"(?:[Oo]ut of memory: Killed process (\d+)|oom-kill:.*\bpid=(\d+))")
+OOM_RE = lazy(r"(?:[Oo]ut of memory: Killed process (\d+)|oom-kill:.*\bpid=(\d+))")
 UPTIME_SLACK_S = 5.0
 
 

@@ -34,6 +34,7 @@ import os
 import re
 from typing import Any
 
+from gpuq_base.gpuq_lazyre import lazy
 from gpuq_base import gpuq_protocol as P
 
 MAX_SCAN_BYTES = 4 * 1024 * 1024  # per file per tick; more new bytes than this: scan the newest part
@@ -45,45 +46,45 @@ MAX_ROOT_CAUSE_LINES = 12
 
 # (name, pattern): specific on purpose, never a bare "Error" (docs/health.md)
 SIGNATURES = (
-    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
-    ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),
+    ("traceback", lazy(r"Traceback \(most recent call last\)")),
+    ("cuda_oom", lazy(r"CUDA out of memory|OutOfMemoryError")),
     # /dev/shm too small for the DataLoader's workers (or NCCL's segments): before disk_full, whose
     # "No space left on device" torch's shared-memory allocation also says
-    ("shm_exhausted", re.compile(r"is killed by signal: Bus error|Unexpected bus error encountered in worker"
+    ("shm_exhausted", lazy(r"is killed by signal: Bus error|Unexpected bus error encountered in worker"
                                  r"|insufficient shared memory \(shm\)"
                                  r"|unable to (?:write to|allocate shared memory\(shm\) for) file </torch_"
                                  r"|No space left on device.{0,80}/dev/shm|/dev/shm\S*.{0,80}No space left on device"
                                  r"|Error while creating shared memory segment /dev/shm/")),
-    ("cpu_alloc", re.compile(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)")),
-    ("disk_full", re.compile(r"No space left on device|basic_ios::clear: iostream error|unexpected pos")),
-    ("killed", re.compile(r"^Killed$")),
-    ("segfault", re.compile(r"Segmentation fault")),
-    ("illegal_memory", re.compile(r"an illegal memory access")),
-    ("nccl", re.compile(r"NCCL error|Watchdog caught collective operation timeout")),
-    ("child_failed", re.compile(r"ChildFailedError")),
+    ("cpu_alloc", lazy(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)")),
+    ("disk_full", lazy(r"No space left on device|basic_ios::clear: iostream error|unexpected pos")),
+    ("killed", lazy(r"^Killed$")),
+    ("segfault", lazy(r"Segmentation fault")),
+    ("illegal_memory", lazy(r"an illegal memory access")),
+    ("nccl", lazy(r"NCCL error|Watchdog caught collective operation timeout")),
+    ("child_failed", lazy(r"ChildFailedError")),
     # torchrun's report of a rank that died of a signal: SIGTERM/SIGINT (a stop) apart from the rest
-    ("rank_terminated", re.compile(r"Signal (?:15|2) \(SIG(?:TERM|INT)\) received by PID"
+    ("rank_terminated", lazy(r"Signal (?:15|2) \(SIG(?:TERM|INT)\) received by PID"
                                    r"|failed \(exitcode: -(?:15|2)\) local_rank")),
-    ("rank_killed", re.compile(r"Signal \d+ \(SIG(?!TERM\)|INT\))\w+\) received by PID"
+    ("rank_killed", lazy(r"Signal \d+ \(SIG(?!TERM\)|INT\))\w+\) received by PID"
                                r"|failed \(exitcode: -(?!15\)|2\))\d+\) local_rank")),
-    ("torn_checkpoint", re.compile(r"PytorchStreamReader failed reading zip archive")),
+    ("torn_checkpoint", lazy(r"PytorchStreamReader failed reading zip archive")),
     # a checkpoint saved by another model config (torch's load_state_dict, strict)
-    ("state_dict", re.compile(r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for \S+: copying a param")),
-    ("nonfinite_loss", re.compile(r"loss\s*[:=]\s*[-+]?(nan|inf)\b", re.IGNORECASE)),
+    ("state_dict", lazy(r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for \S+: copying a param")),
+    ("nonfinite_loss", lazy(r"loss\s*[:=]\s*[-+]?(nan|inf)\b", re.IGNORECASE)),
 )
 # the last line of a traceback names the exception: the patrol classifies by it
-STOPPED = re.compile(r"\b(SignalException|KeyboardInterrupt)\b")
+STOPPED = lazy(r"\b(SignalException|KeyboardInterrupt)\b")
 # the wrapper's own line when a retry found no checkpoint to pass (gpuq_launch.resume_note)
-FROM_SCRATCH = re.compile(r"^gpuq: restarted from scratch: (.{0,300})")
-RESUMED = re.compile(r"GPUQ_RESUMED step=(\d+)(?: epoch=(\d+))?(?: sha256=([0-9a-f]+))?")
+FROM_SCRATCH = lazy(r"^gpuq: restarted from scratch: (.{0,300})")
+RESUMED = lazy(r"GPUQ_RESUMED step=(\d+)(?: epoch=(\d+))?(?: sha256=([0-9a-f]+))?")
 # a rank's line under torchrun (``[rank1]: ...``) or its --tee/--log-dir form (``[default1]:...``)
-RANK_PREFIX = re.compile(r"^\[(rank|default)(\d+)\]:\s?")
-ORIGINAL_TRACEBACK = re.compile(r"^Original Traceback \(most recent call last\):")
-ROOT_CAUSE = re.compile(r"^Root Cause \(first observed failure\):")
-ROOT_FIELD = re.compile(r"^\s+(rank|exitcode|traceback)\s*:\s?(.*)$")
-RANK_FIELD = re.compile(r"^(\d+)\b")
-EXITCODE_FIELD = re.compile(r"^(-?\d+)\b")
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyError|StopIteration)\b")
+RANK_PREFIX = lazy(r"^\[(rank|default)(\d+)\]:\s?")
+ORIGINAL_TRACEBACK = lazy(r"^Original Traceback \(most recent call last\):")
+ROOT_CAUSE = lazy(r"^Root Cause \(first observed failure\):")
+ROOT_FIELD = lazy(r"^\s+(rank|exitcode|traceback)\s*:\s?(.*)$")
+RANK_FIELD = lazy(r"^(\d+)\b")
+EXITCODE_FIELD = lazy(r"^(-?\d+)\b")
+EXCEPTION_LINE = lazy(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyError|StopIteration)\b")
 
 
 def parse_scan_args(values: Any) -> dict[str, tuple[int, int, int]]:
