@@ -36,7 +36,15 @@ from orchestrator.host_documents.bounds import (
     MAX_STR,
     finite_number,
 )
-from orchestrator.host_documents.facts import AgentStop, AuditGpu, HostFacts, RetryDecision, RetryDecisions, Verdicts
+from orchestrator.host_documents.facts import (
+    AgentStop,
+    AuditGpu,
+    HostFacts,
+    RetryDecision,
+    RetryDecisions,
+    SelfStopRecord,
+    Verdicts,
+)
 from orchestrator.host_documents.framing import (
     BEGIN_MARK,
     END_MARK,
@@ -60,6 +68,7 @@ from orchestrator.host_documents.readers import (
     read_pointer,
     read_reap,
     read_retry_decisions,
+    read_selfstop,
     read_snapshot,
     read_status,
     read_verdicts,
@@ -164,6 +173,7 @@ __all__ = [
     "RetryDecisions",
     "Scan",
     "ScanHit",
+    "SelfStopRecord",
     "Slots",
     "SlurmJob",
     "SlurmSection",
@@ -185,6 +195,7 @@ __all__ = [
     "read_pointer",
     "read_reap",
     "read_retry_decisions",
+    "read_selfstop",
     "read_snapshot",
     "read_status",
     "read_verdicts",

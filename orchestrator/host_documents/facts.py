@@ -75,3 +75,18 @@ class AgentStop(Open):
     pid: Count | None = None
     running: Annotated[list[Short], Field(max_length=MAX_JOBS)] = Field(default_factory=list)
     queued: Count = 0
+
+
+def _not_bool(value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError("a time, not true/false")
+    return value
+
+
+class SelfStopRecord(Open):
+    """``selfstop.json``: what a rented host did to its own billing with no gpuq command for its lease
+    (payload/agent/gpuq_serving/gpuq_selfstop.py).  Only its claimed time is read, and only as a claim."""
+
+    action: Short = ""
+    at_epoch: Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False, ge=0.0, le=1e11)]
+

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from orchestrator.host_documents.facts import AgentStop, HostFacts, RetryDecisions, Verdicts
+from orchestrator.host_documents.facts import AgentStop, HostFacts, RetryDecisions, SelfStopRecord, Verdicts
 from orchestrator.host_documents.framing import load, validate
 from orchestrator.host_documents.health import HealthDocument, ReapDocument
 from orchestrator.host_documents.results import (
@@ -44,6 +44,7 @@ read_verdicts: Callable[[str, str], Verdicts] = _reader("verdicts", Verdicts)
 read_retry_decisions: Callable[[str, str], RetryDecisions] = _reader("retry decisions", RetryDecisions)
 read_agent_stop: Callable[[str, str], AgentStop] = _reader("agent stop", AgentStop)
 read_file_hashes: Callable[[str, str], FileHashes] = _reader("file hashes", FileHashes)
+read_selfstop: Callable[[str, str], SelfStopRecord] = _reader("self-stop record", SelfStopRecord)
 
 READERS: Mapping[str, Callable[[str, str], BaseModel]] = {
     "status": read_status, "health": read_health, "reap": read_reap, "collect": read_collect,
@@ -51,4 +52,5 @@ READERS: Mapping[str, Callable[[str, str], BaseModel]] = {
     "verdicts": read_verdicts, "retry decisions": read_retry_decisions, "facts": read_facts,
     "agent stop": read_agent_stop,
     "file hashes": read_file_hashes,
+    "self-stop record": read_selfstop,
 }

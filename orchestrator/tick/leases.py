@@ -7,11 +7,11 @@ Also the provider adapters' opener and the per-context cache the verbs (``api/cl
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
 
+from orchestrator import host_documents
 from orchestrator.context import Context
 from orchestrator.core.config import Settings
 from orchestrator.core.errors import GpuqError, ProviderError
@@ -184,11 +184,10 @@ def own_stop_record(ctx: Context, row: HostRow, back: HostRow) -> None:
         host = ctx.fleet.host(back)
         read = 'head -c 65536 "$1/selfstop.json" 2>/dev/null || head -c 65536 "$1/selfstop.prev.json"'
         result = host.run(["sh", "-c", read, "sh", host.root], timeout=30)
-        doc = json.loads(result.stdout) if result.exit_code == 0 else None
-    except (GpuqError, ValueError):
-        return
-    claim = doc.get("at_epoch") if isinstance(doc, dict) else None
-    if not isinstance(claim, (int, float)) or isinstance(claim, bool):
+        if result.exit_code != 0:
+            return
+        claim = host_documents.read_selfstop(row.name, result.stdout).at_epoch  # ProtocolError is a GpuqError
+    except GpuqError:
         return
     lowest = _last_contact(row, ctx.ledger.attempts_on([row.name])) + ctx.settings.lease_timeout_min * 60.0
     kept = min(max(float(claim), lowest), row.lease_changed_at)

@@ -35,7 +35,10 @@ class Pane:
     def __init__(self, name: str = "") -> None:  # a server of its own per name: a new size is never an old one's
         self.socket = f"gpuq-test-{os.getpid()}{name}"
         self.session = f"gpuq-dashboard-{os.getpid()}{name}"
-        self.env = {**os.environ, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+        # the size is the terminal's: a COLUMNS or LINES some other test of this worker left (Rich reads them
+        # before the terminal) would draw a 120x40 pane at their size
+        self.env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
+                    "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["tmux", "-u", "-L", self.socket, "-f", "/dev/null", *args], capture_output=True,
@@ -181,7 +184,7 @@ def test_at_80x24_and_120x40_every_job_shows_its_whole_name_and_its_sweep(gpuq_h
                                               "--interval", "1"])
     script = tmp_path / "session.sh"
     script.write_text("\n".join([
-        f"cd {shlex.quote(str(ROOT))}",
+        f"cd {shlex.quote(str(ROOT))}", "unset COLUMNS LINES",
         *[f"export {k}={shlex.quote(v)}" for k, v in {**ENV, "GPUQ_HOME": str(gpuq_home)}.items()],
         gpuq, f"echo $? > {tmp_path}/exit", "exec sleep 600",
     ]) + "\n")
