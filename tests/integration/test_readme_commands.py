@@ -41,7 +41,10 @@ p.add_argument("--width", type=float, default=1.0)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--resume", default="")
 p.add_argument("--sleep", type=float, default=0.3)
+p.add_argument("--weights", default="")
 a = p.parse_args()
+if a.weights:  # the evaluation of the README's chain: the checkpoint train handed over
+    print("weights from epoch %d" % json.load(open(a.weights))["epoch"], flush=True)
 start = json.load(open(a.resume))["epoch"] if a.resume else 0
 new = not os.path.exists("metrics.csv")
 for epoch in range(start, a.epochs):
@@ -68,6 +71,8 @@ smoke_args = "--sleep 0.05"
 """
 QUEUE = ("name=baseline seeds=2 -- --epochs 3 --width 1.0 --seed {seed}\n"
          "name=wide seeds=2 -- --epochs 3 --width 1.5 --seed {seed}\n")
+CHAIN = ("name=train -- --epochs 2 --sleep 0.05\n"  # the README's chain.txt: eval runs on train's checkpoint
+         "name=eval after=train -- --epochs 1 --sleep 0.05 --weights {checkpoint.train}\n")
 
 
 def _section(title: str) -> str:
@@ -159,10 +164,13 @@ EXPECTED: dict[str, tuple[int, Check]] = {
     "gpuq submit q.txt --stop baseline": (0, _contains("4 of 4 jobs reused")),
     "gpuq cancel baseline-seed0 wide-seed1": (0, _contains("baseline-seed0", "already SUCCEEDED")),
     "GPUQ_LOCAL_CPU_SLOTS=4 gpuq submit queue.txt": (0, _contains("nothing to start: 4 of 4 jobs reused")),
+    "gpuq submit chain.txt --dry-run": (0, _contains("train → eval", "nothing was written")),
+    "gpuq submit chain.txt": (0, _contains("2 jobs from")),  # a sweep of its own: run last, then waited for
     "gpuq hosts stop-agent HOST": (0, lambda done: None),  # HOST: local, whose agent is idle by then
 }
 # run when the sweep has ended (the module docstring), in this order
-LAST = ("gpuq cancel baseline-seed0 wide-seed1", "gpuq hosts stop-agent HOST")
+LAST = ("gpuq cancel baseline-seed0 wide-seed1", "gpuq submit chain.txt --dry-run", "gpuq submit chain.txt",
+        "gpuq hosts stop-agent HOST")
 
 
 def _run(line: str, queue: Path, sweep: str, tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -177,7 +185,8 @@ def _run(line: str, queue: Path, sweep: str, tmp_path: Path, env: dict[str, str]
     words = shlex.split(line)
     extra = dict(w.split("=", 1) for w in words if re.fullmatch(r"GPUQ_\w+=\S*", w))
     args = [w for w in words if w not in {f"{k}={v}" for k, v in extra.items()}][1:]
-    swap = {"queue.txt": str(queue), "q.txt": str(queue), "report/": str(tmp_path / "report"), "HOST": "local"}
+    swap = {"queue.txt": str(queue), "q.txt": str(queue), "chain.txt": str(queue.parent / "chain.txt"),
+            "report/": str(tmp_path / "report"), "HOST": "local"}
     args = [swap.get(a, a) for a in args]
     return run_gpuq(*args, env={**env, **extra}, timeout=300, cwd=tmp_path)
 
@@ -189,6 +198,7 @@ def test_every_tour_and_settings_command_runs_as_the_readme_says(gpuq_home: Path
     (work / "train.py").write_text(TRAIN)
     (work / "gpuq.toml").write_text(TOML)
     (work / "queue.txt").write_text(QUEUE)
+    (work / "chain.txt").write_text(CHAIN)
     queue = work / "queue.txt"
     env = {"GPUQ_HOME": str(gpuq_home), "GPUQ_PREFLIGHT": "false", "GPUQ_LOCAL_CPU_SLOTS": "4",
            "GPUQ_HEARTBEAT_S": "1", "COLUMNS": "160"}
@@ -212,4 +222,10 @@ def test_every_tour_and_settings_command_runs_as_the_readme_says(gpuq_home: Path
         check(done)
         if not sweep and key == "gpuq submit Q":
             sweep = done.stdout.split("sweep ", 1)[1].split(":", 1)[0]
+        if key == "gpuq submit chain.txt":  # eval ran after train, on the checkpoint train wrote
+            assert run_gpuq("wait", env=env, timeout=300, cwd=tmp_path).returncode == 0
+            states = {j["name"]: j["state"] for j in json.loads(run_gpuq("status", "--json", env=env).stdout)["jobs"]}
+            assert states == {"train": "SUCCEEDED", "eval": "SUCCEEDED"}, states
+            logs = run_gpuq("logs", "eval", env=env, cwd=tmp_path)
+            assert "weights from epoch 2" in logs.stdout, logs.stdout[-2000:]
     assert (tmp_path / "report" / "report.html").is_file()
