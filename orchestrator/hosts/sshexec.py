@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
 import paramiko
 
@@ -98,6 +100,22 @@ def exec_put(chan: paramiko.Channel, host: str, local: Path, remote: str, tmp: s
         raise put_failure(host, remote, err, code)
 
 
+def receive(blocks: Iterable[bytes], dst: IO[bytes], done: int, host: str, remote: str, size: int | None,
+            digest: Digest | None, progress: Progress | None) -> int:
+    """A download's bytes written as they come, after the ``done`` already held: never past ``size`` (stops
+    reading there), hashed as written, progress told; returns the bytes now held (both download paths)."""
+    for block in blocks:
+        if size is not None and done + len(block) > size:
+            raise too_big(host, remote, done + len(block), size)
+        dst.write(block)
+        if digest is not None:
+            digest.update(block)
+        done += len(block)
+        if progress is not None:
+            progress(done)
+    return done
+
+
 def exec_get(chan: paramiko.Channel, host: str, remote: str, local: Path, offset: int, size: int | None = None, *,
              stall_s: float, progress: Progress | None = None, digest: Digest | None = None) -> None:
     """Download ``remote`` from ``offset`` on into ``local`` through ``tail -c`` on the open channel ``chan``."""
@@ -109,16 +127,7 @@ def exec_get(chan: paramiko.Channel, host: str, remote: str, local: Path, offset
         with open(local, "r+b" if offset and local.exists() else "wb") as dst:
             dst.truncate(offset)
             dst.seek(offset)
-            done = offset
-            while block := chan.recv(CHUNK):
-                if size is not None and done + len(block) > size:
-                    raise too_big(host, remote, done + len(block), size)  # stops reading here
-                dst.write(block)
-                if digest is not None:
-                    digest.update(block)
-                done += len(block)
-                if progress is not None:
-                    progress(done)
+            receive(iter(lambda: chan.recv(CHUNK), b""), dst, offset, host, remote, size, digest, progress)
         err = _stderr(chan)
         code = chan.recv_exit_status()
     except PermissionError as exc:

@@ -23,15 +23,15 @@ import select
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
 from orchestrator.core.errors import HostError, HostUnreachable
-from orchestrator.hosts.base import Digest, Progress, too_big
+from orchestrator.hosts.base import Digest, Progress
 from orchestrator.hosts.knownhosts import load_trust
 from orchestrator.hosts.sshconfig import Endpoint, known_hosts_key
-from orchestrator.hosts.sshexec import CHUNK, get_failure, get_script, put_failure, put_script
+from orchestrator.hosts.sshexec import CHUNK, get_failure, get_script, put_failure, put_script, receive
 
 SSH_FAILED = 255  # ssh's own exit status: it could not connect, authenticate or check the key
 
@@ -96,6 +96,17 @@ def _reap(proc: subprocess.Popen[bytes]) -> int:
         return proc.wait()
 
 
+def _blocks(fd: int, stall_s: float, host: str, remote: str) -> Iterator[bytes]:
+    """What ssh's stdout brings, block by block, until its end; a silence of ``stall_s`` is a stall."""
+    while True:
+        if not select.select([fd], [], [], stall_s)[0]:
+            raise HostUnreachable(host, f"download of {remote} stalled for {stall_s:.0f} s")
+        block = os.read(fd, CHUNK)
+        if not block:
+            return
+        yield block
+
+
 def system_get(ssh: Sequence[str], host: str, remote: str, local: Path, offset: int, size: int | None, *,
                stall_s: float, progress: Progress | None = None, digest: Digest | None = None) -> None:
     """Download ``remote`` from ``offset`` on into ``local`` through ``ssh``; never past ``size``.
@@ -108,22 +119,10 @@ def system_get(ssh: Sequence[str], host: str, remote: str, local: Path, offset: 
         proc = subprocess.Popen([*ssh, get_script(remote, offset)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=err)
         assert proc.stdout is not None
-        fd, done = proc.stdout.fileno(), offset
+        done = offset
         try:
-            while True:
-                if not select.select([fd], [], [], stall_s)[0]:
-                    raise HostUnreachable(host, f"download of {remote} stalled for {stall_s:.0f} s")
-                block = os.read(fd, CHUNK)
-                if not block:
-                    break
-                if size is not None and done + len(block) > size:
-                    raise too_big(host, remote, done + len(block), size)  # stops reading here
-                dst.write(block)
-                if digest is not None:
-                    digest.update(block)
-                done += len(block)
-                if progress is not None:
-                    progress(done)
+            done = receive(_blocks(proc.stdout.fileno(), stall_s, host, remote), dst, offset, host, remote, size,
+                           digest, progress)
         except PermissionError as exc:
             proc.kill()
             raise HostError(host, f"cannot write {local}: permission denied") from exc

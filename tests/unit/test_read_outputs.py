@@ -22,20 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from scripts.check_read_outputs import COMMANDS  # the one list of what is compared
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "reads"
-SWEEP = "qscale1"
-COMMANDS: dict[str, list[str]] = {
-    "results": ["results", "--sweep", SWEEP],
-    "results-csv": ["results", "--sweep", SWEEP, "--csv"],
-    "results-json": ["results", "--sweep", SWEEP, "--json"],
-    "report": ["report", SWEEP],
-    "report-csv": ["report", SWEEP, "--format", "csv"],
-    "report-json": ["report", SWEEP, "--format", "json"],
-    "report-md": ["report", SWEEP, "--format", "md"],
-    "status-all": ["status", "--once", "--all", "--no-probe"],
-    "status-all-json": ["status", "--once", "--all", "--no-probe", "--json"],
-}
+
 NOW = re.compile(rb'^(\s*"generated_at": )[0-9.e+]+(,?)$', re.M)  # the one time printed: when it was drawn
 
 
