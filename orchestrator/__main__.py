@@ -1,5 +1,5 @@
 """``python -m orchestrator`` is ``gpuq``."""
 
-from orchestrator.cli.main import main
+from orchestrator.cli.entry import main
 
 main()
